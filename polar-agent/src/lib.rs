@@ -1,1 +1,13 @@
+//! Polar's node agent as a library: the `polar` binary is a thin shell over
+//! [`cli::main`]. See ARCHITECTURE.md for the data path.
 
+pub mod cli;
+pub mod dns;
+pub mod ids;
+pub mod listener;
+pub mod netns;
+pub mod redirect;
+pub mod sandbox;
+pub mod signals;
+pub mod tasks;
+pub mod telemetry;

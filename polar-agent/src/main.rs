@@ -1,1 +1,5 @@
-fn main(){}
+//! The `polar` binary.
+
+fn main() -> std::process::ExitCode {
+    polar_agent::cli::main()
+}

@@ -1,1 +1,56 @@
-fn main(){}
+//! `cargo xtask`: set-up, build, test and demo commands for the Polar
+//! workspace (see the README).
+//!
+//! This file only parses the command line; each command lives in its own
+//! module and every external program runs through [`cmd::Cmd`].
+
+mod cmd;
+mod demo;
+mod release;
+mod setup;
+mod test;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "Polar's development commands"
+)]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Install what is missing: Debian packages, nightly + rust-src,
+    /// bpf-linker, cargo-deny.
+    Setup,
+    /// Set up, then build the release `polar` binary.
+    Build,
+    /// Set up, then run formatting, clippy, cargo-deny, the debug build and
+    /// all tests (privileged ones need root).
+    Test(test::TestArgs),
+    /// Set up, build, and show a sandboxed `curl` being captured by the agent.
+    Demo,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Build => release::run(),
+        Task::Test(args) => test::run(args),
+        Task::Demo => demo::run(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

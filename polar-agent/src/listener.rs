@@ -1,0 +1,144 @@
+//! The agent's listener: accepts redirected connections, asks the redirect
+//! where each was going and for which session, and hands it to a handler.
+//! The handler here logs what it captured (the session, the original
+//! destination and the bytes seen) and closes; the TLS proxy plugs in as
+//! another handler.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::dns::FakeIps;
+use crate::ids::{OrigDst, SessionId};
+use crate::redirect::Redirect;
+use crate::tasks::Tasks;
+
+/// A connection the listener accepted.
+pub struct Accepted {
+    /// The stream.
+    pub stream: TcpStream,
+    /// The client's address as the agent sees it.
+    pub peer: SocketAddr,
+    /// Where the client was going, when it was redirected.
+    pub orig: Option<OrigDst>,
+    /// The host name behind a fake DNS address, when it was one.
+    pub host: Option<String>,
+    /// The session the connection belongs to.
+    pub session: Option<SessionId>,
+}
+
+/// Something that serves accepted connections.
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one connection to its end.
+    fn handle(&self, conn: Accepted) -> impl Future<Output = ()> + Send;
+}
+
+/// Accepts on `listener` until shutdown. `session` is the session that owns
+/// the listener (isolated sandboxes have one each), used when the redirect
+/// has no record (a direct connection to the listener).
+pub async fn accept_loop<H: Handler>(
+    listener: TcpListener,
+    redirect: Redirect,
+    fake: Arc<FakeIps>,
+    session: Option<SessionId>,
+    handler: Arc<H>,
+    tasks: Tasks,
+) {
+    let shutdown = tasks.shutdown_token();
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(v) => v,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let (orig, session) = match redirect.original_destination(&stream, peer) {
+            Ok(Some((orig, s))) => (Some(orig), Some(s)),
+            Ok(None) => (None, session.clone()),
+            Err(e) => {
+                tracing::warn!(error = %e, %peer, "original destination lookup failed");
+                (None, session.clone())
+            }
+        };
+        let host = orig.and_then(|o| fake.name_of(o.0.ip()));
+        let conn = Accepted {
+            stream,
+            peer,
+            orig,
+            host,
+            session,
+        };
+        let h = Arc::clone(&handler);
+        tasks.spawn(async move { h.handle(conn).await });
+    }
+}
+
+/// Logs each connection with what it sent (up to a limit), then closes it.
+#[derive(Default)]
+pub struct LogHandler {
+    captured: AtomicU64,
+    /// How long to wait for the client's first bytes.
+    pub read_timeout: Duration,
+}
+
+impl LogHandler {
+    /// A handler waiting up to `read_timeout` for data.
+    pub fn new(read_timeout: Duration) -> Self {
+        Self {
+            captured: AtomicU64::new(0),
+            read_timeout,
+        }
+    }
+
+    /// Connections logged so far.
+    pub fn captured(&self) -> u64 {
+        self.captured.load(Ordering::Relaxed)
+    }
+}
+
+const MAX_LOGGED_BYTES: usize = 64 * 1024;
+
+impl Handler for LogHandler {
+    async fn handle(&self, mut conn: Accepted) {
+        let mut buf = vec![0u8; MAX_LOGGED_BYTES];
+        let mut seen = 0usize;
+        let deadline = tokio::time::Instant::now() + self.read_timeout;
+        while seen < buf.len() {
+            match tokio::time::timeout_at(deadline, conn.stream.read(&mut buf[seen..])).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(n)) => seen += n,
+            }
+        }
+        self.captured.fetch_add(1, Ordering::Relaxed);
+        let preview = preview(&buf[..seen]);
+        tracing::info!(
+            session = conn.session.as_ref().map(SessionId::as_str).unwrap_or("-"),
+            orig_dst = %conn.orig.map(|o| o.to_string()).unwrap_or_else(|| "direct".into()),
+            host = conn.host.as_deref().unwrap_or("-"),
+            peer = %conn.peer,
+            bytes = seen,
+            preview = %preview,
+            "captured connection"
+        );
+    }
+}
+
+/// The first bytes, printable ASCII kept and the rest escaped, at most 80.
+fn preview(b: &[u8]) -> String {
+    b.iter()
+        .take(80)
+        .flat_map(|&c| std::ascii::escape_default(c))
+        .map(char::from)
+        .collect()
+}

@@ -1,0 +1,63 @@
+//! The cleanup guardian: a small process (`polar __reap DIR`) started with the
+//! agent that waits for the agent to go away (its stdin, a pipe from the
+//! agent, reaches end-of-file however the agent ends, SIGKILL included), then
+//! kills whatever is left in the agent's cgroup subtree and removes it.
+
+use std::io::{self, Read};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+
+use super::cgroup;
+
+/// The running guardian, owned by the agent.
+pub struct Guardian {
+    child: Child,
+    stdin: Option<ChildStdin>,
+}
+
+impl Guardian {
+    /// Starts `exe __reap DIR` in its own process group (so a terminal's
+    /// Ctrl-C reaches the agent, which cleans up, and not the guardian).
+    pub fn spawn(exe: &Path, dir: &Path) -> io::Result<Self> {
+        let mut child = Command::new(exe)
+            .arg("__reap")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .process_group(0)
+            .spawn()?;
+        let stdin = child.stdin.take();
+        Ok(Self { child, stdin })
+    }
+}
+
+impl Drop for Guardian {
+    fn drop(&mut self) {
+        // Closing the pipe tells the guardian to clean up and exit.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The guardian's body: block until stdin closes, then clean up `dir`.
+pub fn run(dir: &Path) -> Result<(), cgroup::CgroupError> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: installing SIG_IGN runs no code in a signal context.
+        let _ = unsafe { signal(sig, SigHandler::SigIgn) };
+    }
+    let mut buf = [0u8; 64];
+    let mut stdin = io::stdin();
+    loop {
+        match stdin.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let result = cgroup::kill_and_remove(dir);
+    super::remove_parent_if_empty(dir);
+    result
+}

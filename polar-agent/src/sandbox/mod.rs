@@ -1,0 +1,221 @@
+//! Running a command in a sandbox session: a fresh session cgroup with the
+//! redirect active, its own network namespace (isolated mode, the default) or
+//! the host's (host mode), the agent's listener and DNS responder serving it,
+//! until the command exits.
+
+pub mod process;
+
+use std::ffi::OsString;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::dns::{self, FakeIps, InterceptAll, Resolver};
+use crate::ids::SessionId;
+use crate::listener::{self, LogHandler};
+use crate::netns::{IsolatedNet, NetnsError, Sockets};
+use crate::redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
+use crate::tasks::Tasks;
+
+/// The network of a sandbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetworkMode {
+    /// Its own network namespace with only loopback: without the redirect it
+    /// has no network at all (fails closed).
+    #[default]
+    Isolated,
+    /// The host's network namespace; the agent listens on the host loopback.
+    Host,
+}
+
+/// Errors of a sandbox run.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The redirect could not be set up.
+    #[error(transparent)]
+    Redirect(#[from] RedirectError),
+    /// The network could not be set up.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// The command could not be started.
+    #[error(transparent)]
+    Spawn(#[from] process::SpawnError),
+    /// An I/O error on the agent's side.
+    #[error("{0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
+}
+
+/// What to run and how.
+#[derive(Debug)]
+pub struct RunSpec {
+    /// Program and arguments.
+    pub argv: Vec<OsString>,
+    /// Network mode.
+    pub network: NetworkMode,
+    /// Session id (random when absent).
+    pub session: Option<SessionId>,
+    /// The `polar` executable for the cleanup guardian.
+    pub reaper_exe: Option<PathBuf>,
+    /// How long the listener waits for a connection's first bytes.
+    pub read_timeout: Duration,
+}
+
+/// How a run ended.
+#[derive(Debug)]
+pub struct RunOutcome {
+    /// The session.
+    pub session: SessionId,
+    /// The command's exit status, `None` when the agent was interrupted.
+    pub status: Option<ExitStatus>,
+    /// Connections captured.
+    pub captured: u64,
+}
+
+/// The network side of one session: where it lives and its sockets.
+struct SessionNet {
+    isolated: Option<IsolatedNet>,
+    host: Option<Sockets>,
+}
+
+impl SessionNet {
+    fn bind(mode: NetworkMode) -> Result<Self, NetnsError> {
+        Ok(match mode {
+            NetworkMode::Isolated => Self {
+                isolated: Some(IsolatedNet::create()?),
+                host: None,
+            },
+            NetworkMode::Host => Self {
+                isolated: None,
+                host: Some(Sockets::bind_loopback()?),
+            },
+        })
+    }
+
+    fn sockets(&self) -> Option<&Sockets> {
+        self.isolated
+            .as_ref()
+            .map(|n| &n.sockets)
+            .or(self.host.as_ref())
+    }
+
+    fn target(&self) -> SessionTarget {
+        let (tcp_port, dns_port) = self
+            .sockets()
+            .map_or((0, 0), |s| (s.tcp_port(), s.dns_port()));
+        SessionTarget {
+            listen_v4: Ipv4Addr::LOCALHOST,
+            listen_v6: Ipv6Addr::LOCALHOST,
+            tcp_port,
+            dns_port,
+            local_bypass: self.isolated.is_some(),
+        }
+    }
+}
+
+fn serve(
+    net: &SessionNet,
+    session: &SessionId,
+    redirect: &Redirect,
+    resolver: &Arc<Resolver>,
+    handler: &Arc<LogHandler>,
+    tasks: &Tasks,
+) -> Result<(), SandboxError> {
+    let Some(s) = net.sockets() else {
+        return Ok(());
+    };
+    for l in std::iter::once(&s.tcp_v4).chain(s.tcp_v6.as_ref()) {
+        let l = l.try_clone().map_err(|e| SandboxError::Io("listener", e))?;
+        l.set_nonblocking(true)
+            .map_err(|e| SandboxError::Io("listener", e))?;
+        let l =
+            tokio::net::TcpListener::from_std(l).map_err(|e| SandboxError::Io("listener", e))?;
+        tasks.spawn(listener::accept_loop(
+            l,
+            redirect.clone(),
+            Arc::clone(resolver.fake_ips()),
+            Some(session.clone()),
+            Arc::clone(handler),
+            tasks.clone(),
+        ));
+    }
+    for u in std::iter::once(&s.dns_v4).chain(s.dns_v6.as_ref()) {
+        let u = u
+            .try_clone()
+            .map_err(|e| SandboxError::Io("dns socket", e))?;
+        u.set_nonblocking(true)
+            .map_err(|e| SandboxError::Io("dns socket", e))?;
+        let u =
+            tokio::net::UdpSocket::from_std(u).map_err(|e| SandboxError::Io("dns socket", e))?;
+        tasks.spawn(dns::serve(u, Arc::clone(resolver), tasks.shutdown_token()));
+    }
+    Ok(())
+}
+
+/// Runs one command in a sandbox session and cleans everything up.
+pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
+    let redirect = Redirect::start(&RedirectOptions {
+        reaper_exe: spec.reaper_exe.clone(),
+    })?;
+    let tasks = Tasks::new();
+    let resolver = Arc::new(Resolver::new(
+        Arc::new(FakeIps::default()),
+        Arc::new(InterceptAll),
+        5,
+    ));
+    let handler = Arc::new(LogHandler::new(spec.read_timeout));
+    let session = spec.session.clone().unwrap_or_else(SessionId::random);
+    let net = SessionNet::bind(spec.network)?;
+    serve(&net, &session, &redirect, &resolver, &handler, &tasks)?;
+    let cgroup = redirect.create_session(&session, net.target())?;
+    let procs = match cgroup.dir() {
+        Some(d) => d.procs_file().map_err(RedirectError::from)?,
+        None => {
+            return Err(SandboxError::Io(
+                "session cgroup",
+                std::io::ErrorKind::NotFound.into(),
+            ));
+        }
+    };
+    let mut child = process::spawn(process::Launch {
+        argv: &spec.argv,
+        cgroup_procs: procs,
+        netns: net.isolated.as_ref().map(|n| &n.ns),
+        env: &[],
+    })?;
+    tracing::info!(
+        session = %session,
+        pid = child.id().unwrap_or(0),
+        network = ?spec.network,
+        cgroup = %cgroup.dir().map(|d| d.path().display().to_string()).unwrap_or_default(),
+        "sandbox started"
+    );
+    let status = tokio::select! {
+        s = child.wait() => Some(s.map_err(|e| SandboxError::Io("waiting for the command", e))?),
+        sig = crate::signals::terminated() => {
+            tracing::warn!(signal = sig, "interrupted; stopping the sandbox");
+            None
+        }
+    };
+    // Kill whatever the command left behind, then let the listener finish
+    // what it already accepted.
+    let ended = cgroup.end();
+    if !tasks
+        .drain(spec.read_timeout + Duration::from_secs(2))
+        .await
+    {
+        tracing::warn!(
+            tasks = tasks.len(),
+            "some connections were still open at exit"
+        );
+    }
+    drop(net);
+    ended?;
+    redirect.shutdown()?;
+    Ok(RunOutcome {
+        session,
+        status,
+        captured: handler.captured(),
+    })
+}

@@ -1,0 +1,4 @@
+//! Library target of the eBPF crate: it exists so that `polar-agent` can
+//! name this crate as a build-dependency (cargo then rebuilds the agent when
+//! the programs change); the programs themselves are the `polar-ebpf` binary.
+#![no_std]

@@ -1,0 +1,196 @@
+//! `cargo xtask setup`: installs what building and testing Polar needs, and
+//! only what is missing.
+//!
+//! Each item is checked first (a few milliseconds each), so a second run
+//! changes nothing and takes seconds. One line per item says whether it was
+//! already present or has just been installed.
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd::{Cmd, is_root};
+
+/// Debian packages: LLVM 22 for bpf-linker, the sandbox and network tools
+/// the agent and its tests call, and what the demo and tests run inside.
+const APT_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libclang-22-dev",
+    "bubblewrap",
+    "bpftool",
+    "iproute2",
+    "curl",
+    "util-linux",
+    "procps",
+    "python3",
+];
+
+/// bpf-linker must be this minor version, built against LLVM 22, the LLVM of
+/// the nightly that compiles `polar-ebpf`.
+const BPF_LINKER_VERSION: &str = "0.13";
+/// Where Debian's LLVM 22 lives if `llvm-config-22` cannot tell.
+const LLVM_22_PREFIX: &str = "/usr/lib/llvm-22";
+/// cargo-deny 0.20 builds with rustc 1.88 and later.
+const CARGO_DENY_VERSION: &str = "0.20";
+
+/// Checks every item and installs the missing ones.
+pub fn run() -> Result<()> {
+    apt_packages()?;
+    nightly_toolchain()?;
+    rust_src()?;
+    bpf_linker()?;
+    cargo_deny()?;
+    Ok(())
+}
+
+fn report(item: &str, state: &str) {
+    eprintln!("setup: {item:<18} {state}");
+}
+
+fn apt_packages() -> Result<()> {
+    let (present, missing): (Vec<&str>, Vec<&str>) =
+        APT_PACKAGES.iter().partition(|pkg| dpkg_installed(pkg));
+    for pkg in present {
+        report(pkg, "present");
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let install = Cmd::new("apt-get")?
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .args(["install", "-y"])
+        .args(&missing);
+    if !is_root()? {
+        bail!(
+            "missing Debian packages: {}; run this as root, or install them with `{}`",
+            missing.join(" "),
+            install.shown()
+        );
+    }
+    Cmd::new("apt-get")?
+        .arg("update")
+        .run()
+        .context("could not update the apt package lists")?;
+    install
+        .run()
+        .context("could not install the missing Debian packages")?;
+    for pkg in missing {
+        if !dpkg_installed(pkg) {
+            bail!("apt-get reported success but {pkg} is still not installed");
+        }
+        report(pkg, "installed");
+    }
+    Ok(())
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    Cmd::new("dpkg-query")
+        .map(|cmd| cmd.args(["-W", "-f=${Status}", pkg]).probe())
+        .ok()
+        .flatten()
+        .is_some_and(|status| status.trim() == "install ok installed")
+}
+
+fn nightly_toolchain() -> Result<()> {
+    let listed = Cmd::new("rustup")?
+        .args(["toolchain", "list"])
+        .probe()
+        .unwrap_or_default();
+    // Lines look like `nightly-x86_64-unknown-linux-gnu (default)`; a dated
+    // `nightly-2025-01-01-...` is not the `nightly` that aya-build asks for.
+    let has_nightly = listed.lines().any(|line| {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        name == "nightly"
+            || name
+                .strip_prefix("nightly-")
+                .is_some_and(|rest| !rest.starts_with(|c: char| c.is_ascii_digit()))
+    });
+    if has_nightly {
+        report("rust nightly", "present");
+        return Ok(());
+    }
+    Cmd::new("rustup")?
+        .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+        .run()
+        .context("could not install the nightly toolchain")?;
+    report("rust nightly", "installed");
+    Ok(())
+}
+
+fn rust_src() -> Result<()> {
+    let installed = Cmd::new("rustup")?
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .probe()
+        .unwrap_or_default();
+    if installed
+        .lines()
+        .any(|line| line.trim().starts_with("rust-src"))
+    {
+        report("nightly rust-src", "present");
+        return Ok(());
+    }
+    Cmd::new("rustup")?
+        .args(["component", "add", "rust-src", "--toolchain", "nightly"])
+        .run()
+        .context("could not add rust-src to the nightly toolchain")?;
+    report("nightly rust-src", "installed");
+    Ok(())
+}
+
+/// The version bpf-linker reports, e.g. `0.13.0`, if it runs at all.
+fn bpf_linker_version() -> Option<String> {
+    let out = Cmd::new("bpf-linker").ok()?.arg("--version").probe()?;
+    // `bpf-linker 0.13.0` (possibly followed by more lines).
+    out.split_whitespace().nth(1).map(str::to_owned)
+}
+
+fn bpf_linker() -> Result<()> {
+    let wanted = format!("{BPF_LINKER_VERSION}.");
+    if bpf_linker_version().is_some_and(|v| v.starts_with(&wanted)) {
+        report("bpf-linker", "present");
+        return Ok(());
+    }
+    // bpf-linker's build script finds LLVM's libraries next to the first
+    // `llvm-config` on PATH, which on Debian may be another LLVM version
+    // (`/usr/bin/llvm-config` belongs to the default LLVM). Point it, and the
+    // llvm-sys crate it uses (major version 221 for LLVM 22.1), at LLVM 22.
+    let prefix = Cmd::new("llvm-config-22")?
+        .arg("--prefix")
+        .probe()
+        .map(|out| out.trim().to_owned())
+        .filter(|prefix| !prefix.is_empty())
+        .unwrap_or_else(|| LLVM_22_PREFIX.to_owned());
+    Cmd::new("cargo")?
+        .env("LLVM_PREFIX", &prefix)
+        .env("LLVM_SYS_221_PREFIX", &prefix)
+        .args(["install", "bpf-linker", "--version"])
+        .arg(format!("~{BPF_LINKER_VERSION}"))
+        .args(["--locked", "--no-default-features", "--features", "llvm-22"])
+        .run()
+        .context("could not build bpf-linker (it takes a few minutes and needs llvm-22-dev)")?;
+    match bpf_linker_version() {
+        Some(v) if v.starts_with(&wanted) => report("bpf-linker", "installed"),
+        other => bail!(
+            "bpf-linker was installed but `bpf-linker --version` reports {other:?}, \
+             not {BPF_LINKER_VERSION}.x; is another bpf-linker earlier on PATH?"
+        ),
+    }
+    Ok(())
+}
+
+fn cargo_deny() -> Result<()> {
+    if Cmd::new("cargo")?
+        .args(["deny", "--version"])
+        .probe()
+        .is_some()
+    {
+        report("cargo-deny", "present");
+        return Ok(());
+    }
+    Cmd::new("cargo")?
+        .args(["install", "cargo-deny", "--version"])
+        .arg(format!("~{CARGO_DENY_VERSION}"))
+        .arg("--locked")
+        .run()
+        .context("could not install cargo-deny")?;
+    report("cargo-deny", "installed");
+    Ok(())
+}

@@ -1,0 +1,70 @@
+//! `cargo xtask test`: everything CI checks, in order, stopping at the first
+//! failure with the name of the step.
+//!
+//! The end-to-end tests run the `polar` binary from `target/debug`, so it is
+//! built before `cargo test`. The privileged tests (real cgroups, eBPF and
+//! network namespaces) need root; `--unprivileged` leaves them out.
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{cmd::Cmd, cmd::is_root, setup};
+
+/// The feature of the `polar-tests` crate that turns on the root-only tests.
+const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
+
+#[derive(Debug, clap::Args)]
+pub struct TestArgs {
+    /// Leave out the privileged tests (for runs without root).
+    #[arg(long)]
+    unprivileged: bool,
+    /// Extra arguments for `cargo test`, e.g. a test name filter or
+    /// `-- --nocapture`.
+    #[arg(last = true)]
+    cargo_test_args: Vec<String>,
+}
+
+pub fn run(args: TestArgs) -> Result<()> {
+    // Checked before anything is installed or built.
+    if !args.unprivileged && !is_root()? {
+        bail!(
+            "the privileged tests need root (they create cgroups, load eBPF programs \
+             and make network namespaces); run as root, or pass --unprivileged to skip them"
+        );
+    }
+    setup::run()?;
+
+    let mut cargo_test = Cmd::new("cargo")?.arg("test");
+    if !args.unprivileged {
+        cargo_test = cargo_test.args(["--features", PRIVILEGED_FEATURE]);
+    }
+    let steps = [
+        (
+            "format",
+            Cmd::new("cargo")?.args(["fmt", "--all", "--", "--check"]),
+        ),
+        (
+            "clippy",
+            Cmd::new("cargo")?.args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+        ),
+        (
+            // Advisories are never checked: they need GitHub, which CI cannot reach.
+            "dependency policy",
+            Cmd::new("cargo")?.args(["deny", "check", "bans", "licenses", "sources"]),
+        ),
+        (
+            "debug build of polar",
+            Cmd::new("cargo")?.args(["build", "--bin", "polar"]),
+        ),
+        ("tests", cargo_test.args(&args.cargo_test_args)),
+    ];
+
+    let total = steps.len();
+    for (index, (name, cmd)) in steps.into_iter().enumerate() {
+        let number = index + 1;
+        eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
+        cmd.run()
+            .with_context(|| format!("test step {number}/{total} ({name}) failed"))?;
+    }
+    eprintln!("==> all {total} test steps passed");
+    Ok(())
+}
