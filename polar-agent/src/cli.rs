@@ -133,9 +133,9 @@ fn sandbox_run(args: SandboxRunArgs) -> ExitCode {
     };
     match rt.block_on(sandbox::run(spec)) {
         Ok(out) => {
-            let code = match out.status {
-                Some(s) => exit_code(s),
-                None => 130,
+            let code = match out.end {
+                sandbox::End::Exited(s) => exit_code(s),
+                sandbox::End::Interrupted(sig) => u8::try_from(128 + sig).unwrap_or(255),
             };
             tracing::info!(
                 session = %out.session,

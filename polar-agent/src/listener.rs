@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
 
 use crate::dns::FakeIps;
 use crate::ids::{OrigDst, SessionId};
@@ -38,21 +39,32 @@ pub trait Handler: Send + Sync + 'static {
     fn handle(&self, conn: Accepted) -> impl Future<Output = ()> + Send;
 }
 
-/// Accepts on `listener` until shutdown. `session` is the session that owns
-/// the listener (isolated sandboxes have one each), used when the redirect
-/// has no record (a direct connection to the listener).
+/// Where accepted connections go and what they are checked against.
+pub struct AcceptContext<H> {
+    /// The redirect, for original destinations.
+    pub redirect: Redirect,
+    /// Fake DNS addresses, for host names.
+    pub fake: Arc<FakeIps>,
+    /// The session that owns the listener (isolated sandboxes have one
+    /// each), used when the redirect has no record (a direct connection).
+    pub session: Option<SessionId>,
+    /// The handler.
+    pub handler: Arc<H>,
+    /// Where handlers run.
+    pub handlers: Tasks,
+}
+
+/// Accepts on `listener` until `stop` fires, then accepts what is already
+/// queued (connections the sandbox made before it ended) and returns, so
+/// every connection is looked up while its session still exists.
 pub async fn accept_loop<H: Handler>(
     listener: TcpListener,
-    redirect: Redirect,
-    fake: Arc<FakeIps>,
-    session: Option<SessionId>,
-    handler: Arc<H>,
-    tasks: Tasks,
+    ctx: Arc<AcceptContext<H>>,
+    stop: CancellationToken,
 ) {
-    let shutdown = tasks.shutdown_token();
     loop {
         let (stream, peer) = tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = stop.cancelled() => break,
             r = listener.accept() => match r {
                 Ok(v) => v,
                 Err(e) => {
@@ -63,6 +75,23 @@ pub async fn accept_loop<H: Handler>(
                 }
             },
         };
+        dispatch(&ctx, stream, peer);
+    }
+    while let Ok(Ok((stream, peer))) = tokio::time::timeout(Duration::ZERO, listener.accept()).await
+    {
+        dispatch(&ctx, stream, peer);
+    }
+}
+
+fn dispatch<H: Handler>(ctx: &AcceptContext<H>, stream: TcpStream, peer: SocketAddr) {
+    let AcceptContext {
+        redirect,
+        fake,
+        session,
+        handler,
+        handlers,
+    } = ctx;
+    {
         let (orig, session) = match redirect.original_destination(&stream, peer) {
             Ok(Some((orig, s))) => (Some(orig), Some(s)),
             Ok(None) => (None, session.clone()),
@@ -79,8 +108,8 @@ pub async fn accept_loop<H: Handler>(
             host,
             session,
         };
-        let h = Arc::clone(&handler);
-        tasks.spawn(async move { h.handle(conn).await });
+        let h = Arc::clone(handler);
+        handlers.spawn(async move { h.handle(conn).await });
     }
 }
 

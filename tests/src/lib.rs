@@ -1,1 +1,266 @@
+//! Support for Polar's end-to-end tests: finding the `polar` and
+//! `polar-probe` binaries, running `polar sandbox run` and reading its JSON
+//! log events, and looking at the kernel (BPF programs, cgroups, network
+//! namespaces) to check that nothing is left behind.
 
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use serde_json::Value;
+
+/// The directory of the build's binaries (`target/<profile>`), found from the
+/// running test executable (`target/<profile>/deps/NAME-HASH`).
+pub fn bin_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let deps = exe.parent().context("test executable has no directory")?;
+    let dir = if deps.ends_with("deps") {
+        deps.parent().context("no profile directory")?
+    } else {
+        deps
+    };
+    Ok(dir.to_owned())
+}
+
+/// The `polar` binary; `cargo xtask test` builds it before the tests.
+pub fn polar_bin() -> Result<PathBuf> {
+    let p = bin_dir()?.join("polar");
+    if !p.exists() {
+        bail!(
+            "{} is missing: build it with `cargo build --bin polar` (cargo xtask test does)",
+            p.display()
+        );
+    }
+    Ok(p)
+}
+
+/// The `polar-probe` test client.
+pub fn probe_bin() -> Result<PathBuf> {
+    let p = bin_dir()?.join("polar-probe");
+    if !p.exists() {
+        bail!("{} is missing: build the polar-tests binaries", p.display());
+    }
+    Ok(p)
+}
+
+/// The JSON lines of a text, skipping anything that is not JSON.
+pub fn json_lines(text: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A finished `polar sandbox run`.
+#[derive(Debug)]
+pub struct Finished {
+    /// The raw output.
+    pub output: Output,
+    /// The agent's log events (JSON lines on stderr).
+    pub events: Vec<Value>,
+    /// What the sandboxed command printed as JSON lines on stdout.
+    pub reports: Vec<Value>,
+}
+
+impl Finished {
+    /// Events with the given message.
+    pub fn events(&self, message: &str) -> Vec<&Value> {
+        self.events
+            .iter()
+            .filter(|e| e["message"] == message)
+            .collect()
+    }
+
+    /// The stderr as text (for assertion messages).
+    pub fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.output.stderr).into_owned()
+    }
+}
+
+/// Runs `polar --log-format json sandbox run ARGS -- CMD` to the end.
+pub fn sandbox_run(args: &[&str], cmd: &[&str]) -> Result<Finished> {
+    let output = Command::new(polar_bin()?)
+        .args(["--log-format", "json", "sandbox", "run"])
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .stdin(Stdio::null())
+        .output()
+        .context("running polar")?;
+    Ok(Finished {
+        events: json_lines(&output.stderr),
+        reports: json_lines(&output.stdout),
+        output,
+    })
+}
+
+/// A `polar sandbox run` running in the background, its log read line by
+/// line. Killed on drop.
+pub struct Running {
+    /// The agent process.
+    pub child: Child,
+    lines: std::sync::mpsc::Receiver<Value>,
+    /// Events seen so far.
+    pub events: Vec<Value>,
+}
+
+impl Running {
+    /// Starts `polar --log-format json sandbox run ARGS -- CMD`.
+    pub fn start(args: &[&str], cmd: &[&str]) -> Result<Self> {
+        let mut child = Command::new(polar_bin()?)
+            .args(["--log-format", "json", "sandbox", "run"])
+            .args(args)
+            .arg("--")
+            .args(cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting polar")?;
+        let stderr = child.stderr.take().context("no stderr")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && tx.send(v).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(Self {
+            child,
+            lines: rx,
+            events: Vec::new(),
+        })
+    }
+
+    /// Waits (bounded) for an event with this message and returns it.
+    pub fn wait_for(&mut self, message: &str, timeout: Duration) -> Result<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let ev = self.lines.recv_timeout(left).with_context(|| {
+                format!(
+                    "no {message:?} event within {timeout:?}; got {:?}",
+                    self.events
+                )
+            })?;
+            self.events.push(ev.clone());
+            if ev["message"] == message {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).unwrap_or(i32::MAX)
+    }
+
+    /// Sends a signal to the agent (by its pid).
+    pub fn signal(&self, sig: nix::sys::signal::Signal) -> Result<()> {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig)?;
+        Ok(())
+    }
+
+    /// Waits (bounded) for the agent to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s);
+            }
+            if Instant::now() > deadline {
+                bail!("polar did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Ids of the BPF programs a process holds open (the `prog_id:` lines of its
+/// file descriptors' fdinfo: programs and links both show one).
+pub fn bpf_programs_of(pid: i32) -> Result<BTreeSet<u64>> {
+    let mut ids = BTreeSet::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        for line in text.lines() {
+            if let Some(id) = line.strip_prefix("prog_id:")
+                && let Ok(id) = id.trim().parse()
+            {
+                ids.insert(id);
+            }
+        }
+    }
+    Ok(ids)
+}
+
+/// Whether a BPF program with this id still exists.
+pub fn bpf_program_exists(id: u64) -> Result<bool> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .output()?;
+    Ok(out.status.success())
+}
+
+/// The network namespace inode of a process.
+pub fn netns_of(pid: i32) -> Result<String> {
+    Ok(std::fs::read_link(format!("/proc/{pid}/ns/net"))?
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// Processes whose network namespace is `ns` (as `netns_of` prints it).
+pub fn processes_in_netns(ns: &str) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| netns_of(*pid).is_ok_and(|n| n == ns))
+        .collect()
+}
+
+/// Polls `f` until it is true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether a process exists (and is not a zombie).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// The cgroup v2 mount point (from /proc/self/mountinfo).
+pub fn cgroup2_mount() -> Result<PathBuf> {
+    polar_agent::redirect::Cgroup2Mount::find()
+        .map(|m| m.mount_point)
+        .map_err(Into::into)
+}

@@ -2,9 +2,9 @@
 //! attached, a child cgroup per session, and the answer to "where was this
 //! accepted connection going, and for which session?".
 //!
-//! Layout: `<cgroup2>/polar/agent-<pid>/` carries the programs (so they apply
+//! Layout: `<cgroup2>/polar/agent-<pid>-<n>/` carries the programs (so they apply
 //! to every session below it and to nothing else); each session is
-//! `<cgroup2>/polar/agent-<pid>/<session id>/`. A guardian process (the
+//! `<cgroup2>/polar/agent-<pid>-<n>/<session id>/`. A guardian process (the
 //! reaper) removes the subtree, killing what is left in it, if the agent dies
 //! without cleaning up; the programs themselves are held by BPF links of the
 //! agent process and detach when it exits.
@@ -168,8 +168,7 @@ impl Redirect {
         preflight::check()?;
         let mount = Cgroup2Mount::find()?;
         raise_memlock_limit();
-        let parent = CgroupDir::create_or_open(mount.mount_point.join("polar"))?;
-        let root = CgroupDir::create(parent.path().join(format!("agent-{}", std::process::id())))?;
+        let root = create_instance_dir(&mount)?;
         let guard = RemoveOnError(Some(root.path().to_owned()));
         let session_level = mount
             .level_of(root.path())
@@ -266,7 +265,10 @@ impl Redirect {
                     let _ = maps.conns.remove(&key);
                     rec
                 }
-                Err(MapError::KeyNotFound) => return Ok(None),
+                Err(MapError::KeyNotFound) => {
+                    tracing::debug!(?key, "no redirect record for this connection");
+                    return Ok(None);
+                }
                 Err(source) => {
                     return Err(RedirectError::Map {
                         map: polar_common::MAP_CONNS,
@@ -278,6 +280,9 @@ impl Redirect {
         let session = lock(&self.inner.sessions)
             .get(&CgroupId(rec.cgroup_id))
             .cloned();
+        if session.is_none() {
+            tracing::debug!(?rec, "redirect record of an unknown session");
+        }
         Ok(session.map(|s| (OrigDst::from(rec.dst), s)))
     }
 
@@ -317,6 +322,32 @@ impl Drop for Inner {
         let _ = cgroup::kill_and_remove(self.root.path());
         remove_parent_if_empty(self.root.path());
     }
+}
+
+/// Creates `<cgroup2>/polar/agent-<pid>-<n>`. Another agent may remove an
+/// empty `polar` between the two steps, so a vanished parent is retried.
+fn create_instance_dir(mount: &Cgroup2Mount) -> Result<CgroupDir, CgroupError> {
+    let name = instance_name();
+    let mut attempt = 0;
+    loop {
+        let parent = CgroupDir::create_or_open(mount.mount_point.join("polar"))?;
+        match CgroupDir::create(parent.path().join(&name)) {
+            Err(CgroupError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && attempt < 5 =>
+            {
+                attempt += 1;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// `agent-<pid>-<n>`: unique per redirect, also when one process (a test)
+/// starts several.
+fn instance_name() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("agent-{}-{n}", std::process::id())
 }
 
 /// Removes `<cgroup2>/polar` when no other agent uses it.

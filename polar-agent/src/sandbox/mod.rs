@@ -67,10 +67,19 @@ pub struct RunSpec {
 pub struct RunOutcome {
     /// The session.
     pub session: SessionId,
-    /// The command's exit status, `None` when the agent was interrupted.
-    pub status: Option<ExitStatus>,
+    /// How the command ended.
+    pub end: End,
     /// Connections captured.
     pub captured: u64,
+}
+
+/// How a sandboxed command ended.
+#[derive(Debug, Clone, Copy)]
+pub enum End {
+    /// It exited (or was killed) on its own.
+    Exited(ExitStatus),
+    /// The agent got this signal and stopped the sandbox.
+    Interrupted(i32),
 }
 
 /// The network side of one session: where it lives and its sockets.
@@ -114,30 +123,44 @@ impl SessionNet {
     }
 }
 
+/// The agent's side of one session: the listeners and DNS sockets (on
+/// `acceptors`) and the connections they accepted (on `handlers`).
+struct Serving {
+    acceptors: Tasks,
+    handlers: Tasks,
+}
+
 fn serve(
     net: &SessionNet,
     session: &SessionId,
     redirect: &Redirect,
     resolver: &Arc<Resolver>,
     handler: &Arc<LogHandler>,
-    tasks: &Tasks,
-) -> Result<(), SandboxError> {
-    let Some(s) = net.sockets() else {
-        return Ok(());
+) -> Result<Serving, SandboxError> {
+    let serving = Serving {
+        acceptors: Tasks::new(),
+        handlers: Tasks::new(),
     };
+    let Some(s) = net.sockets() else {
+        return Ok(serving);
+    };
+    let ctx = Arc::new(listener::AcceptContext {
+        redirect: redirect.clone(),
+        fake: Arc::clone(resolver.fake_ips()),
+        session: Some(session.clone()),
+        handler: Arc::clone(handler),
+        handlers: serving.handlers.clone(),
+    });
     for l in std::iter::once(&s.tcp_v4).chain(s.tcp_v6.as_ref()) {
         let l = l.try_clone().map_err(|e| SandboxError::Io("listener", e))?;
         l.set_nonblocking(true)
             .map_err(|e| SandboxError::Io("listener", e))?;
         let l =
             tokio::net::TcpListener::from_std(l).map_err(|e| SandboxError::Io("listener", e))?;
-        tasks.spawn(listener::accept_loop(
+        serving.acceptors.spawn(listener::accept_loop(
             l,
-            redirect.clone(),
-            Arc::clone(resolver.fake_ips()),
-            Some(session.clone()),
-            Arc::clone(handler),
-            tasks.clone(),
+            Arc::clone(&ctx),
+            serving.acceptors.shutdown_token(),
         ));
     }
     for u in std::iter::once(&s.dns_v4).chain(s.dns_v6.as_ref()) {
@@ -148,9 +171,13 @@ fn serve(
             .map_err(|e| SandboxError::Io("dns socket", e))?;
         let u =
             tokio::net::UdpSocket::from_std(u).map_err(|e| SandboxError::Io("dns socket", e))?;
-        tasks.spawn(dns::serve(u, Arc::clone(resolver), tasks.shutdown_token()));
+        serving.acceptors.spawn(dns::serve(
+            u,
+            Arc::clone(resolver),
+            serving.acceptors.shutdown_token(),
+        ));
     }
-    Ok(())
+    Ok(serving)
 }
 
 /// Runs one command in a sandbox session and cleans everything up.
@@ -158,7 +185,6 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: spec.reaper_exe.clone(),
     })?;
-    let tasks = Tasks::new();
     let resolver = Arc::new(Resolver::new(
         Arc::new(FakeIps::default()),
         Arc::new(InterceptAll),
@@ -167,7 +193,7 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     let handler = Arc::new(LogHandler::new(spec.read_timeout));
     let session = spec.session.clone().unwrap_or_else(SessionId::random);
     let net = SessionNet::bind(spec.network)?;
-    serve(&net, &session, &redirect, &resolver, &handler, &tasks)?;
+    let serving = serve(&net, &session, &redirect, &resolver, &handler)?;
     let cgroup = redirect.create_session(&session, net.target())?;
     let procs = match cgroup.dir() {
         Some(d) => d.procs_file().map_err(RedirectError::from)?,
@@ -191,22 +217,21 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         cgroup = %cgroup.dir().map(|d| d.path().display().to_string()).unwrap_or_default(),
         "sandbox started"
     );
-    let status = tokio::select! {
-        s = child.wait() => Some(s.map_err(|e| SandboxError::Io("waiting for the command", e))?),
+    let end = tokio::select! {
+        s = child.wait() => End::Exited(s.map_err(|e| SandboxError::Io("waiting for the command", e))?),
         sig = crate::signals::terminated() => {
             tracing::warn!(signal = sig, "interrupted; stopping the sandbox");
-            None
+            End::Interrupted(sig)
         }
     };
-    // Kill whatever the command left behind, then let the listener finish
-    // what it already accepted.
+    // Take in what the sandbox already dialled while its session exists,
+    // then kill whatever it left behind, then let the handlers finish.
+    serving.acceptors.drain(Duration::from_secs(2)).await;
     let ended = cgroup.end();
-    if !tasks
-        .drain(spec.read_timeout + Duration::from_secs(2))
-        .await
-    {
+    let grace = spec.read_timeout + Duration::from_secs(2);
+    if !serving.handlers.drain(grace).await {
         tracing::warn!(
-            tasks = tasks.len(),
+            connections = serving.handlers.len(),
             "some connections were still open at exit"
         );
     }
@@ -215,7 +240,7 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     redirect.shutdown()?;
     Ok(RunOutcome {
         session,
-        status,
+        end,
         captured: handler.captured(),
     })
 }
