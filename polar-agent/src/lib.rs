@@ -2,6 +2,7 @@
 //! [`cli::main`]. See ARCHITECTURE.md for the data path.
 
 pub mod cli;
+pub mod config;
 pub mod dns;
 pub mod ids;
 pub mod listener;

@@ -1,0 +1,92 @@
+//! The embedded defaults: the value of every key a file leaves out, and the
+//! built-in routes used when the file has no `route` at all.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use super::cidr::Ipv4Cidr;
+use super::host::{DnsName, HostPattern};
+use super::route::{DEFAULT_PORTS, ProviderHint, Route, RouteAction};
+use super::upstream::Upstream;
+
+/// `agent.state_dir`.
+pub const STATE_DIR: &str = "/var/lib/polar";
+/// `proxy.max_body_bytes`: 32 MiB.
+pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// `proxy.header_timeout_ms`: 10 s.
+pub const HEADER_TIMEOUT_MS: u64 = 10_000;
+/// `proxy.idle_timeout_ms`: 5 min (a model may think that long before its
+/// first token).
+pub const IDLE_TIMEOUT_MS: u64 = 300_000;
+/// `proxy.max_connections`.
+pub const MAX_CONNECTIONS: u32 = 4096;
+/// `ca.validity_days`.
+pub const CA_VALIDITY_DAYS: u32 = 365;
+/// `ca.leaf_validity_hours`.
+pub const LEAF_VALIDITY_HOURS: u32 = 24;
+/// `ca.leaf_cache_size`.
+pub const LEAF_CACHE_SIZE: u32 = 1024;
+/// `dns.fake_range`: 127.100.0.0/16.
+pub const FAKE_RANGE: Ipv4Cidr = match Ipv4Cidr::new(Ipv4Addr::new(127, 100, 0, 0), 16) {
+    Some(range) => range,
+    None => panic!("the default fake range is a valid CIDR"),
+};
+/// `dns.ttl_secs`.
+pub const DNS_TTL_SECS: u32 = 60;
+/// Port of the local inference server the built-in model routes forward to.
+pub const LOCAL_INFERENCE_PORT: u16 = 8000;
+
+/// The model API hosts of the harnesses Polar knows, with their protocol.
+///
+/// DashScope is listed by name (mainland and international endpoints), not
+/// as `*.aliyuncs.com`: that suffix also covers Alibaba Cloud storage and
+/// the telemetry host Qwen Code calls, which are not model APIs.
+pub const BUILTIN_MODEL_HOSTS: [(&str, ProviderHint); 5] = [
+    ("api.anthropic.com", ProviderHint::Anthropic),
+    ("api.openai.com", ProviderHint::Auto),
+    ("generativelanguage.googleapis.com", ProviderHint::Gemini),
+    ("dashscope.aliyuncs.com", ProviderHint::OpenAi),
+    ("dashscope-intl.aliyuncs.com", ProviderHint::OpenAi),
+];
+
+/// The routes used when the file has no `route` key: each built-in model
+/// host on ports 443 and 80 to `http://127.0.0.1:8000`.
+pub fn builtin_routes() -> Vec<Route> {
+    let upstream = Arc::new(Upstream::local_http(LOCAL_INFERENCE_PORT));
+    BUILTIN_MODEL_HOSTS
+        .iter()
+        .map(|(host, provider)| Route {
+            name: None,
+            host: HostPattern::Exact(DnsName::from_static(host)),
+            ports: DEFAULT_PORTS.to_vec(),
+            action: RouteAction::Model {
+                provider: *provider,
+                upstream: Arc::clone(&upstream),
+            },
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_hosts_are_valid_patterns() {
+        for (host, _) in BUILTIN_MODEL_HOSTS {
+            assert_eq!(
+                HostPattern::parse(host),
+                Ok(HostPattern::Exact(DnsName::from_static(host)))
+            );
+        }
+        assert_eq!(builtin_routes().len(), BUILTIN_MODEL_HOSTS.len());
+    }
+
+    #[test]
+    fn builtin_upstream_is_the_local_server() {
+        assert_eq!(
+            Upstream::parse("http://127.0.0.1:8000"),
+            Ok(Upstream::local_http(LOCAL_INFERENCE_PORT))
+        );
+    }
+}

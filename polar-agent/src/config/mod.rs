@@ -1,0 +1,38 @@
+//! The agent's configuration: one TOML file, validated before anything is
+//! bound or loaded. Every key has an embedded default, so no file at all is
+//! a valid configuration ([`Config::default`]).
+//!
+//! - `raw.rs`: the file as written ([`RawConfig`], serde, no unknown keys).
+//! - `validated.rs`: [`Config`], built with `TryFrom<RawConfig>`, and its
+//!   loading from text or a file.
+//! - `sections.rs`, `route.rs`, `host.rs`, `upstream.rs`, `cidr.rs`: the
+//!   validated values and their checks; `defaults.rs`: the defaults.
+//! - `rules.rs`: [`Rules`], the compiled router (connections, DNS, CA names).
+//! - `error.rs`, `locate.rs`: [`ConfigError`] with key paths and locations.
+//! - `check.rs`: [`check_file`] for `polar config check FILE`.
+//!
+//! `config/polar.example.toml` at the repository root documents every key.
+
+mod check;
+mod cidr;
+pub mod defaults;
+mod error;
+mod host;
+mod locate;
+mod raw;
+mod route;
+mod rules;
+mod sections;
+mod upstream;
+mod validated;
+
+pub use check::{Summary, check_file};
+pub use cidr::Ipv4Cidr;
+pub use error::{ConfigError, KeyPath, Location, Segment};
+pub use host::{DnsName, HostPattern};
+pub use raw::{RawAgent, RawCa, RawConfig, RawDns, RawProxy, RawRoute};
+pub use route::{ActionKind, DEFAULT_PORTS, DefaultAction, ProviderHint, Route, RouteAction};
+pub use rules::{Decision, DnsDecision, MatchedRule, Rules};
+pub use sections::{AgentConfig, CaConfig, DnsConfig, LogFormat, ProxyConfig};
+pub use upstream::{Scheme, Upstream, UpstreamHost};
+pub use validated::{Config, RouteSource};

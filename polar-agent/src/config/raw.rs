@@ -1,0 +1,165 @@
+//! [`RawConfig`]: the config file exactly as written, deserialized by serde
+//! with `deny_unknown_fields` everywhere. Absent keys stay `None` here; the
+//! defaults and all checks are applied by `validated.rs`.
+
+use serde::Deserialize;
+
+use super::route::{ActionKind, DefaultAction, ProviderHint};
+use super::sections::LogFormat;
+
+/// The whole file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[agent]`.
+    #[serde(default)]
+    pub agent: RawAgent,
+    /// `[proxy]`.
+    #[serde(default)]
+    pub proxy: RawProxy,
+    /// `[ca]`.
+    #[serde(default)]
+    pub ca: RawCa,
+    /// `[dns]`.
+    #[serde(default)]
+    pub dns: RawDns,
+    /// `default_action`, a top-level key.
+    pub default_action: Option<DefaultAction>,
+    /// `[[route]]`; `None` (no route key at all) selects the built-in routes,
+    /// `route = []` means no routes.
+    pub route: Option<Vec<RawRoute>>,
+}
+
+/// `[agent]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAgent {
+    /// `state_dir`: where the agent keeps its CA, session logs and exports.
+    pub state_dir: Option<String>,
+    /// `log_format`: `text` or `json`.
+    pub log_format: Option<LogFormat>,
+}
+
+/// `[proxy]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProxy {
+    /// `base_url_listen`: socket address for base-URL mode.
+    pub base_url_listen: Option<String>,
+    /// `max_body_bytes`: largest request body accepted.
+    pub max_body_bytes: Option<u64>,
+    /// `header_timeout_ms`: time allowed to receive request headers.
+    pub header_timeout_ms: Option<u64>,
+    /// `idle_timeout_ms`: longest silence on a connection.
+    pub idle_timeout_ms: Option<u64>,
+    /// `max_connections`: open connections across all sandboxes.
+    pub max_connections: Option<u32>,
+}
+
+/// `[ca]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCa {
+    /// `validity_days`: lifetime of the CA certificate.
+    pub validity_days: Option<u32>,
+    /// `leaf_validity_hours`: lifetime of each leaf certificate.
+    pub leaf_validity_hours: Option<u32>,
+    /// `leaf_cache_size`: leaf certificates kept in memory.
+    pub leaf_cache_size: Option<u32>,
+}
+
+/// `[dns]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDns {
+    /// `fake_range`: IPv4 CIDR the fake answers for model hosts come from.
+    pub fake_range: Option<String>,
+    /// `ttl_secs`: TTL of the agent's DNS answers.
+    pub ttl_secs: Option<u32>,
+}
+
+/// One `[[route]]`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// `host`: `name.example`, `*.suffix.example` or an IP literal.
+    pub host: String,
+    /// `ports`: defaults to `[443, 80]`.
+    pub ports: Option<Vec<u16>>,
+    /// `action`: `model`, `pass` or `deny`.
+    pub action: ActionKind,
+    /// `provider`: wire-protocol hint, model routes only.
+    pub provider: Option<ProviderHint>,
+    /// `upstream`: base URL, required for model routes, refused otherwise.
+    pub upstream: Option<String>,
+    /// `name`: optional label.
+    pub name: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<RawConfig, String> {
+        toml::from_str(text).map_err(|e| e.message().to_owned())
+    }
+
+    #[test]
+    fn empty_file_is_all_absent() {
+        assert_eq!(parse(""), Ok(RawConfig::default()));
+    }
+
+    #[test]
+    fn mirrors_the_file() {
+        let raw = parse(
+            "default_action = \"pass\"\n\
+             [agent]\nlog_format = \"json\"\n\
+             [[route]]\nhost = \"h\"\naction = \"model\"\nprovider = \"openai_responses\"\n",
+        );
+        let Ok(raw) = raw else {
+            panic!("{raw:?}");
+        };
+        assert_eq!(raw.default_action, Some(DefaultAction::Pass));
+        assert_eq!(raw.agent.log_format, Some(LogFormat::Json));
+        let routes = raw.route.unwrap_or_default();
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0].provider, Some(ProviderHint::OpenAiResponses));
+        assert_eq!(parse("route = []").map(|r| r.route), Ok(Some(vec![])));
+    }
+
+    #[test]
+    fn unknown_keys_and_values_are_refused_everywhere() {
+        for (text, needle) in [
+            ("bogus = 1", "unknown field `bogus`"),
+            ("[agent]\nstate = \"/x\"", "unknown field `state`"),
+            ("[proxy]\nmax_body = 1", "unknown field `max_body`"),
+            ("[ca]\nvalidity = 1", "unknown field `validity`"),
+            ("[dns]\nrange = \"x\"", "unknown field `range`"),
+            (
+                "[[route]]\nhots = \"a\"\naction = \"pass\"",
+                "unknown field `hots`",
+            ),
+            (
+                "[[route]]\nhost = \"a\"\naction = \"modle\"",
+                "unknown variant `modle`",
+            ),
+            (
+                "[[route]]\nhost = \"a\"\naction = \"model\"\nprovider = \"claude\"",
+                "unknown variant `claude`",
+            ),
+            ("default_action = \"model\"", "unknown variant `model`"),
+            ("[agent]\nlog_format = \"xml\"", "unknown variant `xml`"),
+            ("[[route]]\nhost = \"a\"", "missing field `action`"),
+            (
+                "[[route]]\nhost = \"a\"\naction = \"pass\"\nports = [70000]",
+                "expected u16",
+            ),
+            ("[proxy]\nmax_connections = -1", "expected u32"),
+        ] {
+            match parse(text) {
+                Ok(raw) => panic!("{text:?} parsed as {raw:?}"),
+                Err(message) => assert!(message.contains(needle), "{text:?}: {message}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! Validated routing rules: [`Route`], what a route does ([`RouteAction`]),
+//! what applies when none matches ([`DefaultAction`]), and the checks that
+//! turn `[[route]]` tables into routes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::error::{ConfigError, KeyPath};
+use super::host::HostPattern;
+use super::raw::RawRoute;
+use super::upstream::Upstream;
+
+/// Ports a route applies to when it lists none.
+pub const DEFAULT_PORTS: [u16; 2] = [443, 80];
+
+/// Which wire protocol a model route's traffic is expected to speak.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+pub enum ProviderHint {
+    /// Detect from each request (path and body).
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// Anthropic Messages.
+    #[serde(rename = "anthropic")]
+    Anthropic,
+    /// OpenAI Chat Completions.
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// OpenAI Responses.
+    #[serde(rename = "openai_responses")]
+    OpenAiResponses,
+    /// Google Gemini.
+    #[serde(rename = "gemini")]
+    Gemini,
+}
+
+impl ProviderHint {
+    /// The name used in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Anthropic => "anthropic",
+            Self::OpenAi => "openai",
+            Self::OpenAiResponses => "openai_responses",
+            Self::Gemini => "gemini",
+        }
+    }
+}
+
+/// The three things a route can do, without their parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionKind {
+    /// Terminate TLS and run the model pipeline.
+    Model,
+    /// Relay the bytes untouched to the original destination.
+    Pass,
+    /// Refuse the connection.
+    Deny,
+}
+
+impl ActionKind {
+    /// `model`, `pass` or `deny`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Model => "model",
+            Self::Pass => "pass",
+            Self::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happens to connections that no route matches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultAction {
+    /// Refuse them (and answer NXDOMAIN to their DNS questions).
+    #[default]
+    Deny,
+    /// Relay them untouched.
+    Pass,
+}
+
+impl DefaultAction {
+    /// The matching [`ActionKind`].
+    pub fn kind(self) -> ActionKind {
+        match self {
+            Self::Deny => ActionKind::Deny,
+            Self::Pass => ActionKind::Pass,
+        }
+    }
+}
+
+/// What a matched route does, with what it needs to do it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouteAction {
+    /// Terminate TLS and hand the traffic to the model pipeline.
+    Model {
+        /// The expected wire protocol.
+        provider: ProviderHint,
+        /// Where the model pipeline forwards to.
+        upstream: Arc<Upstream>,
+    },
+    /// Relay untouched to the original destination.
+    Pass,
+    /// Refuse.
+    Deny,
+}
+
+impl RouteAction {
+    /// The action without its parameters.
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Self::Model { .. } => ActionKind::Model,
+            Self::Pass => ActionKind::Pass,
+            Self::Deny => ActionKind::Deny,
+        }
+    }
+}
+
+impl From<DefaultAction> for RouteAction {
+    fn from(action: DefaultAction) -> Self {
+        match action {
+            DefaultAction::Deny => Self::Deny,
+            DefaultAction::Pass => Self::Pass,
+        }
+    }
+}
+
+/// One validated `[[route]]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The optional label from the file.
+    pub name: Option<Arc<str>>,
+    /// What host the route matches.
+    pub host: HostPattern,
+    /// The ports it matches: not empty, no 0, no duplicates.
+    pub ports: Vec<u16>,
+    /// What it does.
+    pub action: RouteAction,
+}
+
+/// Validates `[[route]]` number `index` (key path `route[index]`).
+pub(crate) fn validate_route(index: usize, raw: &RawRoute) -> Result<Route, ConfigError> {
+    let key = KeyPath::root().key("route").index(index);
+    let invalid = |field: &str, reason: String| ConfigError::invalid(key.key(field), reason);
+
+    let host = HostPattern::parse(&raw.host).map_err(|why| invalid("host", why))?;
+
+    let ports = match &raw.ports {
+        None => DEFAULT_PORTS.to_vec(),
+        Some(ports) => {
+            if ports.is_empty() {
+                return Err(invalid(
+                    "ports",
+                    "must list at least one port (leave it out for [443, 80])".into(),
+                ));
+            }
+            for (i, port) in ports.iter().enumerate() {
+                if *port == 0 {
+                    return Err(ConfigError::invalid(
+                        key.key("ports").index(i),
+                        "port 0 is not a port (1 to 65535)",
+                    ));
+                }
+                if ports[..i].contains(port) {
+                    return Err(ConfigError::invalid(
+                        key.key("ports").index(i),
+                        format!("port {port} is listed twice"),
+                    ));
+                }
+            }
+            ports.clone()
+        }
+    };
+
+    let not_model = |field: &str| {
+        invalid(
+            field,
+            format!(
+                "only allowed with action = \"model\" (this route is \"{}\")",
+                raw.action
+            ),
+        )
+    };
+    let action = match raw.action {
+        ActionKind::Model => {
+            let Some(upstream) = &raw.upstream else {
+                return Err(invalid(
+                    "upstream",
+                    "required with action = \"model\" (an http:// or https:// URL)".into(),
+                ));
+            };
+            let upstream = Upstream::parse(upstream).map_err(|why| invalid("upstream", why))?;
+            RouteAction::Model {
+                provider: raw.provider.unwrap_or_default(),
+                upstream: Arc::new(upstream),
+            }
+        }
+        ActionKind::Pass | ActionKind::Deny if raw.provider.is_some() => {
+            return Err(not_model("provider"));
+        }
+        ActionKind::Pass | ActionKind::Deny if raw.upstream.is_some() => {
+            return Err(not_model("upstream"));
+        }
+        ActionKind::Pass => RouteAction::Pass,
+        ActionKind::Deny => RouteAction::Deny,
+    };
+
+    let name = match &raw.name {
+        None => None,
+        Some(name) => Some(Arc::from(
+            check_name(name).map_err(|why| invalid("name", why))?,
+        )),
+    };
+
+    Ok(Route {
+        name,
+        host,
+        ports,
+        action,
+    })
+}
+
+/// Route names are labels for logs: short, printable, and not `default`.
+fn check_name(name: &str) -> Result<&str, String> {
+    if name.is_empty() {
+        return Err("must not be empty (leave it out instead)".into());
+    }
+    if name.len() > 64 {
+        return Err("longer than 64 characters".into());
+    }
+    if let Some(bad) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/')))
+    {
+        return Err(format!(
+            "character {bad:?} is not allowed (letters, digits and - _ . : / only)"
+        ));
+    }
+    if name == "default" {
+        return Err("\"default\" is reserved for connections no route matches".into());
+    }
+    Ok(name)
+}
+
+/// Checks rules against each other: no two with the same host pattern and a
+/// common port (the second could never match), no two with the same name.
+pub(crate) fn check_route_set(routes: &[Route]) -> Result<(), ConfigError> {
+    let mut seen: HashMap<(&HostPattern, u16), usize> = HashMap::new();
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    for (index, route) in routes.iter().enumerate() {
+        let key = KeyPath::root().key("route").index(index);
+        for port in &route.ports {
+            if let Some(first) = seen.insert((&route.host, *port), index) {
+                return Err(ConfigError::invalid(
+                    key.key("host"),
+                    format!(
+                        "duplicate rule: route[{first}] already matches host \"{}\" on port {port}",
+                        route.host
+                    ),
+                ));
+            }
+        }
+        if let Some(name) = route.name.as_deref()
+            && let Some(first) = names.insert(name, index)
+        {
+            return Err(ConfigError::invalid(
+                key.key("name"),
+                format!("name \"{name}\" is already used by route[{first}]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(host: &str, action: ActionKind) -> RawRoute {
+        RawRoute {
+            host: host.into(),
+            ports: None,
+            action,
+            provider: None,
+            upstream: None,
+            name: None,
+        }
+    }
+
+    fn model(host: &str) -> RawRoute {
+        RawRoute {
+            upstream: Some("http://127.0.0.1:8000".into()),
+            ..raw(host, ActionKind::Model)
+        }
+    }
+
+    fn error(index: usize, raw: &RawRoute) -> String {
+        match validate_route(index, raw) {
+            Ok(route) => panic!("{raw:?} should be refused, got {route:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let Ok(route) = validate_route(0, &model("API.anthropic.com")) else {
+            panic!("valid route");
+        };
+        assert_eq!(route.ports, vec![443, 80]);
+        assert_eq!(route.host.to_string(), "api.anthropic.com");
+        assert!(matches!(
+            route.action,
+            RouteAction::Model {
+                provider: ProviderHint::Auto,
+                ..
+            }
+        ));
+        assert_eq!(route.name, None);
+    }
+
+    #[test]
+    fn host_errors_name_the_key() {
+        assert_eq!(
+            error(2, &raw("*.", ActionKind::Pass)),
+            "route[2].host: \"*.\" is not a valid host pattern: nothing follows \"*.\""
+        );
+        assert_eq!(
+            error(0, &raw("", ActionKind::Pass)),
+            "route[0].host: must not be empty"
+        );
+    }
+
+    #[test]
+    fn ports_are_checked() {
+        let zero = RawRoute {
+            ports: Some(vec![443, 0]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert!(error(1, &zero).starts_with("route[1].ports[1]: port 0"));
+        let empty = RawRoute {
+            ports: Some(vec![]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert!(error(0, &empty).starts_with("route[0].ports: must list"));
+        let twice = RawRoute {
+            ports: Some(vec![443, 8443, 443]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert!(error(0, &twice).starts_with("route[0].ports[2]: port 443 is listed twice"));
+    }
+
+    #[test]
+    fn model_only_keys() {
+        let pass_with_provider = RawRoute {
+            provider: Some(ProviderHint::Anthropic),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert_eq!(
+            error(3, &pass_with_provider),
+            "route[3].provider: only allowed with action = \"model\" (this route is \"pass\")"
+        );
+        let deny_with_upstream = RawRoute {
+            upstream: Some("http://127.0.0.1:1".into()),
+            ..raw("a.example", ActionKind::Deny)
+        };
+        assert!(error(0, &deny_with_upstream).starts_with("route[0].upstream: only allowed"));
+        assert!(
+            error(0, &raw("a.example", ActionKind::Model))
+                .starts_with("route[0].upstream: required")
+        );
+        let bad_upstream = RawRoute {
+            upstream: Some("ftp://x".into()),
+            ..raw("a.example", ActionKind::Model)
+        };
+        assert!(error(0, &bad_upstream).starts_with("route[0].upstream: \"ftp://x\""));
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for bad in ["", "default", "has space", "é", &"n".repeat(65)] {
+            let named = RawRoute {
+                name: Some(bad.into()),
+                ..raw("a.example", ActionKind::Pass)
+            };
+            assert!(error(0, &named).starts_with("route[0].name: "), "{bad:?}");
+        }
+    }
+
+    fn validated(raws: &[RawRoute]) -> Vec<Route> {
+        raws.iter()
+            .enumerate()
+            .filter_map(|(i, raw)| validate_route(i, raw).ok())
+            .collect()
+    }
+
+    #[test]
+    fn duplicates_are_refused() {
+        let routes = validated(&[
+            raw("a.example", ActionKind::Pass),
+            RawRoute {
+                ports: Some(vec![8443, 80]),
+                ..raw("A.example", ActionKind::Deny)
+            },
+        ]);
+        let Err(error) = check_route_set(&routes) else {
+            panic!("duplicate must be refused");
+        };
+        assert_eq!(
+            error.to_string(),
+            "route[1].host: duplicate rule: route[0] already matches host \"a.example\" on port 80"
+        );
+
+        // Same host on other ports, or exact and wildcard of one name: fine.
+        let routes = validated(&[
+            raw("a.example", ActionKind::Pass),
+            RawRoute {
+                ports: Some(vec![8443]),
+                ..raw("a.example", ActionKind::Deny)
+            },
+            raw("*.a.example", ActionKind::Deny),
+        ]);
+        assert!(check_route_set(&routes).is_ok());
+
+        let named = |name: &str, host: &str| RawRoute {
+            name: Some(name.into()),
+            ..raw(host, ActionKind::Pass)
+        };
+        let routes = validated(&[named("x", "a.example"), named("x", "b.example")]);
+        let Err(error) = check_route_set(&routes) else {
+            panic!("duplicate name must be refused");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with("route[1].name: name \"x\" is already used")
+        );
+    }
+}

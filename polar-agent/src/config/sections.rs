@@ -1,0 +1,452 @@
+//! The validated `[agent]`, `[proxy]`, `[ca]` and `[dns]` sections, their
+//! defaults, and the range checks that build them from their raw form.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::cidr::Ipv4Cidr;
+use super::defaults;
+use super::error::{ConfigError, KeyPath};
+use super::raw::{RawAgent, RawCa, RawDns, RawProxy};
+
+/// How the agent writes its logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[agent]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentConfig {
+    /// Absolute directory for the CA, session logs and exports.
+    pub state_dir: PathBuf,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from(defaults::STATE_DIR),
+            log_format: LogFormat::default(),
+        }
+    }
+}
+
+/// `[proxy]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Where base-URL mode listens, if enabled (never port 0).
+    pub base_url_listen: Option<SocketAddr>,
+    /// Largest request body accepted, 1 KiB to 1 GiB.
+    pub max_body_bytes: u64,
+    /// Time allowed to receive a request's headers.
+    pub header_timeout: Duration,
+    /// Longest silence allowed on a connection.
+    pub idle_timeout: Duration,
+    /// Open connections across all sandboxes, at least 1.
+    pub max_connections: u32,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        Self {
+            base_url_listen: None,
+            max_body_bytes: defaults::MAX_BODY_BYTES,
+            header_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
+            idle_timeout: Duration::from_millis(defaults::IDLE_TIMEOUT_MS),
+            max_connections: defaults::MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// `[ca]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaConfig {
+    /// Lifetime of the CA certificate, 1 to 3650 days.
+    pub validity_days: u32,
+    /// Lifetime of each leaf, at least 1 hour and at most the CA's.
+    pub leaf_validity_hours: u32,
+    /// Leaf certificates kept in memory, 1 to 1,000,000.
+    pub leaf_cache_size: usize,
+}
+
+impl Default for CaConfig {
+    fn default() -> Self {
+        Self {
+            validity_days: defaults::CA_VALIDITY_DAYS,
+            leaf_validity_hours: defaults::LEAF_VALIDITY_HOURS,
+            leaf_cache_size: defaults::LEAF_CACHE_SIZE as usize,
+        }
+    }
+}
+
+/// `[dns]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Range of fake addresses for model hosts: at least 256 addresses,
+    /// inside 127.0.0.0/8 (not holding 127.0.0.1) or 198.18.0.0/15.
+    pub fake_range: Ipv4Cidr,
+    /// TTL of the agent's answers, 1 s to 1 day.
+    pub ttl_secs: u32,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        Self {
+            fake_range: defaults::FAKE_RANGE,
+            ttl_secs: defaults::DNS_TTL_SECS,
+        }
+    }
+}
+
+/// Checks that `value` of `key` lies in `min..=max`.
+fn in_range<T>(key: &KeyPath, value: T, min: T, max: T, unit: &str) -> Result<T, ConfigError>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    if value < min || value > max {
+        return Err(ConfigError::invalid(
+            key.clone(),
+            format!("{value} is out of range (expected {min} to {max}{unit})"),
+        ));
+    }
+    Ok(value)
+}
+
+pub(crate) fn validate_agent(raw: &RawAgent) -> Result<AgentConfig, ConfigError> {
+    let key = KeyPath::root().key("agent");
+    let state_dir = match &raw.state_dir {
+        None => PathBuf::from(defaults::STATE_DIR),
+        Some(dir) => {
+            check_state_dir(dir).map_err(|why| ConfigError::invalid(key.key("state_dir"), why))?
+        }
+    };
+    Ok(AgentConfig {
+        state_dir,
+        log_format: raw.log_format.unwrap_or_default(),
+    })
+}
+
+fn check_state_dir(dir: &str) -> Result<PathBuf, String> {
+    if dir.contains('\0') {
+        return Err("must not contain NUL".into());
+    }
+    let path = Path::new(dir);
+    if !path.is_absolute() {
+        return Err(format!("{dir:?} must be an absolute path"));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{dir:?} must not contain \"..\""));
+    }
+    if path.parent().is_none() {
+        return Err("must not be the root directory".into());
+    }
+    Ok(path.components().collect())
+}
+
+pub(crate) fn validate_proxy(raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
+    let key = KeyPath::root().key("proxy");
+    let base_url_listen = match &raw.base_url_listen {
+        None => None,
+        Some(text) => Some(
+            parse_listen(text)
+                .map_err(|why| ConfigError::invalid(key.key("base_url_listen"), why))?,
+        ),
+    };
+    let max_body_bytes = in_range(
+        &key.key("max_body_bytes"),
+        raw.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES),
+        1024,
+        1 << 30,
+        " bytes",
+    )?;
+    let header_timeout_ms = in_range(
+        &key.key("header_timeout_ms"),
+        raw.header_timeout_ms.unwrap_or(defaults::HEADER_TIMEOUT_MS),
+        1,
+        3_600_000,
+        " ms",
+    )?;
+    let idle_timeout_ms = in_range(
+        &key.key("idle_timeout_ms"),
+        raw.idle_timeout_ms.unwrap_or(defaults::IDLE_TIMEOUT_MS),
+        1,
+        86_400_000,
+        " ms",
+    )?;
+    let max_connections = in_range(
+        &key.key("max_connections"),
+        raw.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
+        1,
+        1_000_000,
+        "",
+    )?;
+    Ok(ProxyConfig {
+        base_url_listen,
+        max_body_bytes,
+        header_timeout: Duration::from_millis(header_timeout_ms),
+        idle_timeout: Duration::from_millis(idle_timeout_ms),
+        max_connections,
+    })
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    let addr: SocketAddr = text.parse().map_err(|_| {
+        format!("{text:?} is not a socket address (expected \"127.0.0.1:8787\" or \"[::1]:8787\")")
+    })?;
+    if addr.port() == 0 {
+        return Err(format!(
+            "{text:?}: port 0 is not allowed (harnesses must know the port)"
+        ));
+    }
+    Ok(addr)
+}
+
+pub(crate) fn validate_ca(raw: &RawCa) -> Result<CaConfig, ConfigError> {
+    let key = KeyPath::root().key("ca");
+    let validity_days = in_range(
+        &key.key("validity_days"),
+        raw.validity_days.unwrap_or(defaults::CA_VALIDITY_DAYS),
+        1,
+        3650,
+        " days",
+    )?;
+    let leaf_validity_hours = in_range(
+        &key.key("leaf_validity_hours"),
+        raw.leaf_validity_hours
+            .unwrap_or(defaults::LEAF_VALIDITY_HOURS),
+        1,
+        validity_days.saturating_mul(24),
+        " hours: a leaf cannot outlive its CA",
+    )?;
+    let leaf_cache_size = in_range(
+        &key.key("leaf_cache_size"),
+        raw.leaf_cache_size.unwrap_or(defaults::LEAF_CACHE_SIZE),
+        1,
+        1_000_000,
+        "",
+    )?;
+    Ok(CaConfig {
+        validity_days,
+        leaf_validity_hours,
+        leaf_cache_size: leaf_cache_size as usize,
+    })
+}
+
+/// Where fake addresses may come from.
+const LOOPBACK: Ipv4Cidr = match Ipv4Cidr::new(Ipv4Addr::new(127, 0, 0, 0), 8) {
+    Some(range) => range,
+    None => panic!("127.0.0.0/8 is a valid CIDR"),
+};
+const BENCHMARK: Ipv4Cidr = match Ipv4Cidr::new(Ipv4Addr::new(198, 18, 0, 0), 15) {
+    Some(range) => range,
+    None => panic!("198.18.0.0/15 is a valid CIDR"),
+};
+
+pub(crate) fn validate_dns(raw: &RawDns) -> Result<DnsConfig, ConfigError> {
+    let key = KeyPath::root().key("dns");
+    let fake_range = match &raw.fake_range {
+        None => defaults::FAKE_RANGE,
+        Some(text) => check_fake_range(text)
+            .map_err(|why| ConfigError::invalid(key.key("fake_range"), why))?,
+    };
+    let ttl_secs = in_range(
+        &key.key("ttl_secs"),
+        raw.ttl_secs.unwrap_or(defaults::DNS_TTL_SECS),
+        1,
+        86_400,
+        " seconds",
+    )?;
+    Ok(DnsConfig {
+        fake_range,
+        ttl_secs,
+    })
+}
+
+fn check_fake_range(text: &str) -> Result<Ipv4Cidr, String> {
+    let range: Ipv4Cidr = text.parse()?;
+    if !range.is_within(&LOOPBACK) && !range.is_within(&BENCHMARK) {
+        return Err(format!(
+            "{range} must lie inside 127.0.0.0/8 or 198.18.0.0/15 (addresses nobody else answers for)"
+        ));
+    }
+    if range.contains(Ipv4Addr::LOCALHOST) {
+        return Err(format!("{range} must not contain 127.0.0.1"));
+    }
+    if range.size() < 256 {
+        return Err(format!(
+            "{range} is too small (at least 256 addresses, a /24)"
+        ));
+    }
+    Ok(range)
+}
+
+/// Whether `ip` is inside the fake range.
+pub(crate) fn in_fake_range(dns: &DnsConfig, ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => dns.fake_range.contains(v4),
+        IpAddr::V6(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(result: Result<impl std::fmt::Debug, ConfigError>) -> String {
+        match result {
+            Ok(value) => panic!("should be refused, got {value:?}"),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn absent_keys_take_the_defaults() {
+        assert!(
+            matches!(validate_agent(&RawAgent::default()), Ok(a) if a == AgentConfig::default())
+        );
+        assert!(
+            matches!(validate_proxy(&RawProxy::default()), Ok(p) if p == ProxyConfig::default())
+        );
+        assert!(matches!(validate_ca(&RawCa::default()), Ok(c) if c == CaConfig::default()));
+        assert!(matches!(validate_dns(&RawDns::default()), Ok(d) if d == DnsConfig::default()));
+    }
+
+    #[test]
+    fn state_dir_must_be_absolute_and_plain() {
+        for bad in ["", "var/lib/polar", "/var/../etc", "/", "/a\0b"] {
+            let raw = RawAgent {
+                state_dir: Some(bad.into()),
+                log_format: None,
+            };
+            assert!(
+                message(validate_agent(&raw)).starts_with("agent.state_dir: "),
+                "{bad:?}"
+            );
+        }
+        let raw = RawAgent {
+            state_dir: Some("/srv//polar/./state/".into()),
+            log_format: Some(LogFormat::Json),
+        };
+        let Ok(agent) = validate_agent(&raw) else {
+            panic!("valid");
+        };
+        assert_eq!(agent.state_dir, PathBuf::from("/srv/polar/state"));
+    }
+
+    #[test]
+    fn proxy_ranges() {
+        let raw = |f: fn(&mut RawProxy)| {
+            let mut raw = RawProxy::default();
+            f(&mut raw);
+            raw
+        };
+        assert_eq!(
+            message(validate_proxy(&raw(|r| r.max_body_bytes = Some(0)))),
+            "proxy.max_body_bytes: 0 is out of range (expected 1024 to 1073741824 bytes)"
+        );
+        assert!(
+            message(validate_proxy(&raw(|r| r.header_timeout_ms = Some(0))))
+                .starts_with("proxy.header_timeout_ms: ")
+        );
+        assert!(
+            message(validate_proxy(&raw(
+                |r| r.idle_timeout_ms = Some(86_400_001)
+            )))
+            .starts_with("proxy.idle_timeout_ms: ")
+        );
+        assert!(
+            message(validate_proxy(&raw(|r| r.max_connections = Some(0))))
+                .starts_with("proxy.max_connections: ")
+        );
+        for bad in ["127.0.0.1", "localhost:8787", "127.0.0.1:0", "::1:8787", ""] {
+            let raw = RawProxy {
+                base_url_listen: Some(bad.into()),
+                ..RawProxy::default()
+            };
+            assert!(
+                message(validate_proxy(&raw)).starts_with("proxy.base_url_listen: "),
+                "{bad:?}"
+            );
+        }
+        let listen = RawProxy {
+            base_url_listen: Some("[::1]:8787".into()),
+            ..RawProxy::default()
+        };
+        assert!(
+            matches!(validate_proxy(&listen), Ok(p) if p.base_url_listen.is_some_and(|a| a.port() == 8787))
+        );
+    }
+
+    #[test]
+    fn leaf_cannot_outlive_the_ca() {
+        let raw = RawCa {
+            validity_days: Some(1),
+            leaf_validity_hours: Some(25),
+            leaf_cache_size: None,
+        };
+        assert_eq!(
+            message(validate_ca(&raw)),
+            "ca.leaf_validity_hours: 25 is out of range (expected 1 to 24 hours: a leaf cannot outlive its CA)"
+        );
+        let zero = RawCa {
+            leaf_cache_size: Some(0),
+            ..RawCa::default()
+        };
+        assert!(message(validate_ca(&zero)).starts_with("ca.leaf_cache_size: "));
+        let long = RawCa {
+            validity_days: Some(3651),
+            ..RawCa::default()
+        };
+        assert!(message(validate_ca(&long)).starts_with("ca.validity_days: "));
+    }
+
+    #[test]
+    fn fake_range_must_be_private_and_large_enough() {
+        for good in [
+            "127.100.0.0/16",
+            "127.64.0.0/10",
+            "198.18.0.0/15",
+            "198.19.1.0/24",
+        ] {
+            let raw = RawDns {
+                fake_range: Some(good.into()),
+                ttl_secs: None,
+            };
+            assert!(validate_dns(&raw).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "10.0.0.0/8",
+            "127.0.0.0/8",
+            "127.0.0.0/24",
+            "126.0.0.0/7",
+            "198.18.0.0/14",
+            "127.100.0.0/25",
+            "127.100.0.1/16",
+            "127.100.0.0",
+        ] {
+            let raw = RawDns {
+                fake_range: Some(bad.into()),
+                ttl_secs: None,
+            };
+            assert!(
+                message(validate_dns(&raw)).starts_with("dns.fake_range: "),
+                "{bad:?}"
+            );
+        }
+        let raw = RawDns {
+            fake_range: None,
+            ttl_secs: Some(0),
+        };
+        assert!(message(validate_dns(&raw)).starts_with("dns.ttl_secs: "));
+    }
+}
