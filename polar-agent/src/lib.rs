@@ -12,3 +12,4 @@ pub mod sandbox;
 pub mod signals;
 pub mod tasks;
 pub mod telemetry;
+pub mod tls;
