@@ -7,7 +7,6 @@ use std::path::Path;
 
 use aya::programs::{CgroupAttachMode, Program};
 use aya::{Ebpf, EbpfLoader};
-use sha2::{Digest, Sha256};
 
 /// The eBPF object built from `polar-ebpf` by `build.rs`.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/polar-ebpf"));
@@ -65,7 +64,8 @@ pub enum LoadError {
 
 /// The hex SHA-256 of the embedded object, logged at load.
 pub fn object_sha256() -> String {
-    Sha256::digest(OBJECT)
+    ring::digest::digest(&ring::digest::SHA256, OBJECT)
+        .as_ref()
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()

@@ -402,7 +402,6 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8], mode: u32) -> Result<()
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use super::*;
 

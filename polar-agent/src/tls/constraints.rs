@@ -204,7 +204,6 @@ pub(crate) fn parse_ca_cert(der: &[u8]) -> Result<ParsedCaCert, String> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use super::*;
 

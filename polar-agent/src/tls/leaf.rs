@@ -288,7 +288,6 @@ pub(super) fn issue_leaf(
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use super::*;
     use crate::tls::ca::NameConstraintsSpec;

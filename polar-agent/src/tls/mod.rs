@@ -21,7 +21,6 @@ pub use peek::{ClientHelloInfo, MAX_PEEK_LEN, Peek, classify};
 pub use server::{LeafResolver, ServerConfigFactory, server_config};
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use std::io;
     use std::net::{IpAddr, SocketAddr};

@@ -326,7 +326,6 @@ pub(crate) fn normalize_dns_name(name: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use std::sync::Arc;
 

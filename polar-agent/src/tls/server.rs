@@ -90,7 +90,6 @@ impl ServerConfigFactory {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "tests fail loudly")]
 mod tests {
     use super::*;
     use crate::tls::ca::{Ca, NameConstraintsSpec};
