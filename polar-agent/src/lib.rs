@@ -1,6 +1,8 @@
 //! Polar's node agent as a library: the `polar` binary is a thin shell over
 //! [`cli::main`]. See ARCHITECTURE.md for the data path.
 
+pub mod capture;
+pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod dns;

@@ -1,0 +1,323 @@
+//! The normalized chat model every harness API is translated to and from:
+//! one request type the inference backends are called with, one response
+//! type, and the stream events a backend's reply is made of. Pure data with
+//! serde; fields a translator does not understand are kept in `extra`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Who speaks a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// System prompt.
+    System,
+    /// Developer instructions (OpenAI Responses, Codex).
+    Developer,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+/// A piece of message content.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An image, inline (base64) or by URL.
+    Image {
+        /// MIME type, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        media_type: Option<String>,
+        /// Base64 data, for inline images.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        data: Option<String>,
+        /// URL, for linked images.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        url: Option<String>,
+    },
+    /// Content this model has no type for, kept as the harness sent it.
+    Other {
+        /// The original JSON.
+        value: Value,
+    },
+}
+
+/// A tool call the model made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id; round-trips exactly (synthesized, stably, where the
+    /// harness API has none).
+    pub id: String,
+    /// The tool name.
+    pub name: String,
+    /// The arguments as JSON text, exactly as generated.
+    pub arguments: String,
+}
+
+/// Reasoning ("thinking") the model produced, with what the harness API needs
+/// to send it back on later turns.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reasoning {
+    /// The reasoning text.
+    pub text: String,
+    /// An opaque signature (Anthropic `signature`, Gemini `thoughtSignature`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+    /// Opaque encrypted reasoning (OpenAI Responses `encrypted_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted: Option<String>,
+}
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who speaks.
+    pub role: Role,
+    /// Content parts, in order.
+    #[serde(default)]
+    pub content: Vec<Part>,
+    /// Reasoning before the content (assistant messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
+    /// Tool calls (assistant messages).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call this message answers (tool messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// Whether a tool result is an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// Name of the tool (tool messages) or speaker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Fields kept from the harness's message that have no place above.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+impl Message {
+    /// A message with text content only.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: vec![Part::Text { text: text.into() }],
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            is_error: false,
+            name: None,
+            extra: Map::new(),
+        }
+    }
+
+    /// The concatenated text parts.
+    pub fn joined_text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A tool the model may call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// Name.
+    pub name: String,
+    /// Description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments.
+    pub parameters: Value,
+}
+
+/// How the model may use tools.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// No tools.
+    None,
+    /// Some tool must be called.
+    Required,
+    /// This tool must be called.
+    Tool {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Sampling parameters as the harness asked (the backend policy may override).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Maximum tokens to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Top-k.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Stop sequences.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+}
+
+/// The normalized request.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The model name the harness asked for.
+    pub model: String,
+    /// The conversation, system prompt first when there is one.
+    pub messages: Vec<Message>,
+    /// Tools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    /// Tool choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Sampling.
+    #[serde(default)]
+    pub sampling: Sampling,
+    /// Whether the harness wants a stream.
+    #[serde(default)]
+    pub stream: bool,
+    /// Fields of the harness's request that have no place above.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+/// Why generation stopped.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A natural end or a stop sequence.
+    Stop,
+    /// The token limit.
+    Length,
+    /// The model called tools.
+    ToolCalls,
+    /// A content filter.
+    ContentFilter,
+    /// The backend aborted generation.
+    Abort,
+    /// Anything else the backend said.
+    Other(String),
+}
+
+/// Token counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the prefix cache, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u32>,
+}
+
+/// Token-level data of a reply, as the backend reported it (never recomputed).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Tokens {
+    /// The prompt as the server tokenized it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The generated token ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_token_ids: Option<Vec<u32>>,
+    /// The log-probability of each generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_logprobs: Option<Vec<f32>>,
+}
+
+/// The normalized, complete reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    /// Response id.
+    pub id: String,
+    /// The model name to show the harness (the name it asked for).
+    pub model: String,
+    /// The assistant message.
+    pub message: Message,
+    /// Why generation stopped.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+    /// Token-level data.
+    #[serde(default)]
+    pub tokens: Tokens,
+}
+
+/// One step of a streamed reply, in generation order. A provider's stream
+/// encoder turns these into its API's exact event sequence.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum StreamEvent {
+    /// The reply begins.
+    Start {
+        /// Response id.
+        id: String,
+        /// Model name to show.
+        model: String,
+        /// Prompt tokens, when known up front.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_tokens: Option<u32>,
+    },
+    /// Reasoning text.
+    ReasoningDelta {
+        /// The text.
+        text: String,
+    },
+    /// The reasoning block is complete (with its signature, if any).
+    ReasoningDone {
+        /// Signature.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// Answer text.
+    TextDelta {
+        /// The text.
+        text: String,
+    },
+    /// A tool call begins.
+    ToolCallStart {
+        /// Position among this reply's tool calls.
+        index: u32,
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+    },
+    /// More argument text of a tool call.
+    ToolCallDelta {
+        /// Position among this reply's tool calls.
+        index: u32,
+        /// Argument JSON text fragment.
+        arguments: String,
+    },
+    /// The reply is complete.
+    Finish {
+        /// Why generation stopped.
+        finish_reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+    },
+}
