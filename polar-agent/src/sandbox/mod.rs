@@ -209,6 +209,8 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         cgroup_procs: procs,
         netns: net.isolated.as_ref().map(|n| &n.ns),
         env: &[],
+        stdout: std::process::Stdio::inherit(),
+        stderr: std::process::Stdio::inherit(),
     })?;
     tracing::info!(
         session = %session,

@@ -21,6 +21,10 @@ pub struct Launch<'a> {
     pub netns: Option<&'a OwnedFd>,
     /// Extra environment.
     pub env: &'a [(String, String)],
+    /// Where its stdout goes.
+    pub stdout: Stdio,
+    /// Where its stderr goes.
+    pub stderr: Stdio,
 }
 
 /// Errors of starting a sandboxed process.
@@ -48,6 +52,8 @@ pub fn spawn(launch: Launch<'_>) -> Result<Child, SpawnError> {
     cmd.args(args)
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::inherit())
+        .stdout(launch.stdout)
+        .stderr(launch.stderr)
         .kill_on_drop(true);
     let procs_fd = launch.cgroup_procs.as_raw_fd();
     let netns_fd = launch.netns.map(AsRawFd::as_raw_fd);
