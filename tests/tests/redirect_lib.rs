@@ -21,11 +21,15 @@ use polar_agent::tasks::Tasks;
 use polar_tests::{json_lines, polar_bin, probe_bin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// What the agent saw of one connection: session, original destination,
+/// bytes read.
+type Seen = (Option<String>, Option<String>, usize);
+
 /// Records who connected where, answers "ok" and closes (first, so the
 /// client side keeps no TIME_WAIT).
 #[derive(Default)]
 struct Recorder {
-    seen: Mutex<Vec<(Option<String>, Option<String>, usize)>>,
+    seen: Mutex<Vec<Seen>>,
 }
 
 impl Handler for Recorder {
@@ -94,7 +98,7 @@ impl Agent {
         Ok(self.redirect.create_session(&id.parse()?, target)?)
     }
 
-    async fn stop(self) -> Result<Vec<(Option<String>, Option<String>, usize)>> {
+    async fn stop(self) -> Result<Vec<Seen>> {
         self.acceptors.drain(Duration::from_secs(5)).await;
         self.handlers.drain(Duration::from_secs(5)).await;
         let seen = self
