@@ -24,6 +24,28 @@ pub const MAP_CONNS: &str = "CONNS";
 /// (the level passed to `bpf_get_current_ancestor_cgroup_id`).
 pub const GLOBAL_SESSION_LEVEL: &str = "SESSION_LEVEL";
 
+/// Name of the per-CPU array of event counters, indexed by `STAT_*`.
+pub const MAP_STATS: &str = "STATS";
+/// TCP connections redirected to a session's listener.
+pub const STAT_TCP_REDIRECTED: u32 = 0;
+/// DNS datagrams or connections steered to a session's responder.
+pub const STAT_DNS_REDIRECTED: u32 = 1;
+/// Connections or datagrams refused (QUIC, non-loopback UDP, no session).
+pub const STAT_DENIED: u32 = 2;
+/// Connections left alone because a listener inside the sandbox took them.
+pub const STAT_LOCAL_BYPASS: u32 = 3;
+/// Socket records that could not be stored.
+pub const STAT_SOCK_RECORD_FAILED: u32 = 4;
+/// TCP connects in a session without a redirect record when `sock_ops`
+/// sees them (local-bypass connections, or a lost record).
+pub const STAT_RECORD_MISSING: u32 = 5;
+/// Connection records that could not be stored.
+pub const STAT_CONN_RECORD_FAILED: u32 = 6;
+/// Connection records removed because the connection failed to establish.
+pub const STAT_CONN_NEVER_ESTABLISHED: u32 = 7;
+/// Number of counters in [`MAP_STATS`].
+pub const STAT_COUNT: u32 = 8;
+
 /// Capacity of [`MAP_SESSIONS`].
 pub const MAX_SESSIONS: u32 = 4096;
 /// Capacity of [`MAP_SOCKS`] and [`MAP_CONNS`] (LRU maps).

@@ -26,12 +26,14 @@ use aya_ebpf::{
     bindings::{BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_STATE_CB_FLAG, BPF_SOCK_OPS_TCP_CONNECT_CB},
     helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
     macros::{cgroup_sock, cgroup_sock_addr, map, sock_ops},
-    maps::{HashMap, LruHashMap},
+    maps::{HashMap, LruHashMap, PerCpuArray},
     programs::{SockAddrContext, SockContext, SockOpsContext},
 };
 use polar_common::{
     AF_INET, AF_INET6, ConnKey, FLAG_LOCAL_BYPASS, MAX_SESSIONS, MAX_SOCKETS, OrigDst,
-    SessionRedirect, SockAddr,
+    STAT_CONN_NEVER_ESTABLISHED, STAT_CONN_RECORD_FAILED, STAT_COUNT, STAT_DENIED,
+    STAT_DNS_REDIRECTED, STAT_LOCAL_BYPASS, STAT_RECORD_MISSING, STAT_SOCK_RECORD_FAILED,
+    STAT_TCP_REDIRECTED, SessionRedirect, SockAddr,
 };
 
 use crate::addr::{Dst, V6};
@@ -46,6 +48,17 @@ static SESSIONS: HashMap<u64, SessionRedirect> = HashMap::with_max_entries(MAX_S
 static SOCKS: LruHashMap<u64, OrigDst> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
 #[map]
 static CONNS: LruHashMap<ConnKey, OrigDst> = LruHashMap::with_max_entries(MAX_SOCKETS, 0);
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(STAT_COUNT, 0);
+
+/// Counts an event (`STAT_*`).
+#[inline(always)]
+fn count(stat: u32) {
+    if let Some(p) = STATS.get_ptr_mut(stat) {
+        // SAFETY: a per-CPU slot, written only by this CPU.
+        unsafe { *p += 1 };
+    }
+}
 
 const ALLOW: i32 = 1;
 const DENY: i32 = 0;
@@ -80,14 +93,16 @@ fn remember(ctx: &SockAddrContext, cgroup_id: u64, dst: SockAddr) {
         cgroup_id,
         netns_cookie,
     };
-    // A full LRU map evicts its oldest entry; an insert cannot fail otherwise.
-    let _ = SOCKS.insert(&cookie, &rec, 0);
+    if SOCKS.insert(&cookie, &rec, 0).is_err() {
+        count(STAT_SOCK_RECORD_FAILED);
+    }
 }
 
 /// Decision for a connect or sendmsg of the current task to `dst`.
 #[inline(always)]
 fn steer(ctx: &SockAddrContext, dst: Dst, may_rewrite_udp: bool) -> i32 {
     let Some((cgroup_id, cfg)) = session() else {
+        count(STAT_DENIED);
         return DENY;
     };
     // SAFETY: the context pointer is valid for the program's lifetime.
@@ -96,23 +111,32 @@ fn steer(ctx: &SockAddrContext, dst: Dst, may_rewrite_udp: bool) -> i32 {
     if protocol == IPPROTO_TCP {
         if cfg.flags & FLAG_LOCAL_BYPASS != 0 && dst.is_loopback() && addr::has_listener(ctx, &dst)
         {
+            count(STAT_LOCAL_BYPASS);
             return ALLOW;
         }
         remember(ctx, cgroup_id, dst.record());
         dst.rewrite(ctx, &cfg, cfg.tcp_port);
+        count(STAT_TCP_REDIRECTED);
         return ALLOW;
     }
     if protocol == IPPROTO_UDP {
         if port == DNS_PORT && may_rewrite_udp {
             remember(ctx, cgroup_id, dst.record());
             dst.rewrite(ctx, &cfg, cfg.dns_port);
+            count(STAT_DNS_REDIRECTED);
             return ALLOW;
         }
         if port == QUIC_PORT {
+            count(STAT_DENIED);
             return DENY;
         }
     }
-    if dst.is_loopback() { ALLOW } else { DENY }
+    if dst.is_loopback() {
+        ALLOW
+    } else {
+        count(STAT_DENIED);
+        DENY
+    }
 }
 
 #[cgroup_sock_addr(connect4)]
@@ -216,11 +240,16 @@ pub fn polar_sock_ops(ctx: SockOpsContext) -> u32 {
         // SAFETY: the context is a valid sock_ops context.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         // SAFETY: the value is copied out at once.
-        if let Some(rec) = unsafe { SOCKS.get(&cookie) }.copied() {
-            let key = client_key(&ctx, rec.netns_cookie);
-            let _ = CONNS.insert(&key, &rec, 0);
-            // Hear about the connection failing before it is established.
-            let _ = ctx.set_cb_flags(BPF_SOCK_OPS_STATE_CB_FLAG as i32);
+        match unsafe { SOCKS.get(&cookie) }.copied() {
+            Some(rec) => {
+                let key = client_key(&ctx, rec.netns_cookie);
+                if CONNS.insert(&key, &rec, 0).is_err() {
+                    count(STAT_CONN_RECORD_FAILED);
+                }
+                // Hear about the connection failing before it is established.
+                let _ = ctx.set_cb_flags(BPF_SOCK_OPS_STATE_CB_FLAG as i32);
+            }
+            None => count(STAT_RECORD_MISSING),
         }
     } else if op == BPF_SOCK_OPS_STATE_CB && ctx.arg(0) == TCP_SYN_SENT && ctx.arg(1) == TCP_CLOSE {
         // Never established: the agent will never accept it, so forget it.
@@ -229,6 +258,7 @@ pub fn polar_sock_ops(ctx: SockOpsContext) -> u32 {
         // SAFETY: the value is copied out at once.
         if let Some(rec) = unsafe { SOCKS.get(&cookie) }.copied() {
             let _ = CONNS.remove(&client_key(&ctx, rec.netns_cookie));
+            count(STAT_CONN_NEVER_ESTABLISHED);
         }
     }
     0

@@ -98,8 +98,15 @@ impl Agent {
         Ok(self.redirect.create_session(&id.parse()?, target)?)
     }
 
-    async fn stop(self) -> Result<Vec<Seen>> {
+    /// Takes in what is queued while the sessions still exist, then ends
+    /// them, then lets the handlers finish.
+    async fn stop(self, sessions: Vec<SessionCgroup>) -> Result<Vec<Seen>> {
         self.acceptors.drain(Duration::from_secs(5)).await;
+        for s in sessions {
+            s.end()?;
+        }
+        let counts = self.redirect.map_counts();
+        ensure!(counts.sessions == 0, "sessions left registered: {counts:?}");
         self.handlers.drain(Duration::from_secs(5)).await;
         let seen = self
             .recorder
@@ -156,8 +163,7 @@ async fn sessions_sharing_one_listener_are_told_apart() -> Result<()> {
         ra.iter().chain(&rb).all(|r| r["ok"] == true),
         "{ra:?} {rb:?}"
     );
-    drop((a, b));
-    let seen = agent.stop().await?;
+    let seen = agent.stop(vec![a, b]).await?;
     let mut per_session: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (s, o, n) in &seen {
         ensure!(*n > 0, "no bytes: {seen:?}");
@@ -191,9 +197,9 @@ async fn concurrent_isolated_sessions_are_told_apart() -> Result<()> {
         probe_in(&a, Some(&na), &args),
         probe_in(&b, Some(&nb), &args)
     );
-    ensure!(ra?.len() == 2 && rb?.len() == 2);
-    drop((a, b));
-    let seen = agent.stop().await?;
+    let (ra, rb) = (ra?, rb?);
+    ensure!(ra.len() == 2 && rb.len() == 2);
+    let seen = agent.stop(vec![a, b]).await?;
     for id in ["one", "two"] {
         let n = seen
             .iter()
@@ -210,7 +216,7 @@ async fn the_agents_own_connections_are_not_redirected() -> Result<()> {
     let agent = Agent::start()?;
     let shared = Sockets::bind_loopback()?;
     agent.serve(&shared, None)?;
-    let _session = agent.session("busy", &shared, false)?;
+    let session = agent.session("busy", &shared, false)?;
     // A server standing in for an upstream, and the agent (this process,
     // outside the sandbox cgroups) dialling it while a session is active.
     let upstream = tokio::net::TcpListener::bind("127.30.0.1:0").await?;
@@ -225,8 +231,7 @@ async fn the_agents_own_connections_are_not_redirected() -> Result<()> {
     conn.read_exact(&mut buf).await?;
     ensure!(&buf == b"from the agent");
     ensure!(dial.await?? == addr, "the agent's connection was rewritten");
-    drop(_session);
-    let seen = agent.stop().await?;
+    let seen = agent.stop(vec![session]).await?;
     ensure!(seen.is_empty(), "the agent's listener saw {seen:?}");
     Ok(())
 }
@@ -254,9 +259,13 @@ async fn a_hundred_thousand_connections_leave_no_stale_records() -> Result<()> {
     );
     ensure!(counts.sockets == 0, "stale socket records: {counts:?}");
     ensure!(counts.sessions == 1, "{counts:?}");
-    drop(session);
-    ensure!(agent.redirect.map_counts().sessions == 0);
-    let seen = agent.stop().await?;
+    let stats = agent.redirect.stats();
+    ensure!(stats.tcp_redirected == N, "{stats:?}");
+    ensure!(
+        stats.sock_record_failed == 0 && stats.conn_record_failed == 0 && stats.record_missing == 0,
+        "{stats:?}"
+    );
+    let seen = agent.stop(vec![session]).await?;
     ensure!(seen.len() as u64 == N, "accepted {}", seen.len());
     ensure!(
         seen.iter().all(|(s, o, _)| s.as_deref() == Some("many") && o.as_deref() == Some("127.10.0.1:443")),

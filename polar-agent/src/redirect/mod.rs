@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use aya::Ebpf;
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use polar_common::{ConnKey, FLAG_LOCAL_BYPASS, OrigDst as RawOrigDst, SessionRedirect};
 
 use crate::ids::{CgroupId, OrigDst, SessionId, to_client_key_addr};
@@ -121,7 +121,29 @@ pub struct MapCounts {
     pub connections: usize,
 }
 
+/// Counters kept by the kernel side (summed over CPUs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RedirectStats {
+    /// TCP connections redirected to a listener.
+    pub tcp_redirected: u64,
+    /// DNS packets or connections steered to a responder.
+    pub dns_redirected: u64,
+    /// Connections or datagrams refused.
+    pub denied: u64,
+    /// Connections a listener inside the sandbox took.
+    pub local_bypass: u64,
+    /// Socket records that could not be stored.
+    pub sock_record_failed: u64,
+    /// TCP connects without a redirect record at `sock_ops`.
+    pub record_missing: u64,
+    /// Connection records that could not be stored.
+    pub conn_record_failed: u64,
+    /// Connections that failed before being established.
+    pub conn_never_established: u64,
+}
+
 struct Maps {
+    stats: PerCpuArray<MapData, u64>,
     sessions: BpfHashMap<MapData, u64, SessionRedirect>,
     socks: BpfHashMap<MapData, u64, RawOrigDst>,
     conns: BpfHashMap<MapData, ConnKey, RawOrigDst>,
@@ -184,7 +206,19 @@ impl Redirect {
             None => None,
         };
         let mut ebpf = loader::load_and_attach(root.path(), session_level)?;
+        let stats = ebpf
+            .take_map(polar_common::MAP_STATS)
+            .ok_or(RedirectError::Map {
+                map: polar_common::MAP_STATS,
+                source: MapError::InvalidName {
+                    name: polar_common::MAP_STATS.to_owned(),
+                },
+            })?;
         let maps = Maps {
+            stats: PerCpuArray::try_from(stats).map_err(|source| RedirectError::Map {
+                map: polar_common::MAP_STATS,
+                source,
+            })?,
             sessions: take_map(&mut ebpf, polar_common::MAP_SESSIONS)?,
             socks: take_map(&mut ebpf, polar_common::MAP_SOCKS)?,
             conns: take_map(&mut ebpf, polar_common::MAP_CONNS)?,
@@ -293,6 +327,30 @@ impl Redirect {
             sessions: maps.sessions.keys().filter(Result::is_ok).count(),
             sockets: maps.socks.keys().filter(Result::is_ok).count(),
             connections: maps.conns.keys().filter(Result::is_ok).count(),
+        }
+    }
+
+    /// The kernel side's counters.
+    pub fn stats(&self) -> RedirectStats {
+        let maps = lock(&self.inner.maps);
+        let get = |i: u32| {
+            maps.stats
+                .get(&i, 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "reading redirect counters failed");
+                    0
+                })
+        };
+        RedirectStats {
+            tcp_redirected: get(polar_common::STAT_TCP_REDIRECTED),
+            dns_redirected: get(polar_common::STAT_DNS_REDIRECTED),
+            denied: get(polar_common::STAT_DENIED),
+            local_bypass: get(polar_common::STAT_LOCAL_BYPASS),
+            sock_record_failed: get(polar_common::STAT_SOCK_RECORD_FAILED),
+            record_missing: get(polar_common::STAT_RECORD_MISSING),
+            conn_record_failed: get(polar_common::STAT_CONN_RECORD_FAILED),
+            conn_never_established: get(polar_common::STAT_CONN_NEVER_ESTABLISHED),
         }
     }
 

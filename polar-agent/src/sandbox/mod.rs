@@ -238,6 +238,7 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         );
     }
     drop(net);
+    tracing::info!(stats = ?redirect.stats(), "redirect counters");
     ended?;
     redirect.shutdown()?;
     Ok(RunOutcome {
