@@ -325,7 +325,9 @@ fn assistant_message(content: &Value, at: &str) -> Result<Message, ProviderError
             Some("thinking") if msg.reasoning.is_none() => {
                 msg.reasoning = Some(Reasoning {
                     text: str_field(b, "thinking").unwrap_or("").to_owned(),
-                    signature: str_field(b, "signature").map(str::to_owned),
+                    signature: str_field(b, "signature")
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned),
                     encrypted: None,
                 });
                 push_indexed(

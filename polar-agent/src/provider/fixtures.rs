@@ -129,11 +129,6 @@ pub mod strategies {
         proptest::collection::vec(ev, 0..24)
     }
 
-    /// Well-formed event sequences: Start, content, Finish.
-    pub fn well_formed_events() -> impl Strategy<Value = Vec<StreamEvent>> {
-        response().prop_map(|r| super::super::events_of(&r))
-    }
-
     fn args() -> impl Strategy<Value = String> {
         prop_oneof![
             Just(String::new()),
@@ -170,11 +165,14 @@ pub mod strategies {
                     if message.joined_text().is_empty() {
                         message.content.clear();
                     }
-                    message.reasoning = reasoning.map(|(text, signature)| Reasoning {
-                        text,
-                        signature,
-                        encrypted: None,
-                    });
+                    // Empty reasoning without a signature is no reasoning.
+                    message.reasoning = reasoning
+                        .filter(|(text, signature)| !text.is_empty() || signature.is_some())
+                        .map(|(text, signature)| Reasoning {
+                            text,
+                            signature,
+                            encrypted: None,
+                        });
                     // Unique call ids, as every API requires.
                     message.tool_calls = calls
                         .into_iter()

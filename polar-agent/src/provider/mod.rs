@@ -154,6 +154,12 @@ impl<K: AsRef<str>, V: AsRef<str>> Headers for [(K, V)] {
     }
 }
 
+impl<K: AsRef<str>, V: AsRef<str>, const N: usize> Headers for [(K, V); N] {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.as_slice().header(name)
+    }
+}
+
 impl<K: AsRef<str>, V: AsRef<str>> Headers for Vec<(K, V)> {
     fn header(&self, name: &str) -> Option<&str> {
         self.as_slice().header(name)
@@ -697,10 +703,9 @@ pub(crate) fn prefixed_id(prefix: &str, id: &str) -> String {
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
         .collect();
-    let clean = clean
-        .strip_prefix("chatcmpl-")
-        .or_else(|| clean.strip_prefix("resp_"))
-        .or_else(|| clean.strip_prefix("msg_"))
+    let clean = ["chatcmpl-", "chatcmpl_", "resp_", "resp-", "msg_", "msg-"]
+        .iter()
+        .find_map(|p| clean.strip_prefix(p))
         .unwrap_or(&clean);
     if clean.is_empty() {
         format!("{prefix}0")
