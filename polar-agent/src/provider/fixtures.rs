@@ -98,6 +98,50 @@ pub mod strategies {
         })
     }
 
+    /// Arbitrary JSON, biased towards the keys request parsers look at.
+    pub fn json() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let key = prop_oneof![
+            Just("model".to_owned()),
+            Just("messages".to_owned()),
+            Just("role".to_owned()),
+            Just("content".to_owned()),
+            Just("type".to_owned()),
+            Just("text".to_owned()),
+            Just("input".to_owned()),
+            Just("contents".to_owned()),
+            Just("parts".to_owned()),
+            Just("tools".to_owned()),
+            Just("tool_calls".to_owned()),
+            Just("functionCall".to_owned()),
+            Just("functionResponse".to_owned()),
+            "[a-z_]{1,8}",
+        ];
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            prop_oneof![
+                Just("user".to_owned()),
+                Just("assistant".to_owned()),
+                Just("tool_use".to_owned()),
+                Just("tool_result".to_owned()),
+                Just("function_call".to_owned()),
+                Just("message".to_owned()),
+                Just("model".to_owned()),
+                ".{0,6}",
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((key.clone(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
     /// Arbitrary events in arbitrary order, including malformed sequences.
     pub fn events() -> impl Strategy<Value = Vec<StreamEvent>> {
         let ev = prop_oneof![

@@ -15,6 +15,11 @@
 //!   complete reply, and [`with_history`] for `previous_response_id`.
 //! - [`sse`]: SSE framing.
 //!
+//! Names are passed through untouched: tool names longer than 64 characters
+//! (a limit some APIs enforce) are kept as they are, and the backend sees
+//! them as-is; call ids round-trip exactly (Gemini's are synthesized, see
+//! [`gemini`]).
+//!
 //! Nothing here touches a socket or a clock: times (`created`) come in
 //! through [`ReplyOptions`], ids are derived from the ids the caller gives.
 

@@ -444,7 +444,10 @@ fn content_part(p: &Value) -> (Part, Map<String, Value>) {
 
 // ---------------------------------------------------------------- response conversion
 
-fn response_id(id: &str) -> String {
+/// The `resp_...` id the harness sees for a reply whose backend id is `id`:
+/// the key under which the proxy stores [`super::conversation_after`] for a
+/// later `previous_response_id`.
+pub fn response_id(id: &str) -> String {
     prefixed_id("resp_", id)
 }
 

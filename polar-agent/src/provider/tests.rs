@@ -318,7 +318,32 @@ fn helpers() {
     );
 }
 
+#[test]
+fn long_tool_names_are_kept() {
+    let name = "mcp__very_long_server_name__".to_owned() + &"x".repeat(60);
+    let body = json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": name, "parameters": {}}}],
+    });
+    let call = model_call(detect("POST", "/v1/chat/completions", NO_HEADERS, &body));
+    let r = parse_request(&call, &body).unwrap().request;
+    assert!(r.tools[0].name.len() > 64);
+    assert_eq!(r.tools[0].name, name);
+}
+
 proptest! {
+    #[test]
+    fn request_parsers_never_panic(body in strategies::json()) {
+        for api in [Api::AnthropicMessages, Api::OpenaiChat, Api::OpenaiResponses, Api::Gemini] {
+            let call = ModelCall { api, framing: Framing::Sse, path_model: Some("g".into()) };
+            let _ = parse_request(&call, &body);
+            let wrapped = json!({"model": "m", "messages": [body.clone()], "input": [body.clone()], "contents": [body.clone()]});
+            let _ = parse_request(&call, &wrapped);
+        }
+        let _ = detect("POST", "/x", NO_HEADERS, &body);
+    }
+
     #[test]
     fn assemble_inverts_events_of(r in strategies::response()) {
         prop_assert_eq!(assemble(&events_of(&r)), r);
