@@ -9,6 +9,7 @@ pub mod dns;
 pub mod ids;
 pub mod listener;
 pub mod netns;
+pub mod provider;
 pub mod redirect;
 pub mod sandbox;
 pub mod signals;
