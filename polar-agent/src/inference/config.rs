@@ -215,3 +215,100 @@ impl BackendConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_from_toml_with_defaults() {
+        let cfg: BackendConfig = toml::from_str(
+            r#"
+            name = "qwen"
+            dialect = "sglang"
+            replicas = ["http://127.0.0.1:30000/", "http://127.0.0.2:30000"]
+            served_model = "Qwen/Qwen3-8B"
+            model_map = { "claude-sonnet-4-5" = "Qwen/Qwen3-8B-alt" }
+            [sampling]
+            mode = "eval"
+            eval = { temperature = 0.6 }
+            "#,
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.dialect, Dialect::Sglang);
+        assert_eq!(cfg.map_model("claude-sonnet-4-5"), "Qwen/Qwen3-8B-alt");
+        assert_eq!(cfg.map_model("anything"), "Qwen/Qwen3-8B");
+        assert_eq!(
+            cfg.sampling.overrides(SamplingMode::Eval).temperature,
+            Some(0.6)
+        );
+        assert_eq!(cfg.request_timeout(), Duration::from_secs(600));
+        assert!(
+            toml::from_str::<BackendConfig>(
+                "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nbogus = 1"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let ok = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:8000".into()],
+            "m",
+        );
+        ok.validate().unwrap();
+        for (cfg, key) in [
+            (
+                BackendConfig {
+                    replicas: vec![],
+                    ..ok.clone()
+                },
+                "replicas",
+            ),
+            (
+                BackendConfig {
+                    replicas: vec!["http://127.0.0.1:8000".into(), "https://x:1".into()],
+                    ..ok.clone()
+                },
+                "replicas[1]",
+            ),
+            (
+                BackendConfig {
+                    replicas: vec!["not a url".into()],
+                    ..ok.clone()
+                },
+                "replicas[0]",
+            ),
+            (
+                BackendConfig {
+                    connect_timeout_ms: 0,
+                    ..ok.clone()
+                },
+                "connect_timeout_ms",
+            ),
+            (
+                BackendConfig {
+                    max_tokens_clamp: Some(0),
+                    ..ok.clone()
+                },
+                "max_tokens_clamp",
+            ),
+            (
+                BackendConfig {
+                    served_model: String::new(),
+                    ..ok.clone()
+                },
+                "served_model",
+            ),
+        ] {
+            match cfg.validate() {
+                Err(InferenceError::Config { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+}

@@ -522,3 +522,7 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
         served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),
     })
 }
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

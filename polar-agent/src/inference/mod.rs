@@ -24,6 +24,8 @@ pub mod sse;
 pub mod stream;
 
 #[cfg(test)]
+mod pool_tests;
+#[cfg(test)]
 mod tests;
 
 pub use client::Client;

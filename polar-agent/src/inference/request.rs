@@ -178,3 +178,178 @@ fn content(parts: &[Part]) -> Value {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::{Reasoning, Tool, ToolCall};
+    use crate::inference::SamplingOverrides;
+
+    fn conversation() -> ChatRequest {
+        let mut assistant = Message::text(Role::Assistant, "");
+        assistant.reasoning = Some(Reasoning {
+            text: "think".into(),
+            ..Reasoning::default()
+        });
+        assistant.tool_calls = vec![ToolCall {
+            id: "call_9".into(),
+            name: "bash".into(),
+            arguments: r#"{"command":"ls"}"#.into(),
+        }];
+        let mut result = Message::text(Role::Tool, "a.txt");
+        result.tool_call_id = Some("call_9".into());
+        result.name = Some("bash".into());
+        let mut extra = Map::new();
+        extra.insert(
+            "chat_template_kwargs".into(),
+            json!({"enable_thinking": false}),
+        );
+        extra.insert("metadata".into(), json!({"user_id": "secret"}));
+        ChatRequest {
+            model: "gpt-5".into(),
+            messages: vec![
+                Message::text(Role::Developer, "rules"),
+                Message {
+                    content: vec![
+                        Part::Text {
+                            text: "look".into(),
+                        },
+                        Part::Image {
+                            media_type: Some("image/jpeg".into()),
+                            data: Some("AAA".into()),
+                            url: None,
+                        },
+                    ],
+                    ..Message::text(Role::User, "")
+                },
+                assistant,
+                result,
+            ],
+            tools: vec![Tool {
+                name: "bash".into(),
+                description: None,
+                parameters: json!({"type": "object"}),
+            }],
+            tool_choice: Some(ToolChoice::Tool {
+                name: "bash".into(),
+            }),
+            sampling: crate::chat::Sampling {
+                max_tokens: Some(50_000),
+                temperature: Some(0.2),
+                top_p: None,
+                top_k: Some(20),
+                stop: vec!["END".into()],
+            },
+            stream: false,
+            extra,
+        }
+    }
+
+    #[test]
+    fn vllm_body_asks_for_ids_and_applies_the_policy() {
+        let mut cfg = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:1".into()],
+            "Qwen/Qwen3-8B",
+        );
+        cfg.max_tokens_clamp = Some(8192);
+        cfg.sampling.train = SamplingOverrides {
+            temperature: Some(1.0),
+            top_p: Some(1.0),
+            top_k: Some(-1),
+        };
+        let body = chat_body(&cfg, &conversation(), SamplingMode::Train);
+        assert_eq!(body["model"], "Qwen/Qwen3-8B");
+        assert_eq!(
+            (
+                body["temperature"].clone(),
+                body["top_p"].clone(),
+                body["top_k"].clone()
+            ),
+            (json!(1.0), json!(1.0), json!(-1))
+        );
+        assert_eq!(body["max_tokens"], 8192);
+        assert_eq!(body["stop"], json!(["END"]));
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(
+            (
+                body["return_token_ids"].clone(),
+                body["logprobs"].clone(),
+                body["top_logprobs"].clone()
+            ),
+            (json!(true), json!(true), json!(0))
+        );
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
+        assert!(
+            body.get("metadata").is_none(),
+            "unknown harness fields stay behind"
+        );
+        let m = &body["messages"];
+        assert_eq!(m[0], json!({"role": "system", "content": "rules"}));
+        assert_eq!(
+            m[1]["content"][1],
+            json!({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAA"}})
+        );
+        assert_eq!(m[2]["content"], Value::Null);
+        assert_eq!(m[2]["reasoning_content"], "think");
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "call_9", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}})
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "content": "a.txt", "tool_call_id": "call_9", "name": "bash"})
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "function": {"name": "bash"}})
+        );
+    }
+
+    #[test]
+    fn sglang_body_and_eval_mode() {
+        let mut cfg = BackendConfig::new(
+            "b",
+            Dialect::Sglang,
+            vec!["http://127.0.0.1:1".into()],
+            "served",
+        );
+        cfg.model_map.insert("gpt-5".into(), "other-served".into());
+        cfg.sampling.eval = SamplingOverrides {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: None,
+        };
+        let body = chat_body(&cfg, &conversation(), SamplingMode::Eval);
+        assert_eq!(body["model"], "other-served");
+        assert_eq!(
+            (
+                body["temperature"].clone(),
+                body["top_p"].clone(),
+                body["top_k"].clone()
+            ),
+            (json!(0.6), json!(0.95), json!(20))
+        );
+        assert_eq!(body["max_tokens"], 50_000);
+        assert_eq!(body["stream"], false);
+        assert!(body.get("stream_options").is_none());
+        assert_eq!(
+            (
+                body["return_prompt_token_ids"].clone(),
+                body["return_meta_info"].clone()
+            ),
+            (json!(true), json!(true))
+        );
+    }
+}
