@@ -4,11 +4,12 @@
 //! handed back as a [`ChatStream`].
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
+use tracing::Instrument;
 
 use super::pool::Pool;
 use super::request::{chat_body, streams_upstream};
@@ -106,8 +107,9 @@ impl Client {
             self.pool.note_attempt(replica);
             let span =
                 tracing::debug_span!("inference", backend = %backend, replica = %base, session);
-            let _enter = span.enter();
-            let result = tokio::time::timeout(timeout, self.pool.http().request(request)).await;
+            let result = tokio::time::timeout(timeout, self.pool.http().request(request))
+                .instrument(span)
+                .await;
             let resp = match result {
                 Err(_) => {
                     self.pool.note_failure(replica);
@@ -120,7 +122,7 @@ impl Client {
                     });
                 }
                 Ok(Err(e)) if e.is_connect() => {
-                    tracing::warn!(error = %e, "replica unreachable, trying the next one");
+                    tracing::warn!(backend = %backend, replica = %base, error = %e, "replica unreachable, trying the next one");
                     self.pool.note_unreachable(replica);
                     last = format!("{base}: {}", error_chain(&e));
                     continue;
@@ -144,15 +146,7 @@ impl Client {
                 .map(str::to_owned);
             if !status.is_success() {
                 self.pool.note_failure(replica);
-                let body = tokio::time::timeout(
-                    timeout,
-                    Limited::new(resp.into_body(), MAX_ERROR_BODY).collect(),
-                )
-                .await
-                .ok()
-                .and_then(Result::ok)
-                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-                .unwrap_or_default();
+                let body = error_body(resp.into_body(), timeout).await;
                 return Err(InferenceError::Status {
                     backend,
                     replica: base,
@@ -194,6 +188,25 @@ impl Client {
             last,
         })
     }
+}
+
+/// The start of an error reply's body (at most 64 KiB, what arrives within
+/// `timeout`).
+async fn error_body(mut body: hyper::body::Incoming, timeout: Duration) -> String {
+    let mut bytes = Vec::new();
+    let read = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                bytes.extend_from_slice(&data);
+                if bytes.len() >= MAX_ERROR_BODY {
+                    bytes.truncate(MAX_ERROR_BODY);
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -209,6 +209,12 @@ impl BackendConfig {
                 return Err(bad(key, "must be at least 1".into()));
             }
         }
+        if self.connect_timeout_ms >= self.request_timeout_ms {
+            return Err(bad(
+                "connect_timeout_ms",
+                "must be shorter than request_timeout_ms, or an unreachable replica looks like a slow one".into(),
+            ));
+        }
         if self.max_tokens_clamp == Some(0) {
             return Err(bad("max_tokens_clamp", "must be at least 1".into()));
         }

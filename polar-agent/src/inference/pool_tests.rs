@@ -28,6 +28,18 @@ async fn dead_url() -> String {
     format!("http://{addr}")
 }
 
+/// Waits up to 5 s for `cond`.
+async fn eventually(cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met in time"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A session whose first choice in `pool` is `url`.
 fn session_on(pool: &Pool, url: &str) -> String {
     (0..10_000)
@@ -217,8 +229,8 @@ async fn health_checks_mark_replicas_down_and_up() {
     let client = Client::new(cfg).unwrap();
     let tasks = Tasks::new();
     client.pool().spawn_health_checks(&tasks);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!client.pool().stats().replicas[0].healthy);
+    let healthy = || client.pool().stats().replicas[0].healthy;
+    eventually(|| !healthy()).await;
     let listener = TcpListener::bind(addr).await.unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let server = tokio::spawn(crate::mock::serve(
@@ -226,8 +238,7 @@ async fn health_checks_mark_replicas_down_and_up() {
         MockConfig::default(),
         shutdown.clone(),
     ));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(client.pool().stats().replicas[0].healthy);
+    eventually(healthy).await;
     assert!(tasks.drain(Duration::from_secs(2)).await);
     shutdown.cancel();
     server.await.unwrap();

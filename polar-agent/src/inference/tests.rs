@@ -292,7 +292,9 @@ async fn mid_stream_disconnect_is_a_distinct_error_after_the_events() {
                             _ => None,
                         })
                         .collect();
-                    assert_eq!(text, "one two thr");
+                    // Six tokens: "one", " ", "two", " ", "thr", "ee".
+                    assert_eq!(text, "one two three");
+                    assert_eq!(events.len(), 1 + 6);
                 } else {
                     assert!(events.is_empty(), "a whole reply cut: nothing to replay");
                 }
@@ -329,13 +331,14 @@ async fn backend_http_error_is_classified() {
 #[tokio::test]
 async fn slow_backend_times_out() {
     let mock = mock::start(MockConfig {
-        ttft: Duration::from_secs(3),
+        ttft: Duration::from_secs(1),
         ..MockConfig::default()
     })
     .await
     .unwrap();
     let mut cfg = backend(Dialect::Vllm, vec![mock.url()]);
     cfg.request_timeout_ms = 300;
+    cfg.connect_timeout_ms = 200;
     let client = Client::new(cfg).unwrap();
     let started = Instant::now();
     let result = match client.chat("s-6", &request(true)).await {
@@ -350,13 +353,14 @@ async fn slow_backend_times_out() {
 
     let sg = mock::start(MockConfig {
         dialect: Dialect::Sglang,
-        ttft: Duration::from_secs(3),
+        ttft: Duration::from_secs(1),
         ..MockConfig::default()
     })
     .await
     .unwrap();
     let mut cfg = backend(Dialect::Sglang, vec![sg.url()]);
     cfg.request_timeout_ms = 300;
+    cfg.connect_timeout_ms = 200;
     let client = Client::new(cfg).unwrap();
     let err = client.chat("s-6", &request(false)).await.unwrap_err();
     assert!(err.is_timeout() && err.reached_backend(), "{err:?}");
@@ -389,5 +393,53 @@ async fn length_finish_and_clamped_max_tokens() {
     assert_eq!(done.response.finish_reason, FinishReason::Length);
     assert_eq!(done.response.tokens.response_token_ids.unwrap().len(), 4);
     assert_eq!(done.response.message.joined_text(), "a fairly");
+    mock.stop().await;
+}
+
+#[tokio::test]
+async fn legacy_reasoning_field_and_multi_token_chunks() {
+    let cfg = MockConfig {
+        reasoning_field: crate::mock::ReasoningField::ReasoningContent,
+        tokens_per_chunk: 4,
+        script: Some(Script {
+            final_text: None,
+            sessions: vec![SessionScript {
+                id: "*".into(),
+                turns: vec![thinking_tool_turn()],
+            }],
+        }),
+        ..MockConfig::default()
+    };
+    let mock = mock::start(cfg).await.unwrap();
+    let client = Client::new(backend(Dialect::Vllm, vec![mock.url()])).unwrap();
+    let done = client
+        .chat("s-8", &request(true))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(
+        kinds(&done.events),
+        [
+            "start",
+            "reasoning",
+            "reasoning_done",
+            "text",
+            "tool_start",
+            "tool_args",
+            "finish"
+        ]
+    );
+    assert_eq!(
+        done.response.message.reasoning.as_ref().unwrap().text,
+        "I need a file — let me use bash."
+    );
+    assert_eq!(done.response.message.joined_text(), "Créating it.");
+    let t = done.response.tokens;
+    assert_eq!(
+        t.response_token_ids.unwrap().len(),
+        t.response_logprobs.unwrap().len()
+    );
     mock.stop().await;
 }

@@ -73,8 +73,16 @@ impl ChunkSender {
         self.send("data: [DONE]\n\n").await
     }
 
-    /// Fails the body: the connection is dropped without a proper end.
+    /// Fails the body once what was sent before is on the wire: the
+    /// connection is dropped without a proper end.
     pub async fn cut(self) {
+        for _ in 0..1000 {
+            if self.tx.capacity() == self.tx.max_capacity() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         let _ = self
             .tx
             .send(Err(io::Error::new(

@@ -4,6 +4,7 @@
 //! says. Also the OpenAI logprob entries both dialects use.
 
 use std::ops::Range;
+use std::time::Duration;
 
 use http::{Response, StatusCode};
 use serde_json::{Value, json};
@@ -34,7 +35,7 @@ pub fn stream(adm: Admitted, frame: Frame, mut chunk: ChunkFn) -> Response<RespB
     let tasks = adm.tasks();
     tasks.spawn(async move {
         let cfg = adm.cfg().clone();
-        tokio::time::sleep(adm.first_delay).await;
+        pause(adm.first_delay).await;
         if let Some(first) = &frame.first
             && !tx.event(first).await
         {
@@ -53,7 +54,7 @@ pub fn stream(adm: Admitted, frame: Frame, mut chunk: ChunkFn) -> Response<RespB
                 break;
             }
             let waits = (j - i).saturating_sub(usize::from(i == 0));
-            tokio::time::sleep(cfg.token_latency * waits as u32).await;
+            pause(cfg.token_latency * waits as u32).await;
             let delta = splitter.chunk(i..j);
             let last = j == n && cut.is_none();
             let event = chunk(g, i..j, delta, last);
@@ -89,7 +90,7 @@ pub async fn whole(adm: Admitted, reply: Value) -> Response<RespBody> {
     let n = g.ids.len();
     let sent = g.disconnect_after.map_or(n, |d| d.min(n));
     let wait = adm.first_delay + adm.cfg().token_latency * sent.saturating_sub(1) as u32;
-    tokio::time::sleep(wait).await;
+    pause(wait).await;
     adm.count_generated(sent);
     if g.disconnect_after.is_none() {
         return json_response(StatusCode::OK, &reply);
@@ -103,6 +104,13 @@ pub async fn whole(adm: Admitted, reply: Value) -> Response<RespBody> {
         }
     });
     stream_response(body, false)
+}
+
+/// Sleeps, without a trip through the timer when there is nothing to wait.
+async fn pause(d: Duration) {
+    if !d.is_zero() {
+        tokio::time::sleep(d).await;
+    }
 }
 
 /// OpenAI chat logprob entries (`{token, logprob, bytes, top_logprobs}`) of

@@ -273,6 +273,9 @@ pub async fn serve(listener: TcpListener, cfg: MockConfig, shutdown: Cancellatio
                 continue;
             }
         };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(%peer, error = %e, "cannot set TCP_NODELAY");
+        }
         let state = Arc::clone(&state);
         let shutdown = shutdown.clone();
         connections.spawn(async move {
