@@ -68,6 +68,30 @@ async fn a_session_stays_on_its_replica() {
         seen.insert(done.backend.replica);
     }
     assert_eq!(seen.len(), 1);
+    // Its replica goes away (its pooled connection with it): the session moves.
+    let home = seen.pop_first().unwrap();
+    let mut mocks: Vec<MockHandle> = mocks;
+    let at = mocks.iter().position(|m| m.url() == home).unwrap();
+    mocks.remove(at).stop().await;
+    let moved = client
+        .chat("sticky", &request(true))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_ne!(moved.backend.replica, home);
+    assert_eq!(moved.backend.attempts, 2);
+    for _ in 0..10 {
+        let again = client
+            .chat("sticky", &request(true))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(again.backend.replica, moved.backend.replica);
+    }
     let used: BTreeSet<String> = (0..30)
         .filter_map(|i| client.pool().pick(&format!("s{i}")))
         .collect();

@@ -259,6 +259,14 @@ impl MockArgs {
     }
 }
 
+impl TryFrom<&MockArgs> for MockConfig {
+    type Error = MockError;
+
+    fn try_from(args: &MockArgs) -> Result<Self, MockError> {
+        args.to_config()
+    }
+}
+
 /// Runs `polar mock-backend` until `shutdown`: validates, binds, serves.
 pub async fn run(args: &MockArgs, shutdown: CancellationToken) -> Result<(), MockError> {
     if !args.listen.ip().is_loopback() {
