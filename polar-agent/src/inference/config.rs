@@ -1,0 +1,320 @@
+//! Settings of one inference backend (plain serde structs with
+//! `deny_unknown_fields`; the agent's TOML config embeds them): its replicas,
+//! dialect, model names, sampling policy, limits and timeouts.
+//!
+//! ```toml
+//! name = "qwen"
+//! dialect = "vllm"                      # or "sglang"
+//! replicas = ["http://10.0.0.5:8000", "http://10.0.0.6:8000"]
+//! served_model = "Qwen/Qwen3-8B"
+//! model_map = { "claude-sonnet-4-5" = "Qwen/Qwen3-8B" }   # default: every name -> served_model
+//! max_tokens_clamp = 8192
+//! request_timeout_ms = 600000           # to the reply head, and between two body chunks
+//! connect_timeout_ms = 2000
+//! health_check_interval_ms = 5000
+//!
+//! [sampling]
+//! mode = "train"                        # which overrides apply: train or eval
+//! train = { temperature = 1.0, top_p = 1.0, top_k = -1 }
+//! eval = { temperature = 0.6, top_p = 0.95 }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::InferenceError;
+
+/// The wire dialect of a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Dialect {
+    /// vLLM's OpenAI-compatible server (`return_token_ids`).
+    Vllm,
+    /// SGLang (`return_prompt_token_ids`, `return_meta_info`).
+    Sglang,
+}
+
+impl Dialect {
+    /// `vllm` or `sglang`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+        }
+    }
+}
+
+/// Which sampling overrides apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplingMode {
+    /// Training rollouts.
+    #[default]
+    Train,
+    /// Evaluation.
+    Eval,
+}
+
+/// Sampling values that replace what the harness asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingOverrides {
+    /// Temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// Top-k (`-1` disables it, as vLLM and SGLang read it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+}
+
+/// The sampling policy: overrides for training and for evaluation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingPolicy {
+    /// Which set applies by default.
+    #[serde(default)]
+    pub mode: SamplingMode,
+    /// Overrides in training.
+    #[serde(default)]
+    pub train: SamplingOverrides,
+    /// Overrides in evaluation.
+    #[serde(default)]
+    pub eval: SamplingOverrides,
+}
+
+impl SamplingPolicy {
+    /// The overrides of `mode`.
+    pub fn overrides(&self, mode: SamplingMode) -> &SamplingOverrides {
+        match mode {
+            SamplingMode::Train => &self.train,
+            SamplingMode::Eval => &self.eval,
+        }
+    }
+}
+
+/// One inference backend.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Name, for logs and records.
+    pub name: String,
+    /// Wire dialect.
+    pub dialect: Dialect,
+    /// Base URLs of the replicas (`http://host:port`, optional path prefix).
+    pub replicas: Vec<String>,
+    /// The model name the backend serves.
+    pub served_model: String,
+    /// Harness model names mapped to served names; unmapped names map to
+    /// `served_model`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_map: BTreeMap<String, String>,
+    /// Sampling policy.
+    #[serde(default)]
+    pub sampling: SamplingPolicy,
+    /// Upper bound of `max_tokens` (also the value when the harness gives none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_clamp: Option<u32>,
+    /// Longest wait for the reply head and between two body chunks, in ms.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Longest wait for a TCP connection, in ms.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Period of `GET /health` checks, in ms.
+    #[serde(default = "default_health_check_interval_ms")]
+    pub health_check_interval_ms: u64,
+}
+
+fn default_request_timeout_ms() -> u64 {
+    600_000
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    2_000
+}
+
+fn default_health_check_interval_ms() -> u64 {
+    5_000
+}
+
+impl BackendConfig {
+    /// A backend with defaults for everything but the essentials.
+    pub fn new(name: &str, dialect: Dialect, replicas: Vec<String>, served_model: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            dialect,
+            replicas,
+            served_model: served_model.to_owned(),
+            model_map: BTreeMap::new(),
+            sampling: SamplingPolicy::default(),
+            max_tokens_clamp: None,
+            request_timeout_ms: default_request_timeout_ms(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            health_check_interval_ms: default_health_check_interval_ms(),
+        }
+    }
+
+    /// The served name for a harness model name.
+    pub fn map_model(&self, harness_model: &str) -> &str {
+        self.model_map
+            .get(harness_model)
+            .map_or(self.served_model.as_str(), String::as_str)
+    }
+
+    /// The request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+
+    /// The connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The health-check period.
+    pub fn health_check_interval(&self) -> Duration {
+        Duration::from_millis(self.health_check_interval_ms)
+    }
+
+    /// Checks the settings; the error names the key.
+    pub fn validate(&self) -> Result<(), InferenceError> {
+        let bad = |key: &str, why: String| InferenceError::Config {
+            backend: self.name.clone(),
+            key: key.to_owned(),
+            reason: why,
+        };
+        if self.name.is_empty() {
+            return Err(bad("name", "must not be empty".into()));
+        }
+        if self.served_model.is_empty() {
+            return Err(bad("served_model", "must not be empty".into()));
+        }
+        if self.replicas.is_empty() {
+            return Err(bad("replicas", "give at least one replica URL".into()));
+        }
+        for (i, url) in self.replicas.iter().enumerate() {
+            super::pool::parse_base(url).map_err(|why| bad(&format!("replicas[{i}]"), why))?;
+        }
+        for (key, ms) in [
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("connect_timeout_ms", self.connect_timeout_ms),
+            ("health_check_interval_ms", self.health_check_interval_ms),
+        ] {
+            if ms == 0 {
+                return Err(bad(key, "must be at least 1".into()));
+            }
+        }
+        if self.connect_timeout_ms >= self.request_timeout_ms {
+            return Err(bad(
+                "connect_timeout_ms",
+                "must be shorter than request_timeout_ms, or an unreachable replica looks like a slow one".into(),
+            ));
+        }
+        if self.max_tokens_clamp == Some(0) {
+            return Err(bad("max_tokens_clamp", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_from_toml_with_defaults() {
+        let cfg: BackendConfig = toml::from_str(
+            r#"
+            name = "qwen"
+            dialect = "sglang"
+            replicas = ["http://127.0.0.1:30000/", "http://127.0.0.2:30000"]
+            served_model = "Qwen/Qwen3-8B"
+            model_map = { "claude-sonnet-4-5" = "Qwen/Qwen3-8B-alt" }
+            [sampling]
+            mode = "eval"
+            eval = { temperature = 0.6 }
+            "#,
+        )
+        .unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.dialect, Dialect::Sglang);
+        assert_eq!(cfg.map_model("claude-sonnet-4-5"), "Qwen/Qwen3-8B-alt");
+        assert_eq!(cfg.map_model("anything"), "Qwen/Qwen3-8B");
+        assert_eq!(
+            cfg.sampling.overrides(SamplingMode::Eval).temperature,
+            Some(0.6)
+        );
+        assert_eq!(cfg.request_timeout(), Duration::from_secs(600));
+        assert!(
+            toml::from_str::<BackendConfig>(
+                "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nbogus = 1"
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let ok = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:8000".into()],
+            "m",
+        );
+        ok.validate().unwrap();
+        for (cfg, key) in [
+            (
+                BackendConfig {
+                    replicas: vec![],
+                    ..ok.clone()
+                },
+                "replicas",
+            ),
+            (
+                BackendConfig {
+                    replicas: vec!["http://127.0.0.1:8000".into(), "https://x:1".into()],
+                    ..ok.clone()
+                },
+                "replicas[1]",
+            ),
+            (
+                BackendConfig {
+                    replicas: vec!["not a url".into()],
+                    ..ok.clone()
+                },
+                "replicas[0]",
+            ),
+            (
+                BackendConfig {
+                    connect_timeout_ms: 0,
+                    ..ok.clone()
+                },
+                "connect_timeout_ms",
+            ),
+            (
+                BackendConfig {
+                    max_tokens_clamp: Some(0),
+                    ..ok.clone()
+                },
+                "max_tokens_clamp",
+            ),
+            (
+                BackendConfig {
+                    served_model: String::new(),
+                    ..ok.clone()
+                },
+                "served_model",
+            ),
+        ] {
+            match cfg.validate() {
+                Err(InferenceError::Config { key: k, .. }) => assert_eq!(k, key),
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+use serde_json::json;
+
+use super::*;
+
+fn feed(d: &mut ChunkDecoder, chunks: &[serde_json::Value]) -> Vec<StreamEvent> {
+    let mut out = VecDeque::new();
+    for c in chunks {
+        d.on_data(&c.to_string(), &mut out).unwrap();
+    }
+    d.on_data("[DONE]", &mut out).unwrap();
+    out.into()
+}
+
+#[test]
+fn tool_call_fragments_become_start_and_deltas() {
+    let mut d = ChunkDecoder::new("shown");
+    let events = feed(
+        &mut d,
+        &[
+            json!({"id": "r1", "model": "m", "prompt_token_ids": [1, 2], "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            json!({"choices": [{"delta": {"reasoning_content": "hmm"}, "token_ids": [7], "logprobs": {"content": [{"logprob": -0.5}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\""}}]}, "token_ids": [8]}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_x", "type": "function", "function": {"name": "bash"}}]}, "token_ids": [9]}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}, {"index": 1, "function": {"name": "ls", "arguments": "{}"}}]}, "token_ids": [10], "finish_reason": "tool_calls"}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 1}}}),
+        ],
+    );
+    assert_eq!(
+        events,
+        vec![
+            StreamEvent::Start {
+                id: "r1".into(),
+                model: "shown".into(),
+                prompt_tokens: Some(2)
+            },
+            StreamEvent::ReasoningDelta { text: "hmm".into() },
+            StreamEvent::ReasoningDone { signature: None },
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "call_x".into(),
+                name: "bash".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{\"a\"".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: ":1}".into()
+            },
+            StreamEvent::ToolCallStart {
+                index: 1,
+                id: "r1-call-1".into(),
+                name: "ls".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 1,
+                arguments: "{}".into()
+            },
+            StreamEvent::Finish {
+                finish_reason: FinishReason::ToolCalls,
+                usage: Usage {
+                    prompt_tokens: 2,
+                    completion_tokens: 4,
+                    cached_tokens: Some(1)
+                },
+            },
+        ]
+    );
+    let t = d.tokens.tokens();
+    assert_eq!(t.prompt_token_ids, Some(vec![1, 2]));
+    assert_eq!(t.response_token_ids, Some(vec![7, 8, 9, 10]));
+    assert_eq!(
+        t.response_logprobs, None,
+        "one logprob for four tokens cannot be aligned"
+    );
+}
+
+#[test]
+fn replies_without_ids_give_none() {
+    let mut d = ChunkDecoder::new("m");
+    feed(
+        &mut d,
+        &[
+            json!({"id": "r", "choices": [{"delta": {"role": "assistant"}}]}),
+            json!({"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}),
+        ],
+    );
+    assert_eq!(d.tokens.tokens(), Tokens::default());
+}
+
+#[test]
+fn errors_and_early_ends() {
+    let mut d = ChunkDecoder::new("m");
+    let mut out = VecDeque::new();
+    d.on_data(&json!({"id": "r", "choices": []}).to_string(), &mut out)
+        .unwrap();
+    let err = d.on_data(
+        &json!({"error": {"message": "engine died"}}).to_string(),
+        &mut out,
+    );
+    assert_eq!(
+        err,
+        Err(DecodeError::Cut(
+            "backend error in stream: engine died".into()
+        ))
+    );
+    let mut d = ChunkDecoder::new("m");
+    d.on_data(
+        &json!({"id": "r", "choices": [{"delta": {"content": "x"}}]}).to_string(),
+        &mut out,
+    )
+    .unwrap();
+    assert!(matches!(d.end(&mut out), Err(DecodeError::Cut(_))));
+    assert!(matches!(
+        ChunkDecoder::new("m").on_data("{not json", &mut out),
+        Err(DecodeError::Malformed(_))
+    ));
+}
+
+#[test]
+fn whole_sglang_reply_with_meta_info_only() {
+    let body = json!({
+        "id": "x", "model": "served",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok", "reasoning_content": null, "tool_calls": null},
+                     "finish_reason": "stop", "prompt_token_ids": [1, 2, 3],
+                     "meta_info": {"output_token_logprobs": [[-0.1, 40, "o"], [-0.2, 2, null]], "weight_version": "v3", "cached_tokens": 2}}],
+    });
+    let w = decode_whole(body.to_string().as_bytes(), "shown").unwrap();
+    let t = w.tokens.tokens();
+    assert_eq!(t.prompt_token_ids, Some(vec![1, 2, 3]));
+    assert_eq!(t.response_token_ids, Some(vec![40, 2]));
+    assert_eq!(t.response_logprobs, Some(vec![-0.1, -0.2]));
+    assert_eq!(w.weight_version.as_deref(), Some("v3"));
+    assert_eq!(
+        w.events.last(),
+        Some(&StreamEvent::Finish {
+            finish_reason: FinishReason::Stop,
+            usage: Usage {
+                prompt_tokens: 3,
+                completion_tokens: 2,
+                cached_tokens: Some(2)
+            }
+        })
+    );
+    assert!(matches!(
+        decode_whole(b"{\"choices\": []}", "m"),
+        Err(DecodeError::Malformed(_))
+    ));
+}

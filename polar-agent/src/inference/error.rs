@@ -1,0 +1,110 @@
+//! The errors of inference calls, classified by how far the call got: never
+//! reached a replica, refused by the backend (HTTP status), too slow, cut
+//! after the reply began, or not understood. Every variant but `Config` is
+//! the backend's side.
+
+use std::time::Duration;
+
+/// Why an inference call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InferenceError {
+    /// The backend's settings are invalid (the agent's side).
+    #[error("backend {backend}: `{key}`: {reason}")]
+    Config {
+        /// Backend name.
+        backend: String,
+        /// The key at fault.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No replica could be reached: every attempt failed before a byte of
+    /// the request was sent (connection refused or connect timeout).
+    #[error("backend {backend}: no replica reachable after {attempts} attempt(s): {last}")]
+    Unreachable {
+        /// Backend name.
+        backend: String,
+        /// Replicas tried.
+        attempts: usize,
+        /// The last cause.
+        last: String,
+    },
+    /// The backend answered with a non-success HTTP status.
+    #[error("backend {backend} ({replica}) answered HTTP {status}: {body}")]
+    Status {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// HTTP status.
+        status: u16,
+        /// The reply body (truncated).
+        body: String,
+    },
+    /// Nothing arrived within the request timeout (the reply head, or the
+    /// next part of the body).
+    #[error(
+        "backend {backend} ({replica}): nothing within {timeout:?} waiting for {waiting_for} ({events} event(s) yielded)"
+    )]
+    Timeout {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// The timeout.
+        timeout: Duration,
+        /// `reply head` or `reply body`.
+        waiting_for: &'static str,
+        /// Events yielded before.
+        events: usize,
+    },
+    /// The request reached the replica but the connection failed before a
+    /// reply head arrived.
+    #[error(
+        "backend {backend} ({replica}): connection failed after the request was sent: {reason}"
+    )]
+    Disconnected {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// The cause.
+        reason: String,
+    },
+    /// The reply began (head received) but broke before its end: the
+    /// connection dropped, or the backend sent an error inside the stream.
+    /// `events` events were yielded before.
+    #[error("backend {backend} ({replica}): reply cut after {events} event(s): {reason}")]
+    StreamCut {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// Events yielded before.
+        events: usize,
+        /// The cause.
+        reason: String,
+    },
+    /// The reply could not be understood.
+    #[error("backend {backend} ({replica}): malformed reply: {reason}")]
+    Malformed {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl InferenceError {
+    /// Whether the request reached a replica (so it may have been processed).
+    pub fn reached_backend(&self) -> bool {
+        !matches!(self, Self::Config { .. } | Self::Unreachable { .. })
+    }
+
+    /// Whether this is a timeout.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+}

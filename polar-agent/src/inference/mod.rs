@@ -1,0 +1,35 @@
+//! The client side of inference: calls to the team's vLLM or SGLang
+//! replicas that return token ids and logprobs with the reply (never
+//! recomputed from text), streamed as the backend produces them.
+//!
+//! - [`config`]: [`BackendConfig`] (serde, `deny_unknown_fields`);
+//! - [`pool`]: replicas, session affinity, health, pause/resume, stats;
+//! - [`request`]: the normalized request as backend JSON;
+//! - [`client`]: [`Client::chat`], retries only before a replica was reached;
+//! - [`stream`]: [`ChatStream`] of [`StreamEvent`](crate::chat::StreamEvent)s
+//!   with [`Tokens`](crate::chat::Tokens), timings and backend facts;
+//! - `decode`, [`sse`]: reply parsing.
+//!
+//! vLLM is called with `stream: true` and `return_token_ids`, so events reach
+//! the consumer as they are generated. SGLang returns ids only without
+//! streaming: its reply is read whole and its events replayed.
+
+pub mod client;
+pub mod config;
+mod decode;
+pub mod error;
+pub mod pool;
+pub mod request;
+pub mod sse;
+pub mod stream;
+
+#[cfg(test)]
+mod pool_tests;
+#[cfg(test)]
+mod tests;
+
+pub use client::Client;
+pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
+pub use error::InferenceError;
+pub use pool::{Pool, PoolStats, ReplicaStats};
+pub use stream::{BackendInfo, ChatStream, Completed, Timings};

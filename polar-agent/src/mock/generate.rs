@@ -1,0 +1,227 @@
+//! Turning a [`Plan`] into generated tokens: the assistant turn is rendered
+//! through the template, tokenized, cut at the token limit, given
+//! deterministic logprobs, and parsed back; [`DeltaSplitter`] then cuts it
+//! into the per-chunk deltas a streaming reply carries.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+
+use super::script::Plan;
+use super::template::{self, Channel, ParsedOutput};
+use super::tokenizer;
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The end-of-turn token.
+    Stop,
+    /// The token limit (or a scripted `length`).
+    Length,
+    /// The end-of-turn token after tool calls.
+    ToolCalls,
+}
+
+impl Finish {
+    /// The OpenAI `finish_reason` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::ToolCalls => "tool_calls",
+        }
+    }
+
+    /// SGLang's `finish_reason.type` (`stop` for tool calls too).
+    pub fn sglang_type(self) -> &'static str {
+        match self {
+            Self::Length => "length",
+            _ => "stop",
+        }
+    }
+}
+
+/// A generated reply.
+#[derive(Clone, Debug)]
+pub struct Generation {
+    /// The prompt ids.
+    pub prompt_ids: Vec<u32>,
+    /// The generated text (special tokens included).
+    pub text: String,
+    /// Generated token ids.
+    pub ids: Vec<u32>,
+    /// Byte range of `text` each token covers.
+    pub spans: Vec<Range<usize>>,
+    /// The logprob of each token.
+    pub logprobs: Vec<f32>,
+    /// The text parsed into reasoning, content and tool calls.
+    pub parsed: ParsedOutput,
+    /// Why generation stopped.
+    pub finish: Finish,
+    /// Cut the connection after this many tokens.
+    pub disconnect_after: Option<usize>,
+}
+
+/// Generates the reply to `prompt_ids` following `plan`, at most
+/// `max_tokens` tokens (cut back to a whole character).
+pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generation {
+    let calls: Vec<(&str, &str)> = plan
+        .tool_calls
+        .iter()
+        .map(|(n, a)| (n.as_str(), a.as_str()))
+        .collect();
+    let mut full = template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls);
+    if !plan.force_length {
+        full.push_str("<|im_end|>");
+    }
+    let mut tokens = tokenizer::encode_with_spans(&full);
+    let truncated = tokens.len() > max_tokens;
+    tokens.truncate(max_tokens);
+    while let Some((_, span)) = tokens.last() {
+        if full.is_char_boundary(span.end) {
+            break;
+        }
+        tokens.pop();
+    }
+    let end = tokens.last().map_or(0, |(_, s)| s.end);
+    full.truncate(end);
+    let parsed = template::parse_output(&full);
+    let finish = if plan.force_length || truncated {
+        Finish::Length
+    } else if parsed.tool_calls.is_empty() {
+        Finish::Stop
+    } else {
+        Finish::ToolCalls
+    };
+    let base = prompt_ids.len();
+    let logprobs = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, (id, _))| logprob(base + i, *id))
+        .collect();
+    let (ids, spans) = tokens.into_iter().unzip();
+    Generation {
+        prompt_ids,
+        text: full,
+        ids,
+        spans,
+        logprobs,
+        parsed,
+        finish,
+        disconnect_after: plan.disconnect_after,
+    }
+}
+
+/// The deterministic logprob of `id` at `position`, in (-5, 0].
+pub fn logprob(position: usize, id: u32) -> f32 {
+    let h = mix((position as u64) << 32 | u64::from(id));
+    let frac = (h >> 11) as f64 / (1u64 << 53) as f64;
+    (-5.0 * frac) as f32
+}
+
+/// A 64-bit mixer (splitmix64's finalizer).
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// FNV-1a over bytes, mixed: a stable hash for session keys.
+pub fn hash_bytes(bytes: &[u8]) -> u64 {
+    let h = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    mix(h)
+}
+
+/// The text deltas one chunk of tokens carries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Delta {
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Answer text.
+    pub content: String,
+    /// Tool calls that begin in this chunk (their index).
+    pub tool_starts: Vec<usize>,
+    /// Argument text per tool call index.
+    pub tool_args: Vec<(usize, String)>,
+}
+
+/// Cuts a generation into per-chunk deltas, holding back incomplete UTF-8.
+#[derive(Debug)]
+pub struct DeltaSplitter<'a> {
+    generation: &'a Generation,
+    reasoning: Vec<u8>,
+    content: Vec<u8>,
+    args: Vec<(usize, Vec<u8>)>,
+    started: BTreeSet<usize>,
+}
+
+impl<'a> DeltaSplitter<'a> {
+    /// A splitter over `generation`.
+    pub fn new(generation: &'a Generation) -> Self {
+        Self {
+            generation,
+            reasoning: Vec::new(),
+            content: Vec::new(),
+            args: Vec::new(),
+            started: BTreeSet::new(),
+        }
+    }
+
+    /// The delta of tokens `tokens` (indices into the generation).
+    pub fn chunk(&mut self, tokens: Range<usize>) -> Delta {
+        let g = self.generation;
+        let bytes = g.text.as_bytes();
+        let mut delta = Delta::default();
+        for span in &g.spans[tokens] {
+            for (channel, seg) in &g.parsed.spans {
+                let (a, b) = (span.start.max(seg.start), span.end.min(seg.end));
+                if a >= b {
+                    continue;
+                }
+                let piece = &bytes[a..b];
+                match *channel {
+                    Channel::Markup => {}
+                    Channel::Reasoning => self.reasoning.extend(piece),
+                    Channel::Content => self.content.extend(piece),
+                    Channel::ToolHead(n) => self.start(n, &mut delta),
+                    Channel::ToolArgs(n) => {
+                        self.start(n, &mut delta);
+                        match self.args.iter_mut().find(|(i, _)| *i == n) {
+                            Some((_, buf)) => buf.extend(piece),
+                            None => self.args.push((n, piece.to_vec())),
+                        }
+                    }
+                }
+            }
+        }
+        delta.reasoning = take_utf8(&mut self.reasoning);
+        delta.content = take_utf8(&mut self.content);
+        for (n, buf) in &mut self.args {
+            let text = take_utf8(buf);
+            if !text.is_empty() {
+                delta.tool_args.push((*n, text));
+            }
+        }
+        delta
+    }
+
+    fn start(&mut self, n: usize, delta: &mut Delta) {
+        if self.started.insert(n) {
+            delta.tool_starts.push(n);
+        }
+    }
+}
+
+/// Takes the longest valid UTF-8 prefix out of `buf`.
+fn take_utf8(buf: &mut Vec<u8>) -> String {
+    let valid = match std::str::from_utf8(buf) {
+        Ok(_) => buf.len(),
+        Err(e) => e.valid_up_to(),
+    };
+    let rest = buf.split_off(valid);
+    let text = String::from_utf8_lossy(buf).into_owned();
+    *buf = rest;
+    text
+}
