@@ -1,6 +1,7 @@
 //! Polar's node agent as a library: the `polar` binary is a thin shell over
 //! [`cli::main`]. See ARCHITECTURE.md for the data path.
 
+pub mod agent;
 pub mod capture;
 pub mod chat;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod listener;
 pub mod mock;
 pub mod netns;
 pub mod provider;
+pub mod proxy;
 pub mod redirect;
 pub mod sandbox;
 pub mod signals;

@@ -1,18 +1,43 @@
-//! Waiting for the signals that end the agent (SIGINT, SIGTERM).
+//! The signals that end the agent (SIGINT, SIGTERM), installed early so a
+//! signal that arrives during start-up is not lost to the default action.
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
-/// Resolves with the signal number when SIGINT or SIGTERM arrives.
-pub async fn terminated() -> i32 {
-    let (Ok(mut int), Ok(mut term)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        // Without signal handlers the default action (exit) applies anyway.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = int.recv() => libc::SIGINT,
-        _ = term.recv() => libc::SIGTERM,
+/// Installed handlers for SIGINT and SIGTERM.
+pub struct Terminated {
+    int: Option<Signal>,
+    term: Option<Signal>,
+}
+
+impl Terminated {
+    /// Installs the handlers (inside a tokio runtime). From here on the
+    /// signals no longer kill the process; [`Terminated::recv`] reports them.
+    pub fn install() -> Self {
+        Self {
+            int: signal(SignalKind::interrupt()).ok(),
+            term: signal(SignalKind::terminate()).ok(),
+        }
     }
+
+    /// Resolves with the signal number when SIGINT or SIGTERM arrives.
+    pub async fn recv(&mut self) -> i32 {
+        async fn next(s: &mut Option<Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.int) => libc::SIGINT,
+            () = next(&mut self.term) => libc::SIGTERM,
+        }
+    }
+}
+
+/// Resolves with the signal number when SIGINT or SIGTERM arrives, with
+/// handlers installed now.
+pub async fn terminated() -> i32 {
+    Terminated::install().recv().await
 }

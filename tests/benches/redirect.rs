@@ -72,6 +72,7 @@ async fn run_probe(
                 cgroup_procs: dir.procs_file()?,
                 netns: None,
                 env: &[],
+                binds: &[],
                 stdout: Stdio::null(),
                 stderr: Stdio::inherit(),
             })?;

@@ -29,7 +29,16 @@ fn check_captures(network: &str) -> Result<()> {
     let probe = probe()?;
     let mut cmd = vec![probe.as_str(), "connect"];
     cmd.extend_from_slice(TARGETS);
-    let run = sandbox_run(&["--network", network, "--read-timeout-ms", "500"], &cmd)?;
+    let run = sandbox_run(
+        &[
+            "--inspect",
+            "--network",
+            network,
+            "--read-timeout-ms",
+            "500",
+        ],
+        &cmd,
+    )?;
     ensure!(
         run.output.status.success(),
         "polar failed: {}",
@@ -88,7 +97,7 @@ fn dns_goes_through_the_agent_and_quic_is_refused() -> Result<()> {
          {probe} udp 127.10.0.1:443 && {probe} udp [::1]:443 && {probe} udp 127.10.0.9:9"
     );
     for network in ["isolated", "host"] {
-        let run = sandbox_run(&["--network", network], &["sh", "-c", &script])?;
+        let run = sandbox_run(&["--inspect", "--network", network], &["sh", "-c", &script])?;
         let stdout = String::from_utf8_lossy(&run.output.stdout);
         ensure!(
             run.output.status.success(),
@@ -144,7 +153,7 @@ fn dns_goes_through_the_agent_and_quic_is_refused() -> Result<()> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn servers_inside_an_isolated_sandbox_stay_reachable() -> Result<()> {
     let probe = probe()?;
-    let run = sandbox_run(&[], &[&probe, "selfserve"])?;
+    let run = sandbox_run(&["--inspect"], &[&probe, "selfserve"])?;
     ensure!(
         run.reports.first().is_some_and(|r| r["ok"] == true),
         "{:?} {}",
@@ -169,7 +178,7 @@ struct Snapshot {
 }
 
 fn start_long_sandbox() -> Result<(Running, Snapshot)> {
-    let mut run = Running::start(&[], &["sleep", "600"])?;
+    let mut run = Running::start(&["--inspect"], &["sleep", "600"])?;
     let attached = run.wait_for("eBPF programs attached", Duration::from_secs(30))?;
     let started = run.wait_for("sandbox started", Duration::from_secs(30))?;
     let programs = bpf_programs_of(run.pid())?;
@@ -240,7 +249,7 @@ fn sigkill_leaves_no_program_cgroup_or_namespace() -> Result<()> {
 fn polar_fails_with(prefix: &[&str], expect: &str) -> Result<()> {
     let polar = polar_tests::polar_bin()?.display().to_string();
     let mut argv: Vec<&str> = prefix.to_vec();
-    argv.extend([polar.as_str(), "sandbox", "run", "--", "true"]);
+    argv.extend([polar.as_str(), "sandbox", "run", "--inspect", "--", "true"]);
     let child = std::process::Command::new(argv[0])
         .args(&argv[1..])
         .stdout(std::process::Stdio::piped())

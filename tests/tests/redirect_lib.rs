@@ -133,6 +133,7 @@ async fn probe_in(
         cgroup_procs: dir.procs_file()?,
         netns: netns.map(|n| &n.ns),
         env: &[],
+        binds: &[],
         stdout: std::process::Stdio::piped(),
         stderr: std::process::Stdio::inherit(),
     })?;

@@ -220,7 +220,7 @@ fn generated_text_parses_back() {
         vec![
             ParsedCall {
                 name: "bash".into(),
-                arguments: r#"{"a":1,"command":"ls"}"#.into()
+                arguments: r#"{"command":"ls","a":1}"#.into()
             },
             ParsedCall {
                 name: "write_file".into(),

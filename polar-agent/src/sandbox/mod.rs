@@ -12,9 +12,9 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dns::{self, FakeIps, InterceptAll, Resolver};
+use crate::dns::{self, Resolver};
 use crate::ids::SessionId;
-use crate::listener::{self, LogHandler};
+use crate::listener::{self, Handler};
 use crate::netns::{IsolatedNet, NetnsError, Sockets};
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
 use crate::tasks::Tasks;
@@ -58,8 +58,12 @@ pub struct RunSpec {
     pub session: Option<SessionId>,
     /// The `polar` executable for the cleanup guardian.
     pub reaper_exe: Option<PathBuf>,
-    /// How long the listener waits for a connection's first bytes.
-    pub read_timeout: Duration,
+    /// Extra environment for the command.
+    pub env: Vec<(String, String)>,
+    /// Read-only bind mounts `(source, target)` inside the sandbox.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    /// How long connections may take to finish after the command ended.
+    pub drain_grace: Duration,
 }
 
 /// How a run ended.
@@ -69,8 +73,6 @@ pub struct RunOutcome {
     pub session: SessionId,
     /// How the command ended.
     pub end: End,
-    /// Connections captured.
-    pub captured: u64,
 }
 
 /// How a sandboxed command ended.
@@ -130,12 +132,12 @@ struct Serving {
     handlers: Tasks,
 }
 
-fn serve(
+fn serve<H: Handler>(
     net: &SessionNet,
     session: &SessionId,
     redirect: &Redirect,
     resolver: &Arc<Resolver>,
-    handler: &Arc<LogHandler>,
+    handler: &Arc<H>,
 ) -> Result<Serving, SandboxError> {
     let serving = Serving {
         acceptors: Tasks::new(),
@@ -180,17 +182,18 @@ fn serve(
     Ok(serving)
 }
 
-/// Runs one command in a sandbox session and cleans everything up.
-pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
+/// Runs one command in a sandbox session whose connections go to `handler`
+/// and whose DNS questions go to `resolver`, and cleans everything up.
+pub async fn run<H: Handler>(
+    spec: RunSpec,
+    handler: Arc<H>,
+    resolver: Arc<Resolver>,
+) -> Result<RunOutcome, SandboxError> {
+    // From here on SIGINT/SIGTERM stop the sandbox and clean up.
+    let mut signals = crate::signals::Terminated::install();
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: spec.reaper_exe.clone(),
     })?;
-    let resolver = Arc::new(Resolver::new(
-        Arc::new(FakeIps::default()),
-        Arc::new(InterceptAll),
-        5,
-    ));
-    let handler = Arc::new(LogHandler::new(spec.read_timeout));
     let session = spec.session.clone().unwrap_or_else(SessionId::random);
     let net = SessionNet::bind(spec.network)?;
     let serving = serve(&net, &session, &redirect, &resolver, &handler)?;
@@ -208,7 +211,8 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
         argv: &spec.argv,
         cgroup_procs: procs,
         netns: net.isolated.as_ref().map(|n| &n.ns),
-        env: &[],
+        env: &spec.env,
+        binds: &spec.binds,
         stdout: std::process::Stdio::inherit(),
         stderr: std::process::Stdio::inherit(),
     })?;
@@ -221,7 +225,7 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     );
     let end = tokio::select! {
         s = child.wait() => End::Exited(s.map_err(|e| SandboxError::Io("waiting for the command", e))?),
-        sig = crate::signals::terminated() => {
+        sig = signals.recv() => {
             tracing::warn!(signal = sig, "interrupted; stopping the sandbox");
             End::Interrupted(sig)
         }
@@ -230,8 +234,7 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     // then kill whatever it left behind, then let the handlers finish.
     serving.acceptors.drain(Duration::from_secs(2)).await;
     let ended = cgroup.end();
-    let grace = spec.read_timeout + Duration::from_secs(2);
-    if !serving.handlers.drain(grace).await {
+    if !serving.handlers.drain(spec.drain_grace).await {
         tracing::warn!(
             connections = serving.handlers.len(),
             "some connections were still open at exit"
@@ -241,9 +244,5 @@ pub async fn run(spec: RunSpec) -> Result<RunOutcome, SandboxError> {
     tracing::info!(stats = ?redirect.stats(), "redirect counters");
     ended?;
     redirect.shutdown()?;
-    Ok(RunOutcome {
-        session,
-        end,
-        captured: handler.captured(),
-    })
+    Ok(RunOutcome { session, end })
 }

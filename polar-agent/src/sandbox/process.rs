@@ -2,10 +2,13 @@
 //! (isolated mode) and moves itself into the session's cgroup after the fork
 //! and before it execs, so the redirect applies from its first instruction.
 
+use std::ffi::CString;
 use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
@@ -21,6 +24,9 @@ pub struct Launch<'a> {
     pub netns: Option<&'a OwnedFd>,
     /// Extra environment.
     pub env: &'a [(String, String)],
+    /// Read-only bind mounts `(source, target)` in a private mount namespace
+    /// (the trust bundle over the distribution bundles).
+    pub binds: &'a [(PathBuf, PathBuf)],
     /// Where its stdout goes.
     pub stdout: Stdio,
     /// Where its stderr goes.
@@ -33,6 +39,9 @@ pub enum SpawnError {
     /// The command line is empty.
     #[error("no command to run")]
     NoCommand,
+    /// A bind-mount path cannot be passed to the kernel.
+    #[error("bind-mount path {0:?} contains a NUL byte")]
+    BadPath(PathBuf),
     /// fork/exec failed (a missing program, a refused setns or cgroup move).
     #[error("starting {program:?}: {source}")]
     Spawn {
@@ -42,6 +51,56 @@ pub enum SpawnError {
         #[source]
         source: io::Error,
     },
+}
+
+/// In a new mount namespace (mounts private, so nothing propagates to the
+/// host), bind-mounts each source read-only over its target.
+///
+/// # Safety
+/// Only for the child between fork and exec: raw syscalls, no allocation.
+unsafe fn private_binds(binds: &[(CString, CString)]) -> io::Result<()> {
+    let fail = || Err(io::Error::last_os_error());
+    // SAFETY: plain syscalls with valid NUL-terminated strings.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWNS) != 0 {
+            return fail();
+        }
+        let root = c"/";
+        if libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ) != 0
+        {
+            return fail();
+        }
+        for (src, dst) in binds {
+            if libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+            let flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+            if libc::mount(
+                std::ptr::null(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                flags,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Forks, joins netns and cgroup, execs. The child is killed if the handle
@@ -57,15 +116,27 @@ pub fn spawn(launch: Launch<'_>) -> Result<Child, SpawnError> {
         .kill_on_drop(true);
     let procs_fd = launch.cgroup_procs.as_raw_fd();
     let netns_fd = launch.netns.map(AsRawFd::as_raw_fd);
+    let cstr = |p: &PathBuf| {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| SpawnError::BadPath(p.clone()))
+    };
+    let binds = launch
+        .binds
+        .iter()
+        .map(|(src, dst)| Ok((cstr(src)?, cstr(dst)?)))
+        .collect::<Result<Vec<_>, SpawnError>>()?;
     // SAFETY: the hook runs between fork and exec and only makes raw
-    // syscalls (setns, write) on descriptors that stay open until `spawn`
-    // returns; it allocates nothing.
+    // syscalls (setns, unshare, mount, write) with descriptors and C strings
+    // prepared before the fork, which stay alive until `spawn` returns; it
+    // allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if let Some(fd) = netns_fd
                 && libc::setns(fd, libc::CLONE_NEWNET) != 0
             {
                 return Err(io::Error::last_os_error());
+            }
+            if !binds.is_empty() {
+                private_binds(&binds)?;
             }
             // "0" moves the writing process itself.
             if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {

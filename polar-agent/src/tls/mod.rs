@@ -8,12 +8,14 @@
 //! types the listener and the `polar ca` commands use, and holds the
 //! end-to-end handshake tests (loopback only).
 
+pub mod bundle;
 pub mod ca;
 pub mod constraints;
 pub mod leaf;
 pub mod peek;
 pub mod server;
 
+pub use bundle::{BundleError, TrustFiles, write_trust_files};
 pub use ca::{Ca, CaError, CaOptions, CaSummary};
 pub use constraints::{ConstraintsError, NameConstraintsSpec};
 pub use leaf::{LeafConfig, LeafError, LeafIssuer, LeafSubject};

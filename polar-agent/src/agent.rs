@@ -1,0 +1,188 @@
+//! The assembled agent: from a validated configuration to the parts that
+//! serve sandbox sessions — the CA (loaded, or created on first start) and
+//! the sandboxes' trust files, the interception proxy with its pipeline, the
+//! DNS resolver following the routing rules, and the base-URL listener.
+//! Everything here happens after the configuration was validated and before
+//! any sandbox starts.
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Config, HostPattern, Rules};
+use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
+use crate::proxy::Proxy;
+use crate::proxy::base_url::SessionDirectory;
+use crate::proxy::error::ProxyError;
+use crate::proxy::forward::Forward;
+use crate::proxy::pipeline::ModelPipeline;
+use crate::tls::{
+    BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
+    ServerConfigFactory, TrustFiles, write_trust_files,
+};
+
+/// Errors assembling the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The CA could not be loaded or created.
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    /// The CA does not cover what the routing rules intercept.
+    #[error(
+        "the CA in {dir} is not constrained to {missing}, which the routing rules intercept; \
+         run `polar ca rotate` with this configuration to issue a CA that covers it"
+    )]
+    CaTooNarrow {
+        /// The state directory.
+        dir: String,
+        /// The first pattern not covered.
+        missing: String,
+    },
+    /// The trust files could not be written.
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    /// The TLS server side could not be set up.
+    #[error(transparent)]
+    Leaf(#[from] LeafError),
+    /// The pipeline could not be set up.
+    #[error(transparent)]
+    Pipeline(#[from] ProxyError),
+}
+
+/// The name constraints the CA needs for these rules: the intercepted
+/// names, the fake DNS range and IP-literal model routes (for clients that
+/// send no SNI). With nothing intercepted, the CA is constrained to the
+/// reserved `invalid.` domain, so it can sign nothing real.
+pub fn constraints_for(config: &Config) -> NameConstraintsSpec {
+    let mut dns = Vec::new();
+    let mut ip_ranges = vec![(
+        IpAddr::V4(config.dns.fake_range.network()),
+        config.dns.fake_range.prefix(),
+    )];
+    for p in config.rules.intercepted_hosts() {
+        match p {
+            HostPattern::Ip(ip) => ip_ranges.push((*ip, if ip.is_ipv4() { 32 } else { 128 })),
+            other => dns.push(other.to_string()),
+        }
+    }
+    if dns.is_empty() {
+        dns.push("invalid".into());
+    }
+    NameConstraintsSpec { dns, ip_ranges }
+}
+
+/// Loads the CA from the state directory, creating it on first start, and
+/// checks that it covers the routing rules. A key file readable by others
+/// is refused (by [`Ca::load`]).
+pub fn load_or_init_ca(config: &Config) -> Result<Ca, AgentError> {
+    let dir = &config.agent.state_dir;
+    let wanted = constraints_for(config);
+    let ca = match Ca::load(dir) {
+        Ok(ca) => ca,
+        Err(CaError::NotInitialized { .. }) => {
+            tracing::info!(dir = %dir.display(), "no CA yet; creating one");
+            Ca::init_with(dir, &wanted, &ca_options(config))?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    check_covers(&ca, &wanted, dir)?;
+    Ok(ca)
+}
+
+/// CA options from the configuration.
+pub fn ca_options(config: &Config) -> CaOptions {
+    CaOptions {
+        validity: Duration::from_secs(u64::from(config.ca.validity_days) * 86_400),
+        ..CaOptions::default()
+    }
+}
+
+fn check_covers(ca: &Ca, wanted: &NameConstraintsSpec, dir: &Path) -> Result<(), AgentError> {
+    let have = ca.constraints();
+    let too_narrow = |missing: String| AgentError::CaTooNarrow {
+        dir: dir.display().to_string(),
+        missing,
+    };
+    for name in &wanted.dns {
+        let base = name.strip_prefix("*.").unwrap_or(name);
+        if !have.permits_dns(base) {
+            return Err(too_narrow(name.clone()));
+        }
+    }
+    for (ip, prefix) in &wanted.ip_ranges {
+        if !have.permits_ip(*ip) {
+            return Err(too_narrow(format!("{ip}/{prefix}")));
+        }
+    }
+    Ok(())
+}
+
+/// The routing rules as the DNS resolver's policy.
+pub struct RulesDns(pub Arc<Rules>);
+
+impl DnsPolicy for RulesDns {
+    fn decide(&self, name: &str) -> Resolution {
+        match self.0.dns_answer(name) {
+            crate::config::DnsDecision::Fake => Resolution::Fake,
+            crate::config::DnsDecision::Resolve => Resolution::Host,
+            crate::config::DnsDecision::NxDomain => Resolution::NxDomain,
+        }
+    }
+}
+
+/// The parts that serve sessions.
+pub struct AgentParts {
+    /// The configuration.
+    pub config: Arc<Config>,
+    /// The interception proxy.
+    pub proxy: Arc<Proxy>,
+    /// The DNS resolver.
+    pub resolver: Arc<Resolver>,
+    /// The sandboxes' trust files.
+    pub trust: TrustFiles,
+    /// Sessions the base-URL listener accepts.
+    pub sessions: Arc<SessionDirectory>,
+}
+
+impl AgentParts {
+    /// Builds the parts with the forwarding pipeline.
+    pub fn build(config: Config) -> Result<Self, AgentError> {
+        let pipeline: Arc<dyn ModelPipeline> = Arc::new(Forward::new(Duration::from_secs(600))?);
+        Self::with_pipeline(config, pipeline)
+    }
+
+    /// Builds the parts around a given pipeline.
+    pub fn with_pipeline(
+        config: Config,
+        pipeline: Arc<dyn ModelPipeline>,
+    ) -> Result<Self, AgentError> {
+        let ca = load_or_init_ca(&config)?;
+        let trust = write_trust_files(&config.agent.state_dir, &ca)?;
+        let leaf = LeafConfig {
+            lifetime: Duration::from_secs(u64::from(config.ca.leaf_validity_hours) * 3600),
+            cache_capacity: std::num::NonZeroUsize::new(config.ca.leaf_cache_size)
+                .unwrap_or(LeafConfig::default().cache_capacity),
+            ..LeafConfig::default()
+        };
+        let issuer = Arc::new(LeafIssuer::new(Arc::new(ca), leaf)?);
+        let factory = ServerConfigFactory::new(issuer, &[b"h2", b"http/1.1"])?;
+        let proxy = Arc::new(Proxy::new(&config, factory, pipeline));
+        let fake = Arc::new(FakeIps::new(
+            config.dns.fake_range.network(),
+            config.dns.fake_range.prefix(),
+        ));
+        let resolver = Arc::new(Resolver::new(
+            fake,
+            Arc::new(RulesDns(Arc::new(config.rules.clone()))),
+            config.dns.ttl_secs,
+        ));
+        Ok(Self {
+            config: Arc::new(config),
+            proxy,
+            resolver,
+            trust,
+            sessions: Arc::new(SessionDirectory::default()),
+        })
+    }
+}

@@ -1,0 +1,217 @@
+//! The `polar` command line: argument parsing and dispatch, and the mapping
+//! of errors to exit codes. Exit codes follow the container runners'
+//! convention: the command's own code when it ran, 125 when Polar itself
+//! failed, 126/127 when the command could not be started or found, 128+N
+//! after signal N.
+
+mod ca;
+mod sandbox;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::AgentError;
+use crate::config::{Config, ConfigError};
+use crate::sandbox::SandboxError;
+use crate::telemetry::{self, LogFormat};
+
+pub use self::ca::CaCommand;
+pub use self::sandbox::{NetworkArg, SandboxRunArgs};
+
+/// Polar: run coding-agent CLIs in sandboxes and capture their model traffic.
+#[derive(Debug, Parser)]
+#[command(name = "polar", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// More logging (-v debug, -vv trace); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Top-level commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Sandboxes.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Polar's certificate authority.
+    #[command(subcommand)]
+    Ca(CaCommand),
+    /// Configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// A mock inference server (vLLM or SGLang token-id dialect) for tests,
+    /// benchmarks and the demo.
+    MockBackend(crate::mock::MockArgs),
+    /// Internal: the cleanup guardian started by the agent.
+    #[command(name = "__reap", hide = true)]
+    Reap {
+        /// The agent's cgroup directory.
+        dir: PathBuf,
+    },
+}
+
+/// `polar sandbox ...`
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Run a command in a fresh sandbox session: every connection it makes
+    /// is redirected into the agent and handled per the routing rules.
+    Run(SandboxRunArgs),
+}
+
+/// `polar config ...`
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a configuration file and summarize it.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+/// Where the configuration comes from.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArgs {
+    /// Configuration file (TOML); the embedded defaults without one.
+    #[arg(long, env = "POLAR_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Override `agent.state_dir` (where the CA lives).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl ConfigArgs {
+    /// The validated configuration.
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        let mut config = match &self.config {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        if let Some(dir) = &self.state_dir {
+            config.agent.state_dir.clone_from(dir);
+        }
+        Ok(config)
+    }
+}
+
+/// Errors of the command line, each with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The agent could not be assembled.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The CA operation failed.
+    #[error(transparent)]
+    Ca(#[from] crate::tls::CaError),
+    /// The sandbox failed.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The mock backend failed.
+    #[error(transparent)]
+    Mock(#[from] crate::mock::MockError),
+    /// An I/O error.
+    #[error("{0}: {1}")]
+    Io(String, #[source] std::io::Error),
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io("writing output".into(), e)
+    }
+}
+
+impl CliError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Sandbox(SandboxError::Spawn(crate::sandbox::process::SpawnError::Spawn {
+                source,
+                ..
+            })) if source.kind() == std::io::ErrorKind::NotFound => 127,
+            Self::Sandbox(SandboxError::Spawn(_)) => 126,
+            _ => 125,
+        }
+    }
+}
+
+/// Parses the command line, runs, and returns the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format, cli.verbose);
+    match run(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(command: Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Reap { dir } => {
+            crate::redirect::reaper::run(&dir)
+                .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Config(ConfigCommand::Check { file }) => {
+            let summary = crate::config::check_file(&file)?;
+            std::io::Write::write_all(&mut std::io::stdout(), summary.to_string().as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
+        Command::MockBackend(args) => runtime()?.block_on(async {
+            let token = CancellationToken::new();
+            let stop = token.clone();
+            tokio::spawn(async move {
+                crate::signals::terminated().await;
+                stop.cancel();
+            });
+            crate::mock::run(&args, token).await?;
+            Ok(ExitCode::SUCCESS)
+        }),
+    }
+}
+
+/// An error with its causes, one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let s_text = s.to_string();
+        if !msg.contains(&s_text) {
+            msg.push_str(": ");
+            msg.push_str(&s_text);
+        }
+        src = s.source();
+    }
+    msg
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Io("starting the runtime".into(), e))
+}
+
+/// The exit code for a finished command.
+pub fn exit_code(s: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => u8::try_from(c).unwrap_or(1),
+        (None, Some(sig)) => u8::try_from(128 + sig).unwrap_or(255),
+        _ => 1,
+    }
+}

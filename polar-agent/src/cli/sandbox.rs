@@ -1,0 +1,151 @@
+//! `polar sandbox run`: one command in a sandbox session, its traffic
+//! captured by the interception proxy (or, with `--inspect`, only logged).
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use super::{CliError, ConfigArgs, exit_code};
+use crate::agent::AgentParts;
+use crate::dns::{FakeIps, InterceptAll, Resolver};
+use crate::ids::SessionId;
+use crate::listener::LogHandler;
+use crate::proxy::base_url;
+use crate::redirect::preflight;
+use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
+use crate::tasks::Tasks;
+
+/// Arguments of `polar sandbox run`.
+#[derive(Debug, clap::Args)]
+pub struct SandboxRunArgs {
+    /// Network mode: `isolated` (own network namespace, fails closed) or
+    /// `host` (shares the host's namespace).
+    #[arg(long, value_enum, default_value_t = NetworkArg::Isolated)]
+    pub network: NetworkArg,
+    /// Session id (random by default).
+    #[arg(long)]
+    pub session: Option<SessionId>,
+    /// The configuration (routing rules, CA, limits).
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Only log each connection (session, original destination, first
+    /// bytes) and close it, without proxying: for finding out what a
+    /// program connects to.
+    #[arg(long)]
+    pub inspect: bool,
+    /// With `--inspect`: how long to wait for a connection's bytes, in ms.
+    #[arg(long, default_value_t = 1500)]
+    pub read_timeout_ms: u64,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    pub command: Vec<OsString>,
+}
+
+/// `--network` values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum NetworkArg {
+    /// Own network namespace.
+    Isolated,
+    /// The host's network namespace.
+    Host,
+}
+
+impl From<NetworkArg> for NetworkMode {
+    fn from(a: NetworkArg) -> Self {
+        match a {
+            NetworkArg::Isolated => NetworkMode::Isolated,
+            NetworkArg::Host => NetworkMode::Host,
+        }
+    }
+}
+
+fn spec(args: &SandboxRunArgs, session: SessionId) -> RunSpec {
+    RunSpec {
+        argv: args.command.clone(),
+        network: args.network.into(),
+        session: Some(session),
+        reaper_exe: std::env::current_exe().ok(),
+        env: Vec::new(),
+        binds: Vec::new(),
+        drain_grace: Duration::from_secs(5),
+    }
+}
+
+async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
+    let session = args.session.clone().unwrap_or_else(SessionId::random);
+    let handler = Arc::new(LogHandler::new(Duration::from_millis(args.read_timeout_ms)));
+    let resolver = Arc::new(Resolver::new(
+        Arc::new(FakeIps::default()),
+        Arc::new(InterceptAll),
+        5,
+    ));
+    let mut spec = spec(&args, session);
+    spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
+    let out = sandbox::run(spec, Arc::clone(&handler), resolver).await?;
+    tracing::info!(session = %out.session, captured = handler.captured(), "sandbox finished");
+    Ok(finish(out.end))
+}
+
+async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
+    // Validate everything before anything is created.
+    let config = args.config.load()?;
+    preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+    let parts = AgentParts::build(config)?;
+    let session = args.session.clone().unwrap_or_else(SessionId::random);
+    parts.sessions.register(&session, None);
+    let tasks = Tasks::new();
+    if let Some(addr) = parts.config.proxy.base_url_listen {
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| CliError::Io(format!("binding the base-URL listener {addr}"), e))?;
+        tracing::info!(%addr, "base-URL mode listening");
+        tasks.spawn(base_url::serve(
+            l,
+            Arc::clone(&parts.sessions),
+            Arc::new(parts.config.rules.clone()),
+            parts.proxy.pipeline(),
+            parts.proxy.limits(),
+            tasks.clone(),
+        ));
+    }
+    let mut spec = spec(&args, session.clone());
+    spec.env = parts.trust.env();
+    spec.env.push(("POLAR_SESSION".into(), session.to_string()));
+    spec.binds = parts.trust.bind_mounts();
+    let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
+    parts.sessions.unregister(&session);
+    tasks.drain(Duration::from_secs(2)).await;
+    let out = result?;
+    let s = &parts.proxy.stats;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(
+        session = %out.session,
+        connections = n(&s.connections),
+        model = n(&s.model),
+        passed = n(&s.passed),
+        denied = n(&s.denied),
+        tls_ok = n(&s.tls_ok),
+        tls_failed = n(&s.tls_failed),
+        "sandbox finished"
+    );
+    Ok(finish(out.end))
+}
+
+fn finish(end: End) -> ExitCode {
+    ExitCode::from(match end {
+        End::Exited(s) => exit_code(s),
+        End::Interrupted(sig) => u8::try_from(128 + sig).unwrap_or(255),
+    })
+}
+
+/// Runs `polar sandbox run`.
+pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
+    if args.inspect {
+        inspect(args).await
+    } else {
+        proxied(args).await
+    }
+}

@@ -1,0 +1,158 @@
+//! The forwarding stage: sends a model-API request unchanged to the route's
+//! upstream and streams the answer back. Hop-by-hop headers are dropped and
+//! `Host` is set to the upstream; the path is appended to the upstream's
+//! path prefix.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Upstream, UpstreamHost};
+
+use super::body::ProxyBody;
+use super::error::ProxyError;
+use super::http::api_of;
+use super::pipeline::{ModelPipeline, ModelRequest, RequestContext, ResponseFuture};
+
+type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Forwards requests to their route's upstream.
+pub struct Forward {
+    client: Client<Connector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl Forward {
+    /// A forwarder with the system's trust roots for `https` upstreams.
+    pub fn new(timeout: Duration) -> Result<Self, ProxyError> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(Duration::from_secs(10)));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_native_roots()
+            .map_err(|e| ProxyError::Internal(format!("loading system trust roots: {e}")))?
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(https);
+        Ok(Self { client, timeout })
+    }
+}
+
+/// `scheme://authority` of an upstream.
+pub fn authority(up: &Upstream) -> String {
+    match up.host() {
+        UpstreamHost::Name(n) => format!("{}:{}", n.as_str(), up.port()),
+        UpstreamHost::Ip(ip) if ip.is_ipv6() => format!("[{ip}]:{}", up.port()),
+        UpstreamHost::Ip(ip) => format!("{ip}:{}", up.port()),
+    }
+}
+
+/// The upstream URI for a request path.
+pub fn upstream_uri(up: &Upstream, path_and_query: &str) -> Result<Uri, ProxyError> {
+    format!(
+        "{}://{}{}{}",
+        up.scheme().as_str(),
+        authority(up),
+        up.path(),
+        path_and_query
+    )
+    .parse()
+    .map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))
+}
+
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers (and those named in `Connection`).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .collect();
+    for h in HOP_BY_HOP
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        headers.remove(h);
+    }
+}
+
+impl ModelPipeline for Forward {
+    fn call(self: Arc<Self>, ctx: RequestContext, req: ModelRequest) -> ResponseFuture {
+        Box::pin(async move {
+            let api = api_of(&req.head.method, &req.head.uri, &req.head.headers);
+            match self.forward(&ctx, req).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    tracing::warn!(session = ?ctx.session, host = %ctx.host, error = %e, "forwarding failed");
+                    e.into_response(api)
+                }
+            }
+        })
+    }
+}
+
+impl Forward {
+    async fn forward(
+        &self,
+        ctx: &RequestContext,
+        req: ModelRequest,
+    ) -> Result<Response<ProxyBody>, ProxyError> {
+        let up = &ctx.upstream;
+        let pq = req
+            .head
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let mut out = Request::new(Full::new(req.body));
+        *out.method_mut() = req.head.method.clone();
+        *out.uri_mut() = upstream_uri(up, &pq)?;
+        let mut headers = req.head.headers;
+        strip_hop_by_hop(&mut headers);
+        headers.insert(
+            header::HOST,
+            HeaderValue::from_str(&authority(up))
+                .map_err(|e| ProxyError::Internal(e.to_string()))?,
+        );
+        *out.headers_mut() = headers;
+        let name = up.to_string();
+        let resp = match tokio::time::timeout(self.timeout, self.client.request(out)).await {
+            Err(_) => return Err(ProxyError::UpstreamTimeout { upstream: name }),
+            Ok(Err(e)) => {
+                return Err(ProxyError::UpstreamUnreachable {
+                    upstream: name,
+                    message: e.to_string(),
+                });
+            }
+            Ok(Ok(r)) => r,
+        };
+        let (mut parts, body) = resp.into_parts();
+        strip_hop_by_hop(&mut parts.headers);
+        Ok(Response::from_parts(
+            parts,
+            body.map_err(Into::into).boxed(),
+        ))
+    }
+}

@@ -1,0 +1,269 @@
+//! The interception proxy: every redirected connection arrives here. Its
+//! first bytes say what it is (TLS ClientHello with SNI, plain HTTP, other);
+//! the routing rules say what to do with its host and port:
+//!
+//! - `model`: TLS is terminated with a leaf from Polar's CA and HTTP/1.1 or
+//!   HTTP/2 is served; each request goes to the model pipeline;
+//! - `pass`: the raw bytes are relayed to the original destination;
+//! - `deny`: the connection is closed and logged with its session.
+//!
+//! The proxy knows nothing of trajectories: what a model request becomes is
+//! the pipeline's business ([`pipeline::ModelPipeline`]).
+
+pub mod base_url;
+pub mod body;
+pub mod error;
+pub mod forward;
+pub mod http;
+pub mod pipeline;
+pub mod relay;
+pub mod rewind;
+pub mod sniff;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::{Config, Decision, Ipv4Cidr, RouteAction, Rules};
+use crate::listener::{Accepted, Handler};
+use crate::tls::ServerConfigFactory;
+
+use self::http::HttpLimits;
+use self::pipeline::{ModelPipeline, RequestContext};
+use self::rewind::Rewind;
+use self::sniff::Sniffed;
+
+/// Counters of the proxy.
+#[derive(Debug, Default)]
+pub struct ProxyStats {
+    /// Connections handled.
+    pub connections: AtomicU64,
+    /// Connections served as model APIs.
+    pub model: AtomicU64,
+    /// Connections relayed.
+    pub passed: AtomicU64,
+    /// Connections refused.
+    pub denied: AtomicU64,
+    /// TLS handshakes completed.
+    pub tls_ok: AtomicU64,
+    /// TLS handshakes failed.
+    pub tls_failed: AtomicU64,
+    /// Connections refused for the connection limit.
+    pub over_limit: AtomicU64,
+}
+
+/// The proxy's settings and shared state.
+pub struct Proxy {
+    rules: Arc<Rules>,
+    tls: ServerConfigFactory,
+    pipeline: Arc<dyn ModelPipeline>,
+    limits: HttpLimits,
+    fake_range: Ipv4Cidr,
+    slots: Arc<Semaphore>,
+    /// Counters.
+    pub stats: ProxyStats,
+}
+
+/// What the proxy does with one connection, decided from its first bytes.
+#[derive(Debug)]
+struct Plan {
+    host: Option<String>,
+    tls: bool,
+    decision: Decision,
+}
+
+impl Proxy {
+    /// A proxy over validated config, a TLS factory and a pipeline.
+    pub fn new(
+        config: &Config,
+        tls: ServerConfigFactory,
+        pipeline: Arc<dyn ModelPipeline>,
+    ) -> Self {
+        let p = &config.proxy;
+        Self {
+            rules: Arc::new(config.rules.clone()),
+            tls,
+            pipeline,
+            limits: HttpLimits {
+                header_timeout: p.header_timeout,
+                max_body_bytes: p.max_body_bytes,
+                idle_timeout: p.idle_timeout,
+            },
+            fake_range: config.dns.fake_range,
+            slots: Arc::new(Semaphore::new(
+                usize::try_from(p.max_connections).unwrap_or(usize::MAX),
+            )),
+            stats: ProxyStats::default(),
+        }
+    }
+
+    /// The HTTP limits in force.
+    pub fn limits(&self) -> HttpLimits {
+        self.limits
+    }
+
+    /// The pipeline.
+    pub fn pipeline(&self) -> Arc<dyn ModelPipeline> {
+        Arc::clone(&self.pipeline)
+    }
+
+    /// The routing rules.
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    fn is_fake(&self, ip: IpAddr) -> bool {
+        let v4 = match ip {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        };
+        v4.is_some_and(|v4| self.fake_range.contains(v4))
+    }
+
+    fn plan(&self, conn: &Accepted, sniffed: &Sniffed) -> Plan {
+        let (tls, seen_host) = match sniffed {
+            Sniffed::Tls { sni } => (true, sni.clone()),
+            Sniffed::Http { host } => (false, host.clone()),
+            Sniffed::Other | Sniffed::Silent => (false, None),
+        };
+        // The name the harness used: SNI or Host header, else the name
+        // behind the fake address it dialled.
+        let host = seen_host.or_else(|| conn.host.clone());
+        let orig = conn.orig.map(|o| o.0);
+        let ip = orig.map(|o| o.ip()).filter(|ip| !self.is_fake(*ip));
+        let port = orig.map_or(if tls { 443 } else { 80 }, |o| o.port());
+        let decision = self.rules.route(host.as_deref(), ip, port);
+        Plan {
+            host,
+            tls,
+            decision,
+        }
+    }
+
+    async fn serve_model(&self, conn: Accepted, prefix: bytes::Bytes, plan: Plan) {
+        let RouteAction::Model { provider, upstream } = plan.decision.action.clone() else {
+            return;
+        };
+        let fallback_ip = conn.orig.map(|o| o.0.ip());
+        let ctx = Arc::new(RequestContext {
+            session: conn.session.clone(),
+            orig: conn.orig,
+            host: plan.host.clone().unwrap_or_default(),
+            peer: conn.peer,
+            upstream,
+            provider,
+            tls: plan.tls,
+        });
+        let io = Rewind::new(prefix, conn.stream);
+        if plan.tls {
+            let acceptor = TlsAcceptor::from(self.tls.for_connection(fallback_ip));
+            let handshake =
+                tokio::time::timeout(self.limits.header_timeout, acceptor.accept(io)).await;
+            match handshake {
+                Ok(Ok(tls)) => {
+                    self.stats.tls_ok.fetch_add(1, Ordering::Relaxed);
+                    http::serve(tls, ctx, self.pipeline(), self.limits).await;
+                }
+                Ok(Err(e)) => {
+                    self.stats.tls_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(session = ?conn.session, host = ?plan.host, error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    self.stats.tls_failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(session = ?conn.session, host = ?plan.host, "TLS handshake timed out");
+                }
+            }
+        } else {
+            http::serve(io, ctx, self.pipeline(), self.limits).await;
+        }
+    }
+
+    async fn pass(&self, conn: Accepted, prefix: bytes::Bytes, plan: &Plan) {
+        let Some(dst) = self.pass_destination(&conn, plan).await else {
+            tracing::warn!(session = ?conn.session, host = ?plan.host, "pass-through without a destination; closing");
+            return;
+        };
+        let session = conn.session.clone();
+        match relay::relay(
+            Rewind::new(prefix, conn.stream),
+            dst,
+            Duration::from_secs(10),
+            self.limits.idle_timeout,
+        )
+        .await
+        {
+            Ok(r) => {
+                tracing::debug!(session = ?session, %dst, up = r.up, down = r.down, idle_cut = r.idle_cut, "relay done")
+            }
+            Err(e) => tracing::warn!(session = ?session, %dst, error = %e, "relay failed"),
+        }
+    }
+
+    /// Where a passed connection goes: its original destination, unless
+    /// that is a fake address (then the host is resolved on the host).
+    async fn pass_destination(&self, conn: &Accepted, plan: &Plan) -> Option<SocketAddr> {
+        let orig = conn.orig?.0;
+        if !self.is_fake(orig.ip()) {
+            return Some(orig);
+        }
+        let host = plan.host.as_deref()?;
+        tokio::net::lookup_host((host, orig.port()))
+            .await
+            .ok()?
+            .next()
+    }
+}
+
+impl Handler for Proxy {
+    async fn handle(&self, mut conn: Accepted) {
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(session = ?conn.session, peer = %conn.peer, "connection limit reached; closing");
+            return;
+        };
+        let need_host = conn.host.is_none();
+        let (prefix, sniffed) =
+            sniff::sniff(&mut conn.stream, self.limits.header_timeout, need_host).await;
+        if sniffed == Sniffed::Silent {
+            tracing::debug!(session = ?conn.session, peer = %conn.peer, bytes = prefix.len(), "connection closed or silent before it said what it is");
+            return;
+        }
+        let plan = self.plan(&conn, &sniffed);
+        let orig = conn
+            .orig
+            .map(|o| o.to_string())
+            .unwrap_or_else(|| "direct".into());
+        let session = conn
+            .session
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "-".into());
+        let rule = plan.decision.matched.to_string();
+        match (&plan.decision.action, &sniffed) {
+            (RouteAction::Model { .. }, Sniffed::Tls { .. } | Sniffed::Http { .. }) => {
+                self.stats.model.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "model", "connection");
+                self.serve_model(conn, prefix, plan).await;
+            }
+            (RouteAction::Pass, _) => {
+                self.stats.passed.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "pass", "connection");
+                self.pass(conn, prefix, &plan).await;
+            }
+            (action, _) => {
+                self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                let why = if matches!(action, RouteAction::Model { .. }) {
+                    "not TLS or HTTP"
+                } else {
+                    "denied by the routing rules"
+                };
+                tracing::warn!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "deny", reason = why, "connection refused");
+            }
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The model pipeline: what happens to a request the router sent to a model
+//! API, after TLS is terminated and HTTP is parsed. The proxy knows only this
+//! interface; the stages behind it (forwarding, provider translation,
+//! inference, capture) are interchangeable.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::Response;
+use http::request::Parts;
+
+use crate::config::{ProviderHint, Upstream};
+use crate::ids::{OrigDst, SessionId};
+
+use super::body::ProxyBody;
+
+/// Everything known about a request besides its bytes.
+#[derive(Clone, Debug)]
+pub struct RequestContext {
+    /// The session it came from (kernel attribution, or base-URL header/key).
+    pub session: Option<SessionId>,
+    /// Where the harness was going (transparent mode).
+    pub orig: Option<OrigDst>,
+    /// The host the harness addressed (SNI, fake DNS name or Host header).
+    pub host: String,
+    /// The client's address as the agent saw it.
+    pub peer: SocketAddr,
+    /// The route's upstream.
+    pub upstream: Arc<Upstream>,
+    /// The route's provider hint.
+    pub provider: ProviderHint,
+    /// Whether the connection was TLS.
+    pub tls: bool,
+}
+
+/// A request with its body read in full (bounded by the body limit).
+#[derive(Debug)]
+pub struct ModelRequest {
+    /// Method, URI, headers.
+    pub head: Parts,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// A boxed response future.
+pub type ResponseFuture = Pin<Box<dyn Future<Output = Response<ProxyBody>> + Send>>;
+
+/// A stage that answers model-API requests.
+pub trait ModelPipeline: Send + Sync + 'static {
+    /// Serves one request; errors come back as responses in the API's shape.
+    fn call(self: Arc<Self>, ctx: RequestContext, req: ModelRequest) -> ResponseFuture;
+}
