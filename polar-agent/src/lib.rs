@@ -15,3 +15,4 @@ pub mod signals;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;
+pub mod trajectory;
