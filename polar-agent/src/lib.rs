@@ -20,3 +20,4 @@ pub mod signals;
 pub mod tasks;
 pub mod telemetry;
 pub mod tls;
+pub mod trajectory;

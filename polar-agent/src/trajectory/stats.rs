@@ -1,0 +1,111 @@
+//! What a builder reports about its reconstruction: counts of what it
+//! merged, split, spliced and superseded, and every call it could not use,
+//! each with its reason. Nothing is dropped without an entry here.
+
+use serde::{Deserialize, Serialize};
+
+/// Counts and reasons of one reconstruction.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReconstructionStats {
+    /// Records given to the builder.
+    pub calls: usize,
+    /// Distinct chains among the traces.
+    pub chains: usize,
+    /// Traces delivered (segments of all chains, superseded retries included).
+    pub segments: usize,
+    /// Calls that joined a trace started by an earlier call.
+    pub calls_merged: usize,
+    /// Calls in no trace, with the reason.
+    pub calls_dropped: Vec<DroppedCall>,
+    /// Calls superseded by a retry (delivered alone or dropped, per the
+    /// builder's retry policy).
+    pub retries_superseded: usize,
+    /// Chains forked from another chain's call.
+    pub forks: usize,
+    /// Segments started by a break in the prefix.
+    pub breaks: usize,
+    /// Calls whose prompt re-rendered the previous assistant turn differently
+    /// from what the model generated (spliced or not).
+    pub template_mismatches_detected: usize,
+    /// Joins made by a template splice.
+    pub template_mismatches_spliced: usize,
+    /// Calls kept although cut by the token limit.
+    pub truncated_calls: usize,
+    /// Tokens of all traces' `prompt_ids`.
+    pub prompt_tokens: usize,
+    /// Tokens of all traces' `response_ids`.
+    pub response_tokens: usize,
+    /// Tokens with loss 1.
+    pub loss_tokens: usize,
+}
+
+impl ReconstructionStats {
+    /// Prompt plus response tokens of all traces: what training reads.
+    pub fn total_tokens(&self) -> usize {
+        self.prompt_tokens + self.response_tokens
+    }
+}
+
+/// A call left out of every trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DroppedCall {
+    /// The call.
+    pub call_id: String,
+    /// Why.
+    pub reason: DropReason,
+}
+
+/// Why a call is in no trace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum DropReason {
+    /// The backend gave no token ids; they are never re-created from text.
+    TokenIdsMissing,
+    /// The call failed.
+    CallFailed {
+        /// Which side failed (`harness`, `backend`, `agent`).
+        side: String,
+        /// The error.
+        error: String,
+    },
+    /// The record's logprobs do not match its response ids in length.
+    LogprobsLengthMismatch {
+        /// Response tokens.
+        response_len: usize,
+        /// Logprobs.
+        logprobs_len: usize,
+    },
+    /// A retry superseded the call and the retry policy drops such calls.
+    SupersededRetry,
+}
+
+impl ReconstructionStats {
+    /// Fills the counts that follow from the delivered traces: chains,
+    /// segments, merged calls, truncated calls, splices and token totals.
+    pub(crate) fn tally(&mut self, traces: &[super::types::Trace]) {
+        use super::types::{Join, Label};
+        let mut chains: Vec<_> = traces.iter().map(|t| t.chain).collect();
+        chains.sort_unstable();
+        chains.dedup();
+        self.chains = chains.len();
+        self.segments = traces.len();
+        self.calls_merged = traces
+            .iter()
+            .map(|t| t.call_ids.len().saturating_sub(1))
+            .sum();
+        self.template_mismatches_spliced = traces
+            .iter()
+            .flat_map(|t| &t.spans)
+            .filter(|s| matches!(s.join, Join::Splice { .. }))
+            .count();
+        self.truncated_calls = traces
+            .iter()
+            .filter(|t| t.has_label(Label::Truncated))
+            .flat_map(|t| &t.spans)
+            .filter(|s| s.truncated)
+            .count();
+        self.prompt_tokens = traces.iter().map(|t| t.prompt_ids.len()).sum();
+        self.response_tokens = traces.iter().map(|t| t.response_ids.len()).sum();
+        self.loss_tokens = traces.iter().map(super::types::Trace::loss_tokens).sum();
+    }
+}

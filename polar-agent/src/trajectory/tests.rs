@@ -1,0 +1,8 @@
+//! Tests of the trajectory builders: a tiny ChatML-like renderer and
+//! session simulator (`kit`), exact scenario tests and property tests.
+
+mod checker;
+mod kit;
+mod props;
+mod scenarios;
+mod session;
