@@ -41,8 +41,9 @@ pub trait Handler: Send + Sync + 'static {
 
 /// Where accepted connections go and what they are checked against.
 pub struct AcceptContext<H> {
-    /// The redirect, for original destinations.
-    pub redirect: Redirect,
+    /// The redirect, for original destinations (`None` for a listener that
+    /// only takes direct connections).
+    pub redirect: Option<Redirect>,
     /// Fake DNS addresses, for host names.
     pub fake: Arc<FakeIps>,
     /// The session that owns the listener (isolated sandboxes have one
@@ -91,26 +92,28 @@ fn dispatch<H: Handler>(ctx: &AcceptContext<H>, stream: TcpStream, peer: SocketA
         handler,
         handlers,
     } = ctx;
-    {
-        let (orig, session) = match redirect.original_destination(&stream, peer) {
-            Ok(Some((orig, s))) => (Some(orig), Some(s)),
-            Ok(None) => (None, session.clone()),
-            Err(e) => {
-                tracing::warn!(error = %e, %peer, "original destination lookup failed");
-                (None, session.clone())
-            }
-        };
-        let host = orig.and_then(|o| fake.name_of(o.0.ip()));
-        let conn = Accepted {
-            stream,
-            peer,
-            orig,
-            host,
-            session,
-        };
-        let h = Arc::clone(handler);
-        handlers.spawn(async move { h.handle(conn).await });
-    }
+    let found = redirect
+        .as_ref()
+        .map(|r| r.original_destination(&stream, peer))
+        .transpose();
+    let (orig, session) = match found {
+        Ok(Some(Some((orig, s)))) => (Some(orig), Some(s)),
+        Ok(_) => (None, session.clone()),
+        Err(e) => {
+            tracing::warn!(error = %e, %peer, "original destination lookup failed");
+            (None, session.clone())
+        }
+    };
+    let host = orig.and_then(|o| fake.name_of(o.0.ip()));
+    let conn = Accepted {
+        stream,
+        peer,
+        orig,
+        host,
+        session,
+    };
+    let h = Arc::clone(handler);
+    handlers.spawn(async move { h.handle(conn).await });
 }
 
 /// Logs each connection with what it sent (up to a limit), then closes it.

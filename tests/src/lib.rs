@@ -1,7 +1,8 @@
 //! Support for Polar's end-to-end tests: finding the `polar` and
 //! `polar-probe` binaries, running `polar sandbox run` and reading its JSON
 //! log events, and looking at the kernel (BPF programs, cgroups, network
-//! namespaces) to check that nothing is left behind.
+//! namespaces) to check that nothing is left behind; loopback servers for
+//! the proxy tests ([`servers`]).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
+
+pub mod servers;
 
 /// The directory of the build's binaries (`target/<profile>`), found from the
 /// running test executable (`target/<profile>/deps/NAME-HASH`).

@@ -68,7 +68,7 @@ impl Agent {
 
     fn serve(&self, sockets: &Sockets, owner: Option<SessionId>) -> Result<()> {
         let ctx = Arc::new(AcceptContext {
-            redirect: self.redirect.clone(),
+            redirect: Some(self.redirect.clone()),
             fake: Arc::new(FakeIps::default()),
             session: owner,
             handler: Arc::clone(&self.recorder),

@@ -167,7 +167,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Config(ConfigCommand::Check { file }) => {
             let summary = crate::config::check_file(&file)?;
-            std::io::Write::write_all(&mut std::io::stdout(), summary.to_string().as_bytes())?;
+            std::io::Write::write_all(&mut std::io::stdout(), format!("{summary}\n").as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),

@@ -221,11 +221,6 @@ impl Proxy {
 impl Handler for Proxy {
     async fn handle(&self, mut conn: Accepted) {
         self.stats.connections.fetch_add(1, Ordering::Relaxed);
-        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
-            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(session = ?conn.session, peer = %conn.peer, "connection limit reached; closing");
-            return;
-        };
         let need_host = conn.host.is_none();
         let (prefix, sniffed) =
             sniff::sniff(&mut conn.stream, self.limits.header_timeout, need_host).await;
@@ -233,6 +228,14 @@ impl Handler for Proxy {
             tracing::debug!(session = ?conn.session, peer = %conn.peer, bytes = prefix.len(), "connection closed or silent before it said what it is");
             return;
         }
+        // Connections that said what they are count against the limit; the
+        // silent ones are bounded by the header timeout alone, so a flood of
+        // half-open connections cannot lock others out.
+        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
+            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(session = ?conn.session, peer = %conn.peer, "connection limit reached; closing");
+            return;
+        };
         let plan = self.plan(&conn, &sniffed);
         let orig = conn
             .orig

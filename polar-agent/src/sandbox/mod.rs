@@ -147,7 +147,7 @@ fn serve<H: Handler>(
         return Ok(serving);
     };
     let ctx = Arc::new(listener::AcceptContext {
-        redirect: redirect.clone(),
+        redirect: Some(redirect.clone()),
         fake: Arc::clone(resolver.fake_ips()),
         session: Some(session.clone()),
         handler: Arc::clone(handler),

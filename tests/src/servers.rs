@@ -1,0 +1,198 @@
+//! Servers the proxy tests talk to, all on loopback: an HTTP upstream that
+//! answers with what it received, and a "remote" TLS server with its own
+//! certificate for pass-through.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, Result};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A request an upstream received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// Method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// The Host header.
+    pub host: String,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// An HTTP/1.1 + HTTP/2 upstream answering
+/// `{"upstream": NAME, "path": ..., "received_bytes": N}`.
+pub struct EchoUpstream {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// What it received.
+    pub received: Arc<Mutex<Vec<Received>>>,
+    stop: CancellationToken,
+}
+
+impl EchoUpstream {
+    /// Starts on `bind` (a loopback address, port 0 for any).
+    pub async fn start(bind: &str, name: &'static str) -> Result<Self> {
+        let listener = TcpListener::bind(bind).await?;
+        let addr = listener.local_addr()?;
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let stop = CancellationToken::new();
+        let (rec, token) = (Arc::clone(&received), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    () = token.cancelled() => return,
+                    r = listener.accept() => match r { Ok(v) => v, Err(_) => continue },
+                };
+                let rec = Arc::clone(&rec);
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req: Request<Incoming>| {
+                        let rec = Arc::clone(&rec);
+                        async move {
+                            let method = req.method().to_string();
+                            let path = req
+                                .uri()
+                                .path_and_query()
+                                .map(|p| p.to_string())
+                                .unwrap_or_default();
+                            let host = req
+                                .headers()
+                                .get(http::header::HOST)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_owned();
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes())
+                                .unwrap_or_default();
+                            let answer = serde_json::json!({
+                                "upstream": name, "path": path, "received_bytes": body.len(),
+                            });
+                            if let Ok(mut r) = rec.lock() {
+                                r.push(Received {
+                                    method,
+                                    path,
+                                    host,
+                                    body,
+                                });
+                            }
+                            let mut resp =
+                                Response::new(Full::new(Bytes::from(answer.to_string())));
+                            resp.headers_mut().insert(
+                                http::header::CONTENT_TYPE,
+                                http::HeaderValue::from_static("application/json"),
+                            );
+                            Ok::<_, std::convert::Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            received,
+            stop,
+        })
+    }
+
+    /// The requests received so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for EchoUpstream {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A TLS server with its own self-signed certificate for `name`, answering
+/// every request with `token` as body.
+pub struct RemoteTls {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its certificate (PEM), for the client's trust.
+    pub cert_pem: String,
+    stop: CancellationToken,
+}
+
+impl RemoteTls {
+    /// Starts on `bind`.
+    pub async fn start(bind: &str, name: &str, token: &'static str) -> Result<Self> {
+        let cert = rcgen::generate_simple_self_signed(vec![name.to_owned()])?;
+        let cert_pem = cert.cert.pem();
+        let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+            .map_err(|e| anyhow::anyhow!("key: {e}"))?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .context("server config")?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind(bind).await?;
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let token_c = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = tokio::select! {
+                    () = token_c.cancelled() => return,
+                    r = listener.accept() => match r { Ok(v) => v, Err(_) => continue },
+                };
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let mut buf = vec![0u8; 4096];
+                    let mut seen = Vec::new();
+                    while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{token}",
+                        token.len()
+                    );
+                    let _ = tls.write_all(resp.as_bytes()).await;
+                    let _ = tls.shutdown().await;
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            cert_pem,
+            stop,
+        })
+    }
+}
+
+impl Drop for RemoteTls {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
