@@ -58,12 +58,12 @@ action = "pass"
     Ok(path.display().to_string())
 }
 
+/// Exit code and output of each labelled command.
+type Lines = BTreeMap<String, (i32, String)>;
+
 /// Runs `script` in a sandbox; every line it prints as `label|exit|output`
 /// becomes an entry.
-fn run_script(
-    config: &str,
-    script: &str,
-) -> Result<(BTreeMap<String, (i32, String)>, polar_tests::Finished)> {
+fn run_script(config: &str, script: &str) -> Result<(Lines, polar_tests::Finished)> {
     let run = sandbox_run(&["--config", config], &["bash", "-c", script])?;
     let stdout = String::from_utf8_lossy(&run.output.stdout).into_owned();
     let mut out = BTreeMap::new();
