@@ -52,8 +52,11 @@ impl Sockets {
     /// Binds fresh ports on the loopback of the caller's network namespace.
     pub fn bind_loopback() -> Result<Self, NetnsError> {
         let tcp_v4 = bind("TCP listener", TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))?;
+        bind("TCP listener", deep_backlog(&tcp_v4))?;
         let port = bind("TCP listener", tcp_v4.local_addr())?.port();
-        let tcp_v6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port)).ok();
+        let tcp_v6 = TcpListener::bind((Ipv6Addr::LOCALHOST, port))
+            .and_then(|l| deep_backlog(&l).map(|()| l))
+            .ok();
         let dns_v4 = bind("DNS socket", UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)))?;
         let dns_port = bind("DNS socket", dns_v4.local_addr())?.port();
         let dns_v6 = UdpSocket::bind(SocketAddr::from((Ipv6Addr::LOCALHOST, dns_port))).ok();
@@ -109,6 +112,23 @@ fn create_on_this_thread() -> Result<IsolatedNet, NetnsError> {
         ns: ns.into(),
         sockets: Sockets::bind_loopback()?,
     })
+}
+
+/// Accept queue length of the agent's listeners: bursts of connections (a
+/// harness opening many at once, or a flood) queue instead of having their
+/// SYNs dropped and retried a second later. The kernel caps it at
+/// `net.core.somaxconn`.
+pub const LISTEN_BACKLOG: i32 = 4096;
+
+/// Sets a listening socket's accept queue to [`LISTEN_BACKLOG`] (`listen`
+/// may be called again on a listening socket to change it).
+pub fn deep_backlog(l: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: listen on a valid socket descriptor.
+    if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 fn bind<T>(what: &'static str, r: io::Result<T>) -> Result<T, NetnsError> {

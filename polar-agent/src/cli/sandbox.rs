@@ -101,6 +101,8 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         let l = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| CliError::Io(format!("binding the base-URL listener {addr}"), e))?;
+        crate::netns::deep_backlog(&l)
+            .map_err(|e| CliError::Io(format!("listening on {addr}"), e))?;
         tracing::info!(%addr, "base-URL mode listening");
         tasks.spawn(base_url::serve(
             l,

@@ -5,7 +5,8 @@
 //!
 //! Usage: `polar-probe connect ADDR...` | `polar-probe loop ADDR COUNT` |
 //! `polar-probe resolve NAME` | `polar-probe dns SERVER NAME` |
-//! `polar-probe udp ADDR` | `polar-probe selfserve`.
+//! `polar-probe udp ADDR` | `polar-probe selfserve` | `polar-probe hold ADDR
+//! COUNT` (half-open connections held until stdin closes).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -146,6 +147,39 @@ fn selfserve() -> serde_json::Value {
     result.unwrap_or_else(|e| json!({"op": "selfserve", "ok": false, "error": e.to_string()}))
 }
 
+/// Opens `count` connections that send nothing, reports, and holds them
+/// until stdin closes.
+fn hold(addr: SocketAddr, count: usize) -> serde_json::Value {
+    raise_fd_limit();
+    let mut held = Vec::with_capacity(count);
+    let mut failed = 0usize;
+    for _ in 0..count {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(s) => held.push(s),
+            Err(_) => failed += 1,
+        }
+    }
+    emit(json!({"op": "hold", "target": addr.to_string(), "held": held.len(), "failed": failed}));
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    json!({"op": "released", "count": held.len()})
+}
+
+/// Raises the soft open-file limit to the hard one.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain syscalls with a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
 fn parse(a: &str) -> Result<SocketAddr, String> {
     a.parse().map_err(|e| format!("bad address {a}: {e}"))
 }
@@ -174,6 +208,14 @@ fn main() -> ExitCode {
             }
             Some("udp") => emit(udp(parse(args.get(1).ok_or("udp ADDR")?)?)),
             Some("selfserve") => emit(selfserve()),
+            Some("hold") => {
+                let addr = parse(args.get(1).ok_or("hold ADDR COUNT")?)?;
+                let n = args
+                    .get(2)
+                    .and_then(|c| c.parse().ok())
+                    .ok_or("hold ADDR COUNT")?;
+                emit(hold(addr, n));
+            }
             _ => {
                 return Err("usage: polar-probe connect|loop|resolve|dns|udp|selfserve ...".into());
             }
