@@ -6,7 +6,8 @@
 //! Usage: `polar-probe connect ADDR...` | `polar-probe loop ADDR COUNT` |
 //! `polar-probe resolve NAME` | `polar-probe dns SERVER NAME` |
 //! `polar-probe udp ADDR` | `polar-probe selfserve` | `polar-probe hold ADDR
-//! COUNT` (half-open connections held until stdin closes).
+//! COUNT` (half-open connections held until stdin closes) | `polar-probe
+//! hold-tls ADDR COUNT SNI CA_PEM` (idle TLS connections, likewise).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -165,6 +166,58 @@ fn hold(addr: SocketAddr, count: usize) -> serde_json::Value {
     json!({"op": "released", "count": held.len()})
 }
 
+/// Opens `count` TLS connections to `addr` with server name `sni`, trusting
+/// the PEM file `ca`, completes each handshake, reports, and holds them until
+/// stdin closes (idle, established connections).
+fn hold_tls(
+    addr: SocketAddr,
+    count: usize,
+    sni: &str,
+    ca: &str,
+) -> Result<serde_json::Value, String> {
+    raise_fd_limit();
+    let pem = std::fs::read(ca).map_err(|e| format!("{ca}: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            &pem,
+        )
+    {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let config = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let name =
+        rustls::pki_types::ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
+    let mut held = Vec::with_capacity(count);
+    for _ in 0..count {
+        let tcp =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+        let conn = rustls::ClientConnection::new(config.clone(), name.clone())
+            .map_err(|e| e.to_string())?;
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        while tls.conn.is_handshaking() {
+            tls.conn
+                .complete_io(&mut tls.sock)
+                .map_err(|e| e.to_string())?;
+        }
+        held.push(tls);
+    }
+    emit(json!({"op": "hold-tls", "held": held.len()}));
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    Ok(json!({"op": "released", "count": held.len()}))
+}
+
 /// Raises the soft open-file limit to the hard one.
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
@@ -208,6 +261,14 @@ fn main() -> ExitCode {
             }
             Some("udp") => emit(udp(parse(args.get(1).ok_or("udp ADDR")?)?)),
             Some("selfserve") => emit(selfserve()),
+            Some("hold-tls") => {
+                let usage = "hold-tls ADDR COUNT SNI CA_PEM";
+                let addr = parse(args.get(1).ok_or(usage)?)?;
+                let n = args.get(2).and_then(|c| c.parse().ok()).ok_or(usage)?;
+                let sni = args.get(3).ok_or(usage)?;
+                let ca = args.get(4).ok_or(usage)?;
+                emit(hold_tls(addr, n, sni, ca)?);
+            }
             Some("hold") => {
                 let addr = parse(args.get(1).ok_or("hold ADDR COUNT")?)?;
                 let n = args
