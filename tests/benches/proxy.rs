@@ -147,6 +147,11 @@ fn rss_kib() -> Result<u64> {
 async fn main() -> Result<()> {
     let tmp = tempfile::tempdir()?;
     let upstream = EchoUpstream::start("127.0.0.1:0", "echo").await?;
+    // The slow upstream's port must be in the config: reserve it first.
+    let reserve = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let slow_addr = reserve.local_addr()?;
+    drop(reserve);
+    let slow_url = format!("http://{slow_addr}");
     let config = Config::from_toml_str(&format!(
         r#"
 [agent]
@@ -163,12 +168,17 @@ action = "model"
 provider = "anthropic"
 upstream = "{u}"
 [[route]]
+host = "slow.bench.test"
+action = "model"
+upstream = "{s}"
+[[route]]
 host = "*.bench.test"
 action = "model"
 upstream = "{u}"
 "#,
         tmp.path().join("state").display(),
-        u = upstream.url()
+        u = upstream.url(),
+        s = slow_url,
     ))?;
     let parts = AgentParts::build(config)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -220,6 +230,26 @@ upstream = "{u}"
     let (d, p) = (merge(d, d2), merge(p, p2));
     let td = throughput(Arc::clone(&direct)).await?;
     let tp = throughput(Arc::clone(&proxied)).await?;
+    // The same with an upstream that takes 2 ms per request, as any real
+    // inference server takes at least that: the proxy's own cost then sits
+    // beside the upstream's time instead of competing with it for the CPU.
+    let slow =
+        EchoUpstream::start_with_delay(&slow_addr.to_string(), "slow", Duration::from_millis(2))
+            .await?;
+    let (std_, stp) = (
+        Arc::new(Target {
+            addr: slow.addr,
+            tls: None,
+            sni: "slow.bench.test".into(),
+        }),
+        Arc::new(Target {
+            addr,
+            tls: Some(tls.clone()),
+            sni: "slow.bench.test".into(),
+        }),
+    );
+    let tsd = throughput(std_).await?;
+    let tsp = throughput(stp).await?;
     let cached: Vec<String> = (0..200).map(|_| "api.anthropic.com".to_owned()).collect();
     let fresh: Vec<String> = (0..200).map(|i| format!("h{i}.bench.test")).collect();
     let hs_cached = handshakes(addr, &tls, &cached).await?;
@@ -267,6 +297,10 @@ upstream = "{u}"
     eprintln!(
         "| throughput, {CONCURRENCY} connections | {td:.0} req/s | {tp:.0} req/s | {:.1}% of direct |",
         100.0 * tp / td
+    );
+    eprintln!(
+        "| throughput, {CONCURRENCY} connections, upstream taking 2 ms | {tsd:.0} req/s | {tsp:.0} req/s | {:.1}% of direct |",
+        100.0 * tsp / tsd
     );
     eprintln!("new TLS connection (connect + handshake), cached leaf: {hs_cached:.0} µs");
     eprintln!("new TLS connection with a leaf issued for it: {hs_fresh:.0} µs");

@@ -42,6 +42,16 @@ pub struct EchoUpstream {
 impl EchoUpstream {
     /// Starts on `bind` (a loopback address, port 0 for any).
     pub async fn start(bind: &str, name: &'static str) -> Result<Self> {
+        Self::start_with_delay(bind, name, std::time::Duration::ZERO).await
+    }
+
+    /// Like [`EchoUpstream::start`], answering each request after `delay`
+    /// (a stand-in for an upstream's service time).
+    pub async fn start_with_delay(
+        bind: &str,
+        name: &'static str,
+        delay: std::time::Duration,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -76,6 +86,9 @@ impl EchoUpstream {
                                 .await
                                 .map(|c| c.to_bytes())
                                 .unwrap_or_default();
+                            if !delay.is_zero() {
+                                tokio::time::sleep(delay).await;
+                            }
                             let answer = serde_json::json!({
                                 "upstream": name, "path": path, "received_bytes": body.len(),
                             });
