@@ -186,3 +186,68 @@ impl AgentParts {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dns::wire;
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = vec![0, 7, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        for l in name.split('.') {
+            m.push(l.len() as u8);
+            m.extend_from_slice(l.as_bytes());
+        }
+        m.extend_from_slice(&[0, 0, 1, 0, 1]);
+        m
+    }
+
+    #[tokio::test]
+    async fn dns_follows_the_routing_rules() {
+        let config = Config::from_toml_str(
+            r#"
+[[route]]
+host = "api.anthropic.com"
+action = "model"
+upstream = "http://127.0.0.1:8000"
+[[route]]
+host = "localhost"
+action = "pass"
+"#,
+        )
+        .unwrap();
+        let fake = Arc::new(FakeIps::new(
+            config.dns.fake_range.network(),
+            config.dns.fake_range.prefix(),
+        ));
+        let r = Resolver::new(fake, Arc::new(RulesDns(Arc::new(config.rules.clone()))), 5);
+        let answer = |name: &str| {
+            let r = &r;
+            let q = query(name);
+            async move { r.answer(&q).await.unwrap() }
+        };
+        // Model host: a fake address from the range.
+        let a = answer("api.anthropic.com").await;
+        assert_eq!(a[3] & 0xf, 0);
+        assert_eq!(&a[a.len() - 4..a.len() - 2], &[127, 100]);
+        // Pass host: the host's resolver's answer.
+        let a = answer("localhost").await;
+        assert_eq!(a[3] & 0xf, 0);
+        assert_eq!(&a[a.len() - 4..], &[127, 0, 0, 1]);
+        // Everything else under the deny default: NXDOMAIN.
+        let a = answer("example.com").await;
+        assert_eq!(a[3] & 0xf, wire::Rcode::NxDomain as u8);
+    }
+
+    #[test]
+    fn constraints_cover_the_intercepted_hosts_and_the_fake_range() {
+        let config = Config::default();
+        let spec = constraints_for(&config).normalized().unwrap();
+        assert!(spec.permits_dns("api.anthropic.com"));
+        assert!(!spec.permits_dns("example.com"));
+        assert!(spec.permits_ip("127.100.0.9".parse().unwrap()));
+        assert!(!spec.permits_ip("10.0.0.1".parse().unwrap()));
+        let empty = Config::from_toml_str("route = []").unwrap();
+        assert_eq!(constraints_for(&empty).dns, vec!["invalid".to_owned()]);
+    }
+}
