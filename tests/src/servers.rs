@@ -93,6 +93,9 @@ impl EchoUpstream {
                                 "upstream": name, "path": path, "received_bytes": body.len(),
                             });
                             if let Ok(mut r) = rec.lock() {
+                                // A copy: the collected body may be a slice of a
+                                // much larger read buffer it would keep alive.
+                                let body = Bytes::copy_from_slice(&body);
                                 r.push(Received {
                                     method,
                                     path,
