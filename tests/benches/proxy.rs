@@ -219,6 +219,28 @@ upstream = "{u}"
         tls: Some(tls.clone()),
         sni: "api.anthropic.com".into(),
     });
+    // The same upstream behind HTTPS, as the harness would reach it without Polar.
+    let (tls_upstream, up_pem) =
+        EchoUpstream::start_tls("127.0.0.1:0", "echo-tls", "api.anthropic.com").await?;
+    let mut up_roots = rustls::RootCertStore::empty();
+    for cert in
+        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
+            up_pem.as_bytes(),
+        )
+    {
+        up_roots.add(cert?)?;
+    }
+    let up_cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(up_roots)
+    .with_no_client_auth();
+    let direct_tls = Arc::new(Target {
+        addr: tls_upstream.addr,
+        tls: Some(TlsConnector::from(Arc::new(up_cfg))),
+        sni: "api.anthropic.com".into(),
+    });
 
     let (d, p) = (paced(&direct).await?, paced(&proxied).await?);
     let (d2, p2) = (paced(&direct).await?, paced(&proxied).await?);
@@ -228,6 +250,9 @@ upstream = "{u}"
         v
     };
     let (d, p) = (merge(d, d2), merge(p, p2));
+    let (dt, dt2) = (paced(&direct_tls).await?, paced(&direct_tls).await?);
+    let dt = merge(dt, dt2);
+    let tdt = throughput(Arc::clone(&direct_tls)).await?;
     let td = throughput(Arc::clone(&direct)).await?;
     let tp = throughput(Arc::clone(&proxied)).await?;
     // The same with an upstream that takes 2 ms per request, as any real
@@ -284,6 +309,14 @@ upstream = "{u}"
     eprintln!(
         "proxy benchmark (keep-alive HTTP/1.1, {} byte JSON body)",
         BODY.len()
+    );
+    eprintln!(
+        "direct to the upstream over HTTPS: p50 {:.0} µs, p99 {:.0} µs, {tdt:.0} req/s with {CONCURRENCY} connections; through the proxy: {:+.0} µs p50, {:+.0} µs p99, {:.1}% of its throughput",
+        pct(&dt, 0.5),
+        pct(&dt, 0.99),
+        pct(&p, 0.5) - pct(&dt, 0.5),
+        pct(&p, 0.99) - pct(&dt, 0.99),
+        100.0 * tp / tdt
     );
     eprintln!("| measure | direct to upstream (HTTP) | through the proxy (HTTPS) | difference |");
     eprintln!("| --- | --- | --- | --- |");

@@ -52,6 +52,25 @@ impl EchoUpstream {
         name: &'static str,
         delay: std::time::Duration,
     ) -> Result<Self> {
+        Self::start_full(bind, name, delay, None).await
+    }
+
+    /// An upstream serving HTTPS with a self-signed certificate for `host`;
+    /// returns it and the certificate (PEM) for the client's trust.
+    pub async fn start_tls(bind: &str, name: &'static str, host: &str) -> Result<(Self, String)> {
+        let (acceptor, pem) = self_signed_acceptor(host, &[b"h2", b"http/1.1"])?;
+        Ok((
+            Self::start_full(bind, name, std::time::Duration::ZERO, Some(acceptor)).await?,
+            pem,
+        ))
+    }
+
+    async fn start_full(
+        bind: &str,
+        name: &'static str,
+        delay: std::time::Duration,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let received = Arc::new(Mutex::new(Vec::new()));
@@ -64,6 +83,7 @@ impl EchoUpstream {
                     r = listener.accept() => match r { Ok(v) => v, Err(_) => continue },
                 };
                 let rec = Arc::clone(&rec);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let svc = service_fn(move |req: Request<Incoming>| {
                         let rec = Arc::clone(&rec);
@@ -112,9 +132,18 @@ impl EchoUpstream {
                             Ok::<_, std::convert::Infallible>(resp)
                         }
                     });
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .await;
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                            }
+                        }
+                        None => {
+                            let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                        }
+                    }
                 });
             }
         });
@@ -142,6 +171,27 @@ impl Drop for EchoUpstream {
     }
 }
 
+/// A TLS acceptor with a fresh self-signed certificate for `name` offering
+/// the `alpn` protocols, and the certificate as PEM.
+pub fn self_signed_acceptor(
+    name: &str,
+    alpn: &[&[u8]],
+) -> Result<(tokio_rustls::TlsAcceptor, String)> {
+    let cert = rcgen::generate_simple_self_signed(vec![name.to_owned()])?;
+    let cert_pem = cert.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
+        .map_err(|e| anyhow::anyhow!("key: {e}"))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .context("server config")?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok((tokio_rustls::TlsAcceptor::from(Arc::new(config)), cert_pem))
+}
+
 /// A TLS server with its own self-signed certificate for `name`, answering
 /// every request with `token` as body.
 pub struct RemoteTls {
@@ -155,18 +205,8 @@ pub struct RemoteTls {
 impl RemoteTls {
     /// Starts on `bind`.
     pub async fn start(bind: &str, name: &str, token: &'static str) -> Result<Self> {
-        let cert = rcgen::generate_simple_self_signed(vec![name.to_owned()])?;
-        let cert_pem = cert.cert.pem();
-        let key = rustls::pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der())
-            .map_err(|e| anyhow::anyhow!("key: {e}"))?;
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.cert.der().clone()], key)
-        .context("server config")?;
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        // It answers HTTP/1.1 only.
+        let (acceptor, cert_pem) = self_signed_acceptor(name, &[b"http/1.1"])?;
         let listener = TcpListener::bind(bind).await?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
