@@ -21,10 +21,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
-use polar_agent::listener::{AcceptContext, accept_loop};
-use polar_agent::tasks::Tasks;
+use polar_tests::proxy::{ProxyHarness, trusting};
 use polar_tests::servers::EchoUpstream;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -145,17 +142,14 @@ fn rss_kib() -> Result<u64> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let tmp = tempfile::tempdir()?;
     let upstream = EchoUpstream::start("127.0.0.1:0", "echo").await?;
     // The slow upstream's port must be in the config: reserve it first.
     let reserve = std::net::TcpListener::bind("127.0.0.1:0")?;
     let slow_addr = reserve.local_addr()?;
     drop(reserve);
     let slow_url = format!("http://{slow_addr}");
-    let config = Config::from_toml_str(&format!(
+    let harness = ProxyHarness::start(&format!(
         r#"
-[agent]
-state_dir = "{}"
 [proxy]
 header_timeout_ms = 120000
 idle_timeout_ms = 120000
@@ -176,39 +170,12 @@ host = "*.bench.test"
 action = "model"
 upstream = "{u}"
 "#,
-        tmp.path().join("state").display(),
         u = upstream.url(),
         s = slow_url,
-    ))?;
-    let parts = AgentParts::build(config)?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    polar_agent::netns::deep_backlog(&listener)?;
-    let addr = listener.local_addr()?;
-    let tasks = Tasks::new();
-    let ctx = Arc::new(AcceptContext {
-        redirect: None,
-        fake: Arc::clone(parts.resolver.fake_ips()),
-        session: None,
-        handler: Arc::clone(&parts.proxy),
-        handlers: tasks.clone(),
-    });
-    tasks.spawn(accept_loop(listener, ctx, tasks.shutdown_token()));
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(&parts.trust.ca)?;
-    for cert in
-        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
-            &pem,
-        )
-    {
-        roots.add(cert?)?;
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
     ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tls = TlsConnector::from(Arc::new(cfg));
+    .await?;
+    let (addr, parts) = (harness.addr, &harness.parts);
+    let tls = trusting(&std::fs::read(harness.ca_file())?, &[b"http/1.1"])?;
     let direct = Arc::new(Target {
         addr: upstream.addr,
         tls: None,
@@ -222,23 +189,9 @@ upstream = "{u}"
     // The same upstream behind HTTPS, as the harness would reach it without Polar.
     let (tls_upstream, up_pem) =
         EchoUpstream::start_tls("127.0.0.1:0", "echo-tls", "api.anthropic.com").await?;
-    let mut up_roots = rustls::RootCertStore::empty();
-    for cert in
-        <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
-            up_pem.as_bytes(),
-        )
-    {
-        up_roots.add(cert?)?;
-    }
-    let up_cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(up_roots)
-    .with_no_client_auth();
     let direct_tls = Arc::new(Target {
         addr: tls_upstream.addr,
-        tls: Some(TlsConnector::from(Arc::new(up_cfg))),
+        tls: Some(trusting(up_pem.as_bytes(), &[b"http/1.1"])?),
         sni: "api.anthropic.com".into(),
     });
 
@@ -341,6 +294,5 @@ upstream = "{u}"
         "memory per idle TLS connection: {:.1} KiB ({IDLE_CONNECTIONS} connections, RSS {before} -> {after} KiB)",
         (after.saturating_sub(before)) as f64 / IDLE_CONNECTIONS as f64
     );
-    tasks.shutdown_token().cancel();
     Ok(())
 }

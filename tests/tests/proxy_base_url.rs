@@ -9,10 +9,8 @@ use anyhow::{Result, ensure};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
 use polar_agent::proxy::base_url;
-use polar_agent::tasks::Tasks;
+use polar_tests::proxy::ProxyHarness;
 use polar_tests::servers::EchoUpstream;
 
 async fn post(
@@ -39,12 +37,9 @@ async fn post(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_come_from_the_header_or_key_and_unknown_ones_are_refused() -> Result<()> {
-    let tmp = tempfile::tempdir()?;
     let upstream = EchoUpstream::start("127.0.0.1:0", "echo").await?;
-    let config = Config::from_toml_str(&format!(
+    let harness = ProxyHarness::start(&format!(
         r#"
-[agent]
-state_dir = "{}"
 [[route]]
 host = "api.anthropic.com"
 action = "model"
@@ -56,16 +51,16 @@ action = "model"
 provider = "openai"
 upstream = "{u}"
 "#,
-        tmp.path().join("state").display(),
         u = upstream.url()
-    ))?;
-    let parts = AgentParts::build(config)?;
+    ))
+    .await?;
+    let parts = &harness.parts;
     parts
         .sessions
         .register(&"s-known".parse()?, Some("polar-key-known"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let tasks = Tasks::new();
+    let tasks = &harness.tasks;
     tasks.spawn(base_url::serve(
         listener,
         Arc::clone(&parts.sessions),
@@ -104,6 +99,5 @@ upstream = "{u}"
         upstream.received().len() == 3,
         "refused requests reached the upstream"
     );
-    tasks.shutdown_token().cancel();
     Ok(())
 }

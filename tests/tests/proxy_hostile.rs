@@ -4,7 +4,6 @@
 //! and 10,000 half-open connections. The proxy runs in-process on a
 //! loopback listener taking direct connections (no redirect, no root).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,33 +11,21 @@ use anyhow::{Context as _, Result, bail, ensure};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
-use polar_agent::listener::{AcceptContext, accept_loop};
-use polar_agent::proxy::Proxy;
-use polar_agent::tasks::Tasks;
+use polar_tests::proxy::ProxyHarness;
 use polar_tests::servers::EchoUpstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 struct Harness {
-    addr: SocketAddr,
-    proxy: Arc<Proxy>,
-    tls: TlsConnector,
+    proxy: ProxyHarness,
     _upstream: EchoUpstream,
-    _tmp: tempfile::TempDir,
-    tasks: Tasks,
 }
 
 impl Harness {
     async fn start() -> Result<Self> {
-        let tmp = tempfile::tempdir()?;
         let upstream = EchoUpstream::start("127.0.0.1:0", "echo").await?;
-        let config = Config::from_toml_str(&format!(
+        let proxy = ProxyHarness::start(&format!(
             r#"
-[agent]
-state_dir = "{}"
 [proxy]
 header_timeout_ms = 1000
 max_body_bytes = 1024
@@ -53,52 +40,19 @@ action = "model"
 provider = "openai"
 upstream = "{u}"
 "#,
-            tmp.path().join("state").display(),
             u = upstream.url()
-        ))?;
-        let parts = AgentParts::build(config)?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        polar_agent::netns::deep_backlog(&listener)?;
-        let addr = listener.local_addr()?;
-        let tasks = Tasks::new();
-        let ctx = Arc::new(AcceptContext {
-            redirect: None,
-            fake: Arc::clone(parts.resolver.fake_ips()),
-            session: None,
-            handler: Arc::clone(&parts.proxy),
-            handlers: tasks.clone(),
-        });
-        tasks.spawn(accept_loop(listener, ctx, tasks.shutdown_token()));
-        let mut roots = rustls::RootCertStore::empty();
-        let pem = std::fs::read(&parts.trust.ca)?;
-        for cert in
-            <rustls::pki_types::CertificateDer as rustls::pki_types::pem::PemObject>::pem_slice_iter(
-                &pem,
-            )
-        {
-            roots.add(cert?)?;
-        }
-        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
         ))
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        .await?;
         Ok(Self {
-            addr,
-            proxy: Arc::clone(&parts.proxy),
-            tls: TlsConnector::from(Arc::new(cfg)),
+            proxy,
             _upstream: upstream,
-            _tmp: tmp,
-            tasks,
         })
     }
 
     async fn tls(&self, host: &str) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(self.addr).await?;
+        let tcp = TcpStream::connect(self.proxy.addr).await?;
         let name = rustls::pki_types::ServerName::try_from(host.to_owned())?;
-        Ok(self.tls.connect(name, tcp).await?)
+        Ok(self.proxy.tls.connect(name, tcp).await?)
     }
 
     /// A POST over TLS with HTTP/1.1; returns status and body.
@@ -145,12 +99,6 @@ upstream = "{u}"
             "{status} {body}"
         );
         Ok(())
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.tasks.shutdown_token().cancel();
     }
 }
 
@@ -212,13 +160,13 @@ async fn garbage_and_truncated_hellos_are_dropped_and_others_served() -> Result<
             seed as u8
         })
         .collect();
-    let mut g = TcpStream::connect(h.addr).await?;
+    let mut g = TcpStream::connect(h.proxy.addr).await?;
     g.write_all(&garbage).await?;
     closed_within(&mut g, Duration::from_secs(10))
         .await
         .context("garbage")?;
     let hello = client_hello("api.anthropic.com")?;
-    let mut t = TcpStream::connect(h.addr).await?;
+    let mut t = TcpStream::connect(h.proxy.addr).await?;
     t.write_all(&hello[..hello.len() / 2]).await?;
     closed_within(&mut t, Duration::from_secs(10))
         .await
@@ -229,7 +177,7 @@ async fn garbage_and_truncated_hellos_are_dropped_and_others_served() -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_sent_a_byte_at_a_time_are_cut_by_the_header_timeout() -> Result<()> {
     let h = Harness::start().await?;
-    let mut s = TcpStream::connect(h.addr).await?;
+    let mut s = TcpStream::connect(h.proxy.addr).await?;
     s.write_all(b"POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n")
         .await?;
     // 40 more header bytes, one every 250 ms: 10 s if nobody stops us.
@@ -328,7 +276,7 @@ async fn ten_thousand_half_open_connections_do_not_lock_others_out() -> Result<(
     }
     let h = Harness::start().await?;
     let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_polar-probe"))
-        .args(["hold", &h.addr.to_string(), "10000"])
+        .args(["hold", &h.proxy.addr.to_string(), "10000"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -344,6 +292,8 @@ async fn ten_thousand_half_open_connections_do_not_lock_others_out() -> Result<(
     ensure!(report["held"] == 10_000, "{report}");
     h.still_serving().await?;
     let accepted = h
+        .proxy
+        .parts
         .proxy
         .stats
         .connections
