@@ -44,8 +44,10 @@ impl FormatArg {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BuilderArg {
     /// One trace per call.
+    #[value(name = "per_request", alias = "per-request")]
     PerRequest,
     /// Calls extending earlier calls merge into one trace.
+    #[value(name = "prefix_merging", alias = "prefix-merging")]
     PrefixMerging,
 }
 
