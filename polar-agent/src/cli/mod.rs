@@ -188,6 +188,8 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }),
         Command::Export(args) => {
+            // This process only exports: keep freed memory for reuse.
+            crate::export::memory::retain_freed_memory();
             let json = args.json;
             let summary = runtime()?.block_on(crate::export::run(args))?;
             let text = if json {

@@ -17,7 +17,7 @@ use super::error::ExportError;
 use super::format::{Format, ParquetCompression};
 use super::rebuild::rebuild;
 use super::source::{SessionLog, list_sessions, read_session};
-use super::writer::{BatchFile, ExportOptions, Exporter, WrittenFile};
+use super::writer::{BatchFile, ExportOptions, Exporter, Pipeline, WrittenFile};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -327,23 +327,26 @@ pub async fn run(args: ExportArgs) -> Result<Summary, ExportError> {
         destination: exporter.destination().to_string(),
         ..Summary::default()
     };
+    let mut pipeline = exporter.pipeline();
     let mut batches: HashMap<Option<String>, BatchFile<'_>> = HashMap::new();
-    let result = export_all(
-        &exporter,
-        &builder,
-        dirs,
-        args.sessions_per_file,
-        &mut batches,
-        &mut summary,
-    )
-    .await;
-    match result {
+    let sessions = Sessions {
+        builder: &builder,
+        per_file: args.sessions_per_file,
+    };
+    let result = sessions
+        .export_all(&exporter, &mut pipeline, dirs, &mut batches, &mut summary)
+        .await;
+    let result = match result {
         Ok(()) => {
+            let mut committed = Ok(());
             for (_, batch) in batches {
-                let files = batch.commit().await?;
-                summary.add_files(files);
+                if committed.is_ok() {
+                    committed = pipeline.commit(batch).await;
+                } else {
+                    batch.abort().await;
+                }
             }
-            Ok(summary)
+            committed
         }
         Err(e) => {
             for (_, batch) in batches {
@@ -351,72 +354,84 @@ pub async fn run(args: ExportArgs) -> Result<Summary, ExportError> {
             }
             Err(e)
         }
-    }
+    };
+    let finished = pipeline.finish().await;
+    result?;
+    summary.add_files(finished?);
+    Ok(summary)
 }
 
-async fn export_all<'e>(
-    exporter: &'e Exporter,
-    builder: &Builder,
-    dirs: Vec<PathBuf>,
+/// How sessions are turned into files.
+struct Sessions<'a> {
+    builder: &'a Builder,
     per_file: usize,
-    batches: &mut HashMap<Option<String>, BatchFile<'e>>,
-    summary: &mut Summary,
-) -> Result<(), ExportError> {
-    for dir in dirs {
-        let d = dir.clone();
-        let log: SessionLog = match tokio::task::spawn_blocking(move || read_session(&d)).await {
-            Ok(Ok(log)) => log,
-            Ok(Err(e)) => {
-                fail(summary, dir, &ExportError::from(e));
-                continue;
+}
+
+impl Sessions<'_> {
+    async fn export_all<'e>(
+        &self,
+        exporter: &'e Exporter,
+        pipeline: &mut Pipeline<'e>,
+        dirs: Vec<PathBuf>,
+        batches: &mut HashMap<Option<String>, BatchFile<'e>>,
+        summary: &mut Summary,
+    ) -> Result<(), ExportError> {
+        for dir in dirs {
+            let d = dir.clone();
+            let log: SessionLog = match tokio::task::spawn_blocking(move || read_session(&d)).await
+            {
+                Ok(Ok(log)) => log,
+                Ok(Err(e)) => {
+                    fail(summary, dir, &ExportError::from(e));
+                    continue;
+                }
+                Err(_) => return Err(ExportError::Join("session reader")),
+            };
+            summary.calls += log.records.len() as u64;
+            summary.log_problems += log.problems.len() as u64;
+            if !log.outcome_recorded {
+                summary.outcome_unrecorded += 1;
             }
-            Err(_) => return Err(ExportError::Join("session reader")),
-        };
-        summary.calls += log.records.len() as u64;
-        summary.log_problems += log.problems.len() as u64;
-        if !log.outcome_recorded {
-            summary.outcome_unrecorded += 1;
-        }
-        let traj = match rebuild(builder, &log.records, &log.meta, log.rewards.as_ref()) {
-            Ok(t) => t,
-            Err(e) => {
-                fail(summary, dir, &e);
-                continue;
-            }
-        };
-        drop(log);
-        summary.add_trajectory(&traj);
-        if traj.traces.is_empty() {
-            summary.sessions_empty += 1;
-            tracing::warn!(session = %traj.metadata.session_id, "no trace to export");
-            continue;
-        }
-        if per_file <= 1 {
-            let files = exporter.write_session(&traj).await?;
-            summary.add_files(files);
-        } else {
-            let task = traj.metadata.task_id.clone();
-            let batch = match batches.remove(&task) {
-                Some(b) => b,
-                None => {
-                    let name = format!("batch-{}", traj.metadata.session_id);
-                    exporter.open_batch(task.as_deref(), &name).await?
+            let traj = match rebuild(self.builder, &log.records, &log.meta, log.rewards.as_ref()) {
+                Ok(t) => t,
+                Err(e) => {
+                    fail(summary, dir, &e);
+                    continue;
                 }
             };
-            let mut batch = batch;
-            if let Err(e) = batch.push(&traj).await {
-                batch.abort().await;
-                return Err(e);
+            drop(log);
+            summary.add_trajectory(&traj);
+            if traj.traces.is_empty() {
+                summary.sessions_empty += 1;
+                tracing::warn!(session = %traj.metadata.session_id, "no trace to export");
+                continue;
             }
-            if batch.sessions() as usize >= per_file {
-                summary.add_files(batch.commit().await?);
+            if self.per_file <= 1 {
+                pipeline.write_session(&traj).await?;
             } else {
-                batches.insert(task, batch);
+                let task = traj.metadata.task_id.clone();
+                let mut batch = match batches.remove(&task) {
+                    Some(b) => b,
+                    None => {
+                        let name = format!("batch-{}", traj.metadata.session_id);
+                        exporter.open_batch(task.as_deref(), &name).await?
+                    }
+                };
+                if let Err(e) = batch.push(&traj).await {
+                    batch.abort().await;
+                    return Err(e);
+                }
+                if batch.sessions() as usize >= self.per_file {
+                    pipeline.commit(batch).await?;
+                } else {
+                    batches.insert(task, batch);
+                }
             }
+            summary.add_files(pipeline.take_done());
+            summary.sessions += 1;
         }
-        summary.sessions += 1;
+        Ok(())
     }
-    Ok(())
 }
 
 fn fail(summary: &mut Summary, dir: PathBuf, e: &ExportError) {

@@ -270,6 +270,16 @@ impl Sink {
         }
     }
 
+    /// Starts publishing the file in the background (the fsyncs on the
+    /// blocking pool, the upload on the runtime); the handle tells how it
+    /// ended.
+    pub fn start_commit(self) -> tokio::task::JoinHandle<Result<(), ExportError>> {
+        match self {
+            Self::Local(f) => tokio::task::spawn_blocking(move || f.commit_blocking()),
+            Self::Object(o) => tokio::spawn(o.commit()),
+        }
+    }
+
     /// Gives the file up; nothing becomes visible.
     pub async fn abort(self) {
         match self {

@@ -59,6 +59,20 @@ pub enum ParquetCompression {
     None,
 }
 
+/// Parquet leaf columns written without statistics.
+pub const NO_STATISTICS_COLUMNS: &[&[&str]] = &[
+    &["prompt_ids", "list", "item"],
+    &["response_ids", "list", "item"],
+    &["loss_mask", "list", "item"],
+    &["response_logprobs", "list", "item"],
+    &["prompt_messages"],
+    &["response_messages"],
+    &["tools"],
+    &["trace_metadata"],
+    &["trajectory_metadata"],
+    &["stats"],
+];
+
 /// A streaming encoder of one file.
 pub enum Encoder {
     /// JSONL: stateless.
@@ -102,6 +116,13 @@ pub fn writer_properties(compression: ParquetCompression) -> WriterProperties {
         ]));
     for c in DICTIONARY_COLUMNS {
         props = props.set_column_dictionary_enabled(ColumnPath::from(*c), true);
+    }
+    // Min/max of token lists and message JSON filter nothing: skip them.
+    for c in NO_STATISTICS_COLUMNS {
+        props = props.set_column_statistics_enabled(
+            ColumnPath::new(c.iter().map(|p| (*p).to_owned()).collect()),
+            EnabledStatistics::None,
+        );
     }
     props.build()
 }

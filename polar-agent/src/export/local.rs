@@ -142,24 +142,25 @@ impl LocalFile {
     }
 
     /// Makes the file durable and visible under its final name.
-    pub async fn commit(mut self) -> Result<(), ExportError> {
+    pub async fn commit(self) -> Result<(), ExportError> {
+        blocking(move || self.commit_blocking()).await
+    }
+
+    /// [`LocalFile::commit`] on the calling thread: fsync the file, rename
+    /// it over its final name, fsync the directory.
+    pub fn commit_blocking(mut self) -> Result<(), ExportError> {
         let file = self.file.take().ok_or(ExportError::Join("file"))?;
-        let temp = self.temp.clone();
-        let dest = self.dest.clone();
-        blocking(move || {
-            file.sync_all()
-                .map_err(|e| ExportError::io("syncing", &temp, e))?;
-            drop(file);
-            fs::rename(&temp, &dest).map_err(|e| ExportError::io("renaming", &temp, e))?;
-            match dest.parent() {
-                Some(dir) => sync_dir(dir),
-                None => Ok(()),
-            }
-        })
-        .await?;
+        file.sync_all()
+            .map_err(|e| ExportError::io("syncing", &self.temp, e))?;
+        drop(file);
+        fs::rename(&self.temp, &self.dest)
+            .map_err(|e| ExportError::io("renaming", &self.temp, e))?;
         // Renamed: nothing left to remove on drop.
         self.temp = PathBuf::new();
-        Ok(())
+        match self.dest.parent() {
+            Some(dir) => sync_dir(dir),
+            None => Ok(()),
+        }
     }
 
     /// The temporary name (tests).

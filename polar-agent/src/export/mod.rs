@@ -18,6 +18,7 @@ pub mod dest;
 mod error;
 pub mod format;
 pub mod local;
+pub mod memory;
 pub mod object;
 pub mod partition;
 pub mod rebuild;
@@ -39,4 +40,6 @@ pub use rebuild::rebuild;
 pub use row::{Row, trajectories};
 pub use schema::{COLUMNS, EXPORT_SCHEMA_VERSION, arrow_schema};
 pub use source::SourceError;
-pub use writer::{BatchFile, ExportCounters, ExportOptions, Exporter, WrittenFile};
+pub use writer::{
+    BatchFile, ExportCounters, ExportOptions, Exporter, PendingCommit, Pipeline, WrittenFile,
+};

@@ -446,3 +446,69 @@ async fn run_exports_a_state_dir_in_batches_and_reports_bad_sessions() {
         "{text}"
     );
 }
+
+#[test]
+fn statistics_are_skipped_only_where_configured() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let trajs = sample_trajectories(&Builder::PerRequest);
+    let bytes = bytes::Bytes::from(encode(Format::Parquet, &trajs[..1]));
+    let reader = SerializedFileReader::new(bytes).unwrap();
+    let rg = reader.metadata().row_group(0);
+    let paths: Vec<String> = rg
+        .columns()
+        .iter()
+        .map(|c| c.column_path().string())
+        .collect();
+    for c in super::format::NO_STATISTICS_COLUMNS {
+        let path = c.join(".");
+        let col = rg
+            .columns()
+            .iter()
+            .find(|m| m.column_path().string() == path)
+            .unwrap_or_else(|| panic!("no column {path} in {paths:?}"));
+        assert!(col.statistics().is_none(), "{path} has statistics");
+    }
+    let chain = rg
+        .columns()
+        .iter()
+        .find(|m| m.column_path().string() == "chain")
+        .unwrap();
+    assert!(chain.statistics().is_some());
+}
+
+#[tokio::test]
+async fn a_pipeline_publishes_every_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let exporter = Exporter::new(
+        Destination::Local {
+            root: dir.path().to_owned(),
+        },
+        ExportOptions {
+            commits_in_flight: 1,
+            ..ExportOptions::default()
+        },
+    )
+    .unwrap();
+    let trajs = sample_trajectories(&Builder::PerRequest);
+    let mut pipeline = exporter.pipeline();
+    let mut files = Vec::new();
+    for t in &trajs {
+        pipeline.write_session(t).await.unwrap();
+        files.extend(pipeline.take_done());
+    }
+    assert!(
+        files.len() >= trajs.len() - 2,
+        "at most one commit in flight"
+    );
+    files.extend(pipeline.finish().await.unwrap());
+    assert_eq!(files.len(), trajs.len());
+    let mut back = Vec::new();
+    for f in &files {
+        back.extend(
+            trajectories(read_parquet(std::fs::read(&f.location).unwrap().into()).unwrap())
+                .unwrap(),
+        );
+    }
+    back.sort_by(|a, b| a.metadata.session_id.cmp(&b.metadata.session_id));
+    assert_eq!(back, trajs);
+}

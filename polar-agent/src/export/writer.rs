@@ -3,9 +3,12 @@
 //! (`task=<task>/<session>.<ext>`); [`Exporter::open_batch`] opens a file
 //! that takes several sessions of one task, one row group each. Either way
 //! a file is encoded and sent one trajectory at a time, so memory is bounded
-//! by one session, and it appears whole or not at all. Every file and byte
-//! written is counted ([`ExportCounters`]).
+//! by one session, and it appears whole or not at all. A [`Pipeline`] lets
+//! the next session be encoded while earlier files are still being made
+//! durable (fsync, upload). Every file and byte written is counted
+//! ([`ExportCounters`]).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -29,6 +32,11 @@ pub struct ExportOptions {
     pub compression: ParquetCompression,
     /// Local temporaries older than this are crash leftovers and removed.
     pub stale_temp_after: Duration,
+    /// Files a [`Pipeline`] lets finish in the background while it encodes
+    /// the next session. A local file in flight holds only its descriptor;
+    /// an object in flight holds its unsent bytes (at most one session's,
+    /// or one part).
+    pub commits_in_flight: usize,
 }
 
 impl Default for ExportOptions {
@@ -37,6 +45,7 @@ impl Default for ExportOptions {
             formats: vec![Format::Parquet],
             compression: ParquetCompression::default(),
             stale_temp_after: Duration::from_secs(3600),
+            commits_in_flight: 4,
         }
     }
 }
@@ -115,6 +124,15 @@ impl Exporter {
                 batch.abort().await;
                 Err(e)
             }
+        }
+    }
+
+    /// A pipeline writing through this exporter.
+    pub fn pipeline(&self) -> Pipeline<'_> {
+        Pipeline {
+            exporter: self,
+            in_flight: VecDeque::new(),
+            done: Vec::new(),
         }
     }
 
@@ -225,59 +243,58 @@ impl BatchFile<'_> {
 
     /// Finishes and publishes every file.
     pub async fn commit(self) -> Result<Vec<WrittenFile>, ExportError> {
-        let counters = &self.exporter.counters;
+        self.start_commit().await?.wait().await
+    }
+
+    /// Finishes every file and starts publishing them in the background.
+    pub async fn start_commit(self) -> Result<PendingCommit, ExportError> {
+        let counters = Arc::clone(&self.exporter.counters);
         let sessions = self.sessions;
-        let mut out = Vec::with_capacity(self.files.len());
         let mut files = self.files.into_iter();
+        let mut started = Vec::new();
         while let Some(mut f) = files.next() {
-            let done = async {
+            let finished = async {
                 let encoder = std::mem::replace(&mut f.encoder, Encoder::Jsonl);
                 let tail = encoder.finish()?;
-                f.write(tail).await?;
-                Ok::<_, ExportError>(())
+                f.write(tail).await
             }
             .await;
-            let result = match done {
-                Ok(()) => {
-                    let OpenFile {
-                        location,
-                        format,
-                        sink,
-                        bytes,
-                        rows,
-                        ..
-                    } = f;
-                    sink.commit().await.map(|()| WrittenFile {
-                        location,
-                        format,
-                        bytes,
-                        rows,
-                        sessions,
-                    })
-                }
-                Err(e) => {
+            if let Err(e) = finished {
+                counters.failed_files.fetch_add(1, Ordering::Relaxed);
+                f.abort().await;
+                for f in files {
                     f.abort().await;
-                    Err(e)
                 }
-            };
-            match result {
-                Ok(w) => {
-                    counters.files.fetch_add(1, Ordering::Relaxed);
-                    counters.bytes.fetch_add(w.bytes, Ordering::Relaxed);
-                    counters.rows.fetch_add(w.rows, Ordering::Relaxed);
-                    tracing::debug!(file = %w.location, bytes = w.bytes, rows = w.rows, "exported");
-                    out.push(w);
+                // Those already started complete: each file is atomic.
+                let _ = PendingCommit {
+                    files: started,
+                    counters,
                 }
-                Err(e) => {
-                    counters.failed_files.fetch_add(1, Ordering::Relaxed);
-                    for f in files {
-                        f.abort().await;
-                    }
-                    return Err(e);
-                }
+                .wait()
+                .await;
+                return Err(e);
             }
+            let OpenFile {
+                location,
+                format,
+                sink,
+                bytes,
+                rows,
+                ..
+            } = f;
+            let file = WrittenFile {
+                location,
+                format,
+                bytes,
+                rows,
+                sessions,
+            };
+            started.push((file, sink.start_commit()));
         }
-        Ok(out)
+        Ok(PendingCommit {
+            files: started,
+            counters,
+        })
     }
 
     /// Abandons every file: nothing becomes visible.
@@ -288,6 +305,108 @@ impl BatchFile<'_> {
             .fetch_add(self.files.len() as u64, Ordering::Relaxed);
         for f in self.files {
             f.abort().await;
+        }
+    }
+}
+
+/// Files being made durable and visible in the background.
+#[derive(Debug)]
+pub struct PendingCommit {
+    files: Vec<(
+        WrittenFile,
+        tokio::task::JoinHandle<Result<(), ExportError>>,
+    )>,
+    counters: Arc<ExportCounters>,
+}
+
+impl PendingCommit {
+    /// Waits until every file is published (or failed); returns them, or
+    /// the first error.
+    pub async fn wait(self) -> Result<Vec<WrittenFile>, ExportError> {
+        let mut out = Vec::with_capacity(self.files.len());
+        let mut first_error = None;
+        for (file, handle) in self.files {
+            let result = handle.await.unwrap_or(Err(ExportError::Join("commit")));
+            match result {
+                Ok(()) => {
+                    self.counters.files.fetch_add(1, Ordering::Relaxed);
+                    self.counters.bytes.fetch_add(file.bytes, Ordering::Relaxed);
+                    self.counters.rows.fetch_add(file.rows, Ordering::Relaxed);
+                    tracing::debug!(file = %file.location, bytes = file.bytes, rows = file.rows, "exported");
+                    out.push(file);
+                }
+                Err(e) => {
+                    self.counters.failed_files.fetch_add(1, Ordering::Relaxed);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+/// Writes sessions one after another, letting up to
+/// [`ExportOptions::commits_in_flight`] files finish (fsync, rename,
+/// upload) in the background while the next session is encoded.
+#[derive(Debug)]
+pub struct Pipeline<'e> {
+    exporter: &'e Exporter,
+    in_flight: VecDeque<PendingCommit>,
+    done: Vec<WrittenFile>,
+}
+
+impl<'e> Pipeline<'e> {
+    /// Writes `traj` as its own file(s) (see [`Exporter::write_session`]).
+    pub async fn write_session(&mut self, traj: &Trajectory) -> Result<(), ExportError> {
+        if traj.traces.is_empty() {
+            return Ok(());
+        }
+        let mut batch = self
+            .exporter
+            .open_batch(traj.metadata.task_id.as_deref(), &traj.metadata.session_id)
+            .await?;
+        if let Err(e) = batch.push(traj).await {
+            batch.abort().await;
+            return Err(e);
+        }
+        self.commit(batch).await
+    }
+
+    /// Finishes `batch` and queues its publication.
+    pub async fn commit(&mut self, batch: BatchFile<'e>) -> Result<(), ExportError> {
+        let pending = batch.start_commit().await?;
+        self.in_flight.push_back(pending);
+        let max = self.exporter.options.commits_in_flight;
+        while self.in_flight.len() > max {
+            if let Some(oldest) = self.in_flight.pop_front() {
+                self.done.extend(oldest.wait().await?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Files published so far (taken).
+    pub fn take_done(&mut self) -> Vec<WrittenFile> {
+        std::mem::take(&mut self.done)
+    }
+
+    /// Waits for every file in flight; returns those not taken yet.
+    pub async fn finish(mut self) -> Result<Vec<WrittenFile>, ExportError> {
+        let mut first_error = None;
+        while let Some(p) = self.in_flight.pop_front() {
+            match p.wait().await {
+                Ok(files) => self.done.extend(files),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(self.done),
         }
     }
 }
