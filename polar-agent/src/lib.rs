@@ -7,6 +7,7 @@ pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod dns;
+pub mod export;
 pub mod ids;
 pub mod inference;
 pub mod listener;

@@ -21,6 +21,8 @@ const APT_PACKAGES: &[&str] = &[
     "util-linux",
     "procps",
     "python3",
+    // The export tests install pyarrow, datasets and moto from PyPI.
+    "python3-pip",
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of

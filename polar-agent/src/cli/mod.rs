@@ -51,6 +51,9 @@ pub enum Command {
     /// A mock inference server (vLLM or SGLang token-id dialect) for tests,
     /// benchmarks and the demo.
     MockBackend(crate::mock::MockArgs),
+    /// Rebuild trajectories from captured session logs and write them as
+    /// JSONL/Parquet to a directory or s3://bucket/prefix.
+    Export(crate::export::ExportArgs),
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -120,6 +123,9 @@ pub enum CliError {
     /// The mock backend failed.
     #[error(transparent)]
     Mock(#[from] crate::mock::MockError),
+    /// The export failed.
+    #[error(transparent)]
+    Export(#[from] crate::export::ExportError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
@@ -181,6 +187,24 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             crate::mock::run(&args, token).await?;
             Ok(ExitCode::SUCCESS)
         }),
+        Command::Export(args) => {
+            // This process only exports: keep freed memory for reuse.
+            crate::export::memory::retain_freed_memory();
+            let json = args.json;
+            let summary = runtime()?.block_on(crate::export::run(args))?;
+            let text = if json {
+                serde_json::to_string_pretty(&summary).map_err(|e| CliError::Export(e.into()))?
+                    + "\n"
+            } else {
+                summary.to_string()
+            };
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+            Ok(if summary.sessions_failed.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
     }
 }
 
