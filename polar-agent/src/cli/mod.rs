@@ -5,6 +5,7 @@
 //! after signal N.
 
 mod ca;
+mod proxy;
 mod sandbox;
 
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 
 pub use self::ca::CaCommand;
+pub use self::proxy::ProxyArgs;
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
 
 /// Polar: run coding-agent CLIs in sandboxes and capture their model traffic.
@@ -51,6 +53,9 @@ pub enum Command {
     /// A mock inference server (vLLM or SGLang token-id dialect) for tests,
     /// benchmarks and the demo.
     MockBackend(crate::mock::MockArgs),
+    /// Serve base-URL mode only (no sandbox, no root): model calls of the
+    /// given sessions are translated, sent to the backends and captured.
+    Proxy(ProxyArgs),
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -123,6 +128,9 @@ pub enum CliError {
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// The arguments do not say enough.
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<std::io::Error> for CliError {
@@ -171,6 +179,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
+        Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
         Command::MockBackend(args) => runtime()?.block_on(async {
             let token = CancellationToken::new();
             let stop = token.clone();

@@ -1,0 +1,133 @@
+//! Building a call's [`CompletionRecord`]: what is known when the call
+//! arrives ([`Draft`]), completed with what the backend produced (events,
+//! token data as the backend reported it, backend facts, timings) and the
+//! outcome.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::capture::record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+};
+use crate::chat::{ChatRequest, ChatResponse, StreamEvent, Tokens};
+use crate::inference;
+use crate::provider::{self, Side};
+
+/// A record's fields known before the backend answers.
+#[derive(Debug)]
+pub(super) struct Draft {
+    pub call_id: String,
+    pub seq: u64,
+    pub session_id: String,
+    pub task_id: Option<String>,
+    pub native: NativeRequest,
+    pub request: ChatRequest,
+    pub received_ms: u64,
+}
+
+/// What the backend side produced, however far it got.
+#[derive(Debug, Default)]
+pub(super) struct Produced<'a> {
+    /// The events yielded, in order.
+    pub events: &'a [StreamEvent],
+    /// The token data reported.
+    pub tokens: Tokens,
+    /// Which backend answered, once one did.
+    pub backend: Option<inference::BackendInfo>,
+    /// The client's timings, once the call was made.
+    pub timings: Option<inference::Timings>,
+    /// The backend's name (when no replica answered).
+    pub backend_name: Option<String>,
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A fresh call id: `call_` and 16 hex digits.
+pub(super) fn call_id() -> String {
+    format!("call_{:016x}", rand::random::<u64>())
+}
+
+impl Draft {
+    /// The record of a call that ended as `status` (`None`: completed).
+    pub fn finish(
+        self,
+        produced: Produced<'_>,
+        failure: Option<(Side, String)>,
+    ) -> CompletionRecord {
+        let Produced {
+            events,
+            tokens,
+            backend,
+            timings,
+            backend_name,
+        } = produced;
+        let response: Option<ChatResponse> = match &failure {
+            None => inference::stream::assemble(events, Tokens::default()),
+            // A partial reply is kept for diagnosis (finish reason `abort`).
+            Some(_) if !events.is_empty() => Some(provider::assemble(events)),
+            Some(_) => None,
+        };
+        let status = match failure {
+            None if response.is_some() => CallStatus::Completed,
+            None => CallStatus::Failed {
+                side: Side::Backend.to_string(),
+                error: "the reply has no start or no finish".into(),
+            },
+            Some((side, error)) => CallStatus::Failed {
+                side: side.to_string(),
+                error,
+            },
+        };
+        let finish_reason = match status {
+            CallStatus::Completed => response.as_ref().map(|r| r.finish_reason.clone()),
+            CallStatus::Failed { .. } => None,
+        };
+        let token_ids_missing =
+            tokens.prompt_token_ids.is_none() || tokens.response_token_ids.is_none();
+        let first_token_ms = timings.as_ref().and_then(|t| {
+            t.first_token
+                .map(|ft| epoch_ms(t.started_at + t.paused + ft))
+        });
+        let backend = match backend {
+            Some(b) => BackendInfo {
+                name: b.backend,
+                replica: b.replica,
+                served_model: b.served_model,
+                weight_version: b.weight_version,
+            },
+            None => BackendInfo {
+                name: backend_name.unwrap_or_default(),
+                ..BackendInfo::default()
+            },
+        };
+        CompletionRecord {
+            version: RECORD_VERSION,
+            call_id: self.call_id,
+            seq: self.seq,
+            session_id: self.session_id,
+            task_id: self.task_id,
+            native_request: self.native,
+            request: self.request,
+            response,
+            prompt_token_ids: tokens.prompt_token_ids,
+            response_token_ids: tokens.response_token_ids,
+            response_logprobs: tokens.response_logprobs,
+            token_ids_missing,
+            finish_reason,
+            backend,
+            timings: Timings {
+                received_ms: self.received_ms,
+                first_token_ms,
+                finished_ms: epoch_ms(SystemTime::now()),
+            },
+            status,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(super) fn now_ms() -> u64 {
+    epoch_ms(SystemTime::now())
+}
