@@ -149,7 +149,8 @@ pub fn read_log(path: &Path) -> Result<(Vec<CompletionRecord>, Vec<LogProblem>),
     Ok((records, problems))
 }
 
-/// One record as its log line (JSON and a newline).
+/// One record as its log line (JSON and a newline); see
+/// [`super::encode::encode_record`] for a line with parts serialized ahead.
 pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, LogError> {
     let mut line = serde_json::to_vec(record)?;
     line.push(b'\n');
@@ -235,4 +236,4 @@ pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
 
 #[cfg(test)]
 #[path = "log_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -160,10 +160,10 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 0);
     assert_eq!(log.next_seq(), 1);
-    log.append(record(0, Api::OpenaiResponses, "first"))
+    log.append(record(0, Api::OpenaiResponses, "first"), Default::default())
         .await
         .unwrap();
-    log.append(record(1, Api::OpenaiChat, "chat"))
+    log.append(record(1, Api::OpenaiChat, "chat"), Default::default())
         .await
         .unwrap();
     let conv = log.conversation("resp_r0").unwrap();

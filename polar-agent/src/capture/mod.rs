@@ -1,4 +1,5 @@
-//! Capture of model calls: the record of each call ([`record`]), the
+//! Capture of model calls: the record of each call ([`record`]) and how it
+//! is built from a call's parts ([`build`]), the
 //! durable per-session log it is appended to ([`log`]), the store of all
 //! sessions' logs with their Responses-API history ([`store`]), and the
 //! sessions' task and metadata ([`session`]).
@@ -10,6 +11,8 @@
 //! sessions/<session id>/calls.jsonl    one CompletionRecord per line
 //! ```
 
+pub mod build;
+pub mod encode;
 pub mod log;
 pub mod record;
 pub mod session;

@@ -14,12 +14,13 @@ use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 use tokio::sync::OnceCell;
 
-use super::log::{CALLS_FILE, Durability, LogError, LogFile, encode_line, parse_log, sync_dir};
+use super::build::now_ms;
+use super::encode::{PreEncoded, encode_record};
+use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
 use super::record::{Api, CallStatus, CompletionRecord, RECORD_VERSION};
 use super::session::{SessionInfo, SessionRegistry};
 use crate::chat::Message;
@@ -35,13 +36,6 @@ type Conversation = Arc<Vec<Message>>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Debug, Default)]
@@ -113,12 +107,12 @@ impl SessionLog {
 
     /// Appends `record` durably (one write, then `fdatasync` unless the
     /// store was opened with [`Durability::NoSync`]); only then is it added
-    /// to the Responses history. Serialization and I/O run on a blocking
-    /// thread.
-    pub async fn append(&self, record: CompletionRecord) -> Result<(), LogError> {
+    /// to the Responses history. Serialization (using the parts in `pre`)
+    /// and I/O run on a blocking thread.
+    pub async fn append(&self, record: CompletionRecord, pre: PreEncoded) -> Result<(), LogError> {
         let file = Arc::clone(&self.file);
         let entry = tokio::task::spawn_blocking(move || {
-            let line = encode_line(&record)?;
+            let line = encode_record(&record, &pre)?;
             lock(&file).append_line(&line)?;
             Ok::<_, LogError>(history_entry(&record))
         })

@@ -195,6 +195,8 @@ pub async fn serve(
                 }
             },
         };
+        // Replies are streamed in small writes: no Nagle delay on them.
+        let _ = stream.set_nodelay(true);
         let source = Arc::new(BaseUrlSource {
             sessions: Arc::clone(&sessions),
             rules: Arc::clone(&rules),

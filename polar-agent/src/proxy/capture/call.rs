@@ -6,19 +6,21 @@
 
 use std::sync::Arc;
 
+use tracing::Instrument;
+
 use http::Response;
 use http::request::Parts;
 use serde_json::Value;
 
 use crate::capture::SessionLog;
 use crate::capture::record::{Api, CompletionRecord, NativeRequest};
-use crate::chat::{ChatRequest, Sampling};
 use crate::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
 
 use super::super::body::ProxyBody;
 use super::super::pipeline::RequestContext;
-use super::record::{Draft, Produced, call_id, now_ms};
 use super::{Capture, Decoded, errors, reply};
+use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
+use crate::capture::encode::PreEncoded;
 
 /// Runs one model call.
 pub(super) async fn run(
@@ -55,7 +57,7 @@ pub(super) async fn run(
         (Some(_), _) => Value::String(String::from_utf8_lossy(&decoded.bytes).into_owned()),
         (None, v) => v,
     };
-    let mut draft = Draft {
+    let draft = Draft {
         call_id: call_id(),
         seq: log.next_seq(),
         session_id: session.to_string(),
@@ -70,8 +72,31 @@ pub(super) async fn run(
         request: empty_request(),
         received_ms,
     };
+    let span = tracing::info_span!(
+        "call",
+        session = %session,
+        seq = draft.seq,
+        call_id = %draft.call_id,
+        api = ?api
+    );
+    translate_and_answer(capture, ctx, log, draft, decoded.json_error, call)
+        .instrument(span)
+        .await
+}
 
-    if let Some(e) = &decoded.json_error {
+/// The rest of a call once its record is drafted.
+async fn translate_and_answer(
+    capture: Arc<Capture>,
+    ctx: RequestContext,
+    log: Arc<SessionLog>,
+    mut draft: Draft,
+    json_error: Option<String>,
+    call: ModelCall,
+) -> Response<ProxyBody> {
+    let api = call.api;
+    let received_ms = draft.received_ms;
+    let session = Capture::session_of(&ctx);
+    if let Some(e) = &json_error {
         let err = ProviderError::invalid(format!("the request body is not JSON: {e}"));
         return fail_early(&log, draft, api, err, None).await;
     }
@@ -117,9 +142,11 @@ pub(super) async fn run(
             return fail_early(&log, draft, api, err, Some(backend_name)).await;
         }
     };
+    let early = draft.encode_early();
     let call = reply::Call {
         log,
         draft,
+        early,
         api,
         opts,
     };
@@ -148,7 +175,7 @@ async fn fail_early(
         },
         Some((err.side, err.message.clone())),
     );
-    if let Err(resp) = append(log, record, api).await {
+    if let Err(resp) = append(log, record, PreEncoded::default(), api).await {
         return resp;
     }
     errors::respond(api, &err)
@@ -159,9 +186,10 @@ async fn fail_early(
 pub(super) async fn append(
     log: &SessionLog,
     record: CompletionRecord,
+    pre: PreEncoded,
     api: Api,
 ) -> Result<(), Response<ProxyBody>> {
-    log.append(record).await.map_err(|e| {
+    log.append(record, pre).await.map_err(|e| {
         tracing::error!(session = %log.session(), error = %e, "appending to the capture log failed");
         errors::respond(api, &record_failed())
     })
@@ -174,16 +202,4 @@ pub(super) fn record_failed() -> ProviderError {
         ErrorKind::Internal,
         "the agent could not record this call",
     )
-}
-
-fn empty_request() -> ChatRequest {
-    ChatRequest {
-        model: String::new(),
-        messages: Vec::new(),
-        tools: Vec::new(),
-        tool_choice: None,
-        sampling: Sampling::default(),
-        stream: false,
-        extra: Default::default(),
-    }
 }

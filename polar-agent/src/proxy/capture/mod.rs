@@ -28,7 +28,6 @@
 mod call;
 mod decode;
 mod errors;
-mod record;
 mod reply;
 mod side;
 

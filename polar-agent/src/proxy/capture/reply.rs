@@ -9,14 +9,21 @@
 //!   error event) are held back until the record is on disk. A harness that
 //!   goes away ends the backend call; that call is recorded as failed on the
 //!   harness's side.
+//!
+//! While the backend generates, the record's big parts are serialized on
+//! blocking threads (the requests from the start, the prompt ids from the
+//! first event), so the end of a reply waits only for the reply's part of
+//! the record, the write and the sync.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use tracing::Instrument;
 
 use crate::capture::SessionLog;
-use crate::capture::record::Api;
+use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding};
+use crate::capture::record::{Api, CompletionRecord};
 use crate::chat::StreamEvent;
 use crate::inference::{ChatStream, InferenceError};
 use crate::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
@@ -26,7 +33,6 @@ use super::super::body::{BodySender, ProxyBody, channel};
 use super::super::error::json_response;
 use super::call::{append, record_failed};
 use super::errors::{self, provider_error};
-use super::record::{Draft, Produced};
 
 /// Longest error text kept in a record.
 const MAX_RECORDED_ERROR: usize = 2000;
@@ -35,8 +41,40 @@ const MAX_RECORDED_ERROR: usize = 2000;
 pub(super) struct Call {
     pub log: Arc<SessionLog>,
     pub draft: Draft,
+    pub early: EarlyEncoding,
     pub api: Api,
     pub opts: ReplyOptions,
+}
+
+/// The record's parts being serialized ahead.
+struct Ahead {
+    early: EarlyEncoding,
+    prompt: Option<PromptEncoding>,
+}
+
+impl Ahead {
+    /// Starts serializing the prompt ids, once the backend reported them.
+    fn prompt_known(&mut self, stream: &ChatStream) {
+        if self.prompt.is_none()
+            && let Some(ids) = stream.tokens().prompt_token_ids
+        {
+            self.prompt = Some(PromptEncoding::start(ids));
+        }
+    }
+
+    /// The record of the call and its pre-serialized parts.
+    async fn record(
+        self,
+        mut draft: Draft,
+        produced: Produced<'_>,
+        failure: Option<(Side, String)>,
+    ) -> (CompletionRecord, crate::capture::encode::PreEncoded) {
+        let mut pre = draft.restore(self.early).await;
+        if let Some(p) = self.prompt {
+            pre.prompt_token_ids = p.finish().await;
+        }
+        (draft.finish(produced, failure), pre)
+    }
 }
 
 fn recorded_error(e: &InferenceError) -> String {
@@ -66,14 +104,22 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     let Call {
         log,
         draft,
+        early,
         api,
         opts,
     } = call;
+    let mut ahead = Ahead {
+        early,
+        prompt: None,
+    };
     let mut events = Vec::new();
     let mut failure = None;
     while let Some(item) = stream.next().await {
         match item {
-            Ok(ev) => events.push(ev),
+            Ok(ev) => {
+                events.push(ev);
+                ahead.prompt_known(&stream);
+            }
             Err(e) => {
                 failure = Some(e);
                 break;
@@ -85,18 +131,19 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     if let Some(e) = failure {
         tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
         let err = provider_error(&e);
-        let record = draft.finish(produced, Some((Side::Backend, recorded_error(&e))));
-        if let Err(resp) = append(&log, record, api).await {
+        let failure = Some((Side::Backend, recorded_error(&e)));
+        let (record, pre) = ahead.record(draft, produced, failure).await;
+        if let Err(resp) = append(&log, record, pre, api).await {
             return resp;
         }
         return errors::respond(api, &err);
     }
-    let record = draft.finish(produced, None);
+    let (record, pre) = ahead.record(draft, produced, None).await;
     let body = record
         .response
         .as_ref()
         .map(|r| Bytes::from(provider::response_body(api, r, &opts).to_string()));
-    if let Err(resp) = append(&log, record, api).await {
+    if let Err(resp) = append(&log, record, pre, api).await {
         return resp;
     }
     match body {
@@ -119,10 +166,15 @@ pub(super) async fn streamed(
                 _ => (no_finish(), no_finish().message),
             };
             tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
-            let record = call
-                .draft
-                .finish(produced(&stream, &[]), Some((Side::Backend, text)));
-            if let Err(resp) = append(&call.log, record, call.api).await {
+            let ahead = Ahead {
+                early: call.early,
+                prompt: None,
+            };
+            let failure = Some((Side::Backend, text));
+            let (record, pre) = ahead
+                .record(call.draft, produced(&stream, &[]), failure)
+                .await;
+            if let Err(resp) = append(&call.log, record, pre, call.api).await {
                 return resp;
             }
             return errors::respond(call.api, &err);
@@ -130,7 +182,7 @@ pub(super) async fn streamed(
     };
     let framing = call.opts.framing;
     let (tx, body) = channel();
-    tasks.spawn(pump(call, stream, first, tx));
+    tasks.spawn(pump(call, stream, first, tx).instrument(tracing::Span::current()));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
     h.insert(
@@ -155,9 +207,15 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     let Call {
         log,
         draft,
+        early,
         api,
         opts,
     } = call;
+    let mut ahead = Ahead {
+        early,
+        prompt: None,
+    };
+    ahead.prompt_known(&stream);
     let mut enc = provider::encoder(api, &opts);
     let mut events = Vec::with_capacity(64);
     let mut next = Some(Ok(first));
@@ -191,8 +249,8 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     let seq = draft.seq;
     match end {
         End::Finished(last) => {
-            let record = draft.finish(produced, None);
-            let last = match log.append(record).await {
+            let (record, pre) = ahead.record(draft, produced, None).await;
+            let last = match log.append(record, pre).await {
                 Ok(()) => last,
                 Err(e) => {
                     tracing::error!(seq, error = %e, "appending to the capture log failed; ending the stream with an error");
@@ -203,8 +261,9 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
         }
         End::Failed(err, text) => {
             tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
-            let record = draft.finish(produced, Some((Side::Backend, text)));
-            if let Err(e) = log.append(record).await {
+            let failure = Some((Side::Backend, text));
+            let (record, pre) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, pre).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
             let _ = tx.send(enc.error(&err)).await;
@@ -214,14 +273,12 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
                 seq,
                 "the harness closed the connection before the reply ended"
             );
-            let record = draft.finish(
-                produced,
-                Some((
-                    Side::Harness,
-                    "the harness closed the connection before the reply ended".into(),
-                )),
-            );
-            if let Err(e) = log.append(record).await {
+            let failure = Some((
+                Side::Harness,
+                "the harness closed the connection before the reply ended".into(),
+            ));
+            let (record, pre) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, pre).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
         }

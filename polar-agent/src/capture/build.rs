@@ -1,32 +1,42 @@
 //! Building a call's [`CompletionRecord`]: what is known when the call
-//! arrives ([`Draft`]), completed with what the backend produced (events,
-//! token data as the backend reported it, backend facts, timings) and the
-//! outcome.
+//! arrives ([`Draft`]), completed with what the backend produced
+//! ([`Produced`]: events, token data as the backend reported it, backend
+//! facts, timings) and the outcome. The reply in the record carries no token
+//! data of its own: the record's top-level `prompt_token_ids`,
+//! `response_token_ids` and `response_logprobs` hold it, once.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::capture::record::{
+use super::encode::PreEncoded;
+use super::record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use crate::chat::{ChatRequest, ChatResponse, StreamEvent, Tokens};
+use crate::chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
 use crate::inference;
 use crate::provider::{self, Side};
 
 /// A record's fields known before the backend answers.
 #[derive(Debug)]
-pub(super) struct Draft {
+pub struct Draft {
+    /// Unique id of the call ([`call_id`]).
     pub call_id: String,
+    /// Position in the session.
     pub seq: u64,
+    /// The session.
     pub session_id: String,
+    /// The session's task.
     pub task_id: Option<String>,
+    /// What the harness sent.
     pub native: NativeRequest,
+    /// The normalized request (with `previous_response_id` history applied).
     pub request: ChatRequest,
+    /// When the request arrived (ms since the Unix epoch).
     pub received_ms: u64,
 }
 
 /// What the backend side produced, however far it got.
 #[derive(Debug, Default)]
-pub(super) struct Produced<'a> {
+pub struct Produced<'a> {
     /// The events yielded, in order.
     pub events: &'a [StreamEvent],
     /// The token data reported.
@@ -45,7 +55,7 @@ fn epoch_ms(t: SystemTime) -> u64 {
 }
 
 /// A fresh call id: `call_` and 16 hex digits.
-pub(super) fn call_id() -> String {
+pub fn call_id() -> String {
     format!("call_{:016x}", rand::random::<u64>())
 }
 
@@ -127,7 +137,78 @@ impl Draft {
     }
 }
 
+/// A request with nothing in it (the normalized request of a call that
+/// could not be parsed).
+pub fn empty_request() -> ChatRequest {
+    ChatRequest {
+        model: String::new(),
+        messages: Vec::new(),
+        tools: Vec::new(),
+        tool_choice: None,
+        sampling: Sampling::default(),
+        stream: false,
+        extra: Default::default(),
+    }
+}
+
+/// A draft's native and normalized requests on loan to a blocking task
+/// that serializes them while the backend generates
+/// ([`Draft::encode_early`], [`Draft::restore`]).
+#[derive(Debug)]
+pub struct EarlyEncoding(tokio::task::JoinHandle<(NativeRequest, ChatRequest, PreEncoded)>);
+
+/// Prompt token ids being serialized on a blocking task.
+#[derive(Debug)]
+pub struct PromptEncoding(
+    tokio::task::JoinHandle<Option<(Vec<u32>, Box<serde_json::value::RawValue>)>>,
+);
+
+impl PromptEncoding {
+    /// Starts serializing `ids`.
+    pub fn start(ids: Vec<u32>) -> Self {
+        Self(tokio::task::spawn_blocking(move || PreEncoded::prompt(ids)))
+    }
+
+    /// The serialized ids (`None` if the task failed).
+    pub async fn finish(self) -> Option<(Vec<u32>, Box<serde_json::value::RawValue>)> {
+        self.0.await.ok().flatten()
+    }
+}
+
+impl Draft {
+    /// Lends the native and normalized requests to a blocking task that
+    /// serializes them (the draft holds placeholders until
+    /// [`Draft::restore`]).
+    pub fn encode_early(&mut self) -> EarlyEncoding {
+        let placeholder = NativeRequest {
+            body: serde_json::Value::Null,
+            ..self.native.clone_head()
+        };
+        let native = std::mem::replace(&mut self.native, placeholder);
+        let request = std::mem::replace(&mut self.request, empty_request());
+        EarlyEncoding(tokio::task::spawn_blocking(move || {
+            let pre = PreEncoded::requests(&native, &request);
+            (native, request, pre)
+        }))
+    }
+
+    /// Takes the requests back; returns their serialized form.
+    pub async fn restore(&mut self, early: EarlyEncoding) -> PreEncoded {
+        match early.0.await {
+            Ok((native, request, pre)) => {
+                self.native = native;
+                self.request = request;
+                pre
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "serializing a record's requests failed; they are lost");
+                PreEncoded::default()
+            }
+        }
+    }
+}
+
 /// Milliseconds since the Unix epoch, now.
-pub(super) fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     epoch_ms(SystemTime::now())
 }
