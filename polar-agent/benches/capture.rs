@@ -15,8 +15,8 @@
 //!    sampled from `/proc`.
 //!
 //! Both servers are the release `polar` binary in child processes; the
-//! client is this process. Set `CAPTURE_BENCH_ONLY=stage|ttft|concurrent`
-//! to run one part.
+//! client is this process. Set `CAPTURE_BENCH_ONLY` to a comma-separated
+//! list of `stage`, `ttft`, `concurrent` to run only those parts.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -247,7 +247,7 @@ fn stage_work() {
         };
         let t2 = Instant::now();
         let mut pre = PreEncoded::requests(&native, &parsed.request);
-        pre.prompt_token_ids = PreEncoded::prompt(prompt_ids.clone());
+        pre.prompt_token_ids = PreEncoded::prompt(&prompt_ids);
         d[2] = t2.elapsed();
 
         // 3. End of the call: record built, its line finished with the
@@ -650,6 +650,8 @@ async fn concurrent() {
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let peak = peak.await.unwrap();
     let hwm = rss_kib(agent_pid, "VmHWM:");
+    let threads = rss_kib(agent_pid, "Threads:");
+    let anon = rss_kib(agent_pid, "RssAnon:");
     let after = rss_kib(agent_pid, "VmRSS:");
     let mock_hwm = rss_kib(servers.mock.id(), "VmHWM:");
     let records: usize = (0..CALLS)
@@ -684,32 +686,35 @@ async fn concurrent() {
     }
     println!(
         "\nAgent resident memory: idle {:.1} MiB, peak sampled {:.1} MiB, high-water mark (VmHWM) {:.1} MiB, after {:.1} MiB. \
-         Mock backend high-water mark {:.1} MiB. Records in the logs: {records} of {}.",
+         Mock backend high-water mark {:.1} MiB. Records in the logs: {records} of {}. \
+         (Agent after the run: {threads} threads, anonymous memory {:.1} MiB.)",
         idle as f64 / 1024.0,
         peak as f64 / 1024.0,
         hwm as f64 / 1024.0,
         after as f64 / 1024.0,
         mock_hwm as f64 / 1024.0,
-        CALLS * 2
+        CALLS * 2,
+        anon as f64 / 1024.0,
     );
 }
 
 fn main() {
     let only = std::env::var("CAPTURE_BENCH_ONLY").unwrap_or_default();
+    let run = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    if only.is_empty() || only == "stage" {
+    if run("stage") {
         stage_work();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    if only.is_empty() || only == "ttft" {
+    if run("ttft") {
         rt.block_on(ttft());
     }
-    if only.is_empty() || only == "concurrent" {
+    if run("concurrent") {
         rt.block_on(concurrent());
     }
 }

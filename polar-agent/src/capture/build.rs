@@ -7,7 +7,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::encode::PreEncoded;
+use super::encode::{IdsFingerprint, PreEncoded};
 use super::record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
@@ -137,6 +137,28 @@ impl Draft {
     }
 }
 
+/// Keeps `ev` for the record, merged into the previous event when both are
+/// pieces of the same text, reasoning or tool-call arguments: the reply
+/// assembled from the kept events is the same, and a long reply is held as
+/// a few events instead of one per token.
+pub fn keep_event(events: &mut Vec<StreamEvent>, ev: StreamEvent) {
+    match (events.last_mut(), ev) {
+        (Some(StreamEvent::TextDelta { text }), StreamEvent::TextDelta { text: more })
+        | (
+            Some(StreamEvent::ReasoningDelta { text }),
+            StreamEvent::ReasoningDelta { text: more },
+        ) => text.push_str(&more),
+        (
+            Some(StreamEvent::ToolCallDelta { index, arguments }),
+            StreamEvent::ToolCallDelta {
+                index: i,
+                arguments: more,
+            },
+        ) if *index == i => arguments.push_str(&more),
+        (_, ev) => events.push(ev),
+    }
+}
+
 /// A request with nothing in it (the normalized request of a call that
 /// could not be parsed).
 pub fn empty_request() -> ChatRequest {
@@ -157,20 +179,22 @@ pub fn empty_request() -> ChatRequest {
 #[derive(Debug)]
 pub struct EarlyEncoding(tokio::task::JoinHandle<(NativeRequest, ChatRequest, PreEncoded)>);
 
+type EncodedPrompt = Option<(IdsFingerprint, Box<serde_json::value::RawValue>)>;
+
 /// Prompt token ids being serialized on a blocking task.
 #[derive(Debug)]
-pub struct PromptEncoding(
-    tokio::task::JoinHandle<Option<(Vec<u32>, Box<serde_json::value::RawValue>)>>,
-);
+pub struct PromptEncoding(tokio::task::JoinHandle<EncodedPrompt>);
 
 impl PromptEncoding {
     /// Starts serializing `ids`.
     pub fn start(ids: Vec<u32>) -> Self {
-        Self(tokio::task::spawn_blocking(move || PreEncoded::prompt(ids)))
+        Self(tokio::task::spawn_blocking(move || {
+            PreEncoded::prompt(&ids)
+        }))
     }
 
-    /// The serialized ids (`None` if the task failed).
-    pub async fn finish(self) -> Option<(Vec<u32>, Box<serde_json::value::RawValue>)> {
+    /// The serialized ids and their fingerprint (`None` if the task failed).
+    pub async fn finish(self) -> EncodedPrompt {
         self.0.await.ok().flatten()
     }
 }
@@ -178,7 +202,9 @@ impl PromptEncoding {
 impl Draft {
     /// Lends the native and normalized requests to a blocking task that
     /// serializes them (the draft holds placeholders until
-    /// [`Draft::restore`]).
+    /// [`Draft::restore`]). The native body is not given back: the line is
+    /// written from its serialized form, and a large body is not held twice
+    /// while the backend generates.
     pub fn encode_early(&mut self) -> EarlyEncoding {
         let placeholder = NativeRequest {
             body: serde_json::Value::Null,
@@ -188,6 +214,14 @@ impl Draft {
         let request = std::mem::replace(&mut self.request, empty_request());
         EarlyEncoding(tokio::task::spawn_blocking(move || {
             let pre = PreEncoded::requests(&native, &request);
+            let native = if pre.native_request.is_some() {
+                NativeRequest {
+                    body: serde_json::Value::Null,
+                    ..native.clone_head()
+                }
+            } else {
+                native
+            };
             (native, request, pre)
         }))
     }
@@ -211,4 +245,62 @@ impl Draft {
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
     epoch_ms(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{FinishReason, Usage};
+
+    #[test]
+    fn kept_events_assemble_to_the_same_reply() {
+        let all = vec![
+            StreamEvent::Start {
+                id: "r".into(),
+                model: "m".into(),
+                prompt_tokens: Some(3),
+            },
+            StreamEvent::ReasoningDelta { text: "th".into() },
+            StreamEvent::ReasoningDelta { text: "ink".into() },
+            StreamEvent::ReasoningDone { signature: None },
+            StreamEvent::TextDelta { text: "a ".into() },
+            StreamEvent::TextDelta { text: "b".into() },
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "c0".into(),
+                name: "x".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{\"a\":".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "1}".into(),
+            },
+            StreamEvent::ToolCallStart {
+                index: 1,
+                id: "c1".into(),
+                name: "y".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 1,
+                arguments: "{}".into(),
+            },
+            StreamEvent::Finish {
+                finish_reason: FinishReason::ToolCalls,
+                usage: Usage::default(),
+            },
+        ];
+        let mut kept = Vec::new();
+        for ev in all.clone() {
+            keep_event(&mut kept, ev);
+        }
+        assert_eq!(kept.len(), 9);
+        assert_eq!(
+            inference::stream::assemble(&kept, Tokens::default()),
+            inference::stream::assemble(&all, Tokens::default())
+        );
+        assert_eq!(provider::assemble(&kept), provider::assemble(&all));
+    }
 }

@@ -24,9 +24,32 @@ pub struct PreEncoded {
     pub native_request: Option<Box<RawValue>>,
     /// `request`.
     pub request: Option<Box<RawValue>>,
-    /// `prompt_token_ids`, with the ids it was made from (it is used only if
-    /// the record's ids are the same).
-    pub prompt_token_ids: Option<(Vec<u32>, Box<RawValue>)>,
+    /// `prompt_token_ids`, with the fingerprint of the ids it was made from
+    /// (it is used only if the record's ids have the same).
+    pub prompt_token_ids: Option<(IdsFingerprint, Box<RawValue>)>,
+}
+
+/// Length and a hash of a list of token ids: enough to tell whether the ids
+/// a part was serialized from are the record's, without keeping a copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdsFingerprint {
+    len: usize,
+    hash: u64,
+}
+
+impl IdsFingerprint {
+    /// The fingerprint of `ids` (FNV-1a over the ids).
+    pub fn of(ids: &[u32]) -> Self {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for id in ids {
+            hash ^= u64::from(*id);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        Self {
+            len: ids.len(),
+            hash,
+        }
+    }
 }
 
 impl PreEncoded {
@@ -39,10 +62,10 @@ impl PreEncoded {
         }
     }
 
-    /// Serializes prompt token ids (kept with them for the check).
-    pub fn prompt(ids: Vec<u32>) -> Option<(Vec<u32>, Box<RawValue>)> {
-        let raw = to_raw_value(&ids).ok()?;
-        Some((ids, raw))
+    /// Serializes prompt token ids (with their fingerprint for the check).
+    pub fn prompt(ids: &[u32]) -> Option<(IdsFingerprint, Box<RawValue>)> {
+        let raw = to_raw_value(ids).ok()?;
+        Some((IdsFingerprint::of(ids), raw))
     }
 }
 
@@ -94,7 +117,9 @@ struct Line<'a> {
 pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<u8>, LogError> {
     let prompt = match (&record.prompt_token_ids, &pre.prompt_token_ids) {
         (None, _) => None,
-        (Some(ids), Some((pre_ids, raw))) if ids == pre_ids => Some(Part::Raw(raw)),
+        (Some(ids), Some((print, raw))) if IdsFingerprint::of(ids) == *print => {
+            Some(Part::Raw(raw))
+        }
         (Some(ids), _) => Some(Part::Value(ids)),
     };
     let line = Line {
@@ -137,10 +162,14 @@ mod tests {
         let mut record = crate::capture::log::tests::record(3, Api::OpenaiResponses, "hi");
         let plain = encode_line(&record).unwrap();
         let mut pre = PreEncoded::requests(&record.native_request, &record.request);
-        pre.prompt_token_ids = PreEncoded::prompt(vec![1, 2, 3]);
+        pre.prompt_token_ids = PreEncoded::prompt(&[1, 2, 3]);
         assert_eq!(encode_record(&record, &pre).unwrap(), plain);
         // Stale prompt ids are not used.
-        record.prompt_token_ids = Some(vec![9]);
+        record.prompt_token_ids = Some(vec![1, 2, 4]);
+        assert_ne!(
+            IdsFingerprint::of(&[1, 2, 3]),
+            IdsFingerprint::of(&[1, 2, 4])
+        );
         assert_eq!(
             encode_record(&record, &pre).unwrap(),
             encode_line(&record).unwrap()

@@ -22,7 +22,7 @@ use http::{HeaderValue, Response, StatusCode, header};
 use tracing::Instrument;
 
 use crate::capture::SessionLog;
-use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding};
+use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
 use crate::capture::record::{Api, CompletionRecord};
 use crate::chat::StreamEvent;
 use crate::inference::{ChatStream, InferenceError};
@@ -117,7 +117,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => {
-                events.push(ev);
+                keep_event(&mut events, ev);
                 ahead.prompt_known(&stream);
             }
             Err(e) => {
@@ -217,7 +217,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     };
     ahead.prompt_known(&stream);
     let mut enc = provider::encoder(api, &opts);
-    let mut events = Vec::with_capacity(64);
+    let mut events = Vec::with_capacity(8);
     let mut next = Some(Ok(first));
     let end = loop {
         let item = match next.take() {
@@ -232,7 +232,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             Some(Ok(ev)) => {
                 let bytes = enc.push(&ev);
                 let finish = matches!(ev, StreamEvent::Finish { .. });
-                events.push(ev);
+                keep_event(&mut events, ev);
                 if finish {
                     break End::Finished(bytes);
                 }
