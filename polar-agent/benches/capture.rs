@@ -45,7 +45,8 @@ use polar_agent::capture::encode::{PreEncoded, encode_record};
 use polar_agent::capture::log::{Durability, LogFile, encode_line};
 use polar_agent::capture::record::NativeRequest;
 use polar_agent::chat::{FinishReason, StreamEvent, Tokens, Usage};
-use polar_agent::inference::{BackendConfig, Dialect, SamplingMode, request::chat_body};
+use polar_agent::inference::wire::chat_body_bytes;
+use polar_agent::inference::{BackendConfig, Dialect, SamplingMode};
 use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
 use polar_agent::provider::sse::SseParser;
@@ -222,7 +223,7 @@ fn stage_work() {
         };
         let parsed = provider::parse_request(&call, &v).unwrap();
         let opts = parsed.reply_options(&call, 0);
-        let upstream = chat_body(&backend, &parsed.request, SamplingMode::Train).to_string();
+        let upstream = chat_body_bytes(&backend, &parsed.request, SamplingMode::Train);
         d[0] = t0.elapsed();
         black_box(upstream);
 
@@ -516,7 +517,7 @@ async fn ttft() {
             panic!()
         };
         let parsed = provider::parse_request(&call, body).unwrap();
-        Bytes::from(chat_body(&backend, &parsed.request, SamplingMode::Train).to_string())
+        Bytes::from(chat_body_bytes(&backend, &parsed.request, SamplingMode::Train))
     };
     let cases = [
         (
@@ -587,6 +588,21 @@ async fn ttft() {
 
 // ------------------------------------------------------------- 3. concurrency
 
+/// User + system CPU time of a process.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
 fn rss_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
@@ -624,6 +640,7 @@ async fn concurrent() {
         })
     };
     let mut rounds = Vec::new();
+    let (agent_cpu0, mock_cpu0) = (cpu_time(agent_pid), cpu_time(servers.mock.id()));
     for round in 0..2 {
         let started = Instant::now();
         let mut handles = Vec::new();
@@ -647,6 +664,8 @@ async fn concurrent() {
         }
         rounds.push((round, started.elapsed(), stats(firsts), stats(ends)));
     }
+    let agent_cpu = cpu_time(agent_pid) - agent_cpu0;
+    let mock_cpu = cpu_time(servers.mock.id()) - mock_cpu0;
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let peak = peak.await.unwrap();
     let hwm = rss_kib(agent_pid, "VmHWM:");
@@ -687,7 +706,8 @@ async fn concurrent() {
     println!(
         "\nAgent resident memory: idle {:.1} MiB, peak sampled {:.1} MiB, high-water mark (VmHWM) {:.1} MiB, after {:.1} MiB. \
          Mock backend high-water mark {:.1} MiB. Records in the logs: {records} of {}. \
-         (Agent after the run: {threads} threads, anonymous memory {:.1} MiB.)",
+         (Agent after the run: {threads} threads, anonymous memory {:.1} MiB.) \
+         CPU time over both rounds: agent {:.1} s ({:.1} µs per streamed token), mock backend {:.1} s.",
         idle as f64 / 1024.0,
         peak as f64 / 1024.0,
         hwm as f64 / 1024.0,
@@ -695,6 +715,9 @@ async fn concurrent() {
         mock_hwm as f64 / 1024.0,
         CALLS * 2,
         anon as f64 / 1024.0,
+        agent_cpu.as_secs_f64(),
+        agent_cpu.as_secs_f64() * 1e6 / (CALLS * 2 * 201) as f64,
+        mock_cpu.as_secs_f64(),
     );
 }
 
