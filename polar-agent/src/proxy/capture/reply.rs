@@ -53,7 +53,8 @@ struct Ahead {
 }
 
 impl Ahead {
-    /// Starts serializing the prompt ids, once the backend reported them.
+    /// Starts serializing the prompt ids, if the backend reported them
+    /// (called once, after the first event: they come with it or never).
     fn prompt_known(&mut self, stream: &ChatStream) {
         if self.prompt.is_none()
             && let Some(ids) = stream.tokens().prompt_token_ids
@@ -118,7 +119,9 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
         match item {
             Ok(ev) => {
                 keep_event(&mut events, ev);
-                ahead.prompt_known(&stream);
+                if events.len() == 1 {
+                    ahead.prompt_known(&stream);
+                }
             }
             Err(e) => {
                 failure = Some(e);
