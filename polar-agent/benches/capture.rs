@@ -517,7 +517,11 @@ async fn ttft() {
             panic!()
         };
         let parsed = provider::parse_request(&call, body).unwrap();
-        Bytes::from(chat_body_bytes(&backend, &parsed.request, SamplingMode::Train))
+        Bytes::from(chat_body_bytes(
+            &backend,
+            &parsed.request,
+            SamplingMode::Train,
+        ))
     };
     let cases = [
         (
