@@ -1,7 +1,9 @@
 //! The assembled agent: from a validated configuration to the parts that
 //! serve sandbox sessions — the CA (loaded, or created on first start) and
-//! the sandboxes' trust files, the interception proxy with its pipeline, the
-//! DNS resolver following the routing rules, and the base-URL listener.
+//! the sandboxes' trust files, the interception proxy with its pipeline (the
+//! capture stage, which forwards routes without a backend), the capture
+//! store and the session registry, the DNS resolver following the routing
+//! rules, and the base-URL listener's session directory.
 //! Everything here happens after the configuration was validated and before
 //! any sandbox starts.
 
@@ -10,13 +12,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::capture::{CaptureStore, Durability, SessionRegistry};
 use crate::config::{Config, HostPattern, Rules};
 use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
-use crate::proxy::error::ProxyError;
-use crate::proxy::forward::Forward;
+use crate::proxy::capture::{Capture, CaptureError};
 use crate::proxy::pipeline::ModelPipeline;
+use crate::tasks::Tasks;
 use crate::tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
     ServerConfigFactory, TrustFiles, write_trust_files,
@@ -47,7 +50,7 @@ pub enum AgentError {
     Leaf(#[from] LeafError),
     /// The pipeline could not be set up.
     #[error(transparent)]
-    Pipeline(#[from] ProxyError),
+    Pipeline(#[from] CaptureError),
 }
 
 /// The name constraints the CA needs for these rules: the intercepted
@@ -143,16 +146,39 @@ pub struct AgentParts {
     pub trust: TrustFiles,
     /// Sessions the base-URL listener accepts.
     pub sessions: Arc<SessionDirectory>,
+    /// Sessions' task ids and metadata (filled by whoever starts a session).
+    pub registry: Arc<SessionRegistry>,
+    /// The capture stage, when it is the pipeline.
+    pub capture: Option<Arc<Capture>>,
+    /// The tasks serving streamed replies (drain them before exiting).
+    pub tasks: Tasks,
 }
 
 impl AgentParts {
-    /// Builds the parts with the forwarding pipeline.
+    /// Builds the parts with the capture stage, syncing every record.
     pub fn build(config: Config) -> Result<Self, AgentError> {
-        let pipeline: Arc<dyn ModelPipeline> = Arc::new(Forward::new(Duration::from_secs(600))?);
-        Self::with_pipeline(config, pipeline)
+        Self::build_with(config, Durability::Sync)
     }
 
-    /// Builds the parts around a given pipeline.
+    /// Builds the parts with the capture stage and the given durability.
+    pub fn build_with(config: Config, durability: Durability) -> Result<Self, AgentError> {
+        let tasks = Tasks::new();
+        let registry = Arc::new(SessionRegistry::new());
+        let store = Arc::new(CaptureStore::new(
+            &config.agent.state_dir,
+            durability,
+            Arc::clone(&registry),
+        ));
+        let capture = Arc::new(Capture::from_config(&config, store, tasks.clone())?);
+        let pipeline: Arc<dyn ModelPipeline> = Arc::clone(&capture) as Arc<dyn ModelPipeline>;
+        let mut parts = Self::with_pipeline(config, pipeline)?;
+        parts.registry = registry;
+        parts.capture = Some(capture);
+        parts.tasks = tasks;
+        Ok(parts)
+    }
+
+    /// Builds the parts around a given pipeline (no capture stage).
     pub fn with_pipeline(
         config: Config,
         pipeline: Arc<dyn ModelPipeline>,
@@ -183,6 +209,9 @@ impl AgentParts {
             resolver,
             trust,
             sessions: Arc::new(SessionDirectory::default()),
+            registry: Arc::new(SessionRegistry::new()),
+            capture: None,
+            tasks: Tasks::new(),
         })
     }
 }

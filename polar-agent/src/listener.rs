@@ -85,6 +85,8 @@ pub async fn accept_loop<H: Handler>(
 }
 
 fn dispatch<H: Handler>(ctx: &AcceptContext<H>, stream: TcpStream, peer: SocketAddr) {
+    // Replies are streamed in small writes: no Nagle delay on them.
+    let _ = stream.set_nodelay(true);
     let AcceptContext {
         redirect,
         fake,

@@ -1,4 +1,23 @@
-//! Capture of model calls: the record of each call and the durable
-//! per-session log it is appended to.
+//! Capture of model calls: the record of each call ([`record`]) and how it
+//! is built from a call's parts ([`build`]), the
+//! durable per-session log it is appended to ([`log`]), the store of all
+//! sessions' logs with their Responses-API history ([`store`]), and the
+//! sessions' task and metadata ([`session`]).
+//!
+//! Layout on disk, under `agent.state_dir`:
+//!
+//! ```text
+//! sessions/<session id>/session.json   session id, task id, metadata
+//! sessions/<session id>/calls.jsonl    one CompletionRecord per line
+//! ```
 
+pub mod build;
+pub mod encode;
+pub mod log;
 pub mod record;
+pub mod session;
+pub mod store;
+
+pub use log::{Durability, LogError, LogProblem, parse_log, read_log};
+pub use session::{SessionInfo, SessionRegistry};
+pub use store::{CaptureStore, SessionLog};

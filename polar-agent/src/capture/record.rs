@@ -39,6 +39,19 @@ pub struct NativeRequest {
     pub body: Value,
 }
 
+impl NativeRequest {
+    /// Everything but the body.
+    pub fn clone_head(&self) -> Self {
+        Self {
+            api: self.api,
+            method: self.method.clone(),
+            host: self.host.clone(),
+            path: self.path.clone(),
+            body: Value::Null,
+        }
+    }
+}
+
 /// Outcome of a call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]

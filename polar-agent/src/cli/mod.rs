@@ -5,6 +5,7 @@
 //! after signal N.
 
 mod ca;
+mod proxy;
 mod sandbox;
 
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 
 pub use self::ca::CaCommand;
+pub use self::proxy::ProxyArgs;
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
 
 /// Polar: run coding-agent CLIs in sandboxes and capture their model traffic.
@@ -54,6 +56,9 @@ pub enum Command {
     /// Rebuild trajectories from captured session logs and write them as
     /// JSONL/Parquet to a directory or s3://bucket/prefix.
     Export(crate::export::ExportArgs),
+    /// Serve base-URL mode only (no sandbox, no root): model calls of the
+    /// given sessions are translated, sent to the backends and captured.
+    Proxy(ProxyArgs),
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -129,6 +134,9 @@ pub enum CliError {
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+    /// The arguments do not say enough.
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<std::io::Error> for CliError {
@@ -177,6 +185,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
+        Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
         Command::MockBackend(args) => runtime()?.block_on(async {
             let token = CancellationToken::new();
             let stop = token.clone();

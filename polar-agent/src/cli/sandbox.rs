@@ -10,13 +10,13 @@ use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
 use crate::agent::AgentParts;
+use crate::capture::SessionInfo;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
 use crate::ids::SessionId;
 use crate::listener::LogHandler;
 use crate::proxy::base_url;
 use crate::redirect::preflight;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
-use crate::tasks::Tasks;
 
 /// Arguments of `polar sandbox run`.
 #[derive(Debug, clap::Args)]
@@ -28,6 +28,9 @@ pub struct SandboxRunArgs {
     /// Session id (random by default).
     #[arg(long)]
     pub session: Option<SessionId>,
+    /// The task the session runs (stamped on its captured calls).
+    #[arg(long)]
+    pub task: Option<String>,
     /// The configuration (routing rules, CA, limits).
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -96,7 +99,17 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let parts = AgentParts::build(config)?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
     parts.sessions.register(&session, None);
-    let tasks = Tasks::new();
+    parts.registry.register(
+        &session,
+        SessionInfo {
+            task_id: args.task.clone(),
+            ..SessionInfo::default()
+        },
+    );
+    if let Some(c) = &parts.capture {
+        c.spawn_health_checks();
+    }
+    let tasks = parts.tasks.clone();
     if let Some(addr) = parts.config.proxy.base_url_listen {
         let l = tokio::net::TcpListener::bind(addr)
             .await
@@ -120,6 +133,11 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
     parts.sessions.unregister(&session);
     tasks.drain(Duration::from_secs(2)).await;
+    if let Some(c) = &parts.capture {
+        c.store().close(&session);
+        tracing::info!(session = %session, log = %c.store().session_dir(&session).display(), "capture log");
+    }
+    parts.registry.unregister(&session);
     let out = result?;
     let s = &parts.proxy.stats;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);

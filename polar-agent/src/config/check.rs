@@ -32,6 +32,8 @@ pub struct Summary {
     pub base_url_listen: Option<SocketAddr>,
     /// Fake DNS range for model hosts.
     pub fake_range: Ipv4Cidr,
+    /// The backends: name, dialect and number of replicas.
+    pub backends: Vec<(String, &'static str, usize)>,
 }
 
 impl Summary {
@@ -55,6 +57,11 @@ impl Summary {
             intercepted_hosts: config.rules.intercepted_hosts().to_vec(),
             base_url_listen: config.proxy.base_url_listen,
             fake_range: config.dns.fake_range,
+            backends: config
+                .backends
+                .iter()
+                .map(|b| (b.name.clone(), b.dialect.as_str(), b.replicas.len()))
+                .collect(),
         }
     }
 }
@@ -89,7 +96,22 @@ impl fmt::Display for Summary {
             Some(addr) => writeln!(f, "base-URL listener: {addr}")?,
             None => writeln!(f, "base-URL listener: off")?,
         }
-        write!(f, "fake DNS range: {}", self.fake_range)
+        writeln!(f, "fake DNS range: {}", self.fake_range)?;
+        let backends: Vec<String> = self
+            .backends
+            .iter()
+            .map(|(name, dialect, n)| {
+                format!(
+                    "{name} ({dialect}, {n} replica{})",
+                    if *n == 1 { "" } else { "s" }
+                )
+            })
+            .collect();
+        if backends.is_empty() {
+            write!(f, "backends: none")
+        } else {
+            write!(f, "backends: {}", backends.join(", "))
+        }
     }
 }
 
@@ -124,6 +146,7 @@ mod tests {
         assert!(lines[2].starts_with("intercepted hosts: api.anthropic.com, api.openai.com, "));
         assert_eq!(lines[3], "base-URL listener: off");
         assert_eq!(lines[4], "fake DNS range: 127.100.0.0/16");
+        assert_eq!(lines[5], "backends: local (vllm, 1 replica)");
     }
 
     #[test]

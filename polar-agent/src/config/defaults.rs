@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::cidr::Ipv4Cidr;
 use super::host::{DnsName, HostPattern};
 use super::route::{DEFAULT_PORTS, ProviderHint, Route, RouteAction};
-use super::upstream::Upstream;
+use crate::inference::{BackendConfig, Dialect};
 
 /// `agent.state_dir`.
 pub const STATE_DIR: &str = "/var/lib/polar";
@@ -33,8 +33,25 @@ pub const FAKE_RANGE: Ipv4Cidr = match Ipv4Cidr::new(Ipv4Addr::new(127, 100, 0, 
 };
 /// `dns.ttl_secs`.
 pub const DNS_TTL_SECS: u32 = 60;
-/// Port of the local inference server the built-in model routes forward to.
+/// Port of the local inference server of the built-in backend.
 pub const LOCAL_INFERENCE_PORT: u16 = 8000;
+/// Name of the built-in backend.
+pub const LOCAL_BACKEND: &str = "local";
+/// Model name the built-in backend asks for (`vllm serve MODEL
+/// --served-model-name default`).
+pub const LOCAL_SERVED_MODEL: &str = "default";
+
+/// The backends used when the file has no `backend` key: one vLLM server,
+/// `local`, at `http://127.0.0.1:8000`, with the inference module's
+/// defaults for everything else.
+pub fn builtin_backends() -> Vec<BackendConfig> {
+    vec![BackendConfig::new(
+        LOCAL_BACKEND,
+        Dialect::Vllm,
+        vec![format!("http://127.0.0.1:{LOCAL_INFERENCE_PORT}")],
+        LOCAL_SERVED_MODEL,
+    )]
+}
 
 /// The model API hosts of the harnesses Polar knows, with their protocol.
 ///
@@ -50,9 +67,9 @@ pub const BUILTIN_MODEL_HOSTS: [(&str, ProviderHint); 5] = [
 ];
 
 /// The routes used when the file has no `route` key: each built-in model
-/// host on ports 443 and 80 to `http://127.0.0.1:8000`.
-pub fn builtin_routes() -> Vec<Route> {
-    let upstream = Arc::new(Upstream::local_http(LOCAL_INFERENCE_PORT));
+/// host on ports 443 and 80 to `backend` (the first configured backend).
+pub fn builtin_routes(backend: &str) -> Vec<Route> {
+    let backend: Arc<str> = Arc::from(backend);
     BUILTIN_MODEL_HOSTS
         .iter()
         .map(|(host, provider)| Route {
@@ -61,7 +78,8 @@ pub fn builtin_routes() -> Vec<Route> {
             ports: DEFAULT_PORTS.to_vec(),
             action: RouteAction::Model {
                 provider: *provider,
-                upstream: Arc::clone(&upstream),
+                backend: Some(Arc::clone(&backend)),
+                upstream: None,
             },
         })
         .collect()
@@ -79,14 +97,15 @@ mod tests {
                 Ok(HostPattern::Exact(DnsName::from_static(host)))
             );
         }
-        assert_eq!(builtin_routes().len(), BUILTIN_MODEL_HOSTS.len());
+        assert_eq!(builtin_routes("local").len(), BUILTIN_MODEL_HOSTS.len());
     }
 
     #[test]
-    fn builtin_upstream_is_the_local_server() {
-        assert_eq!(
-            Upstream::parse("http://127.0.0.1:8000"),
-            Ok(Upstream::local_http(LOCAL_INFERENCE_PORT))
-        );
+    fn builtin_backend_is_the_local_server() {
+        let b = builtin_backends();
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].name, LOCAL_BACKEND);
+        assert_eq!(b[0].replicas, ["http://127.0.0.1:8000"]);
+        assert!(b[0].validate().is_ok());
     }
 }

@@ -6,9 +6,10 @@ use serde::Deserialize;
 
 use super::route::{ActionKind, DefaultAction, ProviderHint};
 use super::sections::LogFormat;
+use crate::inference::BackendConfig;
 
 /// The whole file.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// `[agent]`.
@@ -28,6 +29,10 @@ pub struct RawConfig {
     /// `[[route]]`; `None` (no route key at all) selects the built-in routes,
     /// `route = []` means no routes.
     pub route: Option<Vec<RawRoute>>,
+    /// `[[backend]]`: inference backends, in the inference module's own
+    /// serde form; `None` (no backend key at all) selects the built-in
+    /// `local` backend.
+    pub backend: Option<Vec<BackendConfig>>,
 }
 
 /// `[agent]`.
@@ -90,8 +95,11 @@ pub struct RawRoute {
     pub action: ActionKind,
     /// `provider`: wire-protocol hint, model routes only.
     pub provider: Option<ProviderHint>,
-    /// `upstream`: base URL, required for model routes, refused otherwise.
+    /// `upstream`: base URL the forwarding stage sends to, model routes only.
     pub upstream: Option<String>,
+    /// `backend`: name of the `[[backend]]` model calls go to, model routes
+    /// only.
+    pub backend: Option<String>,
     /// `name`: optional label.
     pub name: Option<String>,
 }
@@ -150,6 +158,14 @@ mod tests {
             ("default_action = \"model\"", "unknown variant `model`"),
             ("[agent]\nlog_format = \"xml\"", "unknown variant `xml`"),
             ("[[route]]\nhost = \"a\"", "missing field `action`"),
+            (
+                "[[backend]]\nname = \"b\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nmodel = \"x\"",
+                "unknown field `model`",
+            ),
+            (
+                "[[backend]]\nname = \"b\"\ndialect = \"tgi\"\nreplicas = []\nserved_model = \"m\"",
+                "unknown variant `tgi`",
+            ),
             (
                 "[[route]]\nhost = \"a\"\naction = \"pass\"\nports = [70000]",
                 "expected u16",

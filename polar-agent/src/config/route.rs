@@ -103,12 +103,18 @@ impl DefaultAction {
 /// What a matched route does, with what it needs to do it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteAction {
-    /// Terminate TLS and hand the traffic to the model pipeline.
+    /// Terminate TLS and hand the traffic to the model pipeline. At least one
+    /// of `backend` and `upstream` is set.
     Model {
         /// The expected wire protocol.
         provider: ProviderHint,
-        /// Where the model pipeline forwards to.
-        upstream: Arc<Upstream>,
+        /// The `[[backend]]` model calls are translated for, sent to and
+        /// captured from (the capture stage).
+        backend: Option<Arc<str>>,
+        /// Where requests are forwarded unchanged: every request when there
+        /// is no backend (the forwarding stage, nothing captured), else only
+        /// the side traffic the capture stage does not answer itself.
+        upstream: Option<Arc<Upstream>>,
     },
     /// Relay untouched to the original destination.
     Pass,
@@ -149,8 +155,14 @@ pub struct Route {
     pub action: RouteAction,
 }
 
-/// Validates `[[route]]` number `index` (key path `route[index]`).
-pub(crate) fn validate_route(index: usize, raw: &RawRoute) -> Result<Route, ConfigError> {
+/// Validates `[[route]]` number `index` (key path `route[index]`) against
+/// the names of the configured backends (the first is the default backend
+/// of model routes that name neither a backend nor an upstream).
+pub(crate) fn validate_route(
+    index: usize,
+    raw: &RawRoute,
+    backends: &[&str],
+) -> Result<Route, ConfigError> {
     let key = KeyPath::root().key("route").index(index);
     let invalid = |field: &str, reason: String| ConfigError::invalid(key.key(field), reason);
 
@@ -194,16 +206,44 @@ pub(crate) fn validate_route(index: usize, raw: &RawRoute) -> Result<Route, Conf
     };
     let action = match raw.action {
         ActionKind::Model => {
-            let Some(upstream) = &raw.upstream else {
-                return Err(invalid(
-                    "upstream",
-                    "required with action = \"model\" (an http:// or https:// URL)".into(),
-                ));
+            let upstream = match &raw.upstream {
+                None => None,
+                Some(text) => Some(Arc::new(
+                    Upstream::parse(text).map_err(|why| invalid("upstream", why))?,
+                )),
             };
-            let upstream = Upstream::parse(upstream).map_err(|why| invalid("upstream", why))?;
+            let backend = match (&raw.backend, &upstream) {
+                (Some(name), _) if backends.contains(&name.as_str()) => {
+                    Some(Arc::from(name.as_str()))
+                }
+                (Some(name), _) => {
+                    return Err(invalid(
+                        "backend",
+                        format!(
+                            "no [[backend]] is named {name:?} (configured: {})",
+                            if backends.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                backends.join(", ")
+                            }
+                        ),
+                    ));
+                }
+                (None, Some(_)) => None,
+                (None, None) => match backends.first() {
+                    Some(first) => Some(Arc::from(*first)),
+                    None => {
+                        return Err(invalid(
+                            "backend",
+                            "a model route needs a `backend` or an `upstream`, and no [[backend]] is configured".into(),
+                        ));
+                    }
+                },
+            };
             RouteAction::Model {
                 provider: raw.provider.unwrap_or_default(),
-                upstream: Arc::new(upstream),
+                backend,
+                upstream,
             }
         }
         ActionKind::Pass | ActionKind::Deny if raw.provider.is_some() => {
@@ -211,6 +251,9 @@ pub(crate) fn validate_route(index: usize, raw: &RawRoute) -> Result<Route, Conf
         }
         ActionKind::Pass | ActionKind::Deny if raw.upstream.is_some() => {
             return Err(not_model("upstream"));
+        }
+        ActionKind::Pass | ActionKind::Deny if raw.backend.is_some() => {
+            return Err(not_model("backend"));
         }
         ActionKind::Pass => RouteAction::Pass,
         ActionKind::Deny => RouteAction::Deny,
@@ -294,6 +337,7 @@ mod tests {
             action,
             provider: None,
             upstream: None,
+            backend: None,
             name: None,
         }
     }
@@ -305,8 +349,10 @@ mod tests {
         }
     }
 
+    const BACKENDS: &[&str] = &["local", "other"];
+
     fn error(index: usize, raw: &RawRoute) -> String {
-        match validate_route(index, raw) {
+        match validate_route(index, raw, BACKENDS) {
             Ok(route) => panic!("{raw:?} should be refused, got {route:?}"),
             Err(error) => error.to_string(),
         }
@@ -314,7 +360,7 @@ mod tests {
 
     #[test]
     fn defaults_apply() {
-        let Ok(route) = validate_route(0, &model("API.anthropic.com")) else {
+        let Ok(route) = validate_route(0, &model("API.anthropic.com"), BACKENDS) else {
             panic!("valid route");
         };
         assert_eq!(route.ports, vec![443, 80]);
@@ -323,10 +369,21 @@ mod tests {
             route.action,
             RouteAction::Model {
                 provider: ProviderHint::Auto,
-                ..
+                backend: None,
+                upstream: Some(_),
             }
         ));
         assert_eq!(route.name, None);
+        let Ok(route) = validate_route(0, &raw("a", ActionKind::Model), BACKENDS) else {
+            panic!("valid route");
+        };
+        let RouteAction::Model {
+            backend, upstream, ..
+        } = route.action
+        else {
+            panic!("model route");
+        };
+        assert_eq!((backend.as_deref(), upstream), (Some("local"), None));
     }
 
     #[test]
@@ -375,9 +432,24 @@ mod tests {
             ..raw("a.example", ActionKind::Deny)
         };
         assert!(error(0, &deny_with_upstream).starts_with("route[0].upstream: only allowed"));
+        let pass_with_backend = RawRoute {
+            backend: Some("local".into()),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert!(error(0, &pass_with_backend).starts_with("route[0].backend: only allowed"));
+        let unknown_backend = RawRoute {
+            backend: Some("gpu".into()),
+            ..raw("a.example", ActionKind::Model)
+        };
+        assert_eq!(
+            error(1, &unknown_backend),
+            "route[1].backend: no [[backend]] is named \"gpu\" (configured: local, other)"
+        );
         assert!(
-            error(0, &raw("a.example", ActionKind::Model))
-                .starts_with("route[0].upstream: required")
+            validate_route(0, &raw("a.example", ActionKind::Model), &[])
+                .unwrap_err()
+                .to_string()
+                .starts_with("route[0].backend: a model route needs")
         );
         let bad_upstream = RawRoute {
             upstream: Some("ftp://x".into()),
@@ -400,7 +472,7 @@ mod tests {
     fn validated(raws: &[RawRoute]) -> Vec<Route> {
         raws.iter()
             .enumerate()
-            .filter_map(|(i, raw)| validate_route(i, raw).ok())
+            .filter_map(|(i, raw)| validate_route(i, raw, BACKENDS).ok())
             .collect()
     }
 

@@ -2,7 +2,7 @@
 //! the model pipeline forwards to, parsed into [`Upstream`].
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use super::host::{DnsName, parse_ip_literal};
 
@@ -110,11 +110,12 @@ impl Upstream {
         })
     }
 
-    /// `http://127.0.0.1:<port>`, for the built-in routes.
+    /// `http://127.0.0.1:<port>` (tests).
+    #[cfg(test)]
     pub(crate) fn local_http(port: u16) -> Self {
         Self {
             scheme: Scheme::Http,
-            host: UpstreamHost::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            host: UpstreamHost::Ip(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)),
             port,
             path: String::new(),
         }

@@ -17,6 +17,7 @@ use super::sections::{
     validate_dns, validate_proxy,
 };
 use super::upstream::UpstreamHost;
+use crate::inference::{BackendConfig, InferenceError};
 
 /// Where the routes came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,7 +30,7 @@ pub enum RouteSource {
 
 /// The validated configuration. Every value is in range and every key has
 /// been checked; [`Config::default`] is what an empty file gives.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// `[agent]`.
     pub agent: AgentConfig,
@@ -43,6 +44,9 @@ pub struct Config {
     pub rules: Rules,
     /// Whether the routes are the file's or the built-in ones.
     pub route_source: RouteSource,
+    /// `[[backend]]`: the inference backends, each valid, names unique; at
+    /// least one unless the file says `backend = []`.
+    pub backends: Vec<BackendConfig>,
 }
 
 impl Default for Config {
@@ -52,8 +56,12 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             ca: CaConfig::default(),
             dns: DnsConfig::default(),
-            rules: Rules::new(defaults::builtin_routes(), Default::default()),
+            rules: Rules::new(
+                defaults::builtin_routes(defaults::LOCAL_BACKEND),
+                Default::default(),
+            ),
             route_source: RouteSource::BuiltIn,
+            backends: defaults::builtin_backends(),
         }
     }
 }
@@ -68,19 +76,28 @@ impl TryFrom<RawConfig> for Config {
         let proxy = validate_proxy(&raw.proxy)?;
         let ca = validate_ca(&raw.ca)?;
         let dns = validate_dns(&raw.dns)?;
+        let backends = match &raw.backend {
+            None => defaults::builtin_backends(),
+            Some(list) => validate_backends(list)?,
+        };
+        let names: Vec<&str> = backends.iter().map(|b| b.name.as_str()).collect();
         let (routes, route_source) = match &raw.route {
-            None => (defaults::builtin_routes(), RouteSource::BuiltIn),
+            None => match names.first() {
+                Some(first) => (defaults::builtin_routes(first), RouteSource::BuiltIn),
+                None => (Vec::new(), RouteSource::BuiltIn),
+            },
             Some(raw_routes) => {
                 let routes = raw_routes
                     .iter()
                     .enumerate()
-                    .map(|(index, raw)| validate_route(index, raw))
+                    .map(|(index, raw)| validate_route(index, raw, &names))
                     .collect::<Result<Vec<_>, _>>()?;
                 check_route_set(&routes)?;
                 (routes, RouteSource::File)
             }
         };
         check_addresses(&proxy, &dns, &routes)?;
+        check_replica_addresses(&proxy, &dns, &backends)?;
         Ok(Self {
             agent,
             proxy,
@@ -88,8 +105,38 @@ impl TryFrom<RawConfig> for Config {
             dns,
             rules: Rules::new(routes, raw.default_action.unwrap_or_default()),
             route_source,
+            backends,
         })
     }
+}
+
+/// Checks each `[[backend]]` (errors at `backend[i].<key>`) and that names
+/// are unique.
+fn validate_backends(list: &[BackendConfig]) -> Result<Vec<BackendConfig>, ConfigError> {
+    for (i, b) in list.iter().enumerate() {
+        let key = KeyPath::root().key("backend").index(i);
+        if let Err(e) = b.validate() {
+            return Err(match e {
+                InferenceError::Config {
+                    key: field, reason, ..
+                } => match field.split_once('[') {
+                    Some((name, rest)) => {
+                        let index = rest.trim_end_matches(']').parse().unwrap_or(0);
+                        ConfigError::invalid(key.key(name).index(index), reason)
+                    }
+                    None => ConfigError::invalid(key.key(&field), reason),
+                },
+                other => ConfigError::invalid(key, other.to_string()),
+            });
+        }
+        if let Some(first) = list[..i].iter().position(|o| o.name == b.name) {
+            return Err(ConfigError::invalid(
+                key.key("name"),
+                format!("name {:?} is already used by backend[{first}]", b.name),
+            ));
+        }
+    }
+    Ok(list.to_vec())
 }
 
 /// Checks across sections: nothing configured may use a fake address, and
@@ -121,7 +168,11 @@ fn check_addresses(
                 ),
             ));
         }
-        let RouteAction::Model { upstream, .. } = &route.action else {
+        let RouteAction::Model {
+            upstream: Some(upstream),
+            ..
+        } = &route.action
+        else {
             continue;
         };
         let UpstreamHost::Ip(ip) = upstream.host() else {
@@ -141,6 +192,46 @@ fn check_addresses(
                 key.key("upstream"),
                 format!("{upstream} is the agent's own proxy.base_url_listen (a loop)"),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// Backend replicas may neither use a fake address nor be the agent's own
+/// base-URL listener.
+fn check_replica_addresses(
+    proxy: &ProxyConfig,
+    dns: &DnsConfig,
+    backends: &[BackendConfig],
+) -> Result<(), ConfigError> {
+    for (i, b) in backends.iter().enumerate() {
+        for (j, url) in b.replicas.iter().enumerate() {
+            let key = KeyPath::root()
+                .key("backend")
+                .index(i)
+                .key("replicas")
+                .index(j);
+            let Ok(up) = super::upstream::Upstream::parse(url) else {
+                continue;
+            };
+            let UpstreamHost::Ip(ip) = up.host() else {
+                continue;
+            };
+            if in_fake_range(dns, *ip) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{url} is inside dns.fake_range {}", dns.fake_range),
+                ));
+            }
+            if proxy
+                .base_url_listen
+                .is_some_and(|listen| is_same_listener(listen, SocketAddr::new(*ip, up.port())))
+            {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("{url} is the agent's own proxy.base_url_listen (a loop)"),
+                ));
+            }
         }
     }
     Ok(())

@@ -12,8 +12,9 @@ use http_body_util::{BodyExt, Full};
 use tracing::Instrument;
 
 use super::pool::Pool;
-use super::request::{chat_body, streams_upstream};
+use super::request::streams_upstream;
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
+use super::wire::chat_body_bytes;
 use super::{BackendConfig, InferenceError, SamplingMode};
 use crate::chat::ChatRequest;
 
@@ -73,7 +74,7 @@ impl Client {
         let mut admission = self.pool.admit().await;
         let paused = waiting.elapsed();
         let started = Instant::now();
-        let body = Bytes::from(chat_body(&self.cfg, req, mode).to_string());
+        let body = Bytes::from(chat_body_bytes(&self.cfg, req, mode));
         let streaming = streams_upstream(self.cfg.dialect);
         let timeout = self.cfg.request_timeout();
         let backend = self.cfg.name.clone();

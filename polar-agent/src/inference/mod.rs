@@ -4,7 +4,8 @@
 //!
 //! - [`config`]: [`BackendConfig`] (serde, `deny_unknown_fields`);
 //! - [`pool`]: replicas, session affinity, health, pause/resume, stats;
-//! - [`request`]: the normalized request as backend JSON;
+//! - [`request`]: the normalized request as backend JSON; [`wire`]: the
+//!   same body serialized directly (what is sent);
 //! - [`client`]: [`Client::chat`], retries only before a replica was reached;
 //! - [`stream`]: [`ChatStream`] of [`StreamEvent`](crate::chat::StreamEvent)s
 //!   with [`Tokens`](crate::chat::Tokens), timings and backend facts;
@@ -22,6 +23,7 @@ pub mod pool;
 pub mod request;
 pub mod sse;
 pub mod stream;
+pub mod wire;
 
 #[cfg(test)]
 mod pool_tests;

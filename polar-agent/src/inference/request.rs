@@ -17,14 +17,27 @@ pub fn streams_upstream(dialect: Dialect) -> bool {
     dialect == Dialect::Vllm
 }
 
-/// The JSON body of `POST /v1/chat/completions` for `req`.
+/// The JSON body of `POST /v1/chat/completions` for `req` (see
+/// [`super::wire::chat_body_bytes`] for the same body serialized directly).
 pub fn chat_body(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Value {
+    body_with(
+        cfg,
+        req,
+        mode,
+        Value::Array(req.messages.iter().map(message).collect()),
+    )
+}
+
+/// The body with `messages` given.
+pub(super) fn body_with(
+    cfg: &BackendConfig,
+    req: &ChatRequest,
+    mode: SamplingMode,
+    messages: Value,
+) -> Value {
     let mut body = Map::new();
     body.insert("model".into(), json!(cfg.map_model(&req.model)));
-    body.insert(
-        "messages".into(),
-        Value::Array(req.messages.iter().map(message).collect()),
-    );
+    body.insert("messages".into(), messages);
     if !req.tools.is_empty() {
         let tools = req
             .tools

@@ -134,7 +134,7 @@ pub fn route_for(rules: &Rules, api: Option<Api>) -> Option<&Route> {
 pub struct BaseUrlSource {
     /// Accepted sessions.
     pub sessions: Arc<SessionDirectory>,
-    /// The routing rules (model routes give the upstreams).
+    /// The routing rules (model routes give the backends and upstreams).
     pub rules: Arc<Rules>,
     /// The client.
     pub peer: SocketAddr,
@@ -146,7 +146,12 @@ impl ContextSource for BaseUrlSource {
         let api = api_of(req.method(), req.uri(), req.headers());
         let route = route_for(&self.rules, api)
             .ok_or_else(|| ProxyError::NoRoute(req.uri().path().to_owned()))?;
-        let RouteAction::Model { provider, upstream } = &route.action else {
+        let RouteAction::Model {
+            provider,
+            backend,
+            upstream,
+        } = &route.action
+        else {
             return Err(ProxyError::NoRoute(req.uri().path().to_owned()));
         };
         let host = req
@@ -160,7 +165,8 @@ impl ContextSource for BaseUrlSource {
             orig: None,
             host,
             peer: self.peer,
-            upstream: Arc::clone(upstream),
+            backend: backend.clone(),
+            upstream: upstream.clone(),
             provider: *provider,
             tls: false,
         })
@@ -189,6 +195,8 @@ pub async fn serve(
                 }
             },
         };
+        // Replies are streamed in small writes: no Nagle delay on them.
+        let _ = stream.set_nodelay(true);
         let source = Arc::new(BaseUrlSource {
             sessions: Arc::clone(&sessions),
             rules: Arc::clone(&rules),

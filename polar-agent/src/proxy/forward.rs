@@ -119,7 +119,12 @@ impl Forward {
         ctx: &RequestContext,
         req: ModelRequest,
     ) -> Result<Response<ProxyBody>, ProxyError> {
-        let up = &ctx.upstream;
+        let Some(up) = &ctx.upstream else {
+            return Err(ProxyError::NoRoute(format!(
+                "{} (the route has no upstream to forward to)",
+                req.head.uri.path()
+            )));
+        };
         let pq = req
             .head
             .uri

@@ -12,6 +12,7 @@
 
 pub mod base_url;
 pub mod body;
+pub mod capture;
 pub mod error;
 pub mod forward;
 pub mod http;
@@ -145,7 +146,12 @@ impl Proxy {
     }
 
     async fn serve_model(&self, conn: Accepted, prefix: bytes::Bytes, plan: Plan) {
-        let RouteAction::Model { provider, upstream } = plan.decision.action.clone() else {
+        let RouteAction::Model {
+            provider,
+            backend,
+            upstream,
+        } = plan.decision.action.clone()
+        else {
             return;
         };
         let fallback_ip = conn.orig.map(|o| o.0.ip());
@@ -154,6 +160,7 @@ impl Proxy {
             orig: conn.orig,
             host: plan.host.clone().unwrap_or_default(),
             peer: conn.peer,
+            backend,
             upstream,
             provider,
             tls: plan.tls,

@@ -28,8 +28,10 @@ pub struct RequestContext {
     pub host: String,
     /// The client's address as the agent saw it.
     pub peer: SocketAddr,
-    /// The route's upstream.
-    pub upstream: Arc<Upstream>,
+    /// The route's backend (the capture stage sends model calls there).
+    pub backend: Option<Arc<str>>,
+    /// The route's upstream (the forwarding stage sends requests there).
+    pub upstream: Option<Arc<Upstream>>,
     /// The route's provider hint.
     pub provider: ProviderHint,
     /// Whether the connection was TLS.

@@ -21,7 +21,8 @@ fn rule(host: &str, ports: &[u16], action: ActionKind) -> Route {
     let action = match action {
         ActionKind::Model => RouteAction::Model {
             provider: ProviderHint::Auto,
-            upstream: Arc::new(Upstream::local_http(8000)),
+            backend: None,
+            upstream: Some(Arc::new(Upstream::local_http(8000))),
         },
         ActionKind::Pass => RouteAction::Pass,
         ActionKind::Deny => RouteAction::Deny,
@@ -173,7 +174,12 @@ fn decisions_carry_action_and_rule() {
     );
     let decision = rules.route(Some("api.anthropic.com"), None, 443);
     assert_eq!(decision.matched.to_string(), "route[0] (claude)");
-    let RouteAction::Model { provider, upstream } = decision.action else {
+    let RouteAction::Model {
+        provider,
+        upstream: Some(upstream),
+        ..
+    } = decision.action
+    else {
         panic!("model route expected, got {decision:?}");
     };
     assert_eq!(provider, ProviderHint::Auto);

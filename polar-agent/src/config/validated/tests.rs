@@ -57,13 +57,15 @@ fn builtin_routes_intercept_the_model_apis() {
             let decision = rules.route(Some(host), None, port);
             let RouteAction::Model {
                 provider: hint,
+                backend,
                 upstream,
             } = &decision.action
             else {
                 panic!("{host}:{port} should be a model route: {decision:?}");
             };
             assert_eq!(*hint, provider, "{host}");
-            assert_eq!(upstream.to_string(), "http://127.0.0.1:8000");
+            assert_eq!(backend.as_deref(), Some("local"));
+            assert_eq!(*upstream, None);
         }
     }
     // Qwen Code's telemetry on another aliyuncs.com host is not a model API.
@@ -101,11 +103,19 @@ fn is_assignment(line: &str) -> bool {
 
 #[test]
 fn commented_out_examples_in_the_example_file_are_valid() {
-    // Uncomment every "# key = value" line and "# [[route]]" header.
+    // Uncomment every "# key = value" line and "# [[route]]", "# [[backend]]"
+    // and "# [backend.sampling]" header.
     let uncommented: String = EXAMPLE
         .lines()
         .map(|line| match line.strip_prefix("# ") {
-            Some(rest) if rest.starts_with("[[route]]") || is_assignment(rest) => rest,
+            Some(rest)
+                if rest.starts_with("[[route]]")
+                    || rest.starts_with("[[backend]]")
+                    || rest.starts_with("[backend.")
+                    || is_assignment(rest) =>
+            {
+                rest
+            }
             _ => line,
         })
         .collect::<Vec<_>>()
@@ -113,6 +123,8 @@ fn commented_out_examples_in_the_example_file_are_valid() {
     let config = config(&uncommented);
     assert!(config.proxy.base_url_listen.is_some());
     assert_eq!(config.rules.routes().len(), 7);
+    assert_eq!(config.backends.len(), 2);
+    assert_eq!(config.backends[1].max_tokens_clamp, Some(8192));
 }
 
 #[test]
@@ -205,13 +217,14 @@ fn validation_errors_name_the_key_and_line() {
         "route[2].host: \"*.\" is not a valid host pattern: nothing follows \"*.\" (line 8, column 8)"
     );
     // A missing key points at its table.
-    let missing =
-        error("[ca]\nleaf_cache_size = 5\n[[route]]\nhost = \"a.example\"\naction = \"model\"\n");
-    assert_eq!(missing.location(), Some(Location { line: 3, column: 1 }));
+    let missing = error(
+        "backend = []\n[ca]\nleaf_cache_size = 5\n[[route]]\nhost = \"a.example\"\naction = \"model\"\n",
+    );
+    assert_eq!(missing.location(), Some(Location { line: 4, column: 1 }));
     assert!(
         missing
             .to_string()
-            .starts_with("route[0].upstream: required")
+            .starts_with("route[0].backend: a model route needs")
     );
     let range = error("[dns]\nfake_range = \"10.0.0.0/8\"\n");
     assert_eq!(
@@ -265,13 +278,31 @@ fn addresses_are_checked_across_sections() {
             .to_string()
             .starts_with("proxy.base_url_listen: ")
     );
-    // The built-in routes forward to 127.0.0.1:8000: listening there loops.
+    // The built-in backend is at 127.0.0.1:8000: listening there loops.
     let looped = error("[proxy]\nbase_url_listen = \"0.0.0.0:8000\"\n");
+    assert!(
+        looped.to_string().starts_with("backend[0].replicas[0]: "),
+        "{looped}"
+    );
+    let looped = error(
+        "[proxy]\nbase_url_listen = \"0.0.0.0:8000\"\n[[backend]]\nname = \"b\"\ndialect = \"vllm\"\n\
+         served_model = \"m\"\nreplicas = [\"http://10.0.0.2:8000\"]\n\
+         [[route]]\nhost = \"a.example\"\naction = \"model\"\nupstream = \"http://127.0.0.1:8000\"\n",
+    );
     assert!(
         looped.to_string().starts_with("route[0].upstream: "),
         "{looped}"
     );
-    let moved = "[proxy]\nbase_url_listen = \"0.0.0.0:8000\"\n[dns]\nfake_range = \"198.18.0.0/15\"\n\
+    let fake_replica = error(
+        "[[backend]]\nname = \"b\"\ndialect = \"vllm\"\nserved_model = \"m\"\nreplicas = [\"http://127.100.0.3:8000\"]\n",
+    );
+    assert!(
+        fake_replica
+            .to_string()
+            .starts_with("backend[0].replicas[0]: "),
+        "{fake_replica}"
+    );
+    let moved = "backend = []\n[proxy]\nbase_url_listen = \"0.0.0.0:8000\"\n[dns]\nfake_range = \"198.18.0.0/15\"\n\
                  [[route]]\nhost = \"a.example\"\naction = \"model\"\nupstream = \"http://10.0.0.2:8000\"\n";
     assert!(Config::from_toml_str(moved).is_ok());
 }
@@ -296,4 +327,77 @@ fn load_names_the_file() {
     );
     assert!(matches!(error.without_file(), ConfigError::Invalid { .. }));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn backends_default_and_routes_name_them() {
+    let empty = config("");
+    assert_eq!(empty.backends.len(), 1);
+    assert_eq!(empty.backends[0].name, "local");
+    assert_eq!(empty.backends[0].replicas, ["http://127.0.0.1:8000"]);
+
+    let text = "[[backend]]\nname = \"gpu\"\ndialect = \"sglang\"\nreplicas = [\"http://10.0.0.5:30000\"]\n\
+                served_model = \"Qwen/Qwen3-8B\"\nmodel_map = { \"gpt-5\" = \"Qwen/Qwen3-8B\" }\n\
+                [backend.sampling]\nmode = \"eval\"\n\
+                [[backend]]\nname = \"small\"\ndialect = \"vllm\"\nreplicas = [\"http://10.0.0.6:8000\"]\nserved_model = \"s\"\n";
+    let c = config(text);
+    assert_eq!(c.backends.len(), 2);
+    assert_eq!(c.backends[0].map_model("gpt-5"), "Qwen/Qwen3-8B");
+    // Built-in routes go to the first backend.
+    let d = c.rules.route(Some("api.openai.com"), None, 443);
+    let RouteAction::Model { backend, .. } = d.action else {
+        panic!("{d:?}");
+    };
+    assert_eq!(backend.as_deref(), Some("gpu"));
+
+    let routed = format!(
+        "{text}[[route]]\nhost = \"a.example\"\naction = \"model\"\nbackend = \"small\"\n\
+         upstream = \"https://a.example\"\n"
+    );
+    let c = config(&routed);
+    let d = c.rules.route(Some("a.example"), None, 443);
+    let RouteAction::Model {
+        backend, upstream, ..
+    } = d.action
+    else {
+        panic!("{d:?}");
+    };
+    assert_eq!(backend.as_deref(), Some("small"));
+    assert_eq!(
+        upstream.map(|u| u.to_string()).as_deref(),
+        Some("https://a.example")
+    );
+}
+
+#[test]
+fn backend_errors_name_the_key() {
+    let base = "name = \"b\"\ndialect = \"vllm\"\nserved_model = \"m\"\n";
+    let bad_replica = format!(
+        "[[backend]]\n{base}replicas = [\"http://127.0.0.1:8000\"]\n[[backend]]\nname = \"c\"\ndialect = \"vllm\"\nserved_model = \"m\"\nreplicas = [\"http://127.0.0.1:8000\", \"https://x:1\"]\n"
+    );
+    let e = error(&bad_replica);
+    assert!(e.to_string().starts_with("backend[1].replicas[1]: "), "{e}");
+    let dup = format!(
+        "[[backend]]\n{base}replicas = [\"http://127.0.0.1:8000\"]\n[[backend]]\n{base}replicas = [\"http://127.0.0.1:8001\"]\n"
+    );
+    let e = error(&dup);
+    assert!(
+        e.to_string()
+            .starts_with("backend[1].name: name \"b\" is already used by backend[0]"),
+        "{e}"
+    );
+    let timeout = format!(
+        "[[backend]]\n{base}replicas = [\"http://127.0.0.1:8000\"]\nconnect_timeout_ms = 0\n"
+    );
+    assert!(
+        error(&timeout)
+            .to_string()
+            .starts_with("backend[0].connect_timeout_ms: ")
+    );
+    let unknown = format!("[[backend]]\n{base}replicas = []\nreplica = \"x\"\n");
+    assert!(
+        error(&unknown)
+            .to_string()
+            .contains("unknown field `replica`")
+    );
 }

@@ -1,0 +1,205 @@
+//! One model call through the capture stage: parse, history, backend call,
+//! reply (streamed or whole), record. Every way out of here appends the
+//! call's record before the harness gets the end of its reply, failures
+//! included (a request that cannot be parsed is recorded with an empty
+//! normalized request).
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use http::Response;
+use http::request::Parts;
+use serde_json::Value;
+
+use crate::capture::SessionLog;
+use crate::capture::record::{Api, CompletionRecord, NativeRequest};
+use crate::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
+
+use super::super::body::ProxyBody;
+use super::super::pipeline::RequestContext;
+use super::{Capture, Decoded, errors, reply};
+use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
+use crate::capture::encode::PreEncoded;
+
+/// Runs one model call.
+pub(super) async fn run(
+    capture: Arc<Capture>,
+    ctx: RequestContext,
+    head: Parts,
+    decoded: Decoded,
+    call: ModelCall,
+    path: String,
+) -> Response<ProxyBody> {
+    let received_ms = now_ms();
+    let api = call.api;
+    let session = Capture::session_of(&ctx);
+    let log = match capture.store.session(&session).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(session = %session, error = %e, "capture log unavailable; refusing the call");
+            return errors::respond(
+                api,
+                &ProviderError::new(
+                    Side::Agent,
+                    ErrorKind::Internal,
+                    "the agent cannot record this call",
+                ),
+            );
+        }
+    };
+    let task_id = capture
+        .store
+        .registry()
+        .get(&session)
+        .and_then(|i| i.task_id);
+    let body = match (&decoded.json_error, decoded.json) {
+        (Some(_), _) => Value::String(String::from_utf8_lossy(&decoded.bytes).into_owned()),
+        (None, v) => v,
+    };
+    let draft = Draft {
+        call_id: call_id(),
+        seq: log.next_seq(),
+        session_id: session.to_string(),
+        task_id,
+        native: NativeRequest {
+            api,
+            method: head.method.to_string(),
+            host: ctx.host.clone(),
+            path,
+            body,
+        },
+        request: empty_request(),
+        received_ms,
+    };
+    let span = tracing::info_span!(
+        "call",
+        session = %session,
+        seq = draft.seq,
+        call_id = %draft.call_id,
+        api = ?api
+    );
+    translate_and_answer(capture, ctx, log, draft, decoded.json_error, call)
+        .instrument(span)
+        .await
+}
+
+/// The rest of a call once its record is drafted.
+async fn translate_and_answer(
+    capture: Arc<Capture>,
+    ctx: RequestContext,
+    log: Arc<SessionLog>,
+    mut draft: Draft,
+    json_error: Option<String>,
+    call: ModelCall,
+) -> Response<ProxyBody> {
+    let api = call.api;
+    let received_ms = draft.received_ms;
+    let session = Capture::session_of(&ctx);
+    if let Some(e) = &json_error {
+        let err = ProviderError::invalid(format!("the request body is not JSON: {e}"));
+        return fail_early(&log, draft, api, err, None).await;
+    }
+    let parsed = match provider::parse_request(&call, &draft.native.body) {
+        Ok(p) => p,
+        Err(err) => return fail_early(&log, draft, api, err, None).await,
+    };
+    let opts = parsed.reply_options(&call, received_ms / 1000);
+    let ParsedRequest {
+        request,
+        previous_response_id,
+        ..
+    } = parsed;
+    draft.request = request;
+    if let Some(prev) = previous_response_id {
+        match log.conversation(&prev) {
+            Some(prior) => {
+                let req = std::mem::replace(&mut draft.request, empty_request());
+                draft.request = provider::with_history(&prior, req);
+            }
+            None => {
+                let err = ProviderError::invalid(format!(
+                    "Previous response with id '{prev}' not found."
+                ));
+                return fail_early(&log, draft, api, err, None).await;
+            }
+        }
+    }
+    let backend_name = ctx.backend.as_deref().unwrap_or_default().to_owned();
+    let Some(client) = capture.backend(&backend_name).cloned() else {
+        let err = ProviderError::new(
+            Side::Agent,
+            ErrorKind::Internal,
+            format!("the route names backend {backend_name:?}, which is not configured"),
+        );
+        return fail_early(&log, draft, api, err, Some(backend_name)).await;
+    };
+    let stream = match client.chat(session.as_str(), &draft.request).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(session = %session, seq = draft.seq, error = %e, "inference call failed");
+            let err = errors::provider_error(&e);
+            return fail_early(&log, draft, api, err, Some(backend_name)).await;
+        }
+    };
+    let early = draft.encode_early();
+    let call = reply::Call {
+        log,
+        draft,
+        early,
+        api,
+        opts,
+    };
+    match opts.framing {
+        Framing::Json => reply::whole(call, stream).await,
+        Framing::Sse | Framing::JsonArray => reply::streamed(call, stream, &capture.tasks).await,
+    }
+}
+
+/// A call that failed before any reply existed: recorded, then answered
+/// with an error response in the API's shape.
+async fn fail_early(
+    log: &SessionLog,
+    draft: Draft,
+    api: Api,
+    err: ProviderError,
+    backend_name: Option<String>,
+) -> Response<ProxyBody> {
+    if err.side == Side::Harness {
+        tracing::info!(seq = draft.seq, error = %err, "refused a model call");
+    }
+    let record = draft.finish(
+        Produced {
+            backend_name,
+            ..Produced::default()
+        },
+        Some((err.side, err.message.clone())),
+    );
+    if let Err(resp) = append(log, record, PreEncoded::default(), api).await {
+        return resp;
+    }
+    errors::respond(api, &err)
+}
+
+/// Appends a record; when that fails the harness gets a 500 instead of
+/// the reply (a call that cannot be recorded is not acknowledged).
+pub(super) async fn append(
+    log: &SessionLog,
+    record: CompletionRecord,
+    pre: PreEncoded,
+    api: Api,
+) -> Result<(), Response<ProxyBody>> {
+    log.append(record, pre).await.map_err(|e| {
+        tracing::error!(session = %log.session(), error = %e, "appending to the capture log failed");
+        errors::respond(api, &record_failed())
+    })
+}
+
+/// The error a harness gets when its call could not be recorded.
+pub(super) fn record_failed() -> ProviderError {
+    ProviderError::new(
+        Side::Agent,
+        ErrorKind::Internal,
+        "the agent could not record this call",
+    )
+}

@@ -1,0 +1,131 @@
+//! Request bodies as the capture stage reads them: `content-encoding: gzip`
+//! inflated (Claude Code sometimes compresses its bodies) within the body
+//! limit, then parsed as JSON.
+
+use std::io::Read;
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use super::Decoded;
+use crate::provider::{ErrorKind, ProviderError, Side};
+
+/// The decoded body of a request.
+pub(super) fn body(headers: &HeaderMap, raw: &Bytes, limit: u64) -> Result<Decoded, ProviderError> {
+    let bytes = match encoding(headers)?.as_deref() {
+        None | Some("identity") => raw.clone(),
+        Some("gzip" | "x-gzip") => gunzip(raw, limit)?,
+        Some(other) => {
+            return Err(ProviderError::new(
+                Side::Harness,
+                ErrorKind::Unsupported,
+                format!("content-encoding {other:?} is not supported (gzip and identity are)"),
+            ));
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Decoded {
+            json: serde_json::Value::Null,
+            json_error: None,
+            bytes,
+        });
+    }
+    let (json, json_error) = match serde_json::from_slice(&bytes) {
+        Ok(v) => (v, None),
+        Err(e) => (serde_json::Value::Null, Some(e.to_string())),
+    };
+    Ok(Decoded {
+        json,
+        json_error,
+        bytes,
+    })
+}
+
+/// The content coding, lower-cased; one coding only.
+fn encoding(headers: &HeaderMap) -> Result<Option<String>, ProviderError> {
+    let mut codings = headers
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.to_str().unwrap_or("?").split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty());
+    let first = codings.next();
+    if codings.next().is_some() {
+        return Err(ProviderError::new(
+            Side::Harness,
+            ErrorKind::Unsupported,
+            "more than one content-encoding is not supported",
+        ));
+    }
+    Ok(first)
+}
+
+/// Inflates a gzip body, refusing more than `limit` bytes of output.
+pub(super) fn gunzip(raw: &[u8], limit: u64) -> Result<Bytes, ProviderError> {
+    let mut out = Vec::with_capacity(raw.len().saturating_mul(4).min(1 << 20));
+    let mut reader = flate2::read::MultiGzDecoder::new(raw).take(limit.saturating_add(1));
+    reader.read_to_end(&mut out).map_err(|e| {
+        ProviderError::invalid(format!("the gzip-encoded request body is corrupt: {e}"))
+    })?;
+    if out.len() as u64 > limit {
+        return Err(ProviderError::new(
+            Side::Harness,
+            ErrorKind::TooLarge,
+            format!("the request body inflates to more than {limit} bytes"),
+        ));
+    }
+    Ok(Bytes::from(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn gz(data: &[u8]) -> Bytes {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(data).unwrap();
+        Bytes::from(e.finish().unwrap())
+    }
+
+    fn headers(enc: Option<&str>) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        if let Some(e) = enc {
+            h.insert(http::header::CONTENT_ENCODING, e.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn gzip_bodies_are_inflated() {
+        let json = br#"{"model":"m","messages":[]}"#;
+        let d = body(&headers(Some("gzip")), &gz(json), 1024).unwrap();
+        assert_eq!(d.json["model"], "m");
+        assert_eq!(&d.bytes[..], json);
+        let d = body(&headers(None), &Bytes::from_static(json), 1024).unwrap();
+        assert_eq!(d.json["model"], "m");
+    }
+
+    #[test]
+    fn limits_corruption_and_unknown_codings_are_refused() {
+        let big = vec![b' '; 10_000];
+        let e = body(&headers(Some("gzip")), &gz(&big), 1000).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::TooLarge);
+        let e = body(&headers(Some("gzip")), &Bytes::from_static(b"nope"), 1000).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        let e = body(&headers(Some("br")), &Bytes::from_static(b"{}"), 1000).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+        let e = body(&headers(Some("gzip, br")), &Bytes::new(), 1000).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+    }
+
+    #[test]
+    fn non_json_is_noted_not_fatal() {
+        let d = body(&headers(None), &Bytes::from_static(b"{oops"), 1000).unwrap();
+        assert!(d.json.is_null());
+        assert!(d.json_error.is_some());
+        let d = body(&headers(None), &Bytes::new(), 1000).unwrap();
+        assert!(d.json.is_null() && d.json_error.is_none());
+    }
+}

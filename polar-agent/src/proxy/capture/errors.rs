@@ -1,0 +1,144 @@
+//! Failures of the capture stage as the harness sees them: inference
+//! errors classified into the provider layer's kinds (short messages, no
+//! backend bodies), and error responses in the harness's API shape.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+
+use crate::capture::record::Api;
+use crate::inference::InferenceError;
+use crate::provider::{self, ErrorKind, ProviderError, Side};
+
+use super::super::body::ProxyBody;
+use super::super::error::json_response;
+
+/// How an inference failure is reported to the harness: unreachable 502,
+/// timeout 504, overloaded (HTTP 429/503 from the backend) 429 (529 for
+/// Anthropic), a request the backend refused (400/413/422, e.g. a prompt
+/// over the context) 400, anything else 502.
+pub fn provider_error(e: &InferenceError) -> ProviderError {
+    let backend = |kind, message: String| ProviderError::new(Side::Backend, kind, message);
+    match e {
+        InferenceError::Config { backend: b, .. } => ProviderError::new(
+            Side::Agent,
+            ErrorKind::Internal,
+            format!("backend {b} is misconfigured"),
+        ),
+        InferenceError::Unreachable { backend: b, .. } => backend(
+            ErrorKind::BackendUnavailable,
+            format!("inference backend {b} is unreachable"),
+        ),
+        InferenceError::Status {
+            backend: b,
+            status,
+            body,
+            ..
+        } => {
+            let kind = match status {
+                429 | 503 => ErrorKind::Overloaded,
+                400 | 413 | 422 => ErrorKind::InvalidRequest,
+                _ => ErrorKind::BackendError,
+            };
+            let detail = if kind == ErrorKind::InvalidRequest {
+                // The backend's reason (e.g. the context length) helps the
+                // harness decide to compact; keep it short.
+                format!(": {}", short(body))
+            } else {
+                String::new()
+            };
+            backend(
+                kind,
+                format!("inference backend {b} answered HTTP {status}{detail}"),
+            )
+        }
+        InferenceError::Timeout {
+            backend: b,
+            timeout,
+            ..
+        } => backend(
+            ErrorKind::BackendTimeout,
+            format!("inference backend {b} did not answer within {timeout:?}"),
+        ),
+        InferenceError::Disconnected { backend: b, .. }
+        | InferenceError::StreamCut { backend: b, .. } => backend(
+            ErrorKind::BackendError,
+            format!("inference backend {b} dropped the connection mid-reply"),
+        ),
+        InferenceError::Malformed { backend: b, .. } => backend(
+            ErrorKind::BackendError,
+            format!("inference backend {b} sent a malformed reply"),
+        ),
+    }
+}
+
+/// The message of an error body: its `message`/`error.message` field when
+/// it is JSON, else its start.
+fn short(body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.get("message")
+            .or_else(|| v.get("error").and_then(|e| e.get("message")))
+            .and_then(serde_json::Value::as_str)
+    });
+    let text = message.unwrap_or(body);
+    text.chars().take(300).collect()
+}
+
+/// The error response for `err` in `api`'s shape.
+pub(super) fn respond(api: Api, err: &ProviderError) -> Response<ProxyBody> {
+    let (status, body) = provider::error_response(api, err);
+    json_response(
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        Bytes::from(body.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn statuses_fit_the_failure() {
+        let status = |e: InferenceError, api| provider_error(&e).kind.status(api);
+        let s = |code: u16, body: &str| InferenceError::Status {
+            backend: "b".into(),
+            replica: "r".into(),
+            status: code,
+            body: body.into(),
+        };
+        assert_eq!(
+            status(
+                InferenceError::Unreachable {
+                    backend: "b".into(),
+                    attempts: 1,
+                    last: "x".into()
+                },
+                Api::OpenaiChat
+            ),
+            502
+        );
+        assert_eq!(status(s(500, "boom"), Api::OpenaiChat), 502);
+        assert_eq!(status(s(503, ""), Api::AnthropicMessages), 529);
+        assert_eq!(status(s(429, ""), Api::Gemini), 429);
+        let e = provider_error(&s(400, r#"{"object":"error","message":"too long"}"#));
+        assert_eq!(e.kind.status(Api::OpenaiChat), 400);
+        assert!(e.message.ends_with("HTTP 400: too long"), "{}", e.message);
+        assert_eq!(
+            status(
+                InferenceError::Timeout {
+                    backend: "b".into(),
+                    replica: "r".into(),
+                    timeout: Duration::from_secs(1),
+                    waiting_for: "reply head",
+                    events: 0
+                },
+                Api::OpenaiResponses
+            ),
+            504
+        );
+        let e = provider_error(&s(500, "secret body"));
+        assert!(!e.message.contains("secret"), "no backend bodies");
+    }
+}

@@ -1,0 +1,289 @@
+//! Answering a model call from the backend's [`ChatStream`], in the
+//! harness's API:
+//!
+//! - [`whole`]: the reply is collected, recorded, then sent as one body;
+//! - [`streamed`]: the first event is awaited (so a backend that fails
+//!   before it gets a proper error status), then every event is encoded by
+//!   the API's stream encoder and sent as it arrives, through a channel
+//!   body fed by a task. The bytes of the final event (or of the mid-stream
+//!   error event) are held back until the record is on disk. A harness that
+//!   goes away ends the backend call; that call is recorded as failed on the
+//!   harness's side.
+//!
+//! While the backend generates, the record's big parts are serialized on
+//! blocking threads (the requests from the start, the prompt ids from the
+//! first event), so the end of a reply waits only for the reply's part of
+//! the record, the write and the sync.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use tracing::Instrument;
+
+use crate::capture::SessionLog;
+use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
+use crate::capture::record::{Api, CompletionRecord};
+use crate::chat::StreamEvent;
+use crate::inference::{ChatStream, InferenceError};
+use crate::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
+use crate::tasks::Tasks;
+
+use super::super::body::{BodySender, ProxyBody, channel};
+use super::super::error::json_response;
+use super::call::{append, record_failed};
+use super::errors::{self, provider_error};
+
+/// Longest error text kept in a record.
+const MAX_RECORDED_ERROR: usize = 2000;
+
+/// A call ready to be answered.
+pub(super) struct Call {
+    pub log: Arc<SessionLog>,
+    pub draft: Draft,
+    pub early: EarlyEncoding,
+    pub api: Api,
+    pub opts: ReplyOptions,
+}
+
+/// The record's parts being serialized ahead.
+struct Ahead {
+    early: EarlyEncoding,
+    prompt: Option<PromptEncoding>,
+}
+
+impl Ahead {
+    /// Starts serializing the prompt ids, if the backend reported them
+    /// (called once, after the first event: they come with it or never).
+    fn prompt_known(&mut self, stream: &ChatStream) {
+        if self.prompt.is_none()
+            && let Some(ids) = stream.tokens().prompt_token_ids
+        {
+            self.prompt = Some(PromptEncoding::start(ids));
+        }
+    }
+
+    /// The record of the call and its pre-serialized parts.
+    async fn record(
+        self,
+        mut draft: Draft,
+        produced: Produced<'_>,
+        failure: Option<(Side, String)>,
+    ) -> (CompletionRecord, crate::capture::encode::PreEncoded) {
+        let mut pre = draft.restore(self.early).await;
+        if let Some(p) = self.prompt {
+            pre.prompt_token_ids = p.finish().await;
+        }
+        (draft.finish(produced, failure), pre)
+    }
+}
+
+fn recorded_error(e: &InferenceError) -> String {
+    e.to_string().chars().take(MAX_RECORDED_ERROR).collect()
+}
+
+fn produced<'a>(stream: &ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
+    Produced {
+        events,
+        tokens: stream.tokens(),
+        backend: Some(stream.backend().clone()),
+        timings: Some(stream.timings().clone()),
+        backend_name: None,
+    }
+}
+
+fn no_finish() -> ProviderError {
+    ProviderError::new(
+        Side::Backend,
+        ErrorKind::BackendError,
+        "the inference backend ended its reply without finishing it",
+    )
+}
+
+/// Collects the reply, records it, then answers with one body.
+pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyBody> {
+    let Call {
+        log,
+        draft,
+        early,
+        api,
+        opts,
+    } = call;
+    let mut ahead = Ahead {
+        early,
+        prompt: None,
+    };
+    let mut events = Vec::new();
+    let mut failure = None;
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(ev) => {
+                keep_event(&mut events, ev);
+                if events.len() == 1 {
+                    ahead.prompt_known(&stream);
+                }
+            }
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    let produced = produced(&stream, &events);
+    drop(stream);
+    if let Some(e) = failure {
+        tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
+        let err = provider_error(&e);
+        let failure = Some((Side::Backend, recorded_error(&e)));
+        let (record, pre) = ahead.record(draft, produced, failure).await;
+        if let Err(resp) = append(&log, record, pre, api).await {
+            return resp;
+        }
+        return errors::respond(api, &err);
+    }
+    let (record, pre) = ahead.record(draft, produced, None).await;
+    let body = record
+        .response
+        .as_ref()
+        .map(|r| Bytes::from(provider::response_body(api, r, &opts).to_string()));
+    if let Err(resp) = append(&log, record, pre, api).await {
+        return resp;
+    }
+    match body {
+        Some(body) => json_response(StatusCode::OK, body),
+        None => errors::respond(api, &no_finish()),
+    }
+}
+
+/// Streams the reply as it is generated (see the module docs).
+pub(super) async fn streamed(
+    call: Call,
+    mut stream: ChatStream,
+    tasks: &Tasks,
+) -> Response<ProxyBody> {
+    let first = match stream.next().await {
+        Some(Ok(ev)) => ev,
+        failed => {
+            let (err, text) = match failed {
+                Some(Err(e)) => (provider_error(&e), recorded_error(&e)),
+                _ => (no_finish(), no_finish().message),
+            };
+            tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
+            let ahead = Ahead {
+                early: call.early,
+                prompt: None,
+            };
+            let failure = Some((Side::Backend, text));
+            let (record, pre) = ahead
+                .record(call.draft, produced(&stream, &[]), failure)
+                .await;
+            if let Err(resp) = append(&call.log, record, pre, call.api).await {
+                return resp;
+            }
+            return errors::respond(call.api, &err);
+        }
+    };
+    let framing = call.opts.framing;
+    let (tx, body) = channel();
+    tasks.spawn(pump(call, stream, first, tx).instrument(tracing::Span::current()));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(framing.content_type()),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// How a stream ended.
+enum End {
+    /// The backend finished; these are the final event's bytes.
+    Finished(Bytes),
+    /// The backend failed.
+    Failed(ProviderError, String),
+    /// The harness closed the connection.
+    HarnessGone,
+}
+
+async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySender) {
+    let Call {
+        log,
+        draft,
+        early,
+        api,
+        opts,
+    } = call;
+    let mut ahead = Ahead {
+        early,
+        prompt: None,
+    };
+    ahead.prompt_known(&stream);
+    let mut enc = provider::encoder(api, &opts);
+    let mut events = Vec::with_capacity(8);
+    let mut next = Some(Ok(first));
+    let end = loop {
+        let item = match next.take() {
+            Some(item) => Some(item),
+            None => tokio::select! {
+                biased;
+                () = tx.closed() => break End::HarnessGone,
+                item = stream.next() => item,
+            },
+        };
+        match item {
+            Some(Ok(ev)) => {
+                let bytes = enc.push(&ev);
+                let finish = matches!(ev, StreamEvent::Finish { .. });
+                keep_event(&mut events, ev);
+                if finish {
+                    break End::Finished(bytes);
+                }
+                if !tx.send(bytes).await {
+                    break End::HarnessGone;
+                }
+            }
+            Some(Err(e)) => break End::Failed(provider_error(&e), recorded_error(&e)),
+            None => break End::Failed(no_finish(), no_finish().message),
+        }
+    };
+    let produced = produced(&stream, &events);
+    drop(stream);
+    let seq = draft.seq;
+    match end {
+        End::Finished(last) => {
+            let (record, pre) = ahead.record(draft, produced, None).await;
+            let last = match log.append(record, pre).await {
+                Ok(()) => last,
+                Err(e) => {
+                    tracing::error!(seq, error = %e, "appending to the capture log failed; ending the stream with an error");
+                    enc.error(&record_failed())
+                }
+            };
+            let _ = tx.send(last).await;
+        }
+        End::Failed(err, text) => {
+            tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
+            let failure = Some((Side::Backend, text));
+            let (record, pre) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, pre).await {
+                tracing::error!(seq, error = %e, "appending to the capture log failed");
+            }
+            let _ = tx.send(enc.error(&err)).await;
+        }
+        End::HarnessGone => {
+            tracing::info!(
+                seq,
+                "the harness closed the connection before the reply ended"
+            );
+            let failure = Some((
+                Side::Harness,
+                "the harness closed the connection before the reply ended".into(),
+            ));
+            let (record, pre) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, pre).await {
+                tracing::error!(seq, error = %e, "appending to the capture log failed");
+            }
+        }
+    }
+}

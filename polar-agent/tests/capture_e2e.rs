@@ -1,0 +1,438 @@
+//! The capture stage end to end through the real proxy code path (base-URL
+//! mode on loopback, no sandbox, no root) against the mock backend: all
+//! four harness APIs, streamed and not; token ids in the capture log equal
+//! to the mock's tokenizer; tool-call ids across turns; Responses
+//! `previous_response_id`, also after a restart; side calls; gzip bodies.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use polar_agent::capture::record::{Api, CallStatus};
+use polar_agent::chat::Role;
+use polar_agent::mock::script::{Script, SessionScript, Turn};
+use polar_agent::mock::{self, MockConfig};
+use serde_json::{Value, json};
+
+async fn mock_default() -> mock::MockHandle {
+    mock::start(MockConfig::default()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_api_streamed_and_not_with_token_ids_in_the_log() {
+    let mock = mock_default().await;
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    for h in HARNESSES {
+        for stream in [false, true] {
+            let session = format!("s-{h:?}-{stream}").to_lowercase();
+            agent.session(&session, "task-1");
+            let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
+            let ids = h.check_reply(&reply, stream);
+            let (records, problems) = agent.calls(&session);
+            assert!(problems.is_empty(), "{problems:?}");
+            assert_eq!(records.len(), 1, "{h:?} {stream}");
+            let r = &records[0];
+            assert_eq!(r.seq, 0);
+            assert_eq!(r.session_id, session);
+            assert_eq!(r.task_id.as_deref(), Some("task-1"));
+            assert_eq!(r.native_request.api, h.api());
+            assert_eq!(r.native_request.method, "POST");
+            assert_eq!(r.request.stream, stream, "{h:?}");
+            assert_eq!(r.backend.name, "mock");
+            check_tokens(agent.backend(), r);
+            let resp = r.response.as_ref().unwrap();
+            let recorded: Vec<&str> = resp
+                .message
+                .tool_calls
+                .iter()
+                .map(|c| c.id.as_str())
+                .collect();
+            assert_eq!(ids, recorded, "{h:?} {stream}: ids the harness saw");
+        }
+    }
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_ids_round_trip_across_two_turns() {
+    let mock = mock_default().await;
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    for h in HARNESSES {
+        let session = format!("tools-{h:?}").to_lowercase();
+        agent.session(&session, "t");
+        let first = h.first_turn();
+        let r1 = send(h.request(agent.addr, &session, first.clone(), false)).await;
+        let ids1 = h.check_reply(&r1, false);
+        assert_eq!(ids1.len(), 1, "{h:?}: {}", r1.text());
+        let second = second_turn(h, first, &r1.json());
+        let r2 = send(h.request(agent.addr, &session, second, true)).await;
+        let ids2 = h.check_reply(&r2, true);
+        assert!(
+            ids2.is_empty(),
+            "{h:?}: the mock answers a tool result with text"
+        );
+
+        let (records, problems) = agent.calls(&session);
+        assert!(problems.is_empty());
+        assert_eq!(records.len(), 2);
+        for r in &records {
+            check_tokens(agent.backend(), r);
+        }
+        let call = &records[0].response.as_ref().unwrap().message.tool_calls[0];
+        assert_eq!(call.id, ids1[0]);
+        let req2 = &records[1].request;
+        let assistant = req2
+            .messages
+            .iter()
+            .find(|m| m.role == Role::Assistant && !m.tool_calls.is_empty())
+            .unwrap();
+        assert_eq!(assistant.tool_calls[0].id, ids1[0], "{h:?}");
+        assert_eq!(assistant.tool_calls[0].name, call.name);
+        let result = req2.messages.iter().find(|m| m.role == Role::Tool).unwrap();
+        assert_eq!(result.tool_call_id.as_deref(), Some(ids1[0].as_str()));
+        // The second prompt extends the first prompt and response (the
+        // mock's template preserves prefixes).
+        let p1 = records[0].prompt_token_ids.clone().unwrap();
+        let g1 = records[0].response_token_ids.clone().unwrap();
+        let p2 = records[1].prompt_token_ids.clone().unwrap();
+        let earlier: Vec<u32> = p1.into_iter().chain(g1).collect();
+        assert_eq!(&p2[..earlier.len()], earlier.as_slice(), "{h:?}");
+        assert_eq!(records[1].seq, 1);
+    }
+    agent.stop().await;
+    mock.stop().await;
+}
+
+fn responses_continuation(prev: &str, call_id: &str) -> Value {
+    json!({
+        "model": "gpt-5",
+        "previous_response_id": prev,
+        "input": [{"type": "function_call_output", "call_id": call_id, "output": "ok"}],
+        "tools": Harness::Codex.first_turn()["tools"],
+        "store": true,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_response_id_continues_from_the_session_history() {
+    let mock = mock_default().await;
+    let toml = backend_toml("mock", &mock.url(), 5000);
+    let agent = TestAgent::start(&toml).await;
+    let h = Harness::Codex;
+    let session = "codex-prev";
+    agent.session(session, "t");
+    let r1 = send(h.request(agent.addr, session, h.first_turn(), true)).await;
+    let call_ids = h.check_reply(&r1, true);
+    let completed = r1.events().last().unwrap().json().unwrap();
+    let resp_id = completed["response"]["id"].as_str().unwrap().to_owned();
+    assert!(resp_id.starts_with("resp_"));
+
+    let r2 = send(h.request(
+        agent.addr,
+        session,
+        responses_continuation(&resp_id, &call_ids[0]),
+        false,
+    ))
+    .await;
+    h.check_reply(&r2, false);
+    let (records, _) = agent.calls(session);
+    assert_eq!(records.len(), 2);
+    check_tokens(agent.backend(), &records[1]);
+    let p1 = records[0].prompt_token_ids.clone().unwrap();
+    let g1 = records[0].response_token_ids.clone().unwrap();
+    let p2 = records[1].prompt_token_ids.clone().unwrap();
+    assert_eq!(&p2[..p1.len() + g1.len()], [p1, g1].concat().as_slice());
+    let kinds: Vec<Role> = records[1].request.messages.iter().map(|m| m.role).collect();
+    assert_eq!(
+        kinds,
+        [Role::Developer, Role::User, Role::Assistant, Role::Tool]
+    );
+
+    // An id the session never produced: 400 in OpenAI's shape, recorded.
+    let bad = send(h.request(
+        agent.addr,
+        session,
+        responses_continuation("resp_nope", "call_x"),
+        false,
+    ))
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(
+        bad.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resp_nope")
+    );
+    let (records, _) = agent.calls(session);
+    assert_eq!(records.len(), 3);
+    assert!(matches!(&records[2].status, CallStatus::Failed { side, .. } if side == "harness"));
+
+    // After a restart the history is rebuilt from the log.
+    let second_id = r2.json()["id"].as_str().unwrap().to_owned();
+    let state = agent.stop().await;
+    let agent = TestAgent::start_in(state, &toml).await;
+    agent.session(session, "t");
+    let r3 = send(h.request(
+        agent.addr,
+        session,
+        json!({"model": "gpt-5", "previous_response_id": second_id,
+               "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "thanks"}]}]}),
+        true,
+    ))
+    .await;
+    h.check_reply(&r3, true);
+    let (records, problems) = agent.calls(session);
+    assert!(problems.is_empty());
+    assert_eq!(records.len(), 4);
+    assert_eq!(records[3].seq, 3, "seq continues after a restart");
+    assert_eq!(records[3].request.messages.len(), 6);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_calls_are_answered_in_the_api_shape() {
+    let mock = mock_default().await;
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    let s = "side";
+    agent.session(s, "t");
+    let a = &[("anthropic-version", "2023-06-01")];
+    let count = send(request(
+        agent.addr,
+        s,
+        Method::POST,
+        "/v1/messages/count_tokens",
+        a,
+        Bytes::from(Harness::Claude.fixture().to_string()),
+    ))
+    .await;
+    assert_eq!(count.status, StatusCode::OK);
+    assert!(count.json()["input_tokens"].as_u64().unwrap() > 10);
+    assert_eq!(count.headers["x-polar-token-count"], "estimate-bytes/4");
+
+    let models = send(request(
+        agent.addr,
+        s,
+        Method::GET,
+        "/v1/models",
+        a,
+        Bytes::new(),
+    ))
+    .await;
+    assert_eq!(models.json()["data"][0]["id"], "polar-mock");
+    assert_eq!(models.json()["data"][0]["type"], "model");
+    let models = send(request(
+        agent.addr,
+        s,
+        Method::GET,
+        "/v1beta/models",
+        &[],
+        Bytes::new(),
+    ))
+    .await;
+    assert_eq!(models.json()["models"][0]["name"], "models/polar-mock");
+
+    let ws = send(request(
+        agent.addr,
+        s,
+        Method::GET,
+        "/v1/responses",
+        &[],
+        Bytes::new(),
+    ))
+    .await;
+    assert_eq!(ws.status, StatusCode::UPGRADE_REQUIRED);
+
+    let head = send(request(agent.addr, s, Method::HEAD, "/", &[], Bytes::new())).await;
+    assert_eq!(head.status, StatusCode::OK);
+
+    let other = send(request(
+        agent.addr,
+        s,
+        Method::POST,
+        "/api/event_logging/batch",
+        a,
+        Bytes::from_static(b"{}"),
+    ))
+    .await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND);
+    assert_eq!(other.json()["type"], "error", "Anthropic's error shape");
+
+    let bad = send(request(
+        agent.addr,
+        s,
+        Method::POST,
+        "/v1/chat/completions",
+        &[],
+        Bytes::from_static(b"{\"model\": "),
+    ))
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.json()["error"]["message"].is_string());
+    let bad = send(request(
+        agent.addr,
+        s,
+        Method::POST,
+        "/v1/messages",
+        a,
+        Bytes::from(json!({"model": "m", "max_tokens": 5}).to_string()),
+    ))
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.json()["error"]["type"], "invalid_request_error");
+
+    // Side calls leave no records; the two refused model calls do.
+    let (records, _) = agent.calls(s);
+    assert_eq!(records.len(), 2);
+    assert!(
+        records
+            .iter()
+            .all(|r| matches!(&r.status, CallStatus::Failed { side, .. } if side == "harness"))
+    );
+    assert_eq!(records[0].native_request.api, Api::OpenaiChat);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gzip_request_bodies_are_inflated() {
+    let mock = mock_default().await;
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    let s = "gzip";
+    agent.session(s, "t");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(Harness::Claude.fixture().to_string().as_bytes())
+        .unwrap();
+    let body = Bytes::from(enc.finish().unwrap());
+    let reply = send(request(
+        agent.addr,
+        s,
+        Method::POST,
+        "/v1/messages?beta=true",
+        &[
+            ("anthropic-version", "2023-06-01"),
+            ("content-encoding", "gzip"),
+            ("content-type", "application/json"),
+        ],
+        body,
+    ))
+    .await;
+    Harness::Claude.check_reply(&reply, true);
+    let (records, _) = agent.calls(s);
+    assert_eq!(records[0].native_request.body["model"], "claude-opus-4-8");
+    check_tokens(agent.backend(), &records[0]);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_reach_the_harness_as_generated() {
+    let turn = Turn {
+        think: Some("let me think about it".into()),
+        text: Some("one two three four five six seven eight nine ten".into()),
+        ..Turn::default()
+    };
+    let mock = mock::start(MockConfig {
+        token_latency: Duration::from_millis(15),
+        script: Some(Script {
+            final_text: None,
+            sessions: vec![SessionScript {
+                id: "*".into(),
+                turns: vec![turn],
+            }],
+        }),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    for h in HARNESSES {
+        let s = &format!("live-{h:?}").to_lowercase();
+        agent.session(s, "t");
+        let started = Instant::now();
+        let resp = client()
+            .request(h.request(agent.addr, s, h.first_turn(), true))
+            .await
+            .unwrap();
+        let mut body = resp.into_body();
+        let mut first = None;
+        let mut bytes = Vec::new();
+        while let Some(frame) = body.frame().await {
+            if let Ok(d) = frame.unwrap().into_data() {
+                first.get_or_insert_with(|| started.elapsed());
+                bytes.extend_from_slice(&d);
+            }
+        }
+        let total = started.elapsed();
+        let first = first.unwrap();
+        assert!(
+            total - first >= Duration::from_millis(15 * 8),
+            "{h:?}: first bytes at {first:?}, end at {total:?}: not streamed"
+        );
+        h.check_reply(
+            &Reply {
+                status: StatusCode::OK,
+                headers: {
+                    let mut m = http::HeaderMap::new();
+                    m.insert("content-type", "text/event-stream".parse().unwrap());
+                    m.insert("cache-control", "no-cache".parse().unwrap());
+                    m
+                },
+                body: Bytes::from(bytes),
+            },
+            true,
+        );
+    }
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_harness_leaving_mid_stream_is_recorded() {
+    let mock = mock::start(MockConfig {
+        token_latency: Duration::from_millis(20),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    let s = "leaver";
+    agent.session(s, "t");
+    let h = Harness::Qwen;
+    let resp = client()
+        .request(h.request(agent.addr, s, h.first_turn(), true))
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    let _ = body.frame().await;
+    drop(body);
+    let mut records = Vec::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        records = agent.calls(s).0;
+        if !records.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(records.len(), 1);
+    assert!(
+        matches!(&records[0].status, CallStatus::Failed { side, .. } if side == "harness"),
+        "{:?}",
+        records[0].status
+    );
+    // The agent keeps serving.
+    let r = send(h.request(agent.addr, s, h.first_turn(), false)).await;
+    h.check_reply(&r, false);
+    agent.stop().await;
+    mock.stop().await;
+}

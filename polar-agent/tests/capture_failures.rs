@@ -1,0 +1,231 @@
+//! Backend failures through the capture stage, for every harness API,
+//! streamed and not: a refused connection, HTTP 500, a stream cut in the
+//! middle, a backend slower than its timeout. Each time the harness gets a
+//! well-formed error in its own API (an error status before streaming, the
+//! API's error event after), the capture log records the failed call with
+//! its side, and the next call is served.
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use polar_agent::capture::record::CallStatus;
+use polar_agent::mock::script::{Script, ScriptedError, SessionScript, Turn};
+use polar_agent::mock::{self, MockConfig};
+use serde_json::Value;
+
+/// Checks `reply` is an error in `h`'s API: `status` before streaming, or a
+/// 200 stream ending in the API's error event. Returns whether it streamed.
+fn check_error(h: Harness, reply: &Reply, status: StatusCode) -> bool {
+    if reply.status != StatusCode::OK {
+        assert_eq!(reply.status, status, "{h:?}: {}", reply.text());
+        let v = reply.json();
+        match h {
+            Harness::Claude => {
+                assert_eq!(v["type"], "error", "{v}");
+                assert!(v["error"]["type"].is_string());
+            }
+            Harness::Qwen | Harness::Codex => assert!(v["error"]["message"].is_string(), "{v}"),
+            Harness::Gemini => {
+                assert_eq!(v["error"]["code"], status.as_u16(), "{v}");
+                assert!(v["error"]["status"].is_string());
+            }
+        }
+        return false;
+    }
+    let events = reply.events();
+    let last = events.last().unwrap();
+    match h {
+        Harness::Claude => {
+            assert_eq!(last.event.as_deref(), Some("error"));
+            assert_eq!(last.json().unwrap()["type"], "error");
+            assert_eq!(events[0].event.as_deref(), Some("message_start"));
+        }
+        Harness::Qwen => {
+            assert_eq!(last.data, "[DONE]");
+            let err = events[events.len() - 2].json().unwrap();
+            assert!(err["error"]["message"].is_string(), "{err}");
+        }
+        Harness::Codex => {
+            let v = last.json().unwrap();
+            assert_eq!(v["type"], "response.failed", "{v}");
+            assert_eq!(v["response"]["status"], "failed");
+            let seqs: Vec<Value> = events
+                .iter()
+                .map(|e| e.json().unwrap()["sequence_number"].clone())
+                .collect();
+            assert!(seqs.iter().enumerate().all(|(i, s)| *s == i));
+        }
+        Harness::Gemini => {
+            assert!(last.json().unwrap()["error"]["message"].is_string());
+        }
+    }
+    true
+}
+
+fn script(turns: Vec<Turn>) -> Script {
+    Script {
+        final_text: Some("recovered".into()),
+        sessions: vec![SessionScript {
+            id: "*".into(),
+            turns,
+        }],
+    }
+}
+
+/// Runs one failing call then one good call per API and framing, each in
+/// its own session; checks the error, the failed record, the recovery.
+async fn fail_then_serve(agent: &TestAgent, name: &str, status: StatusCode, must_stream: bool) {
+    for h in HARNESSES {
+        for stream in [false, true] {
+            let session = format!("{name}-{h:?}-{stream}").to_lowercase();
+            agent.session(&session, "t");
+            let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
+            let streamed = check_error(h, &reply, status);
+            if must_stream {
+                assert_eq!(streamed, stream, "{name} {h:?} {stream}");
+            }
+            let (records, problems) = agent.calls(&session);
+            assert!(problems.is_empty());
+            assert_eq!(records.len(), 1, "{name} {h:?} {stream}");
+            match &records[0].status {
+                CallStatus::Failed { side, error } => {
+                    assert_eq!(side, "backend");
+                    assert!(!error.is_empty());
+                }
+                other => panic!("{name} {h:?}: {other:?}"),
+            }
+            assert!(records[0].finish_reason.is_none());
+
+            let ok = send(h.request(agent.addr, &session, h.first_turn(), stream)).await;
+            h.check_reply(&ok, stream);
+            let (records, _) = agent.calls(&session);
+            assert_eq!(records.len(), 2);
+            assert_eq!(records[1].seq, 1);
+            check_tokens(agent.backend(), &records[1]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_500_from_the_backend() {
+    let mock = mock::start(MockConfig {
+        script: Some(script(vec![Turn {
+            error: Some(ScriptedError {
+                status: 500,
+                message: Some("injected".into()),
+            }),
+            ..Turn::default()
+        }])),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    fail_then_serve(&agent, "http500", StatusCode::BAD_GATEWAY, false).await;
+    let (records, _) = agent.calls("http500-qwen-false");
+    let CallStatus::Failed { error, .. } = &records[0].status else {
+        panic!()
+    };
+    assert!(error.contains("HTTP 500"), "{error}");
+    assert_eq!(records[0].backend.name, "mock");
+    assert!(records[0].token_ids_missing);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_in_the_middle() {
+    let mock = mock::start(MockConfig {
+        script: Some(script(vec![Turn {
+            text: Some("a long answer that never arrives whole at all".into()),
+            disconnect_after: Some(4),
+            ..Turn::default()
+        }])),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    fail_then_serve(&agent, "cut", StatusCode::BAD_GATEWAY, true).await;
+    // The partial reply and its tokens are kept for diagnosis.
+    let (records, _) = agent.calls("cut-claude-true");
+    let r = &records[0];
+    let partial = r.response.as_ref().unwrap();
+    assert!(partial.message.joined_text().starts_with("a long"));
+    assert_eq!(r.response_token_ids.as_ref().unwrap().len(), 4);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_slower_than_its_timeout() {
+    let mock = mock::start(MockConfig {
+        script: Some(script(vec![Turn {
+            text: Some("too late".into()),
+            delay_ms: Some(1500),
+            ..Turn::default()
+        }])),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 300)).await;
+    fail_then_serve(&agent, "slow", StatusCode::GATEWAY_TIMEOUT, false).await;
+    let (records, _) = agent.calls("slow-gemini-false");
+    let CallStatus::Failed { error, .. } = &records[0].status else {
+        panic!()
+    };
+    assert!(error.contains("nothing within"), "{error}");
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_then_the_backend_comes_up() {
+    // A port nobody listens on (yet).
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = probe.local_addr().unwrap();
+    drop(probe);
+    let agent = TestAgent::start(&backend_toml("mock", &format!("http://{addr}"), 2000)).await;
+    for h in HARNESSES {
+        for stream in [false, true] {
+            let session = format!("refused-{h:?}-{stream}").to_lowercase();
+            agent.session(&session, "t");
+            let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
+            assert!(!check_error(h, &reply, StatusCode::BAD_GATEWAY));
+            let (records, _) = agent.calls(&session);
+            assert_eq!(records.len(), 1);
+            assert!(
+                matches!(&records[0].status, CallStatus::Failed { side, error } if side == "backend" && error.contains("unreachable"))
+            );
+            assert!(records[0].response.is_none());
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let token = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(mock::serve(listener, MockConfig::default(), token.clone()));
+    for h in HARNESSES {
+        let session = format!("refused-{h:?}-true").to_lowercase();
+        let mut served = None;
+        // The replica was marked unhealthy; it is retried on the next call.
+        for _ in 0..20 {
+            let r = send(h.request(agent.addr, &session, h.first_turn(), true)).await;
+            if r.status == StatusCode::OK {
+                served = Some(r);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        h.check_reply(&served.expect("served once the backend is up"), true);
+    }
+    agent.stop().await;
+    token.cancel();
+    let _ = server.await;
+}
