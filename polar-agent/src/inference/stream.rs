@@ -14,9 +14,7 @@ use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
 use super::sse::SseParser;
 use super::{Dialect, InferenceError};
-use crate::chat::{
-    ChatResponse, FinishReason, Message, Reasoning, Role, StreamEvent, Tokens, ToolCall, Usage,
-};
+use crate::chat::{ChatResponse, StreamEvent, Tokens};
 
 /// Which backend answered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -327,66 +325,17 @@ impl ChatStream {
     }
 }
 
-/// Builds the response from the events of a complete reply.
+/// Builds the response from the events of a complete reply (one with its
+/// start and its finish), with the backend's token data.
 pub fn assemble(events: &[StreamEvent], tokens: Tokens) -> Option<ChatResponse> {
-    let mut id = None;
-    let mut model = String::new();
-    let mut text = String::new();
-    let mut reasoning: Option<Reasoning> = None;
-    let mut calls: Vec<(u32, ToolCall)> = Vec::new();
-    let mut finish: Option<(FinishReason, Usage)> = None;
-    for e in events {
-        match e {
-            StreamEvent::Start {
-                id: i, model: m, ..
-            } => {
-                id = Some(i.clone());
-                model = m.clone();
-            }
-            StreamEvent::ReasoningDelta { text: t } => {
-                reasoning
-                    .get_or_insert_with(Reasoning::default)
-                    .text
-                    .push_str(t);
-            }
-            StreamEvent::ReasoningDone { signature } => {
-                if let Some(r) = &mut reasoning {
-                    r.signature = signature.clone();
-                }
-            }
-            StreamEvent::TextDelta { text: t } => text.push_str(t),
-            StreamEvent::ToolCallStart { index, id, name } => calls.push((
-                *index,
-                ToolCall {
-                    id: id.clone(),
-                    name: name.clone(),
-                    arguments: String::new(),
-                },
-            )),
-            StreamEvent::ToolCallDelta { index, arguments } => {
-                if let Some((_, c)) = calls.iter_mut().find(|(i, _)| i == index) {
-                    c.arguments.push_str(arguments);
-                }
-            }
-            StreamEvent::Finish {
-                finish_reason,
-                usage,
-            } => finish = Some((finish_reason.clone(), *usage)),
-        }
-    }
-    let (finish_reason, usage) = finish?;
-    let mut message = Message::text(Role::Assistant, text);
-    if message.joined_text().is_empty() {
-        message.content.clear();
-    }
-    message.reasoning = reasoning;
-    message.tool_calls = calls.into_iter().map(|(_, c)| c).collect();
-    Some(ChatResponse {
-        id: id?,
-        model,
-        message,
-        finish_reason,
-        usage,
+    let started = events
+        .iter()
+        .any(|e| matches!(e, StreamEvent::Start { .. }));
+    let finished = events
+        .iter()
+        .any(|e| matches!(e, StreamEvent::Finish { .. }));
+    (started && finished).then(|| ChatResponse {
         tokens,
+        ..crate::chat::assemble(events)
     })
 }

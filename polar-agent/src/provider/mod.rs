@@ -39,10 +39,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use crate::capture::record::Api;
-use crate::chat::{
-    ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, StreamEvent, ToolCall,
-    Usage,
-};
+use crate::chat::{ChatRequest, ChatResponse, FinishReason, Message, Part, StreamEvent};
 
 // ---------------------------------------------------------------- errors
 
@@ -507,90 +504,7 @@ impl StreamEncoder for Encoder {
 
 // ---------------------------------------------------------------- events <-> reply
 
-/// Fold a stream's events into the complete reply. Text deltas become one
-/// text part, reasoning deltas one [`Reasoning`], tool calls are ordered by
-/// their `index`. A stream without `Finish` ends as [`FinishReason::Abort`].
-/// Token-level data is left empty (the backend client fills it).
-pub fn assemble(events: &[StreamEvent]) -> ChatResponse {
-    let mut id = String::new();
-    let mut model = String::new();
-    let mut text = String::new();
-    let mut reasoning: Option<Reasoning> = None;
-    let mut calls: Vec<(u32, ToolCall)> = Vec::new();
-    let mut finish = None;
-    let mut usage = Usage::default();
-    let mut start_prompt = None;
-    for ev in events {
-        match ev {
-            StreamEvent::Start {
-                id: i,
-                model: m,
-                prompt_tokens,
-            } => {
-                id.clone_from(i);
-                model.clone_from(m);
-                start_prompt = *prompt_tokens;
-            }
-            StreamEvent::ReasoningDelta { text: t } => {
-                reasoning.get_or_insert_default().text.push_str(t);
-            }
-            StreamEvent::ReasoningDone { signature } => {
-                let r = reasoning.get_or_insert_default();
-                if signature.is_some() {
-                    r.signature.clone_from(signature);
-                }
-            }
-            StreamEvent::TextDelta { text: t } => text.push_str(t),
-            StreamEvent::ToolCallStart { index, id, name } => {
-                if let Some((_, c)) = calls.iter_mut().find(|(i, _)| i == index) {
-                    c.id.clone_from(id);
-                    c.name.clone_from(name);
-                } else {
-                    calls.push((
-                        *index,
-                        ToolCall {
-                            id: id.clone(),
-                            name: name.clone(),
-                            arguments: String::new(),
-                        },
-                    ));
-                }
-            }
-            StreamEvent::ToolCallDelta { index, arguments } => {
-                if let Some((_, c)) = calls.iter_mut().find(|(i, _)| i == index) {
-                    c.arguments.push_str(arguments);
-                }
-            }
-            StreamEvent::Finish {
-                finish_reason,
-                usage: u,
-            } => {
-                finish = Some(finish_reason.clone());
-                usage = *u;
-            }
-        }
-    }
-    if usage.prompt_tokens == 0
-        && let Some(p) = start_prompt
-    {
-        usage.prompt_tokens = p;
-    }
-    calls.sort_by_key(|(i, _)| *i);
-    let mut message = Message::text(Role::Assistant, text);
-    if message.joined_text().is_empty() {
-        message.content.clear();
-    }
-    message.reasoning = reasoning;
-    message.tool_calls = calls.into_iter().map(|(_, c)| c).collect();
-    ChatResponse {
-        id,
-        model,
-        message,
-        finish_reason: finish.unwrap_or(FinishReason::Abort),
-        usage,
-        tokens: Default::default(),
-    }
-}
+pub use crate::chat::assemble;
 
 /// The events that stream `resp` (for replaying a non-streamed backend reply
 /// as a stream). `assemble(&events_of(r)) == r` for replies whose content is

@@ -3,6 +3,7 @@ use serde_json::json;
 
 use super::fixtures::strategies;
 use super::*;
+use crate::chat::{Role, Usage};
 
 const NO_HEADERS: &[(&str, &str)] = &[];
 
