@@ -1,0 +1,1 @@
+//! Scheduler unit tests.
