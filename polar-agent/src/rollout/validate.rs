@@ -45,6 +45,8 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ValidationError> {
         let message = strip_position(&inner.to_string());
         // A missing or unknown field is reported by its parent: name it.
         let field = match field_in_message(&message) {
+            // Broken JSON is the body's fault, wherever it broke.
+            _ if inner.is_syntax() || inner.is_eof() => "body".to_owned(),
             Some(name) if path == "." => name,
             Some(name) if message.starts_with("missing field") => format!("{path}.{name}"),
             _ if path == "." => "body".to_owned(),
@@ -239,7 +241,7 @@ mod tests {
             (
                 "builder",
                 json!({"kind": "nope"}),
-                "builder: unknown variant",
+                "builder.kind: unknown variant",
             ),
             (
                 "agent",

@@ -1,1 +1,0 @@
-//! End-to-end tests of the rollout server with simulated gateways.
