@@ -409,6 +409,15 @@ max_attempts = 3
     }
 
     #[test]
+    fn the_example_file_parses() {
+        let text = include_str!("../../../config/rollout.example.toml");
+        let mut cfg = RolloutConfig::from_toml(text, None).unwrap();
+        cfg.finish_tokens([], []).unwrap();
+        assert_eq!(cfg.gateway_token, "change-me-node-token");
+        assert_eq!(cfg.heartbeat_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let cases = [
             ("[rollout]\nlisten = \"nope\"", "rollout.listen:"),

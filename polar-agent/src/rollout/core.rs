@@ -3,8 +3,10 @@
 //! [`Core::apply`]: mutate the scheduler, queue its rows to the database
 //! (under the lock, so the database sees changes in order), wait for the
 //! commit, and only then acknowledge, push assignments, send cancellations
-//! or start callbacks. Background loops: the dispatcher (assigns queued
-//! sessions when woken) and the ticker (lost nodes, deadlines).
+//! or start callbacks. Each change also assigns what it made dispatchable
+//! (a result frees a slot, a submission brings sessions, a node registers)
+//! within the same commit. Background loops: the dispatcher (continues
+//! large assignments when woken) and the ticker (lost nodes, deadlines).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -106,7 +108,11 @@ impl Core {
     ) -> Result<R, StoreError> {
         let (r, pending, follow) = {
             let mut s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
-            let r = f(&mut s, Instant::now(), now_ms());
+            let wall = now_ms();
+            let r = f(&mut s, Instant::now(), wall);
+            // Whatever the change freed (a slot, a node) is used in the
+            // same commit: no extra round trip through the dispatcher.
+            s.assign(wall, ASSIGN_BATCH);
             let mut changes = s.take_changes();
             if changes.is_empty() {
                 return Ok(r);
@@ -187,6 +193,8 @@ impl Core {
             if let Err(e) = self.apply(|s, now, wall| s.tick(now, wall)).await {
                 tracing::error!(error = %e, "periodic checks not committed");
             }
+            // A safety net: whatever was missed is dispatched within a tick.
+            self.wake.notify_one();
         }
     }
 

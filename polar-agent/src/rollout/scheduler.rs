@@ -130,6 +130,8 @@ pub struct Changes {
     pub cancels: Vec<CancelOrder>,
     /// Tasks whose results go to their callback URL.
     pub callbacks: Vec<String>,
+    /// A node became able to take sessions: run the dispatcher.
+    pub wake: bool,
 }
 
 impl Changes {
@@ -140,6 +142,7 @@ impl Changes {
             && self.pushes.is_empty()
             && self.cancels.is_empty()
             && self.callbacks.is_empty()
+            && !self.wake
     }
 }
 

@@ -380,8 +380,18 @@ impl Inner {
             stats: Some(json!({"simulated_ms": run_for.as_millis() as u64})),
             retry: outcome.retry,
         };
-        // Report until the server takes it or refuses it for good (it may
-        // be restarting).
+        // The slot is free once the work is done; then report until the
+        // server takes the result or refuses it for good (it may be
+        // restarting).
+        {
+            let mut held = lock(&self.held);
+            if held
+                .get(&a.session_id)
+                .is_some_and(|h| h.attempt == a.attempt)
+            {
+                held.remove(&a.session_id);
+            }
+        }
         let mut wait = Duration::from_millis(20);
         loop {
             if stop.is_cancelled() {
@@ -409,13 +419,6 @@ impl Inner {
                     wait = (wait * 2).min(Duration::from_millis(500));
                 }
             }
-        }
-        let mut held = lock(&self.held);
-        if held
-            .get(&a.session_id)
-            .is_some_and(|h| h.attempt == a.attempt)
-        {
-            held.remove(&a.session_id);
         }
     }
 }

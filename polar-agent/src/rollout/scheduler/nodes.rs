@@ -82,21 +82,24 @@ impl Node {
         }
     }
 
-    /// Forgets a session; a node that was full is ready again.
-    pub fn release(&mut self, sid: &str, now: Instant) {
-        let was_full = !self.eligible();
-        if self.assigned.remove(sid) && was_full && self.eligible() {
-            self.ready_since = now;
-        }
+    /// Forgets a session; a node that was full is ready again (returns
+    /// whether it became able to take a session).
+    pub fn release(&mut self, sid: &str, now: Instant) -> bool {
+        self.update(now, |n| {
+            n.assigned.remove(sid);
+        })
     }
 
-    /// Applies a change of eligibility, stamping `ready_since`.
-    fn update(&mut self, now: Instant, change: impl FnOnce(&mut Self)) {
+    /// Applies a change, stamping `ready_since` when the node becomes able
+    /// to take a session (and returning whether it did).
+    fn update(&mut self, now: Instant, change: impl FnOnce(&mut Self)) -> bool {
         let before = self.eligible();
         change(self);
-        if !before && self.eligible() {
+        let became = !before && self.eligible();
+        if became {
             self.ready_since = now;
         }
+        became
     }
 }
 
@@ -131,6 +134,7 @@ impl Scheduler {
                     .insert(id.clone(), Node::new(reg.clone(), drain_requested, now));
             }
         }
+        self.out.wake = true;
         tracing::info!(node = %id, address = %reg.address, max_sessions = reg.capacity.max_sessions, "node registered");
         self.node_changed(&id);
         RegisterReply {
@@ -186,12 +190,13 @@ impl Scheduler {
             return Err(HeartbeatError::UnknownNode(node_id.to_owned()));
         };
         let before = n.health();
-        n.update(now, |n| {
+        let became = n.update(now, |n| {
             n.last_seen = now;
             n.healthy = true;
             n.refusing = false;
             n.heartbeat = hb;
         });
+        self.out.wake |= became;
         let drain = n.drain_requested;
         if n.health() != before {
             tracing::info!(
@@ -217,7 +222,7 @@ impl Scheduler {
         let Some(n) = self.nodes.get_mut(node_id) else {
             return false;
         };
-        n.update(now, |n| n.drain_requested = draining);
+        self.out.wake |= n.update(now, |n| n.drain_requested = draining);
         self.node_changed(node_id);
         true
     }

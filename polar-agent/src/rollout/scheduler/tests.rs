@@ -184,7 +184,9 @@ fn overdue_sessions_fail_and_refusing_nodes_wait_for_a_heartbeat() {
     s.push_failed("t-s1", "a", 1, "refused", t0);
     assert_eq!(s.queued(), 1);
     assert_eq!(s.assign(0, 10), 0, "a refuses until its next heartbeat");
+    s.take_changes();
     s.heartbeat("a", Heartbeat::default(), t0).unwrap();
+    assert!(s.take_changes().wake, "the heartbeat wakes the dispatcher");
     assert_eq!(s.assign(0, 10), 1);
     // 60 s budget + 1 s grace, heartbeats keep coming.
     let late = t0 + Duration::from_millis(500);
