@@ -100,7 +100,7 @@ async fn scenario(sc: &Scenario, sessions: u64, per_task: u64, submitters: u64) 
     let tasks = sessions.div_ceil(per_task);
     println!(
         "\n{sessions} sessions = {tasks} tasks x {per_task} samples, submitted at once by \
-         {submitters} clients; {} simulated gateways x {} slots; sessions of {} ms \
+         {submitters} clients; {} simulated gateways x {} slots; sessions of {} ms +-50% \
          (capacity {:.0} sessions/s)",
         sc.gateways,
         sc.slots,
@@ -119,6 +119,7 @@ async fn scenario(sc: &Scenario, sessions: u64, per_task: u64, submitters: u64) 
         let mut g = SimGatewayConfig::new(&format!("gw-{i}"), &server.url(), TOKEN);
         g.max_sessions = sc.slots;
         g.session_time = Duration::from_millis(sc.session_ms);
+        g.jitter = 0.5;
         g.heartbeat_interval = Duration::from_millis(500);
         gws.push(SimGateway::start(g).await.unwrap());
     }

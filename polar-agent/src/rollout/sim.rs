@@ -81,6 +81,9 @@ pub struct SimGatewayConfig {
     pub max_sessions: u32,
     /// How long a session "runs".
     pub session_time: Duration,
+    /// Spread of the run time: each session runs `session_time` times a
+    /// random factor in `[1 - jitter, 1 + jitter]` (0 for exactly).
+    pub jitter: f64,
     /// Heartbeat interval.
     pub heartbeat_interval: Duration,
     /// Report the `running` stage before the result.
@@ -111,6 +114,7 @@ impl SimGatewayConfig {
             accept_token: token.to_owned(),
             max_sessions: 16,
             session_time: Duration::from_millis(50),
+            jitter: 0.0,
             heartbeat_interval: Duration::from_millis(50),
             report_progress: true,
             outcome: Arc::new(default_outcome),
@@ -363,7 +367,12 @@ impl Inner {
             };
             let _ = self.client.progress(&a.session_id, &p).await;
         }
-        let run_for = outcome.run_for.unwrap_or(self.cfg.session_time);
+        let run_for = outcome.run_for.unwrap_or_else(|| {
+            let j = self.cfg.jitter.clamp(0.0, 1.0);
+            self.cfg
+                .session_time
+                .mul_f64(1.0 - j + 2.0 * j * rand::random::<f64>())
+        });
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(run_for) => {}

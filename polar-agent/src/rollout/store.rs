@@ -1,9 +1,11 @@
-//! Persistence: an embedded SQLite database (WAL mode, exclusive to one
-//! server) holding every task, session and node. One writer thread owns the
-//! connection; callers hand it batches of rows ([`Op`]) and wait for the
-//! commit before acknowledging anything, and the thread publishes each
-//! batch's events only after its commit, so events come in database order.
-//! Batches queued together share one transaction (group commit).
+//! Persistence: an embedded SQLite database (WAL mode) holding every task,
+//! session and node, exclusive to one server (an exclusive `flock` on
+//! `{database}.lock`). One writer thread owns the connection; callers hand
+//! it batches of rows ([`Op`]) and wait for the commit before acknowledging
+//! anything, and the thread publishes each batch's events only after its
+//! commit, so events come in database order. Batches queued together share
+//! one transaction (group commit). Checkpoints (which fsync) run on their
+//! own thread and connection, passive, so they never hold a commit up.
 //!
 //! Schema versions are listed in `schema_migrations`; [`MIGRATIONS`] are
 //! applied in order on open.
@@ -25,6 +27,8 @@ use super::types::{CallbackView, NodeRegistration, SessionState, TaskRequest, Ta
 
 /// Batches committed in one transaction at most.
 const MAX_GROUP: usize = 256;
+/// How often the checkpointer copies the WAL into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 /// The schema, one step per version.
 pub const MIGRATIONS: &[(u32, &str)] = &[(
@@ -87,6 +91,9 @@ pub enum StoreError {
     /// The writer thread is gone.
     #[error("rollout database: the writer stopped")]
     Closed,
+    /// Another server holds the database.
+    #[error("the rollout database {0} is in use by another server")]
+    Locked(PathBuf),
     /// The writer thread could not be started.
     #[error("rollout database: starting the writer: {0}")]
     Thread(#[source] std::io::Error),
@@ -114,6 +121,48 @@ struct Batch {
 pub struct Store {
     tx: Mutex<Option<mpsc::Sender<Batch>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
+    lock: Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
+}
+
+/// Takes the database's lock file.
+fn take_lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&name)
+        .map_err(StoreError::Thread)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        .map_err(|_| StoreError::Locked(path.to_owned()))
+}
+
+fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    let sync = match synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    };
+    conn.pragma_update(None, "synchronous", sync)?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
+}
+
+/// Checkpoints (passive: never blocking the writer) until told to stop.
+fn checkpointer(conn: Connection, stop: mpsc::Receiver<()>) {
+    loop {
+        match stop.recv_timeout(CHECKPOINT_EVERY) {
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(error = %e, "rollout database checkpoint");
+        }
+    }
 }
 
 impl Store {
@@ -128,23 +177,18 @@ impl Store {
             path: path.to_owned(),
             source,
         };
-        let mut conn = Connection::open(path).map_err(open_err)?;
-        conn.busy_timeout(Duration::from_secs(5))
-            .map_err(open_err)?;
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
-            .map_err(open_err)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(open_err)?;
-        let sync = match synchronous {
-            Synchronous::Normal => "NORMAL",
-            Synchronous::Full => "FULL",
-        };
-        conn.pragma_update(None, "synchronous", sync)
-            .map_err(open_err)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
+        let lock = take_lock(path)?;
+        let mut conn = connect(path, synchronous).map_err(open_err)?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(open_err)?;
         migrate(&mut conn).map_err(open_err)?;
         let snapshot = load(&conn)?;
+        let ck_conn = connect(path, synchronous).map_err(open_err)?;
+        let (ck_tx, ck_rx) = mpsc::channel();
+        let ck = std::thread::Builder::new()
+            .name("rollout-ckpt".into())
+            .spawn(move || checkpointer(ck_conn, ck_rx))
+            .map_err(StoreError::Thread)?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("rollout-db".into())
@@ -154,6 +198,8 @@ impl Store {
             Self {
                 tx: Mutex::new(Some(tx)),
                 thread: Mutex::new(Some(thread)),
+                checkpointer: Mutex::new(Some((ck_tx, ck))),
+                lock: Mutex::new(Some(lock)),
             },
             snapshot,
         ))
@@ -185,11 +231,21 @@ impl Store {
 
     /// Commits what is queued, stops the writer and closes the database.
     pub fn close(&self) {
+        let ck = self
+            .checkpointer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((stop, t)) = ck {
+            drop(stop);
+            let _ = t.join();
+        }
         drop(self.tx.lock().unwrap_or_else(|e| e.into_inner()).take());
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = thread {
             let _ = t.join();
         }
+        drop(self.lock.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 
@@ -332,6 +388,9 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Batch>, hub: &EventHub) {
             }
         }
     }
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "final checkpoint of the rollout database");
+    }
     if let Err((_, e)) = conn.close() {
         tracing::warn!(error = %e, "closing the rollout database");
     }
@@ -457,7 +516,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn migrations_apply_once_and_a_second_opener_is_refused() {
+    fn migrations_apply_once_and_a_second_server_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.sqlite");
         let hub = Arc::new(EventHub::new());
@@ -465,16 +524,15 @@ mod tests {
         assert!(snap.tasks.is_empty());
         store.close();
         let (store, _) = Store::open(&path, Synchronous::Normal, Arc::clone(&hub)).unwrap();
-        let conn = Connection::open(&path).unwrap();
-        conn.busy_timeout(Duration::from_millis(50)).unwrap();
-        let second = conn.query_row("SELECT count(*) FROM schema_migrations", [], |r| {
-            r.get::<_, u32>(0)
-        });
-        assert!(second.is_err(), "the database is exclusive to one server");
+        let second = Store::open(&path, Synchronous::Normal, Arc::clone(&hub));
+        assert!(matches!(second, Err(StoreError::Locked(_))), "{second:?}");
         store.close();
+        let conn = Connection::open(&path).unwrap();
         let n: u32 = conn
             .query_row("SELECT count(*) FROM schema_migrations", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, MIGRATIONS.len() as u32);
+        drop(conn);
+        assert!(Store::open(&path, Synchronous::Normal, hub).is_ok());
     }
 }
