@@ -14,7 +14,11 @@
 //! `ROLLOUT_BENCH_SESSIONS` (10000), `ROLLOUT_BENCH_SAMPLES` (samples per
 //! task, 16), `ROLLOUT_BENCH_SUBMITTERS` (2).
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+#![expect(
+    clippy::unwrap_used,
+    clippy::print_stdout,
+    reason = "a benchmark binary: it fails loudly and reports on stdout"
+)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

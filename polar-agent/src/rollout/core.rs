@@ -272,6 +272,11 @@ impl Core {
         }
     }
 
+    /// Closes the database (what is queued is committed first).
+    pub fn close_store(&self) {
+        self.store.close();
+    }
+
     /// Stops the background work (waiting up to `grace`) and closes the
     /// database; what was committed stays.
     pub async fn shutdown(&self, grace: Duration) {

@@ -74,11 +74,17 @@ pub enum RolloutError {
     },
 }
 
-/// A running rollout server.
+/// A running rollout server. Dropping it stops it ([`RolloutServer::abort`]).
 #[derive(Debug)]
 pub struct RolloutServer {
     core: Arc<core::Core>,
     addr: SocketAddr,
+}
+
+impl Drop for RolloutServer {
+    fn drop(&mut self) {
+        self.abort();
+    }
 }
 
 impl RolloutServer {
@@ -130,6 +136,14 @@ impl RolloutServer {
     /// database closed. Nothing acknowledged is lost.
     pub async fn shutdown(self) {
         self.core.shutdown(Duration::from_secs(3)).await;
+    }
+
+    /// Stops at once, as a crash would, but closing the database cleanly:
+    /// background work is cancelled where it stands. Dropping the server
+    /// does the same.
+    pub fn abort(&self) {
+        self.core.tasks.shutdown_token().cancel();
+        self.core.close_store();
     }
 
     /// Runs until `stop` fires, then shuts down.
