@@ -5,7 +5,8 @@
 //! task's callback URL. docs/ROLLOUT-API.md is the protocol.
 //!
 //! - `types`: the wire types; `validate`: checks naming the field;
-//! - `scheduler` (pure): tasks, sessions, nodes, queue, dispatch choice,
+//! - `scheduler` (pure; `nodes`, `reports`, `views` inside): tasks,
+//!   sessions, nodes, queue, dispatch choice,
 //!   retries, early stop, deadlines;
 //! - `store`: SQLite (WAL, migrations, group commit, events after commit);
 //! - `core`: the scheduler + store + background work (dispatcher, ticker,

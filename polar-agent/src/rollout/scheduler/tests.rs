@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::*;
-use crate::rollout::types::{Heartbeat, NodeCapacity, TokenUsage};
+use crate::rollout::types::{Heartbeat, NodeCapacity, SampleStatus, SessionResult, TokenUsage};
 
 fn limits() -> Limits {
     Limits {
