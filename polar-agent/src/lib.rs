@@ -16,6 +16,7 @@ pub mod netns;
 pub mod provider;
 pub mod proxy;
 pub mod redirect;
+pub mod rollout;
 pub mod sandbox;
 pub mod signals;
 pub mod tasks;

@@ -6,7 +6,9 @@
 
 mod ca;
 mod proxy;
+mod rollout;
 mod sandbox;
+mod submit;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,7 +23,9 @@ use crate::telemetry::{self, LogFormat};
 
 pub use self::ca::CaCommand;
 pub use self::proxy::ProxyArgs;
+pub use self::rollout::{RolloutCommand, ServeArgs};
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
+pub use self::submit::{ServerArgs, StatusArgs, SubmitArgs};
 
 /// Polar: run coding-agent CLIs in sandboxes and capture their model traffic.
 #[derive(Debug, Parser)]
@@ -59,6 +63,14 @@ pub enum Command {
     /// Serve base-URL mode only (no sandbox, no root): model calls of the
     /// given sessions are translated, sent to the backends and captured.
     Proxy(ProxyArgs),
+    /// The rollout control plane.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+    /// Submit a task (TOML or JSON TaskRequest) to a rollout server and
+    /// follow it to the end.
+    Submit(SubmitArgs),
+    /// A rollout server's health, nodes and tasks.
+    Status(StatusArgs),
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -131,6 +143,21 @@ pub enum CliError {
     /// The export failed.
     #[error(transparent)]
     Export(#[from] crate::export::ExportError),
+    /// The rollout server could not start.
+    #[error(transparent)]
+    Rollout(#[from] crate::rollout::RolloutError),
+    /// The rollout settings are invalid.
+    #[error(transparent)]
+    RolloutConfig(#[from] crate::rollout::RolloutConfigError),
+    /// A call to the rollout server failed.
+    #[error(transparent)]
+    RolloutClient(#[from] crate::rollout::ClientError),
+    /// The task file does not parse.
+    #[error("task file {0}")]
+    TaskFile(String),
+    /// The simulated gateway could not start.
+    #[error(transparent)]
+    Sim(#[from] crate::rollout::sim::SimError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
@@ -186,6 +213,9 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
         Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
+        Command::Rollout(cmd) => runtime()?.block_on(rollout::run(cmd)),
+        Command::Submit(args) => runtime()?.block_on(submit::submit(args)),
+        Command::Status(args) => runtime()?.block_on(submit::status(args)),
         Command::MockBackend(args) => runtime()?.block_on(async {
             let token = CancellationToken::new();
             let stop = token.clone();

@@ -1,0 +1,186 @@
+//! `polar submit TASK_FILE` and `polar status`: the rollout server from the
+//! trainer's side. `submit` sends a task (TOML or JSON), prints a progress
+//! line whenever the task's counts change, then a table of the samples.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::CliError;
+use crate::rollout::config::TOKEN_ENV;
+use crate::rollout::report::{progress_line, results_table, status_text};
+use crate::rollout::{RolloutClient, TaskStatus};
+
+/// Where the server is.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// The rollout server's base URL.
+    #[arg(
+        long,
+        env = "POLAR_ROLLOUT_URL",
+        default_value = "http://127.0.0.1:7070"
+    )]
+    pub server: String,
+    /// The trainer token.
+    #[arg(long, env = TOKEN_ENV, hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ServerArgs {
+    fn client(&self) -> RolloutClient {
+        RolloutClient::new(self.server.clone(), self.token.clone())
+    }
+}
+
+/// Arguments of `polar submit`.
+#[derive(Debug, clap::Args)]
+pub struct SubmitArgs {
+    /// The task: a TaskRequest as TOML (`.toml`) or JSON.
+    pub task_file: PathBuf,
+    /// The server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Print the task id and return without waiting.
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Give up waiting after this many seconds (the task goes on).
+    #[arg(long)]
+    pub wait_secs: Option<u64>,
+    /// Polling interval in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub poll_ms: u64,
+    /// Print the final results as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Reads a task file: TOML when it ends in `.toml`, JSON otherwise.
+pub fn load_task_file(path: &Path) -> Result<serde_json::Value, CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::Io(format!("reading {}", path.display()), e))?;
+    parse_task(&text, path.extension().is_some_and(|e| e == "toml"))
+        .map_err(|e| CliError::TaskFile(format!("{}: {e}", path.display())))
+}
+
+fn parse_task(text: &str, toml: bool) -> Result<serde_json::Value, String> {
+    if toml {
+        toml::from_str(text).map_err(|e| e.to_string())
+    } else {
+        serde_json::from_str(text).map_err(|e| e.to_string())
+    }
+}
+
+fn out(text: &str) -> Result<(), CliError> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(text.as_bytes())?;
+    o.flush()?;
+    Ok(())
+}
+
+/// Runs `polar submit`.
+pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
+    let task = load_task_file(&args.task_file)?;
+    let c = args.server.client();
+    let reply = c.submit(&task).await?;
+    out(&format!(
+        "submitted {} ({} samples) to {}\n",
+        reply.task_id,
+        reply.session_ids.len(),
+        c.base()
+    ))?;
+    if args.no_wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let started = Instant::now();
+    let mut last = String::new();
+    let view = loop {
+        let v = c.task(&reply.task_id).await?;
+        let line = progress_line(&v);
+        if line != last {
+            out(&format!(
+                "[{:>6.1}s] {line}\n",
+                started.elapsed().as_secs_f64()
+            ))?;
+            last = line;
+        }
+        if v.status.is_finished() {
+            break v;
+        }
+        if args
+            .wait_secs
+            .is_some_and(|w| started.elapsed() >= Duration::from_secs(w))
+        {
+            out("stopped waiting; the task goes on (polar status, GET /v1/tasks/ID)\n")?;
+            return Ok(ExitCode::from(2));
+        }
+        tokio::time::sleep(Duration::from_millis(args.poll_ms.max(10))).await;
+    };
+    if args.json {
+        out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&view).unwrap_or_default()
+        ))?;
+    } else {
+        out(&results_table(&view))?;
+    }
+    Ok(if view.status == TaskStatus::Completed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Arguments of `polar status`.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Tasks listed (the most recent).
+    #[arg(long, default_value_t = 20)]
+    pub tasks: usize,
+}
+
+/// Runs `polar status`.
+pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
+    let c = args.server.client();
+    let s = c.status().await?;
+    let mut text = status_text(&s, c.base());
+    let list = c.tasks(None).await?;
+    let skip = list.tasks.len().saturating_sub(args.tasks);
+    for t in &list.tasks[skip..] {
+        text.push_str("  ");
+        text.push_str(&progress_line(t));
+        text.push('\n');
+    }
+    out(&text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_files_in_toml_and_json() {
+        let toml = r#"
+task_id = "t1"
+instruction = "fix it"
+num_samples = 4
+timeout_secs = 600
+[agent]
+harness = "shell"
+[builder]
+kind = "prefix_merging"
+[metadata]
+group_id = "g"
+"#;
+        let v = parse_task(toml, true).unwrap();
+        assert_eq!(v["num_samples"], 4);
+        assert_eq!(v["builder"]["kind"], "prefix_merging");
+        let j = parse_task(&v.to_string(), false).unwrap();
+        assert_eq!(v, j);
+        assert!(parse_task("task_id = ", true).is_err());
+    }
+}

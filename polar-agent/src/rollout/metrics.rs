@@ -1,0 +1,213 @@
+//! Dispatch latency (from the moment a session could go to a node to the
+//! gateway's acceptance of it) as a Prometheus histogram plus the recent raw
+//! values, and the `/metrics` text.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use super::scheduler::Counters;
+use super::types::NodeView;
+
+/// Upper bounds of the histogram buckets, in seconds.
+const BUCKETS: [f64; 13] = [
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+/// Raw latencies kept.
+const KEEP: usize = 200_000;
+
+/// The dispatch latency histogram.
+#[derive(Debug)]
+pub struct Metrics {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+    recent: Mutex<VecDeque<Duration>>,
+    callback_failures: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::new()),
+            callback_failures: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one dispatch latency.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros.fetch_add(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if r.len() == KEEP {
+            r.pop_front();
+        }
+        r.push_back(d);
+    }
+
+    /// Counts a callback attempt that failed.
+    pub fn callback_failed(&self) {
+        self.callback_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The most recent latencies (up to 200,000), oldest first.
+    pub fn recent(&self) -> Vec<Duration> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(
+        &self,
+        tasks: &BTreeMap<String, u64>,
+        sessions: &BTreeMap<String, u64>,
+        nodes: &[NodeView],
+        counters: Counters,
+        queued: usize,
+    ) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# HELP polar_rollout_tasks Tasks by status.");
+        let _ = writeln!(out, "# TYPE polar_rollout_tasks gauge");
+        for (k, v) in tasks {
+            let _ = writeln!(out, "polar_rollout_tasks{{status=\"{k}\"}} {v}");
+        }
+        let _ = writeln!(out, "# HELP polar_rollout_sessions Sessions by state.");
+        let _ = writeln!(out, "# TYPE polar_rollout_sessions gauge");
+        for (k, v) in sessions {
+            let _ = writeln!(out, "polar_rollout_sessions{{state=\"{k}\"}} {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP polar_rollout_queue_depth Sessions waiting for a node."
+        );
+        let _ = writeln!(out, "# TYPE polar_rollout_queue_depth gauge");
+        let _ = writeln!(out, "polar_rollout_queue_depth {queued}");
+        let _ = writeln!(
+            out,
+            "# HELP polar_rollout_nodes Registered nodes by health."
+        );
+        let _ = writeln!(out, "# TYPE polar_rollout_nodes gauge");
+        for health in ["healthy", "draining", "unhealthy"] {
+            let n = nodes.iter().filter(|n| n.health.as_str() == health).count();
+            let _ = writeln!(out, "polar_rollout_nodes{{health=\"{health}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP polar_rollout_node_assigned Sessions assigned per node."
+        );
+        let _ = writeln!(out, "# TYPE polar_rollout_node_assigned gauge");
+        for n in nodes {
+            let _ = writeln!(
+                out,
+                "polar_rollout_node_assigned{{node=\"{}\"}} {}",
+                n.node_id, n.assigned
+            );
+        }
+        for (name, help, v) in [
+            (
+                "dispatches",
+                "Sessions assigned to nodes.",
+                counters.dispatches,
+            ),
+            (
+                "redispatches",
+                "Sessions dispatched again after a loss.",
+                counters.redispatches,
+            ),
+            (
+                "push_failures",
+                "Assignments a gateway refused or did not answer.",
+                counters.push_failures,
+            ),
+            ("results", "Session results accepted.", counters.results),
+            (
+                "callback_failures",
+                "Callback attempts that failed.",
+                self.callback_failures.load(Ordering::Relaxed),
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP polar_rollout_{name}_total {help}");
+            let _ = writeln!(out, "# TYPE polar_rollout_{name}_total counter");
+            let _ = writeln!(out, "polar_rollout_{name}_total {v}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP polar_rollout_dispatch_latency_seconds From a session becoming dispatchable to its gateway accepting it."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE polar_rollout_dispatch_latency_seconds histogram"
+        );
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "polar_rollout_dispatch_latency_seconds_bucket{{le=\"{bound}\"}} {}",
+                self.buckets[i].load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "polar_rollout_dispatch_latency_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "polar_rollout_dispatch_latency_seconds_sum {}",
+            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(out, "polar_rollout_dispatch_latency_seconds_count {count}");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative() {
+        let m = Metrics::default();
+        m.observe(Duration::from_micros(300));
+        m.observe(Duration::from_millis(3));
+        let text = m.render(
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &[],
+            Counters::default(),
+            0,
+        );
+        assert!(
+            text.contains("polar_rollout_dispatch_latency_seconds_bucket{le=\"0.0005\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("polar_rollout_dispatch_latency_seconds_bucket{le=\"0.005\"} 2\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("polar_rollout_dispatch_latency_seconds_count 2\n"),
+            "{text}"
+        );
+        assert_eq!(m.recent().len(), 2);
+    }
+}
