@@ -5,6 +5,7 @@
 //! after signal N.
 
 mod ca;
+mod harness;
 mod sandbox;
 
 use std::path::PathBuf;
@@ -120,6 +121,12 @@ pub enum CliError {
     /// The mock backend failed.
     #[error(transparent)]
     Mock(#[from] crate::mock::MockError),
+    /// The harness session failed.
+    #[error(transparent)]
+    Harness(#[from] crate::harness::HarnessError),
+    /// The runtime spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] crate::runtime::spec::SpecError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
