@@ -258,7 +258,7 @@ fn version_of(path: &Path, timeout: Duration) -> Result<String, HarnessError> {
         .arg("--version")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| broken(e.to_string()))?;
     let deadline = std::time::Instant::now() + timeout;
@@ -275,9 +275,20 @@ fn version_of(path: &Path, timeout: Duration) -> Result<String, HarnessError> {
             Err(e) => return Err(broken(e.to_string())),
         }
     }
+    // Some print it on stderr (pi).
     let mut out = String::new();
-    if let Some(mut so) = child.stdout.take() {
-        let _ = std::io::Read::read_to_string(&mut so, &mut out);
+    for pipe in [
+        child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
+        child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut { pipe }, &mut text);
+        if out.trim().is_empty() {
+            out = text;
+        }
     }
     Ok(out.lines().next().unwrap_or_default().trim().to_owned())
 }

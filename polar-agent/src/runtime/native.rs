@@ -18,7 +18,8 @@
 //!   distribution bundle paths;
 //! - the writable workspace at the spec's `workdir` (default
 //!   `/workspace`) and the writable HOME at [`HOME`];
-//! - the spec's mounts and the harness's read-only directories.
+//! - the spec's mounts and the harness's read-only directories;
+//! - the new root itself remounted read-only.
 //!
 //! The sandbox user owns nothing of the host: root-owned files it can see
 //! are read-only to it, and files readable only by their owner are not
@@ -120,6 +121,8 @@ pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<O
         let flag = if b.read_only { "--ro-bind" } else { "--bind" };
         push(&mut a, &[&flag, &b.source, &b.target]);
     }
+    // The new root itself (a tmpfs holding the mount points) read-only too.
+    push(&mut a, &[&"--remount-ro", &"/"]);
     push(&mut a, &[&"--chdir", &layout.workdir]);
     a.push(os("--"));
     a.extend(argv.iter().map(OsString::from));
@@ -196,7 +199,7 @@ mod tests {
             ),
             "{a}"
         );
-        assert!(a.ends_with("--chdir /workspace -- codex exec"), "{a}");
+        assert!(a.ends_with("--remount-ro / --chdir /workspace -- codex exec"), "{a}");
         // The state dir is hidden before the trust files are bound back.
         let hide = a.find("--tmpfs /state").unwrap_or(usize::MAX);
         let trust = a.find("/polar/trust/bundle.pem").unwrap_or(0);
