@@ -74,8 +74,8 @@ while True:
 
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
-fn a_sandbox_reaches_neither_the_control_api_nor_the_host_network_nor_another_sandbox()
--> Result<()> {
+fn a_sandbox_reaches_neither_the_control_api_nor_the_host_network_nor_another_sandbox() -> Result<()>
+{
     let tmp = sandbox_tempdir()?;
     let cfg = write_config(tmp.path(), "")?;
     let cfg = cfg.display().to_string();
@@ -115,7 +115,16 @@ for name, host, port in [("control", "127.0.0.1", {c}), ("hostnet", "127.10.0.7"
         h = hostnet.addr.port(),
     );
     let b = session_run(
-        &["--config", &cfg, "--session", "iso-b", "--budget-secs", "60", "--runtime", "/dev/null"],
+        &[
+            "--config",
+            &cfg,
+            "--session",
+            "iso-b",
+            "--budget-secs",
+            "60",
+            "--runtime",
+            "/dev/null",
+        ],
         &["python3", "-c", &client],
     )?;
     a.signal(nix::sys::signal::Signal::SIGTERM)?;
@@ -125,12 +134,20 @@ for name, host, port in [("control", "127.0.0.1", {c}), ("hostnet", "127.10.0.7"
     ensure!(out.len() == 4, "B printed {out:?}: {}", b.main_logs());
     for (name, got) in &out {
         ensure!(
-            !["CONTROL-API", "HOST-NET", "SANDBOX-A"].iter().any(|b| got.contains(b)),
+            !["CONTROL-API", "HOST-NET", "SANDBOX-A"]
+                .iter()
+                .any(|b| got.contains(b)),
             "B reached {name}: {got}"
         );
     }
-    ensure!(control.accepted.load(Ordering::Relaxed) == 0, "the control API saw a connection");
-    ensure!(hostnet.accepted.load(Ordering::Relaxed) == 0, "the host server saw a connection");
+    ensure!(
+        control.accepted.load(Ordering::Relaxed) == 0,
+        "the control API saw a connection"
+    );
+    ensure!(
+        hostnet.accepted.load(Ordering::Relaxed) == 0,
+        "the host server saw a connection"
+    );
     Ok(())
 }
 
@@ -174,7 +191,14 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
         repo = repo.display(),
     );
     let run = session_run(
-        &["--config", &cfg.display().to_string(), "--runtime", "/dev/null", "--budget-secs", "60"],
+        &[
+            "--config",
+            &cfg.display().to_string(),
+            "--runtime",
+            "/dev/null",
+            "--budget-secs",
+            "60",
+        ],
         &["sh", "-c", &script],
     );
     let _ = std::fs::remove_file(&secret);
@@ -185,12 +209,21 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
     let expected_yes = ["write_workspace", "write_home", "write_tmp"];
     ensure!(out.len() == 13, "{out:?} {}", run.main_logs());
     for (label, got) in &out {
-        let want = if expected_yes.contains(&label.as_str()) { "yes" } else { "no" };
+        let want = if expected_yes.contains(&label.as_str()) {
+            "yes"
+        } else {
+            "no"
+        };
         ensure!(got == want, "{label}: {got}, expected {want}; all: {out:?}");
     }
     ensure!(run.workspace().join("mine.txt").is_file());
     ensure!(sandbox_dir.join("home/h.txt").is_file());
-    for p in ["/etc/polar-test", "/usr/polar-test", "/polar-test", "/tmp/private.txt"] {
+    for p in [
+        "/etc/polar-test",
+        "/usr/polar-test",
+        "/polar-test",
+        "/tmp/private.txt",
+    ] {
         ensure!(!Path::new(p).exists(), "{p} appeared on the host");
     }
     ensure!(!Path::new(&host_marker).exists());
@@ -230,11 +263,24 @@ fn pids_group(session: &str) -> Option<PathBuf> {
 fn a_fork_bomb_stays_inside_its_process_limit_and_the_host_stays_responsive() -> Result<()> {
     let tmp = sandbox_tempdir()?;
     let cfg = write_config(tmp.path(), "")?.display().to_string();
-    let spec = runtime_file(tmp.path(), "rt.toml", "[limits]\npids = 64\nmemory_bytes = 536870912\n")?;
+    let spec = runtime_file(
+        tmp.path(),
+        "rt.toml",
+        "[limits]\npids = 64\nmemory_bytes = 536870912\n",
+    )?;
     let session = "bomb-1";
     let started = Instant::now();
     let mut run = Running::start(
-        &["--config", &cfg, "--session", session, "--runtime", &spec, "--budget-secs", "8"],
+        &[
+            "--config",
+            &cfg,
+            "--session",
+            session,
+            "--runtime",
+            &spec,
+            "--budget-secs",
+            "8",
+        ],
         &["sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 31401"],
     )?;
     let group = {
@@ -267,12 +313,19 @@ fn a_fork_bomb_stays_inside_its_process_limit_and_the_host_stays_responsive() ->
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = run.wait_exit(Duration::from_secs(30))?;
-    ensure!(status.code() == Some(124), "expected the budget to end it: {status}");
+    ensure!(
+        status.code() == Some(124),
+        "expected the budget to end it: {status}"
+    );
     ensure!(refused > 0, "the limit never refused a fork (peak {peak})");
     ensure!(peak <= 64, "peak processes {peak}");
-    ensure!(slowest < Duration::from_secs(2), "the host stalled for {slowest:?}");
     ensure!(
-        eventually(Duration::from_secs(10), || processes_with("31401").is_empty()),
+        slowest < Duration::from_secs(2),
+        "the host stalled for {slowest:?}"
+    );
+    ensure!(
+        eventually(Duration::from_secs(10), || processes_with("31401")
+            .is_empty()),
         "bomb processes survived"
     );
     ensure!(
@@ -289,7 +342,14 @@ fn a_sandbox_that_outlives_its_budget_is_killed_with_everything_it_started() -> 
     let cfg = write_config(tmp.path(), "")?.display().to_string();
     let started = Instant::now();
     let run = session_run(
-        &["--config", &cfg, "--runtime", "/dev/null", "--budget-secs", "3"],
+        &[
+            "--config",
+            &cfg,
+            "--runtime",
+            "/dev/null",
+            "--budget-secs",
+            "3",
+        ],
         &[
             "sh",
             "-c",
@@ -298,12 +358,18 @@ fn a_sandbox_that_outlives_its_budget_is_killed_with_everything_it_started() -> 
         ],
     )?;
     let took = started.elapsed();
-    ensure!(run.code() == Some(124), "exit {:?}: {}", run.code(), run.finished.stderr());
+    ensure!(
+        run.code() == Some(124),
+        "exit {:?}: {}",
+        run.code(),
+        run.finished.stderr()
+    );
     ensure!(run.outcome["steps"][0]["end"]["status"] == "timed_out");
     ensure!(run.workspace().join("started").is_file());
     ensure!(took < Duration::from_secs(15), "took {took:?}");
     ensure!(
-        eventually(Duration::from_secs(5), || processes_with("sleep 3133").is_empty()
+        eventually(Duration::from_secs(5), || processes_with("sleep 3133")
+            .is_empty()
             && processes_with("sleep 31340").is_empty()),
         "left running: {:?}",
         processes_with("sleep 313")
@@ -350,7 +416,9 @@ run = "echo $POLAR_TIMEOUT_SECS $POLAR_DEADLINE > post-budget.txt; ls > post-ls.
     let left: u64 = parts.next().context("no budget")?.parse()?;
     let deadline: f64 = parts.next().context("no deadline")?.parse()?;
     ensure!(left > 0 && left <= 60, "{budget}");
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs_f64();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs_f64();
     ensure!(deadline > now && deadline < now + 61.0, "{budget}");
     let phases: Vec<String> = run.outcome["steps"]
         .as_array()
@@ -358,7 +426,10 @@ run = "echo $POLAR_TIMEOUT_SECS $POLAR_DEADLINE > post-budget.txt; ls > post-ls.
         .flatten()
         .map(|s| s["phase"].as_str().unwrap_or_default().to_owned())
         .collect();
-    ensure!(phases == ["prepare", "prepare", "main", "post"], "{phases:?}");
+    ensure!(
+        phases == ["prepare", "prepare", "main", "post"],
+        "{phases:?}"
+    );
 
     // A failed prepare step skips the main command; post-run steps still run.
     let spec = runtime_file(
@@ -415,16 +486,35 @@ r node node -e 'fetch("https://api.openai.com/v1/chat/completions",{method:"POST
     let cfg2 = cfg.clone();
     let run = tokio::task::spawn_blocking(move || {
         session_run(
-            &["--config", &cfg2, "--runtime", "/dev/null", "--budget-secs", "60"],
+            &[
+                "--config",
+                &cfg2,
+                "--runtime",
+                "/dev/null",
+                "--budget-secs",
+                "60",
+            ],
             &["bash", "-c", transparent],
         )
     })
     .await??;
     let dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = pairs(&dir.join("logs/main-0.out"));
-    ensure!(out.get("curl").is_some_and(|v| v.contains("anthropic-upstream")), "{out:?}");
-    ensure!(out.get("python").is_some_and(|v| v.contains("anthropic-upstream")), "{out:?}");
-    ensure!(out.get("node").is_some_and(|v| v.contains("openai-upstream")), "{out:?}");
+    ensure!(
+        out.get("curl")
+            .is_some_and(|v| v.contains("anthropic-upstream")),
+        "{out:?}"
+    );
+    ensure!(
+        out.get("python")
+            .is_some_and(|v| v.contains("anthropic-upstream")),
+        "{out:?}"
+    );
+    ensure!(
+        out.get("node")
+            .is_some_and(|v| v.contains("openai-upstream")),
+        "{out:?}"
+    );
 
     let base = r#"
 r() { label=$1; shift; out=$("$@" 2>&1 | tr '\n' ' '); echo "$label=$out"; }
@@ -433,14 +523,29 @@ r unkeyed curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -H "Authorizatio
 "#;
     let run = tokio::task::spawn_blocking(move || {
         session_run(
-            &["--config", &cfg, "--runtime", "/dev/null", "--base-url", "--budget-secs", "60"],
+            &[
+                "--config",
+                &cfg,
+                "--runtime",
+                "/dev/null",
+                "--base-url",
+                "--budget-secs",
+                "60",
+            ],
             &["bash", "-c", base],
         )
     })
     .await??;
     let dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = pairs(&dir.join("logs/main-0.out"));
-    ensure!(out.get("keyed").is_some_and(|v| v.contains("openai-upstream")), "{out:?}");
-    ensure!(out.get("unkeyed").is_some_and(|v| v.trim() == "401"), "{out:?}");
+    ensure!(
+        out.get("keyed")
+            .is_some_and(|v| v.contains("openai-upstream")),
+        "{out:?}"
+    );
+    ensure!(
+        out.get("unkeyed").is_some_and(|v| v.trim() == "401"),
+        "{out:?}"
+    );
     Ok(())
 }

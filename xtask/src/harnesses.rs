@@ -35,7 +35,12 @@ fn report(item: &str, state: &str) {
 
 fn node_major() -> Option<u32> {
     let v = Cmd::new("node").ok()?.arg("--version").probe()?;
-    v.trim().trim_start_matches('v').split('.').next()?.parse().ok()
+    v.trim()
+        .trim_start_matches('v')
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Installs the CLIs if they are missing or out of date; returns where.
@@ -56,8 +61,12 @@ pub fn run() -> Result<PathBuf> {
     }
     match node_major() {
         Some(v) if v >= NODE_MAJOR => {}
-        Some(v) => bail!("the harness CLIs need Node {NODE_MAJOR} or later; `node --version` says {v}"),
-        None => bail!("the harness CLIs need Node {NODE_MAJOR} or later and npm; `node` was not found"),
+        Some(v) => {
+            bail!("the harness CLIs need Node {NODE_MAJOR} or later; `node --version` says {v}")
+        }
+        None => {
+            bail!("the harness CLIs need Node {NODE_MAJOR} or later and npm; `node` was not found")
+        }
     }
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let _ = std::fs::remove_file(dir.join(STAMP));
@@ -83,10 +92,18 @@ fn check(bins: &Path, binary: &str) -> Result<()> {
         .arg("--version")
         .capture(std::time::Duration::from_secs(60))?;
     if !run.status.success() {
-        bail!("{} --version failed after the install: {}", path.display(), run.stderr.trim());
+        bail!(
+            "{} --version failed after the install: {}",
+            path.display(),
+            run.stderr.trim()
+        );
     }
     // pi prints its version on stderr.
-    let text = if run.stdout.trim().is_empty() { run.stderr } else { run.stdout };
+    let text = if run.stdout.trim().is_empty() {
+        run.stderr
+    } else {
+        run.stdout
+    };
     report(binary, text.lines().next().unwrap_or_default().trim());
     Ok(())
 }

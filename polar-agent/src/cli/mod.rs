@@ -123,13 +123,19 @@ pub enum CliError {
     Mock(#[from] crate::mock::MockError),
     /// The harness session failed.
     #[error(transparent)]
-    Harness(#[from] crate::harness::HarnessError),
+    Harness(Box<crate::harness::HarnessError>),
     /// The runtime spec is invalid.
     #[error(transparent)]
     Spec(#[from] crate::runtime::spec::SpecError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
+}
+
+impl From<crate::harness::HarnessError> for CliError {
+    fn from(e: crate::harness::HarnessError) -> Self {
+        Self::Harness(Box::new(e))
+    }
 }
 
 impl From<std::io::Error> for CliError {

@@ -278,8 +278,14 @@ fn version_of(path: &Path, timeout: Duration) -> Result<String, HarnessError> {
     // Some print it on stderr (pi).
     let mut out = String::new();
     for pipe in [
-        child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
-        child.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read>),
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read>),
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read>),
     ]
     .into_iter()
     .flatten()
@@ -331,15 +337,15 @@ mod tests {
         );
         let script = bin.join("pi");
         std::fs::write(&script, "#!/bin/sh\necho 0.73.1\n").unwrap();
-        std::os::unix::fs::PermissionsExt::set_mode(
-            &mut std::fs::metadata(&script).unwrap().permissions(),
-            0o755,
-        );
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let i = check_installed(HarnessName::Pi, &[bin.clone()], Duration::from_secs(5))
-            .unwrap()
-            .unwrap();
+        let i = check_installed(
+            HarnessName::Pi,
+            std::slice::from_ref(&bin),
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(i.version, "0.73.1");
         assert_eq!(i.bin_dir, bin);
         assert_eq!(i.read_only, vec![tmp.path().join("node_modules")]);

@@ -199,7 +199,10 @@ mod tests {
             ),
             "{a}"
         );
-        assert!(a.ends_with("--remount-ro / --chdir /workspace -- codex exec"), "{a}");
+        assert!(
+            a.ends_with("--remount-ro / --chdir /workspace -- codex exec"),
+            "{a}"
+        );
         // The state dir is hidden before the trust files are bound back.
         let hide = a.find("--tmpfs /state").unwrap_or(usize::MAX);
         let trust = a.find("/polar/trust/bundle.pem").unwrap_or(0);

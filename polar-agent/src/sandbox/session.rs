@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::process::{self, Launch};
+use super::process::{self, Isolation, Launch};
 use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
 use crate::dns::Resolver;
 use crate::ids::SessionId;
@@ -187,26 +187,28 @@ impl SandboxSession {
         };
         let step =
             CgroupDir::create_or_open(parent.path().join(name)).map_err(RedirectError::from)?;
-        let launch = Launch {
-            argv: &cmd.argv,
-            cgroup_procs: step.procs_file().map_err(RedirectError::from)?,
+        let iso = Isolation {
             extra_procs: self.limits.procs_files()?,
             user: cmd.user,
             clear_env: cmd.clear_env,
             cwd: cmd.cwd.clone(),
-            stdin: cmd.stdin,
+            stdin: Some(cmd.stdin),
             keep_fds: cmd
                 .keep_fds
                 .iter()
                 .map(std::os::fd::AsRawFd::as_raw_fd)
                 .collect(),
+        };
+        let launch = Launch {
+            argv: &cmd.argv,
+            cgroup_procs: step.procs_file().map_err(RedirectError::from)?,
             netns: self.net.isolated.as_ref().map(|n| &n.ns),
             env: &cmd.env,
             binds: &cmd.binds,
             stdout: cmd.stdout,
             stderr: cmd.stderr,
         };
-        let spawned = process::spawn(launch);
+        let spawned = process::spawn_with(launch, iso);
         drop(cmd.keep_fds);
         let mut child = match spawned {
             Ok(c) => c,
