@@ -19,7 +19,7 @@ use crate::agent::AgentParts;
 use crate::ids::SessionId;
 use crate::redirect::Redirect;
 use crate::runtime::limits::Enforced;
-use crate::runtime::plan::{MainCommand, Phase, Plan, StepReport};
+use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
 use crate::runtime::spec::{NetworkKind, RuntimeSpec};
 use crate::runtime::steps::SandboxDirs;
 use crate::runtime::{Layout, Runtime, SANDBOX_USER};
@@ -178,26 +178,64 @@ pub async fn run(
         limits: run.spec.limits,
         drain_grace: Duration::from_secs(5),
     };
-    let session = match SandboxSession::open(redirect, &opts, &handler, &parts.resolver) {
+    let mut session = match SandboxSession::open(redirect, &opts, &handler, &parts.resolver) {
         Ok(s) => s,
         Err(e) => {
             parts.sessions.unregister(&run.session);
             return Err(e.into());
         }
     };
+    let path: Vec<PathBuf> = install.iter().map(|i| i.bin_dir.clone()).collect();
+    let mut steps = Vec::new();
+    let started = {
+        let plan = Plan {
+            session: &session,
+            runtime: &runtime,
+            spec: &run.spec,
+            layout: &layout,
+            dirs: &dirs,
+            path: path.clone(),
+            deadline,
+        };
+        start_runtime(&plan, &session, redirect, stop).await
+    };
+    let mut start_ok = started.as_ref().is_none_or(|r| r.end.ok());
+    steps.extend(started);
+    if start_ok && let Runtime::Docker(d) = &runtime {
+        // The container has its own namespace with only loopback: the
+        // session's listener and DNS move into it.
+        let adopted = match container_pid(d).await {
+            Ok(pid) => session
+                .adopt_netns(
+                    std::path::Path::new(&format!("/proc/{pid}/ns/net")),
+                    &handler,
+                    &parts.resolver,
+                )
+                .await
+                .map_err(|e| crate::cli::chain(&e)),
+            Err(e) => Err(e),
+        };
+        if let Err(error) = adopted {
+            start_ok = false;
+            steps.push(StepReport {
+                phase: Phase::Start,
+                index: 1,
+                what: "join the container's network namespace".into(),
+                end: StepEnd::Failed { error },
+                elapsed_ms: 0,
+                logs: None,
+            });
+        }
+    }
     let plan = Plan {
         session: &session,
         runtime: &runtime,
         spec: &run.spec,
         layout: &layout,
         dirs: &dirs,
-        path: install.iter().map(|i| i.bin_dir.clone()).collect(),
+        path,
         deadline,
     };
-    let mut steps = Vec::new();
-    let started = start_runtime(&plan, &session, redirect, stop).await;
-    let start_ok = started.as_ref().is_none_or(|r| r.end.ok());
-    steps.extend(started);
     if start_ok {
         let main = MainCommand {
             argv: harness.argv.clone(),
@@ -206,6 +244,7 @@ pub async fn run(
         steps.extend(plan.run(&main, stop).await);
     }
     steps.extend(stop_runtime(&plan, stop).await);
+    drop(plan);
     let enforced = session.enforced();
     let closed = session.close().await;
     parts.sessions.unregister(&run.session);
@@ -262,6 +301,27 @@ async fn start_runtime(
                     .await,
             )
         }
+    }
+}
+
+/// The pid of a docker container's init, from `docker inspect`.
+async fn container_pid(d: &crate::runtime::docker::Docker) -> Result<u32, String> {
+    let argv = d.pid_argv();
+    let (program, args) = argv.split_first().ok_or("no command")?;
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("docker inspect: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().parse::<u32>() {
+        Ok(pid) if out.status.success() && pid > 0 => Ok(pid),
+        _ => Err(format!(
+            "docker inspect gave no pid ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
     }
 }
 

@@ -2,10 +2,12 @@
 //!
 //! The container runs `sleep infinity` under `--init`, is created with
 //! `--network none` (its own network namespace with only loopback), and
-//! each command runs in it with `docker exec`. The agent joins that
-//! namespace to bind the session's listener and DNS socket inside it, as it
-//! does for its own isolated namespaces, so the container reaches nothing
-//! but the agent (fails closed). `--cgroup-parent` places the container
+//! each command runs in it with `docker exec`. Once it runs, the agent joins
+//! that namespace (`/proc/<pid>/ns/net`, the pid from [`Docker::pid_argv`])
+//! to bind the session's listener and DNS socket inside it, as it does for
+//! its own isolated namespaces, and points the redirect at them
+//! (`SandboxSession::adopt_netns`), so the container reaches nothing but the
+//! agent (fails closed). `--cgroup-parent` places the container
 //! below the session's cgroup v2 directory (given relative to the cgroup
 //! mount: the cgroupfs driver), so the redirect's programs, attached to the
 //! agent's cgroup, apply to it and the session's `cgroup.kill` ends it. The

@@ -170,6 +170,30 @@ impl SandboxSession {
         &self.redirect
     }
 
+    /// Moves the session into another network namespace (a container's,
+    /// `/proc/<pid>/ns/net`): binds the listener and DNS socket in it,
+    /// serves them with `handler` and `resolver`, and points the redirect
+    /// at them; the session's own namespace is then drained and dropped.
+    pub async fn adopt_netns<H: Handler>(
+        &mut self,
+        ns_path: &std::path::Path,
+        handler: &Arc<H>,
+        resolver: &Arc<Resolver>,
+    ) -> Result<(), SandboxError> {
+        let net = SessionNet {
+            isolated: Some(crate::netns::IsolatedNet::join(ns_path)?),
+            host: None,
+        };
+        let serving = serve(&net, &self.id, &self.redirect, resolver, handler)?;
+        self.redirect.retarget(&self.cgroup, net.target())?;
+        let old_net = std::mem::replace(&mut self.net, net);
+        let old = std::mem::replace(&mut self.serving, serving);
+        old.acceptors.drain(Duration::from_millis(200)).await;
+        old.handlers.drain(Duration::from_millis(200)).await;
+        drop(old_net);
+        Ok(())
+    }
+
     /// Runs one command to its end, its deadline, or `stop`. Everything it
     /// leaves behind is killed when it ends.
     pub async fn exec(&self, cmd: Exec, stop: &CancellationToken) -> Result<ExecEnd, SandboxError> {
