@@ -33,7 +33,9 @@ impl Mock {
     fn start() -> Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new(polar_bin()?)
+            // Qwen Code's first prompt alone is ~40k of the mock's tokens.
             .args(["mock-backend", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--max-model-len", "262144"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

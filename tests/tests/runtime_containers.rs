@@ -36,10 +36,26 @@ fn run_in(kind: &str, image: &str) -> Result<()> {
         ),
     )?;
     let run = session_run(
-        &["--config", &cfg, "--runtime", &spec.display().to_string(), "--budget-secs", "120"],
-        &["sh", "-c", "test -f prepared.txt && id -u > uid.txt && echo $POLAR_SESSION > session.txt"],
+        &[
+            "--config",
+            &cfg,
+            "--runtime",
+            &spec.display().to_string(),
+            "--budget-secs",
+            "120",
+        ],
+        &[
+            "sh",
+            "-c",
+            "test -f prepared.txt && id -u > uid.txt && echo $POLAR_SESSION > session.txt",
+        ],
     )?;
-    ensure!(run.code() == Some(0), "{kind}: {}\n{}", run.finished.stderr(), run.main_logs());
+    ensure!(
+        run.code() == Some(0),
+        "{kind}: {}\n{}",
+        run.finished.stderr(),
+        run.main_logs()
+    );
     let ws = run.workspace();
     ensure!(std::fs::read_to_string(ws.join("uid.txt"))?.trim() == "65534");
     ensure!(
@@ -53,7 +69,9 @@ fn run_in(kind: &str, image: &str) -> Result<()> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn docker_runtime_runs_steps_in_a_container() -> Result<()> {
     if !engine_works("docker", "info") {
-        eprintln!("skipped: `docker info` fails here (no Docker engine); the docker command lines are unit-tested");
+        eprintln!(
+            "skipped: `docker info` fails here (no Docker engine); the docker command lines are unit-tested"
+        );
         return Ok(());
     }
     let image = std::env::var("POLAR_TEST_DOCKER_IMAGE")
@@ -65,7 +83,9 @@ fn docker_runtime_runs_steps_in_a_container() -> Result<()> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn apptainer_runtime_runs_steps_in_an_instance() -> Result<()> {
     if !engine_works("apptainer", "--version") {
-        eprintln!("skipped: `apptainer --version` fails here (no Apptainer); the apptainer command lines are unit-tested");
+        eprintln!(
+            "skipped: `apptainer --version` fails here (no Apptainer); the apptainer command lines are unit-tested"
+        );
         return Ok(());
     }
     let image = std::env::var("POLAR_TEST_APPTAINER_IMAGE")

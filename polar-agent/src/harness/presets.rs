@@ -12,6 +12,9 @@ use super::{HarnessName, Mode};
 pub const CODEX_MODEL: &str = "gpt-5";
 /// Anthropic model named to opencode and pi.
 pub const ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
+/// The model Gemini CLI is pinned to: with a model named, it skips its
+/// router (a non-streamed classifier call before every turn).
+pub const GEMINI_MODEL: &str = "gemini-2.5-pro";
 /// Model named in OpenAI-compatible set-ups (Qwen Code, base-URL mode).
 pub const OPENAI_MODEL: &str = "polar-model";
 
@@ -136,6 +139,8 @@ fn gemini_cli(i: String, mode: &Mode) -> Setup {
     Setup {
         argv: vec![
             "gemini".into(),
+            "-m".into(),
+            GEMINI_MODEL.into(),
             "-p".into(),
             i,
             "--yolo".into(),
@@ -271,7 +276,7 @@ mod tests {
         );
         assert_eq!(
             line(HarnessName::GeminiCli),
-            "gemini -p do it --yolo --skip-trust"
+            "gemini -m gemini-2.5-pro -p do it --yolo --skip-trust"
         );
         assert_eq!(line(HarnessName::QwenCode), "qwen -p do it --yolo");
         assert_eq!(
