@@ -85,7 +85,13 @@ impl Finished {
 
 /// Runs `polar --log-format json sandbox run ARGS -- CMD` to the end.
 pub fn sandbox_run(args: &[&str], cmd: &[&str]) -> Result<Finished> {
+    sandbox_run_env(args, cmd, &[])
+}
+
+/// [`sandbox_run`] with more environment for `polar`.
+pub fn sandbox_run_env(args: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Result<Finished> {
     let output = Command::new(polar_bin()?)
+        .envs(env.iter().copied())
         .args(["--log-format", "json", "sandbox", "run"])
         .args(args)
         .arg("--")
@@ -356,9 +362,14 @@ impl SessionRun {
 
 /// Runs `polar --log-format json sandbox run --json ARGS -- CMD`.
 pub fn session_run(args: &[&str], cmd: &[&str]) -> Result<SessionRun> {
+    session_run_env(args, cmd, &[])
+}
+
+/// [`session_run`] with more environment for `polar`.
+pub fn session_run_env(args: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Result<SessionRun> {
     let mut all = vec!["--json"];
     all.extend_from_slice(args);
-    let finished = sandbox_run(&all, cmd)?;
+    let finished = sandbox_run_env(&all, cmd, env)?;
     let outcome = finished
         .reports
         .iter()

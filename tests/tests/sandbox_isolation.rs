@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use polar_tests::servers::EchoUpstream;
 use polar_tests::{
-    Running, eventually, processes_with, sandbox_tempdir, session_run, write_config,
+    Running, eventually, processes_with, sandbox_tempdir, session_run, session_run_env,
+    write_config,
 };
 
 /// A loopback server that greets every connection with a banner and
@@ -546,6 +547,53 @@ r unkeyed curl -sS --max-time 20 -o /dev/null -w '%{http_code}' -H "Authorizatio
     ensure!(
         out.get("unkeyed").is_some_and(|v| v.trim() == "401"),
         "{out:?}"
+    );
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn a_harness_installed_behind_a_directory_the_sandbox_user_cannot_pass_still_runs() -> Result<()> {
+    let tmp = sandbox_tempdir()?;
+    let cfg = write_config(tmp.path(), "")?.display().to_string();
+    // A fake `pi` in node_modules/.bin below a root-only directory.
+    let closed = tmp.path().join("closed");
+    let bin = closed.join("prefix/node_modules/.bin");
+    std::fs::create_dir_all(&bin)?;
+    let pi = bin.join("pi");
+    std::fs::write(
+        &pi,
+        "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 0.0.0-fake; exit 0; fi\n\
+         echo \"$@\" > ran.txt\n",
+    )?;
+    std::fs::set_permissions(&pi, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let prefix = closed.join("prefix").display().to_string();
+    let run = session_run_env(
+        &[
+            "--config",
+            &cfg,
+            "--harness",
+            "pi",
+            "--instruction",
+            "say hi",
+            "--budget-secs",
+            "60",
+        ],
+        &[],
+        &[("POLAR_HARNESS_DIR", &prefix)],
+    )?;
+    ensure!(
+        run.code() == Some(0),
+        "{}\n{}",
+        run.finished.stderr(),
+        run.main_logs()
+    );
+    ensure!(run.outcome["version"] == "0.0.0-fake");
+    let ran = std::fs::read_to_string(run.workspace().join("ran.txt"))?;
+    ensure!(
+        ran.trim() == "-p --model anthropic/claude-sonnet-4-5 say hi",
+        "{ran}"
     );
     Ok(())
 }

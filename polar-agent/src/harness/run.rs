@@ -138,6 +138,18 @@ pub async fn run(
         _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
     };
     let install = run.install.clone();
+    let wanted: Vec<PathBuf> = install
+        .as_ref()
+        .map(|i| i.read_only.clone())
+        .unwrap_or_default();
+    let staged = if matches!(runtime, Runtime::Native { .. }) {
+        crate::runtime::steps::stage(&wanted, &dirs.root, user)?
+    } else {
+        crate::runtime::steps::StagedDirs {
+            reachable: wanted,
+            ..Default::default()
+        }
+    };
     let layout = Layout {
         workspace: dirs.workspace.clone(),
         home: dirs.home.clone(),
@@ -146,10 +158,8 @@ pub async fn run(
         bundle_targets,
         hide: vec![state.clone()],
         mounts: run.spec.mounts.clone(),
-        read_only: install
-            .as_ref()
-            .map(|i| i.read_only.clone())
-            .unwrap_or_default(),
+        read_only: staged.reachable.clone(),
+        staged: staged.staged.clone(),
         user,
     };
     let base_key = match &mode {
@@ -196,6 +206,7 @@ pub async fn run(
             dirs: &dirs,
             path: path.clone(),
             deadline,
+            pre_binds: staged.binds.clone(),
         };
         start_runtime(&plan, &session, redirect, stop).await
     };
@@ -235,6 +246,7 @@ pub async fn run(
         dirs: &dirs,
         path,
         deadline,
+        pre_binds: staged.binds.clone(),
     };
     if start_ok {
         let main = MainCommand {

@@ -110,6 +110,7 @@ mod tests {
             hide: vec![],
             mounts: vec![],
             read_only: vec!["/opt/h".into()],
+            staged: vec![],
             user: (65534, 65534),
         }
     }

@@ -159,6 +159,7 @@ mod tests {
                 read_only: true,
             }],
             read_only: vec![],
+            staged: vec![],
             user: (65534, 65534),
         }
     }

@@ -151,6 +151,10 @@ pub struct Layout {
     /// Host directories shown read-only at the same path (the harness
     /// installation).
     pub read_only: Vec<PathBuf>,
+    /// `(staging, target)`: read-only directories the sandbox user could
+    /// not reach on the host (a parent without `o+x`), bound by the agent's
+    /// child at `staging` (see [`steps::stage`]) and shown at `target`.
+    pub staged: Vec<(PathBuf, PathBuf)>,
     /// The sandbox user.
     pub user: (u32, u32),
 }
@@ -194,6 +198,7 @@ impl Layout {
                 .map(|m| b(&m.source, &m.target, m.read_only)),
         );
         out.extend(self.read_only.iter().map(|d| b(d, d, true)));
+        out.extend(self.staged.iter().map(|(s, t)| b(s, t, true)));
         out
     }
 }

@@ -152,6 +152,7 @@ mod tests {
                 read_only: false,
             }],
             read_only: vec!["/opt/harnesses".into()],
+            staged: vec![],
             user: (65534, 65534),
         }
     }

@@ -106,6 +106,9 @@ pub struct Plan<'a> {
     pub path: Vec<PathBuf>,
     /// When the budget runs out.
     pub deadline: Instant,
+    /// Read-only binds the agent's child makes in its private mount
+    /// namespace before exec (staged directories, native only).
+    pub pre_binds: Vec<(PathBuf, PathBuf)>,
 }
 
 fn exit_code(s: std::process::ExitStatus) -> i32 {
@@ -165,6 +168,9 @@ impl Plan<'_> {
         exec.stdin = Stdio::null();
         exec.stdout = Stdio::from(o);
         exec.stderr = Stdio::from(e);
+        if matches!(self.runtime, Runtime::Native { .. }) {
+            exec.binds.clone_from(&self.pre_binds);
+        }
         Ok((exec, (out, err)))
     }
 

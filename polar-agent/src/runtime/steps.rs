@@ -128,6 +128,54 @@ fn copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// Whether `uid`/`gid` (no supplementary groups) may pass through every
+/// directory from `/` down to `path` (search permission), as bubblewrap,
+/// running as the sandbox user, must to bind it.
+pub fn traversable(path: &Path, (uid, gid): (u32, u32)) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    path.ancestors().all(|a| {
+        fs::metadata(a).is_ok_and(|m| {
+            let mode = m.mode();
+            mode & 0o001 != 0
+                || (m.uid() == uid && mode & 0o100 != 0)
+                || (m.gid() == gid && mode & 0o010 != 0)
+        })
+    })
+}
+
+/// Staging for read-only directories the sandbox user cannot reach: for
+/// each such directory, an empty directory `<root>/ro-<n>` the agent's
+/// child binds it on (in its private mount namespace, as root, before it
+/// drops privileges), and the `(source, staging)` pair for that bind.
+/// Returns `(reachable, staged as (staging, target), pre-exec binds)`.
+pub fn stage(dirs: &[PathBuf], root: &Path, user: (u32, u32)) -> Result<StagedDirs, RuntimeError> {
+    let mut out = StagedDirs::default();
+    for d in dirs {
+        if traversable(d, user) {
+            out.reachable.push(d.clone());
+            continue;
+        }
+        let staging = root.join(format!("ro-{}", out.staged.len()));
+        fs::create_dir_all(&staging).map_err(io("create", &staging))?;
+        fs::set_permissions(&staging, fs::Permissions::from_mode(0o755))
+            .map_err(io("chmod", &staging))?;
+        out.binds.push((d.clone(), staging.clone()));
+        out.staged.push((staging, d.clone()));
+    }
+    Ok(out)
+}
+
+/// What [`stage`] decided.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StagedDirs {
+    /// Directories bwrap can bind directly.
+    pub reachable: Vec<PathBuf>,
+    /// `(staging, target)` for the others.
+    pub staged: Vec<(PathBuf, PathBuf)>,
+    /// `(source, staging)` binds for the agent's child to make.
+    pub binds: Vec<(PathBuf, PathBuf)>,
+}
+
 /// `chown -R` without following links.
 pub fn chown_tree(path: &Path, (uid, gid): (u32, u32)) -> Result<(), RuntimeError> {
     lchown(path, Some(uid), Some(gid)).map_err(io("chown", path))?;
@@ -145,6 +193,26 @@ pub fn chown_tree(path: &Path, (uid, gid): (u32, u32)) -> Result<(), RuntimeErro
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn directories_behind_a_closed_parent_are_staged() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let open = tmp.path().join("open/nm");
+        let closed = tmp.path().join("closed/nm");
+        fs::create_dir_all(&open).unwrap();
+        fs::create_dir_all(&closed).unwrap();
+        fs::set_permissions(tmp.path().join("closed"), fs::Permissions::from_mode(0o700)).unwrap();
+        let nobody = (65534, 65534);
+        assert!(traversable(&open, nobody));
+        assert!(!traversable(&closed, nobody));
+        let root = tmp.path().join("sandbox");
+        let s = stage(&[open.clone(), closed.clone()], &root, nobody).unwrap();
+        assert_eq!(s.reachable, vec![open]);
+        assert_eq!(s.staged, vec![(root.join("ro-0"), closed.clone())]);
+        assert_eq!(s.binds, vec![(closed, root.join("ro-0"))]);
+        assert!(root.join("ro-0").is_dir());
+    }
 
     #[test]
     fn uploads_files_and_trees_into_the_workspace() {
