@@ -597,3 +597,33 @@ fn a_harness_installed_behind_a_directory_the_sandbox_user_cannot_pass_still_run
     );
     Ok(())
 }
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn a_process_over_its_memory_limit_is_killed_inside_the_sandbox() -> Result<()> {
+    let tmp = sandbox_tempdir()?;
+    let cfg = write_config(tmp.path(), "")?.display().to_string();
+    let spec = runtime_file(
+        tmp.path(),
+        "rt.toml",
+        "[limits]\nmemory_bytes = 134217728\n",
+    )?;
+    let run = session_run(
+        &["--config", &cfg, "--runtime", &spec, "--budget-secs", "60"],
+        &[
+            "sh",
+            "-c",
+            "python3 -c 'x = bytearray(1 << 30); print(len(x))'; echo \"python=$?\" > result.txt",
+        ],
+    )?;
+    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    ensure!(
+        run.outcome["enforced"]["memory"] != "not_enforced",
+        "{}",
+        run.outcome
+    );
+    let result = std::fs::read_to_string(run.workspace().join("result.txt"))?;
+    // SIGKILL from the cgroup's OOM killer (or a MemoryError): never success.
+    ensure!(result.trim() != "python=0", "{result}");
+    Ok(())
+}
