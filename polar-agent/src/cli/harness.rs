@@ -72,12 +72,13 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .collect();
     let instruction = h.instruction.clone().unwrap_or_default();
     if harness != HarnessName::Shell && instruction.is_empty() {
-        return Err(CliError::Io(
-            "--instruction".into(),
-            std::io::Error::other("a harness needs an instruction"),
-        ));
+        return Err(crate::harness::HarnessError::NoInstruction(harness).into());
     }
     let install = check_installed(harness, &search_dirs(), Duration::from_secs(30))?;
+    let session = args.session.clone().unwrap_or_else(SessionId::random);
+    // The runtime's program works (checked again when the session starts).
+    crate::runtime::Runtime::for_spec(&spec, &session)
+        .map_err(crate::harness::HarnessError::from)?;
     let config = args.config.load()?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let parts = AgentParts::build(config)?;
@@ -85,7 +86,6 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         reaper_exe: std::env::current_exe().ok(),
     })
     .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e)))?;
-    let session = args.session.clone().unwrap_or_else(SessionId::random);
     let stop = CancellationToken::new();
     let signal_stop = stop.clone();
     tokio::spawn(async move {

@@ -39,6 +39,9 @@ pub enum HarnessError {
         /// Where.
         searched: String,
     },
+    /// A harness preset was asked for without an instruction.
+    #[error("the {0} preset needs an instruction (--instruction TEXT)")]
+    NoInstruction(HarnessName),
     /// The binary is there but `--version` failed.
     #[error("{binary} --version failed: {why}")]
     Broken {

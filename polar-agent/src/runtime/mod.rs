@@ -278,8 +278,9 @@ pub enum Runtime {
 }
 
 impl Runtime {
-    /// The runtime `spec` asks for, checked to be usable here (for native:
-    /// `bwrap` runs; the root is listed).
+    /// The runtime `spec` asks for, checked to be usable here (native:
+    /// `bwrap --version` runs and the root is listed; docker: `docker info`
+    /// reaches an engine; apptainer: `apptainer --version` runs).
     pub fn for_spec(spec: &RuntimeSpec, session: &SessionId) -> Result<Self, RuntimeError> {
         match spec.kind {
             RuntimeKind::Native => {
@@ -289,8 +290,14 @@ impl Runtime {
                     root: list_root(&root)?,
                 })
             }
-            RuntimeKind::Docker => Ok(Self::Docker(docker::Docker::new(spec, session))),
-            RuntimeKind::Apptainer => Ok(Self::Apptainer(apptainer::Apptainer::new(spec, session))),
+            RuntimeKind::Docker => {
+                check_program(RuntimeKind::Docker, docker::DOCKER, "info")?;
+                Ok(Self::Docker(docker::Docker::new(spec, session)))
+            }
+            RuntimeKind::Apptainer => {
+                check_program(RuntimeKind::Apptainer, apptainer::APPTAINER, "--version")?;
+                Ok(Self::Apptainer(apptainer::Apptainer::new(spec, session)))
+            }
         }
     }
 
