@@ -100,6 +100,36 @@ impl IsolatedNet {
     }
 }
 
+impl IsolatedNet {
+    /// Joins an existing network namespace (`/proc/<pid>/ns/net` of a
+    /// container's init) and binds the sockets in it, as [`Self::create`]
+    /// does in a namespace of its own.
+    pub fn join(ns_path: &std::path::Path) -> Result<Self, NetnsError> {
+        let path = ns_path.to_owned();
+        std::thread::Builder::new()
+            .name("polar-netns".into())
+            .spawn(move || join_on_this_thread(&path))
+            .map_err(|e| NetnsError::Thread(e.to_string()))?
+            .join()
+            .map_err(|_| NetnsError::Thread("panicked".into()))?
+    }
+}
+
+fn join_on_this_thread(path: &std::path::Path) -> Result<IsolatedNet, NetnsError> {
+    let target = File::open(path).map_err(|source| NetnsError::Bind {
+        what: "namespace to join",
+        source,
+    })?;
+    // Only this thread moves; it ends right after.
+    nix::sched::setns(&target, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(NetnsError::Unshare)?;
+    loopback_up().map_err(NetnsError::Loopback)?;
+    Ok(IsolatedNet {
+        ns: target.into(),
+        sockets: Sockets::bind_loopback()?,
+    })
+}
+
 fn create_on_this_thread() -> Result<IsolatedNet, NetnsError> {
     // Only this thread moves; it ends right after.
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(NetnsError::Unshare)?;

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,13 @@ impl Finished {
 
 /// Runs `polar --log-format json sandbox run ARGS -- CMD` to the end.
 pub fn sandbox_run(args: &[&str], cmd: &[&str]) -> Result<Finished> {
+    sandbox_run_env(args, cmd, &[])
+}
+
+/// [`sandbox_run`] with more environment for `polar`.
+pub fn sandbox_run_env(args: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Result<Finished> {
     let output = Command::new(polar_bin()?)
+        .envs(env.iter().copied())
         .args(["--log-format", "json", "sandbox", "run"])
         .args(args)
         .arg("--")
@@ -267,4 +273,127 @@ pub fn cgroup2_mount() -> Result<PathBuf> {
     polar_agent::redirect::Cgroup2Mount::find()
         .map(|m| m.mount_point)
         .map_err(Into::into)
+}
+
+/// A temporary directory the sandbox user may pass through (`0711`):
+/// bubblewrap binds the session's directories from below it as that user.
+pub fn sandbox_tempdir() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    )?;
+    Ok(dir)
+}
+
+/// Where `cargo xtask harnesses` installed the harness CLIs:
+/// `POLAR_HARNESS_DIR`, else `.polar-cache/harnesses` in the workspace.
+pub fn harness_dir() -> PathBuf {
+    std::env::var_os("POLAR_HARNESS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../.polar-cache/harnesses"),
+        PathBuf::from,
+    )
+}
+
+/// Writes a Polar configuration with `state_dir` under `dir` and `body`
+/// after it (routes, backends), and creates its CA (so that sandboxes
+/// started in parallel share one). Returns the file.
+pub fn write_config(dir: &Path, body: &str) -> Result<PathBuf> {
+    let path = dir.join("polar.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[agent]\nstate_dir = \"{}\"\n\n{body}",
+            dir.join("state").display()
+        ),
+    )?;
+    let out = Command::new(polar_bin()?)
+        .args(["ca", "init", "--config"])
+        .arg(&path)
+        .output()?;
+    if !out.status.success() {
+        bail!("polar ca init: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(path)
+}
+
+/// A finished `polar sandbox run --json ...` of a runtime or harness
+/// session: its outcome (the JSON it printed) and exit code.
+#[derive(Debug)]
+pub struct SessionRun {
+    /// The whole run.
+    pub finished: Finished,
+    /// The outcome object (`Value::Null` when none was printed).
+    pub outcome: Value,
+}
+
+impl SessionRun {
+    /// The exit code of `polar`.
+    pub fn code(&self) -> Option<i32> {
+        self.finished.output.status.code()
+    }
+
+    /// The workspace on the host.
+    pub fn workspace(&self) -> PathBuf {
+        PathBuf::from(self.outcome["workspace"].as_str().unwrap_or_default())
+    }
+
+    /// The harness's (main step's) stdout and stderr, for messages.
+    pub fn main_logs(&self) -> String {
+        let mut text = String::new();
+        for step in self.outcome["steps"].as_array().into_iter().flatten() {
+            for log in step["logs"].as_array().into_iter().flatten() {
+                if let Some(p) = log.as_str() {
+                    let body = std::fs::read_to_string(p).unwrap_or_default();
+                    let tail: String = body
+                        .chars()
+                        .rev()
+                        .take(3000)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect();
+                    text.push_str(&format!("--- {p}:\n{tail}\n"));
+                }
+            }
+        }
+        text
+    }
+}
+
+/// Runs `polar --log-format json sandbox run --json ARGS -- CMD`.
+pub fn session_run(args: &[&str], cmd: &[&str]) -> Result<SessionRun> {
+    session_run_env(args, cmd, &[])
+}
+
+/// [`session_run`] with more environment for `polar`.
+pub fn session_run_env(args: &[&str], cmd: &[&str], env: &[(&str, &str)]) -> Result<SessionRun> {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    let finished = sandbox_run_env(&all, cmd, env)?;
+    let outcome = finished
+        .reports
+        .iter()
+        .find(|v| v.get("steps").is_some())
+        .cloned()
+        .unwrap_or(Value::Null);
+    Ok(SessionRun { finished, outcome })
+}
+
+/// Pids of processes whose command line contains `needle`.
+pub fn processes_with(needle: &str) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c)
+                    .replace('\0', " ")
+                    .contains(needle)
+            })
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
 }

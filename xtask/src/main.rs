@@ -6,6 +6,7 @@
 
 mod cmd;
 mod demo;
+mod harnesses;
 mod release;
 mod setup;
 mod test;
@@ -30,6 +31,9 @@ enum Task {
     /// Install what is missing: Debian packages, nightly + rust-src,
     /// bpf-linker, cargo-deny.
     Setup,
+    /// Install the six harness CLIs (versions pinned in harnesses/) into
+    /// .polar-cache/harnesses, unless already there.
+    Harnesses,
     /// Set up, then build the release `polar` binary.
     Build,
     /// Set up, then run formatting, clippy, cargo-deny, the debug build and
@@ -42,6 +46,7 @@ enum Task {
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
         Task::Setup => setup::run(),
+        Task::Harnesses => harnesses::run().map(|_| ()),
         Task::Build => release::run(),
         Task::Test(args) => test::run(args),
         Task::Demo => demo::run(),

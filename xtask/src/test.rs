@@ -7,7 +7,7 @@
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd::Cmd, cmd::is_root, setup};
+use crate::{cmd::Cmd, cmd::is_root, harnesses, setup};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -32,8 +32,12 @@ pub fn run(args: TestArgs) -> Result<()> {
         );
     }
     setup::run()?;
-
+    // The end-to-end tests run the real harness CLIs (privileged tests).
     let mut cargo_test = Cmd::new("cargo")?.arg("test");
+    if !args.unprivileged {
+        let dir = harnesses::run()?;
+        cargo_test = cargo_test.env("POLAR_HARNESS_DIR", &dir);
+    }
     if !args.unprivileged {
         cargo_test = cargo_test.args(["--features", PRIVILEGED_FEATURE]);
     }

@@ -5,6 +5,7 @@
 //! after signal N.
 
 mod ca;
+mod harness;
 mod proxy;
 mod rollout;
 mod sandbox;
@@ -158,12 +159,24 @@ pub enum CliError {
     /// The simulated gateway could not start.
     #[error(transparent)]
     Sim(#[from] crate::rollout::sim::SimError),
+    /// The harness session failed.
+    #[error(transparent)]
+    Harness(Box<crate::harness::HarnessError>),
+    /// The runtime spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] crate::runtime::spec::SpecError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
     /// The arguments do not say enough.
     #[error("{0}")]
     Usage(String),
+}
+
+impl From<crate::harness::HarnessError> for CliError {
+    fn from(e: crate::harness::HarnessError) -> Self {
+        Self::Harness(Box::new(e))
+    }
 }
 
 impl From<std::io::Error> for CliError {

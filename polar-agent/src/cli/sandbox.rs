@@ -42,8 +42,13 @@ pub struct SandboxRunArgs {
     /// With `--inspect`: how long to wait for a connection's bytes, in ms.
     #[arg(long, default_value_t = 1500)]
     pub read_timeout_ms: u64,
-    /// The command and its arguments, after `--`.
-    #[arg(last = true, required = true)]
+    /// Run this harness preset (codex, claude_code, gemini_cli, qwen_code,
+    /// opencode, pi, shell) on a runtime, end to end.
+    #[command(flatten)]
+    pub harness: super::harness::HarnessArgs,
+    /// The command and its arguments, after `--` (with `--harness shell`
+    /// or `--runtime`: the command run in the runtime).
+    #[arg(last = true, required_unless_present_any = ["harness", "runtime"])]
     pub command: Vec<OsString>,
 }
 
@@ -163,7 +168,9 @@ fn finish(end: End) -> ExitCode {
 
 /// Runs `polar sandbox run`.
 pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
-    if args.inspect {
+    if args.harness.harness.is_some() || args.harness.runtime.is_some() {
+        super::harness::run(args).await
+    } else if args.inspect {
         inspect(args).await
     } else {
         proxied(args).await

@@ -278,6 +278,25 @@ impl Redirect {
         })
     }
 
+    /// Points a session's traffic at another listener and DNS port (the
+    /// session moved into a container's network namespace).
+    pub fn retarget(
+        &self,
+        session: &SessionCgroup,
+        target: SessionTarget,
+    ) -> Result<(), RedirectError> {
+        let Some(dir) = session.dir() else {
+            return Ok(());
+        };
+        lock(&self.inner.maps)
+            .sessions
+            .insert(dir.id().0, target.to_raw(), 0)
+            .map_err(|source| RedirectError::Map {
+                map: polar_common::MAP_SESSIONS,
+                source,
+            })
+    }
+
     /// The original destination and session of a connection the agent
     /// accepted, given the accepted socket and its peer address. `None` when
     /// the connection was not redirected (someone dialled the listener

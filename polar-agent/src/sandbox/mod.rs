@@ -1,9 +1,11 @@
-//! Running a command in a sandbox session: a fresh session cgroup with the
+//! Running commands in a sandbox session: a fresh session cgroup with the
 //! redirect active, its own network namespace (isolated mode, the default) or
-//! the host's (host mode), the agent's listener and DNS responder serving it,
-//! until the command exits.
+//! the host's (host mode), the agent's listener and DNS responder serving it.
+//! [`session`] keeps a session open across several commands (what the
+//! runtimes use); [`run`] runs one command and ends.
 
 pub mod process;
+pub mod session;
 
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -42,6 +44,9 @@ pub enum SandboxError {
     /// The command could not be started.
     #[error(transparent)]
     Spawn(#[from] process::SpawnError),
+    /// The limits could not be applied.
+    #[error(transparent)]
+    Limits(#[from] crate::runtime::limits::LimitError),
     /// An I/O error on the agent's side.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),
@@ -85,8 +90,8 @@ pub enum End {
 }
 
 /// The network side of one session: where it lives and its sockets.
-struct SessionNet {
-    isolated: Option<IsolatedNet>,
+pub(crate) struct SessionNet {
+    pub(crate) isolated: Option<IsolatedNet>,
     host: Option<Sockets>,
 }
 
@@ -127,9 +132,9 @@ impl SessionNet {
 
 /// The agent's side of one session: the listeners and DNS sockets (on
 /// `acceptors`) and the connections they accepted (on `handlers`).
-struct Serving {
-    acceptors: Tasks,
-    handlers: Tasks,
+pub(crate) struct Serving {
+    pub(crate) acceptors: Tasks,
+    pub(crate) handlers: Tasks,
 }
 
 fn serve<H: Handler>(
@@ -194,55 +199,44 @@ pub async fn run<H: Handler>(
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: spec.reaper_exe.clone(),
     })?;
-    let session = spec.session.clone().unwrap_or_else(SessionId::random);
-    let net = SessionNet::bind(spec.network)?;
-    let serving = serve(&net, &session, &redirect, &resolver, &handler)?;
-    let cgroup = redirect.create_session(&session, net.target())?;
-    let procs = match cgroup.dir() {
-        Some(d) => d.procs_file().map_err(RedirectError::from)?,
-        None => {
-            return Err(SandboxError::Io(
-                "session cgroup",
-                std::io::ErrorKind::NotFound.into(),
-            ));
+    let id = spec.session.clone().unwrap_or_else(SessionId::random);
+    let opts = session::SessionOptions {
+        id: id.clone(),
+        network: spec.network,
+        limits: crate::runtime::spec::Limits::default(),
+        drain_grace: spec.drain_grace,
+    };
+    let sandbox = session::SandboxSession::open(&redirect, &opts, &handler, &resolver)?;
+    let mut cmd = session::Exec::new(spec.argv);
+    cmd.env = spec.env;
+    cmd.binds = spec.binds;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut interrupted = None;
+    let ended = {
+        let exec = sandbox.exec(cmd, &stop);
+        tokio::pin!(exec);
+        loop {
+            tokio::select! {
+                r = &mut exec => break r,
+                sig = signals.recv(), if interrupted.is_none() => {
+                    tracing::warn!(signal = sig, "interrupted; stopping the sandbox");
+                    interrupted = Some(sig);
+                    stop.cancel();
+                }
+            }
         }
     };
-    let mut child = process::spawn(process::Launch {
-        argv: &spec.argv,
-        cgroup_procs: procs,
-        netns: net.isolated.as_ref().map(|n| &n.ns),
-        env: &spec.env,
-        binds: &spec.binds,
-        stdout: std::process::Stdio::inherit(),
-        stderr: std::process::Stdio::inherit(),
-    })?;
-    tracing::info!(
-        session = %session,
-        pid = child.id().unwrap_or(0),
-        network = ?spec.network,
-        cgroup = %cgroup.dir().map(|d| d.path().display().to_string()).unwrap_or_default(),
-        "sandbox started"
-    );
-    let end = tokio::select! {
-        s = child.wait() => End::Exited(s.map_err(|e| SandboxError::Io("waiting for the command", e))?),
-        sig = signals.recv() => {
-            tracing::warn!(signal = sig, "interrupted; stopping the sandbox");
-            End::Interrupted(sig)
-        }
-    };
-    // Take in what the sandbox already dialled while its session exists,
-    // then kill whatever it left behind, then let the handlers finish.
-    serving.acceptors.drain(Duration::from_secs(2)).await;
-    let ended = cgroup.end();
-    if !serving.handlers.drain(spec.drain_grace).await {
-        tracing::warn!(
-            connections = serving.handlers.len(),
-            "some connections were still open at exit"
-        );
-    }
-    drop(net);
+    let closed = sandbox.close().await;
     tracing::info!(stats = ?redirect.stats(), "redirect counters");
-    ended?;
+    let ended = ended?;
+    closed?;
     redirect.shutdown()?;
-    Ok(RunOutcome { session, end })
+    let end = match (interrupted, ended) {
+        (Some(sig), _) => End::Interrupted(sig),
+        (None, session::ExecEnd::Exited(s)) => End::Exited(s),
+        (None, session::ExecEnd::TimedOut | session::ExecEnd::Stopped) => {
+            End::Interrupted(libc::SIGKILL)
+        }
+    };
+    Ok(RunOutcome { session: id, end })
 }

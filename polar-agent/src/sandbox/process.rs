@@ -1,6 +1,9 @@
 //! Starting a sandboxed process: it joins the session's network namespace
-//! (isolated mode) and moves itself into the session's cgroup after the fork
-//! and before it execs, so the redirect applies from its first instruction.
+//! (isolated mode) and moves itself into the session's cgroup (and the v1
+//! limit groups, on hybrid hosts) after the fork and before it execs, so the
+//! redirect and the limits apply from its first instruction; then it drops
+//! to the sandbox user, if one is given, and execs (bubblewrap, for the
+//! native runtime).
 
 use std::ffi::CString;
 use std::ffi::OsString;
@@ -31,6 +34,26 @@ pub struct Launch<'a> {
     pub stdout: Stdio,
     /// Where its stderr goes.
     pub stderr: Stdio,
+}
+
+/// More of what the child does before exec (the runtimes' needs); the
+/// default changes nothing.
+#[derive(Debug, Default)]
+pub struct Isolation {
+    /// More `cgroup.procs` to join (cgroup v1 limit groups).
+    pub extra_procs: Vec<File>,
+    /// Drop to this `(uid, gid)` after joining, with no supplementary
+    /// groups.
+    pub user: Option<(u32, u32)>,
+    /// Start from an empty environment (only `env`).
+    pub clear_env: bool,
+    /// Working directory of the exec'd program (on the host's side).
+    pub cwd: Option<PathBuf>,
+    /// Its stdin (inherited when `None`).
+    pub stdin: Option<Stdio>,
+    /// Descriptors the exec'd program inherits (their close-on-exec flag is
+    /// cleared in the child).
+    pub keep_fds: Vec<i32>,
 }
 
 /// Errors of starting a sandboxed process.
@@ -106,15 +129,30 @@ unsafe fn private_binds(binds: &[(CString, CString)]) -> io::Result<()> {
 /// Forks, joins netns and cgroup, execs. The child is killed if the handle
 /// is dropped.
 pub fn spawn(launch: Launch<'_>) -> Result<Child, SpawnError> {
+    spawn_with(launch, Isolation::default())
+}
+
+/// [`spawn`], with the runtimes' extras: more cgroups to join, a user to
+/// drop to, a clean environment, inherited descriptors.
+pub fn spawn_with(launch: Launch<'_>, iso: Isolation) -> Result<Child, SpawnError> {
     let (program, args) = launch.argv.split_first().ok_or(SpawnError::NoCommand)?;
     let mut cmd = Command::new(program);
+    if iso.clear_env {
+        cmd.env_clear();
+    }
+    if let Some(dir) = &iso.cwd {
+        cmd.current_dir(dir);
+    }
     cmd.args(args)
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::inherit())
+        .stdin(iso.stdin.unwrap_or_else(Stdio::inherit))
         .stdout(launch.stdout)
         .stderr(launch.stderr)
         .kill_on_drop(true);
     let procs_fd = launch.cgroup_procs.as_raw_fd();
+    let extra_fds: Vec<i32> = iso.extra_procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let user = iso.user;
+    let keep_fds = iso.keep_fds.clone();
     let netns_fd = launch.netns.map(AsRawFd::as_raw_fd);
     let cstr = |p: &PathBuf| {
         CString::new(p.as_os_str().as_bytes()).map_err(|_| SpawnError::BadPath(p.clone()))
@@ -139,7 +177,21 @@ pub fn spawn(launch: Launch<'_>) -> Result<Child, SpawnError> {
                 private_binds(&binds)?;
             }
             // "0" moves the writing process itself.
-            if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
+            for fd in std::iter::once(procs_fd).chain(extra_fds.iter().copied()) {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for fd in keep_fds.iter().copied() {
+                if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some((uid, gid)) = user
+                && (libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(gid, gid, gid) != 0
+                    || libc::setresuid(uid, uid, uid) != 0)
+            {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
@@ -150,5 +202,6 @@ pub fn spawn(launch: Launch<'_>) -> Result<Child, SpawnError> {
         source,
     })?;
     drop(launch.cgroup_procs);
+    drop(iso.extra_procs);
     Ok(child)
 }

@@ -112,7 +112,11 @@ pub fn write_trust_files(state_dir: &Path, ca: &Ca) -> Result<TrustFiles, Bundle
 }
 
 fn write_public(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
+    // A name of its own per writer: agents sharing a state directory may
+    // write the trust files at the same time.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
     let mut f = fs::File::create(&tmp)?;
     f.write_all(data)?;
     f.sync_all()?;

@@ -7,7 +7,9 @@
 //! `polar-probe resolve NAME` | `polar-probe dns SERVER NAME` |
 //! `polar-probe udp ADDR` | `polar-probe selfserve` | `polar-probe hold ADDR
 //! COUNT` (half-open connections held until stdin closes) | `polar-probe
-//! hold-tls ADDR COUNT SNI CA_PEM` (idle TLS connections, likewise).
+//! hold-tls ADDR COUNT SNI CA_PEM` (idle TLS connections, likewise) |
+//! `polar-probe started FILE` (writes the wall-clock time it started, in
+//! nanoseconds since the epoch, first thing: the sandbox start benchmark).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -238,6 +240,11 @@ fn parse(a: &str) -> Result<SocketAddr, String> {
 }
 
 fn main() -> ExitCode {
+    // First thing, before anything else is done: when did we start?
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let run = || -> Result<(), String> {
         match args.first().map(String::as_str) {
@@ -261,6 +268,10 @@ fn main() -> ExitCode {
             }
             Some("udp") => emit(udp(parse(args.get(1).ok_or("udp ADDR")?)?)),
             Some("selfserve") => emit(selfserve()),
+            Some("started") => {
+                let file = args.get(1).ok_or("started FILE")?;
+                std::fs::write(file, now.to_string()).map_err(|e| format!("{file}: {e}"))?;
+            }
             Some("hold-tls") => {
                 let usage = "hold-tls ADDR COUNT SNI CA_PEM";
                 let addr = parse(args.get(1).ok_or(usage)?)?;

@@ -1,0 +1,135 @@
+//! `polar sandbox run --harness NAME --instruction TEXT [--runtime FILE]`:
+//! one harness session end to end on a runtime (also `--runtime FILE -- CMD`
+//! for a custom command). Prints where the session's workspace and capture
+//! log are (or the whole outcome as JSON with `--json`); exits with the
+//! harness's code, 124 when the budget ran out, 125 when Polar failed.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::CliError;
+use super::sandbox::SandboxRunArgs;
+use crate::agent::AgentParts;
+use crate::harness::run::{HarnessRun, run as run_harness};
+use crate::harness::{HarnessName, ModeKind, check_installed, search_dirs};
+use crate::ids::SessionId;
+use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
+use crate::runtime::plan::StepEnd;
+use crate::runtime::spec::RuntimeSpec;
+use crate::sandbox::SandboxError;
+
+/// The harness options of `polar sandbox run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HarnessArgs {
+    /// The harness preset.
+    #[arg(long)]
+    pub harness: Option<String>,
+    /// The task's instruction given to the harness.
+    #[arg(long, requires = "harness")]
+    pub instruction: Option<String>,
+    /// The runtime spec (TOML, or JSON by extension); native by default.
+    #[arg(long)]
+    pub runtime: Option<PathBuf>,
+    /// The session's time budget in seconds; every command gets what is
+    /// left of it and is killed when it runs out.
+    #[arg(long, default_value_t = 1800)]
+    pub budget_secs: u64,
+    /// Base-URL mode instead of transparent mode.
+    #[arg(long)]
+    pub base_url: bool,
+    /// Print the outcome as one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn out(text: &str) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let mut so = std::io::stdout().lock();
+    so.write_all(text.as_bytes())?;
+    so.flush()?;
+    Ok(())
+}
+
+/// Runs the harness session the arguments describe.
+pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
+    let h = &args.harness;
+    // Validate everything before anything is created.
+    let harness: HarnessName = match &h.harness {
+        Some(name) => name.parse()?,
+        None => HarnessName::Shell,
+    };
+    let spec = match &h.runtime {
+        Some(p) => RuntimeSpec::load(p)?,
+        None => RuntimeSpec::default(),
+    };
+    let command: Vec<String> = args
+        .command
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let instruction = h.instruction.clone().unwrap_or_default();
+    if harness != HarnessName::Shell && instruction.is_empty() {
+        return Err(crate::harness::HarnessError::NoInstruction(harness).into());
+    }
+    let install = check_installed(harness, &search_dirs(), Duration::from_secs(30))?;
+    let session = args.session.clone().unwrap_or_else(SessionId::random);
+    // The runtime's program works (checked again when the session starts).
+    crate::runtime::Runtime::for_spec(&spec, &session)
+        .map_err(crate::harness::HarnessError::from)?;
+    let config = args.config.load()?;
+    preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+    let parts = AgentParts::build(config)?;
+    let redirect = Redirect::start(&RedirectOptions {
+        reaper_exe: std::env::current_exe().ok(),
+    })
+    .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e)))?;
+    let stop = CancellationToken::new();
+    let signal_stop = stop.clone();
+    tokio::spawn(async move {
+        crate::signals::terminated().await;
+        signal_stop.cancel();
+    });
+    let plan = HarnessRun {
+        harness,
+        instruction,
+        command,
+        mode: if h.base_url {
+            ModeKind::BaseUrl
+        } else {
+            harness.default_mode()
+        },
+        spec,
+        budget: Duration::from_secs(h.budget_secs),
+        session,
+        install,
+    };
+    let result = run_harness(&parts, &redirect, plan, &stop).await;
+    tracing::info!(stats = ?redirect.stats(), "redirect counters");
+    redirect
+        .shutdown()
+        .map_err(|e: RedirectError| CliError::Sandbox(SandboxError::Redirect(e)))?;
+    let outcome = result?;
+    if h.json {
+        let line = serde_json::to_string(&outcome)
+            .map_err(|e| CliError::Io("encoding the outcome".into(), std::io::Error::other(e)))?;
+        out(&format!("{line}\n"))?;
+    } else {
+        out(&format!(
+            "session: {}\nworkspace: {}\ncapture log: {}\n",
+            outcome.session,
+            outcome.workspace.display(),
+            outcome.capture_log.display()
+        ))?;
+    }
+    tracing::info!(session = %outcome.session, capture_log = %outcome.capture_log.display(), "harness session finished");
+    let code = match outcome.main().map(|s| &s.end) {
+        Some(StepEnd::Exited { code }) => u8::try_from(*code).unwrap_or(1),
+        Some(StepEnd::TimedOut) => 124,
+        Some(StepEnd::Stopped) => 130,
+        _ => 125,
+    };
+    Ok(ExitCode::from(code))
+}

@@ -1,0 +1,83 @@
+//! Base-URL mode from inside a sandbox. The harness is given
+//! `http://<addr>` (the configured `proxy.base_url_listen`, or
+//! [`DEFAULT_ADDR`]) and a per-session API key. Its connection to that
+//! address is redirected into the session's listener like any other; this
+//! handler recognises it by its original destination and serves it as
+//! base-URL mode (the session from the key, as the base-URL listener does),
+//! and hands every other connection to the interception proxy.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::config::Rules;
+use crate::ids::SessionId;
+use crate::listener::{Accepted, Handler};
+use crate::proxy::Proxy;
+use crate::proxy::base_url::{BaseUrlSource, SessionDirectory};
+
+/// The base-URL address used when the configuration names none.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8787";
+
+/// The proxy, plus base-URL mode on one original destination.
+pub struct WithBaseUrl {
+    /// The interception proxy.
+    pub proxy: Arc<Proxy>,
+    /// The base-URL address the harness was given.
+    pub addr: SocketAddr,
+    /// Accepted sessions and keys.
+    pub sessions: Arc<SessionDirectory>,
+    /// Routing rules (model routes give the upstreams).
+    pub rules: Arc<Rules>,
+}
+
+fn same(a: SocketAddr, b: SocketAddr) -> bool {
+    let canon = |s: SocketAddr| match s {
+        SocketAddr::V6(v6) => v6
+            .ip()
+            .to_ipv4_mapped()
+            .map_or(s, |v4| SocketAddr::from((v4, v6.port()))),
+        v4 => v4,
+    };
+    canon(a) == canon(b)
+}
+
+impl Handler for WithBaseUrl {
+    async fn handle(&self, conn: Accepted) {
+        if conn.orig.is_some_and(|o| same(o.0, self.addr)) {
+            let source = Arc::new(BaseUrlSource {
+                sessions: Arc::clone(&self.sessions),
+                rules: Arc::clone(&self.rules),
+                peer: conn.peer,
+            });
+            crate::proxy::http::serve(
+                conn.stream,
+                source,
+                self.proxy.pipeline(),
+                self.proxy.limits(),
+            )
+            .await;
+        } else {
+            self.proxy.handle(conn).await;
+        }
+    }
+}
+
+/// A fresh per-session API key.
+pub fn session_key(session: &SessionId) -> String {
+    format!("polar-{session}-{:016x}", rand::random::<u64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v4_mapped_addresses_match() {
+        let a: SocketAddr = "127.0.0.1:8787".parse().unwrap();
+        let b: SocketAddr = "[::ffff:127.0.0.1]:8787".parse().unwrap();
+        assert!(same(a, b));
+        assert!(!same(a, "127.0.0.1:8788".parse().unwrap()));
+        let k = session_key(&"s-1".parse().unwrap());
+        assert!(k.starts_with("polar-s-1-") && k.len() > 20);
+    }
+}

@@ -1,0 +1,361 @@
+//! Harness presets: the six coding-agent CLIs Polar runs unmodified, and a
+//! custom shell command.
+//!
+//! - [`presets`]: each harness's non-interactive command line, variables
+//!   and HOME files, in transparent and base-URL mode;
+//! - this file: the names, the modes, and the check that a harness is
+//!   installed (where its binary is, its version, what the sandbox must see
+//!   of its installation);
+//! - [`base_url`]: base-URL mode from inside a sandbox;
+//! - [`run`]: one harness session end to end on a runtime.
+
+pub mod base_url;
+pub mod presets;
+pub mod run;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Errors of the harness layer.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// No such preset.
+    #[error(
+        "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, shell"
+    )]
+    Unknown(String),
+    /// The harness's binary was not found.
+    #[error(
+        "{harness} is not installed: no `{binary}` in {searched}; install the pinned CLIs with \
+         `cargo xtask harnesses` (or set POLAR_HARNESS_DIR to their npm prefix)"
+    )]
+    NotInstalled {
+        /// The harness.
+        harness: HarnessName,
+        /// The binary looked for.
+        binary: &'static str,
+        /// Where.
+        searched: String,
+    },
+    /// A harness preset was asked for without an instruction.
+    #[error("the {0} preset needs an instruction (--instruction TEXT)")]
+    NoInstruction(HarnessName),
+    /// The binary is there but `--version` failed.
+    #[error("{binary} --version failed: {why}")]
+    Broken {
+        /// The binary.
+        binary: PathBuf,
+        /// What happened.
+        why: String,
+    },
+    /// The runtime failed.
+    #[error(transparent)]
+    Runtime(#[from] crate::runtime::RuntimeError),
+    /// The sandbox failed.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+}
+
+/// A preset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HarnessName {
+    /// Codex CLI (`@openai/codex`).
+    Codex,
+    /// Claude Code (`@anthropic-ai/claude-code`).
+    ClaudeCode,
+    /// Gemini CLI (`@google/gemini-cli`).
+    GeminiCli,
+    /// Qwen Code (`@qwen-code/qwen-code`).
+    QwenCode,
+    /// opencode (`opencode-ai`).
+    Opencode,
+    /// pi (`@mariozechner/pi-coding-agent`).
+    Pi,
+    /// A custom command.
+    Shell,
+}
+
+impl HarnessName {
+    /// Every preset.
+    pub const ALL: [Self; 7] = [
+        Self::Codex,
+        Self::ClaudeCode,
+        Self::GeminiCli,
+        Self::QwenCode,
+        Self::Opencode,
+        Self::Pi,
+        Self::Shell,
+    ];
+
+    /// The preset's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Codex => "codex",
+            Self::ClaudeCode => "claude_code",
+            Self::GeminiCli => "gemini_cli",
+            Self::QwenCode => "qwen_code",
+            Self::Opencode => "opencode",
+            Self::Pi => "pi",
+            Self::Shell => "shell",
+        }
+    }
+
+    /// The binary it runs (`None` for the shell preset).
+    pub fn binary(self) -> Option<&'static str> {
+        match self {
+            Self::Codex => Some("codex"),
+            Self::ClaudeCode => Some("claude"),
+            Self::GeminiCli => Some("gemini"),
+            Self::QwenCode => Some("qwen"),
+            Self::Opencode => Some("opencode"),
+            Self::Pi => Some("pi"),
+            Self::Shell => None,
+        }
+    }
+
+    /// The mode used unless another is asked for: transparent for all.
+    /// Each one keeps its hard-coded endpoint, which a built-in model route
+    /// covers (Qwen Code's openai auth without a base URL goes to DashScope,
+    /// itself a model route; opencode and pi are given an Anthropic model on
+    /// their command line).
+    pub fn default_mode(self) -> ModeKind {
+        ModeKind::Transparent
+    }
+}
+
+impl fmt::Display for HarnessName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for HarnessName {
+    type Err = HarnessError;
+
+    fn from_str(s: &str) -> Result<Self, HarnessError> {
+        let norm = s.replace('-', "_");
+        Self::ALL
+            .into_iter()
+            .find(|h| h.as_str() == norm || (norm == "claude" && *h == Self::ClaudeCode))
+            .ok_or_else(|| HarnessError::Unknown(s.to_owned()))
+    }
+}
+
+/// Which mode, without its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModeKind {
+    /// The harness keeps its hard-coded endpoint.
+    Transparent,
+    /// The harness is given the agent's base URL and a per-session key.
+    BaseUrl,
+}
+
+/// How a harness reaches the model.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Its hard-coded endpoint, redirected and decrypted by the agent.
+    Transparent,
+    /// A base URL the agent serves, with a per-session API key.
+    BaseUrl {
+        /// `http://host:port`, without a path.
+        url: String,
+        /// The session's key.
+        key: String,
+    },
+}
+
+/// An installed harness.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Install {
+    /// The binary.
+    pub binary: PathBuf,
+    /// What `--version` printed (first line).
+    pub version: String,
+    /// Directory to put first on `PATH` in the sandbox.
+    pub bin_dir: PathBuf,
+    /// Directories the sandbox must see (read-only) for it to run.
+    pub read_only: Vec<PathBuf>,
+}
+
+/// Where harness binaries are looked for: `$POLAR_HARNESS_DIR/node_modules/.bin`,
+/// `.polar-cache/harnesses/node_modules/.bin` below the current directory
+/// and its ancestors, then `PATH`.
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("POLAR_HARNESS_DIR") {
+        dirs.push(Path::new(&d).join("node_modules/.bin"));
+    }
+    if let Ok(cwd) = std::env::current_dir() {
+        for a in cwd.ancestors() {
+            let d = a.join(".polar-cache/harnesses/node_modules/.bin");
+            if d.is_dir() {
+                dirs.push(d);
+                break;
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    dirs
+}
+
+/// Checks that `harness` is installed: finds its binary and runs
+/// `--version` (bounded by `timeout`).
+pub fn check_installed(
+    harness: HarnessName,
+    dirs: &[PathBuf],
+    timeout: Duration,
+) -> Result<Option<Install>, HarnessError> {
+    let Some(binary) = harness.binary() else {
+        return Ok(None);
+    };
+    let found = dirs.iter().map(|d| d.join(binary)).find(|p| p.is_file());
+    let Some(path) = found else {
+        return Err(HarnessError::NotInstalled {
+            harness,
+            binary,
+            searched: dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let version = version_of(&path, timeout)?;
+    let bin_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    // node_modules/.bin/X links into node_modules: the sandbox needs all of
+    // node_modules (codex.js starts a binary from a sibling package).
+    let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+    let mut read_only = vec![bin_dir.clone()];
+    if let Some(nm) = real
+        .ancestors()
+        .find(|a| a.file_name().is_some_and(|n| n == "node_modules"))
+    {
+        read_only.push(nm.to_owned());
+    }
+    if bin_dir.ends_with("node_modules/.bin") {
+        read_only.retain(|d| d != &bin_dir);
+        if let Some(nm) = bin_dir.parent() {
+            read_only.push(nm.to_owned());
+        }
+    }
+    read_only.sort();
+    read_only.dedup();
+    Ok(Some(Install {
+        binary: path,
+        version,
+        bin_dir,
+        read_only,
+    }))
+}
+
+fn version_of(path: &Path, timeout: Duration) -> Result<String, HarnessError> {
+    let broken = |why: String| HarnessError::Broken {
+        binary: path.to_owned(),
+        why,
+    };
+    let mut child = std::process::Command::new(path)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| broken(e.to_string()))?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => break,
+            Ok(Some(status)) => return Err(broken(status.to_string())),
+            Ok(None) if std::time::Instant::now() > deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(broken(format!("no answer within {timeout:?}")));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(broken(e.to_string())),
+        }
+    }
+    // Some print it on stderr (pi).
+    let mut out = String::new();
+    for pipe in [
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read>),
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut { pipe }, &mut text);
+        if out.trim().is_empty() {
+            out = text;
+        }
+    }
+    Ok(out.lines().next().unwrap_or_default().trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_aliases() {
+        for h in HarnessName::ALL {
+            assert_eq!(h.as_str().parse::<HarnessName>().unwrap(), h);
+        }
+        assert_eq!(
+            "claude-code".parse::<HarnessName>().unwrap(),
+            HarnessName::ClaudeCode
+        );
+        assert_eq!(
+            "claude".parse::<HarnessName>().unwrap(),
+            HarnessName::ClaudeCode
+        );
+        assert!("cursor".parse::<HarnessName>().is_err());
+    }
+
+    #[test]
+    fn finds_a_binary_and_its_version_or_says_where_it_looked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("node_modules/.bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let err = check_installed(
+            HarnessName::Pi,
+            std::slice::from_ref(&bin),
+            Duration::from_secs(5),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("pi is not installed") && err.contains(".bin"),
+            "{err}"
+        );
+        let script = bin.join("pi");
+        std::fs::write(&script, "#!/bin/sh\necho 0.73.1\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let i = check_installed(
+            HarnessName::Pi,
+            std::slice::from_ref(&bin),
+            Duration::from_secs(5),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(i.version, "0.73.1");
+        assert_eq!(i.bin_dir, bin);
+        assert_eq!(i.read_only, vec![tmp.path().join("node_modules")]);
+        assert!(
+            check_installed(HarnessName::Shell, &[], Duration::from_secs(1))
+                .unwrap()
+                .is_none()
+        );
+    }
+}

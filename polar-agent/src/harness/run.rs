@@ -1,0 +1,369 @@
+//! One harness session end to end: the session's directories and the
+//! harness's HOME files, the runtime, the sandbox session (network, cgroups,
+//! limits) serving the proxy (and base-URL mode when asked), the runtime's
+//! start, the prepare steps, the harness, the post-run steps, the runtime's
+//! stop, and the session's end. Where the session's model calls were
+//! captured: `<state_dir>/sessions/<session>/calls.jsonl`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
+use super::presets::setup;
+use super::{HarnessError, HarnessName, Install, Mode, ModeKind};
+use crate::agent::AgentParts;
+use crate::capture::SessionInfo;
+use crate::ids::SessionId;
+use crate::redirect::Redirect;
+use crate::runtime::limits::Enforced;
+use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
+use crate::runtime::spec::{NetworkKind, RuntimeSpec};
+use crate::runtime::steps::SandboxDirs;
+use crate::runtime::{Layout, Runtime, SANDBOX_USER};
+use crate::sandbox::NetworkMode;
+use crate::sandbox::session::{SandboxSession, SessionOptions};
+use crate::tls::bundle::DISTRO_BUNDLES;
+
+/// A harness session to run.
+#[derive(Clone, Debug)]
+pub struct HarnessRun {
+    /// The preset.
+    pub harness: HarnessName,
+    /// The task's instruction.
+    pub instruction: String,
+    /// The shell preset's command (empty: `sh -c INSTRUCTION`).
+    pub command: Vec<String>,
+    /// Transparent or base-URL mode.
+    pub mode: ModeKind,
+    /// The runtime spec.
+    pub spec: RuntimeSpec,
+    /// The session's time budget, from the start of the run.
+    pub budget: Duration,
+    /// The session id.
+    pub session: SessionId,
+    /// The harness's installation (from [`super::check_installed`]).
+    pub install: Option<Install>,
+}
+
+/// How a harness session went.
+#[derive(Debug, serde::Serialize)]
+pub struct HarnessOutcome {
+    /// The session.
+    pub session: String,
+    /// The harness.
+    pub harness: String,
+    /// The harness's version.
+    pub version: Option<String>,
+    /// The workspace on the host.
+    pub workspace: PathBuf,
+    /// The session's directory on the host (logs, HOME).
+    pub sandbox_dir: PathBuf,
+    /// Where its model calls were captured.
+    pub capture_log: PathBuf,
+    /// What limits were enforced where.
+    pub enforced: Enforced,
+    /// Every step.
+    pub steps: Vec<StepReport>,
+}
+
+impl HarnessOutcome {
+    /// The harness's own step.
+    pub fn main(&self) -> Option<&StepReport> {
+        self.steps.iter().find(|s| s.phase == Phase::Main)
+    }
+
+    /// Whether the harness exited with 0.
+    pub fn succeeded(&self) -> bool {
+        self.main().is_some_and(|s| s.end.ok())
+    }
+}
+
+/// The capture log of `session` under `state_dir` (the capture stage's
+/// layout).
+pub fn capture_log(state_dir: &std::path::Path, session: &SessionId) -> PathBuf {
+    state_dir
+        .join("sessions")
+        .join(session.as_str())
+        .join("calls.jsonl")
+}
+
+/// Stops accepting the session's calls and closes its capture log.
+fn end_capture(parts: &AgentParts, session: &SessionId) {
+    parts.sessions.unregister(session);
+    if let Some(c) = &parts.capture {
+        c.store().close(session);
+    }
+    parts.registry.unregister(session);
+}
+
+/// Runs one harness session on a started redirect with the agent's parts.
+/// Nothing of the sandbox is left running when it returns.
+pub async fn run(
+    parts: &AgentParts,
+    redirect: &Redirect,
+    run: HarnessRun,
+    stop: &CancellationToken,
+) -> Result<HarnessOutcome, HarnessError> {
+    let deadline = Instant::now() + run.budget;
+    let state = &parts.config.agent.state_dir;
+    let user = SANDBOX_USER;
+    let runtime = Runtime::for_spec(&run.spec, &run.session)?;
+    let dirs = SandboxDirs::of(state, &run.session);
+    dirs.create(user)?;
+    let mode = match run.mode {
+        ModeKind::Transparent => Mode::Transparent,
+        ModeKind::BaseUrl => {
+            let addr = parts
+                .config
+                .proxy
+                .base_url_listen
+                .map_or_else(|| DEFAULT_ADDR.to_owned(), |a| a.to_string());
+            Mode::BaseUrl {
+                url: format!("http://{addr}"),
+                key: session_key(&run.session),
+            }
+        }
+    };
+    let harness = setup(run.harness, &run.instruction, &mode, &run.command);
+    for (rel, contents) in &harness.files {
+        dirs.write_home_file(rel, contents, user)?;
+    }
+    let bundle_targets = match runtime {
+        Runtime::Native { .. } => {
+            let root = run
+                .spec
+                .rootfs
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("/"));
+            DISTRO_BUNDLES
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
+                .collect()
+        }
+        _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
+    };
+    let install = run.install.clone();
+    let wanted: Vec<PathBuf> = install
+        .as_ref()
+        .map(|i| i.read_only.clone())
+        .unwrap_or_default();
+    let staged = if matches!(runtime, Runtime::Native { .. }) {
+        crate::runtime::steps::stage(&wanted, &dirs.root, user)?
+    } else {
+        crate::runtime::steps::StagedDirs {
+            reachable: wanted,
+            ..Default::default()
+        }
+    };
+    let layout = Layout {
+        workspace: dirs.workspace.clone(),
+        home: dirs.home.clone(),
+        workdir: run.spec.workdir.clone(),
+        trust: parts.trust.clone(),
+        bundle_targets,
+        hide: vec![state.clone()],
+        mounts: run.spec.mounts.clone(),
+        read_only: staged.reachable.clone(),
+        staged: staged.staged.clone(),
+        user,
+    };
+    let base_key = match &mode {
+        Mode::BaseUrl { key, .. } => Some(key.clone()),
+        Mode::Transparent => None,
+    };
+    parts.sessions.register(&run.session, base_key.as_deref());
+    // The capture stage stamps the session's records with its info.
+    parts
+        .registry
+        .register(&run.session, SessionInfo::default());
+    let handler = Arc::new(WithBaseUrl {
+        proxy: Arc::clone(&parts.proxy),
+        addr: match &mode {
+            Mode::BaseUrl { url, .. } => url
+                .trim_start_matches("http://")
+                .parse()
+                .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 8787))),
+            Mode::Transparent => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        },
+        sessions: Arc::clone(&parts.sessions),
+        rules: Arc::new(parts.config.rules.clone()),
+    });
+    let opts = SessionOptions {
+        id: run.session.clone(),
+        network: match run.spec.network {
+            NetworkKind::Isolated => NetworkMode::Isolated,
+            NetworkKind::Host => NetworkMode::Host,
+        },
+        limits: run.spec.limits,
+        drain_grace: Duration::from_secs(5),
+    };
+    let mut session = match SandboxSession::open(redirect, &opts, &handler, &parts.resolver) {
+        Ok(s) => s,
+        Err(e) => {
+            end_capture(parts, &run.session);
+            return Err(e.into());
+        }
+    };
+    let path: Vec<PathBuf> = install.iter().map(|i| i.bin_dir.clone()).collect();
+    let mut steps = Vec::new();
+    let started = {
+        let plan = Plan {
+            session: &session,
+            runtime: &runtime,
+            spec: &run.spec,
+            layout: &layout,
+            dirs: &dirs,
+            path: path.clone(),
+            deadline,
+            pre_binds: staged.binds.clone(),
+        };
+        start_runtime(&plan, &session, redirect, stop).await
+    };
+    let mut start_ok = started.as_ref().is_none_or(|r| r.end.ok());
+    steps.extend(started);
+    if start_ok && let Runtime::Docker(d) = &runtime {
+        // The container has its own namespace with only loopback: the
+        // session's listener and DNS move into it.
+        let adopted = match container_pid(d).await {
+            Ok(pid) => session
+                .adopt_netns(
+                    std::path::Path::new(&format!("/proc/{pid}/ns/net")),
+                    &handler,
+                    &parts.resolver,
+                )
+                .await
+                .map_err(|e| crate::cli::chain(&e)),
+            Err(e) => Err(e),
+        };
+        if let Err(error) = adopted {
+            start_ok = false;
+            steps.push(StepReport {
+                phase: Phase::Start,
+                index: 1,
+                what: "join the container's network namespace".into(),
+                end: StepEnd::Failed { error },
+                elapsed_ms: 0,
+                logs: None,
+            });
+        }
+    }
+    let plan = Plan {
+        session: &session,
+        runtime: &runtime,
+        spec: &run.spec,
+        layout: &layout,
+        dirs: &dirs,
+        path,
+        deadline,
+        pre_binds: staged.binds.clone(),
+    };
+    if start_ok {
+        let main = MainCommand {
+            argv: harness.argv.clone(),
+            env: harness.env.clone(),
+        };
+        steps.extend(plan.run(&main, stop).await);
+    }
+    steps.extend(stop_runtime(&plan, stop).await);
+    drop(plan);
+    let enforced = session.enforced();
+    let closed = session.close().await;
+    end_capture(parts, &run.session);
+    closed?;
+    Ok(HarnessOutcome {
+        session: run.session.to_string(),
+        harness: run.harness.to_string(),
+        version: install.map(|i| i.version),
+        workspace: dirs.workspace.clone(),
+        sandbox_dir: dirs.root.clone(),
+        capture_log: capture_log(state, &run.session),
+        enforced,
+        steps,
+    })
+}
+
+async fn start_runtime(
+    plan: &Plan<'_>,
+    session: &SandboxSession,
+    redirect: &Redirect,
+    stop: &CancellationToken,
+) -> Option<StepReport> {
+    match plan.runtime {
+        Runtime::Native { .. } => None,
+        Runtime::Docker(d) => {
+            let parent = session
+                .cgroup_dir()
+                .and_then(|p| {
+                    p.strip_prefix(&redirect.mount().mount_point)
+                        .ok()
+                        .map(|r| format!("/{}", r.display()))
+                })
+                .unwrap_or_default();
+            let argv = d.run_argv(plan.layout, &parent);
+            Some(
+                plan.run_runtime_command(Phase::Start, argv, false, false, stop)
+                    .await,
+            )
+        }
+        Runtime::Apptainer(a) => {
+            let overlay = plan.dirs.root.join("overlay");
+            if let Err(e) = std::fs::create_dir_all(&overlay).and_then(|()| {
+                std::os::unix::fs::chown(
+                    &overlay,
+                    Some(plan.layout.user.0),
+                    Some(plan.layout.user.1),
+                )
+            }) {
+                tracing::warn!(error = %e, "cannot make the overlay directory");
+            }
+            let argv = a.start_argv(plan.layout, &overlay);
+            Some(
+                plan.run_runtime_command(Phase::Start, argv, true, true, stop)
+                    .await,
+            )
+        }
+    }
+}
+
+/// The pid of a docker container's init, from `docker inspect`.
+async fn container_pid(d: &crate::runtime::docker::Docker) -> Result<u32, String> {
+    let argv = d.pid_argv();
+    let (program, args) = argv.split_first().ok_or("no command")?;
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("docker inspect: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().parse::<u32>() {
+        Ok(pid) if out.status.success() && pid > 0 => Ok(pid),
+        _ => Err(format!(
+            "docker inspect gave no pid ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+async fn stop_runtime(plan: &Plan<'_>, stop: &CancellationToken) -> Option<StepReport> {
+    // The stop commands run even after `stop` fired: a fresh token.
+    let _ = stop;
+    let never = CancellationToken::new();
+    match plan.runtime {
+        Runtime::Native { .. } => None,
+        Runtime::Docker(d) => Some(
+            plan.run_runtime_command(Phase::Stop, d.rm_argv(), false, false, &never)
+                .await,
+        ),
+        Runtime::Apptainer(a) => Some(
+            plan.run_runtime_command(Phase::Stop, a.stop_argv(), false, true, &never)
+                .await,
+        ),
+    }
+}

@@ -1,0 +1,147 @@
+//! The `apptainer` runtime: command lines for rootless Apptainer instances.
+//!
+//! `apptainer instance start` is exec'd by the agent's child after it joined
+//! the session's network namespace and cgroups and dropped to the sandbox
+//! user, so the instance (which shares its caller's network namespace: no
+//! `--net`) lives in the session's namespace, under its cgroup, without
+//! privileges. It runs with `--containall` (own PID and IPC namespaces,
+//! clean environment, no host HOME), a writable overlay directory
+//! (`--overlay`, the container's changes kept per session), the workspace,
+//! HOME and trust files bound. Each command runs with `apptainer exec
+//! --cleanenv` and the session's environment as `--env`.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use super::Layout;
+use super::spec::RuntimeSpec;
+use crate::ids::SessionId;
+
+/// The apptainer program.
+pub const APPTAINER: &str = "apptainer";
+
+/// An apptainer runtime for one session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Apptainer {
+    /// The image (`.sif`, a sandbox directory, or a `docker://` URI).
+    pub image: String,
+    /// The instance name, `polar-<session>`.
+    pub name: String,
+}
+
+fn bind(src: &Path, dst: &Path, ro: bool) -> [OsString; 2] {
+    let mut s = OsString::from(src);
+    s.push(":");
+    s.push(dst);
+    if ro {
+        s.push(":ro");
+    }
+    ["--bind".into(), s]
+}
+
+impl Apptainer {
+    /// The runtime for `spec`.
+    pub fn new(spec: &RuntimeSpec, session: &SessionId) -> Self {
+        Self {
+            image: spec.image.clone().unwrap_or_default(),
+            name: format!("polar-{session}"),
+        }
+    }
+
+    /// `apptainer instance start`; `overlay` is a writable directory.
+    pub fn start_argv(&self, layout: &Layout, overlay: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = [APPTAINER, "instance", "start", "--containall", "--no-home"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        a.push("--overlay".into());
+        a.push(overlay.into());
+        for b in layout.binds() {
+            a.extend(bind(&b.source, &b.target, b.read_only));
+        }
+        a.push(self.image.clone().into());
+        a.push(self.name.clone().into());
+        a
+    }
+
+    /// `apptainer exec` in the instance, with exactly `env`.
+    pub fn exec_argv(
+        &self,
+        layout: &Layout,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec![APPTAINER.into(), "exec".into(), "--cleanenv".into()];
+        a.push("--pwd".into());
+        a.push(layout.workdir.clone().into());
+        for (k, v) in env {
+            a.push("--env".into());
+            a.push(format!("{k}={v}").into());
+        }
+        a.push(format!("instance://{}", self.name).into());
+        a.extend(argv.iter().map(OsString::from));
+        a
+    }
+
+    /// `apptainer instance stop`.
+    pub fn stop_argv(&self) -> Vec<OsString> {
+        [APPTAINER, "instance", "stop", &self.name]
+            .iter()
+            .map(OsString::from)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tls::TrustFiles;
+
+    fn layout() -> Layout {
+        Layout {
+            workspace: "/s/ws".into(),
+            home: "/s/home".into(),
+            workdir: "/workspace".into(),
+            trust: TrustFiles {
+                bundle: "/st/trust/bundle.pem".into(),
+                ca: "/st/trust/polar-ca.pem".into(),
+            },
+            bundle_targets: vec![],
+            hide: vec![],
+            mounts: vec![],
+            read_only: vec!["/opt/h".into()],
+            staged: vec![],
+            user: (65534, 65534),
+        }
+    }
+
+    fn text(a: &[OsString]) -> String {
+        a.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn instance_start_exec_stop() {
+        let spec = RuntimeSpec::parse("kind = \"apptainer\"\nimage = \"/img/py.sif\"", false, "t")
+            .unwrap();
+        let ap = Apptainer::new(&spec, &"s-1".parse().unwrap());
+        let a = text(&ap.start_argv(&layout(), Path::new("/s/overlay")));
+        assert!(
+            a.starts_with("apptainer instance start --containall --no-home --overlay /s/overlay"),
+            "{a}"
+        );
+        assert!(!a.contains("--net"), "{a}");
+        assert!(a.contains("--bind /s/ws:/workspace --bind /s/home:/home/polar"));
+        assert!(a.contains("--bind /st/trust/polar-ca.pem:/polar/trust/polar-ca.pem:ro"));
+        assert!(a.contains("--bind /opt/h:/opt/h:ro"));
+        assert!(a.ends_with("/img/py.sif polar-s-1"), "{a}");
+        let e = text(&ap.exec_argv(&layout(), &["true".into()], &[("A".into(), "1".into())]));
+        assert_eq!(
+            e,
+            "apptainer exec --cleanenv --pwd /workspace --env A=1 instance://polar-s-1 true"
+        );
+        assert_eq!(text(&ap.stop_argv()), "apptainer instance stop polar-s-1");
+    }
+}

@@ -1,0 +1,221 @@
+//! The `docker` runtime: command lines for the docker CLI.
+//!
+//! The container runs `sleep infinity` under `--init`, is created with
+//! `--network none` (its own network namespace with only loopback), and
+//! each command runs in it with `docker exec`. Once it runs, the agent joins
+//! that namespace (`/proc/<pid>/ns/net`, the pid from [`Docker::pid_argv`])
+//! to bind the session's listener and DNS socket inside it, as it does for
+//! its own isolated namespaces, and points the redirect at them
+//! (`SandboxSession::adopt_netns`), so the container reaches nothing but the
+//! agent (fails closed). `--cgroup-parent` places the container
+//! below the session's cgroup v2 directory (given relative to the cgroup
+//! mount: the cgroupfs driver), so the redirect's programs, attached to the
+//! agent's cgroup, apply to it and the session's `cgroup.kill` ends it. The
+//! limits go to docker's own flags (`--memory`, `--pids-limit`, `--cpus`).
+//! The trust files are mounted as in every runtime.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use super::Layout;
+use super::spec::{Limits, RuntimeSpec};
+use crate::ids::SessionId;
+
+/// The docker CLI.
+pub const DOCKER: &str = "docker";
+
+/// A docker runtime for one session.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Docker {
+    /// The image.
+    pub image: String,
+    /// The container's name, `polar-<session>`.
+    pub name: String,
+    /// Limits.
+    pub limits: Limits,
+}
+
+fn v(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(OsString::from).collect()
+}
+
+fn volume(src: &Path, dst: &Path, ro: bool) -> OsString {
+    let mut s = OsString::from(src);
+    s.push(":");
+    s.push(dst);
+    if ro {
+        s.push(":ro");
+    }
+    s
+}
+
+impl Docker {
+    /// The runtime for `spec` (whose image is validated to be there).
+    pub fn new(spec: &RuntimeSpec, session: &SessionId) -> Self {
+        Self {
+            image: spec.image.clone().unwrap_or_default(),
+            name: format!("polar-{session}"),
+            limits: spec.limits,
+        }
+    }
+
+    /// `docker run -d ...`: creates and starts the container.
+    /// `cgroup_parent` is the session cgroup relative to the v2 mount.
+    pub fn run_argv(&self, layout: &Layout, cgroup_parent: &str) -> Vec<OsString> {
+        let mut a = v(&[DOCKER, "run", "-d", "--name", &self.name]);
+        a.extend(v(&[
+            "--network",
+            "none",
+            "--init",
+            "--cgroup-parent",
+            cgroup_parent,
+        ]));
+        a.extend(v(&[
+            "--label",
+            &format!("polar.session={}", &self.name[6..]),
+        ]));
+        a.extend(v(&[
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+        ]));
+        let (uid, gid) = layout.user;
+        a.extend(v(&["--user", &format!("{uid}:{gid}")]));
+        if let Some(m) = self.limits.memory_bytes {
+            a.extend(v(&[
+                "--memory",
+                &m.to_string(),
+                "--memory-swap",
+                &m.to_string(),
+            ]));
+        }
+        if let Some(p) = self.limits.pids {
+            a.extend(v(&["--pids-limit", &p.to_string()]));
+        }
+        if let Some(c) = self.limits.cpu {
+            a.extend(v(&["--cpus", &format!("{c}")]));
+        }
+        for b in layout.binds() {
+            a.push("-v".into());
+            a.push(volume(&b.source, &b.target, b.read_only));
+        }
+        a.push("--workdir".into());
+        a.push(layout.workdir.clone().into());
+        a.extend(v(&[&self.image, "sleep", "infinity"]));
+        a
+    }
+
+    /// `docker exec`: runs `argv` with exactly `env` in the container.
+    pub fn exec_argv(
+        &self,
+        layout: &Layout,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Vec<OsString> {
+        let mut a = v(&[DOCKER, "exec", "-i", "-w"]);
+        a.push(layout.workdir.clone().into());
+        for (k, val) in env {
+            a.push("-e".into());
+            a.push(format!("{k}={val}").into());
+        }
+        a.push(self.name.clone().into());
+        a.extend(argv.iter().map(OsString::from));
+        a
+    }
+
+    /// `docker inspect`: the container's init pid (whose network namespace
+    /// the agent joins).
+    pub fn pid_argv(&self) -> Vec<OsString> {
+        v(&[DOCKER, "inspect", "-f", "{{.State.Pid}}", &self.name])
+    }
+
+    /// `docker rm -f`: removes the container.
+    pub fn rm_argv(&self) -> Vec<OsString> {
+        v(&[DOCKER, "rm", "-f", &self.name])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::spec::Mount;
+    use crate::tls::TrustFiles;
+
+    fn layout() -> Layout {
+        Layout {
+            workspace: "/s/ws".into(),
+            home: "/s/home".into(),
+            workdir: "/workspace".into(),
+            trust: TrustFiles {
+                bundle: "/st/trust/bundle.pem".into(),
+                ca: "/st/trust/polar-ca.pem".into(),
+            },
+            bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
+            hide: vec![],
+            mounts: vec![Mount {
+                source: "/data".into(),
+                target: "/data".into(),
+                read_only: true,
+            }],
+            read_only: vec![],
+            staged: vec![],
+            user: (65534, 65534),
+        }
+    }
+
+    fn text(a: &[OsString]) -> String {
+        a.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn docker() -> Docker {
+        let spec = RuntimeSpec::parse(
+            "kind = \"docker\"\nimage = \"python:3.12\"\n[limits]\npids = 64\nmemory_bytes = 1073741824\ncpu = 1.5",
+            false,
+            "t",
+        )
+        .unwrap();
+        Docker::new(&spec, &"s-1".parse().unwrap())
+    }
+
+    #[test]
+    fn run_command_isolates_and_places_the_container() {
+        let a = text(&docker().run_argv(&layout(), "/polar/agent-1-0/s-1"));
+        assert!(a.starts_with("docker run -d --name polar-s-1 --network none --init --cgroup-parent /polar/agent-1-0/s-1"), "{a}");
+        assert!(a.contains("--label polar.session=s-1"));
+        assert!(a.contains("--user 65534:65534"));
+        assert!(a.contains("--memory 1073741824 --memory-swap 1073741824"));
+        assert!(a.contains("--pids-limit 64"));
+        assert!(a.contains("--cpus 1.5"));
+        assert!(a.contains("-v /s/ws:/workspace -v /s/home:/home/polar"));
+        assert!(a.contains("-v /st/trust/bundle.pem:/polar/trust/bundle.pem:ro"));
+        assert!(a.contains("-v /st/trust/bundle.pem:/etc/ssl/certs/ca-certificates.crt:ro"));
+        assert!(a.contains("-v /data:/data:ro"));
+        assert!(
+            a.ends_with("--workdir /workspace python:3.12 sleep infinity"),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn exec_inspect_and_rm() {
+        let d = docker();
+        let a = text(&d.exec_argv(
+            &layout(),
+            &["sh".into(), "-c".into(), "echo hi".into()],
+            &[("HOME".into(), "/home/polar".into())],
+        ));
+        assert_eq!(
+            a,
+            "docker exec -i -w /workspace -e HOME=/home/polar polar-s-1 sh -c echo hi"
+        );
+        assert_eq!(
+            text(&d.pid_argv()),
+            "docker inspect -f {{.State.Pid}} polar-s-1"
+        );
+        assert_eq!(text(&d.rm_argv()), "docker rm -f polar-s-1");
+    }
+}

@@ -1,0 +1,411 @@
+//! Runtimes: how a session's commands are run — `native` (bubblewrap on
+//! the host), `docker` or `apptainer` — chosen by a [`spec::RuntimeSpec`].
+//!
+//! - [`spec`]: the runtime spec file and its validation;
+//! - [`limits`]: memory, process and CPU limits through cgroups;
+//! - [`native`], [`docker`], [`apptainer`]: the command lines of each
+//!   runtime (pure, unit-tested);
+//! - [`steps`]: uploads into the workspace;
+//! - [`plan`]: a whole session — prepare steps, the main command, post-run
+//!   steps — each with the remaining time budget.
+//!
+//! Every runtime sees the same [`Layout`]: a host workspace directory shown
+//! at the spec's `workdir`, a host HOME directory shown at
+//! [`native::HOME`], Polar's trust files at [`native::TRUST_DIR`] and over
+//! the distribution bundles, and the same environment ([`base_env`]).
+
+pub mod apptainer;
+pub mod docker;
+pub mod limits;
+pub mod native;
+pub mod plan;
+pub mod spec;
+pub mod steps;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::ids::SessionId;
+use crate::tls::TrustFiles;
+
+use self::spec::{Mount, RuntimeKind, RuntimeSpec};
+
+/// The sandbox user (uid, gid) when none is given: `nobody`/`nogroup`.
+pub const SANDBOX_USER: (u32, u32) = (65534, 65534);
+
+/// `PATH` inside sandboxes, before the harness's own directories.
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Errors of preparing or running a runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The spec is invalid.
+    #[error(transparent)]
+    Spec(#[from] spec::SpecError),
+    /// A directory or file of the sandbox could not be made.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The runtime's program is missing or does not work.
+    #[error("the {kind:?} runtime needs `{program}`, which {why}")]
+    Unavailable {
+        /// The runtime.
+        kind: RuntimeKind,
+        /// The program.
+        program: &'static str,
+        /// What went wrong.
+        why: String,
+    },
+    /// Running a command failed.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    /// A runtime command (container start or stop) failed.
+    #[error("{what} failed: {detail}")]
+    Command {
+        /// What was run.
+        what: String,
+        /// Exit status and output.
+        detail: String,
+    },
+}
+
+/// One entry of the root directory shown in a native sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootEntry {
+    /// Its name in `/`.
+    pub name: String,
+    /// The host path.
+    pub source: PathBuf,
+    /// Its target, when it is a symbolic link (recreated, not followed).
+    pub symlink: Option<PathBuf>,
+}
+
+impl RootEntry {
+    /// A directory `name` under `root`.
+    pub fn dir(root: &str, name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            source: Path::new(root).join(name),
+            symlink: None,
+        }
+    }
+}
+
+/// The entries of `root` (the host's `/` or a rootfs).
+pub fn list_root(root: &Path) -> Result<Vec<RootEntry>, RuntimeError> {
+    let err = |source| RuntimeError::Io {
+        op: "list",
+        path: root.to_owned(),
+        source,
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(root).map_err(err)? {
+        let e = e.map_err(err)?;
+        let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let ty = e.file_type().map_err(err)?;
+        let symlink = if ty.is_symlink() {
+            Some(std::fs::read_link(e.path()).map_err(err)?)
+        } else if ty.is_dir() || ty.is_file() {
+            None
+        } else {
+            continue;
+        };
+        out.push(RootEntry {
+            name,
+            source: e.path(),
+            symlink,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Where a session's directories are on the host and where they appear in
+/// the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Host directory of the workspace.
+    pub workspace: PathBuf,
+    /// Host directory of HOME.
+    pub home: PathBuf,
+    /// Where the workspace appears.
+    pub workdir: PathBuf,
+    /// The trust files on the host.
+    pub trust: TrustFiles,
+    /// Distribution bundle paths to cover with the trust bundle.
+    pub bundle_targets: Vec<PathBuf>,
+    /// Host directories to hide (the agent's state directory).
+    pub hide: Vec<PathBuf>,
+    /// The spec's mounts.
+    pub mounts: Vec<Mount>,
+    /// Host directories shown read-only at the same path (the harness
+    /// installation).
+    pub read_only: Vec<PathBuf>,
+    /// `(staging, target)`: read-only directories the sandbox user could
+    /// not reach on the host (a parent without `o+x`), bound by the agent's
+    /// child at `staging` (see [`steps::stage`]) and shown at `target`.
+    pub staged: Vec<(PathBuf, PathBuf)>,
+    /// The sandbox user.
+    pub user: (u32, u32),
+}
+
+/// A bind mount of a host path into the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bind {
+    /// Host path.
+    pub source: PathBuf,
+    /// Sandbox path.
+    pub target: PathBuf,
+    /// Read-only.
+    pub read_only: bool,
+}
+
+impl Layout {
+    /// Every host path the sandbox is given, in mount order: the trust
+    /// files (at [`native::TRUST_DIR`] and over the distribution bundles),
+    /// the workspace, HOME, the spec's mounts, the read-only directories.
+    pub fn binds(&self) -> Vec<Bind> {
+        let b = |source: &Path, target: &Path, read_only: bool| Bind {
+            source: source.to_owned(),
+            target: target.to_owned(),
+            read_only,
+        };
+        let inside = trust_in_sandbox();
+        let mut out = vec![
+            b(&self.trust.bundle, &inside.bundle, true),
+            b(&self.trust.ca, &inside.ca, true),
+        ];
+        out.extend(
+            self.bundle_targets
+                .iter()
+                .map(|t| b(&self.trust.bundle, t, true)),
+        );
+        out.push(b(&self.workspace, &self.workdir, false));
+        out.push(b(&self.home, Path::new(native::HOME), false));
+        out.extend(
+            self.mounts
+                .iter()
+                .map(|m| b(&m.source, &m.target, m.read_only)),
+        );
+        out.extend(self.read_only.iter().map(|d| b(d, d, true)));
+        out.extend(self.staged.iter().map(|(s, t)| b(s, t, true)));
+        out
+    }
+}
+
+/// The trust files as the sandbox sees them.
+pub fn trust_in_sandbox() -> TrustFiles {
+    let dir = Path::new(native::TRUST_DIR);
+    TrustFiles {
+        bundle: dir.join("bundle.pem"),
+        ca: dir.join("polar-ca.pem"),
+    }
+}
+
+/// Seconds since the epoch of `deadline` (a monotonic instant), with
+/// millisecond precision.
+fn epoch_of(deadline: tokio::time::Instant) -> String {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let at = SystemTime::now() + left;
+    let d = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("{}.{:03}", d.as_secs(), d.subsec_millis())
+}
+
+/// The environment every command of a session starts from: `PATH` (with
+/// `extra_path` first), `HOME`, locale, the trust variables pointing at
+/// [`native::TRUST_DIR`], `POLAR_SESSION`, and the time budget:
+/// `POLAR_DEADLINE` (seconds since the epoch) and `POLAR_TIMEOUT_SECS`
+/// (whole seconds left), then the spec's environment.
+pub fn base_env(
+    session: &SessionId,
+    spec: &RuntimeSpec,
+    extra_path: &[PathBuf],
+    deadline: Option<tokio::time::Instant>,
+) -> Vec<(String, String)> {
+    let mut path: Vec<String> = extra_path.iter().map(|p| p.display().to_string()).collect();
+    path.push(BASE_PATH.to_owned());
+    let mut env = vec![
+        ("PATH".to_owned(), path.join(":")),
+        ("HOME".to_owned(), native::HOME.to_owned()),
+        ("USER".to_owned(), "polar".to_owned()),
+        ("LANG".to_owned(), "C.UTF-8".to_owned()),
+        ("TERM".to_owned(), "dumb".to_owned()),
+        ("TMPDIR".to_owned(), "/tmp".to_owned()),
+        ("POLAR_SESSION".to_owned(), session.to_string()),
+        (
+            "POLAR_WORKSPACE".to_owned(),
+            spec.workdir.display().to_string(),
+        ),
+    ];
+    env.extend(trust_in_sandbox().env());
+    if let Some(d) = deadline {
+        let left = d.saturating_duration_since(tokio::time::Instant::now());
+        env.push(("POLAR_DEADLINE".to_owned(), epoch_of(d)));
+        env.push(("POLAR_TIMEOUT_SECS".to_owned(), left.as_secs().to_string()));
+    }
+    env.extend(spec.environment.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Sets `key` in `env`, replacing an earlier value.
+pub fn set_env(env: &mut Vec<(String, String)>, key: &str, value: String) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.to_owned(), value));
+}
+
+/// A runtime ready to run commands of one session.
+#[derive(Clone, Debug)]
+pub enum Runtime {
+    /// bubblewrap on the host.
+    Native {
+        /// The entries of the root to show.
+        root: Vec<RootEntry>,
+    },
+    /// A Docker container.
+    Docker(docker::Docker),
+    /// An Apptainer instance.
+    Apptainer(apptainer::Apptainer),
+}
+
+impl Runtime {
+    /// The runtime `spec` asks for, checked to be usable here (native:
+    /// `bwrap --version` runs and the root is listed; docker: `docker info`
+    /// reaches an engine; apptainer: `apptainer --version` runs).
+    pub fn for_spec(spec: &RuntimeSpec, session: &SessionId) -> Result<Self, RuntimeError> {
+        match spec.kind {
+            RuntimeKind::Native => {
+                check_program(RuntimeKind::Native, native::BWRAP, "--version")?;
+                let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
+                Ok(Self::Native {
+                    root: list_root(&root)?,
+                })
+            }
+            RuntimeKind::Docker => {
+                check_program(RuntimeKind::Docker, docker::DOCKER, "info")?;
+                Ok(Self::Docker(docker::Docker::new(spec, session)))
+            }
+            RuntimeKind::Apptainer => {
+                check_program(RuntimeKind::Apptainer, apptainer::APPTAINER, "--version")?;
+                Ok(Self::Apptainer(apptainer::Apptainer::new(spec, session)))
+            }
+        }
+    }
+
+    /// The command line the agent execs for `argv` with `env` (the
+    /// sandbox's whole environment).
+    pub fn command(
+        &self,
+        layout: &Layout,
+        argv: &[String],
+        env: &[(String, String)],
+    ) -> Vec<OsString> {
+        match self {
+            Self::Native { root } => native::bwrap_argv(layout, root, argv),
+            Self::Docker(d) => d.exec_argv(layout, argv, env),
+            Self::Apptainer(a) => a.exec_argv(layout, argv, env),
+        }
+    }
+
+    /// Whether the environment goes to the exec'd program directly
+    /// (native) rather than on its command line (docker, apptainer).
+    pub fn passes_env(&self) -> bool {
+        matches!(self, Self::Native { .. })
+    }
+
+    /// Whether the agent drops to the sandbox user before exec (native,
+    /// apptainer: rootless). The docker CLI talks to its daemon as root.
+    pub fn drops_user(&self) -> bool {
+        !matches!(self, Self::Docker(_))
+    }
+}
+
+/// Checks that `program arg` runs.
+pub fn check_program(
+    kind: RuntimeKind,
+    program: &'static str,
+    arg: &str,
+) -> Result<String, RuntimeError> {
+    let out = std::process::Command::new(program)
+        .arg(arg)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| RuntimeError::Unavailable {
+            kind,
+            program,
+            why: format!("cannot be started: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(RuntimeError::Unavailable {
+            kind,
+            program,
+            why: format!(
+                "fails ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// The time left until `deadline`.
+pub fn remaining(deadline: tokio::time::Instant) -> Duration {
+    deadline.saturating_duration_since(tokio::time::Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_has_trust_budget_and_spec_values() {
+        let mut spec = RuntimeSpec::default();
+        spec.environment.insert("A".into(), "1".into());
+        let s: SessionId = "s-1".parse().unwrap();
+        let d = tokio::time::Instant::now() + Duration::from_secs(90);
+        let env = base_env(&s, &spec, &[PathBuf::from("/opt/h/bin")], Some(d));
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("PATH").unwrap(), format!("/opt/h/bin:{BASE_PATH}"));
+        assert_eq!(get("HOME").as_deref(), Some("/home/polar"));
+        assert_eq!(
+            get("SSL_CERT_FILE").as_deref(),
+            Some("/polar/trust/bundle.pem")
+        );
+        assert_eq!(
+            get("NODE_EXTRA_CA_CERTS").as_deref(),
+            Some("/polar/trust/polar-ca.pem")
+        );
+        assert_eq!(get("POLAR_SESSION").as_deref(), Some("s-1"));
+        let secs: u64 = get("POLAR_TIMEOUT_SECS").unwrap().parse().unwrap();
+        assert!((88..=90).contains(&secs));
+        let at: f64 = get("POLAR_DEADLINE").unwrap().parse().unwrap();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!((at - now - 90.0).abs() < 2.0);
+        assert_eq!(get("A").as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn lists_the_root_with_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir(tmp.path().join("usr")).unwrap();
+        std::os::unix::fs::symlink("usr/bin", tmp.path().join("bin")).unwrap();
+        let entries = list_root(tmp.path()).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0].name, "bin");
+        assert_eq!(entries[0].symlink.as_deref(), Some(Path::new("usr/bin")));
+        assert_eq!(entries[1].symlink, None);
+    }
+}

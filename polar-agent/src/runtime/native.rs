@@ -1,0 +1,212 @@
+//! The `native` runtime: bubblewrap (`bwrap`) on the host.
+//!
+//! The agent's child joins the session's network namespace and cgroups,
+//! drops to the sandbox user (uid/gid 65534 by default) and execs `bwrap`,
+//! which (through an unprivileged user namespace) builds the sandbox:
+//!
+//! - its own mount, PID, IPC and UTS namespaces (`--unshare-user
+//!   --unshare-pid --unshare-ipc --unshare-uts`), never its own network
+//!   namespace: it stays in the one the agent made, where the agent's
+//!   listener and DNS live; `--die-with-parent`, `--new-session`;
+//! - a fresh root holding each top-level entry of the host's root (or of
+//!   the spec's `rootfs`) read-only, except the ones in [`HIDDEN`], which
+//!   are not there at all (`/tmp` and `/run` are empty tmpfs);
+//! - `/proc` of its own PID namespace, a minimal `/dev`;
+//! - the agent's state directory (CA key, other sessions' data) hidden
+//!   under an empty tmpfs;
+//! - Polar's CA bundle bound read-only at [`TRUST_DIR`] and over the
+//!   distribution bundle paths;
+//! - the writable workspace at the spec's `workdir` (default
+//!   `/workspace`) and the writable HOME at [`HOME`];
+//! - the spec's mounts and the harness's read-only directories;
+//! - the new root itself remounted read-only.
+//!
+//! The sandbox user owns nothing of the host: root-owned files it can see
+//! are read-only to it, and files readable only by their owner are not
+//! readable.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::{Layout, RootEntry};
+
+/// Top-level entries of the host root the sandbox never sees.
+pub const HIDDEN: [&str; 10] = [
+    "proc",
+    "dev",
+    "tmp",
+    "run",
+    "home",
+    "root",
+    "mnt",
+    "media",
+    "lost+found",
+    "workspace",
+];
+
+/// Where the trust files appear in every sandbox.
+pub const TRUST_DIR: &str = "/polar/trust";
+/// The sandbox's HOME.
+pub const HOME: &str = "/home/polar";
+
+/// The bwrap program.
+pub const BWRAP: &str = "bwrap";
+
+fn os(s: impl Into<OsString>) -> OsString {
+    s.into()
+}
+
+fn push(argv: &mut Vec<OsString>, items: &[&dyn AsRefOs]) {
+    argv.extend(items.iter().map(|i| i.as_os()));
+}
+
+/// Things that become one bwrap argument.
+trait AsRefOs {
+    fn as_os(&self) -> OsString;
+}
+
+impl AsRefOs for &str {
+    fn as_os(&self) -> OsString {
+        OsString::from(*self)
+    }
+}
+
+impl AsRefOs for &Path {
+    fn as_os(&self) -> OsString {
+        self.as_os_str().to_owned()
+    }
+}
+
+impl AsRefOs for PathBuf {
+    fn as_os(&self) -> OsString {
+        self.as_os_str().to_owned()
+    }
+}
+
+/// The bwrap command line that runs `argv` in the sandbox `layout`
+/// describes. `root` lists the entries of the root to show (the host's or
+/// the rootfs's, from [`super::list_root`]). bwrap runs as the sandbox
+/// user, so every bind source's parent directories must let it pass
+/// (`o+x`; [`super::steps::SandboxDirs::create`] sees to the state
+/// directory). Pure: no file is touched.
+pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec![os(BWRAP)];
+    for flag in [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+    ] {
+        a.push(os(flag));
+    }
+    push(&mut a, &[&"--hostname", &"polar"]);
+    for e in root {
+        if HIDDEN.contains(&e.name.as_str()) {
+            continue;
+        }
+        let dest = Path::new("/").join(&e.name);
+        match &e.symlink {
+            Some(target) => push(&mut a, &[&"--symlink", target, &dest]),
+            None => push(&mut a, &[&"--ro-bind", &e.source, &dest]),
+        }
+    }
+    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
+    push(&mut a, &[&"--tmpfs", &"/tmp", &"--tmpfs", &"/run"]);
+    for h in &layout.hide {
+        push(&mut a, &[&"--tmpfs", h]);
+    }
+    for b in layout.binds() {
+        let flag = if b.read_only { "--ro-bind" } else { "--bind" };
+        push(&mut a, &[&flag, &b.source, &b.target]);
+    }
+    // The new root itself (a tmpfs holding the mount points) read-only too.
+    push(&mut a, &[&"--remount-ro", &"/"]);
+    push(&mut a, &[&"--chdir", &layout.workdir]);
+    a.push(os("--"));
+    a.extend(argv.iter().map(OsString::from));
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::spec::Mount;
+    use crate::tls::TrustFiles;
+
+    fn layout() -> Layout {
+        Layout {
+            workspace: "/state/sandboxes/s1/workspace".into(),
+            home: "/state/sandboxes/s1/home".into(),
+            workdir: "/workspace".into(),
+            trust: TrustFiles {
+                bundle: "/state/trust/bundle.pem".into(),
+                ca: "/state/trust/polar-ca.pem".into(),
+            },
+            bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
+            hide: vec!["/state".into()],
+            mounts: vec![Mount {
+                source: "/data".into(),
+                target: "/data".into(),
+                read_only: false,
+            }],
+            read_only: vec!["/opt/harnesses".into()],
+            staged: vec![],
+            user: (65534, 65534),
+        }
+    }
+
+    fn text(a: &[OsString]) -> String {
+        a.iter()
+            .map(|s| s.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn builds_the_sandbox_from_the_host_root() {
+        let root = vec![
+            RootEntry::dir("/", "usr"),
+            RootEntry::dir("/", "etc"),
+            RootEntry::dir("/", "tmp"),
+            RootEntry::dir("/", "root"),
+            RootEntry {
+                name: "bin".into(),
+                source: "/bin".into(),
+                symlink: Some("usr/bin".into()),
+            },
+        ];
+        let a = text(&bwrap_argv(
+            &layout(),
+            &root,
+            &["codex".into(), "exec".into()],
+        ));
+        assert!(a.starts_with("bwrap --unshare-user --unshare-pid"), "{a}");
+        assert!(!a.contains("--unshare-net"), "{a}");
+        assert!(a.contains("--die-with-parent"));
+        assert!(a.contains("--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin"));
+        assert!(!a.contains("/root"), "{a}");
+        assert!(!a.contains("--ro-bind /tmp"), "{a}");
+        assert!(a.contains("--tmpfs /tmp --tmpfs /run --tmpfs /state"));
+        assert!(
+            a.contains(
+                "--ro-bind /state/trust/bundle.pem /polar/trust/bundle.pem \
+             --ro-bind /state/trust/polar-ca.pem /polar/trust/polar-ca.pem \
+             --ro-bind /state/trust/bundle.pem /etc/ssl/certs/ca-certificates.crt \
+             --bind /state/sandboxes/s1/workspace /workspace \
+             --bind /state/sandboxes/s1/home /home/polar --bind /data /data \
+             --ro-bind /opt/harnesses /opt/harnesses"
+            ),
+            "{a}"
+        );
+        assert!(
+            a.ends_with("--remount-ro / --chdir /workspace -- codex exec"),
+            "{a}"
+        );
+        // The state dir is hidden before the trust files are bound back.
+        let hide = a.find("--tmpfs /state").unwrap_or(usize::MAX);
+        let trust = a.find("/polar/trust/bundle.pem").unwrap_or(0);
+        assert!(hide < trust);
+    }
+}

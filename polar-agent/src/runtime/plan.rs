@@ -1,0 +1,354 @@
+//! A whole session on a runtime: start the runtime (container runtimes),
+//! the prepare steps, the main command (the harness), the post-run steps,
+//! stop the runtime. Every command gets the remaining time budget in its
+//! environment (`POLAR_DEADLINE`, `POLAR_TIMEOUT_SECS`) and is killed, with
+//! everything it started, when the budget runs out. A failed prepare step
+//! skips the main command; post-run steps run whatever happened before (as
+//! long as budget is left).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant as StdInstant;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::spec::{RuntimeSpec, Step};
+use super::steps::{SandboxDirs, upload};
+use super::{BASE_PATH, Layout, Runtime, RuntimeError, base_env};
+use crate::sandbox::session::{Exec, ExecEnd, SandboxSession};
+
+/// Which part of the session a step belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Starting the runtime.
+    Start,
+    /// Before the main command.
+    Prepare,
+    /// The main command.
+    Main,
+    /// After it.
+    Post,
+    /// Stopping the runtime.
+    Stop,
+}
+
+/// How a step ended.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum StepEnd {
+    /// It exited with this code (128+N after signal N).
+    Exited {
+        /// The code.
+        code: i32,
+    },
+    /// The budget ran out: it was killed with everything it started.
+    TimedOut,
+    /// The session was stopped.
+    Stopped,
+    /// It could not run (upload failed, command not started).
+    Failed {
+        /// Why.
+        error: String,
+    },
+    /// Not run (an earlier step failed, or no budget was left).
+    Skipped,
+}
+
+impl StepEnd {
+    /// Exited with 0.
+    pub fn ok(&self) -> bool {
+        matches!(self, Self::Exited { code: 0 })
+    }
+}
+
+/// One step's report.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepReport {
+    /// Its phase.
+    pub phase: Phase,
+    /// Its index within the phase.
+    pub index: usize,
+    /// What it was (a command line or an upload).
+    pub what: String,
+    /// How it ended.
+    pub end: StepEnd,
+    /// How long it took, in milliseconds.
+    pub elapsed_ms: u64,
+    /// Its stdout and stderr files, for commands.
+    pub logs: Option<(PathBuf, PathBuf)>,
+}
+
+/// The main command of a session.
+#[derive(Clone, Debug, Default)]
+pub struct MainCommand {
+    /// Argv inside the sandbox.
+    pub argv: Vec<String>,
+    /// Environment added to the session's.
+    pub env: Vec<(String, String)>,
+}
+
+/// Everything needed to run a session's commands.
+pub struct Plan<'a> {
+    /// The session.
+    pub session: &'a SandboxSession,
+    /// The runtime.
+    pub runtime: &'a Runtime,
+    /// The spec (steps, environment).
+    pub spec: &'a RuntimeSpec,
+    /// The layout.
+    pub layout: &'a Layout,
+    /// The session's directories.
+    pub dirs: &'a SandboxDirs,
+    /// Directories put first on `PATH`.
+    pub path: Vec<PathBuf>,
+    /// When the budget runs out.
+    pub deadline: Instant,
+    /// Read-only binds the agent's child makes in its private mount
+    /// namespace before exec (staged directories, native only).
+    pub pre_binds: Vec<(PathBuf, PathBuf)>,
+}
+
+fn exit_code(s: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    s.code()
+        .or_else(|| s.signal().map(|sig| 128 + sig))
+        .unwrap_or(1)
+}
+
+impl Plan<'_> {
+    fn log_files(&self, name: &str) -> Result<(PathBuf, PathBuf, File, File), RuntimeError> {
+        let out = self.dirs.logs.join(format!("{name}.out"));
+        let err = self.dirs.logs.join(format!("{name}.err"));
+        let open = |p: &Path| {
+            File::create(p).map_err(|source| RuntimeError::Io {
+                op: "create",
+                path: p.to_owned(),
+                source,
+            })
+        };
+        let (o, e) = (open(&out)?, open(&err)?);
+        Ok((out, err, o, e))
+    }
+
+    /// The [`Exec`] for `argv` in the sandbox (stdout and stderr to
+    /// `logs/<name>.out|.err`).
+    pub fn exec_for(
+        &self,
+        argv: &[String],
+        extra_env: &[(String, String)],
+        name: &str,
+    ) -> Result<(Exec, (PathBuf, PathBuf)), RuntimeError> {
+        let mut env = base_env(
+            self.session.id(),
+            self.spec,
+            &self.path,
+            Some(self.deadline),
+        );
+        for (k, v) in extra_env {
+            super::set_env(&mut env, k, v.clone());
+        }
+        let cmd = self.runtime.command(self.layout, argv, &env);
+        let (out, err, o, e) = self.log_files(name)?;
+        let mut exec = Exec::new(cmd);
+        exec.env = if self.runtime.passes_env() {
+            env
+        } else {
+            vec![
+                ("PATH".into(), BASE_PATH.into()),
+                ("HOME".into(), self.layout.home.display().to_string()),
+            ]
+        };
+        exec.clear_env = true;
+        exec.user = self.runtime.drops_user().then_some(self.layout.user);
+        exec.cwd = Some(PathBuf::from("/"));
+        exec.deadline = Some(self.deadline);
+        exec.stdin = Stdio::null();
+        exec.stdout = Stdio::from(o);
+        exec.stderr = Stdio::from(e);
+        if matches!(self.runtime, Runtime::Native { .. }) {
+            exec.binds.clone_from(&self.pre_binds);
+        }
+        Ok((exec, (out, err)))
+    }
+
+    async fn run_command(
+        &self,
+        phase: Phase,
+        index: usize,
+        argv: &[String],
+        env: &[(String, String)],
+        stop: &CancellationToken,
+    ) -> StepReport {
+        let started = StdInstant::now();
+        let name = format!("{phase:?}-{index}").to_lowercase();
+        let what = argv.join(" ");
+        let (end, logs) = match self.exec_for(argv, env, &name) {
+            Err(e) => (
+                StepEnd::Failed {
+                    error: e.to_string(),
+                },
+                None,
+            ),
+            Ok((exec, logs)) => match self.session.exec(exec, stop).await {
+                Ok(ExecEnd::Exited(s)) => (StepEnd::Exited { code: exit_code(s) }, Some(logs)),
+                Ok(ExecEnd::TimedOut) => (StepEnd::TimedOut, Some(logs)),
+                Ok(ExecEnd::Stopped) => (StepEnd::Stopped, Some(logs)),
+                Err(e) => (
+                    StepEnd::Failed {
+                        error: crate::cli::chain(&e),
+                    },
+                    Some(logs),
+                ),
+            },
+        };
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(session = %self.session.id(), ?phase, index, ?end, elapsed_ms, "step finished");
+        StepReport {
+            phase,
+            index,
+            what,
+            end,
+            elapsed_ms,
+            logs,
+        }
+    }
+
+    async fn run_step(
+        &self,
+        phase: Phase,
+        index: usize,
+        step: &Step,
+        stop: &CancellationToken,
+    ) -> StepReport {
+        match step {
+            Step::Run { argv } => self.run_command(phase, index, argv, &[], stop).await,
+            Step::Upload { from, to } => {
+                let started = StdInstant::now();
+                let end = if super::remaining(self.deadline).is_zero() {
+                    StepEnd::TimedOut
+                } else {
+                    match upload(from, &self.layout.workspace, to, self.layout.user) {
+                        Ok(_) => StepEnd::Exited { code: 0 },
+                        Err(e) => StepEnd::Failed {
+                            error: e.to_string(),
+                        },
+                    }
+                };
+                StepReport {
+                    phase,
+                    index,
+                    what: format!("upload {} -> {}", from.display(), to.display()),
+                    end,
+                    elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(0),
+                    logs: None,
+                }
+            }
+        }
+    }
+
+    /// Runs a runtime's own command (`docker run`, `apptainer instance
+    /// start`, their stop) in the session, not wrapped: the container
+    /// runtimes' start and stop. `keep_running` leaves what it started
+    /// running until the session ends; `as_user` drops to the sandbox user
+    /// (rootless apptainer).
+    pub async fn run_runtime_command(
+        &self,
+        phase: Phase,
+        argv: Vec<std::ffi::OsString>,
+        keep_running: bool,
+        as_user: bool,
+        stop: &CancellationToken,
+    ) -> StepReport {
+        let started = StdInstant::now();
+        let what = argv
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        let name = format!("{phase:?}").to_lowercase();
+        let result = match self.log_files(&name) {
+            Err(e) => Err(e.to_string()),
+            Ok((out, err, o, e)) => {
+                let mut exec = Exec::new(argv);
+                exec.env = vec![
+                    ("PATH".into(), BASE_PATH.into()),
+                    ("HOME".into(), self.layout.home.display().to_string()),
+                ];
+                exec.clear_env = true;
+                exec.user = as_user.then_some(self.layout.user);
+                exec.cwd = Some(PathBuf::from("/"));
+                exec.deadline = Some(self.deadline);
+                exec.stdin = Stdio::null();
+                exec.stdout = Stdio::from(o);
+                exec.stderr = Stdio::from(e);
+                exec.keep_running = keep_running;
+                self.session
+                    .exec(exec, stop)
+                    .await
+                    .map(|end| (end, (out, err)))
+                    .map_err(|e| crate::cli::chain(&e))
+            }
+        };
+        let (end, logs) = match result {
+            Ok((ExecEnd::Exited(s), logs)) => (StepEnd::Exited { code: exit_code(s) }, Some(logs)),
+            Ok((ExecEnd::TimedOut, logs)) => (StepEnd::TimedOut, Some(logs)),
+            Ok((ExecEnd::Stopped, logs)) => (StepEnd::Stopped, Some(logs)),
+            Err(error) => (StepEnd::Failed { error }, None),
+        };
+        StepReport {
+            phase,
+            index: 0,
+            what,
+            end,
+            elapsed_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(0),
+            logs,
+        }
+    }
+
+    fn skipped(phase: Phase, index: usize, what: String) -> StepReport {
+        StepReport {
+            phase,
+            index,
+            what,
+            end: StepEnd::Skipped,
+            elapsed_ms: 0,
+            logs: None,
+        }
+    }
+
+    /// Runs the whole session: prepare steps, `main`, post-run steps.
+    /// Returns every step's report; the main command's is the one with
+    /// [`Phase::Main`].
+    pub async fn run(&self, main: &MainCommand, stop: &CancellationToken) -> Vec<StepReport> {
+        let mut reports = Vec::new();
+        let mut ok = true;
+        for (i, step) in self.spec.prepare.iter().enumerate() {
+            if !ok || stop.is_cancelled() {
+                reports.push(Self::skipped(Phase::Prepare, i, format!("{step:?}")));
+                continue;
+            }
+            let r = self.run_step(Phase::Prepare, i, step, stop).await;
+            ok &= r.end.ok();
+            reports.push(r);
+        }
+        if ok && !stop.is_cancelled() {
+            reports.push(
+                self.run_command(Phase::Main, 0, &main.argv, &main.env, stop)
+                    .await,
+            );
+        } else {
+            reports.push(Self::skipped(Phase::Main, 0, main.argv.join(" ")));
+        }
+        for (i, step) in self.spec.post.iter().enumerate() {
+            if stop.is_cancelled() {
+                reports.push(Self::skipped(Phase::Post, i, format!("{step:?}")));
+                continue;
+            }
+            reports.push(self.run_step(Phase::Post, i, step, stop).await);
+        }
+        reports
+    }
+}
