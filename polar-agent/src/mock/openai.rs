@@ -243,3 +243,38 @@ fn tool(v: &Value) -> Option<Tool> {
         parameters: f.get("parameters").cloned().unwrap_or(Value::Null),
     })
 }
+
+/// A chat request parsed, rendered through the template, tokenized and
+/// admitted for generation, with the ids its tool calls will carry; or the
+/// response to send instead (paused, overloaded, too long).
+pub async fn admit_chat(
+    state: &std::sync::Arc<super::server::State>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<
+    Result<(ChatIn, super::server::Admitted, Vec<String>), http::Response<super::body::RespBody>>,
+    super::MockError,
+> {
+    let req = ChatIn::parse(body)?;
+    let opts = template_options(&state.cfg.template, headers, &req.body)?;
+    let prompt = super::template::render_prompt(&req.messages, &req.tools, &opts, true);
+    let gen_req = super::server::GenRequest {
+        headers,
+        user: req.user.as_deref(),
+        facts: super::template::PromptFacts::of_messages(&req.messages, &req.tools),
+        prompt_ids: super::tokenizer::encode(&prompt),
+        max_tokens: req.max_tokens,
+    };
+    let adm = match state.admit(gen_req).await {
+        Ok(a) => a,
+        Err(resp) => return Ok(Err(resp)),
+    };
+    let call_ids = adm
+        .generation
+        .parsed
+        .tool_calls
+        .iter()
+        .map(|_| adm.call_id())
+        .collect();
+    Ok(Ok((req, adm, call_ids)))
+}

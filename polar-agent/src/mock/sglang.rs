@@ -16,9 +16,9 @@ use serde_json::{Map, Value, json};
 use super::body::RespBody;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation};
-use super::openai::{self, ChatIn};
+use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
-use super::template::{self, PromptFacts};
+use super::template::PromptFacts;
 use super::vllm::{chat_delta, visible_text};
 use super::{MockError, tokenizer};
 
@@ -47,30 +47,13 @@ pub async fn chat(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response<RespBody>, MockError> {
-    let req = ChatIn::parse(body)?;
-    let opts = openai::template_options(&state.cfg.template, headers, &req.body)?;
-    let prompt = template::render_prompt(&req.messages, &req.tools, &opts, true);
-    let gen_req = GenRequest {
-        headers,
-        user: req.user.as_deref(),
-        facts: PromptFacts::of_messages(&req.messages, &req.tools),
-        prompt_ids: tokenizer::encode(&prompt),
-        max_tokens: req.max_tokens,
-    };
-    let adm = match state.admit(gen_req).await {
-        Ok(a) => a,
+    let (req, adm, call_ids) = match openai::admit_chat(state, headers, body).await? {
+        Ok(admitted) => admitted,
         Err(resp) => return Ok(resp),
     };
     let top = if req.logprobs { req.top_logprobs } else { 0 };
     let id = format!("{:032x}", adm.number);
     let model = adm.cfg().served_model.clone();
-    let call_ids: Vec<String> = adm
-        .generation
-        .parsed
-        .tool_calls
-        .iter()
-        .map(|_| adm.call_id())
-        .collect();
     let created = now_secs();
     if !req.stream {
         let g = &adm.generation;

@@ -24,18 +24,8 @@ pub async fn chat(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response<RespBody>, MockError> {
-    let req = ChatIn::parse(body)?;
-    let opts = openai::template_options(&state.cfg.template, headers, &req.body)?;
-    let prompt = template::render_prompt(&req.messages, &req.tools, &opts, true);
-    let gen_req = GenRequest {
-        headers,
-        user: req.user.as_deref(),
-        facts: PromptFacts::of_messages(&req.messages, &req.tools),
-        prompt_ids: tokenizer::encode(&prompt),
-        max_tokens: req.max_tokens,
-    };
-    let adm = match state.admit(gen_req).await {
-        Ok(a) => a,
+    let (req, adm, call_ids) = match openai::admit_chat(state, headers, body).await? {
+        Ok(admitted) => admitted,
         Err(resp) => return Ok(resp),
     };
     let with_ids = req.flag("return_token_ids");
@@ -43,13 +33,6 @@ pub async fn chat(
     let id = format!("chatcmpl-{:016x}", adm.number);
     let model = adm.cfg().served_model.clone();
     let field = adm.cfg().reasoning_field.as_str();
-    let call_ids: Vec<String> = adm
-        .generation
-        .parsed
-        .tool_calls
-        .iter()
-        .map(|_| adm.call_id())
-        .collect();
     let created = now_secs();
     if !req.stream {
         let g = &adm.generation;
