@@ -216,6 +216,33 @@ impl AgentParts {
     }
 }
 
+impl AgentParts {
+    /// Starts the base-URL listener when the configuration has
+    /// `proxy.base_url_listen`; returns its address.
+    pub async fn serve_base_url(&self) -> std::io::Result<Option<std::net::SocketAddr>> {
+        let Some(addr) = self.config.proxy.base_url_listen else {
+            return Ok(None);
+        };
+        let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("binding the base-URL listener {addr}: {e}"),
+            )
+        })?;
+        crate::netns::deep_backlog(&l)?;
+        tracing::info!(%addr, "base-URL mode listening");
+        self.tasks.spawn(crate::proxy::base_url::serve(
+            l,
+            Arc::clone(&self.sessions),
+            Arc::new(self.config.rules.clone()),
+            self.proxy.pipeline(),
+            self.proxy.limits(),
+            self.tasks.clone(),
+        ));
+        Ok(Some(addr))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,7 @@ fn shell(session: String, command: Vec<String>) -> Result<HarnessRun> {
         budget: Duration::from_secs(60),
         session: session.parse()?,
         install: None,
+        info: Default::default(),
     })
 }
 

@@ -232,9 +232,13 @@ fn write_session_file(dir: &Path, session: &SessionId, info: &SessionInfo) -> Re
         "record_version": RECORD_VERSION,
         "opened_ms": now_ms(),
     });
+    write_json(dir, &value)
+}
+
+fn write_json(dir: &Path, value: &serde_json::Value) -> Result<(), LogError> {
     let path = dir.join(SESSION_FILE);
     let tmp = dir.join(".session.json.tmp");
-    let text = serde_json::to_vec_pretty(&value)?;
+    let text = serde_json::to_vec_pretty(value)?;
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         std::io::Write::write_all(&mut f, &text)?;
@@ -242,4 +246,28 @@ fn write_session_file(dir: &Path, session: &SessionId, info: &SessionInfo) -> Re
         std::fs::rename(&tmp, &path)
     };
     write().map_err(|e| LogError::io("writing", &path, e))
+}
+
+/// Adds `fields` (the session's outcome, reward, evaluation...) to the
+/// closed session's `session.json` in `dir`, atomically; creates the
+/// directory and the file for a session that made no call.
+pub fn record_session_fields(
+    dir: &Path,
+    session: &SessionId,
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> Result<(), LogError> {
+    std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating", dir, e))?;
+    let path = dir.join(SESSION_FILE);
+    let mut value = match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({
+            "session_id": session.as_str(),
+            "record_version": RECORD_VERSION,
+        }),
+        Err(e) => return Err(LogError::io("reading", &path, e)),
+    };
+    if let serde_json::Value::Object(map) = &mut value {
+        map.extend(fields);
+    }
+    write_json(dir, &value)
 }

@@ -105,6 +105,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         budget: Duration::from_secs(h.budget_secs),
         session,
         install,
+        info: crate::capture::SessionInfo::default(),
     };
     let result = run_harness(&parts, &redirect, plan, &stop).await;
     tracing::info!(stats = ?redirect.stats(), "redirect counters");

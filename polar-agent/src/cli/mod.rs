@@ -4,6 +4,7 @@
 //! failed, 126/127 when the command could not be started or found, 128+N
 //! after signal N.
 
+mod agent;
 mod ca;
 mod harness;
 mod proxy;
@@ -46,6 +47,10 @@ pub struct Cli {
 /// Top-level commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// The gateway daemon of a training node: runs the rollout server's
+    /// sessions in sandboxes, captures their model calls, evaluates, exports
+    /// the trajectories.
+    Agent(agent::AgentArgs),
     /// Sandboxes.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
@@ -158,7 +163,7 @@ pub enum CliError {
     TaskFile(String),
     /// The simulated gateway could not start.
     #[error(transparent)]
-    Sim(#[from] crate::rollout::sim::SimError),
+    Sim(#[from] crate::gateway::NodeError),
     /// The harness session failed.
     #[error(transparent)]
     Harness(Box<crate::harness::HarnessError>),
@@ -171,6 +176,9 @@ pub enum CliError {
     /// The arguments do not say enough.
     #[error("{0}")]
     Usage(String),
+    /// The `[gateway]` table is invalid.
+    #[error(transparent)]
+    Gateway(#[from] crate::gateway::GatewayConfigError),
 }
 
 impl From<crate::harness::HarnessError> for CliError {
@@ -226,6 +234,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
         Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
+        Command::Agent(args) => runtime()?.block_on(agent::run(args)),
         Command::Rollout(cmd) => runtime()?.block_on(rollout::run(cmd)),
         Command::Submit(args) => runtime()?.block_on(submit::submit(args)),
         Command::Status(args) => runtime()?.block_on(submit::status(args)),

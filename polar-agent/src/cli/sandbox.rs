@@ -14,7 +14,6 @@ use crate::capture::SessionInfo;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
 use crate::ids::SessionId;
 use crate::listener::LogHandler;
-use crate::proxy::base_url;
 use crate::redirect::preflight;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
 
@@ -115,22 +114,10 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         c.spawn_health_checks();
     }
     let tasks = parts.tasks.clone();
-    if let Some(addr) = parts.config.proxy.base_url_listen {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| CliError::Io(format!("binding the base-URL listener {addr}"), e))?;
-        crate::netns::deep_backlog(&l)
-            .map_err(|e| CliError::Io(format!("listening on {addr}"), e))?;
-        tracing::info!(%addr, "base-URL mode listening");
-        tasks.spawn(base_url::serve(
-            l,
-            Arc::clone(&parts.sessions),
-            Arc::new(parts.config.rules.clone()),
-            parts.proxy.pipeline(),
-            parts.proxy.limits(),
-            tasks.clone(),
-        ));
-    }
+    parts
+        .serve_base_url()
+        .await
+        .map_err(|e| CliError::Io("base-URL mode".into(), e))?;
     let mut spec = spec(&args, session.clone());
     spec.env = parts.trust.env();
     spec.env.push(("POLAR_SESSION".into(), session.to_string()));

@@ -33,6 +33,12 @@ pub struct RawConfig {
     /// serde form; `None` (no backend key at all) selects the built-in
     /// `local` backend.
     pub backend: Option<Vec<BackendConfig>>,
+    /// `[gateway]`: the gateway's settings, checked by
+    /// `crate::gateway::config` (`polar agent`).
+    pub gateway: Option<toml::Table>,
+    /// `[rollout]`: the rollout server's settings, checked by
+    /// `crate::rollout::config` (`polar rollout serve`).
+    pub rollout: Option<toml::Table>,
 }
 
 /// `[agent]`.

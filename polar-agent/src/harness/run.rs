@@ -1,9 +1,12 @@
-//! One harness session end to end: the session's directories and the
-//! harness's HOME files, the runtime, the sandbox session (network, cgroups,
-//! limits) serving the proxy (and base-URL mode when asked), the runtime's
-//! start, the prepare steps, the harness, the post-run steps, the runtime's
-//! stop, and the session's end. Where the session's model calls were
-//! captured: `<state_dir>/sessions/<session>/calls.jsonl`.
+//! One harness session end to end, in three phases that the gateway runs in
+//! separate stages and `polar sandbox run --harness` runs back to back:
+//! [`prepare`] (the session's directories and the harness's HOME files, the
+//! runtime, the sandbox session — network, cgroups, limits — serving the
+//! proxy and base-URL mode when asked, the runtime's start, the prepare
+//! steps), [`Prepared::run_main`] (the harness), and [`Prepared::finish`]
+//! (the post-run steps, the runtime's stop, the session's end). Where the
+//! session's model calls were captured:
+//! `<state_dir>/sessions/<session>/calls.jsonl`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,6 +50,8 @@ pub struct HarnessRun {
     pub session: SessionId,
     /// The harness's installation (from [`super::check_installed`]).
     pub install: Option<Install>,
+    /// Stamped on the session's captured calls (task, group, ...).
+    pub info: SessionInfo,
 }
 
 /// How a harness session went.
@@ -100,6 +105,25 @@ fn end_capture(parts: &AgentParts, session: &SessionId) {
     parts.registry.unregister(session);
 }
 
+/// A session whose sandbox is open, runtime started and prepare steps run:
+/// ready for its harness. Dropping it without [`Prepared::finish`] still
+/// tears the sandbox down (the sandbox session's own drop), but leaves the
+/// runtime's stop command unrun and the capture log open: always finish.
+pub struct Prepared {
+    run: HarnessRun,
+    runtime: Runtime,
+    dirs: SandboxDirs,
+    layout: Layout,
+    pre_binds: Vec<(PathBuf, PathBuf)>,
+    path: Vec<PathBuf>,
+    session: SandboxSession,
+    main: MainCommand,
+    deadline: Instant,
+    ready: bool,
+    posted: bool,
+    steps: Vec<StepReport>,
+}
+
 /// Runs one harness session on a started redirect with the agent's parts.
 /// Nothing of the sandbox is left running when it returns.
 pub async fn run(
@@ -108,6 +132,20 @@ pub async fn run(
     run: HarnessRun,
     stop: &CancellationToken,
 ) -> Result<HarnessOutcome, HarnessError> {
+    let mut prepared = prepare(parts, redirect, run, stop).await?;
+    prepared.run_main(None, stop).await;
+    prepared.finish(parts, stop).await
+}
+
+/// The first phase: everything up to the harness. A runtime that does not
+/// start or a failed prepare step is not an error here: the session is
+/// returned not [`Prepared::ready`], with the failed step in its reports.
+pub async fn prepare(
+    parts: &AgentParts,
+    redirect: &Redirect,
+    run: HarnessRun,
+    stop: &CancellationToken,
+) -> Result<Prepared, HarnessError> {
     let deadline = Instant::now() + run.budget;
     let state = &parts.config.agent.state_dir;
     let user = SANDBOX_USER;
@@ -147,8 +185,8 @@ pub async fn run(
         }
         _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
     };
-    let install = run.install.clone();
-    let wanted: Vec<PathBuf> = install
+    let wanted: Vec<PathBuf> = run
+        .install
         .as_ref()
         .map(|i| i.read_only.clone())
         .unwrap_or_default();
@@ -178,9 +216,7 @@ pub async fn run(
     };
     parts.sessions.register(&run.session, base_key.as_deref());
     // The capture stage stamps the session's records with its info.
-    parts
-        .registry
-        .register(&run.session, SessionInfo::default());
+    parts.registry.register(&run.session, run.info.clone());
     let handler = Arc::new(WithBaseUrl {
         proxy: Arc::clone(&parts.proxy),
         addr: match &mode {
@@ -209,7 +245,7 @@ pub async fn run(
             return Err(e.into());
         }
     };
-    let path: Vec<PathBuf> = install.iter().map(|i| i.bin_dir.clone()).collect();
+    let path: Vec<PathBuf> = run.install.iter().map(|i| i.bin_dir.clone()).collect();
     let mut steps = Vec::new();
     let started = {
         let plan = Plan {
@@ -252,39 +288,140 @@ pub async fn run(
             });
         }
     }
-    let plan = Plan {
-        session: &session,
-        runtime: &runtime,
-        spec: &run.spec,
-        layout: &layout,
-        dirs: &dirs,
-        path,
-        deadline,
-        pre_binds: staged.binds.clone(),
-    };
-    if start_ok {
-        let main = MainCommand {
+    let mut prepared = Prepared {
+        main: MainCommand {
             argv: harness.argv.clone(),
             env: harness.env.clone(),
-        };
-        steps.extend(plan.run(&main, stop).await);
-    }
-    steps.extend(stop_runtime(&plan, stop).await);
-    drop(plan);
-    let enforced = session.enforced();
-    let closed = session.close().await;
-    end_capture(parts, &run.session);
-    closed?;
-    Ok(HarnessOutcome {
-        session: run.session.to_string(),
-        harness: run.harness.to_string(),
-        version: install.map(|i| i.version),
-        workspace: dirs.workspace.clone(),
-        sandbox_dir: dirs.root.clone(),
-        capture_log: capture_log(state, &run.session),
-        enforced,
+        },
+        pre_binds: staged.binds,
+        run,
+        runtime,
+        dirs,
+        layout,
+        path,
+        session,
+        deadline,
+        ready: false,
+        posted: false,
         steps,
-    })
+    };
+    if start_ok {
+        let (reports, ok) = prepared.plan(deadline).prepare(stop).await;
+        prepared.steps.extend(reports);
+        prepared.ready = ok;
+    }
+    Ok(prepared)
+}
+
+impl Prepared {
+    /// The session.
+    pub fn session(&self) -> &SessionId {
+        &self.run.session
+    }
+
+    /// Whether the runtime started and every prepare step succeeded.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    /// When the session's budget runs out.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The steps so far.
+    pub fn steps(&self) -> &[StepReport] {
+        &self.steps
+    }
+
+    /// The workspace on the host.
+    pub fn workspace(&self) -> &std::path::Path {
+        &self.dirs.workspace
+    }
+
+    /// The same session again with nothing to run: a fresh sandbox on the
+    /// same workspace and HOME (for an evaluator that wants one), with the
+    /// runtime spec's prepare and post-run steps left out.
+    pub fn fresh_run(&self) -> HarnessRun {
+        let mut run = self.run.clone();
+        run.harness = HarnessName::Shell;
+        run.command = vec!["true".into()];
+        run.spec.prepare.clear();
+        run.spec.post.clear();
+        run.budget = Duration::from_secs(3600);
+        run.install = None;
+        run
+    }
+
+    /// The plan of the session's commands, with `deadline`.
+    pub fn plan(&self, deadline: Instant) -> Plan<'_> {
+        Plan {
+            session: &self.session,
+            runtime: &self.runtime,
+            spec: &self.run.spec,
+            layout: &self.layout,
+            dirs: &self.dirs,
+            path: self.path.clone(),
+            deadline,
+            pre_binds: self.pre_binds.clone(),
+        }
+    }
+
+    /// The second phase: the harness (skipped when not ready), killed when
+    /// the session's budget or `timeout` from now runs out, whichever is
+    /// first. Returns its report.
+    pub async fn run_main(
+        &mut self,
+        timeout: Option<Duration>,
+        stop: &CancellationToken,
+    ) -> &StepReport {
+        let deadline = timeout.map_or(self.deadline, |t| self.deadline.min(Instant::now() + t));
+        let report = self.plan(deadline).main(&self.main, self.ready, stop).await;
+        self.steps.push(report);
+        let last = self.steps.len() - 1;
+        &self.steps[last]
+    }
+
+    /// The harness's report, once it ran (or was skipped).
+    pub fn main_report(&self) -> Option<&StepReport> {
+        self.steps.iter().find(|s| s.phase == Phase::Main)
+    }
+
+    /// The post-run steps of the runtime spec (once; [`Prepared::finish`]
+    /// runs them when this was not called).
+    pub async fn post(&mut self, stop: &CancellationToken) {
+        if !self.posted {
+            self.posted = true;
+            let post = self.plan(self.deadline).post(stop).await;
+            self.steps.extend(post);
+        }
+    }
+
+    /// The last phase: the post-run steps (unless run already), the
+    /// runtime's stop, the sandbox closed and the capture log with it.
+    pub async fn finish(
+        mut self,
+        parts: &AgentParts,
+        stop: &CancellationToken,
+    ) -> Result<HarnessOutcome, HarnessError> {
+        self.post(stop).await;
+        let stopped = stop_runtime(&self.plan(self.deadline), stop).await;
+        self.steps.extend(stopped);
+        let enforced = self.session.enforced();
+        let closed = self.session.close().await;
+        end_capture(parts, &self.run.session);
+        closed?;
+        Ok(HarnessOutcome {
+            session: self.run.session.to_string(),
+            harness: self.run.harness.to_string(),
+            version: self.run.install.map(|i| i.version),
+            workspace: self.dirs.workspace.clone(),
+            sandbox_dir: self.dirs.root.clone(),
+            capture_log: capture_log(&parts.config.agent.state_dir, &self.run.session),
+            enforced,
+            steps: self.steps,
+        })
+    }
 }
 
 async fn start_runtime(

@@ -14,7 +14,8 @@
 //! - `server`: HTTP routes and error mapping; `events`, `sse`: the event
 //!   stream; `metrics`: `/metrics`;
 //! - `client`: the API from the caller's side; `report`: text for the CLI;
-//! - `sim`: a simulated gateway for tests and benchmarks;
+//! - `sim`: the simulated gateway (`crate::gateway::sim`), re-exported for
+//!   tests and benchmarks;
 //! - `config`: the `[rollout]` settings.
 
 pub mod callback;
@@ -27,7 +28,7 @@ pub mod metrics;
 pub mod report;
 pub mod scheduler;
 pub mod server;
-pub mod sim;
+pub use crate::gateway::sim;
 pub mod sse;
 pub mod store;
 pub mod types;
@@ -42,9 +43,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::net::TcpListener;
 
+pub use crate::gateway::sim::{SimGateway, SimGatewayConfig};
 pub use client::{ClientError, RolloutClient};
 pub use config::{RolloutConfig, RolloutConfigError};
-pub use sim::{SimGateway, SimGatewayConfig};
 pub use store::StoreError;
 pub use types::*;
 

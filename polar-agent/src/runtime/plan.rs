@@ -31,6 +31,8 @@ pub enum Phase {
     Main,
     /// After it.
     Post,
+    /// The evaluator's commands.
+    Eval,
     /// Stopping the runtime.
     Stop,
 }
@@ -319,10 +321,9 @@ impl Plan<'_> {
         }
     }
 
-    /// Runs the whole session: prepare steps, `main`, post-run steps.
-    /// Returns every step's report; the main command's is the one with
-    /// [`Phase::Main`].
-    pub async fn run(&self, main: &MainCommand, stop: &CancellationToken) -> Vec<StepReport> {
+    /// The prepare steps, in order; a failed one skips the rest. Returns
+    /// their reports and whether all succeeded.
+    pub async fn prepare(&self, stop: &CancellationToken) -> (Vec<StepReport>, bool) {
         let mut reports = Vec::new();
         let mut ok = true;
         for (i, step) in self.spec.prepare.iter().enumerate() {
@@ -334,14 +335,27 @@ impl Plan<'_> {
             ok &= r.end.ok();
             reports.push(r);
         }
-        if ok && !stop.is_cancelled() {
-            reports.push(
-                self.run_command(Phase::Main, 0, &main.argv, &main.env, stop)
-                    .await,
-            );
+        (reports, ok && !stop.is_cancelled())
+    }
+
+    /// The main command (skipped when `ready` is false).
+    pub async fn main(
+        &self,
+        main: &MainCommand,
+        ready: bool,
+        stop: &CancellationToken,
+    ) -> StepReport {
+        if ready && !stop.is_cancelled() {
+            self.run_command(Phase::Main, 0, &main.argv, &main.env, stop)
+                .await
         } else {
-            reports.push(Self::skipped(Phase::Main, 0, main.argv.join(" ")));
+            Self::skipped(Phase::Main, 0, main.argv.join(" "))
         }
+    }
+
+    /// The post-run steps, each whatever happened before.
+    pub async fn post(&self, stop: &CancellationToken) -> Vec<StepReport> {
+        let mut reports = Vec::new();
         for (i, step) in self.spec.post.iter().enumerate() {
             if stop.is_cancelled() {
                 reports.push(Self::skipped(Phase::Post, i, format!("{step:?}")));
@@ -349,6 +363,29 @@ impl Plan<'_> {
             }
             reports.push(self.run_step(Phase::Post, i, step, stop).await);
         }
+        reports
+    }
+
+    /// Runs one command of `phase` in the sandbox (an evaluator's, for
+    /// instance), with the plan's deadline.
+    pub async fn command(
+        &self,
+        phase: Phase,
+        index: usize,
+        argv: &[String],
+        env: &[(String, String)],
+        stop: &CancellationToken,
+    ) -> StepReport {
+        self.run_command(phase, index, argv, env, stop).await
+    }
+
+    /// Runs the whole session: prepare steps, `main`, post-run steps.
+    /// Returns every step's report; the main command's is the one with
+    /// [`Phase::Main`].
+    pub async fn run(&self, main: &MainCommand, stop: &CancellationToken) -> Vec<StepReport> {
+        let (mut reports, ok) = self.prepare(stop).await;
+        reports.push(self.main(main, ok, stop).await);
+        reports.extend(self.post(stop).await);
         reports
     }
 }

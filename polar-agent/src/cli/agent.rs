@@ -1,0 +1,124 @@
+//! `polar agent --config FILE`: the gateway daemon of a training node. It
+//! checks the configuration (the agent's tables and `[gateway]`) and the
+//! node (capabilities, kernel, cgroup v2) before anything is created,
+//! assembles the agent (CA, proxy, capture, DNS), attaches the redirect,
+//! registers with the rollout server and runs its sessions until SIGTERM or
+//! SIGINT, then drains: running sessions finish (for up to
+//! `gateway.drain_timeout_secs`) or are handed back to the server, captures
+//! are flushed, the redirect is detached.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use super::{CliError, ConfigArgs};
+use crate::agent::AgentParts;
+use crate::export::{Destination, ExportOptions, Exporter};
+use crate::gateway::work::HarnessWork;
+use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
+use crate::redirect::{Redirect, RedirectOptions, preflight};
+use crate::sandbox::SandboxError;
+
+/// Arguments of `polar agent`.
+#[derive(Debug, clap::Args)]
+pub struct AgentArgs {
+    /// The configuration (the agent's tables and `[gateway]`).
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> CliError + '_ {
+    move |e| CliError::Io(what.to_owned(), e)
+}
+
+/// Runs the gateway daemon until a terminating signal.
+pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
+    let mut signals = crate::signals::Terminated::install();
+    // Everything checked before anything is created.
+    let path = args.config.config.clone().ok_or_else(|| {
+        CliError::Usage("polar agent needs --config FILE with a [gateway] table".into())
+    })?;
+    let config = args.config.load()?;
+    let gw = GatewayConfig::load(&path)?.ok_or_else(|| {
+        CliError::Usage(format!(
+            "{}: no [gateway] table (the rollout server's URL, the node token...)",
+            path.display()
+        ))
+    })?;
+    let export = gw.export.clone().unwrap_or_else(|| {
+        config
+            .agent
+            .state_dir
+            .join("trajectories")
+            .display()
+            .to_string()
+    });
+    let dest = Destination::parse(&export, &gw.s3)?;
+    let exporter = Exporter::new(
+        dest,
+        ExportOptions {
+            formats: gw.formats.clone(),
+            ..ExportOptions::default()
+        },
+    )?;
+    preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+    let parts = Arc::new(AgentParts::build(config)?);
+    if let Some(c) = &parts.capture {
+        c.spawn_health_checks();
+    }
+    parts.serve_base_url().await.map_err(io("base-URL mode"))?;
+    let redirect = Arc::new(
+        Redirect::start(&RedirectOptions {
+            reaper_exe: std::env::current_exe().ok(),
+        })
+        .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e)))?,
+    );
+    let mut labels = serde_json::Map::new();
+    labels.insert("polar_version".into(), env!("CARGO_PKG_VERSION").into());
+    let opts = NodeOptions {
+        node_id: gw.node_id.clone(),
+        server_url: gw.server.clone(),
+        token: gw.token.clone(),
+        accept_tokens: gw.accept_tokens.clone(),
+        advertise: gw.advertise.clone(),
+        max_sessions: gw.max_sessions,
+        heartbeat_interval: gw.heartbeat_interval,
+        report_progress: true,
+        labels,
+    };
+    let work = HarnessWork::new(
+        Arc::clone(&parts),
+        Arc::clone(&redirect),
+        exporter,
+        gw.agent_timeout,
+        gw.node_id.clone(),
+    );
+    let started = Node::start(opts, gw.listen, Stages::new(gw.limits), work).await;
+    let node = match started {
+        Ok(n) => n,
+        Err(e) => {
+            shutdown(&parts, redirect).await;
+            return Err(e.into());
+        }
+    };
+    tracing::info!(node = %node.node_id(), listen = %node.local_addr(), export = %export, "gateway ready");
+    let sig = signals.recv().await;
+    tracing::info!(signal = sig, grace = ?gw.drain_timeout, "stopping: draining the sessions");
+    tokio::select! {
+        () = node.drain(gw.drain_timeout) => {}
+        s = signals.recv() => tracing::warn!(signal = s, "second signal: stopping at once"),
+    }
+    shutdown(&parts, redirect).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {
+    parts.tasks.drain(std::time::Duration::from_secs(2)).await;
+    match Arc::try_unwrap(redirect) {
+        Ok(r) => {
+            if let Err(e) = r.shutdown() {
+                tracing::warn!(error = %e, "detaching the redirect");
+            }
+        }
+        Err(_) => tracing::warn!("sessions still hold the redirect; the reaper detaches it"),
+    }
+}

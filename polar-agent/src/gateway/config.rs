@@ -1,0 +1,372 @@
+//! The gateway's settings: the `[gateway]` table of the agent's config file
+//! (`polar agent --config FILE`), parsed into [`RawGatewayConfig`] (serde, no
+//! unknown keys) and checked into [`GatewayConfig`] with errors naming the
+//! key (`gateway.running_workers: must be at least 1`).
+//!
+//! ```toml
+//! [gateway]
+//! server = "http://10.0.0.2:7070"     # the rollout server (required)
+//! node_id = "node-a"                  # default: the host name
+//! listen = "0.0.0.0:7071"             # where the server pushes sessions
+//! advertise = "http://10.0.0.5:7071"  # URL the server uses (default http://<listen>)
+//! token = "node-secret"               # presented to the server (or POLAR_GATEWAY_TOKEN)
+//! accept_tokens = ["server-secret"]   # the server's gateway_token (default: [token])
+//! max_sessions = 64                   # sessions held at once, all stages
+//! init_workers = 8                    # runtimes started at once
+//! ready_buffer = 8                    # prepared sessions waiting ahead of RUNNING
+//! running_workers = 32                # harnesses at once (backend concurrency)
+//! postrun_workers = 4                 # evaluations/exports at once
+//! agent_timeout_secs = 1800           # RUNNING limit (an agent option overrides)
+//! heartbeat_interval_ms = 2000
+//! drain_timeout_secs = 120            # on SIGTERM: let sessions finish this long
+//! export = "/mnt/shared/trajectories" # a directory or s3://bucket/prefix
+//! formats = ["parquet", "jsonl"]
+//! [gateway.s3]                        # for export = "s3://...": endpoint, region,
+//! endpoint = "http://10.0.0.9:9000"   # allow_http, access_key_id, ... (else AWS_* vars)
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::stages::StageLimits;
+use crate::export::Format;
+
+/// The environment variable holding the node token.
+pub const TOKEN_ENV: &str = "POLAR_GATEWAY_TOKEN";
+
+/// A settings problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A wrong type, an unknown key or a bad value.
+    #[error("{key}: {reason}")]
+    Invalid {
+        /// The key path (`gateway.listen`).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn invalid(key: &str, reason: impl Into<String>) -> GatewayConfigError {
+    GatewayConfigError::Invalid {
+        key: format!("gateway.{key}"),
+        reason: reason.into(),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawFile {
+    gateway: Option<toml::Value>,
+}
+
+/// `[gateway]` as written.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGatewayConfig {
+    /// Rollout server URL.
+    pub server: Option<String>,
+    /// Node id.
+    pub node_id: Option<String>,
+    /// Listen address.
+    pub listen: Option<String>,
+    /// URL given to the server.
+    pub advertise: Option<String>,
+    /// Node token.
+    pub token: Option<String>,
+    /// Tokens the server may present.
+    pub accept_tokens: Option<Vec<String>>,
+    /// Sessions held.
+    pub max_sessions: Option<u32>,
+    /// INIT workers.
+    pub init_workers: Option<u32>,
+    /// READY buffer.
+    pub ready_buffer: Option<u32>,
+    /// RUNNING workers.
+    pub running_workers: Option<u32>,
+    /// POSTRUN workers.
+    pub postrun_workers: Option<u32>,
+    /// RUNNING limit.
+    pub agent_timeout_secs: Option<u64>,
+    /// Heartbeat interval.
+    pub heartbeat_interval_ms: Option<u64>,
+    /// Drain grace.
+    pub drain_timeout_secs: Option<u64>,
+    /// Export destination.
+    pub export: Option<String>,
+    /// Export formats.
+    pub formats: Option<Vec<String>>,
+    /// `[gateway.s3]`: the S3-compatible store of an `s3://` export.
+    pub s3: Option<crate::export::S3Options>,
+}
+
+/// The validated settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// The rollout server's base URL.
+    pub server: String,
+    /// This node's id.
+    pub node_id: String,
+    /// Where the server pushes sessions.
+    pub listen: SocketAddr,
+    /// The URL the server is given (`None`: `http://<bound address>`).
+    pub advertise: Option<String>,
+    /// The token presented to the server.
+    pub token: String,
+    /// Tokens the server may present.
+    pub accept_tokens: Vec<String>,
+    /// Sessions held at once.
+    pub max_sessions: u32,
+    /// The stage pools.
+    pub limits: StageLimits,
+    /// The RUNNING limit unless the task's agent options say otherwise.
+    pub agent_timeout: Duration,
+    /// Heartbeat interval until the server says otherwise.
+    pub heartbeat_interval: Duration,
+    /// How long a stop lets sessions finish.
+    pub drain_timeout: Duration,
+    /// Where trajectories go (`None`: `<state_dir>/trajectories`).
+    pub export: Option<String>,
+    /// In which formats.
+    pub formats: Vec<Format>,
+    /// The S3-compatible store's options.
+    pub s3: crate::export::S3Options,
+}
+
+fn positive(key: &str, v: Option<u32>, default: u32) -> Result<u32, GatewayConfigError> {
+    match v {
+        Some(0) => Err(invalid(key, "must be at least 1")),
+        Some(n) => Ok(n),
+        None => Ok(default),
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "node".into())
+}
+
+fn url(key: &str, v: &str) -> Result<String, GatewayConfigError> {
+    let rest = v
+        .strip_prefix("http://")
+        .or_else(|| v.strip_prefix("https://"))
+        .ok_or_else(|| invalid(key, format!("{v:?} is not an http:// or https:// URL")))?;
+    if rest.trim_end_matches('/').is_empty() || rest.contains(char::is_whitespace) {
+        return Err(invalid(key, format!("{v:?} has no host")));
+    }
+    Ok(v.trim_end_matches('/').to_owned())
+}
+
+impl GatewayConfig {
+    /// Checks the table; `env_token` is the value of [`TOKEN_ENV`], used
+    /// when the file has no `token`.
+    pub fn from_raw(
+        raw: &RawGatewayConfig,
+        env_token: Option<String>,
+    ) -> Result<Self, GatewayConfigError> {
+        let server = url(
+            "server",
+            raw.server
+                .as_deref()
+                .ok_or_else(|| invalid("server", "missing: the rollout server's URL"))?,
+        )?;
+        let listen = match &raw.listen {
+            Some(s) => s
+                .parse()
+                .map_err(|e| invalid("listen", format!("{s:?}: {e}")))?,
+            None => SocketAddr::from(([127, 0, 0, 1], 7071)),
+        };
+        let advertise = raw
+            .advertise
+            .as_deref()
+            .map(|a| url("advertise", a))
+            .transpose()?;
+        let token = raw
+            .token
+            .clone()
+            .or(env_token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                invalid(
+                    "token",
+                    format!("missing: the node token (or set {TOKEN_ENV})"),
+                )
+            })?;
+        let accept_tokens = raw
+            .accept_tokens
+            .clone()
+            .unwrap_or_else(|| vec![token.clone()]);
+        if accept_tokens.is_empty() || accept_tokens.iter().any(String::is_empty) {
+            return Err(invalid("accept_tokens", "must hold non-empty tokens"));
+        }
+        let node_id = raw.node_id.clone().unwrap_or_else(host_name);
+        if node_id.is_empty()
+            || node_id.len() > 128
+            || !node_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                "node_id",
+                format!("{node_id:?}: 1-128 of [A-Za-z0-9._-]"),
+            ));
+        }
+        let running = positive("running_workers", raw.running_workers, 32)?;
+        let max_sessions = positive("max_sessions", raw.max_sessions, 64)?;
+        let ready = raw.ready_buffer.unwrap_or(running.min(8));
+        let limits = StageLimits {
+            init: positive("init_workers", raw.init_workers, 8)? as usize,
+            ready_buffer: ready as usize,
+            running: running as usize,
+            postrun: positive("postrun_workers", raw.postrun_workers, 4)? as usize,
+        };
+        let secs = |key: &str, v: Option<u64>, default: u64| match v {
+            Some(0) => Err(invalid(key, "must be at least 1")),
+            v => Ok(Duration::from_secs(v.unwrap_or(default))),
+        };
+        let heartbeat_interval = match raw.heartbeat_interval_ms {
+            Some(ms) if ms < 50 => return Err(invalid("heartbeat_interval_ms", "at least 50")),
+            v => Duration::from_millis(v.unwrap_or(2000)),
+        };
+        let formats = match &raw.formats {
+            None => vec![Format::Parquet],
+            Some(f) if f.is_empty() => return Err(invalid("formats", "name at least one format")),
+            Some(f) => f
+                .iter()
+                .map(|s| match s.as_str() {
+                    "parquet" => Ok(Format::Parquet),
+                    "jsonl" => Ok(Format::Jsonl),
+                    other => Err(invalid(
+                        "formats",
+                        format!("unknown format {other:?} (parquet, jsonl)"),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        if let Some(e) = &raw.export
+            && e.is_empty()
+        {
+            return Err(invalid("export", "empty"));
+        }
+        Ok(Self {
+            server,
+            node_id,
+            listen,
+            advertise,
+            token,
+            accept_tokens,
+            max_sessions,
+            limits,
+            agent_timeout: secs("agent_timeout_secs", raw.agent_timeout_secs, 1800)?,
+            heartbeat_interval,
+            drain_timeout: secs("drain_timeout_secs", raw.drain_timeout_secs, 120)?,
+            export: raw.export.clone(),
+            formats,
+            s3: raw.s3.clone().unwrap_or_default(),
+        })
+    }
+
+    /// Reads `[gateway]` from TOML text (other tables belong to their
+    /// owners). `Ok(None)` when the file has no `[gateway]`.
+    pub fn from_toml_str(text: &str) -> Result<Option<Self>, GatewayConfigError> {
+        let file: RawFile = toml::from_str(text).map_err(|e| GatewayConfigError::Invalid {
+            key: "gateway".into(),
+            reason: e.message().to_owned(),
+        })?;
+        let Some(table) = file.gateway else {
+            return Ok(None);
+        };
+        let raw: RawGatewayConfig =
+            table
+                .try_into()
+                .map_err(|e: toml::de::Error| GatewayConfigError::Invalid {
+                    key: "gateway".into(),
+                    reason: e.message().to_owned(),
+                })?;
+        Self::from_raw(&raw, std::env::var(TOKEN_ENV).ok()).map(Some)
+    }
+
+    /// Reads `[gateway]` from a file.
+    pub fn load(path: &Path) -> Result<Option<Self>, GatewayConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| GatewayConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml_str(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(t: &str) -> Result<GatewayConfig, String> {
+        GatewayConfig::from_toml_str(t)
+            .map(|c| c.unwrap())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = parse(
+            "[gateway]\nserver = \"http://127.0.0.1:7070/\"\ntoken = \"t\"\nnode_id = \"n1\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.server, "http://127.0.0.1:7070");
+        assert_eq!(c.accept_tokens, vec!["t".to_owned()]);
+        assert_eq!(c.limits.running, 32);
+        assert_eq!(c.limits.ready_buffer, 8);
+        assert_eq!(c.formats, vec![Format::Parquet]);
+        let c = parse(
+            "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
+        )
+        .unwrap();
+        assert_eq!(c.limits.running, 2);
+        assert_eq!(c.limits.ready_buffer, 0);
+        assert_eq!(c.formats, vec![Format::Jsonl]);
+        assert!(
+            GatewayConfig::from_toml_str("[agent]\nstate_dir = \"/x\"\n")
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let base = "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\n";
+        for (extra, key) in [
+            ("running_workers = 0\n", "gateway.running_workers"),
+            ("listen = \"nowhere\"\n", "gateway.listen"),
+            ("formats = [\"csv\"]\n", "gateway.formats"),
+            ("bogus = 1\n", "bogus"),
+            (
+                "heartbeat_interval_ms = 1\n",
+                "gateway.heartbeat_interval_ms",
+            ),
+        ] {
+            let e = parse(&format!("{base}{extra}")).unwrap_err();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+        let e = parse("[gateway]\ntoken = \"t\"\n").unwrap_err();
+        assert!(e.contains("gateway.server: missing"), "{e}");
+        let e = parse("[gateway]\nserver = \"ftp://x\"\ntoken = \"t\"\n").unwrap_err();
+        assert!(e.contains("gateway.server"), "{e}");
+        let e = parse("[gateway]\nserver = \"http://s\"\nnode_id = \"a b\"\ntoken = \"t\"\n")
+            .unwrap_err();
+        assert!(e.contains("gateway.node_id"), "{e}");
+    }
+}

@@ -1,0 +1,27 @@
+//! A gateway node (`polar agent --config FILE`, one per training node): the
+//! agent (redirect, proxy, capture) plus the session pipeline that runs the
+//! rollout server's sessions on it.
+//!
+//! - `config`: the `[gateway]` table;
+//! - `stages`: INIT -> READY -> RUNNING -> POSTRUN with bounded pools, the
+//!   READY buffer, budgets, cancellation, pause/resume (generic over the
+//!   work, pure of I/O);
+//! - `node`: the rollout protocol on the gateway's side (registration,
+//!   heartbeats, assignments, cancellations, results), its status and
+//!   metrics endpoints, drain;
+//! - `work`: the stages' real work: harness sessions, evaluation,
+//!   trajectory export;
+//! - `sim`: simulated work (sleeps) for tests and benchmarks.
+
+pub mod config;
+pub mod node;
+pub mod sim;
+pub mod stages;
+pub mod work;
+
+pub use config::{GatewayConfig, GatewayConfigError};
+pub use node::{Node, NodeError, NodeOptions};
+pub use stages::{Stage, StageLimits, Stages, Work};
+
+#[cfg(test)]
+mod tests;

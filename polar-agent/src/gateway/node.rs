@@ -1,0 +1,727 @@
+//! The gateway side of the rollout protocol (docs/ROLLOUT-API.md), generic
+//! over the [`Work`] its sessions do: register with the server (again after
+//! a server restart), heartbeat with the load of each stage and the
+//! sessions held (the server answers with cancellations), accept pushed
+//! assignments up to `max_sessions`, take cancellations, report each
+//! session's stage and its result (retried with backoff until the server
+//! takes it or refuses it for good), drain, and serve the node's own view
+//! (`GET /v1/status`), `GET /metrics` and the pause/resume of new
+//! generations.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+use super::stages::{Job, Report, Stage, Stages, Work};
+use crate::rollout::client::{ClientError, RolloutClient};
+use crate::rollout::http::{Body, bearer, error, json, read_body, token_ok};
+use crate::rollout::validate;
+use crate::rollout::{
+    API_VERSION, CancelSession, Heartbeat, NodeCapacity, NodeRegistration, SessionAssignment,
+    SessionProgress, SessionResult,
+};
+use crate::tasks::Tasks;
+
+/// How long a starting node keeps trying to reach its server.
+const REGISTER_PATIENCE: Duration = Duration::from_secs(60);
+
+/// How a node talks to its server.
+#[derive(Clone, Debug)]
+pub struct NodeOptions {
+    /// The node id.
+    pub node_id: String,
+    /// The rollout server's base URL.
+    pub server_url: String,
+    /// The token presented to the server.
+    pub token: String,
+    /// Tokens the server may present.
+    pub accept_tokens: Vec<String>,
+    /// The URL the server pushes to (`None`: `http://{bound address}`).
+    pub advertise: Option<String>,
+    /// Sessions held at once.
+    pub max_sessions: u32,
+    /// Heartbeat interval until the server says otherwise.
+    pub heartbeat_interval: Duration,
+    /// Report stages as sessions enter them.
+    pub report_progress: bool,
+    /// Labels sent with the registration.
+    pub labels: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Its listener could not be bound.
+    #[error("binding the gateway's listener {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server refused the registration.
+    #[error("registering with the rollout server {url}: {source}")]
+    Register {
+        /// The server.
+        url: String,
+        /// Why.
+        #[source]
+        source: ClientError,
+    },
+}
+
+/// An assignment as the node received it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The assignment.
+    pub assignment: SessionAssignment,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+/// Extra text appended to `GET /metrics` (the agent's own metrics).
+pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
+
+struct Inner<W: Work> {
+    opts: NodeOptions,
+    work: W,
+    stages: Stages,
+    client: RolloutClient,
+    instance: String,
+    address: String,
+    held: Mutex<HashMap<String, Arc<Job>>>,
+    received: Mutex<Vec<Received>>,
+    cancelled: Mutex<Vec<String>>,
+    reported: AtomicU64,
+    finished: AtomicU64,
+    draining: AtomicBool,
+    /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
+    tasks: Tasks,
+    extra_metrics: Mutex<Option<MetricsFn>>,
+}
+
+/// A running gateway node.
+pub struct Node<W: Work> {
+    inner: Arc<Inner<W>>,
+    addr: SocketAddr,
+}
+
+impl<W: Work> std::fmt::Debug for Node<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("node_id", &self.inner.opts.node_id)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<W: Work> Node<W> {
+    /// Binds `listen` (port 0 picks one), registers with the server and
+    /// starts heartbeating.
+    pub async fn start(
+        opts: NodeOptions,
+        listen: SocketAddr,
+        stages: Stages,
+        work: W,
+    ) -> Result<Self, NodeError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| NodeError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| NodeError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let client = RolloutClient::new(opts.server_url.clone(), Some(opts.token.clone()))
+            .with_timeout(Duration::from_secs(10));
+        let inner = Arc::new(Inner {
+            client,
+            instance: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
+            address: opts
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("http://{addr}")),
+            opts,
+            work,
+            stages,
+            held: Mutex::new(HashMap::new()),
+            received: Mutex::new(Vec::new()),
+            cancelled: Mutex::new(Vec::new()),
+            reported: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            tasks: Tasks::new(),
+            extra_metrics: Mutex::new(None),
+        });
+        let i = Arc::clone(&inner);
+        inner.spawn(async move { accept(i, listener).await });
+        if let Err(source) = inner.register_at_start().await {
+            inner.tasks.shutdown_token().cancel();
+            let _ = inner.tasks.drain(Duration::from_secs(2)).await;
+            return Err(NodeError::Register {
+                url: inner.opts.server_url.clone(),
+                source,
+            });
+        }
+        tracing::info!(node = %inner.opts.node_id, address = %inner.address, server = %inner.opts.server_url, "gateway registered");
+        let i = Arc::clone(&inner);
+        inner.spawn(async move { i.heartbeats().await });
+        Ok(Self { inner, addr })
+    }
+
+    /// The node id.
+    pub fn node_id(&self) -> &str {
+        &self.inner.opts.node_id
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The URL the server pushes to.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// The pipeline.
+    pub fn stages(&self) -> &Stages {
+        &self.inner.stages
+    }
+
+    /// The work.
+    pub fn work(&self) -> &W {
+        &self.inner.work
+    }
+
+    /// Adds the agent's metrics to `GET /metrics`.
+    pub fn set_metrics(&self, f: MetricsFn) {
+        *lock(&self.inner.extra_metrics) = Some(f);
+    }
+
+    /// Every assignment received (repeats included), in arrival order.
+    pub fn received(&self) -> Vec<Received> {
+        lock(&self.inner.received).clone()
+    }
+
+    /// Sessions it was told to cancel.
+    pub fn cancelled(&self) -> Vec<String> {
+        lock(&self.inner.cancelled).clone()
+    }
+
+    /// Results the server accepted from it.
+    pub fn reported(&self) -> u64 {
+        self.inner.reported.load(Ordering::Relaxed)
+    }
+
+    /// Sessions held now.
+    pub fn holding(&self) -> usize {
+        lock(&self.inner.held).len()
+    }
+
+    /// Vanishes at once, as a crash would: no more heartbeats or results,
+    /// the port closes, held sessions are dropped unreported.
+    pub fn kill(&self) {
+        self.inner.tasks.shutdown_token().cancel();
+    }
+
+    /// Drains: takes no new session, lets the held ones finish for up to
+    /// `grace`, then stops the rest and hands them back to the server
+    /// (reported as errors to dispatch again), and stops.
+    pub async fn drain(self, grace: Duration) {
+        let inner = &self.inner;
+        inner.draining.store(true, Ordering::Relaxed);
+        inner.heartbeat_once().await;
+        let until = Instant::now() + grace;
+        while inner.holding() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left: Vec<Arc<Job>> = lock(&inner.held).values().cloned().collect();
+        if !left.is_empty() {
+            tracing::warn!(
+                sessions = left.len(),
+                "drain grace over; handing the remaining sessions back"
+            );
+        }
+        for job in &left {
+            let report = Report {
+                status: crate::rollout::SampleStatus::Error,
+                reward: None,
+                trajectory_uri: None,
+                tokens: Default::default(),
+                error: Some("the gateway stopped (drain grace over)".into()),
+                stats: Default::default(),
+                retry: true,
+            };
+            inner.deliver(job, &report).await;
+            job.stop.cancel();
+        }
+        // Sessions stopped above still tear down in POSTRUN.
+        let until = Instant::now() + Duration::from_secs(30);
+        while inner.holding() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.kill();
+        let _ = inner.tasks.drain(Duration::from_secs(5)).await;
+    }
+
+    /// Kills it and waits for its tasks to end.
+    pub async fn stop(self) {
+        self.kill();
+        let _ = self.inner.tasks.drain(Duration::from_secs(2)).await;
+    }
+}
+
+impl<W: Work> Inner<W> {
+    fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
+        let stop = self.tasks.shutdown_token();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = fut => {}
+            }
+        });
+    }
+
+    fn holding(&self) -> usize {
+        lock(&self.held).len()
+    }
+
+    fn registration(&self) -> NodeRegistration {
+        let o = &self.opts;
+        let l = self.stages.limits();
+        let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        NodeRegistration {
+            version: API_VERSION,
+            node_id: o.node_id.clone(),
+            address: self.address.clone(),
+            instance: self.instance.clone(),
+            capacity: NodeCapacity {
+                max_sessions: o.max_sessions,
+                stages: [
+                    ("init", n(l.init)),
+                    ("ready", n(l.ready_buffer)),
+                    ("running", n(l.running)),
+                    ("postrun", n(l.postrun)),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect(),
+            },
+            labels: o.labels.clone(),
+        }
+    }
+
+    /// Registers; while the server cannot be reached (it may be starting
+    /// too), tries again for up to a minute. A refusal is final.
+    async fn register_at_start(&self) -> Result<(), ClientError> {
+        let until = Instant::now() + REGISTER_PATIENCE;
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.client.register(&self.registration()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.status().is_none() && Instant::now() + wait < until => {
+                    tracing::warn!(error = %e, "the rollout server cannot be reached yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn heartbeat_body(&self) -> Heartbeat {
+        let sessions: Vec<String> = lock(&self.held).keys().cloned().collect();
+        Heartbeat {
+            instance: Some(self.instance.clone()),
+            active: u32::try_from(sessions.len()).unwrap_or(u32::MAX),
+            stages: self.stages.loads(),
+            draining: self.draining.load(Ordering::Relaxed),
+            sessions: Some(sessions),
+        }
+    }
+
+    async fn heartbeat_once(&self) {
+        match self
+            .client
+            .heartbeat(&self.opts.node_id, &self.heartbeat_body())
+            .await
+        {
+            Ok(reply) => {
+                for c in reply.cancel {
+                    tracing::info!(session = %c.session_id, reason = %c.reason, "server cancelled a session");
+                    self.cancel_local(&c.session_id, None);
+                }
+                if reply.drain && !self.draining.swap(true, Ordering::Relaxed) {
+                    tracing::info!("the server drains this node");
+                }
+            }
+            Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
+                // The server lost us (a restart with a fresh database).
+                if let Err(e) = self.client.register(&self.registration()).await {
+                    tracing::warn!(error = %e, "registering again failed");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+    }
+
+    async fn heartbeats(self: Arc<Self>) {
+        let mut every = tokio::time::interval(self.opts.heartbeat_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.heartbeat_once().await;
+        }
+    }
+
+    /// Stops a held session; `attempt` must match when given.
+    fn cancel_local(&self, sid: &str, attempt: Option<u32>) -> bool {
+        let held = lock(&self.held);
+        match held.get(sid) {
+            Some(j) if attempt.is_none_or(|a| a == j.assignment.attempt) => {
+                j.stop.cancel();
+                lock(&self.cancelled).push(sid.to_owned());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn accept_assignment(self: &Arc<Self>, a: SessionAssignment) -> Response<Body> {
+        if self.draining.load(Ordering::Relaxed) {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                None,
+                "the node is draining",
+            );
+        }
+        if let Err(e) = a.session_id.parse::<crate::ids::SessionId>() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                Some("session_id"),
+                &e.to_string(),
+            );
+        }
+        let job = {
+            let mut held = lock(&self.held);
+            if let Some(j) = held.get(&a.session_id) {
+                if j.assignment.attempt == a.attempt {
+                    return json(StatusCode::OK, &json!({"duplicate": true}));
+                }
+                // A newer dispatch of a session this node still holds.
+                j.stop.cancel();
+            } else if held.len() >= self.opts.max_sessions as usize {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "full", None, "at capacity");
+            }
+            let job = Arc::new(Job::new(a.clone()));
+            held.insert(a.session_id.clone(), Arc::clone(&job));
+            job
+        };
+        lock(&self.received).push(Received {
+            assignment: a,
+            at: Instant::now(),
+        });
+        let me = Arc::clone(self);
+        self.spawn(async move { me.run(job).await });
+        json(StatusCode::ACCEPTED, &json!({"accepted": true}))
+    }
+
+    async fn run(self: Arc<Self>, job: Arc<Job>) {
+        let sid = job.assignment.session_id.clone();
+        let report = {
+            let me = Arc::clone(&self);
+            let j = Arc::clone(&job);
+            self.stages
+                .run(&self.work, &job, move |stage| {
+                    if me.opts.report_progress && stage != Stage::Queued {
+                        let me = Arc::clone(&me);
+                        let j = Arc::clone(&j);
+                        me.clone()
+                            .spawn(async move { me.progress(&j, stage).await });
+                    }
+                })
+                .await
+        };
+        if let Some(report) = report {
+            self.deliver(&job, &report).await;
+        }
+        self.finished.fetch_add(1, Ordering::Relaxed);
+        let mut held = lock(&self.held);
+        if held.get(&sid).is_some_and(|j| Arc::ptr_eq(j, &job)) {
+            held.remove(&sid);
+        }
+    }
+
+    async fn progress(&self, job: &Job, stage: Stage) {
+        let p = SessionProgress {
+            node_id: self.opts.node_id.clone(),
+            attempt: job.assignment.attempt,
+            stage: stage.as_str().into(),
+        };
+        if let Err(e) = self.client.progress(&job.assignment.session_id, &p).await {
+            tracing::debug!(session = %job.assignment.session_id, error = %e, "progress not delivered");
+        }
+    }
+
+    /// Reports until the server takes the result or refuses it for good
+    /// (it may be restarting meanwhile).
+    async fn deliver(&self, job: &Job, r: &Report) {
+        let sid = &job.assignment.session_id;
+        let result = SessionResult {
+            node_id: self.opts.node_id.clone(),
+            attempt: job.assignment.attempt,
+            status: r.status,
+            reward: r.reward,
+            trajectory_uri: r.trajectory_uri.clone(),
+            tokens: r.tokens,
+            error: r.error.clone(),
+            stats: Some(serde_json::Value::Object(r.stats.clone())),
+            retry: r.retry,
+        };
+        let mut wait = Duration::from_millis(20);
+        let give_up = Instant::now() + Duration::from_secs(600);
+        loop {
+            match self.client.result(sid, &result).await {
+                Ok(_) => {
+                    self.reported.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(session = %sid, status = r.status.as_str(), reward = ?r.reward, "result reported");
+                    return;
+                }
+                Err(e)
+                    if matches!(
+                        e.status(),
+                        Some(
+                            StatusCode::CONFLICT | StatusCode::NOT_FOUND | StatusCode::BAD_REQUEST
+                        )
+                    ) =>
+                {
+                    tracing::info!(session = %sid, error = %e, "result refused by the server");
+                    return;
+                }
+                Err(e) if Instant::now() > give_up => {
+                    tracing::error!(session = %sid, error = %e, "result not delivered; giving up (the trajectory stays exported)");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(session = %sid, error = %e, "result not delivered, retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    fn status(&self) -> serde_json::Value {
+        let held = lock(&self.held);
+        let mut by_stage: std::collections::BTreeMap<&str, u32> =
+            Stage::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        let mut sessions: Vec<serde_json::Value> = held
+            .values()
+            .map(|j| {
+                *by_stage.entry(j.stage().as_str()).or_default() += 1;
+                json!({
+                    "session_id": j.assignment.session_id,
+                    "task_id": j.assignment.task_id,
+                    "sample_index": j.assignment.sample_index,
+                    "attempt": j.assignment.attempt,
+                    "stage": j.stage().as_str(),
+                    "age_ms": u64::try_from(j.arrived.elapsed().as_millis()).unwrap_or(u64::MAX),
+                })
+            })
+            .collect();
+        sessions.sort_by(|a, b| a["session_id"].as_str().cmp(&b["session_id"].as_str()));
+        let l = self.stages.limits();
+        json!({
+            "version": API_VERSION,
+            "node_id": self.opts.node_id,
+            "address": self.address,
+            "server": self.opts.server_url,
+            "instance": self.instance,
+            "draining": self.draining.load(Ordering::Relaxed),
+            "paused": self.stages.paused(),
+            "max_sessions": self.opts.max_sessions,
+            "pools": {"init": l.init, "ready_buffer": l.ready_buffer, "running": l.running, "postrun": l.postrun},
+            "by_stage": by_stage,
+            "queues": self.stages.loads(),
+            "finished": self.finished.load(Ordering::Relaxed),
+            "reported": self.reported.load(Ordering::Relaxed),
+            "sessions": sessions,
+        })
+    }
+
+    fn metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let held = lock(&self.held);
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_sessions Sessions held, by stage.\n# TYPE polar_gateway_sessions gauge"
+        );
+        for s in Stage::ALL {
+            let n = held.values().filter(|j| j.stage() == s).count();
+            let _ = writeln!(
+                out,
+                "polar_gateway_sessions{{stage=\"{}\"}} {n}",
+                s.as_str()
+            );
+        }
+        drop(held);
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_stage_queued Sessions waiting for a stage's workers.\n# TYPE polar_gateway_stage_queued gauge"
+        );
+        let loads = self.stages.loads();
+        for (stage, l) in &loads {
+            let _ = writeln!(
+                out,
+                "polar_gateway_stage_queued{{stage=\"{stage}\"}} {}",
+                l.queued
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_stage_active Workers busy in a stage.\n# TYPE polar_gateway_stage_active gauge"
+        );
+        for (stage, l) in &loads {
+            let _ = writeln!(
+                out,
+                "polar_gateway_stage_active{{stage=\"{stage}\"}} {}",
+                l.active
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_sessions_finished_total Sessions that left the pipeline.\n# TYPE polar_gateway_sessions_finished_total counter\npolar_gateway_sessions_finished_total {}",
+            self.finished.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_results_reported_total Results the server accepted.\n# TYPE polar_gateway_results_reported_total counter\npolar_gateway_results_reported_total {}",
+            self.reported.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP polar_gateway_paused Whether new generations are paused.\n# TYPE polar_gateway_paused gauge\npolar_gateway_paused {}",
+            u8::from(self.stages.paused())
+        );
+        let extra = lock(&self.extra_metrics).clone();
+        if let Some(f) = extra {
+            out.push_str(&f());
+        }
+        out
+    }
+}
+
+async fn accept<W: Work>(inner: Arc<Inner<W>>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let i = Arc::clone(&inner);
+        inner.spawn(async move {
+            let service = service_fn(move |req| {
+                let i = Arc::clone(&i);
+                async move { Ok::<_, Infallible>(handle(i, req).await) }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn bad(e: &validate::ValidationError) -> Response<Body> {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        Some(&e.field),
+        &e.to_string(),
+    )
+}
+
+async fn handle<W: Work>(inner: Arc<Inner<W>>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    if (method.clone(), path.as_str()) == (Method::GET, "/healthz") {
+        return json(StatusCode::OK, &json!({"ok": true}));
+    }
+    if !token_ok(bearer(req.headers()), &inner.opts.accept_tokens) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            None,
+            "missing or wrong bearer token",
+        );
+    }
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let Some(bytes) = read_body(req.into_body(), 8 << 20).await else {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            None,
+            "body too large",
+        );
+    };
+    match (method, segs.as_slice()) {
+        (Method::POST, ["v1", "sessions"]) => match validate::parse::<SessionAssignment>(&bytes) {
+            Ok(a) => inner.accept_assignment(a),
+            Err(e) => bad(&e),
+        },
+        (Method::POST, ["v1", "sessions", sid, "cancel"]) => {
+            match validate::parse::<CancelSession>(&bytes) {
+                Ok(c) if inner.cancel_local(sid, Some(c.attempt)) => {
+                    json(StatusCode::OK, &json!({"cancelled": true}))
+                }
+                Ok(_) => error(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    None,
+                    "no such session here",
+                ),
+                Err(e) => bad(&e),
+            }
+        }
+        (Method::GET, ["v1", "status"]) => json(StatusCode::OK, &inner.status()),
+        (Method::GET, ["metrics"]) => Response::builder()
+            .header("content-type", "text/plain; version=0.0.4")
+            .body(crate::rollout::http::full(inner.metrics()))
+            .unwrap_or_else(|_| Response::new(crate::rollout::http::full(""))),
+        (Method::POST, ["v1", "pause"]) => {
+            inner.stages.pause();
+            inner.work.pause(true);
+            tracing::info!("new generations paused");
+            json(StatusCode::OK, &json!({"paused": true}))
+        }
+        (Method::POST, ["v1", "resume"]) => {
+            inner.stages.resume();
+            inner.work.pause(false);
+            tracing::info!("new generations resumed");
+            json(StatusCode::OK, &json!({"paused": false}))
+        }
+        _ => error(StatusCode::NOT_FOUND, "not_found", None, "no route"),
+    }
+}

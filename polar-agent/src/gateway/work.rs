@@ -1,0 +1,607 @@
+//! The real work of each stage on a gateway node: a session assigned by the
+//! rollout server is a harness session of `crate::harness::run`.
+//!
+//! - INIT: the assignment's harness, runtime spec, agent options and
+//!   evaluator are checked (a bad one fails the session at once, naming
+//!   the field), the harness's installation is found, and the session is
+//!   prepared (directories, sandbox, runtime started, prepare steps).
+//! - RUNNING: the harness, limited by the agent timeout.
+//! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
+//!   session's sandbox, or a fresh one on the same workspace), the
+//!   sandbox's tear-down, the outcome recorded in the session's
+//!   `session.json`, the trajectory rebuilt from the capture log with the
+//!   task's builder, rewarded, checked and exported; the report.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::stages::{Interrupt, Job, Reached, Report, Work};
+use crate::agent::AgentParts;
+use crate::capture::SessionInfo;
+use crate::evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
+use crate::export::Exporter;
+use crate::harness::run::{HarnessRun, Prepared, prepare};
+use crate::harness::{HarnessName, Install, ModeKind, check_installed, search_dirs};
+use crate::ids::SessionId;
+use crate::redirect::Redirect;
+use crate::rollout::{SampleStatus, TokenUsage};
+use crate::runtime::plan::{Phase, StepEnd};
+use crate::runtime::spec::RuntimeSpec;
+use crate::trajectory::{Rewards, SessionOutcome};
+
+/// A session between INIT and POSTRUN.
+pub struct Session {
+    prepared: Prepared,
+    evaluator: Evaluator,
+    agent_timeout: Duration,
+}
+
+/// What RUNNING ended with: the harness's step.
+pub type Ran = StepEnd;
+
+/// The gateway's work: harness sessions on this node's agent.
+pub struct HarnessWork {
+    parts: Arc<AgentParts>,
+    redirect: Arc<Redirect>,
+    exporter: Exporter,
+    agent_timeout: Duration,
+    node_id: String,
+    installs: Mutex<HashMap<&'static str, Option<Install>>>,
+}
+
+impl HarnessWork {
+    /// The work on the agent's parts and redirect, exporting with
+    /// `exporter`.
+    pub fn new(
+        parts: Arc<AgentParts>,
+        redirect: Arc<Redirect>,
+        exporter: Exporter,
+        agent_timeout: Duration,
+        node_id: String,
+    ) -> Self {
+        Self {
+            parts,
+            redirect,
+            exporter,
+            agent_timeout,
+            node_id,
+            installs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The exporter (its counters).
+    pub fn exporter(&self) -> &Exporter {
+        &self.exporter
+    }
+
+    /// The harness's installation, looked up once per harness.
+    async fn install(&self, harness: HarnessName) -> Result<Option<Install>, String> {
+        if let Some(i) = self
+            .installs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(harness.as_str())
+        {
+            return Ok(i.clone());
+        }
+        let found = tokio::task::spawn_blocking(move || {
+            check_installed(harness, &search_dirs(), Duration::from_secs(30))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        self.installs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(harness.as_str(), found.clone());
+        Ok(found)
+    }
+}
+
+/// The task's agent options this work understands.
+struct AgentOptions {
+    command: Vec<String>,
+    timeout: Option<Duration>,
+    mode: Option<ModeKind>,
+}
+
+fn agent_options(o: &Map<String, Value>) -> Result<AgentOptions, String> {
+    let mut out = AgentOptions {
+        command: Vec::new(),
+        timeout: None,
+        mode: None,
+    };
+    for (k, v) in o {
+        match (k.as_str(), v) {
+            ("command", Value::String(s)) => {
+                out.command = vec!["sh".into(), "-c".into(), s.clone()]
+            }
+            ("command", Value::Array(a)) => {
+                out.command = a
+                    .iter()
+                    .map(|x| x.as_str().map(str::to_owned))
+                    .collect::<Option<_>>()
+                    .ok_or("agent.options.command: an array of strings")?;
+            }
+            ("timeout_secs", v) => {
+                out.timeout = Some(Duration::from_secs(
+                    v.as_u64()
+                        .filter(|n| *n > 0)
+                        .ok_or("agent.options.timeout_secs: a positive integer")?,
+                ));
+            }
+            ("mode", Value::String(m)) if m == "transparent" => {
+                out.mode = Some(ModeKind::Transparent);
+            }
+            ("mode", Value::String(m)) if m == "base_url" => out.mode = Some(ModeKind::BaseUrl),
+            ("command" | "mode", _) => {
+                return Err(format!(
+                    "agent.options.{k}: unexpected value {v} (command: string or array; mode: transparent or base_url)"
+                ));
+            }
+            _ => return Err(format!("agent.options.{k}: unknown option")),
+        }
+    }
+    Ok(out)
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    crate::cli::chain(e)
+}
+
+impl Work for HarnessWork {
+    type Prepared = Session;
+    type Ran = Ran;
+
+    async fn init(
+        &self,
+        job: &Arc<Job>,
+        stop: CancellationToken,
+    ) -> Result<Session, (String, bool)> {
+        let a = &job.assignment;
+        let fail = |m: String| (m, false);
+        let harness: HarnessName = a
+            .agent
+            .harness
+            .parse()
+            .map_err(|e: crate::harness::HarnessError| fail(format!("agent.harness: {e}")))?;
+        let opts = agent_options(&a.agent.options).map_err(fail)?;
+        let spec = if a.runtime.is_empty() {
+            RuntimeSpec::default()
+        } else {
+            let text = serde_json::to_string(&a.runtime).map_err(|e| fail(e.to_string()))?;
+            RuntimeSpec::parse(&text, true, "task runtime")
+                .map_err(|e| fail(format!("runtime: {e}")))?
+        };
+        let evaluator = Evaluator::from_spec(&a.evaluator).map_err(|e| fail(e.to_string()))?;
+        if harness != HarnessName::Shell && a.instruction.is_empty() {
+            return Err(fail(format!("instruction: the {harness} preset needs one")));
+        }
+        let session: SessionId = a
+            .session_id
+            .parse()
+            .map_err(|e: crate::ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
+        // Not installed here is the node's problem: another node may have it.
+        let install = self.install(harness).await.map_err(|e| (e, true))?;
+        let mut metadata = Map::new();
+        metadata.insert("sample_index".into(), a.sample_index.into());
+        metadata.insert("attempt".into(), a.attempt.into());
+        metadata.insert("harness".into(), harness.as_str().into());
+        metadata.insert("node_id".into(), self.node_id.clone().into());
+        if let Some(g) = &a.metadata.group_id {
+            metadata.insert("group_id".into(), g.clone().into());
+        }
+        if let Some(p) = &a.metadata.policy_version {
+            metadata.insert("policy_version".into(), p.clone().into());
+        }
+        if !a.metadata.extra.is_empty() {
+            metadata.insert("extra".into(), Value::Object(a.metadata.extra.clone()));
+        }
+        let run = HarnessRun {
+            harness,
+            instruction: a.instruction.clone(),
+            command: opts.command,
+            mode: opts.mode.unwrap_or_else(|| harness.default_mode()),
+            spec,
+            budget: job
+                .deadline
+                .saturating_duration_since(tokio::time::Instant::now()),
+            session,
+            install,
+            info: SessionInfo {
+                task_id: Some(a.task_id.clone()),
+                metadata,
+            },
+        };
+        let prepared = prepare(&self.parts, &self.redirect, run, &stop)
+            .await
+            .map_err(|e| (chain(&e), true))?;
+        Ok(Session {
+            prepared,
+            evaluator,
+            agent_timeout: opts.timeout.unwrap_or(self.agent_timeout),
+        })
+    }
+
+    async fn run(&self, _job: &Arc<Job>, s: &mut Session, stop: CancellationToken) -> Ran {
+        let timeout = s.agent_timeout;
+        s.prepared.run_main(Some(timeout), &stop).await.end.clone()
+    }
+
+    fn pause(&self, paused: bool) {
+        if let Some(c) = &self.parts.capture {
+            for b in c.backends() {
+                if paused {
+                    b.pool().pause();
+                } else {
+                    b.pool().resume();
+                }
+            }
+        }
+    }
+
+    async fn postrun(&self, job: &Arc<Job>, s: Option<Session>, reached: Reached<Ran>) -> Report {
+        let a = &job.assignment;
+        let mut report = Report {
+            status: SampleStatus::Error,
+            reward: None,
+            trajectory_uri: None,
+            tokens: TokenUsage::default(),
+            error: None,
+            stats: Map::new(),
+            retry: false,
+        };
+        let Some(mut s) = s else {
+            match reached {
+                Reached::InitFailed { error, retry } => {
+                    report.error = Some(error);
+                    report.retry = retry;
+                }
+                Reached::Interrupted(Interrupt::Budget) => {
+                    report.status = SampleStatus::Timeout;
+                    report.error = Some("the session budget ran out before it started".into());
+                }
+                Reached::Interrupted(Interrupt::Cancelled) | Reached::Ran(_) => {
+                    report.status = SampleStatus::Cancelled;
+                }
+            }
+            return report;
+        };
+        let never = CancellationToken::new();
+        // What happened up to here.
+        let start_failed = s
+            .prepared
+            .steps()
+            .iter()
+            .any(|r| r.phase == Phase::Start && !r.end.ok());
+        let prepare_failed = s
+            .prepared
+            .steps()
+            .iter()
+            .find(|r| r.phase == Phase::Prepare && !r.end.ok())
+            .map(|r| format!("prepare step {} ({}) ended {:?}", r.index, r.what, r.end));
+        let main_end = match &reached {
+            Reached::Ran(end) => Some(end.clone()),
+            _ => s.prepared.main_report().map(|r| r.end.clone()),
+        };
+        let timed_out = matches!(reached, Reached::Interrupted(Interrupt::Budget))
+            || matches!(main_end, Some(StepEnd::TimedOut));
+        let cancelled = matches!(reached, Reached::Interrupted(Interrupt::Cancelled));
+        let harness_exit = match main_end {
+            Some(StepEnd::Exited { code }) => Some(code),
+            _ => None,
+        };
+        if !cancelled {
+            s.prepared.post(&never).await;
+        }
+        // Evaluate while the sandbox is open.
+        let calls_file = crate::harness::run::capture_log(
+            &self.parts.config.agent.state_dir,
+            &s.prepared.session().clone(),
+        );
+        let (calls, failed_calls) = count_calls(&calls_file);
+        let evaluate = !(cancelled || timed_out || !s.prepared.ready());
+        let facts = SessionFacts {
+            harness_exit,
+            timed_out,
+            calls,
+            failed_calls,
+            workspace: s.prepared.workspace().to_owned(),
+        };
+        let mut evaluation = if !evaluate {
+            None
+        } else {
+            if s.evaluator.needs_fresh_sandbox() {
+                None
+            } else {
+                let runner = SandboxRunner::new(&s.prepared, &job.stop);
+                Some(s.evaluator.evaluate(&facts, &runner).await)
+            }
+        };
+        let session_id = s.prepared.session().clone();
+        let steps: Vec<Value> = s
+            .prepared
+            .steps()
+            .iter()
+            .map(|r| json!({"phase": r.phase, "index": r.index, "end": r.end, "elapsed_ms": r.elapsed_ms}))
+            .collect();
+        report.stats.insert("steps".into(), Value::Array(steps));
+        let fresh = evaluate && s.evaluator.needs_fresh_sandbox();
+        let fresh_run = s.prepared.fresh_run();
+        let finished = s.prepared.finish(&self.parts, &never).await;
+        if fresh {
+            evaluation = Some(
+                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts)
+                    .await,
+            );
+        }
+        // The outcome.
+        let (status, error, outcome) = if cancelled {
+            (SampleStatus::Cancelled, None, None)
+        } else if timed_out {
+            let m = "the session's time ran out".to_owned();
+            (
+                SampleStatus::Timeout,
+                Some(m),
+                Some(SessionOutcome::Timeout),
+            )
+        } else if start_failed {
+            report.retry = true;
+            let m = "the runtime did not start".to_owned();
+            (
+                SampleStatus::Error,
+                Some(m.clone()),
+                Some(SessionOutcome::Error { message: m }),
+            )
+        } else if let Some(m) = prepare_failed {
+            (
+                SampleStatus::Error,
+                Some(m.clone()),
+                Some(SessionOutcome::Error { message: m }),
+            )
+        } else if let Some(e) = evaluation
+            .as_ref()
+            .and_then(|e| e.error.clone())
+            .filter(|_| !evaluation.as_ref().is_some_and(|e| e.usable))
+        {
+            let m = format!("evaluation failed: {e}");
+            (
+                SampleStatus::Error,
+                Some(m.clone()),
+                Some(SessionOutcome::Error { message: m }),
+            )
+        } else if harness_exit.is_some() {
+            (
+                SampleStatus::Completed,
+                None,
+                Some(SessionOutcome::Completed),
+            )
+        } else {
+            let m = format!("the harness did not finish: {main_end:?}");
+            (
+                SampleStatus::Error,
+                Some(m.clone()),
+                Some(SessionOutcome::Error { message: m }),
+            )
+        };
+        report.status = status;
+        report.error = error;
+        if let Err(e) = finished {
+            let m = format!("tearing the sandbox down: {}", chain(&e));
+            tracing::warn!(session = %a.session_id, error = %m);
+            report.error.get_or_insert(m);
+        }
+        let Some(outcome) = outcome else {
+            return report;
+        };
+        report.reward = evaluation.as_ref().and_then(|e| e.reward);
+        if let Some(e) = &evaluation {
+            report.stats.insert("evaluation".into(), e.detail.clone());
+        }
+        match self
+            .export(job, &session_id, outcome, evaluation.as_ref())
+            .await
+        {
+            Ok((uri, tokens)) => {
+                report.trajectory_uri = uri;
+                report.tokens = tokens;
+            }
+            Err(e) => {
+                tracing::error!(session = %a.session_id, error = %e, "trajectory not exported");
+                report.stats.insert("export_error".into(), e.clone().into());
+                if report.status == SampleStatus::Completed {
+                    report.status = SampleStatus::Error;
+                    report.error = Some(format!("exporting the trajectory: {e}"));
+                }
+            }
+        }
+        report
+    }
+}
+
+/// Model calls in a capture log, and how many of them failed.
+fn count_calls(path: &std::path::Path) -> (u64, u64) {
+    match crate::capture::log::read_log(path) {
+        Ok((records, _)) => {
+            let failed = records
+                .iter()
+                .filter(|r| matches!(r.status, crate::capture::record::CallStatus::Failed { .. }))
+                .count() as u64;
+            (records.len() as u64, failed)
+        }
+        Err(_) => (0, 0),
+    }
+}
+
+impl HarnessWork {
+    /// Records the outcome in `session.json`, rebuilds the trajectory from
+    /// the capture log and exports it. Returns where it went and the token
+    /// counts.
+    async fn export(
+        &self,
+        job: &Job,
+        session: &SessionId,
+        outcome: SessionOutcome,
+        evaluation: Option<&Evaluation>,
+    ) -> Result<(Option<String>, TokenUsage), String> {
+        let a = &job.assignment;
+        let dir = self
+            .parts
+            .config
+            .agent
+            .state_dir
+            .join("sessions")
+            .join(session.as_str());
+        let mut fields = Map::new();
+        fields.insert(
+            "outcome".into(),
+            serde_json::to_value(&outcome).map_err(|e| e.to_string())?,
+        );
+        if let Some(r) = evaluation.and_then(|e| e.reward) {
+            fields.insert("reward".into(), r.into());
+        }
+        if let Some(e) = evaluation {
+            fields.insert("evaluation".into(), e.detail.clone());
+        }
+        fields.insert("task_id".into(), a.task_id.clone().into());
+        if let Some(g) = &a.metadata.group_id {
+            fields.insert("group_id".into(), g.clone().into());
+        }
+        crate::capture::store::record_session_fields(&dir, session, fields)
+            .map_err(|e| e.to_string())?;
+        let log = if dir.join(crate::capture::log::CALLS_FILE).is_file() {
+            crate::export::source::read_session(&dir).map_err(|e| e.to_string())?
+        } else {
+            return Ok((None, TokenUsage::default()));
+        };
+        let tokens = TokenUsage {
+            prompt: log
+                .records
+                .iter()
+                .map(|r| r.prompt_token_ids.as_ref().map_or(0, |t| t.len() as u64))
+                .sum(),
+            response: log
+                .records
+                .iter()
+                .map(|r| r.response_token_ids.as_ref().map_or(0, |t| t.len() as u64))
+                .sum(),
+            calls: log.records.len() as u64,
+        };
+        let rewards = evaluation.and_then(|e| e.reward).map(Rewards::Outcome);
+        let traj = crate::export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
+            .map_err(|e| e.to_string())?;
+        let files = self
+            .exporter
+            .write_session(&traj)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((files.first().map(|f| f.location.clone()), tokens))
+    }
+}
+
+impl HarnessWork {
+    /// Evaluates in a fresh sandbox on the session's workspace (the
+    /// session's own is closed: nothing the harness started is left).
+    async fn evaluate_fresh(
+        &self,
+        job: &Job,
+        run: HarnessRun,
+        evaluator: &Evaluator,
+        facts: &SessionFacts,
+    ) -> Evaluation {
+        let failed = |error: String| Evaluation {
+            reward: None,
+            usable: false,
+            detail: Value::Null,
+            error: Some(error),
+        };
+        let fresh = match prepare(&self.parts, &self.redirect, run, &job.stop).await {
+            Ok(p) => p,
+            Err(e) => return failed(format!("the fresh sandbox did not open: {}", chain(&e))),
+        };
+        let evaluation = if fresh.ready() {
+            evaluator
+                .evaluate(facts, &SandboxRunner::new(&fresh, &job.stop))
+                .await
+        } else {
+            failed("the fresh sandbox's runtime did not start".into())
+        };
+        if let Err(e) = fresh.finish(&self.parts, &CancellationToken::new()).await {
+            tracing::warn!(session = %job.assignment.session_id, error = %chain(&e), "closing the evaluation sandbox");
+        }
+        evaluation
+    }
+}
+
+/// Runs evaluator commands in a prepared session's sandbox.
+struct SandboxRunner<'a> {
+    prepared: &'a Prepared,
+    stop: &'a CancellationToken,
+    count: std::sync::atomic::AtomicUsize,
+}
+
+impl<'a> SandboxRunner<'a> {
+    fn new(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
+        Self {
+            prepared,
+            stop,
+            count: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+/// The first `limit` bytes of a log file, lossily.
+fn read_capped(path: Option<&PathBuf>, limit: u64) -> String {
+    use std::io::Read as _;
+    let Some(path) = path else {
+        return String::new();
+    };
+    let mut buf = Vec::new();
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(limit).read_to_end(&mut buf);
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+impl CommandRunner for SandboxRunner<'_> {
+    fn run<'b>(
+        &'b self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        timeout: Duration,
+    ) -> Pin<Box<dyn Future<Output = Result<CommandOutput, String>> + Send + 'b>> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let index = self
+                .count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let report = self
+                .prepared
+                .plan(deadline)
+                .command(Phase::Eval, index, &argv, &env, self.stop)
+                .await;
+            let (out, err) = match &report.logs {
+                Some((o, e)) => (Some(o), Some(e)),
+                None => (None, None),
+            };
+            let output = CommandOutput {
+                exit: match report.end {
+                    StepEnd::Exited { code } => Some(code),
+                    StepEnd::TimedOut | StepEnd::Stopped => None,
+                    StepEnd::Failed { error } => return Err(error),
+                    StepEnd::Skipped => return Err("not run".into()),
+                },
+                stdout: read_capped(out, 4 << 20),
+                stderr: read_capped(err, 1 << 20),
+            };
+            Ok(output)
+        })
+    }
+}

@@ -1,0 +1,442 @@
+//! The rollout control plane end to end (root only): a rollout server and
+//! the mock inference backend on loopback, and real gateway nodes (`polar
+//! agent --config FILE`, each its own process with its own state
+//! directory, cgroup and eBPF programs, listening on its own loopback
+//! address). Each sample is the `shell` preset running
+//! `examples/mini_agent.py`, a small agent with a hard-coded HTTPS endpoint
+//! whose tool calls the mock's policy scripts; the `command` evaluator
+//! rewards the file the agent made; trajectories are exported to a shared
+//! directory.
+//!
+//! - 8 samples on one gateway; then on three: spread, every trajectory
+//!   exported, rewards and group ids right;
+//! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
+//!   the task finishes, the killed agent's cgroup is reaped;
+//! - the rollout server restarted mid-task: nothing is lost.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use polar_agent::mock::{self, MockConfig, MockHandle};
+use polar_agent::rollout::{
+    RolloutClient, RolloutConfig, RolloutServer, SessionState, TaskStatus, TaskView,
+};
+use polar_tests::{alive, cgroup2_mount, eventually, polar_bin, sandbox_tempdir};
+
+const TOKEN: &str = "gateway-e2e-token";
+
+fn mini_agent() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mini_agent.py")
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    mock: Option<MockHandle>,
+    server: Option<RolloutServer>,
+    server_cfg: RolloutConfig,
+    gateways: Vec<Gateway>,
+}
+
+struct Gateway {
+    node_id: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Gateway {
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Fixture {
+    async fn start() -> Result<Self> {
+        let dir = sandbox_tempdir()?;
+        let mock = mock::start(MockConfig {
+            served_model: "default".into(),
+            ..MockConfig::default()
+        })
+        .await?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
+        cfg.listen = ([127, 0, 0, 1], port).into();
+        cfg.heartbeat_interval = Duration::from_millis(300);
+        cfg.heartbeat_timeout = Duration::from_millis(2000);
+        cfg.max_retries = 3;
+        let server = RolloutServer::start(cfg.clone()).await?;
+        Ok(Self {
+            dir,
+            mock: Some(mock),
+            server: Some(server),
+            server_cfg: cfg,
+            gateways: Vec::new(),
+        })
+    }
+
+    fn client(&self) -> RolloutClient {
+        RolloutClient::new(
+            format!("http://{}", self.server_cfg.listen),
+            Some(TOKEN.into()),
+        )
+    }
+
+    fn export_dir(&self) -> PathBuf {
+        self.dir.path().join("trajectories")
+    }
+
+    /// Starts `polar agent` as node `node_id` listening on `ip`, and waits
+    /// until the server lists it.
+    async fn gateway(&mut self, node_id: &str, ip: &str) -> Result<()> {
+        let base = self.dir.path().join(node_id);
+        std::fs::create_dir_all(&base)?;
+        let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
+        let mock = self.mock.as_ref().context("no mock")?.addr;
+        let config = base.join("agent.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"[agent]
+state_dir = "{state}"
+
+[[backend]]
+name = "local"
+dialect = "vllm"
+replicas = ["http://{mock}"]
+served_model = "default"
+
+[gateway]
+server = "http://{server}"
+node_id = "{node_id}"
+listen = "{ip}:{port}"
+token = "{TOKEN}"
+max_sessions = 4
+init_workers = 2
+running_workers = 2
+ready_buffer = 2
+postrun_workers = 2
+heartbeat_interval_ms = 300
+drain_timeout_secs = 20
+export = "{export}"
+formats = ["parquet", "jsonl"]
+"#,
+                state = base.join("state").display(),
+                server = self.server_cfg.listen,
+                export = self.export_dir().display(),
+            ),
+        )?;
+        let log = base.join("agent.log");
+        let child = Command::new(polar_bin()?)
+            .args(["--log-format", "json", "agent", "--config"])
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        self.gateways.push(Gateway {
+            node_id: node_id.to_owned(),
+            child,
+            log,
+        });
+        let c = self.client();
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(nodes) = c.nodes().await
+                && nodes.nodes.iter().any(|n| n.node_id == node_id)
+            {
+                return Ok(());
+            }
+            let g = self.gateways.last_mut().context("no gateway")?;
+            if let Some(status) = g.child.try_wait()? {
+                bail!("{node_id} exited ({status}): {}", g.log_text());
+            }
+            if Instant::now() > until {
+                bail!("{node_id} did not register: {}", g.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Submits a task of `n` samples; `pause_secs` of sleep before the
+    /// agent runs makes the sessions long enough to interfere with.
+    async fn submit(&self, task_id: &str, n: u32, pause_secs: u32) -> Result<()> {
+        let command = if pause_secs > 0 {
+            format!("sleep {pause_secs}; python3 /workspace/mini_agent.py")
+        } else {
+            "python3 /workspace/mini_agent.py".into()
+        };
+        let task = serde_json::json!({
+            "task_id": task_id,
+            "instruction": "Create the file polar-demo.txt.",
+            "num_samples": n,
+            "timeout_secs": 120,
+            "agent": {"harness": "shell", "options": {"command": command}},
+            "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
+            "evaluator": {"kind": "command", "options": {"command": "test -s polar-demo.txt"}},
+            "builder": {"kind": "prefix_merging"},
+            "metadata": {"group_id": format!("group-{task_id}"), "policy_version": "v3"},
+        });
+        self.client().submit(&task).await?;
+        Ok(())
+    }
+
+    async fn wait_finished(&self, task_id: &str, timeout: Duration) -> Result<TaskView> {
+        let c = self.client();
+        let until = Instant::now() + timeout;
+        loop {
+            if let Ok(t) = c.task(task_id).await
+                && t.status.is_finished()
+            {
+                return Ok(t);
+            }
+            if Instant::now() > until {
+                let t = c.task(task_id).await?;
+                bail!(
+                    "task {task_id} not finished after {timeout:?}: {t:#?}\n{}",
+                    self.logs()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.gateways
+            .iter()
+            .map(|g| {
+                let text = g.log_text();
+                let lines: Vec<&str> = text.lines().collect();
+                format!(
+                    "--- {} ---\n{}",
+                    g.node_id,
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// SIGTERM every gateway and wait for each to exit cleanly.
+    fn stop_gateways(&mut self) -> Result<()> {
+        for g in &mut self.gateways {
+            if g.child.try_wait()?.is_some() {
+                continue;
+            }
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(g.child.id())?),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
+            let until = Instant::now() + Duration::from_secs(40);
+            loop {
+                if let Some(status) = g.child.try_wait()? {
+                    ensure!(
+                        status.success(),
+                        "{} exited with {status}: {}",
+                        g.node_id,
+                        g.log_text()
+                    );
+                    break;
+                }
+                ensure!(
+                    Instant::now() < until,
+                    "{} did not stop on SIGTERM",
+                    g.node_id
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every sample done, rewarded 1, with an exported trajectory whose rows
+/// carry the task's group id and the sample's reward. Returns the nodes
+/// that ran the samples.
+fn check_results(t: &TaskView, export: &Path) -> Result<Vec<String>> {
+    ensure!(t.status == TaskStatus::Completed, "{t:#?}");
+    let mut nodes = Vec::new();
+    for s in &t.samples {
+        let SessionState::Done { node, result, .. } = &s.state else {
+            bail!("sample {} not done: {:?}", s.sample_index, s.state);
+        };
+        ensure!(
+            result.reward == Some(1.0),
+            "sample {}: {result:?}",
+            s.sample_index
+        );
+        ensure!(
+            result.tokens.calls >= 2 && result.tokens.response > 0,
+            "{result:?}"
+        );
+        let uri = result
+            .trajectory_uri
+            .as_deref()
+            .context("no trajectory uri")?;
+        ensure!(Path::new(uri).is_file(), "{uri} missing");
+        ensure!(uri.starts_with(&export.display().to_string()), "{uri}");
+        let jsonl = Path::new(uri).with_extension("jsonl");
+        let text = std::fs::read_to_string(&jsonl)?;
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        ensure!(!rows.is_empty(), "{} is empty", jsonl.display());
+        for r in &rows {
+            ensure!(
+                r["group_id"] == format!("group-{}", t.task_id).as_str(),
+                "{r}"
+            );
+            ensure!(r["reward"] == 1.0, "{r}");
+            ensure!(r["task_id"] == t.task_id.as_str(), "{r}");
+            let ids = r["response_ids"].as_array().map_or(0, Vec::len);
+            let lps = r["response_logprobs"].as_array().map_or(0, Vec::len);
+            ensure!(ids > 0 && ids == lps, "{r}");
+        }
+        nodes.push(node.clone());
+    }
+    Ok(nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway("gw-a", "127.0.0.11").await?;
+    f.submit("one-node", 8, 0).await?;
+    let t = f
+        .wait_finished("one-node", Duration::from_secs(240))
+        .await?;
+    let nodes = check_results(&t, &f.export_dir())?;
+    ensure!(nodes.iter().all(|n| n == "gw-a"), "{nodes:?}");
+    f.gateway("gw-b", "127.0.0.12").await?;
+    f.gateway("gw-c", "127.0.0.13").await?;
+    // Long enough sessions that the three nodes share the 8.
+    f.submit("three-nodes", 8, 2).await?;
+    let t = f
+        .wait_finished("three-nodes", Duration::from_secs(240))
+        .await?;
+    let nodes = check_results(&t, &f.export_dir())?;
+    for g in ["gw-a", "gw-b", "gw-c"] {
+        ensure!(nodes.iter().any(|n| n == g), "{g} ran nothing: {nodes:?}");
+    }
+    // Every capture log of the task is on the node that ran the sample.
+    for s in &t.samples {
+        let SessionState::Done { node, .. } = &s.state else {
+            continue;
+        };
+        let log = f
+            .dir
+            .path()
+            .join(node)
+            .join("state/sessions")
+            .join(&s.session_id)
+            .join("calls.jsonl");
+        ensure!(log.is_file(), "{} missing", log.display());
+    }
+    f.stop_gateways()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateway_s_sessions_are_dispatched_again() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway("gw-k1", "127.0.0.21").await?;
+    f.gateway("gw-k2", "127.0.0.22").await?;
+    f.submit("kill", 6, 4).await?;
+    // Wait until the first gateway holds sessions, then kill it.
+    let c = f.client();
+    ensure!(
+        {
+            let until = Instant::now() + Duration::from_secs(30);
+            let mut held = false;
+            while !held && Instant::now() < until {
+                let t = c.task("kill").await?;
+                held = t.samples.iter().any(
+                    |s| matches!(&s.state, SessionState::Running { node, .. } if node == "gw-k1"),
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            held
+        },
+        "gw-k1 never ran a session"
+    );
+    let victim = &mut f.gateways[0];
+    let pid = i32::try_from(victim.child.id())?;
+    victim.child.kill()?;
+    victim.child.wait()?;
+    let t = f.wait_finished("kill", Duration::from_secs(240)).await?;
+    let nodes = check_results(&t, &f.export_dir())?;
+    let again: Vec<_> = t.samples.iter().filter(|s| s.attempts > 1).collect();
+    ensure!(!again.is_empty(), "no session was dispatched again: {t:#?}");
+    ensure!(
+        nodes.iter().all(|n| n == "gw-k2"),
+        "results from the killed node: {nodes:?}"
+    );
+    // The killed agent's reaper removed its cgroup and programs.
+    let cg = cgroup2_mount()?.join("polar");
+    ensure!(
+        eventually(Duration::from_secs(20), || {
+            std::fs::read_dir(&cg).map_or(true, |d| {
+                d.filter_map(Result::ok).all(|e| {
+                    !e.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("agent-{pid}-"))
+                })
+            })
+        }),
+        "the killed agent's cgroup is still there"
+    );
+    ensure!(!alive(pid), "the killed agent is alive");
+    f.stop_gateways()?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_rollout_server_loses_nothing() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway("gw-r", "127.0.0.31").await?;
+    f.submit("restart", 4, 3).await?;
+    let c = f.client();
+    ensure!(
+        eventually(Duration::from_secs(30), || {
+            futures_block(c.task("restart")).is_ok_and(|t| {
+                t.samples.iter().all(|s| {
+                    matches!(
+                        s.state,
+                        SessionState::Running { .. } | SessionState::Dispatched { .. }
+                    )
+                }) && t
+                    .samples
+                    .iter()
+                    .any(|s| matches!(s.state, SessionState::Running { .. }))
+            })
+        }),
+        "the sessions never ran"
+    );
+    // Crash-like stop, a pause, then a restart on the same database.
+    if let Some(s) = f.server.take() {
+        s.abort();
+        drop(s);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    f.server = Some(RolloutServer::start(f.server_cfg.clone()).await?);
+    let t = f.wait_finished("restart", Duration::from_secs(240)).await?;
+    check_results(&t, &f.export_dir())?;
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// Runs a future to completion from a synchronous closure inside the
+/// multi-threaded test runtime.
+fn futures_block<F: std::future::Future>(f: F) -> F::Output {
+    tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
