@@ -7,6 +7,7 @@ pub mod chat;
 pub mod cli;
 pub mod config;
 pub mod dns;
+pub mod evaluate;
 pub mod export;
 pub mod harness;
 pub mod ids;
