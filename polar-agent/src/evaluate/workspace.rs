@@ -92,7 +92,8 @@ fn open_error(workspace: &Path, rel: &Path, errno: Errno) -> WorkspaceError {
     let path = rel.to_owned();
     match errno {
         Errno::ENOENT => WorkspaceError::NotFound { path },
-        Errno::EXDEV | Errno::ELOOP => WorkspaceError::Escapes {
+        // RESOLVE_BENEATH refuses a path leading out with EXDEV.
+        Errno::EXDEV => WorkspaceError::Escapes {
             target: std::fs::canonicalize(workspace.join(rel)).ok(),
             path,
         },
@@ -229,6 +230,9 @@ mod tests {
         assert!(matches!(err, WorkspaceError::NotRegular { .. }), "{err}");
         let err = read(w.path(), Path::new("."), 10).unwrap_err();
         assert!(matches!(err, WorkspaceError::NotRegular { .. }), "{err}");
+        std::os::unix::fs::symlink("loop", w.path().join("loop")).unwrap();
+        let err = read(w.path(), Path::new("loop"), 10).unwrap_err();
+        assert!(matches!(err, WorkspaceError::Io { .. }), "{err}");
     }
 
     #[test]
