@@ -1,0 +1,253 @@
+//! Files of a session's workspace, read and written from the host (as root)
+//! without ever leaving the workspace: every path is resolved by the kernel
+//! under the workspace directory (`openat2` with `RESOLVE_BENEATH`), so a
+//! symlink the harness planted that leads outside is refused, atomically,
+//! rather than followed. Non-regular files (FIFOs, devices) are refused
+//! too, and reads are bounded.
+//!
+//! The functions block; [`blocking`] runs one on a blocking thread.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+use nix::sys::stat::Mode;
+use nix::unistd::{UnlinkatFlags, unlinkat};
+
+/// Why a workspace file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The workspace directory itself could not be opened.
+    #[error("opening the workspace {}: {source}", workspace.display())]
+    Workspace {
+        /// The workspace.
+        workspace: PathBuf,
+        /// Why.
+        #[source]
+        source: Errno,
+    },
+    /// The file does not exist.
+    #[error("{}: not found in the workspace", path.display())]
+    NotFound {
+        /// The path, relative to the workspace.
+        path: PathBuf,
+    },
+    /// The path leads outside the workspace (a symlink, most likely).
+    #[error("{}: resolves outside the workspace{}; refused", path.display(),
+        target.as_ref().map(|t| format!(" (to {})", t.display())).unwrap_or_default())]
+    Escapes {
+        /// The path, relative to the workspace.
+        path: PathBuf,
+        /// Where it leads, when that could be found.
+        target: Option<PathBuf>,
+    },
+    /// The path is a directory, FIFO, device...
+    #[error("{}: not a regular file", path.display())]
+    NotRegular {
+        /// The path, relative to the workspace.
+        path: PathBuf,
+    },
+    /// The file is larger than the limit.
+    #[error("{}: larger than {limit} bytes", path.display())]
+    TooLarge {
+        /// The path, relative to the workspace.
+        path: PathBuf,
+        /// The limit.
+        limit: u64,
+    },
+    /// Any other failure.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The path, relative to the workspace.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn open_dir(workspace: &Path) -> Result<OwnedFd, WorkspaceError> {
+    open(
+        workspace,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|source| WorkspaceError::Workspace {
+        workspace: workspace.to_owned(),
+        source,
+    })
+}
+
+fn beneath(flags: OFlag, mode: Mode) -> OpenHow {
+    OpenHow::new()
+        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY)
+        .mode(mode)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+}
+
+fn open_error(workspace: &Path, rel: &Path, errno: Errno) -> WorkspaceError {
+    let path = rel.to_owned();
+    match errno {
+        Errno::ENOENT => WorkspaceError::NotFound { path },
+        // RESOLVE_BENEATH refuses a path leading out with EXDEV.
+        Errno::EXDEV => WorkspaceError::Escapes {
+            target: std::fs::canonicalize(workspace.join(rel)).ok(),
+            path,
+        },
+        other => WorkspaceError::Io {
+            path,
+            source: std::io::Error::from(other),
+        },
+    }
+}
+
+/// Reads `rel` (relative to `workspace`), at most `limit` bytes.
+pub fn read(workspace: &Path, rel: &Path, limit: u64) -> Result<Vec<u8>, WorkspaceError> {
+    let dir = open_dir(workspace)?;
+    // O_NONBLOCK: opening a FIFO must not wait for a writer.
+    let how = beneath(OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty());
+    let fd = openat2(&dir, rel, how).map_err(|e| open_error(workspace, rel, e))?;
+    let file = File::from(fd);
+    let io = |source| WorkspaceError::Io {
+        path: rel.to_owned(),
+        source,
+    };
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(WorkspaceError::NotRegular {
+            path: rel.to_owned(),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > limit {
+        return Err(WorkspaceError::TooLarge {
+            path: rel.to_owned(),
+            limit,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Creates the new file `name` at the top of `workspace` (mode 0644,
+/// readable by the sandbox's user); fails if anything exists there.
+pub fn create(workspace: &Path, name: &str, contents: &[u8]) -> Result<(), WorkspaceError> {
+    let dir = open_dir(workspace)?;
+    let rel = Path::new(name);
+    let how = beneath(
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW,
+        Mode::from_bits_truncate(0o644),
+    );
+    let fd = openat2(&dir, rel, how).map_err(|e| open_error(workspace, rel, e))?;
+    File::from(fd)
+        .write_all(contents)
+        .map_err(|source| WorkspaceError::Io {
+            path: rel.to_owned(),
+            source,
+        })
+}
+
+/// Removes the file `name` at the top of `workspace` (a symlink there is
+/// removed, never followed).
+pub fn remove(workspace: &Path, name: &str) -> Result<(), WorkspaceError> {
+    let dir = open_dir(workspace)?;
+    unlinkat(&dir, name, UnlinkatFlags::NoRemoveDir)
+        .map_err(|e| open_error(workspace, Path::new(name), e))
+}
+
+/// Runs a workspace function on a blocking thread; the error as text.
+pub(super) async fn blocking<T, F>(f: F) -> Result<T, String>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(e) => Err(format!("workspace access failed: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ws() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    #[test]
+    fn reads_a_file_inside_and_follows_symlinks_that_stay_inside() {
+        let w = ws();
+        std::fs::create_dir(w.path().join("d")).unwrap();
+        std::fs::write(w.path().join("d/f"), "0.5").unwrap();
+        std::os::unix::fs::symlink("d/f", w.path().join("link")).unwrap();
+        assert_eq!(read(w.path(), Path::new("d/f"), 10).unwrap(), b"0.5");
+        assert_eq!(read(w.path(), Path::new("link"), 10).unwrap(), b"0.5");
+    }
+
+    #[test]
+    fn refuses_symlinks_leading_outside() {
+        let w = ws();
+        let outside = ws();
+        std::fs::write(outside.path().join("secret"), "1.0").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), w.path().join("abs")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), w.path().join("dir")).unwrap();
+        let rel_up = format!(
+            "../{}/secret",
+            outside.path().file_name().unwrap().to_str().unwrap()
+        );
+        std::os::unix::fs::symlink(&rel_up, w.path().join("up")).unwrap();
+        for name in ["abs", "dir/secret", "up"] {
+            let err = read(w.path(), Path::new(name), 10).unwrap_err();
+            assert!(
+                matches!(err, WorkspaceError::Escapes { .. }),
+                "{name}: {err}"
+            );
+            assert!(
+                err.to_string().contains("resolves outside the workspace"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_large_and_special_files_are_errors() {
+        let w = ws();
+        let err = read(w.path(), Path::new("nope"), 10).unwrap_err();
+        assert!(matches!(err, WorkspaceError::NotFound { .. }), "{err}");
+        std::fs::write(w.path().join("big"), "x".repeat(11)).unwrap();
+        let err = read(w.path(), Path::new("big"), 10).unwrap_err();
+        assert!(
+            matches!(err, WorkspaceError::TooLarge { limit: 10, .. }),
+            "{err}"
+        );
+        nix::unistd::mkfifo(&w.path().join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let err = read(w.path(), Path::new("fifo"), 10).unwrap_err();
+        assert!(matches!(err, WorkspaceError::NotRegular { .. }), "{err}");
+        let err = read(w.path(), Path::new("."), 10).unwrap_err();
+        assert!(matches!(err, WorkspaceError::NotRegular { .. }), "{err}");
+        std::os::unix::fs::symlink("loop", w.path().join("loop")).unwrap();
+        let err = read(w.path(), Path::new("loop"), 10).unwrap_err();
+        assert!(matches!(err, WorkspaceError::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn create_never_overwrites_nor_follows_and_remove_unlinks() {
+        let w = ws();
+        let outside = ws();
+        create(w.path(), "p.diff", b"diff").unwrap();
+        assert_eq!(std::fs::read(w.path().join("p.diff")).unwrap(), b"diff");
+        assert!(create(w.path(), "p.diff", b"again").is_err());
+        std::os::unix::fs::symlink(outside.path().join("x"), w.path().join("s")).unwrap();
+        assert!(create(w.path(), "s", b"x").is_err());
+        assert!(!outside.path().join("x").exists());
+        remove(w.path(), "p.diff").unwrap();
+        remove(w.path(), "s").unwrap();
+        assert!(!w.path().join("p.diff").exists());
+        assert!(std::fs::symlink_metadata(w.path().join("s")).is_err());
+    }
+}
