@@ -28,7 +28,10 @@ use polar_tests::{alive, cgroup2_mount, eventually, polar_bin, sandbox_tempdir};
 const TOKEN: &str = "gateway-e2e-token";
 
 fn mini_agent() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mini_agent.py")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/mini_agent.py")
+        .canonicalize()
+        .unwrap_or_default()
 }
 
 struct Fixture {
