@@ -44,6 +44,7 @@ struct Fixture {
 
 struct Gateway {
     node_id: String,
+    url: String,
     child: Child,
     log: PathBuf,
 }
@@ -148,6 +149,7 @@ formats = ["parquet", "jsonl"]
             .spawn()?;
         self.gateways.push(Gateway {
             node_id: node_id.to_owned(),
+            url: format!("http://{ip}:{port}"),
             child,
             log,
         });
@@ -320,6 +322,30 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         .await?;
     let nodes = check_results(&t, &f.export_dir())?;
     ensure!(nodes.iter().all(|n| n == "gw-a"), "{nodes:?}");
+    // The node at a glance, and its metrics.
+    let url = f.gateways[0].url.clone();
+    let out = Command::new(polar_bin()?)
+        .args(["status", "--node", &url, "--token", TOKEN])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        text.contains("node gw-a at") && text.contains("finished 8, reported 8"),
+        "{text}"
+    );
+    let metrics = RolloutClient::new(url, Some(TOKEN.into()))
+        .raw(http::Method::GET, "/metrics", None)
+        .await?;
+    let metrics = String::from_utf8_lossy(&metrics.1);
+    ensure!(
+        metrics.contains("polar_gateway_sessions_finished_total 8")
+            && metrics.contains("polar_gateway_stage_active{stage=\"running\"} 0"),
+        "{metrics}"
+    );
     f.gateway("gw-b", "127.0.0.12").await?;
     f.gateway("gw-c", "127.0.0.13").await?;
     // Long enough sessions that the three nodes share the 8.

@@ -140,10 +140,84 @@ pub struct StatusArgs {
     /// Tasks listed (the most recent).
     #[arg(long, default_value_t = 20)]
     pub tasks: usize,
+    /// Show a gateway node instead (its base URL, e.g.
+    /// `http://10.0.0.5:7071`): its pools, the sessions in each stage,
+    /// pause and drain state. `--token` is then the node's accepted token.
+    #[arg(long, value_name = "URL")]
+    pub node: Option<String>,
+}
+
+/// A gateway's `GET /v1/status` as text.
+pub fn node_text(v: &serde_json::Value) -> String {
+    use std::fmt::Write as _;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "node {} at {} (server {}){}{}",
+        v["node_id"].as_str().unwrap_or("?"),
+        v["address"].as_str().unwrap_or("?"),
+        v["server"].as_str().unwrap_or("?"),
+        if v["draining"] == true {
+            ", draining"
+        } else {
+            ""
+        },
+        if v["paused"] == true {
+            ", generations paused"
+        } else {
+            ""
+        },
+    );
+    let p = &v["pools"];
+    let _ = writeln!(
+        t,
+        "pools: init {}, ready buffer {}, running {}, postrun {}; max sessions {}",
+        p["init"], p["ready_buffer"], p["running"], p["postrun"], v["max_sessions"]
+    );
+    let stages = v["by_stage"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        t,
+        "sessions: {stages}; finished {}, reported {}",
+        v["finished"], v["reported"]
+    );
+    for s in v["sessions"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "  {}  task {} sample {} attempt {}  {}  {:.1}s",
+            s["session_id"].as_str().unwrap_or("?"),
+            s["task_id"].as_str().unwrap_or("?"),
+            s["sample_index"],
+            s["attempt"],
+            s["stage"].as_str().unwrap_or("?"),
+            s["age_ms"].as_f64().unwrap_or(0.0) / 1000.0
+        );
+    }
+    t
 }
 
 /// Runs `polar status`.
 pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
+    if let Some(node) = &args.node {
+        let c = RolloutClient::new(node.clone(), args.server.token.clone());
+        let (code, body) = c.raw(http::Method::GET, "/v1/status", None).await?;
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        if !code.is_success() {
+            return Err(CliError::Usage(format!(
+                "{node}/v1/status: {code}: {}",
+                v["error"]["message"].as_str().unwrap_or("no detail")
+            )));
+        }
+        out(&node_text(&v))?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let c = args.server.client();
     let s = c.status().await?;
     let mut text = status_text(&s, c.base());

@@ -9,6 +9,8 @@
 //! - `node`: the rollout protocol on the gateway's side (registration,
 //!   heartbeats, assignments, cancellations, results), its status and
 //!   metrics endpoints, drain;
+//! - `spec`: the checked harness, agent options, runtime and evaluator of
+//!   a session (also checked by the rollout server at submission);
 //! - `work`: the stages' real work: harness sessions, evaluation,
 //!   trajectory export;
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
@@ -16,6 +18,7 @@
 pub mod config;
 pub mod node;
 pub mod sim;
+pub mod spec;
 pub mod stages;
 pub mod work;
 

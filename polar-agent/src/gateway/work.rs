@@ -22,18 +22,18 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::spec::SessionSpec;
 use super::stages::{Interrupt, Job, Reached, Report, Work};
 use crate::agent::AgentParts;
 use crate::capture::SessionInfo;
 use crate::evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
 use crate::export::Exporter;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
-use crate::harness::{HarnessName, Install, ModeKind, check_installed, search_dirs};
+use crate::harness::{HarnessName, Install, check_installed, search_dirs};
 use crate::ids::SessionId;
 use crate::redirect::Redirect;
 use crate::rollout::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd};
-use crate::runtime::spec::RuntimeSpec;
 use crate::trajectory::{Rewards, SessionOutcome};
 
 /// A session between INIT and POSTRUN.
@@ -105,53 +105,6 @@ impl HarnessWork {
     }
 }
 
-/// The task's agent options this work understands.
-struct AgentOptions {
-    command: Vec<String>,
-    timeout: Option<Duration>,
-    mode: Option<ModeKind>,
-}
-
-fn agent_options(o: &Map<String, Value>) -> Result<AgentOptions, String> {
-    let mut out = AgentOptions {
-        command: Vec::new(),
-        timeout: None,
-        mode: None,
-    };
-    for (k, v) in o {
-        match (k.as_str(), v) {
-            ("command", Value::String(s)) => {
-                out.command = vec!["sh".into(), "-c".into(), s.clone()]
-            }
-            ("command", Value::Array(a)) => {
-                out.command = a
-                    .iter()
-                    .map(|x| x.as_str().map(str::to_owned))
-                    .collect::<Option<_>>()
-                    .ok_or("agent.options.command: an array of strings")?;
-            }
-            ("timeout_secs", v) => {
-                out.timeout = Some(Duration::from_secs(
-                    v.as_u64()
-                        .filter(|n| *n > 0)
-                        .ok_or("agent.options.timeout_secs: a positive integer")?,
-                ));
-            }
-            ("mode", Value::String(m)) if m == "transparent" => {
-                out.mode = Some(ModeKind::Transparent);
-            }
-            ("mode", Value::String(m)) if m == "base_url" => out.mode = Some(ModeKind::BaseUrl),
-            ("command" | "mode", _) => {
-                return Err(format!(
-                    "agent.options.{k}: unexpected value {v} (command: string or array; mode: transparent or base_url)"
-                ));
-            }
-            _ => return Err(format!("agent.options.{k}: unknown option")),
-        }
-    }
-    Ok(out)
-}
-
 fn chain(e: &dyn std::error::Error) -> String {
     crate::cli::chain(e)
 }
@@ -167,23 +120,9 @@ impl Work for HarnessWork {
     ) -> Result<Session, (String, bool)> {
         let a = &job.assignment;
         let fail = |m: String| (m, false);
-        let harness: HarnessName = a
-            .agent
-            .harness
-            .parse()
-            .map_err(|e: crate::harness::HarnessError| fail(format!("agent.harness: {e}")))?;
-        let opts = agent_options(&a.agent.options).map_err(fail)?;
-        let spec = if a.runtime.is_empty() {
-            RuntimeSpec::default()
-        } else {
-            let text = serde_json::to_string(&a.runtime).map_err(|e| fail(e.to_string()))?;
-            RuntimeSpec::parse(&text, true, "task runtime")
-                .map_err(|e| fail(format!("runtime: {e}")))?
-        };
-        let evaluator = Evaluator::from_spec(&a.evaluator).map_err(|e| fail(e.to_string()))?;
-        if harness != HarnessName::Shell && a.instruction.is_empty() {
-            return Err(fail(format!("instruction: the {harness} preset needs one")));
-        }
+        let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)
+            .map_err(|e| fail(e.to_string()))?;
+        let harness = spec.harness;
         let session: SessionId = a
             .session_id
             .parse()
@@ -207,9 +146,9 @@ impl Work for HarnessWork {
         let run = HarnessRun {
             harness,
             instruction: a.instruction.clone(),
-            command: opts.command,
-            mode: opts.mode.unwrap_or_else(|| harness.default_mode()),
-            spec,
+            command: spec.command,
+            mode: spec.mode.unwrap_or_else(|| harness.default_mode()),
+            spec: spec.runtime,
             budget: job
                 .deadline
                 .saturating_duration_since(tokio::time::Instant::now()),
@@ -225,8 +164,8 @@ impl Work for HarnessWork {
             .map_err(|e| (chain(&e), true))?;
         Ok(Session {
             prepared,
-            evaluator,
-            agent_timeout: opts.timeout.unwrap_or(self.agent_timeout),
+            evaluator: spec.evaluator,
+            agent_timeout: spec.timeout.unwrap_or(self.agent_timeout),
         })
     }
 

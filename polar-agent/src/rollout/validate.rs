@@ -157,6 +157,12 @@ pub fn check_task(req: &TaskRequest) -> Result<(), ValidationError> {
     }
     check_text("agent.harness", &req.agent.harness, 64)?;
     check_text("evaluator.kind", &req.evaluator.kind, 64)?;
+    crate::gateway::spec::SessionSpec::parse(
+        &req.instruction,
+        &req.agent,
+        &req.runtime,
+        &req.evaluator,
+    )?;
     if let Some(url) = &req.callback_url {
         check_url("callback_url", url)?;
     }

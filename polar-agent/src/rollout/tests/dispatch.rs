@@ -43,7 +43,7 @@ async fn eight_samples_on_one_gateway_arrive_with_rewards_and_group_id() {
         assert_eq!(a.metadata.group_id.as_deref(), Some("group-t8"));
         assert_eq!(a.metadata.policy_version.as_deref(), Some("v7"));
         assert_eq!(a.agent.harness, "shell");
-        assert_eq!(a.runtime["kind"], "bwrap");
+        assert_eq!(a.runtime["kind"], "docker");
         assert!(a.deadline_unix_ms > crate::rollout::now_ms());
     }
     // The trainer's views: list, status, metrics.
