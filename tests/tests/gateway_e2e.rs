@@ -175,6 +175,22 @@ formats = ["parquet", "jsonl"]
     /// Submits a task of `n` samples; `pause_secs` of sleep before the
     /// agent runs makes the sessions long enough to interfere with.
     async fn submit(&self, task_id: &str, n: u32, pause_secs: u32) -> Result<()> {
+        self.submit_with(
+            task_id,
+            n,
+            pause_secs,
+            serde_json::json!({"kind": "command", "options": {"command": "test -s polar-demo.txt"}}),
+        )
+        .await
+    }
+
+    async fn submit_with(
+        &self,
+        task_id: &str,
+        n: u32,
+        pause_secs: u32,
+        evaluator: serde_json::Value,
+    ) -> Result<()> {
         let command = if pause_secs > 0 {
             format!("sleep {pause_secs}; python3 /workspace/mini_agent.py")
         } else {
@@ -187,7 +203,7 @@ formats = ["parquet", "jsonl"]
             "timeout_secs": 120,
             "agent": {"harness": "shell", "options": {"command": command}},
             "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
-            "evaluator": {"kind": "command", "options": {"command": "test -s polar-demo.txt"}},
+            "evaluator": evaluator,
             "builder": {"kind": "prefix_merging"},
             "metadata": {"group_id": format!("group-{task_id}"), "policy_version": "v3"},
         });
@@ -468,4 +484,66 @@ async fn a_restarted_rollout_server_loses_nothing() -> Result<()> {
 /// multi-threaded test runtime.
 fn futures_block<F: std::future::Future>(f: F) -> F::Output {
     tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+}
+
+/// A SWE-bench style evaluation through the gateway: the test patch adds a
+/// unittest checking the file the agent wrote, it is applied in the
+/// sandbox, the tests run, and the expected test must pass; and a `command`
+/// evaluator in a fresh sandbox on the same workspace, rewarded from a
+/// reward file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway("gw-e", "127.0.0.41").await?;
+    let patch = "--- /dev/null\n+++ b/test_demo.py\n@@ -0,0 +1,9 @@\n+import unittest\n+\n+\n+class T(unittest.TestCase):\n+    def test_file(self):\n+        self.assertEqual(open(\"polar-demo.txt\").read().strip(), \"polar\")\n+\n+    def test_other(self):\n+        self.assertTrue(True)\n";
+    f.submit_with(
+        "swe",
+        2,
+        0,
+        serde_json::json!({"kind": "test_output", "options": {
+            "test_patch": patch,
+            "command": "python3 -m unittest -v test_demo",
+            "parser": "unittest",
+            "fail_to_pass": ["test_demo.T.test_file"],
+            "pass_to_pass": ["test_demo.T.test_other"],
+        }}),
+    )
+    .await?;
+    f.submit_with(
+        "fresh",
+        1,
+        0,
+        serde_json::json!({"kind": "command", "options": {
+            "command": "if [ -s polar-demo.txt ]; then echo 1.0; else echo 0.0; fi > $POLAR_REWARD_FILE",
+            "reward": "file",
+            "fresh": true,
+        }}),
+    )
+    .await?;
+    for task in ["swe", "fresh"] {
+        let t = f.wait_finished(task, Duration::from_secs(240)).await?;
+        check_results(&t, &f.export_dir())?;
+    }
+    // A patch whose test fails scores 0 and stays usable.
+    f.submit_with(
+        "swe-fail",
+        1,
+        0,
+        serde_json::json!({"kind": "test_output", "options": {
+            "test_patch": patch.replace("\"polar\"", "\"other\""),
+            "command": "python3 -m unittest -v test_demo",
+            "parser": "unittest",
+            "fail_to_pass": ["test_demo.T.test_file"],
+        }}),
+    )
+    .await?;
+    let t = f
+        .wait_finished("swe-fail", Duration::from_secs(240))
+        .await?;
+    let SessionState::Done { result, .. } = &t.samples[0].state else {
+        bail!("{t:#?}");
+    };
+    ensure!(result.reward == Some(0.0), "{result:?}");
+    f.stop_gateways()?;
+    Ok(())
 }

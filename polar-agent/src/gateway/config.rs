@@ -346,6 +346,22 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_s_gateway_table_parses() {
+        let example = include_str!("../../../config/polar.example.toml");
+        let block: String = example
+            .lines()
+            .skip_while(|l| *l != "# [gateway]")
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{}\n", l.trim_start_matches('#').trim_start()))
+            .collect();
+        let c = parse(&block).unwrap();
+        assert_eq!(c.node_id, "gpu-07");
+        assert_eq!(c.accept_tokens, vec!["server-secret".to_owned()]);
+        assert_eq!(c.formats, vec![Format::Parquet, Format::Jsonl]);
+        assert_eq!(c.export.as_deref(), Some("/mnt/shared/trajectories"));
+    }
+
+    #[test]
     fn errors_name_the_key() {
         let base = "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\n";
         for (extra, key) in [
