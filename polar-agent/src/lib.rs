@@ -12,6 +12,7 @@ pub mod harness;
 pub mod ids;
 pub mod inference;
 pub mod listener;
+pub mod metrics;
 pub mod mock;
 pub mod netns;
 pub mod provider;

@@ -125,7 +125,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         tasks.spawn(base_url::serve(
             l,
             Arc::clone(&parts.sessions),
-            Arc::new(parts.config.rules.clone()),
+            parts.rules.clone(),
             parts.proxy.pipeline(),
             parts.proxy.limits(),
             tasks.clone(),
