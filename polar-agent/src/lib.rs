@@ -11,6 +11,7 @@ pub mod export;
 pub mod harness;
 pub mod ids;
 pub mod inference;
+pub mod install;
 pub mod listener;
 pub mod metrics;
 pub mod mock;

@@ -6,6 +6,7 @@
 
 mod ca;
 mod harness;
+mod install;
 mod proxy;
 mod rollout;
 mod sandbox;
@@ -23,6 +24,7 @@ use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 
 pub use self::ca::CaCommand;
+pub use self::install::{InstallArgs, UninstallArgs};
 pub use self::proxy::ProxyArgs;
 pub use self::rollout::{RolloutCommand, ServeArgs};
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
@@ -72,6 +74,15 @@ pub enum Command {
     Submit(SubmitArgs),
     /// A rollout server's health, nodes and tasks.
     Status(StatusArgs),
+    /// Install the agent on this node (or below --root): binary, config,
+    /// state directory with the CA, systemd units; idempotent.
+    Install(InstallArgs),
+    /// Remove what `polar install` installed, stop the service, and report
+    /// any Polar cgroup or BPF program still present.
+    Uninstall(UninstallArgs),
+    /// Internal: print the long help of every command (the manual).
+    #[command(name = "__manual", hide = true)]
+    Manual,
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -165,6 +176,9 @@ pub enum CliError {
     /// The runtime spec is invalid.
     #[error(transparent)]
     Spec(#[from] crate::runtime::spec::SpecError),
+    /// Install or uninstall failed.
+    #[error(transparent)]
+    Install(#[from] crate::install::InstallError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
@@ -219,6 +233,15 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Install(args) => install::install(args),
+        Command::Uninstall(args) => install::uninstall(args),
+        Command::Manual => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            cmd.build();
+            let text = install::manual(&mut cmd);
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config(ConfigCommand::Check { file }) => {
             let summary = crate::config::check_file(&file)?;
             std::io::Write::write_all(&mut std::io::stdout(), format!("{summary}\n").as_bytes())?;
