@@ -125,5 +125,6 @@ mod tests {
         assert!(text.contains("--purge"), "long help of uninstall");
         assert!(!text.contains("polar __reap"), "hidden commands stay out");
         assert!(!text.contains("polar __manual"), "hidden commands stay out");
+        assert!(!text.contains("polar __unit"), "hidden commands stay out");
     }
 }

@@ -83,6 +83,12 @@ pub enum Command {
     /// Internal: print the long help of every command (the manual).
     #[command(name = "__manual", hide = true)]
     Manual,
+    /// Internal: print a systemd unit `polar install` writes.
+    #[command(name = "__unit", hide = true)]
+    Unit {
+        /// `polar-agent.service` or `polar-rollout.service`.
+        name: String,
+    },
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -235,6 +241,15 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Install(args) => install::install(args),
         Command::Uninstall(args) => install::uninstall(args),
+        Command::Unit { name } => {
+            let text = match name.as_str() {
+                crate::install::units::AGENT_UNIT => crate::install::units::agent_unit(),
+                crate::install::units::ROLLOUT_UNIT => crate::install::units::rollout_unit(),
+                other => return Err(CliError::Usage(format!("no unit named {other:?}"))),
+            };
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Manual => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             cmd.build();
