@@ -12,18 +12,27 @@ use polar_agent::redirect::{CgroupError, PreflightError};
 use polar_agent::trajectory::DropReason;
 
 fn doc() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/TROUBLESHOOTING.md"))
-        .unwrap()
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/TROUBLESHOOTING.md"
+    ))
+    .unwrap()
 }
 
 fn quoted(doc: &str, text: &str) {
-    assert!(doc.contains(text), "docs/TROUBLESHOOTING.md does not quote:\n{text}");
+    assert!(
+        doc.contains(text),
+        "docs/TROUBLESHOOTING.md does not quote:\n{text}"
+    );
 }
 
 #[test]
 fn every_quoted_error_is_the_codes_text() {
     let doc = doc();
-    quoted(&doc, &PreflightError::KernelTooOld("5.10.0-28-amd64".into()).to_string());
+    quoted(
+        &doc,
+        &PreflightError::KernelTooOld("5.10.0-28-amd64".into()).to_string(),
+    );
     quoted(&doc, &CgroupError::NoCgroup2.to_string());
     let caps = PreflightError::Capabilities(vec![(
         Capability::CAP_BPF,
@@ -55,7 +64,10 @@ fn every_quoted_error_is_the_codes_text() {
         }
         .to_string(),
     );
-    quoted(&doc, &serde_json::to_string(&DropReason::TokenIdsMissing).unwrap());
+    quoted(
+        &doc,
+        &serde_json::to_string(&DropReason::TokenIdsMissing).unwrap(),
+    );
     quoted(&doc, "\"token_ids_missing\":true");
     for alert in [
         rustls::AlertDescription::UnknownCA,
