@@ -7,7 +7,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output};
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use polar_agent::redirect::preflight::REQUIRED;
 use polar_tests::polar_bin;
 
@@ -154,6 +154,50 @@ fn a_state_directory_others_may_write_is_refused_before_anything_is_made() -> Re
     ensure!(
         out.status.success(),
         "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn the_units_capabilities_are_enough_to_run_a_sandbox() -> Result<()> {
+    // The capability set of the installed unit, as `polar __unit` prints it.
+    let unit = run(&[], &["__unit", "polar-agent.service"])?;
+    ensure!(unit.status.success());
+    let text = String::from_utf8_lossy(&unit.stdout).into_owned();
+    let caps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("AmbientCapabilities="))
+        .context("no AmbientCapabilities")?;
+    let bounding = std::iter::once("-all".to_owned())
+        .chain(
+            caps.split(' ')
+                .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase())),
+        )
+        .collect::<Vec<_>>()
+        .join(",");
+    let state = tempfile::tempdir()?;
+    let file = state.path().join("agent.toml");
+    std::fs::write(
+        &file,
+        format!("[agent]\nstate_dir = \"{}\"\n", state.path().display()),
+    )?;
+    let f = file.display().to_string();
+    let bounding_arg = format!("--bounding-set={bounding}");
+    let out = run(
+        &[
+            "setpriv",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            &bounding_arg,
+            "--",
+        ],
+        &["sandbox", "run", "--config", &f, "--", "true"],
+    )?;
+    ensure!(
+        out.status.success(),
+        "with {bounding}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
