@@ -64,7 +64,7 @@ upstream = "{u}"
     tasks.spawn(base_url::serve(
         listener,
         Arc::clone(&parts.sessions),
-        Arc::new(parts.config.rules.clone()),
+        parts.rules.clone(),
         parts.proxy.pipeline(),
         parts.proxy.limits(),
         tasks.clone(),

@@ -6,6 +6,7 @@
 
 mod cmd;
 mod demo;
+mod dist;
 mod harnesses;
 mod release;
 mod setup;
@@ -36,6 +37,10 @@ enum Task {
     Harnesses,
     /// Set up, then build the release `polar` binary.
     Build,
+    /// Set up, build the release binary and lay out a self-contained
+    /// release (binary, example configs, systemd units, docs, manual, k8s
+    /// manifests) in target/dist/, plus its .tar.gz.
+    Dist,
     /// Set up, then run formatting, clippy, cargo-deny, the debug build and
     /// all tests (privileged ones need root).
     Test(test::TestArgs),
@@ -48,6 +53,7 @@ fn main() -> ExitCode {
         Task::Setup => setup::run(),
         Task::Harnesses => harnesses::run().map(|_| ()),
         Task::Build => release::run(),
+        Task::Dist => dist::run(),
         Task::Test(args) => test::run(args),
         Task::Demo => demo::run(),
     };

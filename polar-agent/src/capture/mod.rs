@@ -1,8 +1,9 @@
 //! Capture of model calls: the record of each call ([`record`]) and how it
 //! is built from a call's parts ([`build`]), the
 //! durable per-session log it is appended to ([`log`]), the store of all
-//! sessions' logs with their Responses-API history ([`store`]), and the
-//! sessions' task and metadata ([`session`]).
+//! sessions' logs with their Responses-API history ([`store`]), the
+//! sessions' task and metadata ([`session`]), and counters of what the logs
+//! hold ([`stats`]).
 //!
 //! Layout on disk, under `agent.state_dir`:
 //!
@@ -16,8 +17,10 @@ pub mod encode;
 pub mod log;
 pub mod record;
 pub mod session;
+pub mod stats;
 pub mod store;
 
 pub use log::{Durability, LogError, LogProblem, parse_log, read_log};
 pub use session::{SessionInfo, SessionRegistry};
+pub use stats::CaptureStats;
 pub use store::{CaptureStore, SessionLog};

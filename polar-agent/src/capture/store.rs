@@ -23,6 +23,7 @@ use super::encode::{PreEncoded, encode_record};
 use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
 use super::record::{Api, CallStatus, CompletionRecord, RECORD_VERSION};
 use super::session::{SessionInfo, SessionRegistry};
+use super::stats::CaptureStats;
 use crate::chat::Message;
 use crate::ids::SessionId;
 use crate::provider::{conversation_after, openai_responses};
@@ -77,6 +78,7 @@ pub struct SessionLog {
     file: Arc<Mutex<LogFile>>,
     next_seq: AtomicU64,
     responses: Mutex<ResponseIndex>,
+    stats: Arc<CaptureStats>,
 }
 
 impl SessionLog {
@@ -100,6 +102,11 @@ impl SessionLog {
         self.next_seq.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The store's counters.
+    pub fn stats(&self) -> &CaptureStats {
+        &self.stats
+    }
+
     /// The conversation a Responses reply `response_id` ended, if known.
     pub fn conversation(&self, response_id: &str) -> Option<Conversation> {
         lock(&self.responses).by_id.get(response_id).cloned()
@@ -114,10 +121,12 @@ impl SessionLog {
         let entry = tokio::task::spawn_blocking(move || {
             let line = encode_record(&record, &pre)?;
             lock(&file).append_line(&line)?;
-            Ok::<_, LogError>(history_entry(&record))
+            Ok::<_, LogError>((history_entry(&record), record))
         })
         .await
         .map_err(|e| LogError::Task(e.to_string()))??;
+        let (entry, record) = entry;
+        self.stats.recorded(&record);
         if let Some((id, conversation)) = entry {
             lock(&self.responses).insert(id, conversation);
         }
@@ -132,6 +141,7 @@ pub struct CaptureStore {
     durability: Durability,
     registry: Arc<SessionRegistry>,
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
+    stats: Arc<CaptureStats>,
 }
 
 impl CaptureStore {
@@ -142,7 +152,13 @@ impl CaptureStore {
             durability,
             registry,
             open: Mutex::new(HashMap::new()),
+            stats: Arc::default(),
         }
+    }
+
+    /// Counters of the records appended since the store was made.
+    pub fn stats(&self) -> &Arc<CaptureStats> {
+        &self.stats
     }
 
     /// The directory holding the session directories.
@@ -168,7 +184,8 @@ impl CaptureStore {
             let durability = self.durability;
             let id = session.clone();
             let info = self.registry.get(session).unwrap_or_default();
-            tokio::task::spawn_blocking(move || open_session(&root, id, &info, durability))
+            let stats = Arc::clone(&self.stats);
+            tokio::task::spawn_blocking(move || open_session(&root, id, &info, durability, stats))
                 .await
                 .map_err(|e| LogError::Task(e.to_string()))?
                 .map(Arc::new)
@@ -188,6 +205,7 @@ fn open_session(
     session: SessionId,
     info: &SessionInfo,
     durability: Durability,
+    stats: Arc<CaptureStats>,
 ) -> Result<SessionLog, LogError> {
     let dir = root.join(session.as_str());
     let fresh = !dir.exists();
@@ -220,6 +238,7 @@ fn open_session(
         file: Arc::new(Mutex::new(file)),
         next_seq: AtomicU64::new(next),
         responses: Mutex::new(index),
+        stats,
     })
 }
 

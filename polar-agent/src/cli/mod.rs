@@ -7,6 +7,7 @@
 mod agent;
 mod ca;
 mod harness;
+mod install;
 mod proxy;
 mod rollout;
 mod sandbox;
@@ -24,6 +25,7 @@ use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 
 pub use self::ca::CaCommand;
+pub use self::install::{InstallArgs, UninstallArgs};
 pub use self::proxy::ProxyArgs;
 pub use self::rollout::{RolloutCommand, ServeArgs};
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
@@ -77,6 +79,21 @@ pub enum Command {
     Submit(SubmitArgs),
     /// A rollout server's health, nodes and tasks.
     Status(StatusArgs),
+    /// Install the agent on this node (or below --root): binary, config,
+    /// state directory with the CA, systemd units; idempotent.
+    Install(InstallArgs),
+    /// Remove what `polar install` installed, stop the service, and report
+    /// any Polar cgroup or BPF program still present.
+    Uninstall(UninstallArgs),
+    /// Internal: print the long help of every command (the manual).
+    #[command(name = "__manual", hide = true)]
+    Manual,
+    /// Internal: print a systemd unit `polar install` writes.
+    #[command(name = "__unit", hide = true)]
+    Unit {
+        /// `polar-agent.service` or `polar-rollout.service`.
+        name: String,
+    },
     /// Internal: the cleanup guardian started by the agent.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -170,6 +187,9 @@ pub enum CliError {
     /// The runtime spec is invalid.
     #[error(transparent)]
     Spec(#[from] crate::runtime::spec::SpecError),
+    /// Install or uninstall failed.
+    #[error(transparent)]
+    Install(#[from] crate::install::InstallError),
     /// An I/O error.
     #[error("{0}: {1}")]
     Io(String, #[source] std::io::Error),
@@ -227,6 +247,24 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Install(args) => install::install(args),
+        Command::Uninstall(args) => install::uninstall(args),
+        Command::Unit { name } => {
+            let text = match name.as_str() {
+                crate::install::units::AGENT_UNIT => crate::install::units::agent_unit(),
+                crate::install::units::ROLLOUT_UNIT => crate::install::units::rollout_unit(),
+                other => return Err(CliError::Usage(format!("no unit named {other:?}"))),
+            };
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Manual => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            cmd.build();
+            let text = install::manual(&mut cmd);
+            std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Config(ConfigCommand::Check { file }) => {
             let summary = crate::config::check_file(&file)?;
             std::io::Write::write_all(&mut std::io::stdout(), format!("{summary}\n").as_bytes())?;

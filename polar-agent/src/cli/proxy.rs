@@ -69,7 +69,7 @@ pub async fn run(args: ProxyArgs) -> Result<ExitCode, CliError> {
     tasks.spawn(base_url::serve(
         listener,
         Arc::clone(&parts.sessions),
-        Arc::new(parts.config.rules.clone()),
+        parts.rules.clone(),
         parts.proxy.pipeline(),
         parts.proxy.limits(),
         tasks.clone(),

@@ -7,7 +7,8 @@
 //!   loading from text or a file.
 //! - `sections.rs`, `route.rs`, `host.rs`, `upstream.rs`, `cidr.rs`: the
 //!   validated values and their checks; `defaults.rs`: the defaults.
-//! - `rules.rs`: [`Rules`], the compiled router (connections, DNS, CA names).
+//! - `rules.rs`: [`Rules`], the compiled router (connections, DNS, CA names);
+//!   `live.rs`: [`LiveRules`], the rules in force, swapped on a reload.
 //! - `error.rs`, `locate.rs`: [`ConfigError`] with key paths and locations.
 //! - `check.rs`: [`check_file`] for `polar config check FILE`.
 //!
@@ -18,6 +19,7 @@ mod cidr;
 pub mod defaults;
 mod error;
 mod host;
+mod live;
 mod locate;
 mod raw;
 mod route;
@@ -30,6 +32,7 @@ pub use check::{Summary, check_file};
 pub use cidr::Ipv4Cidr;
 pub use error::{ConfigError, KeyPath, Location, Segment};
 pub use host::{DnsName, HostPattern};
+pub use live::LiveRules;
 pub use raw::{RawAgent, RawCa, RawConfig, RawDns, RawProxy, RawRoute};
 pub use route::{ActionKind, DEFAULT_PORTS, DefaultAction, ProviderHint, Route, RouteAction};
 pub use rules::{Decision, DnsDecision, MatchedRule, Rules};

@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::config::Rules;
+use crate::config::LiveRules;
 use crate::ids::SessionId;
 use crate::listener::{Accepted, Handler};
 use crate::proxy::Proxy;
@@ -26,8 +26,8 @@ pub struct WithBaseUrl {
     pub addr: SocketAddr,
     /// Accepted sessions and keys.
     pub sessions: Arc<SessionDirectory>,
-    /// Routing rules (model routes give the upstreams).
-    pub rules: Arc<Rules>,
+    /// Routing rules in force (model routes give the upstreams).
+    pub rules: LiveRules,
 }
 
 fn same(a: SocketAddr, b: SocketAddr) -> bool {
@@ -46,7 +46,7 @@ impl Handler for WithBaseUrl {
         if conn.orig.is_some_and(|o| same(o.0, self.addr)) {
             let source = Arc::new(BaseUrlSource {
                 sessions: Arc::clone(&self.sessions),
-                rules: Arc::clone(&self.rules),
+                rules: self.rules.clone(),
                 peer: conn.peer,
             });
             crate::proxy::http::serve(

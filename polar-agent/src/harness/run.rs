@@ -227,7 +227,7 @@ pub async fn prepare(
             Mode::Transparent => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
         },
         sessions: Arc::clone(&parts.sessions),
-        rules: Arc::new(parts.config.rules.clone()),
+        rules: parts.rules.clone(),
     });
     let opts = SessionOptions {
         id: run.session.clone(),

@@ -13,7 +13,7 @@ use http::Request;
 use hyper::body::Incoming;
 
 use crate::capture::record::Api;
-use crate::config::{ProviderHint, Route, RouteAction, Rules};
+use crate::config::{LiveRules, ProviderHint, Route, RouteAction, Rules};
 use crate::ids::SessionId;
 use crate::tasks::Tasks;
 
@@ -134,8 +134,9 @@ pub fn route_for(rules: &Rules, api: Option<Api>) -> Option<&Route> {
 pub struct BaseUrlSource {
     /// Accepted sessions.
     pub sessions: Arc<SessionDirectory>,
-    /// The routing rules (model routes give the backends and upstreams).
-    pub rules: Arc<Rules>,
+    /// The routing rules in force (model routes give the backends and
+    /// upstreams); read once per request.
+    pub rules: LiveRules,
     /// The client.
     pub peer: SocketAddr,
 }
@@ -144,7 +145,8 @@ impl ContextSource for BaseUrlSource {
     fn context(&self, req: &Request<Incoming>) -> Result<RequestContext, ProxyError> {
         let session = self.sessions.resolve(req)?;
         let api = api_of(req.method(), req.uri(), req.headers());
-        let route = route_for(&self.rules, api)
+        let rules = self.rules.current();
+        let route = route_for(&rules, api)
             .ok_or_else(|| ProxyError::NoRoute(req.uri().path().to_owned()))?;
         let RouteAction::Model {
             provider,
@@ -177,11 +179,12 @@ impl ContextSource for BaseUrlSource {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sessions: Arc<SessionDirectory>,
-    rules: Arc<Rules>,
+    rules: impl Into<LiveRules>,
     pipeline: Arc<dyn ModelPipeline>,
     limits: HttpLimits,
     tasks: Tasks,
 ) {
+    let rules = rules.into();
     let shutdown = tasks.shutdown_token();
     loop {
         let (stream, peer) = tokio::select! {
@@ -199,7 +202,7 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let source = Arc::new(BaseUrlSource {
             sessions: Arc::clone(&sessions),
-            rules: Arc::clone(&rules),
+            rules: rules.clone(),
             peer,
         });
         let pipeline = Arc::clone(&pipeline);

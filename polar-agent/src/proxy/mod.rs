@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, Decision, Ipv4Cidr, RouteAction, Rules};
+use crate::config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use crate::listener::{Accepted, Handler};
 use crate::tls::ServerConfigFactory;
 
@@ -59,7 +59,7 @@ pub struct ProxyStats {
 
 /// The proxy's settings and shared state.
 pub struct Proxy {
-    rules: Arc<Rules>,
+    rules: LiveRules,
     tls: ServerConfigFactory,
     pipeline: Arc<dyn ModelPipeline>,
     limits: HttpLimits,
@@ -84,9 +84,20 @@ impl Proxy {
         tls: ServerConfigFactory,
         pipeline: Arc<dyn ModelPipeline>,
     ) -> Self {
+        Self::with_rules(config, LiveRules::new(config.rules.clone()), tls, pipeline)
+    }
+
+    /// A proxy following `rules` (replaced on a reload) instead of the
+    /// configuration's.
+    pub fn with_rules(
+        config: &Config,
+        rules: LiveRules,
+        tls: ServerConfigFactory,
+        pipeline: Arc<dyn ModelPipeline>,
+    ) -> Self {
         let p = &config.proxy;
         Self {
-            rules: Arc::new(config.rules.clone()),
+            rules,
             tls,
             pipeline,
             limits: HttpLimits {
@@ -112,8 +123,13 @@ impl Proxy {
         Arc::clone(&self.pipeline)
     }
 
-    /// The routing rules.
-    pub fn rules(&self) -> &Rules {
+    /// The routing rules in force (a snapshot).
+    pub fn rules(&self) -> Arc<Rules> {
+        self.rules.current()
+    }
+
+    /// The routing rules, as replaced on a reload.
+    pub fn live_rules(&self) -> &LiveRules {
         &self.rules
     }
 
@@ -137,7 +153,8 @@ impl Proxy {
         let orig = conn.orig.map(|o| o.0);
         let ip = orig.map(|o| o.ip()).filter(|ip| !self.is_fake(*ip));
         let port = orig.map_or(if tls { 443 } else { 80 }, |o| o.port());
-        let decision = self.rules.route(host.as_deref(), ip, port);
+        // One snapshot per connection: a reload does not change its decision.
+        let decision = self.rules.current().route(host.as_deref(), ip, port);
         Plan {
             host,
             tls,

@@ -14,9 +14,10 @@ pub enum PreflightError {
     /// Missing capabilities, each with why it is needed.
     #[error(
         "missing capabilities: {}; run the agent as root, or grant them \
-         (systemd: AmbientCapabilities={})",
-        .0.iter().map(|(c, why)| format!("{c} ({why})")).collect::<Vec<_>>().join(", "),
-        .0.iter().map(|(c, _)| c.to_string()).collect::<Vec<_>>().join(" ")
+         (systemd: AmbientCapabilities={}){}",
+        .0.iter().map(|(c, _)| c.to_string()).collect::<Vec<_>>().join(", "),
+        .0.iter().map(|(c, _)| c.to_string()).collect::<Vec<_>>().join(" "),
+        .0.iter().map(|(c, why)| format!("\n  {c} ({why}) is missing")).collect::<String>()
     )]
     Capabilities(Vec<(Capability, &'static str)>),
     /// The kernel is older than [`MIN_KERNEL`].
@@ -95,7 +96,19 @@ mod tests {
             "load eBPF programs and maps",
         )]);
         let s = e.to_string();
-        assert!(s.contains("CAP_BPF (load eBPF programs and maps)"), "{s}");
-        assert!(s.contains("AmbientCapabilities=CAP_BPF"), "{s}");
+        assert!(s.starts_with("missing capabilities: CAP_BPF;"), "{s}");
+        assert!(s.contains("AmbientCapabilities=CAP_BPF)"), "{s}");
+        assert!(
+            s.ends_with("\n  CAP_BPF (load eBPF programs and maps) is missing"),
+            "{s}"
+        );
+        let all = PreflightError::Capabilities(REQUIRED.to_vec()).to_string();
+        assert_eq!(all.lines().count(), 1 + REQUIRED.len(), "{all}");
+        for (cap, why) in REQUIRED {
+            assert!(
+                all.contains(&format!("\n  {cap} ({why}) is missing")),
+                "{all}"
+            );
+        }
     }
 }

@@ -3,16 +3,16 @@
 //! values, and the `/metrics` text.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::scheduler::Counters;
 use super::types::NodeView;
+use crate::metrics::{Histogram, Text};
 
 /// Upper bounds of the histogram buckets, in seconds.
-const BUCKETS: [f64; 13] = [
+static BUCKETS: [f64; 13] = [
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 /// Raw latencies kept.
@@ -21,9 +21,7 @@ const KEEP: usize = 200_000;
 /// The dispatch latency histogram.
 #[derive(Debug)]
 pub struct Metrics {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
+    latency: Histogram,
     recent: Mutex<VecDeque<Duration>>,
     callback_failures: AtomicU64,
 }
@@ -31,9 +29,7 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self {
-            buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
-            sum_micros: AtomicU64::new(0),
+            latency: Histogram::new(&BUCKETS),
             recent: Mutex::new(VecDeque::new()),
             callback_failures: AtomicU64::new(0),
         }
@@ -43,17 +39,7 @@ impl Default for Metrics {
 impl Metrics {
     /// Records one dispatch latency.
     pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if secs <= *bound {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros.fetch_add(
-            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.latency.observe(d);
         let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         if r.len() == KEEP {
             r.pop_front();
@@ -85,42 +71,40 @@ impl Metrics {
         counters: Counters,
         queued: usize,
     ) -> String {
-        let mut out = String::new();
-        let _ = writeln!(out, "# HELP polar_rollout_tasks Tasks by status.");
-        let _ = writeln!(out, "# TYPE polar_rollout_tasks gauge");
+        let mut out = Text::new();
+        out.family("polar_rollout_tasks", "gauge", "Tasks by status.");
         for (k, v) in tasks {
-            let _ = writeln!(out, "polar_rollout_tasks{{status=\"{k}\"}} {v}");
+            out.sample("polar_rollout_tasks", &[("status", k)], v);
         }
-        let _ = writeln!(out, "# HELP polar_rollout_sessions Sessions by state.");
-        let _ = writeln!(out, "# TYPE polar_rollout_sessions gauge");
+        out.family("polar_rollout_sessions", "gauge", "Sessions by state.");
         for (k, v) in sessions {
-            let _ = writeln!(out, "polar_rollout_sessions{{state=\"{k}\"}} {v}");
+            out.sample("polar_rollout_sessions", &[("state", k)], v);
         }
-        let _ = writeln!(
-            out,
-            "# HELP polar_rollout_queue_depth Sessions waiting for a node."
+        out.single(
+            "polar_rollout_queue_depth",
+            "gauge",
+            "Sessions waiting for a node.",
+            queued,
         );
-        let _ = writeln!(out, "# TYPE polar_rollout_queue_depth gauge");
-        let _ = writeln!(out, "polar_rollout_queue_depth {queued}");
-        let _ = writeln!(
-            out,
-            "# HELP polar_rollout_nodes Registered nodes by health."
+        out.family(
+            "polar_rollout_nodes",
+            "gauge",
+            "Registered nodes by health.",
         );
-        let _ = writeln!(out, "# TYPE polar_rollout_nodes gauge");
         for health in ["healthy", "draining", "unhealthy"] {
             let n = nodes.iter().filter(|n| n.health.as_str() == health).count();
-            let _ = writeln!(out, "polar_rollout_nodes{{health=\"{health}\"}} {n}");
+            out.sample("polar_rollout_nodes", &[("health", health)], n);
         }
-        let _ = writeln!(
-            out,
-            "# HELP polar_rollout_node_assigned Sessions assigned per node."
+        out.family(
+            "polar_rollout_node_assigned",
+            "gauge",
+            "Sessions assigned per node.",
         );
-        let _ = writeln!(out, "# TYPE polar_rollout_node_assigned gauge");
         for n in nodes {
-            let _ = writeln!(
-                out,
-                "polar_rollout_node_assigned{{node=\"{}\"}} {}",
-                n.node_id, n.assigned
+            out.sample(
+                "polar_rollout_node_assigned",
+                &[("node", n.node_id.as_str())],
+                n.assigned,
             );
         }
         for (name, help, v) in [
@@ -146,37 +130,14 @@ impl Metrics {
                 self.callback_failures.load(Ordering::Relaxed),
             ),
         ] {
-            let _ = writeln!(out, "# HELP polar_rollout_{name}_total {help}");
-            let _ = writeln!(out, "# TYPE polar_rollout_{name}_total counter");
-            let _ = writeln!(out, "polar_rollout_{name}_total {v}");
+            out.single(&format!("polar_rollout_{name}_total"), "counter", help, v);
         }
-        let _ = writeln!(
-            out,
-            "# HELP polar_rollout_dispatch_latency_seconds From a session becoming dispatchable to its gateway accepting it."
+        self.latency.render(
+            &mut out,
+            "polar_rollout_dispatch_latency_seconds",
+            "From a session becoming dispatchable to its gateway accepting it.",
         );
-        let _ = writeln!(
-            out,
-            "# TYPE polar_rollout_dispatch_latency_seconds histogram"
-        );
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "polar_rollout_dispatch_latency_seconds_bucket{{le=\"{bound}\"}} {}",
-                self.buckets[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "polar_rollout_dispatch_latency_seconds_bucket{{le=\"+Inf\"}} {count}"
-        );
-        let _ = writeln!(
-            out,
-            "polar_rollout_dispatch_latency_seconds_sum {}",
-            self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(out, "polar_rollout_dispatch_latency_seconds_count {count}");
-        out
+        out.finish()
     }
 }
 

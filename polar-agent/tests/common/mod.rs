@@ -79,7 +79,7 @@ impl TestAgent {
         parts.tasks.spawn(base_url::serve(
             listener,
             Arc::clone(&parts.sessions),
-            Arc::new(config.rules.clone()),
+            parts.rules.clone(),
             parts.proxy.pipeline(),
             parts.proxy.limits(),
             parts.tasks.clone(),

@@ -139,6 +139,7 @@ async fn translate_and_answer(
         Err(e) => {
             tracing::warn!(session = %session, seq = draft.seq, error = %e, "inference call failed");
             let err = errors::provider_error(&e);
+            errors::count_backend(&log, &err);
             return fail_early(&log, draft, api, err, Some(backend_name)).await;
         }
     };

@@ -12,6 +12,15 @@ use crate::provider::{self, ErrorKind, ProviderError, Side};
 use super::super::body::ProxyBody;
 use super::super::error::json_response;
 
+/// Counts a failure at the backend's side in the capture counters, by
+/// kind (`backend_timeout`, `backend_unavailable`, `overloaded`, ...).
+pub fn count_backend(log: &crate::capture::SessionLog, err: &ProviderError) {
+    if err.side == Side::Backend {
+        log.stats()
+            .backend_error(&err.kind.to_string().replace(' ', "_"));
+    }
+}
+
 /// How an inference failure is reported to the harness: unreachable 502,
 /// timeout 504, overloaded (HTTP 429/503 from the backend) 429 (529 for
 /// Anthropic), a request the backend refused (400/413/422, e.g. a prompt

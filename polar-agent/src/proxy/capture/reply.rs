@@ -134,6 +134,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     if let Some(e) = failure {
         tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
         let err = provider_error(&e);
+        errors::count_backend(&log, &err);
         let failure = Some((Side::Backend, recorded_error(&e)));
         let (record, pre) = ahead.record(draft, produced, failure).await;
         if let Err(resp) = append(&log, record, pre, api).await {
@@ -168,6 +169,7 @@ pub(super) async fn streamed(
                 Some(Err(e)) => (provider_error(&e), recorded_error(&e)),
                 _ => (no_finish(), no_finish().message),
             };
+            errors::count_backend(&call.log, &err);
             tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
             let ahead = Ahead {
                 early: call.early,
@@ -263,6 +265,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             let _ = tx.send(last).await;
         }
         End::Failed(err, text) => {
+            errors::count_backend(&log, &err);
             tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
             let failure = Some((Side::Backend, text));
             let (record, pre) = ahead.record(draft, produced, failure).await;

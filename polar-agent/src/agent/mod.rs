@@ -5,7 +5,14 @@
 //! store and the session registry, the DNS resolver following the routing
 //! rules, and the base-URL listener's session directory.
 //! Everything here happens after the configuration was validated and before
-//! any sandbox starts.
+//! any sandbox starts; the state directory is checked first
+//! ([`state_dir`]). The routing rules stay replaceable ([`reload`]).
+
+mod reload;
+pub mod state_dir;
+
+pub use reload::ReloadSummary;
+pub use state_dir::{StateDirError, check_state_dir};
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -13,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::capture::{CaptureStore, Durability, SessionRegistry};
-use crate::config::{Config, HostPattern, Rules};
+use crate::config::{Config, HostPattern, LiveRules};
 use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
@@ -51,6 +58,15 @@ pub enum AgentError {
     /// The pipeline could not be set up.
     #[error(transparent)]
     Pipeline(#[from] CaptureError),
+    /// The state directory is unsafe to use.
+    #[error(transparent)]
+    StateDir(#[from] StateDirError),
+    /// A reload changed the backends, which are read only at start.
+    #[error(
+        "reload refused: the [[backend]] list changed, and backends are set up only at start; \
+         the old routing rules stay in force (restart the agent to change backends)"
+    )]
+    BackendsChanged,
 }
 
 /// The name constraints the CA needs for these rules: the intercepted
@@ -80,6 +96,7 @@ pub fn constraints_for(config: &Config) -> NameConstraintsSpec {
 /// is refused (by [`Ca::load`]).
 pub fn load_or_init_ca(config: &Config) -> Result<Ca, AgentError> {
     let dir = &config.agent.state_dir;
+    check_state_dir(dir)?;
     let wanted = constraints_for(config);
     let ca = match Ca::load(dir) {
         Ok(ca) => ca,
@@ -121,12 +138,12 @@ fn check_covers(ca: &Ca, wanted: &NameConstraintsSpec, dir: &Path) -> Result<(),
     Ok(())
 }
 
-/// The routing rules as the DNS resolver's policy.
-pub struct RulesDns(pub Arc<Rules>);
+/// The routing rules in force as the DNS resolver's policy.
+pub struct RulesDns(pub LiveRules);
 
 impl DnsPolicy for RulesDns {
     fn decide(&self, name: &str) -> Resolution {
-        match self.0.dns_answer(name) {
+        match self.0.current().dns_answer(name) {
             crate::config::DnsDecision::Fake => Resolution::Fake,
             crate::config::DnsDecision::Resolve => Resolution::Host,
             crate::config::DnsDecision::NxDomain => Resolution::NxDomain,
@@ -136,8 +153,14 @@ impl DnsPolicy for RulesDns {
 
 /// The parts that serve sessions.
 pub struct AgentParts {
-    /// The configuration.
+    /// The configuration the agent started with (its rules may since have
+    /// been replaced: see `rules`).
     pub config: Arc<Config>,
+    /// The routing rules in force, shared by the proxy, the DNS resolver and
+    /// the base-URL listener; replaced by [`AgentParts::reload`].
+    pub rules: LiveRules,
+    /// The CA (its name constraints bound what a reload may intercept).
+    pub ca: Arc<Ca>,
     /// The interception proxy.
     pub proxy: Arc<Proxy>,
     /// The DNS resolver.
@@ -191,20 +214,24 @@ impl AgentParts {
                 .unwrap_or(LeafConfig::default().cache_capacity),
             ..LeafConfig::default()
         };
-        let issuer = Arc::new(LeafIssuer::new(Arc::new(ca), leaf)?);
+        let ca = Arc::new(ca);
+        let issuer = Arc::new(LeafIssuer::new(Arc::clone(&ca), leaf)?);
         let factory = ServerConfigFactory::new(issuer, &[b"h2", b"http/1.1"])?;
-        let proxy = Arc::new(Proxy::new(&config, factory, pipeline));
+        let rules = LiveRules::new(config.rules.clone());
+        let proxy = Arc::new(Proxy::with_rules(&config, rules.clone(), factory, pipeline));
         let fake = Arc::new(FakeIps::new(
             config.dns.fake_range.network(),
             config.dns.fake_range.prefix(),
         ));
         let resolver = Arc::new(Resolver::new(
             fake,
-            Arc::new(RulesDns(Arc::new(config.rules.clone()))),
+            Arc::new(RulesDns(rules.clone())),
             config.dns.ttl_secs,
         ));
         Ok(Self {
             config: Arc::new(config),
+            rules,
+            ca,
             proxy,
             resolver,
             trust,
@@ -234,7 +261,7 @@ impl AgentParts {
         self.tasks.spawn(crate::proxy::base_url::serve(
             l,
             Arc::clone(&self.sessions),
-            Arc::new(self.config.rules.clone()),
+            self.rules.clone(),
             self.proxy.pipeline(),
             self.proxy.limits(),
             self.tasks.clone(),
@@ -276,7 +303,7 @@ action = "pass"
             config.dns.fake_range.network(),
             config.dns.fake_range.prefix(),
         ));
-        let r = Resolver::new(fake, Arc::new(RulesDns(Arc::new(config.rules.clone()))), 5);
+        let r = Resolver::new(fake, Arc::new(RulesDns(config.rules.clone().into())), 5);
         let answer = |name: &str| {
             let r = &r;
             let q = query(name);

@@ -1,0 +1,189 @@
+//! Prometheus metrics: the text format shared with the rollout server
+//! ([`text`]) and the agent's page ([`render`]), built from the counters the
+//! parts already keep — the capture stage's ([`CaptureStats`]: calls,
+//! tokens, backend latency and errors), the proxy's ([`ProxyStats`]:
+//! connections by action, TLS handshakes), the redirect's kernel counters
+//! ([`RedirectStats`]), the exporter's ([`ExportCounters`]) — plus gauges
+//! the caller supplies (sessions by stage, queue depth per stage).
+
+pub mod text;
+
+use std::sync::atomic::Ordering;
+
+pub use text::{Histogram, Text, escape};
+
+use crate::capture::CaptureStats;
+use crate::export::ExportCounters;
+use crate::proxy::ProxyStats;
+use crate::redirect::RedirectStats;
+
+/// What the agent's page is made of; absent parts are left out.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct AgentMetrics<'a> {
+    /// The capture stage's counters.
+    pub capture: Option<&'a CaptureStats>,
+    /// The proxy's counters.
+    pub proxy: Option<&'a ProxyStats>,
+    /// The redirect's counters (a snapshot of the kernel's).
+    pub redirect: Option<RedirectStats>,
+    /// The exporter's counters.
+    pub export: Option<&'a ExportCounters>,
+    /// Sessions by stage (`queued`, `running`, `exporting`, ...).
+    pub sessions_by_stage: &'a [(&'a str, u64)],
+    /// Items waiting per stage.
+    pub queue_depths: &'a [(&'a str, u64)],
+}
+
+/// The agent's Prometheus text page.
+pub fn render(m: &AgentMetrics<'_>) -> String {
+    let mut out = Text::new();
+    out.family("polar_sessions", "gauge", "Sessions on this node by stage.");
+    for (stage, n) in m.sessions_by_stage {
+        out.sample("polar_sessions", &[("stage", stage)], n);
+    }
+    out.family(
+        "polar_queue_depth",
+        "gauge",
+        "Items waiting in each stage's queue.",
+    );
+    for (stage, n) in m.queue_depths {
+        out.sample("polar_queue_depth", &[("stage", stage)], n);
+    }
+    if let Some(c) = m.capture {
+        c.render(&mut out);
+    }
+    if let Some(p) = m.proxy {
+        proxy(&mut out, p);
+    }
+    if let Some(r) = m.redirect {
+        redirect(&mut out, &r);
+    }
+    if let Some(e) = m.export {
+        let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        out.single(
+            "polar_export_bytes_total",
+            "counter",
+            "Bytes of trajectory files published.",
+            load(&e.bytes),
+        );
+        out.single(
+            "polar_export_files_total",
+            "counter",
+            "Trajectory files published.",
+            load(&e.files),
+        );
+        out.single(
+            "polar_export_rows_total",
+            "counter",
+            "Rows in published files, once per format.",
+            load(&e.rows),
+        );
+        out.single(
+            "polar_export_failed_files_total",
+            "counter",
+            "Files abandoned after an error.",
+            load(&e.failed_files),
+        );
+    }
+    out.finish()
+}
+
+fn proxy(out: &mut Text, p: &ProxyStats) {
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    out.single(
+        "polar_proxy_connections_total",
+        "counter",
+        "Connections the proxy handled.",
+        load(&p.connections),
+    );
+    out.family(
+        "polar_proxy_decisions_total",
+        "counter",
+        "Connections by routing decision.",
+    );
+    for (action, v) in [
+        ("model", &p.model),
+        ("pass", &p.passed),
+        ("deny", &p.denied),
+        ("over_limit", &p.over_limit),
+    ] {
+        out.sample(
+            "polar_proxy_decisions_total",
+            &[("action", action)],
+            load(v),
+        );
+    }
+    out.family(
+        "polar_tls_handshakes_total",
+        "counter",
+        "TLS handshakes with harnesses by result.",
+    );
+    out.sample(
+        "polar_tls_handshakes_total",
+        &[("result", "ok")],
+        load(&p.tls_ok),
+    );
+    out.sample(
+        "polar_tls_handshakes_total",
+        &[("result", "failed")],
+        load(&p.tls_failed),
+    );
+}
+
+fn redirect(out: &mut Text, r: &RedirectStats) {
+    out.family(
+        "polar_redirect_total",
+        "counter",
+        "Kernel-side redirect events by kind.",
+    );
+    for (kind, v) in [
+        ("tcp_redirected", r.tcp_redirected),
+        ("dns_redirected", r.dns_redirected),
+        ("denied", r.denied),
+        ("local_bypass", r.local_bypass),
+        ("sock_record_failed", r.sock_record_failed),
+        ("record_missing", r.record_missing),
+        ("conn_record_failed", r.conn_record_failed),
+        ("conn_never_established", r.conn_never_established),
+    ] {
+        out.sample("polar_redirect_total", &[("kind", kind)], v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_renders_and_absent_parts_are_left_out() {
+        let proxy = ProxyStats::default();
+        proxy.tls_ok.fetch_add(3, Ordering::Relaxed);
+        let export = ExportCounters::default();
+        export.bytes.fetch_add(1234, Ordering::Relaxed);
+        let text = render(&AgentMetrics {
+            capture: Some(&CaptureStats::default()),
+            proxy: Some(&proxy),
+            redirect: Some(RedirectStats {
+                tcp_redirected: 9,
+                ..RedirectStats::default()
+            }),
+            export: Some(&export),
+            sessions_by_stage: &[("running", 2)],
+            queue_depths: &[("export", 5)],
+        });
+        for line in [
+            "polar_sessions{stage=\"running\"} 2\n",
+            "polar_queue_depth{stage=\"export\"} 5\n",
+            "polar_capture_calls_total 0\n",
+            "polar_tls_handshakes_total{result=\"ok\"} 3\n",
+            "polar_redirect_total{kind=\"tcp_redirected\"} 9\n",
+            "polar_export_bytes_total 1234\n",
+            "polar_backend_latency_seconds_count 0\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in\n{text}");
+        }
+        let bare = render(&AgentMetrics::default());
+        assert!(!bare.contains("polar_proxy"), "{bare}");
+        assert!(!bare.contains("polar_capture"), "{bare}");
+    }
+}

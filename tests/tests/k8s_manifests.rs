@@ -1,0 +1,148 @@
+//! The Kubernetes manifests in deploy/k8s parse (python3's yaml module, the
+//! parser kubectl's users know) and hold what running Polar needs: a
+//! privileged agent DaemonSet with the host's cgroup and bpffs mounted, its
+//! config from a ConfigMap that the real config parser accepts, state on a
+//! hostPath; a single-replica rollout Deployment with the Recreate strategy
+//! and its SQLite on a volume, a Service, tokens from Secrets.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde_json::Value;
+
+const TO_JSON: &str = r#"
+import json, sys, yaml
+docs = []
+for path in sys.argv[1:]:
+    with open(path) as f:
+        for d in yaml.safe_load_all(f):
+            if d is not None:
+                d["__file"] = path
+                docs.append(d)
+print(json.dumps(docs))
+"#;
+
+fn manifests() -> Result<Vec<Value>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .map(|p| p.display().to_string())
+        .collect();
+    files.sort();
+    ensure!(!files.is_empty(), "no manifests in {}", dir.display());
+    let out = Command::new("python3")
+        .args(["-c", TO_JSON])
+        .args(&files)
+        .output()
+        .context("running python3 (with the yaml module: pip install pyyaml)")?;
+    if !out.status.success() {
+        bail!(
+            "the manifests do not parse: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    Ok(v.as_array().cloned().unwrap_or_default())
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} {name}"))
+}
+
+fn mount_of<'a>(pod: &'a Value, container: &Value, path: &str) -> Result<&'a Value> {
+    let mount = container["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mountPath"] == path))
+        .with_context(|| format!("nothing mounted at {path}"))?;
+    pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == mount["name"]))
+        .with_context(|| format!("no volume {}", mount["name"]))
+}
+
+#[test]
+fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
+    let docs = manifests()?;
+    for d in &docs {
+        ensure!(d["apiVersion"].is_string() && d["kind"].is_string(), "{d}");
+        ensure!(d["metadata"]["name"].is_string(), "{d}");
+        if d["kind"] != "Namespace" {
+            ensure!(d["metadata"]["namespace"] == "polar", "{d}");
+        }
+    }
+
+    // The agent: privileged, host cgroup2 and bpffs, config and state.
+    let ds = find(&docs, "DaemonSet", "polar-agent")?;
+    let pod = &ds["spec"]["template"]["spec"];
+    let agent = &pod["containers"][0];
+    ensure!(agent["securityContext"]["privileged"] == true);
+    ensure!(pod["hostPID"] == true);
+    ensure!(pod["terminationGracePeriodSeconds"].as_u64() >= Some(300));
+    ensure!(agent["args"] == serde_json::json!(["agent", "--config", "/etc/polar/agent.toml"]));
+    ensure!(mount_of(pod, agent, "/sys/fs/cgroup")?["hostPath"]["path"] == "/sys/fs/cgroup");
+    ensure!(mount_of(pod, agent, "/sys/fs/bpf")?["hostPath"]["path"] == "/sys/fs/bpf");
+    ensure!(mount_of(pod, agent, "/var/lib/polar")?["hostPath"]["path"].is_string());
+    let cfg = mount_of(pod, agent, "/etc/polar")?["configMap"]["name"].clone();
+    let cm = find(&docs, "ConfigMap", cfg.as_str().unwrap_or_default())?;
+    let text = cm["data"]["agent.toml"].as_str().context("no agent.toml")?;
+    let config = polar_agent::config::Config::from_toml_str(text)?;
+    ensure!(config.agent.state_dir == Path::new("/var/lib/polar"));
+    // Trajectories to shared storage: a ReadWriteMany claim.
+    let claim =
+        mount_of(pod, agent, "/data/trajectories")?["persistentVolumeClaim"]["claimName"].clone();
+    let pvc = find(
+        &docs,
+        "PersistentVolumeClaim",
+        claim.as_str().unwrap_or_default(),
+    )?;
+    ensure!(pvc["spec"]["accessModes"][0] == "ReadWriteMany");
+
+    // The rollout server: one replica, Recreate, SQLite on a claim.
+    let dep = find(&docs, "Deployment", "polar-rollout")?;
+    ensure!(dep["spec"]["replicas"] == 1);
+    ensure!(dep["spec"]["strategy"]["type"] == "Recreate");
+    let pod = &dep["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let db = args
+        .iter()
+        .position(|a| *a == "--database")
+        .and_then(|i| args.get(i + 1))
+        .context("no --database")?;
+    ensure!(args.starts_with(&["rollout", "serve"]), "{args:?}");
+    let data = mount_of(pod, c, "/data")?;
+    ensure!(db.starts_with("/data/") && data["persistentVolumeClaim"]["claimName"].is_string());
+    ensure!(
+        find(&docs, "Service", "polar-rollout")?["spec"]["selector"]
+            == dep["spec"]["selector"]["matchLabels"]
+    );
+    // Tokens come from Secrets that exist.
+    for env in c["env"].as_array().into_iter().flatten() {
+        let secret = &env["valueFrom"]["secretKeyRef"];
+        let s = find(&docs, "Secret", secret["name"].as_str().unwrap_or_default())?;
+        ensure!(
+            s["stringData"][secret["key"].as_str().unwrap_or_default()].is_string(),
+            "{env}"
+        );
+    }
+    let rollout_toml = find(&docs, "ConfigMap", "polar-rollout-config")?["data"]["rollout.toml"]
+        .as_str()
+        .context("no rollout.toml")?;
+    // As the server starts: the file, then the tokens from the Secret.
+    let tokens = &find(&docs, "Secret", "polar-rollout-tokens")?["stringData"];
+    let token = |k: &str| tokens[k].as_str().unwrap_or_default().to_owned();
+    let mut rollout = polar_agent::rollout::RolloutConfig::from_toml(rollout_toml, None)
+        .map_err(|e| anyhow::anyhow!("rollout.toml: {e}"))?;
+    rollout
+        .finish_tokens([token("trainer-token")], [token("node-token")])
+        .map_err(|e| anyhow::anyhow!("rollout tokens: {e}"))?;
+    Ok(())
+}
