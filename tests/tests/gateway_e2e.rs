@@ -45,6 +45,7 @@ struct Fixture {
 struct Gateway {
     node_id: String,
     url: String,
+    config: PathBuf,
     child: Child,
     log: PathBuf,
 }
@@ -150,6 +151,7 @@ formats = ["parquet", "jsonl"]
         self.gateways.push(Gateway {
             node_id: node_id.to_owned(),
             url: format!("http://{ip}:{port}"),
+            config: config.clone(),
             child,
             log,
         });
@@ -359,8 +361,58 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
     let metrics = String::from_utf8_lossy(&metrics.1);
     ensure!(
         metrics.contains("polar_gateway_sessions_finished_total 8")
-            && metrics.contains("polar_gateway_stage_active{stage=\"running\"} 0"),
+            && metrics.contains("polar_gateway_stage_active{stage=\"running\"} 0")
+            && metrics.contains("polar_sessions{stage=\"running\"} 0"),
         "{metrics}"
+    );
+    // The node's capture counters equal what its capture logs hold.
+    let (mut calls, mut prompt, mut response) = (0u64, 0u64, 0u64);
+    let sessions = f.dir.path().join("gw-a/state/sessions");
+    for e in std::fs::read_dir(&sessions)? {
+        let text = std::fs::read_to_string(e?.path().join("calls.jsonl"))?;
+        for line in text.lines() {
+            let r: serde_json::Value = serde_json::from_str(line)?;
+            calls += 1;
+            let n = |k: &str| r[k].as_array().map_or(0, |a| a.len() as u64);
+            prompt += n("prompt_token_ids");
+            response += n("response_token_ids");
+        }
+    }
+    ensure!(calls == 16, "{calls} calls in the logs");
+    for line in [
+        format!("polar_capture_calls_total {calls}"),
+        format!("polar_capture_tokens_total{{kind=\"prompt\"}} {prompt}"),
+        format!("polar_capture_tokens_total{{kind=\"response\"}} {response}"),
+    ] {
+        ensure!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
+    // SIGHUP: a broken file keeps the rules in force, a good one is loaded.
+    let g = &f.gateways[0];
+    let good = std::fs::read_to_string(&g.config)?;
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(g.child.id())?);
+    std::fs::write(
+        &g.config,
+        format!("{good}\n[[route]]\nhost = \"x\"\naction = \"sideways\"\n"),
+    )?;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)?;
+    ensure!(
+        eventually(Duration::from_secs(10), || g
+            .log_text()
+            .contains("does not check")),
+        "{}",
+        g.log_text()
+    );
+    std::fs::write(&g.config, &good)?;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)?;
+    ensure!(
+        eventually(Duration::from_secs(10), || g
+            .log_text()
+            .contains("routing rules reloaded")),
+        "{}",
+        g.log_text()
     );
     f.gateway("gw-b", "127.0.0.12").await?;
     f.gateway("gw-c", "127.0.0.13").await?;

@@ -5,7 +5,8 @@
 //! registers with the rollout server and runs its sessions until SIGTERM or
 //! SIGINT, then drains: running sessions finish (for up to
 //! `gateway.drain_timeout_secs`) or are handed back to the server, captures
-//! are flushed, the redirect is detached.
+//! are flushed, the redirect is detached. SIGHUP reloads the routing rules
+//! from the file; `GET /metrics` on the node is the agent's page.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -100,8 +101,29 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
             return Err(e.into());
         }
     };
+    {
+        let (parts, redirect) = (Arc::clone(&parts), Arc::clone(&redirect));
+        let export = node.work().exporter().counters();
+        node.set_metrics(Arc::new(move |by_stage, queued| {
+            crate::metrics::render(&crate::metrics::AgentMetrics {
+                capture: parts.capture.as_ref().map(|c| &**c.store().stats()),
+                proxy: Some(&parts.proxy.stats),
+                redirect: Some(redirect.stats()),
+                export: Some(&export),
+                sessions_by_stage: by_stage,
+                queue_depths: queued,
+            })
+        }));
+    }
     tracing::info!(node = %node.node_id(), listen = %node.local_addr(), export = %export, "gateway ready");
-    let sig = signals.recv().await;
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(io("installing the SIGHUP handler"))?;
+    let sig = loop {
+        tokio::select! {
+            sig = signals.recv() => break sig,
+            _ = hup.recv() => reload(&parts, &args.config),
+        }
+    };
     tracing::info!(signal = sig, grace = ?gw.drain_timeout, "stopping: draining the sessions");
     tokio::select! {
         () = node.drain(gw.drain_timeout) => {}
@@ -109,6 +131,22 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     }
     shutdown(&parts, redirect).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// SIGHUP: the routing rules of the file, now; a file that does not
+/// check or a refused reload keeps the rules in force.
+fn reload(parts: &AgentParts, config: &ConfigArgs) {
+    match config.load() {
+        Ok(new) => match parts.reload(new) {
+            Ok(summary) => tracing::info!(%summary, "routing rules reloaded"),
+            Err(e) => {
+                tracing::error!(error = %super::chain(&e), "reload refused; the rules in force stay")
+            }
+        },
+        Err(e) => {
+            tracing::error!(error = %super::chain(&e), "reload: the configuration does not check; the rules in force stay")
+        }
+    }
 }
 
 async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {

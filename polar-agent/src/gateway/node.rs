@@ -92,8 +92,10 @@ pub struct Received {
     pub at: Instant,
 }
 
-/// Extra text appended to `GET /metrics` (the agent's own metrics).
-pub type MetricsFn = Arc<dyn Fn() -> String + Send + Sync>;
+/// The agent's metrics page for `GET /metrics`, given the node's sessions
+/// by stage and queue depth per stage (see [`crate::metrics::render`]); the
+/// node appends its own counters.
+pub type MetricsFn = Arc<dyn Fn(&[(&str, u64)], &[(&str, u64)]) -> String + Send + Sync>;
 
 struct Inner<W: Work> {
     opts: NodeOptions,
@@ -213,7 +215,7 @@ impl<W: Work> Node<W> {
         &self.inner.work
     }
 
-    /// Adds the agent's metrics to `GET /metrics`.
+    /// Renders `GET /metrics` with the agent's counters.
     pub fn set_metrics(&self, f: MetricsFn) {
         *lock(&self.inner.extra_metrics) = Some(f);
     }
@@ -572,65 +574,60 @@ impl<W: Work> Inner<W> {
     }
 
     fn metrics(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        let held = lock(&self.held);
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_sessions Sessions held, by stage.\n# TYPE polar_gateway_sessions gauge"
-        );
-        for s in Stage::ALL {
-            let n = held.values().filter(|j| j.stage() == s).count();
-            let _ = writeln!(
-                out,
-                "polar_gateway_sessions{{stage=\"{}\"}} {n}",
-                s.as_str()
-            );
-        }
-        drop(held);
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_stage_queued Sessions waiting for a stage's workers.\n# TYPE polar_gateway_stage_queued gauge"
-        );
+        let by_stage: Vec<(&str, u64)> = {
+            let held = lock(&self.held);
+            Stage::ALL
+                .iter()
+                .map(|s| {
+                    let n = held.values().filter(|j| j.stage() == *s).count();
+                    (s.as_str(), n as u64)
+                })
+                .collect()
+        };
         let loads = self.stages.loads();
-        for (stage, l) in &loads {
-            let _ = writeln!(
-                out,
-                "polar_gateway_stage_queued{{stage=\"{stage}\"}} {}",
-                l.queued
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_stage_active Workers busy in a stage.\n# TYPE polar_gateway_stage_active gauge"
-        );
-        for (stage, l) in &loads {
-            let _ = writeln!(
-                out,
-                "polar_gateway_stage_active{{stage=\"{stage}\"}} {}",
-                l.active
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_sessions_finished_total Sessions that left the pipeline.\n# TYPE polar_gateway_sessions_finished_total counter\npolar_gateway_sessions_finished_total {}",
-            self.finished.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_results_reported_total Results the server accepted.\n# TYPE polar_gateway_results_reported_total counter\npolar_gateway_results_reported_total {}",
-            self.reported.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP polar_gateway_paused Whether new generations are paused.\n# TYPE polar_gateway_paused gauge\npolar_gateway_paused {}",
-            u8::from(self.stages.paused())
-        );
+        let queued: Vec<(&str, u64)> = loads
+            .iter()
+            .map(|(k, l)| (k.as_str(), u64::from(l.queued)))
+            .collect();
         let extra = lock(&self.extra_metrics).clone();
-        if let Some(f) = extra {
-            out.push_str(&f());
+        let mut page = match extra {
+            Some(f) => f(&by_stage, &queued),
+            None => crate::metrics::render(&crate::metrics::AgentMetrics {
+                sessions_by_stage: &by_stage,
+                queue_depths: &queued,
+                ..Default::default()
+            }),
+        };
+        let mut out = crate::metrics::Text::new();
+        out.family(
+            "polar_gateway_stage_active",
+            "gauge",
+            "Workers busy in a stage.",
+        );
+        for (stage, l) in &loads {
+            out.sample("polar_gateway_stage_active", &[("stage", stage)], l.active);
         }
-        out
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        out.single(
+            "polar_gateway_sessions_finished_total",
+            "counter",
+            "Sessions that left the pipeline.",
+            n(&self.finished),
+        );
+        out.single(
+            "polar_gateway_results_reported_total",
+            "counter",
+            "Results the server accepted.",
+            n(&self.reported),
+        );
+        out.single(
+            "polar_gateway_paused",
+            "gauge",
+            "Whether new generations are paused.",
+            u8::from(self.stages.paused()),
+        );
+        page.push_str(&out.finish());
+        page
     }
 }
 
