@@ -452,20 +452,31 @@ impl<W: Work> Inner<W> {
 
     async fn run(self: Arc<Self>, job: Arc<Job>) {
         let sid = job.assignment.session_id.clone();
-        let report = {
-            let me = Arc::clone(&self);
-            let j = Arc::clone(&job);
-            self.stages
-                .run(&self.work, &job, move |stage| {
-                    if me.opts.report_progress && stage != Stage::Queued {
-                        let me = Arc::clone(&me);
-                        let j = Arc::clone(&j);
-                        me.clone()
-                            .spawn(async move { me.progress(&j, stage).await });
+        // Stages are reported in order, by one task per session, and the
+        // result after them.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Stage>();
+        let reporter = {
+            let (me, j) = (Arc::clone(&self), Arc::clone(&job));
+            let killed = self.tasks.shutdown_token();
+            tokio::spawn(async move {
+                while let Some(stage) = rx.recv().await {
+                    tokio::select! {
+                        () = killed.cancelled() => return,
+                        () = me.progress(&j, stage) => {}
                     }
-                })
-                .await
+                }
+            })
         };
+        let report_progress = self.opts.report_progress;
+        let report = self
+            .stages
+            .run(&self.work, &job, move |stage| {
+                if report_progress && stage != Stage::Queued {
+                    let _ = tx.send(stage);
+                }
+            })
+            .await;
+        let _ = reporter.await;
         if let Some(report) = report {
             self.deliver(&job, &report).await;
         }

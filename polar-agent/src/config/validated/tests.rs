@@ -103,8 +103,9 @@ fn is_assignment(line: &str) -> bool {
 
 #[test]
 fn commented_out_examples_in_the_example_file_are_valid() {
-    // Uncomment every "# key = value" line and "# [[route]]", "# [[backend]]"
-    // and "# [backend.sampling]" header.
+    // Uncomment every "# key = value" line and "# [[route]]", "# [[backend]]",
+    // "# [backend.sampling]" and "# [gateway]" header (the gateway table is
+    // checked by gateway::config's own test of this file).
     let uncommented: String = EXAMPLE
         .lines()
         .map(|line| match line.strip_prefix("# ") {
@@ -112,6 +113,7 @@ fn commented_out_examples_in_the_example_file_are_valid() {
                 if rest.starts_with("[[route]]")
                     || rest.starts_with("[[backend]]")
                     || rest.starts_with("[backend.")
+                    || rest.starts_with("[gateway]")
                     || is_assignment(rest) =>
             {
                 rest
