@@ -1,0 +1,208 @@
+//! Helpers of the trajectory scenario tests: a Qwen Code-shaped conversation
+//! driven through the agent, the session's records read back from the
+//! capture log, both builders run with the invariant checker, and a precise
+//! check of a merged trace against the records it was built from.
+
+use std::iter::repeat_n;
+
+use polar_agent::capture::record::CompletionRecord;
+use polar_agent::chat::FinishReason;
+use polar_agent::mock::tokenizer;
+use polar_agent::trajectory::{
+    self, Builder, CallSpan, Join, PrefixMergingOptions, ReconstructionStats, RetryPolicy,
+    SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
+};
+use serde_json::{Value, json};
+
+use super::{Harness, TestAgent, send};
+
+/// An OpenAI Chat conversation as Qwen Code sends it, offering its shell tool.
+#[derive(Clone, Debug)]
+pub struct Convo {
+    pub body: Value,
+}
+
+impl Convo {
+    /// A conversation with a system prompt and a first user message.
+    pub fn new(system: &str, user: &str) -> Self {
+        let schema = json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]});
+        Self {
+            body: json!({
+                "model": "qwen3-coder",
+                "messages": [
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": user}
+                ],
+                "tools": [{"type": "function", "function": {"name": "run_shell_command", "description": "Run.", "parameters": schema}}],
+            }),
+        }
+    }
+
+    fn messages(&mut self) -> &mut Vec<Value> {
+        self.body["messages"].as_array_mut().unwrap()
+    }
+
+    /// Appends a user message.
+    pub fn user(&mut self, text: &str) {
+        self.messages()
+            .push(json!({"role": "user", "content": text}));
+    }
+
+    /// Appends the reply's assistant message and a result for each of its
+    /// tool calls.
+    pub fn answer(&mut self, reply: &Value) {
+        let msg = reply["choices"][0]["message"].clone();
+        let results: Vec<Value> = msg["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| json!({"role": "tool", "tool_call_id": t["id"], "content": "ok"}))
+            .collect();
+        let m = self.messages();
+        m.push(msg);
+        m.extend(results);
+    }
+
+    /// Sends the conversation as it stands (non-streamed) and returns the
+    /// reply, checked as a valid OpenAI Chat reply.
+    pub async fn send(&self, agent: &TestAgent, session: &str) -> Value {
+        let reply =
+            send(Harness::Qwen.request(agent.addr, session, self.body.clone(), false)).await;
+        Harness::Qwen.check_reply(&reply, false);
+        reply.json()
+    }
+
+    /// Sends, then appends the reply (and tool results) to the conversation.
+    pub async fn step(&mut self, agent: &TestAgent, session: &str) -> Value {
+        let reply = self.send(agent, session).await;
+        self.answer(&reply);
+        reply
+    }
+}
+
+/// The session's `n` records read back from its capture log, in `seq` order.
+pub fn records(agent: &TestAgent, session: &str, n: usize) -> Vec<CompletionRecord> {
+    let (mut records, problems) = agent.calls(session);
+    assert!(problems.is_empty(), "{session}: {problems:?}");
+    assert_eq!(records.len(), n, "{session}");
+    records.sort_by_key(|r| r.seq);
+    records
+}
+
+/// The mock template's special tokens.
+pub fn template() -> TemplateInfo {
+    TemplateInfo {
+        end_of_turn: vec![tokenizer::IM_END, tokenizer::ENDOFTEXT],
+        think: vec![tokenizer::THINK, tokenizer::THINK_END],
+    }
+}
+
+/// `prefix_merging` with the mock template's tokens and `retries`.
+pub fn merging(retries: RetryPolicy) -> Builder {
+    Builder::PrefixMerging(PrefixMergingOptions {
+        template: Some(template()),
+        retries,
+        ..PrefixMergingOptions::default()
+    })
+}
+
+/// Builds the session's trajectory with `builder`, checks the invariants, and
+/// checks `per_request` on the same records as well (one trace per call).
+pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> Trajectory {
+    let meta = SessionMeta {
+        session_id: session.into(),
+        task_id: Some("t".into()),
+        group_id: None,
+        outcome: SessionOutcome::Completed,
+        evaluation: None,
+    };
+    let traj = trajectory::build(builder, records, &meta);
+    trajectory::check(&traj, records).unwrap();
+    let per = trajectory::build(&Builder::PerRequest, records, &meta);
+    trajectory::check(&per, records).unwrap();
+    assert_eq!(per.traces.len(), records.len(), "{session}");
+    assert_eq!(per.stats.calls_merged, 0, "{session}");
+    traj
+}
+
+pub fn prompt(r: &CompletionRecord) -> &[u32] {
+    r.prompt_token_ids.as_deref().unwrap()
+}
+
+pub fn response(r: &CompletionRecord) -> &[u32] {
+    r.response_token_ids.as_deref().unwrap()
+}
+
+pub fn logprobs(r: &CompletionRecord) -> &[f32] {
+    r.response_logprobs.as_deref().unwrap()
+}
+
+/// A record's prompt + response.
+pub fn seq(r: &CompletionRecord) -> Vec<u32> {
+    let mut s = prompt(r).to_vec();
+    s.extend(response(r));
+    s
+}
+
+/// Length of the longest common prefix of two token sequences.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// Checks that `trace` is exactly `calls` merged by plain extension: the
+/// first call's prompt, then each call's glue (the rest of its prompt after
+/// the previous call's prompt + response; loss 0, logprob 0.0) and its
+/// response (loss 1, the backend's logprobs); that the spans say so; and
+/// that the trace's tokens are the last call's prompt + response.
+pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
+    let ids: Vec<&str> = calls.iter().map(|r| r.call_id.as_str()).collect();
+    assert_eq!(trace.call_ids, ids);
+    assert_eq!(trace.prompt_ids, prompt(calls[0]));
+    let (mut ids, mut mask, mut lps, mut spans) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut before: Vec<u32> = prompt(calls[0]).to_vec();
+    for (i, r) in calls.iter().enumerate() {
+        if i > 0 {
+            let p = prompt(r);
+            assert!(p.starts_with(&before), "call {i} extends the one before");
+            let glue = &p[before.len()..];
+            ids.extend_from_slice(glue);
+            mask.extend(repeat_n(0u8, glue.len()));
+            lps.extend(repeat_n(0.0f32, glue.len()));
+        }
+        spans.push(CallSpan {
+            response_start: ids.len(),
+            response_len: response(r).len(),
+            join: if i == 0 { Join::First } else { Join::Extend },
+            truncated: r.finish_reason == Some(FinishReason::Length),
+        });
+        ids.extend_from_slice(response(r));
+        mask.extend(repeat_n(1u8, response(r).len()));
+        lps.extend_from_slice(logprobs(r));
+        before = seq(r);
+    }
+    assert_eq!(trace.response_ids, ids);
+    assert_eq!(trace.loss_mask, mask);
+    assert_eq!(trace.response_logprobs.as_deref(), Some(&lps[..]));
+    assert_eq!(trace.spans, spans);
+    let mut all = trace.prompt_ids.clone();
+    all.extend(&trace.response_ids);
+    assert_eq!(
+        all, before,
+        "the trace's tokens are the last call's prompt + response"
+    );
+}
+
+/// `base` with the token totals of `traj`'s traces, counted here.
+pub fn with_tokens(traj: &Trajectory, base: ReconstructionStats) -> ReconstructionStats {
+    let t = &traj.traces;
+    ReconstructionStats {
+        prompt_tokens: t.iter().map(|t| t.prompt_ids.len()).sum(),
+        response_tokens: t.iter().map(|t| t.response_ids.len()).sum(),
+        loss_tokens: t
+            .iter()
+            .flat_map(|t| &t.loss_mask)
+            .filter(|&&m| m == 1)
+            .count(),
+        ..base
+    }
+}
