@@ -426,24 +426,10 @@ async fn call_cut_inside_reasoning_is_spliced_under_a_stripping_template() {
     let traj = build(&merging(RetryPolicy::KeepAsTrace), &r, session);
     assert_eq!(traj.traces.len(), 1);
     let t = &traj.traces[0];
-    assert_eq!(t.call_ids, [r[0].call_id.clone(), r[1].call_id.clone()]);
-    assert_eq!(t.prompt_ids, p0);
+    assert_merged(t, &[&r[0], &r[1]]);
     // The cut response as generated, then the new prompt from the token
     // closing the turn (the cut response has none of its own), then the
     // new response.
-    let glue = &p1[d..];
-    let mut ids = r0.to_vec();
-    ids.extend(glue);
-    ids.extend(response(&r[1]));
-    assert_eq!(t.response_ids, ids);
-    let mut mask = vec![1u8; r0.len()];
-    mask.extend(vec![0; glue.len()]);
-    mask.extend(vec![1; response(&r[1]).len()]);
-    assert_eq!(t.loss_mask, mask);
-    let mut lps = logprobs(&r[0]).to_vec();
-    lps.extend(vec![0.0; glue.len()]);
-    lps.extend(logprobs(&r[1]));
-    assert_eq!(t.response_logprobs.as_deref(), Some(&lps[..]));
     assert_eq!(
         t.spans[1].join,
         Join::Splice {
@@ -464,4 +450,75 @@ async fn call_cut_inside_reasoning_is_spliced_under_a_stripping_template() {
         ..ReconstructionStats::default()
     };
     assert_eq!(traj.stats, with_tokens(&traj, want));
+}
+
+/// A retry under a reasoning-stripping template: the history turn the next
+/// call re-renders has lost its reasoning, so neither retried reply is a
+/// prefix of it; the chain must keep the reply the harness went on with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_under_a_stripping_template_keeps_the_reply_the_harness_used() {
+    let thinking = |think: &str, command: &str| Turn {
+        think: Some(think.into()),
+        ..shell(command)
+    };
+    for (session, used) in [("retry-strip-first", 1), ("retry-strip-second", 2)] {
+        let turns = vec![
+            thinking("list the files first", "ls"),
+            thinking("read the first one", "cat a.rs"),
+            thinking("read the other one", "cat b.rs"),
+            Turn {
+                think: Some("both read".into()),
+                ..text("done")
+            },
+        ];
+        let (mock, agent) = start(session, turns).await;
+        let mut c = Convo::new("You are Qwen Code.", "Read the sources");
+        c.body["polar_mock"] = json!({"strip_reasoning": "all"});
+        c.step(&agent, session).await;
+        let replies = [c.send(&agent, session).await, c.send(&agent, session).await];
+        c.answer(&replies[used - 1]);
+        c.step(&agent, session).await;
+        let r = records(&agent, session, 4);
+        stop(mock, agent).await;
+        assert_eq!(prompt(&r[1]), prompt(&r[2]), "{session}");
+        let other = 3 - used;
+
+        let traj = build(&merging(RetryPolicy::KeepAsTrace), &r, session);
+        assert_eq!(traj.traces.len(), 2, "{session}");
+        let (main, retry) = (&traj.traces[0], &traj.traces[1]);
+        assert_eq!((main.chain, main.segment), (ChainId(0), 0));
+        assert_merged(main, &[&r[0], &r[used], &r[3]]);
+        assert!(
+            main.spans[1..]
+                .iter()
+                .all(|s| matches!(s.join, Join::Splice { .. })),
+            "{session}"
+        );
+        assert_eq!(main.labels, [Label::TemplateSpliced], "{session}");
+        assert_merged(retry, &[&r[other]]);
+        assert_eq!(retry.segment_kind, SegmentKind::SupersededRetry);
+        let Join::Splice { diverged_at, .. } = join_of(&r[0], &r[other]) else {
+            panic!("{session}: the retry re-renders the first turn");
+        };
+        assert_eq!(
+            retry.previous,
+            Some(SegmentLink {
+                chain: ChainId(0),
+                segment: 0,
+                common_prefix_len: diverged_at,
+            }),
+            "{session}"
+        );
+        let want = ReconstructionStats {
+            calls: 4,
+            chains: 1,
+            segments: 2,
+            calls_merged: 2,
+            retries_superseded: 1,
+            template_mismatches_detected: 3,
+            template_mismatches_spliced: 2,
+            ..ReconstructionStats::default()
+        };
+        assert_eq!(traj.stats, with_tokens(&traj, want), "{session}");
+    }
 }

@@ -149,47 +149,73 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Checks that `trace` is exactly `calls` merged by plain extension: the
-/// first call's prompt, then each call's glue (the rest of its prompt after
-/// the previous call's prompt + response; loss 0, logprob 0.0) and its
-/// response (loss 1, the backend's logprobs); that the spans say so; and
-/// that the trace's tokens are the last call's prompt + response.
+/// How `next` joins after `prev`, read from the tokens: a plain extension
+/// when its prompt starts with `prev`'s prompt + response, else a template
+/// splice where it leaves that sequence, resuming at the end-of-turn token
+/// closing the re-rendered turn (after it, when `prev`'s response ends with
+/// one of its own).
+pub fn join_of(prev: &CompletionRecord, next: &CompletionRecord) -> Join {
+    let (before, p) = (seq(prev), prompt(next));
+    if p.starts_with(&before) {
+        return Join::Extend;
+    }
+    let d = common_prefix(p, &before);
+    let eot = p[d..].iter().position(|&t| t == tokenizer::IM_END).unwrap();
+    let own = usize::from(response(prev).last() == Some(&tokenizer::IM_END));
+    Join::Splice {
+        diverged_at: d,
+        resumed_from: d + eot + own,
+    }
+}
+
+/// Checks that `trace` is exactly `calls` merged: the first call's prompt,
+/// then each call's glue (loss 0, logprob 0.0: the rest of its prompt after
+/// the previous call's prompt + response, or from where a template splice
+/// resumes, see [`join_of`]) and its response (loss 1, the backend's
+/// logprobs); that the spans say so; and, without splices, that the
+/// trace's tokens are the last call's prompt + response.
 pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
     let ids: Vec<&str> = calls.iter().map(|r| r.call_id.as_str()).collect();
     assert_eq!(trace.call_ids, ids);
     assert_eq!(trace.prompt_ids, prompt(calls[0]));
     let (mut ids, mut mask, mut lps, mut spans) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut before: Vec<u32> = prompt(calls[0]).to_vec();
     for (i, r) in calls.iter().enumerate() {
-        if i > 0 {
-            let p = prompt(r);
-            assert!(p.starts_with(&before), "call {i} extends the one before");
-            let glue = &p[before.len()..];
-            ids.extend_from_slice(glue);
-            mask.extend(repeat_n(0u8, glue.len()));
-            lps.extend(repeat_n(0.0f32, glue.len()));
-        }
+        let join = match i {
+            0 => Join::First,
+            _ => join_of(calls[i - 1], r),
+        };
+        let glue = match join {
+            Join::First => &[][..],
+            Join::Extend => &prompt(r)[seq(calls[i - 1]).len()..],
+            Join::Splice { resumed_from, .. } => &prompt(r)[resumed_from..],
+        };
+        ids.extend_from_slice(glue);
+        mask.extend(repeat_n(0u8, glue.len()));
+        lps.extend(repeat_n(0.0f32, glue.len()));
         spans.push(CallSpan {
             response_start: ids.len(),
             response_len: response(r).len(),
-            join: if i == 0 { Join::First } else { Join::Extend },
+            join,
             truncated: r.finish_reason == Some(FinishReason::Length),
         });
         ids.extend_from_slice(response(r));
         mask.extend(repeat_n(1u8, response(r).len()));
         lps.extend_from_slice(logprobs(r));
-        before = seq(r);
     }
     assert_eq!(trace.response_ids, ids);
     assert_eq!(trace.loss_mask, mask);
     assert_eq!(trace.response_logprobs.as_deref(), Some(&lps[..]));
     assert_eq!(trace.spans, spans);
-    let mut all = trace.prompt_ids.clone();
-    all.extend(&trace.response_ids);
-    assert_eq!(
-        all, before,
-        "the trace's tokens are the last call's prompt + response"
-    );
+    if spans.iter().all(|s| !matches!(s.join, Join::Splice { .. })) {
+        let mut all = trace.prompt_ids.clone();
+        all.extend(&trace.response_ids);
+        let last = calls[calls.len() - 1];
+        assert_eq!(
+            all,
+            seq(last),
+            "the trace's tokens are the last call's prompt + response"
+        );
+    }
 }
 
 /// `base` with the token totals of `traj`'s traces, counted here.
