@@ -1,12 +1,14 @@
 //! Issue 5's scenario tests that go beyond one clean chain, each through the
 //! real capture path (a Qwen Code-shaped client -> the agent's pipeline ->
-//! the mock backend -> the capture log on disk -> read back -> builder): an
-//! identical retry (with a new and with the same reply), a compaction (by a
-//! summary, and keeping the first message), two parallel sub-agents sending
-//! interleaved, concurrent calls in one session, and calls cut by
-//! `max_tokens` (plain, and under a reasoning-stripping template). Each
-//! asserts the traces, segments, chains, labels, loss masks, tokens and
-//! statistics exactly, and runs the invariant checker on both builders.
+//! the mock backend -> the capture log on disk -> read back -> builder):
+//! identical retries (a new reply, the same reply, after a failed call, and
+//! under a reasoning-stripping template with either reply kept), compaction
+//! (by a summary, and keeping the first message), two parallel sub-agents
+//! sending interleaved, concurrent calls in one session (plain and under a
+//! stripping template), and calls cut by `max_tokens` (vLLM and SGLang
+//! dialects, and inside reasoning under a stripping template). Each asserts
+//! the traces, segments, chains, labels, loss masks, tokens and statistics
+//! exactly, and runs the invariant checker on both builders.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a failed step fails the test"
@@ -14,13 +16,13 @@
 
 mod common;
 
-use common::TestAgent;
-use common::backend_toml;
 use common::traj::*;
-use polar_agent::capture::record::CompletionRecord;
+use common::{Harness, TestAgent, backend_toml, send};
+use http::StatusCode;
+use polar_agent::capture::record::{CallStatus, CompletionRecord};
 use polar_agent::chat::FinishReason;
-use polar_agent::mock::script::{Script, ScriptedCall, SessionScript, Turn};
-use polar_agent::mock::{self, MockConfig, MockHandle, tokenizer};
+use polar_agent::mock::script::{Script, ScriptedCall, ScriptedError, SessionScript, Turn};
+use polar_agent::mock::{self, Dialect, MockConfig, MockHandle, tokenizer};
 use polar_agent::trajectory::{
     BreakReason, ChainId, DropReason, DroppedCall, Join, Label, ReconstructionStats, RetryPolicy,
     SegmentKind, SegmentLink,
@@ -48,7 +50,13 @@ fn text(text: &str) -> Turn {
 
 /// A mock answering `session` with `turns`, and an agent in front of it.
 async fn start(session: &str, turns: Vec<Turn>) -> (MockHandle, TestAgent) {
+    start_with(session, turns, Dialect::Vllm).await
+}
+
+/// [`start`] with the mock and the agent's backend speaking `dialect`.
+async fn start_with(session: &str, turns: Vec<Turn>, dialect: Dialect) -> (MockHandle, TestAgent) {
     let mock = mock::start(MockConfig {
+        dialect,
         script: Some(Script {
             final_text: None,
             sessions: vec![SessionScript {
@@ -60,7 +68,11 @@ async fn start(session: &str, turns: Vec<Turn>) -> (MockHandle, TestAgent) {
     })
     .await
     .unwrap();
-    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    let toml = backend_toml("mock", &mock.url(), 5000).replace(
+        "dialect = \"vllm\"",
+        &format!("dialect = \"{}\"", dialect.as_str()),
+    );
+    let agent = TestAgent::start(&toml).await;
     agent.session(session, "t");
     (mock, agent)
 }
@@ -162,6 +174,55 @@ async fn identical_retry_with_the_same_reply_keeps_the_first() {
         segments: 2,
         calls_merged: 2,
         retries_superseded: 1,
+        ..ReconstructionStats::default()
+    };
+    assert_eq!(traj.stats, with_tokens(&traj, want));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_a_failed_call_drops_it_with_the_reason() {
+    let session = "retry-failed";
+    let failed = Turn {
+        error: Some(ScriptedError {
+            status: 500,
+            message: Some("injected".into()),
+        }),
+        ..Turn::default()
+    };
+    let turns = vec![shell("ls"), failed, shell("cat a.rs"), text("done")];
+    let (mock, agent) = start(session, turns).await;
+    let mut c = Convo::new("You are Qwen Code.", "Read the sources");
+    c.step(&agent, session).await;
+    let reply = send(Harness::Qwen.request(agent.addr, session, c.body.clone(), false)).await;
+    assert_ne!(reply.status, StatusCode::OK, "{}", reply.text());
+    c.step(&agent, session).await;
+    c.step(&agent, session).await;
+    let r = records(&agent, session, 4);
+    stop(mock, agent).await;
+    assert_eq!(r[1].request, r[2].request, "the same request, sent again");
+
+    let traj = build(&merging(RetryPolicy::KeepAsTrace), &r, session);
+    assert_eq!(traj.traces.len(), 1);
+    assert_merged(&traj.traces[0], &[&r[0], &r[2], &r[3]]);
+    assert!(traj.traces[0].labels.is_empty());
+    let CallStatus::Failed { side, error } = &r[1].status else {
+        panic!("{:?}", r[1].status);
+    };
+    assert_eq!(side, "backend");
+    assert!(error.contains("HTTP 500"), "{error}");
+    let dropped = vec![DroppedCall {
+        call_id: r[1].call_id.clone(),
+        reason: DropReason::CallFailed {
+            side: side.clone(),
+            error: error.clone(),
+        },
+    }];
+    let want = ReconstructionStats {
+        calls: 4,
+        chains: 1,
+        segments: 1,
+        calls_merged: 2,
+        calls_dropped: dropped,
         ..ReconstructionStats::default()
     };
     assert_eq!(traj.stats, with_tokens(&traj, want));
@@ -279,32 +340,55 @@ fn overlapped(a: &CompletionRecord, b: &CompletionRecord) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_sub_agents_give_separate_labelled_chains() {
-    let session = "subagents";
+    sub_agents("subagents", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_sub_agents_under_a_stripping_template_are_spliced_apart() {
+    sub_agents("subagents-strip", true).await;
+}
+
+/// A main agent hands two tasks to sub-agents, which run two rounds each,
+/// their calls sent together; then the main agent answers. With `strip`,
+/// every turn reasons and the template drops the reasoning from history.
+async fn sub_agents(session: &str, strip: bool) {
     let task = |prompt: &str| ScriptedCall {
         name: Some("task".into()),
         arguments: Some(json!({"prompt": prompt})),
         shell: None,
     };
+    let think = |mut turn: Turn, why: &str| {
+        turn.think = strip.then(|| why.to_owned());
+        turn
+    };
+    let spawn = Turn {
+        tool_calls: vec![task("rename parse"), task("test the lexer")],
+        ..Turn::default()
+    };
     // The mock's turns are per session, taken in arrival order: the two
     // sub-agents' calls of each round get the same answer whichever comes
     // first.
     let turns = vec![
-        Turn {
-            tool_calls: vec![task("rename parse"), task("test the lexer")],
-            ..Turn::default()
-        },
-        slow(shell("ls src"), 300),
-        slow(shell("ls src"), 300),
-        slow(text("finished"), 300),
-        slow(text("finished"), 300),
-        text("all done"),
+        think(spawn, "two independent parts"),
+        think(slow(shell("ls src"), 300), "look around"),
+        think(slow(shell("ls src"), 300), "look around"),
+        think(slow(text("finished"), 300), "that is all"),
+        think(slow(text("finished"), 300), "that is all"),
+        think(text("all done"), "both finished"),
     ];
     let (mock, agent) = start(session, turns).await;
-    let mut main = Convo::new("You are Qwen Code.", "Refactor the parser and add tests");
+    let convo = |system: &str, user: &str| {
+        let mut c = Convo::new(system, user);
+        if strip {
+            c.body["polar_mock"] = json!({"strip_reasoning": "all"});
+        }
+        c
+    };
+    let mut main = convo("You are Qwen Code.", "Refactor the parser and add tests");
     main.step(&agent, session).await;
     let sub = "You are a sub-agent working on one part of a larger task.";
-    let mut a = Convo::new(sub, "Rename every parse function to parse_expr in src");
-    let mut b = Convo::new(sub, "Write unit tests covering the lexer edge cases");
+    let mut a = convo(sub, "Rename every parse function to parse_expr in src");
+    let mut b = convo(sub, "Write unit tests covering the lexer edge cases");
     for _round in 0..2 {
         let (ra, rb) = tokio::join!(a.send(&agent, session), b.send(&agent, session));
         a.answer(&ra);
@@ -319,44 +403,69 @@ async fn parallel_sub_agents_give_separate_labelled_chains() {
     // Which sub-agent came first in each round depends on the race; chains
     // are numbered by first calls, the second rounds follow the tokens.
     let (first, second) = (&r[1], &r[2]);
-    let (first_next, second_next) = if prompt(&r[3]).starts_with(&seq(first)) {
+    let follows = |x: &CompletionRecord, y: &CompletionRecord| {
+        let shared = common_prefix(prompt(y), &seq(x));
+        shared >= prompt(x).len()
+    };
+    let (first_next, second_next) = if follows(first, &r[3]) {
         (&r[3], &r[4])
     } else {
         (&r[4], &r[3])
     };
-    assert!(prompt(second_next).starts_with(&seq(second)));
+    assert!(follows(second, second_next) && !follows(second, first_next));
 
     let traj = build(&merging(RetryPolicy::KeepAsTrace), &r, session);
-    assert_eq!(traj.traces.len(), 3);
+    assert_eq!(traj.traces.len(), 3, "{session}");
+    let spliced: &[Label] = if strip {
+        &[Label::TemplateSpliced]
+    } else {
+        &[]
+    };
+    let sub_labels: Vec<Label> = [Label::SubAgent].iter().chain(spliced).copied().collect();
     let expect = [
-        (0, [&r[0], &r[5]], &[][..]),
-        (1, [first, first_next], &[Label::SubAgent][..]),
-        (2, [second, second_next], &[Label::SubAgent][..]),
+        (0, [&r[0], &r[5]], spliced),
+        (1, [first, first_next], &sub_labels[..]),
+        (2, [second, second_next], &sub_labels[..]),
     ];
     for (t, (chain, calls, labels)) in traj.traces.iter().zip(expect) {
         assert_merged(t, &calls);
+        let join = &t.spans[1].join;
+        assert_eq!(
+            matches!(join, Join::Splice { .. }),
+            strip,
+            "{session}: {join:?}"
+        );
         assert_eq!(
             (t.chain, t.segment, t.segment_kind),
             (ChainId(chain), 0, SegmentKind::Start)
         );
         assert_eq!(t.previous, None);
-        assert_eq!(t.labels, labels);
+        assert_eq!(t.labels, labels, "{session}");
     }
+    let mismatches = if strip { 3 } else { 0 };
     let want = ReconstructionStats {
         calls: 6,
         chains: 3,
         segments: 3,
         calls_merged: 3,
+        template_mismatches_detected: mismatches,
+        template_mismatches_spliced: mismatches,
         ..ReconstructionStats::default()
     };
-    assert_eq!(traj.stats, with_tokens(&traj, want));
+    assert_eq!(traj.stats, with_tokens(&traj, want), "{session}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn call_cut_by_max_tokens_is_kept_and_extended() {
-    let session = "cut";
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        cut_by_max_tokens(dialect).await;
+    }
+}
+
+async fn cut_by_max_tokens(dialect: Dialect) {
+    let session = &format!("cut-{}", dialect.as_str());
     let long = "The answer needs many more words than the limit allows";
-    let (mock, agent) = start(session, vec![text(long), text("done")]).await;
+    let (mock, agent) = start_with(session, vec![text(long), text("done")], dialect).await;
     let mut c = Convo::new("You are Qwen Code.", "Explain the parser");
     c.body["max_tokens"] = json!(6);
     let reply = c.step(&agent, session).await;

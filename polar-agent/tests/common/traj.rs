@@ -9,8 +9,8 @@ use polar_agent::capture::record::CompletionRecord;
 use polar_agent::chat::FinishReason;
 use polar_agent::mock::tokenizer;
 use polar_agent::trajectory::{
-    self, Builder, CallSpan, Join, PrefixMergingOptions, ReconstructionStats, RetryPolicy,
-    SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
+    self, Builder, CallSpan, DropReason, DroppedCall, Join, PrefixMergingOptions,
+    ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
 };
 use serde_json::{Value, json};
 
@@ -80,7 +80,8 @@ impl Convo {
     }
 }
 
-/// The session's `n` records read back from its capture log, in `seq` order.
+/// The session's `n` records read back from its capture log, in `seq`
+/// order. A record is on disk before its reply's last bytes go out.
 pub fn records(agent: &TestAgent, session: &str, n: usize) -> Vec<CompletionRecord> {
     let (mut records, problems) = agent.calls(session);
     assert!(problems.is_empty(), "{session}: {problems:?}");
@@ -120,7 +121,20 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> 
     trajectory::check(&traj, records).unwrap();
     let per = trajectory::build(&Builder::PerRequest, records, &meta);
     trajectory::check(&per, records).unwrap();
-    assert_eq!(per.traces.len(), records.len(), "{session}");
+    // Both builders leave out the same unusable calls.
+    let unusable: Vec<DroppedCall> = traj
+        .stats
+        .calls_dropped
+        .iter()
+        .filter(|d| d.reason != DropReason::SupersededRetry)
+        .cloned()
+        .collect();
+    assert_eq!(per.stats.calls_dropped, unusable, "{session}");
+    assert_eq!(
+        per.traces.len() + unusable.len(),
+        records.len(),
+        "{session}"
+    );
     assert_eq!(per.stats.calls_merged, 0, "{session}");
     traj
 }
