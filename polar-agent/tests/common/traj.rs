@@ -1,20 +1,80 @@
-//! Helpers of the trajectory scenario tests: a Qwen Code-shaped conversation
-//! driven through the agent, the session's records read back from the
-//! capture log, both builders run with the invariant checker, and a precise
-//! check of a merged trace against the records it was built from.
+//! Helpers of the trajectory scenario tests: a scripted mock behind an
+//! agent, a Qwen Code-shaped conversation driven through them, the
+//! session's records read back from the capture log, both builders run with
+//! the invariant checker, and a precise check of a merged trace against the
+//! records it was built from.
 
 use std::iter::repeat_n;
 
 use polar_agent::capture::record::CompletionRecord;
 use polar_agent::chat::FinishReason;
-use polar_agent::mock::tokenizer;
+use polar_agent::mock::script::{Script, ScriptedCall, SessionScript, Turn};
+use polar_agent::mock::{self, Dialect, MockConfig, MockHandle, tokenizer};
 use polar_agent::trajectory::{
     self, Builder, CallSpan, DropReason, DroppedCall, Join, PrefixMergingOptions,
     ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
 };
 use serde_json::{Value, json};
 
-use super::{Harness, TestAgent, send};
+use super::{Harness, TestAgent, backend_toml, send};
+
+/// A turn calling the shell tool with `command`.
+pub fn shell(command: &str) -> Turn {
+    Turn {
+        tool_calls: vec![ScriptedCall {
+            shell: Some(command.into()),
+            ..ScriptedCall::default()
+        }],
+        ..Turn::default()
+    }
+}
+
+/// A turn answering `text`.
+pub fn text(text: &str) -> Turn {
+    Turn {
+        text: Some(text.into()),
+        ..Turn::default()
+    }
+}
+
+/// A mock answering `session` with `turns`, and an agent in front of it.
+pub async fn start(session: &str, turns: Vec<Turn>) -> (MockHandle, TestAgent) {
+    start_with(session, turns, Dialect::Vllm).await
+}
+
+/// [`start`] with the mock and the agent's backend speaking `dialect`.
+pub async fn start_with(
+    session: &str,
+    turns: Vec<Turn>,
+    dialect: Dialect,
+) -> (MockHandle, TestAgent) {
+    let mock = mock::start(MockConfig {
+        dialect,
+        script: Some(Script {
+            final_text: None,
+            sessions: vec![SessionScript {
+                id: session.into(),
+                turns,
+            }],
+        }),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let toml = backend_toml("mock", &mock.url(), 5000).replace(
+        "dialect = \"vllm\"",
+        &format!("dialect = \"{}\"", dialect.as_str()),
+    );
+    let agent = TestAgent::start(&toml).await;
+    agent.session(session, "t");
+    (mock, agent)
+}
+
+/// Stops the agent, then the mock.
+pub async fn stop(mock: MockHandle, agent: TestAgent) {
+    agent.stop().await;
+    mock.stop().await;
+}
 
 /// An OpenAI Chat conversation as Qwen Code sends it, offering its shell tool.
 #[derive(Clone, Debug)]
