@@ -31,7 +31,10 @@
 //!   no end-of-turn token (generation-only glue), or `d >= |P_B|` and
 //!   `R_B[d - |P_B|..]` holds a think token (reasoning stripped from
 //!   history, usually `d == |P_B|`); and the new prompt has an end-of-turn
-//!   token at some `k >= d` (the re-rendered turn is closed). The trace then
+//!   token at some `k >= d` (the re-rendered turn is closed). Retried
+//!   replies to one prompt all fit that shape; the splice goes onto the one
+//!   whose end (answer, tool calls) the re-rendered turn `P_C[d..k]` shows
+//!   (the longest common suffix), ties to the latest. The trace then
 //!   goes on, after `R_B` as generated (loss 1), with the new prompt from
 //!   `k + 1` (from `k` when `R_B` has no end-of-turn token of its own, as
 //!   after a length cut), loss 0, then the new response (loss 1); the join

@@ -4,5 +4,6 @@
 mod checker;
 mod kit;
 mod props;
+mod retry_splices;
 mod scenarios;
 mod session;

@@ -8,6 +8,8 @@
     reason = "test helpers: a failed step fails the test"
 )]
 
+pub mod traj;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

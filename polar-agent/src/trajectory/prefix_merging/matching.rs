@@ -187,8 +187,10 @@ struct Splice {
 }
 
 /// The deepest splice the prompt allows, deeper than `extension_depth`.
-/// Among candidates leaving the prompt at the same point, the latest call
-/// wins (the harness resends the reply it used, which is the last one).
+/// Among candidates leaving the prompt at the same point (retried replies
+/// to one prompt), the one whose reply the re-rendered turn shows wins (see
+/// [`turn_fit`]); among equally fitting ones, the latest (the harness
+/// resends the reply it used, usually the last one).
 fn find_splice(
     tree: &PrefixTree<'_, '_>,
     walk: &Walk,
@@ -213,7 +215,12 @@ fn find_splice(
                     resumed_from,
                 })
             })
-            .max_by_key(|s| s.parent);
+            .max_by_key(|s| {
+                (
+                    turn_fit(&calls[s.parent], prompt, s.diverged_at, tpl),
+                    s.parent,
+                )
+            });
         if best.is_some() {
             return best;
         }
@@ -264,6 +271,31 @@ pub(super) fn splice_rule(
     }
     let k = d + tpl.find_end_of_turn(prompt.get(d..)?)?;
     Some(if r.last().is_some_and(eot) { k + 1 } else { k })
+}
+
+/// How much of `b`'s reply the new prompt's re-rendering of it shows: the
+/// length of the common suffix of `b`'s response (without its own
+/// end-of-turn token) and the re-rendered turn (the prompt from the
+/// divergence `d` to the end-of-turn token closing the turn). A template
+/// that strips reasoning or glue keeps the end of the turn (the answer, the
+/// tool calls) as generated, so the reply the harness went on with fits
+/// best.
+fn turn_fit(b: &Call<'_>, prompt: &[u32], d: usize, tpl: &TemplateInfo) -> usize {
+    let Some(turn) = prompt
+        .get(d..)
+        .and_then(|rest| tpl.find_end_of_turn(rest).map(|k| &rest[..k]))
+    else {
+        return 0;
+    };
+    let r = match b.response.split_last() {
+        Some((last, head)) if tpl.is_end_of_turn(*last) => head,
+        _ => b.response,
+    };
+    r.iter()
+        .rev()
+        .zip(turn.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 /// Whether a root's divergence from `b` after `lcp` tokens looks like a
