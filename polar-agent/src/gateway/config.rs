@@ -9,6 +9,7 @@
 //! node_id = "node-a"                  # default: the host name
 //! listen = "0.0.0.0:7071"             # where the server pushes sessions
 //! advertise = "http://10.0.0.5:7071"  # URL the server uses (default http://<listen>)
+//! # (POLAR_GATEWAY_NODE_ID and POLAR_GATEWAY_ADVERTISE override node_id and advertise)
 //! token = "node-secret"               # presented to the server (or POLAR_GATEWAY_TOKEN)
 //! accept_tokens = ["server-secret"]   # the server's gateway_token (default: [token])
 //! max_sessions = 64                   # sessions held at once, all stages
@@ -34,8 +35,15 @@ use serde::Deserialize;
 use super::stages::StageLimits;
 use crate::export::Format;
 
-/// The environment variable holding the node token.
+/// The environment variable holding the node token (used when the file
+/// has no `token`).
 pub const TOKEN_ENV: &str = "POLAR_GATEWAY_TOKEN";
+/// The environment variable overriding `node_id` (Kubernetes: the node's
+/// name from the downward API).
+pub const NODE_ID_ENV: &str = "POLAR_GATEWAY_NODE_ID";
+/// The environment variable overriding `advertise` (Kubernetes: built from
+/// the pod's IP).
+pub const ADVERTISE_ENV: &str = "POLAR_GATEWAY_ADVERTISE";
 
 /// A settings problem, naming the key.
 #[derive(Debug, thiserror::Error)]
