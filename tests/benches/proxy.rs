@@ -21,10 +21,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use nix::sched::{CpuSet, sched_setaffinity};
+use nix::unistd::Pid;
 use polar_tests::proxy::{ProxyHarness, trusting};
 use polar_tests::servers::EchoUpstream;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
 use tokio_rustls::TlsConnector;
 
 const PROBE: &str = env!("CARGO_BIN_EXE_polar-probe");
@@ -140,15 +143,73 @@ fn rss_kib() -> Result<u64> {
         .context("no VmRSS")
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
-    let upstream = EchoUpstream::start("127.0.0.1:0", "echo").await?;
-    // The slow upstream's port must be in the config: reserve it first.
-    let reserve = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let slow_addr = reserve.local_addr()?;
-    drop(reserve);
-    let slow_url = format!("http://{slow_addr}");
-    let harness = ProxyHarness::start(&format!(
+/// Thread-name prefixes of the two runtimes: the proxy's, and the load's
+/// (the client and the upstreams).
+const PROXY_THREADS: &str = "polar-proxy";
+const LOAD_THREADS: &str = "bench-load";
+
+/// A runtime of `workers` threads named `name`, every thread pinned to
+/// `cpu` when given.
+fn runtime(name: &'static str, workers: usize, cpu: Option<usize>) -> Result<Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .on_thread_start(move || {
+            if let Some(cpu) = cpu {
+                let mut set = CpuSet::new();
+                let pinned = set
+                    .set(cpu)
+                    .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set));
+                if let Err(e) = pinned {
+                    eprintln!("cannot pin a {name} thread to CPU {cpu}: {e}");
+                }
+            }
+        })
+        .build()?)
+}
+
+/// CPU time (ns on CPU, from `/proc/self/task/*/schedstat`) used so far by
+/// the proxy's threads and by the load's.
+fn cpu_by_role() -> Result<(u64, u64)> {
+    let (mut proxy, mut load) = (0, 0);
+    for entry in std::fs::read_dir("/proc/self/task")? {
+        let dir = entry?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let ns: u64 = std::fs::read_to_string(dir.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0);
+        if comm.starts_with(PROXY_THREADS) {
+            proxy += ns;
+        } else if comm.starts_with(LOAD_THREADS) {
+            load += ns;
+        }
+    }
+    Ok((proxy, load))
+}
+
+/// A throughput run with the CPU time each role spent per request.
+struct Run {
+    rate: f64,
+    proxy_us: f64,
+    load_us: f64,
+}
+
+async fn measured(t: Arc<Target>) -> Result<Run> {
+    let (p0, l0) = cpu_by_role()?;
+    let rate = throughput(t).await?;
+    let (p1, l1) = cpu_by_role()?;
+    let n = rate * THROUGHPUT_SECS as f64;
+    Ok(Run {
+        rate,
+        proxy_us: (p1 - p0) as f64 / 1e3 / n,
+        load_us: (l1 - l0) as f64 / 1e3 / n,
+    })
+}
+
+fn config(upstream: &str, slow: &str) -> String {
+    format!(
         r#"
 [proxy]
 header_timeout_ms = 120000
@@ -160,54 +221,162 @@ leaf_cache_size = 100000
 host = "api.anthropic.com"
 action = "model"
 provider = "anthropic"
-upstream = "{u}"
+upstream = "{upstream}"
 [[route]]
 host = "slow.bench.test"
 action = "model"
-upstream = "{s}"
+upstream = "{slow}"
 [[route]]
 host = "*.bench.test"
 action = "model"
-upstream = "{u}"
-"#,
-        u = upstream.url(),
-        s = slow_url,
-    ))
-    .await?;
-    let (addr, parts) = (harness.addr, &harness.parts);
-    let tls = trusting(&std::fs::read(harness.ca_file())?, &[b"http/1.1"])?;
-    let direct = Arc::new(Target {
-        addr: upstream.addr,
-        tls: None,
-        sni: "api.anthropic.com".into(),
-    });
-    let proxied = Arc::new(Target {
-        addr,
-        tls: Some(tls.clone()),
-        sni: "api.anthropic.com".into(),
-    });
-    // The same upstream behind HTTPS, as the harness would reach it without Polar.
-    let (tls_upstream, up_pem) =
-        EchoUpstream::start_tls("127.0.0.1:0", "echo-tls", "api.anthropic.com").await?;
-    let direct_tls = Arc::new(Target {
-        addr: tls_upstream.addr,
-        tls: Some(trusting(up_pem.as_bytes(), &[b"http/1.1"])?),
-        sni: "api.anthropic.com".into(),
-    });
+upstream = "{upstream}"
+"#
+    )
+}
 
-    let (d, p) = (paced(&direct).await?, paced(&proxied).await?);
-    let (d2, p2) = (paced(&direct).await?, paced(&proxied).await?);
+/// Everything the throughput comparison needs, on one pair of runtimes.
+struct Setup {
+    harness: ProxyHarness,
+    upstream: EchoUpstream,
+    tls_upstream: EchoUpstream,
+    direct: Arc<Target>,
+    direct_tls: Arc<Target>,
+    proxied: Arc<Target>,
+    tls: TlsConnector,
+}
+
+/// Starts the upstreams on `load` and the proxy on `proxy`.
+fn setup(load: &Runtime, proxy: &Runtime, slow_url: &str) -> Result<Setup> {
+    let (upstream, (tls_upstream, up_pem)) = load.block_on(async {
+        anyhow::Ok((
+            EchoUpstream::start("127.0.0.1:0", "echo").await?,
+            // The same upstream behind HTTPS, as the harness would reach
+            // it without Polar.
+            EchoUpstream::start_tls("127.0.0.1:0", "echo-tls", "api.anthropic.com").await?,
+        ))
+    })?;
+    let harness = proxy.block_on(ProxyHarness::start(&config(&upstream.url(), slow_url)))?;
+    let tls = trusting(&std::fs::read(harness.ca_file())?, &[b"http/1.1"])?;
+    let sni = "api.anthropic.com".to_owned();
+    Ok(Setup {
+        direct: Arc::new(Target {
+            addr: upstream.addr,
+            tls: None,
+            sni: sni.clone(),
+        }),
+        direct_tls: Arc::new(Target {
+            addr: tls_upstream.addr,
+            tls: Some(trusting(up_pem.as_bytes(), &[b"http/1.1"])?),
+            sni: sni.clone(),
+        }),
+        proxied: Arc::new(Target {
+            addr: harness.addr,
+            tls: Some(tls.clone()),
+            sni,
+        }),
+        harness,
+        upstream,
+        tls_upstream,
+        tls,
+    })
+}
+
+fn print_runs(title: &str, d: &Run, dt: &Run, p: &Run) {
+    eprintln!("{title}");
+    eprintln!(
+        "| path | req/s | % of direct HTTP / HTTPS | CPU µs per request: proxy | client + upstream |"
+    );
+    eprintln!("| --- | --- | --- | --- | --- |");
+    for (name, r) in [
+        ("direct (HTTP)", d),
+        ("direct (HTTPS)", dt),
+        ("through the proxy", p),
+    ] {
+        eprintln!(
+            "| {name} | {:.0} | {:.1}% / {:.1}% | {:.1} | {:.1} |",
+            r.rate,
+            100.0 * r.rate / d.rate,
+            100.0 * r.rate / dt.rate,
+            r.proxy_us,
+            r.load_us
+        );
+    }
+}
+
+fn main() -> Result<()> {
+    let only_throughput = std::env::var_os("POLAR_BENCH_THROUGHPUT_ONLY").is_some();
+    // The proxy on its own runtime (as in the agent's process), the client
+    // and the upstreams on another; two workers each, sharing both cores.
+    let proxy_rt = runtime(PROXY_THREADS, 2, None)?;
+    let load_rt = runtime(LOAD_THREADS, 2, None)?;
+    // The slow upstream's port must be in the config: reserve it first.
+    let reserve = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let slow_addr = reserve.local_addr()?;
+    drop(reserve);
+    let slow_url = format!("http://{slow_addr}");
+    let s = setup(&load_rt, &proxy_rt, &slow_url)?;
+    let shared = load_rt.block_on(async {
+        let dt = measured(Arc::clone(&s.direct_tls)).await?;
+        let d = measured(Arc::clone(&s.direct)).await?;
+        let p = measured(Arc::clone(&s.proxied)).await?;
+        anyhow::Ok((d, dt, p))
+    })?;
+    // Pinned: the proxy alone on CPU 1, client and upstreams on CPU 0 (one
+    // worker each), so the proxy does not take CPU from the load.
+    let pinned = {
+        let proxy_rt = runtime(PROXY_THREADS, 1, Some(1))?;
+        let load_rt = runtime(LOAD_THREADS, 1, Some(0))?;
+        let s = setup(&load_rt, &proxy_rt, &slow_url)?;
+        let runs = load_rt.block_on(async {
+            let dt = measured(Arc::clone(&s.direct_tls)).await?;
+            let d = measured(Arc::clone(&s.direct)).await?;
+            let p = measured(Arc::clone(&s.proxied)).await?;
+            anyhow::Ok((d, dt, p))
+        })?;
+        drop(s);
+        runs
+    };
+    eprintln!(
+        "proxy benchmark (keep-alive HTTP/1.1, {} byte JSON body, {CONCURRENCY} connections, {THROUGHPUT_SECS} s each)",
+        BODY.len()
+    );
+    print_runs(
+        "shared: proxy and load on both cores (2 + 2 workers)",
+        &shared.0,
+        &shared.1,
+        &shared.2,
+    );
+    print_runs(
+        "pinned: proxy on CPU 1, client and upstreams on CPU 0 (1 + 1 worker)",
+        &pinned.0,
+        &pinned.1,
+        &pinned.2,
+    );
+    if only_throughput {
+        return Ok(());
+    }
+    load_rt.block_on(latency_and_more(&s, &slow_addr, &shared))
+}
+
+async fn latency_and_more(
+    s: &Setup,
+    slow_addr: &SocketAddr,
+    shared: &(Run, Run, Run),
+) -> Result<()> {
+    let (addr, parts, tls) = (s.harness.addr, &s.harness.parts, &s.tls);
+    let (direct, proxied, direct_tls) = (&s.direct, &s.proxied, &s.direct_tls);
+    let _ = (&s.upstream, &s.tls_upstream);
+    let (d, p) = (paced(direct).await?, paced(proxied).await?);
+    let (d2, p2) = (paced(direct).await?, paced(proxied).await?);
     let merge = |a: Vec<f64>, b: Vec<f64>| {
         let mut v = [a, b].concat();
         v.sort_by(f64::total_cmp);
         v
     };
     let (d, p) = (merge(d, d2), merge(p, p2));
-    let (dt, dt2) = (paced(&direct_tls).await?, paced(&direct_tls).await?);
+    let (dt, dt2) = (paced(direct_tls).await?, paced(direct_tls).await?);
     let dt = merge(dt, dt2);
-    let tdt = throughput(Arc::clone(&direct_tls)).await?;
-    let td = throughput(Arc::clone(&direct)).await?;
-    let tp = throughput(Arc::clone(&proxied)).await?;
+    let (tdt, td, tp) = (shared.1.rate, shared.0.rate, shared.2.rate);
     // The same with an upstream that takes 2 ms per request, as any real
     // inference server takes at least that: the proxy's own cost then sits
     // beside the upstream's time instead of competing with it for the CPU.
@@ -230,8 +399,8 @@ upstream = "{u}"
     let tsp = throughput(stp).await?;
     let cached: Vec<String> = (0..200).map(|_| "api.anthropic.com".to_owned()).collect();
     let fresh: Vec<String> = (0..200).map(|i| format!("h{i}.bench.test")).collect();
-    let hs_cached = handshakes(addr, &tls, &cached).await?;
-    let hs_fresh = handshakes(addr, &tls, &fresh).await?;
+    let hs_cached = handshakes(addr, tls, &cached).await?;
+    let hs_fresh = handshakes(addr, tls, &fresh).await?;
 
     // Idle established TLS connections held by another process.
     let before = rss_kib()?;

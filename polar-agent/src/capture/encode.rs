@@ -38,13 +38,30 @@ pub struct IdsFingerprint {
 }
 
 impl IdsFingerprint {
-    /// The fingerprint of `ids` (FNV-1a over the ids).
+    /// The fingerprint of `ids`: FNV-1a over the ids in four interleaved
+    /// lanes (independent multiplications run in parallel: it runs before
+    /// the record is written, on the path to the reply's last byte), the
+    /// lanes then folded together in order.
     pub fn of(ids: &[u32]) -> Self {
-        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-        for id in ids {
-            hash ^= u64::from(*id);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        const PRIME: u64 = 0x0000_0100_0000_01b3;
+        let mut lanes: [u64; 4] = [
+            0xcbf2_9ce4_8422_2325,
+            0x8422_2325_cbf2_9ce4,
+            0x9ce4_cbf2_2325_8422,
+            0x2325_8422_9ce4_cbf2,
+        ];
+        let mut chunks = ids.chunks_exact(4);
+        for c in &mut chunks {
+            for (lane, id) in lanes.iter_mut().zip(c) {
+                *lane = (*lane ^ u64::from(*id)).wrapping_mul(PRIME);
+            }
         }
+        for (lane, id) in lanes.iter_mut().zip(chunks.remainder()) {
+            *lane = (*lane ^ u64::from(*id)).wrapping_mul(PRIME);
+        }
+        let hash = lanes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, l| {
+            (h ^ l).wrapping_mul(PRIME)
+        });
         Self {
             len: ids.len(),
             hash,
@@ -146,7 +163,24 @@ pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<
         timings: &record.timings,
         status: &record.status,
     };
-    let mut out = serde_json::to_vec(&line)?;
+    // One allocation of about the line's size instead of a doubling
+    // buffer copying the big parts over and over (the reply's message is
+    // the unknown part: a long one costs one reallocation).
+    let raw = |r: Option<&RawValue>| r.map_or(0, |r| r.get().len());
+    let guess = raw(pre.native_request.as_deref())
+        + raw(pre.request.as_deref())
+        + raw(pre.prompt_token_ids.as_ref().map(|(_, r)| &**r))
+        + record
+            .response_token_ids
+            .as_ref()
+            .map_or(0, |v| v.len() * 8)
+        + record
+            .response_logprobs
+            .as_ref()
+            .map_or(0, |v| v.len() * 24)
+        + 8 * 1024;
+    let mut out = Vec::with_capacity(guess);
+    serde_json::to_writer(&mut out, &line)?;
     out.push(b'\n');
     Ok(out)
 }
@@ -156,6 +190,24 @@ mod tests {
     use super::*;
     use crate::capture::log::encode_line;
     use crate::capture::record::Api;
+
+    #[test]
+    fn fingerprints_tell_order_values_and_length_apart() {
+        let ids: Vec<u32> = (0..1003).collect();
+        let print = IdsFingerprint::of(&ids);
+        assert_eq!(print, IdsFingerprint::of(&ids.clone()));
+        let mut swapped = ids.clone();
+        swapped.swap(0, 1); // two lanes
+        assert_ne!(IdsFingerprint::of(&swapped), print);
+        let mut swapped = ids.clone();
+        swapped.swap(0, 4); // the same lane
+        assert_ne!(IdsFingerprint::of(&swapped), print);
+        let mut changed = ids.clone();
+        changed[1002] = 7; // the remainder
+        assert_ne!(IdsFingerprint::of(&changed), print);
+        assert_ne!(IdsFingerprint::of(&ids[..1002]), print);
+        assert_ne!(IdsFingerprint::of(&[]), IdsFingerprint::of(&[0]));
+    }
 
     #[test]
     fn pre_encoded_lines_are_byte_identical() {

@@ -48,6 +48,7 @@ impl Handler for WithBaseUrl {
                 sessions: Arc::clone(&self.sessions),
                 rules: self.rules.clone(),
                 peer: conn.peer,
+                upstream_conn: Arc::default(),
             });
             crate::proxy::http::serve(
                 conn.stream,

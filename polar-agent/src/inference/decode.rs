@@ -45,6 +45,21 @@ impl TokenAcc {
         }
     }
 
+    /// Like [`TokenAcc::tokens`], moving the data out (the reply is over).
+    pub(crate) fn take_tokens(&mut self) -> Tokens {
+        let response =
+            (self.saw_ids && !self.ids_missing).then(|| std::mem::take(&mut self.response));
+        let logprobs = response
+            .as_ref()
+            .filter(|r| r.len() == self.logprobs.len())
+            .map(|_| std::mem::take(&mut self.logprobs));
+        Tokens {
+            prompt_token_ids: self.prompt.take(),
+            response_token_ids: response,
+            response_logprobs: logprobs,
+        }
+    }
+
     pub(crate) fn response_len(&self) -> usize {
         self.response.len()
     }

@@ -159,6 +159,15 @@ impl ChatStream {
         }
     }
 
+    /// The token data, moved out: for the record once the reply is over
+    /// (the stream has none left afterwards).
+    pub fn take_tokens(&mut self) -> Tokens {
+        match &mut self.whole_tokens {
+            Some(t) => t.take_tokens(),
+            None => self.decoder.tokens.take_tokens(),
+        }
+    }
+
     /// Which backend answers.
     pub fn backend(&self) -> &BackendInfo {
         &self.info

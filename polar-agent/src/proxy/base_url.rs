@@ -20,6 +20,7 @@ use crate::tasks::Tasks;
 use super::error::ProxyError;
 use super::http::{ContextSource, HttpLimits, api_of};
 use super::pipeline::{ModelPipeline, RequestContext};
+use super::upstream_conn::UpstreamConn;
 
 /// Header naming the session.
 pub const SESSION_HEADER: &str = "x-polar-session";
@@ -139,6 +140,8 @@ pub struct BaseUrlSource {
     pub rules: LiveRules,
     /// The client.
     pub peer: SocketAddr,
+    /// The connection's own upstream connection (forwarded requests).
+    pub upstream_conn: Arc<UpstreamConn>,
 }
 
 impl ContextSource for BaseUrlSource {
@@ -171,6 +174,7 @@ impl ContextSource for BaseUrlSource {
             upstream: upstream.clone(),
             provider: *provider,
             tls: false,
+            upstream_conn: Some(Arc::clone(&self.upstream_conn)),
         })
     }
 }
@@ -204,6 +208,7 @@ pub async fn serve(
             sessions: Arc::clone(&sessions),
             rules: rules.clone(),
             peer,
+            upstream_conn: Arc::default(),
         });
         let pipeline = Arc::clone(&pipeline);
         tasks.spawn(async move { super::http::serve(stream, source, pipeline, limits).await });

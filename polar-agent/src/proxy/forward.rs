@@ -1,7 +1,9 @@
 //! The forwarding stage: sends a model-API request unchanged to the route's
 //! upstream and streams the answer back. Hop-by-hop headers are dropped and
 //! `Host` is set to the upstream; the path is appended to the upstream's
-//! path prefix.
+//! path prefix. Requests of an HTTP/1.1 downstream connection go on that
+//! connection's own upstream connection ([`UpstreamConn`]); HTTP/2 ones
+//! through a shared pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +11,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::ConfigBuilderExt as _;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use tokio_rustls::TlsConnector;
 
 use crate::config::{Upstream, UpstreamHost};
 
@@ -25,6 +29,8 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 /// Forwards requests to their route's upstream.
 pub struct Forward {
     client: Client<Connector, Full<Bytes>>,
+    /// TLS (HTTP/1.1 only) for the per-connection upstream connections.
+    tls: TlsConnector,
     timeout: Duration,
 }
 
@@ -33,16 +39,30 @@ impl Forward {
     pub fn new(timeout: Duration) -> Result<Self, ProxyError> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
+        http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(10)));
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ProxyError::Internal(format!("TLS client: {e}")))?
+        .with_native_roots()
+        .map_err(|e| ProxyError::Internal(format!("loading system trust roots: {e}")))?
+        .with_no_client_auth();
+        let mut h1_only = config.clone();
+        h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_native_roots()
-            .map_err(|e| ProxyError::Internal(format!("loading system trust roots: {e}")))?
+            .with_tls_config(config)
             .https_or_http()
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new()).build(https);
-        Ok(Self { client, timeout })
+        Ok(Self {
+            client,
+            tls: TlsConnector::from(Arc::new(h1_only)),
+            timeout,
+        })
     }
 }
 
@@ -53,6 +73,18 @@ pub fn authority(up: &Upstream) -> String {
         UpstreamHost::Ip(ip) if ip.is_ipv6() => format!("[{ip}]:{}", up.port()),
         UpstreamHost::Ip(ip) => format!("{ip}:{}", up.port()),
     }
+}
+
+/// The origin-form URI (path and query) of a request path at `up`.
+pub fn origin_uri(up: &Upstream, path_and_query: &str) -> Result<Uri, ProxyError> {
+    if up.path().is_empty() {
+        return path_and_query
+            .parse()
+            .map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")));
+    }
+    format!("{}{}", up.path(), path_and_query)
+        .parse()
+        .map_err(|e| ProxyError::Internal(format!("upstream URI: {e}")))
 }
 
 /// The upstream URI for a request path.
@@ -82,19 +114,23 @@ const HOP_BY_HOP: &[&str] = &[
 
 /// Removes hop-by-hop headers (and those named in `Connection`).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|s| s.trim().to_ascii_lowercase())
-        .collect();
-    for h in HOP_BY_HOP
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(h);
+    if headers.contains_key(header::CONNECTION) {
+        let named: Vec<String> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|s| s.trim().to_ascii_lowercase())
+            .collect();
+        for h in &named {
+            headers.remove(h.as_str());
+        }
+    }
+    // Most requests carry none: one pass over the names, no lookups.
+    if headers.keys().any(|k| HOP_BY_HOP.contains(&k.as_str())) {
+        for h in HOP_BY_HOP {
+            headers.remove(*h);
+        }
     }
 }
 
@@ -133,7 +169,10 @@ impl Forward {
             .to_owned();
         let mut out = Request::new(Full::new(req.body));
         *out.method_mut() = req.head.method.clone();
-        *out.uri_mut() = upstream_uri(up, &pq)?;
+        *out.uri_mut() = match &ctx.upstream_conn {
+            Some(_) => origin_uri(up, &pq)?,
+            None => upstream_uri(up, &pq)?,
+        };
         let mut headers = req.head.headers;
         strip_hop_by_hop(&mut headers);
         headers.insert(
@@ -142,16 +181,28 @@ impl Forward {
                 .map_err(|e| ProxyError::Internal(e.to_string()))?,
         );
         *out.headers_mut() = headers;
-        let name = up.to_string();
-        let resp = match tokio::time::timeout(self.timeout, self.client.request(out)).await {
-            Err(_) => return Err(ProxyError::UpstreamTimeout { upstream: name }),
-            Ok(Err(e)) => {
-                return Err(ProxyError::UpstreamUnreachable {
-                    upstream: name,
-                    message: e.to_string(),
+        let sent = match &ctx.upstream_conn {
+            Some(conn) => tokio::time::timeout(self.timeout, conn.send(up, &self.tls, out)).await,
+            None => {
+                tokio::time::timeout(self.timeout, async {
+                    self.client
+                        .request(out)
+                        .await
+                        .map_err(|e| ProxyError::UpstreamUnreachable {
+                            upstream: up.to_string(),
+                            message: e.to_string(),
+                        })
+                })
+                .await
+            }
+        };
+        let resp = match sent {
+            Err(_) => {
+                return Err(ProxyError::UpstreamTimeout {
+                    upstream: up.to_string(),
                 });
             }
-            Ok(Ok(r)) => r,
+            Ok(r) => r?,
         };
         let (mut parts, body) = resp.into_parts();
         strip_hop_by_hop(&mut parts.headers);

@@ -79,10 +79,14 @@ async fn handle<S: ContextSource + ?Sized>(
     limits: HttpLimits,
 ) -> Response<ProxyBody> {
     let api = api_of(req.method(), req.uri(), req.headers());
-    let ctx = match source.context(&req) {
+    let mut ctx = match source.context(&req) {
         Ok(ctx) => ctx,
         Err(e) => return e.into_response(api),
     };
+    if req.version() >= http::Version::HTTP_2 {
+        // Concurrent streams: they share the forwarding stage's pool.
+        ctx.upstream_conn = None;
+    }
     if let Some(len) = req
         .headers()
         .get(http::header::CONTENT_LENGTH)

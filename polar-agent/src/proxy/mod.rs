@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod relay;
 pub mod rewind;
 pub mod sniff;
+pub mod upstream_conn;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -181,6 +182,7 @@ impl Proxy {
             upstream,
             provider,
             tls: plan.tls,
+            upstream_conn: Some(Arc::new(upstream_conn::UpstreamConn::default())),
         });
         let io = Rewind::new(prefix, conn.stream);
         if plan.tls {

@@ -16,6 +16,7 @@ use crate::config::{ProviderHint, Upstream};
 use crate::ids::{OrigDst, SessionId};
 
 use super::body::ProxyBody;
+use super::upstream_conn::UpstreamConn;
 
 /// Everything known about a request besides its bytes.
 #[derive(Clone, Debug)]
@@ -36,6 +37,9 @@ pub struct RequestContext {
     pub provider: ProviderHint,
     /// Whether the connection was TLS.
     pub tls: bool,
+    /// The downstream connection's own upstream connection (HTTP/1.1
+    /// requests the forwarding stage sends on); `None` for HTTP/2.
+    pub upstream_conn: Option<Arc<UpstreamConn>>,
 }
 
 /// A request with its body read in full (bounded by the body limit).

@@ -82,10 +82,12 @@ fn recorded_error(e: &InferenceError) -> String {
     e.to_string().chars().take(MAX_RECORDED_ERROR).collect()
 }
 
-fn produced<'a>(stream: &ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
+/// What the backend produced; the stream's token data is moved out (the
+/// stream is done with).
+fn produced<'a>(stream: &mut ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
     Produced {
         events,
-        tokens: stream.tokens(),
+        tokens: stream.take_tokens(),
         backend: Some(stream.backend().clone()),
         timings: Some(stream.timings().clone()),
         backend_name: None,
@@ -129,7 +131,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
             }
         }
     }
-    let produced = produced(&stream, &events);
+    let produced = produced(&mut stream, &events);
     drop(stream);
     if let Some(e) = failure {
         tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
@@ -177,7 +179,7 @@ pub(super) async fn streamed(
             };
             let failure = Some((Side::Backend, text));
             let (record, pre) = ahead
-                .record(call.draft, produced(&stream, &[]), failure)
+                .record(call.draft, produced(&mut stream, &[]), failure)
                 .await;
             if let Err(resp) = append(&call.log, record, pre, call.api).await {
                 return resp;
@@ -249,7 +251,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             None => break End::Failed(no_finish(), no_finish().message),
         }
     };
-    let produced = produced(&stream, &events);
+    let produced = produced(&mut stream, &events);
     drop(stream);
     let seq = draft.seq;
     match end {
