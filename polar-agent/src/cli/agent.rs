@@ -83,7 +83,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         advertise: gw.advertise.clone(),
         max_sessions: gw.max_sessions,
         heartbeat_interval: gw.heartbeat_interval,
-        report_progress: true,
+        progress: crate::gateway::Progress::All,
         labels,
     };
     let work = HarnessWork::new(

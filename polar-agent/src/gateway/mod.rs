@@ -23,7 +23,7 @@ pub mod stages;
 pub mod work;
 
 pub use config::{GatewayConfig, GatewayConfigError};
-pub use node::{Node, NodeError, NodeOptions};
+pub use node::{Node, NodeError, NodeOptions, Progress};
 pub use stages::{Stage, StageLimits, Stages, Work};
 
 #[cfg(test)]

@@ -54,10 +54,31 @@ pub struct NodeOptions {
     pub max_sessions: u32,
     /// Heartbeat interval until the server says otherwise.
     pub heartbeat_interval: Duration,
-    /// Report stages as sessions enter them.
-    pub report_progress: bool,
+    /// Which stages are reported to the server as sessions enter them.
+    pub progress: Progress,
     /// Labels sent with the registration.
     pub labels: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Which stage changes a node reports (`POST /v1/sessions/{id}/state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// None: the server sees the session dispatched, then done.
+    None,
+    /// Only the start of RUNNING.
+    Running,
+    /// Every stage: `init`, `ready`, `running`, `postrun`.
+    All,
+}
+
+impl Progress {
+    fn reports(self, stage: Stage) -> bool {
+        match self {
+            Self::None => false,
+            Self::Running => stage == Stage::Running,
+            Self::All => stage != Stage::Queued,
+        }
+    }
 }
 
 /// Why a node could not start.
@@ -109,6 +130,8 @@ struct Inner<W: Work> {
     cancelled: Mutex<Vec<String>>,
     reported: AtomicU64,
     finished: AtomicU64,
+    /// Sessions whose task has not ended (held, or reporting its result).
+    live: AtomicU64,
     draining: AtomicBool,
     /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
     tasks: Tasks,
@@ -170,6 +193,7 @@ impl<W: Work> Node<W> {
             cancelled: Mutex::new(Vec::new()),
             reported: AtomicU64::new(0),
             finished: AtomicU64::new(0),
+            live: AtomicU64::new(0),
             draining: AtomicBool::new(false),
             tasks: Tasks::new(),
             extra_metrics: Mutex::new(None),
@@ -254,7 +278,7 @@ impl<W: Work> Node<W> {
         inner.draining.store(true, Ordering::Relaxed);
         inner.heartbeat_once().await;
         let until = Instant::now() + grace;
-        while inner.holding() > 0 && Instant::now() < until {
+        while inner.live.load(Ordering::Relaxed) > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let left: Vec<Arc<Job>> = lock(&inner.held).values().cloned().collect();
@@ -279,7 +303,7 @@ impl<W: Work> Node<W> {
         }
         // Sessions stopped above still tear down in POSTRUN.
         let until = Instant::now() + Duration::from_secs(30);
-        while inner.holding() > 0 && Instant::now() < until {
+        while inner.live.load(Ordering::Relaxed) > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.kill();
@@ -302,10 +326,6 @@ impl<W: Work> Inner<W> {
                 () = fut => {}
             }
         });
-    }
-
-    fn holding(&self) -> usize {
-        lock(&self.held).len()
     }
 
     fn registration(&self) -> NodeRegistration {
@@ -446,7 +466,11 @@ impl<W: Work> Inner<W> {
             at: Instant::now(),
         });
         let me = Arc::clone(self);
-        self.spawn(async move { me.run(job).await });
+        self.live.fetch_add(1, Ordering::Relaxed);
+        self.spawn(async move {
+            Arc::clone(&me).run(job).await;
+            me.live.fetch_sub(1, Ordering::Relaxed);
+        });
         json(StatusCode::ACCEPTED, &json!({"accepted": true}))
     }
 
@@ -467,23 +491,26 @@ impl<W: Work> Inner<W> {
                 }
             })
         };
-        let report_progress = self.opts.report_progress;
+        let progress = self.opts.progress;
         let report = self
             .stages
             .run(&self.work, &job, move |stage| {
-                if report_progress && stage != Stage::Queued {
+                if progress.reports(stage) {
                     let _ = tx.send(stage);
                 }
             })
             .await;
+        // The work is done: the slot is free while the result is reported.
+        {
+            let mut held = lock(&self.held);
+            if held.get(&sid).is_some_and(|j| Arc::ptr_eq(j, &job)) {
+                held.remove(&sid);
+            }
+        }
+        self.finished.fetch_add(1, Ordering::Relaxed);
         let _ = reporter.await;
         if let Some(report) = report {
             self.deliver(&job, &report).await;
-        }
-        self.finished.fetch_add(1, Ordering::Relaxed);
-        let mut held = lock(&self.held);
-        if held.get(&sid).is_some_and(|j| Arc::ptr_eq(j, &job)) {
-            held.remove(&sid);
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::node::{Node, NodeError, NodeOptions, Received};
+use super::node::{Node, NodeError, NodeOptions, Progress, Received};
 use super::stages::{Interrupt, Job, Reached, Report, StageLimits, Stages, Work};
 use crate::rollout::{SampleStatus, SessionAssignment, TokenUsage};
 
@@ -73,8 +73,9 @@ pub struct SimGatewayConfig {
     pub jitter: f64,
     /// Heartbeat interval.
     pub heartbeat_interval: Duration,
-    /// Report each stage entered before the result.
-    pub report_progress: bool,
+    /// Which stages are reported before the result (the start of RUNNING
+    /// by default).
+    pub progress: Progress,
     /// The outcome of each session.
     pub outcome: OutcomeFn,
 }
@@ -104,7 +105,7 @@ impl SimGatewayConfig {
             session_time: Duration::from_millis(50),
             jitter: 0.0,
             heartbeat_interval: Duration::from_millis(50),
-            report_progress: true,
+            progress: Progress::Running,
             outcome: Arc::new(default_outcome),
         }
     }
@@ -232,7 +233,7 @@ impl SimGateway {
             advertise: None,
             max_sessions: cfg.max_sessions,
             heartbeat_interval: cfg.heartbeat_interval,
-            report_progress: cfg.report_progress,
+            progress: cfg.progress,
             labels,
         };
         let work = SimWork::new(
