@@ -12,6 +12,8 @@
 use std::collections::BTreeSet;
 
 use polar_agent::config::{Config, RawConfig};
+use polar_agent::gateway::GatewayConfig;
+use polar_agent::rollout::RolloutConfig;
 
 fn doc() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONFIG.md")).unwrap()
@@ -36,10 +38,27 @@ fn probe_toml(table: &str) -> String {
 }
 
 /// The fields serde expected in `table`, from its refusal of an unknown key.
+/// `[gateway]` and `[rollout]` are opaque to the agent's types: their own
+/// parsers are asked.
 fn fields_of(table: &str) -> Vec<String> {
     let text = probe_toml(table);
-    let err = toml::from_str::<RawConfig>(&text).unwrap_err();
-    let msg = err.message().to_owned();
+    let msg = if table.starts_with("gateway") {
+        let required = "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\n";
+        let probe = match table {
+            "gateway" => format!("{required}zz_probe = 1"),
+            _ => format!("{required}{text}"),
+        };
+        GatewayConfig::from_toml_str(&probe)
+        .unwrap_err()
+        .to_string()
+    } else if table.starts_with("rollout") {
+        RolloutConfig::from_toml(&text, None).unwrap_err().to_string()
+    } else {
+        toml::from_str::<RawConfig>(&text)
+            .unwrap_err()
+            .message()
+            .to_owned()
+    };
     assert!(msg.contains("unknown field `zz_probe`"), "{table}: {msg}");
     let expected = msg.split_once("expected ").unwrap().1;
     expected
@@ -61,6 +80,10 @@ const TABLES: &[&str] = &[
     "backend[].sampling",
     "backend[].sampling.train",
     "backend[].sampling.eval",
+    "gateway",
+    "gateway.s3",
+    "rollout",
+    "rollout.callback",
 ];
 
 /// Every key the types accept, as `table.key` paths.
@@ -112,6 +135,9 @@ fn every_key_of_the_types_is_documented_and_every_documented_key_exists() {
         "agent.state_dir",
         "route[].host",
         "backend[].sampling.eval.top_k",
+        "gateway.running_workers",
+        "gateway.s3.endpoint",
+        "rollout.callback.max_attempts",
     ] {
         assert!(types.contains(k), "{k} not found by the probe: {types:?}");
     }
@@ -136,6 +162,14 @@ fn every_toml_block_of_the_doc_is_a_valid_configuration() {
     let mut used = BTreeSet::new();
     for b in &blocks {
         if let Err(e) = Config::from_toml_str(b) {
+            panic!("{e}\nin:\n{b}");
+        }
+        if let Err(e) = GatewayConfig::from_toml_str(b) {
+            panic!("{e}\nin:\n{b}");
+        }
+        if b.contains("[rollout]")
+            && let Err(e) = RolloutConfig::from_toml(b, None)
+        {
             panic!("{e}\nin:\n{b}");
         }
         // Which keys the examples use (top-level and one level down).
