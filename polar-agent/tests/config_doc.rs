@@ -49,10 +49,12 @@ fn fields_of(table: &str) -> Vec<String> {
             _ => format!("{required}{text}"),
         };
         GatewayConfig::from_toml_str(&probe)
-        .unwrap_err()
-        .to_string()
+            .unwrap_err()
+            .to_string()
     } else if table.starts_with("rollout") {
-        RolloutConfig::from_toml(&text, None).unwrap_err().to_string()
+        RolloutConfig::from_toml(&text, None)
+            .unwrap_err()
+            .to_string()
     } else {
         toml::from_str::<RawConfig>(&text)
             .unwrap_err()

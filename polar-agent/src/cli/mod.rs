@@ -35,9 +35,10 @@ pub use self::submit::{ServerArgs, StatusArgs, SubmitArgs};
 #[derive(Debug, Parser)]
 #[command(name = "polar", version, about, long_about = None)]
 pub struct Cli {
-    /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// Log format on stderr (default: the configuration's
+    /// `agent.log_format` for the commands that read one, else text).
+    #[arg(long, global = true, value_enum)]
+    pub log_format: Option<LogFormat>,
     /// More logging (-v debug, -vv trace); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
@@ -226,10 +227,32 @@ impl CliError {
     }
 }
 
+/// `agent.log_format` of the configuration a command reads, when it reads
+/// one and the file checks (a file that does not is reported by the
+/// command itself, once logging is up).
+fn configured_log_format(command: &Command) -> Option<LogFormat> {
+    let args = match command {
+        Command::Agent(a) => &a.config,
+        Command::Sandbox(SandboxCommand::Run(a)) => &a.config,
+        Command::Proxy(a) => &a.config,
+        _ => return None,
+    };
+    args.config.as_ref()?;
+    let config = args.load().ok()?;
+    Some(match config.agent.log_format {
+        crate::config::LogFormat::Text => LogFormat::Text,
+        crate::config::LogFormat::Json => LogFormat::Json,
+    })
+}
+
 /// Parses the command line, runs, and returns the exit code.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(cli.log_format, cli.verbose);
+    let format = cli
+        .log_format
+        .or_else(|| configured_log_format(&cli.command))
+        .unwrap_or_default();
+    telemetry::init(format, cli.verbose);
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
