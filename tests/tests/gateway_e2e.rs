@@ -103,6 +103,11 @@ impl Fixture {
     /// Starts `polar agent` as node `node_id` listening on `ip`, and waits
     /// until the server lists it.
     async fn gateway(&mut self, node_id: &str, ip: &str) -> Result<()> {
+        self.gateway_with(node_id, ip, 20).await
+    }
+
+    /// [`Fixture::gateway`] with a drain timeout.
+    async fn gateway_with(&mut self, node_id: &str, ip: &str, drain_secs: u32) -> Result<()> {
         let base = self.dir.path().join(node_id);
         std::fs::create_dir_all(&base)?;
         let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
@@ -131,7 +136,7 @@ running_workers = 2
 ready_buffer = 2
 postrun_workers = 2
 heartbeat_interval_ms = 300
-drain_timeout_secs = 20
+drain_timeout_secs = {drain_secs}
 export = "{export}"
 formats = ["parquet", "jsonl"]
 "#,
@@ -596,6 +601,98 @@ async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
         bail!("{t:#?}");
     };
     ensure!(result.reward == Some(0.0), "{result:?}");
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// SIGTERM in the middle of a task: a node with time to drain lets its
+/// sessions finish and report; a node without hands them back, and another
+/// node runs them. Both exit 0 and leave no cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_gateway_drains_or_hands_its_sessions_back() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway_with("gw-patient", "127.0.0.51", 60).await?;
+    f.gateway_with("gw-hasty", "127.0.0.52", 1).await?;
+    f.submit("drain", 4, 4).await?;
+    let c = f.client();
+    ensure!(
+        {
+            let until = Instant::now() + Duration::from_secs(30);
+            let mut both = false;
+            while !both && Instant::now() < until {
+                let t = c.task("drain").await?;
+                let on = |g: &str| {
+                    t.samples.iter().any(
+                        |s| matches!(&s.state, SessionState::Running { node, .. } if node == g),
+                    )
+                };
+                both = on("gw-patient") && on("gw-hasty");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            both
+        },
+        "the sessions did not spread over both nodes"
+    );
+    let pids: Vec<i32> = f
+        .gateways
+        .iter()
+        .map(|g| i32::try_from(g.child.id()))
+        .collect::<Result<_, _>>()?;
+    // The hasty one hands back; the patient one drains.
+    let patient = f.gateways.remove(0);
+    let hasty = f.gateways.remove(0);
+    let mut stopped = vec![hasty, patient];
+    for g in &mut stopped {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(g.child.id())?),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+    }
+    // A third node takes what was handed back.
+    f.gateway("gw-spare", "127.0.0.53").await?;
+    for g in &mut stopped {
+        let until = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(status) = g.child.try_wait()? {
+                ensure!(
+                    status.success(),
+                    "{} exited {status}: {}",
+                    g.node_id,
+                    g.log_text()
+                );
+                break;
+            }
+            ensure!(
+                Instant::now() < until,
+                "{} did not stop: {}",
+                g.node_id,
+                g.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    ensure!(
+        stopped[0]
+            .log_text()
+            .contains("handing the remaining sessions back"),
+        "{}",
+        stopped[0].log_text()
+    );
+    let t = f.wait_finished("drain", Duration::from_secs(240)).await?;
+    let nodes = check_results(&t, &f.export_dir())?;
+    ensure!(nodes.iter().any(|n| n == "gw-patient"), "{nodes:?}");
+    ensure!(nodes.iter().any(|n| n == "gw-spare"), "{nodes:?}");
+    ensure!(!nodes.iter().any(|n| n == "gw-hasty"), "{nodes:?}");
+    let cg = cgroup2_mount()?.join("polar");
+    for pid in pids {
+        ensure!(
+            std::fs::read_dir(&cg).map_or(true, |d| d.filter_map(Result::ok).all(|e| !e
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("agent-{pid}-")))),
+            "agent {pid} left its cgroup"
+        );
+    }
     f.stop_gateways()?;
     Ok(())
 }

@@ -187,92 +187,39 @@ impl Work for HarnessWork {
     }
 
     async fn postrun(&self, job: &Arc<Job>, s: Option<Session>, reached: Reached<Ran>) -> Report {
-        let a = &job.assignment;
-        let mut report = Report {
-            status: SampleStatus::Error,
-            reward: None,
-            trajectory_uri: None,
-            tokens: TokenUsage::default(),
-            error: None,
-            stats: Map::new(),
-            retry: false,
-        };
         let Some(mut s) = s else {
-            match reached {
-                Reached::InitFailed { error, retry } => {
-                    report.error = Some(error);
-                    report.retry = retry;
-                }
-                Reached::Interrupted(Interrupt::Budget) => {
-                    report.status = SampleStatus::Timeout;
-                    report.error = Some("the session budget ran out before it started".into());
-                }
-                Reached::Interrupted(Interrupt::Cancelled) | Reached::Ran(_) => {
-                    report.status = SampleStatus::Cancelled;
-                }
-            }
-            return report;
+            return never_prepared(reached);
         };
         let never = CancellationToken::new();
-        // What happened up to here.
-        let start_failed = s
-            .prepared
-            .steps()
-            .iter()
-            .any(|r| r.phase == Phase::Start && !r.end.ok());
-        let prepare_failed = s
-            .prepared
-            .steps()
-            .iter()
-            .find(|r| r.phase == Phase::Prepare && !r.end.ok())
-            .map(|r| format!("prepare step {} ({}) ended {:?}", r.index, r.what, r.end));
-        let main_end = match &reached {
-            Reached::Ran(end) => Some(end.clone()),
-            _ => s.prepared.main_report().map(|r| r.end.clone()),
-        };
-        let timed_out = matches!(reached, Reached::Interrupted(Interrupt::Budget))
-            || matches!(main_end, Some(StepEnd::TimedOut));
-        let cancelled = matches!(reached, Reached::Interrupted(Interrupt::Cancelled));
-        let harness_exit = match main_end {
-            Some(StepEnd::Exited { code }) => Some(code),
-            _ => None,
-        };
-        if !cancelled {
+        let ended = Ended::of(&reached, s.prepared.steps());
+        if !ended.cancelled {
             s.prepared.post(&never).await;
         }
-        // Evaluate while the sandbox is open.
-        let calls_file = crate::harness::run::capture_log(
-            &self.parts.config.agent.state_dir,
-            &s.prepared.session().clone(),
-        );
-        let (calls, failed_calls) = count_calls(&calls_file);
-        let evaluate = !(cancelled || timed_out || !s.prepared.ready());
+        let state_dir = &self.parts.config.agent.state_dir;
+        let session_id = s.prepared.session().clone();
+        let (calls, failed_calls) =
+            count_calls(&crate::harness::run::capture_log(state_dir, &session_id));
         let facts = SessionFacts {
-            harness_exit,
-            timed_out,
+            harness_exit: ended.harness_exit(),
+            timed_out: ended.timed_out,
             calls,
             failed_calls,
             workspace: s.prepared.workspace().to_owned(),
         };
-        let mut evaluation = if !evaluate {
-            None
-        } else {
-            if s.evaluator.needs_fresh_sandbox() {
-                None
-            } else {
-                let runner = SandboxRunner::new(&s.prepared, &job.stop);
-                Some(s.evaluator.evaluate(&facts, &runner).await)
-            }
-        };
-        let session_id = s.prepared.session().clone();
+        let evaluate = !ended.cancelled && !ended.timed_out && s.prepared.ready();
+        let fresh = evaluate && s.evaluator.needs_fresh_sandbox();
+        // Evaluated while the sandbox is open, or after in a fresh one.
+        let mut evaluation = None;
+        if evaluate && !fresh {
+            let runner = SandboxRunner::new(&s.prepared, &job.stop);
+            evaluation = Some(s.evaluator.evaluate(&facts, &runner).await);
+        }
         let steps: Vec<Value> = s
             .prepared
             .steps()
             .iter()
             .map(|r| json!({"phase": r.phase, "index": r.index, "end": r.end, "elapsed_ms": r.elapsed_ms}))
             .collect();
-        report.stats.insert("steps".into(), Value::Array(steps));
-        let fresh = evaluate && s.evaluator.needs_fresh_sandbox();
         let fresh_run = s.prepared.fresh_run();
         let finished = s.prepared.finish(&self.parts, &never).await;
         if fresh {
@@ -281,69 +228,28 @@ impl Work for HarnessWork {
                     .await,
             );
         }
-        // The outcome.
-        let (status, error, outcome) = if cancelled {
-            (SampleStatus::Cancelled, None, None)
-        } else if timed_out {
-            let m = "the session's time ran out".to_owned();
-            (
-                SampleStatus::Timeout,
-                Some(m),
-                Some(SessionOutcome::Timeout),
-            )
-        } else if start_failed {
-            report.retry = true;
-            let m = "the runtime did not start".to_owned();
-            (
-                SampleStatus::Error,
-                Some(m.clone()),
-                Some(SessionOutcome::Error { message: m }),
-            )
-        } else if let Some(m) = prepare_failed {
-            (
-                SampleStatus::Error,
-                Some(m.clone()),
-                Some(SessionOutcome::Error { message: m }),
-            )
-        } else if let Some(e) = evaluation
-            .as_ref()
-            .and_then(|e| e.error.clone())
-            .filter(|_| !evaluation.as_ref().is_some_and(|e| e.usable))
-        {
-            let m = format!("evaluation failed: {e}");
-            (
-                SampleStatus::Error,
-                Some(m.clone()),
-                Some(SessionOutcome::Error { message: m }),
-            )
-        } else if harness_exit.is_some() {
-            (
-                SampleStatus::Completed,
-                None,
-                Some(SessionOutcome::Completed),
-            )
-        } else {
-            let m = format!("the harness did not finish: {main_end:?}");
-            (
-                SampleStatus::Error,
-                Some(m.clone()),
-                Some(SessionOutcome::Error { message: m }),
-            )
+        let v = verdict(&ended, evaluation.as_ref());
+        let mut report = Report {
+            status: v.status,
+            reward: evaluation.as_ref().and_then(|e| e.reward),
+            trajectory_uri: None,
+            tokens: TokenUsage::default(),
+            error: v.error,
+            stats: Map::new(),
+            retry: v.retry,
         };
-        report.status = status;
-        report.error = error;
-        if let Err(e) = finished {
-            let m = format!("tearing the sandbox down: {}", chain(&e));
-            tracing::warn!(session = %a.session_id, error = %m);
-            report.error.get_or_insert(m);
-        }
-        let Some(outcome) = outcome else {
-            return report;
-        };
-        report.reward = evaluation.as_ref().and_then(|e| e.reward);
+        report.stats.insert("steps".into(), Value::Array(steps));
         if let Some(e) = &evaluation {
             report.stats.insert("evaluation".into(), e.detail.clone());
         }
+        if let Err(e) = finished {
+            let m = format!("tearing the sandbox down: {}", chain(&e));
+            tracing::warn!(session = %session_id, error = %m);
+            report.error.get_or_insert(m);
+        }
+        let Some(outcome) = v.outcome else {
+            return report;
+        };
         match self
             .export(job, &session_id, outcome, evaluation.as_ref())
             .await
@@ -353,7 +259,7 @@ impl Work for HarnessWork {
                 report.tokens = tokens;
             }
             Err(e) => {
-                tracing::error!(session = %a.session_id, error = %e, "trajectory not exported");
+                tracing::error!(session = %session_id, error = %e, "trajectory not exported");
                 report.stats.insert("export_error".into(), e.clone().into());
                 if report.status == SampleStatus::Completed {
                     report.status = SampleStatus::Error;
@@ -363,6 +269,133 @@ impl Work for HarnessWork {
         }
         report
     }
+}
+
+/// The report of a session that never got prepared.
+fn never_prepared(reached: Reached<Ran>) -> Report {
+    let (status, error, retry) = match reached {
+        Reached::InitFailed { error, retry } => (SampleStatus::Error, Some(error), retry),
+        Reached::Interrupted(Interrupt::Budget) => (
+            SampleStatus::Timeout,
+            Some("the session budget ran out before it started".into()),
+            false,
+        ),
+        Reached::Interrupted(Interrupt::Cancelled) | Reached::Ran(_) => {
+            (SampleStatus::Cancelled, None, false)
+        }
+    };
+    Report {
+        status,
+        reward: None,
+        trajectory_uri: None,
+        tokens: TokenUsage::default(),
+        error,
+        stats: Map::new(),
+        retry,
+    }
+}
+
+/// How a prepared session ended, from its steps and how it reached POSTRUN.
+#[derive(Debug, Default)]
+struct Ended {
+    cancelled: bool,
+    timed_out: bool,
+    start_failed: bool,
+    prepare_failed: Option<String>,
+    harness: Option<StepEnd>,
+}
+
+impl Ended {
+    fn of(reached: &Reached<Ran>, steps: &[crate::runtime::plan::StepReport]) -> Self {
+        let harness = match reached {
+            Reached::Ran(end) => Some(end.clone()),
+            _ => steps
+                .iter()
+                .find(|r| r.phase == Phase::Main)
+                .map(|r| r.end.clone()),
+        };
+        Self {
+            cancelled: matches!(reached, Reached::Interrupted(Interrupt::Cancelled)),
+            timed_out: matches!(reached, Reached::Interrupted(Interrupt::Budget))
+                || harness == Some(StepEnd::TimedOut),
+            start_failed: steps.iter().any(|r| r.phase == Phase::Start && !r.end.ok()),
+            prepare_failed: steps
+                .iter()
+                .find(|r| r.phase == Phase::Prepare && !r.end.ok())
+                .map(|r| format!("prepare step {} ({}) ended {:?}", r.index, r.what, r.end)),
+            harness,
+        }
+    }
+
+    fn harness_exit(&self) -> Option<i32> {
+        match self.harness {
+            Some(StepEnd::Exited { code }) => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// What a session's report says, and the outcome its trajectory records
+/// (`None`: nothing is exported).
+#[derive(Debug, PartialEq)]
+struct Verdict {
+    status: SampleStatus,
+    error: Option<String>,
+    outcome: Option<SessionOutcome>,
+    retry: bool,
+}
+
+/// The verdict, in order: cancelled; timed out; the runtime did not start
+/// (the node's fault: dispatch again); a prepare step failed; the
+/// evaluation could not be made; the harness ended (completed, whatever its
+/// exit code: the reward says how well); the harness did not end.
+fn verdict(e: &Ended, evaluation: Option<&Evaluation>) -> Verdict {
+    let failed = |m: String, retry: bool| Verdict {
+        status: SampleStatus::Error,
+        error: Some(m.clone()),
+        outcome: Some(SessionOutcome::Error { message: m }),
+        retry,
+    };
+    if e.cancelled {
+        return Verdict {
+            status: SampleStatus::Cancelled,
+            error: None,
+            outcome: None,
+            retry: false,
+        };
+    }
+    if e.timed_out {
+        return Verdict {
+            status: SampleStatus::Timeout,
+            error: Some("the session's time ran out".into()),
+            outcome: Some(SessionOutcome::Timeout),
+            retry: false,
+        };
+    }
+    if e.start_failed {
+        return failed("the runtime did not start".into(), true);
+    }
+    if let Some(m) = &e.prepare_failed {
+        return failed(m.clone(), false);
+    }
+    if let Some(ev) = evaluation
+        && !ev.usable
+        && let Some(why) = &ev.error
+    {
+        return failed(format!("evaluation failed: {why}"), false);
+    }
+    if e.harness_exit().is_some() {
+        return Verdict {
+            status: SampleStatus::Completed,
+            error: None,
+            outcome: Some(SessionOutcome::Completed),
+            retry: false,
+        };
+    }
+    failed(
+        format!("the harness did not finish: {:?}", e.harness),
+        false,
+    )
 }
 
 /// Model calls in a capture log, and how many of them failed.
@@ -542,5 +575,70 @@ impl CommandRunner for SandboxRunner<'_> {
             };
             Ok(output)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(reward: Option<f64>, usable: bool, error: Option<&str>) -> Evaluation {
+        Evaluation {
+            reward,
+            usable,
+            detail: Value::Null,
+            error: error.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn verdicts_in_order_of_precedence() {
+        let exited = |code| Ended {
+            harness: Some(StepEnd::Exited { code }),
+            ..Ended::default()
+        };
+        let v = verdict(&exited(0), Some(&ev(Some(1.0), true, None)));
+        assert_eq!(v.status, SampleStatus::Completed);
+        assert_eq!(v.outcome, Some(SessionOutcome::Completed));
+        // A harness that failed is still a completed sample: the reward
+        // says how well it did.
+        let v = verdict(&exited(1), Some(&ev(Some(0.0), true, Some("tests failed"))));
+        assert_eq!(v.status, SampleStatus::Completed);
+        // An evaluation that could not be made is an error, not retried.
+        let v = verdict(&exited(0), Some(&ev(None, false, Some("no reward file"))));
+        assert_eq!(v.status, SampleStatus::Error);
+        assert!(!v.retry);
+        assert!(v.error.unwrap().contains("no reward file"));
+        let mut e = exited(0);
+        e.prepare_failed = Some("prepare step 0".into());
+        assert_eq!(verdict(&e, None).status, SampleStatus::Error);
+        e.start_failed = true;
+        let v = verdict(&e, None);
+        assert!(v.retry && v.status == SampleStatus::Error);
+        e.timed_out = true;
+        let v = verdict(&e, None);
+        assert_eq!(
+            (v.status, v.outcome),
+            (SampleStatus::Timeout, Some(SessionOutcome::Timeout))
+        );
+        e.cancelled = true;
+        let v = verdict(&e, None);
+        assert_eq!((v.status, v.outcome), (SampleStatus::Cancelled, None));
+        let stopped = Ended {
+            harness: Some(StepEnd::Stopped),
+            ..Ended::default()
+        };
+        assert_eq!(verdict(&stopped, None).status, SampleStatus::Error);
+    }
+
+    #[test]
+    fn a_session_never_prepared() {
+        let r = never_prepared(Reached::InitFailed {
+            error: "agent.harness: unknown".into(),
+            retry: false,
+        });
+        assert_eq!((r.status, r.retry), (SampleStatus::Error, false));
+        let r = never_prepared(Reached::Interrupted(Interrupt::Budget));
+        assert_eq!(r.status, SampleStatus::Timeout);
     }
 }

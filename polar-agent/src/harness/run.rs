@@ -382,11 +382,6 @@ impl Prepared {
         &self.steps[last]
     }
 
-    /// The harness's report, once it ran (or was skipped).
-    pub fn main_report(&self) -> Option<&StepReport> {
-        self.steps.iter().find(|s| s.phase == Phase::Main)
-    }
-
     /// The post-run steps of the runtime spec (once; [`Prepared::finish`]
     /// runs them when this was not called).
     pub async fn post(&mut self, stop: &CancellationToken) {
