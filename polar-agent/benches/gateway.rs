@@ -16,35 +16,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use polar_agent::gateway::sim::{SimWork, default_outcome};
+use polar_agent::gateway::sim::{SimWork, default_outcome, sample_assignment};
 use polar_agent::gateway::stages::{Job, StageLimits, Stages};
-use polar_agent::rollout::{AgentSpec, EvaluatorSpec, SessionAssignment, TaskMetadata, now_ms};
 
 const SESSIONS: u32 = 64;
 const INIT: Duration = Duration::from_secs(2);
 const RUN: Duration = Duration::from_secs(10);
 const RUNNING_WORKERS: usize = 16;
-
-fn assignment(i: u32) -> SessionAssignment {
-    SessionAssignment {
-        version: 1,
-        session_id: format!("bench-s{i}"),
-        attempt: 1,
-        task_id: "bench".into(),
-        sample_index: i,
-        instruction: String::new(),
-        runtime: Default::default(),
-        agent: AgentSpec {
-            harness: "shell".into(),
-            options: Default::default(),
-        },
-        builder: Default::default(),
-        evaluator: EvaluatorSpec::default(),
-        metadata: TaskMetadata::default(),
-        timeout_secs: 86_400,
-        deadline_unix_ms: now_ms() + 86_400_000,
-    }
-}
 
 /// Runs the workload; returns the time to finish all sessions.
 async fn workload(ready_buffer: usize) -> Duration {
@@ -65,7 +43,7 @@ async fn workload(ready_buffer: usize) -> Duration {
     let handles: Vec<_> = (0..SESSIONS)
         .map(|i| {
             let (s, w) = (Arc::clone(&stages), Arc::clone(&work));
-            let job = Arc::new(Job::new(assignment(i)));
+            let job = Arc::new(Job::new(sample_assignment("bench", i, 86_400)));
             tokio::spawn(async move { s.run(&*w, &job, |_| {}).await })
         })
         .collect();

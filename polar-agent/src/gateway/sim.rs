@@ -51,6 +51,30 @@ pub fn default_outcome(a: &SessionAssignment) -> SimOutcome {
     }
 }
 
+/// An assignment of sample `index` of task `task_id` with a budget of
+/// `budget_secs` from now, as a server would send it (for tests and
+/// benchmarks that drive the stages directly).
+pub fn sample_assignment(task_id: &str, index: u32, budget_secs: u64) -> SessionAssignment {
+    SessionAssignment {
+        version: crate::rollout::API_VERSION,
+        session_id: format!("{task_id}-s{index}"),
+        attempt: 1,
+        task_id: task_id.to_owned(),
+        sample_index: index,
+        instruction: String::new(),
+        runtime: serde_json::Map::new(),
+        agent: crate::rollout::AgentSpec {
+            harness: "shell".into(),
+            options: serde_json::Map::new(),
+        },
+        builder: crate::trajectory::Builder::default(),
+        evaluator: crate::rollout::EvaluatorSpec::default(),
+        metadata: crate::rollout::TaskMetadata::default(),
+        timeout_secs: budget_secs,
+        deadline_unix_ms: crate::rollout::now_ms() + budget_secs * 1000,
+    }
+}
+
 /// Settings of a simulated gateway.
 #[derive(Clone)]
 pub struct SimGatewayConfig {

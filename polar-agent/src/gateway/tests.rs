@@ -10,29 +10,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::stages::{Interrupt, Job, Reached, Report, Stage, StageLimits, Stages, Work};
-use crate::rollout::{
-    AgentSpec, EvaluatorSpec, SampleStatus, SessionAssignment, TaskMetadata, now_ms,
-};
+use crate::rollout::SampleStatus;
 
-fn assignment(i: u32, budget_secs: u64) -> SessionAssignment {
-    SessionAssignment {
-        version: 1,
-        session_id: format!("t-s{i}"),
-        attempt: 1,
-        task_id: "t".into(),
-        sample_index: i,
-        instruction: "x".into(),
-        runtime: Default::default(),
-        agent: AgentSpec {
-            harness: "shell".into(),
-            options: Default::default(),
-        },
-        builder: Default::default(),
-        evaluator: EvaluatorSpec::default(),
-        metadata: TaskMetadata::default(),
-        timeout_secs: budget_secs,
-        deadline_unix_ms: now_ms() + budget_secs * 1000,
-    }
+fn assignment(i: u32, budget_secs: u64) -> crate::rollout::SessionAssignment {
+    super::sim::sample_assignment("t", i, budget_secs)
 }
 
 /// Init and run sleep for fixed times; counts how many are in each stage

@@ -557,7 +557,7 @@ impl CommandRunner for SandboxRunner<'_> {
             let report = self
                 .prepared
                 .plan(deadline)
-                .command(Phase::Eval, index, &argv, &env, self.stop)
+                .run_command(Phase::Eval, index, &argv, &env, self.stop)
                 .await;
             let (out, err) = match &report.logs {
                 Some((o, e)) => (Some(o), Some(e)),

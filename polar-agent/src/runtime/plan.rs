@@ -176,7 +176,10 @@ impl Plan<'_> {
         Ok((exec, (out, err)))
     }
 
-    async fn run_command(
+    /// Runs one command of `phase` in the sandbox (a step, the harness, an
+    /// evaluator's command), with the plan's deadline; its output goes to
+    /// `logs/<phase>-<index>.out|.err`.
+    pub async fn run_command(
         &self,
         phase: Phase,
         index: usize,
@@ -364,19 +367,6 @@ impl Plan<'_> {
             reports.push(self.run_step(Phase::Post, i, step, stop).await);
         }
         reports
-    }
-
-    /// Runs one command of `phase` in the sandbox (an evaluator's, for
-    /// instance), with the plan's deadline.
-    pub async fn command(
-        &self,
-        phase: Phase,
-        index: usize,
-        argv: &[String],
-        env: &[(String, String)],
-        stop: &CancellationToken,
-    ) -> StepReport {
-        self.run_command(phase, index, argv, env, stop).await
     }
 
     /// Runs the whole session: prepare steps, `main`, post-run steps.
