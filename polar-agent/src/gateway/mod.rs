@@ -7,19 +7,22 @@
 //!   READY buffer, budgets, cancellation, pause/resume (generic over the
 //!   work, pure of I/O);
 //! - `node`: the rollout protocol on the gateway's side (registration,
-//!   heartbeats, assignments, cancellations, results), its status and
-//!   metrics endpoints, drain;
+//!   heartbeats, assignments, cancellations, results), drain; `http`: its
+//!   routes, status and metrics views;
 //! - `spec`: the checked harness, agent options, runtime and evaluator of
 //!   a session (also checked by the rollout server at submission);
 //! - `work`: the stages' real work: harness sessions, evaluation,
 //!   trajectory export;
+//! - `verdict`: what a finished session amounts to (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 pub mod config;
+mod http;
 pub mod node;
 pub mod sim;
 pub mod spec;
 pub mod stages;
+mod verdict;
 pub mod work;
 
 pub use config::{GatewayConfig, GatewayConfigError};

@@ -23,7 +23,8 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::spec::SessionSpec;
-use super::stages::{Interrupt, Job, Reached, Report, Work};
+use super::stages::{Job, Reached, Report, Work};
+use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::capture::SessionInfo;
 use crate::evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
@@ -271,133 +272,6 @@ impl Work for HarnessWork {
     }
 }
 
-/// The report of a session that never got prepared.
-fn never_prepared(reached: Reached<Ran>) -> Report {
-    let (status, error, retry) = match reached {
-        Reached::InitFailed { error, retry } => (SampleStatus::Error, Some(error), retry),
-        Reached::Interrupted(Interrupt::Budget) => (
-            SampleStatus::Timeout,
-            Some("the session budget ran out before it started".into()),
-            false,
-        ),
-        Reached::Interrupted(Interrupt::Cancelled) | Reached::Ran(_) => {
-            (SampleStatus::Cancelled, None, false)
-        }
-    };
-    Report {
-        status,
-        reward: None,
-        trajectory_uri: None,
-        tokens: TokenUsage::default(),
-        error,
-        stats: Map::new(),
-        retry,
-    }
-}
-
-/// How a prepared session ended, from its steps and how it reached POSTRUN.
-#[derive(Debug, Default)]
-struct Ended {
-    cancelled: bool,
-    timed_out: bool,
-    start_failed: bool,
-    prepare_failed: Option<String>,
-    harness: Option<StepEnd>,
-}
-
-impl Ended {
-    fn of(reached: &Reached<Ran>, steps: &[crate::runtime::plan::StepReport]) -> Self {
-        let harness = match reached {
-            Reached::Ran(end) => Some(end.clone()),
-            _ => steps
-                .iter()
-                .find(|r| r.phase == Phase::Main)
-                .map(|r| r.end.clone()),
-        };
-        Self {
-            cancelled: matches!(reached, Reached::Interrupted(Interrupt::Cancelled)),
-            timed_out: matches!(reached, Reached::Interrupted(Interrupt::Budget))
-                || harness == Some(StepEnd::TimedOut),
-            start_failed: steps.iter().any(|r| r.phase == Phase::Start && !r.end.ok()),
-            prepare_failed: steps
-                .iter()
-                .find(|r| r.phase == Phase::Prepare && !r.end.ok())
-                .map(|r| format!("prepare step {} ({}) ended {:?}", r.index, r.what, r.end)),
-            harness,
-        }
-    }
-
-    fn harness_exit(&self) -> Option<i32> {
-        match self.harness {
-            Some(StepEnd::Exited { code }) => Some(code),
-            _ => None,
-        }
-    }
-}
-
-/// What a session's report says, and the outcome its trajectory records
-/// (`None`: nothing is exported).
-#[derive(Debug, PartialEq)]
-struct Verdict {
-    status: SampleStatus,
-    error: Option<String>,
-    outcome: Option<SessionOutcome>,
-    retry: bool,
-}
-
-/// The verdict, in order: cancelled; timed out; the runtime did not start
-/// (the node's fault: dispatch again); a prepare step failed; the
-/// evaluation could not be made; the harness ended (completed, whatever its
-/// exit code: the reward says how well); the harness did not end.
-fn verdict(e: &Ended, evaluation: Option<&Evaluation>) -> Verdict {
-    let failed = |m: String, retry: bool| Verdict {
-        status: SampleStatus::Error,
-        error: Some(m.clone()),
-        outcome: Some(SessionOutcome::Error { message: m }),
-        retry,
-    };
-    if e.cancelled {
-        return Verdict {
-            status: SampleStatus::Cancelled,
-            error: None,
-            outcome: None,
-            retry: false,
-        };
-    }
-    if e.timed_out {
-        return Verdict {
-            status: SampleStatus::Timeout,
-            error: Some("the session's time ran out".into()),
-            outcome: Some(SessionOutcome::Timeout),
-            retry: false,
-        };
-    }
-    if e.start_failed {
-        return failed("the runtime did not start".into(), true);
-    }
-    if let Some(m) = &e.prepare_failed {
-        return failed(m.clone(), false);
-    }
-    if let Some(ev) = evaluation
-        && !ev.usable
-        && let Some(why) = &ev.error
-    {
-        return failed(format!("evaluation failed: {why}"), false);
-    }
-    if e.harness_exit().is_some() {
-        return Verdict {
-            status: SampleStatus::Completed,
-            error: None,
-            outcome: Some(SessionOutcome::Completed),
-            retry: false,
-        };
-    }
-    failed(
-        format!("the harness did not finish: {:?}", e.harness),
-        false,
-    )
-}
-
 /// Model calls in a capture log, and how many of them failed.
 fn count_calls(path: &std::path::Path) -> (u64, u64) {
     match crate::capture::log::read_log(path) {
@@ -575,70 +449,5 @@ impl CommandRunner for SandboxRunner<'_> {
             };
             Ok(output)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ev(reward: Option<f64>, usable: bool, error: Option<&str>) -> Evaluation {
-        Evaluation {
-            reward,
-            usable,
-            detail: Value::Null,
-            error: error.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn verdicts_in_order_of_precedence() {
-        let exited = |code| Ended {
-            harness: Some(StepEnd::Exited { code }),
-            ..Ended::default()
-        };
-        let v = verdict(&exited(0), Some(&ev(Some(1.0), true, None)));
-        assert_eq!(v.status, SampleStatus::Completed);
-        assert_eq!(v.outcome, Some(SessionOutcome::Completed));
-        // A harness that failed is still a completed sample: the reward
-        // says how well it did.
-        let v = verdict(&exited(1), Some(&ev(Some(0.0), true, Some("tests failed"))));
-        assert_eq!(v.status, SampleStatus::Completed);
-        // An evaluation that could not be made is an error, not retried.
-        let v = verdict(&exited(0), Some(&ev(None, false, Some("no reward file"))));
-        assert_eq!(v.status, SampleStatus::Error);
-        assert!(!v.retry);
-        assert!(v.error.unwrap().contains("no reward file"));
-        let mut e = exited(0);
-        e.prepare_failed = Some("prepare step 0".into());
-        assert_eq!(verdict(&e, None).status, SampleStatus::Error);
-        e.start_failed = true;
-        let v = verdict(&e, None);
-        assert!(v.retry && v.status == SampleStatus::Error);
-        e.timed_out = true;
-        let v = verdict(&e, None);
-        assert_eq!(
-            (v.status, v.outcome),
-            (SampleStatus::Timeout, Some(SessionOutcome::Timeout))
-        );
-        e.cancelled = true;
-        let v = verdict(&e, None);
-        assert_eq!((v.status, v.outcome), (SampleStatus::Cancelled, None));
-        let stopped = Ended {
-            harness: Some(StepEnd::Stopped),
-            ..Ended::default()
-        };
-        assert_eq!(verdict(&stopped, None).status, SampleStatus::Error);
-    }
-
-    #[test]
-    fn a_session_never_prepared() {
-        let r = never_prepared(Reached::InitFailed {
-            error: "agent.harness: unknown".into(),
-            retry: false,
-        });
-        assert_eq!((r.status, r.retry), (SampleStatus::Error, false));
-        let r = never_prepared(Reached::Interrupted(Interrupt::Budget));
-        assert_eq!(r.status, SampleStatus::Timeout);
     }
 }
