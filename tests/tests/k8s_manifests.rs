@@ -23,6 +23,39 @@ for path in sys.argv[1:]:
 print(json.dumps(docs))
 "#;
 
+/// Makes python3's `yaml` module importable: the set-up installs Debian's
+/// `python3-yaml`, but the `python3` on `PATH` may be another interpreter;
+/// then pyyaml comes from PyPI (a failed install fails the test with pip's
+/// output).
+fn ensure_yaml_module() -> Result<()> {
+    let has = |py: &mut Command| {
+        py.args(["-c", "import yaml"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if has(&mut Command::new("python3")) {
+        return Ok(());
+    }
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "pyyaml",
+        ])
+        .output()
+        .context("running python3 -m pip")?;
+    ensure!(
+        out.status.success() && has(&mut Command::new("python3")),
+        "pip install pyyaml failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 fn manifests() -> Result<Vec<Value>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/k8s");
     let mut files: Vec<String> = std::fs::read_dir(&dir)?
@@ -33,6 +66,7 @@ fn manifests() -> Result<Vec<Value>> {
         .collect();
     files.sort();
     ensure!(!files.is_empty(), "no manifests in {}", dir.display());
+    ensure_yaml_module()?;
     let out = Command::new("python3")
         .args(["-c", TO_JSON])
         .args(&files)

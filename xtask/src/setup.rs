@@ -23,6 +23,8 @@ const APT_PACKAGES: &[&str] = &[
     "python3",
     // The export tests install pyarrow, datasets and moto from PyPI.
     "python3-pip",
+    // The Kubernetes manifest test parses YAML with python3.
+    "python3-yaml",
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of
