@@ -25,6 +25,9 @@ const APT_PACKAGES: &[&str] = &[
     "python3-pip",
     // The Kubernetes manifest test parses YAML with python3.
     "python3-yaml",
+    // The test_output evaluator applies test patches with git or patch.
+    "git",
+    "patch",
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of
