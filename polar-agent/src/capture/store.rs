@@ -30,6 +30,14 @@ use crate::provider::{conversation_after, openai_responses};
 
 /// Name of the session metadata file.
 pub const SESSION_FILE: &str = "session.json";
+/// The directory of the session directories, under a state directory.
+pub const SESSIONS_DIR: &str = "sessions";
+
+/// The directory of `session`'s capture log and `session.json` under
+/// `state_dir`.
+pub fn session_dir(state_dir: &Path, session: &SessionId) -> PathBuf {
+    state_dir.join(SESSIONS_DIR).join(session.as_str())
+}
 /// Responses-API replies remembered per session for `previous_response_id`.
 pub const RESPONSE_HISTORY: usize = 256;
 
@@ -148,7 +156,7 @@ impl CaptureStore {
     /// A store under `<state_dir>/sessions` (created on first use).
     pub fn new(state_dir: &Path, durability: Durability, registry: Arc<SessionRegistry>) -> Self {
         Self {
-            root: state_dir.join("sessions"),
+            root: state_dir.join(SESSIONS_DIR),
             durability,
             registry,
             open: Mutex::new(HashMap::new()),

@@ -16,12 +16,10 @@ use serde_json::Value;
 use crate::capture::record::CompletionRecord;
 use crate::trajectory::{Rewards, SessionMeta, SessionOutcome};
 
-/// The sessions directory under a state directory.
-pub const SESSIONS_DIR: &str = "sessions";
-/// A session's call log.
-pub const CALLS_FILE: &str = "calls.jsonl";
-/// A session's metadata.
-pub const SESSION_FILE: &str = "session.json";
+/// The capture layout: the sessions directory under a state directory, a
+/// session's call log and its metadata file.
+pub use crate::capture::log::CALLS_FILE;
+pub use crate::capture::store::{SESSION_FILE, SESSIONS_DIR};
 
 /// Why a session could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -298,13 +298,7 @@ impl HarnessWork {
         evaluation: Option<&Evaluation>,
     ) -> Result<(Option<String>, TokenUsage), String> {
         let a = &job.assignment;
-        let dir = self
-            .parts
-            .config
-            .agent
-            .state_dir
-            .join("sessions")
-            .join(session.as_str());
+        let dir = crate::capture::store::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
         fields.insert(
             "outcome".into(),

@@ -90,10 +90,7 @@ impl HarnessOutcome {
 /// The capture log of `session` under `state_dir` (the capture stage's
 /// layout).
 pub fn capture_log(state_dir: &std::path::Path, session: &SessionId) -> PathBuf {
-    state_dir
-        .join("sessions")
-        .join(session.as_str())
-        .join("calls.jsonl")
+    crate::capture::store::session_dir(state_dir, session).join(crate::capture::log::CALLS_FILE)
 }
 
 /// Stops accepting the session's calls and closes its capture log.
