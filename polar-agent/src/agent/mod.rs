@@ -247,9 +247,18 @@ impl AgentParts {
     /// Starts the base-URL listener when the configuration has
     /// `proxy.base_url_listen`; returns its address.
     pub async fn serve_base_url(&self) -> std::io::Result<Option<std::net::SocketAddr>> {
-        let Some(addr) = self.config.proxy.base_url_listen else {
-            return Ok(None);
-        };
+        match self.config.proxy.base_url_listen {
+            Some(addr) => self.serve_base_url_on(addr).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts a base-URL listener on `addr` (port 0 picks one); returns the
+    /// bound address.
+    pub async fn serve_base_url_on(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<std::net::SocketAddr> {
         let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -257,7 +266,8 @@ impl AgentParts {
             )
         })?;
         crate::netns::deep_backlog(&l)?;
-        tracing::info!(%addr, "base-URL mode listening");
+        let local = l.local_addr()?;
+        tracing::info!(%local, "base-URL mode listening");
         self.tasks.spawn(crate::proxy::base_url::serve(
             l,
             Arc::clone(&self.sessions),
@@ -266,7 +276,7 @@ impl AgentParts {
             self.proxy.limits(),
             self.tasks.clone(),
         ));
-        Ok(Some(addr))
+        Ok(local)
     }
 }
 

@@ -6,14 +6,12 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
 use crate::capture::SessionInfo;
 use crate::ids::SessionId;
-use crate::proxy::base_url;
 
 /// Arguments of `polar proxy`.
 #[derive(Debug, clap::Args)]
@@ -59,21 +57,11 @@ pub async fn run(args: ProxyArgs) -> Result<ExitCode, CliError> {
     if let Some(c) = &parts.capture {
         c.spawn_health_checks();
     }
-    let listener = tokio::net::TcpListener::bind(addr)
+    let local = parts
+        .serve_base_url_on(addr)
         .await
         .map_err(|e| CliError::Io(format!("binding {addr}"), e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| CliError::Io(format!("binding {addr}"), e))?;
     let tasks = parts.tasks.clone();
-    tasks.spawn(base_url::serve(
-        listener,
-        Arc::clone(&parts.sessions),
-        parts.rules.clone(),
-        parts.proxy.pipeline(),
-        parts.proxy.limits(),
-        tasks.clone(),
-    ));
     tracing::info!(%local, sessions = args.sessions.len(), "base-URL proxy listening");
     std::io::Write::write_all(
         &mut std::io::stdout(),
