@@ -699,6 +699,18 @@ pub(crate) fn body_object(body: &Value) -> Result<&Map<String, Value>, ProviderE
         .ok_or_else(|| ProviderError::invalid("request body must be a JSON object"))
 }
 
+/// The request's model: the body's `model`, else the one in the path; an
+/// invalid-request error without either.
+pub(crate) fn request_model(
+    obj: &Map<String, Value>,
+    call: &ModelCall,
+) -> Result<String, ProviderError> {
+    str_field(obj, "model")
+        .map(str::to_owned)
+        .or_else(|| call.path_model.clone())
+        .ok_or_else(|| ProviderError::invalid("model: field required"))
+}
+
 /// A positive integer field as `u32` (saturating).
 pub(crate) fn u32_field(v: Option<&Value>) -> Option<u32> {
     v.and_then(Value::as_u64)

@@ -16,8 +16,8 @@ use serde_json::{Map, Value, json};
 
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, body_object,
-    effective_finish, image_from_url, prefixed_id, push_indexed, rest, sse, stop_list, str_field,
-    u32_field, value_text,
+    effective_finish, image_from_url, prefixed_id, push_indexed, request_model, rest, sse,
+    stop_list, str_field, u32_field, value_text,
 };
 use crate::capture::record::Api;
 use crate::chat::{
@@ -81,10 +81,7 @@ impl super::Protocol for OpenaiChat {
 
 fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
-    let model = str_field(obj, "model")
-        .map(str::to_owned)
-        .or_else(|| call.path_model.clone())
-        .ok_or_else(|| ProviderError::invalid("model: field required"))?;
+    let model = request_model(obj, call)?;
     let raw = obj
         .get("messages")
         .and_then(Value::as_array)

@@ -32,8 +32,8 @@ use serde_json::{Map, Value, json};
 use super::openai_chat::openai_error_type;
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, SOURCE_KEY, StreamEncoder,
-    body_object, effective_finish, image_from_url, prefixed_id, push_indexed, rest, sse, str_field,
-    u32_field, value_text,
+    body_object, effective_finish, image_from_url, prefixed_id, push_indexed, request_model, rest,
+    sse, str_field, u32_field, value_text,
 };
 use crate::capture::record::Api;
 use crate::chat::{
@@ -146,10 +146,7 @@ fn empty(role: Role) -> Message {
 
 fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
-    let model = str_field(obj, "model")
-        .map(str::to_owned)
-        .or_else(|| call.path_model.clone())
-        .ok_or_else(|| ProviderError::invalid("model: field required"))?;
+    let model = request_model(obj, call)?;
     let mut extra = rest(obj, REQUEST_KEYS);
     let mut items = Items::default();
     let mut tools = Vec::new();
