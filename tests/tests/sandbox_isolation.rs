@@ -282,7 +282,11 @@ fn a_fork_bomb_stays_inside_its_process_limit_and_the_host_stays_responsive() ->
             "--budget-secs",
             "8",
         ],
-        &["sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 31401"],
+        &[
+            "sh",
+            "-c",
+            "bomb() { bomb | bomb & }; bomb; exec sleep 31401",
+        ],
     )?;
     let group = {
         let mut g = None;
