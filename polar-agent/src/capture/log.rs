@@ -7,7 +7,8 @@
 //! the last byte of the reply. A crash loses at most the record being
 //! written, whose reply the harness never saw complete.
 //!
-//! Reading ([`read_log`], [`parse_log`]): never panics. A last line without
+//! Reading ([`read_log`], [`parse_calls`], [`parse_log`]), streaming, for
+//! the agent and `polar export` alike: never panics. A last line without
 //! its newline is a torn record (a crash mid-write): everything before it is
 //! returned with a [`LogProblem::TornTail`] warning. A line that is not a
 //! record is reported with its line number and byte offset and skipped.
@@ -15,7 +16,7 @@
 //! record starts on a line of its own.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use super::record::CompletionRecord;
@@ -105,44 +106,55 @@ impl std::fmt::Display for LogProblem {
     }
 }
 
-/// Parses a log's bytes: the records in file order and the problems found.
-pub fn parse_log(bytes: &[u8]) -> (Vec<CompletionRecord>, Vec<LogProblem>) {
+/// Reads a log line by line from `reader`: the records in file order and
+/// the problems found. Only one line is held at a time besides the records
+/// (`polar export` reads logs of hundreds of megabytes this way).
+pub fn parse_calls(
+    mut reader: impl BufRead,
+) -> std::io::Result<(Vec<CompletionRecord>, Vec<LogProblem>)> {
     let mut records = Vec::new();
     let mut problems = Vec::new();
-    let mut offset = 0usize;
+    let mut buf = Vec::new();
+    let mut offset = 0u64;
     let mut line = 0usize;
-    while offset < bytes.len() {
-        line += 1;
-        let rest = &bytes[offset..];
-        let Some(end) = rest.iter().position(|&b| b == b'\n') else {
-            problems.push(LogProblem::TornTail {
-                line,
-                offset: offset as u64,
-                len: rest.len(),
-            });
+    loop {
+        buf.clear();
+        let len = reader.read_until(b'\n', &mut buf)?;
+        if len == 0 {
             break;
-        };
-        let text = &rest[..end];
-        if !text.iter().all(u8::is_ascii_whitespace) {
-            match serde_json::from_slice::<CompletionRecord>(text) {
+        }
+        line += 1;
+        if buf.last() != Some(&b'\n') {
+            problems.push(LogProblem::TornTail { line, offset, len });
+            break;
+        }
+        if !buf.iter().all(u8::is_ascii_whitespace) {
+            match serde_json::from_slice::<CompletionRecord>(&buf) {
                 Ok(r) => records.push(r),
                 Err(e) => problems.push(LogProblem::Malformed {
                     line,
-                    offset: offset as u64,
+                    offset,
                     reason: e.to_string(),
                 }),
             }
         }
-        offset += end + 1;
+        offset += len as u64;
     }
-    (records, problems)
+    Ok((records, problems))
 }
 
-/// Reads the log at `path` (see [`parse_log`]); problems are also logged as
-/// warnings.
+/// Parses a log's bytes (see [`parse_calls`]).
+pub fn parse_log(bytes: &[u8]) -> (Vec<CompletionRecord>, Vec<LogProblem>) {
+    // Reading from a slice cannot fail.
+    parse_calls(bytes).unwrap_or_default()
+}
+
+/// Reads the log at `path` (see [`parse_calls`]); problems are also logged
+/// as warnings.
 pub fn read_log(path: &Path) -> Result<(Vec<CompletionRecord>, Vec<LogProblem>), LogError> {
-    let bytes = std::fs::read(path).map_err(|e| LogError::io("reading", path, e))?;
-    let (records, problems) = parse_log(&bytes);
+    let file = File::open(path).map_err(|e| LogError::io("opening", path, e))?;
+    let (records, problems) = parse_calls(BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| LogError::io("reading", path, e))?;
     for p in &problems {
         tracing::warn!(log = %path.display(), problem = %p, "capture log");
     }

@@ -20,7 +20,7 @@ pub mod session;
 pub mod stats;
 pub mod store;
 
-pub use log::{Durability, LogError, LogProblem, parse_log, read_log};
+pub use log::{Durability, LogError, LogProblem, parse_calls, parse_log, read_log};
 pub use session::{SessionInfo, SessionRegistry};
 pub use stats::CaptureStats;
 pub use store::{CaptureStore, SessionLog};

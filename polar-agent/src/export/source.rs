@@ -1,18 +1,17 @@
 //! Reading captured sessions back for `polar export`: the session
 //! directories under `<state_dir>/sessions/`, each with `calls.jsonl` (one
 //! `CompletionRecord` per line) and `session.json` (task, group, outcome,
-//! evaluation, reward; every field optional). A tolerant, streaming reader
-//! of its own, to be reconciled with the capture log's: a torn last line
-//! (no newline: a crash mid-write) is skipped with a warning; a malformed
-//! complete line is reported with its line number and skipped; nothing
-//! panics.
+//! evaluation, reward; every field optional). The call log is read with the
+//! capture log's own streaming reader ([`crate::capture::read_log`]): a torn
+//! last line (no newline: a crash mid-write) is skipped with a warning; a
+//! malformed complete line is reported with its line number and skipped;
+//! nothing panics.
 
-use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::capture::log::{LogError, LogProblem, read_log};
 use crate::capture::record::CompletionRecord;
 use crate::trajectory::{Rewards, SessionMeta, SessionOutcome};
 
@@ -33,6 +32,9 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
+    /// The call log could not be read.
+    #[error(transparent)]
+    Log(#[from] LogError),
     /// `session.json` is not JSON, or a field has the wrong shape.
     #[error("{}: {why}", path.display())]
     SessionFile {
@@ -48,74 +50,6 @@ fn io(path: &Path, source: std::io::Error) -> SourceError {
         path: path.to_owned(),
         source,
     }
-}
-
-/// Something wrong found in a call log (the record is skipped).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LogProblem {
-    /// The last line has no newline: a record torn by a crash mid-write.
-    TornTail {
-        /// Its line number (from 1).
-        line: usize,
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// A complete line that is not a record.
-    Malformed {
-        /// Its line number (from 1).
-        line: usize,
-        /// Why.
-        reason: String,
-    },
-}
-
-impl std::fmt::Display for LogProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::TornTail { line, len } => {
-                write!(
-                    f,
-                    "line {line}: torn last record ({len} bytes, no newline), ignored"
-                )
-            }
-            Self::Malformed { line, reason } => write!(f, "line {line}: not a record: {reason}"),
-        }
-    }
-}
-
-/// Reads call records line by line.
-pub fn parse_calls(
-    mut reader: impl BufRead,
-) -> std::io::Result<(Vec<CompletionRecord>, Vec<LogProblem>)> {
-    let mut records = Vec::new();
-    let mut problems = Vec::new();
-    let mut buf = Vec::new();
-    let mut line = 0;
-    loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
-            break;
-        }
-        line += 1;
-        if buf.last() != Some(&b'\n') {
-            problems.push(LogProblem::TornTail {
-                line,
-                len: buf.len(),
-            });
-            break;
-        }
-        if buf.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        match serde_json::from_slice::<CompletionRecord>(&buf) {
-            Ok(r) => records.push(r),
-            Err(e) => problems.push(LogProblem::Malformed {
-                line,
-                reason: e.to_string(),
-            }),
-        }
-    }
-    Ok((records, problems))
 }
 
 /// One session read back.
@@ -154,13 +88,7 @@ pub fn list_sessions(state_dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
 /// Reads the session in `dir`; problems in the log are logged as warnings
 /// and returned.
 pub fn read_session(dir: &Path) -> Result<SessionLog, SourceError> {
-    let calls = dir.join(CALLS_FILE);
-    let file = File::open(&calls).map_err(|e| io(&calls, e))?;
-    let (records, problems) =
-        parse_calls(BufReader::with_capacity(1 << 20, file)).map_err(|e| io(&calls, e))?;
-    for p in &problems {
-        tracing::warn!(log = %calls.display(), problem = %p, "session log");
-    }
+    let (records, problems) = read_log(&dir.join(CALLS_FILE))?;
     let session_file = dir.join(SESSION_FILE);
     let json =
         match std::fs::read(&session_file) {
@@ -279,14 +207,21 @@ mod tests {
     #[test]
     fn torn_tail_and_malformed_lines_are_reported() {
         let text = b"\n{not json}\n\n{\"torn\":";
-        let (records, problems) = parse_calls(&text[..]).unwrap();
+        let (records, problems) = crate::capture::parse_calls(&text[..]).unwrap();
         assert!(records.is_empty());
         assert_eq!(problems.len(), 2);
         assert!(matches!(
             &problems[0],
             LogProblem::Malformed { line: 2, .. }
         ));
-        assert_eq!(problems[1], LogProblem::TornTail { line: 4, len: 8 });
+        assert_eq!(
+            problems[1],
+            LogProblem::TornTail {
+                line: 4,
+                offset: 13,
+                len: 8
+            }
+        );
     }
 
     #[test]
