@@ -2,15 +2,14 @@
 //! error shape, and a channel-fed body for server-sent events that can be
 //! cut mid-stream (the body fails, hyper drops the connection).
 
-use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::BodyExt;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -20,9 +19,7 @@ pub type RespBody = BoxBody<Bytes, io::Error>;
 
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> RespBody {
-    Full::new(bytes.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed()
+    crate::http_body::full(bytes)
 }
 
 /// A JSON response.

@@ -2,7 +2,6 @@
 //! gateway: response bodies, JSON replies and errors, bounded body reads,
 //! bearer tokens, and one outgoing HTTP/1 client with a connection pool.
 
-use std::convert::Infallible;
 use std::io;
 use std::time::Duration;
 
@@ -37,9 +36,7 @@ pub fn client() -> HttpClient {
 
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed()
+    crate::http_body::full(bytes)
 }
 
 /// A JSON response.

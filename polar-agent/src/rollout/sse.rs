@@ -2,53 +2,21 @@
 //! server's `/v1/events`, and [`EventStream`], a reader of that stream for
 //! dashboards, the CLI and tests.
 
-use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::{Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Body as _, Frame, Incoming};
-use tokio::sync::mpsc;
+use http_body_util::Full;
+use hyper::body::{Body as _, Incoming};
 
 use super::client::ClientError;
 use super::events::Numbered;
 use super::http::{Body, bearer_value, client, join};
+use crate::http_body::{self, BodySender};
 
-/// The sending side of a streamed body.
-#[derive(Debug)]
-pub struct Sender {
-    tx: mpsc::Sender<Bytes>,
-}
-
-impl Sender {
-    /// Sends bytes; false once the client went away.
-    pub async fn send(&self, bytes: Bytes) -> bool {
-        self.tx.send(bytes).await.is_ok()
-    }
-}
-
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
-        self.rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-/// A streamed body and its sender.
-pub fn channel() -> (Sender, Body) {
-    let (tx, rx) = mpsc::channel(64);
-    (Sender { tx }, ChannelBody { rx }.boxed())
+/// A streamed body for `/v1/events` and its sender.
+pub fn channel() -> (BodySender, Body) {
+    http_body::channel(64)
 }
 
 /// A reader of `/v1/events`.
