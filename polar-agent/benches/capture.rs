@@ -47,6 +47,7 @@ use polar_agent::capture::record::NativeRequest;
 use polar_agent::chat::{FinishReason, StreamEvent, Tokens, Usage};
 use polar_agent::inference::wire::chat_body_bytes;
 use polar_agent::inference::{BackendConfig, Dialect, SamplingMode};
+use polar_agent::json_doc::{Doc, RawJson};
 use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
 use polar_agent::provider::sse::SseParser;
@@ -192,7 +193,7 @@ fn stage_work() {
         let Detected::Model(call) = provider::detect("POST", path, &headers, &v) else {
             panic!("not a model call")
         };
-        provider::parse_request(&call, &v).unwrap()
+        provider::parse_request_value(&call, &v).unwrap()
     };
     let prompt_ids = tokenizer::encode(&render_prompt(
         &parsed_once.request.messages,
@@ -215,17 +216,20 @@ fn stage_work() {
     let mut line_len = 0;
     for i in 0..iterations + 50 {
         let mut d = [Duration::ZERO; 12];
-        // 0. Request: parse, detect, translate, the backend's body.
+        // 0. Request: parse, detect, translate, the backend's body, the
+        //    native body kept for the record.
         let t0 = Instant::now();
-        let v: Value = serde_json::from_slice(&body).unwrap();
-        let Detected::Model(call) = provider::detect("POST", path, &headers, &v) else {
+        let doc = Doc::parse(&body).unwrap();
+        let Detected::Model(call) = provider::detect("POST", path, &headers, &doc.root()) else {
             panic!()
         };
-        let parsed = provider::parse_request(&call, &v).unwrap();
+        let parsed = provider::parse_request(&call, doc.root()).unwrap();
         let opts = parsed.reply_options(&call, 0);
         let upstream = chat_body_bytes(&backend, &parsed.request, SamplingMode::Train);
+        let native_body = RawJson::from_checked(body.clone());
         d[0] = t0.elapsed();
         black_box(upstream);
+        drop(doc);
 
         // 1. Reply: every event through the Anthropic encoder.
         let t1 = Instant::now();
@@ -244,7 +248,7 @@ fn stage_work() {
             method: "POST".into(),
             host: "api.anthropic.com".into(),
             path: path.into(),
-            body: v,
+            body: native_body,
         };
         let t2 = Instant::now();
         let mut pre = PreEncoded::requests(&native, &parsed.request);
@@ -542,7 +546,7 @@ async fn ttft() {
         let Detected::Model(call) = provider::detect("POST", api_path, headers, body) else {
             panic!()
         };
-        let parsed = provider::parse_request(&call, body).unwrap();
+        let parsed = provider::parse_request_value(&call, body).unwrap();
         Bytes::from(chat_body_bytes(
             &backend,
             &parsed.request,

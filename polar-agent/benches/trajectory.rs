@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use polar_agent::capture::record::{
     Api, BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
@@ -55,7 +55,7 @@ fn record(seq: usize, system: &str, prompt: Vec<u32>, response: Vec<u32>) -> Com
             method: "POST".into(),
             host: "api.openai.com".into(),
             path: "/v1/chat/completions".into(),
-            body: Value::Null,
+            body: polar_agent::json_doc::RawJson::null(),
         },
         request: ChatRequest {
             model: "m".into(),

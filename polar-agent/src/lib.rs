@@ -15,6 +15,7 @@ pub mod http_body;
 pub mod ids;
 pub mod inference;
 pub mod install;
+pub mod json_doc;
 pub mod listener;
 pub mod metrics;
 pub mod mock;

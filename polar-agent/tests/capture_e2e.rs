@@ -329,7 +329,10 @@ async fn gzip_request_bodies_are_inflated() {
     .await;
     Harness::Claude.check_reply(&reply, true);
     let (records, _) = agent.calls(s);
-    assert_eq!(records[0].native_request.body["model"], "claude-opus-4-8");
+    assert_eq!(
+        records[0].native_request.body.to_value()["model"],
+        "claude-opus-4-8"
+    );
     check_tokens(agent.backend(), &records[0]);
     agent.stop().await;
     mock.stop().await;

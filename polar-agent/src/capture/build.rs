@@ -207,7 +207,7 @@ impl Draft {
     /// while the backend generates.
     pub fn encode_early(&mut self) -> EarlyEncoding {
         let placeholder = NativeRequest {
-            body: serde_json::Value::Null,
+            body: crate::json_doc::RawJson::null(),
             ..self.native.clone_head()
         };
         let native = std::mem::replace(&mut self.native, placeholder);
@@ -216,7 +216,7 @@ impl Draft {
             let pre = PreEncoded::requests(&native, &request);
             let native = if pre.native_request.is_some() {
                 NativeRequest {
-                    body: serde_json::Value::Null,
+                    body: crate::json_doc::RawJson::null(),
                     ..native.clone_head()
                 }
             } else {

@@ -35,7 +35,7 @@ pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
             method: "POST".into(),
             host: "api.example".into(),
             path: "/v1/x".into(),
-            body: json!({"n": seq}),
+            body: crate::json_doc::RawJson::from_value(&json!({"n": seq})),
         },
         request,
         response: Some(ChatResponse {

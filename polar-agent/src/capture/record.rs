@@ -3,9 +3,9 @@
 //! trajectory builders need. One JSON line per call in a session's log.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::chat::{ChatRequest, ChatResponse, FinishReason};
+use crate::json_doc::RawJson;
 
 /// Version of the record layout, stored in every record.
 pub const RECORD_VERSION: u32 = 1;
@@ -35,8 +35,9 @@ pub struct NativeRequest {
     pub host: String,
     /// Path and query.
     pub path: String,
-    /// The JSON body.
-    pub body: Value,
+    /// The JSON body, as the harness sent it (a body that is not JSON is
+    /// kept as a JSON string of its text).
+    pub body: RawJson,
 }
 
 impl NativeRequest {
@@ -47,7 +48,7 @@ impl NativeRequest {
             method: self.method.clone(),
             host: self.host.clone(),
             path: self.path.clone(),
-            body: Value::Null,
+            body: RawJson::null(),
         }
     }
 }

@@ -251,7 +251,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
             method: "POST".into(),
             host: "api.openai.com".into(),
             path: "/v1/chat/completions".into(),
-            body: Value::Null,
+            body: crate::json_doc::RawJson::null(),
         },
         request,
         response: Some(ChatResponse {

@@ -237,7 +237,7 @@ mod tests {
                 framing: Framing::Sse,
                 path_model: Some("gemini-2.5-pro".into()),
             };
-            out.push(provider::parse_request(&call, &body).unwrap().request);
+            out.push(provider::parse_request_value(&call, &body).unwrap().request);
         }
         out
     }

@@ -20,16 +20,20 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::read::{
+    array_field, body_object, bool_field, f64_field, field_is, request_model, rest, stop_list,
+    str_field, string_field, u32_of,
+};
 use super::{
-    ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, body_object,
-    effective_finish, prefixed_id, push_indexed, request_model, rest, sse, stop_list, str_field,
-    u32_field,
+    ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, effective_finish,
+    prefixed_id, push_indexed, sse,
 };
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -58,7 +62,7 @@ impl super::Protocol for Anthropic {
     const API: Api = Api::AnthropicMessages;
     type Encoder = Encoder;
 
-    fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
         parse_request(call, body)
     }
 
@@ -77,12 +81,12 @@ impl super::Protocol for Anthropic {
 
 // ---------------------------------------------------------------- request conversion
 
-fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
     let model = request_model(obj, call)?;
     let raw_messages = obj
         .get("messages")
-        .and_then(Value::as_array)
+        .and_then(|m| m.as_array())
         .ok_or_else(|| ProviderError::invalid("messages: field required"))?;
     let mut extra = rest(obj, REQUEST_KEYS);
     let mut messages = Vec::new();
@@ -105,17 +109,20 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     }
 
     let mut tool_names: HashMap<String, String> = HashMap::new();
-    for (i, m) in raw_messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let mobj = m
-            .as_object()
-            .ok_or_else(|| ProviderError::invalid(format!("{at}: must be an object")))?;
-        let role = str_field(mobj, "role").unwrap_or("");
-        let content = mobj.get("content").unwrap_or(&Value::Null);
-        let msg_extra = rest(mobj, &["role", "content"]);
-        match role {
+    for (i, m) in raw_messages.enumerate() {
+        let at = || format!("messages[{i}]");
+        if !m.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}: must be an object",
+                at()
+            )));
+        }
+        let role = str_field(m, "role").unwrap_or_default();
+        let content = m.get("content");
+        let msg_extra = rest(m, &["role", "content"]);
+        match role.as_ref() {
             "system" => {
-                let mut msg = content_message(Role::System, content, &at)?;
+                let mut msg = content_message(Role::System, content_or_null(content), &at())?;
                 msg.extra.extend(msg_extra);
                 messages.push(msg);
             }
@@ -136,7 +143,8 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
             }
             other => {
                 return Err(ProviderError::invalid(format!(
-                    "{at}.role: unknown role {other:?}"
+                    "{}.role: unknown role {other:?}",
+                    at()
                 )));
             }
         }
@@ -145,29 +153,26 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     let mut tools = Vec::new();
     let mut server_tools = Vec::new();
     let mut tool_extra = Vec::new();
-    for t in obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let Some(tobj) = t.as_object() else { continue };
-        match (str_field(tobj, "name"), tobj.get("input_schema")) {
+    for t in array_field(obj, "tools") {
+        if !t.is_object() {
+            continue;
+        }
+        match (string_field(t, "name"), t.get("input_schema")) {
             (Some(name), Some(schema)) => {
-                tools.push(Tool {
-                    name: name.to_owned(),
-                    description: str_field(tobj, "description").map(str::to_owned),
-                    parameters: schema.clone(),
-                });
-                let r = rest(tobj, &["name", "description", "input_schema"]);
+                let r = rest(t, &["name", "description", "input_schema"]);
                 if !r.is_empty() {
                     let mut e = Map::new();
-                    e.insert("name".into(), Value::String(name.to_owned()));
+                    e.insert("name".into(), Value::String(name.clone()));
                     e.extend(r);
                     tool_extra.push(Value::Object(e));
                 }
+                tools.push(Tool {
+                    name,
+                    description: string_field(t, "description"),
+                    parameters: schema.to_value(),
+                });
             }
-            _ => server_tools.push(t.clone()),
+            _ => server_tools.push(t.to_value()),
         }
     }
     if !server_tools.is_empty() {
@@ -177,18 +182,16 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         extra.insert("tool_extra".into(), Value::Array(tool_extra));
     }
 
-    let tool_choice = match obj.get("tool_choice").and_then(Value::as_object) {
+    let tool_choice = match obj.get("tool_choice").filter(|tc| tc.is_object()) {
         Some(tc) => {
-            if tc.get("disable_parallel_tool_use").and_then(Value::as_bool) == Some(true) {
+            if bool_field(tc, "disable_parallel_tool_use") == Some(true) {
                 extra.insert("parallel_tool_calls".into(), Value::Bool(false));
             }
-            match str_field(tc, "type") {
+            match str_field(tc, "type").as_deref() {
                 Some("auto") => Some(ToolChoice::Auto),
                 Some("any") => Some(ToolChoice::Required),
                 Some("none") => Some(ToolChoice::None),
-                Some("tool") => {
-                    str_field(tc, "name").map(|n| ToolChoice::Tool { name: n.to_owned() })
-                }
+                Some("tool") => string_field(tc, "name").map(|name| ToolChoice::Tool { name }),
                 _ => None,
             }
         }
@@ -201,13 +204,13 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         tools,
         tool_choice,
         sampling: Sampling {
-            max_tokens: u32_field(obj.get("max_tokens")),
-            temperature: obj.get("temperature").and_then(Value::as_f64),
-            top_p: obj.get("top_p").and_then(Value::as_f64),
-            top_k: u32_field(obj.get("top_k")),
+            max_tokens: u32_of(obj.get("max_tokens")),
+            temperature: f64_field(obj, "temperature"),
+            top_p: f64_field(obj, "top_p"),
+            top_k: u32_of(obj.get("top_k")),
             stop: stop_list(obj.get("stop_sequences")),
         },
-        stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        stream: bool_field(obj, "stream").unwrap_or(false),
         extra,
     };
     Ok(ParsedRequest {
@@ -235,97 +238,95 @@ fn shift_block_extra(extra: &mut Map<String, Value>) {
 }
 
 /// A non-tool content block as a part, with its unknown fields.
-fn block_part(block: &Value) -> (Part, Map<String, Value>) {
-    let Some(b) = block.as_object() else {
-        return (
+fn block_part(b: Json<'_>) -> (Part, Map<String, Value>) {
+    let other = || {
+        (
             Part::Other {
-                value: block.clone(),
+                value: b.to_value(),
             },
             Map::new(),
-        );
+        )
     };
-    match str_field(b, "type") {
+    if !b.is_object() {
+        return other();
+    }
+    match str_field(b, "type").as_deref() {
         Some("text") => (
             Part::Text {
-                text: str_field(b, "text").unwrap_or("").to_owned(),
+                text: string_field(b, "text").unwrap_or_default(),
             },
             rest(b, &["type", "text"]),
         ),
         Some("image") => {
-            let src = b.get("source").and_then(Value::as_object);
-            let part = match src.and_then(|s| str_field(s, "type")) {
+            let src = b.get("source").filter(|s| s.is_object());
+            let src_field = |k: &str| src.and_then(|s| string_field(s, k));
+            let part = match src.and_then(|s| str_field(s, "type")).as_deref() {
                 Some("base64") => Part::Image {
-                    media_type: src
-                        .and_then(|s| str_field(s, "media_type"))
-                        .map(str::to_owned),
-                    data: src.and_then(|s| str_field(s, "data")).map(str::to_owned),
+                    media_type: src_field("media_type"),
+                    data: src_field("data"),
                     url: None,
                 },
                 Some("url") => Part::Image {
                     media_type: None,
                     data: None,
-                    url: src.and_then(|s| str_field(s, "url")).map(str::to_owned),
+                    url: src_field("url"),
                 },
-                _ => {
-                    return (
-                        Part::Other {
-                            value: block.clone(),
-                        },
-                        Map::new(),
-                    );
-                }
+                _ => return other(),
             };
             (part, rest(b, &["type", "source"]))
         }
-        _ => (
-            Part::Other {
-                value: block.clone(),
-            },
-            Map::new(),
-        ),
+        _ => other(),
     }
 }
 
+/// `content`, or `null` when absent.
+fn content_or_null(content: Option<Json<'_>>) -> Json<'_> {
+    content.unwrap_or_else(Json::null)
+}
+
 /// A message of `role` from content given as a string or blocks.
-fn content_message(role: Role, content: &Value, at: &str) -> Result<Message, ProviderError> {
+fn content_message(role: Role, content: Json<'_>, at: &str) -> Result<Message, ProviderError> {
     let mut msg = Message::text(role, "");
     msg.content.clear();
-    match content {
-        Value::String(s) => msg.content.push(Part::Text { text: s.clone() }),
-        Value::Array(blocks) => {
-            for (i, b) in blocks.iter().enumerate() {
-                let (part, fields) = block_part(b);
-                msg.content.push(part);
-                push_indexed(&mut msg.extra, "block_extra", i, fields);
-            }
+    if let Some(s) = content.as_str() {
+        msg.content.push(Part::Text {
+            text: s.into_owned(),
+        });
+    } else if let Some(blocks) = content.as_array() {
+        for (i, b) in blocks.enumerate() {
+            let (part, fields) = block_part(b);
+            msg.content.push(part);
+            push_indexed(&mut msg.extra, "block_extra", i, fields);
         }
-        Value::Null => {}
-        _ => {
-            return Err(ProviderError::invalid(format!(
-                "{at}.content: must be a string or an array of blocks"
-            )));
-        }
+    } else if !content.is_null() {
+        return Err(ProviderError::invalid(format!(
+            "{at}.content: must be a string or an array of blocks"
+        )));
     }
     Ok(msg)
 }
 
-fn assistant_message(content: &Value, at: &str) -> Result<Message, ProviderError> {
-    let Value::Array(blocks) = content else {
-        return content_message(Role::Assistant, content, at);
+fn assistant_message(
+    content: Option<Json<'_>>,
+    at: &dyn Fn() -> String,
+) -> Result<Message, ProviderError> {
+    let Some(blocks) = content.and_then(|c| c.as_array()) else {
+        return content_message(Role::Assistant, content_or_null(content), &at());
     };
     let mut msg = Message::text(Role::Assistant, "");
     msg.content.clear();
-    for (i, block) in blocks.iter().enumerate() {
-        let b = block.as_object().ok_or_else(|| {
-            ProviderError::invalid(format!("{at}.content[{i}]: must be an object"))
-        })?;
-        match str_field(b, "type") {
+    for (i, b) in blocks.enumerate() {
+        if !b.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}.content[{i}]: must be an object",
+                at()
+            )));
+        }
+        match str_field(b, "type").as_deref() {
             Some("thinking") if msg.reasoning.is_none() => {
                 msg.reasoning = Some(Reasoning {
-                    text: str_field(b, "thinking").unwrap_or("").to_owned(),
-                    signature: str_field(b, "signature")
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned),
+                    text: string_field(b, "thinking").unwrap_or_default(),
+                    signature: string_field(b, "signature").filter(|s| !s.is_empty()),
                     encrypted: None,
                 });
                 push_indexed(
@@ -336,14 +337,15 @@ fn assistant_message(content: &Value, at: &str) -> Result<Message, ProviderError
                 );
             }
             Some("tool_use") => {
-                let id = str_field(b, "id").ok_or_else(|| {
-                    ProviderError::invalid(format!("{at}.content[{i}].id: field required"))
+                let id = string_field(b, "id").ok_or_else(|| {
+                    ProviderError::invalid(format!("{}.content[{i}].id: field required", at()))
                 })?;
-                let input = b.get("input").cloned().unwrap_or_else(|| json!({}));
                 msg.tool_calls.push(ToolCall {
-                    id: id.to_owned(),
-                    name: str_field(b, "name").unwrap_or("").to_owned(),
-                    arguments: input.to_string(),
+                    id,
+                    name: string_field(b, "name").unwrap_or_default(),
+                    arguments: b
+                        .get("input")
+                        .map_or_else(|| "{}".to_owned(), |input| input.to_compact_string()),
                 });
                 push_indexed(
                     &mut msg.extra,
@@ -353,7 +355,7 @@ fn assistant_message(content: &Value, at: &str) -> Result<Message, ProviderError
                 );
             }
             _ => {
-                let (part, fields) = block_part(block);
+                let (part, fields) = block_part(b);
                 msg.content.push(part);
                 push_indexed(&mut msg.extra, "block_extra", i, fields);
             }
@@ -365,32 +367,38 @@ fn assistant_message(content: &Value, at: &str) -> Result<Message, ProviderError
 /// A user turn: `tool_result` blocks become tool messages, the other blocks
 /// user messages, in their order.
 fn user_messages(
-    content: &Value,
-    at: &str,
+    content: Option<Json<'_>>,
+    at: &dyn Fn() -> String,
     tool_names: &HashMap<String, String>,
     out: &mut Vec<Message>,
 ) -> Result<(), ProviderError> {
-    let Value::Array(blocks) = content else {
-        out.push(content_message(Role::User, content, at)?);
+    let Some(blocks) = content.and_then(|c| c.as_array()) else {
+        out.push(content_message(
+            Role::User,
+            content_or_null(content),
+            &at(),
+        )?);
         return Ok(());
     };
     let mut pending: Option<Message> = None;
-    for (i, block) in blocks.iter().enumerate() {
-        let b = block.as_object().ok_or_else(|| {
-            ProviderError::invalid(format!("{at}.content[{i}]: must be an object"))
-        })?;
-        if str_field(b, "type") == Some("tool_result") {
+    for (i, b) in blocks.enumerate() {
+        if !b.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}.content[{i}]: must be an object",
+                at()
+            )));
+        }
+        if field_is(b, "type", "tool_result") {
             if let Some(p) = pending.take() {
                 out.push(p);
             }
-            let id = str_field(b, "tool_use_id").ok_or_else(|| {
-                ProviderError::invalid(format!("{at}.content[{i}].tool_use_id: field required"))
+            let id = string_field(b, "tool_use_id").ok_or_else(|| {
+                ProviderError::invalid(format!("{}.content[{i}].tool_use_id: field required", at()))
             })?;
-            let mut msg =
-                content_message(Role::Tool, b.get("content").unwrap_or(&Value::Null), at)?;
-            msg.tool_call_id = Some(id.to_owned());
-            msg.name = tool_names.get(id).cloned();
-            msg.is_error = b.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+            let mut msg = content_message(Role::Tool, content_or_null(b.get("content")), &at())?;
+            msg.name = tool_names.get(&id).cloned();
+            msg.tool_call_id = Some(id);
+            msg.is_error = bool_field(b, "is_error").unwrap_or(false);
             msg.extra
                 .extend(rest(b, &["type", "tool_use_id", "content", "is_error"]));
             out.push(msg);
@@ -400,7 +408,7 @@ fn user_messages(
                 m.content.clear();
                 m
             });
-            let (part, fields) = block_part(block);
+            let (part, fields) = block_part(b);
             let index = msg.content.len();
             msg.content.push(part);
             push_indexed(&mut msg.extra, "block_extra", index, fields);

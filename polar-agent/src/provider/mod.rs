@@ -28,6 +28,7 @@ pub mod canned;
 pub mod gemini;
 pub mod openai_chat;
 pub mod openai_responses;
+mod read;
 pub mod sse;
 
 #[cfg(test)]
@@ -40,6 +41,7 @@ use serde_json::{Map, Value};
 
 use crate::capture::record::Api;
 use crate::chat::{ChatRequest, ChatResponse, FinishReason, Message, Part, StreamEvent};
+use crate::json_doc::{Doc, Json};
 
 // ---------------------------------------------------------------- errors
 
@@ -232,19 +234,48 @@ pub enum Detected {
     Side(SideCall),
 }
 
+/// What detection reads of a body: which top-level members it has, and
+/// its `stream` flag.
+pub trait BodyShape {
+    /// Whether the body is an object with member `key`.
+    fn has(&self, key: &str) -> bool;
+    /// Whether the body's `stream` is `true`.
+    fn streams(&self) -> bool;
+}
+
+impl BodyShape for Value {
+    fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn streams(&self) -> bool {
+        self.get("stream").and_then(Value::as_bool) == Some(true)
+    }
+}
+
+impl BodyShape for Json<'_> {
+    fn has(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    fn streams(&self) -> bool {
+        self.get("stream").and_then(|s| s.as_bool()) == Some(true)
+    }
+}
+
 /// Classify a request by path first, then by headers (`anthropic-version`,
 /// `x-goog-api-key`) and body shape. `path` may carry a query.
 pub fn detect(
     method: &str,
     path: &str,
     headers: &(impl Headers + ?Sized),
-    body: &Value,
+    body: &impl BodyShape,
 ) -> Detected {
     let (path_only, query) = path.split_once('?').unwrap_or((path, ""));
     let trimmed = path_only.trim_end_matches('/');
     let is = |m: &str| method.eq_ignore_ascii_case(m);
     let stream_flag = || {
-        if body.get("stream").and_then(Value::as_bool) == Some(true) {
+        if body.streams() {
             Framing::Sse
         } else {
             Framing::Json
@@ -324,7 +355,7 @@ pub fn detect(
 
     // Fallback: headers and body shape, only for bodies that name a model
     // and carry a conversation.
-    let has = |k: &str| body.get(k).is_some();
+    let has = |k: &str| body.has(k);
     if headers.header("x-goog-api-key").is_some() || (has("contents") && !has("messages")) {
         if has("contents") {
             return Detected::Model(ModelCall {
@@ -399,7 +430,7 @@ pub trait Protocol {
     /// Its stream encoder.
     type Encoder: StreamEncoder;
     /// Parse a request body into the normalized model.
-    fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError>;
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError>;
     /// The complete (non-streamed) reply body.
     fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value;
     /// A stream encoder for one reply.
@@ -428,8 +459,18 @@ pub fn encode_all(enc: &mut impl StreamEncoder, events: &[StreamEvent]) -> Bytes
     Bytes::from(out)
 }
 
+/// Parse a model call's body held as a tree (tests, tools): written out
+/// and read as the agent reads bodies, with [`parse_request`].
+pub fn parse_request_value(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+    let text = serde_json::to_vec(body)
+        .map_err(|e| ProviderError::invalid(format!("the request body is not JSON: {e}")))?;
+    let doc = Doc::parse(&text)
+        .map_err(|e| ProviderError::invalid(format!("the request body is not JSON: {e}")))?;
+    parse_request(call, doc.root())
+}
+
 /// Parse a model call's body.
-pub fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+pub fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
     match call.api {
         Api::AnthropicMessages => anthropic::Anthropic::parse_request(call, body),
         Api::OpenaiChat => openai_chat::OpenaiChat::parse_request(call, body),

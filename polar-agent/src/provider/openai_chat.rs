@@ -60,8 +60,11 @@ impl super::Protocol for OpenaiChat {
     const API: Api = Api::OpenaiChat;
     type Encoder = Encoder;
 
-    fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
-        parse_request(call, body)
+    fn parse_request(
+        call: &ModelCall,
+        body: crate::json_doc::Json<'_>,
+    ) -> Result<ParsedRequest, ProviderError> {
+        parse_request(call, &body.to_value())
     }
 
     fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {

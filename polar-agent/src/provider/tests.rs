@@ -283,7 +283,7 @@ fn history_prepends_stored_conversation() {
         "input": [{"type": "message", "role": "user", "content": "q2"}],
     });
     let call = model_call(detect("POST", "/v1/responses", NO_HEADERS, &body));
-    let parsed = parse_request(&call, &body).unwrap();
+    let parsed = parse_request_value(&call, &body).unwrap();
     assert_eq!(parsed.previous_response_id.as_deref(), Some("resp_1"));
     let full = with_history(&prior, parsed.request);
     let texts: Vec<String> = full.messages.iter().map(Message::joined_text).collect();
@@ -328,7 +328,7 @@ fn long_tool_names_are_kept() {
         "tools": [{"type": "function", "function": {"name": name, "parameters": {}}}],
     });
     let call = model_call(detect("POST", "/v1/chat/completions", NO_HEADERS, &body));
-    let r = parse_request(&call, &body).unwrap().request;
+    let r = parse_request_value(&call, &body).unwrap().request;
     assert!(r.tools[0].name.len() > 64);
     assert_eq!(r.tools[0].name, name);
 }
@@ -338,9 +338,9 @@ proptest! {
     fn request_parsers_never_panic(body in strategies::json()) {
         for api in [Api::AnthropicMessages, Api::OpenaiChat, Api::OpenaiResponses, Api::Gemini] {
             let call = ModelCall { api, framing: Framing::Sse, path_model: Some("g".into()) };
-            let _ = parse_request(&call, &body);
+            let _ = parse_request_value(&call, &body);
             let wrapped = json!({"model": "m", "messages": [body.clone()], "input": [body.clone()], "contents": [body.clone()]});
-            let _ = parse_request(&call, &wrapped);
+            let _ = parse_request_value(&call, &wrapped);
         }
         let _ = detect("POST", "/x", NO_HEADERS, &body);
     }

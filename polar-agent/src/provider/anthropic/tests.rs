@@ -22,7 +22,9 @@ fn opts() -> ReplyOptions {
 }
 
 fn parse(body: &Value) -> ChatRequest {
-    Anthropic::parse_request(&call(), body).unwrap().request
+    crate::provider::parse_request_value(&call(), body)
+        .unwrap()
+        .request
 }
 
 /// The shape of a stream: event name, block kind / delta kind and index.
@@ -180,7 +182,7 @@ fn rejects_malformed_requests() {
         json!({"model": "m", "messages": [{"role": "robot", "content": "x"}]}),
         json!({"model": "m", "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}),
     ] {
-        let err = Anthropic::parse_request(&call(), &body).unwrap_err();
+        let err = crate::provider::parse_request_value(&call(), &body).unwrap_err();
         assert_eq!(
             (err.side, err.kind),
             (Side::Harness, ErrorKind::InvalidRequest),

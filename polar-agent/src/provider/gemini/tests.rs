@@ -22,7 +22,7 @@ fn opts(framing: Framing) -> ReplyOptions {
 }
 
 fn parse(body: &Value) -> ChatRequest {
-    Gemini::parse_request(&call(Framing::Sse), body)
+    crate::provider::parse_request_value(&call(Framing::Sse), body)
         .unwrap()
         .request
 }
@@ -80,7 +80,7 @@ fn parses_gemini_cli_request() {
     assert_eq!(r.model, "gemini-2.5-pro");
     assert!(r.stream);
     assert!(
-        !Gemini::parse_request(&call(Framing::Json), &body)
+        !crate::provider::parse_request_value(&call(Framing::Json), &body)
             .unwrap()
             .request
             .stream

@@ -22,7 +22,7 @@ fn opts(include_usage: bool) -> ReplyOptions {
 }
 
 fn parse(body: &Value) -> ParsedRequest {
-    OpenaiChat::parse_request(&call(), body).unwrap()
+    crate::provider::parse_request_value(&call(), body).unwrap()
 }
 
 /// What a client accumulates from a chunk stream: the assistant message
@@ -152,9 +152,11 @@ fn parses_other_chat_shapes() {
         })
     );
     assert_eq!(r.extra["store"], false);
-    let err =
-        OpenaiChat::parse_request(&call(), &json!({"model": "m", "messages": [{"role": "x"}]}))
-            .unwrap_err();
+    let err = crate::provider::parse_request_value(
+        &call(),
+        &json!({"model": "m", "messages": [{"role": "x"}]}),
+    )
+    .unwrap_err();
     assert_eq!(err.kind, ErrorKind::InvalidRequest);
 }
 

@@ -22,7 +22,7 @@ fn opts() -> ReplyOptions {
 }
 
 fn parse(body: &Value) -> ParsedRequest {
-    OpenaiResponses::parse_request(&call(), body).unwrap()
+    crate::provider::parse_request_value(&call(), body).unwrap()
 }
 
 fn usage() -> Usage {

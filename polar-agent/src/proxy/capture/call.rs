@@ -8,26 +8,36 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
+use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 use serde_json::Value;
 
 use crate::capture::SessionLog;
 use crate::capture::record::{Api, CompletionRecord, NativeRequest};
+use crate::json_doc::{Json, JsonError, RawJson};
 use crate::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
 
 use super::super::body::ProxyBody;
 use super::super::pipeline::RequestContext;
-use super::{Capture, Decoded, errors, reply};
+use super::{Capture, errors, reply};
 use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
 use crate::capture::encode::PreEncoded;
+
+/// A model call's body: its bytes, read as JSON (`null` when blank).
+pub(super) struct Body<'a> {
+    /// The decoded bytes.
+    pub bytes: &'a Bytes,
+    /// The body read as JSON, or why it is not JSON.
+    pub json: Result<Json<'a>, &'a JsonError>,
+}
 
 /// Runs one model call.
 pub(super) async fn run(
     capture: Arc<Capture>,
     ctx: RequestContext,
     head: Parts,
-    decoded: Decoded,
+    body: Body<'_>,
     call: ModelCall,
     path: String,
 ) -> Response<ProxyBody> {
@@ -53,9 +63,12 @@ pub(super) async fn run(
         .registry()
         .get(&session)
         .and_then(|i| i.task_id);
-    let body = match (&decoded.json_error, decoded.json) {
-        (Some(_), _) => Value::String(String::from_utf8_lossy(&decoded.bytes).into_owned()),
-        (None, v) => v,
+    let native_body = match body.json {
+        Ok(j) if j.is_null() => RawJson::null(),
+        Ok(_) => RawJson::from_checked(body.bytes.clone()),
+        Err(_) => RawJson::from_value(&Value::String(
+            String::from_utf8_lossy(body.bytes).into_owned(),
+        )),
     };
     let draft = Draft {
         call_id: call_id(),
@@ -67,7 +80,7 @@ pub(super) async fn run(
             method: head.method.to_string(),
             host: ctx.host.clone(),
             path,
-            body,
+            body: native_body,
         },
         request: empty_request(),
         received_ms,
@@ -79,7 +92,7 @@ pub(super) async fn run(
         call_id = %draft.call_id,
         api = ?api
     );
-    translate_and_answer(capture, ctx, log, draft, decoded.json_error, call)
+    translate_and_answer(capture, ctx, log, draft, body.json, call)
         .instrument(span)
         .await
 }
@@ -90,17 +103,20 @@ async fn translate_and_answer(
     ctx: RequestContext,
     log: Arc<SessionLog>,
     mut draft: Draft,
-    json_error: Option<String>,
+    json: Result<Json<'_>, &JsonError>,
     call: ModelCall,
 ) -> Response<ProxyBody> {
     let api = call.api;
     let received_ms = draft.received_ms;
     let session = Capture::session_of(&ctx);
-    if let Some(e) = &json_error {
-        let err = ProviderError::invalid(format!("the request body is not JSON: {e}"));
-        return fail_early(&log, draft, api, err, None).await;
-    }
-    let parsed = match provider::parse_request(&call, &draft.native.body) {
+    let json = match json {
+        Ok(j) => j,
+        Err(e) => {
+            let err = ProviderError::invalid(format!("the request body is not JSON: {e}"));
+            return fail_early(&log, draft, api, err, None).await;
+        }
+    };
+    let parsed = match provider::parse_request(&call, json) {
         Ok(p) => p,
         Err(err) => return fail_early(&log, draft, api, err, None).await,
     };

@@ -1,14 +1,31 @@
 //! Request bodies as the capture stage reads them: `content-encoding: gzip`
 //! inflated (Claude Code sometimes compresses its bodies) within the body
-//! limit, then parsed as JSON.
+//! limit, then read as JSON ([`Decoded::parse`], a [`Doc`] on the bytes).
 
 use std::io::Read;
 
 use bytes::Bytes;
 use http::HeaderMap;
 
-use super::Decoded;
+use crate::json_doc::{Doc, JsonError};
 use crate::provider::{ErrorKind, ProviderError, Side};
+
+/// A body that is already decoded.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The decoded bytes.
+    pub bytes: Bytes,
+}
+
+impl Decoded {
+    /// The body as a JSON document; `None` when it is empty or blank.
+    pub(crate) fn parse(&self) -> Result<Option<Doc<'_>>, JsonError> {
+        if self.bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        Doc::parse(&self.bytes).map(Some)
+    }
+}
 
 /// The decoded body of a request.
 pub(super) fn body(headers: &HeaderMap, raw: &Bytes, limit: u64) -> Result<Decoded, ProviderError> {
@@ -23,22 +40,7 @@ pub(super) fn body(headers: &HeaderMap, raw: &Bytes, limit: u64) -> Result<Decod
             ));
         }
     };
-    if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Decoded {
-            json: serde_json::Value::Null,
-            json_error: None,
-            bytes,
-        });
-    }
-    let (json, json_error) = match serde_json::from_slice(&bytes) {
-        Ok(v) => (v, None),
-        Err(e) => (serde_json::Value::Null, Some(e.to_string())),
-    };
-    Ok(Decoded {
-        json,
-        json_error,
-        bytes,
-    })
+    Ok(Decoded { bytes })
 }
 
 /// The content coding, lower-cased; one coding only.
@@ -101,10 +103,20 @@ mod tests {
     fn gzip_bodies_are_inflated() {
         let json = br#"{"model":"m","messages":[]}"#;
         let d = body(&headers(Some("gzip")), &gz(json), 1024).unwrap();
-        assert_eq!(d.json["model"], "m");
+        let model = |d: &Decoded| {
+            d.parse()
+                .unwrap()
+                .unwrap()
+                .root()
+                .get("model")
+                .unwrap()
+                .raw()
+                .to_owned()
+        };
+        assert_eq!(model(&d), "\"m\"");
         assert_eq!(&d.bytes[..], json);
         let d = body(&headers(None), &Bytes::from_static(json), 1024).unwrap();
-        assert_eq!(d.json["model"], "m");
+        assert_eq!(model(&d), "\"m\"");
     }
 
     #[test]
@@ -123,9 +135,10 @@ mod tests {
     #[test]
     fn non_json_is_noted_not_fatal() {
         let d = body(&headers(None), &Bytes::from_static(b"{oops"), 1000).unwrap();
-        assert!(d.json.is_null());
-        assert!(d.json_error.is_some());
+        assert!(d.parse().is_err());
         let d = body(&headers(None), &Bytes::new(), 1000).unwrap();
-        assert!(d.json.is_null() && d.json_error.is_none());
+        assert!(d.parse().unwrap().is_none());
+        let d = body(&headers(None), &Bytes::from_static(b" \n"), 1000).unwrap();
+        assert!(d.parse().unwrap().is_none());
     }
 }

@@ -35,7 +35,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::Response;
 
 use crate::capture::CaptureStore;
@@ -43,6 +42,7 @@ use crate::capture::record::Api;
 use crate::config::{Config, ProviderHint};
 use crate::ids::SessionId;
 use crate::inference::{BackendConfig, Client, InferenceError};
+use crate::json_doc::{Doc, Json};
 use crate::provider::{self, Detected};
 use crate::tasks::Tasks;
 
@@ -156,16 +156,25 @@ impl Capture {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
-        let detected = provider::detect(
-            req.head.method.as_str(),
-            &path,
-            &req.head.headers,
-            &decoded.json,
-        );
+        let doc = decoded.parse();
+        let root = match &doc {
+            Ok(Some(d)) => d.root(),
+            _ => Json::null(),
+        };
+        let detected = provider::detect(req.head.method.as_str(), &path, &req.head.headers, &root);
         match detected {
-            Detected::Side(side_call) => self.side(ctx, req, side_call, &decoded.json).await,
+            Detected::Side(side_call) => {
+                let json = root.to_value();
+                self.side(ctx, req, side_call, &json).await
+            }
             Detected::Model(model_call) => {
-                call::run(Arc::clone(&self), ctx, req.head, decoded, model_call, path).await
+                let body = call::Body {
+                    bytes: &decoded.bytes,
+                    json: doc
+                        .as_ref()
+                        .map(|d| d.as_ref().map_or_else(Json::null, Doc::root)),
+                };
+                call::run(Arc::clone(&self), ctx, req.head, body, model_call, path).await
             }
         }
     }
@@ -191,15 +200,4 @@ impl ModelPipeline for Capture {
     fn call(self: Arc<Self>, ctx: RequestContext, req: ModelRequest) -> ResponseFuture {
         Box::pin(self.serve(ctx, req))
     }
-}
-
-/// A body that is already decoded.
-#[derive(Debug)]
-pub(crate) struct Decoded {
-    /// The body as JSON (`null` when empty or not JSON).
-    pub json: serde_json::Value,
-    /// Why the body is not JSON, when it is not.
-    pub json_error: Option<String>,
-    /// The decoded bytes (for recording bodies that are not JSON).
-    pub bytes: Bytes,
 }

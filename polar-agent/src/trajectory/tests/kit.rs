@@ -3,7 +3,7 @@
 //! simulator that turns conversations into `CompletionRecord`s the way the
 //! capture layer would.
 
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use crate::capture::record::{
     Api, BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
@@ -231,7 +231,7 @@ impl Sim {
                 method: "POST".into(),
                 host: "api.openai.com".into(),
                 path: "/v1/chat/completions".into(),
-                body: Value::Null,
+                body: crate::json_doc::RawJson::null(),
             },
             request,
             response: Some(reply),

@@ -1,0 +1,741 @@
+//! A JSON document read once into a flat tape of nodes that borrow the
+//! text: the harness's request bodies are read this way on the path of
+//! every model call.
+//!
+//! Building a `serde_json::Value` of a 100 KB agent request takes about
+//! 90 µs on the nodes this runs on, most of it allocating maps, keys and
+//! strings that translation then copies again. [`Doc::parse`] validates the
+//! text (RFC 8259: UTF-8, grammar, escapes, nesting at most
+//! [`MAX_DEPTH`]) and records, for each value, its kind and byte span in one
+//! vector; strings stay escaped until asked for ([`Json::as_str`] borrows
+//! when there is nothing to unescape). [`Json`] is a cheap handle on one
+//! value with the accessors translation needs; [`Json::to_value`] builds a
+//! `serde_json::Value` of one part when a tree is wanted (unknown fields
+//! kept as they were).
+//!
+//! Semantics follow `serde_json::Value`'s: a repeated object key reads as
+//! its last occurrence; `as_u64`/`as_i64` accept integers only and `as_f64`
+//! any number.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+mod raw;
+pub use raw::RawJson;
+
+/// Deepest nesting of arrays and objects accepted (`serde_json`'s limit).
+pub const MAX_DEPTH: usize = 128;
+
+/// Why a text is not a JSON document.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what} at byte {at}")]
+pub struct JsonError {
+    /// What is wrong.
+    pub what: &'static str,
+    /// Byte offset where it was found.
+    pub at: usize,
+}
+
+/// The kind of a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `null`.
+    Null,
+    /// `true` or `false`.
+    Bool,
+    /// A number.
+    Number,
+    /// A string.
+    String,
+    /// An array.
+    Array,
+    /// An object.
+    Object,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tag {
+    Null,
+    True,
+    False,
+    Number,
+    /// A string with no escape in it.
+    Plain,
+    /// A string with at least one escape.
+    Escaped,
+    Array,
+    Object,
+}
+
+/// One value: its tag, its span in the text (a string's span is between
+/// its quotes), and for arrays and objects the index of the first node
+/// after its contents (its children follow it; an object's alternate key,
+/// value).
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    tag: Tag,
+    start: u32,
+    end: u32,
+    next: u32,
+}
+
+/// A parsed document.
+#[derive(Debug)]
+pub struct Doc<'a> {
+    text: &'a str,
+    nodes: Vec<Node>,
+}
+
+impl<'a> Doc<'a> {
+    /// Parses `bytes` as one JSON value, with optional whitespace around.
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, JsonError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| JsonError {
+            what: "invalid UTF-8",
+            at: e.valid_up_to(),
+        })?;
+        if u32::try_from(text.len()).is_err() {
+            return Err(JsonError {
+                what: "document larger than 4 GiB",
+                at: 0,
+            });
+        }
+        let mut p = Parser {
+            b: text.as_bytes(),
+            i: 0,
+            nodes: Vec::with_capacity(text.len() / 24 + 8),
+        };
+        p.value(0)?;
+        p.skip_ws();
+        if p.i != p.b.len() {
+            return Err(p.err("trailing characters"));
+        }
+        Ok(Self {
+            text,
+            nodes: p.nodes,
+        })
+    }
+
+    /// The document's value.
+    pub fn root(&self) -> Json<'_> {
+        Json {
+            text: self.text,
+            nodes: &self.nodes,
+            i: 0,
+        }
+    }
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+    nodes: Vec<Node>,
+}
+
+/// Whether any byte of `w` is below 0x20, a quote or a backslash.
+#[inline]
+fn special_in(w: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
+    (below_space | zero_in(w ^ (ONES * u64::from(b'"'))) | zero_in(w ^ (ONES * u64::from(b'\\'))))
+        != 0
+}
+
+/// Position of the first byte at or after `i` that is below 0x20, a quote
+/// or a backslash (`b.len()` if none).
+#[inline]
+fn skip_plain(b: &[u8], mut i: usize) -> usize {
+    while i + 8 <= b.len() {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[i..i + 8]);
+        if special_in(u64::from_le_bytes(w)) {
+            break;
+        }
+        i += 8;
+    }
+    while i < b.len() && !matches!(b[i], 0..0x20 | b'"' | b'\\') {
+        i += 1;
+    }
+    i
+}
+
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "offsets fit in u32: Doc::parse refuses larger texts"
+)]
+fn off(i: usize) -> u32 {
+    i as u32
+}
+
+impl Parser<'_> {
+    fn err(&self, what: &'static str) -> JsonError {
+        JsonError { what, at: self.i }
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn push(&mut self, tag: Tag, start: usize, end: usize) -> usize {
+        self.nodes.push(Node {
+            tag,
+            start: off(start),
+            end: off(end),
+            next: 0,
+        });
+        self.nodes.len() - 1
+    }
+
+    fn value(&mut self, depth: usize) -> Result<(), JsonError> {
+        self.skip_ws();
+        let start = self.i;
+        match self.b.get(self.i) {
+            None => Err(self.err("unexpected end of input")),
+            Some(b'"') => self.string(),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b't') => self.literal(b"true", Tag::True),
+            Some(b'f') => self.literal(b"false", Tag::False),
+            Some(b'n') => self.literal(b"null", Tag::Null),
+            Some(b'-' | b'0'..=b'9') => {
+                self.number()?;
+                self.push(Tag::Number, start, self.i);
+                Ok(())
+            }
+            Some(_) => Err(self.err("expected a value")),
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], tag: Tag) -> Result<(), JsonError> {
+        if self.b[self.i..].starts_with(word) {
+            let start = self.i;
+            self.i += word.len();
+            self.push(tag, start, self.i);
+            Ok(())
+        } else {
+            Err(self.err("expected a value"))
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.i;
+        while let Some(b'0'..=b'9') = self.b.get(self.i) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn number(&mut self) -> Result<(), JsonError> {
+        if self.b[self.i] == b'-' {
+            self.i += 1;
+        }
+        match self.b.get(self.i) {
+            Some(b'0') => self.i += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return Err(self.err("invalid number")),
+        }
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            if self.digits() == 0 {
+                return Err(self.err("invalid number"));
+            }
+        }
+        if let Some(b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.b.get(self.i) {
+                self.i += 1;
+            }
+            if self.digits() == 0 {
+                return Err(self.err("invalid number"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A string at `self.i` (its opening quote): pushed as a node.
+    fn string(&mut self) -> Result<(), JsonError> {
+        self.i += 1;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            self.i = skip_plain(self.b, self.i);
+            match self.b.get(self.i) {
+                None => return Err(self.err("unterminated string")),
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    escaped = true;
+                    self.escape()?;
+                }
+                Some(_) => return Err(self.err("control character in string")),
+            }
+        }
+        let tag = if escaped { Tag::Escaped } else { Tag::Plain };
+        self.push(tag, start, self.i);
+        self.i += 1;
+        Ok(())
+    }
+
+    /// One escape at `self.i` (its backslash), checked; `\u` surrogates
+    /// must pair.
+    fn escape(&mut self) -> Result<(), JsonError> {
+        match self.b.get(self.i + 1) {
+            Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                self.i += 2;
+                Ok(())
+            }
+            Some(b'u') => {
+                let unit = self.hex4(self.i + 2)?;
+                self.i += 6;
+                if (0xDC00..0xE000).contains(&unit) {
+                    return Err(self.err("lone trailing surrogate in escape"));
+                }
+                if (0xD800..0xDC00).contains(&unit) {
+                    let low = if self.b[self.i..].starts_with(b"\\u") {
+                        self.hex4(self.i + 2)?
+                    } else {
+                        0
+                    };
+                    if !(0xDC00..0xE000).contains(&low) {
+                        return Err(self.err("lone leading surrogate in escape"));
+                    }
+                    self.i += 6;
+                }
+                Ok(())
+            }
+            _ => Err(self.err("invalid escape")),
+        }
+    }
+
+    fn hex4(&self, at: usize) -> Result<u32, JsonError> {
+        let digits = self
+            .b
+            .get(at..at + 4)
+            .ok_or_else(|| self.err("invalid \\u escape"))?;
+        let mut n = 0;
+        for d in digits {
+            let v = char::from(*d)
+                .to_digit(16)
+                .ok_or_else(|| self.err("invalid \\u escape"))?;
+            n = n * 16 + v;
+        }
+        Ok(n)
+    }
+
+    fn close(&mut self, node: usize, start: usize) {
+        let next = off(self.nodes.len());
+        let end = off(self.i);
+        let n = &mut self.nodes[node];
+        n.start = off(start);
+        n.end = end;
+        n.next = next;
+    }
+
+    fn array(&mut self, depth: usize) -> Result<(), JsonError> {
+        if depth > MAX_DEPTH {
+            return Err(self.err("nesting too deep"));
+        }
+        let start = self.i;
+        let node = self.push(Tag::Array, start, start);
+        self.i += 1;
+        self.skip_ws();
+        if self.b.get(self.i) == Some(&b']') {
+            self.i += 1;
+            self.close(node, start);
+            return Ok(());
+        }
+        loop {
+            self.value(depth)?;
+            self.skip_ws();
+            match self.b.get(self.i) {
+                Some(b',') => self.i += 1,
+                Some(b']') => {
+                    self.i += 1;
+                    self.close(node, start);
+                    return Ok(());
+                }
+                _ => return Err(self.err("expected `,` or `]`")),
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<(), JsonError> {
+        if depth > MAX_DEPTH {
+            return Err(self.err("nesting too deep"));
+        }
+        let start = self.i;
+        let node = self.push(Tag::Object, start, start);
+        self.i += 1;
+        self.skip_ws();
+        if self.b.get(self.i) == Some(&b'}') {
+            self.i += 1;
+            self.close(node, start);
+            return Ok(());
+        }
+        loop {
+            self.skip_ws();
+            if self.b.get(self.i) != Some(&b'"') {
+                return Err(self.err("expected a key"));
+            }
+            self.string()?;
+            self.skip_ws();
+            if self.b.get(self.i) != Some(&b':') {
+                return Err(self.err("expected `:`"));
+            }
+            self.i += 1;
+            self.value(depth)?;
+            self.skip_ws();
+            match self.b.get(self.i) {
+                Some(b',') => self.i += 1,
+                Some(b'}') => {
+                    self.i += 1;
+                    self.close(node, start);
+                    return Ok(());
+                }
+                _ => return Err(self.err("expected `,` or `}`")),
+            }
+        }
+    }
+}
+
+/// A handle on one value of a [`Doc`].
+#[derive(Clone, Copy)]
+pub struct Json<'d> {
+    text: &'d str,
+    nodes: &'d [Node],
+    i: usize,
+}
+
+impl std::fmt::Debug for Json<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.raw())
+    }
+}
+
+/// The document `null`, for [`Json::null`].
+static NULL: [Node; 1] = [Node {
+    tag: Tag::Null,
+    start: 0,
+    end: 4,
+    next: 0,
+}];
+
+impl<'d> Json<'d> {
+    /// A `null` value (for an absent one).
+    pub fn null() -> Self {
+        Self {
+            text: "null",
+            nodes: &NULL,
+            i: 0,
+        }
+    }
+
+    fn node(&self) -> Node {
+        self.nodes[self.i]
+    }
+
+    fn at(&self, i: usize) -> Self {
+        Self { i, ..*self }
+    }
+
+    /// Index of the node after this value and its contents.
+    fn after(&self) -> usize {
+        match self.node().tag {
+            Tag::Array | Tag::Object => self.node().next as usize,
+            _ => self.i + 1,
+        }
+    }
+
+    /// The value's kind.
+    pub fn kind(&self) -> Kind {
+        match self.node().tag {
+            Tag::Null => Kind::Null,
+            Tag::True | Tag::False => Kind::Bool,
+            Tag::Number => Kind::Number,
+            Tag::Plain | Tag::Escaped => Kind::String,
+            Tag::Array => Kind::Array,
+            Tag::Object => Kind::Object,
+        }
+    }
+
+    /// The value's JSON text, exactly as it is in the document.
+    pub fn raw(&self) -> &'d str {
+        let n = self.node();
+        match n.tag {
+            // A string's span is between its quotes.
+            Tag::Plain | Tag::Escaped => &self.text[n.start as usize - 1..n.end as usize + 1],
+            _ => &self.text[n.start as usize..n.end as usize],
+        }
+    }
+
+    /// Whether the value is `null`.
+    pub fn is_null(&self) -> bool {
+        self.node().tag == Tag::Null
+    }
+
+    /// Whether the value is an object.
+    pub fn is_object(&self) -> bool {
+        self.node().tag == Tag::Object
+    }
+
+    /// The boolean, if the value is one.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self.node().tag {
+            Tag::True => Some(true),
+            Tag::False => Some(false),
+            _ => None,
+        }
+    }
+
+    fn number(&self) -> Option<&'d str> {
+        (self.node().tag == Tag::Number).then(|| self.raw())
+    }
+
+    /// The number as `u64`, if it is a non-negative integer that fits.
+    pub fn as_u64(&self) -> Option<u64> {
+        self.number()?.parse().ok()
+    }
+
+    /// The number as `i64`, if it is an integer that fits.
+    pub fn as_i64(&self) -> Option<i64> {
+        self.number()?.parse().ok()
+    }
+
+    /// The number as `f64`.
+    pub fn as_f64(&self) -> Option<f64> {
+        self.number()?.parse().ok()
+    }
+
+    /// The string, unescaped (borrowed when it has no escapes).
+    pub fn as_str(&self) -> Option<Cow<'d, str>> {
+        let n = self.node();
+        let inner = &self.text[n.start as usize..n.end as usize];
+        match n.tag {
+            Tag::Plain => Some(Cow::Borrowed(inner)),
+            Tag::Escaped => Some(Cow::Owned(unescape(inner))),
+            _ => None,
+        }
+    }
+
+    /// Whether the value is the string `s`.
+    pub fn is_str(&self, s: &str) -> bool {
+        let n = self.node();
+        let inner = &self.text[n.start as usize..n.end as usize];
+        match n.tag {
+            Tag::Plain => inner == s,
+            Tag::Escaped => unescape(inner) == s,
+            _ => false,
+        }
+    }
+
+    /// The elements, if the value is an array.
+    pub fn as_array(&self) -> Option<Elements<'d>> {
+        (self.node().tag == Tag::Array).then(|| Elements {
+            at: self.at(self.i + 1),
+            end: self.node().next as usize,
+        })
+    }
+
+    /// The members (key, value) in document order, if the value is an
+    /// object. A repeated key is yielded each time.
+    pub fn as_object(&self) -> Option<Members<'d>> {
+        (self.node().tag == Tag::Object).then(|| Members {
+            at: self.at(self.i + 1),
+            end: self.node().next as usize,
+        })
+    }
+
+    /// The value of `key` (its last occurrence), if this is an object that
+    /// has it.
+    pub fn get(&self, key: &str) -> Option<Self> {
+        let mut found = None;
+        for (k, v) in self.as_object()?.raw_keys() {
+            if k.is_str(key) {
+                found = Some(v);
+            }
+        }
+        found
+    }
+
+    /// The value as a `serde_json::Value`.
+    pub fn to_value(&self) -> Value {
+        match self.node().tag {
+            Tag::Null => Value::Null,
+            Tag::True => Value::Bool(true),
+            Tag::False => Value::Bool(false),
+            // serde_json's own reading of the number (the text is valid).
+            Tag::Number => self.raw().parse().map_or(Value::Null, Value::Number),
+            Tag::Plain | Tag::Escaped => {
+                Value::String(self.as_str().unwrap_or_default().into_owned())
+            }
+            Tag::Array => Value::Array(
+                self.as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e.to_value())
+                    .collect(),
+            ),
+            Tag::Object => Value::Object(
+                self.as_object()
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.into_owned(), v.to_value()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The value as compact JSON text: what `serde_json` writes for
+    /// [`Json::to_value`], taken from the document's text when that is the
+    /// same bytes (no escapes to normalize, integers only), else written
+    /// from the tree.
+    pub fn to_compact_string(&self) -> String {
+        let canonical = (self.i..self.after()).all(|i| {
+            let n = self.nodes[i];
+            match n.tag {
+                Tag::Escaped => false,
+                Tag::Number => {
+                    let t = &self.text.as_bytes()[n.start as usize..n.end as usize];
+                    t.len() < 19 && t.iter().all(|c| c.is_ascii_digit() || *c == b'-')
+                }
+                // A repeated key reads as one member.
+                Tag::Object => {
+                    let keys: Vec<&str> = self
+                        .at(i)
+                        .as_object()
+                        .into_iter()
+                        .flat_map(Members::raw_keys)
+                        .map(|(k, _)| k.raw())
+                        .collect();
+                    keys.len() <= 64 && keys.iter().enumerate().all(|(j, k)| !keys[..j].contains(k))
+                }
+                _ => true,
+            }
+        });
+        if !canonical {
+            return self.to_value().to_string();
+        }
+        let raw = self.raw();
+        let mut out = String::with_capacity(raw.len());
+        let mut in_string = false;
+        for c in raw.chars() {
+            match c {
+                '"' => {
+                    in_string = !in_string;
+                    out.push(c);
+                }
+                ' ' | '\n' | '\r' | '\t' if !in_string => {}
+                _ => out.push(c),
+            }
+        }
+        out
+    }
+}
+
+/// An array's elements.
+#[derive(Clone, Copy, Debug)]
+pub struct Elements<'d> {
+    at: Json<'d>,
+    end: usize,
+}
+
+impl<'d> Iterator for Elements<'d> {
+    type Item = Json<'d>;
+
+    fn next(&mut self) -> Option<Json<'d>> {
+        if self.at.i >= self.end {
+            return None;
+        }
+        let v = self.at;
+        self.at = v.at(v.after());
+        Some(v)
+    }
+}
+
+/// An object's members.
+#[derive(Clone, Copy, Debug)]
+pub struct Members<'d> {
+    at: Json<'d>,
+    end: usize,
+}
+
+impl<'d> Members<'d> {
+    /// The members with their keys as handles (no unescaping).
+    fn raw_keys(self) -> impl Iterator<Item = (Json<'d>, Json<'d>)> {
+        let mut at = self.at;
+        let end = self.end;
+        std::iter::from_fn(move || {
+            if at.i >= end {
+                return None;
+            }
+            let key = at;
+            let value = at.at(at.i + 1);
+            at = value.at(value.after());
+            Some((key, value))
+        })
+    }
+}
+
+impl<'d> Iterator for Members<'d> {
+    type Item = (Cow<'d, str>, Json<'d>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.at.i >= self.end {
+            return None;
+        }
+        let key = self.at;
+        let value = key.at(key.i + 1);
+        self.at = value.at(value.after());
+        Some((key.as_str().unwrap_or_default(), value))
+    }
+}
+
+/// The text of a string's escaped inside (valid: [`Doc::parse`] checked
+/// it).
+fn unescape(inner: &str) -> String {
+    let b = inner.as_bytes();
+    let mut out = String::with_capacity(inner.len());
+    let mut i = 0;
+    while i < b.len() {
+        let plain_end = b[i..]
+            .iter()
+            .position(|c| *c == b'\\')
+            .map_or(b.len(), |p| i + p);
+        out.push_str(&inner[i..plain_end]);
+        i = plain_end;
+        if i >= b.len() {
+            break;
+        }
+        let c = match b[i + 1] {
+            b'n' => '\n',
+            b't' => '\t',
+            b'r' => '\r',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'u' => {
+                let hex = |at: usize| u32::from_str_radix(&inner[at..at + 4], 16).unwrap_or(0);
+                let unit = hex(i + 2);
+                if (0xD800..0xDC00).contains(&unit) {
+                    let low = hex(i + 8);
+                    i += 6;
+                    char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))
+                        .unwrap_or('\u{FFFD}')
+                } else {
+                    char::from_u32(unit).unwrap_or('\u{FFFD}')
+                }
+            }
+            other => char::from(other),
+        };
+        out.push(c);
+        i += if b[i + 1] == b'u' { 6 } else { 2 };
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use super::*;
+
+/// The document's value rebuilt from the handle's accessors alone (not
+/// `to_value`, which defers to serde_json for containers).
+fn rebuild(j: Json<'_>) -> Value {
+    match j.kind() {
+        Kind::Null => Value::Null,
+        Kind::Bool => Value::Bool(j.as_bool().unwrap()),
+        Kind::Number => serde_json::from_str(j.raw()).unwrap(),
+        Kind::String => Value::String(j.as_str().unwrap().into_owned()),
+        Kind::Array => Value::Array(j.as_array().unwrap().map(rebuild).collect()),
+        Kind::Object => {
+            let mut m = serde_json::Map::new();
+            for (k, v) in j.as_object().unwrap() {
+                m.insert(k.into_owned(), rebuild(v));
+            }
+            Value::Object(m)
+        }
+    }
+}
+
+fn parse(text: &str) -> Result<Value, JsonError> {
+    Doc::parse(text.as_bytes()).map(|d| rebuild(d.root()))
+}
+
+#[test]
+fn reads_what_serde_json_reads() {
+    for text in [
+        r#"{"a": [1, -2.5e3, true, false, null, "x"], "b": {"c": {}}, "d": []}"#,
+        r#"  "tab\there \"q\" \\ \/ \b\f\n\r \u00e9 \ud83d\ude00 é"  "#,
+        "0",
+        "-0.0E+1",
+        r#"[[[[]]], {"": ""}]"#,
+        r#"{"k": 1, "k": 2}"#,
+        r#"{ "a" : [ 1 , 2 ] , "s": "x y\t" , "n": -12 }"#,
+        r#"{"f": 1.50, "e": 1e3, "big": 123456789012345678901, "u": "\u00e9\/"}"#,
+    ] {
+        let want: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(parse(text).unwrap(), want, "{text}");
+        let doc = Doc::parse(text.as_bytes()).unwrap();
+        assert_eq!(doc.root().to_value(), want);
+        assert_eq!(doc.root().to_compact_string(), want.to_string());
+    }
+}
+
+#[test]
+fn refuses_what_serde_json_refuses() {
+    for text in [
+        "",
+        " ",
+        "{",
+        "[1,]",
+        "{\"a\":1,}",
+        "{\"a\" 1}",
+        "{1: 2}",
+        "01",
+        "1.",
+        "1e",
+        "-",
+        ".5",
+        "tru",
+        "nul",
+        "\"abc",
+        "\"a\nb\"",
+        "\"\\x\"",
+        "\"\\u12\"",
+        "\"\\ud800\"",
+        "\"\\ud800\\u0041\"",
+        "\"\\udc00\"",
+        "[1] [2]",
+        "{} x",
+    ] {
+        assert!(
+            serde_json::from_str::<Value>(text).is_err(),
+            "serde_json reads {text:?}"
+        );
+        assert!(Doc::parse(text.as_bytes()).is_err(), "{text:?}");
+    }
+    assert!(Doc::parse(b"\"\xff\"").is_err());
+    let deep = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
+    assert!(Doc::parse(deep.as_bytes()).is_ok());
+    let deeper = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
+    let err = Doc::parse(deeper.as_bytes()).unwrap_err();
+    assert_eq!(err.what, "nesting too deep");
+}
+
+#[test]
+fn accessors_follow_serde_json_value() {
+    let doc = Doc::parse(
+        br#"{"n": 7, "neg": -3, "f": 1.5, "big": 18446744073709551616, "s": "a\nb", "p": "plain", "k": 1, "k": 2}"#,
+    )
+    .unwrap();
+    let r = doc.root();
+    let v: Value = serde_json::from_str(r.raw()).unwrap();
+    for key in ["n", "neg", "f", "big", "s", "p", "k", "missing"] {
+        let j = r.get(key);
+        let want = v.get(key);
+        assert_eq!(
+            j.and_then(|j| j.as_u64()),
+            want.and_then(Value::as_u64),
+            "{key}"
+        );
+        assert_eq!(
+            j.and_then(|j| j.as_i64()),
+            want.and_then(Value::as_i64),
+            "{key}"
+        );
+        assert_eq!(
+            j.and_then(|j| j.as_f64()),
+            want.and_then(Value::as_f64),
+            "{key}"
+        );
+        assert_eq!(
+            j.and_then(|j| j.as_str()).as_deref(),
+            want.and_then(Value::as_str),
+            "{key}"
+        );
+    }
+    assert!(matches!(
+        r.get("p").unwrap().as_str(),
+        Some(Cow::Borrowed("plain"))
+    ));
+    assert!(r.get("s").unwrap().is_str("a\nb"));
+    assert_eq!(r.get("s").unwrap().raw(), r#""a\nb""#);
+    assert_eq!(r.as_object().unwrap().count(), 8);
+    assert!(r.get("n").unwrap().get("x").is_none());
+    assert!(r.as_array().is_none());
+}
+
+fn arb_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>()
+            .prop_filter("finite", |f| f.is_finite())
+            .prop_map(|f| json!(f)),
+        any::<String>().prop_map(Value::String),
+        "[\"\\\\\n\t\u{0}-\u{1f}é😀]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::vec(("[a-z\"\\\\\n]{0,4}", inner), 0..6)
+                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn round_trips_any_value(v in arb_json(), pretty in any::<bool>()) {
+        let text = if pretty { serde_json::to_string_pretty(&v) } else { serde_json::to_string(&v) }.unwrap();
+        // serde_json's reading of the text, not `v`: its float parsing does
+        // not always round-trip, and numbers are read the same way here.
+        let want: Value = serde_json::from_str(&text).unwrap();
+        prop_assert_eq!(parse(&text).unwrap(), want.clone());
+        let doc = Doc::parse(text.as_bytes()).unwrap();
+        prop_assert_eq!(doc.root().to_value(), want.clone());
+        prop_assert_eq!(doc.root().raw(), text.as_str());
+        prop_assert_eq!(doc.root().to_compact_string(), want.to_string());
+    }
+
+    #[test]
+    fn never_panics_and_agrees_on_validity(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+        let ours = Doc::parse(&bytes).is_ok();
+        let theirs = serde_json::from_slice::<Value>(&bytes).is_ok();
+        prop_assert_eq!(ours, theirs);
+    }
+
+    #[test]
+    fn agrees_on_validity_of_mutated_json(v in arb_json(), at in any::<prop::sample::Index>(), b in any::<u8>()) {
+        let mut bytes = serde_json::to_vec(&v).unwrap();
+        let i = at.index(bytes.len());
+        bytes[i] = b;
+        prop_assert_eq!(Doc::parse(&bytes).is_ok(), serde_json::from_slice::<Value>(&bytes).is_ok());
+    }
+}
