@@ -132,26 +132,47 @@ struct Parser<'a> {
     nodes: Vec<Node>,
 }
 
-/// Whether any byte of `w` is below 0x20, a quote or a backslash.
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The eight bytes of `b` at `i`, as a little-endian word.
 #[inline]
-fn special_in(w: u64) -> bool {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    let zero_in = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+fn word(b: &[u8], i: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[i..i + 8]);
+    u64::from_le_bytes(w)
+}
+
+/// High bits set in `w`'s bytes equal to `c`. Above the lowest byte
+/// flagged, flags can be false (borrows); the lowest one is exact.
+#[inline]
+fn bytes_equal(w: u64, c: u8) -> u64 {
+    let x = w ^ (ONES * u64::from(c));
+    x.wrapping_sub(ONES) & !x & HIGHS
+}
+
+/// High bits set in `w`'s bytes below 0x20, quotes and backslashes (the
+/// lowest one exact, as for [`bytes_equal`]).
+#[inline]
+fn special_bytes(w: u64) -> u64 {
     let below_space = w.wrapping_sub(ONES * 0x20) & !w & HIGHS;
-    (below_space | zero_in(w ^ (ONES * u64::from(b'"'))) | zero_in(w ^ (ONES * u64::from(b'\\'))))
-        != 0
+    below_space | bytes_equal(w, b'"') | bytes_equal(w, b'\\')
+}
+
+/// Offset of the lowest byte flagged in a non-zero mask.
+#[inline]
+fn lowest(mask: u64) -> usize {
+    (mask.trailing_zeros() / 8) as usize
 }
 
 /// Position of the first byte at or after `i` that is below 0x20, a quote
-/// or a backslash (`b.len()` if none).
+/// or a backslash (`b.len()` if none), eight bytes at a time.
 #[inline]
-fn skip_plain(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_plain(b: &[u8], mut i: usize) -> usize {
     while i + 8 <= b.len() {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&b[i..i + 8]);
-        if special_in(u64::from_le_bytes(w)) {
-            break;
+        let m = special_bytes(word(b, i));
+        if m != 0 {
+            return i + lowest(m);
         }
         i += 8;
     }
@@ -159,6 +180,19 @@ fn skip_plain(b: &[u8], mut i: usize) -> usize {
         i += 1;
     }
     i
+}
+
+/// Position of the first backslash at or after `i` (`b.len()` if none),
+/// eight bytes at a time.
+fn find_backslash(b: &[u8], mut i: usize) -> usize {
+    while i + 8 <= b.len() {
+        let m = bytes_equal(word(b, i), b'\\');
+        if m != 0 {
+            return i + lowest(m);
+        }
+        i += 8;
+    }
+    b[i..].iter().position(|c| *c == b'\\').map_or(b.len(), |p| i + p)
 }
 
 #[allow(
@@ -260,24 +294,38 @@ impl Parser<'_> {
 
     /// A string at `self.i` (its opening quote): pushed as a node.
     fn string(&mut self) -> Result<(), JsonError> {
-        self.i += 1;
-        let start = self.i;
+        let b = self.b;
+        let start = self.i + 1;
+        let mut i = start;
         let mut escaped = false;
         loop {
-            self.i = skip_plain(self.b, self.i);
-            match self.b.get(self.i) {
-                None => return Err(self.err("unterminated string")),
+            i = skip_plain(b, i);
+            match b.get(i) {
                 Some(b'"') => break,
                 Some(b'\\') => {
                     escaped = true;
-                    self.escape()?;
+                    if let Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') = b.get(i + 1)
+                    {
+                        i += 2;
+                    } else {
+                        self.i = i;
+                        self.escape()?;
+                        i = self.i;
+                    }
                 }
-                Some(_) => return Err(self.err("control character in string")),
+                None => {
+                    self.i = i;
+                    return Err(self.err("unterminated string"));
+                }
+                Some(_) => {
+                    self.i = i;
+                    return Err(self.err("control character in string"));
+                }
             }
         }
         let tag = if escaped { Tag::Escaped } else { Tag::Plain };
-        self.push(tag, start, self.i);
-        self.i += 1;
+        self.push(tag, start, i);
+        self.i = i + 1;
         Ok(())
     }
 
@@ -604,36 +652,60 @@ impl<'d> Json<'d> {
                     t.len() < 19 && t.iter().all(|c| c.is_ascii_digit() || *c == b'-')
                 }
                 // A repeated key reads as one member.
-                Tag::Object => {
-                    let keys: Vec<&str> = self
-                        .at(i)
-                        .as_object()
-                        .into_iter()
-                        .flat_map(Members::raw_keys)
-                        .map(|(k, _)| k.raw())
-                        .collect();
-                    keys.len() <= 64 && keys.iter().enumerate().all(|(j, k)| !keys[..j].contains(k))
-                }
+                Tag::Object => self.at(i).keys_distinct(),
                 _ => true,
             }
         });
         if !canonical {
             return self.to_value().to_string();
         }
-        let raw = self.raw();
-        let mut out = String::with_capacity(raw.len());
-        let mut in_string = false;
-        for c in raw.chars() {
-            match c {
-                '"' => {
-                    in_string = !in_string;
-                    out.push(c);
-                }
-                ' ' | '\n' | '\r' | '\t' if !in_string => {}
-                _ => out.push(c),
-            }
-        }
+        let mut out = String::with_capacity(self.raw().len());
+        self.write_compact(&mut out);
         out
+    }
+
+    /// Whether an object's keys are all different (at most 64 of them are
+    /// compared; more count as not).
+    fn keys_distinct(&self) -> bool {
+        let Some(members) = self.as_object() else {
+            return true;
+        };
+        let mut seen: [&str; 64] = [""; 64];
+        for (n, (k, _)) in members.raw_keys().enumerate() {
+            let k = k.raw();
+            if n == seen.len() || seen[..n].contains(&k) {
+                return false;
+            }
+            seen[n] = k;
+        }
+        true
+    }
+
+    /// Appends the value's tokens without whitespace.
+    fn write_compact(&self, out: &mut String) {
+        if let Some(elements) = self.as_array() {
+            out.push('[');
+            for (n, e) in elements.enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                e.write_compact(out);
+            }
+            out.push(']');
+        } else if let Some(members) = self.as_object() {
+            out.push('{');
+            for (n, (k, v)) in members.raw_keys().enumerate() {
+                if n > 0 {
+                    out.push(',');
+                }
+                out.push_str(k.raw());
+                out.push(':');
+                v.write_compact(out);
+            }
+            out.push('}');
+        } else {
+            out.push_str(self.raw());
+        }
     }
 }
 
@@ -695,6 +767,52 @@ impl<'d> Iterator for Members<'d> {
     }
 }
 
+/// Appends `s` as a JSON string: the bytes `serde_json` writes for it.
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    write_str_contents(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped as inside a JSON string, as `serde_json` escapes it
+/// (short escapes for `\b \f \n \r \t`, `\u00xx` for other control
+/// characters); runs without anything to escape are copied whole.
+pub fn write_str_contents(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let b = s.as_bytes();
+    out.reserve(b.len() + b.len() / 16);
+    let mut start = 0;
+    loop {
+        let i = skip_plain(b, start);
+        out.extend_from_slice(&b[start..i]);
+        let Some(&c) = b.get(i) else { break };
+        let short = match c {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0x08 => b'b',
+            0x0c => b'f',
+            _ => 0,
+        };
+        if short == 0 {
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(c >> 4)],
+                HEX[usize::from(c & 0xf)],
+            ]);
+        } else {
+            out.extend_from_slice(&[b'\\', short]);
+        }
+        start = i + 1;
+    }
+}
+
 /// The text of a string's escaped inside (valid: [`Doc::parse`] checked
 /// it).
 fn unescape(inner: &str) -> String {
@@ -702,37 +820,33 @@ fn unescape(inner: &str) -> String {
     let mut out = String::with_capacity(inner.len());
     let mut i = 0;
     while i < b.len() {
-        let plain_end = b[i..]
-            .iter()
-            .position(|c| *c == b'\\')
-            .map_or(b.len(), |p| i + p);
+        let plain_end = find_backslash(b, i);
         out.push_str(&inner[i..plain_end]);
         i = plain_end;
         if i >= b.len() {
             break;
         }
-        let c = match b[i + 1] {
-            b'n' => '\n',
-            b't' => '\t',
-            b'r' => '\r',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
+        let (c, len) = match b[i + 1] {
+            b'n' => ('\n', 2),
+            b't' => ('\t', 2),
+            b'r' => ('\r', 2),
+            b'b' => ('\u{8}', 2),
+            b'f' => ('\u{c}', 2),
             b'u' => {
                 let hex = |at: usize| u32::from_str_radix(&inner[at..at + 4], 16).unwrap_or(0);
                 let unit = hex(i + 2);
                 if (0xD800..0xDC00).contains(&unit) {
                     let low = hex(i + 8);
-                    i += 6;
-                    char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))
-                        .unwrap_or('\u{FFFD}')
+                    let c = char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00));
+                    (c.unwrap_or('\u{FFFD}'), 12)
                 } else {
-                    char::from_u32(unit).unwrap_or('\u{FFFD}')
+                    (char::from_u32(unit).unwrap_or('\u{FFFD}'), 6)
                 }
             }
-            other => char::from(other),
+            other => (char::from(other), 2),
         };
         out.push(c);
-        i += if b[i + 1] == b'u' { 6 } else { 2 };
+        i += len;
     }
     out
 }

@@ -20,25 +20,38 @@ pub fn streams_upstream(dialect: Dialect) -> bool {
 /// The JSON body of `POST /v1/chat/completions` for `req` (see
 /// [`super::wire::chat_body_bytes`] for the same body serialized directly).
 pub fn chat_body(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Value {
-    body_with(
-        cfg,
-        req,
-        mode,
-        Value::Array(req.messages.iter().map(message).collect()),
-    )
+    body_with(cfg, req, mode, Conversation::Tree)
 }
 
-/// The body with `messages` given.
+/// How [`body_with`] renders the conversation (`messages` and `tools`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Conversation {
+    /// As JSON trees.
+    Tree,
+    /// As `null` placeholders, keeping their places, for a writer that
+    /// renders them itself.
+    Placeholders,
+}
+
+/// The body, with the conversation rendered as `conversation` says.
 pub(super) fn body_with(
     cfg: &BackendConfig,
     req: &ChatRequest,
     mode: SamplingMode,
-    messages: Value,
+    conversation: Conversation,
 ) -> Value {
+    let tree = conversation == Conversation::Tree;
     let mut body = Map::new();
     body.insert("model".into(), json!(cfg.map_model(&req.model)));
+    let messages = if tree {
+        Value::Array(req.messages.iter().map(message).collect())
+    } else {
+        Value::Null
+    };
     body.insert("messages".into(), messages);
-    if !req.tools.is_empty() {
+    if !req.tools.is_empty() && !tree {
+        body.insert("tools".into(), Value::Null);
+    } else if !req.tools.is_empty() {
         let tools = req
             .tools
             .iter()

@@ -1,213 +1,205 @@
-//! The backend's request body serialized straight from the normalized
-//! request, without building a JSON tree of the conversation first: the
+//! The backend's request body written straight from the normalized
+//! request as bytes, without building a JSON tree of the conversation: the
 //! exact bytes of `request::chat_body(..).to_string()`, at a fraction of the
-//! cost for long conversations (the conversation is most of the body).
+//! cost for long conversations (the conversation is most of the body, and
+//! its text is escaped by [`json_doc::write_str`], which skips plain runs
+//! eight bytes at a time).
 
 use serde::Serialize;
-use serde::ser::{SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
-use super::request::body_with;
+use super::request::{Conversation, body_with};
 use super::{BackendConfig, SamplingMode};
-use crate::chat::{ChatRequest, Message, Part, Role, ToolCall};
+use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolCall};
+use crate::json_doc::{self, write_str};
 
 /// The body of `POST /v1/chat/completions` for `req`, as bytes.
 pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Vec<u8> {
-    let shell = body_with(cfg, req, mode, Value::Array(Vec::new()));
-    let body = Body {
-        shell: &shell,
-        messages: &req.messages,
-    };
-    // Serializing these types cannot fail (string keys, no non-finite
-    // floats are produced by `body_with`'s numbers); an empty body would be
-    // refused by the backend with a clear error if it ever did.
-    serde_json::to_vec(&body).unwrap_or_default()
-}
-
-/// The shell's entries in order, with `messages` serialized directly.
-struct Body<'a> {
-    shell: &'a Value,
-    messages: &'a [Message],
-}
-
-impl Serialize for Body<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let Value::Object(map) = self.shell else {
-            return self.shell.serialize(s);
-        };
-        let mut out = s.serialize_map(Some(map.len()))?;
-        for (k, v) in map {
-            if k == "messages" {
-                out.serialize_entry(k, &Messages(self.messages))?;
-            } else {
-                out.serialize_entry(k, v)?;
+    let shell = body_with(cfg, req, mode, Conversation::Placeholders);
+    let text: usize = req
+        .messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .map(|p| match p {
+            Part::Text { text } => text.len(),
+            _ => 256,
+        })
+        .sum();
+    let mut out = Vec::with_capacity(text + text / 16 + 256 * req.messages.len() + 4096);
+    out.push(b'{');
+    if let Value::Object(map) = &shell {
+        for (i, (k, v)) in map.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            write_str(&mut out, k);
+            out.push(b':');
+            match k.as_str() {
+                "messages" => messages(&mut out, &req.messages),
+                "tools" => tools(&mut out, &req.tools),
+                _ => value(&mut out, v),
             }
         }
-        out.end()
+    }
+    out.push(b'}');
+    out
+}
+
+/// `v` as serde_json writes it (writing to a vector cannot fail for the
+/// values here: string keys, finite numbers).
+fn value(out: &mut Vec<u8>, v: &(impl Serialize + ?Sized)) {
+    if serde_json::to_writer(&mut *out, v).is_err() {
+        out.extend_from_slice(b"null");
     }
 }
 
-struct Messages<'a>(&'a [Message]);
+/// `"key":` after a comma unless it is the object's first member.
+fn key(out: &mut Vec<u8>, first: bool, k: &str) {
+    if !first {
+        out.push(b',');
+    }
+    write_str(out, k);
+    out.push(b':');
+}
 
-impl Serialize for Messages<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for m in self.0 {
-            seq.serialize_element(&WireMessage(m))?;
+fn tools(out: &mut Vec<u8>, tools: &[Tool]) {
+    out.push(b'[');
+    for (i, t) in tools.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        seq.end()
+        out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
+        write_str(out, &t.name);
+        if let Some(d) = &t.description {
+            key(out, false, "description");
+            write_str(out, d);
+        }
+        key(out, false, "parameters");
+        value(out, &t.parameters);
+        out.extend_from_slice(b"}}");
     }
+    out.push(b']');
 }
 
-/// One message as `request::message` renders it.
-struct WireMessage<'a>(&'a Message);
+fn messages(out: &mut Vec<u8>, messages: &[Message]) {
+    out.push(b'[');
+    for (i, m) in messages.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        message(out, m);
+    }
+    out.push(b']');
+}
 
 fn text_only(parts: &[Part]) -> bool {
     parts.iter().all(|p| matches!(p, Part::Text { .. }))
 }
 
-impl Serialize for WireMessage<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let m = self.0;
-        let role = match m.role {
-            Role::System | Role::Developer => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-            Role::Tool => "tool",
-        };
-        let mut out = s.serialize_map(None)?;
-        out.serialize_entry("role", role)?;
-        let text_only = text_only(&m.content);
-        let empty = text_only
-            && m.content
-                .iter()
-                .all(|p| matches!(p, Part::Text { text } if text.is_empty()));
-        if m.role == Role::Assistant && empty && !m.tool_calls.is_empty() {
-            out.serialize_entry("content", &Value::Null)?;
-        } else if text_only {
-            match m.content.as_slice() {
-                [Part::Text { text }] => out.serialize_entry("content", text)?,
-                parts => {
-                    let joined: String = parts
-                        .iter()
-                        .filter_map(|p| match p {
-                            Part::Text { text } => Some(text.as_str()),
-                            _ => None,
-                        })
-                        .collect();
-                    out.serialize_entry("content", &joined)?;
-                }
+/// One message as `request::message` renders it.
+fn message(out: &mut Vec<u8>, m: &Message) {
+    let role = match m.role {
+        Role::System | Role::Developer => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    out.push(b'{');
+    key(out, true, "role");
+    write_str(out, role);
+    key(out, false, "content");
+    let text_only = text_only(&m.content);
+    let empty = text_only
+        && m.content
+            .iter()
+            .all(|p| matches!(p, Part::Text { text } if text.is_empty()));
+    if m.role == Role::Assistant && empty && !m.tool_calls.is_empty() {
+        out.extend_from_slice(b"null");
+    } else if text_only {
+        // The parts' texts joined, as one string.
+        out.push(b'"');
+        for p in &m.content {
+            if let Part::Text { text } = p {
+                json_doc::write_str_contents(out, text);
             }
-        } else {
-            out.serialize_entry("content", &Parts(&m.content))?;
         }
-        if let Some(r) = &m.reasoning {
-            out.serialize_entry("reasoning_content", &r.text)?;
-        }
-        if !m.tool_calls.is_empty() {
-            out.serialize_entry("tool_calls", &Calls(&m.tool_calls))?;
-        }
-        if let Some(id) = &m.tool_call_id {
-            out.serialize_entry("tool_call_id", id)?;
-        }
-        if m.role == Role::Tool
-            && let Some(name) = &m.name
-        {
-            out.serialize_entry("name", name)?;
-        }
-        out.end()
+        out.push(b'"');
+    } else {
+        parts(out, &m.content);
     }
+    if let Some(r) = &m.reasoning {
+        key(out, false, "reasoning_content");
+        write_str(out, &r.text);
+    }
+    if !m.tool_calls.is_empty() {
+        key(out, false, "tool_calls");
+        calls(out, &m.tool_calls);
+    }
+    if let Some(id) = &m.tool_call_id {
+        key(out, false, "tool_call_id");
+        write_str(out, id);
+    }
+    if m.role == Role::Tool
+        && let Some(name) = &m.name
+    {
+        key(out, false, "name");
+        write_str(out, name);
+    }
+    out.push(b'}');
 }
 
-struct Parts<'a>(&'a [Part]);
-
-impl Serialize for Parts<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for p in self.0 {
-            match p {
-                Part::Text { text } => seq.serialize_element(&TextPart(text))?,
-                Part::Image {
-                    media_type,
-                    data,
-                    url,
-                } => {
-                    let url = match (url, data) {
-                        (Some(u), _) => u.clone(),
-                        (None, Some(d)) => format!(
+fn parts(out: &mut Vec<u8>, parts: &[Part]) {
+    out.push(b'[');
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match p {
+            Part::Text { text } => {
+                out.extend_from_slice(br#"{"type":"text","text":"#);
+                write_str(out, text);
+                out.push(b'}');
+            }
+            Part::Image {
+                media_type,
+                data,
+                url,
+            } => {
+                out.extend_from_slice(br#"{"type":"image_url","image_url":{"url":"#);
+                match (url, data) {
+                    (Some(u), _) => write_str(out, u),
+                    (None, Some(d)) => write_str(
+                        out,
+                        &format!(
                             "data:{};base64,{d}",
                             media_type.as_deref().unwrap_or("image/png")
                         ),
-                        (None, None) => String::new(),
-                    };
-                    seq.serialize_element(&ImagePart(&url))?;
+                    ),
+                    (None, None) => write_str(out, ""),
                 }
-                Part::Other { value } => seq.serialize_element(value)?,
+                out.extend_from_slice(b"}}");
             }
+            Part::Other { value: v } => value(out, v),
         }
-        seq.end()
     }
+    out.push(b']');
 }
 
-struct TextPart<'a>(&'a str);
-
-impl Serialize for TextPart<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("type", "text")?;
-        m.serialize_entry("text", self.0)?;
-        m.end()
-    }
-}
-
-struct ImagePart<'a>(&'a str);
-
-impl Serialize for ImagePart<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Url<'a>(&'a str);
-        impl Serialize for Url<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut m = s.serialize_map(Some(1))?;
-                m.serialize_entry("url", self.0)?;
-                m.end()
-            }
+fn calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
+    out.push(b'[');
+    for (i, c) in calls.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        let mut m = s.serialize_map(Some(2))?;
-        m.serialize_entry("type", "image_url")?;
-        m.serialize_entry("image_url", &Url(self.0))?;
-        m.end()
+        out.extend_from_slice(br#"{"id":"#);
+        write_str(out, &c.id);
+        out.extend_from_slice(br#","type":"function","function":{"name":"#);
+        write_str(out, &c.name);
+        key(out, false, "arguments");
+        write_str(out, &c.arguments);
+        out.extend_from_slice(b"}}");
     }
-}
-
-struct Calls<'a>(&'a [ToolCall]);
-
-impl Serialize for Calls<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        struct Function<'a>(&'a ToolCall);
-        impl Serialize for Function<'_> {
-            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                let mut m = s.serialize_map(Some(2))?;
-                m.serialize_entry("name", &self.0.name)?;
-                m.serialize_entry("arguments", &self.0.arguments)?;
-                m.end()
-            }
-        }
-        let mut seq = s.serialize_seq(Some(self.0.len()))?;
-        for c in self.0 {
-            struct Call<'a>(&'a ToolCall);
-            impl Serialize for Call<'_> {
-                fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                    let mut m = s.serialize_map(Some(3))?;
-                    m.serialize_entry("id", &self.0.id)?;
-                    m.serialize_entry("type", "function")?;
-                    m.serialize_entry("function", &Function(self.0))?;
-                    m.end()
-                }
-            }
-            seq.serialize_element(&Call(c))?;
-        }
-        seq.end()
-    }
+    out.push(b']');
 }
 
 #[cfg(test)]

@@ -179,3 +179,39 @@ proptest! {
         prop_assert_eq!(Doc::parse(&bytes).is_ok(), serde_json::from_slice::<Value>(&bytes).is_ok());
     }
 }
+
+proptest! {
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them(
+        s in "(?s:.{0,40})",
+        plain in "[a-z ]{0,20}",
+        controls in prop::collection::vec(0u8..0x20, 0..4),
+    ) {
+        let mut text = plain.clone();
+        for c in &controls {
+            text.push(char::from(*c));
+            text.push_str(&s);
+            text.push_str(&plain);
+        }
+        for t in [s.as_str(), plain.as_str(), text.as_str()] {
+            let mut out = Vec::new();
+            write_str(&mut out, t);
+            prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(t).unwrap());
+        }
+    }
+}
+
+#[test]
+fn every_byte_is_escaped_as_serde_json_escapes_it() {
+    let all: String = (0u8..0x80).map(char::from).chain(['é', '😀', '\u{7f}']).collect();
+    for len in [all.len(), 7, 8, 9, 16, 17] {
+        for start in 0..all.len() {
+            let Some(piece) = all.get(start..(start + len).min(all.len())) else {
+                continue;
+            };
+            let mut out = Vec::new();
+            write_str(&mut out, piece);
+            assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(piece).unwrap());
+        }
+    }
+}
