@@ -26,19 +26,25 @@
 //! The stream encoder buffers each call until it is complete (Gemini never
 //! streams partial arguments).
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::read::{
+    array_field, body_object, bool_field, field_is, rest, stop_list, str_field, string_field,
+    u32_of,
+};
 use super::{
     ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
-    arguments_object, body_object, effective_finish, push_indexed, rest, sse, stop_list, str_field,
-    u32_field,
+    arguments_object, effective_finish, push_indexed, sse,
 };
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -50,11 +56,8 @@ impl super::Protocol for Gemini {
     const API: Api = Api::Gemini;
     type Encoder = Encoder;
 
-    fn parse_request(
-        call: &ModelCall,
-        body: crate::json_doc::Json<'_>,
-    ) -> Result<ParsedRequest, ProviderError> {
-        parse_request(call, &body.to_value())
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
+        parse_request(call, body)
     }
 
     fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Value {
@@ -71,8 +74,14 @@ impl super::Protocol for Gemini {
 }
 
 /// `obj[camel]`, or `obj[snake]`.
-fn get2<'a>(obj: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a Value> {
+fn get2<'d>(obj: Json<'d>, camel: &str, snake: &str) -> Option<Json<'d>> {
     obj.get(camel).or_else(|| obj.get(snake))
+}
+
+/// `obj[camel]` or `obj[snake]` if that is an object (no fallback to
+/// `snake` when `camel` is there but not an object).
+fn get2_object<'d>(obj: Json<'d>, camel: &str, snake: &str) -> Option<Json<'d>> {
+    get2(obj, camel, snake).filter(|v| v.is_object())
 }
 
 // ---------------------------------------------------------------- request conversion
@@ -84,16 +93,17 @@ struct Pending {
     answered: bool,
 }
 
-fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
     let model = call
         .path_model
         .clone()
-        .or_else(|| str_field(obj, "model").map(str::to_owned))
+        .or_else(|| string_field(obj, "model"))
         .map(|m| m.strip_prefix("models/").map(str::to_owned).unwrap_or(m))
         .ok_or_else(|| ProviderError::invalid("model: not in the path"))?;
-    let contents = get2(obj, "contents", "contents")
-        .and_then(Value::as_array)
+    let contents = obj
+        .get("contents")
+        .and_then(|c| c.as_array())
         .ok_or_else(|| ProviderError::invalid("contents: field required"))?;
     let mut extra = rest(
         obj,
@@ -113,27 +123,21 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
 
     if let Some(si) = get2(obj, "systemInstruction", "system_instruction") {
         let mut m = empty(Role::System);
-        match si {
-            Value::String(s) => m.content.push(Part::Text { text: s.clone() }),
-            Value::Object(o) => {
-                for (k, p) in o
-                    .get("parts")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .enumerate()
-                {
-                    let (part, fields) = plain_part(p);
-                    m.content.push(part);
-                    push_indexed(&mut m.extra, "part_extra", k, fields);
-                }
-                m.extra.extend(rest(o, &["parts", "role"]));
+        if let Some(s) = si.as_str() {
+            m.content.push(Part::Text {
+                text: s.into_owned(),
+            });
+        } else if si.is_object() {
+            for (k, p) in array_field(si, "parts").enumerate() {
+                let (part, fields) = plain_part(p);
+                m.content.push(part);
+                push_indexed(&mut m.extra, "part_extra", k, fields);
             }
-            _ => {
-                return Err(ProviderError::invalid(
-                    "systemInstruction: must be a string or a content object",
-                ));
-            }
+            m.extra.extend(rest(si, &["parts", "role"]));
+        } else {
+            return Err(ProviderError::invalid(
+                "systemInstruction: must be a string or a content object",
+            ));
         }
         if !m.content.is_empty() {
             messages.push(m);
@@ -141,19 +145,18 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     }
 
     let mut pending: Vec<Pending> = Vec::new();
-    for (turn, c) in contents.iter().enumerate() {
-        let at = format!("contents[{turn}]");
-        let cobj = c
-            .as_object()
-            .ok_or_else(|| ProviderError::invalid(format!("{at}: must be an object")))?;
-        let parts = cobj
-            .get("parts")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let turn_extra = rest(cobj, &["role", "parts"]);
+    for (turn, c) in contents.enumerate() {
+        let at = || format!("contents[{turn}]");
+        if !c.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}: must be an object",
+                at()
+            )));
+        }
+        let parts = array_field(c, "parts");
+        let turn_extra = rest(c, &["role", "parts"]);
         let start = messages.len();
-        match str_field(cobj, "role") {
+        match str_field(c, "role").as_deref() {
             Some("model") => {
                 let m = model_turn(turn, parts, &mut pending);
                 messages.push(m);
@@ -163,7 +166,8 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
             }
             Some(other) => {
                 return Err(ProviderError::invalid(format!(
-                    "{at}.role: unknown role {other:?}"
+                    "{}.role: unknown role {other:?}",
+                    at()
                 )));
             }
         }
@@ -174,32 +178,31 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
 
     let mut tools = Vec::new();
     let mut other_tools = Vec::new();
-    for t in obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let Some(to) = t.as_object() else { continue };
+    for t in array_field(obj, "tools") {
+        if !t.is_object() {
+            continue;
+        }
         let decls =
-            get2(to, "functionDeclarations", "function_declarations").and_then(Value::as_array);
+            get2(t, "functionDeclarations", "function_declarations").and_then(|d| d.as_array());
         for d in decls.into_iter().flatten() {
-            let Some(d) = d.as_object() else { continue };
+            if !d.is_object() {
+                continue;
+            }
             let parameters = match (
                 get2(d, "parametersJsonSchema", "parameters_json_schema"),
                 d.get("parameters"),
             ) {
-                (Some(s), _) => s.clone(),
+                (Some(s), _) => s.to_value(),
                 (None, Some(p)) => lower_types(p),
                 (None, None) => json!({"type": "object", "properties": {}}),
             };
             tools.push(Tool {
-                name: str_field(d, "name").unwrap_or("").to_owned(),
-                description: str_field(d, "description").map(str::to_owned),
+                name: string_field(d, "name").unwrap_or_default(),
+                description: string_field(d, "description"),
                 parameters,
             });
         }
-        let others = rest(to, &["functionDeclarations", "function_declarations"]);
+        let others = rest(t, &["functionDeclarations", "function_declarations"]);
         if !others.is_empty() {
             other_tools.push(Value::Object(others));
         }
@@ -210,37 +213,32 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
 
     let mut tool_choice = None;
     if let Some(tc) = get2(obj, "toolConfig", "tool_config") {
-        let fcc = tc
-            .get("functionCallingConfig")
-            .or_else(|| tc.get("function_calling_config"));
-        let mode = fcc.and_then(|f| f.get("mode")).and_then(Value::as_str);
-        let allowed: Vec<&str> = fcc
-            .and_then(|f| {
-                f.get("allowedFunctionNames")
-                    .or_else(|| f.get("allowed_function_names"))
-            })
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
+        let fcc = get2(tc, "functionCallingConfig", "function_calling_config");
+        let mode = fcc.and_then(|f| str_field(f, "mode"));
+        let allowed: Vec<Cow<'_, str>> = fcc
+            .and_then(|f| get2(f, "allowedFunctionNames", "allowed_function_names"))
+            .and_then(|a| a.as_array())
+            .map(|a| a.filter_map(|n| n.as_str()).collect())
             .unwrap_or_default();
-        tool_choice = match (mode, allowed.as_slice()) {
+        tool_choice = match (mode.as_deref(), allowed.as_slice()) {
             (Some("AUTO"), _) => Some(ToolChoice::Auto),
             (Some("NONE"), _) => Some(ToolChoice::None),
             (Some("ANY"), [one]) => Some(ToolChoice::Tool {
-                name: (*one).to_owned(),
+                name: one.to_string(),
             }),
             (Some("ANY" | "VALIDATED"), _) => Some(ToolChoice::Required),
             _ => None,
         };
-        extra.insert("toolConfig".into(), tc.clone());
+        extra.insert("toolConfig".into(), tc.to_value());
     }
 
-    let gc = get2(obj, "generationConfig", "generation_config").and_then(Value::as_object);
+    let gc = get2_object(obj, "generationConfig", "generation_config");
     let g = |camel: &str, snake: &str| gc.and_then(|o| get2(o, camel, snake));
     let sampling = Sampling {
-        max_tokens: u32_field(g("maxOutputTokens", "max_output_tokens")),
-        temperature: g("temperature", "temperature").and_then(Value::as_f64),
-        top_p: g("topP", "top_p").and_then(Value::as_f64),
-        top_k: u32_field(g("topK", "top_k")),
+        max_tokens: u32_of(g("maxOutputTokens", "max_output_tokens")),
+        temperature: g("temperature", "temperature").and_then(|v| v.as_f64()),
+        top_p: g("topP", "top_p").and_then(|v| v.as_f64()),
+        top_k: u32_of(g("topK", "top_k")),
         stop: stop_list(g("stopSequences", "stop_sequences")),
     };
     if let Some(gc) = gc {
@@ -286,86 +284,103 @@ fn empty(role: Role) -> Message {
 }
 
 /// OpenAPI-style schema types (`OBJECT`, `STRING`) lowercased, recursively.
-fn lower_types(v: &Value) -> Value {
-    match v {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .map(|(k, v)| match (k.as_str(), v) {
-                    ("type", Value::String(s)) => {
-                        (k.clone(), Value::String(s.to_ascii_lowercase()))
-                    }
-                    _ => (k.clone(), lower_types(v)),
+fn lower_types(v: Json<'_>) -> Value {
+    if let Some(members) = v.as_object() {
+        return Value::Object(
+            members
+                .map(|(k, v)| {
+                    let lowered = match v.as_str() {
+                        Some(s) if k == "type" => Value::String(s.to_ascii_lowercase()),
+                        _ => lower_types(v),
+                    };
+                    (k.into_owned(), lowered)
                 })
                 .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(lower_types).collect()),
-        other => other.clone(),
+        );
     }
+    match v.as_array() {
+        Some(elements) => Value::Array(elements.map(lower_types).collect()),
+        None => v.to_value(),
+    }
+}
+
+/// The MIME type of an `inlineData`/`fileData` object, if it is an image
+/// type.
+fn image_mime<'d>(d: Json<'d>) -> Option<Cow<'d, str>> {
+    get2(d, "mimeType", "mime_type")
+        .and_then(|m| m.as_str())
+        .filter(|m| m.starts_with("image/"))
 }
 
 /// A text or media part (no calls, responses or thoughts).
-fn plain_part(p: &Value) -> (Part, Map<String, Value>) {
-    let Some(o) = p.as_object() else {
-        return (Part::Other { value: p.clone() }, Map::new());
-    };
-    if let Some(text) = str_field(o, "text") {
-        return (
-            Part::Text {
-                text: text.to_owned(),
+fn plain_part(p: Json<'_>) -> (Part, Map<String, Value>) {
+    let other = || {
+        (
+            Part::Other {
+                value: p.to_value(),
             },
-            rest(o, &["text"]),
+            Map::new(),
+        )
+    };
+    if !p.is_object() {
+        return other();
+    }
+    if let Some(text) = string_field(p, "text") {
+        return (Part::Text { text }, rest(p, &["text"]));
+    }
+    if let Some(d) = get2_object(p, "inlineData", "inline_data")
+        && let Some(mime) = image_mime(d)
+    {
+        return (
+            Part::Image {
+                media_type: Some(mime.into_owned()),
+                data: string_field(d, "data"),
+                url: None,
+            },
+            rest(p, &["inlineData", "inline_data"]),
         );
     }
-    if let Some(Value::Object(d)) = get2(o, "inlineData", "inline_data") {
-        let mime = get2(d, "mimeType", "mime_type").and_then(Value::as_str);
-        if mime.is_some_and(|m| m.starts_with("image/")) {
-            return (
-                Part::Image {
-                    media_type: mime.map(str::to_owned),
-                    data: str_field(d, "data").map(str::to_owned),
-                    url: None,
-                },
-                rest(o, &["inlineData", "inline_data"]),
-            );
-        }
+    if let Some(d) = get2_object(p, "fileData", "file_data")
+        && let Some(mime) = image_mime(d)
+    {
+        return (
+            Part::Image {
+                media_type: Some(mime.into_owned()),
+                data: None,
+                url: get2(d, "fileUri", "file_uri")
+                    .and_then(|u| u.as_str())
+                    .map(Cow::into_owned),
+            },
+            rest(p, &["fileData", "file_data"]),
+        );
     }
-    if let Some(Value::Object(d)) = get2(o, "fileData", "file_data") {
-        let mime = get2(d, "mimeType", "mime_type").and_then(Value::as_str);
-        if mime.is_some_and(|m| m.starts_with("image/")) {
-            return (
-                Part::Image {
-                    media_type: mime.map(str::to_owned),
-                    data: None,
-                    url: get2(d, "fileUri", "file_uri")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                },
-                rest(o, &["fileData", "file_data"]),
-            );
-        }
-    }
-    (Part::Other { value: p.clone() }, Map::new())
+    other()
 }
 
-fn model_turn(turn: usize, parts: &[Value], pending: &mut Vec<Pending>) -> Message {
+fn model_turn<'d>(
+    turn: usize,
+    parts: impl Iterator<Item = Json<'d>>,
+    pending: &mut Vec<Pending>,
+) -> Message {
     let mut m = empty(Role::Assistant);
     let mut signatures = Vec::new();
-    for (k, p) in parts.iter().enumerate() {
-        let Some(o) = p.as_object() else {
-            m.content.push(Part::Other { value: p.clone() });
+    let sig_keys = ["thoughtSignature", "thought_signature"];
+    for (k, p) in parts.enumerate() {
+        if !p.is_object() {
+            m.content.push(Part::Other {
+                value: p.to_value(),
+            });
             continue;
-        };
-        if let Some(sig) = get2(o, "thoughtSignature", "thought_signature").and_then(Value::as_str)
-        {
-            signatures.push((k, sig.to_owned()));
         }
-        let sig_keys = ["thoughtSignature", "thought_signature"];
-        if let Some(Value::Object(fc)) = get2(o, "functionCall", "function_call") {
-            let id = str_field(fc, "id")
-                .map(str::to_owned)
-                .unwrap_or_else(|| format!("gemini-call-{turn}-{k}"));
-            let name = str_field(fc, "name").unwrap_or("").to_owned();
-            let args = fc.get("args").cloned().unwrap_or_else(|| json!({}));
+        if let Some(sig) = get2(p, sig_keys[0], sig_keys[1]).and_then(|s| s.as_str()) {
+            signatures.push((k, sig.into_owned()));
+        }
+        if let Some(fc) = get2_object(p, "functionCall", "function_call") {
+            let id = string_field(fc, "id").unwrap_or_else(|| format!("gemini-call-{turn}-{k}"));
+            let name = string_field(fc, "name").unwrap_or_default();
+            let arguments = fc
+                .get("args")
+                .map_or_else(|| "{}".to_owned(), |args| args.to_compact_string());
             pending.push(Pending {
                 id: id.clone(),
                 name: name.clone(),
@@ -374,27 +389,30 @@ fn model_turn(turn: usize, parts: &[Value], pending: &mut Vec<Pending>) -> Messa
             m.tool_calls.push(ToolCall {
                 id,
                 name,
-                arguments: args.to_string(),
+                arguments,
             });
             let mut fields = rest(
-                o,
+                p,
                 &["functionCall", "function_call", sig_keys[0], sig_keys[1]],
             );
             fields.extend(rest(fc, &["id", "name", "args"]));
             push_indexed(&mut m.extra, "part_extra", k, fields);
-        } else if o.get("thought").and_then(Value::as_bool) == Some(true) {
+        } else if bool_field(p, "thought") == Some(true) {
             let r = m.reasoning.get_or_insert_with(Reasoning::default);
-            r.text.push_str(str_field(o, "text").unwrap_or(""));
+            if let Some(text) = str_field(p, "text") {
+                r.text.push_str(&text);
+            }
             push_indexed(
                 &mut m.extra,
                 "part_extra",
                 k,
-                rest(o, &["thought", "text", sig_keys[0], sig_keys[1]]),
+                rest(p, &["thought", "text", sig_keys[0], sig_keys[1]]),
             );
-        } else if o
-            .keys()
-            .all(|key| sig_keys.contains(&key.as_str()) || key == "text")
-            && str_field(o, "text") == Some("")
+        } else if field_is(p, "text", "")
+            && p.as_object()
+                .into_iter()
+                .flatten()
+                .all(|(key, _)| sig_keys.contains(&key.as_ref()) || key == "text")
         {
             // An empty text part that only carries a signature.
         } else {
@@ -419,14 +437,15 @@ fn model_turn(turn: usize, parts: &[Value], pending: &mut Vec<Pending>) -> Messa
     m
 }
 
-fn user_turn(turn: usize, parts: &[Value], pending: &mut [Pending], out: &mut Vec<Message>) {
+fn user_turn<'d>(
+    turn: usize,
+    parts: impl Iterator<Item = Json<'d>>,
+    pending: &mut [Pending],
+    out: &mut Vec<Message>,
+) {
     let mut user: Option<Message> = None;
-    for (k, p) in parts.iter().enumerate() {
-        let fr = p
-            .as_object()
-            .and_then(|o| get2(o, "functionResponse", "function_response"))
-            .and_then(Value::as_object);
-        let Some(fr) = fr else {
+    for (k, p) in parts.enumerate() {
+        let Some(fr) = get2_object(p, "functionResponse", "function_response") else {
             let m = user.get_or_insert_with(|| empty(Role::User));
             let (part, fields) = plain_part(p);
             let index = m.content.len();
@@ -437,13 +456,13 @@ fn user_turn(turn: usize, parts: &[Value], pending: &mut [Pending], out: &mut Ve
         if let Some(u) = user.take() {
             out.push(u);
         }
-        let name = str_field(fr, "name").unwrap_or("").to_owned();
+        let name = string_field(fr, "name").unwrap_or_default();
         let id = match str_field(fr, "id") {
             Some(id) => {
                 if let Some(c) = pending.iter_mut().find(|c| c.id == id) {
                     c.answered = true;
                 }
-                id.to_owned()
+                id.into_owned()
             }
             None => match pending.iter_mut().find(|c| !c.answered && c.name == name) {
                 Some(c) => {
@@ -453,19 +472,16 @@ fn user_turn(turn: usize, parts: &[Value], pending: &mut [Pending], out: &mut Ve
                 None => format!("gemini-result-{turn}-{k}"),
             },
         };
-        let response = fr.get("response").cloned().unwrap_or(Value::Null);
-        let is_error = response
-            .as_object()
-            .is_some_and(|r| r.contains_key("error") && !r.contains_key("output"));
-        let mut m = Message::text(Role::Tool, response.to_string());
+        let response = fr.get("response").unwrap_or_else(Json::null);
+        // `get` finds nothing in a non-object.
+        let is_error = response.get("error").is_some() && response.get("output").is_none();
+        let mut m = Message::text(Role::Tool, response.to_compact_string());
         m.tool_call_id = Some(id);
         m.name = Some(name);
         m.is_error = is_error;
         m.extra.extend(rest(fr, &["id", "name", "response"]));
-        if let Some(o) = p.as_object() {
-            m.extra
-                .extend(rest(o, &["functionResponse", "function_response"]));
-        }
+        m.extra
+            .extend(rest(p, &["functionResponse", "function_response"]));
         out.push(m);
     }
     if let Some(u) = user {

@@ -418,3 +418,179 @@ proptest! {
         }
     }
 }
+
+/// A request whose text spells things the long way: escapes in strings and
+/// keys (`te\u0078t` is `text`), numbers as `1.0e1`, `-0`, `9.5E-1`, an
+/// integer too big for `u64`, a repeated key (the last one counts), and
+/// fields nobody knows. Read from its own bytes, not from a re-serialized
+/// `Value`.
+const SPELLED_OUT: &str = r#"{
+  "model": "models/ignored",
+  "contents": [
+    {"role": "user", "parts": [
+      {"te\u0078t": "caf\u00e9 \"quoted\"\n\ttab \ud83d\ude00 slash\/"},
+      {"inlineData": {"mime\u0054ype": "image/png", "data": "iVBOR"}, "x-part": 1.50},
+      {"unknownPart": {"a": [1, 2.0, -3e2]}},
+      "loose"
+    ], "turnTag": "t\u0031"},
+    {"role": "mod\u0065l", "parts": [
+      {"text": "pondering \u2192", "thought": true, "thoughtSignature": "sig\/1"},
+      {"functionCall": {"name": "run", "args": {"cmd": "echo \"hi\"", "n": 10, "f": 1.0e1, "neg": -0, "big": 12345678901234567890123, "u": "\u00e9"}, "extra\u005fkey": true}, "partNote": null},
+      {"function_call": {"name": "run", "args": { "n" : 7 , "s": "a b" }}, "thought_signature": "s2"},
+      {"text": "", "thoughtSignature": "s3"},
+      42
+    ]},
+    {"role": "user", "parts": [
+      {"functionResponse": {"name": "r\u0075n", "response": {"output": "ok \u0001", "code": 0}, "willContinue": false}},
+      {"function_response": {"id": "gemini-call-1-2", "name": "run", "response": {"error": "bad"}}}
+    ]}
+  ],
+  "systemInstruction": {"parts": [{"text": "Be \u0022brief\u0022"}], "role": "system", "note": 5},
+  "tools": [{"functionDeclarations": [
+      {"name": "run", "description": "Run\u0021", "parameters": {"type": "OBJECT", "properties": {"cmd": {"type": "STRING", "minLength": 1E0}}, "required": ["cmd"]}},
+      {"name": "read", "parameters_json_schema": {"type": "object", "properties": {"p": {"type": "String"}}}}
+    ], "googleSearch": {}}],
+  "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["r\u0075n"]}},
+  "generationConfig": {"maxOutputTokens": 8192, "temperature": 0.5e0, "topP": 9.5E-1, "topK": 3,
+    "stopSequences": "EN\u0044", "thinkingConfig": {"thinkingBudget": -1}, "topK": 40.0},
+  "safetySettings": [{"category": "HARM", "threshold": "BLOCK_NONE"}],
+  "cachedContent": "cache\/1"
+}"#;
+
+#[test]
+fn reads_escapes_number_forms_and_unknown_fields_from_the_text() {
+    let doc = crate::json_doc::Doc::parse(SPELLED_OUT.as_bytes()).unwrap();
+    let r = Gemini::parse_request(&call(Framing::Sse), doc.root())
+        .unwrap()
+        .request;
+
+    let mut system = Message::text(Role::System, "Be \"brief\"");
+    system.extra.insert("note".into(), json!(5));
+    let mut user = Message::text(Role::User, "café \"quoted\"\n\ttab 😀 slash/");
+    user.content.extend([
+        Part::Image {
+            media_type: Some("image/png".into()),
+            data: Some("iVBOR".into()),
+            url: None,
+        },
+        Part::Other {
+            value: json!({"unknownPart": {"a": [1, 2.0, -300.0]}}),
+        },
+        Part::Other {
+            value: json!("loose"),
+        },
+    ]);
+    user.extra
+        .insert("part_extra".into(), json!([{"index": 1, "x-part": 1.5}]));
+    user.extra.insert("turnTag".into(), json!("t1"));
+    let mut model = Message::text(Role::Assistant, "");
+    model.content = vec![Part::Other { value: json!(42) }];
+    model.reasoning = Some(Reasoning {
+        text: "pondering →".into(),
+        signature: Some("sig/1".into()),
+        encrypted: None,
+    });
+    model.tool_calls = vec![
+        ToolCall {
+            id: "gemini-call-1-1".into(),
+            name: "run".into(),
+            arguments:
+                r#"{"cmd":"echo \"hi\"","n":10,"f":10.0,"neg":-0.0,"big":1.2345678901234568e+22,"u":"é"}"#
+                    .into(),
+        },
+        ToolCall {
+            id: "gemini-call-1-2".into(),
+            name: "run".into(),
+            arguments: r#"{"n":7,"s":"a b"}"#.into(),
+        },
+    ];
+    model.extra.insert(
+        "part_extra".into(),
+        json!([{"index": 1, "partNote": null, "extra_key": true}]),
+    );
+    model.extra.insert(
+        "thought_signatures".into(),
+        json!([{"index": 2, "signature": "s2"}, {"index": 3, "signature": "s3"}]),
+    );
+    let mut answer = Message::text(Role::Tool, r#"{"output":"ok \u0001","code":0}"#);
+    answer.tool_call_id = Some("gemini-call-1-1".into());
+    answer.name = Some("run".into());
+    answer.extra.insert("willContinue".into(), json!(false));
+    let mut failure = Message::text(Role::Tool, r#"{"error":"bad"}"#);
+    failure.tool_call_id = Some("gemini-call-1-2".into());
+    failure.name = Some("run".into());
+    failure.is_error = true;
+
+    let mut extra = Map::new();
+    extra.insert(
+        "safetySettings".into(),
+        json!([{"category": "HARM", "threshold": "BLOCK_NONE"}]),
+    );
+    extra.insert("cachedContent".into(), json!("cache/1"));
+    extra.insert("tools_other".into(), json!([{"googleSearch": {}}]));
+    extra.insert(
+        "toolConfig".into(),
+        json!({"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["run"]}}),
+    );
+    extra.insert(
+        "generationConfig".into(),
+        json!({"thinkingConfig": {"thinkingBudget": -1}}),
+    );
+    let expected = ChatRequest {
+        model: "gemini-2.5-pro".into(),
+        messages: vec![system, user, model, answer, failure],
+        tools: vec![
+            Tool {
+                name: "run".into(),
+                description: Some("Run!".into()),
+                parameters: json!({"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1.0}}, "required": ["cmd"]}),
+            },
+            Tool {
+                name: "read".into(),
+                description: None,
+                parameters: json!({"type": "object", "properties": {"p": {"type": "String"}}}),
+            },
+        ],
+        tool_choice: Some(ToolChoice::Tool { name: "run".into() }),
+        sampling: Sampling {
+            max_tokens: Some(8192),
+            temperature: Some(0.5),
+            top_p: Some(0.95),
+            top_k: None,
+            stop: vec!["END".into()],
+        },
+        stream: true,
+        extra,
+    };
+    assert_eq!(r, expected);
+    // The same request written out plainly (as serde_json writes it) reads
+    // the same.
+    let value: Value = serde_json::from_str(SPELLED_OUT).unwrap();
+    assert_eq!(parse(&value), expected);
+}
+
+#[test]
+fn rejects_malformed_requests() {
+    for (body, message) in [
+        (json!([]), "request body must be a JSON object"),
+        (json!({"contents": {}}), "contents: field required"),
+        (
+            json!({"contents": [{"parts": []}, 7]}),
+            "contents[1]: must be an object",
+        ),
+        (
+            json!({"contents": [{"role": "robot", "parts": []}]}),
+            "contents[0].role: unknown role \"robot\"",
+        ),
+        (
+            json!({"contents": [], "systemInstruction": null}),
+            "systemInstruction: must be a string or a content object",
+        ),
+    ] {
+        let err = crate::provider::parse_request_value(&call(Framing::Sse), &body).unwrap_err();
+        assert_eq!(
+            (err.side, err.kind, err.message.as_str()),
+            (Side::Harness, ErrorKind::InvalidRequest, message)
+        );
+    }
+}
