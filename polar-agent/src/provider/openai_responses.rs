@@ -30,16 +30,20 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::openai_chat::openai_error_type;
+use super::read::{
+    array_field, body_object, bool_field, f64_field, field_is, request_model, rest, str_field,
+    string_field, text_of, u32_of,
+};
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, SOURCE_KEY, StreamEncoder,
-    body_object, effective_finish, image_from_url, prefixed_id, push_indexed, request_model, rest,
-    sse, str_field, u32_field, value_text,
+    effective_finish, image_from_url, prefixed_id, push_indexed, sse,
 };
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -65,11 +69,8 @@ impl super::Protocol for OpenaiResponses {
     const API: Api = Api::OpenaiResponses;
     type Encoder = Encoder;
 
-    fn parse_request(
-        call: &ModelCall,
-        body: crate::json_doc::Json<'_>,
-    ) -> Result<ParsedRequest, ProviderError> {
-        parse_request(call, &body.to_value())
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
+        parse_request(call, body)
     }
 
     fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
@@ -115,26 +116,30 @@ impl Items {
         self.assistant.get_or_insert_with(|| empty(Role::Assistant))
     }
 
-    fn tool_result(&mut self, item: &Map<String, Value>, at: &str) -> Result<(), ProviderError> {
+    fn tool_result(
+        &mut self,
+        item: Json<'_>,
+        at: &dyn Fn() -> String,
+    ) -> Result<(), ProviderError> {
         self.flush();
-        let id = str_field(item, "call_id")
-            .ok_or_else(|| ProviderError::invalid(format!("{at}.call_id: field required")))?;
+        let id = string_field(item, "call_id")
+            .ok_or_else(|| ProviderError::invalid(format!("{}.call_id: field required", at())))?;
         let mut m = empty(Role::Tool);
-        match item.get("output") {
-            Some(Value::Array(parts)) => {
-                for (i, p) in parts.iter().enumerate() {
+        if let Some(output) = item.get("output") {
+            if let Some(parts) = output.as_array() {
+                for (i, p) in parts.enumerate() {
                     let (part, fields) = content_part(p);
                     m.content.push(part);
                     push_indexed(&mut m.extra, "part_extra", i, fields);
                 }
+            } else {
+                m.content.push(Part::Text {
+                    text: text_of(output),
+                });
             }
-            Some(v) => m.content.push(Part::Text {
-                text: value_text(v),
-            }),
-            None => {}
         }
-        m.tool_call_id = Some(id.to_owned());
-        m.name = self.tool_names.get(id).cloned();
+        m.name = self.tool_names.get(&id).cloned();
+        m.tool_call_id = Some(id);
         m.extra.extend(rest(item, &["call_id", "output"]));
         self.messages.push(m);
         Ok(())
@@ -147,7 +152,7 @@ fn empty(role: Role) -> Message {
     m
 }
 
-fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
     let model = request_model(obj, call)?;
     let mut extra = rest(obj, REQUEST_KEYS);
@@ -156,23 +161,26 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     let mut other_tools = Vec::new();
     let mut tool_extra = Vec::new();
 
-    match obj.get("instructions") {
-        Some(Value::String(s)) if !s.is_empty() => {
-            let mut m = Message::text(Role::System, s.clone());
-            m.extra
-                .insert(SOURCE_KEY.into(), Value::String("instructions".into()));
-            items.push(m);
-        }
-        Some(Value::Null | Value::String(_)) | None => {}
-        Some(other) => {
-            extra.insert("instructions".into(), other.clone());
+    if let Some(v) = obj.get("instructions").filter(|v| !v.is_null()) {
+        match v.as_str() {
+            Some(s) if s.is_empty() => {}
+            Some(s) => {
+                let mut m = Message::text(Role::System, s);
+                m.extra
+                    .insert(SOURCE_KEY.into(), Value::String("instructions".into()));
+                items.push(m);
+            }
+            None => {
+                extra.insert("instructions".into(), v.to_value());
+            }
         }
     }
 
-    match obj.get("input") {
-        Some(Value::String(s)) => items.push(Message::text(Role::User, s.clone())),
-        Some(Value::Array(list)) => {
-            for (i, item) in list.iter().enumerate() {
+    if let Some(input) = obj.get("input") {
+        if let Some(s) = input.as_str() {
+            items.push(Message::text(Role::User, s));
+        } else if let Some(list) = input.as_array() {
+            for (i, item) in list.enumerate() {
                 parse_item(
                     i,
                     item,
@@ -183,9 +191,7 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
                     &mut tool_extra,
                 )?;
             }
-        }
-        Some(Value::Null) | None => {}
-        Some(_) => {
+        } else if !input.is_null() {
             return Err(ProviderError::invalid(
                 "input: must be a string or an array of items",
             ));
@@ -193,12 +199,7 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     }
     items.flush();
 
-    for t in obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
+    for t in array_field(obj, "tools") {
         add_tool(t, &mut tools, &mut other_tools, &mut tool_extra);
     }
     if !other_tools.is_empty() {
@@ -208,22 +209,23 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         extra.insert("tool_extra".into(), Value::Array(tool_extra));
     }
 
-    let tool_choice = match obj.get("tool_choice") {
-        Some(Value::String(s)) => match s.as_str() {
+    let tc = obj.get("tool_choice");
+    let tool_choice = tc.and_then(|tc| match tc.as_str() {
+        Some(s) => match s.as_ref() {
             "auto" => Some(ToolChoice::Auto),
             "none" => Some(ToolChoice::None),
             "required" => Some(ToolChoice::Required),
             _ => None,
         },
-        Some(Value::Object(o)) if str_field(o, "type") == Some("function") => {
-            str_field(o, "name").map(|n| ToolChoice::Tool { name: n.to_owned() })
+        None if field_is(tc, "type", "function") => {
+            string_field(tc, "name").map(|name| ToolChoice::Tool { name })
         }
-        _ => None,
-    };
+        None => None,
+    });
     if tool_choice.is_none()
-        && let Some(tc) = obj.get("tool_choice")
+        && let Some(tc) = tc
     {
-        extra.insert("tool_choice".into(), tc.clone());
+        extra.insert("tool_choice".into(), tc.to_value());
     }
 
     let request = ChatRequest {
@@ -232,87 +234,98 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         tools,
         tool_choice,
         sampling: Sampling {
-            max_tokens: u32_field(obj.get("max_output_tokens")),
-            temperature: obj.get("temperature").and_then(Value::as_f64),
-            top_p: obj.get("top_p").and_then(Value::as_f64),
-            top_k: u32_field(obj.get("top_k")),
+            max_tokens: u32_of(obj.get("max_output_tokens")),
+            temperature: f64_field(obj, "temperature"),
+            top_p: f64_field(obj, "top_p"),
+            top_k: u32_of(obj.get("top_k")),
             stop: Vec::new(),
         },
-        stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        stream: bool_field(obj, "stream").unwrap_or(false),
         extra,
     };
     Ok(ParsedRequest {
         request,
-        previous_response_id: str_field(obj, "previous_response_id").map(str::to_owned),
+        previous_response_id: string_field(obj, "previous_response_id"),
         include_usage: false,
     })
 }
 
-fn add_tool(t: &Value, tools: &mut Vec<Tool>, other: &mut Vec<Value>, tool_extra: &mut Vec<Value>) {
-    match t.as_object() {
-        Some(o) if str_field(o, "type") == Some("function") && o.contains_key("name") => {
-            let name = str_field(o, "name").unwrap_or("").to_owned();
-            tools.push(Tool {
-                name: name.clone(),
-                description: str_field(o, "description").map(str::to_owned),
-                parameters: o
-                    .get("parameters")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            });
-            let r = rest(o, &["type", "name", "description", "parameters"]);
-            if !r.is_empty() {
-                let mut e = Map::new();
-                e.insert("name".into(), Value::String(name));
-                e.extend(r);
-                tool_extra.push(Value::Object(e));
-            }
-        }
-        _ => other.push(t.clone()),
+fn add_tool(
+    t: Json<'_>,
+    tools: &mut Vec<Tool>,
+    other: &mut Vec<Value>,
+    tool_extra: &mut Vec<Value>,
+) {
+    if !(field_is(t, "type", "function") && t.get("name").is_some()) {
+        other.push(t.to_value());
+        return;
     }
+    let name = string_field(t, "name").unwrap_or_default();
+    let r = rest(t, &["type", "name", "description", "parameters"]);
+    if !r.is_empty() {
+        let mut e = Map::new();
+        e.insert("name".into(), Value::String(name.clone()));
+        e.extend(r);
+        tool_extra.push(Value::Object(e));
+    }
+    tools.push(Tool {
+        name,
+        description: string_field(t, "description"),
+        parameters: t.get("parameters").map_or_else(
+            || json!({"type": "object", "properties": {}}),
+            |p| p.to_value(),
+        ),
+    });
 }
 
 fn parse_item(
     i: usize,
-    item: &Value,
+    item: Json<'_>,
     items: &mut Items,
     extra: &mut Map<String, Value>,
     tools: &mut Vec<Tool>,
     other_tools: &mut Vec<Value>,
     tool_extra: &mut Vec<Value>,
 ) -> Result<(), ProviderError> {
-    let at = format!("input[{i}]");
-    let obj = item
-        .as_object()
-        .ok_or_else(|| ProviderError::invalid(format!("{at}: must be an object")))?;
-    let ty = str_field(obj, "type");
+    let at = || format!("input[{i}]");
+    if !item.is_object() {
+        return Err(ProviderError::invalid(format!(
+            "{}: must be an object",
+            at()
+        )));
+    }
+    let ty = str_field(item, "type");
+    let ty = ty.as_deref();
     match ty {
-        Some("message") | None if obj.contains_key("role") => {
-            let role = match str_field(obj, "role") {
+        Some("message") | None if item.get("role").is_some() => {
+            let role = match str_field(item, "role").as_deref() {
                 Some("system") => Role::System,
                 Some("developer") => Role::Developer,
                 Some("user") => Role::User,
                 Some("assistant") => Role::Assistant,
                 other => {
                     return Err(ProviderError::invalid(format!(
-                        "{at}.role: unknown role {other:?}"
+                        "{}.role: unknown role {other:?}",
+                        at()
                     )));
                 }
             };
             let mut parts = Vec::new();
             let mut part_extra = Map::new();
-            match obj.get("content") {
-                Some(Value::String(s)) => parts.push(Part::Text { text: s.clone() }),
-                Some(Value::Array(list)) => {
-                    for (k, p) in list.iter().enumerate() {
+            if let Some(content) = item.get("content") {
+                if let Some(s) = content.as_str() {
+                    parts.push(Part::Text {
+                        text: s.into_owned(),
+                    });
+                } else if let Some(list) = content.as_array() {
+                    for (k, p) in list.enumerate() {
                         let (part, fields) = content_part(p);
                         parts.push(part);
                         push_indexed(&mut part_extra, "part_extra", k, fields);
                     }
                 }
-                _ => {}
             }
-            let fields = rest(obj, &["type", "role", "content"]);
+            let fields = rest(item, &["type", "role", "content"]);
             if role == Role::Assistant {
                 let a = items.assistant();
                 if !a.content.is_empty() || !a.tool_calls.is_empty() {
@@ -333,10 +346,10 @@ fn parse_item(
         Some("reasoning") => {
             items.flush();
             let texts = |key: &str| -> Option<String> {
-                let list = obj.get(key)?.as_array()?;
-                let t: Vec<&str> = list
-                    .iter()
-                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                let t: Vec<_> = item
+                    .get(key)?
+                    .as_array()?
+                    .filter_map(|p| str_field(p, "text"))
                     .collect();
                 (!t.is_empty()).then(|| t.join("\n\n"))
             };
@@ -347,46 +360,51 @@ fn parse_item(
             a.reasoning = Some(Reasoning {
                 text,
                 signature: None,
-                encrypted: str_field(obj, "encrypted_content").map(str::to_owned),
+                encrypted: string_field(item, "encrypted_content"),
             });
             push_indexed(
                 &mut a.extra,
                 "item_extra",
                 i,
-                rest(obj, &["summary", "content", "encrypted_content"]),
+                rest(item, &["summary", "content", "encrypted_content"]),
             );
         }
         Some("function_call" | "local_shell_call" | "custom_tool_call") => {
-            let call_id = str_field(obj, "call_id")
-                .or_else(|| str_field(obj, "id"))
-                .ok_or_else(|| ProviderError::invalid(format!("{at}.call_id: field required")))?;
+            let call_id = string_field(item, "call_id")
+                .or_else(|| string_field(item, "id"))
+                .ok_or_else(|| {
+                    ProviderError::invalid(format!("{}.call_id: field required", at()))
+                })?;
+            let text = |key: &str| item.get(key).map(text_of).unwrap_or_default();
             let (name, arguments, known): (String, String, &[&str]) = match ty {
                 Some("function_call") => (
-                    str_field(obj, "name").unwrap_or("").to_owned(),
-                    obj.get("arguments").map(value_text).unwrap_or_default(),
+                    string_field(item, "name").unwrap_or_default(),
+                    text("arguments"),
                     &["type", "call_id", "name", "arguments"],
                 ),
                 Some("local_shell_call") => (
                     "local_shell".to_owned(),
-                    obj.get("action").map(Value::to_string).unwrap_or_default(),
+                    item.get("action")
+                        .map(|a| a.to_compact_string())
+                        .unwrap_or_default(),
                     &["call_id", "action"],
                 ),
                 _ => (
-                    str_field(obj, "name").unwrap_or("").to_owned(),
-                    obj.get("input").map(value_text).unwrap_or_default(),
+                    string_field(item, "name").unwrap_or_default(),
+                    text("input"),
                     &["call_id", "name", "input"],
                 ),
             };
             let a = items.assistant();
             a.tool_calls.push(ToolCall {
-                id: call_id.to_owned(),
+                id: call_id,
                 name,
                 arguments,
             });
-            push_indexed(&mut a.extra, "item_extra", i, rest(obj, known));
+            push_indexed(&mut a.extra, "item_extra", i, rest(item, known));
         }
         Some("function_call_output" | "local_shell_call_output" | "custom_tool_call_output") => {
-            items.tool_result(obj, &at)?;
+            items.tool_result(item, &at)?;
             if ty != Some("function_call_output")
                 && let Some(m) = items.messages.last_mut()
             {
@@ -396,17 +414,16 @@ fn parse_item(
             }
         }
         Some("additional_tools") => {
-            for t in obj
-                .get("tools")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
+            for t in array_field(item, "tools") {
                 add_tool(t, tools, other_tools, tool_extra);
             }
-            push_list(extra, "additional_tools", item.clone());
+            push_list(extra, "additional_tools", item.to_value());
         }
-        _ => push_list(extra, "input_other", json!({"index": i, "item": item})),
+        _ => push_list(
+            extra,
+            "input_other",
+            json!({"index": i, "item": item.to_value()}),
+        ),
     }
     Ok(())
 }
@@ -417,28 +434,38 @@ fn push_list(extra: &mut Map<String, Value>, key: &str, v: Value) {
     }
 }
 
-fn content_part(p: &Value) -> (Part, Map<String, Value>) {
-    match p {
-        Value::String(s) => (Part::Text { text: s.clone() }, Map::new()),
-        Value::Object(o) => match str_field(o, "type") {
-            Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => (
-                Part::Text {
-                    text: str_field(o, "text").unwrap_or("").to_owned(),
-                },
-                rest(o, &["type", "text"]),
-            ),
-            Some("input_image") if o.get("image_url").and_then(Value::as_str).is_some() => (
-                image_from_url(str_field(o, "image_url").unwrap_or("")),
-                rest(o, &["type", "image_url"]),
-            ),
-            _ => (Part::Other { value: p.clone() }, Map::new()),
-        },
-        other => (
+fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
+    let other = || {
+        (
             Part::Other {
-                value: other.clone(),
+                value: p.to_value(),
             },
             Map::new(),
+        )
+    };
+    if let Some(s) = p.as_str() {
+        return (
+            Part::Text {
+                text: s.into_owned(),
+            },
+            Map::new(),
+        );
+    }
+    if !p.is_object() {
+        return other();
+    }
+    match str_field(p, "type").as_deref() {
+        Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => (
+            Part::Text {
+                text: string_field(p, "text").unwrap_or_default(),
+            },
+            rest(p, &["type", "text"]),
         ),
+        Some("input_image") => match str_field(p, "image_url") {
+            Some(url) => (image_from_url(&url), rest(p, &["type", "image_url"])),
+            None => other(),
+        },
+        _ => other(),
     }
 }
 

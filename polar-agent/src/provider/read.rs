@@ -92,7 +92,6 @@ pub(crate) fn stop_list(v: Option<Json<'_>>) -> Vec<String> {
 
 /// A value as text: strings as they are, `null` as nothing, anything else
 /// as compact JSON.
-#[allow(dead_code, reason = "used by the providers still being ported")]
 pub(crate) fn text_of(v: Json<'_>) -> String {
     if v.is_null() {
         return String::new();

@@ -381,6 +381,191 @@ fn errors_in_openai_shape() {
     assert_eq!(last["response"]["error"]["code"], "server_is_overloaded");
 }
 
+/// A body with escapes in text and keys, numbers in several forms, a
+/// repeated key and unknown fields, read from its text (not re-serialized):
+/// the request is the one written out here, and the one `serde_json`'s
+/// reading of the same text gives.
+#[test]
+fn raw_text_with_escapes_and_numbers() {
+    let body = r#"{
+      "mod\u0065l": "gpt-5",
+      "instructions": "Be \"brief\"\n\u00e9",
+      "in\u0070ut": [
+        {"role": "user", "content": [
+          {"type": "input_text", "text": "tab\there \ud83d\ude00 \/ end", "x\u002dnote": "k\u00e9y"},
+          {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0K"}
+        ]},
+        {"t\u0079pe": "reasoning", "id": "rs_1",
+         "summary": [{"type": "summary_text", "text": "step \"one\""}, {"type": "summary_text", "text": "two"}],
+         "encrypted_content": "enc\u002b"},
+        {"type": "function_call", "id": "fc_1", "call_id": "call_\u0031", "name": "shell",
+         "arguments": "{\"cmd\": \"ls -l\"}", "status": "completed"},
+        {"type": "function_call_output", "call_id": "call_1",
+         "output": {"ok" : true, "n": [1, -2, 3.50, 1e2, 18446744073709551615, -9223372036854775808], "m": "a\u0022b"}},
+        {"type": "local_shell_call", "call_id": "ls_1",
+         "action": {"command": ["echo", "a\u0062"], "timeout_ms": 1.0e3}},
+        {"type": "local_shell_call_output", "call_id": "ls_1", "output": 42},
+        {"type": "custom_tool_call", "call_id": "ct_1", "name": "apply_patch", "input": {"a": [1, 2]}},
+        {"type": "custom_tool_call_output", "call_id": "ct_1", "output": [{"type": "input_text", "text": "d\u006fne", "extra": 0.25}]},
+        {"type": "item_reference", "id": "ref_\u0031", "score": -0.0}
+      ],
+      "tools": [
+        {"type": "function", "name": "shell", "description": "Run \u0060cmd\u0060",
+         "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 1E3}}},
+         "strict": true},
+        {"type": "web_search", "filters": {"allowed_domains": ["example.com"]}}
+      ],
+      "tool_choice": "a\u0075to",
+      "max_output_tokens": 2048,
+      "temperature": 5e-1,
+      "top_p": 1E0,
+      "top_k": 4.0,
+      "stream": true,
+      "previous_response_id": "resp_\u0041bc",
+      "seed": -0,
+      "big": 18446744073709551615,
+      "metadata": {"k\u00e9y": "v\u00e4l", "n": 0.1},
+      "seed": 7
+    }"#;
+    let doc = crate::json_doc::Doc::parse(body.as_bytes()).unwrap();
+    let p = OpenaiResponses::parse_request(&call(), doc.root()).unwrap();
+    let from_value: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(p, parse(&from_value));
+
+    let extra = |v: Value| v.as_object().cloned().unwrap();
+    let msg = |role, content: Vec<Part>, extra_fields: Value| Message {
+        content,
+        extra: extra(extra_fields),
+        ..Message::text(role, "")
+    };
+    let text = |t: &str| Part::Text { text: t.into() };
+    let tool_call = |id: &str, name: &str, arguments: &str| ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: arguments.into(),
+    };
+    let expected = ChatRequest {
+        model: "gpt-5".into(),
+        messages: vec![
+            msg(
+                Role::System,
+                vec![text("Be \"brief\"\né")],
+                json!({crate::provider::SOURCE_KEY: "instructions"}),
+            ),
+            msg(
+                Role::User,
+                vec![
+                    text("tab\there \u{1F600} / end"),
+                    Part::Image {
+                        media_type: Some("image/png".into()),
+                        data: Some("iVBORw0K".into()),
+                        url: None,
+                    },
+                ],
+                json!({"part_extra": [{"index": 0, "x-note": "kéy"}]}),
+            ),
+            Message {
+                reasoning: Some(Reasoning {
+                    text: "step \"one\"\n\ntwo".into(),
+                    signature: None,
+                    encrypted: Some("enc+".into()),
+                }),
+                tool_calls: vec![tool_call("call_1", "shell", r#"{"cmd": "ls -l"}"#)],
+                ..msg(
+                    Role::Assistant,
+                    Vec::new(),
+                    json!({"item_extra": [
+                        {"index": 1, "type": "reasoning", "id": "rs_1"},
+                        {"index": 2, "id": "fc_1", "status": "completed"},
+                    ]}),
+                )
+            },
+            Message {
+                tool_call_id: Some("call_1".into()),
+                name: Some("shell".into()),
+                ..msg(
+                    Role::Tool,
+                    vec![text(
+                        r#"{"ok":true,"n":[1,-2,3.5,100.0,18446744073709551615,-9223372036854775808],"m":"a\"b"}"#,
+                    )],
+                    json!({}),
+                )
+            },
+            Message {
+                tool_calls: vec![tool_call(
+                    "ls_1",
+                    "local_shell",
+                    r#"{"command":["echo","ab"],"timeout_ms":1000.0}"#,
+                )],
+                ..msg(
+                    Role::Assistant,
+                    Vec::new(),
+                    json!({"item_extra": [{"index": 4, "type": "local_shell_call"}]}),
+                )
+            },
+            Message {
+                tool_call_id: Some("ls_1".into()),
+                name: Some("local_shell".into()),
+                ..msg(
+                    Role::Tool,
+                    vec![text("42")],
+                    json!({"type": "local_shell_call_output"}),
+                )
+            },
+            Message {
+                tool_calls: vec![tool_call("ct_1", "apply_patch", r#"{"a":[1,2]}"#)],
+                ..msg(
+                    Role::Assistant,
+                    Vec::new(),
+                    json!({"item_extra": [{"index": 6, "type": "custom_tool_call"}]}),
+                )
+            },
+            Message {
+                tool_call_id: Some("ct_1".into()),
+                name: Some("apply_patch".into()),
+                ..msg(
+                    Role::Tool,
+                    vec![text("done")],
+                    json!({
+                        "part_extra": [{"index": 0, "extra": 0.25}],
+                        "type": "custom_tool_call_output",
+                    }),
+                )
+            },
+        ],
+        tools: vec![Tool {
+            name: "shell".into(),
+            description: Some("Run `cmd`".into()),
+            parameters: json!({"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 1000.0}}}),
+        }],
+        tool_choice: Some(ToolChoice::Auto),
+        sampling: Sampling {
+            max_tokens: Some(2048),
+            temperature: Some(0.5),
+            top_p: Some(1.0),
+            top_k: None,
+            stop: Vec::new(),
+        },
+        stream: true,
+        extra: extra(json!({
+            "seed": 7,
+            "big": 18_446_744_073_709_551_615_u64,
+            "metadata": {"kéy": "väl", "n": 0.1},
+            "input_other": [{"index": 8, "item": {"type": "item_reference", "id": "ref_1", "score": -0.0}}],
+            "tools_other": [{"type": "web_search", "filters": {"allowed_domains": ["example.com"]}}],
+            "tool_extra": [{"name": "shell", "strict": true}],
+        })),
+    };
+    assert_eq!(
+        p,
+        ParsedRequest {
+            request: expected,
+            previous_response_id: Some("resp_Abc".into()),
+            include_usage: false,
+        }
+    );
+}
+
 /// Order rules of a Responses stream.
 fn check_stream(bytes: &[u8]) {
     let ev = sse_json(bytes);
