@@ -192,7 +192,10 @@ fn find_backslash(b: &[u8], mut i: usize) -> usize {
         }
         i += 8;
     }
-    b[i..].iter().position(|c| *c == b'\\').map_or(b.len(), |p| i + p)
+    b[i..]
+        .iter()
+        .position(|c| *c == b'\\')
+        .map_or(b.len(), |p| i + p)
 }
 
 #[allow(
@@ -304,7 +307,8 @@ impl Parser<'_> {
                 Some(b'"') => break,
                 Some(b'\\') => {
                     escaped = true;
-                    if let Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') = b.get(i + 1)
+                    if let Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') =
+                        b.get(i + 1)
                     {
                         i += 2;
                     } else {

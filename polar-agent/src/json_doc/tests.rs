@@ -203,7 +203,10 @@ proptest! {
 
 #[test]
 fn every_byte_is_escaped_as_serde_json_escapes_it() {
-    let all: String = (0u8..0x80).map(char::from).chain(['é', '😀', '\u{7f}']).collect();
+    let all: String = (0u8..0x80)
+        .map(char::from)
+        .chain(['é', '😀', '\u{7f}'])
+        .collect();
     for len in [all.len(), 7, 8, 9, 16, 17] {
         for start in 0..all.len() {
             let Some(piece) = all.get(start..(start + len).min(all.len())) else {
@@ -211,7 +214,10 @@ fn every_byte_is_escaped_as_serde_json_escapes_it() {
             };
             let mut out = Vec::new();
             write_str(&mut out, piece);
-            assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(piece).unwrap());
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                serde_json::to_string(piece).unwrap()
+            );
         }
     }
 }

@@ -625,14 +625,6 @@ pub fn with_history(prior: &[Message], mut req: ChatRequest) -> ChatRequest {
 
 // ---------------------------------------------------------------- shared helpers
 
-/// The fields of `obj` not in `known`.
-pub(crate) fn rest(obj: &Map<String, Value>, known: &[&str]) -> Map<String, Value> {
-    obj.iter()
-        .filter(|(k, _)| !known.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect()
-}
-
 /// Append `{"index": index, ...fields}` to the array `extra[key]` (the
 /// unknown fields of a block or part, kept by position); nothing when
 /// `fields` is empty.
@@ -712,62 +704,11 @@ pub(crate) fn arguments_object(arguments: &str) -> Value {
     }
 }
 
-/// A value as text: strings as they are, anything else as compact JSON.
-pub(crate) fn value_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
 /// The effective finish reason: a `Stop` with tool calls is a tool-call stop.
 pub(crate) fn effective_finish(reason: &FinishReason, has_tool_calls: bool) -> FinishReason {
     match reason {
         FinishReason::Stop | FinishReason::Abort if has_tool_calls => FinishReason::ToolCalls,
         other => other.clone(),
-    }
-}
-
-/// A JSON object field as a string.
-pub(crate) fn str_field<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
-    obj.get(key).and_then(Value::as_str)
-}
-
-/// `body` as an object, or an invalid-request error.
-pub(crate) fn body_object(body: &Value) -> Result<&Map<String, Value>, ProviderError> {
-    body.as_object()
-        .ok_or_else(|| ProviderError::invalid("request body must be a JSON object"))
-}
-
-/// The request's model: the body's `model`, else the one in the path; an
-/// invalid-request error without either.
-pub(crate) fn request_model(
-    obj: &Map<String, Value>,
-    call: &ModelCall,
-) -> Result<String, ProviderError> {
-    str_field(obj, "model")
-        .map(str::to_owned)
-        .or_else(|| call.path_model.clone())
-        .ok_or_else(|| ProviderError::invalid("model: field required"))
-}
-
-/// A positive integer field as `u32` (saturating).
-pub(crate) fn u32_field(v: Option<&Value>) -> Option<u32> {
-    v.and_then(Value::as_u64)
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
-}
-
-/// Stop sequences given as a string or an array of strings.
-pub(crate) fn stop_list(v: Option<&Value>) -> Vec<String> {
-    match v {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .map(str::to_owned)
-            .collect(),
-        _ => Vec::new(),
     }
 }
 

@@ -14,16 +14,20 @@
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
+use super::read::{
+    array_field, body_object, bool_field, f64_field, request_model, rest, stop_list, str_field,
+    string_field, text_of, u32_of,
+};
 use super::{
-    ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, body_object,
-    effective_finish, image_from_url, prefixed_id, push_indexed, request_model, rest, sse,
-    stop_list, str_field, u32_field, value_text,
+    ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
+    effective_finish, image_from_url, prefixed_id, push_indexed, sse,
 };
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -60,11 +64,8 @@ impl super::Protocol for OpenaiChat {
     const API: Api = Api::OpenaiChat;
     type Encoder = Encoder;
 
-    fn parse_request(
-        call: &ModelCall,
-        body: crate::json_doc::Json<'_>,
-    ) -> Result<ParsedRequest, ProviderError> {
-        parse_request(call, &body.to_value())
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
+        parse_request(call, body)
     }
 
     fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
@@ -82,50 +83,44 @@ impl super::Protocol for OpenaiChat {
 
 // ---------------------------------------------------------------- request conversion
 
-fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, ProviderError> {
+fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
     let obj = body_object(body)?;
     let model = request_model(obj, call)?;
     let raw = obj
         .get("messages")
-        .and_then(Value::as_array)
+        .and_then(|m| m.as_array())
         .ok_or_else(|| ProviderError::invalid("messages: field required"))?;
     let mut extra = rest(obj, REQUEST_KEYS);
     let messages = raw
-        .iter()
         .enumerate()
-        .map(|(i, m)| parse_message(m, &format!("messages[{i}]")))
+        .map(|(i, m)| parse_message(m, &|| format!("messages[{i}]")))
         .collect::<Result<Vec<_>, _>>()?;
 
     let mut tools = Vec::new();
     let mut other_tools = Vec::new();
     let mut tool_extra = Vec::new();
-    for t in obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let f = t.get("function").and_then(Value::as_object);
-        match (t.get("type").and_then(Value::as_str), f) {
-            (Some("function") | None, Some(f)) if f.contains_key("name") => {
-                let name = str_field(f, "name").unwrap_or("").to_owned();
-                tools.push(Tool {
-                    name: name.clone(),
-                    description: str_field(f, "description").map(str::to_owned),
-                    parameters: f
-                        .get("parameters")
-                        .cloned()
-                        .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-                });
+    for t in array_field(obj, "tools") {
+        let f = t.get("function").filter(|f| f.is_object());
+        match (str_field(t, "type").as_deref(), f) {
+            (Some("function") | None, Some(f)) if f.get("name").is_some() => {
+                let name = string_field(f, "name").unwrap_or_default();
                 let r = rest(f, &["name", "description", "parameters"]);
                 if !r.is_empty() {
                     let mut e = Map::new();
-                    e.insert("name".into(), Value::String(name));
+                    e.insert("name".into(), Value::String(name.clone()));
                     e.extend(r);
                     tool_extra.push(Value::Object(e));
                 }
+                tools.push(Tool {
+                    name,
+                    description: string_field(f, "description"),
+                    parameters: f.get("parameters").map_or_else(
+                        || json!({"type": "object", "properties": {}}),
+                        |p| p.to_value(),
+                    ),
+                });
             }
-            _ => other_tools.push(t.clone()),
+            _ => other_tools.push(t.to_value()),
         }
     }
     if !other_tools.is_empty() {
@@ -135,32 +130,28 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         extra.insert("tool_extra".into(), Value::Array(tool_extra));
     }
 
-    let tool_choice = match obj.get("tool_choice") {
-        Some(Value::String(s)) => match s.as_str() {
-            "auto" => Some(ToolChoice::Auto),
-            "none" => Some(ToolChoice::None),
-            "required" => Some(ToolChoice::Required),
-            _ => None,
-        },
-        Some(Value::Object(o)) => o
+    let choice = obj.get("tool_choice");
+    let tool_choice = choice.and_then(|tc| match tc.as_str().as_deref() {
+        Some("auto") => Some(ToolChoice::Auto),
+        Some("none") => Some(ToolChoice::None),
+        Some("required") => Some(ToolChoice::Required),
+        Some(_) => None,
+        None => tc
             .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .map(|n| ToolChoice::Tool { name: n.to_owned() }),
-        _ => None,
-    };
+            .and_then(|f| string_field(f, "name"))
+            .map(|name| ToolChoice::Tool { name }),
+    });
     if tool_choice.is_none()
-        && let Some(tc) = obj.get("tool_choice")
+        && let Some(tc) = choice
     {
-        extra.insert("tool_choice".into(), tc.clone());
+        extra.insert("tool_choice".into(), tc.to_value());
     }
 
     let stream_options = obj.get("stream_options");
     let include_usage = stream_options
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
+        .and_then(|o| bool_field(o, "include_usage"))
         .unwrap_or(false);
-    if let Some(Value::Object(so)) = stream_options {
+    if let Some(so) = stream_options.filter(|so| so.is_object()) {
         let r = rest(so, &["include_usage"]);
         if !r.is_empty() {
             extra.insert("stream_options".into(), Value::Object(r));
@@ -173,14 +164,14 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
         tools,
         tool_choice,
         sampling: Sampling {
-            max_tokens: u32_field(obj.get("max_completion_tokens"))
-                .or_else(|| u32_field(obj.get("max_tokens"))),
-            temperature: obj.get("temperature").and_then(Value::as_f64),
-            top_p: obj.get("top_p").and_then(Value::as_f64),
-            top_k: u32_field(obj.get("top_k")),
+            max_tokens: u32_of(obj.get("max_completion_tokens"))
+                .or_else(|| u32_of(obj.get("max_tokens"))),
+            temperature: f64_field(obj, "temperature"),
+            top_p: f64_field(obj, "top_p"),
+            top_k: u32_of(obj.get("top_k")),
             stop: stop_list(obj.get("stop")),
         },
-        stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        stream: bool_field(obj, "stream").unwrap_or(false),
         extra,
     };
     Ok(ParsedRequest {
@@ -190,11 +181,14 @@ fn parse_request(call: &ModelCall, body: &Value) -> Result<ParsedRequest, Provid
     })
 }
 
-fn parse_message(m: &Value, at: &str) -> Result<Message, ProviderError> {
-    let obj = m
-        .as_object()
-        .ok_or_else(|| ProviderError::invalid(format!("{at}: must be an object")))?;
-    let role = match str_field(obj, "role") {
+fn parse_message(m: Json<'_>, at: &dyn Fn() -> String) -> Result<Message, ProviderError> {
+    if !m.is_object() {
+        return Err(ProviderError::invalid(format!(
+            "{}: must be an object",
+            at()
+        )));
+    }
+    let role = match str_field(m, "role").as_deref() {
         Some("system") => Role::System,
         Some("developer") => Role::Developer,
         Some("user") => Role::User,
@@ -202,92 +196,95 @@ fn parse_message(m: &Value, at: &str) -> Result<Message, ProviderError> {
         Some("tool" | "function") => Role::Tool,
         other => {
             return Err(ProviderError::invalid(format!(
-                "{at}.role: unknown role {other:?}"
+                "{}.role: unknown role {other:?}",
+                at()
             )));
         }
     };
     let mut msg = Message::text(role, "");
     msg.content.clear();
-    match obj.get("content") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) => msg.content.push(Part::Text { text: s.clone() }),
-        Some(Value::Array(parts)) => {
-            for (i, p) in parts.iter().enumerate() {
+    if let Some(content) = m.get("content").filter(|c| !c.is_null()) {
+        if let Some(s) = content.as_str() {
+            msg.content.push(Part::Text {
+                text: s.into_owned(),
+            });
+        } else if let Some(parts) = content.as_array() {
+            for (i, p) in parts.enumerate() {
                 let (part, fields) = content_part(p);
                 msg.content.push(part);
                 push_indexed(&mut msg.extra, "part_extra", i, fields);
             }
-        }
-        Some(_) => {
+        } else {
             return Err(ProviderError::invalid(format!(
-                "{at}.content: must be a string, null or an array of parts"
+                "{}.content: must be a string, null or an array of parts",
+                at()
             )));
         }
     }
-    msg.name = str_field(obj, "name").map(str::to_owned);
-    msg.tool_call_id = str_field(obj, "tool_call_id").map(str::to_owned);
-    let reasoning = str_field(obj, "reasoning_content").or_else(|| str_field(obj, "reasoning"));
+    msg.name = string_field(m, "name");
+    msg.tool_call_id = string_field(m, "tool_call_id");
+    let reasoning = str_field(m, "reasoning_content").or_else(|| str_field(m, "reasoning"));
     if let Some(text) = reasoning {
         msg.reasoning = Some(Reasoning {
-            text: text.to_owned(),
+            text: text.into_owned(),
             signature: None,
             encrypted: None,
         });
     }
-    for (i, c) in obj
-        .get("tool_calls")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .enumerate()
-    {
-        let f = c.get("function").unwrap_or(&Value::Null);
-        let id = c.get("id").and_then(Value::as_str).ok_or_else(|| {
-            ProviderError::invalid(format!("{at}.tool_calls[{i}].id: field required"))
+    for (i, c) in array_field(m, "tool_calls").enumerate() {
+        let f = c.get("function").unwrap_or_else(Json::null);
+        let id = string_field(c, "id").ok_or_else(|| {
+            ProviderError::invalid(format!("{}.tool_calls[{i}].id: field required", at()))
         })?;
         msg.tool_calls.push(ToolCall {
-            id: id.to_owned(),
-            name: f
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-            arguments: f.get("arguments").map(value_text).unwrap_or_default(),
+            id,
+            name: string_field(f, "name").unwrap_or_default(),
+            arguments: f.get("arguments").map(text_of).unwrap_or_default(),
         });
     }
-    msg.extra.extend(rest(obj, MESSAGE_KEYS));
+    msg.extra.extend(rest(m, MESSAGE_KEYS));
     Ok(msg)
 }
 
-fn content_part(p: &Value) -> (Part, Map<String, Value>) {
-    match p {
-        Value::String(s) => (Part::Text { text: s.clone() }, Map::new()),
-        Value::Object(o) => match str_field(o, "type") {
-            Some("text" | "input_text") => (
-                Part::Text {
-                    text: str_field(o, "text").unwrap_or("").to_owned(),
-                },
-                rest(o, &["type", "text"]),
-            ),
-            Some("image_url") => {
-                let iu = o.get("image_url");
-                let url = iu
-                    .and_then(|u| u.get("url").and_then(Value::as_str).or_else(|| u.as_str()))
-                    .unwrap_or("");
-                let mut fields = rest(o, &["type", "image_url"]);
-                if let Some(Value::Object(iu)) = iu {
-                    fields.extend(rest(iu, &["url"]));
-                }
-                (image_from_url(url), fields)
-            }
-            _ => (Part::Other { value: p.clone() }, Map::new()),
-        },
-        other => (
+fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
+    let other = || {
+        (
             Part::Other {
-                value: other.clone(),
+                value: p.to_value(),
             },
             Map::new(),
+        )
+    };
+    if let Some(s) = p.as_str() {
+        return (
+            Part::Text {
+                text: s.into_owned(),
+            },
+            Map::new(),
+        );
+    }
+    if !p.is_object() {
+        return other();
+    }
+    match str_field(p, "type").as_deref() {
+        Some("text" | "input_text") => (
+            Part::Text {
+                text: string_field(p, "text").unwrap_or_default(),
+            },
+            rest(p, &["type", "text"]),
         ),
+        Some("image_url") => {
+            let iu = p.get("image_url");
+            let url = iu
+                .and_then(|u| str_field(u, "url").or_else(|| u.as_str()))
+                .unwrap_or_default();
+            let mut fields = rest(p, &["type", "image_url"]);
+            if let Some(iu) = iu.filter(|iu| iu.is_object()) {
+                fields.extend(rest(iu, &["url"]));
+            }
+            (image_from_url(&url), fields)
+        }
+        _ => other(),
     }
 }
 
