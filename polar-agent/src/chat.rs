@@ -3,6 +3,8 @@
 //! type, and the stream events a backend's reply is made of. Pure data with
 //! serde; fields a translator does not understand are kept in `extra`.
 
+use std::sync::OnceLock;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -22,6 +24,111 @@ pub enum Role {
     Tool,
 }
 
+/// The text of a [`Part::Text`]. Text read from a harness's request is
+/// kept as the request had it, JSON-escaped, so that writing it into the
+/// backend's request is a copy ([`Text::escaped`]); the plain text is made
+/// from it the first time it is read ([`Text::as_str`], or `Deref`), which
+/// the agent does only off the reply's path. Serialized as a JSON string.
+#[derive(Clone, Default)]
+pub struct Text {
+    plain: OnceLock<String>,
+    /// The inside of a valid JSON string literal (no quotes).
+    escaped: Option<Box<str>>,
+}
+
+impl Text {
+    /// Text from plain text.
+    pub fn new(plain: String) -> Self {
+        Self {
+            plain: OnceLock::from(plain),
+            escaped: None,
+        }
+    }
+
+    /// Text from the inside of a JSON string literal that
+    /// [`crate::json_doc::Doc::parse`] accepted (its escapes are valid).
+    pub(crate) fn from_escaped(escaped: &str) -> Self {
+        Self {
+            plain: OnceLock::new(),
+            escaped: Some(escaped.into()),
+        }
+    }
+
+    /// The plain text.
+    pub fn as_str(&self) -> &str {
+        self.plain
+            .get_or_init(|| crate::json_doc::unescape(self.escaped.as_deref().unwrap_or_default()))
+    }
+
+    /// Whether the text is empty (without unescaping it).
+    pub fn is_empty(&self) -> bool {
+        match &self.escaped {
+            Some(e) => e.is_empty(),
+            None => self.as_str().is_empty(),
+        }
+    }
+
+    /// The text as the inside of a JSON string literal, when it was read
+    /// that way.
+    pub fn escaped(&self) -> Option<&str> {
+        self.escaped.as_deref()
+    }
+
+    /// The plain text, owned.
+    pub fn into_string(self) -> String {
+        let Self { mut plain, escaped } = self;
+        plain
+            .take()
+            .unwrap_or_else(|| crate::json_doc::unescape(escaped.as_deref().unwrap_or_default()))
+    }
+}
+
+impl std::ops::Deref for Text {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl From<String> for Text {
+    fn from(s: String) -> Self {
+        Self::new(s)
+    }
+}
+
+impl From<&str> for Text {
+    fn from(s: &str) -> Self {
+        Self::new(s.to_owned())
+    }
+}
+
+impl PartialEq for Text {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Text {}
+
+impl std::fmt::Debug for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.as_str().fmt(f)
+    }
+}
+
+impl Serialize for Text {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self::new)
+    }
+}
+
 /// A piece of message content.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -29,7 +136,7 @@ pub enum Part {
     /// Text.
     Text {
         /// The text.
-        text: String,
+        text: Text,
     },
     /// An image, inline (base64) or by URL.
     Image {
@@ -106,7 +213,7 @@ pub struct Message {
 
 impl Message {
     /// A message with text content only.
-    pub fn text(role: Role, text: impl Into<String>) -> Self {
+    pub fn text(role: Role, text: impl Into<Text>) -> Self {
         Self {
             role,
             content: vec![Part::Text { text: text.into() }],
@@ -404,5 +511,31 @@ pub fn assemble(events: &[StreamEvent]) -> ChatResponse {
         finish_reason: finish.unwrap_or(FinishReason::Abort),
         usage,
         tokens: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaped_text_reads_as_its_plain_text() {
+        let escaped = Text::from_escaped(r#"a\nb \"q\" \u00e9\ud83d\ude00"#);
+        let plain = Text::new("a\nb \"q\" é😀".to_owned());
+        assert_eq!(escaped.escaped(), Some(r#"a\nb \"q\" \u00e9\ud83d\ude00"#));
+        assert!(!escaped.is_empty());
+        assert_eq!(escaped, plain);
+        assert_eq!(escaped.as_str(), "a\nb \"q\" é😀");
+        assert_eq!(&*escaped, plain.as_str());
+        assert_eq!(escaped.clone().into_string(), plain.clone().into_string());
+        assert_eq!(plain.escaped(), None);
+        assert!(Text::new(String::new()).is_empty());
+        assert!(Text::default().is_empty());
+        // Serialized as the string it stands for; read back as plain text.
+        let json = serde_json::to_string(&escaped).unwrap();
+        assert_eq!(json, serde_json::to_string("a\nb \"q\" é😀").unwrap());
+        let back: Text = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, escaped);
+        assert_eq!(format!("{escaped:?}"), format!("{:?}", "a\nb \"q\" é😀"));
     }
 }

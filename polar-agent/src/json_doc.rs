@@ -103,7 +103,8 @@ impl<'a> Doc<'a> {
         let mut p = Parser {
             b: text.as_bytes(),
             i: 0,
-            nodes: Vec::with_capacity(text.len() / 24 + 8),
+            // About one node per 60 bytes of agent requests (long strings).
+            nodes: Vec::with_capacity(text.len() / 64 + 16),
         };
         p.value(0)?;
         p.skip_ws();
@@ -574,6 +575,18 @@ impl<'d> Json<'d> {
         }
     }
 
+    /// A string's inside as written between its quotes, and whether it has
+    /// escapes.
+    pub fn str_literal(&self) -> Option<(&'d str, bool)> {
+        let n = self.node();
+        let inner = &self.text[n.start as usize..n.end as usize];
+        match n.tag {
+            Tag::Plain => Some((inner, false)),
+            Tag::Escaped => Some((inner, true)),
+            _ => None,
+        }
+    }
+
     /// Whether the value is the string `s`.
     pub fn is_str(&self, s: &str) -> bool {
         let n = self.node();
@@ -643,29 +656,20 @@ impl<'d> Json<'d> {
     }
 
     /// The value as compact JSON text: what `serde_json` writes for
-    /// [`Json::to_value`], taken from the document's text when that is the
-    /// same bytes (no escapes to normalize, integers only), else written
-    /// from the tree.
+    /// [`Json::to_value`]. Built from the document's tokens: strings whose
+    /// escapes are already the ones `serde_json` writes and integers are
+    /// copied, other strings and numbers rewritten; an object with a
+    /// repeated key sends the whole value through a tree.
     pub fn to_compact_string(&self) -> String {
-        let canonical = (self.i..self.after()).all(|i| {
-            let n = self.nodes[i];
-            match n.tag {
-                Tag::Escaped => false,
-                Tag::Number => {
-                    let t = &self.text.as_bytes()[n.start as usize..n.end as usize];
-                    t.len() < 19 && t.iter().all(|c| c.is_ascii_digit() || *c == b'-')
-                }
-                // A repeated key reads as one member.
-                Tag::Object => self.at(i).keys_distinct(),
-                _ => true,
-            }
-        });
-        if !canonical {
+        let distinct = (self.i..self.after())
+            .all(|i| self.nodes[i].tag != Tag::Object || self.at(i).keys_distinct());
+        if !distinct {
             return self.to_value().to_string();
         }
-        let mut out = String::with_capacity(self.raw().len());
+        let mut out = Vec::with_capacity(self.raw().len());
         self.write_compact(&mut out);
-        out
+        // Only whole tokens and ASCII punctuation were written.
+        String::from_utf8(out).unwrap_or_default()
     }
 
     /// Whether an object's keys are all different (at most 64 of them are
@@ -685,32 +689,91 @@ impl<'d> Json<'d> {
         true
     }
 
-    /// Appends the value's tokens without whitespace.
-    fn write_compact(&self, out: &mut String) {
-        if let Some(elements) = self.as_array() {
-            out.push('[');
-            for (n, e) in elements.enumerate() {
-                if n > 0 {
-                    out.push(',');
+    /// Appends the value as `serde_json` writes it, compact.
+    fn write_compact(&self, out: &mut Vec<u8>) {
+        let n = self.node();
+        let span = &self.text[n.start as usize..n.end as usize];
+        match n.tag {
+            Tag::Array => {
+                out.push(b'[');
+                for (k, e) in self.as_array().into_iter().flatten().enumerate() {
+                    if k > 0 {
+                        out.push(b',');
+                    }
+                    e.write_compact(out);
                 }
-                e.write_compact(out);
+                out.push(b']');
             }
-            out.push(']');
-        } else if let Some(members) = self.as_object() {
-            out.push('{');
-            for (n, (k, v)) in members.raw_keys().enumerate() {
-                if n > 0 {
-                    out.push(',');
+            Tag::Object => {
+                out.push(b'{');
+                let members = self.as_object().into_iter().flat_map(Members::raw_keys);
+                for (k, (key, v)) in members.enumerate() {
+                    if k > 0 {
+                        out.push(b',');
+                    }
+                    key.write_compact(out);
+                    out.push(b':');
+                    v.write_compact(out);
                 }
-                out.push_str(k.raw());
-                out.push(':');
-                v.write_compact(out);
+                out.push(b'}');
             }
-            out.push('}');
-        } else {
-            out.push_str(self.raw());
+            Tag::Plain => {
+                out.push(b'"');
+                out.extend_from_slice(span.as_bytes());
+                out.push(b'"');
+            }
+            Tag::Escaped if canonical_escapes(span) => {
+                out.push(b'"');
+                out.extend_from_slice(span.as_bytes());
+                out.push(b'"');
+            }
+            Tag::Escaped => write_str(out, &unescape(span)),
+            Tag::Number
+                if span.len() < 19 && span.bytes().all(|c| c.is_ascii_digit() || c == b'-') =>
+            {
+                out.extend_from_slice(span.as_bytes());
+            }
+            Tag::Number => match span.parse::<serde_json::Number>() {
+                Ok(num) => out.extend_from_slice(num.to_string().as_bytes()),
+                Err(_) => out.extend_from_slice(b"null"),
+            },
+            Tag::Null | Tag::True | Tag::False => out.extend_from_slice(span.as_bytes()),
         }
     }
+}
+
+/// Whether a string's escapes are all the ones [`write_str`] writes
+/// (`\" \\ \b \f \n \r \t`, and `\u00xx` in lower case for the other
+/// control characters): then its text is already what `serde_json` writes.
+fn canonical_escapes(inner: &str) -> bool {
+    let b = inner.as_bytes();
+    let mut i = find_backslash(b, 0);
+    while i < b.len() {
+        let len = match b.get(i + 1) {
+            Some(b'"' | b'\\' | b'b' | b'f' | b'n' | b'r' | b't') => 2,
+            Some(b'u') => {
+                let hex = b.get(i + 2..i + 6).unwrap_or_default();
+                let control = match hex {
+                    [b'0', b'0', hi @ (b'0' | b'1'), lo] => {
+                        let lo = match lo {
+                            b'0'..=b'9' => lo - b'0',
+                            b'a'..=b'f' => lo - b'a' + 10,
+                            _ => return false,
+                        };
+                        Some(((hi - b'0') << 4) | lo)
+                    }
+                    _ => None,
+                };
+                match control {
+                    Some(0x08 | 0x09 | 0x0a | 0x0c | 0x0d) | None => return false,
+                    Some(_) => 6,
+                }
+            }
+            _ => return false,
+        };
+        i = find_backslash(b, i + len);
+    }
+    true
 }
 
 /// An array's elements.
@@ -818,8 +881,8 @@ pub fn write_str_contents(out: &mut Vec<u8>, s: &str) {
 }
 
 /// The text of a string's escaped inside (valid: [`Doc::parse`] checked
-/// it).
-fn unescape(inner: &str) -> String {
+/// it; anything else is read as best it can be, never a panic).
+pub(crate) fn unescape(inner: &str) -> String {
     let b = inner.as_bytes();
     let mut out = String::with_capacity(inner.len());
     let mut i = 0;
@@ -827,22 +890,29 @@ fn unescape(inner: &str) -> String {
         let plain_end = find_backslash(b, i);
         out.push_str(&inner[i..plain_end]);
         i = plain_end;
-        if i >= b.len() {
+        let Some(&kind) = b.get(i + 1) else {
             break;
-        }
-        let (c, len) = match b[i + 1] {
+        };
+        let hex = |at: usize| {
+            inner
+                .get(at..at + 4)
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .unwrap_or(0xFFFD)
+        };
+        let (c, len) = match kind {
             b'n' => ('\n', 2),
             b't' => ('\t', 2),
             b'r' => ('\r', 2),
             b'b' => ('\u{8}', 2),
             b'f' => ('\u{c}', 2),
             b'u' => {
-                let hex = |at: usize| u32::from_str_radix(&inner[at..at + 4], 16).unwrap_or(0);
                 let unit = hex(i + 2);
                 if (0xD800..0xDC00).contains(&unit) {
                     let low = hex(i + 8);
-                    let c = char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00));
-                    (c.unwrap_or('\u{FFFD}'), 12)
+                    let c = (0xDC00..0xE000).contains(&low).then(|| {
+                        char::from_u32(0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00))
+                    });
+                    (c.flatten().unwrap_or('\u{FFFD}'), 12)
                 } else {
                     (char::from_u32(unit).unwrap_or('\u{FFFD}'), 6)
                 }

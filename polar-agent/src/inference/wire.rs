@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::request::{Conversation, body_with};
 use super::{BackendConfig, SamplingMode};
-use crate::chat::{ChatRequest, Message, Part, Role, Tool, ToolCall};
+use crate::chat::{ChatRequest, Message, Part, Role, Text, Tool, ToolCall};
 use crate::json_doc::{self, write_str};
 
 /// The body of `POST /v1/chat/completions` for `req`, as bytes.
@@ -21,7 +21,7 @@ pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMod
         .iter()
         .flat_map(|m| &m.content)
         .map(|p| match p {
-            Part::Text { text } => text.len(),
+            Part::Text { text } => text.escaped().map_or_else(|| text.len(), str::len),
             _ => 256,
         })
         .sum();
@@ -92,6 +92,16 @@ fn messages(out: &mut Vec<u8>, messages: &[Message]) {
     out.push(b']');
 }
 
+/// A text inside a JSON string: copied when it is still escaped as the
+/// harness sent it (its escapes are valid JSON, if not always the ones
+/// `serde_json` would pick), escaped otherwise.
+fn text_contents(out: &mut Vec<u8>, text: &Text) {
+    match text.escaped() {
+        Some(e) => out.extend_from_slice(e.as_bytes()),
+        None => json_doc::write_str_contents(out, text),
+    }
+}
+
 fn text_only(parts: &[Part]) -> bool {
     parts.iter().all(|p| matches!(p, Part::Text { .. }))
 }
@@ -120,7 +130,7 @@ fn message(out: &mut Vec<u8>, m: &Message) {
         out.push(b'"');
         for p in &m.content {
             if let Part::Text { text } = p {
-                json_doc::write_str_contents(out, text);
+                text_contents(out, text);
             }
         }
         out.push(b'"');
@@ -156,9 +166,9 @@ fn parts(out: &mut Vec<u8>, parts: &[Part]) {
         }
         match p {
             Part::Text { text } => {
-                out.extend_from_slice(br#"{"type":"text","text":"#);
-                write_str(out, text);
-                out.push(b'}');
+                out.extend_from_slice(br#"{"type":"text","text":""#);
+                text_contents(out, text);
+                out.extend_from_slice(br#""}"#);
             }
             Part::Image {
                 media_type,

@@ -170,7 +170,9 @@ fn message(v: &Value) -> Result<Message, MockError> {
     };
     let mut m = Message::text(role, "");
     m.content = match v.get("content") {
-        Some(Value::String(s)) => vec![Part::Text { text: s.clone() }],
+        Some(Value::String(s)) => vec![Part::Text {
+            text: s.as_str().into(),
+        }],
         Some(Value::Array(parts)) => parts.iter().map(part).collect(),
         _ => Vec::new(),
     };
@@ -201,7 +203,7 @@ fn part(v: &Value) -> Part {
                 .get("text")
                 .and_then(Value::as_str)
                 .unwrap_or_default()
-                .to_owned(),
+                .into(),
         },
         Some("image_url") => Part::Image {
             media_type: None,

@@ -184,7 +184,7 @@ pub fn content_text(m: &Message) -> String {
     m.content
         .iter()
         .map(|p| match p {
-            Part::Text { text } => text.clone(),
+            Part::Text { text } => text.to_string(),
             Part::Image { .. } => "[image]".to_owned(),
             Part::Other { value } => value.to_string(),
         })

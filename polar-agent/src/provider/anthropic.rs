@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::read::{
     array_field, body_object, bool_field, f64_field, field_is, request_model, rest, stop_list,
-    str_field, string_field, u32_of,
+    str_field, string_field, text, text_field, u32_of,
 };
 use super::{
     ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, effective_finish,
@@ -98,7 +98,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         {
             extra.insert(
                 "anthropic_billing_header".into(),
-                Value::String(text.clone()),
+                Value::String(text.to_string()),
             );
             msg.content.remove(0);
             shift_block_extra(&mut msg.extra);
@@ -253,7 +253,7 @@ fn block_part(b: Json<'_>) -> (Part, Map<String, Value>) {
     match str_field(b, "type").as_deref() {
         Some("text") => (
             Part::Text {
-                text: string_field(b, "text").unwrap_or_default(),
+                text: text_field(b, "text").unwrap_or_default(),
             },
             rest(b, &["type", "text"]),
         ),
@@ -288,10 +288,8 @@ fn content_or_null(content: Option<Json<'_>>) -> Json<'_> {
 fn content_message(role: Role, content: Json<'_>, at: &str) -> Result<Message, ProviderError> {
     let mut msg = Message::text(role, "");
     msg.content.clear();
-    if let Some(s) = content.as_str() {
-        msg.content.push(Part::Text {
-            text: s.into_owned(),
-        });
+    if let Some(text) = text(content) {
+        msg.content.push(Part::Text { text });
     } else if let Some(blocks) = content.as_array() {
         for (i, b) in blocks.enumerate() {
             let (part, fields) = block_part(b);

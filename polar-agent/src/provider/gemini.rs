@@ -32,8 +32,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::read::{
-    array_field, body_object, bool_field, field_is, rest, stop_list, str_field, string_field,
-    u32_of,
+    array_field, body_object, bool_field, field_is, rest, stop_list, str_field, string_field, text,
+    text_field, u32_of,
 };
 use super::{
     ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
@@ -123,10 +123,8 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
 
     if let Some(si) = get2(obj, "systemInstruction", "system_instruction") {
         let mut m = empty(Role::System);
-        if let Some(s) = si.as_str() {
-            m.content.push(Part::Text {
-                text: s.into_owned(),
-            });
+        if let Some(text) = text(si) {
+            m.content.push(Part::Text { text });
         } else if si.is_object() {
             for (k, p) in array_field(si, "parts").enumerate() {
                 let (part, fields) = plain_part(p);
@@ -325,7 +323,7 @@ fn plain_part(p: Json<'_>) -> (Part, Map<String, Value>) {
     if !p.is_object() {
         return other();
     }
-    if let Some(text) = string_field(p, "text") {
+    if let Some(text) = text_field(p, "text") {
         return (Part::Text { text }, rest(p, &["text"]));
     }
     if let Some(d) = get2_object(p, "inlineData", "inline_data")

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::read::{
     array_field, body_object, bool_field, f64_field, request_model, rest, stop_list, str_field,
-    string_field, text_of, u32_of,
+    string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
@@ -204,10 +204,8 @@ fn parse_message(m: Json<'_>, at: &dyn Fn() -> String) -> Result<Message, Provid
     let mut msg = Message::text(role, "");
     msg.content.clear();
     if let Some(content) = m.get("content").filter(|c| !c.is_null()) {
-        if let Some(s) = content.as_str() {
-            msg.content.push(Part::Text {
-                text: s.into_owned(),
-            });
+        if let Some(text) = text(content) {
+            msg.content.push(Part::Text { text });
         } else if let Some(parts) = content.as_array() {
             for (i, p) in parts.enumerate() {
                 let (part, fields) = content_part(p);
@@ -255,13 +253,8 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
             Map::new(),
         )
     };
-    if let Some(s) = p.as_str() {
-        return (
-            Part::Text {
-                text: s.into_owned(),
-            },
-            Map::new(),
-        );
+    if let Some(text) = text(p) {
+        return (Part::Text { text }, Map::new());
     }
     if !p.is_object() {
         return other();
@@ -269,7 +262,7 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
     match str_field(p, "type").as_deref() {
         Some("text" | "input_text") => (
             Part::Text {
-                text: string_field(p, "text").unwrap_or_default(),
+                text: text_field(p, "text").unwrap_or_default(),
             },
             rest(p, &["type", "text"]),
         ),

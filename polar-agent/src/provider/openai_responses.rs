@@ -32,7 +32,7 @@ use serde_json::{Map, Value, json};
 use super::openai_chat::openai_error_type;
 use super::read::{
     array_field, body_object, bool_field, f64_field, field_is, request_model, rest, str_field,
-    string_field, text_of, u32_of,
+    string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, SOURCE_KEY, StreamEncoder,
@@ -133,9 +133,8 @@ impl Items {
                     push_indexed(&mut m.extra, "part_extra", i, fields);
                 }
             } else {
-                m.content.push(Part::Text {
-                    text: text_of(output),
-                });
+                let text = text(output).unwrap_or_else(|| text_of(output).into());
+                m.content.push(Part::Text { text });
             }
         }
         m.name = self.tool_names.get(&id).cloned();
@@ -162,10 +161,10 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     let mut tool_extra = Vec::new();
 
     if let Some(v) = obj.get("instructions").filter(|v| !v.is_null()) {
-        match v.as_str() {
-            Some(s) if s.is_empty() => {}
-            Some(s) => {
-                let mut m = Message::text(Role::System, s);
+        match text(v) {
+            Some(t) if t.is_empty() => {}
+            Some(t) => {
+                let mut m = Message::text(Role::System, t);
                 m.extra
                     .insert(SOURCE_KEY.into(), Value::String("instructions".into()));
                 items.push(m);
@@ -177,8 +176,8 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     }
 
     if let Some(input) = obj.get("input") {
-        if let Some(s) = input.as_str() {
-            items.push(Message::text(Role::User, s));
+        if let Some(t) = text(input) {
+            items.push(Message::text(Role::User, t));
         } else if let Some(list) = input.as_array() {
             for (i, item) in list.enumerate() {
                 parse_item(
@@ -313,10 +312,8 @@ fn parse_item(
             let mut parts = Vec::new();
             let mut part_extra = Map::new();
             if let Some(content) = item.get("content") {
-                if let Some(s) = content.as_str() {
-                    parts.push(Part::Text {
-                        text: s.into_owned(),
-                    });
+                if let Some(text) = text(content) {
+                    parts.push(Part::Text { text });
                 } else if let Some(list) = content.as_array() {
                     for (k, p) in list.enumerate() {
                         let (part, fields) = content_part(p);
@@ -443,13 +440,8 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
             Map::new(),
         )
     };
-    if let Some(s) = p.as_str() {
-        return (
-            Part::Text {
-                text: s.into_owned(),
-            },
-            Map::new(),
-        );
+    if let Some(text) = text(p) {
+        return (Part::Text { text }, Map::new());
     }
     if !p.is_object() {
         return other();
@@ -457,7 +449,7 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
     match str_field(p, "type").as_deref() {
         Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => (
             Part::Text {
-                text: string_field(p, "text").unwrap_or_default(),
+                text: text_field(p, "text").unwrap_or_default(),
             },
             rest(p, &["type", "text"]),
         ),

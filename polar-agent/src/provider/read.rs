@@ -8,15 +8,20 @@ use std::borrow::Cow;
 use serde_json::{Map, Value};
 
 use super::{ModelCall, ProviderError};
+use crate::chat::Text;
 use crate::json_doc::Json;
 
 /// The members of `obj` not in `known`, as a map (the fields a
 /// translation keeps without understanding them).
 pub(crate) fn rest(obj: Json<'_>, known: &[&str]) -> Map<String, Value> {
+    let unknown = |(k, _): &(Cow<'_, str>, Json<'_>)| !known.contains(&k.as_ref());
+    if !obj.as_object().into_iter().flatten().any(|m| unknown(&m)) {
+        return Map::new();
+    }
     obj.as_object()
         .into_iter()
         .flatten()
-        .filter(|(k, _)| !known.contains(&k.as_ref()))
+        .filter(unknown)
         .map(|(k, v)| (k.into_owned(), v.to_value()))
         .collect()
 }
@@ -29,6 +34,19 @@ pub(crate) fn str_field<'d>(obj: Json<'d>, key: &str) -> Option<Cow<'d, str>> {
 /// A string member of `obj`, owned.
 pub(crate) fn string_field(obj: Json<'_>, key: &str) -> Option<String> {
     str_field(obj, key).map(Cow::into_owned)
+}
+
+/// A string as message text: escaped text is kept escaped ([`Text`]).
+pub(crate) fn text(v: Json<'_>) -> Option<Text> {
+    match v.str_literal()? {
+        (plain, false) => Some(Text::new(plain.to_owned())),
+        (escaped, true) => Some(Text::from_escaped(escaped)),
+    }
+}
+
+/// A string member of `obj` as message text.
+pub(crate) fn text_field(obj: Json<'_>, key: &str) -> Option<Text> {
+    text(obj.get(key)?)
 }
 
 /// Whether `obj`'s member `key` is the string `s`.
