@@ -4,9 +4,11 @@
 //! 1. **Stage work** on a Claude-Code-shaped request of 50 messages and about
 //!    100 KB, no sockets: JSON parse + detection + translation to the
 //!    normalized request + the backend's request body; encoding a 200-token
-//!    reply into Anthropic SSE; building the record; appending it to a log
-//!    without and with `fdatasync`. Each step timed alone, p50/p99 over many
-//!    iterations, and the sum.
+//!    reply into Anthropic SSE; the record's request part serialized and
+//!    appended while the backend generates; at the end, the record built and
+//!    its completion appended without and with `fdatasync` (and, for
+//!    comparison, the whole record as one line). Each step timed alone,
+//!    p50/p99 over many iterations, and the sums.
 //! 2. **Time to first token** through the whole path (client -> `polar
 //!    proxy` -> `polar mock-backend`, streamed) against the mock called
 //!    directly with the same (translated) request, alternating, in one run.
@@ -40,8 +42,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use polar_agent::capture::build::{Draft, Produced, call_id, now_ms};
-use polar_agent::capture::encode::{PreEncoded, encode_record};
+use polar_agent::capture::build::{Draft, Produced, call_id, keep_event, now_ms};
+use polar_agent::capture::encode::{
+    PartHead, PreEncoded, encode_completion, encode_record, encode_request_part,
+};
 use polar_agent::capture::log::{Durability, LogFile, encode_line};
 use polar_agent::capture::record::NativeRequest;
 use polar_agent::chat::{FinishReason, StreamEvent, Tokens, Usage};
@@ -202,20 +206,26 @@ fn stage_work() {
         true,
     ));
     let events = reply_events();
+    // The events as the agent keeps them for the record (pieces of the
+    // same text or arguments merged).
+    let mut kept = Vec::new();
+    for e in events.clone() {
+        keep_event(&mut kept, e);
+    }
     let tokens = Tokens {
         prompt_token_ids: Some(prompt_ids.clone()),
         response_token_ids: Some((0..200).map(|i| 1000 + i).collect()),
         response_logprobs: Some((0..200).map(|i| -0.01 * i as f32).collect()),
     };
     let dir = tempfile::tempdir().unwrap();
-    let (mut nosync, _) = LogFile::open(&dir.path().join("a.jsonl"), Durability::NoSync).unwrap();
-    let (mut sync, _) = LogFile::open(&dir.path().join("b.jsonl"), Durability::Sync).unwrap();
+    let (nosync, _) = LogFile::open(&dir.path().join("a.jsonl"), Durability::NoSync).unwrap();
+    let (sync, _) = LogFile::open(&dir.path().join("b.jsonl"), Durability::Sync).unwrap();
 
     let iterations = 600;
-    let mut t: [Vec<Duration>; 12] = Default::default();
-    let mut line_len = 0;
+    let mut t: [Vec<Duration>; 13] = Default::default();
+    let (mut part_len, mut end_len, mut line_len) = (0, 0, 0);
     for i in 0..iterations + 50 {
-        let mut d = [Duration::ZERO; 12];
+        let mut d = [Duration::ZERO; 13];
         // 0. Request: parse, detect, translate, the backend's body, the
         //    native body kept for the record.
         let t0 = Instant::now();
@@ -241,8 +251,10 @@ fn stage_work() {
         d[1] = t1.elapsed();
         black_box(n);
 
-        // 2. Serialized ahead, while the backend generates (blocking
-        //    threads): the requests, then the prompt ids.
+        // 2. While the backend generates (blocking threads): the requests
+        //    serialized, then the prompt ids, and the request part written
+        //    (one write; its fdatasync, also during generation, is not
+        //    timed).
         let native = NativeRequest {
             api: call.api,
             method: "POST".into(),
@@ -250,17 +262,29 @@ fn stage_work() {
             path: path.into(),
             body: native_body,
         };
-        let t2 = Instant::now();
-        let mut pre = PreEncoded::requests(&native, &parsed.request);
-        pre.prompt_token_ids = PreEncoded::prompt(&prompt_ids);
-        d[2] = t2.elapsed();
-
-        // 3. End of the call: record built, its line finished with the
-        //    parts serialized ahead, one write (no fsync).
-        let draft = Draft {
+        let head = PartHead {
             call_id: call_id(),
             seq: i as u64,
             session_id: "bench".into(),
+        };
+        let t2 = Instant::now();
+        let pre = PreEncoded::requests(&native, &parsed.request);
+        let part = encode_request_part(&head, &pre, Some(&prompt_ids))
+            .unwrap()
+            .unwrap();
+        nosync.append_line(&part).unwrap();
+        d[2] = t2.elapsed();
+        // The ids the part holds, kept for the end (a move on the agent).
+        let part_prompt = prompt_ids.clone();
+        sync.append_line(&part).unwrap();
+        part_len = part.len();
+
+        // 3. End of the call: record built, its completion line, one write
+        //    (no fsync).
+        let draft = Draft {
+            call_id: head.call_id,
+            seq: head.seq,
+            session_id: head.session_id,
             task_id: Some("t".into()),
             native,
             request: parsed.request,
@@ -270,22 +294,23 @@ fn stage_work() {
         let t3 = Instant::now();
         let record = draft.finish(
             Produced {
-                events: &events,
+                events: &kept,
                 tokens,
                 ..Produced::default()
             },
             None,
         );
-        let line = encode_record(&record, &pre).unwrap();
-        nosync.append_line(&line).unwrap();
+        let built = t3.elapsed();
+        let end = encode_completion(&record, Some(&part_prompt)).unwrap();
+        nosync.append_line(&end).unwrap();
         d[3] = t3.elapsed();
-        line_len = line.len();
+        end_len = end.len();
 
         // 4. The same with fdatasync.
         let t4 = Instant::now();
-        let line = encode_record(&record, &pre).unwrap();
-        sync.append_line(&line).unwrap();
-        d[4] = t4.elapsed();
+        let end = encode_completion(&record, Some(&part_prompt)).unwrap();
+        sync.append_line(&end).unwrap();
+        d[4] = built + t4.elapsed();
 
         // 5. For comparison: the whole line serialized at the end.
         let t5 = Instant::now();
@@ -293,24 +318,35 @@ fn stage_work() {
         nosync.append_line(&line).unwrap();
         d[5] = t5.elapsed();
 
-        d[6] = d[0] + d[1] + d[3];
-        d[7] = d[0] + d[1] + d[2] + d[3];
+        // 6. For comparison: the whole line with the parts serialized
+        //    ahead (the fallback when no request part was written, and
+        //    what every call did before the two-part records).
+        let mut pre = pre;
+        pre.prompt_token_ids = PreEncoded::prompt(&prompt_ids);
+        let t6 = Instant::now();
+        let line = encode_record(&record, &pre).unwrap();
+        nosync.append_line(&line).unwrap();
+        d[6] = built + t6.elapsed();
+        line_len = line.len();
+
+        d[7] = d[0] + d[1] + d[3];
+        d[8] = d[0] + d[1] + d[2] + d[3];
         // What the harness waits for: the request step, the end, and the
         // last event's encoding (the others are encoded as they arrive,
         // between the backend's tokens).
-        d[8] = d[0] + d[3] + d[1] / events.len() as u32;
+        d[9] = d[0] + d[3] + d[1] / events.len() as u32;
 
         // What the JSON alone costs on this machine, for scale: the body
         // only validated, parsed into a tree, and that tree written back.
-        let t9 = Instant::now();
-        black_box(serde_json::from_slice::<serde::de::IgnoredAny>(&body).unwrap());
-        d[9] = t9.elapsed();
         let t10 = Instant::now();
-        let tree: Value = serde_json::from_slice(&body).unwrap();
+        black_box(serde_json::from_slice::<serde::de::IgnoredAny>(&body).unwrap());
         d[10] = t10.elapsed();
         let t11 = Instant::now();
-        black_box(serde_json::to_vec(&tree).unwrap());
+        let tree: Value = serde_json::from_slice(&body).unwrap();
         d[11] = t11.elapsed();
+        let t12 = Instant::now();
+        black_box(serde_json::to_vec(&tree).unwrap());
+        d[12] = t12.elapsed();
         if i >= 50 {
             for (k, x) in d.iter().enumerate() {
                 t[k].push(*x);
@@ -321,11 +357,13 @@ fn stage_work() {
     println!("\n### 1. Stage work per call (no sockets)\n");
     println!(
         "Request: {} bytes, 50 messages ({messages} normalized, system included), 8 tools; prompt {} tokens \
-         (mock tokenizer, about 2 bytes per token); reply 200 tokens ({} events); record line {} bytes. \
-         {iterations} iterations, p50/p99 of each step.\n",
+         (mock tokenizer, about 2 bytes per token); reply 200 tokens ({} events); record: request part {} bytes, \
+         completion {} bytes (as one whole line {} bytes). {iterations} iterations, p50/p99 of each step.\n",
         body.len(),
         prompt_ids.len(),
         events.len(),
+        part_len,
+        end_len,
         line_len
     );
     println!("| step | when | p50 | p99 |\n| --- | --- | --- | --- |");
@@ -339,16 +377,20 @@ fn stage_work() {
             "spread over the stream",
         ),
         (
-            "requests and prompt ids serialized ahead",
+            "requests and prompt ids serialized + request part written, no fsync",
             "during generation, blocking thread",
         ),
         (
-            "record built + line finished + one write, no fsync",
+            "record built + completion line + one write, no fsync",
             "before the last bytes",
         ),
         ("the same + fdatasync", "before the last bytes"),
         (
             "(for comparison) whole line serialized at the end + write",
+            "-",
+        ),
+        (
+            "(for comparison) record built + whole line from the parts serialized ahead + write (the fallback)",
             "-",
         ),
         (

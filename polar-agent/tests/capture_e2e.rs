@@ -439,3 +439,78 @@ async fn a_harness_leaving_mid_stream_is_recorded() {
     agent.stop().await;
     mock.stop().await;
 }
+
+/// The kinds of a log's lines: `request`, `completion`, or `whole`.
+fn line_kinds(agent: &TestAgent, session: &str) -> Vec<String> {
+    let path = agent
+        .state
+        .path()
+        .join("sessions")
+        .join(session)
+        .join("calls.jsonl");
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["part"].as_str().unwrap_or("whole").to_owned()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
+    // vLLM streams with the prompt ids in its first chunk: the request part
+    // is written while it generates; the end adds the completion.
+    let mock = mock::start(MockConfig {
+        token_latency: Duration::from_millis(5),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    let h = Harness::Claude;
+    for stream in [true, false] {
+        let session = format!("parts-{stream}");
+        agent.session(&session, "t");
+        for _ in 0..2 {
+            let reply = send(h.request(agent.addr, &session, h.first_turn(), stream)).await;
+            h.check_reply(&reply, stream);
+        }
+        assert_eq!(
+            line_kinds(&agent, &session),
+            ["request", "completion", "request", "completion"],
+            "stream {stream}"
+        );
+        let (records, problems) = agent.calls(&session);
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(records.len(), 2);
+        for (k, r) in records.iter().enumerate() {
+            assert_eq!(r.seq, k as u64);
+            assert_eq!(r.native_request.api, h.api());
+            assert!(!r.request.messages.is_empty());
+            check_tokens(agent.backend(), r);
+        }
+    }
+    agent.stop().await;
+    mock.stop().await;
+
+    // SGLang answers whole (the prompt ids come with the end): one line.
+    let mock = mock::start(MockConfig {
+        dialect: polar_agent::mock::Dialect::Sglang,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let toml = backend_toml("mock", &mock.url(), 5000).replace("\"vllm\"", "\"sglang\"");
+    let agent = TestAgent::start(&toml).await;
+    agent.session("whole", "t");
+    let reply = send(h.request(agent.addr, "whole", h.first_turn(), true)).await;
+    h.check_reply(&reply, true);
+    assert_eq!(line_kinds(&agent, "whole"), ["whole"]);
+    let (records, problems) = agent.calls("whole");
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(records[0].prompt_token_ids.is_some());
+    agent.stop().await;
+    mock.stop().await;
+}

@@ -374,13 +374,16 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
     let (mut calls, mut prompt, mut response) = (0u64, 0u64, 0u64);
     let sessions = f.dir.path().join("gw-a/state/sessions");
     for e in std::fs::read_dir(&sessions)? {
-        let text = std::fs::read_to_string(e?.path().join("calls.jsonl"))?;
-        for line in text.lines() {
-            let r: serde_json::Value = serde_json::from_str(line)?;
+        // A call is one line or two (a request part and its completion):
+        // the log's reader joins them.
+        let (records, problems) =
+            polar_agent::capture::read_log(&e?.path().join(polar_agent::capture::log::CALLS_FILE))?;
+        ensure!(problems.is_empty(), "{problems:?}");
+        for r in records {
             calls += 1;
-            let n = |k: &str| r[k].as_array().map_or(0, |a| a.len() as u64);
-            prompt += n("prompt_token_ids");
-            response += n("response_token_ids");
+            let n = |ids: Option<Vec<u32>>| ids.map_or(0, |a| a.len() as u64);
+            prompt += n(r.prompt_token_ids);
+            response += n(r.response_token_ids);
         }
     }
     ensure!(calls == 16, "{calls} calls in the logs");

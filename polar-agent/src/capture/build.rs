@@ -181,6 +181,20 @@ pub struct EarlyEncoding(tokio::task::JoinHandle<(NativeRequest, ChatRequest, Pr
 
 type EncodedPrompt = Option<(IdsFingerprint, Box<serde_json::value::RawValue>)>;
 
+impl EarlyEncoding {
+    /// The requests lent (the native one without its body when it was
+    /// serialized) and their serialized form; `None` if the task failed.
+    pub async fn finish(self) -> Option<(NativeRequest, ChatRequest, PreEncoded)> {
+        match self.0.await {
+            Ok(done) => Some(done),
+            Err(e) => {
+                tracing::error!(error = %e, "serializing a record's requests failed; they are lost");
+                None
+            }
+        }
+    }
+}
+
 /// Prompt token ids being serialized on a blocking task.
 #[derive(Debug)]
 pub struct PromptEncoding(tokio::task::JoinHandle<EncodedPrompt>);

@@ -1,19 +1,25 @@
-//! A record's log line, with its big parts serialized ahead of time.
+//! A call's log lines, with its big parts serialized ahead of time.
 //!
 //! The native request, the normalized request and the prompt token ids make
 //! up most of a record's bytes, and all three are known long before the
 //! call ends. The capture stage serializes them while the backend generates
-//! ([`PreEncoded`]); when the call ends only the reply's part is left to
-//! serialize before the line is appended and synced, which is what the
-//! harness waits for. [`encode_record`] writes exactly the bytes
-//! `serde_json` writes for the [`CompletionRecord`] itself.
+//! ([`PreEncoded`]) and writes them to the log as the call's request part
+//! ([`encode_request_part`]); when the call ends only the completion is
+//! left ([`encode_completion`]: the reply's part, a few kilobytes), which is
+//! what the harness waits for. When no request part was written, the
+//! record goes as one whole line ([`encode_record`]: exactly the bytes
+//! `serde_json` writes for the [`CompletionRecord`] itself). See
+//! [`super::log`] for the layout and [`super::lines`] for reading it.
 
 use serde::Serialize;
 use serde::ser::Serializer;
 use serde_json::value::{RawValue, to_raw_value};
 
+use super::lines::{COMPLETION_PART, REQUEST_PART};
 use super::log::LogError;
-use super::record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Timings};
+use super::record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+};
 use crate::chat::{ChatRequest, ChatResponse, FinishReason};
 
 /// Parts of a record already serialized. A part that is absent is
@@ -101,21 +107,71 @@ impl<T: Serialize> Serialize for Part<'_, T> {
     }
 }
 
-/// [`CompletionRecord`]'s serialized layout, field for field.
+/// Where a record's big parts are when its call ends.
+#[derive(Debug)]
+pub enum RecordParts {
+    /// Not in the log: the record is written as one whole line, with the
+    /// parts that were serialized ahead.
+    Whole(PreEncoded),
+    /// In the log, in the call's request part, which holds these prompt
+    /// token ids (`None`: it holds none); the record is written as its
+    /// completion.
+    InRequestPart(Option<Vec<u32>>),
+}
+
+impl Default for RecordParts {
+    fn default() -> Self {
+        Self::Whole(PreEncoded::default())
+    }
+}
+
+/// What a request part says of its call besides the big parts.
+#[derive(Clone, Debug)]
+pub struct PartHead {
+    /// [`CompletionRecord::call_id`].
+    pub call_id: String,
+    /// [`CompletionRecord::seq`].
+    pub seq: u64,
+    /// [`CompletionRecord::session_id`].
+    pub session_id: String,
+}
+
+/// A request part's line.
+#[derive(Serialize)]
+struct RequestLine<'a> {
+    part: &'static str,
+    version: u32,
+    call_id: &'a str,
+    seq: u64,
+    session_id: &'a str,
+    native_request: &'a RawValue,
+    request: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
+}
+
+/// [`CompletionRecord`]'s serialized layout, field for field; as a
+/// completion, with `part` first and without the fields in its request
+/// part.
 #[derive(Serialize)]
 struct Line<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    part: Option<&'static str>,
     version: u32,
     call_id: &'a str,
     seq: u64,
     session_id: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     task_id: Option<&'a String>,
-    native_request: Part<'a, NativeRequest>,
-    request: Part<'a, ChatRequest>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    native_request: Option<Part<'a, NativeRequest>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request: Option<Part<'a, ChatRequest>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response: Option<&'a ChatResponse>,
+    /// Absent, `null` (`Some(None)`) or the ids.
     #[serde(skip_serializing_if = "Option::is_none")]
-    prompt_token_ids: Option<Part<'a, Vec<u32>>>,
+    prompt_token_ids: Option<Option<Part<'a, Vec<u32>>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     response_token_ids: Option<&'a Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -129,8 +185,59 @@ struct Line<'a> {
     status: &'a CallStatus,
 }
 
-/// The log line of `record` (JSON and a newline), using the parts of `pre`
-/// that match it.
+impl<'a> Line<'a> {
+    /// The fields of `record` that are not in a request part.
+    fn small(record: &'a CompletionRecord) -> Self {
+        Line {
+            part: None,
+            version: record.version,
+            call_id: &record.call_id,
+            seq: record.seq,
+            session_id: &record.session_id,
+            task_id: record.task_id.as_ref(),
+            native_request: None,
+            request: None,
+            response: record.response.as_ref(),
+            prompt_token_ids: None,
+            response_token_ids: record.response_token_ids.as_ref(),
+            response_logprobs: record.response_logprobs.as_ref(),
+            token_ids_missing: record.token_ids_missing,
+            finish_reason: record.finish_reason.as_ref(),
+            backend: &record.backend,
+            timings: &record.timings,
+            status: &record.status,
+        }
+    }
+
+    /// Serializes with its newline into a buffer of `big` bytes (the parts
+    /// serialized ahead) and room for the rest: one allocation of about the
+    /// line's size instead of a doubling buffer copying the big parts over
+    /// and over (the reply's message is the unknown part: a long one costs
+    /// one reallocation).
+    fn to_line(&self, record: &CompletionRecord, big: usize) -> Result<Vec<u8>, LogError> {
+        let guess = big
+            + record
+                .response_token_ids
+                .as_ref()
+                .map_or(0, |v| v.len() * 8)
+            + record
+                .response_logprobs
+                .as_ref()
+                .map_or(0, |v| v.len() * 24)
+            + 8 * 1024;
+        let mut out = Vec::with_capacity(guess);
+        serde_json::to_writer(&mut out, self)?;
+        out.push(b'\n');
+        Ok(out)
+    }
+}
+
+fn raw_len(r: Option<&RawValue>) -> usize {
+    r.map_or(0, |r| r.get().len())
+}
+
+/// The whole log line of `record` (JSON and a newline), using the parts of
+/// `pre` that match it.
 pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<u8>, LogError> {
     let prompt = match (&record.prompt_token_ids, &pre.prompt_token_ids) {
         (None, _) => None,
@@ -140,56 +247,150 @@ pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<
         (Some(ids), _) => Some(Part::Value(ids)),
     };
     let line = Line {
-        version: record.version,
-        call_id: &record.call_id,
-        seq: record.seq,
-        session_id: &record.session_id,
-        task_id: record.task_id.as_ref(),
-        native_request: pre
-            .native_request
-            .as_deref()
-            .map_or(Part::Value(&record.native_request), Part::Raw),
-        request: pre
-            .request
-            .as_deref()
-            .map_or(Part::Value(&record.request), Part::Raw),
-        response: record.response.as_ref(),
-        prompt_token_ids: prompt,
-        response_token_ids: record.response_token_ids.as_ref(),
-        response_logprobs: record.response_logprobs.as_ref(),
-        token_ids_missing: record.token_ids_missing,
-        finish_reason: record.finish_reason.as_ref(),
-        backend: &record.backend,
-        timings: &record.timings,
-        status: &record.status,
+        native_request: Some(
+            pre.native_request
+                .as_deref()
+                .map_or(Part::Value(&record.native_request), Part::Raw),
+        ),
+        request: Some(
+            pre.request
+                .as_deref()
+                .map_or(Part::Value(&record.request), Part::Raw),
+        ),
+        prompt_token_ids: prompt.map(Some),
+        ..Line::small(record)
     };
-    // One allocation of about the line's size instead of a doubling
-    // buffer copying the big parts over and over (the reply's message is
-    // the unknown part: a long one costs one reallocation).
-    let raw = |r: Option<&RawValue>| r.map_or(0, |r| r.get().len());
-    let guess = raw(pre.native_request.as_deref())
-        + raw(pre.request.as_deref())
-        + raw(pre.prompt_token_ids.as_ref().map(|(_, r)| &**r))
-        + record
-            .response_token_ids
-            .as_ref()
-            .map_or(0, |v| v.len() * 8)
-        + record
-            .response_logprobs
-            .as_ref()
-            .map_or(0, |v| v.len() * 24)
-        + 8 * 1024;
-    let mut out = Vec::with_capacity(guess);
+    let big = raw_len(pre.native_request.as_deref())
+        + raw_len(pre.request.as_deref())
+        + raw_len(pre.prompt_token_ids.as_ref().map(|(_, r)| &**r));
+    line.to_line(record, big)
+}
+
+/// The request part's line of the call `head`, from the requests
+/// serialized ahead in `pre` and the prompt ids known (serialized here, into
+/// the line); `None` when the requests were not serialized (that failed).
+pub fn encode_request_part(
+    head: &PartHead,
+    pre: &PreEncoded,
+    prompt: Option<&[u32]>,
+) -> Result<Option<Vec<u8>>, LogError> {
+    let (Some(native_request), Some(request)) = (&pre.native_request, &pre.request) else {
+        return Ok(None);
+    };
+    request_line(head, native_request, request, prompt).map(Some)
+}
+
+fn request_line(
+    head: &PartHead,
+    native_request: &RawValue,
+    request: &RawValue,
+    prompt: Option<&[u32]>,
+) -> Result<Vec<u8>, LogError> {
+    let line = RequestLine {
+        part: REQUEST_PART,
+        version: RECORD_VERSION,
+        call_id: &head.call_id,
+        seq: head.seq,
+        session_id: &head.session_id,
+        native_request,
+        request,
+        prompt_token_ids: prompt,
+    };
+    // Up to 11 bytes per id ("4294967295,"), usually 6 or 7.
+    let mut out = Vec::with_capacity(
+        raw_len(Some(native_request))
+            + raw_len(Some(request))
+            + prompt.map_or(0, |ids| ids.len() * 8)
+            + 256,
+    );
     serde_json::to_writer(&mut out, &line)?;
     out.push(b'\n');
     Ok(out)
 }
 
+/// `record` as its request part and its completion, both serialized now
+/// (for writers of sample logs; the agent writes the part while the backend
+/// generates).
+pub fn encode_two_parts(record: &CompletionRecord) -> Result<(Vec<u8>, Vec<u8>), LogError> {
+    let head = PartHead {
+        call_id: record.call_id.clone(),
+        seq: record.seq,
+        session_id: record.session_id.clone(),
+    };
+    let prompt = record.prompt_token_ids.as_deref();
+    let part = request_line(
+        &head,
+        &to_raw_value(&record.native_request)?,
+        &to_raw_value(&record.request)?,
+        prompt,
+    )?;
+    Ok((part, encode_completion(record, prompt)?))
+}
+
+/// The completion's line of `record`, whose request part holds the prompt
+/// ids `part_prompt` (`None`: none). The record's prompt ids are written
+/// only when they are not the part's (comparing 48k ids takes a few
+/// microseconds).
+pub fn encode_completion(
+    record: &CompletionRecord,
+    part_prompt: Option<&[u32]>,
+) -> Result<Vec<u8>, LogError> {
+    let prompt = match (&record.prompt_token_ids, part_prompt) {
+        (None, None) => None,
+        (Some(ids), Some(part)) if ids[..] == *part => None,
+        (None, Some(_)) => Some(None),
+        (Some(ids), _) => Some(Some(Part::Value(ids))),
+    };
+    let line = Line {
+        part: Some(COMPLETION_PART),
+        prompt_token_ids: prompt,
+        ..Line::small(record)
+    };
+    let big = match &line.prompt_token_ids {
+        Some(Some(_)) => record.prompt_token_ids.as_ref().map_or(0, |v| v.len() * 8),
+        _ => 0,
+    };
+    line.to_line(record, big)
+}
+
+/// The line that ends `record`'s call: its completion, or the whole record.
+pub fn encode_end(record: &CompletionRecord, parts: &RecordParts) -> Result<Vec<u8>, LogError> {
+    match parts {
+        RecordParts::Whole(pre) => encode_record(record, pre),
+        RecordParts::InRequestPart(prompt) => encode_completion(record, prompt.as_deref()),
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::capture::log::encode_line;
     use crate::capture::record::Api;
+
+    /// `record` as its request part and its completion, the part holding
+    /// `part_prompt` as prompt ids.
+    pub(crate) fn two_parts(
+        record: &CompletionRecord,
+        part_prompt: Option<&[u32]>,
+    ) -> (Vec<u8>, Vec<u8>) {
+        let pre = PreEncoded::requests(&record.native_request, &record.request);
+        let head = PartHead {
+            call_id: record.call_id.clone(),
+            seq: record.seq,
+            session_id: record.session_id.clone(),
+        };
+        let part = encode_request_part(&head, &pre, part_prompt)
+            .unwrap()
+            .unwrap();
+        let ids = part_prompt.map(<[u32]>::to_vec);
+        let end = encode_end(record, &RecordParts::InRequestPart(ids)).unwrap();
+        (part, end)
+    }
+
+    fn json(line: &[u8]) -> serde_json::Value {
+        assert!(line.ends_with(b"\n"));
+        serde_json::from_slice(line).unwrap()
+    }
 
     #[test]
     fn fingerprints_tell_order_values_and_length_apart() {
@@ -216,6 +417,12 @@ mod tests {
         let mut pre = PreEncoded::requests(&record.native_request, &record.request);
         pre.prompt_token_ids = PreEncoded::prompt(&[1, 2, 3]);
         assert_eq!(encode_record(&record, &pre).unwrap(), plain);
+        assert_eq!(
+            encode_end(&record, &RecordParts::Whole(pre)).unwrap(),
+            plain
+        );
+        let mut pre = PreEncoded::requests(&record.native_request, &record.request);
+        pre.prompt_token_ids = PreEncoded::prompt(&[1, 2, 3]);
         // Stale prompt ids are not used.
         record.prompt_token_ids = Some(vec![1, 2, 4]);
         assert_ne!(
@@ -244,5 +451,81 @@ mod tests {
         let back: CompletionRecord =
             serde_json::from_slice(&encode_record(&record, &pre).unwrap()).unwrap();
         assert_eq!(back, record);
+    }
+
+    #[test]
+    fn a_request_part_holds_the_big_fields_and_starts_with_its_kind() {
+        let record = crate::capture::log::tests::record(3, Api::OpenaiChat, "hi");
+        let (part, end) = two_parts(&record, Some(&[1, 2, 3]));
+        assert!(part.starts_with(b"{\"part\":\"request\",\"version\":1,"));
+        let p = json(&part);
+        let whole = serde_json::to_value(&record).unwrap();
+        for k in ["call_id", "seq", "session_id", "native_request", "request"] {
+            assert_eq!(p[k], whole[k], "{k}");
+        }
+        assert_eq!(p["prompt_token_ids"], serde_json::json!([1, 2, 3]));
+        assert!(p.get("response").is_none() && p.get("status").is_none());
+        // The completion: the rest, its prompt ids in the part.
+        assert!(end.starts_with(b"{\"part\":\"completion\",\"version\":1,"));
+        let c = json(&end);
+        for k in ["native_request", "request", "prompt_token_ids"] {
+            assert!(c.get(k).is_none(), "{k}");
+        }
+        for k in [
+            "call_id",
+            "seq",
+            "task_id",
+            "response",
+            "response_token_ids",
+            "response_logprobs",
+            "token_ids_missing",
+            "finish_reason",
+            "backend",
+            "timings",
+            "status",
+        ] {
+            assert_eq!(c[k], whole[k], "{k}");
+        }
+        assert!(end.len() < encode_line(&record).unwrap().len());
+    }
+
+    #[test]
+    fn a_completion_carries_prompt_ids_the_part_lacks_or_differs_on() {
+        let mut record = crate::capture::log::tests::record(3, Api::OpenaiChat, "hi");
+        // The part has none, the record has some.
+        let (part, end) = two_parts(&record, None);
+        assert!(json(&part).get("prompt_token_ids").is_none());
+        assert_eq!(json(&end)["prompt_token_ids"], serde_json::json!([1, 2, 3]));
+        // The part's differ.
+        let (_, end) = two_parts(&record, Some(&[9]));
+        assert_eq!(json(&end)["prompt_token_ids"], serde_json::json!([1, 2, 3]));
+        // The part has some, the record none: an explicit null.
+        record.prompt_token_ids = None;
+        let (_, end) = two_parts(&record, Some(&[1, 2, 3]));
+        assert_eq!(json(&end)["prompt_token_ids"], serde_json::Value::Null);
+        // Neither.
+        let (_, end) = two_parts(&record, None);
+        assert!(json(&end).get("prompt_token_ids").is_none());
+    }
+
+    #[test]
+    fn two_parts_at_once_are_the_parts_written_ahead() {
+        let record = crate::capture::log::tests::record(3, Api::OpenaiChat, "hi");
+        let (part, end) = encode_two_parts(&record).unwrap();
+        assert_eq!((part, end), two_parts(&record, Some(&[1, 2, 3])));
+    }
+
+    #[test]
+    fn no_request_part_without_serialized_requests() {
+        let head = PartHead {
+            call_id: "c".into(),
+            seq: 0,
+            session_id: "s".into(),
+        };
+        assert!(
+            encode_request_part(&head, &PreEncoded::default(), Some(&[1]))
+                .unwrap()
+                .is_none()
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! The log reader (torn tails, malformed lines with positions), appending,
-//! and the store's rebuild after a restart.
+//! a request part written ahead and its completion, and the store's rebuild
+//! after a restart. The join of two-part records is tested in
+//! `lines_tests.rs`.
 
 use std::sync::Arc;
 
@@ -141,7 +143,7 @@ fn open_cuts_a_torn_tail_and_appends_on_a_fresh_line() {
     let mut bytes = lines(&[record(0, Api::OpenaiChat, "a")]);
     bytes.extend_from_slice(b"{\"version\": 1, \"call_");
     std::fs::write(&path, &bytes).unwrap();
-    let (mut log, before) = LogFile::open(&path, Durability::Sync).unwrap();
+    let (log, before) = LogFile::open(&path, Durability::Sync).unwrap();
     assert!(before.ends_with(b"\n"));
     log.append_line(&encode_line(&record(1, Api::OpenaiChat, "b")).unwrap())
         .unwrap();
@@ -194,4 +196,76 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
     let (records, problems) = read_log(&calls).unwrap();
     assert_eq!(records.len(), 2);
     assert!(problems.is_empty());
+}
+
+#[tokio::test]
+async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart() {
+    use crate::capture::build::Draft;
+    use crate::capture::encode::RecordParts;
+    use crate::capture::part::RequestPartWrite;
+
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(SessionRegistry::new());
+    let s: SessionId = "s-1".parse().unwrap();
+    let store = CaptureStore::new(dir.path(), Durability::Sync, Arc::clone(&registry));
+    let log = store.session(&s).await.unwrap();
+    let want = record(log.next_seq(), Api::OpenaiResponses, "first");
+    let mut draft = Draft {
+        call_id: want.call_id.clone(),
+        seq: want.seq,
+        session_id: want.session_id.clone(),
+        task_id: want.task_id.clone(),
+        native: want.native_request.clone(),
+        request: want.request.clone(),
+        received_ms: 0,
+    };
+    let early = draft.encode_early();
+    let part = RequestPartWrite::start(
+        Arc::clone(&log),
+        &draft,
+        early,
+        want.prompt_token_ids.clone(),
+    );
+    let parts = part.finish(&mut draft).await;
+    assert!(
+        matches!(parts, RecordParts::InRequestPart(Some(_))),
+        "{parts:?}"
+    );
+    assert_eq!(draft.request, want.request);
+    assert_eq!(draft.native.path, want.native_request.path);
+    // The part is in the log; the call is not a record until it ends.
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert!(records.is_empty());
+    assert!(
+        matches!(&problems[..], [LogProblem::Unfinished { line: 1, offset: 0, call_id }] if *call_id == want.call_id),
+        "{problems:?}"
+    );
+    log.append(want.clone(), parts).await.unwrap();
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(records, std::slice::from_ref(&want));
+    assert_eq!(
+        log.conversation("resp_r0").unwrap()[1].joined_text(),
+        "first"
+    );
+    // A call whose part was written but which never ended (a crash).
+    let cut_short = record(log.next_seq(), Api::OpenaiChat, "never");
+    let (line, _) = crate::capture::encode::tests::two_parts(&cut_short, None);
+    log.append_request_part(&line).unwrap();
+
+    // A restart rebuilds the history from the joined record.
+    drop(log);
+    let store = CaptureStore::new(dir.path(), Durability::Sync, registry);
+    let log = store.session(&s).await.unwrap();
+    assert_eq!(log.next_seq(), 1, "the unfinished call is not a record");
+    assert_eq!(
+        log.conversation("resp_r0").unwrap()[1].joined_text(),
+        "first"
+    );
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert_eq!(records, [want]);
+    assert!(matches!(
+        &problems[..],
+        [LogProblem::Unfinished { line: 3, .. }]
+    ));
 }

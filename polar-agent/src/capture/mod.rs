@@ -1,6 +1,8 @@
 //! Capture of model calls: the record of each call ([`record`]) and how it
 //! is built from a call's parts ([`build`]), the
-//! durable per-session log it is appended to ([`log`]), the store of all
+//! durable per-session log it is appended to ([`log`]; its lines written by
+//! [`encode`], the call's request part while the backend generates by
+//! [`part`], read and joined by [`lines`]), the store of all
 //! sessions' logs with their Responses-API history ([`store`]), the
 //! sessions' task and metadata ([`session`]), and counters of what the logs
 //! hold ([`stats`]).
@@ -9,12 +11,16 @@
 //!
 //! ```text
 //! sessions/<session id>/session.json   session id, task id, metadata
-//! sessions/<session id>/calls.jsonl    one CompletionRecord per line
+//! sessions/<session id>/calls.jsonl    one CompletionRecord per call: a whole
+//!                                      line, or a request part and, later,
+//!                                      the call's completion
 //! ```
 
 pub mod build;
 pub mod encode;
+pub mod lines;
 pub mod log;
+pub mod part;
 pub mod record;
 pub mod session;
 pub mod stats;

@@ -1,6 +1,7 @@
 //! The record of one captured model call: what the harness sent (native and
 //! normalized), what the backend answered, and the token-level data the
-//! trajectory builders need. One JSON line per call in a session's log.
+//! trajectory builders need. One per call in a session's log (see
+//! [`super::log`]: one line, or two joined by the reader).
 
 use serde::{Deserialize, Serialize};
 

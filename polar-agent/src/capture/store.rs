@@ -1,9 +1,10 @@
 //! [`CaptureStore`]: the capture logs of all sessions under
 //! `<state_dir>/sessions/`, one directory per session holding `calls.jsonl`
-//! (the records, see [`super::log`]) and `session.json` (session id, task,
-//! metadata). A session's log is opened on its first call and, when it
-//! already exists (an agent restart), read back to continue its `seq`
-//! numbering and to rebuild its Responses-API history.
+//! (the records, whole or in two parts, see [`super::log`]) and
+//! `session.json` (session id, task, metadata). A session's log is opened
+//! on its first call and, when it already exists (an agent restart), read
+//! back to continue its `seq` numbering and to rebuild its Responses-API
+//! history (from the records, a completion joined with its request part).
 //!
 //! The history ([`SessionLog::conversation`]) maps the public id of each
 //! completed OpenAI Responses reply (`resp_...`) to the conversation that
@@ -19,7 +20,7 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 use super::build::now_ms;
-use super::encode::{PreEncoded, encode_record};
+use super::encode::{RecordParts, encode_end};
 use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
 use super::record::{Api, CallStatus, CompletionRecord, RECORD_VERSION};
 use super::session::{SessionInfo, SessionRegistry};
@@ -83,7 +84,7 @@ fn history_entry(record: &CompletionRecord) -> Option<(String, Conversation)> {
 pub struct SessionLog {
     session: SessionId,
     dir: PathBuf,
-    file: Arc<Mutex<LogFile>>,
+    file: Arc<LogFile>,
     next_seq: AtomicU64,
     responses: Mutex<ResponseIndex>,
     stats: Arc<CaptureStats>,
@@ -120,15 +121,21 @@ impl SessionLog {
         lock(&self.responses).by_id.get(response_id).cloned()
     }
 
-    /// Appends `record` durably (one write, then `fdatasync` unless the
-    /// store was opened with [`Durability::NoSync`]); only then is it added
-    /// to the Responses history. Serialization (using the parts in `pre`)
-    /// and I/O run on a blocking thread.
-    pub async fn append(&self, record: CompletionRecord, pre: PreEncoded) -> Result<(), LogError> {
+    /// Appends the line that ends `record`'s call durably (one write, then
+    /// `fdatasync` unless the store was opened with [`Durability::NoSync`]):
+    /// its completion when `parts` says its request part is in the log,
+    /// else the whole record (using the parts serialized ahead). Only then
+    /// is the record counted and added to the Responses history.
+    /// Serialization and I/O run on a blocking thread.
+    pub async fn append(
+        &self,
+        record: CompletionRecord,
+        parts: RecordParts,
+    ) -> Result<(), LogError> {
         let file = Arc::clone(&self.file);
         let entry = tokio::task::spawn_blocking(move || {
-            let line = encode_record(&record, &pre)?;
-            lock(&file).append_line(&line)?;
+            let line = encode_end(&record, &parts)?;
+            file.append_line(&line)?;
             Ok::<_, LogError>((history_entry(&record), record))
         })
         .await
@@ -139,6 +146,13 @@ impl SessionLog {
             lock(&self.responses).insert(id, conversation);
         }
         Ok(())
+    }
+
+    /// Appends a call's request part ([`super::part`]) durably, like
+    /// [`SessionLog::append`]; its record is not complete until the call's
+    /// completion follows. Blocking.
+    pub fn append_request_part(&self, line: &[u8]) -> Result<(), LogError> {
+        self.file.append_line(line)
     }
 }
 
@@ -243,7 +257,7 @@ fn open_session(
     Ok(SessionLog {
         session,
         dir,
-        file: Arc::new(Mutex::new(file)),
+        file: Arc::new(file),
         next_seq: AtomicU64::new(next),
         responses: Mutex::new(index),
         stats,

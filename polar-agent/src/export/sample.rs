@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
+use crate::capture::encode::encode_two_parts;
 use crate::capture::record::{
     Api, BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
@@ -353,8 +354,17 @@ pub fn write_session_dir(state_dir: &Path, s: &SampleSession) -> std::io::Result
     std::fs::create_dir_all(&dir)?;
     let mut calls = std::io::BufWriter::new(std::fs::File::create(dir.join(CALLS_FILE))?);
     for r in &s.records {
-        serde_json::to_writer(&mut calls, r)?;
-        calls.write_all(b"\n")?;
+        // As the agent writes them: a completed call (streamed by the
+        // backend) as its request part and its completion, a failed one as
+        // one whole line.
+        if r.status == CallStatus::Completed {
+            let (part, end) = encode_two_parts(r).map_err(std::io::Error::other)?;
+            calls.write_all(&part)?;
+            calls.write_all(&end)?;
+        } else {
+            serde_json::to_writer(&mut calls, r)?;
+            calls.write_all(b"\n")?;
+        }
     }
     calls.flush()?;
     let mut info = serde_json::to_value(&s.meta)?;

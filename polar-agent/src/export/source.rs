@@ -1,11 +1,12 @@
 //! Reading captured sessions back for `polar export`: the session
 //! directories under `<state_dir>/sessions/`, each with `calls.jsonl` (one
-//! `CompletionRecord` per line) and `session.json` (task, group, outcome,
-//! evaluation, reward; every field optional). The call log is read with the
-//! capture log's own streaming reader ([`crate::capture::read_log`]): a torn
+//! `CompletionRecord` per call, in one line or two) and `session.json`
+//! (task, group, outcome, evaluation, reward; every field optional). The
+//! call log is read with the capture log's own streaming reader
+//! ([`crate::capture::read_log`]), which joins a call's two lines: a torn
 //! last line (no newline: a crash mid-write) is skipped with a warning; a
-//! malformed complete line is reported with its line number and skipped;
-//! nothing panics.
+//! malformed complete line, or a call's request part never completed, is
+//! reported with its line number and skipped; nothing panics.
 
 use std::path::{Path, PathBuf};
 

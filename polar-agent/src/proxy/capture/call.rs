@@ -22,7 +22,7 @@ use super::super::body::ProxyBody;
 use super::super::pipeline::RequestContext;
 use super::{Capture, errors, reply};
 use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
-use crate::capture::encode::PreEncoded;
+use crate::capture::encode::RecordParts;
 
 /// A model call's body: its bytes, read as JSON (`null` when blank).
 pub(super) struct Body<'a> {
@@ -192,21 +192,22 @@ async fn fail_early(
         },
         Some((err.side, err.message.clone())),
     );
-    if let Err(resp) = append(log, record, PreEncoded::default(), api).await {
+    if let Err(resp) = append(log, record, RecordParts::default(), api).await {
         return resp;
     }
     errors::respond(api, &err)
 }
 
-/// Appends a record; when that fails the harness gets a 500 instead of
+/// Appends a record's last line (its completion, or the whole record, as
+/// `parts` says); when that fails the harness gets a 500 instead of
 /// the reply (a call that cannot be recorded is not acknowledged).
 pub(super) async fn append(
     log: &SessionLog,
     record: CompletionRecord,
-    pre: PreEncoded,
+    parts: RecordParts,
     api: Api,
 ) -> Result<(), Response<ProxyBody>> {
-    log.append(record, pre).await.map_err(|e| {
+    log.append(record, parts).await.map_err(|e| {
         tracing::error!(session = %log.session(), error = %e, "appending to the capture log failed");
         errors::respond(api, &record_failed())
     })

@@ -12,8 +12,11 @@
 //!
 //! While the backend generates, the record's big parts are serialized on
 //! blocking threads (the requests from the start, the prompt ids from the
-//! first event), so the end of a reply waits only for the reply's part of
-//! the record, the write and the sync.
+//! first event) and appended to the log as the call's request part
+//! ([`RequestPartWrite`]), so the end of a reply waits only for the
+//! completion's few kilobytes: serialized, written, synced. A reply that
+//! came whole from the backend (all its events at once) is recorded as one
+//! whole line at its end, like a call that failed before its first event.
 
 use std::sync::Arc;
 
@@ -23,6 +26,8 @@ use tracing::Instrument;
 
 use crate::capture::SessionLog;
 use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
+use crate::capture::encode::RecordParts;
+use crate::capture::part::RequestPartWrite;
 use crate::capture::record::{Api, CompletionRecord};
 use crate::chat::StreamEvent;
 use crate::inference::{ChatStream, InferenceError};
@@ -46,35 +51,67 @@ pub(super) struct Call {
     pub opts: ReplyOptions,
 }
 
-/// The record's parts being serialized ahead.
-struct Ahead {
-    early: EarlyEncoding,
-    prompt: Option<PromptEncoding>,
+/// The record's big parts, serialized or written ahead.
+enum Ahead {
+    /// The requests being serialized (and the prompt ids, for a reply
+    /// that came whole): the record will be one whole line.
+    Early {
+        early: EarlyEncoding,
+        prompt: Option<PromptEncoding>,
+    },
+    /// The call's request part being written.
+    Part(RequestPartWrite),
 }
 
 impl Ahead {
-    /// Starts serializing the prompt ids, if the backend reported them
-    /// (called once, after the first event: they come with it or never).
-    fn prompt_known(&mut self, stream: &ChatStream) {
-        if self.prompt.is_none()
-            && let Some(ids) = stream.tokens().prompt_token_ids
-        {
-            self.prompt = Some(PromptEncoding::start(ids));
+    fn new(early: EarlyEncoding) -> Self {
+        Self::Early {
+            early,
+            prompt: None,
         }
     }
 
-    /// The record of the call and its pre-serialized parts.
+    /// After the backend's first event: starts writing the request part
+    /// with the prompt ids known now, unless the whole reply is already in
+    /// (the end is as near as the part's write: the record goes as one
+    /// line, its prompt ids serialized meanwhile).
+    fn first_event(self, log: &Arc<SessionLog>, draft: &Draft, stream: &ChatStream) -> Self {
+        let Self::Early {
+            early,
+            prompt: None,
+        } = self
+        else {
+            return self;
+        };
+        let ids = stream.tokens().prompt_token_ids;
+        if stream.timings().finished.is_some() {
+            Self::Early {
+                early,
+                prompt: ids.map(PromptEncoding::start),
+            }
+        } else {
+            Self::Part(RequestPartWrite::start(Arc::clone(log), draft, early, ids))
+        }
+    }
+
+    /// The record of the call and where its big parts are.
     async fn record(
         self,
         mut draft: Draft,
         produced: Produced<'_>,
         failure: Option<(Side, String)>,
-    ) -> (CompletionRecord, crate::capture::encode::PreEncoded) {
-        let mut pre = draft.restore(self.early).await;
-        if let Some(p) = self.prompt {
-            pre.prompt_token_ids = p.finish().await;
-        }
-        (draft.finish(produced, failure), pre)
+    ) -> (CompletionRecord, RecordParts) {
+        let parts = match self {
+            Self::Early { early, prompt } => {
+                let mut pre = draft.restore(early).await;
+                if let Some(p) = prompt {
+                    pre.prompt_token_ids = p.finish().await;
+                }
+                RecordParts::Whole(pre)
+            }
+            Self::Part(part) => part.finish(&mut draft).await,
+        };
+        (draft.finish(produced, failure), parts)
     }
 }
 
@@ -111,10 +148,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
         api,
         opts,
     } = call;
-    let mut ahead = Ahead {
-        early,
-        prompt: None,
-    };
+    let mut ahead = Ahead::new(early);
     let mut events = Vec::new();
     let mut failure = None;
     while let Some(item) = stream.next().await {
@@ -122,7 +156,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
             Ok(ev) => {
                 keep_event(&mut events, ev);
                 if events.len() == 1 {
-                    ahead.prompt_known(&stream);
+                    ahead = ahead.first_event(&log, &draft, &stream);
                 }
             }
             Err(e) => {
@@ -138,18 +172,18 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
         let err = provider_error(&e);
         errors::count_backend(&log, &err);
         let failure = Some((Side::Backend, recorded_error(&e)));
-        let (record, pre) = ahead.record(draft, produced, failure).await;
-        if let Err(resp) = append(&log, record, pre, api).await {
+        let (record, parts) = ahead.record(draft, produced, failure).await;
+        if let Err(resp) = append(&log, record, parts, api).await {
             return resp;
         }
         return errors::respond(api, &err);
     }
-    let (record, pre) = ahead.record(draft, produced, None).await;
+    let (record, parts) = ahead.record(draft, produced, None).await;
     let body = record
         .response
         .as_ref()
         .map(|r| Bytes::from(provider::response_body(api, r, &opts).to_string()));
-    if let Err(resp) = append(&log, record, pre, api).await {
+    if let Err(resp) = append(&log, record, parts, api).await {
         return resp;
     }
     match body {
@@ -173,15 +207,12 @@ pub(super) async fn streamed(
             };
             errors::count_backend(&call.log, &err);
             tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
-            let ahead = Ahead {
-                early: call.early,
-                prompt: None,
-            };
+            let ahead = Ahead::new(call.early);
             let failure = Some((Side::Backend, text));
-            let (record, pre) = ahead
+            let (record, parts) = ahead
                 .record(call.draft, produced(&mut stream, &[]), failure)
                 .await;
-            if let Err(resp) = append(&call.log, record, pre, call.api).await {
+            if let Err(resp) = append(&call.log, record, parts, call.api).await {
                 return resp;
             }
             return errors::respond(call.api, &err);
@@ -218,11 +249,8 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
         api,
         opts,
     } = call;
-    let mut ahead = Ahead {
-        early,
-        prompt: None,
-    };
-    ahead.prompt_known(&stream);
+    let mut ahead = Ahead::new(early);
+    let mut first_sent = false;
     let mut enc = provider::encoder(api, &opts);
     let mut events = Vec::with_capacity(8);
     let mut next = Some(Ok(first));
@@ -246,6 +274,11 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
                 if !tx.send(bytes).await {
                     break End::HarnessGone;
                 }
+                if !first_sent {
+                    // Once the first event's bytes are on their way.
+                    first_sent = true;
+                    ahead = ahead.first_event(&log, &draft, &stream);
+                }
             }
             Some(Err(e)) => break End::Failed(provider_error(&e), recorded_error(&e)),
             None => break End::Failed(no_finish(), no_finish().message),
@@ -256,8 +289,8 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     let seq = draft.seq;
     match end {
         End::Finished(last) => {
-            let (record, pre) = ahead.record(draft, produced, None).await;
-            let last = match log.append(record, pre).await {
+            let (record, parts) = ahead.record(draft, produced, None).await;
+            let last = match log.append(record, parts).await {
                 Ok(()) => last,
                 Err(e) => {
                     tracing::error!(seq, error = %e, "appending to the capture log failed; ending the stream with an error");
@@ -270,8 +303,8 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             errors::count_backend(&log, &err);
             tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
             let failure = Some((Side::Backend, text));
-            let (record, pre) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, pre).await {
+            let (record, parts) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, parts).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
             let _ = tx.send(enc.error(&err)).await;
@@ -285,8 +318,8 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
                 Side::Harness,
                 "the harness closed the connection before the reply ended".into(),
             ));
-            let (record, pre) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, pre).await {
+            let (record, parts) = ahead.record(draft, produced, failure).await;
+            if let Err(e) = log.append(record, parts).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
         }
