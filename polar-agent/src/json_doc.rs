@@ -728,8 +728,12 @@ impl<'d> Json<'d> {
                 out.push(b'"');
             }
             Tag::Escaped => write_str(out, &unescape(span)),
+            // Integers are written as they are, except `-0`, which
+            // serde_json reads as the float -0.0.
             Tag::Number
-                if span.len() < 19 && span.bytes().all(|c| c.is_ascii_digit() || c == b'-') =>
+                if span.len() < 19
+                    && span != "-0"
+                    && span.bytes().all(|c| c.is_ascii_digit() || c == b'-') =>
             {
                 out.extend_from_slice(span.as_bytes());
             }

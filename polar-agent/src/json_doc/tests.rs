@@ -37,6 +37,8 @@ fn reads_what_serde_json_reads() {
         r#"{"k": 1, "k": 2}"#,
         r#"{ "a" : [ 1 , 2 ] , "s": "x y\t" , "n": -12 }"#,
         r#"{"f": 1.50, "e": 1e3, "big": 123456789012345678901, "u": "\u00e9\/"}"#,
+        r#"[-0, 0, -5, 1.0, 1e2, -0.0, 9007199254740993, -9223372036854775808]"#,
+        r#"["\u001f\u0001 \u0008\b \u000A \u00e9 \/ \"", "\u001F", "\ud83d\ude00"]"#,
     ] {
         let want: Value = serde_json::from_str(text).unwrap();
         assert_eq!(parse(text).unwrap(), want, "{text}");
