@@ -5,6 +5,7 @@
 
 use std::sync::OnceLock;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -32,8 +33,9 @@ pub enum Role {
 #[derive(Clone, Default)]
 pub struct Text {
     plain: OnceLock<String>,
-    /// The inside of a valid JSON string literal (no quotes).
-    escaped: Option<Box<str>>,
+    /// The inside of a valid JSON string literal (no quotes), usually a
+    /// slice of the request body itself.
+    escaped: Option<Bytes>,
 }
 
 impl Text {
@@ -46,18 +48,22 @@ impl Text {
     }
 
     /// Text from the inside of a JSON string literal that
-    /// [`crate::json_doc::Doc::parse`] accepted (its escapes are valid).
-    pub(crate) fn from_escaped(escaped: &str) -> Self {
+    /// [`crate::json_doc::Doc::parse`] accepted (UTF-8, valid escapes).
+    pub(crate) fn from_escaped(escaped: Bytes) -> Self {
         Self {
             plain: OnceLock::new(),
-            escaped: Some(escaped.into()),
+            escaped: Some(escaped),
         }
+    }
+
+    fn unescaped(escaped: &[u8]) -> String {
+        crate::json_doc::unescape(std::str::from_utf8(escaped).unwrap_or_default())
     }
 
     /// The plain text.
     pub fn as_str(&self) -> &str {
         self.plain
-            .get_or_init(|| crate::json_doc::unescape(self.escaped.as_deref().unwrap_or_default()))
+            .get_or_init(|| Self::unescaped(self.escaped.as_deref().unwrap_or_default()))
     }
 
     /// Whether the text is empty (without unescaping it).
@@ -70,7 +76,7 @@ impl Text {
 
     /// The text as the inside of a JSON string literal, when it was read
     /// that way.
-    pub fn escaped(&self) -> Option<&str> {
+    pub fn escaped(&self) -> Option<&[u8]> {
         self.escaped.as_deref()
     }
 
@@ -79,7 +85,7 @@ impl Text {
         let Self { mut plain, escaped } = self;
         plain
             .take()
-            .unwrap_or_else(|| crate::json_doc::unescape(escaped.as_deref().unwrap_or_default()))
+            .unwrap_or_else(|| Self::unescaped(escaped.as_deref().unwrap_or_default()))
     }
 }
 
@@ -520,9 +526,10 @@ mod tests {
 
     #[test]
     fn escaped_text_reads_as_its_plain_text() {
-        let escaped = Text::from_escaped(r#"a\nb \"q\" \u00e9\ud83d\ude00"#);
+        let raw = r#"a\nb \"q\" \u00e9\ud83d\ude00"#;
+        let escaped = Text::from_escaped(Bytes::from_static(raw.as_bytes()));
         let plain = Text::new("a\nb \"q\" é😀".to_owned());
-        assert_eq!(escaped.escaped(), Some(r#"a\nb \"q\" \u00e9\ud83d\ude00"#));
+        assert_eq!(escaped.escaped(), Some(raw.as_bytes()));
         assert!(!escaped.is_empty());
         assert_eq!(escaped, plain);
         assert_eq!(escaped.as_str(), "a\nb \"q\" é😀");

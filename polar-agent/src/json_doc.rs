@@ -19,6 +19,7 @@
 
 use std::borrow::Cow;
 
+use bytes::Bytes;
 use serde_json::Value;
 
 mod raw;
@@ -85,9 +86,19 @@ struct Node {
 pub struct Doc<'a> {
     text: &'a str,
     nodes: Vec<Node>,
+    /// The buffer `text` is, when shared ([`Doc::parse_shared`]).
+    owner: Option<&'a Bytes>,
 }
 
 impl<'a> Doc<'a> {
+    /// Parses a shared buffer: strings taken from the document
+    /// ([`Json::str_bytes`]) are then slices of it, not copies.
+    pub fn parse_shared(bytes: &'a Bytes) -> Result<Self, JsonError> {
+        let mut doc = Self::parse(bytes)?;
+        doc.owner = Some(bytes);
+        Ok(doc)
+    }
+
     /// Parses `bytes` as one JSON value, with optional whitespace around.
     pub fn parse(bytes: &'a [u8]) -> Result<Self, JsonError> {
         let text = std::str::from_utf8(bytes).map_err(|e| JsonError {
@@ -114,6 +125,7 @@ impl<'a> Doc<'a> {
         Ok(Self {
             text,
             nodes: p.nodes,
+            owner: None,
         })
     }
 
@@ -122,6 +134,7 @@ impl<'a> Doc<'a> {
         Json {
             text: self.text,
             nodes: &self.nodes,
+            owner: self.owner,
             i: 0,
         }
     }
@@ -460,6 +473,7 @@ impl Parser<'_> {
 #[derive(Clone, Copy)]
 pub struct Json<'d> {
     text: &'d str,
+    owner: Option<&'d Bytes>,
     nodes: &'d [Node],
     i: usize,
 }
@@ -483,6 +497,7 @@ impl<'d> Json<'d> {
     pub fn null() -> Self {
         Self {
             text: "null",
+            owner: None,
             nodes: &NULL,
             i: 0,
         }
@@ -585,6 +600,18 @@ impl<'d> Json<'d> {
             Tag::Escaped => Some((inner, true)),
             _ => None,
         }
+    }
+
+    /// A string's inside as written between its quotes, as bytes shared
+    /// with the document's buffer when it was parsed shared (copied
+    /// otherwise), and whether it has escapes.
+    pub fn str_bytes(&self) -> Option<(Bytes, bool)> {
+        let (inner, escaped) = self.str_literal()?;
+        let bytes = match self.owner {
+            Some(owner) => owner.slice_ref(inner.as_bytes()),
+            None => Bytes::copy_from_slice(inner.as_bytes()),
+        };
+        Some((bytes, escaped))
     }
 
     /// Whether the value is the string `s`.

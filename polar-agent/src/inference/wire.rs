@@ -21,7 +21,7 @@ pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMod
         .iter()
         .flat_map(|m| &m.content)
         .map(|p| match p {
-            Part::Text { text } => text.escaped().map_or_else(|| text.len(), str::len),
+            Part::Text { text } => text.escaped().map_or_else(|| text.len(), <[u8]>::len),
             _ => 256,
         })
         .sum();
@@ -97,7 +97,7 @@ fn messages(out: &mut Vec<u8>, messages: &[Message]) {
 /// `serde_json` would pick), escaped otherwise.
 fn text_contents(out: &mut Vec<u8>, text: &Text) {
     match text.escaped() {
-        Some(e) => out.extend_from_slice(e.as_bytes()),
+        Some(e) => out.extend_from_slice(e),
         None => json_doc::write_str_contents(out, text),
     }
 }

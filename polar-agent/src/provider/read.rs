@@ -40,7 +40,9 @@ pub(crate) fn string_field(obj: Json<'_>, key: &str) -> Option<String> {
 pub(crate) fn text(v: Json<'_>) -> Option<Text> {
     match v.str_literal()? {
         (plain, false) => Some(Text::new(plain.to_owned())),
-        (escaped, true) => Some(Text::from_escaped(escaped)),
+        (_, true) => v
+            .str_bytes()
+            .map(|(escaped, _)| Text::from_escaped(escaped)),
     }
 }
 

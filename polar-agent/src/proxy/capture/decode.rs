@@ -23,7 +23,7 @@ impl Decoded {
         if self.bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
-        Doc::parse(&self.bytes).map(Some)
+        Doc::parse_shared(&self.bytes).map(Some)
     }
 }
 
