@@ -7,6 +7,8 @@ use std::sync::OnceLock;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+
+use crate::json_doc::RawJson;
 use serde_json::{Map, Value};
 
 /// Who speaks a message.
@@ -218,6 +220,20 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message with no content yet.
+    pub fn new(role: Role) -> Self {
+        Self {
+            role,
+            content: Vec::new(),
+            reasoning: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            is_error: false,
+            name: None,
+            extra: Map::new(),
+        }
+    }
+
     /// A message with text content only.
     pub fn text(role: Role, text: impl Into<Text>) -> Self {
         Self {
@@ -252,8 +268,8 @@ pub struct Tool {
     /// Description.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// JSON Schema of the arguments.
-    pub parameters: Value,
+    /// JSON Schema of the arguments, as the harness wrote it.
+    pub parameters: RawJson,
 }
 
 /// How the model may use tools.

@@ -280,7 +280,30 @@ impl Parser<'_> {
         self.i - start
     }
 
+    /// A number at `self.i`: its grammar, and (as serde_json) a value
+    /// that fits a finite `f64` when it is not a plain integer.
     fn number(&mut self) -> Result<(), JsonError> {
+        let start = self.i;
+        self.number_grammar()?;
+        let text = &self.b[start..self.i];
+        let plain_integer =
+            text.len() < 19 && !text.iter().any(|c| matches!(c, b'.' | b'e' | b'E'));
+        if !plain_integer {
+            let finite = std::str::from_utf8(text)
+                .ok()
+                .and_then(|t| t.parse::<f64>().ok())
+                .is_some_and(f64::is_finite);
+            if !finite {
+                return Err(JsonError {
+                    what: "number out of range",
+                    at: start,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn number_grammar(&mut self) -> Result<(), JsonError> {
         if self.b[self.i] == b'-' {
             self.i += 1;
         }
@@ -602,16 +625,26 @@ impl<'d> Json<'d> {
         }
     }
 
+    /// The value's JSON text as bytes shared with the document's buffer
+    /// when it was parsed shared (copied otherwise).
+    pub fn raw_bytes(&self) -> Bytes {
+        self.share(self.raw())
+    }
+
+    /// `text`, a part of the document, as shared bytes when possible.
+    fn share(&self, text: &str) -> Bytes {
+        match self.owner {
+            Some(owner) => owner.slice_ref(text.as_bytes()),
+            None => Bytes::copy_from_slice(text.as_bytes()),
+        }
+    }
+
     /// A string's inside as written between its quotes, as bytes shared
     /// with the document's buffer when it was parsed shared (copied
     /// otherwise), and whether it has escapes.
     pub fn str_bytes(&self) -> Option<(Bytes, bool)> {
         let (inner, escaped) = self.str_literal()?;
-        let bytes = match self.owner {
-            Some(owner) => owner.slice_ref(inner.as_bytes()),
-            None => Bytes::copy_from_slice(inner.as_bytes()),
-        };
-        Some((bytes, escaped))
+        Some((self.share(inner), escaped))
     }
 
     /// Whether the value is the string `s`.

@@ -180,11 +180,11 @@ fn tools() -> Vec<Tool> {
     vec![Tool {
         name: "bash".into(),
         description: Some("Run a shell command".into()),
-        parameters: json!({
+        parameters: crate::json_doc::RawJson::from_value(&json!({
             "type": "object",
             "properties": {"command": {"type": "string"}},
             "required": ["command"]
-        }),
+        })),
     }]
 }
 

@@ -61,7 +61,7 @@ pub(super) fn body_with(
                 if let Some(d) = &t.description {
                     f.insert("description".into(), json!(d));
                 }
-                f.insert("parameters".into(), t.parameters.clone());
+                f.insert("parameters".into(), t.parameters.to_value());
                 json!({"type": "function", "function": f})
             })
             .collect();
@@ -256,7 +256,7 @@ mod tests {
             tools: vec![Tool {
                 name: "bash".into(),
                 description: None,
-                parameters: json!({"type": "object"}),
+                parameters: crate::json_doc::RawJson::from_value(&json!({"type": "object"})),
             }],
             tool_choice: Some(ToolChoice::Tool {
                 name: "bash".into(),

@@ -1,9 +1,11 @@
 //! The backend's request body written straight from the normalized
 //! request as bytes, without building a JSON tree of the conversation: the
-//! exact bytes of `request::chat_body(..).to_string()`, at a fraction of the
-//! cost for long conversations (the conversation is most of the body, and
-//! its text is escaped by [`json_doc::write_str`], which skips plain runs
-//! eight bytes at a time).
+//! same JSON as `request::chat_body(..)`, at a fraction of the cost for long
+//! conversations. Text still escaped as the harness sent it and tool
+//! schemas are copied as they are (the exact bytes of
+//! `chat_body(..).to_string()` when the harness wrote them as `serde_json`
+//! does); other text is escaped by [`json_doc::write_str`], which skips
+//! plain runs eight bytes at a time.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -75,7 +77,7 @@ fn tools(out: &mut Vec<u8>, tools: &[Tool]) {
             write_str(out, d);
         }
         key(out, false, "parameters");
-        value(out, &t.parameters);
+        out.extend_from_slice(t.parameters.as_bytes());
         out.extend_from_slice(b"}}");
     }
     out.push(b']');

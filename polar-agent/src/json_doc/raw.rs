@@ -10,12 +10,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::Doc;
+use super::{Doc, Json};
 
 /// One JSON value as text. Serialized as the value itself (not as a string),
-/// byte for byte; cloning shares the bytes.
-#[derive(Clone, PartialEq, Eq)]
+/// byte for byte; cloning shares the bytes. Two are equal when they hold
+/// the same value, however it is written.
+#[derive(Clone)]
 pub struct RawJson(Bytes);
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0 || self.to_value() == other.to_value()
+    }
+}
 
 impl RawJson {
     /// `bytes` that [`Doc::parse`] accepted. (Text that is not JSON is
@@ -37,6 +44,17 @@ impl RawJson {
     /// `null`.
     pub fn null() -> Self {
         Self(Bytes::from_static(b"null"))
+    }
+
+    /// The value of `json`, as its document has it (a slice of the
+    /// document's buffer when it was parsed shared).
+    pub fn of(json: Json<'_>) -> Self {
+        Self(json.raw_bytes())
+    }
+
+    /// The text, as bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
     }
 
     /// The text.

@@ -74,6 +74,8 @@ fn refuses_what_serde_json_refuses() {
         "\"\\udc00\"",
         "[1] [2]",
         "{} x",
+        "-9E8307",
+        "1e400",
     ] {
         assert!(
             serde_json::from_str::<Value>(text).is_err(),

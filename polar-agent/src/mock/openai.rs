@@ -242,7 +242,9 @@ fn tool(v: &Value) -> Option<Tool> {
             .get("description")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        parameters: f.get("parameters").cloned().unwrap_or(Value::Null),
+        parameters: crate::json_doc::RawJson::from_value(
+            f.get("parameters").unwrap_or(&Value::Null),
+        ),
     })
 }
 

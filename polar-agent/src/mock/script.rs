@@ -299,7 +299,8 @@ pub fn shell_call(tools: &[Tool], command: &str) -> (String, String) {
     let Some(tool) = tool else {
         return ("bash".to_owned(), json!({ "command": command }).to_string());
     };
-    let props = tool.parameters.get("properties");
+    let parameters = tool.parameters.to_value();
+    let props = parameters.get("properties");
     let key = ["command", "cmd"]
         .into_iter()
         .find(|k| props.and_then(|p| p.get(k)).is_some())

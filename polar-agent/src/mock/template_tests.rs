@@ -10,7 +10,9 @@ fn bash() -> Tool {
     Tool {
         name: "bash".into(),
         description: Some("Run a command".into()),
-        parameters: json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+        parameters: crate::json_doc::RawJson::from_value(
+            &json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+        ),
     }
 }
 

@@ -432,7 +432,9 @@ fn builtin_shell_call_follows_the_schema() {
     let tool = |name: &str, props: Value| Tool {
         name: name.into(),
         description: None,
-        parameters: json!({"type": "object", "properties": props}),
+        parameters: crate::json_doc::RawJson::from_value(
+            &json!({"type": "object", "properties": props}),
+        ),
     };
     let (name, args) = shell_call(
         &[

@@ -33,7 +33,7 @@ use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::Json;
+use crate::json_doc::{Json, RawJson};
 
 // ---------------------------------------------------------------- types
 
@@ -108,6 +108,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         }
     }
 
+    messages.reserve(raw_messages.count());
     let mut tool_names: HashMap<String, String> = HashMap::new();
     for (i, m) in raw_messages.enumerate() {
         let at = || format!("messages[{i}]");
@@ -169,7 +170,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
                 tools.push(Tool {
                     name,
                     description: string_field(t, "description"),
-                    parameters: schema.to_value(),
+                    parameters: RawJson::of(schema),
                 });
             }
             _ => server_tools.push(t.to_value()),
@@ -286,8 +287,7 @@ fn content_or_null(content: Option<Json<'_>>) -> Json<'_> {
 
 /// A message of `role` from content given as a string or blocks.
 fn content_message(role: Role, content: Json<'_>, at: &str) -> Result<Message, ProviderError> {
-    let mut msg = Message::text(role, "");
-    msg.content.clear();
+    let mut msg = Message::new(role);
     if let Some(text) = text(content) {
         msg.content.push(Part::Text { text });
     } else if let Some(blocks) = content.as_array() {
@@ -311,8 +311,7 @@ fn assistant_message(
     let Some(blocks) = content.and_then(|c| c.as_array()) else {
         return content_message(Role::Assistant, content_or_null(content), &at());
     };
-    let mut msg = Message::text(Role::Assistant, "");
-    msg.content.clear();
+    let mut msg = Message::new(Role::Assistant);
     for (i, b) in blocks.enumerate() {
         if !b.is_object() {
             return Err(ProviderError::invalid(format!(
@@ -401,11 +400,7 @@ fn user_messages(
                 .extend(rest(b, &["type", "tool_use_id", "content", "is_error"]));
             out.push(msg);
         } else {
-            let msg = pending.get_or_insert_with(|| {
-                let mut m = Message::text(Role::User, "");
-                m.content.clear();
-                m
-            });
+            let msg = pending.get_or_insert_with(|| Message::new(Role::User));
             let (part, fields) = block_part(b);
             let index = msg.content.len();
             msg.content.push(part);

@@ -44,7 +44,7 @@ use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::Json;
+use crate::json_doc::{Json, RawJson};
 
 // ---------------------------------------------------------------- types
 
@@ -122,7 +122,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     let mut messages = Vec::new();
 
     if let Some(si) = get2(obj, "systemInstruction", "system_instruction") {
-        let mut m = empty(Role::System);
+        let mut m = Message::new(Role::System);
         if let Some(text) = text(si) {
             m.content.push(Part::Text { text });
         } else if si.is_object() {
@@ -197,7 +197,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             tools.push(Tool {
                 name: string_field(d, "name").unwrap_or_default(),
                 description: string_field(d, "description"),
-                parameters,
+                parameters: RawJson::from_value(&parameters),
             });
         }
         let others = rest(t, &["functionDeclarations", "function_declarations"]);
@@ -273,12 +273,6 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         previous_response_id: None,
         include_usage: false,
     })
-}
-
-fn empty(role: Role) -> Message {
-    let mut m = Message::text(role, "");
-    m.content.clear();
-    m
 }
 
 /// OpenAPI-style schema types (`OBJECT`, `STRING`) lowercased, recursively.
@@ -360,7 +354,7 @@ fn model_turn<'d>(
     parts: impl Iterator<Item = Json<'d>>,
     pending: &mut Vec<Pending>,
 ) -> Message {
-    let mut m = empty(Role::Assistant);
+    let mut m = Message::new(Role::Assistant);
     let mut signatures = Vec::new();
     let sig_keys = ["thoughtSignature", "thought_signature"];
     for (k, p) in parts.enumerate() {
@@ -444,7 +438,7 @@ fn user_turn<'d>(
     let mut user: Option<Message> = None;
     for (k, p) in parts.enumerate() {
         let Some(fr) = get2_object(p, "functionResponse", "function_response") else {
-            let m = user.get_or_insert_with(|| empty(Role::User));
+            let m = user.get_or_insert_with(|| Message::new(Role::User));
             let (part, fields) = plain_part(p);
             let index = m.content.len();
             m.content.push(part);

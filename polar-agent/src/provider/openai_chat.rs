@@ -27,7 +27,7 @@ use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::Json;
+use crate::json_doc::{Json, RawJson};
 
 // ---------------------------------------------------------------- types
 
@@ -115,8 +115,8 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
                     name,
                     description: string_field(f, "description"),
                     parameters: f.get("parameters").map_or_else(
-                        || json!({"type": "object", "properties": {}}),
-                        |p| p.to_value(),
+                        || RawJson::from_value(&json!({"type": "object", "properties": {}})),
+                        RawJson::of,
                     ),
                 });
             }
@@ -201,8 +201,7 @@ fn parse_message(m: Json<'_>, at: &dyn Fn() -> String) -> Result<Message, Provid
             )));
         }
     };
-    let mut msg = Message::text(role, "");
-    msg.content.clear();
+    let mut msg = Message::new(role);
     if let Some(content) = m.get("content").filter(|c| !c.is_null()) {
         if let Some(text) = text(content) {
             msg.content.push(Part::Text { text });

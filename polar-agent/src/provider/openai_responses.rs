@@ -43,7 +43,7 @@ use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::Json;
+use crate::json_doc::{Json, RawJson};
 
 // ---------------------------------------------------------------- types
 
@@ -113,7 +113,8 @@ impl Items {
     }
 
     fn assistant(&mut self) -> &mut Message {
-        self.assistant.get_or_insert_with(|| empty(Role::Assistant))
+        self.assistant
+            .get_or_insert_with(|| Message::new(Role::Assistant))
     }
 
     fn tool_result(
@@ -124,7 +125,7 @@ impl Items {
         self.flush();
         let id = string_field(item, "call_id")
             .ok_or_else(|| ProviderError::invalid(format!("{}.call_id: field required", at())))?;
-        let mut m = empty(Role::Tool);
+        let mut m = Message::new(Role::Tool);
         if let Some(output) = item.get("output") {
             if let Some(parts) = output.as_array() {
                 for (i, p) in parts.enumerate() {
@@ -143,12 +144,6 @@ impl Items {
         self.messages.push(m);
         Ok(())
     }
-}
-
-fn empty(role: Role) -> Message {
-    let mut m = Message::text(role, "");
-    m.content.clear();
-    m
 }
 
 fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
@@ -271,8 +266,8 @@ fn add_tool(
         name,
         description: string_field(t, "description"),
         parameters: t.get("parameters").map_or_else(
-            || json!({"type": "object", "properties": {}}),
-            |p| p.to_value(),
+            || RawJson::from_value(&json!({"type": "object", "properties": {}})),
+            RawJson::of,
         ),
     });
 }
@@ -333,7 +328,7 @@ fn parse_item(
                 a.extra.extend(part_extra);
                 push_indexed(&mut a.extra, "item_extra", i, fields);
             } else {
-                let mut m = empty(role);
+                let mut m = Message::new(role);
                 m.content = parts;
                 m.extra = part_extra;
                 m.extra.extend(fields);

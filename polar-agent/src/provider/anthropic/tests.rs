@@ -121,7 +121,7 @@ fn parses_claude_code_request() {
     assert_eq!(t.extra["cache_control"]["type"], "ephemeral");
     assert_eq!(r.messages[5].joined_text(), "continue");
     assert_eq!(r.tools.len(), 2);
-    assert_eq!(r.tools[0].parameters["required"][0], "command");
+    assert_eq!(r.tools[0].parameters.to_value()["required"][0], "command");
     assert_eq!(r.tool_choice, Some(ToolChoice::Auto));
     assert_eq!(r.sampling.max_tokens, Some(32000));
     assert_eq!(r.sampling.temperature, Some(1.0));

@@ -111,9 +111,9 @@ fn parses_gemini_cli_request() {
         t.joined_text(),
         r#"{"output":"Command: echo hi > out.txt\nExit Code: 0"}"#
     );
-    assert_eq!(r.tools[0].parameters["type"], "object");
+    assert_eq!(r.tools[0].parameters.to_value()["type"], "object");
     assert_eq!(
-        r.tools[1].parameters["properties"]["absolute_path"]["type"],
+        r.tools[1].parameters.to_value()["properties"]["absolute_path"]["type"],
         "string"
     );
     assert_eq!(r.sampling.max_tokens, Some(65536));
@@ -543,12 +543,16 @@ fn reads_escapes_number_forms_and_unknown_fields_from_the_text() {
             Tool {
                 name: "run".into(),
                 description: Some("Run!".into()),
-                parameters: json!({"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1.0}}, "required": ["cmd"]}),
+                parameters: crate::json_doc::RawJson::from_value(
+                    &json!({"type": "object", "properties": {"cmd": {"type": "string", "minLength": 1.0}}, "required": ["cmd"]}),
+                ),
             },
             Tool {
                 name: "read".into(),
                 description: None,
-                parameters: json!({"type": "object", "properties": {"p": {"type": "String"}}}),
+                parameters: crate::json_doc::RawJson::from_value(
+                    &json!({"type": "object", "properties": {"p": {"type": "String"}}}),
+                ),
             },
         ],
         tool_choice: Some(ToolChoice::Tool { name: "run".into() }),

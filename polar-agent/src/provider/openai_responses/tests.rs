@@ -536,7 +536,9 @@ fn raw_text_with_escapes_and_numbers() {
         tools: vec![Tool {
             name: "shell".into(),
             description: Some("Run `cmd`".into()),
-            parameters: json!({"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 1000.0}}}),
+            parameters: crate::json_doc::RawJson::from_value(
+                &json!({"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 1000.0}}}),
+            ),
         }],
         tool_choice: Some(ToolChoice::Auto),
         sampling: Sampling {
