@@ -409,3 +409,68 @@ proptest! {
         prop_assert_eq!(&back.tool_calls, &r.message.tool_calls);
     }
 }
+
+/// Read from its own text (escapes, number forms, repeated keys, unknown
+/// fields as written), a request translates as serde_json's reading of the
+/// same text does, and its escaped text reaches the backend body as written.
+#[test]
+fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
+    let text = r#"{
+        "mod\u0065l": "qwen3-coder", "stream": true, "temperature": 5e-1, "top_p": 0.950,
+        "max_tokens": 100, "max_completion_tokens": 2048, "top_k": 4.0, "seed": -0,
+        "stream_options": {"include_usage": true, "x": [1e2]},
+        "messages": [
+            {"role": "system", "content": "Be \"brief\"\n\t\u00e9 \ud83d\ude00 a\/b", "tag": {"k": 1, "k": 2}},
+            {"role": "user", "content": [
+                {"type": "text", "text": "line\none", "cache": {"t": "eph"}},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBOR", "detail": "low"}},
+                {"type": "input_audio", "x": 1.50}
+            ]},
+            {"role": "assistant", "content": null, "reasoning_content": "think\n",
+             "tool_calls": [{"id": "call_1", "type": "function",
+                             "function": {"name": "run", "arguments": "{\"cmd\": \"ls\\n\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "out\u0001"}]}
+        ],
+        "tools": [{"type": "function", "function": {"name": "run", "description": "Run\n",
+                   "parameters": {"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 1.0e3}}},
+                   "strict": true}},
+                  {"type": "web_search"}],
+        "tool_choice": {"type": "function", "function": {"name": "run"}}
+    }"#;
+    let doc = crate::json_doc::Doc::parse(text.as_bytes()).unwrap();
+    let ours = OpenaiChat::parse_request(&call(), doc.root()).unwrap();
+    let value: Value = serde_json::from_str(text).unwrap();
+    let theirs = crate::provider::parse_request_value(&call(), &value).unwrap();
+    assert_eq!(ours, theirs);
+    let r = &ours.request;
+    assert!(ours.include_usage);
+    assert_eq!(r.model, "qwen3-coder");
+    assert_eq!(r.sampling.max_tokens, Some(2048));
+    assert_eq!(r.sampling.temperature, Some(0.5));
+    assert_eq!(r.sampling.top_k, None);
+    assert_eq!(r.messages[0].joined_text(), "Be \"brief\"\n\té 😀 a/b");
+    assert_eq!(r.messages[0].extra["tag"], json!({"k": 2}));
+    assert_eq!(
+        r.messages[2].tool_calls[0].arguments,
+        "{\"cmd\": \"ls\\n\"}"
+    );
+    assert_eq!(r.messages[3].joined_text(), "out\u{1}");
+    assert_eq!(r.extra["seed"], json!(-0.0));
+    // The backend body carries the text as the harness escaped it, and
+    // reads as the same JSON as the reference body.
+    let cfg = crate::inference::BackendConfig::new(
+        "b",
+        crate::inference::Dialect::Vllm,
+        vec![],
+        "served",
+    );
+    let mode = crate::inference::SamplingMode::Train;
+    let bytes = crate::inference::wire::chat_body_bytes(&cfg, r, mode);
+    let body = String::from_utf8(bytes).unwrap();
+    assert!(
+        body.contains(r#""Be \"brief\"\n\t\u00e9 \ud83d\ude00 a\/b""#),
+        "{body}"
+    );
+    let reference = crate::inference::request::chat_body(&cfg, r, mode);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), reference);
+}
