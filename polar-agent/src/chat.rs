@@ -237,14 +237,8 @@ impl Message {
     /// A message with text content only.
     pub fn text(role: Role, text: impl Into<Text>) -> Self {
         Self {
-            role,
             content: vec![Part::Text { text: text.into() }],
-            reasoning: None,
-            tool_calls: Vec::new(),
-            tool_call_id: None,
-            is_error: false,
-            name: None,
-            extra: Map::new(),
+            ..Self::new(role)
         }
     }
 

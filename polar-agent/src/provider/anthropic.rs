@@ -21,8 +21,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::read::{
-    array_field, body_object, bool_field, f64_field, field_is, request_model, rest, stop_list,
-    str_field, string_field, text, text_field, u32_of,
+    array_field, body_object, bool_field, f64_field, field_is, function_tool, request_model, rest,
+    stop_list, str_field, string_field, text, text_field, u32_of,
 };
 use super::{
     ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, effective_finish,
@@ -31,9 +31,9 @@ use super::{
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
-    Tool, ToolCall, ToolChoice, Usage,
+    ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::{Json, RawJson};
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -158,20 +158,14 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         if !t.is_object() {
             continue;
         }
-        match (string_field(t, "name"), t.get("input_schema")) {
-            (Some(name), Some(schema)) => {
-                let r = rest(t, &["name", "description", "input_schema"]);
-                if !r.is_empty() {
-                    let mut e = Map::new();
-                    e.insert("name".into(), Value::String(name.clone()));
-                    e.extend(r);
-                    tool_extra.push(Value::Object(e));
-                }
-                tools.push(Tool {
-                    name,
-                    description: string_field(t, "description"),
-                    parameters: RawJson::of(schema),
-                });
+        match (str_field(t, "name"), t.get("input_schema")) {
+            (Some(_), Some(schema)) => {
+                tools.push(function_tool(
+                    t,
+                    Some(schema),
+                    &["name", "description", "input_schema"],
+                    &mut tool_extra,
+                ));
             }
             _ => server_tools.push(t.to_value()),
         }

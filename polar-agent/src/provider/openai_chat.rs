@@ -15,8 +15,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::read::{
-    array_field, body_object, bool_field, f64_field, request_model, rest, stop_list, str_field,
-    string_field, text, text_field, text_of, u32_of,
+    array_field, body_object, bool_field, f64_field, function_tool, request_model, rest, stop_list,
+    str_field, string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
@@ -25,9 +25,9 @@ use super::{
 use crate::capture::record::Api;
 use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
-    Tool, ToolCall, ToolChoice, Usage,
+    ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::{Json, RawJson};
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -103,22 +103,12 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         let f = t.get("function").filter(|f| f.is_object());
         match (str_field(t, "type").as_deref(), f) {
             (Some("function") | None, Some(f)) if f.get("name").is_some() => {
-                let name = string_field(f, "name").unwrap_or_default();
-                let r = rest(f, &["name", "description", "parameters"]);
-                if !r.is_empty() {
-                    let mut e = Map::new();
-                    e.insert("name".into(), Value::String(name.clone()));
-                    e.extend(r);
-                    tool_extra.push(Value::Object(e));
-                }
-                tools.push(Tool {
-                    name,
-                    description: string_field(f, "description"),
-                    parameters: f.get("parameters").map_or_else(
-                        || RawJson::from_value(&json!({"type": "object", "properties": {}})),
-                        RawJson::of,
-                    ),
-                });
+                tools.push(function_tool(
+                    f,
+                    f.get("parameters"),
+                    &["name", "description", "parameters"],
+                    &mut tool_extra,
+                ));
             }
             _ => other_tools.push(t.to_value()),
         }

@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 
 use super::openai_chat::openai_error_type;
 use super::read::{
-    array_field, body_object, bool_field, f64_field, field_is, request_model, rest, str_field,
-    string_field, text, text_field, text_of, u32_of,
+    array_field, body_object, bool_field, f64_field, field_is, function_tool, request_model, rest,
+    str_field, string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, SOURCE_KEY, StreamEncoder,
@@ -43,7 +43,7 @@ use crate::chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
     Tool, ToolCall, ToolChoice, Usage,
 };
-use crate::json_doc::{Json, RawJson};
+use crate::json_doc::Json;
 
 // ---------------------------------------------------------------- types
 
@@ -254,22 +254,12 @@ fn add_tool(
         other.push(t.to_value());
         return;
     }
-    let name = string_field(t, "name").unwrap_or_default();
-    let r = rest(t, &["type", "name", "description", "parameters"]);
-    if !r.is_empty() {
-        let mut e = Map::new();
-        e.insert("name".into(), Value::String(name.clone()));
-        e.extend(r);
-        tool_extra.push(Value::Object(e));
-    }
-    tools.push(Tool {
-        name,
-        description: string_field(t, "description"),
-        parameters: t.get("parameters").map_or_else(
-            || RawJson::from_value(&json!({"type": "object", "properties": {}})),
-            RawJson::of,
-        ),
-    });
+    tools.push(function_tool(
+        t,
+        t.get("parameters"),
+        &["type", "name", "description", "parameters"],
+        tool_extra,
+    ));
 }
 
 fn parse_item(

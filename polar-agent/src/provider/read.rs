@@ -5,11 +5,11 @@
 
 use std::borrow::Cow;
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::{ModelCall, ProviderError};
-use crate::chat::Text;
-use crate::json_doc::Json;
+use crate::chat::{Text, Tool};
+use crate::json_doc::{Json, RawJson};
 
 /// The members of `obj` not in `known`, as a map (the fields a
 /// translation keeps without understanding them).
@@ -73,6 +73,33 @@ pub(crate) fn array_field<'d>(obj: Json<'d>, key: &str) -> impl Iterator<Item = 
         .and_then(|v| v.as_array())
         .into_iter()
         .flatten()
+}
+
+/// A function tool from `obj`: its `name`, `description` and the schema
+/// `parameters` (as written; an empty object schema when absent). The
+/// members not in `known` go to `tool_extra` with the tool's name.
+pub(crate) fn function_tool(
+    obj: Json<'_>,
+    parameters: Option<Json<'_>>,
+    known: &[&str],
+    tool_extra: &mut Vec<Value>,
+) -> Tool {
+    let name = string_field(obj, "name").unwrap_or_default();
+    let unknown = rest(obj, known);
+    if !unknown.is_empty() {
+        let mut e = Map::new();
+        e.insert("name".into(), Value::String(name.clone()));
+        e.extend(unknown);
+        tool_extra.push(Value::Object(e));
+    }
+    Tool {
+        name,
+        description: string_field(obj, "description"),
+        parameters: parameters.map_or_else(
+            || RawJson::from_value(&json!({"type": "object", "properties": {}})),
+            RawJson::of,
+        ),
+    }
 }
 
 /// `body` as an object, or an invalid-request error.
