@@ -4,9 +4,10 @@
 //! 1. **Stage work** on a Claude-Code-shaped request of 50 messages and about
 //!    100 KB, no sockets: JSON parse + detection + translation to the
 //!    normalized request + the backend's request body; encoding a 200-token
-//!    reply into Anthropic SSE; the record's request part serialized and
-//!    appended while the backend generates; at the end, the record built and
-//!    its completion appended without and with `fdatasync` (and, for
+//!    reply into Anthropic SSE, and serializing its token ids and logprobs
+//!    as they arrive; the record's request part serialized and appended
+//!    while the backend generates; at the end, the record built and its
+//!    completion appended without and with `fdatasync` (and, for
 //!    comparison, the whole record as one line). Each step timed alone,
 //!    p50/p99 over many iterations, and the sums.
 //! 2. **Time to first token** through the whole path (client -> `polar
@@ -44,10 +45,11 @@ use serde_json::{Value, json};
 
 use polar_agent::capture::build::{Draft, Produced, call_id, keep_event, now_ms};
 use polar_agent::capture::encode::{
-    PartHead, PreEncoded, encode_completion, encode_record, encode_request_part,
+    PartHead, PartPrompt, PreEncoded, RecordParts, encode_end, encode_record, encode_request_part,
 };
 use polar_agent::capture::log::{Durability, LogFile, encode_line};
 use polar_agent::capture::record::NativeRequest;
+use polar_agent::capture::tokens_json::ReplyTokensJson;
 use polar_agent::chat::{FinishReason, StreamEvent, Tokens, Usage};
 use polar_agent::inference::wire::chat_body_bytes;
 use polar_agent::inference::{BackendConfig, Dialect, SamplingMode};
@@ -220,12 +222,26 @@ fn stage_work() {
     let dir = tempfile::tempdir().unwrap();
     let (nosync, _) = LogFile::open(&dir.path().join("a.jsonl"), Durability::NoSync).unwrap();
     let (sync, _) = LogFile::open(&dir.path().join("b.jsonl"), Durability::Sync).unwrap();
+    // The logs are emptied now and then (between timed steps), so the run
+    // needs tens of megabytes of disk, not a gigabyte.
+    let cap_logs = || {
+        for log in [&nosync, &sync] {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(log.path())
+                .unwrap();
+            if f.metadata().unwrap().len() > 32 << 20 {
+                f.set_len(0).unwrap();
+            }
+        }
+    };
 
     let iterations = 600;
-    let mut t: [Vec<Duration>; 13] = Default::default();
+    let mut t: [Vec<Duration>; 14] = Default::default();
     let (mut part_len, mut end_len, mut line_len) = (0, 0, 0);
     for i in 0..iterations + 50 {
-        let mut d = [Duration::ZERO; 13];
+        let mut d = [Duration::ZERO; 14];
+        cap_logs();
         // 0. Request: parse, detect, translate, the backend's body, the
         //    native body kept for the record. The body is a fresh buffer,
         //    as the agent gets it (just read from the connection).
@@ -253,7 +269,21 @@ fn stage_work() {
         d[1] = t1.elapsed();
         black_box(n);
 
-        // 2. While the backend generates (blocking threads): the requests
+        // 2. Also spread over the stream, on the task sending the events:
+        //    the reply's token ids and logprobs serialized as they arrive
+        //    (one token per event here).
+        let (ids, lps) = (
+            tokens.response_token_ids.as_deref().unwrap(),
+            tokens.response_logprobs.as_deref().unwrap(),
+        );
+        let t2 = Instant::now();
+        let mut reply_tokens = ReplyTokensJson::default();
+        for n in 1..=ids.len() {
+            reply_tokens.catch_up(&ids[..n], &lps[..n]);
+        }
+        d[2] = t2.elapsed();
+
+        // 3. While the backend generates (blocking threads): the requests
         //    serialized, then the prompt ids, and the request part written
         //    (one write; its fdatasync, also during generation, is not
         //    timed).
@@ -269,20 +299,24 @@ fn stage_work() {
             seq: i as u64,
             session_id: "bench".into(),
         };
-        let t2 = Instant::now();
+        let t3 = Instant::now();
         let pre = PreEncoded::requests(&native, &parsed.request);
         let part = encode_request_part(&head, &pre, Some(&prompt_ids))
             .unwrap()
             .unwrap();
         nosync.append_line(&part).unwrap();
-        d[2] = t2.elapsed();
-        // The ids the part holds, kept for the end (a move on the agent).
-        let part_prompt = prompt_ids.clone();
+        d[3] = t3.elapsed();
+        // The ids the part was written from, given back for the end (a
+        // move on the agent).
+        let parts = RecordParts::InRequestPart(PartPrompt::Ids(prompt_ids.clone()));
         sync.append_line(&part).unwrap();
         part_len = part.len();
 
-        // 3. End of the call: record built, its completion line, one write
-        //    (no fsync).
+        // 4. End of the call, as the agent does it: the tokens of the last
+        //    events caught up (none left here), the part's prompt ids let
+        //    go without comparing them (the stream did not set them
+        //    again), the record built, its completion line (the token data
+        //    copied in), one write (no fsync).
         let draft = Draft {
             call_id: head.call_id,
             seq: head.seq,
@@ -293,7 +327,9 @@ fn stage_work() {
             received_ms: now_ms(),
         };
         let tokens = tokens.clone();
-        let t3 = Instant::now();
+        let t4 = Instant::now();
+        reply_tokens.catch_up(ids, lps);
+        let parts = parts.prompt_unchanged();
         let record = draft.finish(
             Produced {
                 events: &kept,
@@ -302,53 +338,53 @@ fn stage_work() {
             },
             None,
         );
-        let built = t3.elapsed();
-        let end = encode_completion(&record, Some(&part_prompt)).unwrap();
+        let built = t4.elapsed();
+        let end = encode_end(&record, &parts, &reply_tokens).unwrap();
         nosync.append_line(&end).unwrap();
-        d[3] = t3.elapsed();
+        d[4] = t4.elapsed();
         end_len = end.len();
 
-        // 4. The same with fdatasync.
-        let t4 = Instant::now();
-        let end = encode_completion(&record, Some(&part_prompt)).unwrap();
-        sync.append_line(&end).unwrap();
-        d[4] = built + t4.elapsed();
-
-        // 5. For comparison: the whole line serialized at the end.
+        // 5. The same with fdatasync.
         let t5 = Instant::now();
+        let end = encode_end(&record, &parts, &reply_tokens).unwrap();
+        sync.append_line(&end).unwrap();
+        d[5] = built + t5.elapsed();
+
+        // 6. For comparison: the whole line serialized at the end.
+        let t6 = Instant::now();
         let line = encode_line(&record).unwrap();
         nosync.append_line(&line).unwrap();
-        d[5] = t5.elapsed();
+        d[6] = t6.elapsed();
 
-        // 6. For comparison: the whole line with the parts serialized
+        // 7. For comparison: the whole line with the parts serialized
         //    ahead (the fallback when no request part was written, and
         //    what every call did before the two-part records).
         let mut pre = pre;
         pre.prompt_token_ids = PreEncoded::prompt(&prompt_ids);
-        let t6 = Instant::now();
-        let line = encode_record(&record, &pre).unwrap();
+        let t7 = Instant::now();
+        let line = encode_record(&record, &pre, &reply_tokens).unwrap();
         nosync.append_line(&line).unwrap();
-        d[6] = built + t6.elapsed();
+        d[7] = built + t7.elapsed();
         line_len = line.len();
 
-        d[7] = d[0] + d[1] + d[3];
-        d[8] = d[0] + d[1] + d[2] + d[3];
+        d[8] = d[0] + d[1] + d[2] + d[4];
+        d[9] = d[0] + d[1] + d[2] + d[3] + d[4];
         // What the harness waits for: the request step, the end, and the
-        // last event's encoding (the others are encoded as they arrive,
-        // between the backend's tokens).
-        d[9] = d[0] + d[3] + d[1] / events.len() as u32;
+        // last event's encoding (the others are encoded, and their tokens
+        // serialized, as they arrive, between the backend's tokens).
+        d[10] = d[0] + d[4] + d[1] / events.len() as u32;
 
         // What the JSON alone costs on this machine, for scale: the body
         // only validated, parsed into a tree, and that tree written back.
-        let t10 = Instant::now();
-        black_box(serde_json::from_slice::<serde::de::IgnoredAny>(&body).unwrap());
-        d[10] = t10.elapsed();
         let t11 = Instant::now();
-        let tree: Value = serde_json::from_slice(&body).unwrap();
+        black_box(serde_json::from_slice::<serde::de::IgnoredAny>(&body).unwrap());
         d[11] = t11.elapsed();
         let t12 = Instant::now();
-        black_box(serde_json::to_vec(&tree).unwrap());
+        let tree: Value = serde_json::from_slice(&body).unwrap();
         d[12] = t12.elapsed();
+        let t13 = Instant::now();
+        black_box(serde_json::to_vec(&tree).unwrap());
+        d[13] = t13.elapsed();
         if i >= 50 {
             for (k, x) in d.iter().enumerate() {
                 t[k].push(*x);
@@ -376,6 +412,10 @@ fn stage_work() {
         ),
         (
             "reply: 200-token stream encoded as Anthropic SSE",
+            "spread over the stream",
+        ),
+        (
+            "reply: its 200 token ids and logprobs serialized as they arrive (per call)",
             "spread over the stream",
         ),
         (

@@ -440,7 +440,9 @@ async fn a_harness_leaving_mid_stream_is_recorded() {
     mock.stop().await;
 }
 
-/// The kinds of a log's lines: `request`, `completion`, or `whole`.
+/// The kinds of a log's lines: `request`, `completion`, or `whole`. A
+/// completion carries no prompt ids of its own (the stream's are the ones
+/// its request part holds).
 fn line_kinds(agent: &TestAgent, session: &str) -> Vec<String> {
     let path = agent
         .state
@@ -453,7 +455,11 @@ fn line_kinds(agent: &TestAgent, session: &str) -> Vec<String> {
         .lines()
         .map(|l| {
             let v: Value = serde_json::from_str(l).unwrap();
-            v["part"].as_str().unwrap_or("whole").to_owned()
+            let kind = v["part"].as_str().unwrap_or("whole").to_owned();
+            if kind == "completion" {
+                assert!(v.get("prompt_token_ids").is_none(), "{v}");
+            }
+            kind
         })
         .collect()
 }

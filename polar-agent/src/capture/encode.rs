@@ -6,7 +6,10 @@
 //! ([`PreEncoded`]) and writes them to the log as the call's request part
 //! ([`encode_request_part`]); when the call ends only the completion is
 //! left ([`encode_completion`]: the reply's part, a few kilobytes), which is
-//! what the harness waits for. When no request part was written, the
+//! what the harness waits for; its token data was serialized while the
+//! reply streamed ([`ReplyTokensJson`]) and is copied in, and its prompt
+//! ids are left out without comparing them when they are known to be the
+//! part's ([`PartPrompt::Same`]). When no request part was written, the
 //! record goes as one whole line ([`encode_record`]: exactly the bytes
 //! `serde_json` writes for the [`CompletionRecord`] itself). See
 //! [`super::log`] for the layout and [`super::lines`] for reading it.
@@ -20,6 +23,7 @@ use super::log::LogError;
 use super::record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
+use super::tokens_json::{self, ReplyTokensJson};
 use crate::chat::{ChatRequest, ChatResponse, FinishReason};
 
 /// Parts of a record already serialized. A part that is absent is
@@ -114,14 +118,46 @@ pub enum RecordParts {
     /// parts that were serialized ahead.
     Whole(PreEncoded),
     /// In the log, in the call's request part, which holds these prompt
-    /// token ids (`None`: it holds none); the record is written as its
-    /// completion.
-    InRequestPart(Option<Vec<u32>>),
+    /// token ids; the record is written as its completion.
+    InRequestPart(PartPrompt),
 }
 
 impl Default for RecordParts {
     fn default() -> Self {
         Self::Whole(PreEncoded::default())
+    }
+}
+
+impl RecordParts {
+    /// The record's prompt ids are known to be the ones its request part
+    /// was written from (the backend did not set them again since): they
+    /// are not compared at the end.
+    pub fn prompt_unchanged(self) -> Self {
+        match self {
+            Self::InRequestPart(PartPrompt::Ids(_)) => Self::InRequestPart(PartPrompt::Same),
+            other => other,
+        }
+    }
+}
+
+/// The prompt token ids a call's request part holds, as its completion
+/// needs to know them: the completion carries the record's own ids only
+/// when they are not the part's.
+#[derive(Debug)]
+pub enum PartPrompt {
+    /// The part holds none.
+    Absent,
+    /// The part holds these, compared with the record's at the end (48k
+    /// ids take a few microseconds).
+    Ids(Vec<u32>),
+    /// The part holds the record's own ids, whatever they are (see
+    /// [`RecordParts::prompt_unchanged`]): the completion has none.
+    Same,
+}
+
+impl From<Option<Vec<u32>>> for PartPrompt {
+    fn from(ids: Option<Vec<u32>>) -> Self {
+        ids.map_or(Self::Absent, Self::Ids)
     }
 }
 
@@ -150,11 +186,11 @@ struct RequestLine<'a> {
     prompt_token_ids: Option<&'a [u32]>,
 }
 
-/// [`CompletionRecord`]'s serialized layout, field for field; as a
-/// completion, with `part` first and without the fields in its request
-/// part.
+/// [`CompletionRecord`]'s serialized layout, field for field, up to the
+/// reply's token data; as a completion, with `part` first and without the
+/// fields in its request part.
 #[derive(Serialize)]
-struct Line<'a> {
+struct Head<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     part: Option<&'static str>,
     version: u32,
@@ -172,10 +208,11 @@ struct Line<'a> {
     /// Absent, `null` (`Some(None)`) or the ids.
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_token_ids: Option<Option<Part<'a, Vec<u32>>>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_token_ids: Option<&'a Vec<u32>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_logprobs: Option<&'a Vec<f32>>,
+}
+
+/// The layout's fields after the reply's token data.
+#[derive(Serialize)]
+struct Tail<'a> {
     token_ids_missing: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     finish_reason: Option<&'a FinishReason>,
@@ -185,11 +222,19 @@ struct Line<'a> {
     status: &'a CallStatus,
 }
 
+/// A record's line: the head, the reply's token data
+/// ([`tokens_json::write_fields`]), the tail; the same bytes as the one
+/// struct `serde_json` would write.
+struct Line<'a> {
+    record: &'a CompletionRecord,
+    head: Head<'a>,
+}
+
 impl<'a> Line<'a> {
-    /// The fields of `record` that are not in a request part.
-    fn small(record: &'a CompletionRecord) -> Self {
-        Line {
-            part: None,
+    /// The fields of `record` that are not in a request part, after `part`.
+    fn small(record: &'a CompletionRecord, part: Option<&'static str>) -> Self {
+        let head = Head {
+            part,
             version: record.version,
             call_id: &record.call_id,
             seq: record.seq,
@@ -199,34 +244,40 @@ impl<'a> Line<'a> {
             request: None,
             response: record.response.as_ref(),
             prompt_token_ids: None,
-            response_token_ids: record.response_token_ids.as_ref(),
-            response_logprobs: record.response_logprobs.as_ref(),
-            token_ids_missing: record.token_ids_missing,
-            finish_reason: record.finish_reason.as_ref(),
-            backend: &record.backend,
-            timings: &record.timings,
-            status: &record.status,
-        }
+        };
+        Self { record, head }
     }
 
     /// Serializes with its newline into a buffer of `big` bytes (the parts
     /// serialized ahead) and room for the rest: one allocation of about the
     /// line's size instead of a doubling buffer copying the big parts over
     /// and over (the reply's message is the unknown part: a long one costs
-    /// one reallocation).
-    fn to_line(&self, record: &CompletionRecord, big: usize) -> Result<Vec<u8>, LogError> {
-        let guess = big
-            + record
-                .response_token_ids
-                .as_ref()
-                .map_or(0, |v| v.len() * 8)
-            + record
-                .response_logprobs
-                .as_ref()
-                .map_or(0, |v| v.len() * 24)
-            + 8 * 1024;
-        let mut out = Vec::with_capacity(guess);
-        serde_json::to_writer(&mut out, self)?;
+    /// one reallocation). The reply's token data is copied from `tokens`
+    /// when it was serialized there.
+    fn to_line(&self, tokens: &ReplyTokensJson, big: usize) -> Result<Vec<u8>, LogError> {
+        let r = self.record;
+        let ids = r.response_token_ids.as_deref();
+        let lps = r.response_logprobs.as_deref();
+        let ids_len = ids.map_or(0, |v| tokens.ids(v).map_or(v.len() * 8, <[u8]>::len));
+        let lps_len = lps.map_or(0, |v| tokens.logprobs(v).map_or(v.len() * 24, <[u8]>::len));
+        let mut out = Vec::with_capacity(big + ids_len + lps_len + 8 * 1024);
+        serde_json::to_writer(&mut out, &self.head)?;
+        // Reopened (it has `version`, so it ends with `}`, not `{}`)...
+        debug_assert_eq!(out.last(), Some(&b'}'));
+        out.pop();
+        tokens_json::write_fields(&mut out, ids, lps, tokens)?;
+        let tail = Tail {
+            token_ids_missing: r.token_ids_missing,
+            finish_reason: r.finish_reason.as_ref(),
+            backend: &r.backend,
+            timings: &r.timings,
+            status: &r.status,
+        };
+        let at = out.len();
+        serde_json::to_writer(&mut out, &tail)?;
+        // ...and the tail's `{` is the comma before its first field.
+        debug_assert_eq!(out.get(at), Some(&b'{'));
+        out[at] = b',';
         out.push(b'\n');
         Ok(out)
     }
@@ -237,8 +288,12 @@ fn raw_len(r: Option<&RawValue>) -> usize {
 }
 
 /// The whole log line of `record` (JSON and a newline), using the parts of
-/// `pre` that match it.
-pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<u8>, LogError> {
+/// `pre` and `tokens` that match it.
+pub fn encode_record(
+    record: &CompletionRecord,
+    pre: &PreEncoded,
+    tokens: &ReplyTokensJson,
+) -> Result<Vec<u8>, LogError> {
     let prompt = match (&record.prompt_token_ids, &pre.prompt_token_ids) {
         (None, _) => None,
         (Some(ids), Some((print, raw))) if IdsFingerprint::of(ids) == *print => {
@@ -246,24 +301,22 @@ pub fn encode_record(record: &CompletionRecord, pre: &PreEncoded) -> Result<Vec<
         }
         (Some(ids), _) => Some(Part::Value(ids)),
     };
-    let line = Line {
-        native_request: Some(
-            pre.native_request
-                .as_deref()
-                .map_or(Part::Value(&record.native_request), Part::Raw),
-        ),
-        request: Some(
-            pre.request
-                .as_deref()
-                .map_or(Part::Value(&record.request), Part::Raw),
-        ),
-        prompt_token_ids: prompt.map(Some),
-        ..Line::small(record)
-    };
+    let mut line = Line::small(record, None);
+    line.head.native_request = Some(
+        pre.native_request
+            .as_deref()
+            .map_or(Part::Value(&record.native_request), Part::Raw),
+    );
+    line.head.request = Some(
+        pre.request
+            .as_deref()
+            .map_or(Part::Value(&record.request), Part::Raw),
+    );
+    line.head.prompt_token_ids = prompt.map(Some);
     let big = raw_len(pre.native_request.as_deref())
         + raw_len(pre.request.as_deref())
         + raw_len(pre.prompt_token_ids.as_ref().map(|(_, r)| &**r));
-    line.to_line(record, big)
+    line.to_line(tokens, big)
 }
 
 /// The request part's line of the call `head`, from the requests
@@ -317,47 +370,51 @@ pub fn encode_two_parts(record: &CompletionRecord) -> Result<(Vec<u8>, Vec<u8>),
         seq: record.seq,
         session_id: record.session_id.clone(),
     };
-    let prompt = record.prompt_token_ids.as_deref();
     let part = request_line(
         &head,
         &to_raw_value(&record.native_request)?,
         &to_raw_value(&record.request)?,
-        prompt,
+        record.prompt_token_ids.as_deref(),
     )?;
-    Ok((part, encode_completion(record, prompt)?))
+    let end = encode_completion(record, &PartPrompt::Same, &ReplyTokensJson::default())?;
+    Ok((part, end))
 }
 
 /// The completion's line of `record`, whose request part holds the prompt
-/// ids `part_prompt` (`None`: none). The record's prompt ids are written
-/// only when they are not the part's (comparing 48k ids takes a few
-/// microseconds).
+/// ids `part_prompt`: the record's are written only when they are not the
+/// part's (an array, or `null` when the record has none). The reply's
+/// token data is copied from `tokens` when it was serialized there.
 pub fn encode_completion(
     record: &CompletionRecord,
-    part_prompt: Option<&[u32]>,
+    part_prompt: &PartPrompt,
+    tokens: &ReplyTokensJson,
 ) -> Result<Vec<u8>, LogError> {
     let prompt = match (&record.prompt_token_ids, part_prompt) {
-        (None, None) => None,
-        (Some(ids), Some(part)) if ids[..] == *part => None,
-        (None, Some(_)) => Some(None),
+        (_, PartPrompt::Same) | (None, PartPrompt::Absent) => None,
+        (Some(ids), PartPrompt::Ids(part)) if ids == part => None,
+        (None, PartPrompt::Ids(_)) => Some(None),
         (Some(ids), _) => Some(Some(Part::Value(ids))),
     };
-    let line = Line {
-        part: Some(COMPLETION_PART),
-        prompt_token_ids: prompt,
-        ..Line::small(record)
-    };
-    let big = match &line.prompt_token_ids {
+    let big = match prompt {
         Some(Some(_)) => record.prompt_token_ids.as_ref().map_or(0, |v| v.len() * 8),
         _ => 0,
     };
-    line.to_line(record, big)
+    let mut line = Line::small(record, Some(COMPLETION_PART));
+    line.head.prompt_token_ids = prompt;
+    line.to_line(tokens, big)
 }
 
-/// The line that ends `record`'s call: its completion, or the whole record.
-pub fn encode_end(record: &CompletionRecord, parts: &RecordParts) -> Result<Vec<u8>, LogError> {
+/// The line that ends `record`'s call: its completion, or the whole record
+/// (the reply's token data copied from `tokens` when it was serialized
+/// there).
+pub fn encode_end(
+    record: &CompletionRecord,
+    parts: &RecordParts,
+    tokens: &ReplyTokensJson,
+) -> Result<Vec<u8>, LogError> {
     match parts {
-        RecordParts::Whole(pre) => encode_record(record, pre),
-        RecordParts::InRequestPart(prompt) => encode_completion(record, prompt.as_deref()),
+        RecordParts::Whole(pre) => encode_record(record, pre, tokens),
+        RecordParts::InRequestPart(prompt) => encode_completion(record, prompt, tokens),
     }
 }
 
@@ -383,7 +440,8 @@ pub(crate) mod tests {
             .unwrap()
             .unwrap();
         let ids = part_prompt.map(<[u32]>::to_vec);
-        let end = encode_end(record, &RecordParts::InRequestPart(ids)).unwrap();
+        let parts = RecordParts::InRequestPart(ids.into());
+        let end = encode_end(record, &parts, &ReplyTokensJson::default()).unwrap();
         (part, end)
     }
 
@@ -413,12 +471,13 @@ pub(crate) mod tests {
     #[test]
     fn pre_encoded_lines_are_byte_identical() {
         let mut record = crate::capture::log::tests::record(3, Api::OpenaiResponses, "hi");
+        let none = ReplyTokensJson::default();
         let plain = encode_line(&record).unwrap();
         let mut pre = PreEncoded::requests(&record.native_request, &record.request);
         pre.prompt_token_ids = PreEncoded::prompt(&[1, 2, 3]);
-        assert_eq!(encode_record(&record, &pre).unwrap(), plain);
+        assert_eq!(encode_record(&record, &pre, &none).unwrap(), plain);
         assert_eq!(
-            encode_end(&record, &RecordParts::Whole(pre)).unwrap(),
+            encode_end(&record, &RecordParts::Whole(pre), &none).unwrap(),
             plain
         );
         let mut pre = PreEncoded::requests(&record.native_request, &record.request);
@@ -430,7 +489,7 @@ pub(crate) mod tests {
             IdsFingerprint::of(&[1, 2, 4])
         );
         assert_eq!(
-            encode_record(&record, &pre).unwrap(),
+            encode_record(&record, &pre, &none).unwrap(),
             encode_line(&record).unwrap()
         );
         // Every optional field absent, a failure status.
@@ -445,11 +504,11 @@ pub(crate) mod tests {
             error: "x".into(),
         };
         assert_eq!(
-            encode_record(&record, &PreEncoded::default()).unwrap(),
+            encode_record(&record, &PreEncoded::default(), &none).unwrap(),
             encode_line(&record).unwrap()
         );
         let back: CompletionRecord =
-            serde_json::from_slice(&encode_record(&record, &pre).unwrap()).unwrap();
+            serde_json::from_slice(&encode_record(&record, &pre, &none).unwrap()).unwrap();
         assert_eq!(back, record);
     }
 
@@ -506,6 +565,70 @@ pub(crate) mod tests {
         // Neither.
         let (_, end) = two_parts(&record, None);
         assert!(json(&end).get("prompt_token_ids").is_none());
+    }
+
+    #[test]
+    fn a_part_known_to_hold_the_records_prompt_ids_is_not_compared() {
+        let mut record = crate::capture::log::tests::record(3, Api::OpenaiChat, "hi");
+        let none = ReplyTokensJson::default();
+        let (_, compared) = two_parts(&record, Some(&[1, 2, 3]));
+        let same = RecordParts::InRequestPart(Some(vec![1, 2, 3]).into()).prompt_unchanged();
+        assert!(matches!(same, RecordParts::InRequestPart(PartPrompt::Same)));
+        assert_eq!(encode_end(&record, &same, &none).unwrap(), compared);
+        // Only the part's ids become "the record's"; none stay none.
+        let absent = RecordParts::InRequestPart(None.into()).prompt_unchanged();
+        assert!(matches!(
+            absent,
+            RecordParts::InRequestPart(PartPrompt::Absent)
+        ));
+        assert!(matches!(
+            RecordParts::default().prompt_unchanged(),
+            RecordParts::Whole(_)
+        ));
+        record.prompt_token_ids = None;
+        let (_, compared) = two_parts(&record, None);
+        assert_eq!(encode_end(&record, &absent, &none).unwrap(), compared);
+    }
+
+    #[test]
+    fn token_data_serialized_while_streaming_gives_the_same_lines() {
+        let mut record = crate::capture::log::tests::record(3, Api::OpenaiChat, "hi");
+        record.response_token_ids = Some((0..200).map(|i| i * 7919).collect());
+        record.response_logprobs = Some((0..200).map(|i| -0.013 * i as f32).collect());
+        let ids = record.response_token_ids.clone().unwrap();
+        let lps = record.response_logprobs.clone().unwrap();
+        let mut streamed = ReplyTokensJson::default();
+        for n in 0..=ids.len() {
+            streamed.catch_up(&ids[..n], &lps[..n]);
+        }
+        let none = ReplyTokensJson::default();
+        let parts = RecordParts::InRequestPart(PartPrompt::Same);
+        assert_eq!(
+            encode_end(&record, &parts, &streamed).unwrap(),
+            encode_end(&record, &parts, &none).unwrap()
+        );
+        let whole = RecordParts::default();
+        assert_eq!(
+            encode_end(&record, &whole, &streamed).unwrap(),
+            encode_line(&record).unwrap()
+        );
+        // Logprobs the record does not keep (not one per token): the ids'
+        // text only.
+        record.response_logprobs = None;
+        assert_eq!(
+            encode_end(&record, &whole, &streamed).unwrap(),
+            encode_line(&record).unwrap()
+        );
+        // A failure without token data.
+        record.response_token_ids = None;
+        record.status = CallStatus::Failed {
+            side: "harness".into(),
+            error: "gone \"quoted\"".into(),
+        };
+        assert_eq!(
+            encode_end(&record, &whole, &streamed).unwrap(),
+            encode_line(&record).unwrap()
+        );
     }
 
     #[test]

@@ -162,12 +162,20 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 0);
     assert_eq!(log.next_seq(), 1);
-    log.append(record(0, Api::OpenaiResponses, "first"), Default::default())
-        .await
-        .unwrap();
-    log.append(record(1, Api::OpenaiChat, "chat"), Default::default())
-        .await
-        .unwrap();
+    log.append(
+        record(0, Api::OpenaiResponses, "first"),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    log.append(
+        record(1, Api::OpenaiChat, "chat"),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
     let conv = log.conversation("resp_r0").unwrap();
     assert_eq!(conv.len(), 2);
     assert_eq!(conv[1].joined_text(), "first");
@@ -201,8 +209,9 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
 #[tokio::test]
 async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart() {
     use crate::capture::build::Draft;
-    use crate::capture::encode::RecordParts;
+    use crate::capture::encode::{PartPrompt, RecordParts};
     use crate::capture::part::RequestPartWrite;
+    use crate::capture::tokens_json::ReplyTokensJson;
 
     let dir = tempfile::tempdir().unwrap();
     let registry = Arc::new(SessionRegistry::new());
@@ -228,7 +237,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     );
     let parts = part.finish(&mut draft).await;
     assert!(
-        matches!(parts, RecordParts::InRequestPart(Some(_))),
+        matches!(parts, RecordParts::InRequestPart(PartPrompt::Ids(_))),
         "{parts:?}"
     );
     assert_eq!(draft.request, want.request);
@@ -240,7 +249,19 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
         matches!(&problems[..], [LogProblem::Unfinished { line: 1, offset: 0, call_id }] if *call_id == want.call_id),
         "{problems:?}"
     );
-    log.append(want.clone(), parts).await.unwrap();
+    // The reply's token data serialized as it streamed, the prompt ids
+    // known to be the part's.
+    let mut tokens = ReplyTokensJson::default();
+    let (ids, lps) = (
+        want.response_token_ids.as_deref().unwrap(),
+        want.response_logprobs.as_deref().unwrap(),
+    );
+    for n in 0..=ids.len() {
+        tokens.catch_up(&ids[..n], &lps[..n]);
+    }
+    log.append(want.clone(), parts.prompt_unchanged(), tokens)
+        .await
+        .unwrap();
     let (records, problems) = read_log(&log.calls_path()).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(records, std::slice::from_ref(&want));

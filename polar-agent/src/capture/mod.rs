@@ -2,7 +2,8 @@
 //! is built from a call's parts ([`build`]), the
 //! durable per-session log it is appended to ([`log`]; its lines written by
 //! [`encode`], the call's request part while the backend generates by
-//! [`part`], read and joined by [`lines`]), the store of all
+//! [`part`], the reply's token data while it streams by [`tokens_json`],
+//! read and joined by [`lines`]), the store of all
 //! sessions' logs with their Responses-API history ([`store`]), the
 //! sessions' task and metadata ([`session`]), and counters of what the logs
 //! hold ([`stats`]).
@@ -25,6 +26,7 @@ pub mod record;
 pub mod session;
 pub mod stats;
 pub mod store;
+pub mod tokens_json;
 
 pub use log::{Durability, LogError, LogProblem, parse_calls, parse_log, read_log};
 pub use session::{SessionInfo, SessionRegistry};

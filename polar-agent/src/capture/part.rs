@@ -58,8 +58,9 @@ impl RequestPartWrite {
                 };
                 let parts = if written {
                     // The ids are kept (not their JSON) to tell at the end
-                    // whether the record's are the same.
-                    RecordParts::InRequestPart(prompt)
+                    // whether the record's are the same, unless the stream
+                    // says they are (`RecordParts::prompt_unchanged`).
+                    RecordParts::InRequestPart(prompt.into())
                 } else {
                     pre.prompt_token_ids = prompt.as_deref().and_then(PreEncoded::prompt);
                     RecordParts::Whole(pre)

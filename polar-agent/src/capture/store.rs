@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::json;
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, oneshot};
 
 use super::build::now_ms;
 use super::encode::{RecordParts, encode_end};
@@ -25,6 +25,7 @@ use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir}
 use super::record::{Api, CallStatus, CompletionRecord, RECORD_VERSION};
 use super::session::{SessionInfo, SessionRegistry};
 use super::stats::CaptureStats;
+use super::tokens_json::ReplyTokensJson;
 use crate::chat::Message;
 use crate::ids::SessionId;
 use crate::provider::{conversation_after, openai_responses};
@@ -124,24 +125,43 @@ impl SessionLog {
     /// Appends the line that ends `record`'s call durably (one write, then
     /// `fdatasync` unless the store was opened with [`Durability::NoSync`]):
     /// its completion when `parts` says its request part is in the log,
-    /// else the whole record (using the parts serialized ahead). Only then
-    /// is the record counted and added to the Responses history.
-    /// Serialization and I/O run on a blocking thread.
+    /// else the whole record (using the parts serialized ahead, and the
+    /// reply's token data as `tokens` serialized it while the reply
+    /// streamed). Only then is the record counted and added to the
+    /// Responses history. Serialization and I/O run on a blocking thread,
+    /// which lets go of the record only after this returns (freeing its
+    /// requests and prompt ids takes microseconds the reply's last bytes
+    /// need not wait for).
     pub async fn append(
         &self,
         record: CompletionRecord,
         parts: RecordParts,
+        tokens: ReplyTokensJson,
     ) -> Result<(), LogError> {
         let file = Arc::clone(&self.file);
-        let entry = tokio::task::spawn_blocking(move || {
-            let line = encode_end(&record, &parts)?;
-            file.append_line(&line)?;
-            Ok::<_, LogError>((history_entry(&record), record))
-        })
-        .await
-        .map_err(|e| LogError::Task(e.to_string()))??;
-        let (entry, record) = entry;
-        self.stats.recorded(&record);
+        let stats = Arc::clone(&self.stats);
+        let (done, written) = oneshot::channel();
+        let task = tokio::task::spawn_blocking(move || {
+            let appended = encode_end(&record, &parts, &tokens)
+                .and_then(|line| file.append_line(&line))
+                .map(|()| {
+                    stats.recorded(&record);
+                    history_entry(&record)
+                });
+            // The caller may have gone (its task cancelled): nothing to tell.
+            let _ = done.send(appended);
+            drop((record, parts, tokens));
+        });
+        let entry = match written.await {
+            Ok(appended) => appended?,
+            // The task ended without a word: it panicked or was cancelled.
+            Err(_) => {
+                let why = task.await.err().map(|e| e.to_string());
+                return Err(LogError::Task(
+                    why.unwrap_or_else(|| "it ended without an answer".into()),
+                ));
+            }
+        };
         if let Some((id, conversation)) = entry {
             lock(&self.responses).insert(id, conversation);
         }

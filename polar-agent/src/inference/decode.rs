@@ -19,10 +19,13 @@ pub(crate) enum DecodeError {
     Cut(String),
 }
 
-/// Token data gathered from a reply.
+/// Token data gathered from a reply. The response ids and logprobs only
+/// grow (chunk after chunk); the prompt ids are counted each time they are
+/// set ([`TokenAcc::prompt_version`]).
 #[derive(Debug, Default)]
 pub(crate) struct TokenAcc {
     prompt: Option<Vec<u32>>,
+    prompt_version: u32,
     response: Vec<u32>,
     logprobs: Vec<f32>,
     saw_ids: bool,
@@ -62,6 +65,28 @@ impl TokenAcc {
 
     pub(crate) fn response_len(&self) -> usize {
         self.response.len()
+    }
+
+    /// Sets the prompt ids.
+    fn set_prompt(&mut self, ids: Vec<u32>) {
+        self.prompt = Some(ids);
+        self.prompt_version = self.prompt_version.wrapping_add(1);
+    }
+
+    /// The prompt ids so far.
+    pub(crate) fn prompt(&self) -> Option<&[u32]> {
+        self.prompt.as_deref()
+    }
+
+    /// How many times the prompt ids were set (0: never).
+    pub(crate) fn prompt_version(&self) -> u32 {
+        self.prompt_version
+    }
+
+    /// The response ids and logprobs so far, as received (whether they
+    /// are complete is for [`TokenAcc::tokens`] to say).
+    pub(crate) fn response(&self) -> (&[u32], &[f32]) {
+        (&self.response, &self.logprobs)
     }
 
     fn usage_fallback(&self) -> Usage {
@@ -187,14 +212,18 @@ impl ChunkDecoder {
                 .unwrap_or_default()
                 .to_owned();
             self.served_model = v.get("model").and_then(Value::as_str).map(str::to_owned);
-            self.tokens.prompt = v.get("prompt_token_ids").and_then(ids);
+            if let Some(p) = v.get("prompt_token_ids").and_then(ids) {
+                self.tokens.set_prompt(p);
+            }
             out.push_back(StreamEvent::Start {
                 id: self.response_id.clone(),
                 model: self.model.clone(),
                 prompt_tokens: self.tokens.prompt.as_ref().map(|p| p.len() as u32),
             });
-        } else if self.tokens.prompt.is_none() {
-            self.tokens.prompt = v.get("prompt_token_ids").and_then(ids);
+        } else if self.tokens.prompt.is_none()
+            && let Some(p) = v.get("prompt_token_ids").and_then(ids)
+        {
+            self.tokens.set_prompt(p);
         }
         if let Some(u) = usage(&v) {
             self.usage = Some(u);
@@ -413,13 +442,14 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
         .and_then(|c| c.first())
         .ok_or_else(|| DecodeError::Malformed("reply without choices".into()))?;
     let meta = choice.get("meta_info").or_else(|| v.get("meta_info"));
-    let mut tokens = TokenAcc {
-        prompt: choice
-            .get("prompt_token_ids")
-            .or_else(|| v.get("prompt_token_ids"))
-            .and_then(ids),
-        ..TokenAcc::default()
-    };
+    let mut tokens = TokenAcc::default();
+    if let Some(p) = choice
+        .get("prompt_token_ids")
+        .or_else(|| v.get("prompt_token_ids"))
+        .and_then(ids)
+    {
+        tokens.set_prompt(p);
+    }
     let triples = meta
         .and_then(|m| m.get("output_token_logprobs"))
         .and_then(Value::as_array);

@@ -77,6 +77,57 @@ fn tool_call_fragments_become_start_and_deltas() {
 }
 
 #[test]
+fn prompt_ids_are_versioned_and_response_tokens_only_grow() {
+    let mut d = ChunkDecoder::new("m");
+    let mut out = VecDeque::new();
+    let mut push = |d: &mut ChunkDecoder, v: serde_json::Value| {
+        d.on_data(&v.to_string(), &mut out).unwrap();
+    };
+    // The first chunk without prompt ids: not known yet.
+    push(
+        &mut d,
+        json!({"id": "r", "choices": [{"delta": {"role": "assistant"}}]}),
+    );
+    assert_eq!((d.tokens.prompt(), d.tokens.prompt_version()), (None, 0));
+    push(&mut d, json!({"choices": [{"delta": {}, "token_ids": []}]}));
+    assert_eq!(d.tokens.prompt_version(), 0, "no ids, no new version");
+    // Known from a later chunk; then kept, whatever later chunks say.
+    push(
+        &mut d,
+        json!({"prompt_token_ids": [1, 2], "choices": [{"delta": {"content": "a"}, "token_ids": [7], "logprobs": {"content": [{"logprob": -0.5}]}}]}),
+    );
+    assert_eq!(d.tokens.prompt(), Some(&[1, 2][..]));
+    assert_eq!(d.tokens.prompt_version(), 1);
+    let before: (Vec<u32>, Vec<f32>) = {
+        let (ids, lps) = d.tokens.response();
+        (ids.to_vec(), lps.to_vec())
+    };
+    push(
+        &mut d,
+        json!({"prompt_token_ids": [3], "choices": [{"delta": {"content": "b"}, "token_ids": [8, 9], "logprobs": {"content": [{"logprob": -1.0}, {"logprob": -2.0}]}}]}),
+    );
+    assert_eq!(d.tokens.prompt(), Some(&[1, 2][..]));
+    assert_eq!(d.tokens.prompt_version(), 1);
+    let (ids, lps) = d.tokens.response();
+    assert_eq!((ids, lps), (&[7, 8, 9][..], &[-0.5, -1.0, -2.0][..]));
+    assert!(ids.starts_with(&before.0) && lps.starts_with(&before.1));
+
+    // A whole reply: its prompt ids set once.
+    let w = decode_whole(
+        json!({"prompt_token_ids": [4], "choices": [{"message": {"content": "x"}, "token_ids": [5], "finish_reason": "stop"}]})
+            .to_string()
+            .as_bytes(),
+        "m",
+    )
+    .unwrap();
+    assert_eq!(
+        (w.tokens.prompt(), w.tokens.prompt_version()),
+        (Some(&[4][..]), 1)
+    );
+    assert_eq!(w.tokens.response().0, &[5]);
+}
+
+#[test]
 fn replies_without_ids_give_none() {
     let mut d = ChunkDecoder::new("m");
     feed(

@@ -159,6 +159,31 @@ impl ChatStream {
         }
     }
 
+    /// The prompt token ids, once the backend reported them (no copy).
+    pub fn prompt_token_ids(&self) -> Option<&[u32]> {
+        self.token_acc().prompt()
+    }
+
+    /// A version of the prompt token ids: it changes whenever the backend's
+    /// reply sets them, so ids read at two moments of the same version are
+    /// the same ids (0 until they are known).
+    pub fn prompt_ids_version(&self) -> u32 {
+        self.token_acc().prompt_version()
+    }
+
+    /// The response token ids and logprobs received so far, as received
+    /// (whether the reply's token data holds them is told at its end, by
+    /// [`ChatStream::take_tokens`]). Both only grow: what an earlier call
+    /// returned is the start of what a later one does, until the token data
+    /// is taken.
+    pub fn response_tokens(&self) -> (&[u32], &[f32]) {
+        self.token_acc().response()
+    }
+
+    fn token_acc(&self) -> &TokenAcc {
+        self.whole_tokens.as_ref().unwrap_or(&self.decoder.tokens)
+    }
+
     /// The token data, moved out: for the record once the reply is over
     /// (the stream has none left afterwards).
     pub fn take_tokens(&mut self) -> Tokens {

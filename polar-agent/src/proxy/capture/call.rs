@@ -23,6 +23,7 @@ use super::super::pipeline::RequestContext;
 use super::{Capture, errors, reply};
 use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
 use crate::capture::encode::RecordParts;
+use crate::capture::tokens_json::ReplyTokensJson;
 
 /// A model call's body: its bytes, read as JSON (`null` when blank).
 pub(super) struct Body<'a> {
@@ -199,15 +200,18 @@ async fn fail_early(
 }
 
 /// Appends a record's last line (its completion, or the whole record, as
-/// `parts` says); when that fails the harness gets a 500 instead of
-/// the reply (a call that cannot be recorded is not acknowledged).
+/// `parts` says; the reply's token data serialized now: nothing of these
+/// calls was streamed to the harness); when that fails the harness gets a
+/// 500 instead of the reply (a call that cannot be recorded is not
+/// acknowledged).
 pub(super) async fn append(
     log: &SessionLog,
     record: CompletionRecord,
     parts: RecordParts,
     api: Api,
 ) -> Result<(), Response<ProxyBody>> {
-    log.append(record, parts).await.map_err(|e| {
+    let tokens = ReplyTokensJson::default();
+    log.append(record, parts, tokens).await.map_err(|e| {
         tracing::error!(session = %log.session(), error = %e, "appending to the capture log failed");
         errors::respond(api, &record_failed())
     })

@@ -14,9 +14,14 @@
 //! blocking threads (the requests from the start, the prompt ids from the
 //! first event) and appended to the log as the call's request part
 //! ([`RequestPartWrite`]), so the end of a reply waits only for the
-//! completion's few kilobytes: serialized, written, synced. A reply that
-//! came whole from the backend (all its events at once) is recorded as one
-//! whole line at its end, like a call that failed before its first event.
+//! completion's few kilobytes: serialized, written, synced. A streamed
+//! reply's token ids and logprobs are serialized as they arrive, by the
+//! task sending the events ([`ReplyTokensJson`]), and its prompt ids are
+//! not compared with the part's at the end when the stream did not set
+//! them again ([`ChatStream::prompt_ids_version`]): the completion copies
+//! the one and leaves out the other. A reply that came whole from the
+//! backend (all its events at once) is recorded as one whole line at its
+//! end, like a call that failed before its first event.
 
 use std::sync::Arc;
 
@@ -29,6 +34,7 @@ use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep
 use crate::capture::encode::RecordParts;
 use crate::capture::part::RequestPartWrite;
 use crate::capture::record::{Api, CompletionRecord};
+use crate::capture::tokens_json::ReplyTokensJson;
 use crate::chat::StreamEvent;
 use crate::inference::{ChatStream, InferenceError};
 use crate::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
@@ -59,8 +65,14 @@ enum Ahead {
         early: EarlyEncoding,
         prompt: Option<PromptEncoding>,
     },
-    /// The call's request part being written.
-    Part(RequestPartWrite),
+    /// The call's request part being written from the prompt ids of
+    /// `prompt_version`; `prompt_kept` once the stream ended with ids of
+    /// that version.
+    Part {
+        write: RequestPartWrite,
+        prompt_version: u32,
+        prompt_kept: bool,
+    },
 }
 
 impl Ahead {
@@ -83,14 +95,39 @@ impl Ahead {
         else {
             return self;
         };
-        let ids = stream.tokens().prompt_token_ids;
+        let ids = stream.prompt_token_ids().map(<[u32]>::to_vec);
         if stream.timings().finished.is_some() {
             Self::Early {
                 early,
                 prompt: ids.map(PromptEncoding::start),
             }
         } else {
-            Self::Part(RequestPartWrite::start(Arc::clone(log), draft, early, ids))
+            Self::Part {
+                write: RequestPartWrite::start(Arc::clone(log), draft, early, ids),
+                prompt_version: stream.prompt_ids_version(),
+                prompt_kept: false,
+            }
+        }
+    }
+
+    /// What the backend produced; the stream's token data is moved out (the
+    /// stream is done with). Notes first whether the stream's prompt ids are
+    /// still the ones the request part is written from.
+    fn produced<'a>(&mut self, stream: &mut ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
+        if let Self::Part {
+            prompt_version,
+            prompt_kept,
+            ..
+        } = self
+        {
+            *prompt_kept = *prompt_version == stream.prompt_ids_version();
+        }
+        Produced {
+            events,
+            tokens: stream.take_tokens(),
+            backend: Some(stream.backend().clone()),
+            timings: Some(stream.timings().clone()),
+            backend_name: None,
         }
     }
 
@@ -109,7 +146,16 @@ impl Ahead {
                 }
                 RecordParts::Whole(pre)
             }
-            Self::Part(part) => part.finish(&mut draft).await,
+            Self::Part {
+                write, prompt_kept, ..
+            } => {
+                let parts = write.finish(&mut draft).await;
+                if prompt_kept {
+                    parts.prompt_unchanged()
+                } else {
+                    parts
+                }
+            }
         };
         (draft.finish(produced, failure), parts)
     }
@@ -117,18 +163,6 @@ impl Ahead {
 
 fn recorded_error(e: &InferenceError) -> String {
     e.to_string().chars().take(MAX_RECORDED_ERROR).collect()
-}
-
-/// What the backend produced; the stream's token data is moved out (the
-/// stream is done with).
-fn produced<'a>(stream: &mut ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
-    Produced {
-        events,
-        tokens: stream.take_tokens(),
-        backend: Some(stream.backend().clone()),
-        timings: Some(stream.timings().clone()),
-        backend_name: None,
-    }
 }
 
 fn no_finish() -> ProviderError {
@@ -165,7 +199,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
             }
         }
     }
-    let produced = produced(&mut stream, &events);
+    let produced = ahead.produced(&mut stream, &events);
     drop(stream);
     if let Some(e) = failure {
         tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
@@ -207,11 +241,10 @@ pub(super) async fn streamed(
             };
             errors::count_backend(&call.log, &err);
             tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
-            let ahead = Ahead::new(call.early);
+            let mut ahead = Ahead::new(call.early);
             let failure = Some((Side::Backend, text));
-            let (record, parts) = ahead
-                .record(call.draft, produced(&mut stream, &[]), failure)
-                .await;
+            let produced = ahead.produced(&mut stream, &[]);
+            let (record, parts) = ahead.record(call.draft, produced, failure).await;
             if let Err(resp) = append(&call.log, record, parts, call.api).await {
                 return resp;
             }
@@ -253,6 +286,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     let mut first_sent = false;
     let mut enc = provider::encoder(api, &opts);
     let mut events = Vec::with_capacity(8);
+    let mut tokens = ReplyTokensJson::default();
     let mut next = Some(Ok(first));
     let end = loop {
         let item = match next.take() {
@@ -274,6 +308,9 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
                 if !tx.send(bytes).await {
                     break End::HarnessGone;
                 }
+                // The tokens that came with the event, off the end's path.
+                let (ids, logprobs) = stream.response_tokens();
+                tokens.catch_up(ids, logprobs);
                 if !first_sent {
                     // Once the first event's bytes are on their way.
                     first_sent = true;
@@ -284,13 +321,16 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             None => break End::Failed(no_finish(), no_finish().message),
         }
     };
-    let produced = produced(&mut stream, &events);
+    // The tokens that came with the last events (usually none).
+    let (ids, logprobs) = stream.response_tokens();
+    tokens.catch_up(ids, logprobs);
+    let produced = ahead.produced(&mut stream, &events);
     drop(stream);
     let seq = draft.seq;
     match end {
         End::Finished(last) => {
             let (record, parts) = ahead.record(draft, produced, None).await;
-            let last = match log.append(record, parts).await {
+            let last = match log.append(record, parts, tokens).await {
                 Ok(()) => last,
                 Err(e) => {
                     tracing::error!(seq, error = %e, "appending to the capture log failed; ending the stream with an error");
@@ -304,7 +344,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
             tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
             let failure = Some((Side::Backend, text));
             let (record, parts) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, parts).await {
+            if let Err(e) = log.append(record, parts, tokens).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
             let _ = tx.send(enc.error(&err)).await;
@@ -319,7 +359,7 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
                 "the harness closed the connection before the reply ended".into(),
             ));
             let (record, parts) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, parts).await {
+            if let Err(e) = log.append(record, parts, tokens).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
         }
