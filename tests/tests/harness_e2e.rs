@@ -17,6 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use polar_agent::capture::log::LogProblem;
+use polar_agent::capture::read_log;
 use polar_tests::{SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config};
 use serde_json::Value;
 
@@ -87,18 +89,32 @@ fn check(name: &str, run: &SessionRun) -> Vec<String> {
         Err(e) => problems.push(format!("no polar-demo.txt ({e})")),
     }
     let log = run.outcome["capture_log"].as_str().unwrap_or_default();
-    let calls: Vec<Value> = std::fs::read_to_string(log)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
+    // Read as the agent and `polar export` read logs: a call's request part
+    // and completion are joined into one record.
+    let calls = match read_log(Path::new(log)) {
+        Ok((calls, log_problems)) => {
+            // A call the harness gave up on mid-generation leaves its
+            // request part unfinished; anything else is a broken log.
+            problems.extend(
+                log_problems
+                    .iter()
+                    .filter(|p| !matches!(p, LogProblem::Unfinished { .. }))
+                    .map(|p| format!("{log}: {p}")),
+            );
+            calls
+        }
+        Err(e) => {
+            problems.push(format!("{log}: {e}"));
+            Vec::new()
+        }
+    };
     if calls.is_empty() {
         problems.push(format!("no captured call in {log}"));
     }
     for (i, c) in calls.iter().enumerate() {
-        let ids = |k: &str| c[k].as_array().is_some_and(|a| !a.is_empty());
-        if !ids("prompt_token_ids") || !ids("response_token_ids") {
-            problems.push(format!("call {i} lacks token ids: {}", c["status"]));
+        let ids = |ids: &Option<Vec<u32>>| ids.as_ref().is_some_and(|a| !a.is_empty());
+        if !ids(&c.prompt_token_ids) || !ids(&c.response_token_ids) {
+            problems.push(format!("call {i} lacks token ids: {:?}", c.status));
         }
     }
     if !problems.is_empty() {
