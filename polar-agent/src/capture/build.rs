@@ -177,18 +177,18 @@ pub fn empty_request() -> ChatRequest {
 /// that serializes them while the backend generates
 /// ([`Draft::encode_early`], [`Draft::restore`]).
 #[derive(Debug)]
-pub struct EarlyEncoding(tokio::task::JoinHandle<(NativeRequest, ChatRequest, PreEncoded)>);
+pub struct EarlyEncoding(tokio::task::JoinHandle<(ChatRequest, PreEncoded)>);
 
 type EncodedPrompt = Option<(IdsFingerprint, Box<serde_json::value::RawValue>)>;
 
 impl EarlyEncoding {
-    /// The requests lent (the native one without its body when it was
-    /// serialized) and their serialized form; `None` if the task failed.
-    pub async fn finish(self) -> Option<(NativeRequest, ChatRequest, PreEncoded)> {
+    /// The normalized request lent and the requests' serialized form;
+    /// `None` if the task failed.
+    pub async fn finish(self) -> Option<(ChatRequest, PreEncoded)> {
         match self.0.await {
             Ok(done) => Some(done),
             Err(e) => {
-                tracing::error!(error = %e, "serializing a record's requests failed; they are lost");
+                tracing::error!(error = %e, "serializing a record's requests failed; the normalized request is lost");
                 None
             }
         }
@@ -214,44 +214,27 @@ impl PromptEncoding {
 }
 
 impl Draft {
-    /// Lends the native and normalized requests to a blocking task that
-    /// serializes them (the draft holds placeholders until
-    /// [`Draft::restore`]). The native body is not given back: the line is
-    /// written from its serialized form, and a large body is not held twice
-    /// while the backend generates.
+    /// Serializes the native and normalized requests on a blocking task.
+    /// The normalized request is lent to it (the draft holds an empty one
+    /// until [`Draft::restore`]); the native one is shared (its body is the
+    /// request's bytes).
     pub fn encode_early(&mut self) -> EarlyEncoding {
-        let placeholder = NativeRequest {
-            body: crate::json_doc::RawJson::null(),
-            ..self.native.clone_head()
-        };
-        let native = std::mem::replace(&mut self.native, placeholder);
+        let native = self.native.clone();
         let request = std::mem::replace(&mut self.request, empty_request());
         EarlyEncoding(tokio::task::spawn_blocking(move || {
             let pre = PreEncoded::requests(&native, &request);
-            let native = if pre.native_request.is_some() {
-                NativeRequest {
-                    body: crate::json_doc::RawJson::null(),
-                    ..native.clone_head()
-                }
-            } else {
-                native
-            };
-            (native, request, pre)
+            (request, pre)
         }))
     }
 
     /// Takes the requests back; returns their serialized form.
     pub async fn restore(&mut self, early: EarlyEncoding) -> PreEncoded {
-        match early.0.await {
-            Ok((native, request, pre)) => {
-                self.native = native;
+        match early.finish().await {
+            Some((request, pre)) => {
                 self.request = request;
                 pre
             }
-            Err(e) => {
-                tracing::error!(error = %e, "serializing a record's requests failed; they are lost");
-                PreEncoded::default()
-            }
+            None => PreEncoded::default(),
         }
     }
 }

@@ -16,14 +16,13 @@ use tracing::Instrument;
 use super::build::{Draft, EarlyEncoding};
 use super::encode::{PartHead, PreEncoded, RecordParts, encode_request_part};
 use super::log::LogError;
-use super::record::NativeRequest;
 use super::store::SessionLog;
 use crate::chat::ChatRequest;
 
-/// What the task gives back: the requests lent and where the big parts are.
+/// What the task gives back: the normalized request lent and where the big
+/// parts are.
 #[derive(Debug)]
 struct Done {
-    native: NativeRequest,
     request: ChatRequest,
     parts: RecordParts,
 }
@@ -47,7 +46,7 @@ impl RequestPartWrite {
             session_id: draft.session_id.clone(),
         };
         let task = async move {
-            let (native, request, mut pre) = early.finish().await?;
+            let (request, mut pre) = early.finish().await?;
             let write = move || {
                 let written = match write_part(&log, &head, &pre, prompt.as_deref()) {
                     Ok(written) => written,
@@ -65,16 +64,12 @@ impl RequestPartWrite {
                     pre.prompt_token_ids = prompt.as_deref().and_then(PreEncoded::prompt);
                     RecordParts::Whole(pre)
                 };
-                Done {
-                    native,
-                    request,
-                    parts,
-                }
+                Done { request, parts }
             };
             match tokio::task::spawn_blocking(write).await {
                 Ok(done) => Some(done),
                 Err(e) => {
-                    tracing::error!(error = %e, "the request part's writer failed; the requests are lost");
+                    tracing::error!(error = %e, "the request part's writer failed; the normalized request is lost");
                     None
                 }
             }
@@ -82,18 +77,17 @@ impl RequestPartWrite {
         Self(tokio::spawn(task.instrument(tracing::Span::current())))
     }
 
-    /// Waits for the part, gives the requests back to `draft`, and tells
+    /// Waits for the part, gives the normalized request back to `draft`, and tells
     /// where the record's big parts are.
     pub async fn finish(self, draft: &mut Draft) -> RecordParts {
         match self.0.await {
             Ok(Some(done)) => {
-                draft.native = done.native;
                 draft.request = done.request;
                 done.parts
             }
             Ok(None) => RecordParts::default(),
             Err(e) => {
-                tracing::error!(error = %e, "the request part's writer failed; the requests are lost");
+                tracing::error!(error = %e, "the request part's writer failed; the normalized request is lost");
                 RecordParts::default()
             }
         }

@@ -41,19 +41,6 @@ pub struct NativeRequest {
     pub body: RawJson,
 }
 
-impl NativeRequest {
-    /// Everything but the body.
-    pub fn clone_head(&self) -> Self {
-        Self {
-            api: self.api,
-            method: self.method.clone(),
-            host: self.host.clone(),
-            path: self.path.clone(),
-            body: RawJson::null(),
-        }
-    }
-}
-
 /// Outcome of a call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
