@@ -292,8 +292,8 @@ impl Parser<'_> {
         match self.b.get(self.i) {
             None => Err(self.err("unexpected end of input")),
             Some(b'"') => self.string(),
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
+            Some(b'{') => self.container(depth + 1, Tag::Object),
+            Some(b'[') => self.container(depth + 1, Tag::Array),
             Some(b't') => self.literal(b"true", Tag::True),
             Some(b'f') => self.literal(b"false", Tag::False),
             Some(b'n') => self.literal(b"null", Tag::Null),
@@ -470,70 +470,56 @@ impl Parser<'_> {
         n.next = next;
     }
 
-    fn array(&mut self, depth: usize) -> Result<(), JsonError> {
+    /// An array or an object (`tag`) at `self.i`, its members parsed.
+    fn container(&mut self, depth: usize, tag: Tag) -> Result<(), JsonError> {
         if depth > MAX_DEPTH {
             return Err(self.err("nesting too deep"));
         }
+        let (close, expected) = if tag == Tag::Array {
+            (b']', "expected `,` or `]`")
+        } else {
+            (b'}', "expected `,` or `}`")
+        };
         let start = self.i;
-        let node = self.push(Tag::Array, start, start);
+        let node = self.push(tag, start, start);
         self.i += 1;
         self.skip_ws();
-        if self.b.get(self.i) == Some(&b']') {
+        if self.b.get(self.i) == Some(&close) {
             self.i += 1;
             self.close(node, start);
             return Ok(());
         }
         loop {
+            if tag == Tag::Object {
+                self.key()?;
+            }
             self.value(depth)?;
             self.skip_ws();
             match self.b.get(self.i) {
                 Some(b',') => self.i += 1,
-                Some(b']') => {
+                Some(c) if *c == close => {
                     self.i += 1;
                     self.close(node, start);
                     return Ok(());
                 }
-                _ => return Err(self.err("expected `,` or `]`")),
+                _ => return Err(self.err(expected)),
             }
         }
     }
 
-    fn object(&mut self, depth: usize) -> Result<(), JsonError> {
-        if depth > MAX_DEPTH {
-            return Err(self.err("nesting too deep"));
-        }
-        let start = self.i;
-        let node = self.push(Tag::Object, start, start);
-        self.i += 1;
+    /// An object's key and its colon.
+    fn key(&mut self) -> Result<(), JsonError> {
         self.skip_ws();
-        if self.b.get(self.i) == Some(&b'}') {
-            self.i += 1;
-            self.close(node, start);
-            return Ok(());
+        if self.b.get(self.i) != Some(&b'"') {
+            return Err(self.err("expected a key"));
         }
-        loop {
-            self.skip_ws();
-            if self.b.get(self.i) != Some(&b'"') {
-                return Err(self.err("expected a key"));
-            }
-            self.string()?;
-            self.skip_ws();
-            if self.b.get(self.i) != Some(&b':') {
-                return Err(self.err("expected `:`"));
-            }
-            self.i += 1;
-            self.value(depth)?;
-            self.skip_ws();
-            match self.b.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    self.close(node, start);
-                    return Ok(());
-                }
-                _ => return Err(self.err("expected `,` or `}`")),
-            }
+        self.string()?;
+        self.skip_ws();
+        if self.b.get(self.i) != Some(&b':') {
+            return Err(self.err("expected `:`"));
         }
+        self.i += 1;
+        Ok(())
     }
 }
 

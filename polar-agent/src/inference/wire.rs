@@ -37,7 +37,7 @@ pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMod
             write_str(&mut out, k);
             out.push(b':');
             match k.as_str() {
-                "messages" => messages(&mut out, &req.messages),
+                "messages" => array(&mut out, &req.messages, message),
                 "tools" => tools(&mut out, &req.tools),
                 _ => value(&mut out, v),
             }
@@ -64,12 +64,20 @@ fn key(out: &mut Vec<u8>, first: bool, k: &str) {
     out.push(b':');
 }
 
-fn tools(out: &mut Vec<u8>, tools: &[Tool]) {
+/// `[`, the items each written by `each`, separated by commas, `]`.
+fn array<T>(out: &mut Vec<u8>, items: &[T], mut each: impl FnMut(&mut Vec<u8>, &T)) {
     out.push(b'[');
-    for (i, t) in tools.iter().enumerate() {
+    for (i, item) in items.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
+        each(out, item);
+    }
+    out.push(b']');
+}
+
+fn tools(out: &mut Vec<u8>, tools: &[Tool]) {
+    array(out, tools, |out, t| {
         out.extend_from_slice(br#"{"type":"function","function":{"name":"#);
         write_str(out, &t.name);
         if let Some(d) = &t.description {
@@ -79,19 +87,7 @@ fn tools(out: &mut Vec<u8>, tools: &[Tool]) {
         key(out, false, "parameters");
         out.extend_from_slice(t.parameters.as_bytes());
         out.extend_from_slice(b"}}");
-    }
-    out.push(b']');
-}
-
-fn messages(out: &mut Vec<u8>, messages: &[Message]) {
-    out.push(b'[');
-    for (i, m) in messages.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        message(out, m);
-    }
-    out.push(b']');
+    });
 }
 
 /// A text inside a JSON string: copied when it is still escaped as the
@@ -161,48 +157,37 @@ fn message(out: &mut Vec<u8>, m: &Message) {
 }
 
 fn parts(out: &mut Vec<u8>, parts: &[Part]) {
-    out.push(b'[');
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
+    array(out, parts, |out, p| match p {
+        Part::Text { text } => {
+            out.extend_from_slice(br#"{"type":"text","text":""#);
+            text_contents(out, text);
+            out.extend_from_slice(br#""}"#);
         }
-        match p {
-            Part::Text { text } => {
-                out.extend_from_slice(br#"{"type":"text","text":""#);
-                text_contents(out, text);
-                out.extend_from_slice(br#""}"#);
-            }
-            Part::Image {
-                media_type,
-                data,
-                url,
-            } => {
-                out.extend_from_slice(br#"{"type":"image_url","image_url":{"url":"#);
-                match (url, data) {
-                    (Some(u), _) => write_str(out, u),
-                    (None, Some(d)) => write_str(
-                        out,
-                        &format!(
-                            "data:{};base64,{d}",
-                            media_type.as_deref().unwrap_or("image/png")
-                        ),
+        Part::Image {
+            media_type,
+            data,
+            url,
+        } => {
+            out.extend_from_slice(br#"{"type":"image_url","image_url":{"url":"#);
+            match (url, data) {
+                (Some(u), _) => write_str(out, u),
+                (None, Some(d)) => write_str(
+                    out,
+                    &format!(
+                        "data:{};base64,{d}",
+                        media_type.as_deref().unwrap_or("image/png")
                     ),
-                    (None, None) => write_str(out, ""),
-                }
-                out.extend_from_slice(b"}}");
+                ),
+                (None, None) => write_str(out, ""),
             }
-            Part::Other { value: v } => value(out, v),
+            out.extend_from_slice(b"}}");
         }
-    }
-    out.push(b']');
+        Part::Other { value: v } => value(out, v),
+    });
 }
 
 fn calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
-    out.push(b'[');
-    for (i, c) in calls.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    array(out, calls, |out, c| {
         out.extend_from_slice(br#"{"id":"#);
         write_str(out, &c.id);
         out.extend_from_slice(br#","type":"function","function":{"name":"#);
@@ -210,8 +195,7 @@ fn calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
         key(out, false, "arguments");
         write_str(out, &c.arguments);
         out.extend_from_slice(b"}}");
-    }
-    out.push(b']');
+    });
 }
 
 #[cfg(test)]
