@@ -23,7 +23,7 @@
 //! at a time elsewhere, so long texts cost little more than a copy.
 //!
 //! Semantics follow `serde_json::Value`'s: a repeated object key reads as
-//! its last occurrence; `as_u64`/`as_i64` accept integers only and `as_f64`
+//! its last occurrence; `as_u64` accepts integers only and `as_f64`
 //! any number.
 
 use std::borrow::Cow;
@@ -620,11 +620,6 @@ impl<'d> Json<'d> {
 
     /// The number as `u64`, if it is a non-negative integer that fits.
     pub fn as_u64(&self) -> Option<u64> {
-        self.number()?.parse().ok()
-    }
-
-    /// The number as `i64`, if it is an integer that fits.
-    pub fn as_i64(&self) -> Option<i64> {
         self.number()?.parse().ok()
     }
 

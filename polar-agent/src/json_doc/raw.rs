@@ -10,7 +10,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use super::{Doc, Json};
+use super::Json;
 
 /// One JSON value as text. Serialized as the value itself (not as a string),
 /// byte for byte; cloning shares the bytes. Two are equal when they hold
@@ -25,15 +25,10 @@ impl PartialEq for RawJson {
 }
 
 impl RawJson {
-    /// `bytes` that [`Doc::parse`] accepted. (Text that is not JSON is
+    /// `bytes` that [`super::Doc::parse`] accepted. (Text that is not JSON is
     /// refused again when the value is serialized.)
     pub fn from_checked(bytes: Bytes) -> Self {
         Self(bytes)
-    }
-
-    /// `bytes` if they are one JSON value.
-    pub fn parse(bytes: Bytes) -> Option<Self> {
-        Doc::parse(&bytes).is_ok().then_some(Self(bytes))
     }
 
     /// The JSON text of `value`.
@@ -95,10 +90,13 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::json_doc::Doc;
 
     #[test]
     fn serializes_as_the_value_itself_byte_for_byte() {
-        let raw = RawJson::parse(Bytes::from_static(b"{\"b\": 1,  \"a\": [true]}")).unwrap();
+        let text = Bytes::from_static(b"{\"b\": 1,  \"a\": [true]}");
+        assert!(Doc::parse(&text).is_ok());
+        let raw = RawJson::from_checked(text);
         let line = serde_json::to_string(&json!({"x": 1})).unwrap();
         assert_eq!(line, r#"{"x":1}"#);
         #[derive(Serialize, Deserialize, PartialEq, Debug)]
@@ -116,7 +114,6 @@ mod tests {
 
     #[test]
     fn text_that_is_not_json_is_refused() {
-        assert!(RawJson::parse(Bytes::from_static(b"{oops")).is_none());
         let bad = RawJson::from_checked(Bytes::from_static(b"{oops"));
         assert!(serde_json::to_string(&bad).is_err());
     }
