@@ -625,7 +625,7 @@ impl<'d> Json<'d> {
 
     /// The number as `f64`.
     pub fn as_f64(&self) -> Option<f64> {
-        self.number()?.parse().ok()
+        serde_json::from_str(self.number()?).ok()
     }
 
     /// The string, unescaped (borrowed when it has no escapes).
@@ -720,7 +720,7 @@ impl<'d> Json<'d> {
             Tag::True => Value::Bool(true),
             Tag::False => Value::Bool(false),
             // serde_json's own reading of the number (the text is valid).
-            Tag::Number => self.raw().parse().map_or(Value::Null, Value::Number),
+            Tag::Number => number_value(self.raw()),
             Tag::Plain | Tag::Escaped => {
                 Value::String(self.as_str().unwrap_or_default().into_owned())
             }
@@ -823,13 +823,17 @@ impl<'d> Json<'d> {
             {
                 out.extend_from_slice(span.as_bytes());
             }
-            Tag::Number => match span.parse::<serde_json::Number>() {
-                Ok(num) => out.extend_from_slice(num.to_string().as_bytes()),
-                Err(_) => out.extend_from_slice(b"null"),
-            },
+            Tag::Number => out.extend_from_slice(number_value(span).to_string().as_bytes()),
             Tag::Null | Tag::True | Tag::False => out.extend_from_slice(span.as_bytes()),
         }
     }
+}
+
+/// A number's text read as `serde_json` reads numbers in documents (its
+/// reading of long literals differs from `serde_json::Number`'s `FromStr`
+/// in the last digit).
+fn number_value(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or(Value::Null)
 }
 
 /// Whether a string's escapes are all the ones [`write_str`] writes

@@ -38,6 +38,7 @@ fn reads_what_serde_json_reads() {
         r#"{ "a" : [ 1 , 2 ] , "s": "x y\t" , "n": -12 }"#,
         r#"{"f": 1.50, "e": 1e3, "big": 123456789012345678901, "u": "\u00e9\/"}"#,
         r#"[-0, 0, -5, 1.0, 1e2, -0.0, 9007199254740993, -9223372036854775808]"#,
+        r#"[123456789012345678901, 1.2345678901234567890123e5, 0.1000000000000000055511151231257827, 9.999999999999999e22]"#,
         r#"["\u001f\u0001 \u0008\b \u000A \u00e9 \/ \"", "\u001F", "\ud83d\ude00"]"#,
     ] {
         let want: Value = serde_json::from_str(text).unwrap();
@@ -94,12 +95,12 @@ fn refuses_what_serde_json_refuses() {
 #[test]
 fn accessors_follow_serde_json_value() {
     let doc = Doc::parse(
-        br#"{"n": 7, "neg": -3, "f": 1.5, "big": 18446744073709551616, "s": "a\nb", "p": "plain", "k": 1, "k": 2}"#,
+        br#"{"n": 7, "neg": -3, "f": 1.5, "big": 18446744073709551616, "long": 0.30000000000000004441, "s": "a\nb", "p": "plain", "k": 1, "k": 2}"#,
     )
     .unwrap();
     let r = doc.root();
     let v: Value = serde_json::from_str(r.raw()).unwrap();
-    for key in ["n", "neg", "f", "big", "s", "p", "k", "missing"] {
+    for key in ["n", "neg", "f", "big", "long", "s", "p", "k", "missing"] {
         let j = r.get(key);
         let want = v.get(key);
         assert_eq!(
@@ -124,7 +125,7 @@ fn accessors_follow_serde_json_value() {
     ));
     assert!(r.get("s").unwrap().is_str("a\nb"));
     assert_eq!(r.get("s").unwrap().raw(), r#""a\nb""#);
-    assert_eq!(r.as_object().unwrap().count(), 8);
+    assert_eq!(r.as_object().unwrap().count(), 9);
     assert!(r.get("n").unwrap().get("x").is_none());
     assert!(r.as_array().is_none());
 }

@@ -483,3 +483,71 @@ proptest! {
         }
     }
 }
+
+/// Read from its own text (escapes in text and keys, number forms, repeated
+/// keys, unknown fields as written), a Claude Code turn translates as
+/// serde_json's reading of the same text does; its escaped text and schema
+/// reach the backend body as written.
+#[test]
+fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
+    let text = r#"{
+        "mod\u0065l": "claude-opus-4-8", "max_tokens": 32000, "stream": true, "temperature": 1E0,
+        "top_k": 40.0, "metadata": {"user_id": "u\/1"},
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
+                   {"type": "text", "text": "You are\n\t\"Claude\" \u00e9", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "fix it\n\ud83d\ude00", "k": 1, "k": 2},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan\n", "signature": "s\/g"},
+                {"type": "text", "text": "Running"},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                 "input": {"command": "ls -la\n", "timeout": 1.50, "n": -0}}
+            ]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": false,
+                 "content": [{"type": "text", "text": "a.txt\nb\u0001.txt\n"}]},
+                {"type": "text", "text": "next", "cache_control": {"type": "ephemeral"}}
+            ]}
+        ],
+        "tools": [{"name": "Bash", "description": "Run\na command",
+                   "input_schema": {"type": "object", "properties": {"command": {"type": "string", "maxLength": 1.0e3}}},
+                   "cache_control": {"type": "ephemeral"}},
+                  {"type": "web_search_20250305", "name": "web_search"}],
+        "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}
+    }"#;
+    let doc = crate::json_doc::Doc::parse(text.as_bytes()).unwrap();
+    let ours = Anthropic::parse_request(&call(), doc.root()).unwrap();
+    let value: Value = serde_json::from_str(text).unwrap();
+    let theirs = crate::provider::parse_request_value(&call(), &value).unwrap();
+    assert_eq!(ours, theirs);
+    let r = &ours.request;
+    assert_eq!(r.model, "claude-opus-4-8");
+    assert_eq!(
+        r.extra["anthropic_billing_header"],
+        "x-anthropic-billing-header: cc=1;"
+    );
+    assert_eq!(r.messages[0].joined_text(), "You are\n\t\"Claude\" é");
+    assert_eq!(r.messages[1].joined_text(), "fix it\n😀");
+    assert_eq!(r.messages[1].extra["k"], json!(2));
+    let call0 = &r.messages[2].tool_calls[0];
+    assert_eq!(
+        call0.arguments,
+        json!({"command": "ls -la\n", "timeout": 1.5, "n": -0.0}).to_string()
+    );
+    assert_eq!(r.messages[3].joined_text(), "a.txt\nb\u{1}.txt\n");
+    assert_eq!(r.sampling.top_k, None);
+    // The backend body: the text and the schema as the harness wrote them,
+    // the same JSON as the reference body.
+    let cfg = crate::inference::BackendConfig::new(
+        "b",
+        crate::inference::Dialect::Vllm,
+        vec![],
+        "served",
+    );
+    let mode = crate::inference::SamplingMode::Train;
+    let body = String::from_utf8(crate::inference::wire::chat_body_bytes(&cfg, r, mode)).unwrap();
+    assert!(body.contains(r#""You are\n\t\"Claude\" \u00e9""#), "{body}");
+    assert!(body.contains(r#""maxLength": 1.0e3"#), "{body}");
+    let reference = crate::inference::request::chat_body(&cfg, r, mode);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), reference);
+}
