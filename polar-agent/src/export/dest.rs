@@ -215,13 +215,18 @@ impl Store {
         match &self.dest {
             Destination::Local { root } => {
                 let dir = root.join(&key.partition);
+                // Every writer makes sure the directory exists: a second
+                // writer of a new partition must not race ahead of the
+                // first one's creating it.
+                local::create_dir(dir.clone()).await?;
                 let first = self
                     .cleaned
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(key.partition.clone());
                 if first {
-                    local::create_dir(dir.clone()).await?;
+                    // Fresh temporaries of concurrent writers are not
+                    // stale: only leftovers of earlier runs are removed.
                     let (d, age) = (dir.clone(), self.stale_after);
                     tokio::task::spawn_blocking(move || local::clean_stale_temps(&d, age))
                         .await

@@ -273,6 +273,44 @@ async fn a_batch_is_invisible_until_committed_then_whole() {
     assert_eq!(listing(dir.path()), ["task=task-0/batch-1.parquet"]);
 }
 
+/// Writers opening files in a partition that does not exist yet, at the
+/// same moment, all find its directory (the second used to race ahead of
+/// the first one's creating it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writers_of_a_new_partition_all_find_its_directory() {
+    let trajs = sample_trajectories(&Builder::PerRequest);
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let exporter = Arc::new(
+            Exporter::new(
+                Destination::Local {
+                    root: dir.path().to_owned(),
+                },
+                ExportOptions::default(),
+            )
+            .unwrap(),
+        );
+        let writers: Vec<_> = (0..8)
+            .map(|i| {
+                let exporter = Arc::clone(&exporter);
+                let traj = trajs[0].clone();
+                tokio::spawn(async move {
+                    let name = format!("s-{i}");
+                    let mut batch = exporter.open_batch(Some("task-0"), &name).await?;
+                    batch.push(&traj).await?;
+                    batch.commit().await
+                })
+            })
+            .collect();
+        for w in writers {
+            w.await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        assert_eq!(listing(dir.path()).len(), 8, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn a_crashed_write_leaves_no_final_name_and_is_cleaned_when_stale() {
     let dir = tempfile::tempdir().unwrap();
