@@ -3,6 +3,10 @@
 
 use serde_json::Value;
 
+use super::{ModelCall, ParsedRequest};
+use crate::chat::ChatRequest;
+use crate::inference::{BackendConfig, Dialect, SamplingMode};
+
 macro_rules! fixture {
     ($dir:literal, $name:expr, [$($file:literal),* $(,)?]) => {
         match $name {
@@ -33,6 +37,27 @@ pub fn response(name: &str) -> &'static [u8] {
             "responses_tool_stream.body",
         ]
     )
+}
+
+/// `text` translated as the agent reads bodies (from its own text), after
+/// checking that serde_json's reading of the same text translates the same.
+pub fn parse_text(call: &ModelCall, text: &str) -> ParsedRequest {
+    let doc = crate::json_doc::Doc::parse(text.as_bytes()).unwrap();
+    let ours = super::parse_request(call, doc.root()).unwrap();
+    let value: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(ours, super::parse_request_value(call, &value).unwrap());
+    ours
+}
+
+/// The backend body the agent writes for `req`, after checking that it
+/// reads as the same JSON as the reference tree (`request::chat_body`).
+pub fn backend_body(req: &ChatRequest) -> String {
+    let cfg = BackendConfig::new("b", Dialect::Vllm, vec![], "served");
+    let mode = SamplingMode::Train;
+    let body = String::from_utf8(crate::inference::wire::chat_body_bytes(&cfg, req, mode)).unwrap();
+    let reference = crate::inference::request::chat_body(&cfg, req, mode);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), reference);
+    body
 }
 
 /// A real-shaped request body.

@@ -515,11 +515,7 @@ fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
                   {"type": "web_search_20250305", "name": "web_search"}],
         "tool_choice": {"type": "auto", "disable_parallel_tool_use": true}
     }"#;
-    let doc = crate::json_doc::Doc::parse(text.as_bytes()).unwrap();
-    let ours = Anthropic::parse_request(&call(), doc.root()).unwrap();
-    let value: Value = serde_json::from_str(text).unwrap();
-    let theirs = crate::provider::parse_request_value(&call(), &value).unwrap();
-    assert_eq!(ours, theirs);
+    let ours = fixtures::parse_text(&call(), text);
     let r = &ours.request;
     assert_eq!(r.model, "claude-opus-4-8");
     assert_eq!(
@@ -538,16 +534,7 @@ fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
     assert_eq!(r.sampling.top_k, None);
     // The backend body: the text and the schema as the harness wrote them,
     // the same JSON as the reference body.
-    let cfg = crate::inference::BackendConfig::new(
-        "b",
-        crate::inference::Dialect::Vllm,
-        vec![],
-        "served",
-    );
-    let mode = crate::inference::SamplingMode::Train;
-    let body = String::from_utf8(crate::inference::wire::chat_body_bytes(&cfg, r, mode)).unwrap();
+    let body = fixtures::backend_body(r);
     assert!(body.contains(r#""You are\n\t\"Claude\" \u00e9""#), "{body}");
     assert!(body.contains(r#""maxLength": 1.0e3"#), "{body}");
-    let reference = crate::inference::request::chat_body(&cfg, r, mode);
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), reference);
 }

@@ -437,11 +437,7 @@ fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
                   {"type": "web_search"}],
         "tool_choice": {"type": "function", "function": {"name": "run"}}
     }"#;
-    let doc = crate::json_doc::Doc::parse(text.as_bytes()).unwrap();
-    let ours = OpenaiChat::parse_request(&call(), doc.root()).unwrap();
-    let value: Value = serde_json::from_str(text).unwrap();
-    let theirs = crate::provider::parse_request_value(&call(), &value).unwrap();
-    assert_eq!(ours, theirs);
+    let ours = fixtures::parse_text(&call(), text);
     let r = &ours.request;
     assert!(ours.include_usage);
     assert_eq!(r.model, "qwen3-coder");
@@ -458,19 +454,9 @@ fn reads_escapes_numbers_and_unknown_fields_from_the_text() {
     assert_eq!(r.extra["seed"], json!(-0.0));
     // The backend body carries the text as the harness escaped it, and
     // reads as the same JSON as the reference body.
-    let cfg = crate::inference::BackendConfig::new(
-        "b",
-        crate::inference::Dialect::Vllm,
-        vec![],
-        "served",
-    );
-    let mode = crate::inference::SamplingMode::Train;
-    let bytes = crate::inference::wire::chat_body_bytes(&cfg, r, mode);
-    let body = String::from_utf8(bytes).unwrap();
+    let body = fixtures::backend_body(r);
     assert!(
         body.contains(r#""Be \"brief\"\n\t\u00e9 \ud83d\ude00 a\/b""#),
         "{body}"
     );
-    let reference = crate::inference::request::chat_body(&cfg, r, mode);
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), reference);
 }

@@ -427,10 +427,7 @@ fn raw_text_with_escapes_and_numbers() {
       "metadata": {"k\u00e9y": "v\u00e4l", "n": 0.1},
       "seed": 7
     }"#;
-    let doc = crate::json_doc::Doc::parse(body.as_bytes()).unwrap();
-    let p = OpenaiResponses::parse_request(&call(), doc.root()).unwrap();
-    let from_value: Value = serde_json::from_str(body).unwrap();
-    assert_eq!(p, parse(&from_value));
+    let p = fixtures::parse_text(&call(), body);
 
     let extra = |v: Value| v.as_object().cloned().unwrap();
     let msg = |role, content: Vec<Part>, extra_fields: Value| Message {
