@@ -43,21 +43,21 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use polar_agent::capture::build::{Draft, Produced, call_id, keep_event, now_ms};
-use polar_agent::capture::encode::{
+use polar_capture::build::{Draft, Produced, call_id, keep_event, now_ms};
+use polar_capture::encode::{
     PartHead, PartPrompt, PreEncoded, RecordParts, encode_end, encode_record, encode_request_part,
 };
-use polar_agent::capture::log::{Durability, LogFile, encode_line};
-use polar_agent::capture::record::NativeRequest;
-use polar_agent::capture::tokens_json::ReplyTokensJson;
-use polar_agent::chat::{FinishReason, StreamEvent, Tokens, Usage};
-use polar_agent::inference::wire::chat_body_bytes;
-use polar_agent::inference::{BackendConfig, Dialect, SamplingMode};
-use polar_agent::json_doc::{Doc, RawJson};
-use polar_agent::mock::template::{TemplateOptions, render_prompt};
-use polar_agent::mock::tokenizer;
-use polar_agent::provider::sse::SseParser;
-use polar_agent::provider::{self, Detected, StreamEncoder};
+use polar_capture::log::{Durability, LogFile, encode_line};
+use polar_record::NativeRequest;
+use polar_capture::tokens_json::ReplyTokensJson;
+use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
+use polar_inference::wire::chat_body_bytes;
+use polar_inference::{BackendConfig, Dialect, SamplingMode};
+use polar_json::{Doc, RawJson};
+use polar_mock::template::{TemplateOptions, render_prompt};
+use polar_mock::tokenizer;
+use polar_chat::provider::sse::SseParser;
+use polar_chat::provider::{self, Detected, StreamEncoder};
 
 // ------------------------------------------------------------- helpers
 
@@ -799,7 +799,7 @@ async fn concurrent() {
                 .join("sessions")
                 .join(format!("b-{i}"))
                 .join("calls.jsonl");
-            polar_agent::capture::read_log(Path::new(&p)).map_or(0, |(r, _)| r.len())
+            polar_capture::read_log(Path::new(&p)).map_or(0, |(r, _)| r.len())
         })
         .sum();
     println!("\n### 3. {CALLS} concurrent streaming calls on one agent\n");

@@ -25,12 +25,12 @@
 
 use std::time::Instant;
 
-use polar_agent::export::cli::BuilderArg;
-use polar_agent::export::sample::{SampleSpec, session, template, write_session_dir};
-use polar_agent::export::{
+use polar_export::cli::BuilderArg;
+use polar_export::sample::{SampleSpec, session, template, write_session_dir};
+use polar_export::{
     Destination, ExportArgs, ExportOptions, Exporter, Format, Pipeline, WrittenFile, rebuild, run,
 };
-use polar_agent::trajectory::{Builder, PrefixMergingOptions, Trajectory};
+use polar_trajectory::{Builder, PrefixMergingOptions, Trajectory};
 
 fn status_kib(key: &str) -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -173,7 +173,7 @@ fn main() {
     // As `polar export` does (see export::memory); POLAR_BENCH_DEFAULT_MALLOC
     // keeps glibc's defaults, for comparison.
     if std::env::var_os("POLAR_BENCH_DEFAULT_MALLOC").is_none() {
-        polar_agent::export::memory::retain_freed_memory();
+        polar_export::memory::retain_freed_memory();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

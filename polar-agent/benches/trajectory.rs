@@ -8,11 +8,12 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::Map;
 
-use polar_agent::capture::record::{
-    Api, BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+use polar_chat::Api;
+use polar_record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use polar_agent::chat::{ChatRequest, FinishReason, Message, Role, Sampling};
-use polar_agent::trajectory::{
+use polar_chat::{ChatRequest, FinishReason, Message, Role, Sampling};
+use polar_trajectory::{
     Builder, PrefixMergingOptions, SessionMeta, SessionOutcome, TemplateInfo, Trajectory, build,
     check,
 };
@@ -55,7 +56,7 @@ fn record(seq: usize, system: &str, prompt: Vec<u32>, response: Vec<u32>) -> Com
             method: "POST".into(),
             host: "api.openai.com".into(),
             path: "/v1/chat/completions".into(),
-            body: polar_agent::json_doc::RawJson::null(),
+            body: polar_json::RawJson::null(),
         },
         request: ChatRequest {
             model: "m".into(),

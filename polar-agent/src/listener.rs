@@ -15,9 +15,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::dns::FakeIps;
-use crate::ids::{OrigDst, SessionId};
+use polar_ids::{OrigDst, SessionId};
 use crate::redirect::Redirect;
-use crate::tasks::Tasks;
+use polar_io::tasks::Tasks;
 
 /// A connection the listener accepted.
 pub struct Accepted {

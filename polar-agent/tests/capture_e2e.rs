@@ -17,10 +17,11 @@ use bytes::Bytes;
 use common::*;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
-use polar_agent::capture::record::{Api, CallStatus};
-use polar_agent::chat::Role;
-use polar_agent::mock::script::{Script, SessionScript, Turn};
-use polar_agent::mock::{self, MockConfig};
+use polar_chat::Api;
+use polar_record::{CallStatus};
+use polar_chat::Role;
+use polar_mock::script::{Script, SessionScript, Turn};
+use polar_mock::{self as mock, MockConfig};
 use serde_json::{Value, json};
 
 async fn mock_default() -> mock::MockHandle {
@@ -503,7 +504,7 @@ async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
 
     // SGLang answers whole (the prompt ids come with the end): one line.
     let mock = mock::start(MockConfig {
-        dialect: polar_agent::mock::Dialect::Sglang,
+        dialect: polar_mock::Dialect::Sglang,
         ..MockConfig::default()
     })
     .await

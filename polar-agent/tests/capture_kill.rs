@@ -21,10 +21,10 @@ use common::*;
 use http_body_util::BodyExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use polar_agent::capture::LogProblem;
-use polar_agent::capture::record::CallStatus;
-use polar_agent::inference::BackendConfig;
-use polar_agent::mock::{self, MockConfig};
+use polar_capture::LogProblem;
+use polar_record::CallStatus;
+use polar_inference::BackendConfig;
+use polar_mock::{self as mock, MockConfig};
 
 const SESSIONS: usize = 6;
 
@@ -123,7 +123,7 @@ async fn sigkill_during_streams_loses_no_completed_call() {
 
     let backend = BackendConfig::new(
         "mock",
-        polar_agent::inference::Dialect::Vllm,
+        polar_inference::Dialect::Vllm,
         vec![mock.url()],
         "polar-mock",
     );

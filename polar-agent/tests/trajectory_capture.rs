@@ -12,9 +12,9 @@
 mod common;
 
 use common::*;
-use polar_agent::mock::script::{Script, ScriptedCall, SessionScript, Turn};
-use polar_agent::mock::{self, MockConfig, tokenizer};
-use polar_agent::trajectory::{
+use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
+use polar_mock::{self as mock, MockConfig, tokenizer};
+use polar_trajectory::{
     self, Builder, PrefixMergingOptions, SessionMeta, SessionOutcome, TemplateInfo,
 };
 use serde_json::{Value, json};

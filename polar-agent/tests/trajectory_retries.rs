@@ -17,9 +17,9 @@ mod common;
 use common::traj::*;
 use common::{Harness, send};
 use http::StatusCode;
-use polar_agent::capture::record::{CallStatus, CompletionRecord};
-use polar_agent::mock::script::{ScriptedError, Turn};
-use polar_agent::trajectory::{
+use polar_record::{CallStatus, CompletionRecord};
+use polar_mock::script::{ScriptedError, Turn};
+use polar_trajectory::{
     ChainId, DropReason, DroppedCall, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind,
     SegmentLink,
 };

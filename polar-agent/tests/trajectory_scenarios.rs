@@ -16,11 +16,11 @@
 mod common;
 
 use common::traj::*;
-use polar_agent::capture::record::CompletionRecord;
-use polar_agent::chat::FinishReason;
-use polar_agent::mock::script::{ScriptedCall, Turn};
-use polar_agent::mock::{Dialect, tokenizer};
-use polar_agent::trajectory::{
+use polar_record::CompletionRecord;
+use polar_chat::FinishReason;
+use polar_mock::script::{ScriptedCall, Turn};
+use polar_mock::{Dialect, tokenizer};
+use polar_trajectory::{
     BreakReason, ChainId, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink,
 };
 use serde_json::json;

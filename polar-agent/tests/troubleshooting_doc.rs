@@ -9,7 +9,7 @@
 use caps::Capability;
 use polar_agent::agent::{AgentError, StateDirError};
 use polar_agent::redirect::{CgroupError, PreflightError};
-use polar_agent::trajectory::DropReason;
+use polar_trajectory::DropReason;
 
 fn doc() -> String {
     std::fs::read_to_string(concat!(

@@ -10,7 +10,7 @@ use anyhow::Result;
 use polar_agent::agent::AgentParts;
 use polar_agent::config::Config;
 use polar_agent::listener::{AcceptContext, accept_loop};
-use polar_agent::tasks::Tasks;
+use polar_io::tasks::Tasks;
 use tokio_rustls::TlsConnector;
 
 /// A TLS connector trusting only the certificates in `pem` and offering the

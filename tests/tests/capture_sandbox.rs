@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::capture::log::read_log;
-use polar_agent::capture::record::Api;
-use polar_agent::mock::{self, MockConfig};
+use polar_capture::log::read_log;
+use polar_chat::Api;
+use polar_mock::{self as mock, MockConfig};
 use polar_tests::sandbox_run;
 
 const CALLS: &[(&str, &str, &str, &str)] = &[

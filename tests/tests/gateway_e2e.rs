@@ -19,7 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::mock::{self, MockConfig, MockHandle};
+use polar_mock::{self as mock, MockConfig, MockHandle};
 use polar_agent::rollout::{
     RolloutClient, RolloutConfig, RolloutServer, SessionState, TaskStatus, TaskView,
 };
@@ -377,7 +377,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         // A call is one line or two (a request part and its completion):
         // the log's reader joins them.
         let (records, problems) =
-            polar_agent::capture::read_log(&e?.path().join(polar_agent::capture::log::CALLS_FILE))?;
+            polar_capture::read_log(&e?.path().join(polar_capture::log::CALLS_FILE))?;
         ensure!(problems.is_empty(), "{problems:?}");
         for r in records {
             calls += 1;

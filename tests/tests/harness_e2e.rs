@@ -17,8 +17,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::capture::log::LogProblem;
-use polar_agent::capture::read_log;
+use polar_capture::log::LogProblem;
+use polar_capture::read_log;
 use polar_tests::{SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config};
 use serde_json::Value;
 

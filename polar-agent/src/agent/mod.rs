@@ -19,14 +19,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::capture::{CaptureStore, Durability, SessionRegistry};
+use polar_capture::{CaptureStore, Durability, SessionRegistry};
 use crate::config::{Config, HostPattern, LiveRules};
 use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
 use crate::proxy::capture::{Capture, CaptureError};
 use crate::proxy::pipeline::ModelPipeline;
-use crate::tasks::Tasks;
+use polar_io::tasks::Tasks;
 use crate::tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
     ServerConfigFactory, TrustFiles, write_trust_files,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
-use crate::export::{Destination, ExportOptions, Exporter};
+use polar_export::{Destination, ExportOptions, Exporter};
 use crate::gateway::work::HarnessWork;
 use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
 use crate::redirect::{Redirect, RedirectOptions, preflight};

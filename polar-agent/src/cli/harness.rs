@@ -15,7 +15,7 @@ use super::sandbox::SandboxRunArgs;
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, run as run_harness};
 use crate::harness::{HarnessName, ModeKind, check_installed, search_dirs};
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use crate::runtime::plan::StepEnd;
 use crate::runtime::spec::RuntimeSpec;
@@ -105,7 +105,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         budget: Duration::from_secs(h.budget_secs),
         session,
         install,
-        info: crate::capture::SessionInfo::default(),
+        info: polar_capture::SessionInfo::default(),
     };
     let result = run_harness(&parts, &redirect, plan, &stop).await;
     tracing::info!(stats = ?redirect.stats(), "redirect counters");

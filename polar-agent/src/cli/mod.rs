@@ -65,10 +65,10 @@ pub enum Command {
     Config(ConfigCommand),
     /// A mock inference server (vLLM or SGLang token-id dialect) for tests,
     /// benchmarks and the demo.
-    MockBackend(crate::mock::MockArgs),
+    MockBackend(polar_mock::MockArgs),
     /// Rebuild trajectories from captured session logs and write them as
     /// JSONL/Parquet to a directory or s3://bucket/prefix.
-    Export(crate::export::ExportArgs),
+    Export(polar_export::ExportArgs),
     /// Serve base-URL mode only (no sandbox, no root): model calls of the
     /// given sessions are translated, sent to the backends and captured.
     Proxy(ProxyArgs),
@@ -163,10 +163,10 @@ pub enum CliError {
     Sandbox(#[from] SandboxError),
     /// The mock backend failed.
     #[error(transparent)]
-    Mock(#[from] crate::mock::MockError),
+    Mock(#[from] polar_mock::MockError),
     /// The export failed.
     #[error(transparent)]
-    Export(#[from] crate::export::ExportError),
+    Export(#[from] polar_export::ExportError),
     /// The rollout server could not start.
     #[error(transparent)]
     Rollout(#[from] crate::rollout::RolloutError),
@@ -306,14 +306,23 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
                 crate::signals::terminated().await;
                 stop.cancel();
             });
-            crate::mock::run(&args, token).await?;
+            polar_mock::run(&args, token).await?;
             Ok(ExitCode::SUCCESS)
         }),
-        Command::Export(args) => {
+        Command::Export(mut args) => {
+            if args.sessions.is_empty() && args.state_dir.is_none() {
+                let config = match &args.config {
+                    Some(file) => crate::config::Config::load(file).map_err(|e| {
+                        CliError::Export(polar_export::ExportError::Usage(format!("configuration: {e}")))
+                    })?,
+                    None => crate::config::Config::default(),
+                };
+                args.state_dir = Some(config.agent.state_dir);
+            }
             // This process only exports: keep freed memory for reuse.
-            crate::export::memory::retain_freed_memory();
+            polar_export::memory::retain_freed_memory();
             let json = args.json;
-            let summary = runtime()?.block_on(crate::export::run(args))?;
+            let summary = runtime()?.block_on(polar_export::run(args))?;
             let text = if json {
                 serde_json::to_string_pretty(&summary).map_err(|e| CliError::Export(e.into()))?
                     + "\n"

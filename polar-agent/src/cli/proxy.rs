@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
-use crate::capture::SessionInfo;
-use crate::ids::SessionId;
+use polar_capture::SessionInfo;
+use polar_ids::SessionId;
 
 /// Arguments of `polar proxy`.
 #[derive(Debug, clap::Args)]

@@ -10,9 +10,9 @@ use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
 use crate::agent::AgentParts;
-use crate::capture::SessionInfo;
+use polar_capture::SessionInfo;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::listener::LogHandler;
 use crate::redirect::preflight;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::cidr::Ipv4Cidr;
 use super::host::{DnsName, HostPattern};
 use super::route::{DEFAULT_PORTS, ProviderHint, Route, RouteAction};
-use crate::inference::{BackendConfig, Dialect};
+use polar_inference::{BackendConfig, Dialect};
 
 /// `agent.state_dir`.
 pub const STATE_DIR: &str = "/var/lib/polar";

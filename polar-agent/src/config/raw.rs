@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::route::{ActionKind, DefaultAction, ProviderHint};
 use super::sections::LogFormat;
-use crate::inference::BackendConfig;
+use polar_inference::BackendConfig;
 
 /// The whole file.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]

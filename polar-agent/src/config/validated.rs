@@ -17,7 +17,7 @@ use super::sections::{
     validate_dns, validate_proxy,
 };
 use super::upstream::UpstreamHost;
-use crate::inference::{BackendConfig, InferenceError};
+use polar_inference::{BackendConfig, InferenceError};
 
 /// Where the routes came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

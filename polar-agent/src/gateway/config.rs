@@ -33,7 +33,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::stages::StageLimits;
-use crate::export::Format;
+use polar_export::Format;
 
 /// The environment variable holding the node token (used when the file
 /// has no `token`).
@@ -116,7 +116,7 @@ pub struct RawGatewayConfig {
     /// Export formats.
     pub formats: Option<Vec<String>>,
     /// `[gateway.s3]`: the S3-compatible store of an `s3://` export.
-    pub s3: Option<crate::export::S3Options>,
+    pub s3: Option<polar_export::S3Options>,
 }
 
 /// The validated settings.
@@ -149,7 +149,7 @@ pub struct GatewayConfig {
     /// In which formats.
     pub formats: Vec<Format>,
     /// The S3-compatible store's options.
-    pub s3: crate::export::S3Options,
+    pub s3: polar_export::S3Options,
 }
 
 fn positive(key: &str, v: Option<u32>, default: u32) -> Result<u32, GatewayConfigError> {

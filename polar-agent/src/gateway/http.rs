@@ -86,7 +86,7 @@ impl<W: Work> Inner<W> {
                 ..Default::default()
             }),
         };
-        let mut out = crate::metrics::Text::new();
+        let mut out = polar_metrics::Text::new();
         out.family(
             "polar_gateway_stage_active",
             "gauge",

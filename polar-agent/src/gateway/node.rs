@@ -25,7 +25,7 @@ use crate::rollout::{
     API_VERSION, Heartbeat, NodeCapacity, NodeRegistration, SessionAssignment, SessionProgress,
     SessionResult,
 };
-use crate::tasks::Tasks;
+use polar_io::tasks::Tasks;
 
 /// How long a starting node keeps trying to reach its server.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(60);
@@ -431,7 +431,7 @@ impl<W: Work> Inner<W> {
                 "the node is draining",
             );
         }
-        if let Err(e) = a.session_id.parse::<crate::ids::SessionId>() {
+        if let Err(e) = a.session_id.parse::<polar_ids::SessionId>() {
             return error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",

@@ -67,7 +67,7 @@ pub fn sample_assignment(task_id: &str, index: u32, budget_secs: u64) -> Session
             harness: "shell".into(),
             options: serde_json::Map::new(),
         },
-        builder: crate::trajectory::Builder::default(),
+        builder: polar_trajectory::Builder::default(),
         evaluator: crate::rollout::EvaluatorSpec::default(),
         metadata: crate::rollout::TaskMetadata::default(),
         timeout_secs: budget_secs,

@@ -10,7 +10,7 @@ use super::work::Ran;
 use crate::evaluate::Evaluation;
 use crate::rollout::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd, StepReport};
-use crate::trajectory::SessionOutcome;
+use polar_trajectory::SessionOutcome;
 
 /// The report of a session that never got prepared.
 pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {

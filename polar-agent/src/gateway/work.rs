@@ -26,16 +26,16 @@ use super::spec::SessionSpec;
 use super::stages::{Job, Reached, Report, Work};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
-use crate::capture::SessionInfo;
+use polar_capture::SessionInfo;
 use crate::evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
-use crate::export::Exporter;
+use polar_export::Exporter;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{HarnessName, Install, check_installed, search_dirs};
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::redirect::Redirect;
 use crate::rollout::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd};
-use crate::trajectory::{Rewards, SessionOutcome};
+use polar_trajectory::{Rewards, SessionOutcome};
 
 /// A session between INIT and POSTRUN.
 pub struct Session {
@@ -127,7 +127,7 @@ impl Work for HarnessWork {
         let session: SessionId = a
             .session_id
             .parse()
-            .map_err(|e: crate::ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
+            .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
         // Not installed here is the node's problem: another node may have it.
         let install = self.install(harness).await.map_err(|e| (e, true))?;
         let mut metadata = Map::new();
@@ -274,11 +274,11 @@ impl Work for HarnessWork {
 
 /// Model calls in a capture log, and how many of them failed.
 fn count_calls(path: &std::path::Path) -> (u64, u64) {
-    match crate::capture::log::read_log(path) {
+    match polar_capture::log::read_log(path) {
         Ok((records, _)) => {
             let failed = records
                 .iter()
-                .filter(|r| matches!(r.status, crate::capture::record::CallStatus::Failed { .. }))
+                .filter(|r| matches!(r.status, polar_record::CallStatus::Failed { .. }))
                 .count() as u64;
             (records.len() as u64, failed)
         }
@@ -298,7 +298,7 @@ impl HarnessWork {
         evaluation: Option<&Evaluation>,
     ) -> Result<(Option<String>, TokenUsage), String> {
         let a = &job.assignment;
-        let dir = crate::capture::store::session_dir(&self.parts.config.agent.state_dir, session);
+        let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
         fields.insert(
             "outcome".into(),
@@ -314,10 +314,10 @@ impl HarnessWork {
         if let Some(g) = &a.metadata.group_id {
             fields.insert("group_id".into(), g.clone().into());
         }
-        crate::capture::store::record_session_fields(&dir, session, fields)
+        polar_capture::store::record_session_fields(&dir, session, fields)
             .map_err(|e| e.to_string())?;
-        let log = if dir.join(crate::capture::log::CALLS_FILE).is_file() {
-            crate::export::source::read_session(&dir).map_err(|e| e.to_string())?
+        let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
+            polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
         } else {
             return Ok((None, TokenUsage::default()));
         };
@@ -335,7 +335,7 @@ impl HarnessWork {
             calls: log.records.len() as u64,
         };
         let rewards = evaluation.and_then(|e| e.reward).map(Rewards::Outcome);
-        let traj = crate::export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
+        let traj = polar_export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
             .map_err(|e| e.to_string())?;
         let files = self
             .exporter

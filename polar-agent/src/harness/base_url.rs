@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::config::LiveRules;
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::listener::{Accepted, Handler};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::{BaseUrlSource, SessionDirectory};

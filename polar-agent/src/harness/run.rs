@@ -19,8 +19,8 @@ use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
 use super::presets::setup;
 use super::{HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
-use crate::capture::SessionInfo;
-use crate::ids::SessionId;
+use polar_capture::SessionInfo;
+use polar_ids::SessionId;
 use crate::redirect::Redirect;
 use crate::runtime::limits::Enforced;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
@@ -90,7 +90,7 @@ impl HarnessOutcome {
 /// The capture log of `session` under `state_dir` (the capture stage's
 /// layout).
 pub fn capture_log(state_dir: &std::path::Path, session: &SessionId) -> PathBuf {
-    crate::capture::store::session_dir(state_dir, session).join(crate::capture::log::CALLS_FILE)
+    polar_capture::store::session_dir(state_dir, session).join(polar_capture::log::CALLS_FILE)
 }
 
 /// Stops accepting the session's calls and closes its capture log.

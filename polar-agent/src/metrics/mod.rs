@@ -6,14 +6,14 @@
 //! ([`RedirectStats`]), the exporter's ([`ExportCounters`]) — plus gauges
 //! the caller supplies (sessions by stage, queue depth per stage).
 
-pub mod text;
+
 
 use std::sync::atomic::Ordering;
 
-pub use text::{Histogram, Text, escape};
+use polar_metrics::Text;
 
-use crate::capture::CaptureStats;
-use crate::export::ExportCounters;
+use polar_capture::CaptureStats;
+use polar_export::ExportCounters;
 use crate::proxy::ProxyStats;
 use crate::redirect::RedirectStats;
 

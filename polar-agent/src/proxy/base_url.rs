@@ -12,10 +12,10 @@ use std::sync::{Arc, RwLock};
 use http::Request;
 use hyper::body::Incoming;
 
-use crate::capture::record::Api;
+use polar_chat::Api;
 use crate::config::{LiveRules, ProviderHint, Route, RouteAction, Rules};
-use crate::ids::SessionId;
-use crate::tasks::Tasks;
+use polar_ids::SessionId;
+use polar_io::tasks::Tasks;
 
 use super::error::ProxyError;
 use super::http::{ContextSource, HttpLimits, api_of};

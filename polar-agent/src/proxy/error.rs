@@ -5,8 +5,8 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 
-use crate::capture::record::Api;
-use crate::provider::{self, ErrorKind, ProviderError, Side};
+use polar_chat::Api;
+use polar_chat::provider::{self, ErrorKind, ProviderError, Side};
 
 use super::body::{ProxyBody, full};
 

@@ -15,8 +15,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::capture::record::Api;
-use crate::provider::{self, Detected, Headers};
+use polar_chat::Api;
+use polar_chat::provider::{self, Detected};
 
 use super::body::ProxyBody;
 use super::error::ProxyError;
@@ -31,12 +31,6 @@ pub struct HttpLimits {
     pub max_body_bytes: u64,
     /// Idle keep-alive connections are closed after this.
     pub idle_timeout: Duration,
-}
-
-impl Headers for http::HeaderMap {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.get(name).and_then(|v| v.to_str().ok())
-    }
 }
 
 /// The harness API of a request, from its method, path and headers, for

@@ -13,7 +13,7 @@ use http::Response;
 use http::request::Parts;
 
 use crate::config::{ProviderHint, Upstream};
-use crate::ids::{OrigDst, SessionId};
+use polar_ids::{OrigDst, SessionId};
 
 use super::body::ProxyBody;
 use super::upstream_conn::UpstreamConn;

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::ids::CgroupId;
+use polar_ids::CgroupId;
 
 /// Errors of cgroup handling.
 #[derive(Debug, thiserror::Error)]

@@ -24,7 +24,7 @@ use aya::Ebpf;
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use polar_common::{ConnKey, FLAG_LOCAL_BYPASS, OrigDst as RawOrigDst, SessionRedirect};
 
-use crate::ids::{CgroupId, OrigDst, SessionId, to_client_key_addr};
+use polar_ids::{CgroupId, OrigDst, SessionId, to_client_key_addr};
 pub use cgroup::{Cgroup2Mount, CgroupDir, CgroupError};
 pub use loader::LoadError;
 pub use preflight::PreflightError;

@@ -26,7 +26,7 @@ use super::now_ms;
 use super::scheduler::{CancelOrder, Changes, Limits, Push, Scheduler};
 use super::store::{Store, StoreError};
 use super::types::{API_VERSION, CancelSession};
-use crate::tasks::Tasks;
+use polar_io::tasks::Tasks;
 
 /// Assignments made per scheduler lock.
 const ASSIGN_BATCH: usize = 256;

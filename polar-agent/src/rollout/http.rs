@@ -36,7 +36,7 @@ pub fn client() -> HttpClient {
 
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
-    crate::http_body::full(bytes)
+    polar_io::body::full(bytes)
 }
 
 /// A JSON response.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::scheduler::Counters;
 use super::types::NodeView;
-use crate::metrics::{Histogram, Text};
+use polar_metrics::{Histogram, Text};
 
 /// Upper bounds of the histogram buckets, in seconds.
 static BUCKETS: [f64; 13] = [

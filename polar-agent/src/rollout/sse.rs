@@ -12,7 +12,7 @@ use hyper::body::{Body as _, Incoming};
 use super::client::ClientError;
 use super::events::Numbered;
 use super::http::{Body, bearer_value, client, join};
-use crate::http_body::{self, BodySender};
+use polar_io::body::{self as http_body, BodySender};
 
 /// A streamed body for `/v1/events` and its sender.
 pub fn channel() -> (BodySender, Body) {

@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::trajectory::Builder;
+use polar_trajectory::Builder;
 
 mod nodes;
 

@@ -222,7 +222,7 @@ mod tests {
         let req = task(good()).unwrap();
         assert_eq!(req.version, API_VERSION);
         assert_eq!(req.evaluator.kind, "session_completed");
-        assert_eq!(req.builder, crate::trajectory::Builder::default());
+        assert_eq!(req.builder, polar_trajectory::Builder::default());
         assert_eq!(req.priority, 0);
     }
 

@@ -15,7 +15,7 @@ use std::path::Path;
 
 use super::Layout;
 use super::spec::RuntimeSpec;
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 
 /// The apptainer program.
 pub const APPTAINER: &str = "apptainer";

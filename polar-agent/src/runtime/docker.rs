@@ -19,7 +19,7 @@ use std::path::Path;
 
 use super::Layout;
 use super::spec::{Limits, RuntimeSpec};
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 
 /// The docker CLI.
 pub const DOCKER: &str = "docker";

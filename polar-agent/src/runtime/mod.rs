@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::tls::TrustFiles;
 
 use self::spec::{Mount, RuntimeKind, RuntimeSpec};

@@ -8,7 +8,7 @@ use std::os::unix::fs::{PermissionsExt, lchown};
 use std::path::{Path, PathBuf};
 
 use super::RuntimeError;
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 
 /// A session's directories on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]

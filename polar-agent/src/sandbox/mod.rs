@@ -15,11 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dns::{self, Resolver};
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::listener::{self, Handler};
 use crate::netns::{IsolatedNet, NetnsError, Sockets};
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
-use crate::tasks::Tasks;
+use polar_io::tasks::Tasks;
 
 /// The network of a sandbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::process::{self, Isolation, Launch};
 use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
 use crate::dns::Resolver;
-use crate::ids::SessionId;
+use polar_ids::SessionId;
 use crate::listener::Handler;
 use crate::redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
 use crate::runtime::limits::{Enforced, LimitGroups};

@@ -6,11 +6,11 @@
 
 use std::iter::repeat_n;
 
-use polar_agent::capture::record::CompletionRecord;
-use polar_agent::chat::FinishReason;
-use polar_agent::mock::script::{Script, ScriptedCall, SessionScript, Turn};
-use polar_agent::mock::{self, Dialect, MockConfig, MockHandle, tokenizer};
-use polar_agent::trajectory::{
+use polar_record::CompletionRecord;
+use polar_chat::FinishReason;
+use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
+use polar_mock::{self as mock, Dialect, MockConfig, MockHandle, tokenizer};
+use polar_trajectory::{
     self, Builder, CallSpan, DropReason, DroppedCall, Join, PrefixMergingOptions,
     ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
 };

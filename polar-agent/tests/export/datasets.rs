@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::trajectory::Builder;
+use polar_trajectory::Builder;
 
 use crate::fixture;
 

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::export::sample::{SampleSpec, session, write_session_dir};
-use polar_agent::export::{Row, read_jsonl, read_parquet, rebuild, trajectories};
-use polar_agent::trajectory::{Builder, Trajectory};
+use polar_export::sample::{SampleSpec, session, write_session_dir};
+use polar_export::{Row, read_jsonl, read_parquet, rebuild, trajectories};
+use polar_trajectory::{Builder, Trajectory};
 
 /// The rollout: 6 sessions over 3 tasks, each with a main agent and a
 /// sub-agent.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Result, ensure};
-use polar_agent::trajectory::Builder;
+use polar_trajectory::Builder;
 
 use crate::fixture;
 

@@ -11,9 +11,9 @@ use futures_util::TryStreamExt as _;
 use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _};
-use polar_agent::export::object::{ObjectFile, PART_SIZE};
-use polar_agent::export::{Destination, S3Options};
-use polar_agent::trajectory::Builder;
+use polar_export::object::{ObjectFile, PART_SIZE};
+use polar_export::{Destination, S3Options};
+use polar_trajectory::Builder;
 
 use crate::fixture;
 use crate::moto::Moto;

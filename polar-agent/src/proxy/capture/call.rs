@@ -13,17 +13,18 @@ use http::Response;
 use http::request::Parts;
 use serde_json::Value;
 
-use crate::capture::SessionLog;
-use crate::capture::record::{Api, CompletionRecord, NativeRequest};
-use crate::json_doc::{Json, JsonError, RawJson};
-use crate::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
+use polar_capture::SessionLog;
+use polar_chat::Api;
+use polar_record::{CompletionRecord, NativeRequest};
+use polar_json::{Json, JsonError, RawJson};
+use polar_chat::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
 
 use super::super::body::ProxyBody;
 use super::super::pipeline::RequestContext;
 use super::{Capture, errors, reply};
-use crate::capture::build::{Draft, Produced, call_id, empty_request, now_ms};
-use crate::capture::encode::RecordParts;
-use crate::capture::tokens_json::ReplyTokensJson;
+use polar_capture::build::{Draft, Produced, call_id, empty_request, now_ms};
+use polar_capture::encode::RecordParts;
+use polar_capture::tokens_json::ReplyTokensJson;
 
 /// A model call's body: its bytes, read as JSON (`null` when blank).
 pub(super) struct Body<'a> {

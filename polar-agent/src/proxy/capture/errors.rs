@@ -5,16 +5,16 @@
 use bytes::Bytes;
 use http::{Response, StatusCode};
 
-use crate::capture::record::Api;
-use crate::inference::InferenceError;
-use crate::provider::{self, ErrorKind, ProviderError, Side};
+use polar_chat::Api;
+use polar_inference::InferenceError;
+use polar_chat::provider::{self, ErrorKind, ProviderError, Side};
 
 use super::super::body::ProxyBody;
 use super::super::error::json_response;
 
 /// Counts a failure at the backend's side in the capture counters, by
 /// kind (`backend_timeout`, `backend_unavailable`, `overloaded`, ...).
-pub fn count_backend(log: &crate::capture::SessionLog, err: &ProviderError) {
+pub fn count_backend(log: &polar_capture::SessionLog, err: &ProviderError) {
     if err.side == Side::Backend {
         log.stats()
             .backend_error(&err.kind.to_string().replace(' ', "_"));

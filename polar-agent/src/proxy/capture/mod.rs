@@ -12,13 +12,13 @@
 //!    names), Codex's WebSocket attempt with 426, `HEAD` probes with 200;
 //!    anything else goes to the route's `upstream` when it has one, else
 //!    gets 404 in the API's error shape;
-//! 3. a model call ([`call`]) is parsed into a [`ChatRequest`](crate::chat::ChatRequest)
+//! 3. a model call ([`call`]) is parsed into a [`ChatRequest`](polar_chat::ChatRequest)
 //!    (400 in the API's shape when that fails), extended with the session's
 //!    own history for `previous_response_id`, sent to the route's backend
 //!    (the session id keeps it on one replica; the backend config maps the
 //!    model name and sets sampling), and answered: a stream event by event
 //!    ([`reply`]), or one body;
-//! 4. the [`CompletionRecord`](crate::capture::record::CompletionRecord) is
+//! 4. the [`CompletionRecord`](polar_record::CompletionRecord) is
 //!    appended to the session log and synced before the final bytes (the
 //!    last stream event or the whole body) are released. Failures are
 //!    recorded too, as `failed` with the side at fault.
@@ -37,14 +37,14 @@ use std::time::Duration;
 
 use http::Response;
 
-use crate::capture::CaptureStore;
-use crate::capture::record::Api;
+use polar_capture::CaptureStore;
+use polar_chat::Api;
 use crate::config::{Config, ProviderHint};
-use crate::ids::SessionId;
-use crate::inference::{BackendConfig, Client, InferenceError};
-use crate::json_doc::{Doc, Json};
-use crate::provider::{self, Detected};
-use crate::tasks::Tasks;
+use polar_ids::SessionId;
+use polar_inference::{BackendConfig, Client, InferenceError};
+use polar_json::{Doc, Json};
+use polar_chat::provider::{self, Detected};
+use polar_io::tasks::Tasks;
 
 use super::body::ProxyBody;
 use super::error::ProxyError;

@@ -29,16 +29,17 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use tracing::Instrument;
 
-use crate::capture::SessionLog;
-use crate::capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
-use crate::capture::encode::RecordParts;
-use crate::capture::part::RequestPartWrite;
-use crate::capture::record::{Api, CompletionRecord};
-use crate::capture::tokens_json::ReplyTokensJson;
-use crate::chat::StreamEvent;
-use crate::inference::{ChatStream, InferenceError};
-use crate::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
-use crate::tasks::Tasks;
+use polar_capture::SessionLog;
+use polar_capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
+use polar_capture::encode::RecordParts;
+use polar_capture::part::RequestPartWrite;
+use polar_chat::Api;
+use polar_record::{CompletionRecord};
+use polar_capture::tokens_json::ReplyTokensJson;
+use polar_chat::StreamEvent;
+use polar_inference::{ChatStream, InferenceError};
+use polar_chat::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
+use polar_io::tasks::Tasks;
 
 use super::super::body::{BodySender, ProxyBody, channel};
 use super::super::error::json_response;

@@ -14,10 +14,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
 use serde_json::Value;
 
-use crate::capture::record::Api;
+use polar_chat::Api;
 use crate::config::ProviderHint;
-use crate::provider::canned::{self, CannedResponse};
-use crate::provider::{ErrorKind, ProviderError, Side, SideCall};
+use polar_chat::provider::canned::{self, CannedResponse};
+use polar_chat::provider::{ErrorKind, ProviderError, Side, SideCall};
 
 use super::super::body::{ProxyBody, full};
 use super::super::http::api_of;

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::{
     AgentSpec, EvaluatorSpec, SampleResult, SampleStatus, TaskMetadata, TokenUsage, api_version,
 };
-use crate::trajectory::Builder;
+use polar_trajectory::Builder;
 
 /// A gateway's worker pools (informational; the scheduler uses
 /// `max_sessions`).

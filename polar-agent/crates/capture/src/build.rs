@@ -1,0 +1,303 @@
+//! Building a call's [`CompletionRecord`]: what is known when the call
+//! arrives ([`Draft`]), completed with what the backend produced
+//! ([`Produced`]: events, token data as the backend reported it, backend
+//! facts, timings) and the outcome. The reply in the record carries no token
+//! data of its own: the record's top-level `prompt_token_ids`,
+//! `response_token_ids` and `response_logprobs` hold it, once.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::encode::{IdsFingerprint, PreEncoded};
+use polar_record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+};
+use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
+use polar_inference as inference;
+use polar_chat::provider::{self, Side};
+
+/// A record's fields known before the backend answers.
+#[derive(Debug)]
+pub struct Draft {
+    /// Unique id of the call ([`call_id`]).
+    pub call_id: String,
+    /// Position in the session.
+    pub seq: u64,
+    /// The session.
+    pub session_id: String,
+    /// The session's task.
+    pub task_id: Option<String>,
+    /// What the harness sent.
+    pub native: NativeRequest,
+    /// The normalized request (with `previous_response_id` history applied).
+    pub request: ChatRequest,
+    /// When the request arrived (ms since the Unix epoch).
+    pub received_ms: u64,
+}
+
+/// What the backend side produced, however far it got.
+#[derive(Debug, Default)]
+pub struct Produced<'a> {
+    /// The events yielded, in order.
+    pub events: &'a [StreamEvent],
+    /// The token data reported.
+    pub tokens: Tokens,
+    /// Which backend answered, once one did.
+    pub backend: Option<inference::BackendInfo>,
+    /// The client's timings, once the call was made.
+    pub timings: Option<inference::Timings>,
+    /// The backend's name (when no replica answered).
+    pub backend_name: Option<String>,
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A fresh call id: `call_` and 16 hex digits.
+pub fn call_id() -> String {
+    format!("call_{:016x}", rand::random::<u64>())
+}
+
+impl Draft {
+    /// The record of a call that ended as `status` (`None`: completed).
+    pub fn finish(
+        self,
+        produced: Produced<'_>,
+        failure: Option<(Side, String)>,
+    ) -> CompletionRecord {
+        let Produced {
+            events,
+            tokens,
+            backend,
+            timings,
+            backend_name,
+        } = produced;
+        let response: Option<ChatResponse> = match &failure {
+            None => inference::stream::assemble(events, Tokens::default()),
+            // A partial reply is kept for diagnosis (finish reason `abort`).
+            Some(_) if !events.is_empty() => Some(provider::assemble(events)),
+            Some(_) => None,
+        };
+        let status = match failure {
+            None if response.is_some() => CallStatus::Completed,
+            None => CallStatus::Failed {
+                side: Side::Backend.to_string(),
+                error: "the reply has no start or no finish".into(),
+            },
+            Some((side, error)) => CallStatus::Failed {
+                side: side.to_string(),
+                error,
+            },
+        };
+        let finish_reason = match status {
+            CallStatus::Completed => response.as_ref().map(|r| r.finish_reason.clone()),
+            CallStatus::Failed { .. } => None,
+        };
+        let token_ids_missing =
+            tokens.prompt_token_ids.is_none() || tokens.response_token_ids.is_none();
+        let first_token_ms = timings.as_ref().and_then(|t| {
+            t.first_token
+                .map(|ft| epoch_ms(t.started_at + t.paused + ft))
+        });
+        let backend = match backend {
+            Some(b) => BackendInfo {
+                name: b.backend,
+                replica: b.replica,
+                served_model: b.served_model,
+                weight_version: b.weight_version,
+            },
+            None => BackendInfo {
+                name: backend_name.unwrap_or_default(),
+                ..BackendInfo::default()
+            },
+        };
+        CompletionRecord {
+            version: RECORD_VERSION,
+            call_id: self.call_id,
+            seq: self.seq,
+            session_id: self.session_id,
+            task_id: self.task_id,
+            native_request: self.native,
+            request: self.request,
+            response,
+            prompt_token_ids: tokens.prompt_token_ids,
+            response_token_ids: tokens.response_token_ids,
+            response_logprobs: tokens.response_logprobs,
+            token_ids_missing,
+            finish_reason,
+            backend,
+            timings: Timings {
+                received_ms: self.received_ms,
+                first_token_ms,
+                finished_ms: epoch_ms(SystemTime::now()),
+            },
+            status,
+        }
+    }
+}
+
+/// Keeps `ev` for the record, merged into the previous event when both are
+/// pieces of the same text, reasoning or tool-call arguments: the reply
+/// assembled from the kept events is the same, and a long reply is held as
+/// a few events instead of one per token.
+pub fn keep_event(events: &mut Vec<StreamEvent>, ev: StreamEvent) {
+    match (events.last_mut(), ev) {
+        (Some(StreamEvent::TextDelta { text }), StreamEvent::TextDelta { text: more })
+        | (
+            Some(StreamEvent::ReasoningDelta { text }),
+            StreamEvent::ReasoningDelta { text: more },
+        ) => text.push_str(&more),
+        (
+            Some(StreamEvent::ToolCallDelta { index, arguments }),
+            StreamEvent::ToolCallDelta {
+                index: i,
+                arguments: more,
+            },
+        ) if *index == i => arguments.push_str(&more),
+        (_, ev) => events.push(ev),
+    }
+}
+
+/// A request with nothing in it (the normalized request of a call that
+/// could not be parsed).
+pub fn empty_request() -> ChatRequest {
+    ChatRequest {
+        model: String::new(),
+        messages: Vec::new(),
+        tools: Vec::new(),
+        tool_choice: None,
+        sampling: Sampling::default(),
+        stream: false,
+        extra: Default::default(),
+    }
+}
+
+/// A draft's native and normalized requests on loan to a blocking task
+/// that serializes them while the backend generates
+/// ([`Draft::encode_early`], [`Draft::restore`]).
+#[derive(Debug)]
+pub struct EarlyEncoding(tokio::task::JoinHandle<(ChatRequest, PreEncoded)>);
+
+type EncodedPrompt = Option<(IdsFingerprint, Box<serde_json::value::RawValue>)>;
+
+impl EarlyEncoding {
+    /// The normalized request lent and the requests' serialized form;
+    /// `None` if the task failed.
+    pub async fn finish(self) -> Option<(ChatRequest, PreEncoded)> {
+        match self.0.await {
+            Ok(done) => Some(done),
+            Err(e) => {
+                tracing::error!(error = %e, "serializing a record's requests failed; the normalized request is lost");
+                None
+            }
+        }
+    }
+}
+
+/// Prompt token ids being serialized on a blocking task.
+#[derive(Debug)]
+pub struct PromptEncoding(tokio::task::JoinHandle<EncodedPrompt>);
+
+impl PromptEncoding {
+    /// Starts serializing `ids`.
+    pub fn start(ids: Vec<u32>) -> Self {
+        Self(tokio::task::spawn_blocking(move || {
+            PreEncoded::prompt(&ids)
+        }))
+    }
+
+    /// The serialized ids and their fingerprint (`None` if the task failed).
+    pub async fn finish(self) -> EncodedPrompt {
+        self.0.await.ok().flatten()
+    }
+}
+
+impl Draft {
+    /// Serializes the native and normalized requests on a blocking task.
+    /// The normalized request is lent to it (the draft holds an empty one
+    /// until [`Draft::restore`]); the native one is shared (its body is the
+    /// request's bytes).
+    pub fn encode_early(&mut self) -> EarlyEncoding {
+        let native = self.native.clone();
+        let request = std::mem::replace(&mut self.request, empty_request());
+        EarlyEncoding(tokio::task::spawn_blocking(move || {
+            let pre = PreEncoded::requests(&native, &request);
+            (request, pre)
+        }))
+    }
+
+    /// Takes the requests back; returns their serialized form.
+    pub async fn restore(&mut self, early: EarlyEncoding) -> PreEncoded {
+        match early.finish().await {
+            Some((request, pre)) => {
+                self.request = request;
+                pre
+            }
+            None => PreEncoded::default(),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    epoch_ms(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use polar_chat::{FinishReason, Usage};
+
+    #[test]
+    fn kept_events_assemble_to_the_same_reply() {
+        let all = vec![
+            StreamEvent::Start {
+                id: "r".into(),
+                model: "m".into(),
+                prompt_tokens: Some(3),
+            },
+            StreamEvent::ReasoningDelta { text: "th".into() },
+            StreamEvent::ReasoningDelta { text: "ink".into() },
+            StreamEvent::ReasoningDone { signature: None },
+            StreamEvent::TextDelta { text: "a ".into() },
+            StreamEvent::TextDelta { text: "b".into() },
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "c0".into(),
+                name: "x".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{\"a\":".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "1}".into(),
+            },
+            StreamEvent::ToolCallStart {
+                index: 1,
+                id: "c1".into(),
+                name: "y".into(),
+            },
+            StreamEvent::ToolCallDelta {
+                index: 1,
+                arguments: "{}".into(),
+            },
+            StreamEvent::Finish {
+                finish_reason: FinishReason::ToolCalls,
+                usage: Usage::default(),
+            },
+        ];
+        let mut kept = Vec::new();
+        for ev in all.clone() {
+            keep_event(&mut kept, ev);
+        }
+        assert_eq!(kept.len(), 9);
+        assert_eq!(
+            inference::stream::assemble(&kept, Tokens::default()),
+            inference::stream::assemble(&all, Tokens::default())
+        );
+        assert_eq!(provider::assemble(&kept), provider::assemble(&all));
+    }
+}

@@ -1,0 +1,343 @@
+//! The durable per-session capture log,
+//! `<state_dir>/sessions/<session>/calls.jsonl`: JSON lines holding one
+//! [`CompletionRecord`] per call, written whole or in two parts.
+//!
+//! Lines ([`super::encode`] writes them, [`super::lines`] reads them):
+//!
+//! - a **whole record**: the [`CompletionRecord`] as one line (no `part`
+//!   field). Calls whose reply came whole from the backend, calls that
+//!   failed before the backend's first event, and every fallback.
+//! - a **request part** (`{"part":"request",...}`): the call's big fields
+//!   (`native_request`, `request`, and `prompt_token_ids` when known),
+//!   appended while the backend generates, off the reply's path.
+//! - a **completion** (`{"part":"completion",...}`): the record's other
+//!   fields, appended when the call ends. Its big fields are in the request
+//!   part with the same `call_id`, earlier in the file; a
+//!   `prompt_token_ids` of its own (an array, or `null` for none) replaces
+//!   the part's.
+//!
+//! Writing ([`LogFile`]): the file is opened with `O_APPEND`; each line is
+//! written with one `write` call, then `fdatasync`ed (unless
+//! [`Durability::NoSync`]). A call's whole record or completion is on disk
+//! before the caller may send the last byte of the reply. A crash loses at
+//! most the calls in flight, whose replies the harness never saw complete.
+//!
+//! Reading ([`read_log`], [`parse_calls`], [`parse_log`]), streaming, for
+//! the agent and `polar export` alike: never panics; one record per whole
+//! line or completion, in file order, a completion joined with its request
+//! part. A last line without its newline is torn (a crash mid-write):
+//! everything before it is returned with a [`LogProblem::TornTail`]
+//! warning. A line that is not a record, or a completion without its
+//! request part, is reported with its line number and byte offset and
+//! skipped; so is a request part whose call never ended
+//! ([`LogProblem::Unfinished`]). A whole record supersedes a request part
+//! of the same call (the fallback after a part whose sync failed). Opening
+//! a log for appending cuts a torn tail off first, so the next line starts
+//! on a line of its own.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use super::lines::{Joiner, LogLine, parse_line};
+use polar_record::CompletionRecord;
+
+/// Name of the record file inside a session directory.
+pub const CALLS_FILE: &str = "calls.jsonl";
+
+/// Whether appends wait for the disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// `fdatasync` after every record (the default: nothing acknowledged is
+    /// lost).
+    #[default]
+    Sync,
+    /// Leave flushing to the kernel (benchmarks, tests of other things).
+    NoSync,
+}
+
+/// Errors of the capture log and store.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// A file or directory operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A record could not be serialized (a bug).
+    #[error("serializing a record: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// A blocking task was cancelled or panicked.
+    #[error("the log writer task failed: {0}")]
+    Task(String),
+}
+
+impl LogError {
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// Something wrong found while reading a log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LogProblem {
+    /// The last line has no newline: a line torn by a crash mid-write.
+    /// It is not returned.
+    TornTail {
+        /// Its line number (from 1).
+        line: usize,
+        /// Byte offset of its start.
+        offset: u64,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A complete line that is not a record, or a completion whose request
+    /// part is not before it (skipped).
+    Malformed {
+        /// Its line number (from 1).
+        line: usize,
+        /// Byte offset of its start.
+        offset: u64,
+        /// Why it is not a record.
+        reason: String,
+    },
+    /// A call's request part with no completion after it: the call never
+    /// ended (the agent stopped mid-call, or the harness of a call answered
+    /// whole left before its reply). It is not a record.
+    Unfinished {
+        /// The request part's line number (from 1).
+        line: usize,
+        /// Byte offset of its start.
+        offset: u64,
+        /// The call.
+        call_id: String,
+    },
+}
+
+impl LogProblem {
+    /// The line it is about.
+    pub fn line(&self) -> usize {
+        match self {
+            Self::TornTail { line, .. }
+            | Self::Malformed { line, .. }
+            | Self::Unfinished { line, .. } => *line,
+        }
+    }
+}
+
+impl std::fmt::Display for LogProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TornTail { line, offset, len } => write!(
+                f,
+                "line {line} (byte {offset}): torn last line ({len} bytes, no newline), ignored"
+            ),
+            Self::Malformed {
+                line,
+                offset,
+                reason,
+            } => write!(f, "line {line} (byte {offset}): not a record: {reason}"),
+            Self::Unfinished {
+                line,
+                offset,
+                call_id,
+            } => write!(
+                f,
+                "line {line} (byte {offset}): the request of call {call_id}, which never ended, ignored"
+            ),
+        }
+    }
+}
+
+/// Reads a log line by line from `reader`: the records in the order of
+/// their whole lines and completions, and the problems found, in line
+/// order. Only one line is held at a time besides the records and the
+/// request parts still waiting for their completion (`polar export` reads
+/// logs of hundreds of megabytes this way).
+pub fn parse_calls(
+    mut reader: impl BufRead,
+) -> std::io::Result<(Vec<CompletionRecord>, Vec<LogProblem>)> {
+    let mut records = Vec::new();
+    let mut problems = Vec::new();
+    let mut join = Joiner::default();
+    let mut buf = Vec::new();
+    let mut offset = 0u64;
+    let mut line = 0usize;
+    loop {
+        buf.clear();
+        let len = reader.read_until(b'\n', &mut buf)?;
+        if len == 0 {
+            break;
+        }
+        line += 1;
+        if buf.last() != Some(&b'\n') {
+            problems.push(LogProblem::TornTail { line, offset, len });
+            break;
+        }
+        if !buf.iter().all(u8::is_ascii_whitespace) {
+            let malformed = |reason: String| LogProblem::Malformed {
+                line,
+                offset,
+                reason,
+            };
+            match parse_line(&buf) {
+                Ok(LogLine::Whole(r)) => {
+                    join.superseded(&r.call_id);
+                    records.push(*r);
+                }
+                Ok(LogLine::Request(part)) => {
+                    if let Some(p) = join.request(*part, line, offset) {
+                        problems.push(p);
+                    }
+                }
+                Ok(LogLine::Completion(c)) => match join.complete(*c) {
+                    Ok(r) => records.push(r),
+                    Err(reason) => problems.push(malformed(reason)),
+                },
+                Err(e) => problems.push(malformed(e.to_string())),
+            }
+        }
+        offset += len as u64;
+    }
+    problems.extend(join.unfinished());
+    problems.sort_by_key(LogProblem::line);
+    Ok((records, problems))
+}
+
+/// Parses a log's bytes (see [`parse_calls`]).
+pub fn parse_log(bytes: &[u8]) -> (Vec<CompletionRecord>, Vec<LogProblem>) {
+    // Reading from a slice cannot fail.
+    parse_calls(bytes).unwrap_or_default()
+}
+
+/// Reads the log at `path` (see [`parse_calls`]); problems are also logged
+/// as warnings.
+pub fn read_log(path: &Path) -> Result<(Vec<CompletionRecord>, Vec<LogProblem>), LogError> {
+    let file = File::open(path).map_err(|e| LogError::io("opening", path, e))?;
+    let (records, problems) = parse_calls(BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| LogError::io("reading", path, e))?;
+    for p in &problems {
+        tracing::warn!(log = %path.display(), problem = %p, "capture log");
+    }
+    Ok((records, problems))
+}
+
+/// One record as its whole log line (JSON and a newline); see
+/// [`super::encode`] for lines with parts serialized ahead and for the two
+/// parts.
+pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, LogError> {
+    let mut line = serde_json::to_vec(record)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// An open log, appended to with one write per line; shared by the calls
+/// of a session (writes are serialized, syncs are not).
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    file: File,
+    durability: Durability,
+    /// Held while writing; true when a write failed part way, leaving a
+    /// line without its newline that the next write must end first.
+    writing: Mutex<bool>,
+}
+
+impl LogFile {
+    /// Opens (creating) the log at `path` for appending, after cutting off a
+    /// torn last line. Returns the file and the bytes it held before, for
+    /// rebuilding state. Blocking.
+    pub fn open(path: &Path, durability: Durability) -> Result<(Self, Vec<u8>), LogError> {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| LogError::io("opening", path, e))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| LogError::io("reading", path, e))?;
+        if let Some(last) = bytes.last()
+            && *last != b'\n'
+        {
+            let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            tracing::warn!(
+                log = %path.display(),
+                offset = keep,
+                torn_bytes = bytes.len() - keep,
+                "cutting a torn last line off the capture log"
+            );
+            file.set_len(keep as u64)
+                .map_err(|e| LogError::io("truncating", path, e))?;
+            file.sync_all()
+                .map_err(|e| LogError::io("syncing", path, e))?;
+            bytes.truncate(keep);
+        }
+        file.seek(SeekFrom::End(0))
+            .map_err(|e| LogError::io("seeking", path, e))?;
+        Ok((
+            Self {
+                path: path.to_owned(),
+                file,
+                durability,
+                writing: Mutex::new(false),
+            },
+            bytes,
+        ))
+    }
+
+    /// Appends one encoded line (ending with its newline) with a single
+    /// write and, unless [`Durability::NoSync`], waits until it is on disk.
+    /// Other lines may be written while this one syncs. After a write that
+    /// failed part way, the next line starts with a newline, so only the
+    /// broken line is lost. Blocking.
+    pub fn append_line(&self, line: &[u8]) -> Result<(), LogError> {
+        {
+            let mut broken = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+            let mended;
+            let bytes = if *broken {
+                mended = [b"\n".as_slice(), line].concat();
+                &mended[..]
+            } else {
+                line
+            };
+            if let Err(e) = (&self.file).write_all(bytes) {
+                *broken = true;
+                return Err(LogError::io("appending to", &self.path, e));
+            }
+            *broken = false;
+        }
+        if self.durability == Durability::Sync {
+            self.file
+                .sync_data()
+                .map_err(|e| LogError::io("syncing", &self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Makes a directory entry durable (after creating or renaming in it).
+pub fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LogError::io("syncing directory", dir, e))
+}
+
+#[cfg(test)]
+#[path = "log_tests.rs"]
+pub(crate) mod tests;

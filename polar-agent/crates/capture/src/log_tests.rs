@@ -1,0 +1,293 @@
+//! The log reader (torn tails, malformed lines with positions), appending,
+//! a request part written ahead and its completion, and the store's rebuild
+//! after a restart. The join of two-part records is tested in
+//! `lines_tests.rs`.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use polar_chat::Api;
+use polar_record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+};
+use crate::store::CaptureStore;
+use crate::{SessionInfo, SessionRegistry};
+use polar_chat::{ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Usage};
+use polar_ids::SessionId;
+
+pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
+    let request = ChatRequest {
+        model: "m".into(),
+        messages: vec![Message::text(Role::User, format!("q{seq}"))],
+        tools: Vec::new(),
+        tool_choice: None,
+        sampling: Sampling::default(),
+        stream: false,
+        extra: Default::default(),
+    };
+    CompletionRecord {
+        version: RECORD_VERSION,
+        call_id: format!("c-{seq}"),
+        seq,
+        session_id: "s-1".into(),
+        task_id: Some("t".into()),
+        native_request: NativeRequest {
+            api,
+            method: "POST".into(),
+            host: "api.example".into(),
+            path: "/v1/x".into(),
+            body: polar_json::RawJson::from_value(&json!({"n": seq})),
+        },
+        request,
+        response: Some(ChatResponse {
+            id: format!("r{seq}"),
+            model: "m".into(),
+            message: Message::text(Role::Assistant, text),
+            finish_reason: FinishReason::Stop,
+            usage: Usage::default(),
+            tokens: Default::default(),
+        }),
+        prompt_token_ids: Some(vec![1, 2, 3]),
+        response_token_ids: Some(vec![4, 5]),
+        response_logprobs: Some(vec![-0.5, -0.25]),
+        token_ids_missing: false,
+        finish_reason: Some(FinishReason::Stop),
+        backend: BackendInfo::default(),
+        timings: Timings::default(),
+        status: CallStatus::Completed,
+    }
+}
+
+fn lines(records: &[CompletionRecord]) -> Vec<u8> {
+    records
+        .iter()
+        .flat_map(|r| encode_line(r).unwrap())
+        .collect()
+}
+
+#[test]
+fn round_trip_without_problems() {
+    let rs: Vec<_> = (0..3).map(|i| record(i, Api::OpenaiChat, "hi")).collect();
+    let (back, problems) = parse_log(&lines(&rs));
+    assert_eq!(back, rs);
+    assert!(problems.is_empty());
+    assert_eq!(parse_log(b""), (Vec::new(), Vec::new()));
+}
+
+#[test]
+fn torn_last_record_keeps_everything_before_it() {
+    let rs: Vec<_> = (0..3).map(|i| record(i, Api::OpenaiChat, "hi")).collect();
+    let mut bytes = lines(&rs);
+    let whole = bytes.len();
+    let third = encode_line(&record(3, Api::OpenaiChat, "torn")).unwrap();
+    for cut in [1, third.len() / 2, third.len() - 1] {
+        bytes.truncate(whole);
+        bytes.extend_from_slice(&third[..cut]);
+        let (back, problems) = parse_log(&bytes);
+        assert_eq!(back, rs, "cut at {cut}");
+        assert_eq!(
+            problems,
+            vec![LogProblem::TornTail {
+                line: 4,
+                offset: whole as u64,
+                len: cut
+            }]
+        );
+    }
+}
+
+#[test]
+fn malformed_lines_are_reported_with_positions_and_skipped() {
+    let a = encode_line(&record(0, Api::OpenaiChat, "a")).unwrap();
+    let b = encode_line(&record(1, Api::OpenaiChat, "b")).unwrap();
+    let mut bytes = a.clone();
+    bytes.extend_from_slice(b"{\"not\": \"a record\"}\n");
+    bytes.extend_from_slice(b"\n");
+    bytes.extend_from_slice(b"garbage \xff\n");
+    bytes.extend_from_slice(&b);
+    let (back, problems) = parse_log(&bytes);
+    assert_eq!(back.len(), 2);
+    assert_eq!(back[1].seq, 1);
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    match &problems[0] {
+        LogProblem::Malformed { line, offset, .. } => {
+            assert_eq!((*line, *offset), (2, a.len() as u64));
+        }
+        other => panic!("{other:?}"),
+    }
+    match &problems[1] {
+        LogProblem::Malformed { line, offset, .. } => {
+            // Line 3 is blank (ignored); line 4 is the garbage.
+            assert_eq!(*line, 4);
+            assert_eq!(*offset, a.len() as u64 + 20 + 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(problems[1].to_string().starts_with("line 4 (byte "));
+}
+
+#[test]
+fn read_log_reports_a_missing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        read_log(&dir.path().join("nope.jsonl")),
+        Err(LogError::Io { .. })
+    ));
+}
+
+#[test]
+fn open_cuts_a_torn_tail_and_appends_on_a_fresh_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(CALLS_FILE);
+    let mut bytes = lines(&[record(0, Api::OpenaiChat, "a")]);
+    bytes.extend_from_slice(b"{\"version\": 1, \"call_");
+    std::fs::write(&path, &bytes).unwrap();
+    let (log, before) = LogFile::open(&path, Durability::Sync).unwrap();
+    assert!(before.ends_with(b"\n"));
+    log.append_line(&encode_line(&record(1, Api::OpenaiChat, "b")).unwrap())
+        .unwrap();
+    let (back, problems) = read_log(&path).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), [0, 1]);
+}
+
+#[tokio::test]
+async fn store_continues_seq_and_rebuilds_responses_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(SessionRegistry::new());
+    let s: SessionId = "s-1".parse().unwrap();
+    registry.register(&s, SessionInfo::task("t-1"));
+    let store = CaptureStore::new(dir.path(), Durability::Sync, Arc::clone(&registry));
+    let log = store.session(&s).await.unwrap();
+    assert_eq!(log.next_seq(), 0);
+    assert_eq!(log.next_seq(), 1);
+    log.append(
+        record(0, Api::OpenaiResponses, "first"),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    log.append(
+        record(1, Api::OpenaiChat, "chat"),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let conv = log.conversation("resp_r0").unwrap();
+    assert_eq!(conv.len(), 2);
+    assert_eq!(conv[1].joined_text(), "first");
+    assert!(
+        log.conversation("resp_r1").is_none(),
+        "chat calls have none"
+    );
+
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(log.dir().join("session.json")).unwrap()).unwrap();
+    assert_eq!(meta["task_id"], "t-1");
+    assert_eq!(meta["session_id"], "s-1");
+
+    // A new store (an agent restart) with a torn record at the end.
+    let calls = log.calls_path();
+    drop(log);
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&calls)
+        .unwrap();
+    std::io::Write::write_all(&mut f, b"{\"torn").unwrap();
+    let store = CaptureStore::new(dir.path(), Durability::Sync, registry);
+    let log = store.session(&s).await.unwrap();
+    assert_eq!(log.next_seq(), 2);
+    assert_eq!(log.conversation("resp_r0").unwrap(), conv);
+    let (records, problems) = read_log(&calls).unwrap();
+    assert_eq!(records.len(), 2);
+    assert!(problems.is_empty());
+}
+
+#[tokio::test]
+async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart() {
+    use crate::build::Draft;
+    use crate::encode::{PartPrompt, RecordParts};
+    use crate::part::RequestPartWrite;
+    use crate::tokens_json::ReplyTokensJson;
+
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Arc::new(SessionRegistry::new());
+    let s: SessionId = "s-1".parse().unwrap();
+    let store = CaptureStore::new(dir.path(), Durability::Sync, Arc::clone(&registry));
+    let log = store.session(&s).await.unwrap();
+    let want = record(log.next_seq(), Api::OpenaiResponses, "first");
+    let mut draft = Draft {
+        call_id: want.call_id.clone(),
+        seq: want.seq,
+        session_id: want.session_id.clone(),
+        task_id: want.task_id.clone(),
+        native: want.native_request.clone(),
+        request: want.request.clone(),
+        received_ms: 0,
+    };
+    let early = draft.encode_early();
+    let part = RequestPartWrite::start(
+        Arc::clone(&log),
+        &draft,
+        early,
+        want.prompt_token_ids.clone(),
+    );
+    let parts = part.finish(&mut draft).await;
+    assert!(
+        matches!(parts, RecordParts::InRequestPart(PartPrompt::Ids(_))),
+        "{parts:?}"
+    );
+    assert_eq!(draft.request, want.request);
+    assert_eq!(draft.native.path, want.native_request.path);
+    // The part is in the log; the call is not a record until it ends.
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert!(records.is_empty());
+    assert!(
+        matches!(&problems[..], [LogProblem::Unfinished { line: 1, offset: 0, call_id }] if *call_id == want.call_id),
+        "{problems:?}"
+    );
+    // The reply's token data serialized as it streamed, the prompt ids
+    // known to be the part's.
+    let mut tokens = ReplyTokensJson::default();
+    let (ids, lps) = (
+        want.response_token_ids.as_deref().unwrap(),
+        want.response_logprobs.as_deref().unwrap(),
+    );
+    for n in 0..=ids.len() {
+        tokens.catch_up(&ids[..n], &lps[..n]);
+    }
+    log.append(want.clone(), parts.prompt_unchanged(), tokens)
+        .await
+        .unwrap();
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(records, std::slice::from_ref(&want));
+    assert_eq!(
+        log.conversation("resp_r0").unwrap()[1].joined_text(),
+        "first"
+    );
+    // A call whose part was written but which never ended (a crash).
+    let cut_short = record(log.next_seq(), Api::OpenaiChat, "never");
+    let (line, _) = crate::encode::tests::two_parts(&cut_short, None);
+    log.append_request_part(&line).unwrap();
+
+    // A restart rebuilds the history from the joined record.
+    drop(log);
+    let store = CaptureStore::new(dir.path(), Durability::Sync, registry);
+    let log = store.session(&s).await.unwrap();
+    assert_eq!(log.next_seq(), 1, "the unfinished call is not a record");
+    assert_eq!(
+        log.conversation("resp_r0").unwrap()[1].joined_text(),
+        "first"
+    );
+    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    assert_eq!(records, [want]);
+    assert!(matches!(
+        &problems[..],
+        [LogProblem::Unfinished { line: 3, .. }]
+    ));
+}

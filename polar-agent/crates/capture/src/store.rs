@@ -1,0 +1,335 @@
+//! [`CaptureStore`]: the capture logs of all sessions under
+//! `<state_dir>/sessions/`, one directory per session holding `calls.jsonl`
+//! (the records, whole or in two parts, see [`super::log`]) and
+//! `session.json` (session id, task, metadata). A session's log is opened
+//! on its first call and, when it already exists (an agent restart), read
+//! back to continue its `seq` numbering and to rebuild its Responses-API
+//! history (from the records, a completion joined with its request part).
+//!
+//! The history ([`SessionLog::conversation`]) maps the public id of each
+//! completed OpenAI Responses reply (`resp_...`) to the conversation that
+//! reply ends, for `previous_response_id`. It holds the
+//! [`RESPONSE_HISTORY`] most recent replies of the session.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::json;
+use tokio::sync::{OnceCell, oneshot};
+
+use super::build::now_ms;
+use super::encode::{RecordParts, encode_end};
+use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
+use polar_chat::Api;
+use polar_record::{CallStatus, CompletionRecord, RECORD_VERSION};
+use super::session::{SessionInfo, SessionRegistry};
+use super::stats::CaptureStats;
+use super::tokens_json::ReplyTokensJson;
+use polar_chat::Message;
+use polar_ids::SessionId;
+use polar_chat::provider::{conversation_after, openai_responses};
+
+/// Name of the session metadata file.
+pub const SESSION_FILE: &str = "session.json";
+/// The directory of the session directories, under a state directory.
+pub const SESSIONS_DIR: &str = "sessions";
+
+/// The directory of `session`'s capture log and `session.json` under
+/// `state_dir`.
+pub fn session_dir(state_dir: &Path, session: &SessionId) -> PathBuf {
+    state_dir.join(SESSIONS_DIR).join(session.as_str())
+}
+/// Responses-API replies remembered per session for `previous_response_id`.
+pub const RESPONSE_HISTORY: usize = 256;
+
+type Conversation = Arc<Vec<Message>>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[derive(Debug, Default)]
+struct ResponseIndex {
+    by_id: HashMap<String, Conversation>,
+    order: VecDeque<String>,
+}
+
+impl ResponseIndex {
+    fn insert(&mut self, id: String, conversation: Conversation) {
+        if self.by_id.insert(id.clone(), conversation).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > RESPONSE_HISTORY {
+            if let Some(old) = self.order.pop_front() {
+                self.by_id.remove(&old);
+            }
+        }
+    }
+}
+
+/// The history entry a record adds: completed Responses-API calls only.
+fn history_entry(record: &CompletionRecord) -> Option<(String, Conversation)> {
+    if record.native_request.api != Api::OpenaiResponses || record.status != CallStatus::Completed {
+        return None;
+    }
+    let resp = record.response.as_ref()?;
+    Some((
+        openai_responses::response_id(&resp.id),
+        Arc::new(conversation_after(&record.request, resp)),
+    ))
+}
+
+/// One session's open log.
+#[derive(Debug)]
+pub struct SessionLog {
+    session: SessionId,
+    dir: PathBuf,
+    file: Arc<LogFile>,
+    next_seq: AtomicU64,
+    responses: Mutex<ResponseIndex>,
+    stats: Arc<CaptureStats>,
+}
+
+impl SessionLog {
+    /// The session.
+    pub fn session(&self) -> &SessionId {
+        &self.session
+    }
+
+    /// The session's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The path of `calls.jsonl`.
+    pub fn calls_path(&self) -> PathBuf {
+        self.dir.join(CALLS_FILE)
+    }
+
+    /// Takes the next call position of the session.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The store's counters.
+    pub fn stats(&self) -> &CaptureStats {
+        &self.stats
+    }
+
+    /// The conversation a Responses reply `response_id` ended, if known.
+    pub fn conversation(&self, response_id: &str) -> Option<Conversation> {
+        lock(&self.responses).by_id.get(response_id).cloned()
+    }
+
+    /// Appends the line that ends `record`'s call durably (one write, then
+    /// `fdatasync` unless the store was opened with [`Durability::NoSync`]):
+    /// its completion when `parts` says its request part is in the log,
+    /// else the whole record (using the parts serialized ahead, and the
+    /// reply's token data as `tokens` serialized it while the reply
+    /// streamed). Only then is the record counted and added to the
+    /// Responses history. Serialization and I/O run on a blocking thread,
+    /// which lets go of the record only after this returns (freeing its
+    /// requests and prompt ids takes microseconds the reply's last bytes
+    /// need not wait for).
+    pub async fn append(
+        &self,
+        record: CompletionRecord,
+        parts: RecordParts,
+        tokens: ReplyTokensJson,
+    ) -> Result<(), LogError> {
+        let file = Arc::clone(&self.file);
+        let stats = Arc::clone(&self.stats);
+        let (done, written) = oneshot::channel();
+        let task = tokio::task::spawn_blocking(move || {
+            let appended = encode_end(&record, &parts, &tokens)
+                .and_then(|line| file.append_line(&line))
+                .map(|()| {
+                    stats.recorded(&record);
+                    history_entry(&record)
+                });
+            // The caller may have gone (its task cancelled): nothing to tell.
+            let _ = done.send(appended);
+            drop((record, parts, tokens));
+        });
+        let entry = match written.await {
+            Ok(appended) => appended?,
+            // The task ended without a word: it panicked or was cancelled.
+            Err(_) => {
+                let why = task.await.err().map(|e| e.to_string());
+                return Err(LogError::Task(
+                    why.unwrap_or_else(|| "it ended without an answer".into()),
+                ));
+            }
+        };
+        if let Some((id, conversation)) = entry {
+            lock(&self.responses).insert(id, conversation);
+        }
+        Ok(())
+    }
+
+    /// Appends a call's request part ([`super::part`]) durably, like
+    /// [`SessionLog::append`]; its record is not complete until the call's
+    /// completion follows. Blocking.
+    pub fn append_request_part(&self, line: &[u8]) -> Result<(), LogError> {
+        self.file.append_line(line)
+    }
+}
+
+/// The capture logs of all sessions.
+#[derive(Debug)]
+pub struct CaptureStore {
+    root: PathBuf,
+    durability: Durability,
+    registry: Arc<SessionRegistry>,
+    open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
+    stats: Arc<CaptureStats>,
+}
+
+impl CaptureStore {
+    /// A store under `<state_dir>/sessions` (created on first use).
+    pub fn new(state_dir: &Path, durability: Durability, registry: Arc<SessionRegistry>) -> Self {
+        Self {
+            root: state_dir.join(SESSIONS_DIR),
+            durability,
+            registry,
+            open: Mutex::new(HashMap::new()),
+            stats: Arc::default(),
+        }
+    }
+
+    /// Counters of the records appended since the store was made.
+    pub fn stats(&self) -> &Arc<CaptureStats> {
+        &self.stats
+    }
+
+    /// The directory holding the session directories.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of `session`.
+    pub fn session_dir(&self, session: &SessionId) -> PathBuf {
+        self.root.join(session.as_str())
+    }
+
+    /// The session registry.
+    pub fn registry(&self) -> &Arc<SessionRegistry> {
+        &self.registry
+    }
+
+    /// `session`'s log, opened (and rebuilt from disk) on first use.
+    pub async fn session(&self, session: &SessionId) -> Result<Arc<SessionLog>, LogError> {
+        let cell = Arc::clone(lock(&self.open).entry(session.clone()).or_default());
+        cell.get_or_try_init(|| async {
+            let root = self.root.clone();
+            let durability = self.durability;
+            let id = session.clone();
+            let info = self.registry.get(session).unwrap_or_default();
+            let stats = Arc::clone(&self.stats);
+            tokio::task::spawn_blocking(move || open_session(&root, id, &info, durability, stats))
+                .await
+                .map_err(|e| LogError::Task(e.to_string()))?
+                .map(Arc::new)
+        })
+        .await
+        .cloned()
+    }
+
+    /// Closes `session`'s log (the next call reopens and rebuilds it).
+    pub fn close(&self, session: &SessionId) {
+        lock(&self.open).remove(session);
+    }
+}
+
+fn open_session(
+    root: &Path,
+    session: SessionId,
+    info: &SessionInfo,
+    durability: Durability,
+    stats: Arc<CaptureStats>,
+) -> Result<SessionLog, LogError> {
+    let dir = root.join(session.as_str());
+    let fresh = !dir.exists();
+    std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating", &dir, e))?;
+    write_session_file(&dir, &session, info)?;
+    let path = dir.join(CALLS_FILE);
+    let (file, bytes) = LogFile::open(&path, durability)?;
+    sync_dir(&dir)?;
+    if fresh {
+        sync_dir(root)?;
+    }
+    let (records, problems) = parse_log(&bytes);
+    for p in &problems {
+        tracing::warn!(log = %path.display(), problem = %p, "capture log");
+    }
+    let mut index = ResponseIndex::default();
+    let mut next = 0;
+    for r in &records {
+        next = next.max(r.seq.saturating_add(1));
+        if let Some((id, conversation)) = history_entry(r) {
+            index.insert(id, conversation);
+        }
+    }
+    if !records.is_empty() {
+        tracing::info!(session = %session, records = records.len(), next_seq = next, "capture log reopened");
+    }
+    Ok(SessionLog {
+        session,
+        dir,
+        file: Arc::new(file),
+        next_seq: AtomicU64::new(next),
+        responses: Mutex::new(index),
+        stats,
+    })
+}
+
+/// Writes `session.json` atomically (temporary file, fsync, rename).
+fn write_session_file(dir: &Path, session: &SessionId, info: &SessionInfo) -> Result<(), LogError> {
+    let value = json!({
+        "session_id": session.as_str(),
+        "task_id": info.task_id,
+        "metadata": info.metadata,
+        "record_version": RECORD_VERSION,
+        "opened_ms": now_ms(),
+    });
+    write_json(dir, &value)
+}
+
+fn write_json(dir: &Path, value: &serde_json::Value) -> Result<(), LogError> {
+    let path = dir.join(SESSION_FILE);
+    let tmp = dir.join(".session.json.tmp");
+    let text = serde_json::to_vec_pretty(value)?;
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, &text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| LogError::io("writing", &path, e))
+}
+
+/// Adds `fields` (the session's outcome, reward, evaluation...) to the
+/// closed session's `session.json` in `dir`, atomically; creates the
+/// directory and the file for a session that made no call.
+pub fn record_session_fields(
+    dir: &Path,
+    session: &SessionId,
+    fields: serde_json::Map<String, serde_json::Value>,
+) -> Result<(), LogError> {
+    std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating", dir, e))?;
+    let path = dir.join(SESSION_FILE);
+    let mut value = match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => json!({
+            "session_id": session.as_str(),
+            "record_version": RECORD_VERSION,
+        }),
+        Err(e) => return Err(LogError::io("reading", &path, e)),
+    };
+    if let serde_json::Value::Object(map) = &mut value {
+        map.extend(fields);
+    }
+    write_json(dir, &value)
+}

@@ -1,0 +1,736 @@
+//! Anthropic Messages (Claude Code; opencode and pi with an Anthropic
+//! provider): `POST /v1/messages[?beta=true]`.
+//!
+//! Requests: `system` as a string or blocks (a leading billing line of
+//! Claude Code, `x-anthropic-billing-header: ...`, changes on every request;
+//! it is moved to `extra.anthropic_billing_header` so prompts keep a stable
+//! prefix), `{"role":"system"}` items in the middle of `messages`, content
+//! blocks `text`, `image`, `tool_use`, `tool_result` (string or blocks,
+//! `is_error`), `thinking` (the first per message becomes the message's
+//! [`Reasoning`]; more, and `redacted_thinking`, stay as [`Part::Other`]).
+//! Unknown fields of blocks (`cache_control`, `citations`, ...) are kept in
+//! the message's `extra.block_extra` as `{"index": block index, ...fields}`; a
+//! tool result's own fields go to its tool message's `extra`.
+//!
+//! Tool names are passed as they are, even past 64 characters (the backend
+//! sees them as-is).
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+
+use super::read::{
+    array_field, body_object, bool_field, f64_field, field_is, function_tool, request_model, rest,
+    stop_list, str_field, string_field, text, text_field, u32_of,
+};
+use super::{
+    ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, effective_finish,
+    prefixed_id, push_indexed, sse,
+};
+use crate::Api;
+use crate::{
+    ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
+    ToolCall, ToolChoice, Usage,
+};
+use polar_json::Json;
+
+// ---------------------------------------------------------------- types
+
+/// The Anthropic Messages protocol.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Anthropic;
+
+/// Prefix of Claude Code's per-request billing line in the system prompt.
+pub const BILLING_PREFIX: &str = "x-anthropic-billing-header";
+
+const REQUEST_KEYS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "tools",
+    "tool_choice",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "stream",
+];
+
+impl super::Protocol for Anthropic {
+    const API: Api = Api::AnthropicMessages;
+    type Encoder = Encoder;
+
+    fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
+        parse_request(call, body)
+    }
+
+    fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Value {
+        response_body(resp)
+    }
+
+    fn encoder(_opts: &ReplyOptions) -> Encoder {
+        Encoder::default()
+    }
+
+    fn error_body(err: &ProviderError) -> (u16, Value) {
+        error_body(err)
+    }
+}
+
+// ---------------------------------------------------------------- request conversion
+
+fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError> {
+    let obj = body_object(body)?;
+    let model = request_model(obj, call)?;
+    let raw_messages = obj
+        .get("messages")
+        .and_then(|m| m.as_array())
+        .ok_or_else(|| ProviderError::invalid("messages: field required"))?;
+    let mut extra = rest(obj, REQUEST_KEYS);
+    let mut messages = Vec::new();
+
+    if let Some(system) = obj.get("system") {
+        let mut msg = content_message(Role::System, system, "system")?;
+        if let Some(Part::Text { text }) = msg.content.first()
+            && text.starts_with(BILLING_PREFIX)
+        {
+            extra.insert(
+                "anthropic_billing_header".into(),
+                Value::String(text.to_string()),
+            );
+            msg.content.remove(0);
+            shift_block_extra(&mut msg.extra);
+        }
+        if !msg.content.is_empty() {
+            messages.push(msg);
+        }
+    }
+
+    messages.reserve(raw_messages.count());
+    let mut tool_names: HashMap<String, String> = HashMap::new();
+    for (i, m) in raw_messages.enumerate() {
+        let at = || format!("messages[{i}]");
+        if !m.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}: must be an object",
+                at()
+            )));
+        }
+        let role = str_field(m, "role").unwrap_or_default();
+        let content = m.get("content");
+        let msg_extra = rest(m, &["role", "content"]);
+        match role.as_ref() {
+            "system" => {
+                let mut msg = content_message(Role::System, content_or_null(content), &at())?;
+                msg.extra.extend(msg_extra);
+                messages.push(msg);
+            }
+            "assistant" => {
+                let mut msg = assistant_message(content, &at)?;
+                for c in &msg.tool_calls {
+                    tool_names.insert(c.id.clone(), c.name.clone());
+                }
+                msg.extra.extend(msg_extra);
+                messages.push(msg);
+            }
+            "user" => {
+                let start = messages.len();
+                user_messages(content, &at, &tool_names, &mut messages)?;
+                if let Some(first) = messages.get_mut(start) {
+                    first.extra.extend(msg_extra);
+                }
+            }
+            other => {
+                return Err(ProviderError::invalid(format!(
+                    "{}.role: unknown role {other:?}",
+                    at()
+                )));
+            }
+        }
+    }
+
+    let mut tools = Vec::new();
+    let mut server_tools = Vec::new();
+    let mut tool_extra = Vec::new();
+    for t in array_field(obj, "tools") {
+        if !t.is_object() {
+            continue;
+        }
+        match (str_field(t, "name"), t.get("input_schema")) {
+            (Some(_), Some(schema)) => {
+                tools.push(function_tool(
+                    t,
+                    Some(schema),
+                    &["name", "description", "input_schema"],
+                    &mut tool_extra,
+                ));
+            }
+            _ => server_tools.push(t.to_value()),
+        }
+    }
+    if !server_tools.is_empty() {
+        extra.insert("server_tools".into(), Value::Array(server_tools));
+    }
+    if !tool_extra.is_empty() {
+        extra.insert("tool_extra".into(), Value::Array(tool_extra));
+    }
+
+    let tool_choice = match obj.get("tool_choice").filter(|tc| tc.is_object()) {
+        Some(tc) => {
+            if bool_field(tc, "disable_parallel_tool_use") == Some(true) {
+                extra.insert("parallel_tool_calls".into(), Value::Bool(false));
+            }
+            match str_field(tc, "type").as_deref() {
+                Some("auto") => Some(ToolChoice::Auto),
+                Some("any") => Some(ToolChoice::Required),
+                Some("none") => Some(ToolChoice::None),
+                Some("tool") => string_field(tc, "name").map(|name| ToolChoice::Tool { name }),
+                _ => None,
+            }
+        }
+        None => None,
+    };
+
+    let request = ChatRequest {
+        model,
+        messages,
+        tools,
+        tool_choice,
+        sampling: Sampling {
+            max_tokens: u32_of(obj.get("max_tokens")),
+            temperature: f64_field(obj, "temperature"),
+            top_p: f64_field(obj, "top_p"),
+            top_k: u32_of(obj.get("top_k")),
+            stop: stop_list(obj.get("stop_sequences")),
+        },
+        stream: bool_field(obj, "stream").unwrap_or(false),
+        extra,
+    };
+    Ok(ParsedRequest {
+        request,
+        previous_response_id: None,
+        include_usage: false,
+    })
+}
+
+/// After removing block 0, renumber `block_extra` entries.
+fn shift_block_extra(extra: &mut Map<String, Value>) {
+    if let Some(Value::Array(list)) = extra.get_mut("block_extra") {
+        list.retain(|e| e.get("index").and_then(Value::as_u64) != Some(0));
+        for e in list.iter_mut() {
+            if let Some(n) = e.get("index").and_then(Value::as_u64)
+                && let Some(o) = e.as_object_mut()
+            {
+                o.insert("index".into(), json!(n - 1));
+            }
+        }
+        if list.is_empty() {
+            extra.remove("block_extra");
+        }
+    }
+}
+
+/// A non-tool content block as a part, with its unknown fields.
+fn block_part(b: Json<'_>) -> (Part, Map<String, Value>) {
+    let other = || {
+        (
+            Part::Other {
+                value: b.to_value(),
+            },
+            Map::new(),
+        )
+    };
+    if !b.is_object() {
+        return other();
+    }
+    match str_field(b, "type").as_deref() {
+        Some("text") => (
+            Part::Text {
+                text: text_field(b, "text").unwrap_or_default(),
+            },
+            rest(b, &["type", "text"]),
+        ),
+        Some("image") => {
+            let src = b.get("source").filter(|s| s.is_object());
+            let src_field = |k: &str| src.and_then(|s| string_field(s, k));
+            let part = match src.and_then(|s| str_field(s, "type")).as_deref() {
+                Some("base64") => Part::Image {
+                    media_type: src_field("media_type"),
+                    data: src_field("data"),
+                    url: None,
+                },
+                Some("url") => Part::Image {
+                    media_type: None,
+                    data: None,
+                    url: src_field("url"),
+                },
+                _ => return other(),
+            };
+            (part, rest(b, &["type", "source"]))
+        }
+        _ => other(),
+    }
+}
+
+/// `content`, or `null` when absent.
+fn content_or_null(content: Option<Json<'_>>) -> Json<'_> {
+    content.unwrap_or_else(Json::null)
+}
+
+/// A message of `role` from content given as a string or blocks.
+fn content_message(role: Role, content: Json<'_>, at: &str) -> Result<Message, ProviderError> {
+    let mut msg = Message::new(role);
+    if let Some(text) = text(content) {
+        msg.content.push(Part::Text { text });
+    } else if let Some(blocks) = content.as_array() {
+        for (i, b) in blocks.enumerate() {
+            let (part, fields) = block_part(b);
+            msg.content.push(part);
+            push_indexed(&mut msg.extra, "block_extra", i, fields);
+        }
+    } else if !content.is_null() {
+        return Err(ProviderError::invalid(format!(
+            "{at}.content: must be a string or an array of blocks"
+        )));
+    }
+    Ok(msg)
+}
+
+fn assistant_message(
+    content: Option<Json<'_>>,
+    at: &dyn Fn() -> String,
+) -> Result<Message, ProviderError> {
+    let Some(blocks) = content.and_then(|c| c.as_array()) else {
+        return content_message(Role::Assistant, content_or_null(content), &at());
+    };
+    let mut msg = Message::new(Role::Assistant);
+    for (i, b) in blocks.enumerate() {
+        if !b.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}.content[{i}]: must be an object",
+                at()
+            )));
+        }
+        match str_field(b, "type").as_deref() {
+            Some("thinking") if msg.reasoning.is_none() => {
+                msg.reasoning = Some(Reasoning {
+                    text: string_field(b, "thinking").unwrap_or_default(),
+                    signature: string_field(b, "signature").filter(|s| !s.is_empty()),
+                    encrypted: None,
+                });
+                push_indexed(
+                    &mut msg.extra,
+                    "block_extra",
+                    i,
+                    rest(b, &["type", "thinking", "signature"]),
+                );
+            }
+            Some("tool_use") => {
+                let id = string_field(b, "id").ok_or_else(|| {
+                    ProviderError::invalid(format!("{}.content[{i}].id: field required", at()))
+                })?;
+                msg.tool_calls.push(ToolCall {
+                    id,
+                    name: string_field(b, "name").unwrap_or_default(),
+                    arguments: b
+                        .get("input")
+                        .map_or_else(|| "{}".to_owned(), |input| input.to_compact_string()),
+                });
+                push_indexed(
+                    &mut msg.extra,
+                    "block_extra",
+                    i,
+                    rest(b, &["type", "id", "name", "input"]),
+                );
+            }
+            _ => {
+                let (part, fields) = block_part(b);
+                msg.content.push(part);
+                push_indexed(&mut msg.extra, "block_extra", i, fields);
+            }
+        }
+    }
+    Ok(msg)
+}
+
+/// A user turn: `tool_result` blocks become tool messages, the other blocks
+/// user messages, in their order.
+fn user_messages(
+    content: Option<Json<'_>>,
+    at: &dyn Fn() -> String,
+    tool_names: &HashMap<String, String>,
+    out: &mut Vec<Message>,
+) -> Result<(), ProviderError> {
+    let Some(blocks) = content.and_then(|c| c.as_array()) else {
+        out.push(content_message(
+            Role::User,
+            content_or_null(content),
+            &at(),
+        )?);
+        return Ok(());
+    };
+    let mut pending: Option<Message> = None;
+    for (i, b) in blocks.enumerate() {
+        if !b.is_object() {
+            return Err(ProviderError::invalid(format!(
+                "{}.content[{i}]: must be an object",
+                at()
+            )));
+        }
+        if field_is(b, "type", "tool_result") {
+            if let Some(p) = pending.take() {
+                out.push(p);
+            }
+            let id = string_field(b, "tool_use_id").ok_or_else(|| {
+                ProviderError::invalid(format!("{}.content[{i}].tool_use_id: field required", at()))
+            })?;
+            let mut msg = content_message(Role::Tool, content_or_null(b.get("content")), &at())?;
+            msg.name = tool_names.get(&id).cloned();
+            msg.tool_call_id = Some(id);
+            msg.is_error = bool_field(b, "is_error").unwrap_or(false);
+            msg.extra
+                .extend(rest(b, &["type", "tool_use_id", "content", "is_error"]));
+            out.push(msg);
+        } else {
+            let msg = pending.get_or_insert_with(|| Message::new(Role::User));
+            let (part, fields) = block_part(b);
+            let index = msg.content.len();
+            msg.content.push(part);
+            push_indexed(&mut msg.extra, "block_extra", index, fields);
+        }
+    }
+    if let Some(p) = pending {
+        out.push(p);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- response conversion
+
+/// Anthropic's `stop_reason` for a finish reason.
+pub fn stop_reason(reason: &FinishReason, has_tool_calls: bool) -> &'static str {
+    match effective_finish(reason, has_tool_calls) {
+        FinishReason::Length => "max_tokens",
+        FinishReason::ToolCalls => "tool_use",
+        FinishReason::ContentFilter => "refusal",
+        FinishReason::Stop | FinishReason::Abort | FinishReason::Other(_) => "end_turn",
+    }
+}
+
+fn usage_json(u: &Usage) -> Value {
+    let cached = u.cached_tokens.unwrap_or(0);
+    json!({
+        "input_tokens": u.prompt_tokens.saturating_sub(cached),
+        "output_tokens": u.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    })
+}
+
+fn message_id(id: &str) -> String {
+    prefixed_id("msg_", id)
+}
+
+fn response_body(resp: &ChatResponse) -> Value {
+    let m = &resp.message;
+    let mut content = Vec::new();
+    if let Some(r) = &m.reasoning {
+        content.push(json!({
+            "type": "thinking",
+            "thinking": r.text,
+            "signature": r.signature.clone().unwrap_or_default(),
+        }));
+    }
+    let text = m.joined_text();
+    if !text.is_empty() {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for c in &m.tool_calls {
+        content.push(json!({
+            "type": "tool_use",
+            "id": c.id,
+            "name": c.name,
+            "input": super::arguments_object(&c.arguments),
+        }));
+    }
+    json!({
+        "id": message_id(&resp.id),
+        "type": "message",
+        "role": "assistant",
+        "model": resp.model,
+        "content": content,
+        "stop_reason": stop_reason(&resp.finish_reason, !m.tool_calls.is_empty()),
+        "stop_sequence": null,
+        "usage": usage_json(&resp.usage),
+    })
+}
+
+// ---------------------------------------------------------------- stream encoder
+
+/// Streams a reply as Anthropic SSE: `message_start`, blocks
+/// (`content_block_start` / `_delta` / `_stop`), `message_delta`,
+/// `message_stop`. Tool-use blocks stay open until another kind of block
+/// starts or the reply ends, so arguments of interleaved calls all land in
+/// their own block.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    started: bool,
+    done: bool,
+    next_index: u32,
+    thinking: Option<u32>,
+    text: Option<u32>,
+    /// Open tool blocks: (call index, block index).
+    tools: Vec<(u32, u32)>,
+    saw_tool: bool,
+    prompt_tokens: u32,
+}
+
+fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
+    out.extend_from_slice(&sse::encode_json(Some(name), data));
+}
+
+impl Encoder {
+    fn start(&mut self, out: &mut Vec<u8>, id: &str, model: &str, prompt: Option<u32>) {
+        self.started = true;
+        self.prompt_tokens = prompt.unwrap_or(0);
+        event(
+            out,
+            "message_start",
+            &json!({
+                "type": "message_start",
+                "message": {
+                    "id": message_id(id),
+                    "type": "message",
+                    "role": "assistant",
+                    "model": model,
+                    "content": [],
+                    "stop_reason": null,
+                    "stop_sequence": null,
+                    "usage": {
+                        "input_tokens": self.prompt_tokens,
+                        "output_tokens": 0,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": 0,
+                    },
+                },
+            }),
+        );
+    }
+
+    fn open(&mut self, out: &mut Vec<u8>, block: Value) -> u32 {
+        let index = self.next_index;
+        self.next_index += 1;
+        event(
+            out,
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+        );
+        index
+    }
+
+    fn stop_block(out: &mut Vec<u8>, index: u32) {
+        event(
+            out,
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": index}),
+        );
+    }
+
+    fn delta(out: &mut Vec<u8>, index: u32, delta: Value) {
+        event(
+            out,
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        );
+    }
+
+    fn close_text_like(&mut self, out: &mut Vec<u8>) {
+        for i in [self.thinking.take(), self.text.take()]
+            .into_iter()
+            .flatten()
+        {
+            Self::stop_block(out, i);
+        }
+    }
+
+    fn close_all(&mut self, out: &mut Vec<u8>) {
+        self.close_text_like(out);
+        for (_, i) in std::mem::take(&mut self.tools) {
+            Self::stop_block(out, i);
+        }
+    }
+
+    fn open_thinking(&mut self, out: &mut Vec<u8>) -> u32 {
+        match self.thinking {
+            Some(i) => i,
+            None => {
+                self.close_all(out);
+                let i = self.open(
+                    out,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                );
+                self.thinking = Some(i);
+                i
+            }
+        }
+    }
+}
+
+impl StreamEncoder for Encoder {
+    fn push(&mut self, ev: &StreamEvent) -> Bytes {
+        let mut out = Vec::new();
+        if self.done {
+            return Bytes::new();
+        }
+        if let StreamEvent::Start {
+            id,
+            model,
+            prompt_tokens,
+        } = ev
+        {
+            if !self.started {
+                self.start(&mut out, id, model, *prompt_tokens);
+            }
+            return Bytes::from(out);
+        }
+        if !self.started {
+            self.start(&mut out, "", "", None);
+        }
+        match ev {
+            StreamEvent::Start { .. } => {}
+            StreamEvent::ReasoningDelta { text } => {
+                let i = self.open_thinking(&mut out);
+                if !text.is_empty() {
+                    Self::delta(
+                        &mut out,
+                        i,
+                        json!({"type": "thinking_delta", "thinking": text}),
+                    );
+                }
+            }
+            StreamEvent::ReasoningDone { signature } => {
+                if self.thinking.is_some() || signature.is_some() {
+                    let i = self.open_thinking(&mut out);
+                    if let Some(sig) = signature {
+                        Self::delta(
+                            &mut out,
+                            i,
+                            json!({"type": "signature_delta", "signature": sig}),
+                        );
+                    }
+                    self.thinking = None;
+                    Self::stop_block(&mut out, i);
+                }
+            }
+            StreamEvent::TextDelta { text } => {
+                if !text.is_empty() {
+                    let i = match self.text {
+                        Some(i) => i,
+                        None => {
+                            self.close_all(&mut out);
+                            let i = self.open(&mut out, json!({"type": "text", "text": ""}));
+                            self.text = Some(i);
+                            i
+                        }
+                    };
+                    Self::delta(&mut out, i, json!({"type": "text_delta", "text": text}));
+                }
+            }
+            StreamEvent::ToolCallStart { index, id, name } => {
+                if !self.tools.iter().any(|(c, _)| c == index) {
+                    self.close_text_like(&mut out);
+                    let b = self.open(
+                        &mut out,
+                        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                    );
+                    self.tools.push((*index, b));
+                    self.saw_tool = true;
+                }
+            }
+            StreamEvent::ToolCallDelta { index, arguments } => {
+                if let Some((_, b)) = self.tools.iter().find(|(c, _)| c == index)
+                    && !arguments.is_empty()
+                {
+                    Self::delta(
+                        &mut out,
+                        *b,
+                        json!({"type": "input_json_delta", "partial_json": arguments}),
+                    );
+                }
+            }
+            StreamEvent::Finish {
+                finish_reason,
+                usage,
+            } => {
+                self.close_all(&mut out);
+                let mut u = usage_json(usage);
+                if usage.prompt_tokens == 0
+                    && let Some(o) = u.as_object_mut()
+                {
+                    o.insert("input_tokens".into(), json!(self.prompt_tokens));
+                }
+                event(
+                    &mut out,
+                    "message_delta",
+                    &json!({
+                        "type": "message_delta",
+                        "delta": {
+                            "stop_reason": stop_reason(finish_reason, self.saw_tool),
+                            "stop_sequence": null,
+                        },
+                        "usage": u,
+                    }),
+                );
+                event(&mut out, "message_stop", &json!({"type": "message_stop"}));
+                self.done = true;
+            }
+        }
+        Bytes::from(out)
+    }
+
+    fn error(&mut self, err: &ProviderError) -> Bytes {
+        if self.done {
+            return Bytes::new();
+        }
+        self.done = true;
+        let (_, body) = error_body(err);
+        sse::encode_json(Some("error"), &body)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+// ---------------------------------------------------------------- errors
+
+/// Anthropic's error `type` for a kind.
+fn error_type(kind: super::ErrorKind) -> &'static str {
+    use super::ErrorKind as K;
+    match kind {
+        K::InvalidRequest | K::Unsupported => "invalid_request_error",
+        K::TooLarge => "request_too_large",
+        K::NotFound => "not_found_error",
+        K::Overloaded => "overloaded_error",
+        K::BackendTimeout => "timeout_error",
+        K::BackendUnavailable | K::BackendError | K::Internal => "api_error",
+    }
+}
+
+/// Status and `{"type":"error","error":{"type","message"}}` body.
+pub fn error_body(err: &ProviderError) -> (u16, Value) {
+    (
+        err.kind.status(Api::AnthropicMessages),
+        json!({
+            "type": "error",
+            "error": {"type": error_type(err.kind), "message": err.message},
+        }),
+    )
+}
+
+// ---------------------------------------------------------------- tests
+
+#[cfg(test)]
+mod tests;

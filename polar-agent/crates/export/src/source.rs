@@ -1,0 +1,261 @@
+//! Reading captured sessions back for `polar export`: the session
+//! directories under `<state_dir>/sessions/`, each with `calls.jsonl` (one
+//! `CompletionRecord` per call, in one line or two) and `session.json`
+//! (task, group, outcome, evaluation, reward; every field optional). The
+//! call log is read with the capture log's own streaming reader
+//! ([`polar_capture::read_log`]), which joins a call's two lines: a torn
+//! last line (no newline: a crash mid-write) is skipped with a warning; a
+//! malformed complete line, or a call's request part never completed, is
+//! reported with its line number and skipped; nothing panics.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use polar_capture::log::{LogError, LogProblem, read_log};
+use polar_record::CompletionRecord;
+use polar_trajectory::{Rewards, SessionMeta, SessionOutcome};
+
+/// The capture layout: the sessions directory under a state directory, a
+/// session's call log and its metadata file.
+pub use polar_capture::log::CALLS_FILE;
+pub use polar_capture::store::{SESSION_FILE, SESSIONS_DIR};
+
+/// Why a session could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A file or directory could not be read.
+    #[error("reading {}: {source}", path.display())]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The call log could not be read.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// `session.json` is not JSON, or a field has the wrong shape.
+    #[error("{}: {why}", path.display())]
+    SessionFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+fn io(path: &Path, source: std::io::Error) -> SourceError {
+    SourceError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One session read back.
+#[derive(Clone, Debug)]
+pub struct SessionLog {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// What the builders need to know besides the records.
+    pub meta: SessionMeta,
+    /// The recorded rewards, if any.
+    pub rewards: Option<Rewards>,
+    /// Whether the session's outcome was recorded (otherwise it is taken as
+    /// completed).
+    pub outcome_recorded: bool,
+    /// The records, in file order.
+    pub records: Vec<CompletionRecord>,
+    /// Problems found in `calls.jsonl`.
+    pub problems: Vec<LogProblem>,
+}
+
+/// The session directories under `state_dir` (those holding a call log),
+/// sorted by name.
+pub fn list_sessions(state_dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
+    let root = state_dir.join(SESSIONS_DIR);
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&root).map_err(|e| io(&root, e))? {
+        let path = entry.map_err(|e| io(&root, e))?.path();
+        if path.join(CALLS_FILE).is_file() {
+            out.push(path);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads the session in `dir`; problems in the log are logged as warnings
+/// and returned.
+pub fn read_session(dir: &Path) -> Result<SessionLog, SourceError> {
+    let (records, problems) = read_log(&dir.join(CALLS_FILE))?;
+    let session_file = dir.join(SESSION_FILE);
+    let json =
+        match std::fs::read(&session_file) {
+            Ok(bytes) => Some(serde_json::from_slice::<Value>(&bytes).map_err(|e| {
+                SourceError::SessionFile {
+                    path: session_file.clone(),
+                    why: e.to_string(),
+                }
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io(&session_file, e)),
+        };
+    let fallback_id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let info = session_info(json.as_ref(), &fallback_id, &records).map_err(|why| {
+        SourceError::SessionFile {
+            path: session_file,
+            why,
+        }
+    })?;
+    Ok(SessionLog {
+        dir: dir.to_owned(),
+        meta: info.meta,
+        rewards: info.rewards,
+        outcome_recorded: info.outcome_recorded,
+        records,
+        problems,
+    })
+}
+
+/// What `session.json` says, with defaults.
+struct SessionInfo {
+    meta: SessionMeta,
+    rewards: Option<Rewards>,
+    outcome_recorded: bool,
+}
+
+/// A field of `session.json`, at the top level or under `metadata`.
+fn field<'v>(json: Option<&'v Value>, key: &str) -> Option<&'v Value> {
+    let json = json?;
+    json.get(key)
+        .or_else(|| json.get("metadata").and_then(|m| m.get(key)))
+        .filter(|v| !v.is_null())
+}
+
+fn string(json: Option<&Value>, key: &str) -> Result<Option<String>, String> {
+    match field(json, key) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(format!("{key} is not a string: {v}")),
+    }
+}
+
+/// Reads the outcome: `{"kind": ...}` as the trajectory layer writes it, or
+/// a plain `"completed" | "timeout" | "error"` (with `error` beside it).
+fn outcome(json: Option<&Value>) -> Result<Option<SessionOutcome>, String> {
+    let Some(v) = field(json, "outcome") else {
+        return Ok(None);
+    };
+    if let Value::String(s) = v {
+        return match s.as_str() {
+            "completed" => Ok(Some(SessionOutcome::Completed)),
+            "timeout" => Ok(Some(SessionOutcome::Timeout)),
+            "error" => Ok(Some(SessionOutcome::Error {
+                message: string(json, "error")?.unwrap_or_else(|| "the session failed".into()),
+            })),
+            other => Err(format!("unknown outcome {other:?}")),
+        };
+    }
+    serde_json::from_value(v.clone())
+        .map(Some)
+        .map_err(|e| format!("outcome: {e}"))
+}
+
+fn session_info(
+    json: Option<&Value>,
+    fallback_id: &str,
+    records: &[CompletionRecord],
+) -> Result<SessionInfo, String> {
+    let session_id = string(json, "session_id")?
+        .or_else(|| records.first().map(|r| r.session_id.clone()))
+        .unwrap_or_else(|| fallback_id.to_owned());
+    let recorded = outcome(json)?;
+    let rewards = match (field(json, "rewards"), field(json, "reward")) {
+        (Some(r), _) => {
+            Some(serde_json::from_value(r.clone()).map_err(|e| format!("rewards: {e}"))?)
+        }
+        (None, Some(Value::Number(n))) => n.as_f64().map(Rewards::Outcome),
+        (None, Some(v)) => return Err(format!("reward is not a number: {v}")),
+        (None, None) => None,
+    };
+    Ok(SessionInfo {
+        meta: SessionMeta {
+            session_id,
+            task_id: string(json, "task_id")?,
+            group_id: string(json, "group_id")?,
+            outcome: recorded.clone().unwrap_or(SessionOutcome::Completed),
+            evaluation: field(json, "evaluation").cloned(),
+        },
+        rewards,
+        outcome_recorded: recorded.is_some(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn info(v: Value) -> SessionInfo {
+        session_info(Some(&v), "dir", &[]).unwrap()
+    }
+
+    #[test]
+    fn torn_tail_and_malformed_lines_are_reported() {
+        let text = b"\n{not json}\n\n{\"torn\":";
+        let (records, problems) = polar_capture::parse_calls(&text[..]).unwrap();
+        assert!(records.is_empty());
+        assert_eq!(problems.len(), 2);
+        assert!(matches!(
+            &problems[0],
+            LogProblem::Malformed { line: 2, .. }
+        ));
+        assert_eq!(
+            problems[1],
+            LogProblem::TornTail {
+                line: 4,
+                offset: 13,
+                len: 8
+            }
+        );
+    }
+
+    #[test]
+    fn session_file_fields_are_read_tolerantly() {
+        let i = info(json!({
+            "task_id": "t",
+            "metadata": {"group_id": "g", "harness": "codex"},
+            "outcome": {"kind": "error", "message": "boom"},
+            "reward": 0.5,
+            "unknown": [1, 2]
+        }));
+        assert_eq!(i.meta.session_id, "dir");
+        assert_eq!(i.meta.task_id.as_deref(), Some("t"));
+        assert_eq!(i.meta.group_id.as_deref(), Some("g"));
+        assert_eq!(
+            i.meta.outcome,
+            SessionOutcome::Error {
+                message: "boom".into()
+            }
+        );
+        assert_eq!(i.rewards, Some(Rewards::Outcome(0.5)));
+        assert!(i.outcome_recorded);
+
+        let i =
+            info(json!({"outcome": "timeout", "rewards": {"kind": "per_trace", "value": [1.0]}}));
+        assert_eq!(i.meta.outcome, SessionOutcome::Timeout);
+        assert_eq!(i.rewards, Some(Rewards::PerTrace(vec![1.0])));
+
+        let i = info(json!({}));
+        assert_eq!(i.meta.outcome, SessionOutcome::Completed);
+        assert!(!i.outcome_recorded);
+
+        assert!(session_info(Some(&json!({"outcome": "meh"})), "d", &[]).is_err());
+        assert!(session_info(Some(&json!({"task_id": 3})), "d", &[]).is_err());
+    }
+}

@@ -1,0 +1,222 @@
+//! [`Client`]: one call = admission by the pool (held while paused), the
+//! request built for the dialect, sent to the session's replica (the next
+//! one only when a replica could not be reached at all), and the reply
+//! handed back as a [`ChatStream`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use tracing::Instrument;
+
+use super::pool::Pool;
+use super::request::streams_upstream;
+use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
+use super::wire::chat_body_bytes;
+use super::{BackendConfig, InferenceError, SamplingMode};
+use polar_chat::ChatRequest;
+
+/// The header naming the session, sent to the backend (the mock keys its
+/// script on it; vLLM and SGLang ignore it).
+pub const SESSION_HEADER: &str = "x-polar-session";
+
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Calls one backend.
+#[derive(Clone, Debug)]
+pub struct Client {
+    cfg: Arc<BackendConfig>,
+    pool: Pool,
+}
+
+impl Client {
+    /// A client for `cfg` (validated). Health checks start with
+    /// [`Pool::spawn_health_checks`].
+    pub fn new(cfg: BackendConfig) -> Result<Self, InferenceError> {
+        let pool = Pool::new(&cfg)?;
+        Ok(Self {
+            cfg: Arc::new(cfg),
+            pool,
+        })
+    }
+
+    /// The backend's settings.
+    pub fn config(&self) -> &BackendConfig {
+        &self.cfg
+    }
+
+    /// The replica pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Calls the backend for `session` with the configured sampling mode.
+    pub async fn chat(
+        &self,
+        session: &str,
+        req: &ChatRequest,
+    ) -> Result<ChatStream, InferenceError> {
+        self.chat_in_mode(session, req, self.cfg.sampling.mode)
+            .await
+    }
+
+    /// Calls the backend with the sampling overrides of `mode`.
+    pub async fn chat_in_mode(
+        &self,
+        session: &str,
+        req: &ChatRequest,
+        mode: SamplingMode,
+    ) -> Result<ChatStream, InferenceError> {
+        let started_at = SystemTime::now();
+        let waiting = Instant::now();
+        let mut admission = self.pool.admit().await;
+        let paused = waiting.elapsed();
+        let started = Instant::now();
+        let body = Bytes::from(chat_body_bytes(&self.cfg, req, mode));
+        let streaming = streams_upstream(self.cfg.dialect);
+        let timeout = self.cfg.request_timeout();
+        let backend = self.cfg.name.clone();
+        let mut attempts = 0;
+        let mut last = String::from("no replica");
+        for replica in self.pool.order(session) {
+            attempts += 1;
+            let base = self.pool.url(replica).to_owned();
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri(format!("{base}/v1/chat/completions"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(
+                    header::ACCEPT,
+                    if streaming {
+                        "text/event-stream"
+                    } else {
+                        "application/json"
+                    },
+                )
+                .header(
+                    SESSION_HEADER,
+                    HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
+                )
+                .body(Full::new(body.clone()))
+                .map_err(|e| InferenceError::Config {
+                    backend: backend.clone(),
+                    key: "replicas".into(),
+                    reason: format!("{base}: cannot build a request: {e}"),
+                })?;
+            self.pool.note_attempt(replica);
+            let span =
+                tracing::debug_span!("inference", backend = %backend, replica = %base, session);
+            let result = tokio::time::timeout(timeout, self.pool.http().request(request))
+                .instrument(span)
+                .await;
+            let resp = match result {
+                Err(_) => {
+                    self.pool.note_failure(replica);
+                    return Err(InferenceError::Timeout {
+                        backend,
+                        replica: base,
+                        timeout,
+                        waiting_for: "reply head",
+                        events: 0,
+                    });
+                }
+                Ok(Err(e)) if e.is_connect() => {
+                    tracing::warn!(backend = %backend, replica = %base, error = %e, "replica unreachable, trying the next one");
+                    self.pool.note_unreachable(replica);
+                    last = format!("{base}: {}", error_chain(&e));
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    self.pool.note_failure(replica);
+                    return Err(InferenceError::Disconnected {
+                        backend,
+                        replica: base,
+                        reason: error_chain(&e),
+                    });
+                }
+                Ok(Ok(resp)) => resp,
+            };
+            let head = started.elapsed();
+            let status = resp.status();
+            let weight_version = resp
+                .headers()
+                .get("x-weight-version")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if !status.is_success() {
+                self.pool.note_failure(replica);
+                let body = error_body(resp.into_body(), timeout).await;
+                return Err(InferenceError::Status {
+                    backend,
+                    replica: base,
+                    status: status.as_u16(),
+                    body,
+                });
+            }
+            admission.bind(replica);
+            let info = BackendInfo {
+                backend: backend.clone(),
+                dialect: self.cfg.dialect,
+                replica: base,
+                served_model: self.cfg.map_model(&req.model).to_owned(),
+                weight_version,
+                attempts,
+            };
+            return Ok(ChatStream::new(StreamParts {
+                info,
+                body: resp.into_body(),
+                streaming,
+                model: req.model.clone(),
+                timeout,
+                started,
+                timings: Timings {
+                    started_at,
+                    paused,
+                    head: Some(head),
+                    first_token: None,
+                    finished: None,
+                },
+                pool: self.pool.clone(),
+                replica,
+                admission,
+            }));
+        }
+        Err(InferenceError::Unreachable {
+            backend,
+            attempts,
+            last,
+        })
+    }
+}
+
+/// The start of an error reply's body (at most 64 KiB, what arrives within
+/// `timeout`).
+async fn error_body(mut body: hyper::body::Incoming, timeout: Duration) -> String {
+    let mut bytes = Vec::new();
+    let read = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                bytes.extend_from_slice(&data);
+                if bytes.len() >= MAX_ERROR_BODY {
+                    bytes.truncate(MAX_ERROR_BODY);
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

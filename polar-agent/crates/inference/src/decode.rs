@@ -1,0 +1,573 @@
+//! Backend replies to [`StreamEvent`]s and [`Tokens`]: a decoder for
+//! streamed OpenAI chunks with vLLM's token ids, and one for a whole reply
+//! (SGLang `return_meta_info`, also vLLM non-streaming). Token data is only
+//! ever copied from the reply, never recomputed.
+
+use std::collections::VecDeque;
+
+use serde_json::Value;
+
+use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
+
+/// Why a reply could not be decoded.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    /// Not the expected shape.
+    Malformed(String),
+    /// The backend reported an error inside the reply, or the stream ended
+    /// early.
+    Cut(String),
+}
+
+/// Token data gathered from a reply. The response ids and logprobs only
+/// grow (chunk after chunk); the prompt ids are counted each time they are
+/// set ([`TokenAcc::prompt_version`]).
+#[derive(Debug, Default)]
+pub(crate) struct TokenAcc {
+    prompt: Option<Vec<u32>>,
+    prompt_version: u32,
+    response: Vec<u32>,
+    logprobs: Vec<f32>,
+    saw_ids: bool,
+    ids_missing: bool,
+}
+
+impl TokenAcc {
+    /// What the reply gave: `None` where it gave nothing (or not for every
+    /// chunk); logprobs only when there is one per response token.
+    pub(crate) fn tokens(&self) -> Tokens {
+        let response = (self.saw_ids && !self.ids_missing).then(|| self.response.clone());
+        let logprobs = response
+            .as_ref()
+            .filter(|r| r.len() == self.logprobs.len())
+            .map(|_| self.logprobs.clone());
+        Tokens {
+            prompt_token_ids: self.prompt.clone(),
+            response_token_ids: response,
+            response_logprobs: logprobs,
+        }
+    }
+
+    /// Like [`TokenAcc::tokens`], moving the data out (the reply is over).
+    pub(crate) fn take_tokens(&mut self) -> Tokens {
+        let response =
+            (self.saw_ids && !self.ids_missing).then(|| std::mem::take(&mut self.response));
+        let logprobs = response
+            .as_ref()
+            .filter(|r| r.len() == self.logprobs.len())
+            .map(|_| std::mem::take(&mut self.logprobs));
+        Tokens {
+            prompt_token_ids: self.prompt.take(),
+            response_token_ids: response,
+            response_logprobs: logprobs,
+        }
+    }
+
+    pub(crate) fn response_len(&self) -> usize {
+        self.response.len()
+    }
+
+    /// Sets the prompt ids.
+    fn set_prompt(&mut self, ids: Vec<u32>) {
+        self.prompt = Some(ids);
+        self.prompt_version = self.prompt_version.wrapping_add(1);
+    }
+
+    /// The prompt ids so far.
+    pub(crate) fn prompt(&self) -> Option<&[u32]> {
+        self.prompt.as_deref()
+    }
+
+    /// How many times the prompt ids were set (0: never).
+    pub(crate) fn prompt_version(&self) -> u32 {
+        self.prompt_version
+    }
+
+    /// The response ids and logprobs so far, as received (whether they
+    /// are complete is for [`TokenAcc::tokens`] to say).
+    pub(crate) fn response(&self) -> (&[u32], &[f32]) {
+        (&self.response, &self.logprobs)
+    }
+
+    fn usage_fallback(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.as_ref().map_or(0, |p| p.len() as u32),
+            completion_tokens: self.response.len() as u32,
+            cached_tokens: None,
+        }
+    }
+}
+
+fn ids(v: &Value) -> Option<Vec<u32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+fn finish_reason(s: &str) -> FinishReason {
+    match s {
+        "stop" => FinishReason::Stop,
+        "length" => FinishReason::Length,
+        "tool_calls" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
+        "abort" => FinishReason::Abort,
+        other => FinishReason::Other(other.to_owned()),
+    }
+}
+
+fn usage(v: &Value) -> Option<Usage> {
+    let u = v.get("usage").filter(|u| u.is_object())?;
+    let n = |k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as u32);
+    Some(Usage {
+        prompt_tokens: n("prompt_tokens")?,
+        completion_tokens: n("completion_tokens")?,
+        cached_tokens: u
+            .pointer("/prompt_tokens_details/cached_tokens")
+            .and_then(Value::as_u64)
+            .map(|x| x as u32),
+    })
+}
+
+fn backend_error(v: &Value) -> Option<String> {
+    let e = v.get("error")?;
+    Some(
+        e.get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| e.to_string(), str::to_owned),
+    )
+}
+
+#[derive(Debug, Default)]
+struct ToolSlot {
+    id: Option<String>,
+    name: Option<String>,
+    started: bool,
+    pending_args: String,
+}
+
+/// Decodes streamed chat chunks into events.
+#[derive(Debug)]
+pub(crate) struct ChunkDecoder {
+    model: String,
+    response_id: String,
+    started: bool,
+    reasoning_open: bool,
+    tools: Vec<ToolSlot>,
+    finish: Option<FinishReason>,
+    usage: Option<Usage>,
+    done: bool,
+    /// Token data so far.
+    pub(crate) tokens: TokenAcc,
+    /// The `model` the backend reported.
+    pub(crate) served_model: Option<String>,
+}
+
+impl ChunkDecoder {
+    /// A decoder; `model` is the name shown in `Start`.
+    pub(crate) fn new(model: &str) -> Self {
+        Self {
+            model: model.to_owned(),
+            response_id: String::new(),
+            started: false,
+            reasoning_open: false,
+            tools: Vec::new(),
+            finish: None,
+            usage: None,
+            done: false,
+            tokens: TokenAcc::default(),
+            served_model: None,
+        }
+    }
+
+    /// Whether the final event was produced.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Decodes one event's data (a chunk or `[DONE]`).
+    pub(crate) fn on_data(
+        &mut self,
+        data: &str,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<(), DecodeError> {
+        if self.done {
+            return Ok(());
+        }
+        if data.trim() == "[DONE]" {
+            return self.end(out);
+        }
+        let v: Value = serde_json::from_str(data)
+            .map_err(|e| DecodeError::Malformed(format!("chunk is not JSON: {e}")))?;
+        if let Some(message) = backend_error(&v) {
+            return Err(DecodeError::Cut(format!(
+                "backend error in stream: {message}"
+            )));
+        }
+        if !self.started {
+            self.started = true;
+            self.response_id = v
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned();
+            self.served_model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+            if let Some(p) = v.get("prompt_token_ids").and_then(ids) {
+                self.tokens.set_prompt(p);
+            }
+            out.push_back(StreamEvent::Start {
+                id: self.response_id.clone(),
+                model: self.model.clone(),
+                prompt_tokens: self.tokens.prompt.as_ref().map(|p| p.len() as u32),
+            });
+        } else if self.tokens.prompt.is_none()
+            && let Some(p) = v.get("prompt_token_ids").and_then(ids)
+        {
+            self.tokens.set_prompt(p);
+        }
+        if let Some(u) = usage(&v) {
+            self.usage = Some(u);
+        }
+        let Some(choice) = v
+            .get("choices")
+            .and_then(Value::as_array)
+            .and_then(|c| c.first())
+        else {
+            return Ok(());
+        };
+        self.on_choice(choice, out)
+    }
+
+    fn on_choice(
+        &mut self,
+        choice: &Value,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<(), DecodeError> {
+        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        if let Some(ids) = choice.get("token_ids").filter(|v| !v.is_null()) {
+            let ids = self::ids(ids)
+                .ok_or_else(|| DecodeError::Malformed("`token_ids` is not a list of ids".into()))?;
+            self.tokens.saw_ids = true;
+            self.tokens.response.extend(ids);
+        } else {
+            let has_output = ["content", "reasoning", "reasoning_content", "tool_calls"]
+                .iter()
+                .any(|k| match delta.get(*k) {
+                    Some(Value::String(s)) => !s.is_empty(),
+                    Some(Value::Array(a)) => !a.is_empty(),
+                    _ => false,
+                });
+            if has_output {
+                self.tokens.ids_missing = true;
+            }
+        }
+        if let Some(content) = choice
+            .pointer("/logprobs/content")
+            .and_then(Value::as_array)
+        {
+            for entry in content {
+                let lp = entry
+                    .get("logprob")
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| {
+                        DecodeError::Malformed("logprob entry without `logprob`".into())
+                    })?;
+                self.tokens.logprobs.push(lp as f32);
+            }
+        }
+        let reasoning = ["reasoning", "reasoning_content"]
+            .iter()
+            .find_map(|k| delta.get(*k).and_then(Value::as_str))
+            .filter(|s| !s.is_empty());
+        if let Some(text) = reasoning {
+            self.reasoning_open = true;
+            out.push_back(StreamEvent::ReasoningDelta {
+                text: text.to_owned(),
+            });
+        }
+        if let Some(text) = delta
+            .get("content")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        {
+            self.close_reasoning(out);
+            out.push_back(StreamEvent::TextDelta {
+                text: text.to_owned(),
+            });
+        }
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            self.close_reasoning(out);
+            for call in calls {
+                self.on_tool_delta(call, out)?;
+            }
+        }
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(finish_reason(reason));
+        }
+        Ok(())
+    }
+
+    fn on_tool_delta(
+        &mut self,
+        call: &Value,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<(), DecodeError> {
+        let index = call
+            .get("index")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| DecodeError::Malformed("tool call delta without `index`".into()))?
+            as usize;
+        if index > 1024 {
+            return Err(DecodeError::Malformed(format!(
+                "tool call index {index} is out of range"
+            )));
+        }
+        if self.tools.len() <= index {
+            self.tools.resize_with(index + 1, ToolSlot::default);
+        }
+        let slot = &mut self.tools[index];
+        if let Some(id) = call
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        {
+            slot.id.get_or_insert_with(|| id.to_owned());
+        }
+        if let Some(name) = call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+        {
+            slot.name.get_or_insert_with(String::new).push_str(name);
+        }
+        if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
+            slot.pending_args.push_str(args);
+        }
+        let rid = &self.response_id;
+        Self::flush_tool(index, slot, rid, out);
+        Ok(())
+    }
+
+    fn flush_tool(
+        index: usize,
+        slot: &mut ToolSlot,
+        response_id: &str,
+        out: &mut VecDeque<StreamEvent>,
+    ) {
+        if !slot.started {
+            let Some(name) = &slot.name else {
+                return;
+            };
+            slot.started = true;
+            let id = slot
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("{response_id}-call-{index}"));
+            out.push_back(StreamEvent::ToolCallStart {
+                index: index as u32,
+                id,
+                name: name.clone(),
+            });
+        }
+        if !slot.pending_args.is_empty() {
+            out.push_back(StreamEvent::ToolCallDelta {
+                index: index as u32,
+                arguments: std::mem::take(&mut slot.pending_args),
+            });
+        }
+    }
+
+    fn close_reasoning(&mut self, out: &mut VecDeque<StreamEvent>) {
+        if self.reasoning_open {
+            self.reasoning_open = false;
+            out.push_back(StreamEvent::ReasoningDone { signature: None });
+        }
+    }
+
+    /// The reply is over (`[DONE]`, or the body ended cleanly).
+    pub(crate) fn end(&mut self, out: &mut VecDeque<StreamEvent>) -> Result<(), DecodeError> {
+        if self.done {
+            return Ok(());
+        }
+        if !self.started {
+            return Err(DecodeError::Malformed(
+                "the stream ended before any chunk".into(),
+            ));
+        }
+        self.close_reasoning(out);
+        if self.tools.iter().any(|t| !t.started) {
+            return Err(DecodeError::Malformed(
+                "a tool call never got a name".into(),
+            ));
+        }
+        let Some(finish) = self.finish.take() else {
+            return Err(DecodeError::Cut(
+                "the stream ended without a finish reason".into(),
+            ));
+        };
+        self.done = true;
+        out.push_back(StreamEvent::Finish {
+            finish_reason: finish,
+            usage: self.usage.unwrap_or_else(|| self.tokens.usage_fallback()),
+        });
+        Ok(())
+    }
+}
+
+/// A whole (non-streamed) reply decoded.
+#[derive(Debug)]
+pub(crate) struct Whole {
+    /// Its events, in order.
+    pub(crate) events: Vec<StreamEvent>,
+    /// Its token data.
+    pub(crate) tokens: TokenAcc,
+    /// `meta_info.weight_version`.
+    pub(crate) weight_version: Option<String>,
+    /// The `model` it names.
+    pub(crate) served_model: Option<String>,
+}
+
+/// Decodes a whole chat reply: SGLang (`choices[].prompt_token_ids`,
+/// `token_ids`, `meta_info.output_token_logprobs`) or vLLM (top-level
+/// `prompt_token_ids`, `choices[].token_ids`, `logprobs.content`).
+pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| DecodeError::Malformed(format!("reply is not JSON: {e}")))?;
+    if let Some(message) = backend_error(&v) {
+        return Err(DecodeError::Cut(format!("backend error: {message}")));
+    }
+    let choice = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|c| c.first())
+        .ok_or_else(|| DecodeError::Malformed("reply without choices".into()))?;
+    let meta = choice.get("meta_info").or_else(|| v.get("meta_info"));
+    let mut tokens = TokenAcc::default();
+    if let Some(p) = choice
+        .get("prompt_token_ids")
+        .or_else(|| v.get("prompt_token_ids"))
+        .and_then(ids)
+    {
+        tokens.set_prompt(p);
+    }
+    let triples = meta
+        .and_then(|m| m.get("output_token_logprobs"))
+        .and_then(Value::as_array);
+    if let Some(r) = choice.get("token_ids").and_then(ids) {
+        tokens.saw_ids = true;
+        tokens.response = r;
+    } else if let Some(t) = triples {
+        let r: Option<Vec<u32>> = t
+            .iter()
+            .map(|e| {
+                e.get(1)
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok())
+            })
+            .collect();
+        if let Some(r) = r {
+            tokens.saw_ids = true;
+            tokens.response = r;
+        }
+    }
+    if let Some(t) = triples {
+        tokens.logprobs = t
+            .iter()
+            .filter_map(|e| e.get(0).and_then(Value::as_f64).map(|x| x as f32))
+            .collect();
+    } else if let Some(content) = choice
+        .pointer("/logprobs/content")
+        .and_then(Value::as_array)
+    {
+        tokens.logprobs = content
+            .iter()
+            .filter_map(|e| e.get("logprob").and_then(Value::as_f64).map(|x| x as f32))
+            .collect();
+    }
+    let message = choice.get("message").unwrap_or(&Value::Null);
+    let mut events = vec![StreamEvent::Start {
+        id: v
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        model: model.to_owned(),
+        prompt_tokens: tokens.prompt.as_ref().map(|p| p.len() as u32),
+    }];
+    let reasoning = ["reasoning", "reasoning_content"]
+        .iter()
+        .find_map(|k| message.get(*k).and_then(Value::as_str))
+        .filter(|s| !s.is_empty());
+    if let Some(text) = reasoning {
+        events.push(StreamEvent::ReasoningDelta {
+            text: text.to_owned(),
+        });
+        events.push(StreamEvent::ReasoningDone { signature: None });
+    }
+    if let Some(text) = message
+        .get("content")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+    {
+        events.push(StreamEvent::TextDelta {
+            text: text.to_owned(),
+        });
+    }
+    for (i, call) in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| DecodeError::Malformed("tool call without a name".into()))?;
+        let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
+        let args = match call.pointer("/function/arguments") {
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+            None => String::new(),
+        };
+        events.push(StreamEvent::ToolCallStart {
+            index: i as u32,
+            id: id.to_owned(),
+            name: name.to_owned(),
+        });
+        if !args.is_empty() {
+            events.push(StreamEvent::ToolCallDelta {
+                index: i as u32,
+                arguments: args,
+            });
+        }
+    }
+    let reason = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .ok_or_else(|| DecodeError::Malformed("reply without finish_reason".into()))?;
+    let mut usage = usage(&v).unwrap_or_else(|| tokens.usage_fallback());
+    if usage.cached_tokens.is_none() {
+        usage.cached_tokens = meta
+            .and_then(|m| m.get("cached_tokens"))
+            .and_then(Value::as_u64)
+            .map(|x| x as u32);
+    }
+    events.push(StreamEvent::Finish {
+        finish_reason: finish_reason(reason),
+        usage,
+    });
+    Ok(Whole {
+        events,
+        tokens,
+        weight_version: meta
+            .and_then(|m| m.get("weight_version"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),
+    })
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;

@@ -1,0 +1,33 @@
+//! The client side of inference: calls to the team's vLLM or SGLang
+//! replicas that return token ids and logprobs with the reply (never
+//! recomputed from text), streamed as the backend produces them.
+//!
+//! - [`config`]: [`BackendConfig`] (serde, `deny_unknown_fields`);
+//! - [`pool`]: replicas, session affinity, health, pause/resume, stats;
+//! - [`request`]: the normalized request as backend JSON; [`wire`]: the
+//!   same body serialized directly (what is sent);
+//! - [`client`]: [`Client::chat`], retries only before a replica was reached;
+//! - [`stream`]: [`ChatStream`] of [`StreamEvent`](polar_chat::StreamEvent)s
+//!   with [`Tokens`](polar_chat::Tokens), timings and backend facts;
+//! - `decode`, [`sse`]: reply parsing.
+//!
+//! vLLM is called with `stream: true` and `return_token_ids`, so events reach
+//! the consumer as they are generated. SGLang returns ids only without
+//! streaming: its reply is read whole and its events replayed.
+
+pub mod client;
+pub mod config;
+mod decode;
+pub mod error;
+pub mod pool;
+pub mod request;
+pub mod sse;
+pub mod stream;
+pub mod wire;
+
+
+pub use client::Client;
+pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
+pub use error::InferenceError;
+pub use pool::{Pool, PoolStats, ReplicaStats};
+pub use stream::{BackendInfo, ChatStream, Completed, Timings};

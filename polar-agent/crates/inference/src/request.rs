@@ -1,0 +1,381 @@
+//! The normalized request as the backend's OpenAI-chat JSON: messages with
+//! tool calls, tool results and reasoning (`reasoning_content`), tools as
+//! functions, sampling with the policy applied and `max_tokens` clamped, the
+//! model name mapped, and the dialect's token-id flags.
+
+use serde_json::{Map, Value, json};
+
+use super::{BackendConfig, Dialect, SamplingMode};
+use polar_chat::{ChatRequest, Message, Part, Role, ToolChoice};
+
+/// Fields of `ChatRequest::extra` passed on to the backend as they are.
+pub const FORWARDED_EXTRA: [&str; 2] = ["chat_template_kwargs", "polar_mock"];
+
+/// Whether calls to this dialect stream upstream (vLLM streams with ids;
+/// SGLang gives ids only without streaming).
+pub fn streams_upstream(dialect: Dialect) -> bool {
+    dialect == Dialect::Vllm
+}
+
+/// The JSON body of `POST /v1/chat/completions` for `req` (see
+/// [`super::wire::chat_body_bytes`] for the same body serialized directly).
+pub fn chat_body(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Value {
+    body_with(cfg, req, mode, Conversation::Tree)
+}
+
+/// How [`body_with`] renders the conversation (`messages` and `tools`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Conversation {
+    /// As JSON trees.
+    Tree,
+    /// As `null` placeholders, keeping their places, for a writer that
+    /// renders them itself.
+    Placeholders,
+}
+
+/// The body, with the conversation rendered as `conversation` says.
+pub(super) fn body_with(
+    cfg: &BackendConfig,
+    req: &ChatRequest,
+    mode: SamplingMode,
+    conversation: Conversation,
+) -> Value {
+    let tree = conversation == Conversation::Tree;
+    let mut body = Map::new();
+    body.insert("model".into(), json!(cfg.map_model(&req.model)));
+    let messages = if tree {
+        Value::Array(req.messages.iter().map(message).collect())
+    } else {
+        Value::Null
+    };
+    body.insert("messages".into(), messages);
+    if !req.tools.is_empty() && !tree {
+        body.insert("tools".into(), Value::Null);
+    } else if !req.tools.is_empty() {
+        let tools = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = Map::new();
+                f.insert("name".into(), json!(t.name));
+                if let Some(d) = &t.description {
+                    f.insert("description".into(), json!(d));
+                }
+                f.insert("parameters".into(), t.parameters.to_value());
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(choice) = &req.tool_choice {
+        let v = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Tool { name } => json!({"type": "function", "function": {"name": name}}),
+        };
+        body.insert("tool_choice".into(), v);
+    }
+    sampling(cfg, req, mode, &mut body);
+    let stream = streams_upstream(cfg.dialect);
+    body.insert("stream".into(), json!(stream));
+    match cfg.dialect {
+        Dialect::Vllm => {
+            body.insert("stream_options".into(), json!({"include_usage": true}));
+            body.insert("return_token_ids".into(), json!(true));
+            body.insert("logprobs".into(), json!(true));
+            body.insert("top_logprobs".into(), json!(0));
+        }
+        Dialect::Sglang => {
+            body.insert("return_prompt_token_ids".into(), json!(true));
+            body.insert("return_meta_info".into(), json!(true));
+            body.insert("logprobs".into(), json!(true));
+        }
+    }
+    for key in FORWARDED_EXTRA {
+        if let Some(v) = req.extra.get(key) {
+            body.insert(key.into(), v.clone());
+        }
+    }
+    Value::Object(body)
+}
+
+fn sampling(
+    cfg: &BackendConfig,
+    req: &ChatRequest,
+    mode: SamplingMode,
+    body: &mut Map<String, Value>,
+) {
+    let s = &req.sampling;
+    let o = cfg.sampling.overrides(mode);
+    if let Some(t) = o.temperature.or(s.temperature) {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(p) = o.top_p.or(s.top_p) {
+        body.insert("top_p".into(), json!(p));
+    }
+    if let Some(k) = o.top_k.or(s.top_k.map(i64::from)) {
+        body.insert("top_k".into(), json!(k));
+    }
+    let max = match (s.max_tokens, cfg.max_tokens_clamp) {
+        (Some(m), Some(c)) => Some(m.min(c)),
+        (m, c) => m.or(c),
+    };
+    if let Some(m) = max {
+        body.insert("max_tokens".into(), json!(m));
+    }
+    if !s.stop.is_empty() {
+        body.insert("stop".into(), json!(s.stop));
+    }
+}
+
+fn message(m: &Message) -> Value {
+    let role = match m.role {
+        Role::System | Role::Developer => "system",
+        Role::User => "user",
+        Role::Assistant => "assistant",
+        Role::Tool => "tool",
+    };
+    let mut out = Map::new();
+    out.insert("role".into(), json!(role));
+    let content = content(&m.content);
+    let empty = matches!(&content, Value::String(s) if s.is_empty());
+    if m.role == Role::Assistant && empty && !m.tool_calls.is_empty() {
+        out.insert("content".into(), Value::Null);
+    } else {
+        out.insert("content".into(), content);
+    }
+    if let Some(r) = &m.reasoning {
+        out.insert("reasoning_content".into(), json!(r.text));
+    }
+    if !m.tool_calls.is_empty() {
+        let calls = m
+            .tool_calls
+            .iter()
+            .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .collect();
+        out.insert("tool_calls".into(), Value::Array(calls));
+    }
+    if let Some(id) = &m.tool_call_id {
+        out.insert("tool_call_id".into(), json!(id));
+    }
+    if m.role == Role::Tool
+        && let Some(name) = &m.name
+    {
+        out.insert("name".into(), json!(name));
+    }
+    Value::Object(out)
+}
+
+/// Text-only content as a string, anything else as a list of parts.
+fn content(parts: &[Part]) -> Value {
+    if parts.iter().all(|p| matches!(p, Part::Text { .. })) {
+        let text: String = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        return json!(text);
+    }
+    Value::Array(
+        parts
+            .iter()
+            .map(|p| match p {
+                Part::Text { text } => json!({"type": "text", "text": text}),
+                Part::Image {
+                    media_type,
+                    data,
+                    url,
+                } => {
+                    let url = match (url, data) {
+                        (Some(u), _) => u.clone(),
+                        (None, Some(d)) => format!(
+                            "data:{};base64,{d}",
+                            media_type.as_deref().unwrap_or("image/png")
+                        ),
+                        (None, None) => String::new(),
+                    };
+                    json!({"type": "image_url", "image_url": {"url": url}})
+                }
+                Part::Other { value } => value.clone(),
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use polar_chat::{Reasoning, Tool, ToolCall};
+    use crate::SamplingOverrides;
+
+    fn conversation() -> ChatRequest {
+        let mut assistant = Message::text(Role::Assistant, "");
+        assistant.reasoning = Some(Reasoning {
+            text: "think".into(),
+            ..Reasoning::default()
+        });
+        assistant.tool_calls = vec![ToolCall {
+            id: "call_9".into(),
+            name: "bash".into(),
+            arguments: r#"{"command":"ls"}"#.into(),
+        }];
+        let mut result = Message::text(Role::Tool, "a.txt");
+        result.tool_call_id = Some("call_9".into());
+        result.name = Some("bash".into());
+        let mut extra = Map::new();
+        extra.insert(
+            "chat_template_kwargs".into(),
+            json!({"enable_thinking": false}),
+        );
+        extra.insert("metadata".into(), json!({"user_id": "secret"}));
+        ChatRequest {
+            model: "gpt-5".into(),
+            messages: vec![
+                Message::text(Role::Developer, "rules"),
+                Message {
+                    content: vec![
+                        Part::Text {
+                            text: "look".into(),
+                        },
+                        Part::Image {
+                            media_type: Some("image/jpeg".into()),
+                            data: Some("AAA".into()),
+                            url: None,
+                        },
+                    ],
+                    ..Message::text(Role::User, "")
+                },
+                assistant,
+                result,
+            ],
+            tools: vec![Tool {
+                name: "bash".into(),
+                description: None,
+                parameters: polar_json::RawJson::from_value(&json!({"type": "object"})),
+            }],
+            tool_choice: Some(ToolChoice::Tool {
+                name: "bash".into(),
+            }),
+            sampling: polar_chat::Sampling {
+                max_tokens: Some(50_000),
+                temperature: Some(0.2),
+                top_p: None,
+                top_k: Some(20),
+                stop: vec!["END".into()],
+            },
+            stream: false,
+            extra,
+        }
+    }
+
+    #[test]
+    fn vllm_body_asks_for_ids_and_applies_the_policy() {
+        let mut cfg = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:1".into()],
+            "Qwen/Qwen3-8B",
+        );
+        cfg.max_tokens_clamp = Some(8192);
+        cfg.sampling.train = SamplingOverrides {
+            temperature: Some(1.0),
+            top_p: Some(1.0),
+            top_k: Some(-1),
+        };
+        let body = chat_body(&cfg, &conversation(), SamplingMode::Train);
+        assert_eq!(body["model"], "Qwen/Qwen3-8B");
+        assert_eq!(
+            (
+                body["temperature"].clone(),
+                body["top_p"].clone(),
+                body["top_k"].clone()
+            ),
+            (json!(1.0), json!(1.0), json!(-1))
+        );
+        assert_eq!(body["max_tokens"], 8192);
+        assert_eq!(body["stop"], json!(["END"]));
+        assert_eq!(body["stream"], true);
+        assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        assert_eq!(
+            (
+                body["return_token_ids"].clone(),
+                body["logprobs"].clone(),
+                body["top_logprobs"].clone()
+            ),
+            (json!(true), json!(true), json!(0))
+        );
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
+        assert!(
+            body.get("metadata").is_none(),
+            "unknown harness fields stay behind"
+        );
+        let m = &body["messages"];
+        assert_eq!(m[0], json!({"role": "system", "content": "rules"}));
+        assert_eq!(
+            m[1]["content"][1],
+            json!({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAA"}})
+        );
+        assert_eq!(m[2]["content"], Value::Null);
+        assert_eq!(m[2]["reasoning_content"], "think");
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "call_9", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}})
+        );
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "content": "a.txt", "tool_call_id": "call_9", "name": "bash"})
+        );
+        assert_eq!(
+            body["tools"],
+            json!([{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(
+            body["tool_choice"],
+            json!({"type": "function", "function": {"name": "bash"}})
+        );
+    }
+
+    #[test]
+    fn sglang_body_and_eval_mode() {
+        let mut cfg = BackendConfig::new(
+            "b",
+            Dialect::Sglang,
+            vec!["http://127.0.0.1:1".into()],
+            "served",
+        );
+        cfg.model_map.insert("gpt-5".into(), "other-served".into());
+        cfg.sampling.eval = SamplingOverrides {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: None,
+        };
+        let body = chat_body(&cfg, &conversation(), SamplingMode::Eval);
+        assert_eq!(body["model"], "other-served");
+        assert_eq!(
+            (
+                body["temperature"].clone(),
+                body["top_p"].clone(),
+                body["top_k"].clone()
+            ),
+            (json!(0.6), json!(0.95), json!(20))
+        );
+        assert_eq!(body["max_tokens"], 50_000);
+        assert_eq!(body["stream"], false);
+        assert!(body.get("stream_options").is_none());
+        assert_eq!(
+            (
+                body["return_prompt_token_ids"].clone(),
+                body["return_meta_info"].clone()
+            ),
+            (json!(true), json!(true))
+        );
+    }
+}

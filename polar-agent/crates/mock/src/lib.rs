@@ -1,0 +1,325 @@
+//! `polar mock-backend`: a real HTTP inference server that speaks the vLLM or
+//! SGLang token-id dialect, for tests, benchmarks and the demo, with no GPU
+//! and no weights.
+//!
+//! - [`tokenizer`]: deterministic, reversible ids with the ChatML specials;
+//! - [`template`]: the ChatML-like chat template, prefix-preserving unless
+//!   switched (`strip_reasoning`, `generation_glue`);
+//! - [`script`]: what the "model" answers (script file or built-in policy);
+//! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
+//! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
+//!
+//! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
+//! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
+//! and `POST /detokenize` (vLLM), `POST /generate` (SGLang), `GET /v1/models`,
+//! `GET /health`, `GET /metrics` (Prometheus text), and admin:
+//! `POST /pause_generation` (also `/pause`) holds new generations until
+//! `POST /continue_generation` (also `/resume`) while in-flight ones finish;
+//! `GET /is_paused`; `POST /update_weight_version` with
+//! `{"new_version": "..."}`; `GET /get_weight_version`. Every reply carries
+//! the header `x-weight-version`.
+
+pub mod body;
+pub mod emit;
+pub mod generate;
+pub mod openai;
+pub mod script;
+pub mod server;
+pub mod sglang;
+pub mod template;
+pub mod tokenizer;
+pub mod vllm;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use polar_inference::Dialect;
+pub use server::serve;
+
+use script::Script;
+use template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
+
+/// Which field carries reasoning in vLLM replies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReasoningField {
+    /// `reasoning` (vLLM >= 0.10).
+    #[default]
+    Reasoning,
+    /// `reasoning_content` (older vLLM, SGLang).
+    ReasoningContent,
+}
+
+impl ReasoningField {
+    /// The JSON field name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reasoning => "reasoning",
+            Self::ReasoningContent => "reasoning_content",
+        }
+    }
+}
+
+/// The mock's settings (no CLI types: tests and benches build it directly).
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    /// Wire dialect.
+    pub dialect: Dialect,
+    /// The model name served (`/v1/models`, `model` in replies).
+    pub served_model: String,
+    /// Template switches, overridable per request.
+    pub template: TemplateOptions,
+    /// The script; `None` uses the built-in policy.
+    pub script: Option<Script>,
+    /// Wait between generated tokens.
+    pub token_latency: Duration,
+    /// Wait before the first generated token.
+    pub ttft: Duration,
+    /// Fraction of generation requests answered with HTTP 500, chosen by a
+    /// deterministic function of the request number and `fail_seed`.
+    pub fail_rate: f64,
+    /// Seed of the failure choice.
+    pub fail_seed: u64,
+    /// Context length: longer prompts get 400, `max_tokens` is clamped.
+    pub max_model_len: usize,
+    /// Weight version reported (changed by `/update_weight_version`).
+    pub weight_version: String,
+    /// Reasoning field of vLLM replies.
+    pub reasoning_field: ReasoningField,
+    /// Generated tokens per streamed chunk (at least 1).
+    pub tokens_per_chunk: usize,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        Self {
+            dialect: Dialect::Vllm,
+            served_model: "polar-mock".to_owned(),
+            template: TemplateOptions::default(),
+            script: None,
+            token_latency: Duration::ZERO,
+            ttft: Duration::ZERO,
+            fail_rate: 0.0,
+            fail_seed: 0,
+            max_model_len: 32_768,
+            weight_version: "0".to_owned(),
+            reasoning_field: ReasoningField::default(),
+            tokens_per_chunk: 1,
+        }
+    }
+}
+
+/// Errors of the mock backend.
+#[derive(Debug, thiserror::Error)]
+pub enum MockError {
+    /// The listen address is not a loopback address.
+    #[error("the mock backend listens on loopback only, not {0}")]
+    NotLoopback(SocketAddr),
+    /// Binding the listener failed.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The script file could not be read.
+    #[error("cannot read script {path}: {source}")]
+    ScriptRead {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The script file is not a valid script.
+    #[error("invalid script {path}: {reason}")]
+    ScriptInvalid {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A setting is out of range.
+    #[error("invalid setting: {0}")]
+    InvalidSetting(String),
+    /// A token id outside the vocabulary.
+    #[error("unknown token id {0}")]
+    UnknownToken(u32),
+    /// A request the mock cannot serve (answered with 400).
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// The prompt is longer than the context (answered with 400).
+    #[error(
+        "This model's maximum context length is {max} tokens. However, your request has {prompt} input tokens."
+    )]
+    ContextOverflow {
+        /// The context length.
+        max: usize,
+        /// The prompt length.
+        prompt: usize,
+    },
+}
+
+/// `polar mock-backend` arguments.
+#[derive(Clone, Debug, clap::Args)]
+pub struct MockArgs {
+    /// Address to listen on (loopback only).
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Wire dialect.
+    #[arg(long, value_enum, default_value_t = Dialect::Vllm)]
+    pub dialect: Dialect,
+    /// Served model name.
+    #[arg(long, default_value = "polar-mock")]
+    pub served_model: String,
+    /// Script file (TOML, or JSON by extension); the built-in policy without.
+    #[arg(long)]
+    pub script: Option<PathBuf>,
+    /// Wait between generated tokens, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub token_latency_ms: u64,
+    /// Wait before the first token, in ms.
+    #[arg(long, default_value_t = 0)]
+    pub ttft_ms: u64,
+    /// Fraction of generation requests failed with HTTP 500 (0 to 1).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Seed of the failure choice.
+    #[arg(long, default_value_t = 0)]
+    pub fail_seed: u64,
+    /// Context length.
+    #[arg(long, default_value_t = 32_768)]
+    pub max_model_len: usize,
+    /// Weight version to report.
+    #[arg(long, default_value = "0")]
+    pub weight_version: String,
+    /// Reasoning of history assistant turns.
+    #[arg(long, value_enum, default_value_t = StripReasoning::Off)]
+    pub strip_reasoning: StripReasoning,
+    /// Text added to the generation prompt only (`\n` escapes allowed).
+    #[arg(long, conflicts_with = "no_think_glue")]
+    pub generation_glue: Option<String>,
+    /// Shorthand for `--generation-glue '<think>\n\n</think>\n\n'`.
+    #[arg(long)]
+    pub no_think_glue: bool,
+    /// Report reasoning as `reasoning_content` (older vLLM).
+    #[arg(long)]
+    pub legacy_reasoning_field: bool,
+    /// Generated tokens per streamed chunk.
+    #[arg(long, default_value_t = 1)]
+    pub tokens_per_chunk: usize,
+}
+
+impl MockArgs {
+    /// The configuration these arguments describe (reads the script file).
+    pub fn to_config(&self) -> Result<MockConfig, MockError> {
+        if !(0.0..=1.0).contains(&self.fail_rate) {
+            return Err(MockError::InvalidSetting(format!(
+                "--fail-rate must be between 0 and 1, not {}",
+                self.fail_rate
+            )));
+        }
+        if self.tokens_per_chunk == 0 || self.max_model_len == 0 {
+            return Err(MockError::InvalidSetting(
+                "--tokens-per-chunk and --max-model-len must be at least 1".into(),
+            ));
+        }
+        let glue = match (&self.generation_glue, self.no_think_glue) {
+            (Some(g), _) => g.replace("\\n", "\n"),
+            (None, true) => NO_THINK_GLUE.to_owned(),
+            (None, false) => String::new(),
+        };
+        Ok(MockConfig {
+            dialect: self.dialect,
+            served_model: self.served_model.clone(),
+            template: TemplateOptions {
+                strip_reasoning: self.strip_reasoning,
+                generation_glue: glue,
+            },
+            script: self.script.as_deref().map(Script::load).transpose()?,
+            token_latency: Duration::from_millis(self.token_latency_ms),
+            ttft: Duration::from_millis(self.ttft_ms),
+            fail_rate: self.fail_rate,
+            fail_seed: self.fail_seed,
+            max_model_len: self.max_model_len,
+            weight_version: self.weight_version.clone(),
+            reasoning_field: if self.legacy_reasoning_field {
+                ReasoningField::ReasoningContent
+            } else {
+                ReasoningField::Reasoning
+            },
+            tokens_per_chunk: self.tokens_per_chunk,
+        })
+    }
+}
+
+impl TryFrom<&MockArgs> for MockConfig {
+    type Error = MockError;
+
+    fn try_from(args: &MockArgs) -> Result<Self, MockError> {
+        args.to_config()
+    }
+}
+
+/// Runs `polar mock-backend` until `shutdown`: validates, binds, serves.
+pub async fn run(args: &MockArgs, shutdown: CancellationToken) -> Result<(), MockError> {
+    if !args.listen.ip().is_loopback() {
+        return Err(MockError::NotLoopback(args.listen));
+    }
+    let cfg = args.to_config()?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| MockError::Bind {
+            addr: args.listen,
+            source,
+        })?;
+    tracing::info!(listen = %args.listen, dialect = ?cfg.dialect, model = %cfg.served_model, "mock backend listening");
+    serve(listener, cfg, shutdown).await;
+    Ok(())
+}
+
+/// A mock backend running in the background (for tests and benchmarks).
+#[derive(Debug)]
+pub struct MockHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockHandle {
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops it and waits until open connections are done.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Starts a mock backend on `127.0.0.1`, on a free port.
+pub async fn start(cfg: MockConfig) -> Result<MockHandle, MockError> {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    let listener = TcpListener::bind(any)
+        .await
+        .map_err(|source| MockError::Bind { addr: any, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| MockError::Bind { addr: any, source })?;
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve(listener, cfg, shutdown.clone()));
+    Ok(MockHandle {
+        addr,
+        shutdown,
+        task,
+    })
+}

@@ -1,0 +1,321 @@
+//! The mock's scripted policy: what the "model" answers on each turn of a
+//! session.
+//!
+//! A script file is TOML, or JSON when its name ends in `.json`:
+//!
+//! ```toml
+//! final_text = "done"            # answer once a session's turns run out (default "done")
+//!
+//! [[sessions]]
+//! id = "*"                       # a session id, or "*" for every session without its own entry
+//!
+//! [[sessions.turns]]             # turn 1
+//! think = "I should write the file."            # optional <think> text
+//! text = "Writing it."                          # optional answer text
+//! tool_calls = [
+//!   { shell = "echo hi > a.txt" },              # the offered shell tool, argument name from its schema
+//!   { name = "write_file", arguments = { path = "a.txt", content = "hi" } },
+//! ]
+//!
+//! [[sessions.turns]]             # turn 2: an HTTP error
+//! error = { status = 500, message = "injected" }
+//!
+//! [[sessions.turns]]             # turn 3: the connection is cut after 3 generated tokens
+//! text = "a long answer that never arrives whole"
+//! disconnect_after = 3
+//!
+//! [[sessions.turns]]             # turn 4: reported as cut by the token limit
+//! text = "partial"
+//! finish_reason = "length"       # "stop" (default) or "length": no <|im_end|>, finish_reason length
+//! delay_ms = 200                 # extra wait before the first token
+//! ```
+//!
+//! Each request of a session consumes its next turn, errors included, so a
+//! retry after an error gets the following turn. The session is the
+//! `x-polar-session` header, else the request's `user` field, else `h-` and a
+//! hash of the first user message.
+//!
+//! Without a script file the built-in policy answers: when tools are offered
+//! and no tool result follows the last user message, a call of the shell tool
+//! (a tool named bash, shell, exec_command, run_shell_command or Bash, else
+//! the first tool) running `echo polar > polar-demo.txt`, with the argument
+//! named as the tool's schema names it (`command` or `cmd`; an array-typed
+//! `command` gets `["bash", "-lc", ...]`); otherwise the text "done".
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::MockError;
+use super::template::PromptFacts;
+use polar_chat::Tool;
+
+/// The command the built-in policy runs.
+pub const DEMO_COMMAND: &str = "echo polar > polar-demo.txt";
+
+/// A script file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Script {
+    /// Answer once a session's turns run out.
+    #[serde(default)]
+    pub final_text: Option<String>,
+    /// Per-session turn lists.
+    #[serde(default)]
+    pub sessions: Vec<SessionScript>,
+}
+
+/// The turns of one session (or of every session, with id `*`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionScript {
+    /// Session id or `*`.
+    pub id: String,
+    /// Turns, in order.
+    #[serde(default)]
+    pub turns: Vec<Turn>,
+}
+
+/// One scripted turn.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Turn {
+    /// Reasoning text.
+    #[serde(default)]
+    pub think: Option<String>,
+    /// Answer text.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// Tool calls.
+    #[serde(default)]
+    pub tool_calls: Vec<ScriptedCall>,
+    /// Answer with this HTTP error instead.
+    #[serde(default)]
+    pub error: Option<ScriptedError>,
+    /// Cut the connection after this many generated tokens.
+    #[serde(default)]
+    pub disconnect_after: Option<u32>,
+    /// Finish reason override.
+    #[serde(default)]
+    pub finish_reason: Option<ScriptedFinish>,
+    /// Extra wait before the first token, in milliseconds.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
+}
+
+/// A scripted tool call: either `name` + `arguments`, or `shell`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedCall {
+    /// Tool name.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Arguments (any JSON; TOML tables work).
+    #[serde(default)]
+    pub arguments: Option<Value>,
+    /// A shell command for the offered shell tool.
+    #[serde(default)]
+    pub shell: Option<String>,
+}
+
+/// A scripted HTTP error.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScriptedError {
+    /// HTTP status.
+    pub status: u16,
+    /// Error message.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// A scripted finish reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScriptedFinish {
+    /// A normal end (the default).
+    Stop,
+    /// Reported as cut by the token limit.
+    Length,
+}
+
+/// What to generate for one request, resolved against the offered tools.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Reasoning text.
+    pub think: Option<String>,
+    /// Answer text.
+    pub text: String,
+    /// Tool calls: name and arguments JSON text.
+    pub tool_calls: Vec<(String, String)>,
+    /// Answer with an HTTP error: status and message.
+    pub error: Option<(u16, String)>,
+    /// Cut the connection after this many tokens.
+    pub disconnect_after: Option<usize>,
+    /// Report `length` and leave out the end-of-turn token.
+    pub force_length: bool,
+    /// Extra wait before the first token.
+    pub delay: Option<Duration>,
+}
+
+impl Script {
+    /// Loads a script: JSON when the name ends in `.json`, TOML otherwise.
+    pub fn load(path: &Path) -> Result<Self, MockError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MockError::ScriptRead {
+            path: path.to_owned(),
+            source,
+        })?;
+        let invalid = |reason: String| MockError::ScriptInvalid {
+            path: path.to_owned(),
+            reason,
+        };
+        let script: Self = if path.extension().is_some_and(|e| e == "json") {
+            serde_json::from_str(&text).map_err(|e| invalid(e.to_string()))?
+        } else {
+            toml::from_str(&text).map_err(|e| invalid(e.to_string()))?
+        };
+        for (s, session) in script.sessions.iter().enumerate() {
+            for (t, turn) in session.turns.iter().enumerate() {
+                for (c, call) in turn.tool_calls.iter().enumerate() {
+                    if call.name.is_some() == call.shell.is_some() {
+                        return Err(invalid(format!(
+                            "sessions[{s}].turns[{t}].tool_calls[{c}]: give either `name` or `shell`"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(script)
+    }
+}
+
+/// The policy: a script with per-session cursors, or the built-in one.
+#[derive(Debug, Default)]
+pub struct Policy {
+    script: Option<Script>,
+    cursors: Mutex<HashMap<String, usize>>,
+}
+
+impl Policy {
+    /// The built-in policy.
+    pub fn builtin() -> Self {
+        Self::default()
+    }
+
+    /// A scripted policy.
+    pub fn scripted(script: Script) -> Self {
+        Self {
+            script: Some(script),
+            cursors: Mutex::default(),
+        }
+    }
+
+    /// The plan for the next request of `session`.
+    pub fn next(&self, session: &str, facts: &PromptFacts) -> Plan {
+        let Some(script) = &self.script else {
+            return builtin_plan(facts);
+        };
+        let entry = script
+            .sessions
+            .iter()
+            .find(|s| s.id == session)
+            .or_else(|| script.sessions.iter().find(|s| s.id == "*"));
+        let index = {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            let cursor = cursors.entry(session.to_owned()).or_insert(0);
+            *cursor += 1;
+            *cursor - 1
+        };
+        match entry.and_then(|e| e.turns.get(index)) {
+            Some(turn) => plan_of(turn, &facts.tools),
+            None => Plan {
+                text: script
+                    .final_text
+                    .clone()
+                    .unwrap_or_else(|| "done".to_owned()),
+                ..Plan::default()
+            },
+        }
+    }
+}
+
+fn builtin_plan(facts: &PromptFacts) -> Plan {
+    if facts.tools.is_empty() || facts.tool_result_after_last_user {
+        return Plan {
+            text: "done".to_owned(),
+            ..Plan::default()
+        };
+    }
+    Plan {
+        tool_calls: vec![shell_call(&facts.tools, DEMO_COMMAND)],
+        ..Plan::default()
+    }
+}
+
+fn plan_of(turn: &Turn, tools: &[Tool]) -> Plan {
+    Plan {
+        think: turn.think.clone(),
+        text: turn.text.clone().unwrap_or_default(),
+        tool_calls: turn
+            .tool_calls
+            .iter()
+            .map(|c| match (&c.shell, &c.name) {
+                (Some(cmd), _) => shell_call(tools, cmd),
+                (None, name) => (
+                    name.clone().unwrap_or_default(),
+                    c.arguments.clone().unwrap_or_else(|| json!({})).to_string(),
+                ),
+            })
+            .collect(),
+        error: turn.error.as_ref().map(|e| {
+            let message = e.message.clone();
+            (
+                e.status,
+                message.unwrap_or_else(|| "scripted error".to_owned()),
+            )
+        }),
+        disconnect_after: turn.disconnect_after.map(|n| n as usize),
+        force_length: turn.finish_reason == Some(ScriptedFinish::Length),
+        delay: turn.delay_ms.map(Duration::from_millis),
+    }
+}
+
+/// A call of the offered shell tool running `command`.
+pub fn shell_call(tools: &[Tool], command: &str) -> (String, String) {
+    const SHELLS: [&str; 5] = ["bash", "shell", "exec_command", "run_shell_command", "Bash"];
+    let tool = tools
+        .iter()
+        .find(|t| SHELLS.contains(&t.name.as_str()))
+        .or_else(|| {
+            tools
+                .iter()
+                .find(|t| SHELLS.iter().any(|s| t.name.eq_ignore_ascii_case(s)))
+        })
+        .or_else(|| tools.first());
+    let Some(tool) = tool else {
+        return ("bash".to_owned(), json!({ "command": command }).to_string());
+    };
+    let parameters = tool.parameters.to_value();
+    let props = parameters.get("properties");
+    let key = ["command", "cmd"]
+        .into_iter()
+        .find(|k| props.and_then(|p| p.get(k)).is_some())
+        .unwrap_or("command");
+    let is_array = props
+        .and_then(|p| p.get(key))
+        .and_then(|p| p.get("type"))
+        .and_then(Value::as_str)
+        == Some("array");
+    let value = if is_array {
+        json!(["bash", "-lc", command])
+    } else {
+        json!(command)
+    };
+    let mut args = serde_json::Map::new();
+    args.insert(key.to_owned(), value);
+    (tool.name.clone(), Value::Object(args).to_string())
+}

@@ -1,0 +1,114 @@
+//! The record of one captured model call: what the harness sent (native and
+//! normalized), what the backend answered, and the token-level data the
+//! trajectory builders need. One per call in a session's log (see
+//! [`super::log`]: one line, or two joined by the reader).
+
+use serde::{Deserialize, Serialize};
+
+use polar_chat::{Api, ChatRequest, ChatResponse, FinishReason};
+use polar_json::RawJson;
+
+/// Version of the record layout, stored in every record.
+pub const RECORD_VERSION: u32 = 1;
+
+/// The request as the harness sent it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NativeRequest {
+    /// The API.
+    pub api: Api,
+    /// HTTP method.
+    pub method: String,
+    /// Host the harness addressed.
+    pub host: String,
+    /// Path and query.
+    pub path: String,
+    /// The JSON body, as the harness sent it (a body that is not JSON is
+    /// kept as a JSON string of its text).
+    pub body: RawJson,
+}
+
+/// Outcome of a call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum CallStatus {
+    /// The backend answered completely.
+    Completed,
+    /// The call failed; the harness got an error in its API's shape.
+    Failed {
+        /// Which side failed: `harness` (bad request), `backend`, `agent`.
+        side: String,
+        /// The error message.
+        error: String,
+    },
+}
+
+/// Timings in milliseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// The request arrived at the agent.
+    pub received_ms: u64,
+    /// The first token reached the agent (streams).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_token_ms: Option<u64>,
+    /// The backend finished.
+    pub finished_ms: u64,
+}
+
+/// The backend that served a call.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendInfo {
+    /// Backend name from the config.
+    pub name: String,
+    /// Replica URL.
+    pub replica: String,
+    /// The model name the backend served.
+    pub served_model: String,
+    /// Policy weight version, when the backend reported or was told one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+}
+
+/// One captured model call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRecord {
+    /// Layout version ([`RECORD_VERSION`]).
+    pub version: u32,
+    /// Unique id of this call.
+    pub call_id: String,
+    /// Position of the call in its session (0, 1, ...).
+    pub seq: u64,
+    /// The session.
+    pub session_id: String,
+    /// The task, when the session belongs to one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// What the harness sent.
+    pub native_request: NativeRequest,
+    /// The normalized request sent to the backend.
+    pub request: ChatRequest,
+    /// The normalized reply (absent when the call failed before one existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response: Option<ChatResponse>,
+    /// The prompt token ids as the server tokenized them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The generated token ids.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_token_ids: Option<Vec<u32>>,
+    /// Log-probabilities of the generated tokens (same length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_logprobs: Option<Vec<f32>>,
+    /// True when the backend gave no token ids: such a call is never filled
+    /// in by re-tokenizing text.
+    pub token_ids_missing: bool,
+    /// Why generation stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+    /// The backend.
+    pub backend: BackendInfo,
+    /// Timings.
+    pub timings: Timings,
+    /// Outcome.
+    #[serde(flatten)]
+    pub status: CallStatus,
+}

@@ -1,0 +1,66 @@
+//! Training trajectories rebuilt from a session's captured calls: pure data
+//! in, data out (no I/O). [`build`] turns the session's
+//! [`CompletionRecord`]s into a [`Trajectory`] with the chosen [`Builder`]
+//! (`per_request` or `prefix_merging`), [`rewards`] applies the evaluator's
+//! result, and [`check`] verifies the invariants before export.
+//!
+//! Layout: `types` (the serialized model), `stats`, `options`, `template`
+//! (special token ids), `calls` (usable records), `trace_buf` (assembly of
+//! one trace), the two builders, `rewards`, `check`.
+
+mod calls;
+pub mod check;
+pub mod options;
+pub mod per_request;
+pub mod prefix_merging;
+pub mod rewards;
+pub mod stats;
+pub mod template;
+mod trace_buf;
+pub mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use check::{InvariantViolation, check};
+pub use options::{Builder, PrefixMergingOptions, RetryPolicy};
+pub use rewards::{RewardError, Rewards, apply_rewards};
+pub use stats::{DropReason, DroppedCall, ReconstructionStats};
+pub use template::{TemplateError, TemplateInfo, TemplateTokens};
+pub use types::{
+    BreakReason, CallSpan, ChainId, Join, Label, SCHEMA_VERSION, SegmentKind, SegmentLink,
+    SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
+    TrajectoryStatus,
+};
+
+use polar_record::CompletionRecord;
+
+/// Builds the trajectory of one session from its records (any order; they
+/// are taken in `seq` order) with `builder`. Status, ids, group and policy
+/// versions come from `meta` and the records; rewards are applied afterwards
+/// with [`apply_rewards`].
+pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta) -> Trajectory {
+    let (traces, stats) = match builder {
+        Builder::PerRequest => per_request::build(records),
+        Builder::PrefixMerging(opts) => prefix_merging::build(records, opts),
+    };
+    let mut traj = Trajectory {
+        schema_version: SCHEMA_VERSION,
+        status: TrajectoryStatus::Completed,
+        error: None,
+        traces,
+        metadata: TrajectoryMetadata {
+            builder: builder.clone(),
+            session_id: String::new(),
+            task_id: None,
+            group_id: None,
+            policy_version: None,
+            policy_versions: Vec::new(),
+            evaluation: None,
+            reward: None,
+        },
+        stats,
+    };
+    rewards::apply_session(&mut traj, meta, records);
+    traj
+}

@@ -1,0 +1,88 @@
+//! The `prefix_merging` builder: calls whose server-side prompt extends an
+//! earlier call's prompt + response merge into one trace; the earlier
+//! response keeps loss 1 and its logprobs, the tokens in between (tool
+//! results, template glue) get loss 0, the new response loss 1.
+//!
+//! Real sessions are not one clean chain, and each deviation is handled,
+//! labelled and counted, never silently dropped:
+//!
+//! - **Retries** (the same prompt twice, or two prompts extending the same
+//!   call): the sibling that later calls extend wins; the other is a
+//!   superseded retry, delivered as its own trace labelled
+//!   `superseded_retry` (or dropped with that reason, per
+//!   [`RetryPolicy`](super::options::RetryPolicy)); counted in
+//!   `retries_superseded` either way. Identical records (same prompt and
+//!   response) are interchangeable: the earliest stays in the chain.
+//! - **Breaks** (compaction, rewritten history): a new segment of the same
+//!   chain, `AfterBreak { reason }`, linked to the segment it left with the
+//!   length of the common prefix.
+//! - **Parallel sub-agents**: each call goes to the chain whose sequence is
+//!   the longest prefix of its prompt (one walk of a radix tree over all
+//!   earlier sequences), so interleaved chains stay apart; every chain but
+//!   the main one (most calls) is labelled `sub_agent`. A sibling that is
+//!   extended on its own forks a new chain labelled `forked`.
+//! - **Template mismatches** (history re-rendered without the reasoning the
+//!   model generated, or think glue only in the generation prompt): detected
+//!   and counted (`template_mismatches_detected`). With the template's
+//!   [`TemplateInfo`](super::template::TemplateInfo) and splicing on, a call
+//!   is spliced onto the earlier call `B` whose sequence `S = P_B + R_B` it
+//!   leaves at `d` when: `R_B` holds an end-of-turn token only as its last
+//!   token; either `d < |P_B|`, `P_B[d]` is a think token and `P_B[d..]` has
+//!   no end-of-turn token (generation-only glue), or `d >= |P_B|` and
+//!   `R_B[d - |P_B|..]` holds a think token (reasoning stripped from
+//!   history, usually `d == |P_B|`); and the new prompt has an end-of-turn
+//!   token at some `k >= d` (the re-rendered turn is closed). Retried
+//!   replies to one prompt all fit that shape; the splice goes onto the one
+//!   whose end (answer, tool calls) the re-rendered turn `P_C[d..k]` shows
+//!   (the longest common suffix), ties to the latest. The trace then
+//!   goes on, after `R_B` as generated (loss 1), with the new prompt from
+//!   `k + 1` (from `k` when `R_B` has no end-of-turn token of its own, as
+//!   after a length cut), loss 0, then the new response (loss 1); the join
+//!   is recorded as `Join::Splice { diverged_at: d, resumed_from }`. Every
+//!   loss-1 token is one the model generated, with its logprob, but a call
+//!   after a splice saw the template's re-rendering of the earlier turns
+//!   where the trace holds what was generated. Otherwise (ids unknown,
+//!   splicing off, or the shape above not met, e.g. a re-serialized tool
+//!   call or a rewrite of an older turn), a divergence inside the earlier
+//!   call's last turn or at a think token (without ids: inside its response
+//!   or its last few prompt tokens) starts a new segment
+//!   `AfterBreak { TemplateMismatch }` linked to that call's segment.
+//! - **Length cuts** (finish reason `length`): kept with loss 1, labelled
+//!   `truncated`; calls extending them merge normally.
+//! - **Calls without ids, failed calls**: dropped with the reason; a later
+//!   call extending them merges with the call before, their tokens becoming
+//!   glue (loss 0).
+
+mod assemble;
+mod matching;
+mod quote;
+mod tree;
+
+use polar_record::CompletionRecord;
+
+use super::calls::usable;
+use super::options::PrefixMergingOptions;
+use super::stats::ReconstructionStats;
+use super::types::Trace;
+
+/// Merges the calls of a session into traces.
+pub fn build(
+    records: &[CompletionRecord],
+    opts: &PrefixMergingOptions,
+) -> (Vec<Trace>, ReconstructionStats) {
+    let (calls, mut dropped) = usable(records);
+    let matched = matching::match_calls(&calls, opts);
+    let (traces, counts) = assemble::assemble(&calls, &matched, opts);
+    dropped.extend(counts.dropped);
+    let mut stats = ReconstructionStats {
+        calls: records.len(),
+        calls_dropped: dropped,
+        retries_superseded: counts.retries_superseded,
+        forks: counts.forks,
+        breaks: counts.breaks,
+        template_mismatches_detected: matched.iter().filter(|m| m.template_mismatch).count(),
+        ..ReconstructionStats::default()
+    };
+    stats.tally(&traces);
+    (traces, stats)
+}

@@ -1,0 +1,138 @@
+//! Session-level facts applied to a built trajectory: status and error from
+//! the session's outcome (traces of a failed session are kept but labelled
+//! `session_failed`), the GRPO group, the policy weight versions reported by
+//! the records, and rewards (one outcome reward copied to every trace, or
+//! one reward per trace).
+
+use serde::{Deserialize, Serialize};
+
+use polar_record::CompletionRecord;
+
+use super::types::{Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus};
+
+/// Rewards to apply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "snake_case")]
+pub enum Rewards {
+    /// One reward for the whole session, copied to every trace and stored as
+    /// the trajectory's reward.
+    Outcome(f64),
+    /// One reward per trace, in the order of `Trajectory::traces`.
+    PerTrace(Vec<f64>),
+}
+
+/// Why rewards could not be applied.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RewardError {
+    /// A reward is NaN or infinite.
+    #[error("reward {value} (trace {index:?}) is not a finite number")]
+    NotFinite {
+        /// The trace it was meant for (`None` for an outcome reward).
+        index: Option<usize>,
+        /// The value.
+        value: f64,
+    },
+    /// Per-trace rewards do not match the traces in number.
+    #[error("{rewards} per-trace rewards for {traces} traces")]
+    CountMismatch {
+        /// Traces in the trajectory.
+        traces: usize,
+        /// Rewards given.
+        rewards: usize,
+    },
+}
+
+/// Applies `rewards`; on error nothing is changed.
+pub fn apply_rewards(traj: &mut Trajectory, rewards: &Rewards) -> Result<(), RewardError> {
+    match rewards {
+        Rewards::Outcome(r) => {
+            if !r.is_finite() {
+                return Err(RewardError::NotFinite {
+                    index: None,
+                    value: *r,
+                });
+            }
+            traj.metadata.reward = Some(*r);
+            for t in &mut traj.traces {
+                t.reward = Some(*r);
+            }
+        }
+        Rewards::PerTrace(rs) => {
+            if rs.len() != traj.traces.len() {
+                return Err(RewardError::CountMismatch {
+                    traces: traj.traces.len(),
+                    rewards: rs.len(),
+                });
+            }
+            if let Some((index, &value)) = rs.iter().enumerate().find(|(_, r)| !r.is_finite()) {
+                return Err(RewardError::NotFinite {
+                    index: Some(index),
+                    value,
+                });
+            }
+            for (t, r) in traj.traces.iter_mut().zip(rs) {
+                t.reward = Some(*r);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The trajectory status and error message of a session outcome.
+pub fn status_of(outcome: &SessionOutcome) -> (TrajectoryStatus, Option<String>) {
+    match outcome {
+        SessionOutcome::Completed => (TrajectoryStatus::Completed, None),
+        SessionOutcome::Timeout => (
+            TrajectoryStatus::Timeout,
+            Some("the session ran out of time".to_owned()),
+        ),
+        SessionOutcome::Error { message } => (TrajectoryStatus::Error, Some(message.clone())),
+    }
+}
+
+/// Distinct weight versions the records report, in call order.
+pub fn policy_versions(records: &[CompletionRecord]) -> Vec<String> {
+    let mut order: Vec<&CompletionRecord> = records.iter().collect();
+    order.sort_by_key(|r| r.seq);
+    let mut out: Vec<String> = Vec::new();
+    for v in order
+        .iter()
+        .filter_map(|r| r.backend.weight_version.as_ref())
+    {
+        if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
+/// Sets status, error, session ids, group and policy versions from `meta`
+/// and `records`, and labels every trace of a session that did not
+/// complete.
+pub(crate) fn apply_session(
+    traj: &mut Trajectory,
+    meta: &SessionMeta,
+    records: &[CompletionRecord],
+) {
+    let (status, error) = status_of(&meta.outcome);
+    traj.status = status;
+    traj.error = error;
+    let md = &mut traj.metadata;
+    md.session_id = meta.session_id.clone();
+    md.task_id = meta
+        .task_id
+        .clone()
+        .or_else(|| records.iter().find_map(|r| r.task_id.clone()));
+    md.group_id = meta.group_id.clone().or_else(|| md.task_id.clone());
+    md.evaluation = meta.evaluation.clone();
+    md.policy_versions = policy_versions(records);
+    md.policy_version = match md.policy_versions.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    };
+    if status != TrajectoryStatus::Completed {
+        for t in &mut traj.traces {
+            t.add_label(Label::SessionFailed);
+        }
+    }
+}

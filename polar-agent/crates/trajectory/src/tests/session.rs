@@ -1,0 +1,138 @@
+//! Session-level facts: status, group, policy versions, rewards.
+
+use super::kit::{Convo, Render, Sim, Turn, meta};
+use crate::{
+    Builder, Label, RewardError, Rewards, SCHEMA_VERSION, SessionOutcome, Trajectory,
+    TrajectoryStatus, apply_rewards, build, check,
+};
+
+fn two_chains() -> Sim {
+    let mut sim = Sim::new(Render::default());
+    let mut main = Convo::new("you are the main agent", "do it");
+    let mut side = Convo::new("you name sessions", "name this session");
+    main.step(&mut sim, Turn::new("", "call ls"));
+    side.step(&mut sim, Turn::new("", "listing files"));
+    main.tool("a");
+    main.step(&mut sim, Turn::new("", "done"));
+    sim
+}
+
+fn built(sim: &Sim, outcome: SessionOutcome) -> Trajectory {
+    let meta = crate::SessionMeta {
+        outcome,
+        evaluation: Some(serde_json::json!({"tests_passed": 3})),
+        ..meta()
+    };
+    let traj = build(&Builder::default(), &sim.records, &meta);
+    assert_eq!(check(&traj, &sim.records), Ok(()));
+    traj
+}
+
+#[test]
+fn completed_session_metadata_and_outcome_reward() {
+    let mut sim = two_chains();
+    sim.records[2].backend.weight_version = Some("v2".into());
+    let mut traj = built(&sim, SessionOutcome::Completed);
+    assert_eq!(traj.schema_version, SCHEMA_VERSION);
+    assert_eq!(
+        (traj.status, traj.error.clone()),
+        (TrajectoryStatus::Completed, None)
+    );
+    let md = &traj.metadata;
+    assert_eq!(md.session_id, "s-1");
+    assert_eq!(md.task_id.as_deref(), Some("task-1"));
+    assert_eq!(
+        md.group_id.as_deref(),
+        Some("task-1"),
+        "group defaults to the task"
+    );
+    assert_eq!(md.policy_versions, ["v1", "v2"]);
+    assert_eq!(md.policy_version, None, "two versions: no single one");
+    assert_eq!(md.evaluation, Some(serde_json::json!({"tests_passed": 3})));
+    assert_eq!(traj.traces.len(), 2);
+    assert_eq!(traj.traces[0].metadata.policy_versions, ["v1", "v2"]);
+    assert_eq!(traj.traces[1].labels, [Label::SubAgent]);
+
+    assert_eq!(apply_rewards(&mut traj, &Rewards::Outcome(1.0)), Ok(()));
+    assert_eq!(traj.metadata.reward, Some(1.0));
+    assert!(traj.traces.iter().all(|t| t.reward == Some(1.0)));
+
+    assert_eq!(
+        apply_rewards(&mut traj, &Rewards::PerTrace(vec![0.5, -1.0])),
+        Ok(())
+    );
+    let rewards: Vec<_> = traj.traces.iter().map(|t| t.reward).collect();
+    assert_eq!(rewards, [Some(0.5), Some(-1.0)]);
+}
+
+#[test]
+fn bad_rewards_change_nothing() {
+    let sim = two_chains();
+    let mut traj = built(&sim, SessionOutcome::Completed);
+    let before = traj.clone();
+    assert_eq!(
+        apply_rewards(&mut traj, &Rewards::PerTrace(vec![1.0])),
+        Err(RewardError::CountMismatch {
+            traces: 2,
+            rewards: 1
+        })
+    );
+    assert!(matches!(
+        apply_rewards(&mut traj, &Rewards::Outcome(f64::NAN)),
+        Err(RewardError::NotFinite { index: None, .. })
+    ));
+    assert!(matches!(
+        apply_rewards(&mut traj, &Rewards::PerTrace(vec![0.0, f64::INFINITY])),
+        Err(RewardError::NotFinite { index: Some(1), .. })
+    ));
+    assert_eq!(traj, before);
+}
+
+#[test]
+fn failed_sessions_keep_their_traces_flagged() {
+    let sim = two_chains();
+    for (outcome, status, error) in [
+        (
+            SessionOutcome::Timeout,
+            TrajectoryStatus::Timeout,
+            "the session ran out of time",
+        ),
+        (
+            SessionOutcome::Error {
+                message: "sandbox died".into(),
+            },
+            TrajectoryStatus::Error,
+            "sandbox died",
+        ),
+    ] {
+        let traj = built(&sim, outcome);
+        assert_eq!(traj.status, status);
+        assert_eq!(traj.error.as_deref(), Some(error));
+        assert_eq!(traj.traces.len(), 2);
+        assert!(
+            traj.traces
+                .iter()
+                .all(|t| t.has_label(Label::SessionFailed))
+        );
+    }
+}
+
+#[test]
+fn trajectory_json_is_stable() {
+    let sim = two_chains();
+    let traj = built(&sim, SessionOutcome::Completed);
+    let json = serde_json::to_value(&traj).unwrap_or_default();
+    assert_eq!(json["schema_version"], SCHEMA_VERSION);
+    assert_eq!(json["status"], "completed");
+    assert_eq!(json["metadata"]["builder"]["kind"], "prefix_merging");
+    assert_eq!(json["traces"][0]["segment_kind"]["kind"], "start");
+    assert_eq!(json["traces"][0]["spans"][1]["join"]["kind"], "extend");
+    assert_eq!(json["traces"][1]["labels"][0], "sub_agent");
+    let back: Trajectory = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, traj);
+    let builder: Builder = serde_json::from_str(
+        r#"{"kind":"prefix_merging","template":{"end_of_turn":[2],"think":[3,4]}}"#,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(builder, Builder::PrefixMerging(o) if o.splice && o.template.is_some()));
+}

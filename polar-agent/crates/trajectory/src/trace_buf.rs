@@ -1,0 +1,132 @@
+//! Assembly of one [`Trace`] from calls: the first call's prompt, then for
+//! each call its glue (loss 0) and its generated tokens (loss 1, with the
+//! backend's logprobs). Shared by both builders.
+
+use polar_chat::Message;
+
+use super::calls::Call;
+use super::types::{
+    CallSpan, ChainId, Join, Label, SegmentKind, SegmentLink, Trace, TraceMetadata,
+};
+
+/// A trace being assembled.
+pub(crate) struct TraceBuf<'a> {
+    first: Call<'a>,
+    last: Call<'a>,
+    response_ids: Vec<u32>,
+    loss_mask: Vec<u8>,
+    logprobs: Option<Vec<f32>>,
+    call_ids: Vec<String>,
+    spans: Vec<CallSpan>,
+    labels: Vec<Label>,
+    policy_versions: Vec<String>,
+}
+
+impl<'a> TraceBuf<'a> {
+    /// A trace whose prompt is `call`'s prompt and whose first response is
+    /// `call`'s.
+    pub fn new(call: Call<'a>) -> Self {
+        let mut buf = Self {
+            first: call,
+            last: call,
+            response_ids: Vec::with_capacity(call.response.len()),
+            loss_mask: Vec::with_capacity(call.response.len()),
+            logprobs: call
+                .logprobs
+                .map(|_| Vec::with_capacity(call.response.len())),
+            call_ids: Vec::new(),
+            spans: Vec::new(),
+            labels: Vec::new(),
+            policy_versions: Vec::new(),
+        };
+        buf.push(call, &[], Join::First);
+        buf
+    }
+
+    /// Appends `glue` (loss 0) and `call`'s response (loss 1).
+    pub fn push(&mut self, call: Call<'a>, glue: &[u32], join: Join) {
+        self.response_ids.extend_from_slice(glue);
+        self.loss_mask.resize(self.response_ids.len(), 0);
+        let response_start = self.response_ids.len();
+        self.response_ids.extend_from_slice(call.response);
+        self.loss_mask.resize(self.response_ids.len(), 1);
+        self.logprobs = match (self.logprobs.take(), call.logprobs) {
+            (Some(mut lp), Some(call_lp)) => {
+                lp.resize(response_start, 0.0);
+                lp.extend_from_slice(call_lp);
+                Some(lp)
+            }
+            _ => None,
+        };
+        self.call_ids.push(call.record.call_id.clone());
+        self.spans.push(CallSpan {
+            response_start,
+            response_len: call.response.len(),
+            join,
+            truncated: call.truncated(),
+        });
+        if call.truncated() {
+            self.labels.push(Label::Truncated);
+        }
+        if matches!(join, Join::Splice { .. }) {
+            self.labels.push(Label::TemplateSpliced);
+        }
+        if let Some(v) = &call.record.backend.weight_version
+            && !self.policy_versions.contains(v)
+        {
+            self.policy_versions.push(v.clone());
+        }
+        self.last = call;
+    }
+
+    /// The finished trace.
+    pub fn finish(
+        self,
+        chain: ChainId,
+        segment: u32,
+        segment_kind: SegmentKind,
+        previous: Option<SegmentLink>,
+    ) -> Trace {
+        let first_req = &self.first.record.request;
+        let last_rec = self.last.record;
+        let mut response_messages: Vec<Message> = if self.call_ids.len() > 1 {
+            last_rec
+                .request
+                .messages
+                .get(first_req.messages.len()..)
+                .map(<[Message]>::to_vec)
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if let Some(reply) = &last_rec.response {
+            response_messages.push(reply.message.clone());
+        }
+        let mut trace = Trace {
+            prompt_ids: self.first.prompt.to_vec(),
+            response_ids: self.response_ids,
+            loss_mask: self.loss_mask,
+            response_logprobs: self.logprobs,
+            prompt_messages: first_req.messages.clone(),
+            response_messages,
+            tools: first_req.tools.clone(),
+            finish_reason: self.last.finish_reason().cloned(),
+            reward: None,
+            call_ids: self.call_ids,
+            spans: self.spans,
+            chain,
+            segment,
+            segment_kind,
+            previous,
+            labels: Vec::new(),
+            metadata: TraceMetadata {
+                policy_versions: self.policy_versions,
+                ..TraceMetadata::default()
+            },
+        };
+        for label in self.labels {
+            trace.add_label(label);
+        }
+        trace
+    }
+}

@@ -1,0 +1,310 @@
+//! The trajectory data model: a [`Trajectory`] is what one session turns
+//! into, made of [`Trace`]s (one training sample each). Serialized as JSON by
+//! export; the layout is versioned by [`SCHEMA_VERSION`].
+//!
+//! Layout of a trace: `prompt_ids` is the first merged call's prompt, exactly
+//! as the server tokenized it. `response_ids` is everything after it: each
+//! merged call's generated tokens (loss 1) and, between them, the tokens the
+//! harness and template added (tool results, template glue; loss 0). The
+//! [`CallSpan`]s say where each call's tokens sit.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use polar_chat::{FinishReason, Message, Tool};
+
+use super::options::Builder;
+use super::stats::ReconstructionStats;
+
+/// Version of the [`Trajectory`] layout, stored in every trajectory.
+/// Bumped whenever a field changes meaning or a required field is added.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A chain: one conversation (the main agent, a sub-agent, a side request, a
+/// fork), possibly cut into several segments by breaks in its prefix.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct ChainId(pub u32);
+
+/// One training sample.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trace {
+    /// The first merged call's prompt, as the server tokenized it.
+    pub prompt_ids: Vec<u32>,
+    /// Everything after the prompt: generated tokens and the glue between.
+    pub response_ids: Vec<u32>,
+    /// 1 for tokens the model generated (trained on), 0 for glue; same length
+    /// as `response_ids`.
+    pub loss_mask: Vec<u8>,
+    /// The backend's log-probability of each token of `response_ids`, 0.0 at
+    /// loss-0 positions (glue was not sampled). Absent when a merged call has
+    /// no logprobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_logprobs: Option<Vec<f32>>,
+    /// The first merged call's request messages.
+    pub prompt_messages: Vec<Message>,
+    /// The messages after `prompt_messages`: those the last merged call's
+    /// request added, then its reply.
+    pub response_messages: Vec<Message>,
+    /// The tools offered to the first merged call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    /// Why the last merged call stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<FinishReason>,
+    /// The reward, once assigned (see `trajectory::rewards`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<f64>,
+    /// The calls merged into this trace, in order.
+    pub call_ids: Vec<String>,
+    /// Where each call of `call_ids` sits in `response_ids` (same order).
+    pub spans: Vec<CallSpan>,
+    /// The chain this trace belongs to.
+    pub chain: ChainId,
+    /// Position of this trace among its chain's traces (0, 1, ...), in the
+    /// order of their first calls.
+    pub segment: u32,
+    /// How this trace relates to the rest of its chain.
+    pub segment_kind: SegmentKind,
+    /// The trace this one continues (after a break) or branches from (a fork,
+    /// a superseded retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<SegmentLink>,
+    /// Labels, sorted, without repeats.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<Label>,
+    /// Further facts about the trace.
+    #[serde(default)]
+    pub metadata: TraceMetadata,
+}
+
+impl Trace {
+    /// Whether the trace carries `label`.
+    pub fn has_label(&self, label: Label) -> bool {
+        self.labels.contains(&label)
+    }
+
+    /// Adds `label`, keeping the labels sorted and unique.
+    pub fn add_label(&mut self, label: Label) {
+        if let Err(at) = self.labels.binary_search(&label) {
+            self.labels.insert(at, label);
+        }
+    }
+
+    /// The number of tokens with loss 1.
+    pub fn loss_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+}
+
+/// Where one merged call's tokens sit in [`Trace::response_ids`]. The glue
+/// before its response runs from the end of the previous span (0 for the
+/// first) to `response_start`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSpan {
+    /// Offset of the call's generated tokens in `response_ids`.
+    pub response_start: usize,
+    /// Number of generated tokens.
+    pub response_len: usize,
+    /// How the call joined the trace.
+    pub join: Join,
+    /// The call stopped at its token limit (finish reason `length`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// How a call joined its trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Join {
+    /// The trace's first call: its prompt is the trace's `prompt_ids`.
+    First,
+    /// Its prompt extends the previous call's prompt + response; the rest of
+    /// its prompt is the glue (loss 0).
+    Extend,
+    /// Template splice: its prompt equals the previous call's prompt +
+    /// response up to `diverged_at` (the previous assistant turn was
+    /// re-rendered by the template); the glue is its prompt from
+    /// `resumed_from` on (just after the re-rendered turn's end-of-turn
+    /// token, or at it when the previous response has none).
+    Splice {
+        /// Where the prompt stops matching the previous prompt + response.
+        diverged_at: usize,
+        /// Index in this call's prompt where the glue starts.
+        resumed_from: usize,
+    },
+}
+
+/// How a trace relates to the rest of its chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SegmentKind {
+    /// The first segment of a chain.
+    Start,
+    /// A segment that continues its chain after the prefix broke; `previous`
+    /// links the segment it continues.
+    AfterBreak {
+        /// Why the prefix broke.
+        reason: BreakReason,
+    },
+    /// A single call whose sibling (same prompt, or a prompt extending the
+    /// same call) was kept in the chain instead; `previous` links the trace
+    /// holding the kept sibling's predecessor.
+    SupersededRetry,
+}
+
+/// Why a chain's prefix broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakReason {
+    /// The new prompt is shorter than the earlier prompt + response: the
+    /// harness compacted (summarized, truncated) its context.
+    Compaction,
+    /// The new prompt diverges from the earlier one and is not shorter: the
+    /// harness edited its history.
+    RewrittenHistory,
+    /// The template rendered the previous assistant turn differently from
+    /// what the model generated (stripped reasoning, generation-only glue, a
+    /// re-serialized tool call) and the turn could not be spliced.
+    TemplateMismatch,
+}
+
+/// A link from a trace to a related one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentLink {
+    /// The related trace's chain.
+    pub chain: ChainId,
+    /// The related trace's segment.
+    pub segment: u32,
+    /// Length of the longest common prefix of this trace's first prompt and
+    /// the related call's prompt + response.
+    pub common_prefix_len: usize,
+}
+
+/// A label on a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Label {
+    /// The trace belongs to a chain other than the session's main chain (the
+    /// one with the most calls): a sub-agent or a side request.
+    SubAgent,
+    /// The chain started from a call that extended another chain's call which
+    /// that chain also continued (a sub-agent forked with its parent's
+    /// context).
+    Forked,
+    /// A call that was retried: see [`SegmentKind::SupersededRetry`].
+    SupersededRetry,
+    /// A merged call stopped at its token limit (finish reason `length`); its
+    /// tokens keep loss 1.
+    Truncated,
+    /// At least one call joined by a template splice ([`Join::Splice`]).
+    TemplateSpliced,
+    /// The session did not complete (timeout or error): the trace is kept
+    /// but should be weighed accordingly.
+    SessionFailed,
+}
+
+/// Further facts about a trace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceMetadata {
+    /// Distinct policy weight versions of the merged calls, in call order
+    /// (more than one means the trace spans a weight update).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_versions: Vec<String>,
+    /// Anything else a later stage attaches.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+}
+
+/// How the session ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrajectoryStatus {
+    /// The harness finished.
+    Completed,
+    /// The session ran out of time.
+    Timeout,
+    /// The session failed.
+    Error,
+}
+
+/// What the caller knows about the session besides its records.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionMeta {
+    /// The session.
+    pub session_id: String,
+    /// The task, when the session belongs to one.
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// The GRPO group (sessions sampled for the same task); defaults to the
+    /// task id.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// How the session ended.
+    pub outcome: SessionOutcome,
+    /// The evaluator's result, kept as given.
+    #[serde(default)]
+    pub evaluation: Option<Value>,
+}
+
+/// How a session ended, as the runner saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SessionOutcome {
+    /// The harness exited normally.
+    Completed,
+    /// The time budget ran out.
+    Timeout,
+    /// The session failed.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// Session-level metadata of a trajectory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryMetadata {
+    /// The builder (with its options) that made the traces.
+    pub builder: Builder,
+    /// The session.
+    pub session_id: String,
+    /// The task.
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// The GRPO group.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// The policy weight version, when every call that reported one agrees.
+    #[serde(default)]
+    pub policy_version: Option<String>,
+    /// Every distinct policy weight version the calls reported, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_versions: Vec<String>,
+    /// The evaluator's result.
+    #[serde(default)]
+    pub evaluation: Option<Value>,
+    /// The outcome reward, once assigned.
+    #[serde(default)]
+    pub reward: Option<f64>,
+}
+
+/// Everything one session produced for training.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Trajectory {
+    /// Layout version ([`SCHEMA_VERSION`]).
+    pub schema_version: u32,
+    /// How the session ended.
+    pub status: TrajectoryStatus,
+    /// Why it did not complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The training samples, ordered by chain and segment.
+    pub traces: Vec<Trace>,
+    /// Session-level metadata.
+    pub metadata: TrajectoryMetadata,
+    /// How the traces were reconstructed.
+    pub stats: ReconstructionStats,
+}
