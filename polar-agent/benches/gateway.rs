@@ -16,8 +16,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use polar_agent::gateway::sim::{SimWork, default_outcome, sample_assignment};
-use polar_agent::gateway::stages::{Job, StageLimits, Stages};
+use polar_gateway::sim::{SimWork, default_outcome, sample_assignment};
+use polar_gateway::stages::{Job, StageLimits, Stages};
 
 const SESSIONS: u32 = 64;
 const INIT: Duration = Duration::from_secs(2);
@@ -49,7 +49,7 @@ async fn workload(ready_buffer: usize) -> Duration {
         .collect();
     for h in handles {
         let r = h.await.unwrap().expect("not cancelled");
-        assert_eq!(r.status, polar_agent::rollout::SampleStatus::Completed);
+        assert_eq!(r.status, polar_rollout_api::SampleStatus::Completed);
     }
     t0.elapsed()
 }

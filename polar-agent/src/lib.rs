@@ -6,7 +6,6 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod dns;
-pub mod evaluate;
 
 pub mod gateway;
 pub mod harness;
@@ -20,7 +19,6 @@ pub mod netns;
 
 pub mod proxy;
 pub mod redirect;
-pub mod rollout;
 pub mod runtime;
 pub mod sandbox;
 pub mod signals;

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use polar_agent::config::{Config, RawConfig};
 use polar_agent::gateway::GatewayConfig;
-use polar_agent::rollout::RolloutConfig;
+use polar_rollout::RolloutConfig;
 
 fn doc() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CONFIG.md")).unwrap()

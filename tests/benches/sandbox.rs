@@ -22,7 +22,7 @@ use polar_agent::harness::HarnessName;
 use polar_agent::harness::ModeKind;
 use polar_agent::harness::run::{HarnessOutcome, HarnessRun, run};
 use polar_agent::redirect::{Redirect, RedirectOptions};
-use polar_agent::runtime::spec::RuntimeSpec;
+use polar_spec::runtime::RuntimeSpec;
 use polar_tests::servers::EchoUpstream;
 use polar_tests::{polar_bin, probe_bin, sandbox_tempdir};
 use tokio_util::sync::CancellationToken;

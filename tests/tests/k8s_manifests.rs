@@ -173,7 +173,7 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     // As the server starts: the file, then the tokens from the Secret.
     let tokens = &find(&docs, "Secret", "polar-rollout-tokens")?["stringData"];
     let token = |k: &str| tokens[k].as_str().unwrap_or_default().to_owned();
-    let mut rollout = polar_agent::rollout::RolloutConfig::from_toml(rollout_toml, None)
+    let mut rollout = polar_rollout::RolloutConfig::from_toml(rollout_toml, None)
         .map_err(|e| anyhow::anyhow!("rollout.toml: {e}"))?;
     rollout
         .finish_tokens([token("trainer-token")], [token("node-token")])

@@ -18,7 +18,7 @@ use crate::harness::{HarnessName, ModeKind, check_installed, search_dirs};
 use polar_ids::SessionId;
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use crate::runtime::plan::StepEnd;
-use crate::runtime::spec::RuntimeSpec;
+use polar_spec::runtime::RuntimeSpec;
 use crate::sandbox::SandboxError;
 
 /// The harness options of `polar sandbox run`.
@@ -58,7 +58,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let h = &args.harness;
     // Validate everything before anything is created.
     let harness: HarnessName = match &h.harness {
-        Some(name) => name.parse()?,
+        Some(name) => name.parse().map_err(crate::harness::HarnessError::from)?,
         None => HarnessName::Shell,
     };
     let spec = match &h.runtime {

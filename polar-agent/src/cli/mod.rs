@@ -169,13 +169,13 @@ pub enum CliError {
     Export(#[from] polar_export::ExportError),
     /// The rollout server could not start.
     #[error(transparent)]
-    Rollout(#[from] crate::rollout::RolloutError),
+    Rollout(#[from] polar_rollout::RolloutError),
     /// The rollout settings are invalid.
     #[error(transparent)]
-    RolloutConfig(#[from] crate::rollout::RolloutConfigError),
+    RolloutConfig(#[from] polar_rollout::RolloutConfigError),
     /// A call to the rollout server failed.
     #[error(transparent)]
-    RolloutClient(#[from] crate::rollout::ClientError),
+    RolloutClient(#[from] polar_rollout_api::ClientError),
     /// The task file does not parse.
     #[error("task file {0}")]
     TaskFile(String),
@@ -187,7 +187,7 @@ pub enum CliError {
     Harness(Box<crate::harness::HarnessError>),
     /// The runtime spec is invalid.
     #[error(transparent)]
-    Spec(#[from] crate::runtime::spec::SpecError),
+    Spec(#[from] polar_spec::runtime::SpecError),
     /// Install or uninstall failed.
     #[error(transparent)]
     Install(#[from] crate::install::InstallError),
@@ -339,20 +339,6 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
     }
 }
 
-/// An error with its causes, one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let s_text = s.to_string();
-        if !msg.contains(&s_text) {
-            msg.push_str(": ");
-            msg.push_str(&s_text);
-        }
-        src = s.source();
-    }
-    msg
-}
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_multi_thread()
@@ -370,3 +356,5 @@ pub fn exit_code(s: std::process::ExitStatus) -> u8 {
         _ => 1,
     }
 }
+
+pub use polar_io::chain;

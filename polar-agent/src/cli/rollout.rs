@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::CliError;
-use crate::rollout::config::{NODE_TOKEN_ENV, TOKEN_ENV};
-use crate::rollout::{RolloutConfig, RolloutServer, SimGateway, SimGatewayConfig};
+use polar_rollout::config::{NODE_TOKEN_ENV, TOKEN_ENV};
+use polar_gateway::{SimGateway, SimGatewayConfig};
+use polar_rollout::{RolloutConfig, RolloutServer};
 
 /// `polar rollout ...`
 #[derive(Debug, clap::Subcommand)]

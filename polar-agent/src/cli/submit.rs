@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use super::CliError;
-use crate::rollout::config::TOKEN_ENV;
-use crate::rollout::report::{progress_line, results_table, status_text};
-use crate::rollout::{RolloutClient, TaskStatus};
+use polar_rollout::config::TOKEN_ENV;
+use polar_rollout::report::{progress_line, results_table, status_text};
+use polar_rollout_api::{RolloutClient, TaskStatus};
 
 /// Where the server is.
 #[derive(Debug, Clone, clap::Args)]

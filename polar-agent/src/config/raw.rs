@@ -37,7 +37,7 @@ pub struct RawConfig {
     /// `crate::gateway::config` (`polar agent`).
     pub gateway: Option<toml::Table>,
     /// `[rollout]`: the rollout server's settings, checked by
-    /// `crate::rollout::config` (`polar rollout serve`).
+    /// `polar_rollout::config` (`polar rollout serve`).
     pub rollout: Option<toml::Table>,
 }
 

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::stages::StageLimits;
+use polar_gateway::stages::StageLimits;
 use polar_export::Format;
 
 /// The environment variable holding the node token (used when the file

@@ -17,17 +17,9 @@
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 pub mod config;
-mod http;
-pub mod node;
-pub mod sim;
-pub mod spec;
-pub mod stages;
 mod verdict;
 pub mod work;
 
 pub use config::{GatewayConfig, GatewayConfigError};
-pub use node::{Node, NodeError, NodeOptions, Progress};
-pub use stages::{Stage, StageLimits, Stages, Work};
+pub use polar_gateway::{Node, NodeError, NodeOptions, Progress, Stage, StageLimits, Stages, Work};
 
-#[cfg(test)]
-mod tests;

@@ -5,10 +5,10 @@
 
 use serde_json::Map;
 
-use super::stages::{Interrupt, Reached, Report};
+use polar_gateway::stages::{Interrupt, Reached, Report};
 use super::work::Ran;
-use crate::evaluate::Evaluation;
-use crate::rollout::{SampleStatus, TokenUsage};
+use polar_evaluate::Evaluation;
+use polar_rollout_api::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd, StepReport};
 use polar_trajectory::SessionOutcome;
 

@@ -22,18 +22,18 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::spec::SessionSpec;
-use super::stages::{Job, Reached, Report, Work};
+use polar_rollout_api::session_spec::SessionSpec;
+use polar_gateway::stages::{Job, Reached, Report, Work};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use polar_capture::SessionInfo;
-use crate::evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
+use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
 use polar_export::Exporter;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{HarnessName, Install, check_installed, search_dirs};
 use polar_ids::SessionId;
 use crate::redirect::Redirect;
-use crate::rollout::{SampleStatus, TokenUsage};
+use polar_rollout_api::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd};
 use polar_trajectory::{Rewards, SessionOutcome};
 
@@ -107,7 +107,7 @@ impl HarnessWork {
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
-    crate::cli::chain(e)
+    polar_io::chain(e)
 }
 
 impl Work for HarnessWork {

@@ -24,7 +24,7 @@ use polar_ids::SessionId;
 use crate::redirect::Redirect;
 use crate::runtime::limits::Enforced;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
-use crate::runtime::spec::{NetworkKind, RuntimeSpec};
+use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 use crate::runtime::steps::SandboxDirs;
 use crate::runtime::{Layout, Runtime, SANDBOX_USER};
 use crate::sandbox::NetworkMode;
@@ -270,7 +270,7 @@ pub async fn prepare(
                     &parts.resolver,
                 )
                 .await
-                .map_err(|e| crate::cli::chain(&e)),
+                .map_err(|e| polar_io::chain(&e)),
             Err(e) => Err(e),
         };
         if let Err(error) = adopted {

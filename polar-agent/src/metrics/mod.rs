@@ -37,18 +37,7 @@ pub struct AgentMetrics<'a> {
 /// The agent's Prometheus text page.
 pub fn render(m: &AgentMetrics<'_>) -> String {
     let mut out = Text::new();
-    out.family("polar_sessions", "gauge", "Sessions on this node by stage.");
-    for (stage, n) in m.sessions_by_stage {
-        out.sample("polar_sessions", &[("stage", stage)], n);
-    }
-    out.family(
-        "polar_queue_depth",
-        "gauge",
-        "Items waiting in each stage's queue.",
-    );
-    for (stage, n) in m.queue_depths {
-        out.sample("polar_queue_depth", &[("stage", stage)], n);
-    }
+    polar_metrics::stage_gauges(&mut out, m.sessions_by_stage, m.queue_depths);
     if let Some(c) = m.capture {
         c.render(&mut out);
     }

@@ -14,7 +14,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use super::Layout;
-use super::spec::RuntimeSpec;
+use polar_spec::runtime::RuntimeSpec;
 use polar_ids::SessionId;
 
 /// The apptainer program.

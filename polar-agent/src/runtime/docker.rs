@@ -18,7 +18,7 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use super::Layout;
-use super::spec::{Limits, RuntimeSpec};
+use polar_spec::runtime::{Limits, RuntimeSpec};
 use polar_ids::SessionId;
 
 /// The docker CLI.
@@ -139,7 +139,7 @@ impl Docker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::spec::Mount;
+    use polar_spec::runtime::Mount;
     use crate::tls::TrustFiles;
 
     fn layout() -> Layout {

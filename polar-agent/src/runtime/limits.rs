@@ -22,7 +22,7 @@ use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::spec::Limits;
+use polar_spec::runtime::Limits;
 
 /// Errors of applying limits.
 #[derive(Debug, thiserror::Error)]

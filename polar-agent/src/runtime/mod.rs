@@ -19,7 +19,6 @@ pub mod docker;
 pub mod limits;
 pub mod native;
 pub mod plan;
-pub mod spec;
 pub mod steps;
 
 use std::ffi::OsString;
@@ -29,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use polar_ids::SessionId;
 use crate::tls::TrustFiles;
 
-use self::spec::{Mount, RuntimeKind, RuntimeSpec};
+use polar_spec::runtime::{Mount, RuntimeKind, RuntimeSpec};
 
 /// The sandbox user (uid, gid) when none is given: `nobody`/`nogroup`.
 pub const SANDBOX_USER: (u32, u32) = (65534, 65534);
@@ -42,7 +41,7 @@ pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/
 pub enum RuntimeError {
     /// The spec is invalid.
     #[error(transparent)]
-    Spec(#[from] spec::SpecError),
+    Spec(#[from] polar_spec::runtime::SpecError),
     /// A directory or file of the sandbox could not be made.
     #[error("{op} {path}: {source}")]
     Io {

@@ -132,7 +132,7 @@ pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::spec::Mount;
+    use polar_spec::runtime::Mount;
     use crate::tls::TrustFiles;
 
     fn layout() -> Layout {

@@ -14,7 +14,7 @@ use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::spec::{RuntimeSpec, Step};
+use polar_spec::runtime::{RuntimeSpec, Step};
 use super::steps::{SandboxDirs, upload};
 use super::{BASE_PATH, Layout, Runtime, RuntimeError, base_env};
 use crate::sandbox::session::{Exec, ExecEnd, SandboxSession};
@@ -203,7 +203,7 @@ impl Plan<'_> {
                 Ok(ExecEnd::Stopped) => (StepEnd::Stopped, Some(logs)),
                 Err(e) => (
                     StepEnd::Failed {
-                        error: crate::cli::chain(&e),
+                        error: polar_io::chain(&e),
                     },
                     Some(logs),
                 ),
@@ -294,7 +294,7 @@ impl Plan<'_> {
                     .exec(exec, stop)
                     .await
                     .map(|end| (end, (out, err)))
-                    .map_err(|e| crate::cli::chain(&e))
+                    .map_err(|e| polar_io::chain(&e))
             }
         };
         let (end, logs) = match result {

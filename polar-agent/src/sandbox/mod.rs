@@ -203,7 +203,7 @@ pub async fn run<H: Handler>(
     let opts = session::SessionOptions {
         id: id.clone(),
         network: spec.network,
-        limits: crate::runtime::spec::Limits::default(),
+        limits: polar_spec::runtime::Limits::default(),
         drain_grace: spec.drain_grace,
     };
     let sandbox = session::SandboxSession::open(&redirect, &opts, &handler, &resolver)?;

@@ -21,7 +21,7 @@ use polar_ids::SessionId;
 use crate::listener::Handler;
 use crate::redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
 use crate::runtime::limits::{Enforced, LimitGroups};
-use crate::runtime::spec::Limits;
+use polar_spec::runtime::Limits;
 
 /// How a session is opened.
 #[derive(Clone, Debug)]

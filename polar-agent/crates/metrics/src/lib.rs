@@ -59,6 +59,23 @@ pub fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
+/// The gauges every node's page starts with: sessions by stage
+/// (`polar_sessions`) and items waiting per stage (`polar_queue_depth`).
+pub fn stage_gauges(out: &mut Text, sessions_by_stage: &[(&str, u64)], queue_depths: &[(&str, u64)]) {
+    out.family("polar_sessions", "gauge", "Sessions on this node by stage.");
+    for (stage, n) in sessions_by_stage {
+        out.sample("polar_sessions", &[("stage", stage)], n);
+    }
+    out.family(
+        "polar_queue_depth",
+        "gauge",
+        "Items waiting in each stage's queue.",
+    );
+    for (stage, n) in queue_depths {
+        out.sample("polar_queue_depth", &[("stage", stage)], n);
+    }
+}
+
 /// A cumulative histogram of durations, in seconds.
 #[derive(Debug)]
 pub struct Histogram {

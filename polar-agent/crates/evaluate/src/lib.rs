@@ -1,0 +1,304 @@
+//! Evaluators: how a rollout session is scored. The gateway builds an
+//! [`Evaluator`] from the task's `evaluator` spec ([`Evaluator::from_spec`],
+//! when the session is assigned: a bad spec fails the session at once with
+//! an error naming the option), and calls [`Evaluator::evaluate`] in its
+//! POSTRUN stage, after the harness ran, with the [`SessionFacts`] it knows
+//! and a [`CommandRunner`] for the session's sandbox (or, when
+//! [`Evaluator::needs_fresh_sandbox`], a fresh sandbox on the same
+//! workspace). The result is an [`Evaluation`]: reward, usability, a detail
+//! object for the trainer, and why it could not be evaluated.
+//!
+//! - this file: the interface and the dispatch over kinds;
+//! - `options`: raw option parsing (unknown options rejected) and the checks
+//!   shared by the command evaluators (argv, env, timeout, paths);
+//! - `session`: `session_completed`; `command`: `command`;
+//!   `test_output`: `test_output`;
+//! - [`parse`]: the test-output parsers (pure);
+//! - `workspace`: reading and writing files of the workspace from the host
+//!   without ever leaving it (openat2 `RESOLVE_BENEATH`).
+//!
+//! # Kinds and options
+//!
+//! Every option is checked by [`Evaluator::from_spec`]; an unknown option is
+//! an error.
+//!
+//! `session_completed` (the default): reward `reward_success` when the
+//! harness exited 0, did not time out, made at least `min_calls` model calls
+//! and at most `max_failed_calls` failed ones; `reward_failure` otherwise.
+//! - `min_calls` (integer, default 1);
+//! - `max_failed_calls` (integer, default: no limit);
+//! - `reward_success` (number, default 1.0), `reward_failure` (number,
+//!   default 0.0).
+//!
+//! `command`: runs a command in the sandbox, with the workspace as its
+//! working directory.
+//! - `command` (required): a string (run with `sh -c`) or an array of
+//!   strings (the argv);
+//! - `timeout_secs` (integer 1 to 86400, default 300);
+//! - `fresh` (bool, default false): run in a fresh sandbox on the same
+//!   workspace instead of the session's;
+//! - `env` (object of strings): extra variables;
+//! - `reward`: `"exit_status"` (default: 1.0 when the command exits 0, else
+//!   0.0) or `"file"`: read from `reward_file` after the command ran;
+//! - `reward_file` (only with `"file"`, default `.polar/reward`): a path
+//!   relative to the workspace, without `..`. It is removed (in the sandbox)
+//!   before the command runs, so a file the harness left is never read as
+//!   the reward; the command sees its path in `POLAR_REWARD_FILE`. Its
+//!   content is a number, or a JSON object `{"reward": x, ...}` whose other
+//!   fields go to the detail's `file`. It is read from the host through
+//!   `RESOLVE_BENEATH`: a symlink leading outside the workspace is refused.
+//!
+//! `test_output` (SWE-bench style): applies a test patch, runs the tests,
+//! parses per-test outcomes and scores 1.0 iff every `fail_to_pass` and
+//! `pass_to_pass` test passed ("resolved"), else 0.0.
+//! - `test_patch` (a unified diff) or `test_patch_file` (a path relative to
+//!   the workspace; the harness can see and change it, so prefer
+//!   `test_patch`); optional: without either nothing is applied;
+//! - `command` (required), `timeout_secs` (each step), `fresh`, `env`: as
+//!   for `command`;
+//! - `parser` (required): `pytest` (`pytest -rA` summary lines and `-v`
+//!   progress lines), `unittest` (`python -m unittest -v`, Django's runner)
+//!   or `regex` with `pass_regex` (required) and `fail_regex` (optional),
+//!   each with a named group `name`, matched against every output line;
+//! - `fail_to_pass`, `pass_to_pass` (arrays of test names, default empty):
+//!   pytest node ids; for `unittest` any of `module.Class.test`,
+//!   `test (module.Class)` or `test (module.Class.test)`. When both are
+//!   empty the reward is 1.0 iff some test passed and none failed.
+//!
+//! A test counts as passed when it `PASSED` or `XFAIL`ed (as in SWE-bench);
+//! a test listed but absent from the output counts as failed.
+//!
+//! # Usable samples
+//!
+//! A sample is usable (counts as completed) when the harness ran to its end
+//! (exit code known, no timeout) and the evaluator produced a reward. The
+//! reward of a session that did not run to its end is still computed and
+//! reported. Outcomes that are the model's doing are scored, not errors: a
+//! failing command or test scores 0.0; an evaluation command that times out
+//! scores 0.0 (with `error` saying so: the model's code hung); a test patch
+//! that does not apply scores 0.0 (the model's changes conflict with it);
+//! test output without a single recognized test scores 0.0 (the model broke
+//! the test run). Outcomes that are not the model's doing give no reward and
+//! an unusable sample: the runner could not run a command, a patch tool is
+//! missing (exit 126/127), the reward file is missing, garbled or escapes
+//! the workspace, the test patch file cannot be read.
+
+mod command;
+mod options;
+pub mod parse;
+mod session;
+mod test_output;
+mod workspace;
+
+#[cfg(test)]
+mod tests;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+pub use command::{CommandEvaluator, RewardSource};
+pub use parse::{Parser, TestOutcomes, TestStatus};
+pub use session::SessionCompleted;
+pub use test_output::TestOutput;
+pub use workspace::WorkspaceError;
+
+use polar_spec::EvaluatorSpec;
+
+/// What the gateway knows about the session when it evaluates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionFacts {
+    /// The harness's exit code; `None` if it did not run or was killed.
+    pub harness_exit: Option<i32>,
+    /// The session's budget or the agent's timeout ran out.
+    pub timed_out: bool,
+    /// Model calls captured.
+    pub calls: u64,
+    /// Captured calls that failed (backend error).
+    pub failed_calls: u64,
+    /// The workspace directory on the host.
+    pub workspace: PathBuf,
+}
+
+impl SessionFacts {
+    /// Whether the harness ran to its end: its exit code is known and the
+    /// session did not time out.
+    pub fn ran_to_end(&self) -> bool {
+        self.harness_exit.is_some() && !self.timed_out
+    }
+}
+
+/// What a command run by a [`CommandRunner`] produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommandOutput {
+    /// The exit code; `None` when the command did not exit by itself (killed
+    /// at the timeout).
+    pub exit: Option<i32>,
+    /// Standard output (lossy UTF-8).
+    pub stdout: String,
+    /// Standard error (lossy UTF-8).
+    pub stderr: String,
+}
+
+/// The future a [`CommandRunner`] returns.
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<CommandOutput, String>> + Send + 'a>>;
+
+/// Runs a command in a sandbox (the session's own, or a fresh one on the
+/// same workspace), with the workspace as its working directory, the given
+/// variables added to the sandbox's, and stdin empty. The command and all it
+/// started are killed at `timeout` (then `exit` is `None`). `Err` means the
+/// command could not be run at all, and says why.
+pub trait CommandRunner: Send + Sync {
+    /// Runs `argv` (`argv[0]` looked up in `PATH`).
+    fn run<'a>(
+        &'a self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        timeout: Duration,
+    ) -> RunFuture<'a>;
+}
+
+/// The outcome of an evaluation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Evaluation {
+    /// The reward; `None` when the session could not be evaluated.
+    pub reward: Option<f64>,
+    /// Whether the sample counts as completed (see the module doc).
+    pub usable: bool,
+    /// Evaluator-specific, returned to the trainer (per-test results...).
+    pub detail: Value,
+    /// Why the session could not be evaluated, or why it scored as it did
+    /// without evidence (a timeout, a patch that does not apply).
+    pub error: Option<String>,
+}
+
+impl Evaluation {
+    /// A reward; usable when the harness ran to its end.
+    fn scored(facts: &SessionFacts, reward: f64, detail: Value) -> Self {
+        Self {
+            reward: Some(reward),
+            usable: facts.ran_to_end(),
+            detail,
+            error: None,
+        }
+    }
+
+    /// A reward given without the evidence asked for (a timeout, a patch
+    /// that does not apply), with why.
+    fn scored_with(facts: &SessionFacts, reward: f64, detail: Value, error: String) -> Self {
+        Self {
+            error: Some(error),
+            ..Self::scored(facts, reward, detail)
+        }
+    }
+
+    /// No reward: the session could not be evaluated.
+    fn failed(error: String, detail: Value) -> Self {
+        Self {
+            reward: None,
+            usable: false,
+            detail,
+            error: Some(error),
+        }
+    }
+}
+
+/// Why an evaluator spec is not acceptable. The message names the field
+/// (`evaluator.kind`, `evaluator.options.command`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EvalError {
+    /// No evaluator of that kind.
+    #[error(
+        "evaluator.kind: unknown evaluator {0:?}; one of: session_completed, command, test_output"
+    )]
+    UnknownKind(String),
+    /// An option is missing, unknown or invalid.
+    #[error("evaluator.options.{option}: {reason}")]
+    Option {
+        /// The option (`command`, `env.FOO`, `options` for the object).
+        option: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+impl EvalError {
+    /// The request field at fault, as in the rollout API's error bodies.
+    pub fn field(&self) -> String {
+        match self {
+            Self::UnknownKind(_) => "evaluator.kind".to_owned(),
+            Self::Option { option, .. } => format!("evaluator.options.{option}"),
+        }
+    }
+
+    fn option(option: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::Option {
+            option: option.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A validated evaluator.
+#[derive(Clone, Debug)]
+pub enum Evaluator {
+    /// `session_completed`.
+    SessionCompleted(SessionCompleted),
+    /// `command`.
+    Command(CommandEvaluator),
+    /// `test_output`.
+    TestOutput(TestOutput),
+}
+
+impl Evaluator {
+    /// Parses and checks a spec from the rollout API.
+    pub fn from_spec(spec: &EvaluatorSpec) -> Result<Self, EvalError> {
+        match spec.kind.as_str() {
+            "session_completed" => {
+                SessionCompleted::from_options(&spec.options).map(Self::SessionCompleted)
+            }
+            "command" => CommandEvaluator::from_options(&spec.options).map(Self::Command),
+            "test_output" => TestOutput::from_options(&spec.options).map(Self::TestOutput),
+            other => Err(EvalError::UnknownKind(other.to_owned())),
+        }
+    }
+
+    /// The kind, as in the spec.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::SessionCompleted(_) => "session_completed",
+            Self::Command(_) => "command",
+            Self::TestOutput(_) => "test_output",
+        }
+    }
+
+    /// Whether the commands must run in a fresh sandbox on the session's
+    /// workspace rather than in the session's own.
+    pub fn needs_fresh_sandbox(&self) -> bool {
+        match self {
+            Self::SessionCompleted(_) => false,
+            Self::Command(c) => c.run.fresh,
+            Self::TestOutput(t) => t.run.fresh,
+        }
+    }
+
+    /// Whether evaluating runs commands at all (`session_completed` does
+    /// not: the gateway need not keep a sandbox for it).
+    pub fn runs_commands(&self) -> bool {
+        !matches!(self, Self::SessionCompleted(_))
+    }
+
+    /// Scores the session. Never fails: what went wrong is in
+    /// [`Evaluation::error`].
+    pub async fn evaluate(&self, facts: &SessionFacts, runner: &dyn CommandRunner) -> Evaluation {
+        match self {
+            Self::SessionCompleted(s) => s.evaluate(facts),
+            Self::Command(c) => c.evaluate(facts, runner).await,
+            Self::TestOutput(t) => t.evaluate(facts, runner).await,
+        }
+    }
+}

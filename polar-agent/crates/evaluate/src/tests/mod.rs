@@ -1,0 +1,68 @@
+//! Tests of the evaluators: option checks, and each evaluator against real
+//! commands, run by [`host::HostRunner`] as host processes in a temporary
+//! workspace.
+
+mod command;
+mod host;
+mod session;
+mod test_output;
+mod validation;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{CommandRunner, Evaluation, Evaluator, RunFuture, SessionFacts};
+use polar_spec::EvaluatorSpec;
+
+pub use host::HostRunner;
+
+/// A spec of `kind` with `options` (a JSON object).
+fn spec(kind: &str, options: Value) -> EvaluatorSpec {
+    let Value::Object(options) = options else {
+        panic!("options must be an object")
+    };
+    EvaluatorSpec {
+        kind: kind.to_owned(),
+        options,
+    }
+}
+
+fn evaluator(kind: &str, options: Value) -> Evaluator {
+    Evaluator::from_spec(&spec(kind, options)).unwrap()
+}
+
+/// A session that ran to its end with three model calls.
+fn facts(workspace: &Path) -> SessionFacts {
+    SessionFacts {
+        harness_exit: Some(0),
+        timed_out: false,
+        calls: 3,
+        failed_calls: 0,
+        workspace: workspace.to_owned(),
+    }
+}
+
+/// Evaluates in `workspace` with a host runner.
+async fn run(e: &Evaluator, workspace: &Path) -> Evaluation {
+    e.evaluate(&facts(workspace), &HostRunner::new(workspace))
+        .await
+}
+
+/// A runner that cannot run anything.
+struct BrokenRunner;
+
+impl CommandRunner for BrokenRunner {
+    fn run<'a>(&'a self, _: Vec<String>, _: Vec<(String, String)>, _: Duration) -> RunFuture<'a> {
+        Box::pin(async { Err("the sandbox is gone".to_owned()) })
+    }
+}
+
+#[test]
+fn evaluate_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let e = Evaluator::from_spec(&EvaluatorSpec::default()).unwrap();
+    let f = facts(Path::new("/nonexistent"));
+    send(&e.evaluate(&f, &BrokenRunner));
+}

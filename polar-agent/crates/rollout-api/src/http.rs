@@ -1,0 +1,155 @@
+//! HTTP plumbing shared by the rollout server, its client and the simulated
+//! gateway: response bodies, JSON replies and errors, bounded body reads,
+//! bearer tokens, and one outgoing HTTP/1 client with a connection pool.
+
+use std::io;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+
+use polar_rollout_types::{ErrorBody, ErrorDetail};
+
+/// The body of every response the rollout side sends.
+pub type Body = BoxBody<Bytes, io::Error>;
+
+/// The outgoing client (plain HTTP; gateways and callbacks on the cluster
+/// network).
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// A pooled HTTP/1 client with TCP_NODELAY.
+pub fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    polar_io::body::full(bytes)
+}
+
+/// A JSON response.
+pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => {
+            let mut resp = Response::new(full(bytes));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            None,
+            &e.to_string(),
+        ),
+    }
+}
+
+/// An error response (`{"error": {"code", "field", "message"}}`).
+pub fn error(status: StatusCode, code: &str, field: Option<&str>, message: &str) -> Response<Body> {
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: code.to_owned(),
+            field: field.map(str::to_owned),
+            message: message.to_owned(),
+        },
+    };
+    let mut resp = Response::new(full(serde_json::to_vec(&body).unwrap_or_default()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"polar-rollout\""),
+        );
+    }
+    resp
+}
+
+/// Reads a body of at most `limit` bytes; `None` when it is larger or
+/// breaks off.
+pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Option<Bytes> {
+    Limited::new(body, limit)
+        .collect()
+        .await
+        .ok()
+        .map(|c| c.to_bytes())
+}
+
+/// The bearer token of a request.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Whether `given` is one of `accepted`, compared in constant time per
+/// candidate.
+pub fn token_ok(given: Option<&str>, accepted: &[String]) -> bool {
+    let Some(given) = given else {
+        return false;
+    };
+    let mut ok = false;
+    for t in accepted {
+        ok |= constant_time_eq(given.as_bytes(), t.as_bytes());
+    }
+    ok
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `Authorization` value for a token.
+pub fn bearer_value(token: &str) -> HeaderValue {
+    HeaderValue::from_str(&format!("Bearer {token}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("Bearer invalid"))
+}
+
+/// Joins a base URL and a path (`http://h:1/` + `/v1/x`).
+pub fn join(base: &str, path: &str) -> String {
+    format!("{}{path}", base.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens() {
+        let mut h = HeaderMap::new();
+        assert_eq!(bearer(&h), None);
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("bearer abc"),
+        );
+        assert_eq!(bearer(&h), Some("abc"));
+        let accepted = vec!["abc".to_owned(), "other-token".to_owned()];
+        assert!(token_ok(Some("abc"), &accepted));
+        assert!(!token_ok(Some("abd"), &accepted));
+        assert!(!token_ok(Some(""), &accepted));
+        assert!(!token_ok(None, &accepted));
+        assert_eq!(join("http://h:1/", "/v1/x"), "http://h:1/v1/x");
+    }
+}

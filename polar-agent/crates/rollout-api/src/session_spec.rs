@@ -1,0 +1,198 @@
+//! What a session's assignment asks of a gateway, checked: the harness
+//! preset, the agent options the gateway understands, the runtime spec and
+//! the evaluator. The rollout server runs the same check when a task is
+//! submitted (a bad task is a 400 naming the field), and the gateway again
+//! when a session arrives (a node may run a newer or older version).
+//!
+//! Agent options: `command` (the `shell` preset's command: a string run by
+//! `sh -c`, or an argv array), `timeout_secs` (the RUNNING limit, overriding
+//! `gateway.agent_timeout_secs`), `mode` (`transparent` or `base_url`).
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+
+use polar_evaluate::Evaluator;
+use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
+use crate::validate::ValidationError;
+use crate::{AgentSpec, EvaluatorSpec};
+use polar_spec::runtime::{RuntimeSpec, SpecError};
+
+/// A checked session spec.
+#[derive(Debug)]
+pub struct SessionSpec {
+    /// The preset.
+    pub harness: HarnessName,
+    /// The shell preset's command (empty: the instruction through `sh -c`).
+    pub command: Vec<String>,
+    /// The RUNNING limit, when the task sets one.
+    pub timeout: Option<Duration>,
+    /// The mode, when the task sets one.
+    pub mode: Option<ModeKind>,
+    /// The runtime.
+    pub runtime: RuntimeSpec,
+    /// The evaluator.
+    pub evaluator: Evaluator,
+}
+
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> ValidationError {
+    ValidationError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+impl SessionSpec {
+    /// Checks the parts of a task or an assignment.
+    pub fn parse(
+        instruction: &str,
+        agent: &AgentSpec,
+        runtime: &Map<String, Value>,
+        evaluator: &EvaluatorSpec,
+    ) -> Result<Self, ValidationError> {
+        let harness: HarnessName = agent
+            .harness
+            .parse()
+            .map_err(|e: UnknownHarness| bad("agent.harness", e.to_string()))?;
+        if harness != HarnessName::Shell && instruction.trim().is_empty() {
+            return Err(bad(
+                "instruction",
+                format!("the {harness} preset needs one"),
+            ));
+        }
+        let mut spec = Self {
+            harness,
+            command: Vec::new(),
+            timeout: None,
+            mode: None,
+            runtime: RuntimeSpec::default(),
+            evaluator: Evaluator::from_spec(evaluator)
+                .map_err(|e| bad(e.field(), e.to_string()))?,
+        };
+        for (k, v) in &agent.options {
+            let field = format!("agent.options.{k}");
+            match (k.as_str(), v) {
+                ("command", Value::String(s)) if !s.trim().is_empty() => {
+                    spec.command = vec!["sh".into(), "-c".into(), s.clone()];
+                }
+                ("command", Value::Array(a)) if !a.is_empty() => {
+                    spec.command = a
+                        .iter()
+                        .map(|x| x.as_str().map(str::to_owned))
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| bad(&field, "an array of strings"))?;
+                }
+                ("command", _) => {
+                    return Err(bad(field, "a non-empty string or array of strings"));
+                }
+                ("timeout_secs", v) => {
+                    let n = v
+                        .as_u64()
+                        .filter(|n| (1..=7 * 86_400).contains(n))
+                        .ok_or_else(|| bad(&field, "an integer between 1 and 604800"))?;
+                    spec.timeout = Some(Duration::from_secs(n));
+                }
+                ("mode", Value::String(m)) if m == "transparent" => {
+                    spec.mode = Some(ModeKind::Transparent);
+                }
+                ("mode", Value::String(m)) if m == "base_url" => {
+                    spec.mode = Some(ModeKind::BaseUrl);
+                }
+                ("mode", _) => return Err(bad(field, "transparent or base_url")),
+                _ => {
+                    return Err(bad(field, "unknown option (command, timeout_secs, mode)"));
+                }
+            }
+        }
+        if !spec.command.is_empty() && harness != HarnessName::Shell {
+            return Err(bad(
+                "agent.options.command",
+                format!("only the shell preset takes a command, not {harness}"),
+            ));
+        }
+        if !runtime.is_empty() {
+            let text = serde_json::to_string(runtime).map_err(|e| bad("runtime", e.to_string()))?;
+            spec.runtime = RuntimeSpec::parse(&text, true, "runtime").map_err(|e| match e {
+                SpecError::Invalid { path, message } => bad(format!("runtime.{path}"), message),
+                other => bad("runtime", other.to_string()),
+            })?;
+        }
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(agent: Value, runtime: Value, evaluator: Value) -> Result<SessionSpec, String> {
+        SessionSpec::parse(
+            "do it",
+            &serde_json::from_value(agent).unwrap(),
+            runtime.as_object().unwrap(),
+            &serde_json::from_value(evaluator).unwrap(),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_good_spec_and_errors_naming_the_field() {
+        let s = parse(
+            json!({"harness": "shell", "options": {"command": "python3 a.py", "timeout_secs": 60}}),
+            json!({"prepare": [{"run": "true"}]}),
+            json!({"kind": "command", "options": {"command": "test -f x"}}),
+        )
+        .unwrap();
+        assert_eq!(s.command, vec!["sh", "-c", "python3 a.py"]);
+        assert_eq!(s.timeout, Some(Duration::from_secs(60)));
+        assert_eq!(s.runtime.prepare.len(), 1);
+        for (agent, runtime, evaluator, field) in [
+            (
+                json!({"harness": "cursor"}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.harness",
+            ),
+            (
+                json!({"harness": "shell", "options": {"script": "x"}}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.options.script",
+            ),
+            (
+                json!({"harness": "shell", "options": {"timeout_secs": 0}}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.options.timeout_secs",
+            ),
+            (
+                json!({"harness": "codex", "options": {"command": "x"}}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.options.command",
+            ),
+            (
+                json!({"harness": "shell"}),
+                json!({"kind": "bwrap"}),
+                json!({"kind": "session_completed"}),
+                "runtime",
+            ),
+            (
+                json!({"harness": "shell"}),
+                json!({}),
+                json!({"kind": "vibes"}),
+                "evaluator.kind",
+            ),
+            (
+                json!({"harness": "shell"}),
+                json!({}),
+                json!({"kind": "command"}),
+                "evaluator.options.command",
+            ),
+        ] {
+            let e = parse(agent, runtime, evaluator).unwrap_err();
+            assert!(e.starts_with(field), "{field}: {e}");
+        }
+    }
+}

@@ -1,0 +1,288 @@
+//! [`Core`]: the scheduler behind a lock, the database, and the background
+//! work that follows state changes. Every change goes through
+//! [`Core::apply`]: mutate the scheduler, queue its rows to the database
+//! (under the lock, so the database sees changes in order), wait for the
+//! commit, and only then acknowledge, push assignments, send cancellations
+//! or start callbacks. Each change also assigns what it made dispatchable
+//! (a result frees a slot, a submission brings sessions, a node registers)
+//! within the same commit. Background loops: the dispatcher (continues
+//! large assignments when woken) and the ticker (lost nodes, deadlines).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::Full;
+use tokio::sync::Notify;
+
+use super::callback;
+use super::config::RolloutConfig;
+use super::events::EventHub;
+use polar_rollout_api::http::{HttpClient, bearer_value, client, join};
+use super::metrics::Metrics;
+use polar_rollout_api::now_ms;
+use super::scheduler::{CancelOrder, Changes, Limits, Push, Scheduler};
+use super::store::{Store, StoreError};
+use polar_rollout_api::{API_VERSION, CancelSession};
+use polar_io::tasks::Tasks;
+
+/// Assignments made per scheduler lock.
+const ASSIGN_BATCH: usize = 256;
+
+/// Shared state of a running server.
+pub struct Core {
+    /// Settings.
+    pub cfg: RolloutConfig,
+    sched: Mutex<Scheduler>,
+    store: Store,
+    /// Events for `/v1/events`.
+    pub hub: Arc<EventHub>,
+    /// Outgoing HTTP (gateways, callbacks).
+    pub http: HttpClient,
+    /// Background work.
+    pub tasks: Tasks,
+    wake: Notify,
+    /// Latency histogram and counters.
+    pub metrics: Metrics,
+    /// When the server started.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("listen", &self.cfg.listen)
+            .field("database", &self.cfg.database)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// Opens the database and restores its state. Nothing runs yet.
+    pub fn open(cfg: RolloutConfig) -> Result<(Arc<Self>, Changes), StoreError> {
+        let hub = Arc::new(EventHub::new());
+        let (store, snap) = Store::open(&cfg.database, cfg.synchronous, Arc::clone(&hub))?;
+        let now = Instant::now();
+        let limits = Limits {
+            heartbeat_timeout: cfg.heartbeat_timeout,
+            max_retries: cfg.max_retries,
+            result_grace: cfg.result_grace,
+            no_node_timeout: cfg.no_node_timeout,
+        };
+        let mut sched = Scheduler::new(limits, now);
+        let (tasks, sessions) = (snap.tasks.len(), snap.sessions.len());
+        for (reg, drain) in snap.nodes {
+            sched.restore_node(reg, drain, now);
+        }
+        sched.restore(snap.tasks, snap.sessions, now, now_ms());
+        if tasks > 0 {
+            tracing::info!(tasks, sessions, "rollout state restored");
+        }
+        let changes = sched.take_changes();
+        let core = Arc::new(Self {
+            cfg,
+            sched: Mutex::new(sched),
+            store,
+            hub,
+            http: client(),
+            tasks: Tasks::new(),
+            wake: Notify::new(),
+            metrics: Metrics::default(),
+            started: now,
+        });
+        Ok((core, changes))
+    }
+
+    /// Reads the scheduler.
+    pub fn read<R>(&self, f: impl FnOnce(&Scheduler) -> R) -> R {
+        let s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
+        f(&s)
+    }
+
+    /// Changes the scheduler, commits, then starts what must follow.
+    pub async fn apply<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&mut Scheduler, Instant, u64) -> R,
+    ) -> Result<R, StoreError> {
+        let (r, pending, follow) = {
+            let mut s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
+            let wall = now_ms();
+            let r = f(&mut s, Instant::now(), wall);
+            // Whatever the change freed (a slot, a node) is used in the
+            // same commit: no extra round trip through the dispatcher.
+            s.assign(wall, ASSIGN_BATCH);
+            let mut changes = s.take_changes();
+            if changes.is_empty() {
+                return Ok(r);
+            }
+            let ops = std::mem::take(&mut changes.ops);
+            let events = std::mem::take(&mut changes.events);
+            let pending =
+                (!ops.is_empty() || !events.is_empty()).then(|| self.store.send(ops, events));
+            (r, pending, changes)
+        };
+        if let Some(rx) = pending {
+            Store::wait(rx).await?;
+        }
+        self.follow_up(follow);
+        Ok(r)
+    }
+
+    /// Starts the pushes, cancellations and callbacks a change calls for.
+    pub fn follow_up(self: &Arc<Self>, changes: Changes) {
+        for push in changes.pushes {
+            let core = Arc::clone(self);
+            self.spawn(async move { core.push(push).await });
+        }
+        for order in changes.cancels {
+            let core = Arc::clone(self);
+            self.spawn(async move { core.send_cancel(order).await });
+        }
+        for task_id in changes.callbacks {
+            let core = Arc::clone(self);
+            self.spawn(async move { callback::deliver(core, task_id).await });
+        }
+        self.wake.notify_one();
+    }
+
+    /// Spawns tracked work that stops at shutdown.
+    pub fn spawn(&self, fut: impl Future<Output = ()> + Send + 'static) {
+        let stop = self.tasks.shutdown_token();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = fut => {}
+            }
+        });
+    }
+
+    /// Starts the dispatcher and the ticker.
+    pub fn start_loops(self: &Arc<Self>) {
+        let core = Arc::clone(self);
+        self.spawn(async move { core.dispatcher().await });
+        let core = Arc::clone(self);
+        self.spawn(async move { core.ticker().await });
+    }
+
+    async fn dispatcher(self: Arc<Self>) {
+        loop {
+            self.wake.notified().await;
+            loop {
+                match self.apply(|s, _, wall| s.assign(wall, ASSIGN_BATCH)).await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::error!(error = %e, "dispatch not committed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn ticker(self: Arc<Self>) {
+        let every = (self.cfg.heartbeat_timeout / 4)
+            .clamp(Duration::from_millis(20), Duration::from_secs(1));
+        let mut interval = tokio::time::interval(every);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            if let Err(e) = self.apply(|s, now, wall| s.tick(now, wall)).await {
+                tracing::error!(error = %e, "periodic checks not committed");
+            }
+            // A safety net: whatever was missed is dispatched within a tick.
+            self.wake.notify_one();
+        }
+    }
+
+    /// Sends an assignment; a refusal or no answer puts the session back.
+    async fn push(self: Arc<Self>, push: Push) {
+        let sid = push.assignment.session_id.clone();
+        let attempt = push.assignment.attempt;
+        let url = join(&push.address, "/v1/sessions");
+        let body = match serde_json::to_vec(&push.assignment) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode an assignment");
+                return;
+            }
+        };
+        let outcome = self.post(&url, body, self.cfg.push_timeout).await;
+        match outcome {
+            Ok(status) if status.is_success() => {
+                self.metrics.observe(push.dispatchable_at.elapsed());
+            }
+            other => {
+                let reason = match other {
+                    Ok(status) => format!("gateway answered {status}"),
+                    Err(e) => e,
+                };
+                let node = push.node_id.clone();
+                let r = self
+                    .apply(move |s, now, _| s.push_failed(&sid, &node, attempt, &reason, now))
+                    .await;
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "push failure not committed");
+                }
+            }
+        }
+    }
+
+    async fn send_cancel(self: Arc<Self>, order: CancelOrder) {
+        let url = join(
+            &order.address,
+            &format!("/v1/sessions/{}/cancel", order.session_id),
+        );
+        let body = CancelSession {
+            version: API_VERSION,
+            attempt: order.attempt,
+            reason: order.reason,
+        };
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        match self.post(&url, body, self.cfg.push_timeout).await {
+            Ok(s) if s.is_success() || s == http::StatusCode::NOT_FOUND => {}
+            Ok(s) => tracing::debug!(session = %order.session_id, status = %s, "cancel refused"),
+            Err(e) => {
+                tracing::debug!(session = %order.session_id, error = %e, "cancel not delivered (the heartbeat reconciles)")
+            }
+        }
+    }
+
+    /// POSTs JSON with the gateway token; the status, or why none came.
+    async fn post(
+        &self,
+        url: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<http::StatusCode, String> {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::AUTHORIZATION, bearer_value(&self.cfg.gateway_token))
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        match tokio::time::timeout(timeout, self.http.request(req)).await {
+            Ok(Ok(resp)) => Ok(resp.status()),
+            Ok(Err(e)) => Err(polar_io::chain(&e)),
+            Err(_) => Err(format!("no answer within {timeout:?}")),
+        }
+    }
+
+    /// Closes the database (what is queued is committed first).
+    pub fn close_store(&self) {
+        self.store.close();
+    }
+
+    /// Stops the background work (waiting up to `grace`) and closes the
+    /// database; what was committed stays.
+    pub async fn shutdown(&self, grace: Duration) {
+        if !self.tasks.drain(grace).await {
+            tracing::warn!("rollout background work still running at shutdown");
+        }
+        self.store.close();
+    }
+}

@@ -1,0 +1,144 @@
+//! The rollout control plane's server side (`polar rollout serve`): a
+//! trainer submits a [`TaskRequest`]; the server creates one session per
+//! sample, keeps everything in SQLite, pushes each session to the least
+//! loaded healthy gateway node, collects results, and delivers them to the
+//! task's callback URL. docs/ROLLOUT-API.md is the protocol.
+//!
+//! - the wire types, the checks naming the field, the client and the event
+//!   stream reader are `polar-rollout-api`'s;
+//! - `scheduler` (pure; `nodes`, `reports`, `views` inside): tasks,
+//!   sessions, nodes, queue, dispatch choice,
+//!   retries, early stop, deadlines;
+//! - `store`: SQLite (WAL, migrations, group commit, events after commit);
+//! - `core`: the scheduler + store + background work (dispatcher, ticker,
+//!   pushes, cancellations); `callback`: result delivery with backoff;
+//! - `server`: HTTP routes and error mapping; `events`: the event stream;
+//!   `metrics`: `/metrics`; `report`: text for the CLI;
+//! - the tests (`tests`) run the server against `polar-gateway`'s simulated
+//!   gateway; nothing here needs the node agent or the eBPF toolchain.
+//! - `config`: the `[rollout]` settings.
+
+pub mod callback;
+pub mod config;
+pub mod core;
+pub mod events;
+pub mod metrics;
+pub mod report;
+pub mod scheduler;
+pub mod server;
+
+
+pub mod store;
+
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+pub use config::{RolloutConfig, RolloutConfigError};
+pub use store::StoreError;
+
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// The settings are invalid.
+    #[error(transparent)]
+    Config(#[from] RolloutConfigError),
+    /// The database could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The listen address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running rollout server. Dropping it stops it ([`RolloutServer::abort`]).
+#[derive(Debug)]
+pub struct RolloutServer {
+    core: Arc<core::Core>,
+    addr: SocketAddr,
+}
+
+impl Drop for RolloutServer {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+impl RolloutServer {
+    /// Opens the database (restoring its state), binds `cfg.listen` (port 0
+    /// picks one) and starts serving.
+    pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+        let listen = cfg.listen;
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| RolloutError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| RolloutError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let (core, restored) = core::Core::open(cfg)?;
+        core.start_loops();
+        core.follow_up(restored);
+        let c = Arc::clone(&core);
+        core.tasks.spawn(server::serve(c, listener));
+        tracing::info!(%addr, database = %core.cfg.database.display(), "rollout server listening");
+        Ok(Self { core, addr })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://{addr}`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The shared state (for tests and benchmarks).
+    pub fn core(&self) -> &Arc<core::Core> {
+        &self.core
+    }
+
+    /// The most recent dispatch latencies (up to 200,000).
+    pub fn dispatch_latencies(&self) -> Vec<Duration> {
+        self.core.metrics.recent()
+    }
+
+    /// Stops: no new connections, background work cancelled (assignments
+    /// not yet pushed are pushed again by the next start; callbacks resume),
+    /// database closed. Nothing acknowledged is lost.
+    pub async fn shutdown(self) {
+        self.core.shutdown(Duration::from_secs(3)).await;
+    }
+
+    /// Stops at once, as a crash would, but closing the database cleanly:
+    /// background work is cancelled where it stands. Dropping the server
+    /// does the same.
+    pub fn abort(&self) {
+        self.core.tasks.shutdown_token().cancel();
+        self.core.close_store();
+    }
+
+    /// Runs until `stop` fires, then shuts down.
+    pub async fn run_until(self, stop: impl std::future::Future<Output = ()>) {
+        stop.await;
+        tracing::info!("rollout server stopping");
+        self.shutdown().await;
+    }
+}

@@ -1,0 +1,170 @@
+//! Plain-text reports for the CLI (pure): a task's progress line, its
+//! final table of samples, and the server status summary.
+
+use std::fmt::Write as _;
+
+use polar_rollout_api::{ServerStatus, SessionState, TaskView};
+
+/// `t1 running [####......] 4/10 done (3 usable), 2 running, 4 pending`.
+pub fn progress_line(v: &TaskView) -> String {
+    let c = &v.counts;
+    let finished = c.done + c.failed + c.cancelled;
+    let width = 20u32;
+    let filled = (finished * width)
+        .checked_div(v.num_samples)
+        .unwrap_or(0)
+        .min(width);
+    let bar: String = (0..width)
+        .map(|i| if i < filled { '#' } else { '.' })
+        .collect();
+    let mut line = format!(
+        "{} {} [{bar}] {finished}/{} finished: {} done ({} usable)",
+        v.task_id,
+        v.status.as_str(),
+        v.num_samples,
+        c.done,
+        c.usable
+    );
+    for (n, what) in [
+        (c.running, "running"),
+        (c.dispatched, "dispatched"),
+        (c.pending, "pending"),
+        (c.failed, "failed"),
+        (c.cancelled, "cancelled"),
+    ] {
+        if n > 0 {
+            let _ = write!(line, ", {n} {what}");
+        }
+    }
+    line
+}
+
+/// The table of a finished task: one row per sample.
+pub fn results_table(v: &TaskView) -> String {
+    let mut rows: Vec<[String; 7]> = vec![[
+        "sample".into(),
+        "status".into(),
+        "reward".into(),
+        "prompt_tok".into(),
+        "response_tok".into(),
+        "node".into(),
+        "trajectory / note".into(),
+    ]];
+    for s in &v.samples {
+        let row = match &s.state {
+            SessionState::Done { node, result, .. } => [
+                s.sample_index.to_string(),
+                result.status.as_str().to_owned(),
+                result
+                    .reward
+                    .map_or_else(|| "-".to_owned(), |r| format!("{r:.4}")),
+                result.tokens.prompt.to_string(),
+                result.tokens.response.to_string(),
+                node.clone(),
+                result
+                    .trajectory_uri
+                    .clone()
+                    .or_else(|| result.error.clone())
+                    .unwrap_or_else(|| "-".into()),
+            ],
+            SessionState::Failed { error } => row_without_result(s.sample_index, "failed", error),
+            SessionState::Cancelled { reason } => {
+                row_without_result(s.sample_index, "cancelled", reason)
+            }
+            other => row_without_result(s.sample_index, other.kind().as_str(), ""),
+        };
+        rows.push(row);
+    }
+    let mut widths = [0usize; 7];
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = format!(
+        "task {} ({}), group {}{}\n",
+        v.task_id,
+        v.status.as_str(),
+        v.group_id,
+        v.reason
+            .as_deref()
+            .map(|r| format!(", {r}"))
+            .unwrap_or_default()
+    );
+    for r in &rows {
+        let line: Vec<String> = r
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (cell, w))| {
+                if i == 6 {
+                    cell.clone()
+                } else {
+                    format!("{cell:<w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    let rewards: Vec<f64> = v
+        .samples
+        .iter()
+        .filter_map(|s| match &s.state {
+            SessionState::Done { result, .. } => result.reward,
+            _ => None,
+        })
+        .collect();
+    if !rewards.is_empty() {
+        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
+        let _ = writeln!(out, "mean reward {mean:.4} over {} samples", rewards.len());
+    }
+    out
+}
+
+fn row_without_result(index: u32, status: &str, note: &str) -> [String; 7] {
+    [
+        index.to_string(),
+        status.to_owned(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        if note.is_empty() {
+            "-".into()
+        } else {
+            note.to_owned()
+        },
+    ]
+}
+
+/// `polar status`: server, nodes, tasks.
+pub fn status_text(s: &ServerStatus, url: &str) -> String {
+    let mut out = format!(
+        "rollout server {url}: up {}s, version {}\n",
+        s.uptime_secs, s.server_version
+    );
+    let join = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "tasks: {}", join(&s.tasks));
+    let _ = writeln!(out, "sessions: {}", join(&s.sessions));
+    let _ = writeln!(out, "nodes: {}", s.nodes.len());
+    for n in &s.nodes {
+        let _ = writeln!(
+            out,
+            "  {} {} {} assigned {}/{} (load {:.2}), heartbeat {} ms ago",
+            n.node_id,
+            n.address,
+            n.health.as_str(),
+            n.assigned,
+            n.capacity.max_sessions,
+            n.load,
+            n.last_heartbeat_ms_ago
+        );
+    }
+    out
+}

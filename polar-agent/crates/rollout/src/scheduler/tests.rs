@@ -1,0 +1,259 @@
+//! Scheduler unit tests: dispatch order, load balancing, loss and retries,
+//! early stop, deadlines, stale reports (no I/O, explicit clocks).
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::*;
+use polar_rollout_types::{Heartbeat, NodeCapacity, SampleStatus, SessionResult, TokenUsage};
+
+fn limits() -> Limits {
+    Limits {
+        heartbeat_timeout: Duration::from_secs(1),
+        max_retries: 1,
+        result_grace: Duration::from_secs(1),
+        no_node_timeout: Duration::from_secs(10),
+    }
+}
+
+fn task(id: &str, n: u32) -> TaskRequest {
+    task_p(id, n, 0)
+}
+
+fn task_p(id: &str, n: u32, priority: i32) -> TaskRequest {
+    serde_json::from_value(json!({
+        "task_id": id, "instruction": "x", "num_samples": n, "timeout_secs": 60,
+        "agent": {"harness": "shell"}, "priority": priority,
+    }))
+    .unwrap()
+}
+
+fn node(id: &str, max: u32) -> NodeRegistration {
+    NodeRegistration {
+        version: 1,
+        node_id: id.into(),
+        address: format!("http://{id}.test"),
+        instance: "i1".into(),
+        capacity: NodeCapacity {
+            max_sessions: max,
+            stages: Default::default(),
+        },
+        labels: Default::default(),
+    }
+}
+
+fn result(node: &str, attempt: u32, status: SampleStatus) -> SessionResult {
+    SessionResult {
+        node_id: node.into(),
+        attempt,
+        status,
+        reward: Some(1.0),
+        trajectory_uri: None,
+        tokens: TokenUsage::default(),
+        error: None,
+        stats: None,
+        retry: false,
+    }
+}
+
+/// (session, node) of each push since the last call.
+fn pushes(s: &mut Scheduler) -> Vec<(String, String)> {
+    s.take_changes()
+        .pushes
+        .into_iter()
+        .map(|p| (p.assignment.session_id, p.node_id))
+        .collect()
+}
+
+#[test]
+fn higher_priority_first_then_submission_order() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.submit(task_p("low", 2, 0), t0, 0).unwrap();
+    s.submit(task_p("high", 2, 5), t0, 0).unwrap();
+    s.submit(task_p("low2", 1, 0), t0, 0).unwrap();
+    s.register(node("n1", 100), t0, 0);
+    s.take_changes();
+    assert_eq!(s.assign(0, 100), 5);
+    let order: Vec<String> = pushes(&mut s).into_iter().map(|p| p.0).collect();
+    assert_eq!(order, ["high-s0", "high-s1", "low-s0", "low-s1", "low2-s0"]);
+}
+
+#[test]
+fn least_loaded_node_with_stable_ties_and_capacity() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 2), t0, 0);
+    s.register(node("b", 4), t0, 0);
+    s.submit(task("t", 8), t0, 0).unwrap();
+    s.take_changes();
+    assert_eq!(s.assign(0, 100), 6, "capacity 2 + 4");
+    let nodes: Vec<String> = pushes(&mut s).into_iter().map(|p| p.1).collect();
+    // a 0/2 vs b 0/4: tie -> a; then b (0/4 < 1/2); b (1/4 < 1/2); a/b tie
+    // at 1/2 vs 2/4 -> a; then b, b.
+    assert_eq!(nodes, ["a", "b", "b", "a", "b", "b"]);
+    assert_eq!(s.queued(), 2);
+}
+
+#[test]
+fn a_lost_node_has_its_sessions_dispatched_again_then_failed() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    // No heartbeat: lost, sessions back in the queue (retry 1 of 1).
+    let t1 = t0 + Duration::from_secs(2);
+    s.tick(t1, 2000);
+    assert_eq!(s.queued(), 2);
+    s.register(node("b", 10), t1, 2000);
+    s.assign(2000, 10);
+    let p = pushes(&mut s);
+    assert!(p.iter().all(|(_, n)| n == "b"), "{p:?}");
+    // b is lost too: retry limit reached, sessions fail, task fails.
+    s.tick(t1 + Duration::from_secs(2), 4000);
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Failed);
+    assert_eq!(v.counts.failed, 2);
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Failed { error } if error.contains("retry limit"))
+    );
+}
+
+#[test]
+fn stale_and_unknown_reports_are_refused() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    assert!(matches!(
+        s.result("t-s0", &result("a", 2, SampleStatus::Completed), t0, 0),
+        Err(ReportError::Stale { .. })
+    ));
+    assert!(matches!(
+        s.result("zz", &result("a", 1, SampleStatus::Completed), t0, 0),
+        Err(ReportError::UnknownSession(_))
+    ));
+    s.result("t-s0", &result("a", 1, SampleStatus::Completed), t0, 0)
+        .unwrap();
+    assert!(
+        s.result("t-s0", &result("a", 1, SampleStatus::Completed), t0, 0)
+            .is_err()
+    );
+    let v = s.task_view("t", false).unwrap();
+    assert_eq!(v.status, TaskStatus::Completed);
+    assert!(s.assigned_to("a").is_empty());
+}
+
+#[test]
+fn early_stop_cancels_the_rest_and_tells_the_gateway() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 2), t0, 0);
+    let mut req = task("t", 5);
+    req.early_stop_after = Some(2);
+    s.submit(req, t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.result("t-s0", &result("a", 1, SampleStatus::Completed), t0, 0)
+        .unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.result("t-s1", &result("a", 1, SampleStatus::Completed), t0, 0)
+        .unwrap();
+    let c = s.take_changes();
+    assert_eq!(c.cancels.len(), 1, "t-s2 was running on a");
+    assert_eq!(c.cancels[0].session_id, "t-s2");
+    let v = s.task_view("t", false).unwrap();
+    assert_eq!(v.status, TaskStatus::Completed);
+    assert_eq!((v.counts.done, v.counts.cancelled), (2, 3));
+    assert_eq!(s.queued(), 0);
+}
+
+#[test]
+fn overdue_sessions_fail_and_refusing_nodes_wait_for_a_heartbeat() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.push_failed("t-s1", "a", 1, "refused", t0);
+    assert_eq!(s.queued(), 1);
+    assert_eq!(s.assign(0, 10), 0, "a refuses until its next heartbeat");
+    s.take_changes();
+    s.heartbeat("a", Heartbeat::default(), t0).unwrap();
+    assert!(s.take_changes().wake, "the heartbeat wakes the dispatcher");
+    assert_eq!(s.assign(0, 10), 1);
+    // 60 s budget + 1 s grace, heartbeats keep coming.
+    let late = t0 + Duration::from_millis(500);
+    s.heartbeat("a", Heartbeat::default(), late).unwrap();
+    s.take_changes();
+    s.tick(late, 61_001 + 10);
+    let c = s.take_changes();
+    assert_eq!(c.cancels.len(), 2);
+    assert_eq!(s.task_view("t", false).unwrap().status, TaskStatus::Failed);
+}
+
+#[test]
+fn heartbeats_reconcile_and_a_new_instance_loses_sessions() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    let hb = Heartbeat {
+        sessions: Some(vec!["t-s0".into(), "gone".into()]),
+        ..Heartbeat::default()
+    };
+    let reply = s.heartbeat("a", hb, t0).unwrap();
+    assert_eq!(reply.cancel.len(), 1);
+    assert_eq!(reply.cancel[0].session_id, "gone");
+    let mut again = node("a", 10);
+    again.instance = "i2".into();
+    let r = s.register(again, t0, 0);
+    assert_eq!(r.requeued, 1);
+    assert!(matches!(
+        s.heartbeat(
+            "a",
+            Heartbeat {
+                instance: Some("i1".into()),
+                ..Heartbeat::default()
+            },
+            t0
+        ),
+        Err(HeartbeatError::WrongInstance { .. })
+    ));
+    assert!(matches!(
+        s.heartbeat("zz", Heartbeat::default(), t0),
+        Err(HeartbeatError::UnknownNode(_))
+    ));
+}
+
+#[test]
+fn no_healthy_node_for_too_long_fails_pending_sessions() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.submit(task("t", 3), t0, 0).unwrap();
+    s.tick(t0 + Duration::from_secs(5), 5000);
+    assert_eq!(s.queued(), 3);
+    s.tick(t0 + Duration::from_secs(11), 11_000);
+    assert_eq!(s.queued(), 0);
+    assert_eq!(s.task_view("t", false).unwrap().status, TaskStatus::Failed);
+}
+
+#[test]
+fn a_draining_node_gets_nothing() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.register(node("b", 10), t0, 0);
+    assert!(s.drain("a", true, t0));
+    s.submit(task("t", 4), t0, 0).unwrap();
+    s.take_changes();
+    s.assign(0, 10);
+    assert!(pushes(&mut s).iter().all(|(_, n)| n == "b"));
+}

@@ -1,0 +1,477 @@
+//! The rollout server's HTTP side: the accept loop (hyper, HTTP/1.1 with
+//! keep-alive) and [`handle`], which checks the bearer token, routes, and
+//! maps every failure to a status and an error body. The routes are listed
+//! in docs/ROLLOUT-API.md.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::core::Core;
+use polar_rollout_api::http::{Body, bearer, error, json, read_body, token_ok};
+use super::scheduler::{HeartbeatError, ReportError, SubmitError};
+use polar_rollout_api::sse;
+use super::store::StoreError;
+use polar_rollout_api::{
+    API_VERSION, DrainRequest, Heartbeat, NodeList, NodeRegistration, ServerStatus,
+    SessionProgress, SessionResult, TaskList, TaskRequest, TaskStatus,
+};
+use polar_rollout_api::validate::{self, ValidationError};
+
+/// Who may call a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Anyone (`/health`).
+    Open,
+    /// Trainers and dashboards.
+    Client,
+    /// Gateways.
+    Node,
+    /// Either.
+    Any,
+}
+
+/// Why a request failed: one place maps causes to statuses.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Missing or wrong bearer token (401).
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// A bad body or parameter (400), naming the field.
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    /// The body is larger than allowed (413).
+    #[error("body larger than {0} bytes")]
+    TooLarge(usize),
+    /// No such task, node, session or route (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The method is not allowed on this path (405).
+    #[error("method not allowed")]
+    Method,
+    /// A conflict (409): duplicate task, stale report, wrong instance.
+    #[error("{message}")]
+    Conflict {
+        /// The error code.
+        code: &'static str,
+        /// For people.
+        message: String,
+    },
+    /// The database failed (503): nothing was acknowledged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ApiError {
+    fn response(&self) -> Response<Body> {
+        let msg = self.to_string();
+        match self {
+            Self::Unauthorized => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
+            Self::Invalid(v) => error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                Some(&v.field),
+                &msg,
+            ),
+            Self::TooLarge(_) => error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", None, &msg),
+            Self::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", None, &msg),
+            Self::Method => error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                None,
+                &msg,
+            ),
+            Self::Conflict { code, .. } => error(StatusCode::CONFLICT, code, None, &msg),
+            Self::Store(_) => error(StatusCode::SERVICE_UNAVAILABLE, "storage", None, &msg),
+        }
+    }
+}
+
+impl From<ReportError> for ApiError {
+    fn from(e: ReportError) -> Self {
+        match e {
+            ReportError::UnknownSession(_) => Self::NotFound(e.to_string()),
+            ReportError::Stale { .. } => Self::Conflict {
+                code: "stale_attempt",
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Serves the API on `listener` until the core shuts down.
+pub async fn serve(core: Arc<Core>, listener: TcpListener) {
+    let stop = core.tasks.shutdown_token();
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "rollout accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let core2 = Arc::clone(&core);
+        let stop = stop.clone();
+        core.tasks.spawn(async move {
+            let service = service_fn(move |req| {
+                let core = Arc::clone(&core2);
+                async move { Ok::<_, Infallible>(handle(core, req).await) }
+            });
+            let conn = http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = stop.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    match tokio::time::timeout(Duration::from_secs(2), conn.as_mut()).await {
+                        Ok(r) => r,
+                        Err(_) => Ok(()),
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "rollout connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Handles one request.
+pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Response<Body> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let started = Instant::now();
+    let resp = match route(&core, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            if matches!(e, ApiError::Store(_)) {
+                tracing::error!(%method, %path, error = %e, "request failed");
+            }
+            e.response()
+        }
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), micros = started.elapsed().as_micros() as u64, "rollout request");
+    resp
+}
+
+fn authorize(core: &Core, req: &Request<Incoming>, role: Role) -> Result<(), ApiError> {
+    let given = bearer(req.headers());
+    let cfg = &core.cfg;
+    let ok = match role {
+        Role::Open => true,
+        Role::Client => token_ok(given, &cfg.tokens),
+        Role::Node => token_ok(given, &cfg.node_tokens),
+        Role::Any => token_ok(given, &cfg.tokens) || token_ok(given, &cfg.node_tokens),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+async fn body<T: DeserializeOwned>(core: &Core, req: Request<Incoming>) -> Result<T, ApiError> {
+    let limit = core.cfg.max_body_bytes;
+    let bytes = read_body(req.into_body(), limit)
+        .await
+        .ok_or(ApiError::TooLarge(limit))?;
+    let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
+        Bytes::from_static(b"{}")
+    } else {
+        bytes
+    };
+    Ok(validate::parse(&bytes)?)
+}
+
+fn query<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
+    req.uri().query()?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == key).then_some(v)
+    })
+}
+
+async fn route(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let path = req.uri().path().to_owned();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let m = req.method().clone();
+    let role = match segs.as_slice() {
+        ["health"] => Role::Open,
+        ["v1", "nodes", "register"] | ["v1", "nodes", _, "heartbeat"] | ["v1", "sessions", ..] => {
+            Role::Node
+        }
+        ["v1", "nodes"] | ["v1", "nodes", _, "drain"] => Role::Any,
+        _ => Role::Client,
+    };
+    authorize(core, &req, role)?;
+    match (m, segs.as_slice()) {
+        (Method::GET, ["health"]) => Ok(json(
+            StatusCode::OK,
+            &json!({"status": "ok", "version": API_VERSION}),
+        )),
+        (Method::GET, ["metrics"]) => Ok(metrics(core)),
+        (Method::GET, ["v1", "status"]) => Ok(json(StatusCode::OK, &status(core))),
+        (Method::POST, ["v1", "tasks"]) => submit(core, req).await,
+        (Method::GET, ["v1", "tasks"]) => list(core, &req),
+        (Method::GET, ["v1", "tasks", id]) => core
+            .read(|s| s.task_view(id, true))
+            .map(|v| json(StatusCode::OK, &v))
+            .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}"))),
+        (Method::POST, ["v1", "tasks", id, "cancel"]) => cancel(core, id).await,
+        (Method::GET, ["v1", "events"]) => Ok(events(core, &req)),
+        (Method::GET, ["v1", "nodes"]) => Ok(json(
+            StatusCode::OK,
+            &NodeList {
+                version: API_VERSION,
+                nodes: core.read(|s| s.node_views(Instant::now())),
+            },
+        )),
+        (Method::POST, ["v1", "nodes", "register"]) => register(core, req).await,
+        (Method::POST, ["v1", "nodes", id, "heartbeat"]) => {
+            let id = (*id).to_owned();
+            heartbeat(core, &id, req).await
+        }
+        (Method::POST, ["v1", "nodes", id, "drain"]) => {
+            let id = (*id).to_owned();
+            drain(core, &id, req).await
+        }
+        (Method::POST, ["v1", "sessions", id, "state"]) => {
+            let id = (*id).to_owned();
+            let p: SessionProgress = body(core, req).await?;
+            core.apply(|s, _, _| s.progress(&id, &p)).await??;
+            Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
+        }
+        (Method::POST, ["v1", "sessions", id, "result"]) => {
+            let id = (*id).to_owned();
+            let r: SessionResult = body(core, req).await?;
+            core.apply(|s, now, wall| s.result(&id, &r, now, wall))
+                .await??;
+            Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
+        }
+        (
+            _,
+            ["health" | "metrics"]
+            | ["v1", "status" | "tasks" | "events" | "nodes"]
+            | ["v1", "tasks", _]
+            | ["v1", "tasks", _, "cancel"]
+            | ["v1", "nodes", _, "heartbeat" | "drain"]
+            | ["v1", "sessions", _, "state" | "result"],
+        ) => Err(ApiError::Method),
+        _ => Err(ApiError::NotFound(format!("no route {path}"))),
+    }
+}
+
+async fn submit(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let task: TaskRequest = body(core, req).await?;
+    validate::check_task(&task)?;
+    let id = task.task_id.clone();
+    let reply = core
+        .apply(move |s, now, wall| s.submit(task, now, wall))
+        .await?
+        .map_err(|e| match e {
+            SubmitError::Duplicate(_) => ApiError::Conflict {
+                code: "duplicate_task",
+                message: e.to_string(),
+            },
+        })?;
+    tracing::info!(task = %id, samples = reply.session_ids.len(), "task submitted");
+    Ok(json(StatusCode::CREATED, &reply))
+}
+
+fn list(core: &Core, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let status = match query(req, "status") {
+        None | Some("") => None,
+        Some(s) => Some(s.parse::<TaskStatus>().map_err(|reason| ValidationError {
+            field: "status".into(),
+            reason,
+        })?),
+    };
+    let limit = match query(req, "limit") {
+        None => 1000,
+        Some(l) => l.parse::<usize>().map_err(|_| ValidationError {
+            field: "limit".into(),
+            reason: "must be a number".into(),
+        })?,
+    };
+    let tasks = core.read(|s| s.list(status, limit));
+    Ok(json(
+        StatusCode::OK,
+        &TaskList {
+            version: API_VERSION,
+            tasks,
+        },
+    ))
+}
+
+async fn cancel(core: &Arc<Core>, id: &str) -> Result<Response<Body>, ApiError> {
+    let found = core
+        .apply(|s, now, wall| s.cancel(id, "cancelled by the caller", now, wall))
+        .await?;
+    if found.is_none() {
+        return Err(ApiError::NotFound(format!("unknown task {id:?}")));
+    }
+    let view = core
+        .read(|s| s.task_view(id, false))
+        .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}")))?;
+    Ok(json(StatusCode::OK, &view))
+}
+
+async fn register(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+    let reg: NodeRegistration = body(core, req).await?;
+    validate::check_registration(&reg)?;
+    let mut reply = core
+        .apply(move |s, now, wall| s.register(reg, now, wall))
+        .await?;
+    reply.heartbeat_interval_ms =
+        u64::try_from(core.cfg.heartbeat_interval.as_millis()).unwrap_or(u64::MAX);
+    Ok(json(StatusCode::OK, &reply))
+}
+
+async fn heartbeat(
+    core: &Arc<Core>,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let hb: Heartbeat = body(core, req).await?;
+    let reply = core.apply(|s, now, _| s.heartbeat(id, hb, now)).await?;
+    match reply {
+        Ok(r) => Ok(json(StatusCode::OK, &r)),
+        Err(e @ HeartbeatError::UnknownNode(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ HeartbeatError::WrongInstance { .. }) => Err(ApiError::Conflict {
+            code: "wrong_instance",
+            message: e.to_string(),
+        }),
+    }
+}
+
+async fn drain(
+    core: &Arc<Core>,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let d: DrainRequest = body(core, req).await?;
+    let found = core.apply(|s, now, _| s.drain(id, d.draining, now)).await?;
+    if !found {
+        return Err(ApiError::NotFound(format!("unknown node {id:?}")));
+    }
+    Ok(json(
+        StatusCode::OK,
+        &json!({"version": API_VERSION, "node_id": id, "draining": d.draining}),
+    ))
+}
+
+fn status(core: &Core) -> ServerStatus {
+    let (tasks, sessions, nodes) = core.read(|s| {
+        let (t, se) = s.totals();
+        (t, se, s.node_views(Instant::now()))
+    });
+    ServerStatus {
+        version: API_VERSION,
+        server_version: env!("CARGO_PKG_VERSION").to_owned(),
+        uptime_secs: core.started.elapsed().as_secs(),
+        tasks,
+        sessions,
+        nodes,
+    }
+}
+
+fn metrics(core: &Core) -> Response<Body> {
+    let (tasks, sessions, nodes, counters, queued) = core.read(|s| {
+        let (t, se) = s.totals();
+        (
+            t,
+            se,
+            s.node_views(Instant::now()),
+            s.counters(),
+            s.queued(),
+        )
+    });
+    let text = core
+        .metrics
+        .render(&tasks, &sessions, &nodes, counters, queued);
+    let mut resp = Response::new(polar_rollout_api::http::full(text));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4"),
+    );
+    resp
+}
+
+/// `GET /v1/events`: the kept events after `Last-Event-ID` (or `?after=`),
+/// then live ones; `?task_id=` keeps one task's. A `: ping` comment every
+/// 15 s keeps proxies from closing the stream.
+fn events(core: &Arc<Core>, req: &Request<Incoming>) -> Response<Body> {
+    let after = req
+        .headers()
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| query(req, "after"))
+        .and_then(|v| v.parse::<u64>().ok());
+    let task_filter = query(req, "task_id").map(str::to_owned);
+    let (backlog, mut rx) = core.hub.subscribe(after);
+    let (tx, body) = sse::channel();
+    core.spawn(async move {
+        let keep = |n: &super::events::Numbered| match (&task_filter, &n.event) {
+            (None, _) => true,
+            (Some(t), super::events::Event::Task { task_id, .. })
+            | (Some(t), super::events::Event::Session { task_id, .. }) => t == task_id,
+            (Some(_), super::events::Event::Node { .. }) => false,
+        };
+        if !tx
+            .send(Bytes::from_static(b": polar rollout events\n\n"))
+            .await
+        {
+            return;
+        }
+        for n in backlog.iter().filter(|n| keep(n)) {
+            if !tx.send(Bytes::from(n.to_sse())).await {
+                return;
+            }
+        }
+        let mut ping = tokio::time::interval(Duration::from_secs(15));
+        ping.tick().await;
+        loop {
+            let frame = tokio::select! {
+                _ = ping.tick() => Bytes::from_static(b": ping\n\n"),
+                r = rx.recv() => match r {
+                    Ok(n) if keep(&n) => Bytes::from(n.to_sse()),
+                    Ok(_) => continue,
+                    Err(RecvError::Lagged(missed)) => Bytes::from(format!(
+                        "event: lagged\ndata: {{\"missed\":{missed}}}\n\n"
+                    )),
+                    Err(RecvError::Closed) => return,
+                },
+            };
+            if !tx.send(frame).await {
+                return;
+            }
+        }
+    });
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}

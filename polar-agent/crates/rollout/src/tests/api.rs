@@ -1,0 +1,269 @@
+//! The API's edges: bad input, tokens, unknown ids, callbacks, cancel, the
+//! event stream.
+
+use std::time::Duration;
+
+use http::Method;
+use serde_json::json;
+
+use super::*;
+use crate::events::Event;
+use polar_rollout_api::sse::EventStream;
+use polar_rollout_types::{CallbackState, ErrorBody, SessionKind};
+
+async fn post(c: &RolloutClient, path: &str, body: &str) -> (StatusCode, ErrorBody) {
+    let (code, bytes) = c
+        .raw(Method::POST, path, Some(body.as_bytes().to_vec()))
+        .await
+        .unwrap();
+    let err = serde_json::from_slice(&bytes).unwrap_or_else(|_| panic!("{code}: {bytes:?}"));
+    (code, err)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_task_requests_get_400_naming_the_field() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let mut zero = task("bad", 1);
+    zero["num_samples"] = json!(0);
+    let (code, err) = post(&c, "/v1/tasks", &zero.to_string()).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error.code, "invalid_request");
+    assert_eq!(err.error.field.as_deref(), Some("num_samples"));
+    assert_eq!(err.error.message, "num_samples: must be between 1 and 1024");
+    let mut no_id = task("bad", 1);
+    no_id.as_object_mut().unwrap().remove("task_id");
+    let (code, err) = post(&c, "/v1/tasks", &no_id.to_string()).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error.field.as_deref(), Some("task_id"));
+    let mut typo = task("bad", 1);
+    typo["metadata"]["group"] = json!("x");
+    let (_, err) = post(&c, "/v1/tasks", &typo.to_string()).await;
+    assert!(
+        err.error.field.as_deref().unwrap().starts_with("metadata"),
+        "{err:?}"
+    );
+    let (code, err) = post(&c, "/v1/tasks", "{\"task_id\": ").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error.field.as_deref(), Some("body"));
+    // Nothing was created.
+    assert!(c.tasks(None).await.unwrap().tasks.is_empty());
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_task_ids_get_409_and_unknown_ones_404() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    c.submit(&task("dup", 2)).await.unwrap();
+    let (code, err) = post(&c, "/v1/tasks", &task("dup", 3).to_string()).await;
+    assert_eq!(code, StatusCode::CONFLICT);
+    assert_eq!(err.error.code, "duplicate_task");
+    assert_eq!(c.task("dup").await.unwrap().num_samples, 2);
+    let e404 = c.task("nope").await.unwrap_err();
+    assert_eq!(e404.status(), Some(StatusCode::NOT_FOUND));
+    assert_eq!(
+        c.cancel("nope").await.unwrap_err().status(),
+        Some(StatusCode::NOT_FOUND)
+    );
+    // Cancel with no gateway: every pending session is cancelled.
+    let v = c.cancel("dup").await.unwrap();
+    assert_eq!(v.status, TaskStatus::Cancelled);
+    assert_eq!(v.counts.cancelled, 2);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_wrong_tokens_get_401_on_every_api() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let none = RolloutClient::new(server.url(), None);
+    let wrong = RolloutClient::new(server.url(), Some("wrong-token-xx".into()));
+    let trainer = client(&server);
+    let node = RolloutClient::new(server.url(), Some(NODE_TOKEN.into()));
+    let reg = json!({"node_id": "n", "address": "http://127.0.0.1:9", "instance": "i",
+                     "capacity": {"max_sessions": 1}})
+    .to_string();
+    let calls: [(Method, &str, Option<&str>); 9] = [
+        (Method::POST, "/v1/tasks", Some("{}")),
+        (Method::GET, "/v1/tasks", None),
+        (Method::GET, "/v1/tasks/x", None),
+        (Method::POST, "/v1/tasks/x/cancel", Some("{}")),
+        (Method::GET, "/v1/events", None),
+        (Method::GET, "/v1/status", None),
+        (Method::GET, "/metrics", None),
+        (Method::POST, "/v1/nodes/register", Some(&reg)),
+        (Method::POST, "/v1/sessions/x/result", Some("{}")),
+    ];
+    for (m, path, body) in &calls {
+        for c in [&none, &wrong] {
+            let (code, _) = c
+                .raw(m.clone(), path, body.map(|b| b.as_bytes().to_vec()))
+                .await
+                .unwrap();
+            assert_eq!(code, StatusCode::UNAUTHORIZED, "{m} {path}");
+        }
+    }
+    // Each side's token opens only its side.
+    let (code, _) = trainer
+        .raw(
+            Method::POST,
+            "/v1/nodes/register",
+            Some(reg.clone().into_bytes()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let (code, _) = node.raw(Method::GET, "/v1/tasks", None).await.unwrap();
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    let (code, _) = node
+        .raw(Method::POST, "/v1/nodes/register", Some(reg.into_bytes()))
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::OK);
+    // /health is open.
+    let (code, _) = none.raw(Method::GET, "/health", None).await.unwrap();
+    assert_eq!(code, StatusCode::OK);
+    // The gateway side checks the server's token too.
+    let gw = gateway(gw_config(&server, "node-g")).await;
+    let to_gw = RolloutClient::new(gw.address(), Some(TOKEN.into()));
+    let (code, _) = to_gw
+        .raw(Method::POST, "/v1/sessions", Some(b"{}".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    gw.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_url_that_is_down_does_not_block_the_task() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let gw = gateway(gw_config(&server, "node-a")).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let mut t = task("cb-down", 4);
+    t["callback_url"] = json!(format!("http://127.0.0.1:{port}/results"));
+    c.submit(&t).await.unwrap();
+    let v = finished(&c, "cb-down", Duration::from_secs(10)).await;
+    assert_completed(&v, 4);
+    // Delivery goes on in the background and gives up after 3 attempts.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let cb = c.task("cb-down").await.unwrap().callback;
+        if cb.state == CallbackState::Failed {
+            assert_eq!(cb.attempts, 3);
+            assert!(cb.last_error.is_some());
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{cb:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callback_that_fails_twice_then_succeeds_receives_the_results() {
+    let mut e = env();
+    e.cfg.callback.max_attempts = 5;
+    e.cfg.callback_token = Some("callback-token".into());
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let gw = gateway(gw_config(&server, "node-a")).await;
+    let sink = callback_sink(vec![500, 503]).await;
+    let mut t = task("cb-flaky", 4);
+    t["callback_url"] = json!(format!("http://{}/done", sink.addr));
+    c.submit(&t).await.unwrap();
+    finished(&c, "cb-flaky", Duration::from_secs(10)).await;
+    until("three callback attempts", Duration::from_secs(10), || {
+        sink.bodies.lock().unwrap().len() == 3
+    })
+    .await;
+    let body = sink.bodies.lock().unwrap()[2].clone();
+    let view: TaskView = serde_json::from_value(body).unwrap();
+    assert_completed(&view, 4);
+    assert_eq!(view.group_id, "group-cb-flaky");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let cb = c.task("cb-flaky").await.unwrap().callback;
+        if cb.state == CallbackState::Delivered {
+            assert_eq!(cb.attempts, 3);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{cb:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_arrive_in_order() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let mut stream = EventStream::connect(&server.url(), TOKEN, "task_id=ev")
+        .await
+        .unwrap();
+    let gw = gateway(gw_config(&server, "node-a")).await;
+    c.submit(&task("ev", 2)).await.unwrap();
+    let mut events = Vec::new();
+    let collect = async {
+        while let Some(n) = stream.next().await {
+            let last = matches!(&n.event, Event::Task { status, .. } if status.is_finished());
+            events.push(n);
+            if last {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), collect)
+        .await
+        .unwrap();
+    let ids: Vec<u64> = events.iter().map(|n| n.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(matches!(
+        &events[0].event,
+        Event::Task {
+            status: TaskStatus::Queued,
+            ..
+        }
+    ));
+    for sid in ["ev-s0", "ev-s1"] {
+        let states: Vec<SessionKind> = events
+            .iter()
+            .filter_map(|n| match &n.event {
+                Event::Session {
+                    session_id, state, ..
+                } if session_id == sid => Some(state.kind()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            states,
+            [
+                SessionKind::Dispatched,
+                SessionKind::Running,
+                SessionKind::Done
+            ],
+            "{sid}"
+        );
+    }
+    // A client that reconnects with Last-Event-ID gets what it missed.
+    let mut again = EventStream::connect(&server.url(), TOKEN, &format!("after={}", ids[0]))
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), again.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(next.id > ids[0]);
+    gw.stop().await;
+    server.shutdown().await;
+}

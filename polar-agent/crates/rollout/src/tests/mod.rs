@@ -1,0 +1,167 @@
+//! End-to-end tests of the rollout server with simulated gateways, all on
+//! 127.0.0.1 with ports picked by the kernel. Every wait is bounded.
+//!
+//! - `dispatch`: one and three gateways, priority order, early stop;
+//! - `failures`: a killed gateway, a restarted server;
+//! - `api`: bad input (400/409/401/404), callbacks, the event stream.
+
+mod api;
+mod dispatch;
+mod failures;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Response, StatusCode};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+
+use polar_rollout_api::http::{full, read_body};
+use polar_gateway::sim::{SimGateway, SimGatewayConfig};
+use polar_rollout_api::{TaskStatus, TaskView};
+use super::{RolloutConfig, RolloutServer};
+use polar_rollout_api::RolloutClient;
+
+pub(crate) const TOKEN: &str = "trainer-token-1";
+pub(crate) const NODE_TOKEN: &str = "node-token-22";
+pub(crate) const GATEWAY_TOKEN: &str = "gateway-token-333";
+
+/// A database directory and settings for fast tests.
+pub(crate) struct Env {
+    pub dir: TempDir,
+    pub cfg: RolloutConfig,
+}
+
+pub(crate) fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
+    cfg.listen = "127.0.0.1:0".parse().unwrap();
+    cfg.node_tokens = vec![NODE_TOKEN.into()];
+    cfg.gateway_token = GATEWAY_TOKEN.into();
+    cfg.heartbeat_interval = Duration::from_millis(50);
+    cfg.heartbeat_timeout = Duration::from_millis(400);
+    cfg.push_timeout = Duration::from_secs(2);
+    cfg.callback.initial_backoff = Duration::from_millis(20);
+    cfg.callback.max_backoff = Duration::from_millis(200);
+    cfg.callback.timeout = Duration::from_secs(2);
+    cfg.callback.max_attempts = 3;
+    Env { dir, cfg }
+}
+
+pub(crate) async fn start(cfg: &RolloutConfig) -> RolloutServer {
+    RolloutServer::start(cfg.clone()).await.unwrap()
+}
+
+pub(crate) fn client(server: &RolloutServer) -> RolloutClient {
+    RolloutClient::new(server.url(), Some(TOKEN.into())).with_timeout(Duration::from_secs(10))
+}
+
+/// A simulated gateway with the test tokens.
+pub(crate) fn gw_config(server: &RolloutServer, id: &str) -> SimGatewayConfig {
+    let mut c = SimGatewayConfig::new(id, &server.url(), NODE_TOKEN);
+    c.accept_token = GATEWAY_TOKEN.into();
+    c
+}
+
+pub(crate) async fn gateway(cfg: SimGatewayConfig) -> SimGateway {
+    SimGateway::start(cfg).await.unwrap()
+}
+
+pub(crate) fn task(id: &str, n: u32) -> Value {
+    json!({
+        "task_id": id,
+        "instruction": "make the tests pass",
+        "num_samples": n,
+        "timeout_secs": 60,
+        "runtime": {"kind": "docker", "image": "debian:12"},
+        "agent": {"harness": "shell", "options": {"command": "python3 client.py"}},
+        "builder": {"kind": "prefix_merging"},
+        "evaluator": {"kind": "session_completed"},
+        "metadata": {"group_id": format!("group-{id}"), "policy_version": "v7"},
+    })
+}
+
+/// Polls until the task is finished; panics after `limit`.
+pub(crate) async fn finished(c: &RolloutClient, id: &str, limit: Duration) -> TaskView {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(v) = c.task(id).await
+            && v.status.is_finished()
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "task {id} not finished within {limit:?}: {:?}",
+            c.task(id).await.map(|v| v.counts)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `cond` until it holds; panics after `limit`.
+pub(crate) async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+pub(crate) fn assert_completed(v: &TaskView, n: u32) {
+    assert_eq!(v.status, TaskStatus::Completed, "{v:#?}");
+    assert_eq!(v.counts.done, n, "{:?}", v.counts);
+    assert_eq!(v.samples.len(), n as usize);
+}
+
+/// A callback receiver answering the scripted statuses in turn (then 200),
+/// recording every body.
+pub(crate) struct CallbackSink {
+    pub addr: SocketAddr,
+    pub bodies: Arc<Mutex<Vec<Value>>>,
+}
+
+pub(crate) async fn callback_sink(script: Vec<u16>) -> CallbackSink {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let script = Arc::new(Mutex::new(script.into_iter()));
+    let b = Arc::clone(&bodies);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let b = Arc::clone(&b);
+            let script = Arc::clone(&script);
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let b = Arc::clone(&b);
+                    let script = Arc::clone(&script);
+                    async move {
+                        let body = read_body(req.into_body(), 1 << 24)
+                            .await
+                            .unwrap_or_default();
+                        b.lock()
+                            .unwrap()
+                            .push(serde_json::from_slice(&body).unwrap_or(Value::Null));
+                        let code = script.lock().unwrap().next().unwrap_or(200);
+                        let mut resp = Response::new(full("ok"));
+                        *resp.status_mut() = StatusCode::from_u16(code).unwrap();
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    CallbackSink { addr, bodies }
+}

@@ -1,0 +1,15 @@
+//! Task-spec types shared by the rollout server and the nodes: the agent
+//! and evaluator parts of a task ([`AgentSpec`], [`EvaluatorSpec`]), the
+//! runtime spec ([`runtime::RuntimeSpec`]), the harness presets
+//! ([`harness::HarnessName`]) and the [`KeyPath`] errors name.
+//!
+//! Pure: no I/O crate below it (the runtime spec reads its own file with
+//! `std::fs` alone). Tests: the unit tests of [`runtime`].
+
+pub mod harness;
+mod key_path;
+pub mod runtime;
+mod task;
+
+pub use key_path::{KeyPath, Segment};
+pub use task::{AgentSpec, EvaluatorSpec};

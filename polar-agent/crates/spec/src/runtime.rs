@@ -1,0 +1,617 @@
+//! The runtime spec: which runtime runs a session (`native`, `docker`,
+//! `apptainer`), on what root, with which mounts, environment, limits,
+//! network mode and working directory, and the prepare and post-run steps.
+//!
+//! A spec is TOML, or JSON when its file name ends in `.json`:
+//!
+//! ```toml
+//! kind = "native"                  # native (default) | docker | apptainer
+//! rootfs = "/srv/rootfs"           # native: a directory used as / (default: the host's root)
+//! # image = "python:3.12"          # docker, apptainer: required (apptainer: a .sif or a directory)
+//! workdir = "/workspace"           # where the workspace appears, absolute
+//! network = "isolated"             # isolated (default) | host
+//! environment = { PYTHONUNBUFFERED = "1" }
+//!
+//! [[mounts]]
+//! source = "/data/corpus"          # on the host, absolute, must exist
+//! target = "/data"                 # in the sandbox, absolute
+//! read_only = true                 # default true
+//!
+//! [limits]
+//! memory_bytes = 4294967296        # at least 16 MiB
+//! pids = 512                       # at least 8
+//! cpu = 2.0                        # cores, above 0
+//!
+//! [[prepare]]
+//! upload = { from = "/tasks/t1", to = "." }   # a file or directory, `to` relative to the workspace
+//! [[prepare]]
+//! run = "pip install -e ."         # a string runs through `sh -c`; an array is the argv
+//! [[post]]
+//! run = ["pytest", "-q"]
+//! ```
+//!
+//! [`RawRuntimeSpec`] mirrors the file (`deny_unknown_fields`); it converts
+//! with `TryFrom` into a [`RuntimeSpec`] whose errors name the key
+//! (`prepare[1].upload.from: ...`). Nothing is touched before that.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::KeyPath;
+
+/// Errors of reading a runtime spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The file could not be read.
+    #[error("cannot read runtime spec {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not a spec (syntax, unknown key, wrong type).
+    #[error("runtime spec {file}: {message}")]
+    Parse {
+        /// The file (or `<inline>`).
+        file: String,
+        /// What the parser said, with its position.
+        message: String,
+    },
+    /// A value is out of range or inconsistent.
+    #[error("runtime spec: {path}: {message}")]
+    Invalid {
+        /// The key.
+        path: KeyPath,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn invalid(path: KeyPath, message: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        path,
+        message: message.into(),
+    }
+}
+
+/// Which runtime.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RuntimeKind {
+    /// bubblewrap on the host.
+    #[default]
+    Native,
+    /// A Docker container.
+    Docker,
+    /// An Apptainer instance.
+    Apptainer,
+}
+
+/// The network of a sandbox.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkKind {
+    /// Its own network namespace with only loopback (fails closed).
+    #[default]
+    Isolated,
+    /// The host's network namespace.
+    Host,
+}
+
+/// The file as written.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRuntimeSpec {
+    /// `kind`.
+    pub kind: Option<RuntimeKind>,
+    /// `image`.
+    pub image: Option<String>,
+    /// `rootfs`.
+    pub rootfs: Option<String>,
+    /// `workdir`.
+    pub workdir: Option<String>,
+    /// `network`.
+    pub network: Option<NetworkKind>,
+    /// `environment`.
+    #[serde(default)]
+    pub environment: BTreeMap<String, String>,
+    /// `[[mounts]]`.
+    #[serde(default)]
+    pub mounts: Vec<RawMount>,
+    /// `[limits]`.
+    #[serde(default)]
+    pub limits: RawLimits,
+    /// `[[prepare]]`.
+    #[serde(default)]
+    pub prepare: Vec<RawStep>,
+    /// `[[post]]`.
+    #[serde(default)]
+    pub post: Vec<RawStep>,
+}
+
+/// One `[[mounts]]`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMount {
+    /// `source`.
+    pub source: String,
+    /// `target`.
+    pub target: String,
+    /// `read_only`.
+    pub read_only: Option<bool>,
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// `memory_bytes`.
+    pub memory_bytes: Option<u64>,
+    /// `pids`.
+    pub pids: Option<u32>,
+    /// `cpu`.
+    pub cpu: Option<f64>,
+}
+
+/// One prepare or post-run step.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStep {
+    /// `upload = { from, to }`.
+    pub upload: Option<RawUpload>,
+    /// `run = "..."` or `run = [...]`.
+    pub run: Option<RawCommand>,
+}
+
+/// `upload`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpload {
+    /// `from`: a host path.
+    pub from: String,
+    /// `to`: relative to the workspace (default `.`).
+    pub to: Option<String>,
+}
+
+/// `run`: a shell line or an argv.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum RawCommand {
+    /// Run through `sh -c`.
+    Shell(String),
+    /// The argv.
+    Argv(Vec<String>),
+}
+
+/// A bind mount.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    /// Host path.
+    pub source: PathBuf,
+    /// Sandbox path.
+    pub target: PathBuf,
+    /// Read-only.
+    pub read_only: bool,
+}
+
+/// Resource limits; `None` leaves a resource unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Limits {
+    /// Memory, bytes.
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads.
+    pub pids: Option<u32>,
+    /// CPU, in cores.
+    pub cpu: Option<f64>,
+}
+
+/// A prepare or post-run step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Copy a host file or directory into the workspace.
+    Upload {
+        /// Host path.
+        from: PathBuf,
+        /// Relative path inside the workspace (`.` for its top).
+        to: PathBuf,
+    },
+    /// Run a command in the sandbox.
+    Run {
+        /// The argv.
+        argv: Vec<String>,
+    },
+}
+
+/// A validated runtime spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RuntimeSpec {
+    /// Which runtime.
+    pub kind: RuntimeKind,
+    /// Container image (docker, apptainer).
+    pub image: Option<String>,
+    /// Root file system directory (native).
+    pub rootfs: Option<PathBuf>,
+    /// Where the workspace appears in the sandbox.
+    pub workdir: PathBuf,
+    /// Network mode.
+    pub network: NetworkKind,
+    /// Extra environment.
+    pub environment: BTreeMap<String, String>,
+    /// Extra mounts.
+    pub mounts: Vec<Mount>,
+    /// Limits.
+    pub limits: Limits,
+    /// Steps before the harness.
+    pub prepare: Vec<Step>,
+    /// Steps after the harness.
+    pub post: Vec<Step>,
+}
+
+/// The default workspace path in the sandbox.
+pub const DEFAULT_WORKDIR: &str = "/workspace";
+
+impl Default for RuntimeSpec {
+    fn default() -> Self {
+        Self {
+            kind: RuntimeKind::Native,
+            image: None,
+            rootfs: None,
+            workdir: PathBuf::from(DEFAULT_WORKDIR),
+            network: NetworkKind::Isolated,
+            environment: BTreeMap::new(),
+            mounts: Vec::new(),
+            limits: Limits::default(),
+            prepare: Vec::new(),
+            post: Vec::new(),
+        }
+    }
+}
+
+impl RuntimeSpec {
+    /// Reads and validates a spec file (JSON when it ends in `.json`).
+    pub fn load(path: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let json = path.extension().is_some_and(|e| e == "json");
+        Self::parse(&text, json, &path.display().to_string())
+    }
+
+    /// Parses and validates a spec text.
+    pub fn parse(text: &str, json: bool, file: &str) -> Result<Self, SpecError> {
+        let raw: RawRuntimeSpec = if json {
+            serde_json::from_str(text).map_err(|e| SpecError::Parse {
+                file: file.to_owned(),
+                message: e.to_string(),
+            })?
+        } else {
+            toml::from_str(text).map_err(|e| SpecError::Parse {
+                file: file.to_owned(),
+                message: e.to_string().trim_end().to_owned(),
+            })?
+        };
+        Self::try_from(raw)
+    }
+}
+
+/// An absolute path without `..`.
+fn abs_path(path: &KeyPath, s: &str) -> Result<PathBuf, SpecError> {
+    let p = PathBuf::from(s);
+    if !p.is_absolute() {
+        return Err(invalid(
+            path.clone(),
+            format!("{s:?} is not an absolute path"),
+        ));
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(invalid(path.clone(), format!("{s:?} contains \"..\"")));
+    }
+    Ok(p)
+}
+
+fn step(path: &KeyPath, raw: RawStep) -> Result<Step, SpecError> {
+    match (raw.upload, raw.run) {
+        (Some(u), None) => {
+            let up = path.key("upload");
+            let from = abs_path(&up.key("from"), &u.from)?;
+            let to = PathBuf::from(u.to.as_deref().unwrap_or("."));
+            let inside = to
+                .components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+            if !inside {
+                return Err(invalid(
+                    up.key("to"),
+                    format!("{to:?} must be a relative path inside the workspace, without \"..\""),
+                ));
+            }
+            Ok(Step::Upload { from, to })
+        }
+        (None, Some(RawCommand::Shell(line))) => {
+            if line.trim().is_empty() {
+                return Err(invalid(path.key("run"), "the command is empty"));
+            }
+            Ok(Step::Run {
+                argv: vec!["sh".into(), "-c".into(), line],
+            })
+        }
+        (None, Some(RawCommand::Argv(argv))) => {
+            if argv.first().is_none_or(String::is_empty) {
+                return Err(invalid(path.key("run"), "the command is empty"));
+            }
+            Ok(Step::Run { argv })
+        }
+        (Some(_), Some(_)) => Err(invalid(
+            path.clone(),
+            "a step is either `upload` or `run`, not both",
+        )),
+        (None, None) => Err(invalid(path.clone(), "a step needs `upload` or `run`")),
+    }
+}
+
+fn env_name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
+    type Error = SpecError;
+
+    fn try_from(raw: RawRuntimeSpec) -> Result<Self, SpecError> {
+        let root = KeyPath::root();
+        let kind = raw.kind.unwrap_or_default();
+        let image = match (&raw.image, kind) {
+            (Some(i), RuntimeKind::Native) => {
+                return Err(invalid(
+                    root.key("image"),
+                    format!("{i:?}: the native runtime takes `rootfs`, not an image"),
+                ));
+            }
+            (Some(i), _) if i.trim().is_empty() => {
+                return Err(invalid(root.key("image"), "the image is empty"));
+            }
+            (None, RuntimeKind::Docker | RuntimeKind::Apptainer) => {
+                return Err(invalid(
+                    root.key("image"),
+                    "required for the docker and apptainer runtimes",
+                ));
+            }
+            (i, _) => i.clone(),
+        };
+        let rootfs = match (&raw.rootfs, kind) {
+            (Some(r), RuntimeKind::Native) => {
+                let p = abs_path(&root.key("rootfs"), r)?;
+                if !p.is_dir() {
+                    return Err(invalid(
+                        root.key("rootfs"),
+                        format!("{r:?} is not a directory"),
+                    ));
+                }
+                Some(p)
+            }
+            (Some(_), _) => {
+                return Err(invalid(
+                    root.key("rootfs"),
+                    "only the native runtime takes a root file system; use `image`",
+                ));
+            }
+            (None, _) => None,
+        };
+        let workdir = match &raw.workdir {
+            Some(w) => {
+                let p = abs_path(&root.key("workdir"), w)?;
+                if p == Path::new("/") {
+                    return Err(invalid(root.key("workdir"), "cannot be /"));
+                }
+                p
+            }
+            None => PathBuf::from(DEFAULT_WORKDIR),
+        };
+        for name in raw.environment.keys() {
+            if !env_name_ok(name) {
+                return Err(invalid(
+                    root.key("environment").key(name),
+                    "not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)",
+                ));
+            }
+        }
+        let mut mounts = Vec::with_capacity(raw.mounts.len());
+        for (i, m) in raw.mounts.into_iter().enumerate() {
+            let at = root.key("mounts").index(i);
+            let source = abs_path(&at.key("source"), &m.source)?;
+            if !source.exists() {
+                return Err(invalid(
+                    at.key("source"),
+                    format!("{} does not exist", source.display()),
+                ));
+            }
+            let target = abs_path(&at.key("target"), &m.target)?;
+            if target == Path::new("/") || target == workdir {
+                return Err(invalid(
+                    at.key("target"),
+                    "cannot be / or the workspace directory",
+                ));
+            }
+            mounts.push(Mount {
+                source,
+                target,
+                read_only: m.read_only.unwrap_or(true),
+            });
+        }
+        let lim = root.key("limits");
+        if raw.limits.memory_bytes.is_some_and(|m| m < 16 << 20) {
+            return Err(invalid(
+                lim.key("memory_bytes"),
+                "at least 16777216 (16 MiB)",
+            ));
+        }
+        if raw.limits.pids.is_some_and(|p| p < 8) {
+            return Err(invalid(lim.key("pids"), "at least 8"));
+        }
+        if raw
+            .limits
+            .cpu
+            .is_some_and(|c| !c.is_finite() || c <= 0.0 || c > 4096.0)
+        {
+            return Err(invalid(lim.key("cpu"), "a number of cores above 0"));
+        }
+        let steps = |name: &str, raw: Vec<RawStep>| {
+            raw.into_iter()
+                .enumerate()
+                .map(|(i, s)| step(&root.key(name).index(i), s))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Self {
+            kind,
+            image,
+            rootfs,
+            workdir,
+            network: raw.network.unwrap_or_default(),
+            environment: raw.environment,
+            mounts,
+            limits: Limits {
+                memory_bytes: raw.limits.memory_bytes,
+                pids: raw.limits.pids,
+                cpu: raw.limits.cpu,
+            },
+            prepare: steps("prepare", raw.prepare)?,
+            post: steps("post", raw.post)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn toml(text: &str) -> Result<RuntimeSpec, String> {
+        RuntimeSpec::parse(text, false, "t.toml").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn empty_is_native_isolated_at_workspace() {
+        assert_eq!(toml(""), Ok(RuntimeSpec::default()));
+    }
+
+    #[test]
+    fn full_toml_and_json_agree() {
+        let t = toml(
+            r#"
+kind = "docker"
+image = "python:3.12"
+workdir = "/work"
+network = "host"
+environment = { A = "1" }
+[[mounts]]
+source = "/etc"
+target = "/host-etc"
+[limits]
+memory_bytes = 1073741824
+pids = 64
+cpu = 1.5
+[[prepare]]
+upload = { from = "/etc/hostname", to = "task/hostname" }
+[[prepare]]
+run = "echo hi"
+[[post]]
+run = ["true"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(t.kind, RuntimeKind::Docker);
+        assert_eq!(t.workdir, PathBuf::from("/work"));
+        assert_eq!(t.network, NetworkKind::Host);
+        assert!(t.mounts[0].read_only);
+        assert_eq!(t.limits.pids, Some(64));
+        assert_eq!(
+            t.prepare[1],
+            Step::Run {
+                argv: vec!["sh".into(), "-c".into(), "echo hi".into()]
+            }
+        );
+        let j = RuntimeSpec::parse(
+            r#"{"kind":"docker","image":"python:3.12","workdir":"/work","network":"host",
+                "environment":{"A":"1"},"mounts":[{"source":"/etc","target":"/host-etc"}],
+                "limits":{"memory_bytes":1073741824,"pids":64,"cpu":1.5},
+                "prepare":[{"upload":{"from":"/etc/hostname","to":"task/hostname"}},{"run":"echo hi"}],
+                "post":[{"run":["true"]}]}"#,
+            true,
+            "t.json",
+        )
+        .unwrap();
+        assert_eq!(t, j);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        for (text, needle) in [
+            ("kind = \"podman\"", "unknown variant `podman`"),
+            ("bogus = 1", "unknown field `bogus`"),
+            ("kind = \"docker\"", "image: required"),
+            ("image = \"x\"", "image: \"x\": the native runtime"),
+            (
+                "rootfs = \"relative\"",
+                "rootfs: \"relative\" is not an absolute",
+            ),
+            (
+                "rootfs = \"/no/such/dir\"",
+                "rootfs: \"/no/such/dir\" is not a directory",
+            ),
+            ("workdir = \"/\"", "workdir: cannot be /"),
+            ("workdir = \"/a/../b\"", "workdir: \"/a/../b\" contains"),
+            (
+                "environment = { \"1X\" = \"v\" }",
+                "environment.1X: not a valid",
+            ),
+            (
+                "[[mounts]]\nsource = \"/nope/x\"\ntarget = \"/x\"",
+                "mounts[0].source: /nope/x does not exist",
+            ),
+            (
+                "[[mounts]]\nsource = \"/etc\"\ntarget = \"/workspace\"",
+                "mounts[0].target: cannot be",
+            ),
+            ("[limits]\npids = 2", "limits.pids: at least 8"),
+            (
+                "[limits]\nmemory_bytes = 1000",
+                "limits.memory_bytes: at least",
+            ),
+            ("[limits]\ncpu = 0.0", "limits.cpu: a number of cores"),
+            (
+                "[[prepare]]\nrun = \"\"",
+                "prepare[0].run: the command is empty",
+            ),
+            (
+                "[[prepare]]\nrun = []",
+                "prepare[0].run: the command is empty",
+            ),
+            ("[[post]]\n", "post[0]: a step needs"),
+            (
+                "[[post]]\nrun = \"x\"\nupload = { from = \"/etc\" }",
+                "post[0]: a step is either",
+            ),
+            (
+                "[[prepare]]\nupload = { from = \"rel\" }",
+                "prepare[0].upload.from: \"rel\" is not an absolute",
+            ),
+            (
+                "[[prepare]]\nupload = { from = \"/etc\", to = \"../x\" }",
+                "prepare[0].upload.to:",
+            ),
+            (
+                "[[prepare]]\nupload = { from = \"/etc\", to = \"/abs\" }",
+                "prepare[0].upload.to:",
+            ),
+        ] {
+            match toml(text) {
+                Ok(s) => panic!("{text:?} was accepted: {s:?}"),
+                Err(e) => assert!(e.contains(needle), "{text:?}: {e}"),
+            }
+        }
+    }
+}
