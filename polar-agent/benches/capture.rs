@@ -48,16 +48,16 @@ use polar_capture::encode::{
     PartHead, PartPrompt, PreEncoded, RecordParts, encode_end, encode_record, encode_request_part,
 };
 use polar_capture::log::{Durability, LogFile, encode_line};
-use polar_record::NativeRequest;
 use polar_capture::tokens_json::ReplyTokensJson;
+use polar_chat::provider::sse::SseParser;
+use polar_chat::provider::{self, Detected, StreamEncoder};
 use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
 use polar_inference::wire::chat_body_bytes;
 use polar_inference::{BackendConfig, Dialect, SamplingMode};
 use polar_json::{Doc, RawJson};
 use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::tokenizer;
-use polar_chat::provider::sse::SseParser;
-use polar_chat::provider::{self, Detected, StreamEncoder};
+use polar_record::NativeRequest;
 
 // ------------------------------------------------------------- helpers
 

@@ -9,10 +9,10 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::Map;
 
 use polar_chat::Api;
+use polar_chat::{ChatRequest, FinishReason, Message, Role, Sampling};
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use polar_chat::{ChatRequest, FinishReason, Message, Role, Sampling};
 use polar_trajectory::{
     Builder, PrefixMergingOptions, SessionMeta, SessionOutcome, TemplateInfo, Trajectory, build,
     check,

@@ -25,4 +25,3 @@ pub mod signals;
 
 pub mod telemetry;
 pub mod tls;
-

@@ -15,8 +15,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::dns::FakeIps;
-use polar_ids::{OrigDst, SessionId};
 use crate::redirect::Redirect;
+use polar_ids::{OrigDst, SessionId};
 use polar_io::tasks::Tasks;
 
 /// A connection the listener accepted.

@@ -18,10 +18,10 @@ use common::*;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
 use polar_chat::Api;
-use polar_record::{CallStatus};
 use polar_chat::Role;
 use polar_mock::script::{Script, SessionScript, Turn};
 use polar_mock::{self as mock, MockConfig};
+use polar_record::CallStatus;
 use serde_json::{Value, json};
 
 async fn mock_default() -> mock::MockHandle {

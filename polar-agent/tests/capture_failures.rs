@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
-use polar_record::CallStatus;
 use polar_mock::script::{Script, ScriptedError, SessionScript, Turn};
 use polar_mock::{self as mock, MockConfig};
+use polar_record::CallStatus;
 use serde_json::Value;
 
 /// Checks `reply` is an error in `h`'s API: `status` before streaming, or a

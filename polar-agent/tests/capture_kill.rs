@@ -22,9 +22,9 @@ use http_body_util::BodyExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use polar_capture::LogProblem;
-use polar_record::CallStatus;
 use polar_inference::BackendConfig;
 use polar_mock::{self as mock, MockConfig};
+use polar_record::CallStatus;
 
 const SESSIONS: usize = 6;
 

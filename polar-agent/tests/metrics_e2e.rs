@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use common::*;
 use http::Method;
-use polar_record::CallStatus;
 use polar_agent::metrics::{AgentMetrics, render};
 use polar_mock::script::{Script, ScriptedError, SessionScript, Turn};
 use polar_mock::{self as mock, MockConfig};
+use polar_record::CallStatus;
 
 /// The value of the sample `series` (name and labels exactly) in `text`.
 fn sample(text: &str, series: &str) -> u64 {

@@ -108,8 +108,8 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
             outcome: SessionOutcome::Completed,
             evaluation: None,
         };
-        let traj = trajectory::build(&builder, &records, &meta);
-        trajectory::check(&traj, &records).unwrap();
+        let traj = polar_trajectory::build(&builder, &records, &meta);
+        polar_trajectory::check(&traj, &records).unwrap();
         let s = &traj.stats;
         assert_eq!(traj.traces.len(), 1, "{session}: {s:?}");
         assert_eq!(s.calls_merged, 1, "{session}: {s:?}");

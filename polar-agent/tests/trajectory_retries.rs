@@ -17,8 +17,8 @@ mod common;
 use common::traj::*;
 use common::{Harness, send};
 use http::StatusCode;
-use polar_record::{CallStatus, CompletionRecord};
 use polar_mock::script::{ScriptedError, Turn};
+use polar_record::{CallStatus, CompletionRecord};
 use polar_trajectory::{
     ChainId, DropReason, DroppedCall, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind,
     SegmentLink,

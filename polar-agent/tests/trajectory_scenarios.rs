@@ -16,10 +16,10 @@
 mod common;
 
 use common::traj::*;
-use polar_record::CompletionRecord;
 use polar_chat::FinishReason;
 use polar_mock::script::{ScriptedCall, Turn};
 use polar_mock::{Dialect, tokenizer};
+use polar_record::CompletionRecord;
 use polar_trajectory::{
     BreakReason, ChainId, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink,
 };

@@ -84,6 +84,6 @@ fn quoted_log_messages_are_still_logged() {
     quoted(&doc, "TLS handshake failed");
     assert!(proxy.contains("\"TLS handshake failed\""));
     // The record field is spelled as the doc says.
-    let record = include_str!("../src/capture/record.rs");
+    let record = include_str!("../crates/record/src/lib.rs");
     assert!(record.contains("pub token_ids_missing: bool"));
 }

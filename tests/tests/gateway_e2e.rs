@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_mock::{self as mock, MockConfig, MockHandle};
-use polar_rollout_api::{
-    RolloutClient, RolloutConfig, RolloutServer, SessionState, TaskStatus, TaskView,
-};
+use polar_rollout::{RolloutConfig, RolloutServer};
+use polar_rollout_api::{RolloutClient, SessionState, TaskStatus, TaskView};
 use polar_tests::{alive, cgroup2_mount, eventually, polar_bin, sandbox_tempdir};
 
 const TOKEN: &str = "gateway-e2e-token";

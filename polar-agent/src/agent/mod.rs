@@ -19,18 +19,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use polar_capture::{CaptureStore, Durability, SessionRegistry};
 use crate::config::{Config, HostPattern, LiveRules};
 use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
 use crate::proxy::capture::{Capture, CaptureError};
 use crate::proxy::pipeline::ModelPipeline;
-use polar_io::tasks::Tasks;
 use crate::tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
     ServerConfigFactory, TrustFiles, write_trust_files,
 };
+use polar_capture::{CaptureStore, Durability, SessionRegistry};
+use polar_io::tasks::Tasks;
 
 /// Errors assembling the agent.
 #[derive(Debug, thiserror::Error)]

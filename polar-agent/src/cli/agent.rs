@@ -13,11 +13,11 @@ use std::sync::Arc;
 
 use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
-use polar_export::{Destination, ExportOptions, Exporter};
 use crate::gateway::work::HarnessWork;
 use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
 use crate::redirect::{Redirect, RedirectOptions, preflight};
 use crate::sandbox::SandboxError;
+use polar_export::{Destination, ExportOptions, Exporter};
 
 /// Arguments of `polar agent`.
 #[derive(Debug, clap::Args)]

@@ -15,11 +15,11 @@ use super::sandbox::SandboxRunArgs;
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, run as run_harness};
 use crate::harness::{HarnessName, ModeKind, check_installed, search_dirs};
-use polar_ids::SessionId;
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use crate::runtime::plan::StepEnd;
-use polar_spec::runtime::RuntimeSpec;
 use crate::sandbox::SandboxError;
+use polar_ids::SessionId;
+use polar_spec::runtime::RuntimeSpec;
 
 /// The harness options of `polar sandbox run`.
 #[derive(Debug, Clone, clap::Args)]

@@ -313,7 +313,9 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             if args.sessions.is_empty() && args.state_dir.is_none() {
                 let config = match &args.config {
                     Some(file) => crate::config::Config::load(file).map_err(|e| {
-                        CliError::Export(polar_export::ExportError::Usage(format!("configuration: {e}")))
+                        CliError::Export(polar_export::ExportError::Usage(format!(
+                            "configuration: {e}"
+                        )))
                     })?,
                     None => crate::config::Config::default(),
                 };
@@ -338,7 +340,6 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         }
     }
 }
-
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
     tokio::runtime::Builder::new_multi_thread()

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::CliError;
-use polar_rollout::config::{NODE_TOKEN_ENV, TOKEN_ENV};
 use polar_gateway::{SimGateway, SimGatewayConfig};
+use polar_rollout::config::{NODE_TOKEN_ENV, TOKEN_ENV};
 use polar_rollout::{RolloutConfig, RolloutServer};
 
 /// `polar rollout ...`

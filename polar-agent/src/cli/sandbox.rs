@@ -10,12 +10,12 @@ use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
 use crate::agent::AgentParts;
-use polar_capture::SessionInfo;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
-use polar_ids::SessionId;
 use crate::listener::LogHandler;
 use crate::redirect::preflight;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
+use polar_capture::SessionInfo;
+use polar_ids::SessionId;
 
 /// Arguments of `polar sandbox run`.
 #[derive(Debug, clap::Args)]

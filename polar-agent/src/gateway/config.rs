@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use polar_gateway::stages::StageLimits;
 use polar_export::Format;
+use polar_gateway::stages::StageLimits;
 
 /// The environment variable holding the node token (used when the file
 /// has no `token`).

@@ -22,4 +22,3 @@ pub mod work;
 
 pub use config::{GatewayConfig, GatewayConfigError};
 pub use polar_gateway::{Node, NodeError, NodeOptions, Progress, Stage, StageLimits, Stages, Work};
-

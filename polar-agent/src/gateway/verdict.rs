@@ -5,11 +5,11 @@
 
 use serde_json::Map;
 
-use polar_gateway::stages::{Interrupt, Reached, Report};
 use super::work::Ran;
-use polar_evaluate::Evaluation;
-use polar_rollout_api::{SampleStatus, TokenUsage};
 use crate::runtime::plan::{Phase, StepEnd, StepReport};
+use polar_evaluate::Evaluation;
+use polar_gateway::stages::{Interrupt, Reached, Report};
+use polar_rollout_api::{SampleStatus, TokenUsage};
 use polar_trajectory::SessionOutcome;
 
 /// The report of a session that never got prepared.

@@ -22,19 +22,19 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use polar_rollout_api::session_spec::SessionSpec;
-use polar_gateway::stages::{Job, Reached, Report, Work};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
+use crate::harness::run::{HarnessRun, Prepared, prepare};
+use crate::harness::{HarnessName, Install, check_installed, search_dirs};
+use crate::redirect::Redirect;
+use crate::runtime::plan::{Phase, StepEnd};
 use polar_capture::SessionInfo;
 use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
 use polar_export::Exporter;
-use crate::harness::run::{HarnessRun, Prepared, prepare};
-use crate::harness::{HarnessName, Install, check_installed, search_dirs};
+use polar_gateway::stages::{Job, Reached, Report, Work};
 use polar_ids::SessionId;
-use crate::redirect::Redirect;
+use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{SampleStatus, TokenUsage};
-use crate::runtime::plan::{Phase, StepEnd};
 use polar_trajectory::{Rewards, SessionOutcome};
 
 /// A session between INIT and POSTRUN.

@@ -19,17 +19,17 @@ use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
 use super::presets::setup;
 use super::{HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
-use polar_capture::SessionInfo;
-use polar_ids::SessionId;
 use crate::redirect::Redirect;
 use crate::runtime::limits::Enforced;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
-use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 use crate::runtime::steps::SandboxDirs;
 use crate::runtime::{Layout, Runtime, SANDBOX_USER};
 use crate::sandbox::NetworkMode;
 use crate::sandbox::session::{SandboxSession, SessionOptions};
 use crate::tls::bundle::DISTRO_BUNDLES;
+use polar_capture::SessionInfo;
+use polar_ids::SessionId;
+use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 
 /// A harness session to run.
 #[derive(Clone, Debug)]

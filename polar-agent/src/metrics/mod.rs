@@ -6,16 +6,14 @@
 //! ([`RedirectStats`]), the exporter's ([`ExportCounters`]) — plus gauges
 //! the caller supplies (sessions by stage, queue depth per stage).
 
-
-
 use std::sync::atomic::Ordering;
 
 use polar_metrics::Text;
 
-use polar_capture::CaptureStats;
-use polar_export::ExportCounters;
 use crate::proxy::ProxyStats;
 use crate::redirect::RedirectStats;
+use polar_capture::CaptureStats;
+use polar_export::ExportCounters;
 
 /// What the agent's page is made of; absent parts are left out.
 #[derive(Debug, Default, Clone, Copy)]

@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use http::Request;
 use hyper::body::Incoming;
 
-use polar_chat::Api;
 use crate::config::{LiveRules, ProviderHint, Route, RouteAction, Rules};
+use polar_chat::Api;
 use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
 

@@ -24,9 +24,9 @@ use aya::Ebpf;
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError, PerCpuArray};
 use polar_common::{ConnKey, FLAG_LOCAL_BYPASS, OrigDst as RawOrigDst, SessionRedirect};
 
-use polar_ids::{CgroupId, OrigDst, SessionId, to_client_key_addr};
 pub use cgroup::{Cgroup2Mount, CgroupDir, CgroupError};
 pub use loader::LoadError;
+use polar_ids::{CgroupId, OrigDst, SessionId, to_client_key_addr};
 pub use preflight::PreflightError;
 
 /// Errors of the redirect.

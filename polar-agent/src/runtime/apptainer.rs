@@ -14,8 +14,8 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use super::Layout;
-use polar_spec::runtime::RuntimeSpec;
 use polar_ids::SessionId;
+use polar_spec::runtime::RuntimeSpec;
 
 /// The apptainer program.
 pub const APPTAINER: &str = "apptainer";

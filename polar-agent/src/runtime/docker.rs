@@ -18,8 +18,8 @@ use std::ffi::OsString;
 use std::path::Path;
 
 use super::Layout;
-use polar_spec::runtime::{Limits, RuntimeSpec};
 use polar_ids::SessionId;
+use polar_spec::runtime::{Limits, RuntimeSpec};
 
 /// The docker CLI.
 pub const DOCKER: &str = "docker";
@@ -139,8 +139,8 @@ impl Docker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polar_spec::runtime::Mount;
     use crate::tls::TrustFiles;
+    use polar_spec::runtime::Mount;
 
     fn layout() -> Layout {
         Layout {

@@ -25,8 +25,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use polar_ids::SessionId;
 use crate::tls::TrustFiles;
+use polar_ids::SessionId;
 
 use polar_spec::runtime::{Mount, RuntimeKind, RuntimeSpec};
 

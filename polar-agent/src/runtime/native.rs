@@ -132,8 +132,8 @@ pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polar_spec::runtime::Mount;
     use crate::tls::TrustFiles;
+    use polar_spec::runtime::Mount;
 
     fn layout() -> Layout {
         Layout {

@@ -14,10 +14,10 @@ use std::time::Instant as StdInstant;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use polar_spec::runtime::{RuntimeSpec, Step};
 use super::steps::{SandboxDirs, upload};
 use super::{BASE_PATH, Layout, Runtime, RuntimeError, base_env};
 use crate::sandbox::session::{Exec, ExecEnd, SandboxSession};
+use polar_spec::runtime::{RuntimeSpec, Step};
 
 /// Which part of the session a step belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dns::{self, Resolver};
-use polar_ids::SessionId;
 use crate::listener::{self, Handler};
 use crate::netns::{IsolatedNet, NetnsError, Sockets};
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
+use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
 
 /// The network of a sandbox.

@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 use super::process::{self, Isolation, Launch};
 use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
 use crate::dns::Resolver;
-use polar_ids::SessionId;
 use crate::listener::Handler;
 use crate::redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
 use crate::runtime::limits::{Enforced, LimitGroups};
+use polar_ids::SessionId;
 use polar_spec::runtime::Limits;
 
 /// How a session is opened.

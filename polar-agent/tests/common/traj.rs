@@ -6,10 +6,10 @@
 
 use std::iter::repeat_n;
 
-use polar_record::CompletionRecord;
 use polar_chat::FinishReason;
 use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
 use polar_mock::{self as mock, Dialect, MockConfig, MockHandle, tokenizer};
+use polar_record::CompletionRecord;
 use polar_trajectory::{
     self, Builder, CallSpan, DropReason, DroppedCall, Join, PrefixMergingOptions,
     ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
@@ -177,10 +177,10 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> 
         outcome: SessionOutcome::Completed,
         evaluation: None,
     };
-    let traj = trajectory::build(builder, records, &meta);
-    trajectory::check(&traj, records).unwrap();
-    let per = trajectory::build(&Builder::PerRequest, records, &meta);
-    trajectory::check(&per, records).unwrap();
+    let traj = polar_trajectory::build(builder, records, &meta);
+    polar_trajectory::check(&traj, records).unwrap();
+    let per = polar_trajectory::build(&Builder::PerRequest, records, &meta);
+    polar_trajectory::check(&per, records).unwrap();
     // Both builders leave out the same unusable calls.
     let unusable: Vec<DroppedCall> = traj
         .stats

@@ -8,12 +8,12 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::encode::{IdsFingerprint, PreEncoded};
+use polar_chat::provider::{self, Side};
+use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
+use polar_inference as inference;
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
-use polar_inference as inference;
-use polar_chat::provider::{self, Side};
 
 /// A record's fields known before the backend answers.
 #[derive(Debug)]

@@ -20,11 +20,11 @@ use serde_json::value::{RawValue, to_raw_value};
 
 use super::lines::{COMPLETION_PART, REQUEST_PART};
 use super::log::LogError;
+use super::tokens_json::{self, ReplyTokensJson};
+use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use super::tokens_json::{self, ReplyTokensJson};
-use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 
 /// Parts of a record already serialized. A part that is absent is
 /// serialized from the record when the line is written.

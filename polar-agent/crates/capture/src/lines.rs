@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Deserializer};
 
 use super::log::LogProblem;
-use polar_record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Timings};
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
+use polar_record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Timings};
 
 /// The `part` of a request part's line.
 pub const REQUEST_PART: &str = "request";

@@ -10,7 +10,7 @@ use crate::encode::tests::two_parts;
 use crate::log::tests::record;
 use crate::log::{encode_line, parse_log};
 use polar_chat::Api;
-use polar_record::{CallStatus};
+use polar_record::CallStatus;
 
 fn cat(lines: &[&[u8]]) -> Vec<u8> {
     lines.concat()

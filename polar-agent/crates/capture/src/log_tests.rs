@@ -8,14 +8,14 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::*;
+use crate::store::CaptureStore;
+use crate::{SessionInfo, SessionRegistry};
 use polar_chat::Api;
+use polar_chat::{ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Usage};
+use polar_ids::SessionId;
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use crate::store::CaptureStore;
-use crate::{SessionInfo, SessionRegistry};
-use polar_chat::{ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Usage};
-use polar_ids::SessionId;
 
 pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
     let request = ChatRequest {

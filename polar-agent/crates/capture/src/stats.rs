@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use polar_record::{CallStatus, CompletionRecord};
 use polar_metrics::{Histogram, Text};
+use polar_record::{CallStatus, CompletionRecord};
 
 /// Upper bounds of the backend latency buckets, in seconds (model calls
 /// take from milliseconds to many minutes).

@@ -22,14 +22,14 @@ use tokio::sync::{OnceCell, oneshot};
 use super::build::now_ms;
 use super::encode::{RecordParts, encode_end};
 use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
-use polar_chat::Api;
-use polar_record::{CallStatus, CompletionRecord, RECORD_VERSION};
 use super::session::{SessionInfo, SessionRegistry};
 use super::stats::CaptureStats;
 use super::tokens_json::ReplyTokensJson;
+use polar_chat::Api;
 use polar_chat::Message;
-use polar_ids::SessionId;
 use polar_chat::provider::{conversation_after, openai_responses};
+use polar_ids::SessionId;
+use polar_record::{CallStatus, CompletionRecord, RECORD_VERSION};
 
 /// Name of the session metadata file.
 pub const SESSION_FILE: &str = "session.json";

@@ -12,12 +12,12 @@ use serde_json::{Map, Value, json};
 
 use polar_capture::encode::encode_two_parts;
 use polar_chat::Api;
-use polar_record::{
-    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
-};
 use polar_chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Reasoning, Role, Sampling, Tokens, Tool,
     ToolCall, Usage,
+};
+use polar_record::{
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
 use polar_trajectory::{Rewards, SessionMeta, SessionOutcome, TemplateInfo};
 

@@ -19,13 +19,13 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::stages::{Job, Report, Stage, Stages, Work};
+use polar_io::tasks::Tasks;
 use polar_rollout_api::client::{ClientError, RolloutClient};
 use polar_rollout_api::http::{Body, error, json};
 use polar_rollout_api::{
     API_VERSION, Heartbeat, NodeCapacity, NodeRegistration, SessionAssignment, SessionProgress,
     SessionResult,
 };
-use polar_io::tasks::Tasks;
 
 /// How long a starting node keeps trying to reach its server.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(60);

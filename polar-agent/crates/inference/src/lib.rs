@@ -25,7 +25,6 @@ pub mod sse;
 pub mod stream;
 pub mod wire;
 
-
 pub use client::Client;
 pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
 pub use error::InferenceError;

@@ -210,8 +210,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use polar_chat::{Reasoning, Tool, ToolCall};
     use crate::SamplingOverrides;
+    use polar_chat::{Reasoning, Tool, ToolCall};
 
     fn conversation() -> ChatRequest {
         let mut assistant = Message::text(Role::Assistant, "");

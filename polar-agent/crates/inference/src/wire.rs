@@ -201,10 +201,10 @@ fn calls(out: &mut Vec<u8>, calls: &[ToolCall]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polar_chat::Api;
-    use polar_chat::Reasoning;
     use crate::Dialect;
     use crate::request::chat_body;
+    use polar_chat::Api;
+    use polar_chat::Reasoning;
     use polar_chat::provider::{self, Framing, ModelCall};
 
     fn fixture_requests() -> Vec<ChatRequest> {

@@ -6,6 +6,11 @@
 //! (`request::chat_body`). The provider tests of `polar-chat` cannot see
 //! the inference client, so these live here.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
 use polar_chat::Api;
 use polar_chat::provider::{Framing, ModelCall, ParsedRequest, parse_request, parse_request_value};
 use polar_inference::{BackendConfig, Dialect, SamplingMode, request, wire};
@@ -92,7 +97,6 @@ fn anthropic_reads_escapes_numbers_and_unknown_fields_from_the_text() {
     assert!(body.contains(r#""maxLength": 1.0e3"#), "{body}");
 }
 
-
 /// Read from its own text (escapes, number forms, repeated keys, unknown
 /// fields as written), a request translates as serde_json's reading of the
 /// same text does, and its escaped text reaches the backend body as written.
@@ -143,4 +147,3 @@ fn openai_chat_reads_escapes_numbers_and_unknown_fields_from_the_text() {
         "{body}"
     );
 }
-

@@ -61,7 +61,11 @@ pub fn escape(v: &str) -> String {
 
 /// The gauges every node's page starts with: sessions by stage
 /// (`polar_sessions`) and items waiting per stage (`polar_queue_depth`).
-pub fn stage_gauges(out: &mut Text, sessions_by_stage: &[(&str, u64)], queue_depths: &[(&str, u64)]) {
+pub fn stage_gauges(
+    out: &mut Text,
+    sessions_by_stage: &[(&str, u64)],
+    queue_depths: &[(&str, u64)],
+) {
     out.family("polar_sessions", "gauge", "Sessions on this node by stage.");
     for (stage, n) in sessions_by_stage {
         out.sample("polar_sessions", &[("stage", stage)], n);

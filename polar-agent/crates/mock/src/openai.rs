@@ -242,9 +242,7 @@ fn tool(v: &Value) -> Option<Tool> {
             .get("description")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        parameters: polar_json::RawJson::from_value(
-            f.get("parameters").unwrap_or(&Value::Null),
-        ),
+        parameters: polar_json::RawJson::from_value(f.get("parameters").unwrap_or(&Value::Null)),
     })
 }
 

@@ -399,9 +399,7 @@ fn tool_from_line(line: &str) -> Option<Tool> {
             .get("description")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        parameters: polar_json::RawJson::from_value(
-            f.get("parameters").unwrap_or(&Value::Null),
-        ),
+        parameters: polar_json::RawJson::from_value(f.get("parameters").unwrap_or(&Value::Null)),
     })
 }
 

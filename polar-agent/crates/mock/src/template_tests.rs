@@ -1,10 +1,10 @@
 use serde_json::json;
 
 use super::*;
-use polar_chat::{Reasoning, ToolCall};
 use crate::generate::{Generation, generate};
 use crate::script::Plan;
 use crate::tokenizer::{self, THINK};
+use polar_chat::{Reasoning, ToolCall};
 
 fn bash() -> Tool {
     Tool {

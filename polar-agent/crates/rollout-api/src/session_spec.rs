@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use polar_evaluate::Evaluator;
-use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
 use crate::validate::ValidationError;
 use crate::{AgentSpec, EvaluatorSpec};
+use polar_evaluate::Evaluator;
+use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
 use polar_spec::runtime::{RuntimeSpec, SpecError};
 
 /// A checked session spec.

@@ -10,9 +10,9 @@ use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
 
 use super::client::ClientError;
-use polar_rollout_types::Numbered;
 use super::http::{Body, bearer_value, client, join};
 use polar_io::body::{self as http_body, BodySender};
+use polar_rollout_types::Numbered;
 
 /// A streamed body for `/v1/events` and its sender.
 pub fn channel() -> (BodySender, Body) {

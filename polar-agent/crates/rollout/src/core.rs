@@ -20,13 +20,13 @@ use tokio::sync::Notify;
 use super::callback;
 use super::config::RolloutConfig;
 use super::events::EventHub;
-use polar_rollout_api::http::{HttpClient, bearer_value, client, join};
 use super::metrics::Metrics;
-use polar_rollout_api::now_ms;
 use super::scheduler::{CancelOrder, Changes, Limits, Push, Scheduler};
 use super::store::{Store, StoreError};
-use polar_rollout_api::{API_VERSION, CancelSession};
 use polar_io::tasks::Tasks;
+use polar_rollout_api::http::{HttpClient, bearer_value, client, join};
+use polar_rollout_api::now_ms;
+use polar_rollout_api::{API_VERSION, CancelSession};
 
 /// Assignments made per scheduler lock.
 const ASSIGN_BATCH: usize = 256;

@@ -27,7 +27,6 @@ pub mod report;
 pub mod scheduler;
 pub mod server;
 
-
 pub mod store;
 
 #[cfg(test)]
@@ -41,7 +40,6 @@ use tokio::net::TcpListener;
 
 pub use config::{RolloutConfig, RolloutConfigError};
 pub use store::StoreError;
-
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::scheduler::Counters;
-use polar_rollout_api::NodeView;
 use polar_metrics::{Histogram, Text};
+use polar_rollout_api::NodeView;
 
 /// Upper bounds of the histogram buckets, in seconds.
 static BUCKETS: [f64; 13] = [

@@ -19,15 +19,15 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::core::Core;
-use polar_rollout_api::http::{Body, bearer, error, json, read_body, token_ok};
 use super::scheduler::{HeartbeatError, ReportError, SubmitError};
-use polar_rollout_api::sse;
 use super::store::StoreError;
+use polar_rollout_api::http::{Body, bearer, error, json, read_body, token_ok};
+use polar_rollout_api::sse;
+use polar_rollout_api::validate::{self, ValidationError};
 use polar_rollout_api::{
     API_VERSION, DrainRequest, Heartbeat, NodeList, NodeRegistration, ServerStatus,
     SessionProgress, SessionResult, TaskList, TaskRequest, TaskStatus,
 };
-use polar_rollout_api::validate::{self, ValidationError};
 
 /// Who may call a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

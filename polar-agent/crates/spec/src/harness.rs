@@ -104,4 +104,3 @@ pub enum ModeKind {
     /// The harness is given the agent's base URL and a per-session key.
     BaseUrl,
 }
-

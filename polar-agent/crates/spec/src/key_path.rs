@@ -93,4 +93,3 @@ impl fmt::Display for KeyPath {
         Ok(())
     }
 }
-

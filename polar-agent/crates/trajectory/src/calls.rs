@@ -2,8 +2,8 @@
 //! that carry no usable token ids set aside with their reason. Both builders
 //! start here, so they drop exactly the same calls.
 
-use polar_record::{CallStatus, CompletionRecord};
 use polar_chat::FinishReason;
+use polar_record::{CallStatus, CompletionRecord};
 
 use super::stats::{DropReason, DroppedCall};
 

@@ -15,9 +15,11 @@ use serde_json::Value;
 
 use polar_capture::SessionLog;
 use polar_chat::Api;
-use polar_record::{CompletionRecord, NativeRequest};
+use polar_chat::provider::{
+    self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side,
+};
 use polar_json::{Json, JsonError, RawJson};
-use polar_chat::provider::{self, ErrorKind, Framing, ModelCall, ParsedRequest, ProviderError, Side};
+use polar_record::{CompletionRecord, NativeRequest};
 
 use super::super::body::ProxyBody;
 use super::super::pipeline::RequestContext;

@@ -7,8 +7,8 @@ use std::io::Read;
 use bytes::Bytes;
 use http::HeaderMap;
 
-use polar_json::{Doc, JsonError};
 use polar_chat::provider::{ErrorKind, ProviderError, Side};
+use polar_json::{Doc, JsonError};
 
 /// A body that is already decoded.
 #[derive(Debug)]

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 
 use polar_chat::Api;
-use polar_inference::InferenceError;
 use polar_chat::provider::{self, ErrorKind, ProviderError, Side};
+use polar_inference::InferenceError;
 
 use super::super::body::ProxyBody;
 use super::super::error::json_response;

@@ -37,14 +37,14 @@ use std::time::Duration;
 
 use http::Response;
 
+use crate::config::{Config, ProviderHint};
 use polar_capture::CaptureStore;
 use polar_chat::Api;
-use crate::config::{Config, ProviderHint};
+use polar_chat::provider::{self, Detected};
 use polar_ids::SessionId;
 use polar_inference::{BackendConfig, Client, InferenceError};
-use polar_json::{Doc, Json};
-use polar_chat::provider::{self, Detected};
 use polar_io::tasks::Tasks;
+use polar_json::{Doc, Json};
 
 use super::body::ProxyBody;
 use super::error::ProxyError;

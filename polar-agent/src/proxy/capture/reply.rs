@@ -33,13 +33,13 @@ use polar_capture::SessionLog;
 use polar_capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
 use polar_capture::encode::RecordParts;
 use polar_capture::part::RequestPartWrite;
-use polar_chat::Api;
-use polar_record::{CompletionRecord};
 use polar_capture::tokens_json::ReplyTokensJson;
+use polar_chat::Api;
 use polar_chat::StreamEvent;
-use polar_inference::{ChatStream, InferenceError};
 use polar_chat::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
+use polar_inference::{ChatStream, InferenceError};
 use polar_io::tasks::Tasks;
+use polar_record::CompletionRecord;
 
 use super::super::body::{BodySender, ProxyBody, channel};
 use super::super::error::json_response;

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
 use serde_json::Value;
 
-use polar_chat::Api;
 use crate::config::ProviderHint;
+use polar_chat::Api;
 use polar_chat::provider::canned::{self, CannedResponse};
 use polar_chat::provider::{ErrorKind, ProviderError, Side, SideCall};
 

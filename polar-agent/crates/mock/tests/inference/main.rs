@@ -2,6 +2,12 @@
 //! in order, tool calls, token data equal to the mock's own tokenization,
 //! error classification.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failed step fails the test"
+)]
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;

@@ -22,11 +22,11 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::net::TcpListener;
 
-use polar_rollout_api::http::{full, read_body};
-use polar_gateway::sim::{SimGateway, SimGatewayConfig};
-use polar_rollout_api::{TaskStatus, TaskView};
 use super::{RolloutConfig, RolloutServer};
+use polar_gateway::sim::{SimGateway, SimGatewayConfig};
 use polar_rollout_api::RolloutClient;
+use polar_rollout_api::http::{full, read_body};
+use polar_rollout_api::{TaskStatus, TaskView};
 
 pub(crate) const TOKEN: &str = "trainer-token-1";
 pub(crate) const NODE_TOKEN: &str = "node-token-22";

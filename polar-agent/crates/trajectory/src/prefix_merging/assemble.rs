@@ -17,14 +17,12 @@
 
 use std::cmp::Reverse;
 
-use polar_chat::Role;
 use crate::calls::Call;
 use crate::options::{PrefixMergingOptions, RetryPolicy};
 use crate::stats::{DropReason, DroppedCall};
 use crate::trace_buf::TraceBuf;
-use crate::types::{
-    BreakReason, ChainId, Join, Label, SegmentKind, SegmentLink, Trace,
-};
+use crate::types::{BreakReason, ChainId, Join, Label, SegmentKind, SegmentLink, Trace};
+use polar_chat::Role;
 
 use super::matching::{Attach, Matched};
 use super::quote::quoted;

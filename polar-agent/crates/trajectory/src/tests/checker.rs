@@ -1,9 +1,7 @@
 //! The invariant checker catches every kind of corruption it is there for.
 
 use super::kit::{Convo, Render, Sim, Turn, meta, template};
-use crate::{
-    Builder, InvariantViolation, Join, PrefixMergingOptions, Trajectory, build, check,
-};
+use crate::{Builder, InvariantViolation, Join, PrefixMergingOptions, Trajectory, build, check};
 
 fn session(render: Render) -> Sim {
     let mut sim = Sim::new(render);

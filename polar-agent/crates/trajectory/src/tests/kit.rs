@@ -5,14 +5,12 @@
 
 use serde_json::Map;
 
+use crate::{SessionMeta, SessionOutcome, TemplateInfo};
 use polar_chat::Api;
+use polar_chat::{ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Tokens, Usage};
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use polar_chat::{
-    ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Tokens, Usage,
-};
-use crate::{SessionMeta, SessionOutcome, TemplateInfo};
 
 pub const IM_START: u32 = 1;
 pub const IM_END: u32 = 2;

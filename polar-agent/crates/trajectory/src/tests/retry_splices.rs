@@ -3,9 +3,7 @@
 //! the next prompt shows, whichever of the two came first.
 
 use super::kit::{Convo, IM_END, Render, Sim, Turn, meta, template};
-use crate::{
-    Builder, ChainId, Join, Label, PrefixMergingOptions, SegmentKind, build, check,
-};
+use crate::{Builder, ChainId, Join, Label, PrefixMergingOptions, SegmentKind, build, check};
 
 fn splice_onto(sim: &Sim, prev: usize, next: usize) -> Join {
     let (p, q) = (sim.prompt(prev), sim.prompt(next));

@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::Full;
-use polar_rollout_api::http::{bearer_value, client};
 use polar_gateway::sim::{SimGateway, SimGatewayConfig};
-use polar_rollout_api::{RolloutClient, RolloutConfig, RolloutServer, TaskStatus};
+use polar_rollout::{RolloutConfig, RolloutServer};
+use polar_rollout_api::http::{bearer_value, client};
+use polar_rollout_api::{RolloutClient, TaskStatus};
 use serde_json::json;
 
 const TOKEN: &str = "bench-token-1";
