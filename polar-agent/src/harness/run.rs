@@ -149,52 +149,13 @@ pub async fn prepare(
     let runtime = Runtime::for_spec(&run.spec, &run.session)?;
     let dirs = SandboxDirs::of(state, &run.session);
     dirs.create(user)?;
-    let mode = match run.mode {
-        ModeKind::Transparent => Mode::Transparent,
-        ModeKind::BaseUrl => {
-            let addr = parts
-                .config
-                .proxy
-                .base_url_listen
-                .map_or_else(|| DEFAULT_ADDR.to_owned(), |a| a.to_string());
-            Mode::BaseUrl {
-                url: format!("http://{addr}"),
-                key: session_key(&run.session),
-            }
-        }
-    };
+    let mode = session_mode(parts, &run);
     let harness = setup(run.harness, &run.instruction, &mode, &run.command);
     for (rel, contents) in &harness.files {
         dirs.write_home_file(rel, contents, user)?;
     }
-    let bundle_targets = match runtime {
-        Runtime::Native { .. } => {
-            let root = run
-                .spec
-                .rootfs
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("/"));
-            DISTRO_BUNDLES
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
-                .collect()
-        }
-        _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
-    };
-    let wanted: Vec<PathBuf> = run
-        .install
-        .as_ref()
-        .map(|i| i.read_only.clone())
-        .unwrap_or_default();
-    let staged = if matches!(runtime, Runtime::Native { .. }) {
-        crate::runtime::steps::stage(&wanted, &dirs.root, user)?
-    } else {
-        crate::runtime::steps::StagedDirs {
-            reachable: wanted,
-            ..Default::default()
-        }
-    };
+    let bundle_targets = bundle_targets(&runtime, &run.spec);
+    let staged = stage_read_only(&runtime, &run, &dirs)?;
     let layout = Layout {
         workspace: dirs.workspace.clone(),
         home: dirs.home.clone(),
@@ -207,84 +168,10 @@ pub async fn prepare(
         staged: staged.staged.clone(),
         user,
     };
-    let base_key = match &mode {
-        Mode::BaseUrl { key, .. } => Some(key.clone()),
-        Mode::Transparent => None,
-    };
-    parts.sessions.register(&run.session, base_key.as_deref());
-    // The capture stage stamps the session's records with its info.
-    parts.registry.register(&run.session, run.info.clone());
-    let handler = Arc::new(WithBaseUrl {
-        proxy: Arc::clone(&parts.proxy),
-        addr: match &mode {
-            Mode::BaseUrl { url, .. } => url
-                .trim_start_matches("http://")
-                .parse()
-                .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 8787))),
-            Mode::Transparent => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
-        },
-        sessions: Arc::clone(&parts.sessions),
-        rules: parts.rules.clone(),
-    });
-    let opts = SessionOptions {
-        id: run.session.clone(),
-        network: match run.spec.network {
-            NetworkKind::Isolated => NetworkMode::Isolated,
-            NetworkKind::Host => NetworkMode::Host,
-        },
-        limits: run.spec.limits,
-        drain_grace: Duration::from_secs(5),
-    };
-    let mut session = match SandboxSession::open(redirect, &opts, &handler, &parts.resolver) {
-        Ok(s) => s,
-        Err(e) => {
-            end_capture(parts, &run.session);
-            return Err(e.into());
-        }
-    };
+    begin_capture(parts, &run, &mode);
+    let handler = proxy_handler(parts, &mode);
+    let session = open_sandbox(parts, redirect, &run, &handler)?;
     let path: Vec<PathBuf> = run.install.iter().map(|i| i.bin_dir.clone()).collect();
-    let mut steps = Vec::new();
-    let started = {
-        let plan = Plan {
-            session: &session,
-            runtime: &runtime,
-            spec: &run.spec,
-            layout: &layout,
-            dirs: &dirs,
-            path: path.clone(),
-            deadline,
-            pre_binds: staged.binds.clone(),
-        };
-        start_runtime(&plan, &session, redirect, stop).await
-    };
-    let mut start_ok = started.as_ref().is_none_or(|r| r.end.ok());
-    steps.extend(started);
-    if start_ok && let Runtime::Docker(d) = &runtime {
-        // The container has its own namespace with only loopback: the
-        // session's listener and DNS move into it.
-        let adopted = match container_pid(d).await {
-            Ok(pid) => session
-                .adopt_netns(
-                    std::path::Path::new(&format!("/proc/{pid}/ns/net")),
-                    &handler,
-                    &parts.resolver,
-                )
-                .await
-                .map_err(|e| polar_io::chain(&e)),
-            Err(e) => Err(e),
-        };
-        if let Err(error) = adopted {
-            start_ok = false;
-            steps.push(StepReport {
-                phase: Phase::Start,
-                index: 1,
-                what: "join the container's network namespace".into(),
-                end: StepEnd::Failed { error },
-                elapsed_ms: 0,
-                logs: None,
-            });
-        }
-    }
     let mut prepared = Prepared {
         main: MainCommand {
             argv: harness.argv.clone(),
@@ -300,14 +187,154 @@ pub async fn prepare(
         deadline,
         ready: false,
         posted: false,
-        steps,
+        steps: Vec::new(),
     };
-    if start_ok {
+    if prepared.start(parts, redirect, &handler, stop).await {
         let (reports, ok) = prepared.plan(deadline).prepare(stop).await;
         prepared.steps.extend(reports);
         prepared.ready = ok;
     }
     Ok(prepared)
+}
+
+/// The session's mode: base-URL mode points the harness at the agent's
+/// base-URL listener with the session's key.
+fn session_mode(parts: &AgentParts, run: &HarnessRun) -> Mode {
+    match run.mode {
+        ModeKind::Transparent => Mode::Transparent,
+        ModeKind::BaseUrl => {
+            let addr = parts
+                .config
+                .proxy
+                .base_url_listen
+                .map_or_else(|| DEFAULT_ADDR.to_owned(), |a| a.to_string());
+            Mode::BaseUrl {
+                url: format!("http://{addr}"),
+                key: session_key(&run.session),
+            }
+        }
+    }
+}
+
+/// Where the trust bundle is bound: every distribution's bundle path, or
+/// for a native runtime only those that exist in its root.
+fn bundle_targets(runtime: &Runtime, spec: &RuntimeSpec) -> Vec<PathBuf> {
+    match runtime {
+        Runtime::Native { .. } => {
+            let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
+            DISTRO_BUNDLES
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
+                .collect()
+        }
+        _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
+    }
+}
+
+/// The installation's read-only directories: for a native runtime, those
+/// the sandbox user cannot reach are staged under the session's directory
+/// ([`crate::runtime::steps::stage`]); otherwise all are bound directly.
+fn stage_read_only(
+    runtime: &Runtime,
+    run: &HarnessRun,
+    dirs: &SandboxDirs,
+) -> Result<crate::runtime::steps::StagedDirs, HarnessError> {
+    let wanted: Vec<PathBuf> = run
+        .install
+        .as_ref()
+        .map(|i| i.read_only.clone())
+        .unwrap_or_default();
+    Ok(if matches!(runtime, Runtime::Native { .. }) {
+        crate::runtime::steps::stage(&wanted, &dirs.root, SANDBOX_USER)?
+    } else {
+        crate::runtime::steps::StagedDirs {
+            reachable: wanted,
+            ..Default::default()
+        }
+    })
+}
+
+/// Starts accepting the session's calls (under its base-URL key in that
+/// mode); undone by [`end_capture`].
+fn begin_capture(parts: &AgentParts, run: &HarnessRun, mode: &Mode) {
+    let base_key = match mode {
+        Mode::BaseUrl { key, .. } => Some(key.clone()),
+        Mode::Transparent => None,
+    };
+    parts.sessions.register(&run.session, base_key.as_deref());
+    // The capture stage stamps the session's records with its info.
+    parts.registry.register(&run.session, run.info.clone());
+}
+
+/// The handler of the session's connections: the proxy, plus base-URL mode
+/// on the mode's address.
+fn proxy_handler(parts: &AgentParts, mode: &Mode) -> Arc<WithBaseUrl> {
+    Arc::new(WithBaseUrl {
+        proxy: Arc::clone(&parts.proxy),
+        addr: match mode {
+            Mode::BaseUrl { url, .. } => url
+                .trim_start_matches("http://")
+                .parse()
+                .unwrap_or_else(|_| std::net::SocketAddr::from(([127, 0, 0, 1], 8787))),
+            Mode::Transparent => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+        },
+        sessions: Arc::clone(&parts.sessions),
+        rules: parts.rules.clone(),
+    })
+}
+
+/// Opens the session's sandbox (network, cgroups, limits) serving
+/// `handler`; on failure, ends the capture [`begin_capture`] began.
+fn open_sandbox(
+    parts: &AgentParts,
+    redirect: &Redirect,
+    run: &HarnessRun,
+    handler: &Arc<WithBaseUrl>,
+) -> Result<SandboxSession, HarnessError> {
+    let opts = SessionOptions {
+        id: run.session.clone(),
+        network: match run.spec.network {
+            NetworkKind::Isolated => NetworkMode::Isolated,
+            NetworkKind::Host => NetworkMode::Host,
+        },
+        limits: run.spec.limits,
+        drain_grace: Duration::from_secs(5),
+    };
+    SandboxSession::open(redirect, &opts, handler, &parts.resolver).map_err(|e| {
+        end_capture(parts, &run.session);
+        e.into()
+    })
+}
+
+/// Moves the session's listener and DNS into the container's network
+/// namespace (it has only loopback); the failed step if that fails.
+async fn join_container_netns(
+    d: &crate::runtime::docker::Docker,
+    session: &mut SandboxSession,
+    handler: &Arc<WithBaseUrl>,
+    parts: &AgentParts,
+) -> Option<StepReport> {
+    let adopted = match container_pid(d).await {
+        Ok(pid) => session
+            .adopt_netns(
+                std::path::Path::new(&format!("/proc/{pid}/ns/net")),
+                handler,
+                &parts.resolver,
+            )
+            .await
+            .map_err(|e| polar_io::chain(&e)),
+        Err(e) => Err(e),
+    };
+    let error = adopted.err()?;
+    Some(StepReport {
+        phase: Phase::Start,
+        index: 1,
+        what: "join the container's network namespace".into(),
+        end: StepEnd::Failed { error },
+        elapsed_ms: 0,
+        logs: None,
+    })
 }
 
 impl Prepared {
@@ -348,6 +375,29 @@ impl Prepared {
         run.budget = Duration::from_secs(3600);
         run.install = None;
         run
+    }
+
+    /// Starts the runtime and, for a container, moves the session's
+    /// network into it, reporting both in the steps. Whether both went
+    /// well.
+    async fn start(
+        &mut self,
+        parts: &AgentParts,
+        redirect: &Redirect,
+        handler: &Arc<WithBaseUrl>,
+        stop: &CancellationToken,
+    ) -> bool {
+        let started = start_runtime(&self.plan(self.deadline), &self.session, redirect, stop).await;
+        let start_ok = started.as_ref().is_none_or(|r| r.end.ok());
+        self.steps.extend(started);
+        if start_ok
+            && let Runtime::Docker(d) = &self.runtime
+            && let Some(failed) = join_container_netns(d, &mut self.session, handler, parts).await
+        {
+            self.steps.push(failed);
+            return false;
+        }
+        start_ok
     }
 
     /// The plan of the session's commands, with `deadline`.

@@ -48,141 +48,192 @@ fn list<T: arrow_array::builder::ArrayBuilder>(
 
 /// The record batch of `traj`: one row per trace.
 pub fn record_batch(traj: &Trajectory) -> Result<RecordBatch, ExportError> {
-    let n = traj.traces.len();
-    let prompt_tokens: usize = traj.traces.iter().map(|t| t.prompt_ids.len()).sum();
-    let response_tokens: usize = traj.traces.iter().map(|t| t.response_ids.len()).sum();
+    let mut b = ColumnBuilders::for_trajectory(traj);
     let mut scratch = Vec::new();
-    let strings = || StringBuilder::with_capacity(n, 16 * n);
-
-    let mut schema_version = UInt32Builder::with_capacity(n);
-    let mut trace_id = strings();
-    let mut session_id = strings();
-    let mut task_id = strings();
-    let mut group_id = strings();
-    let mut policy_version = strings();
-    let mut status = strings();
-    let mut error = strings();
-    let mut builder = strings();
-    let mut trace_index = UInt32Builder::with_capacity(n);
-    let mut chain = UInt32Builder::with_capacity(n);
-    let mut segment = UInt32Builder::with_capacity(n);
-    let mut segment_kind = strings();
-    let mut break_reason = strings();
-    let mut labels = list(strings(), DataType::Utf8, n);
-    let mut finish_reason = strings();
-    let mut reward = Float64Builder::with_capacity(n);
-    let mut prompt_ids = list(
-        UInt32Builder::with_capacity(prompt_tokens),
-        DataType::UInt32,
-        n,
-    );
-    let mut response_ids = list(
-        UInt32Builder::with_capacity(response_tokens),
-        DataType::UInt32,
-        n,
-    );
-    let mut loss_mask = list(
-        UInt8Builder::with_capacity(response_tokens),
-        DataType::UInt8,
-        n,
-    );
-    let mut logprobs = list(
-        Float32Builder::with_capacity(response_tokens),
-        DataType::Float32,
-        n,
-    );
-    let mut prompt_messages = strings();
-    let mut response_messages = strings();
-    let mut tools = strings();
-    let mut call_ids = list(strings(), DataType::Utf8, n);
-    let mut trace_metadata = strings();
-    let mut trajectory_metadata = strings();
-    let mut stats = strings();
-
     let traj_md_json = serde_json::to_string(&traj.metadata)?;
     let stats_json = serde_json::to_string(&traj.stats)?;
-
     for row in rows(traj) {
-        schema_version.append_value(row.schema_version);
-        trace_id.append_value(&row.trace_id);
-        session_id.append_value(&row.session_id);
-        task_id.append_option(row.task_id.as_deref());
-        group_id.append_option(row.group_id.as_deref());
-        policy_version.append_option(row.policy_version.as_deref());
-        status.append_value(status_name(row.status));
-        error.append_option(row.error.as_deref());
-        builder.append_value(&row.builder);
-        trace_index.append_value(row.trace_index);
-        chain.append_value(row.chain);
-        segment.append_value(row.segment);
-        segment_kind.append_value(&row.segment_kind);
-        break_reason.append_option(row.break_reason.map(break_reason_name));
-        for l in row.labels.iter() {
-            labels.values().append_value(label_name(*l));
+        b.append(&row, &mut scratch)?;
+        b.trajectory_metadata.append_value(&traj_md_json);
+        b.stats.append_value(&stats_json);
+    }
+    Ok(RecordBatch::try_new(arrow_schema(), b.finish())?)
+}
+
+/// One builder per export column, in schema order.
+struct ColumnBuilders {
+    schema_version: UInt32Builder,
+    trace_id: StringBuilder,
+    session_id: StringBuilder,
+    task_id: StringBuilder,
+    group_id: StringBuilder,
+    policy_version: StringBuilder,
+    status: StringBuilder,
+    error: StringBuilder,
+    builder: StringBuilder,
+    trace_index: UInt32Builder,
+    chain: UInt32Builder,
+    segment: UInt32Builder,
+    segment_kind: StringBuilder,
+    break_reason: StringBuilder,
+    labels: ListBuilder<StringBuilder>,
+    finish_reason: StringBuilder,
+    reward: Float64Builder,
+    prompt_ids: ListBuilder<UInt32Builder>,
+    response_ids: ListBuilder<UInt32Builder>,
+    loss_mask: ListBuilder<UInt8Builder>,
+    logprobs: ListBuilder<Float32Builder>,
+    prompt_messages: StringBuilder,
+    response_messages: StringBuilder,
+    tools: StringBuilder,
+    call_ids: ListBuilder<StringBuilder>,
+    trace_metadata: StringBuilder,
+    trajectory_metadata: StringBuilder,
+    stats: StringBuilder,
+}
+
+impl ColumnBuilders {
+    /// Builders sized for `traj`'s traces and tokens.
+    fn for_trajectory(traj: &Trajectory) -> Self {
+        let n = traj.traces.len();
+        let prompt_tokens: usize = traj.traces.iter().map(|t| t.prompt_ids.len()).sum();
+        let response_tokens: usize = traj.traces.iter().map(|t| t.response_ids.len()).sum();
+        let strings = || StringBuilder::with_capacity(n, 16 * n);
+        Self {
+            schema_version: UInt32Builder::with_capacity(n),
+            trace_id: strings(),
+            session_id: strings(),
+            task_id: strings(),
+            group_id: strings(),
+            policy_version: strings(),
+            status: strings(),
+            error: strings(),
+            builder: strings(),
+            trace_index: UInt32Builder::with_capacity(n),
+            chain: UInt32Builder::with_capacity(n),
+            segment: UInt32Builder::with_capacity(n),
+            segment_kind: strings(),
+            break_reason: strings(),
+            labels: list(strings(), DataType::Utf8, n),
+            finish_reason: strings(),
+            reward: Float64Builder::with_capacity(n),
+            prompt_ids: list(
+                UInt32Builder::with_capacity(prompt_tokens),
+                DataType::UInt32,
+                n,
+            ),
+            response_ids: list(
+                UInt32Builder::with_capacity(response_tokens),
+                DataType::UInt32,
+                n,
+            ),
+            loss_mask: list(
+                UInt8Builder::with_capacity(response_tokens),
+                DataType::UInt8,
+                n,
+            ),
+            logprobs: list(
+                Float32Builder::with_capacity(response_tokens),
+                DataType::Float32,
+                n,
+            ),
+            prompt_messages: strings(),
+            response_messages: strings(),
+            tools: strings(),
+            call_ids: list(strings(), DataType::Utf8, n),
+            trace_metadata: strings(),
+            trajectory_metadata: strings(),
+            stats: strings(),
         }
-        labels.append(true);
-        finish_reason.append_option(row.finish_reason.as_deref());
-        reward.append_option(row.reward);
-        prompt_ids.values().append_slice(&row.prompt_ids);
-        prompt_ids.append(true);
-        response_ids.values().append_slice(&row.response_ids);
-        response_ids.append(true);
-        loss_mask.values().append_slice(&row.loss_mask);
-        loss_mask.append(true);
-        match &row.response_logprobs {
-            Some(l) => {
-                logprobs.values().append_slice(l);
-                logprobs.append(true);
-            }
-            None => logprobs.append(false),
-        }
-        append_json(&mut prompt_messages, &mut scratch, &*row.prompt_messages)?;
-        append_json(
-            &mut response_messages,
-            &mut scratch,
-            &*row.response_messages,
-        )?;
-        append_json(&mut tools, &mut scratch, &*row.tools)?;
-        for c in row.call_ids.iter() {
-            call_ids.values().append_value(c);
-        }
-        call_ids.append(true);
-        append_json(&mut trace_metadata, &mut scratch, &row.trace_metadata)?;
-        trajectory_metadata.append_value(&traj_md_json);
-        stats.append_value(&stats_json);
     }
 
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(schema_version.finish()),
-        Arc::new(trace_id.finish()),
-        Arc::new(session_id.finish()),
-        Arc::new(task_id.finish()),
-        Arc::new(group_id.finish()),
-        Arc::new(policy_version.finish()),
-        Arc::new(status.finish()),
-        Arc::new(error.finish()),
-        Arc::new(builder.finish()),
-        Arc::new(trace_index.finish()),
-        Arc::new(chain.finish()),
-        Arc::new(segment.finish()),
-        Arc::new(segment_kind.finish()),
-        Arc::new(break_reason.finish()),
-        Arc::new(labels.finish()),
-        Arc::new(finish_reason.finish()),
-        Arc::new(reward.finish()),
-        Arc::new(prompt_ids.finish()),
-        Arc::new(response_ids.finish()),
-        Arc::new(loss_mask.finish()),
-        Arc::new(logprobs.finish()),
-        Arc::new(prompt_messages.finish()),
-        Arc::new(response_messages.finish()),
-        Arc::new(tools.finish()),
-        Arc::new(call_ids.finish()),
-        Arc::new(trace_metadata.finish()),
-        Arc::new(trajectory_metadata.finish()),
-        Arc::new(stats.finish()),
-    ];
-    Ok(RecordBatch::try_new(arrow_schema(), columns)?)
+    /// Appends `row` to every column but `trajectory_metadata` and `stats`
+    /// (the same for every row: the caller serializes them once).
+    fn append(&mut self, row: &Row<'_>, scratch: &mut Vec<u8>) -> Result<(), ExportError> {
+        self.schema_version.append_value(row.schema_version);
+        self.trace_id.append_value(&row.trace_id);
+        self.session_id.append_value(&row.session_id);
+        self.task_id.append_option(row.task_id.as_deref());
+        self.group_id.append_option(row.group_id.as_deref());
+        self.policy_version
+            .append_option(row.policy_version.as_deref());
+        self.status.append_value(status_name(row.status));
+        self.error.append_option(row.error.as_deref());
+        self.builder.append_value(&row.builder);
+        self.trace_index.append_value(row.trace_index);
+        self.chain.append_value(row.chain);
+        self.segment.append_value(row.segment);
+        self.segment_kind.append_value(&row.segment_kind);
+        self.break_reason
+            .append_option(row.break_reason.map(break_reason_name));
+        for l in row.labels.iter() {
+            self.labels.values().append_value(label_name(*l));
+        }
+        self.labels.append(true);
+        self.finish_reason
+            .append_option(row.finish_reason.as_deref());
+        self.reward.append_option(row.reward);
+        self.prompt_ids.values().append_slice(&row.prompt_ids);
+        self.prompt_ids.append(true);
+        self.response_ids.values().append_slice(&row.response_ids);
+        self.response_ids.append(true);
+        self.loss_mask.values().append_slice(&row.loss_mask);
+        self.loss_mask.append(true);
+        match &row.response_logprobs {
+            Some(l) => {
+                self.logprobs.values().append_slice(l);
+                self.logprobs.append(true);
+            }
+            None => self.logprobs.append(false),
+        }
+        append_json(&mut self.prompt_messages, scratch, &*row.prompt_messages)?;
+        append_json(
+            &mut self.response_messages,
+            scratch,
+            &*row.response_messages,
+        )?;
+        append_json(&mut self.tools, scratch, &*row.tools)?;
+        for c in row.call_ids.iter() {
+            self.call_ids.values().append_value(c);
+        }
+        self.call_ids.append(true);
+        append_json(&mut self.trace_metadata, scratch, &row.trace_metadata)?;
+        Ok(())
+    }
+
+    /// The finished columns, in schema order.
+    fn finish(mut self) -> Vec<ArrayRef> {
+        vec![
+            Arc::new(self.schema_version.finish()),
+            Arc::new(self.trace_id.finish()),
+            Arc::new(self.session_id.finish()),
+            Arc::new(self.task_id.finish()),
+            Arc::new(self.group_id.finish()),
+            Arc::new(self.policy_version.finish()),
+            Arc::new(self.status.finish()),
+            Arc::new(self.error.finish()),
+            Arc::new(self.builder.finish()),
+            Arc::new(self.trace_index.finish()),
+            Arc::new(self.chain.finish()),
+            Arc::new(self.segment.finish()),
+            Arc::new(self.segment_kind.finish()),
+            Arc::new(self.break_reason.finish()),
+            Arc::new(self.labels.finish()),
+            Arc::new(self.finish_reason.finish()),
+            Arc::new(self.reward.finish()),
+            Arc::new(self.prompt_ids.finish()),
+            Arc::new(self.response_ids.finish()),
+            Arc::new(self.loss_mask.finish()),
+            Arc::new(self.logprobs.finish()),
+            Arc::new(self.prompt_messages.finish()),
+            Arc::new(self.response_messages.finish()),
+            Arc::new(self.tools.finish()),
+            Arc::new(self.call_ids.finish()),
+            Arc::new(self.trace_metadata.finish()),
+            Arc::new(self.trajectory_metadata.finish()),
+            Arc::new(self.stats.finish()),
+        ]
+    }
 }
 
 fn schema_error(detail: String) -> ExportError {

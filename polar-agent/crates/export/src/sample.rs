@@ -175,6 +175,47 @@ impl Agent {
             ],
         }
     }
+
+    /// The request of the next call: the conversation so far.
+    fn request(&self) -> ChatRequest {
+        ChatRequest {
+            model: "policy".into(),
+            messages: self.messages.clone(),
+            tools: tools(),
+            tool_choice: None,
+            sampling: Sampling {
+                max_tokens: Some(4096),
+                temperature: Some(1.0),
+                ..Sampling::default()
+            },
+            stream: true,
+            extra: Map::new(),
+        }
+    }
+
+    /// The next prompt: the reply as generated (`response`, `reply`), then
+    /// a random result of call `call_id`.
+    fn answer(
+        &mut self,
+        rng: &mut Rng,
+        spec: &SampleSpec,
+        response: &[u32],
+        reply: Message,
+        call_id: String,
+    ) {
+        let tool_result = rng.ids(spec.tool_tokens);
+        self.tokens.extend(response);
+        self.tokens.push(NL);
+        let mut body = vec![TOOL_RESP];
+        body.extend(&tool_result);
+        body.push(END_TOOL_RESP);
+        self.tokens.extend(turn(USER, &body));
+        self.tokens.extend([IM_START, ASSISTANT, NL]);
+        self.messages.push(reply);
+        let mut tool_msg = Message::text(Role::Tool, text(&tool_result));
+        tool_msg.tool_call_id = Some(call_id);
+        self.messages.push(tool_msg);
+    }
 }
 
 fn tools() -> Vec<Tool> {
@@ -228,19 +269,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
         reply.tool_calls = vec![tool_call.clone()];
     }
     let prompt = agent.tokens.clone();
-    let request = ChatRequest {
-        model: "policy".into(),
-        messages: agent.messages.clone(),
-        tools: tools(),
-        tool_choice: None,
-        sampling: Sampling {
-            max_tokens: Some(4096),
-            temperature: Some(1.0),
-            ..Sampling::default()
-        },
-        stream: true,
-        extra: Map::new(),
-    };
+    let request = agent.request();
     let started = 1_700_000_000_000 + c.seq * 2_000;
     let record = CompletionRecord {
         version: RECORD_VERSION,
@@ -286,19 +315,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
         },
         status: CallStatus::Completed,
     };
-    // The next prompt: the reply as generated, then the tool result.
-    let tool_result = rng.ids(c.spec.tool_tokens);
-    agent.tokens.extend(&response);
-    agent.tokens.push(NL);
-    let mut body = vec![TOOL_RESP];
-    body.extend(&tool_result);
-    body.push(END_TOOL_RESP);
-    agent.tokens.extend(turn(USER, &body));
-    agent.tokens.extend([IM_START, ASSISTANT, NL]);
-    agent.messages.push(reply);
-    let mut tool_msg = Message::text(Role::Tool, text(&tool_result));
-    tool_msg.tool_call_id = Some(tool_call.id);
-    agent.messages.push(tool_msg);
+    agent.answer(rng, c.spec, &response, reply, tool_call.id);
     record
 }
 

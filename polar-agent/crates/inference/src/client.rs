@@ -83,28 +83,7 @@ impl Client {
         for replica in self.pool.order(session) {
             attempts += 1;
             let base = self.pool.url(replica).to_owned();
-            let request = Request::builder()
-                .method(Method::POST)
-                .uri(format!("{base}/v1/chat/completions"))
-                .header(header::CONTENT_TYPE, "application/json")
-                .header(
-                    header::ACCEPT,
-                    if streaming {
-                        "text/event-stream"
-                    } else {
-                        "application/json"
-                    },
-                )
-                .header(
-                    SESSION_HEADER,
-                    HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
-                )
-                .body(Full::new(body.clone()))
-                .map_err(|e| InferenceError::Config {
-                    backend: backend.clone(),
-                    key: "replicas".into(),
-                    reason: format!("{base}: cannot build a request: {e}"),
-                })?;
+            let request = chat_request(&base, session, &body, streaming, &backend)?;
             self.pool.note_attempt(replica);
             let span =
                 tracing::debug_span!("inference", backend = %backend, replica = %base, session);
@@ -189,6 +168,39 @@ impl Client {
             last,
         })
     }
+}
+
+/// The `POST {base}/v1/chat/completions` of `body` for `session`
+/// (`backend` names the backend in the error).
+fn chat_request(
+    base: &str,
+    session: &str,
+    body: &Bytes,
+    streaming: bool,
+    backend: &str,
+) -> Result<Request<Full<Bytes>>, InferenceError> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}/v1/chat/completions"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            header::ACCEPT,
+            if streaming {
+                "text/event-stream"
+            } else {
+                "application/json"
+            },
+        )
+        .header(
+            SESSION_HEADER,
+            HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
+        )
+        .body(Full::new(body.clone()))
+        .map_err(|e| InferenceError::Config {
+            backend: backend.to_owned(),
+            key: "replicas".into(),
+            reason: format!("{base}: cannot build a request: {e}"),
+        })
 }
 
 /// The start of an error reply's body (at most 64 KiB, what arrives within

@@ -442,6 +442,49 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
         .and_then(|c| c.first())
         .ok_or_else(|| DecodeError::Malformed("reply without choices".into()))?;
     let meta = choice.get("meta_info").or_else(|| v.get("meta_info"));
+    let tokens = whole_tokens(&v, choice, meta);
+    let message = choice.get("message").unwrap_or(&Value::Null);
+    let mut events = vec![StreamEvent::Start {
+        id: v
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        model: model.to_owned(),
+        prompt_tokens: tokens.prompt.as_ref().map(|p| p.len() as u32),
+    }];
+    message_events(message, &mut events)?;
+    let reason = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .ok_or_else(|| DecodeError::Malformed("reply without finish_reason".into()))?;
+    let mut usage = usage(&v).unwrap_or_else(|| tokens.usage_fallback());
+    if usage.cached_tokens.is_none() {
+        usage.cached_tokens = meta
+            .and_then(|m| m.get("cached_tokens"))
+            .and_then(Value::as_u64)
+            .map(|x| x as u32);
+    }
+    events.push(StreamEvent::Finish {
+        finish_reason: finish_reason(reason),
+        usage,
+    });
+    Ok(Whole {
+        events,
+        tokens,
+        weight_version: meta
+            .and_then(|m| m.get("weight_version"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),
+    })
+}
+
+/// The token data of a whole reply `v` (its first choice `choice`, its
+/// `meta_info` `meta`): the prompt ids, the response ids from `token_ids`
+/// or else SGLang's `(logprob, id, _)` triples, and the logprobs from the
+/// triples or else vLLM's `logprobs.content`.
+fn whole_tokens(v: &Value, choice: &Value, meta: Option<&Value>) -> TokenAcc {
     let mut tokens = TokenAcc::default();
     if let Some(p) = choice
         .get("prompt_token_ids")
@@ -484,16 +527,12 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
             .filter_map(|e| e.get("logprob").and_then(Value::as_f64).map(|x| x as f32))
             .collect();
     }
-    let message = choice.get("message").unwrap_or(&Value::Null);
-    let mut events = vec![StreamEvent::Start {
-        id: v
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        model: model.to_owned(),
-        prompt_tokens: tokens.prompt.as_ref().map(|p| p.len() as u32),
-    }];
+    tokens
+}
+
+/// The events of a whole reply's `message`: its reasoning, its text and
+/// its tool calls (each one start and, if it has arguments, one delta).
+fn message_events(message: &Value, events: &mut Vec<StreamEvent>) -> Result<(), DecodeError> {
     let reasoning = ["reasoning", "reasoning_content"]
         .iter()
         .find_map(|k| message.get(*k).and_then(Value::as_str))
@@ -542,30 +581,7 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
             });
         }
     }
-    let reason = choice
-        .get("finish_reason")
-        .and_then(Value::as_str)
-        .ok_or_else(|| DecodeError::Malformed("reply without finish_reason".into()))?;
-    let mut usage = usage(&v).unwrap_or_else(|| tokens.usage_fallback());
-    if usage.cached_tokens.is_none() {
-        usage.cached_tokens = meta
-            .and_then(|m| m.get("cached_tokens"))
-            .and_then(Value::as_u64)
-            .map(|x| x as u32);
-    }
-    events.push(StreamEvent::Finish {
-        finish_reason: finish_reason(reason),
-        usage,
-    });
-    Ok(Whole {
-        events,
-        tokens,
-        weight_version: meta
-            .and_then(|m| m.get("weight_version"))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),
-    })
+    Ok(())
 }
 
 #[cfg(test)]

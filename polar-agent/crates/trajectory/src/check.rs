@@ -174,6 +174,67 @@ fn check_trace(
     trace: &Trace,
     by_id: &HashMap<&str, &CompletionRecord>,
 ) -> Result<(), InvariantViolation> {
+    check_lengths(ti, trace)?;
+    let n = trace.response_ids.len();
+    let spans_err = |detail: String| InvariantViolation::Spans { trace: ti, detail };
+    if trace.spans.is_empty() || trace.spans.len() != trace.call_ids.len() {
+        return Err(spans_err(format!(
+            "{} spans for {} calls",
+            trace.spans.len(),
+            trace.call_ids.len()
+        )));
+    }
+    let mut offset = 0;
+    let mut any_without_logprobs = false;
+    let mut spliced = false;
+    let mut prev: Option<&CompletionRecord> = None;
+    for (id, span) in trace.call_ids.iter().zip(&trace.spans) {
+        let rec = by_id
+            .get(id.as_str())
+            .ok_or_else(|| InvariantViolation::UnknownCall(id.clone()))?;
+        let response = ids(rec).1;
+        let start = span.response_start;
+        let end = start + span.response_len;
+        if start < offset || end > n || span.response_len != response.len() {
+            return Err(spans_err(format!(
+                "call {id} at {start}..{end} after {offset}"
+            )));
+        }
+        let call = PlacedCall {
+            ti,
+            trace,
+            id,
+            rec,
+            offset,
+            start,
+            end,
+        };
+        any_without_logprobs |= call.check_tokens()?;
+        spliced |= matches!(span.join, Join::Splice { .. });
+        call.check_join(span.join, prev)?;
+        call.check_trace_prefix(spliced)?;
+        offset = end;
+        prev = Some(rec);
+    }
+    if offset != n {
+        return Err(spans_err(format!(
+            "{} tokens after the last call",
+            n - offset
+        )));
+    }
+    if trace.response_logprobs.is_none() && !any_without_logprobs {
+        return Err(InvariantViolation::CallTokens {
+            trace: ti,
+            call_id: trace.call_ids.first().cloned().unwrap_or_default(),
+            detail: "trace lost the logprobs all its calls have".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Invariant 1 for trace `ti`: the lengths of `loss_mask` and
+/// `response_logprobs`, and the mask's values.
+fn check_lengths(ti: usize, trace: &Trace) -> Result<(), InvariantViolation> {
     let n = trace.response_ids.len();
     let length = |what, got| InvariantViolation::Length {
         trace: ti,
@@ -196,54 +257,58 @@ fn check_trace(
             value,
         });
     }
-    let spans_err = |detail: String| InvariantViolation::Spans { trace: ti, detail };
-    if trace.spans.is_empty() || trace.spans.len() != trace.call_ids.len() {
-        return Err(spans_err(format!(
-            "{} spans for {} calls",
-            trace.spans.len(),
-            trace.call_ids.len()
-        )));
-    }
-    let mut offset = 0;
-    let mut any_without_logprobs = false;
-    let mut spliced = false;
-    let mut prev: Option<&CompletionRecord> = None;
-    for (id, span) in trace.call_ids.iter().zip(&trace.spans) {
-        let rec = by_id
-            .get(id.as_str())
-            .ok_or_else(|| InvariantViolation::UnknownCall(id.clone()))?;
-        let call_err = |detail: &str| InvariantViolation::CallTokens {
-            trace: ti,
-            call_id: id.clone(),
+    Ok(())
+}
+
+/// One call of trace `ti`, its span checked to lie within the trace: its
+/// glue is `response_ids[offset..start]`, its generated tokens
+/// `response_ids[start..end]`.
+struct PlacedCall<'a> {
+    ti: usize,
+    trace: &'a Trace,
+    id: &'a str,
+    rec: &'a CompletionRecord,
+    offset: usize,
+    start: usize,
+    end: usize,
+}
+
+impl PlacedCall<'_> {
+    fn call_err(&self, detail: &str) -> InvariantViolation {
+        InvariantViolation::CallTokens {
+            trace: self.ti,
+            call_id: self.id.to_owned(),
             detail: detail.to_owned(),
-        };
-        let join_err = |detail: &str| InvariantViolation::Join {
-            trace: ti,
-            call_id: id.clone(),
-            detail: detail.to_owned(),
-        };
-        let (prompt, response) = ids(rec);
-        let start = span.response_start;
-        let end = start + span.response_len;
-        if start < offset || end > n || span.response_len != response.len() {
-            return Err(spans_err(format!(
-                "call {id} at {start}..{end} after {offset}"
-            )));
         }
-        let glue = &trace.response_ids[offset..start];
-        if trace.response_ids[start..end] != *response {
-            return Err(call_err("generated tokens differ from the record"));
+    }
+
+    fn join_err(&self, detail: &str) -> InvariantViolation {
+        InvariantViolation::Join {
+            trace: self.ti,
+            call_id: self.id.to_owned(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    /// Invariant 2 for this call: its generated tokens, the mask and the
+    /// logprobs of its glue and tokens. Whether it lacks logprobs in a
+    /// trace without them.
+    fn check_tokens(&self) -> Result<bool, InvariantViolation> {
+        let (trace, rec) = (self.trace, self.rec);
+        let (offset, start, end) = (self.offset, self.start, self.end);
+        if trace.response_ids[start..end] != *ids(rec).1 {
+            return Err(self.call_err("generated tokens differ from the record"));
         }
         if trace.loss_mask[offset..start].iter().any(|&m| m != 0) {
-            return Err(call_err("glue has loss 1"));
+            return Err(self.call_err("glue has loss 1"));
         }
         if trace.loss_mask[start..end].iter().any(|&m| m != 1) {
-            return Err(call_err("a generated token has loss 0"));
+            return Err(self.call_err("a generated token has loss 0"));
         }
         match (&trace.response_logprobs, rec.response_logprobs.as_deref()) {
             (Some(lp), Some(want)) => {
                 if lp[offset..start].iter().any(|&x| x != 0.0) {
-                    return Err(call_err("glue has a non-zero logprob"));
+                    return Err(self.call_err("glue has a non-zero logprob"));
                 }
                 let same = lp[start..end].len() == want.len()
                     && lp[start..end]
@@ -251,28 +316,40 @@ fn check_trace(
                         .zip(want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                 if !same {
-                    return Err(call_err("logprobs differ from the backend's"));
+                    return Err(self.call_err("logprobs differ from the backend's"));
                 }
+                Ok(false)
             }
-            (Some(_), None) => return Err(call_err("trace has logprobs the record lacks")),
-            (None, _) => any_without_logprobs |= rec.response_logprobs.is_none(),
+            (Some(_), None) => Err(self.call_err("trace has logprobs the record lacks")),
+            (None, _) => Ok(rec.response_logprobs.is_none()),
         }
-        match (span.join, prev) {
+    }
+
+    /// Invariant 3 for this call: its prompt and glue against the previous
+    /// call `prev` as `join` says.
+    fn check_join(
+        &self,
+        join: Join,
+        prev: Option<&CompletionRecord>,
+    ) -> Result<(), InvariantViolation> {
+        let prompt = ids(self.rec).0;
+        let glue = &self.trace.response_ids[self.offset..self.start];
+        match (join, prev) {
             (Join::First, None) => {
-                if trace.prompt_ids != *prompt || offset != start {
-                    return Err(join_err("first call's prompt is not the trace's prompt"));
+                if self.trace.prompt_ids != *prompt || self.offset != self.start {
+                    return Err(self.join_err("first call's prompt is not the trace's prompt"));
                 }
             }
             (Join::Extend, Some(p)) => {
                 let (pp, pr) = ids(p);
                 let s = pp.len() + pr.len();
                 if prompt.len() < s || prompt[..pp.len()] != *pp || prompt[pp.len()..s] != *pr {
-                    return Err(join_err(
-                        "prompt does not extend the previous prompt + response",
-                    ));
+                    return Err(
+                        self.join_err("prompt does not extend the previous prompt + response")
+                    );
                 }
                 if glue != &prompt[s..] {
-                    return Err(join_err("glue is not the rest of the prompt"));
+                    return Err(self.join_err("glue is not the rest of the prompt"));
                 }
             }
             (
@@ -282,7 +359,6 @@ fn check_trace(
                 },
                 Some(p),
             ) => {
-                spliced = true;
                 let (pp, pr) = ids(p);
                 let s = pp.len() + pr.len();
                 let shared = d < s
@@ -291,41 +367,30 @@ fn check_trace(
                     && concat_has(pp, pr, 0, &prompt[..d])
                     && (d == prompt.len() || !concat_has(pp, pr, d, &prompt[d..=d]));
                 if !shared {
-                    return Err(join_err(
+                    return Err(self.join_err(
                         "prompt does not diverge from the previous sequence where recorded",
                     ));
                 }
                 if glue != &prompt[k..] {
-                    return Err(join_err(
-                        "glue is not the prompt after the re-rendered turn",
-                    ));
+                    return Err(self.join_err("glue is not the prompt after the re-rendered turn"));
                 }
             }
-            _ => return Err(join_err("first call of the trace is not the first span")),
+            _ => return Err(self.join_err("first call of the trace is not the first span")),
         }
-        let (tp, tr) = (&trace.prompt_ids, &trace.response_ids);
+        Ok(())
+    }
+
+    /// Invariant 3, checked directly: up to the first splice (`spliced`:
+    /// this call or an earlier one is one), the trace starts with this
+    /// call's prompt + response.
+    fn check_trace_prefix(&self, spliced: bool) -> Result<(), InvariantViolation> {
+        let (prompt, response) = ids(self.rec);
+        let (tp, tr) = (&self.trace.prompt_ids, &self.trace.response_ids);
         let exact = spliced
             || (concat_has(tp, tr, 0, prompt) && concat_has(tp, tr, prompt.len(), response));
         if !exact {
-            return Err(join_err(
-                "trace does not start with the call's prompt + response",
-            ));
+            return Err(self.join_err("trace does not start with the call's prompt + response"));
         }
-        offset = end;
-        prev = Some(rec);
+        Ok(())
     }
-    if offset != n {
-        return Err(spans_err(format!(
-            "{} tokens after the last call",
-            n - offset
-        )));
-    }
-    if trace.response_logprobs.is_none() && !any_without_logprobs {
-        return Err(InvariantViolation::CallTokens {
-            trace: ti,
-            call_id: trace.call_ids.first().cloned().unwrap_or_default(),
-            detail: "trace lost the logprobs all its calls have".to_owned(),
-        });
-    }
-    Ok(())
 }

@@ -31,9 +31,9 @@ use super::{
 use crate::Api;
 use crate::{
     ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
-    ToolCall, ToolChoice, Usage,
+    Tool, ToolCall, ToolChoice, Usage,
 };
-use polar_json::Json;
+use polar_json::{Elements, Json};
 
 // ---------------------------------------------------------------- types
 
@@ -90,24 +90,66 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         .ok_or_else(|| ProviderError::invalid("messages: field required"))?;
     let mut extra = rest(obj, REQUEST_KEYS);
     let mut messages = Vec::new();
-
     if let Some(system) = obj.get("system") {
-        let mut msg = content_message(Role::System, system, "system")?;
-        if let Some(Part::Text { text }) = msg.content.first()
-            && text.starts_with(BILLING_PREFIX)
-        {
-            extra.insert(
-                "anthropic_billing_header".into(),
-                Value::String(text.to_string()),
-            );
-            msg.content.remove(0);
-            shift_block_extra(&mut msg.extra);
-        }
-        if !msg.content.is_empty() {
-            messages.push(msg);
-        }
+        parse_system(system, &mut messages, &mut extra)?;
     }
+    parse_messages(raw_messages, &mut messages)?;
+    let tools = parse_tools(obj, &mut extra);
+    let tool_choice = parse_tool_choice(obj, &mut extra);
 
+    let request = ChatRequest {
+        model,
+        messages,
+        tools,
+        tool_choice,
+        sampling: Sampling {
+            max_tokens: u32_of(obj.get("max_tokens")),
+            temperature: f64_field(obj, "temperature"),
+            top_p: f64_field(obj, "top_p"),
+            top_k: u32_of(obj.get("top_k")),
+            stop: stop_list(obj.get("stop_sequences")),
+        },
+        stream: bool_field(obj, "stream").unwrap_or(false),
+        extra,
+    };
+    Ok(ParsedRequest {
+        request,
+        previous_response_id: None,
+        include_usage: false,
+    })
+}
+
+/// `system` as a system message, pushed unless it is empty. A leading
+/// billing-header text block goes to `extra.anthropic_billing_header`
+/// instead.
+fn parse_system(
+    system: Json<'_>,
+    messages: &mut Vec<Message>,
+    extra: &mut Map<String, Value>,
+) -> Result<(), ProviderError> {
+    let mut msg = content_message(Role::System, system, "system")?;
+    if let Some(Part::Text { text }) = msg.content.first()
+        && text.starts_with(BILLING_PREFIX)
+    {
+        extra.insert(
+            "anthropic_billing_header".into(),
+            Value::String(text.to_string()),
+        );
+        msg.content.remove(0);
+        shift_block_extra(&mut msg.extra);
+    }
+    if !msg.content.is_empty() {
+        messages.push(msg);
+    }
+    Ok(())
+}
+
+/// `messages`, each with its unknown fields on its (first) message; tool
+/// results get the name of the call they answer.
+fn parse_messages(
+    raw_messages: Elements<'_>,
+    messages: &mut Vec<Message>,
+) -> Result<(), ProviderError> {
     messages.reserve(raw_messages.count());
     let mut tool_names: HashMap<String, String> = HashMap::new();
     for (i, m) in raw_messages.enumerate() {
@@ -137,7 +179,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             }
             "user" => {
                 let start = messages.len();
-                user_messages(content, &at, &tool_names, &mut messages)?;
+                user_messages(content, &at, &tool_names, messages)?;
                 if let Some(first) = messages.get_mut(start) {
                     first.extra.extend(msg_extra);
                 }
@@ -150,7 +192,13 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             }
         }
     }
+    Ok(())
+}
 
+/// `tools`: custom tools (a name and an `input_schema`) as tools; server
+/// tools go to `extra.server_tools`, the tools' unknown fields to
+/// `extra.tool_extra`.
+fn parse_tools(obj: Json<'_>, extra: &mut Map<String, Value>) -> Vec<Tool> {
     let mut tools = Vec::new();
     let mut server_tools = Vec::new();
     let mut tool_extra = Vec::new();
@@ -176,43 +224,23 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     if !tool_extra.is_empty() {
         extra.insert("tool_extra".into(), Value::Array(tool_extra));
     }
+    tools
+}
 
-    let tool_choice = match obj.get("tool_choice").filter(|tc| tc.is_object()) {
-        Some(tc) => {
-            if bool_field(tc, "disable_parallel_tool_use") == Some(true) {
-                extra.insert("parallel_tool_calls".into(), Value::Bool(false));
-            }
-            match str_field(tc, "type").as_deref() {
-                Some("auto") => Some(ToolChoice::Auto),
-                Some("any") => Some(ToolChoice::Required),
-                Some("none") => Some(ToolChoice::None),
-                Some("tool") => string_field(tc, "name").map(|name| ToolChoice::Tool { name }),
-                _ => None,
-            }
-        }
-        None => None,
-    };
-
-    let request = ChatRequest {
-        model,
-        messages,
-        tools,
-        tool_choice,
-        sampling: Sampling {
-            max_tokens: u32_of(obj.get("max_tokens")),
-            temperature: f64_field(obj, "temperature"),
-            top_p: f64_field(obj, "top_p"),
-            top_k: u32_of(obj.get("top_k")),
-            stop: stop_list(obj.get("stop_sequences")),
-        },
-        stream: bool_field(obj, "stream").unwrap_or(false),
-        extra,
-    };
-    Ok(ParsedRequest {
-        request,
-        previous_response_id: None,
-        include_usage: false,
-    })
+/// `tool_choice`; `disable_parallel_tool_use` becomes
+/// `extra.parallel_tool_calls: false`.
+fn parse_tool_choice(obj: Json<'_>, extra: &mut Map<String, Value>) -> Option<ToolChoice> {
+    let tc = obj.get("tool_choice").filter(|tc| tc.is_object())?;
+    if bool_field(tc, "disable_parallel_tool_use") == Some(true) {
+        extra.insert("parallel_tool_calls".into(), Value::Bool(false));
+    }
+    match str_field(tc, "type").as_deref() {
+        Some("auto") => Some(ToolChoice::Auto),
+        Some("any") => Some(ToolChoice::Required),
+        Some("none") => Some(ToolChoice::None),
+        Some("tool") => string_field(tc, "name").map(|name| ToolChoice::Tool { name }),
+        _ => None,
+    }
 }
 
 /// After removing block 0, renumber `block_extra` entries.
@@ -576,6 +604,46 @@ impl Encoder {
             }
         }
     }
+
+    /// The open text block, else a new one (closing the others).
+    fn open_text(&mut self, out: &mut Vec<u8>) -> u32 {
+        match self.text {
+            Some(i) => i,
+            None => {
+                self.close_all(out);
+                let i = self.open(out, json!({"type": "text", "text": ""}));
+                self.text = Some(i);
+                i
+            }
+        }
+    }
+
+    /// Closes every block and sends `message_delta` (the stop reason and
+    /// usage, with the prompt tokens given at the start when `usage` has
+    /// none) and `message_stop`.
+    fn finish(&mut self, out: &mut Vec<u8>, finish_reason: &FinishReason, usage: &Usage) {
+        self.close_all(out);
+        let mut u = usage_json(usage);
+        if usage.prompt_tokens == 0
+            && let Some(o) = u.as_object_mut()
+        {
+            o.insert("input_tokens".into(), json!(self.prompt_tokens));
+        }
+        event(
+            out,
+            "message_delta",
+            &json!({
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": stop_reason(finish_reason, self.saw_tool),
+                    "stop_sequence": null,
+                },
+                "usage": u,
+            }),
+        );
+        event(out, "message_stop", &json!({"type": "message_stop"}));
+        self.done = true;
+    }
 }
 
 impl StreamEncoder for Encoder {
@@ -626,15 +694,7 @@ impl StreamEncoder for Encoder {
             }
             StreamEvent::TextDelta { text } => {
                 if !text.is_empty() {
-                    let i = match self.text {
-                        Some(i) => i,
-                        None => {
-                            self.close_all(&mut out);
-                            let i = self.open(&mut out, json!({"type": "text", "text": ""}));
-                            self.text = Some(i);
-                            i
-                        }
-                    };
+                    let i = self.open_text(&mut out);
                     Self::delta(&mut out, i, json!({"type": "text_delta", "text": text}));
                 }
             }
@@ -663,29 +723,7 @@ impl StreamEncoder for Encoder {
             StreamEvent::Finish {
                 finish_reason,
                 usage,
-            } => {
-                self.close_all(&mut out);
-                let mut u = usage_json(usage);
-                if usage.prompt_tokens == 0
-                    && let Some(o) = u.as_object_mut()
-                {
-                    o.insert("input_tokens".into(), json!(self.prompt_tokens));
-                }
-                event(
-                    &mut out,
-                    "message_delta",
-                    &json!({
-                        "type": "message_delta",
-                        "delta": {
-                            "stop_reason": stop_reason(finish_reason, self.saw_tool),
-                            "stop_sequence": null,
-                        },
-                        "usage": u,
-                    }),
-                );
-                event(&mut out, "message_stop", &json!({"type": "message_stop"}));
-                self.done = true;
-            }
+            } => self.finish(&mut out, finish_reason, usage),
         }
         Bytes::from(out)
     }

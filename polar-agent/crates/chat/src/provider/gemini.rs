@@ -120,28 +120,60 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         ],
     );
     let mut messages = Vec::new();
-
     if let Some(si) = get2(obj, "systemInstruction", "system_instruction") {
-        let mut m = Message::new(Role::System);
-        if let Some(text) = text(si) {
-            m.content.push(Part::Text { text });
-        } else if si.is_object() {
-            for (k, p) in array_field(si, "parts").enumerate() {
-                let (part, fields) = plain_part(p);
-                m.content.push(part);
-                push_indexed(&mut m.extra, "part_extra", k, fields);
-            }
-            m.extra.extend(rest(si, &["parts", "role"]));
-        } else {
-            return Err(ProviderError::invalid(
-                "systemInstruction: must be a string or a content object",
-            ));
-        }
-        if !m.content.is_empty() {
-            messages.push(m);
-        }
+        parse_system(si, &mut messages)?;
     }
+    parse_contents(contents, &mut messages)?;
+    let tools = parse_tools(obj, &mut extra);
+    let tool_choice = parse_tool_choice(obj, &mut extra);
+    let sampling = parse_sampling(obj, &mut extra);
 
+    let request = ChatRequest {
+        model,
+        messages,
+        tools,
+        tool_choice,
+        sampling,
+        stream: call.framing != Framing::Json,
+        extra,
+    };
+    Ok(ParsedRequest {
+        request,
+        previous_response_id: None,
+        include_usage: false,
+    })
+}
+
+/// `systemInstruction` (a string or a content object) as a system message,
+/// pushed unless it has no parts.
+fn parse_system(si: Json<'_>, messages: &mut Vec<Message>) -> Result<(), ProviderError> {
+    let mut m = Message::new(Role::System);
+    if let Some(text) = text(si) {
+        m.content.push(Part::Text { text });
+    } else if si.is_object() {
+        for (k, p) in array_field(si, "parts").enumerate() {
+            let (part, fields) = plain_part(p);
+            m.content.push(part);
+            push_indexed(&mut m.extra, "part_extra", k, fields);
+        }
+        m.extra.extend(rest(si, &["parts", "role"]));
+    } else {
+        return Err(ProviderError::invalid(
+            "systemInstruction: must be a string or a content object",
+        ));
+    }
+    if !m.content.is_empty() {
+        messages.push(m);
+    }
+    Ok(())
+}
+
+/// `contents`: each turn's messages, with the turn's unknown fields on its
+/// first message.
+fn parse_contents<'d>(
+    contents: impl Iterator<Item = Json<'d>>,
+    messages: &mut Vec<Message>,
+) -> Result<(), ProviderError> {
     let mut pending: Vec<Pending> = Vec::new();
     for (turn, c) in contents.enumerate() {
         let at = || format!("contents[{turn}]");
@@ -160,7 +192,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
                 messages.push(m);
             }
             Some("user" | "function") | None => {
-                user_turn(turn, parts, &mut pending, &mut messages);
+                user_turn(turn, parts, &mut pending, messages);
             }
             Some(other) => {
                 return Err(ProviderError::invalid(format!(
@@ -173,7 +205,12 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             m.extra.extend(turn_extra);
         }
     }
+    Ok(())
+}
 
+/// `tools[].functionDeclarations` as tools; any other tool fields (such as
+/// `googleSearch`) go to `extra.tools_other`.
+fn parse_tools(obj: Json<'_>, extra: &mut Map<String, Value>) -> Vec<Tool> {
     let mut tools = Vec::new();
     let mut other_tools = Vec::new();
     for t in array_field(obj, "tools") {
@@ -182,24 +219,13 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         }
         let decls =
             get2(t, "functionDeclarations", "function_declarations").and_then(|d| d.as_array());
-        for d in decls.into_iter().flatten() {
-            if !d.is_object() {
-                continue;
-            }
-            let parameters = match (
-                get2(d, "parametersJsonSchema", "parameters_json_schema"),
-                d.get("parameters"),
-            ) {
-                (Some(s), _) => s.to_value(),
-                (None, Some(p)) => lower_types(p),
-                (None, None) => json!({"type": "object", "properties": {}}),
-            };
-            tools.push(Tool {
-                name: string_field(d, "name").unwrap_or_default(),
-                description: string_field(d, "description"),
-                parameters: RawJson::from_value(&parameters),
-            });
-        }
+        tools.extend(
+            decls
+                .into_iter()
+                .flatten()
+                .filter(|d| d.is_object())
+                .map(parse_declaration),
+        );
         let others = rest(t, &["functionDeclarations", "function_declarations"]);
         if !others.is_empty() {
             other_tools.push(Value::Object(others));
@@ -208,28 +234,53 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     if !other_tools.is_empty() {
         extra.insert("tools_other".into(), Value::Array(other_tools));
     }
+    tools
+}
 
-    let mut tool_choice = None;
-    if let Some(tc) = get2(obj, "toolConfig", "tool_config") {
-        let fcc = get2(tc, "functionCallingConfig", "function_calling_config");
-        let mode = fcc.and_then(|f| str_field(f, "mode"));
-        let allowed: Vec<Cow<'_, str>> = fcc
-            .and_then(|f| get2(f, "allowedFunctionNames", "allowed_function_names"))
-            .and_then(|a| a.as_array())
-            .map(|a| a.filter_map(|n| n.as_str()).collect())
-            .unwrap_or_default();
-        tool_choice = match (mode.as_deref(), allowed.as_slice()) {
-            (Some("AUTO"), _) => Some(ToolChoice::Auto),
-            (Some("NONE"), _) => Some(ToolChoice::None),
-            (Some("ANY"), [one]) => Some(ToolChoice::Tool {
-                name: one.to_string(),
-            }),
-            (Some("ANY" | "VALIDATED"), _) => Some(ToolChoice::Required),
-            _ => None,
-        };
-        extra.insert("toolConfig".into(), tc.to_value());
+/// One function declaration (an object) as a tool.
+fn parse_declaration(d: Json<'_>) -> Tool {
+    let parameters = match (
+        get2(d, "parametersJsonSchema", "parameters_json_schema"),
+        d.get("parameters"),
+    ) {
+        (Some(s), _) => s.to_value(),
+        (None, Some(p)) => lower_types(p),
+        (None, None) => json!({"type": "object", "properties": {}}),
+    };
+    Tool {
+        name: string_field(d, "name").unwrap_or_default(),
+        description: string_field(d, "description"),
+        parameters: RawJson::from_value(&parameters),
     }
+}
 
+/// The tool choice of `toolConfig.functionCallingConfig`; the whole
+/// `toolConfig` is kept in `extra`.
+fn parse_tool_choice(obj: Json<'_>, extra: &mut Map<String, Value>) -> Option<ToolChoice> {
+    let tc = get2(obj, "toolConfig", "tool_config")?;
+    let fcc = get2(tc, "functionCallingConfig", "function_calling_config");
+    let mode = fcc.and_then(|f| str_field(f, "mode"));
+    let allowed: Vec<Cow<'_, str>> = fcc
+        .and_then(|f| get2(f, "allowedFunctionNames", "allowed_function_names"))
+        .and_then(|a| a.as_array())
+        .map(|a| a.filter_map(|n| n.as_str()).collect())
+        .unwrap_or_default();
+    let choice = match (mode.as_deref(), allowed.as_slice()) {
+        (Some("AUTO"), _) => Some(ToolChoice::Auto),
+        (Some("NONE"), _) => Some(ToolChoice::None),
+        (Some("ANY"), [one]) => Some(ToolChoice::Tool {
+            name: one.to_string(),
+        }),
+        (Some("ANY" | "VALIDATED"), _) => Some(ToolChoice::Required),
+        _ => None,
+    };
+    extra.insert("toolConfig".into(), tc.to_value());
+    choice
+}
+
+/// The sampling fields of `generationConfig`; its other fields go to
+/// `extra.generationConfig`.
+fn parse_sampling(obj: Json<'_>, extra: &mut Map<String, Value>) -> Sampling {
     let gc = get2_object(obj, "generationConfig", "generation_config");
     let g = |camel: &str, snake: &str| gc.and_then(|o| get2(o, camel, snake));
     let sampling = Sampling {
@@ -258,21 +309,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             extra.insert("generationConfig".into(), Value::Object(r));
         }
     }
-
-    let request = ChatRequest {
-        model,
-        messages,
-        tools,
-        tool_choice,
-        sampling,
-        stream: call.framing != Framing::Json,
-        extra,
-    };
-    Ok(ParsedRequest {
-        request,
-        previous_response_id: None,
-        include_usage: false,
-    })
+    sampling
 }
 
 /// OpenAPI-style schema types (`OBJECT`, `STRING`) lowercased, recursively.

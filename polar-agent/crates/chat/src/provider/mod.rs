@@ -280,69 +280,15 @@ pub fn detect(
     let (path_only, query) = path.split_once('?').unwrap_or((path, ""));
     let trimmed = path_only.trim_end_matches('/');
     let is = |m: &str| method.eq_ignore_ascii_case(m);
-    let stream_flag = || {
-        if body.streams() {
-            Framing::Sse
-        } else {
-            Framing::Json
-        }
-    };
-    let model = |api| {
-        Detected::Model(ModelCall {
-            api,
-            framing: stream_flag(),
-            path_model: None,
-        })
-    };
 
     if is("GET") {
-        if trimmed.ends_with("/responses") {
-            return Detected::Side(SideCall::ResponsesWebsocket);
-        }
-        if trimmed.ends_with("/models") {
-            let api = if trimmed.contains("/v1beta/") || headers.header("x-goog-api-key").is_some()
-            {
-                Api::Gemini
-            } else if headers.header("anthropic-version").is_some() {
-                Api::AnthropicMessages
-            } else {
-                Api::OpenaiChat
-            };
-            return Detected::Side(SideCall::ListModels { api });
-        }
-        return Detected::Side(SideCall::Other);
+        return detect_get(trimmed, headers);
     }
     if !is("POST") {
         return Detected::Side(SideCall::Other);
     }
-
-    // Gemini: .../models/{model}:{method}
-    if let Some((before, method_name)) = trimmed.rsplit_once(':')
-        && let Some(model_name) = before.rsplit('/').next()
-        && before.contains("/models/")
-    {
-        let path_model = Some(model_name.to_owned());
-        let sse = query
-            .split('&')
-            .any(|kv| kv.eq_ignore_ascii_case("alt=sse"));
-        return match method_name {
-            "generateContent" => Detected::Model(ModelCall {
-                api: Api::Gemini,
-                framing: Framing::Json,
-                path_model,
-            }),
-            "streamGenerateContent" => Detected::Model(ModelCall {
-                api: Api::Gemini,
-                framing: if sse {
-                    Framing::Sse
-                } else {
-                    Framing::JsonArray
-                },
-                path_model,
-            }),
-            "countTokens" => Detected::Side(SideCall::CountTokens { api: Api::Gemini }),
-            _ => Detected::Side(SideCall::Other),
-        };
+    if let Some(detected) = detect_gemini_path(trimmed, query) {
+        return detected;
     }
     if trimmed.ends_with("/messages/count_tokens") {
         return Detected::Side(SideCall::CountTokens {
@@ -350,17 +296,88 @@ pub fn detect(
         });
     }
     if trimmed.ends_with("/v1/messages") || trimmed == "/messages" {
-        return model(Api::AnthropicMessages);
+        return model_by_body(Api::AnthropicMessages, body);
     }
     if trimmed.ends_with("/chat/completions") {
-        return model(Api::OpenaiChat);
+        return model_by_body(Api::OpenaiChat, body);
     }
     if trimmed.ends_with("/v1/responses") || trimmed == "/responses" {
-        return model(Api::OpenaiResponses);
+        return model_by_body(Api::OpenaiResponses, body);
     }
+    detect_by_shape(query, headers, body)
+}
 
-    // Fallback: headers and body shape, only for bodies that name a model
-    // and carry a conversation.
+/// A model call of `api` with no model in the path, streamed when the body
+/// says `"stream": true`.
+fn model_by_body(api: Api, body: &impl BodyShape) -> Detected {
+    Detected::Model(ModelCall {
+        api,
+        framing: if body.streams() {
+            Framing::Sse
+        } else {
+            Framing::Json
+        },
+        path_model: None,
+    })
+}
+
+/// A `GET` (query removed, no trailing `/`): the Responses websocket, a
+/// model list, or another side call.
+fn detect_get(trimmed: &str, headers: &(impl Headers + ?Sized)) -> Detected {
+    if trimmed.ends_with("/responses") {
+        return Detected::Side(SideCall::ResponsesWebsocket);
+    }
+    if trimmed.ends_with("/models") {
+        let api = if trimmed.contains("/v1beta/") || headers.header("x-goog-api-key").is_some() {
+            Api::Gemini
+        } else if headers.header("anthropic-version").is_some() {
+            Api::AnthropicMessages
+        } else {
+            Api::OpenaiChat
+        };
+        return Detected::Side(SideCall::ListModels { api });
+    }
+    Detected::Side(SideCall::Other)
+}
+
+/// A `POST` to a Gemini path, `.../models/{model}:{method}`.
+fn detect_gemini_path(trimmed: &str, query: &str) -> Option<Detected> {
+    let (before, method_name) = trimmed.rsplit_once(':')?;
+    let model_name = before.rsplit('/').next()?;
+    if !before.contains("/models/") {
+        return None;
+    }
+    let path_model = Some(model_name.to_owned());
+    let sse = query
+        .split('&')
+        .any(|kv| kv.eq_ignore_ascii_case("alt=sse"));
+    Some(match method_name {
+        "generateContent" => Detected::Model(ModelCall {
+            api: Api::Gemini,
+            framing: Framing::Json,
+            path_model,
+        }),
+        "streamGenerateContent" => Detected::Model(ModelCall {
+            api: Api::Gemini,
+            framing: if sse {
+                Framing::Sse
+            } else {
+                Framing::JsonArray
+            },
+            path_model,
+        }),
+        "countTokens" => Detected::Side(SideCall::CountTokens { api: Api::Gemini }),
+        _ => Detected::Side(SideCall::Other),
+    })
+}
+
+/// The fallback for a `POST` to an unknown path: headers and body shape,
+/// only for bodies that name a model and carry a conversation.
+fn detect_by_shape(
+    query: &str,
+    headers: &(impl Headers + ?Sized),
+    body: &impl BodyShape,
+) -> Detected {
     let has = |k: &str| body.has(k);
     if headers.header("x-goog-api-key").is_some() || (has("contents") && !has("messages")) {
         if has("contents") {
@@ -382,13 +399,13 @@ pub fn detect(
     if has("messages")
         && (headers.header("anthropic-version").is_some() || has("max_tokens") && has("system"))
     {
-        return model(Api::AnthropicMessages);
+        return model_by_body(Api::AnthropicMessages, body);
     }
     if has("messages") {
-        return model(Api::OpenaiChat);
+        return model_by_body(Api::OpenaiChat, body);
     }
     if has("input") {
-        return model(Api::OpenaiResponses);
+        return model_by_body(Api::OpenaiResponses, body);
     }
     Detected::Side(SideCall::Other)
 }

@@ -282,108 +282,11 @@ fn parse_item(
     let ty = ty.as_deref();
     match ty {
         Some("message") | None if item.get("role").is_some() => {
-            let role = match str_field(item, "role").as_deref() {
-                Some("system") => Role::System,
-                Some("developer") => Role::Developer,
-                Some("user") => Role::User,
-                Some("assistant") => Role::Assistant,
-                other => {
-                    return Err(ProviderError::invalid(format!(
-                        "{}.role: unknown role {other:?}",
-                        at()
-                    )));
-                }
-            };
-            let mut parts = Vec::new();
-            let mut part_extra = Map::new();
-            if let Some(content) = item.get("content") {
-                if let Some(text) = text(content) {
-                    parts.push(Part::Text { text });
-                } else if let Some(list) = content.as_array() {
-                    for (k, p) in list.enumerate() {
-                        let (part, fields) = content_part(p);
-                        parts.push(part);
-                        push_indexed(&mut part_extra, "part_extra", k, fields);
-                    }
-                }
-            }
-            let fields = rest(item, &["type", "role", "content"]);
-            if role == Role::Assistant {
-                let a = items.assistant();
-                if !a.content.is_empty() || !a.tool_calls.is_empty() {
-                    items.flush();
-                }
-                let a = items.assistant();
-                a.content.extend(parts);
-                a.extra.extend(part_extra);
-                push_indexed(&mut a.extra, "item_extra", i, fields);
-            } else {
-                let mut m = Message::new(role);
-                m.content = parts;
-                m.extra = part_extra;
-                m.extra.extend(fields);
-                items.push(m);
-            }
+            input_message(i, item, items, &at)?;
         }
-        Some("reasoning") => {
-            items.flush();
-            let texts = |key: &str| -> Option<String> {
-                let t: Vec<_> = item
-                    .get(key)?
-                    .as_array()?
-                    .filter_map(|p| str_field(p, "text"))
-                    .collect();
-                (!t.is_empty()).then(|| t.join("\n\n"))
-            };
-            let text = texts("content")
-                .or_else(|| texts("summary"))
-                .unwrap_or_default();
-            let a = items.assistant();
-            a.reasoning = Some(Reasoning {
-                text,
-                signature: None,
-                encrypted: string_field(item, "encrypted_content"),
-            });
-            push_indexed(
-                &mut a.extra,
-                "item_extra",
-                i,
-                rest(item, &["summary", "content", "encrypted_content"]),
-            );
-        }
+        Some("reasoning") => input_reasoning(i, item, items),
         Some("function_call" | "local_shell_call" | "custom_tool_call") => {
-            let call_id = string_field(item, "call_id")
-                .or_else(|| string_field(item, "id"))
-                .ok_or_else(|| {
-                    ProviderError::invalid(format!("{}.call_id: field required", at()))
-                })?;
-            let text = |key: &str| item.get(key).map(text_of).unwrap_or_default();
-            let (name, arguments, known): (String, String, &[&str]) = match ty {
-                Some("function_call") => (
-                    string_field(item, "name").unwrap_or_default(),
-                    text("arguments"),
-                    &["type", "call_id", "name", "arguments"],
-                ),
-                Some("local_shell_call") => (
-                    "local_shell".to_owned(),
-                    item.get("action")
-                        .map(|a| a.to_compact_string())
-                        .unwrap_or_default(),
-                    &["call_id", "action"],
-                ),
-                _ => (
-                    string_field(item, "name").unwrap_or_default(),
-                    text("input"),
-                    &["call_id", "name", "input"],
-                ),
-            };
-            let a = items.assistant();
-            a.tool_calls.push(ToolCall {
-                id: call_id,
-                name,
-                arguments,
-            });
-            push_indexed(&mut a.extra, "item_extra", i, rest(item, known));
+            input_call(i, item, ty, items, &at)?;
         }
         Some("function_call_output" | "local_shell_call_output" | "custom_tool_call_output") => {
             items.tool_result(item, &at)?;
@@ -407,6 +310,130 @@ fn parse_item(
             json!({"index": i, "item": item.to_value()}),
         ),
     }
+    Ok(())
+}
+
+/// A `message` item (input item `i`). Assistant content joins the assistant
+/// message being built unless that already has content or calls.
+fn input_message(
+    i: usize,
+    item: Json<'_>,
+    items: &mut Items,
+    at: &dyn Fn() -> String,
+) -> Result<(), ProviderError> {
+    let role = match str_field(item, "role").as_deref() {
+        Some("system") => Role::System,
+        Some("developer") => Role::Developer,
+        Some("user") => Role::User,
+        Some("assistant") => Role::Assistant,
+        other => {
+            return Err(ProviderError::invalid(format!(
+                "{}.role: unknown role {other:?}",
+                at()
+            )));
+        }
+    };
+    let mut parts = Vec::new();
+    let mut part_extra = Map::new();
+    if let Some(content) = item.get("content") {
+        if let Some(text) = text(content) {
+            parts.push(Part::Text { text });
+        } else if let Some(list) = content.as_array() {
+            for (k, p) in list.enumerate() {
+                let (part, fields) = content_part(p);
+                parts.push(part);
+                push_indexed(&mut part_extra, "part_extra", k, fields);
+            }
+        }
+    }
+    let fields = rest(item, &["type", "role", "content"]);
+    if role == Role::Assistant {
+        let a = items.assistant();
+        if !a.content.is_empty() || !a.tool_calls.is_empty() {
+            items.flush();
+        }
+        let a = items.assistant();
+        a.content.extend(parts);
+        a.extra.extend(part_extra);
+        push_indexed(&mut a.extra, "item_extra", i, fields);
+    } else {
+        let mut m = Message::new(role);
+        m.content = parts;
+        m.extra = part_extra;
+        m.extra.extend(fields);
+        items.push(m);
+    }
+    Ok(())
+}
+
+/// A `reasoning` item (input item `i`): the reasoning of a new assistant
+/// message, its text from `content`, else `summary`.
+fn input_reasoning(i: usize, item: Json<'_>, items: &mut Items) {
+    items.flush();
+    let texts = |key: &str| -> Option<String> {
+        let t: Vec<_> = item
+            .get(key)?
+            .as_array()?
+            .filter_map(|p| str_field(p, "text"))
+            .collect();
+        (!t.is_empty()).then(|| t.join("\n\n"))
+    };
+    let text = texts("content")
+        .or_else(|| texts("summary"))
+        .unwrap_or_default();
+    let a = items.assistant();
+    a.reasoning = Some(Reasoning {
+        text,
+        signature: None,
+        encrypted: string_field(item, "encrypted_content"),
+    });
+    push_indexed(
+        &mut a.extra,
+        "item_extra",
+        i,
+        rest(item, &["summary", "content", "encrypted_content"]),
+    );
+}
+
+/// A `function_call`, `local_shell_call` or `custom_tool_call` item (input
+/// item `i`, of type `ty`) as a call of the assistant message being built.
+fn input_call(
+    i: usize,
+    item: Json<'_>,
+    ty: Option<&str>,
+    items: &mut Items,
+    at: &dyn Fn() -> String,
+) -> Result<(), ProviderError> {
+    let call_id = string_field(item, "call_id")
+        .or_else(|| string_field(item, "id"))
+        .ok_or_else(|| ProviderError::invalid(format!("{}.call_id: field required", at())))?;
+    let text = |key: &str| item.get(key).map(text_of).unwrap_or_default();
+    let (name, arguments, known): (String, String, &[&str]) = match ty {
+        Some("function_call") => (
+            string_field(item, "name").unwrap_or_default(),
+            text("arguments"),
+            &["type", "call_id", "name", "arguments"],
+        ),
+        Some("local_shell_call") => (
+            "local_shell".to_owned(),
+            item.get("action")
+                .map(|a| a.to_compact_string())
+                .unwrap_or_default(),
+            &["call_id", "action"],
+        ),
+        _ => (
+            string_field(item, "name").unwrap_or_default(),
+            text("input"),
+            &["call_id", "name", "input"],
+        ),
+    };
+    let a = items.assistant();
+    a.tool_calls.push(ToolCall {
+        id: call_id,
+        name,
+        arguments,
+    });
+    push_indexed(&mut a.extra, "item_extra", i, rest(item, known));
     Ok(())
 }
 
@@ -804,6 +831,75 @@ impl Encoder {
             text: String::new(),
         });
     }
+
+    /// Answer text (not empty): opens the message item (closing the others)
+    /// if none is open, then its delta.
+    fn text_delta(&mut self, out: &mut Vec<u8>, text: &str) {
+        if self.message.is_none() {
+            self.close_all(out);
+            let output_index = self.next_output();
+            let id = item_id("msg_", &self.id, output_index);
+            self.emit(
+                out,
+                "response.output_item.added",
+                json!({"output_index": output_index, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}),
+            );
+            self.emit(
+                out,
+                "response.content_part.added",
+                json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
+            self.message = Some(OpenItem {
+                output_index,
+                id,
+                text: String::new(),
+            });
+        }
+        if let Some(m) = self.message.as_mut() {
+            m.text.push_str(text);
+            let data = json!({"item_id": m.id, "output_index": m.output_index, "content_index": 0, "delta": text, "logprobs": []});
+            self.emit(out, "response.output_text.delta", data);
+        }
+    }
+
+    /// The first start of call `index`: closes the reasoning and message
+    /// items and opens a function call item.
+    fn start_call(&mut self, out: &mut Vec<u8>, index: u32, id: &str, name: &str) {
+        self.seen_calls.push(index);
+        self.close_reasoning(out, None);
+        self.close_message(out);
+        let output_index = self.next_output();
+        let item = item_id("fc_", &self.id, output_index);
+        self.emit(
+            out,
+            "response.output_item.added",
+            json!({"output_index": output_index, "item": call_item(&item, id, name, "", "in_progress")}),
+        );
+        self.calls.push(OpenCall {
+            index,
+            output_index,
+            id: item,
+            call_id: id.to_owned(),
+            name: name.to_owned(),
+            arguments: String::new(),
+        });
+    }
+
+    /// Closes every item and sends `response.completed` (or
+    /// `response.incomplete`) with the full response.
+    fn finish(&mut self, out: &mut Vec<u8>, finish_reason: &FinishReason, usage: &Usage) {
+        self.close_all(out);
+        let reason = effective_finish(finish_reason, !self.seen_calls.is_empty());
+        let (status, incomplete) = status_of(&reason);
+        let r = self.snapshot(status, usage_json(usage), incomplete, Value::Null);
+        let ty = if status == "completed" {
+            "response.completed"
+        } else {
+            "response.incomplete"
+        };
+        self.emit(out, ty, json!({"response": r}));
+        self.done = true;
+    }
 }
 
 impl StreamEncoder for Encoder {
@@ -842,55 +938,13 @@ impl StreamEncoder for Encoder {
                 }
             }
             StreamEvent::TextDelta { text } => {
-                if text.is_empty() {
-                    return Bytes::from(out);
-                }
-                if self.message.is_none() {
-                    self.close_all(&mut out);
-                    let output_index = self.next_output();
-                    let id = item_id("msg_", &self.id, output_index);
-                    self.emit(
-                        &mut out,
-                        "response.output_item.added",
-                        json!({"output_index": output_index, "item": {"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}}),
-                    );
-                    self.emit(
-                        &mut out,
-                        "response.content_part.added",
-                        json!({"item_id": id, "output_index": output_index, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
-                    );
-                    self.message = Some(OpenItem {
-                        output_index,
-                        id,
-                        text: String::new(),
-                    });
-                }
-                if let Some(m) = self.message.as_mut() {
-                    m.text.push_str(text);
-                    let data = json!({"item_id": m.id, "output_index": m.output_index, "content_index": 0, "delta": text, "logprobs": []});
-                    self.emit(&mut out, "response.output_text.delta", data);
+                if !text.is_empty() {
+                    self.text_delta(&mut out, text);
                 }
             }
             StreamEvent::ToolCallStart { index, id, name } => {
                 if !self.seen_calls.contains(index) {
-                    self.seen_calls.push(*index);
-                    self.close_reasoning(&mut out, None);
-                    self.close_message(&mut out);
-                    let output_index = self.next_output();
-                    let item = item_id("fc_", &self.id, output_index);
-                    self.emit(
-                        &mut out,
-                        "response.output_item.added",
-                        json!({"output_index": output_index, "item": call_item(&item, id, name, "", "in_progress")}),
-                    );
-                    self.calls.push(OpenCall {
-                        index: *index,
-                        output_index,
-                        id: item,
-                        call_id: id.clone(),
-                        name: name.clone(),
-                        arguments: String::new(),
-                    });
+                    self.start_call(&mut out, *index, id, name);
                 }
             }
             StreamEvent::ToolCallDelta { index, arguments } => {
@@ -905,19 +959,7 @@ impl StreamEncoder for Encoder {
             StreamEvent::Finish {
                 finish_reason,
                 usage,
-            } => {
-                self.close_all(&mut out);
-                let reason = effective_finish(finish_reason, !self.seen_calls.is_empty());
-                let (status, incomplete) = status_of(&reason);
-                let r = self.snapshot(status, usage_json(usage), incomplete, Value::Null);
-                let ty = if status == "completed" {
-                    "response.completed"
-                } else {
-                    "response.incomplete"
-                };
-                self.emit(&mut out, ty, json!({"response": r}));
-                self.done = true;
-            }
+            } => self.finish(&mut out, finish_reason, usage),
         }
         Bytes::from(out)
     }

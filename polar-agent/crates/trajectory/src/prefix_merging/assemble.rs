@@ -81,9 +81,41 @@ pub(super) fn assemble(
             desc[p] += 1 + desc[i];
         }
     }
-    let winner = |group: &[CallIx]| group.iter().copied().max_by_key(|&c| (desc[c], c));
 
-    // Trace starts: each root group's winner, and every losing sibling.
+    let mut plans = trace_starts(calls, matched, &children, &root_groups, &desc);
+    // Follow the winners down from each start.
+    let next: Vec<Option<CallIx>> = children.iter().map(|k| winner(k, &desc)).collect();
+    let mut trace_of = vec![0usize; n];
+    for (t, plan) in plans.iter_mut().enumerate() {
+        let mut c = Some(plan.first);
+        while let Some(call) = c {
+            plan.calls.push(call);
+            trace_of[call] = t;
+            c = next[call];
+        }
+    }
+    mark_breaks(calls, matched, &next, &mut plans);
+    let counts = count_starts(calls, opts, &mut plans);
+    let traces = build_traces(calls, matched, &plans, &trace_of);
+    (traces, counts)
+}
+
+/// The sibling that continues the trace: the one with the most descendants
+/// (`desc`), ties to the latest.
+fn winner(group: &[CallIx], desc: &[usize]) -> Option<CallIx> {
+    group.iter().copied().max_by_key(|&c| (desc[c], c))
+}
+
+/// The trace starts, in the order of their first calls: each root group's
+/// winner, and every losing sibling (a retry, or a fork when it has
+/// descendants of its own).
+fn trace_starts(
+    calls: &[Call<'_>],
+    matched: &[Matched],
+    children: &[Vec<CallIx>],
+    root_groups: &[Vec<CallIx>],
+    desc: &[usize],
+) -> Vec<Plan> {
     let mut plans: Vec<Plan> = Vec::new();
     let mut push = |first: CallIx, start: Start| {
         plans.push(Plan {
@@ -100,15 +132,19 @@ pub(super) fn assemble(
             Start::Fork { link, lcp }
         }
     };
-    for group in &root_groups {
-        let Some(w) = winner(group) else { continue };
+    for group in root_groups {
+        let Some(w) = winner(group, desc) else {
+            continue;
+        };
         push(w, Start::Root);
         for &c in group.iter().filter(|&&c| c != w) {
             push(c, loser(c, w, calls[c].prompt.len()));
         }
     }
     for (p, kids) in children.iter().enumerate() {
-        let Some(w) = winner(kids) else { continue };
+        let Some(w) = winner(kids, desc) else {
+            continue;
+        };
         for &c in kids.iter().filter(|&&c| c != w) {
             let lcp = match matched[c].attach {
                 Attach::Splice { diverged_at, .. } => diverged_at,
@@ -118,21 +154,18 @@ pub(super) fn assemble(
         }
     }
     plans.sort_by_key(|p| p.first);
+    plans
+}
 
-    // Follow the winners down from each start.
-    let next: Vec<Option<CallIx>> = children.iter().map(|k| winner(k)).collect();
-    let mut trace_of = vec![0usize; n];
-    for (t, plan) in plans.iter_mut().enumerate() {
-        let mut c = Some(plan.first);
-        while let Some(call) = c {
-            plan.calls.push(call);
-            trace_of[call] = t;
-            c = next[call];
-        }
-    }
-
-    // Roots: break or new chain.
-    for plan in &mut plans {
+/// Roots: turns each root that continues an earlier chain into a break
+/// (`next`: the winning child of each call); the others stay new chains.
+fn mark_breaks(
+    calls: &[Call<'_>],
+    matched: &[Matched],
+    next: &[Option<CallIx>],
+    plans: &mut [Plan],
+) {
+    for plan in plans {
         let Start::Root = plan.start else { continue };
         let Attach::Root(info) = matched[plan.first].attach else {
             continue;
@@ -142,7 +175,7 @@ pub(super) fn assemble(
         let b = &calls[d.from];
         let reason = if d.template_mismatch {
             Some(BreakReason::TemplateMismatch)
-        } else if d.common_prefix_len == 0 || last_of(&next, d.from) > plan.first {
+        } else if d.common_prefix_len == 0 || last_of(next, d.from) > plan.first {
             None
         } else {
             break_reason(r, b)
@@ -155,9 +188,13 @@ pub(super) fn assemble(
             };
         }
     }
+}
 
+/// Counts the retries, forks and breaks, marking the retries dropped when
+/// the options say so.
+fn count_starts(calls: &[Call<'_>], opts: &PrefixMergingOptions, plans: &mut [Plan]) -> Counts {
     let mut counts = Counts::default();
-    for plan in &mut plans {
+    for plan in plans {
         match plan.start {
             Start::Retry { .. } => {
                 counts.retries_superseded += 1;
@@ -174,10 +211,20 @@ pub(super) fn assemble(
             Start::Root => {}
         }
     }
+    counts
+}
 
-    let chains = chain_ids(&plans, &trace_of);
-    let segments = segment_numbers(&plans, &chains);
-    let main = main_chain(&plans, &chains);
+/// The traces of the plans not dropped (`trace_of`: each call's plan), with
+/// their chains, segments, links and labels, ordered by chain and segment.
+fn build_traces(
+    calls: &[Call<'_>],
+    matched: &[Matched],
+    plans: &[Plan],
+    trace_of: &[usize],
+) -> Vec<Trace> {
+    let chains = chain_ids(plans, trace_of);
+    let segments = segment_numbers(plans, &chains);
+    let main = main_chain(plans, &chains);
     let link_to = |call: CallIx, lcp: usize| {
         let mut t = trace_of[call];
         // A dropped retry's trace does not exist: link to what it linked to.
@@ -228,7 +275,7 @@ pub(super) fn assemble(
         traces.push(trace);
     }
     traces.sort_by_key(|t| (t.chain, t.segment));
-    (traces, counts)
+    traces
 }
 
 /// Why root `r`, which left `b`'s sequence after a common prefix while `b`'s
