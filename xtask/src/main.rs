@@ -53,19 +53,21 @@ enum Task {
         #[arg(long)]
         write: bool,
     },
-    /// Set up, build, and show a sandboxed `curl` being captured by the agent.
-    Demo,
+    /// Set up what the demo needs, build, and run a rollout on loopback: a
+    /// small Python agent and Claude Code, in sandboxes, captured by the
+    /// agent.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
-        Task::Setup => setup::run(),
+        Task::Setup => setup::run(setup::Scope::All),
         Task::Harnesses => harnesses::run().map(|_| ()),
         Task::Build => release::run(),
         Task::Dist => dist::run(),
         Task::Test(args) => test::run(args),
         Task::Layers { write } => layers::run(write),
-        Task::Demo => demo::run(),
+        Task::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -46,7 +46,7 @@ pub fn run(args: TestArgs) -> Result<()> {
              and make network namespaces); run as root, or pass --unprivileged to skip them"
         );
     }
-    setup::run()?;
+    setup::run(setup::Scope::All)?;
     // The end-to-end tests run the real harness CLIs (privileged tests).
     let mut cargo_test = Cmd::new("cargo")?.arg("test");
     if !args.unprivileged {
