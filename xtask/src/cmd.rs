@@ -10,7 +10,7 @@ use std::{
     io::Read,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    process::{Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     thread,
     time::{Duration, Instant},
 };
@@ -126,6 +126,20 @@ impl Cmd {
             .status
             .success()
             .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Starts the command in the background with its standard input closed,
+    /// its standard output discarded and its standard error written to
+    /// `log`; the caller waits for it (or stops it).
+    pub fn spawn(mut self, log: &Path) -> Result<Child> {
+        let file = std::fs::File::create(log)
+            .with_context(|| format!("could not create {}", log.display()))?;
+        self.inner
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(file))
+            .spawn()
+            .with_context(|| format!("could not start `{}`", self.shown))
     }
 
     /// Runs the command with its output captured, stopping it if it has not

@@ -1,34 +1,52 @@
 //! `cargo xtask demo`: Polar's main job on embedded defaults, on one machine.
 //!
-//! It builds the release binary and starts, on loopback, the three parts of
-//! a rollout: the mock inference server (a stand-in for vLLM with a
+//! It installs what the demo needs (not what only the tests need, such as
+//! cargo-deny), builds the release binary and starts, on loopback, the three
+//! parts of a rollout: the mock inference server (a stand-in for vLLM with a
 //! deterministic tokenizer and a tool-calling policy), a rollout server, and
 //! one gateway node (`polar agent`). It then submits a task of 4 samples
 //! whose harness is a small Python agent with a hard-coded HTTPS endpoint
-//! (`examples/mini_agent.py`, run by the `shell` preset), and, when a real
-//! harness CLI is installed (`cargo xtask harnesses`), a second task run by
-//! Claude Code. Nothing leaves the machine: the eBPF redirect hands each
-//! connection to the agent, which terminates TLS with its own CA, calls the
-//! inference server with token ids, and records each call; each session is
-//! evaluated, its trajectory rebuilt and exported. The demo prints the
-//! task's table and a summary of the trajectories written.
+//! (`examples/mini_agent.py`, run by the `shell` preset), and a task of 2
+//! samples run by a real harness CLI, Claude Code, which it installs from
+//! the npm registry at the version pinned in `harnesses/` (see
+//! [`harnesses::claude_code`]); `--no-harness` leaves Claude Code out and
+//! stays off npm. Nothing else leaves the machine: the eBPF redirect hands
+//! each connection to the agent, which terminates TLS with its own CA,
+//! calls the inference server with token ids, and records each call; each
+//! session is evaluated, its trajectory rebuilt and exported. The demo
+//! prints the tasks' tables and a summary of the trajectories written, and
+//! fails unless every sample earned reward 1.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::{release, setup};
+use crate::{harnesses, release, setup};
 
 /// Bounds each task of the demo.
 const TASK_TIMEOUT: Duration = Duration::from_secs(300);
 const TRAINER_TOKEN: &str = "demo-trainer-token";
 const NODE_TOKEN: &str = "demo-node-token";
 
-pub fn run() -> Result<()> {
-    setup::run()?;
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Leave Claude Code out (no npm install): only the small Python agent
+    /// runs.
+    #[arg(long)]
+    no_harness: bool,
+}
+
+pub fn run(args: DemoArgs) -> Result<()> {
+    setup::run(setup::Scope::Demo)?;
+    // Before the build, so that a failing npm install fails fast.
+    let claude = if args.no_harness {
+        None
+    } else {
+        Some(harnesses::claude_code()?)
+    };
     release::build()?;
     let polar = release::polar_binary()?;
     let root = workspace_root()?;
@@ -43,32 +61,27 @@ pub fn run() -> Result<()> {
     )?;
     let mut mock = Daemon::start(
         "mock inference server",
-        &polar,
-        &[
-            "mock-backend",
-            "--listen",
-            &format!("127.0.0.1:{mock_port}"),
-            "--served-model",
-            "default",
-        ],
+        Cmd::new(&polar)?
+            .args(["mock-backend", "--listen"])
+            .arg(format!("127.0.0.1:{mock_port}"))
+            .args(["--served-model", "default"]),
         &dir.join("mock-backend.log"),
         mock_port,
     )?;
-    let config_arg = config.display().to_string();
     let mut server = Daemon::start(
         "rollout server",
-        &polar,
-        &["rollout", "serve", "--config", &config_arg],
+        Cmd::new(&polar)?
+            .args(["rollout", "serve", "--config"])
+            .arg(&config),
         &dir.join("rollout-server.log"),
         server_port,
     )?;
-    let mut gateway = Daemon::start(
-        "gateway",
-        &polar,
-        &["agent", "--config", &config_arg],
-        &dir.join("gateway.log"),
-        gateway_port,
-    )?;
+    let mut gateway = Cmd::new(&polar)?.args(["agent", "--config"]).arg(&config);
+    if let Some(prefix) = &claude {
+        // Where the gateway finds the harness CLIs.
+        gateway = gateway.env("POLAR_HARNESS_DIR", prefix);
+    }
+    let mut gateway = Daemon::start("gateway", gateway, &dir.join("gateway.log"), gateway_port)?;
     say(&format!(
         "\nPolar demo\n\n\
          On loopback: a mock inference server (vLLM's token-id dialect) on port {mock_port},\n\
@@ -90,8 +103,7 @@ pub fn run() -> Result<()> {
         "demo-shell",
         ShellOrHarness::Shell,
     )?];
-    let claude = root.join(".polar-cache/harnesses/node_modules/.bin/claude");
-    if claude.is_file() {
+    if claude.is_some() {
         tasks.push(write_task(
             &dir,
             &root,
@@ -100,11 +112,11 @@ pub fn run() -> Result<()> {
         )?);
     } else {
         say(
-            "(No real harness CLI installed: `cargo xtask harnesses` installs them; the demo then also runs Claude Code.)\n",
+            "(--no-harness: only the small Python agent runs; without it, Claude Code runs too.)\n",
         );
     }
     let mut result = Ok(());
-    for (task_id, file) in &tasks {
+    for Task { id, file, samples } in &tasks {
         let out = Cmd::new(&polar)?
             .arg("submit")
             .arg(file)
@@ -119,7 +131,7 @@ pub fn run() -> Result<()> {
                 ));
                 if !o.status.success() {
                     result = Err(anyhow::anyhow!(
-                        "task {task_id} did not complete ({}): {}",
+                        "task {id} did not complete ({}): {}",
                         o.status,
                         o.stderr.trim_end()
                     ));
@@ -131,7 +143,7 @@ pub fn run() -> Result<()> {
                 break;
             }
         }
-        if let Err(e) = summarize(&dir.join("trajectories"), task_id) {
+        if let Err(e) = summarize(&dir.join("trajectories"), id, *samples) {
             result = Err(e);
             break;
         }
@@ -205,22 +217,28 @@ enum ShellOrHarness {
     Harness(&'static str),
 }
 
-/// Writes a task file; returns the task id and the file.
-fn write_task(
-    dir: &Path,
-    root: &Path,
-    name: &str,
-    harness: ShellOrHarness,
-) -> Result<(String, PathBuf)> {
+/// A task of the demo, as written to its file.
+struct Task {
+    id: String,
+    file: PathBuf,
+    samples: usize,
+}
+
+/// Writes a task file.
+fn write_task(dir: &Path, root: &Path, name: &str, harness: ShellOrHarness) -> Result<Task> {
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     let task_id = format!("{name}-{stamp}");
+    let samples = match harness {
+        ShellOrHarness::Shell => 4,
+        ShellOrHarness::Harness(_) => 2,
+    };
     let body = match harness {
         ShellOrHarness::Shell => format!(
             r#"task_id = "{task_id}"
 instruction = "Create the file polar-demo.txt."
-num_samples = 4
+num_samples = {samples}
 timeout_secs = 120
 builder = {{ kind = "prefix_merging" }}
 
@@ -244,7 +262,7 @@ policy_version = "demo"
         ShellOrHarness::Harness(h) => format!(
             r#"task_id = "{task_id}"
 instruction = "Create the file polar-demo.txt containing the word polar."
-num_samples = 2
+num_samples = {samples}
 timeout_secs = 240
 builder = {{ kind = "prefix_merging" }}
 
@@ -252,7 +270,8 @@ builder = {{ kind = "prefix_merging" }}
 harness = "{h}"
 
 [evaluator]
-kind = "session_completed"
+kind = "command"
+options = {{ command = "test -s polar-demo.txt" }}
 
 [metadata]
 group_id = "{task_id}"
@@ -262,12 +281,17 @@ policy_version = "demo"
     };
     let file = dir.join(format!("{name}.toml"));
     std::fs::write(&file, body)?;
-    Ok((task_id, file))
+    Ok(Task {
+        id: task_id,
+        file,
+        samples,
+    })
 }
 
-/// Prints what the task's JSONL trajectories hold and checks them: every
-/// trace has token ids, and every loss-1 token a logprob.
-fn summarize(root: &Path, task_id: &str) -> Result<()> {
+/// Prints what the task's JSONL trajectories hold and checks them: each of
+/// the `samples` sessions exported a trajectory with reward 1, every trace
+/// has token ids, and every response token a logprob.
+fn summarize(root: &Path, task_id: &str, samples: usize) -> Result<()> {
     let part = root.join(format!("task={task_id}"));
     let mut files: Vec<PathBuf> = std::fs::read_dir(&part)
         .with_context(|| format!("reading {}", part.display()))?
@@ -279,6 +303,7 @@ fn summarize(root: &Path, task_id: &str) -> Result<()> {
         bail!("no trajectory was exported to {}", part.display());
     }
     say(&format!("--- trajectories in {} ---", part.display()));
+    let mut sessions = std::collections::BTreeSet::new();
     for f in &files {
         let text = std::fs::read_to_string(f)?;
         for line in text.lines() {
@@ -307,7 +332,22 @@ fn summarize(root: &Path, task_id: &str) -> Result<()> {
                     f.display()
                 );
             }
+            if r["reward"].as_f64() != Some(1.0) {
+                bail!(
+                    "{}: {} earned reward {}, not 1",
+                    f.display(),
+                    r["trace_id"],
+                    r["reward"]
+                );
+            }
+            sessions.insert(r["session_id"].as_str().unwrap_or_default().to_owned());
         }
+    }
+    if sessions.len() != samples {
+        bail!(
+            "{} of the {samples} samples of {task_id} exported a trajectory",
+            sessions.len()
+        );
     }
     Ok(())
 }
@@ -319,20 +359,9 @@ struct Daemon {
 }
 
 impl Daemon {
-    fn start(
-        what: &'static str,
-        polar: &Path,
-        args: &[&str],
-        log: &Path,
-        port: u16,
-    ) -> Result<Self> {
-        let file = std::fs::File::create(log)?;
-        let mut child = Command::new(polar)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(file))
-            .spawn()
+    fn start(what: &'static str, cmd: Cmd, log: &Path, port: u16) -> Result<Self> {
+        let mut child = cmd
+            .spawn(log)
             .with_context(|| format!("starting the {what}"))?;
         let until = Instant::now() + Duration::from_secs(60);
         while Instant::now() < until {
@@ -357,9 +386,9 @@ impl Daemon {
         if matches!(self.child.try_wait(), Ok(Some(_))) {
             return;
         }
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
+        // Best effort: SIGKILL follows if it does not stop.
+        let _ =
+            Cmd::new("kill").map(|kill| kill.args(["-TERM", &self.child.id().to_string()]).probe());
         let until = Instant::now() + grace;
         while Instant::now() < until {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -402,17 +431,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn summary_requires_token_ids_and_logprobs() {
+    fn summary_requires_token_ids_logprobs_and_reward_1_for_every_sample() {
         let dir = std::env::temp_dir().join(format!("polar-demo-test-{}", std::process::id()));
         let part = dir.join("task=t");
         std::fs::create_dir_all(&part).unwrap();
-        let good = r#"{"trace_id":"s/0","group_id":"t","reward":1.0,"prompt_ids":[1,2],"response_ids":[3],"response_logprobs":[-0.1],"loss_mask":[1],"call_ids":["c"],"finish_reason":"stop"}"#;
-        let bad = r#"{"trace_id":"s/1","group_id":"t","reward":1.0,"prompt_ids":[1,2],"response_ids":[3,4],"response_logprobs":[-0.1],"loss_mask":[1,1],"call_ids":["c"],"finish_reason":"stop"}"#;
-        std::fs::write(part.join("s.jsonl"), format!("{good}\n")).unwrap();
-        assert!(summarize(&dir, "t").is_ok());
-        std::fs::write(part.join("s.jsonl"), format!("{good}\n{bad}\n")).unwrap();
-        assert!(summarize(&dir, "t").is_err());
-        assert!(summarize(&dir, "missing").is_err());
+        let trace = |session: &str, reward: f64, ids: &str| {
+            format!(
+                r#"{{"trace_id":"{session}/0","session_id":"{session}","group_id":"t","reward":{reward},"prompt_ids":[1,2],"response_ids":{ids},"response_logprobs":[-0.1],"loss_mask":[1],"call_ids":["c"],"finish_reason":"stop"}}"#
+            )
+        };
+        let write = |lines: &[String]| {
+            std::fs::write(part.join("s.jsonl"), lines.join("\n") + "\n").unwrap();
+        };
+        write(&[trace("a", 1.0, "[3]"), trace("b", 1.0, "[3]")]);
+        assert!(summarize(&dir, "t", 2).is_ok());
+        // A sample missing, a reward of 0, logprobs missing.
+        assert!(summarize(&dir, "t", 3).is_err());
+        write(&[trace("a", 1.0, "[3]"), trace("b", 0.0, "[3]")]);
+        assert!(summarize(&dir, "t", 2).is_err());
+        write(&[trace("a", 1.0, "[3]"), trace("b", 1.0, "[3,4]")]);
+        assert!(summarize(&dir, "t", 2).is_err());
+        assert!(summarize(&dir, "missing", 2).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

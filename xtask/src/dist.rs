@@ -25,7 +25,7 @@ use crate::{cmd::Cmd, cmd::workspace_root, release, setup};
 
 /// Sets up, builds the release binary, lays out the release and packs it.
 pub fn run() -> Result<()> {
-    setup::run()?;
+    setup::run(setup::Scope::All)?;
     release::build()?;
     let root = workspace_root()?;
     let polar = release::polar_binary()?;

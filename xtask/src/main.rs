@@ -8,6 +8,7 @@ mod cmd;
 mod demo;
 mod dist;
 mod harnesses;
+mod layers;
 mod release;
 mod setup;
 mod test;
@@ -41,21 +42,32 @@ enum Task {
     /// release (binary, example configs, systemd units, docs, manual, k8s
     /// manifests) in target/dist/, plus its .tar.gz.
     Dist,
-    /// Set up, then run formatting, clippy, cargo-deny, the debug build and
-    /// all tests (privileged ones need root).
+    /// Set up, then run formatting, clippy, the layer check, cargo-deny, the
+    /// debug build and all tests (privileged ones need root).
     Test(test::TestArgs),
-    /// Set up, build, and show a sandboxed `curl` being captured by the agent.
-    Demo,
+    /// Check the crate layering against the table in xtask/src/layers.rs
+    /// and that the crate graph in ARCHITECTURE.md is up to date.
+    Layers {
+        /// Rewrite the crate graph in ARCHITECTURE.md instead of failing
+        /// when it is out of date.
+        #[arg(long)]
+        write: bool,
+    },
+    /// Set up what the demo needs, build, and run a rollout on loopback: a
+    /// small Python agent and Claude Code, in sandboxes, captured by the
+    /// agent.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
-        Task::Setup => setup::run(),
+        Task::Setup => setup::run(setup::Scope::All),
         Task::Harnesses => harnesses::run().map(|_| ()),
         Task::Build => release::run(),
         Task::Dist => dist::run(),
         Task::Test(args) => test::run(args),
-        Task::Demo => demo::run(),
+        Task::Layers { write } => layers::run(write),
+        Task::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

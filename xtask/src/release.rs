@@ -13,7 +13,7 @@ use crate::{cmd::Cmd, cmd::workspace_root, setup};
 
 /// Sets up, then builds `target/release/polar`.
 pub fn run() -> Result<()> {
-    setup::run()?;
+    setup::run(setup::Scope::All)?;
     build()
 }
 

@@ -1,33 +1,50 @@
-//! `cargo xtask setup`: installs what building and testing Polar needs, and
-//! only what is missing.
+//! `cargo xtask setup`: installs what building, demonstrating and testing
+//! Polar needs, and only what is missing.
 //!
 //! Each item is checked first (a few milliseconds each), so a second run
 //! changes nothing and takes seconds. One line per item says whether it was
-//! already present or has just been installed.
+//! already present or has just been installed. `cargo xtask demo` installs
+//! only what building and running the demo takes ([`Scope::Demo`]); every
+//! other command everything ([`Scope::All`]), cargo-deny and the tools only
+//! the tests call included.
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root};
 
-/// Debian packages: LLVM 22 for bpf-linker, the sandbox and network tools
-/// the agent and its tests call, and what the demo and tests run inside.
-const APT_PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libclang-22-dev",
-    "bubblewrap",
-    "bpftool",
-    "iproute2",
-    "curl",
-    "util-linux",
-    "procps",
-    "python3",
+/// What a command needs installed; `All` includes `Demo`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Building `polar` (LLVM 22, nightly + rust-src, bpf-linker) and
+    /// running the demo (bubblewrap, python3, kill).
+    Demo,
+    /// Everything, for the tests too: cargo-deny and the tools they call.
+    All,
+}
+
+/// Debian packages, each with the first scope that needs it.
+const APT_PACKAGES: &[(&str, Scope)] = &[
+    // LLVM 22 for bpf-linker.
+    ("llvm-22-dev", Scope::Demo),
+    ("libclang-22-dev", Scope::Demo),
+    // The sandboxes.
+    ("bubblewrap", Scope::Demo),
+    // The demo's small agent (and the tests' scripts).
+    ("python3", Scope::Demo),
+    // `kill`, with which the demo stops its daemons.
+    ("procps", Scope::Demo),
+    // The tools the tests call (eBPF, network, HTTP, util-linux's setpriv).
+    ("bpftool", Scope::All),
+    ("iproute2", Scope::All),
+    ("curl", Scope::All),
+    ("util-linux", Scope::All),
     // The export tests install pyarrow, datasets and moto from PyPI.
-    "python3-pip",
+    ("python3-pip", Scope::All),
     // The Kubernetes manifest test parses YAML with python3.
-    "python3-yaml",
+    ("python3-yaml", Scope::All),
     // The test_output evaluator applies test patches with git or patch.
-    "git",
-    "patch",
+    ("git", Scope::All),
+    ("patch", Scope::All),
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of
@@ -38,13 +55,20 @@ const LLVM_22_PREFIX: &str = "/usr/lib/llvm-22";
 /// cargo-deny 0.20 builds with rustc 1.88 and later.
 const CARGO_DENY_VERSION: &str = "0.20";
 
-/// Checks every item and installs the missing ones.
-pub fn run() -> Result<()> {
-    apt_packages()?;
+/// Checks every item `scope` needs and installs the missing ones.
+pub fn run(scope: Scope) -> Result<()> {
+    let packages: Vec<&str> = APT_PACKAGES
+        .iter()
+        .filter(|(_, needed_from)| *needed_from <= scope)
+        .map(|(pkg, _)| *pkg)
+        .collect();
+    apt_packages(&packages)?;
     nightly_toolchain()?;
     rust_src()?;
     bpf_linker()?;
-    cargo_deny()?;
+    if scope >= Scope::All {
+        cargo_deny()?;
+    }
     Ok(())
 }
 
@@ -52,9 +76,10 @@ fn report(item: &str, state: &str) {
     eprintln!("setup: {item:<18} {state}");
 }
 
-fn apt_packages() -> Result<()> {
+/// Installs the Debian packages of `packages` that are missing (as root).
+pub fn apt_packages(packages: &[&str]) -> Result<()> {
     let (present, missing): (Vec<&str>, Vec<&str>) =
-        APT_PACKAGES.iter().partition(|pkg| dpkg_installed(pkg));
+        packages.iter().partition(|pkg| dpkg_installed(pkg));
     for pkg in present {
         report(pkg, "present");
     }

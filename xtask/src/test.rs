@@ -1,16 +1,31 @@
 //! `cargo xtask test`: everything CI checks, in order, stopping at the first
 //! failure with the name of the step.
 //!
+//! The layer check (`cargo xtask layers`) runs in-process right after
+//! clippy, before the long steps.
+//!
 //! The end-to-end tests run the `polar` binary from `target/debug`, so it is
 //! built before `cargo test`. The privileged tests (real cgroups, eBPF and
 //! network namespaces) need root; `--unprivileged` leaves them out.
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd::Cmd, cmd::is_root, harnesses, setup};
+use crate::{cmd::Cmd, cmd::is_root, harnesses, layers, setup};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
+
+/// One step: an external command, or a check xtask makes itself.
+enum Step {
+    Run(Box<Cmd>),
+    Layers,
+}
+
+impl Step {
+    fn run(cmd: Cmd) -> Self {
+        Self::Run(Box::new(cmd))
+    }
+}
 
 #[derive(Debug, clap::Args)]
 pub struct TestArgs {
@@ -31,7 +46,7 @@ pub fn run(args: TestArgs) -> Result<()> {
              and make network namespaces); run as root, or pass --unprivileged to skip them"
         );
     }
-    setup::run()?;
+    setup::run(setup::Scope::All)?;
     // The end-to-end tests run the real harness CLIs (privileged tests).
     let mut cargo_test = Cmd::new("cargo")?.arg("test");
     if !args.unprivileged {
@@ -44,30 +59,39 @@ pub fn run(args: TestArgs) -> Result<()> {
     let steps = [
         (
             "format",
-            Cmd::new("cargo")?.args(["fmt", "--all", "--", "--check"]),
+            Step::run(Cmd::new("cargo")?.args(["fmt", "--all", "--", "--check"])),
         ),
         (
             "clippy",
-            Cmd::new("cargo")?.args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+            Step::run(Cmd::new("cargo")?.args(["clippy", "--all-targets", "--", "-D", "warnings"])),
         ),
+        ("crate layering", Step::Layers),
         (
             // Advisories are never checked: they need GitHub, which CI cannot reach.
             "dependency policy",
-            Cmd::new("cargo")?.args(["deny", "check", "bans", "licenses", "sources"]),
+            Step::run(Cmd::new("cargo")?.args(["deny", "check", "bans", "licenses", "sources"])),
         ),
         (
             "debug build of polar",
-            Cmd::new("cargo")?.args(["build", "--bin", "polar"]),
+            Step::run(Cmd::new("cargo")?.args(["build", "--bin", "polar"])),
         ),
-        ("tests", cargo_test.args(&args.cargo_test_args)),
+        ("tests", Step::run(cargo_test.args(&args.cargo_test_args))),
     ];
 
     let total = steps.len();
-    for (index, (name, cmd)) in steps.into_iter().enumerate() {
+    for (index, (name, step)) in steps.into_iter().enumerate() {
         let number = index + 1;
-        eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
-        cmd.run()
-            .with_context(|| format!("test step {number}/{total} ({name}) failed"))?;
+        let failed = || format!("test step {number}/{total} ({name}) failed");
+        match step {
+            Step::Run(cmd) => {
+                eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
+                cmd.run().with_context(failed)?;
+            }
+            Step::Layers => {
+                eprintln!("==> test step {number}/{total} ({name}): cargo xtask layers");
+                layers::run(false).with_context(failed)?;
+            }
+        }
     }
     eprintln!("==> all {total} test steps passed");
     Ok(())

@@ -1,0 +1,347 @@
+//! `cargo xtask layers`: the workspace's crate layering, checked against a
+//! table of rules, and the crate graph in ARCHITECTURE.md.
+//!
+//! [`LAYERS`] has one row per workspace crate: its [`Class`] and the
+//! workspace crates it may depend on (normal and build dependencies). The
+//! check reads `cargo metadata` (each member's declared dependencies, and the
+//! resolved graph for what a crate pulls in transitively) and fails when
+//!
+//! - a workspace member has no row (a new crate must be declared);
+//! - a crate depends on a workspace crate its row does not allow;
+//! - a `pure` crate pulls in an I/O crate ([`IO_CRATES`]) through its normal
+//!   dependencies, however indirectly (`libc`: direct dependencies only);
+//! - a crate names an owned dependency ([`OWNED`]) it is not an owner of
+//!   (while none of its owners exists yet, the agent crate, which then
+//!   still holds that code, may);
+//! - a crate that must build on stable without bpf-linker or LLVM
+//!   ([`STABLE_ONLY`]) pulls in the eBPF side ([`EBPF_SIDE`]);
+//! - a crate other than the tests crate depends on the `agent` crate;
+//! - workspace crates depend on one another in a cycle, dev-dependencies
+//!   included (cargo accepts a dev-dependency cycle; we do not).
+//!
+//! Dev-dependencies are checked for cycles only.
+//!
+//! To add a crate, add a [`Layer`] row to [`LAYERS`] below the crates it uses
+//! and list them in `may_use`; rows for crates that do not exist yet are
+//! simply unused. `cargo xtask layers --write` then regenerates the crate
+//! graph in ARCHITECTURE.md (between the [`BEGIN`] and [`END`] markers);
+//! `cargo xtask layers`, which `cargo xtask test` runs, fails while that block
+//! is out of date.
+
+mod check;
+mod graph;
+mod metadata;
+#[cfg(test)]
+mod tests;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd::{Cmd, workspace_root};
+use check::check;
+pub use graph::{BEGIN, END};
+use metadata::Workspace;
+
+/// What a crate is allowed to be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Class {
+    /// Data types and algorithms: no I/O crate, even transitively.
+    Pure,
+    /// eBPF programs, built for the BPF target.
+    Kernel,
+    /// Sockets, files, databases, object storage.
+    Io,
+    /// The `polar` binary: wires the crates together.
+    Agent,
+    /// The end-to-end tests.
+    Tests,
+    /// Development commands (this crate).
+    Tool,
+}
+
+impl Class {
+    pub const ALL: [Self; 6] = [
+        Self::Pure,
+        Self::Kernel,
+        Self::Io,
+        Self::Agent,
+        Self::Tests,
+        Self::Tool,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pure => "pure",
+            Self::Kernel => "kernel",
+            Self::Io => "io",
+            Self::Agent => "agent",
+            Self::Tests => "tests",
+            Self::Tool => "tool",
+        }
+    }
+}
+
+/// The workspace crates a row may depend on (normal and build dependencies).
+#[derive(Clone, Copy, Debug)]
+pub enum Allowed {
+    /// These, and no other.
+    Only(&'static [&'static str]),
+    /// Any crate in a row above this one.
+    Above,
+    /// Any workspace crate.
+    Any,
+}
+
+/// One row of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Layer {
+    /// The package name.
+    pub name: &'static str,
+    pub class: Class,
+    pub may_use: Allowed,
+    /// Workspace crates allowed as build-dependencies only (even if
+    /// `may_use` lists them).
+    pub build_only: &'static [&'static str],
+    /// Crates of [`IO_CRATES`] this crate may name directly; every walk of
+    /// the resolved graph skips these edges. For an optional dependency
+    /// behind a feature that only a crate allowed to use it turns on (the
+    /// resolved graph unifies features across the workspace).
+    pub io_allowed: &'static [&'static str],
+}
+
+const fn row(name: &'static str, class: Class, may_use: &'static [&'static str]) -> Layer {
+    Layer {
+        name,
+        class,
+        may_use: Allowed::Only(may_use),
+        build_only: &[],
+        io_allowed: &[],
+    }
+}
+
+/// The layer table: one row per workspace crate, each below the crates it
+/// may use.
+pub const LAYERS: &[Layer] = &[
+    Layer {
+        // `unsafe impl aya::Pod` for the shared types, behind the `user`
+        // feature, which only polar-agent turns on.
+        io_allowed: &["aya"],
+        ..row("polar-common", Class::Pure, &[])
+    },
+    row("polar-ebpf", Class::Kernel, &["polar-common"]),
+    row("polar-ids", Class::Pure, &[]),
+    row("polar-json", Class::Pure, &[]),
+    row("polar-sse", Class::Pure, &[]),
+    row("polar-metrics", Class::Pure, &[]),
+    row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
+    row(
+        "polar-record",
+        Class::Pure,
+        &["polar-chat", "polar-json", "polar-ids"],
+    ),
+    row(
+        "polar-trajectory",
+        Class::Pure,
+        &["polar-record", "polar-chat", "polar-json"],
+    ),
+    row(
+        "polar-spec",
+        Class::Pure,
+        &["polar-ids", "polar-trajectory"],
+    ),
+    row(
+        "polar-rollout-api",
+        Class::Pure,
+        &["polar-spec", "polar-trajectory", "polar-ids"],
+    ),
+    row("polar-io", Class::Io, &[]),
+    row(
+        "polar-inference",
+        Class::Io,
+        &[
+            "polar-chat",
+            "polar-json",
+            "polar-sse",
+            "polar-io",
+            "polar-metrics",
+        ],
+    ),
+    row(
+        "polar-mock",
+        Class::Io,
+        &[
+            "polar-chat",
+            "polar-json",
+            "polar-sse",
+            "polar-io",
+            "polar-inference",
+        ],
+    ),
+    row(
+        "polar-capture",
+        Class::Io,
+        &[
+            "polar-record",
+            "polar-chat",
+            "polar-json",
+            "polar-ids",
+            "polar-inference",
+            "polar-io",
+            "polar-metrics",
+        ],
+    ),
+    row(
+        "polar-export",
+        Class::Io,
+        &[
+            "polar-record",
+            "polar-capture",
+            "polar-trajectory",
+            "polar-chat",
+            "polar-json",
+            "polar-ids",
+            "polar-io",
+        ],
+    ),
+    row(
+        "polar-rollout-client",
+        Class::Io,
+        &[
+            "polar-rollout-api",
+            "polar-spec",
+            "polar-trajectory",
+            "polar-ids",
+            "polar-io",
+            "polar-sse",
+        ],
+    ),
+    row(
+        "polar-rollout",
+        Class::Io,
+        &[
+            "polar-rollout-api",
+            "polar-rollout-client",
+            "polar-spec",
+            "polar-trajectory",
+            "polar-ids",
+            "polar-io",
+            "polar-metrics",
+        ],
+    ),
+    Layer {
+        name: "polar-agent",
+        class: Class::Agent,
+        may_use: Allowed::Above,
+        // Its build script embeds the eBPF object.
+        build_only: &["polar-ebpf"],
+        io_allowed: &[],
+    },
+    Layer {
+        may_use: Allowed::Any,
+        ..row("polar-tests", Class::Tests, &[])
+    },
+    row("xtask", Class::Tool, &[]),
+];
+
+/// Crates a `pure` crate must not pull in through its normal dependencies.
+pub const IO_CRATES: &[&str] = &[
+    "tokio",
+    "hyper",
+    "hyper-util",
+    "hyper-rustls",
+    "rustls",
+    "tokio-rustls",
+    "rusqlite",
+    "arrow-array",
+    "arrow-schema",
+    "arrow-buffer",
+    "parquet",
+    "object_store",
+    "nix",
+    "aya",
+    "caps",
+    "polar-io",
+];
+
+/// Checked among a `pure` crate's direct dependencies only: crates close to
+/// `std` (getrandom, ...) pull it in.
+pub const IO_CRATES_DIRECT: &[&str] = &["libc"];
+
+/// External crates only their owners may name as direct (normal or build)
+/// dependencies.
+#[derive(Clone, Copy, Debug)]
+pub struct Owned {
+    /// Package names; a trailing `*` matches any suffix (`arrow-*`).
+    pub deps: &'static [&'static str],
+    pub owners: &'static [&'static str],
+    pub why: &'static str,
+}
+
+pub const OWNED: &[Owned] = &[
+    Owned {
+        deps: &["arrow-*", "parquet", "object_store"],
+        owners: &["polar-export"],
+        why: "Parquet and object storage are the export crate's",
+    },
+    Owned {
+        deps: &["rusqlite"],
+        owners: &["polar-rollout"],
+        why: "SQLite is the rollout server's database",
+    },
+    Owned {
+        deps: &["aya"],
+        owners: &["polar-agent", "polar-common"],
+        why: "loading eBPF programs is the agent's",
+    },
+];
+
+/// Crates that must build without nightly, bpf-linker or LLVM...
+pub const STABLE_ONLY: &[&str] = &["polar-rollout", "polar-mock"];
+/// ...so must not reach these through normal or build dependencies.
+pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];
+
+/// `cargo xtask layers [--write]`.
+pub fn run(write: bool) -> Result<()> {
+    let out = Cmd::new("cargo")?
+        .args(["metadata", "--format-version", "1"])
+        .capture(Duration::from_secs(600))?;
+    if !out.status.success() {
+        bail!(
+            "`cargo metadata --format-version 1` failed ({}): {}",
+            out.status,
+            out.stderr.trim()
+        );
+    }
+    let ws = Workspace::parse(&out.stdout)?;
+    let violations = check(&ws, LAYERS);
+    if !violations.is_empty() {
+        for v in &violations {
+            eprintln!("layers: {v}");
+        }
+        bail!(
+            "{} layering rule(s) broken (the rules: the table in xtask/src/layers.rs)",
+            violations.len()
+        );
+    }
+    eprintln!(
+        "layers: the {} workspace crates follow the layer rules",
+        ws.members.len()
+    );
+    let path = workspace_root()?.join("ARCHITECTURE.md");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let updated = graph::replace_block(&text, &graph::render(&ws, LAYERS))?;
+    if updated == text {
+        eprintln!("layers: the crate graph in ARCHITECTURE.md is up to date");
+    } else if write {
+        std::fs::write(&path, updated).with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("layers: wrote the crate graph in ARCHITECTURE.md");
+    } else {
+        bail!(
+            "the crate graph in ARCHITECTURE.md (between {BEGIN} and {END}) is out of date; \
+             run `cargo xtask layers --write`"
+        );
+    }
+    Ok(())
+}
