@@ -130,42 +130,28 @@ pub const LAYERS: &[Layer] = &[
         ..row("polar-common", Class::Pure, &[])
     },
     row("polar-ebpf", Class::Kernel, &["polar-common"]),
-    row("polar-ids", Class::Pure, &[]),
+    row("polar-ids", Class::Pure, &["polar-common"]),
     row("polar-json", Class::Pure, &[]),
     row("polar-sse", Class::Pure, &[]),
     row("polar-metrics", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
-    row(
-        "polar-record",
-        Class::Pure,
-        &["polar-chat", "polar-json", "polar-ids"],
-    ),
+    row("polar-record", Class::Pure, &["polar-chat", "polar-json"]),
     row(
         "polar-trajectory",
         Class::Pure,
         &["polar-record", "polar-chat", "polar-json"],
     ),
+    row("polar-spec", Class::Pure, &[]),
     row(
-        "polar-spec",
+        "polar-rollout-types",
         Class::Pure,
-        &["polar-ids", "polar-trajectory"],
-    ),
-    row(
-        "polar-rollout-api",
-        Class::Pure,
-        &["polar-spec", "polar-trajectory", "polar-ids"],
+        &["polar-spec", "polar-trajectory"],
     ),
     row("polar-io", Class::Io, &[]),
     row(
         "polar-inference",
         Class::Io,
-        &[
-            "polar-chat",
-            "polar-json",
-            "polar-sse",
-            "polar-io",
-            "polar-metrics",
-        ],
+        &["polar-chat", "polar-json", "polar-sse", "polar-io"],
     ),
     row(
         "polar-mock",
@@ -204,16 +190,28 @@ pub const LAYERS: &[Layer] = &[
             "polar-io",
         ],
     ),
+    row("polar-evaluate", Class::Io, &["polar-spec", "polar-io"]),
     row(
-        "polar-rollout-client",
+        "polar-rollout-api",
+        Class::Io,
+        &[
+            "polar-rollout-types",
+            "polar-spec",
+            "polar-evaluate",
+            "polar-trajectory",
+            "polar-io",
+            "polar-sse",
+        ],
+    ),
+    row(
+        "polar-gateway",
         Class::Io,
         &[
             "polar-rollout-api",
-            "polar-spec",
             "polar-trajectory",
             "polar-ids",
             "polar-io",
-            "polar-sse",
+            "polar-metrics",
         ],
     ),
     row(
@@ -221,10 +219,9 @@ pub const LAYERS: &[Layer] = &[
         Class::Io,
         &[
             "polar-rollout-api",
-            "polar-rollout-client",
+            "polar-rollout-types",
             "polar-spec",
             "polar-trajectory",
-            "polar-ids",
             "polar-io",
             "polar-metrics",
         ],
@@ -297,7 +294,26 @@ pub const OWNED: &[Owned] = &[
 ];
 
 /// Crates that must build without nightly, bpf-linker or LLVM...
-pub const STABLE_ONLY: &[&str] = &["polar-rollout", "polar-mock"];
+pub const STABLE_ONLY: &[&str] = &[
+    "polar-ids",
+    "polar-json",
+    "polar-sse",
+    "polar-metrics",
+    "polar-chat",
+    "polar-record",
+    "polar-trajectory",
+    "polar-spec",
+    "polar-rollout-types",
+    "polar-io",
+    "polar-inference",
+    "polar-mock",
+    "polar-capture",
+    "polar-export",
+    "polar-evaluate",
+    "polar-rollout-api",
+    "polar-gateway",
+    "polar-rollout",
+];
 /// ...so must not reach these through normal or build dependencies.
 pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];
 
