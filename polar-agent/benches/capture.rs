@@ -56,8 +56,9 @@ use polar_agent::inference::{BackendConfig, Dialect, SamplingMode};
 use polar_agent::json_doc::{Doc, RawJson};
 use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
-use polar_agent::provider::sse::SseParser;
+use polar_agent::provider::sse::EventJson as _;
 use polar_agent::provider::{self, Detected, StreamEncoder};
+use polar_sse::SseParser;
 
 // ------------------------------------------------------------- helpers
 

@@ -30,8 +30,9 @@ use polar_agent::inference::{BackendConfig, SamplingMode, request::chat_body};
 use polar_agent::mock::openai::ChatIn;
 use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
-use polar_agent::provider::sse::{SseEvent, parse_all};
+pub use polar_agent::provider::sse::EventJson;
 use polar_agent::proxy::base_url::{self, SESSION_HEADER};
+use polar_sse::{SseEvent, parse_all};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
