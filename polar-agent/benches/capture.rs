@@ -38,9 +38,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
 use polar_agent::capture::build::{Draft, Produced, call_id, keep_event, now_ms};
@@ -58,6 +55,7 @@ use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
 use polar_agent::provider::sse::EventJson as _;
 use polar_agent::provider::{self, Detected, StreamEncoder};
+use polar_io::http::{ClientOptions, HttpClient};
 use polar_sse::SseParser;
 
 // ------------------------------------------------------------- helpers
@@ -552,14 +550,8 @@ fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> S
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
 fn http_client() -> HttpClient {
-    let mut c = HttpConnector::new();
-    c.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(2000)
-        .build(c)
+    polar_io::http::client(&ClientOptions::new().pool_max_idle_per_host(2000))
 }
 
 fn post(

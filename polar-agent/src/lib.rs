@@ -11,7 +11,6 @@ pub mod evaluate;
 pub mod export;
 pub mod gateway;
 pub mod harness;
-pub mod http_body;
 pub mod ids;
 pub mod inference;
 pub mod install;

@@ -19,7 +19,7 @@ pub type RespBody = BoxBody<Bytes, io::Error>;
 
 /// A whole body.
 pub fn full(bytes: impl Into<Bytes>) -> RespBody {
-    crate::http_body::full(bytes)
+    polar_io::body::full(bytes)
 }
 
 /// A JSON response.

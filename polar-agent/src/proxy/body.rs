@@ -1,13 +1,12 @@
 //! The body type of the proxy's responses: any stream of bytes that can
 //! fail (a forwarded upstream body, a translated stream, a fixed buffer),
 //! and a body fed through a channel for replies streamed as they are made
-//! ([`crate::http_body`] with the proxy's error type).
+//! ([`polar_io::body`] with the proxy's error type).
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-
-use crate::http_body;
-pub use crate::http_body::BodySender;
+use polar_io::body;
+pub use polar_io::body::BodySender;
 
 /// Errors inside a response body stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -17,7 +16,7 @@ pub type ProxyBody = BoxBody<Bytes, BodyError>;
 
 /// A body holding `bytes`.
 pub fn full(bytes: Bytes) -> ProxyBody {
-    http_body::full(bytes)
+    body::full(bytes)
 }
 
 /// Chunks queued between the producer of a streamed reply and the
@@ -27,5 +26,5 @@ pub const CHANNEL_DEPTH: usize = 16;
 /// A body that yields what the sender queues and ends when every sender is
 /// dropped.
 pub fn channel() -> (BodySender, ProxyBody) {
-    http_body::channel(CHANNEL_DEPTH)
+    body::channel(CHANNEL_DEPTH)
 }

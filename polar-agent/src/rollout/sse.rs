@@ -9,16 +9,16 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
+use polar_io::body::{self, BodySender};
 use polar_sse::{SseEvent, SseParser};
 
 use super::client::ClientError;
 use super::events::Numbered;
 use super::http::{Body, bearer_value, client, join};
-use crate::http_body::{self, BodySender};
 
 /// A streamed body for `/v1/events` and its sender.
 pub fn channel() -> (BodySender, Body) {
-    http_body::channel(64)
+    body::channel(64)
 }
 
 /// A reader of `/v1/events`.

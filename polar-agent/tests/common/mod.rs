@@ -18,9 +18,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use polar_agent::agent::AgentParts;
 use polar_agent::capture::record::{Api, CallStatus, CompletionRecord};
 use polar_agent::capture::{LogProblem, SessionInfo, read_log};
@@ -32,6 +29,7 @@ use polar_agent::mock::template::{TemplateOptions, render_prompt};
 use polar_agent::mock::tokenizer;
 pub use polar_agent::provider::sse::EventJson;
 use polar_agent::proxy::base_url::{self, SESSION_HEADER};
+use polar_io::http::{ClientOptions, HttpClient};
 use polar_sse::{SseEvent, parse_all};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -149,8 +147,8 @@ impl Reply {
 }
 
 /// A plain HTTP/1.1 client.
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+pub fn client() -> HttpClient {
+    polar_io::http::client(&ClientOptions::new())
 }
 
 /// A request to the agent.
