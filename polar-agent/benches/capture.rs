@@ -38,9 +38,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
 use polar_capture::build::{Draft, Produced, call_id, keep_event, now_ms};
@@ -49,15 +46,17 @@ use polar_capture::encode::{
 };
 use polar_capture::log::{Durability, LogFile, encode_line};
 use polar_capture::tokens_json::ReplyTokensJson;
-use polar_chat::provider::sse::SseParser;
+use polar_chat::provider::sse::EventJson as _;
 use polar_chat::provider::{self, Detected, StreamEncoder};
 use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
 use polar_inference::wire::chat_body_bytes;
 use polar_inference::{BackendConfig, Dialect, SamplingMode};
+use polar_io::http::{ClientOptions, HttpClient};
 use polar_json::{Doc, RawJson};
 use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::tokenizer;
 use polar_record::NativeRequest;
+use polar_sse::SseParser;
 
 // ------------------------------------------------------------- helpers
 
@@ -551,14 +550,8 @@ fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> S
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
 fn http_client() -> HttpClient {
-    let mut c = HttpConnector::new();
-    c.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(2000)
-        .build(c)
+    polar_io::http::client(&ClientOptions::new().pool_max_idle_per_host(2000))
 }
 
 fn post(

@@ -9,7 +9,6 @@ pub mod dns;
 
 pub mod gateway;
 pub mod harness;
-
 pub mod install;
 
 pub mod listener;

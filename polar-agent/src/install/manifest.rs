@@ -73,14 +73,15 @@ impl Manifest {
         }
     }
 
-    /// Writes the manifest below `root` (temporary file, then rename).
+    /// Writes the manifest below `root` (temporary file, then rename; not
+    /// fsynced, like the installed files).
     pub fn save(&self, root: &Path) -> Result<(), InstallError> {
         let path = under(root, Path::new(MANIFEST));
-        let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_vec_pretty(self)
             .map_err(|e| InstallError::Manifest(path.display().to_string(), e.to_string()))?;
-        std::fs::write(&tmp, text).map_err(|e| InstallError::io("writing", &tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| InstallError::io("writing", &path, e))
+        let opts = polar_io::fs::WriteOptions::new().no_sync();
+        polar_io::fs::write_atomic(&path, &text, &opts)
+            .map_err(|e| InstallError::io("writing", &path, e.into()))
     }
 }
 

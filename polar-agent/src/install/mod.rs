@@ -190,17 +190,12 @@ fn mkdir(
         .map_err(|e| InstallError::io("setting the mode of", &path, e))
 }
 
-/// Writes `bytes` to `dest` atomically with `mode`.
+/// Writes `bytes` to `dest` atomically with `mode` (not fsynced, as
+/// before: an interrupted install is run again, not recovered).
 fn put(dest: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dest.with_file_name(format!(".{name}.polar-tmp"));
-    std::fs::write(&tmp, bytes).map_err(|e| InstallError::io("writing", &tmp, e))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .map_err(|e| InstallError::io("setting the mode of", &tmp, e))?;
-    std::fs::rename(&tmp, dest).map_err(|e| InstallError::io("writing", dest, e))
+    let opts = polar_io::fs::WriteOptions::new().mode(mode).no_sync();
+    polar_io::fs::write_atomic(dest, bytes, &opts)
+        .map_err(|e| InstallError::io("writing", dest, e.into()))
 }
 
 /// Installs below `opts.root`; running it again updates the binary and the

@@ -61,15 +61,26 @@ impl SessionDirectory {
             };
         }
         match api_key(req) {
-            Some(k) => read(&self.keys)
-                .get(&k)
-                .cloned()
+            Some(k) => session_of_key(&read(&self.keys), &k)
                 .ok_or_else(|| ProxyError::UnknownSession("an unregistered API key".into())),
             None => Err(ProxyError::UnknownSession(format!(
                 "no {SESSION_HEADER} header and no API key"
             ))),
         }
     }
+}
+
+/// The session whose API key is `given`: every registered key is compared,
+/// in constant time each (no hash lookup or early exit whose timing would
+/// tell how close a guess came).
+fn session_of_key(keys: &HashMap<String, SessionId>, given: &str) -> Option<SessionId> {
+    let mut found = None;
+    for (key, session) in keys {
+        if polar_io::auth::token_eq(key.as_bytes(), given.as_bytes()) {
+            found = Some(session);
+        }
+    }
+    found.cloned()
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {

@@ -5,7 +5,6 @@
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-
 use polar_io::body;
 pub use polar_io::body::BodySender;
 

@@ -8,13 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri, header};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::ConfigBuilderExt as _;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use polar_io::http::{ClientOptions, HttpsClient};
 use tokio_rustls::TlsConnector;
 
 use crate::config::{Upstream, UpstreamHost};
@@ -24,11 +21,9 @@ use super::error::ProxyError;
 use super::http::api_of;
 use super::pipeline::{ModelPipeline, ModelRequest, RequestContext, ResponseFuture};
 
-type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
-
 /// Forwards requests to their route's upstream.
 pub struct Forward {
-    client: Client<Connector, Full<Bytes>>,
+    client: HttpsClient,
     /// TLS (HTTP/1.1 only) for the per-connection upstream connections.
     tls: TlsConnector,
     timeout: Duration,
@@ -37,10 +32,6 @@ pub struct Forward {
 impl Forward {
     /// A forwarder with the system's trust roots for `https` upstreams.
     pub fn new(timeout: Duration) -> Result<Self, ProxyError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(Duration::from_secs(10)));
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -51,13 +42,10 @@ impl Forward {
         .with_no_client_auth();
         let mut h1_only = config.clone();
         h1_only.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(config)
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new()).build(https);
+        let client = polar_io::http::https_client(
+            &ClientOptions::new().connect_timeout(Duration::from_secs(10)),
+            config,
+        );
         Ok(Self {
             client,
             tls: TlsConnector::from(Arc::new(h1_only)),

@@ -10,6 +10,11 @@
 //!
 //! A held connection the upstream has closed in the meantime is replaced
 //! before the request is written; a request is never sent twice.
+//!
+//! This is the one outgoing connection not built by
+//! [`polar_io::http`]: it is a single hyper HTTP/1 connection owned by one
+//! downstream connection (with the forwarder's HTTP/1.1-only TLS config),
+//! not a pooled client, which is the point of it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

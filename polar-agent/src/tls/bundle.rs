@@ -4,7 +4,6 @@
 //! distribution bundle paths inside the sandbox's own mount namespace.
 
 use std::fs;
-use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -112,16 +111,10 @@ pub fn write_trust_files(state_dir: &Path, ca: &Ca) -> Result<TrustFiles, Bundle
 }
 
 fn write_public(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    // A name of its own per writer: agents sharing a state directory may
-    // write the trust files at the same time.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = path.with_extension(format!("tmp.{}.{n}", std::process::id()));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))?;
-    fs::rename(&tmp, path)
+    // Each writer has a temporary of its own: agents sharing a state
+    // directory may write the trust files at the same time.
+    let opts = polar_io::fs::WriteOptions::new().mode(0o644);
+    polar_io::fs::write_atomic(path, data, &opts).map_err(Into::into)
 }
 
 #[cfg(test)]

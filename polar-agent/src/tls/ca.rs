@@ -11,12 +11,13 @@
 //! others.
 
 use std::fmt;
-use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use polar_io::fs::WriteOptions;
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, PublicKeyData,
@@ -377,28 +378,8 @@ fn read_required(dir: &Path, name: &str) -> Result<Vec<u8>, CaError> {
 /// synced, then renamed over the target; the directory is synced after.
 fn write_atomic(dir: &Path, name: &str, contents: &[u8], mode: u32) -> Result<(), CaError> {
     let target = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let result = (|| {
-        match fs::remove_file(&tmp) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&tmp, &target)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    result.map_err(|source| {
-        let _ = fs::remove_file(&tmp);
-        io_err(&target, source)
-    })
+    polar_io::fs::write_atomic(&target, contents, &WriteOptions::new().mode(mode))
+        .map_err(|e| io_err(&target, e.into()))
 }
 
 #[cfg(test)]

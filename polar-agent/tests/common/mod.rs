@@ -18,27 +18,26 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use polar_agent::agent::AgentParts;
 use polar_agent::config::Config;
 use polar_agent::proxy::base_url::{self, SESSION_HEADER};
 use polar_capture::{LogProblem, SessionInfo, read_log};
 use polar_chat::Api;
-use polar_chat::provider::sse::{SseEvent, parse_all};
+pub use polar_chat::provider::sse::EventJson;
 use polar_ids::SessionId;
 use polar_inference::{BackendConfig, SamplingMode, request::chat_body};
+use polar_io::http::{ClientOptions, HttpClient};
 use polar_mock::openai::ChatIn;
 use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::tokenizer;
 use polar_record::{CallStatus, CompletionRecord};
+use polar_sse::{SseEvent, parse_all};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
 /// The fixtures directory.
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/providers/requests")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/chat/tests/fixtures/providers/requests")
 }
 
 /// A fixture request body.
@@ -149,8 +148,8 @@ impl Reply {
 }
 
 /// A plain HTTP/1.1 client.
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+pub fn client() -> HttpClient {
+    polar_io::http::client(&ClientOptions::new())
 }
 
 /// A request to the agent.

@@ -285,7 +285,8 @@ fn open_session(
     })
 }
 
-/// Writes `session.json` atomically (temporary file, fsync, rename).
+/// Writes `session.json` atomically (a temporary of its own, fsync, rename,
+/// directory fsync).
 fn write_session_file(dir: &Path, session: &SessionId, info: &SessionInfo) -> Result<(), LogError> {
     let value = json!({
         "session_id": session.as_str(),
@@ -299,15 +300,9 @@ fn write_session_file(dir: &Path, session: &SessionId, info: &SessionInfo) -> Re
 
 fn write_json(dir: &Path, value: &serde_json::Value) -> Result<(), LogError> {
     let path = dir.join(SESSION_FILE);
-    let tmp = dir.join(".session.json.tmp");
     let text = serde_json::to_vec_pretty(value)?;
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut f, &text)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| LogError::io("writing", &path, e))
+    polar_io::fs::write_atomic(&path, &text, &polar_io::fs::WriteOptions::new())
+        .map_err(|e| LogError::io("writing", &path, e.into()))
 }
 
 /// Adds `fields` (the session's outcome, reward, evaluation...) to the

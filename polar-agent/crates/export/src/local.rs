@@ -4,12 +4,15 @@
 //! `*.parquet` never see it), fsynced, renamed over the final name, and
 //! the directory is fsynced, so a reader sees the whole file or none and a
 //! crash leaves at most a stale temporary, which [`clean_stale_temps`]
-//! removes later. Blocking calls run on tokio's blocking pool.
+//! removes later. The file itself is a [`polar_io::fs::AtomicFile`].
+//! Blocking calls run on tokio's blocking pool.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
+
+use polar_io::fs::{AtomicFile, WriteError, WriteOptions};
 
 use super::error::ExportError;
 
@@ -46,9 +49,7 @@ pub async fn create_dir(dir: PathBuf) -> Result<(), ExportError> {
 /// fsyncs a directory, so the entries created or renamed in it survive a
 /// crash (on NFS this commits them to the server).
 pub fn sync_dir(dir: &Path) -> Result<(), ExportError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ExportError::io("syncing directory", dir, e))
+    polar_io::fs::sync_dir(dir).map_err(|e| ExportError::io("syncing directory", dir, e))
 }
 
 /// Removes temporary files in `dir` last modified more than `older_than`
@@ -88,10 +89,12 @@ pub fn clean_stale_temps(dir: &Path, older_than: Duration) -> Result<usize, Expo
     Ok(removed)
 }
 
-/// A file being written under its temporary name.
+/// A file being written under its temporary name; dropped uncommitted, the
+/// temporary is removed (it never gets its final name).
 #[derive(Debug)]
 pub struct LocalFile {
-    file: Option<File>,
+    /// `None` only while a blocking call has it.
+    file: Option<AtomicFile>,
     temp: PathBuf,
     dest: PathBuf,
 }
@@ -99,30 +102,19 @@ pub struct LocalFile {
 impl LocalFile {
     /// Starts `dest` (its directory must exist).
     pub async fn create(dest: PathBuf) -> Result<Self, ExportError> {
-        let dir = dest
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
         let name = dest
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let temp = dir.join(format!(
-            "{TEMP_PREFIX}{:016x}-{name}{TEMP_SUFFIX}",
-            rand::random::<u64>()
-        ));
-        let t = temp.clone();
+        let opts = WriteOptions::new().temp_name(TEMP_PREFIX, format!("-{name}{TEMP_SUFFIX}"));
+        let d = dest.clone();
         let file = blocking(move || {
-            File::options()
-                .write(true)
-                .create_new(true)
-                .open(&t)
-                .map_err(|e| ExportError::io("creating", &t, e))
+            AtomicFile::create(&d, &opts).map_err(|e| ExportError::io("creating", &d, e.into()))
         })
         .await?;
         Ok(Self {
+            temp: file.temp_path().to_owned(),
             file: Some(file),
-            temp,
             dest,
         })
     }
@@ -150,31 +142,18 @@ impl LocalFile {
     /// it over its final name, fsync the directory.
     pub fn commit_blocking(mut self) -> Result<(), ExportError> {
         let file = self.file.take().ok_or(ExportError::Join("file"))?;
-        file.sync_all()
-            .map_err(|e| ExportError::io("syncing", &self.temp, e))?;
-        drop(file);
-        fs::rename(&self.temp, &self.dest)
-            .map_err(|e| ExportError::io("renaming", &self.temp, e))?;
-        // Renamed: nothing left to remove on drop.
-        self.temp = PathBuf::new();
-        match self.dest.parent() {
-            Some(dir) => sync_dir(dir),
-            None => Ok(()),
-        }
+        file.commit().map_err(|e| match e {
+            WriteError::SyncDir { source } => {
+                let dir = self.dest.parent().unwrap_or(Path::new("."));
+                ExportError::io("syncing directory", dir, source)
+            }
+            WriteError::Persist { source } => ExportError::io("renaming", &self.temp, source),
+            other => ExportError::io("syncing", &self.temp, other.into()),
+        })
     }
 
     /// The temporary name (tests).
     pub fn temp_path(&self) -> &Path {
         &self.temp
-    }
-}
-
-impl Drop for LocalFile {
-    /// An uncommitted file is removed: it never gets its final name.
-    fn drop(&mut self) {
-        if !self.temp.as_os_str().is_empty() {
-            self.file.take();
-            let _ = fs::remove_file(&self.temp);
-        }
     }
 }

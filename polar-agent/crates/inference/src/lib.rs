@@ -9,7 +9,7 @@
 //! - [`client`]: [`Client::chat`], retries only before a replica was reached;
 //! - [`stream`]: [`ChatStream`] of [`StreamEvent`](polar_chat::StreamEvent)s
 //!   with [`Tokens`](polar_chat::Tokens), timings and backend facts;
-//! - `decode`, [`sse`]: reply parsing.
+//! - `decode`: reply parsing (the SSE framing is [`polar_sse`]).
 //!
 //! vLLM is called with `stream: true` and `return_token_ids`, so events reach
 //! the consumer as they are generated. SGLang returns ids only without
@@ -21,7 +21,6 @@ mod decode;
 pub mod error;
 pub mod pool;
 pub mod request;
-pub mod sse;
 pub mod stream;
 pub mod wire;
 

@@ -11,9 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use polar_io::http::ClientOptions;
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
@@ -21,7 +19,7 @@ use super::{BackendConfig, InferenceError};
 use polar_io::tasks::Tasks;
 
 /// The HTTP client every call of a pool goes through.
-pub(crate) type Http = HyperClient<HttpConnector, Full<Bytes>>;
+pub(crate) type Http = polar_io::http::HttpClient;
 
 /// Checks a replica base URL (`http://host:port[/prefix]`); returns it
 /// without a trailing slash.
@@ -141,12 +139,11 @@ impl Pool {
     /// A pool for `cfg` (validated first); every replica starts healthy.
     pub fn new(cfg: &BackendConfig) -> Result<Self, InferenceError> {
         cfg.validate()?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(cfg.connect_timeout()));
-        connector.set_nodelay(true);
-        let http = HyperClient::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
+        let http = polar_io::http::client(
+            &ClientOptions::new()
+                .connect_timeout(cfg.connect_timeout())
+                .pool_idle_timeout(Duration::from_secs(60)),
+        );
         let replicas = cfg
             .replicas
             .iter()

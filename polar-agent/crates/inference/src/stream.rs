@@ -8,11 +8,11 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use polar_sse::SseParser;
 use serde::Serialize;
 
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
-use super::sse::SseParser;
 use super::{Dialect, InferenceError};
 use polar_chat::{ChatResponse, StreamEvent, Tokens};
 
@@ -261,20 +261,21 @@ impl ChatStream {
                 let had_tokens = self.decoder.tokens.response_len() > 0;
                 match frame {
                     Some(bytes) => {
-                        let datas = parser
-                            .push(&bytes)
-                            .map_err(|r| self.decode_error(DecodeError::Malformed(r)))?;
-                        for data in datas {
+                        let events = parser.push(&bytes).map_err(|e| {
+                            self.decode_error(DecodeError::Malformed(e.to_string()))
+                        })?;
+                        for event in events {
                             self.decoder
-                                .on_data(&data, &mut self.pending)
+                                .on_data(&event.data, &mut self.pending)
                                 .map_err(|e| self.decode_error(e))?;
                         }
                         self.source = Source::Sse(body, parser);
                     }
                     None => {
-                        if let Some(data) = parser.finish() {
+                        // A last event without its blank line still counts.
+                        if let Some(event) = parser.into_unterminated() {
                             self.decoder
-                                .on_data(&data, &mut self.pending)
+                                .on_data(&event.data, &mut self.pending)
                                 .map_err(|e| self.decode_error(e))?;
                         }
                         self.decoder

@@ -1,11 +1,21 @@
-//! Plumbing shared by Polar's servers and clients: response bodies
-//! ([`body`]), the one place background tasks are spawned ([`tasks`]), and
-//! an error with its causes on one line ([`chain`]).
+//! Plumbing shared by Polar's servers, clients and stores, one copy of
+//! each piece:
 //!
-//! This crate sits below every other Polar crate that does I/O and depends
-//! on no Polar crate.
+//! - [`body`]: response bodies (a whole buffer, a channel-fed stream);
+//! - [`http`]: the construction of outgoing HTTP clients;
+//! - [`fs`]: atomic file writes (temporary file, fsync, rename, directory
+//!   fsync);
+//! - [`auth`]: constant-time comparison of tokens and keys;
+//! - [`tasks`]: the one place background tasks are spawned;
+//! - [`chain`]: an error with its causes, on one line.
+//!
+//! This crate sits below every other Polar crate that does I/O: it must not
+//! depend on `polar-agent` or on any other Polar crate.
 
+pub mod auth;
 pub mod body;
+pub mod fs;
+pub mod http;
 pub mod tasks;
 
 /// An error with its causes, one line.

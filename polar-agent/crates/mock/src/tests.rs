@@ -6,9 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use polar_io::http::{ClientOptions, HttpClient};
 use serde_json::{Value, json};
 
 use super::script::{DEMO_COMMAND, Script, shell_call};
@@ -22,8 +20,7 @@ pub(crate) async fn request(
     body: Option<&Value>,
     headers: &[(&str, &str)],
 ) -> (StatusCode, HeaderMap, Bytes) {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: HttpClient = polar_io::http::client(&ClientOptions::new());
     let mut b = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -368,8 +365,7 @@ async fn scripted_turns_per_session() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(String::from_utf8_lossy(&bytes).contains("overloaded"));
 
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
+    let client: HttpClient = polar_io::http::client(&ClientOptions::new());
     let req = Request::post(&url)
         .header("x-polar-session", "s1")
         .body(Full::new(Bytes::from(body.to_string())))

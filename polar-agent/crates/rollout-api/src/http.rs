@@ -8,10 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::{BodyExt, Limited};
+use polar_io::http::ClientOptions;
 use serde::Serialize;
 
 use polar_rollout_types::{ErrorBody, ErrorDetail};
@@ -21,17 +19,16 @@ pub type Body = BoxBody<Bytes, io::Error>;
 
 /// The outgoing client (plain HTTP; gateways and callbacks on the cluster
 /// network).
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+pub type HttpClient = polar_io::http::HttpClient;
 
 /// A pooled HTTP/1 client with TCP_NODELAY.
 pub fn client() -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(256)
-        .build(connector)
+    polar_io::http::client(
+        &ClientOptions::new()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256),
+    )
 }
 
 /// A whole body.
@@ -102,23 +99,9 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Whether `given` is one of `accepted`, compared in constant time per
-/// candidate.
+/// candidate, every candidate compared.
 pub fn token_ok(given: Option<&str>, accepted: &[String]) -> bool {
-    let Some(given) = given else {
-        return false;
-    };
-    let mut ok = false;
-    for t in accepted {
-        ok |= constant_time_eq(given.as_bytes(), t.as_bytes());
-    }
-    ok
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    given.is_some_and(|g| polar_io::auth::token_in(g, accepted.iter().map(String::as_str)))
 }
 
 /// The `Authorization` value for a token.

@@ -1,29 +1,33 @@
 //! Server-sent events on both ends: a channel-fed response body for the
 //! server's `/v1/events`, and [`EventStream`], a reader of that stream for
-//! dashboards, the CLI and tests.
+//! dashboards, the CLI and tests (its framing is [`polar_sse`]).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::Full;
 use hyper::body::{Body as _, Incoming};
+use polar_io::body::{self, BodySender};
+use polar_rollout_types::Numbered;
+use polar_sse::{SseEvent, SseParser};
 
 use super::client::ClientError;
 use super::http::{Body, bearer_value, client, join};
-use polar_io::body::{self as http_body, BodySender};
-use polar_rollout_types::Numbered;
 
 /// A streamed body for `/v1/events` and its sender.
 pub fn channel() -> (BodySender, Body) {
-    http_body::channel(64)
+    body::channel(64)
 }
 
 /// A reader of `/v1/events`.
 #[derive(Debug)]
 pub struct EventStream {
     body: Incoming,
-    buf: BytesMut,
+    /// `None` once the stream turned out not to be SSE.
+    parser: Option<SseParser>,
+    ready: VecDeque<SseEvent>,
 }
 
 impl EventStream {
@@ -59,66 +63,75 @@ impl EventStream {
         }
         Ok(Self {
             body: resp.into_body(),
-            buf: BytesMut::new(),
+            parser: Some(SseParser::new()),
+            ready: VecDeque::new(),
         })
     }
 
-    /// The next event; `None` when the stream ends. Comments and `lagged`
-    /// notices are skipped.
+    /// The next event; `None` when the stream ends, breaks off or turns
+    /// out not to be SSE (bytes that are not UTF-8: logged, not replaced).
+    /// Comments and `lagged` notices are skipped.
     pub async fn next(&mut self) -> Option<Numbered> {
         loop {
-            if let Some(frame) = take_frame(&mut self.buf) {
-                if let Some(ev) = parse_frame(&frame) {
-                    return Some(ev);
+            while let Some(ev) = self.ready.pop_front() {
+                if let Some(n) = numbered(&ev) {
+                    return Some(n);
                 }
-                continue;
             }
+            let parser = self.parser.as_mut()?;
             let frame = std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await?;
             let Ok(frame) = frame else {
                 return None;
             };
             if let Ok(data) = frame.into_data() {
-                self.buf.extend_from_slice(&data);
+                match parser.push(&data) {
+                    Ok(events) => self.ready.extend(events),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the event stream is not SSE; reading stops");
+                        self.parser = None;
+                    }
+                }
             }
         }
     }
 }
 
-/// Splits one `\n\n`-terminated frame off the buffer.
-fn take_frame(buf: &mut BytesMut) -> Option<String> {
-    let end = buf.windows(2).position(|w| w == b"\n\n")?;
-    let frame = buf.split_to(end + 2);
-    Some(String::from_utf8_lossy(&frame[..end]).into_owned())
-}
-
-/// The event of a frame (its `data` line), if it carries one.
-fn parse_frame(frame: &str) -> Option<Numbered> {
-    let data: String = frame
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim_start)
-        .collect::<Vec<_>>()
-        .join("\n");
-    if data.is_empty() {
-        return None;
-    }
-    serde_json::from_str(&data).ok()
+/// The rollout event an SSE event carries in its data, if it is one.
+fn numbered(ev: &SseEvent) -> Option<Numbered> {
+    serde_json::from_str(&ev.data).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const NODE: &str = r#"{"id":1,"type":"node","node_id":"n","health":"healthy"}"#;
+
     #[test]
     fn frames_split_and_parse() {
-        let mut buf = BytesMut::from(
-            &b": hello\n\nid: 1\nevent: node\ndata: {\"id\":1,\"type\":\"node\",\"node_id\":\"n\",\"health\":\"healthy\"}\n\nid: 2"[..],
-        );
-        let first = take_frame(&mut buf).unwrap();
-        assert!(parse_frame(&first).is_none());
-        let second = take_frame(&mut buf).unwrap();
-        let ev = parse_frame(&second).unwrap();
+        let mut p = SseParser::new();
+        let raw = format!(": hello\n\nid: 1\nevent: node\ndata: {NODE}\n\nid: 2");
+        // The comment-only frame is no event, the second is, the third is
+        // not complete.
+        let evs = p.push(raw.as_bytes()).unwrap();
+        assert_eq!(evs.len(), 1);
+        let ev = numbered(&evs[0]).unwrap();
         assert_eq!(ev.id, 1);
-        assert!(take_frame(&mut buf).is_none());
+        assert_eq!(p.push(b"\n").unwrap(), []);
+    }
+
+    #[test]
+    fn frames_end_in_any_line_end_and_lagged_notices_are_skipped() {
+        let mut p = SseParser::new();
+        let raw = format!("event: lagged\r\ndata: {{\"missed\":3}}\r\n\r\ndata: {NODE}\r\r");
+        let (a, b) = raw.as_bytes().split_at(raw.len() - 1);
+        let mut evs = p.push(a).unwrap();
+        evs.extend(p.push(b).unwrap());
+        let got: Vec<Option<Numbered>> = evs.iter().map(numbered).collect();
+        assert_eq!(got.len(), 2);
+        assert!(got[0].is_none());
+        assert_eq!(got[1].as_ref().map(|n| n.id), Some(1));
+        // Bytes that are not UTF-8 are an error, not replacement characters.
+        assert!(p.push(b"data: \xff\n\n").is_err());
     }
 }

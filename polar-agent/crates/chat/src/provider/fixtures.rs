@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use super::sse::EventJson as _;
 use super::{ModelCall, ParsedRequest};
 
 macro_rules! fixture {
@@ -66,7 +67,7 @@ pub fn request(name: &str) -> Value {
 /// The events of an SSE body as (event name, JSON data); `[DONE]` is kept as
 /// the string "[DONE]".
 pub fn sse_json(bytes: &[u8]) -> Vec<(Option<String>, Value)> {
-    super::sse::parse_all(bytes)
+    polar_sse::parse_all(bytes)
         .unwrap()
         .into_iter()
         .map(|e| {

@@ -13,7 +13,7 @@
 //!   body.
 //! - [`assemble`] / [`events_of`]: the fold between a stream of events and a
 //!   complete reply, and [`with_history`] for `previous_response_id`.
-//! - [`sse`]: SSE framing.
+//! - [`sse`]: SSE events with JSON data (the framing is [`polar_sse`]).
 //!
 //! Names are passed through untouched: tool names longer than 64 characters
 //! (a limit some APIs enforce) are kept as they are, and the backend sees

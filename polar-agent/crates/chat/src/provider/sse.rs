@@ -1,60 +1,15 @@
-//! Server-sent events framing: encoding one event into the bytes a harness
-//! reads, and an incremental parser (for tests, fixtures and any SSE the
-//! agent reads from a backend). Pure: bytes in, events out.
-//!
-//! Encoding follows the WHATWG rules: an optional `event:` line, one `data:`
-//! line per line of the payload, a blank line to end the event. The parser
-//! accepts `\n`, `\r\n` and `\r` line ends, comments (`:` lines), an optional
-//! single space after the colon, and fields it does not know (ignored).
+//! SSE with JSON data, over [`polar_sse`] (which owns the framing, the
+//! parser included): encoding one event into the bytes a harness reads,
+//! and reading an event's data as JSON.
 
 use bytes::Bytes;
+use polar_sse::SseEvent;
 use serde_json::Value;
-
-/// Why SSE bytes could not be parsed.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SseError {
-    /// The stream is not UTF-8.
-    #[error("SSE stream is not valid UTF-8")]
-    InvalidUtf8,
-    /// The stream ended inside an event (no blank line after its last field).
-    #[error("SSE stream ended inside an event")]
-    Incomplete,
-}
-
-/// One parsed event.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SseEvent {
-    /// The `event:` field, when present.
-    pub event: Option<String>,
-    /// The `data:` lines joined with `\n`.
-    pub data: String,
-    /// The `id:` field, when present.
-    pub id: Option<String>,
-}
-
-impl SseEvent {
-    /// The data parsed as JSON.
-    pub fn json(&self) -> Result<Value, serde_json::Error> {
-        serde_json::from_str(&self.data)
-    }
-}
 
 /// Encode one event. `data` may hold newlines: each line becomes a `data:`
 /// line, so the payload reads back unchanged.
 pub fn encode(event: Option<&str>, data: &str) -> Bytes {
-    let mut out = String::with_capacity(data.len() + 32);
-    if let Some(name) = event {
-        out.push_str("event: ");
-        out.push_str(name);
-        out.push('\n');
-    }
-    for line in data.split('\n') {
-        out.push_str("data: ");
-        out.push_str(line.strip_suffix('\r').unwrap_or(line));
-        out.push('\n');
-    }
-    out.push('\n');
-    Bytes::from(out)
+    Bytes::from(polar_sse::encode(event, data))
 }
 
 /// Encode one event whose data is a JSON value (compact, one line).
@@ -62,108 +17,23 @@ pub fn encode_json(event: Option<&str>, value: &Value) -> Bytes {
     encode(event, &value.to_string())
 }
 
-/// An incremental SSE parser: feed it bytes as they arrive, take the events
-/// that are complete. Bytes of an incomplete UTF-8 sequence or line are kept
-/// until the rest arrives.
-#[derive(Debug, Default)]
-pub struct SseParser {
-    pending: Vec<u8>,
-    current: SseEvent,
-    has_field: bool,
-    last_was_cr: bool,
+/// An event's data read as JSON.
+pub trait EventJson {
+    /// The data parsed as JSON.
+    fn json(&self) -> Result<Value, serde_json::Error>;
 }
 
-impl SseParser {
-    /// A parser at the start of a stream.
-    pub fn new() -> Self {
-        Self::default()
+impl EventJson for SseEvent {
+    fn json(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_str(&self.data)
     }
-
-    /// Feed bytes; returns the events completed by them.
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
-        let mut out = Vec::new();
-        for &b in bytes {
-            if self.last_was_cr {
-                self.last_was_cr = false;
-                if b == b'\n' {
-                    continue;
-                }
-            }
-            match b {
-                b'\n' | b'\r' => {
-                    self.last_was_cr = b == b'\r';
-                    let line = std::mem::take(&mut self.pending);
-                    let line = String::from_utf8(line).map_err(|_| SseError::InvalidUtf8)?;
-                    if let Some(ev) = self.line(&line) {
-                        out.push(ev);
-                    }
-                }
-                _ => self.pending.push(b),
-            }
-        }
-        Ok(out)
-    }
-
-    /// Signal the end of the stream: an error if it stopped inside an event.
-    pub fn finish(self) -> Result<(), SseError> {
-        if self.pending.is_empty() && !self.has_field {
-            Ok(())
-        } else {
-            Err(SseError::Incomplete)
-        }
-    }
-
-    fn line(&mut self, line: &str) -> Option<SseEvent> {
-        if line.is_empty() {
-            if !self.has_field {
-                return None;
-            }
-            self.has_field = false;
-            let mut ev = std::mem::take(&mut self.current);
-            if ev.data.ends_with('\n') {
-                ev.data.pop();
-            }
-            return Some(ev);
-        }
-        if line.starts_with(':') {
-            return None;
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line, ""),
-        };
-        match field {
-            "event" => {
-                self.current.event = Some(value.to_owned());
-                self.has_field = true;
-            }
-            "data" => {
-                self.current.data.push_str(value);
-                self.current.data.push('\n');
-                self.has_field = true;
-            }
-            "id" => {
-                self.current.id = Some(value.to_owned());
-                self.has_field = true;
-            }
-            _ => {}
-        }
-        None
-    }
-}
-
-/// Parse a complete stream.
-pub fn parse_all(bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
-    let mut p = SseParser::new();
-    let events = p.push(bytes)?;
-    p.finish()?;
-    Ok(events)
 }
 
 #[cfg(test)]
 mod tests {
+    use polar_sse::{SseParser, parse_all};
+
     use super::*;
-    use proptest::prelude::*;
 
     #[test]
     fn encodes_named_event() {
@@ -172,15 +42,8 @@ mod tests {
             &b[..],
             b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
-    }
-
-    #[test]
-    fn multiline_data_round_trips() {
-        let b = encode(None, "a\nb\n\nc");
-        let evs = parse_all(&b).unwrap();
-        assert_eq!(evs.len(), 1);
-        assert_eq!(evs[0].data, "a\nb\n\nc");
-        assert_eq!(evs[0].event, None);
+        let b = encode_json(None, &serde_json::json!({"a": [1, 2]}));
+        assert_eq!(&b[..], b"data: {\"a\":[1,2]}\n\n");
     }
 
     #[test]
@@ -200,12 +63,6 @@ mod tests {
     }
 
     #[test]
-    fn incomplete_stream_is_an_error() {
-        assert_eq!(parse_all(b"data: x\n"), Err(SseError::Incomplete));
-        assert_eq!(parse_all(b"\xff\n\n"), Err(SseError::InvalidUtf8));
-    }
-
-    #[test]
     fn parses_recorded_fixtures() {
         for (name, n) in [
             ("anthropic_tool_stream.body", 6),
@@ -215,23 +72,6 @@ mod tests {
         ] {
             let evs = parse_all(super::super::fixtures::response(name)).unwrap();
             assert_eq!(evs.len(), n, "{name}");
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn encode_parse_round_trip(name in proptest::option::of("[a-z_.]{1,20}"), data in "[^\r]{0,80}") {
-            let b = encode(name.as_deref(), &data);
-            let evs = parse_all(&b).unwrap();
-            prop_assert_eq!(evs.len(), 1);
-            prop_assert_eq!(&evs[0].data, &data);
-            prop_assert_eq!(evs[0].event.as_deref(), name.as_deref());
-        }
-
-        #[test]
-        fn parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let mut p = SseParser::new();
-            let _ = p.push(&bytes);
         }
     }
 }
