@@ -77,6 +77,9 @@ impl Progress {
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// The route table does not build (a bug).
+    #[error(transparent)]
+    Routes(#[from] crate::rollout::route::RouteError),
     /// Its listener could not be bound.
     #[error("binding the gateway's listener {addr}: {source}")]
     Bind {
@@ -129,6 +132,8 @@ pub(super) struct Inner<W: Work> {
     /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
     pub(super) tasks: Tasks,
     pub(super) extra_metrics: Mutex<Option<MetricsFn>>,
+    /// The HTTP routes, built once.
+    pub(super) routes: super::http::Routes,
 }
 
 /// A running gateway node.
@@ -159,6 +164,7 @@ impl<W: Work> Node<W> {
         stages: Stages,
         work: W,
     ) -> Result<Self, NodeError> {
+        let routes = super::http::routes()?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| NodeError::Bind {
@@ -190,6 +196,7 @@ impl<W: Work> Node<W> {
             draining: AtomicBool::new(false),
             tasks: Tasks::new(),
             extra_metrics: Mutex::new(None),
+            routes,
         });
         let i = Arc::clone(&inner);
         inner.spawn(async move { super::http::accept(i, listener).await });

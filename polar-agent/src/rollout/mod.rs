@@ -11,8 +11,9 @@
 //! - `store`: SQLite (WAL, migrations, group commit, events after commit);
 //! - `core`: the scheduler + store + background work (dispatcher, ticker,
 //!   pushes, cancellations); `callback`: result delivery with backoff;
-//! - `server`: HTTP routes and error mapping; `events`, `sse`: the event
-//!   stream; `metrics`: `/metrics`;
+//! - `server`: HTTP endpoints and error mapping; `route`: the route table
+//!   (matchit) and percent-decoding, shared with the gateway; `events`,
+//!   `sse`: the event stream; `metrics`: `/metrics`;
 //! - `client`: the API from the caller's side; `report`: text for the CLI;
 //! - `sim`: the simulated gateway (`crate::gateway::sim`), re-exported for
 //!   tests and benchmarks;
@@ -26,6 +27,7 @@ pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod report;
+pub mod route;
 pub mod scheduler;
 pub mod server;
 pub use crate::gateway::sim;
@@ -62,6 +64,9 @@ pub enum RolloutError {
     /// The settings are invalid.
     #[error(transparent)]
     Config(#[from] RolloutConfigError),
+    /// The route table does not build (a bug).
+    #[error(transparent)]
+    Routes(#[from] route::RouteError),
     /// The database could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -93,6 +98,7 @@ impl RolloutServer {
     /// Opens the database (restoring its state), binds `cfg.listen` (port 0
     /// picks one) and starts serving.
     pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+        let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)
             .await
@@ -107,8 +113,8 @@ impl RolloutServer {
         let (core, restored) = core::Core::open(cfg)?;
         core.start_loops();
         core.follow_up(restored);
-        let c = Arc::clone(&core);
-        core.tasks.spawn(server::serve(c, listener));
+        let api = Arc::new(server::Api::new(Arc::clone(&core), routes));
+        core.tasks.spawn(server::serve(api, listener));
         tracing::info!(%addr, database = %core.cfg.database.display(), "rollout server listening");
         Ok(Self { core, addr })
     }
