@@ -129,16 +129,6 @@ impl RolloutServer {
         format!("http://{}", self.addr)
     }
 
-    /// The shared state (for tests and benchmarks).
-    pub fn core(&self) -> &Arc<core::Core> {
-        &self.core
-    }
-
-    /// The most recent dispatch latencies (up to 200,000).
-    pub fn dispatch_latencies(&self) -> Vec<Duration> {
-        self.core.metrics.recent()
-    }
-
     /// Stops: no new connections, background work cancelled (assignments
     /// not yet pushed are pushed again by the next start; callbacks resume),
     /// database closed. Nothing acknowledged is lost.
