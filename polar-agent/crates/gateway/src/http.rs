@@ -1,7 +1,10 @@
 //! A gateway node's HTTP side: the routes the server calls
 //! (`POST /v1/sessions`, `POST /v1/sessions/{id}/cancel`), the node's own
 //! (`GET /v1/status`, `GET /metrics`, `POST /v1/pause`, `POST /v1/resume`,
-//! `GET /healthz`), and the status and metrics views they serve.
+//! `GET /healthz`), and the status and metrics views they serve. The table
+//! ([`routes`], built once per node) is a `polar_rollout_api::route::Table`:
+//! matchit, percent-decoded session ids, 404 for an unknown path, 405 with
+//! `Allow` for a known path under another method.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -18,9 +20,46 @@ use tokio::net::TcpListener;
 
 use crate::node::{Inner, lock};
 use crate::stages::{Stage, Work};
-use polar_rollout_api::http::{Body, bearer, error, json, read_body, token_ok};
+use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
+use polar_rollout_api::route::{Found, RouteError, Table, method_not_allowed};
 use polar_rollout_api::validate;
 use polar_rollout_api::{API_VERSION, CancelSession, SessionAssignment};
+
+/// What a route does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Endpoint {
+    /// `POST /v1/sessions`: an assignment.
+    Assign,
+    /// `POST /v1/sessions/{id}/cancel`.
+    Cancel,
+    /// `GET /v1/status`.
+    Status,
+    /// `GET /metrics`.
+    Metrics,
+    /// `POST /v1/pause`.
+    Pause,
+    /// `POST /v1/resume`.
+    Resume,
+    /// `GET /healthz`, the one route without a token.
+    Healthz,
+}
+
+/// The node's route table.
+pub(super) type Routes = Table<(), Endpoint>;
+
+/// The node's routes.
+pub(super) fn routes() -> Result<Routes, RouteError> {
+    use Endpoint as E;
+    use Method as M;
+    Table::new()
+        .route("/v1/sessions", (), &[(M::POST, E::Assign)])?
+        .route("/v1/sessions/{id}/cancel", (), &[(M::POST, E::Cancel)])?
+        .route("/v1/status", (), &[(M::GET, E::Status)])?
+        .route("/metrics", (), &[(M::GET, E::Metrics)])?
+        .route("/v1/pause", (), &[(M::POST, E::Pause)])?
+        .route("/v1/resume", (), &[(M::POST, E::Resume)])?
+        .route("/healthz", (), &[(M::GET, E::Healthz)])
+}
 
 impl<W: Work> Inner<W> {
     fn status(&self) -> serde_json::Value {
@@ -148,10 +187,16 @@ fn bad(e: &validate::ValidationError) -> Response<Body> {
     )
 }
 
-async fn handle<W: Work>(inner: Arc<Inner<W>>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    if (method.clone(), path.as_str()) == (Method::GET, "/healthz") {
+/// Handles one request: `GET /healthz` at once; every other request needs
+/// the server's token and has its body read (at most 8 MiB) before it is
+/// routed.
+async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) -> Response<Body> {
+    let found = inner.routes.find(req.method(), req.uri().path());
+    if let Found::Endpoint {
+        endpoint: Endpoint::Healthz,
+        ..
+    } = found
+    {
         return json(StatusCode::OK, &json!({"ok": true}));
     }
     if !token_ok(bearer(req.headers()), &inner.opts.accept_tokens) {
@@ -162,7 +207,6 @@ async fn handle<W: Work>(inner: Arc<Inner<W>>, req: Request<Incoming>) -> Respon
             "missing or wrong bearer token",
         );
     }
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let Some(bytes) = read_body(req.into_body(), 8 << 20).await else {
         return error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -171,12 +215,22 @@ async fn handle<W: Work>(inner: Arc<Inner<W>>, req: Request<Incoming>) -> Respon
             "body too large",
         );
     };
-    match (method, segs.as_slice()) {
-        (Method::POST, ["v1", "sessions"]) => match validate::parse::<SessionAssignment>(&bytes) {
+    let (endpoint, params) = match found {
+        Found::Endpoint {
+            endpoint, params, ..
+        } => (endpoint, params),
+        Found::WrongMethod { allow, .. } => return method_not_allowed(allow),
+        Found::NotFound { .. } => {
+            return error(StatusCode::NOT_FOUND, "not_found", None, "no route");
+        }
+    };
+    match endpoint {
+        Endpoint::Assign => match validate::parse::<SessionAssignment>(&bytes) {
             Ok(a) => inner.accept_assignment(a),
             Err(e) => bad(&e),
         },
-        (Method::POST, ["v1", "sessions", sid, "cancel"]) => {
+        Endpoint::Cancel => {
+            let sid = params.get("id").unwrap_or_default();
             match validate::parse::<CancelSession>(&bytes) {
                 Ok(c) if inner.cancel_local(sid, Some(c.attempt)) => {
                     json(StatusCode::OK, &json!({"cancelled": true}))
@@ -190,23 +244,75 @@ async fn handle<W: Work>(inner: Arc<Inner<W>>, req: Request<Incoming>) -> Respon
                 Err(e) => bad(&e),
             }
         }
-        (Method::GET, ["v1", "status"]) => json(StatusCode::OK, &inner.status()),
-        (Method::GET, ["metrics"]) => Response::builder()
+        Endpoint::Status => json(StatusCode::OK, &inner.status()),
+        Endpoint::Metrics => Response::builder()
             .header("content-type", "text/plain; version=0.0.4")
             .body(polar_rollout_api::http::full(inner.metrics()))
             .unwrap_or_else(|_| Response::new(polar_rollout_api::http::full(""))),
-        (Method::POST, ["v1", "pause"]) => {
+        Endpoint::Pause => {
             inner.stages.pause();
             inner.work.pause(true);
             tracing::info!("new generations paused");
             json(StatusCode::OK, &json!({"paused": true}))
         }
-        (Method::POST, ["v1", "resume"]) => {
+        Endpoint::Resume => {
             inner.stages.resume();
             inner.work.pause(false);
             tracing::info!("new generations resumed");
             json(StatusCode::OK, &json!({"paused": false}))
         }
-        _ => error(StatusCode::NOT_FOUND, "not_found", None, "no route"),
+        Endpoint::Healthz => json(StatusCode::OK, &json!({"ok": true})),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every route to its endpoint, under its method only.
+    #[test]
+    fn route_table() {
+        let t = routes().unwrap();
+        for (m, path, want) in [
+            (Method::POST, "/v1/sessions", Endpoint::Assign),
+            (Method::POST, "/v1/sessions/t-s1/cancel", Endpoint::Cancel),
+            (Method::GET, "/v1/status", Endpoint::Status),
+            (Method::GET, "/metrics", Endpoint::Metrics),
+            (Method::POST, "/v1/pause", Endpoint::Pause),
+            (Method::POST, "/v1/resume", Endpoint::Resume),
+            (Method::GET, "/healthz", Endpoint::Healthz),
+        ] {
+            let Found::Endpoint { endpoint, .. } = t.find(&m, path) else {
+                panic!("{m} {path}: no endpoint");
+            };
+            assert_eq!(endpoint, want, "{m} {path}");
+            let other = if m == Method::GET {
+                Method::POST
+            } else {
+                Method::GET
+            };
+            let Found::WrongMethod { allow, .. } = t.find(&other, path) else {
+                panic!("{other} {path}: not a 405");
+            };
+            assert_eq!(allow, m.as_str(), "{other} {path}");
+        }
+        for path in [
+            "/",
+            "/v1",
+            "/v1/sessions/x",
+            "/v1/sessions/x/state",
+            "/v1/tasks",
+        ] {
+            assert!(
+                matches!(t.find(&Method::POST, path), Found::NotFound { .. }),
+                "{path}"
+            );
+        }
+        // A percent-encoded session id comes out decoded.
+        let Found::Endpoint { params, .. } = t.find(&Method::POST, "/v1/sessions/t%2Ds1/cancel")
+        else {
+            panic!("no cancel route");
+        };
+        assert_eq!(params.get("id"), Some("t-s1"));
     }
 }

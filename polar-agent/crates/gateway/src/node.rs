@@ -77,6 +77,9 @@ impl Progress {
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// The route table does not build (a bug).
+    #[error(transparent)]
+    Routes(#[from] polar_rollout_api::route::RouteError),
     /// Its listener could not be bound.
     #[error("binding the gateway's listener {addr}: {source}")]
     Bind {
@@ -97,7 +100,8 @@ pub enum NodeError {
     },
 }
 
-/// An assignment as the node received it.
+/// An assignment as the node received it (kept for tests only).
+#[cfg(any(test, feature = "test-hooks"))]
 #[derive(Clone, Debug)]
 pub struct Received {
     /// The assignment.
@@ -119,8 +123,12 @@ pub(super) struct Inner<W: Work> {
     pub(super) instance: String,
     pub(super) address: String,
     pub(super) held: Mutex<HashMap<String, Arc<Job>>>,
-    pub(super) received: Mutex<Vec<Received>>,
-    pub(super) cancelled: Mutex<Vec<String>>,
+    /// Every assignment taken, in arrival order (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
+    received: Mutex<Vec<Received>>,
+    /// Every session cancelled here (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
+    cancelled: Mutex<Vec<String>>,
     pub(super) reported: AtomicU64,
     pub(super) finished: AtomicU64,
     /// Sessions whose task has not ended (held, or reporting its result).
@@ -129,6 +137,8 @@ pub(super) struct Inner<W: Work> {
     /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
     pub(super) tasks: Tasks,
     pub(super) extra_metrics: Mutex<Option<MetricsFn>>,
+    /// The HTTP routes, built once.
+    pub(super) routes: super::http::Routes,
 }
 
 /// A running gateway node.
@@ -159,6 +169,7 @@ impl<W: Work> Node<W> {
         stages: Stages,
         work: W,
     ) -> Result<Self, NodeError> {
+        let routes = super::http::routes()?;
         let listener = TcpListener::bind(listen)
             .await
             .map_err(|source| NodeError::Bind {
@@ -182,7 +193,9 @@ impl<W: Work> Node<W> {
             work,
             stages,
             held: Mutex::new(HashMap::new()),
+            #[cfg(any(test, feature = "test-hooks"))]
             received: Mutex::new(Vec::new()),
+            #[cfg(any(test, feature = "test-hooks"))]
             cancelled: Mutex::new(Vec::new()),
             reported: AtomicU64::new(0),
             finished: AtomicU64::new(0),
@@ -190,6 +203,7 @@ impl<W: Work> Node<W> {
             draining: AtomicBool::new(false),
             tasks: Tasks::new(),
             extra_metrics: Mutex::new(None),
+            routes,
         });
         let i = Arc::clone(&inner);
         inner.spawn(async move { super::http::accept(i, listener).await });
@@ -237,12 +251,15 @@ impl<W: Work> Node<W> {
         *lock(&self.inner.extra_metrics) = Some(f);
     }
 
-    /// Every assignment received (repeats included), in arrival order.
+    /// Every assignment taken, in arrival order; a session taken again
+    /// counts again (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn received(&self) -> Vec<Received> {
         lock(&self.inner.received).clone()
     }
 
-    /// Sessions it was told to cancel.
+    /// Sessions it was told to cancel (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn cancelled(&self) -> Vec<String> {
         lock(&self.inner.cancelled).clone()
     }
@@ -415,6 +432,7 @@ impl<W: Work> Inner<W> {
         match held.get(sid) {
             Some(j) if attempt.is_none_or(|a| a == j.assignment.attempt) => {
                 j.stop.cancel();
+                #[cfg(any(test, feature = "test-hooks"))]
                 lock(&self.cancelled).push(sid.to_owned());
                 true
             }
@@ -450,14 +468,16 @@ impl<W: Work> Inner<W> {
             } else if held.len() >= self.opts.max_sessions as usize {
                 return error(StatusCode::SERVICE_UNAVAILABLE, "full", None, "at capacity");
             }
-            let job = Arc::new(Job::new(a.clone()));
-            held.insert(a.session_id.clone(), Arc::clone(&job));
+            #[cfg(any(test, feature = "test-hooks"))]
+            lock(&self.received).push(Received {
+                assignment: a.clone(),
+                at: Instant::now(),
+            });
+            let sid = a.session_id.clone();
+            let job = Arc::new(Job::new(a));
+            held.insert(sid, Arc::clone(&job));
             job
         };
-        lock(&self.received).push(Received {
-            assignment: a,
-            at: Instant::now(),
-        });
         let me = Arc::clone(self);
         self.live.fetch_add(1, Ordering::Relaxed);
         self.spawn(async move {

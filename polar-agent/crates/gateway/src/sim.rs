@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::node::{Node, NodeError, NodeOptions, Progress, Received};
+#[cfg(any(test, feature = "test-hooks"))]
+use crate::node::Received;
+use crate::node::{Node, NodeError, NodeOptions, Progress};
 use crate::stages::{Interrupt, Job, Reached, Report, StageLimits, Stages, Work};
 use polar_rollout_api::{SampleStatus, SessionAssignment, TokenUsage};
 
@@ -287,12 +289,15 @@ impl SimGateway {
         self.node.address()
     }
 
-    /// Every assignment received (repeats included), in arrival order.
+    /// Every assignment taken, in arrival order; a session taken again
+    /// counts again (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn received(&self) -> Vec<Received> {
         self.node.received()
     }
 
-    /// Sessions it was told to cancel.
+    /// Sessions it was told to cancel (tests only).
+    #[cfg(any(test, feature = "test-hooks"))]
     pub fn cancelled(&self) -> Vec<String> {
         self.node.cancelled()
     }

@@ -81,9 +81,18 @@ pub fn error(status: StatusCode, code: &str, field: Option<&str>, message: &str)
     resp
 }
 
+/// A request body the servers read: hyper's, or any other body (tests
+/// make `Full` ones, without a socket).
+pub trait RequestBody: hyper::body::Body<Error: Into<BoxError>> {}
+
+impl<B: hyper::body::Body<Error: Into<BoxError>>> RequestBody for B {}
+
+/// Any body's error, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Reads a body of at most `limit` bytes; `None` when it is larger or
 /// breaks off.
-pub async fn read_body(body: hyper::body::Incoming, limit: usize) -> Option<Bytes> {
+pub async fn read_body(body: impl RequestBody, limit: usize) -> Option<Bytes> {
     Limited::new(body, limit)
         .collect()
         .await

@@ -11,6 +11,7 @@
 
 pub mod client;
 pub mod http;
+pub mod route;
 pub mod session_spec;
 pub mod sse;
 pub mod validate;

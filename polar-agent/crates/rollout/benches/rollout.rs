@@ -10,6 +10,9 @@
 //! latency is the server's (result committed, slot free, next session
 //! chosen, assignment committed, pushed, accepted).
 //!
+//! The latencies are read from the server's `assignment accepted` debug
+//! events (`latency_us`), collected by a tracing layer.
+//!
 //! `cargo bench -p polar-agent --bench rollout`; knobs in the environment:
 //! `ROLLOUT_BENCH_SESSIONS` (10000), `ROLLOUT_BENCH_SAMPLES` (samples per
 //! task, 16), `ROLLOUT_BENCH_SUBMITTERS` (2).
@@ -20,7 +23,7 @@
     reason = "a benchmark binary: it fails loudly and reports on stdout"
 )]
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -31,6 +34,9 @@ use polar_rollout::{RolloutConfig, RolloutServer};
 use polar_rollout_api::http::{bearer_value, client};
 use polar_rollout_api::{RolloutClient, TaskStatus};
 use serde_json::json;
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt as _};
+use tracing_subscriber::{Layer, filter};
 
 const TOKEN: &str = "bench-token-1";
 
@@ -65,12 +71,64 @@ fn summary(name: &str, mut v: Vec<Duration>) {
     );
 }
 
+/// The dispatch latencies of the server's `assignment accepted` events, in
+/// the order they happened.
+#[derive(Clone, Default)]
+struct Latencies(Arc<Mutex<Vec<Duration>>>);
+
+impl Latencies {
+    /// Collects them from now on (the process's tracing subscriber).
+    fn install() -> Self {
+        let me = Self::default();
+        let only = filter::Targets::new().with_target("polar_rollout::core", tracing::Level::DEBUG);
+        let subscriber = tracing_subscriber::registry().with(me.clone().with_filter(only));
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        me
+    }
+
+    /// What was collected since the last call.
+    fn take(&self) -> Vec<Duration> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+impl<S: tracing::Subscriber> Layer<S> for Latencies {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        #[derive(Default)]
+        struct Fields {
+            accepted: bool,
+            latency_us: Option<u64>,
+        }
+        impl Visit for Fields {
+            fn record_u64(&mut self, field: &Field, value: u64) {
+                if field.name() == "latency_us" {
+                    self.latency_us = Some(value);
+                }
+            }
+            fn record_str(&mut self, field: &Field, value: &str) {
+                self.accepted |= field.name() == "message" && value == "assignment accepted";
+            }
+            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.record_str(field, &format!("{value:?}"));
+                }
+            }
+        }
+        let mut f = Fields::default();
+        event.record(&mut f);
+        if let (true, Some(us)) = (f.accepted, f.latency_us) {
+            self.0.lock().unwrap().push(Duration::from_micros(us));
+        }
+    }
+}
+
 fn main() {
+    let latencies = Latencies::install();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run());
+    rt.block_on(run(&latencies));
 }
 
 /// One workload.
@@ -80,7 +138,7 @@ struct Scenario {
     session_ms: u64,
 }
 
-async fn run() {
+async fn run(latencies: &Latencies) {
     let sessions = knob("ROLLOUT_BENCH_SESSIONS", 10_000);
     let per_task = knob("ROLLOUT_BENCH_SAMPLES", 16);
     let submitters = knob("ROLLOUT_BENCH_SUBMITTERS", 2);
@@ -97,11 +155,17 @@ async fn run() {
         },
     ];
     for sc in scenarios {
-        scenario(&sc, sessions, per_task, submitters).await;
+        scenario(&sc, sessions, per_task, submitters, latencies).await;
     }
 }
 
-async fn scenario(sc: &Scenario, sessions: u64, per_task: u64, submitters: u64) {
+async fn scenario(
+    sc: &Scenario,
+    sessions: u64,
+    per_task: u64,
+    submitters: u64,
+    latencies: &Latencies,
+) {
     let tasks = sessions.div_ceil(per_task);
     println!(
         "\n{sessions} sessions = {tasks} tasks x {per_task} samples, submitted at once by \
@@ -134,6 +198,7 @@ async fn scenario(sc: &Scenario, sessions: u64, per_task: u64, submitters: u64) 
     let direct = direct_path(&gws[0], 2000).await;
 
     let c = Arc::new(RolloutClient::new(server.url(), Some(TOKEN.into())));
+    latencies.take();
     let started = Instant::now();
     let mut handles = Vec::new();
     for s in 0..submitters {
@@ -175,7 +240,7 @@ async fn scenario(sc: &Scenario, sessions: u64, per_task: u64, submitters: u64) 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let total = started.elapsed();
-    let latencies = server.dispatch_latencies();
+    let latencies = latencies.take();
     let st = c.status().await.unwrap();
     let (_, metrics) = c.raw(Method::GET, "/metrics", None).await.unwrap();
     let metrics = String::from_utf8_lossy(&metrics);

@@ -213,7 +213,14 @@ impl Core {
         let outcome = self.post(&url, body, self.cfg.push_timeout).await;
         match outcome {
             Ok(status) if status.is_success() => {
-                self.metrics.observe(push.dispatchable_at.elapsed());
+                let latency = push.dispatchable_at.elapsed();
+                self.metrics.observe(latency);
+                tracing::debug!(
+                    session = %sid,
+                    node = %push.node_id,
+                    latency_us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+                    "assignment accepted"
+                );
             }
             other => {
                 let reason = match other {

@@ -12,8 +12,9 @@
 //! - `store`: SQLite (WAL, migrations, group commit, events after commit);
 //! - `core`: the scheduler + store + background work (dispatcher, ticker,
 //!   pushes, cancellations); `callback`: result delivery with backoff;
-//! - `server`: HTTP routes and error mapping; `events`: the event stream;
-//!   `metrics`: `/metrics`; `report`: text for the CLI;
+//! - `server`: HTTP endpoints and error mapping (its route table is
+//!   `polar-rollout-api`'s `route`, shared with the gateway); `events`: the
+//!   event stream; `metrics`: `/metrics`; `report`: text for the CLI;
 //! - the tests (`tests`) run the server against `polar-gateway`'s simulated
 //!   gateway; nothing here needs the node agent or the eBPF toolchain.
 //! - `config`: the `[rollout]` settings.
@@ -47,6 +48,9 @@ pub enum RolloutError {
     /// The settings are invalid.
     #[error(transparent)]
     Config(#[from] RolloutConfigError),
+    /// The route table does not build (a bug).
+    #[error(transparent)]
+    Routes(#[from] polar_rollout_api::route::RouteError),
     /// The database could not be opened.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -78,6 +82,7 @@ impl RolloutServer {
     /// Opens the database (restoring its state), binds `cfg.listen` (port 0
     /// picks one) and starts serving.
     pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+        let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)
             .await
@@ -92,8 +97,8 @@ impl RolloutServer {
         let (core, restored) = core::Core::open(cfg)?;
         core.start_loops();
         core.follow_up(restored);
-        let c = Arc::clone(&core);
-        core.tasks.spawn(server::serve(c, listener));
+        let api = Arc::new(server::Api::new(Arc::clone(&core), routes));
+        core.tasks.spawn(server::serve(api, listener));
         tracing::info!(%addr, database = %core.cfg.database.display(), "rollout server listening");
         Ok(Self { core, addr })
     }
@@ -106,16 +111,6 @@ impl RolloutServer {
     /// `http://{addr}`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
-    }
-
-    /// The shared state (for tests and benchmarks).
-    pub fn core(&self) -> &Arc<core::Core> {
-        &self.core
-    }
-
-    /// The most recent dispatch latencies (up to 200,000).
-    pub fn dispatch_latencies(&self) -> Vec<Duration> {
-        self.core.metrics.recent()
     }
 
     /// Stops: no new connections, background work cancelled (assignments

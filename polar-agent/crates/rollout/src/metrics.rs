@@ -1,9 +1,10 @@
 //! Dispatch latency (from the moment a session could go to a node to the
-//! gateway's acceptance of it) as a Prometheus histogram plus the recent raw
-//! values, and the `/metrics` text.
+//! gateway's acceptance of it) as a Prometheus histogram, and the
+//! `/metrics` text. Each latency is also in the `assignment accepted` debug
+//! event (`latency_us`, see `core.rs`), which is where a benchmark reads the
+//! raw values.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -15,14 +16,11 @@ use polar_rollout_api::NodeView;
 static BUCKETS: [f64; 13] = [
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
-/// Raw latencies kept.
-const KEEP: usize = 200_000;
 
 /// The dispatch latency histogram.
 #[derive(Debug)]
 pub struct Metrics {
     latency: Histogram,
-    recent: Mutex<VecDeque<Duration>>,
     callback_failures: AtomicU64,
 }
 
@@ -30,7 +28,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self {
             latency: Histogram::new(&BUCKETS),
-            recent: Mutex::new(VecDeque::new()),
             callback_failures: AtomicU64::new(0),
         }
     }
@@ -40,26 +37,11 @@ impl Metrics {
     /// Records one dispatch latency.
     pub fn observe(&self, d: Duration) {
         self.latency.observe(d);
-        let mut r = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        if r.len() == KEEP {
-            r.pop_front();
-        }
-        r.push_back(d);
     }
 
     /// Counts a callback attempt that failed.
     pub fn callback_failed(&self) {
         self.callback_failures.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The most recent latencies (up to 200,000), oldest first.
-    pub fn recent(&self) -> Vec<Duration> {
-        self.recent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect()
     }
 
     /// The Prometheus text exposition.
@@ -169,6 +151,12 @@ mod tests {
             text.contains("polar_rollout_dispatch_latency_seconds_count 2\n"),
             "{text}"
         );
-        assert_eq!(m.recent().len(), 2);
+        // Both observations are in the sum (0.0003 + 0.003 s).
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("polar_rollout_dispatch_latency_seconds_sum "))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!((sum - 0.0033).abs() < 1e-9, "{text}");
     }
 }

@@ -16,7 +16,7 @@ mod nodes;
 mod reports;
 pub mod views;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -692,9 +692,10 @@ fn task_op(task_id: &str, t: &Task) -> Op {
 }
 
 /// Sessions of a node, for tests.
+#[cfg(test)]
 impl Scheduler {
     /// The sessions assigned to a node now.
-    pub fn assigned_to(&self, node_id: &str) -> HashSet<String> {
+    pub fn assigned_to(&self, node_id: &str) -> std::collections::HashSet<String> {
         self.nodes
             .get(node_id)
             .map(|n| n.assigned.clone())

@@ -1,15 +1,17 @@
 //! The rollout server's HTTP side: the accept loop (hyper, HTTP/1.1 with
-//! keep-alive) and [`handle`], which checks the bearer token, routes, and
-//! maps every failure to a status and an error body. The routes are listed
-//! in docs/ROLLOUT-API.md.
+//! keep-alive) and [`Api::handle`], which looks the request up in the route
+//! table ([`routes`], built once per server), checks the bearer token of
+//! the path's side, and maps every failure to a status and an error body.
+//! The routes are listed in docs/ROLLOUT-API.md; routing itself
+//! (`matchit`, percent-decoding) is `route.rs`.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -21,7 +23,8 @@ use tokio::sync::broadcast::error::RecvError;
 use super::core::Core;
 use super::scheduler::{HeartbeatError, ReportError, SubmitError};
 use super::store::StoreError;
-use polar_rollout_api::http::{Body, bearer, error, json, read_body, token_ok};
+use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
+use polar_rollout_api::route::{Found, Params, RouteError, Table, method_not_allowed, query};
 use polar_rollout_api::sse;
 use polar_rollout_api::validate::{self, ValidationError};
 use polar_rollout_api::{
@@ -31,7 +34,7 @@ use polar_rollout_api::{
 
 /// Who may call a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+pub enum Role {
     /// Anyone (`/health`).
     Open,
     /// Trainers and dashboards.
@@ -40,6 +43,94 @@ enum Role {
     Node,
     /// Either.
     Any,
+}
+
+/// What a route does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `GET /health`.
+    Health,
+    /// `GET /metrics`.
+    Metrics,
+    /// `GET /v1/status`.
+    Status,
+    /// `POST /v1/tasks`.
+    Submit,
+    /// `GET /v1/tasks`.
+    List,
+    /// `GET /v1/tasks/{id}`.
+    Task,
+    /// `POST /v1/tasks/{id}/cancel`.
+    Cancel,
+    /// `GET /v1/events`.
+    Events,
+    /// `GET /v1/nodes`.
+    Nodes,
+    /// `POST /v1/nodes/register`.
+    Register,
+    /// `POST /v1/nodes/{id}/heartbeat`.
+    Heartbeat,
+    /// `POST /v1/nodes/{id}/drain`.
+    Drain,
+    /// `POST /v1/sessions/{id}/state`.
+    Progress,
+    /// `POST /v1/sessions/{id}/result`.
+    Result,
+}
+
+/// The server's route table: who may call each path, and its endpoints.
+pub type Routes = Table<Role, Endpoint>;
+
+/// The routes of docs/ROLLOUT-API.md. Paths under `/v1/sessions` are the
+/// gateways' even where there is no route, so a trainer's token gets 401
+/// there; every other unknown path is the trainers' side.
+pub fn routes() -> Result<Routes, RouteError> {
+    use Endpoint as E;
+    use Method as M;
+    Table::new()
+        .route("/health", Role::Open, &[(M::GET, E::Health)])?
+        .route("/metrics", Role::Client, &[(M::GET, E::Metrics)])?
+        .route("/v1/status", Role::Client, &[(M::GET, E::Status)])?
+        .route(
+            "/v1/tasks",
+            Role::Client,
+            &[(M::POST, E::Submit), (M::GET, E::List)],
+        )?
+        .route("/v1/tasks/{id}", Role::Client, &[(M::GET, E::Task)])?
+        .route(
+            "/v1/tasks/{id}/cancel",
+            Role::Client,
+            &[(M::POST, E::Cancel)],
+        )?
+        .route("/v1/events", Role::Client, &[(M::GET, E::Events)])?
+        .route("/v1/nodes", Role::Any, &[(M::GET, E::Nodes)])?
+        .route("/v1/nodes/register", Role::Node, &[(M::POST, E::Register)])?
+        .route(
+            "/v1/nodes/{id}/heartbeat",
+            Role::Node,
+            &[(M::POST, E::Heartbeat)],
+        )?
+        .route("/v1/nodes/{id}/drain", Role::Any, &[(M::POST, E::Drain)])?
+        .route(
+            "/v1/sessions/{id}/state",
+            Role::Node,
+            &[(M::POST, E::Progress)],
+        )?
+        .route(
+            "/v1/sessions/{id}/result",
+            Role::Node,
+            &[(M::POST, E::Result)],
+        )?
+        .route("/v1/sessions", Role::Node, &[])?
+        .route("/v1/sessions/{id}", Role::Node, &[])?
+        .route("/v1/sessions/{id}/{*rest}", Role::Node, &[])
+}
+
+/// The API of a running server: its state and its route table.
+#[derive(Debug)]
+pub struct Api {
+    core: Arc<Core>,
+    routes: Routes,
 }
 
 /// Why a request failed: one place maps causes to statuses.
@@ -57,9 +148,10 @@ pub enum ApiError {
     /// No such task, node, session or route (404).
     #[error("{0}")]
     NotFound(String),
-    /// The method is not allowed on this path (405).
+    /// The method is not allowed on this path (405): `Allow` lists those
+    /// that are.
     #[error("method not allowed")]
-    Method,
+    Method(HeaderValue),
     /// A conflict (409): duplicate task, stale report, wrong instance.
     #[error("{message}")]
     Conflict {
@@ -86,12 +178,7 @@ impl ApiError {
             ),
             Self::TooLarge(_) => error(StatusCode::PAYLOAD_TOO_LARGE, "too_large", None, &msg),
             Self::NotFound(_) => error(StatusCode::NOT_FOUND, "not_found", None, &msg),
-            Self::Method => error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                None,
-                &msg,
-            ),
+            Self::Method(allow) => method_not_allowed(allow),
             Self::Conflict { code, .. } => error(StatusCode::CONFLICT, code, None, &msg),
             Self::Store(_) => error(StatusCode::SERVICE_UNAVAILABLE, "storage", None, &msg),
         }
@@ -110,9 +197,50 @@ impl From<ReportError> for ApiError {
     }
 }
 
+impl Api {
+    /// The API over `core` with `routes` (see [`routes`]).
+    pub fn new(core: Arc<Core>, routes: Routes) -> Self {
+        Self { core, routes }
+    }
+
+    /// Handles one request.
+    pub async fn handle<B: RequestBody>(&self, req: Request<B>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let started = Instant::now();
+        let resp = match self.route(req).await {
+            Ok(r) => r,
+            Err(e) => {
+                if matches!(e, ApiError::Store(_)) {
+                    tracing::error!(%method, %path, error = %e, "request failed");
+                }
+                e.response()
+            }
+        };
+        tracing::debug!(%method, %path, status = resp.status().as_u16(), micros = started.elapsed().as_micros() as u64, "rollout request");
+        resp
+    }
+
+    async fn route<B: RequestBody>(&self, req: Request<B>) -> Result<Response<Body>, ApiError> {
+        let found = self.routes.find(req.method(), req.uri().path());
+        let role = found.data().copied().unwrap_or(Role::Client);
+        authorize(&self.core, &req, role)?;
+        match found {
+            Found::Endpoint {
+                endpoint, params, ..
+            } => call(&self.core, endpoint, &params, req).await,
+            Found::WrongMethod { allow, .. } => Err(ApiError::Method(allow.clone())),
+            Found::NotFound { .. } => {
+                Err(ApiError::NotFound(format!("no route {}", req.uri().path())))
+            }
+        }
+    }
+}
+
 /// Serves the API on `listener` until the core shuts down.
-pub async fn serve(core: Arc<Core>, listener: TcpListener) {
-    let stop = core.tasks.shutdown_token();
+pub async fn serve(api: Arc<Api>, listener: TcpListener) {
+    let tasks = &api.core.tasks;
+    let stop = tasks.shutdown_token();
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => break,
@@ -127,12 +255,12 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let core2 = Arc::clone(&core);
+        let api2 = Arc::clone(&api);
         let stop = stop.clone();
-        core.tasks.spawn(async move {
+        tasks.spawn(async move {
             let service = service_fn(move |req| {
-                let core = Arc::clone(&core2);
-                async move { Ok::<_, Infallible>(handle(core, req).await) }
+                let api = Arc::clone(&api2);
+                async move { Ok::<_, Infallible>(api.handle(req).await) }
             });
             let conn = http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
@@ -156,25 +284,7 @@ pub async fn serve(core: Arc<Core>, listener: TcpListener) {
     }
 }
 
-/// Handles one request.
-pub async fn handle(core: Arc<Core>, req: Request<Incoming>) -> Response<Body> {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let started = Instant::now();
-    let resp = match route(&core, req).await {
-        Ok(r) => r,
-        Err(e) => {
-            if matches!(e, ApiError::Store(_)) {
-                tracing::error!(%method, %path, error = %e, "request failed");
-            }
-            e.response()
-        }
-    };
-    tracing::debug!(%method, %path, status = resp.status().as_u16(), micros = started.elapsed().as_micros() as u64, "rollout request");
-    resp
-}
-
-fn authorize(core: &Core, req: &Request<Incoming>, role: Role) -> Result<(), ApiError> {
+fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<(), ApiError> {
     let given = bearer(req.headers());
     let cfg = &core.cfg;
     let ok = match role {
@@ -190,7 +300,10 @@ fn authorize(core: &Core, req: &Request<Incoming>, role: Role) -> Result<(), Api
     }
 }
 
-async fn body<T: DeserializeOwned>(core: &Core, req: Request<Incoming>) -> Result<T, ApiError> {
+async fn body<T: DeserializeOwned>(
+    core: &Core,
+    req: Request<impl RequestBody>,
+) -> Result<T, ApiError> {
     let limit = core.cfg.max_body_bytes;
     let bytes = read_body(req.into_body(), limit)
         .await
@@ -203,84 +316,57 @@ async fn body<T: DeserializeOwned>(core: &Core, req: Request<Incoming>) -> Resul
     Ok(validate::parse(&bytes)?)
 }
 
-fn query<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
-    req.uri().query()?.split('&').find_map(|kv| {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        (k == key).then_some(v)
-    })
-}
-
-async fn route(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let path = req.uri().path().to_owned();
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let m = req.method().clone();
-    let role = match segs.as_slice() {
-        ["health"] => Role::Open,
-        ["v1", "nodes", "register"] | ["v1", "nodes", _, "heartbeat"] | ["v1", "sessions", ..] => {
-            Role::Node
-        }
-        ["v1", "nodes"] | ["v1", "nodes", _, "drain"] => Role::Any,
-        _ => Role::Client,
-    };
-    authorize(core, &req, role)?;
-    match (m, segs.as_slice()) {
-        (Method::GET, ["health"]) => Ok(json(
+/// Runs an endpoint; `id` is the path's (percent-decoded) parameter.
+async fn call<B: RequestBody>(
+    core: &Arc<Core>,
+    endpoint: Endpoint,
+    params: &Params<'_>,
+    req: Request<B>,
+) -> Result<Response<Body>, ApiError> {
+    let id = params.get("id").unwrap_or_default();
+    match endpoint {
+        Endpoint::Health => Ok(json(
             StatusCode::OK,
             &json!({"status": "ok", "version": API_VERSION}),
         )),
-        (Method::GET, ["metrics"]) => Ok(metrics(core)),
-        (Method::GET, ["v1", "status"]) => Ok(json(StatusCode::OK, &status(core))),
-        (Method::POST, ["v1", "tasks"]) => submit(core, req).await,
-        (Method::GET, ["v1", "tasks"]) => list(core, &req),
-        (Method::GET, ["v1", "tasks", id]) => core
+        Endpoint::Metrics => Ok(metrics(core)),
+        Endpoint::Status => Ok(json(StatusCode::OK, &status(core))),
+        Endpoint::Submit => submit(core, req).await,
+        Endpoint::List => list(core, &req),
+        Endpoint::Task => core
             .read(|s| s.task_view(id, true))
             .map(|v| json(StatusCode::OK, &v))
             .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}"))),
-        (Method::POST, ["v1", "tasks", id, "cancel"]) => cancel(core, id).await,
-        (Method::GET, ["v1", "events"]) => Ok(events(core, &req)),
-        (Method::GET, ["v1", "nodes"]) => Ok(json(
+        Endpoint::Cancel => cancel(core, id).await,
+        Endpoint::Events => Ok(events(core, &req)),
+        Endpoint::Nodes => Ok(json(
             StatusCode::OK,
             &NodeList {
                 version: API_VERSION,
                 nodes: core.read(|s| s.node_views(Instant::now())),
             },
         )),
-        (Method::POST, ["v1", "nodes", "register"]) => register(core, req).await,
-        (Method::POST, ["v1", "nodes", id, "heartbeat"]) => {
-            let id = (*id).to_owned();
-            heartbeat(core, &id, req).await
-        }
-        (Method::POST, ["v1", "nodes", id, "drain"]) => {
-            let id = (*id).to_owned();
-            drain(core, &id, req).await
-        }
-        (Method::POST, ["v1", "sessions", id, "state"]) => {
-            let id = (*id).to_owned();
+        Endpoint::Register => register(core, req).await,
+        Endpoint::Heartbeat => heartbeat(core, id, req).await,
+        Endpoint::Drain => drain(core, id, req).await,
+        Endpoint::Progress => {
             let p: SessionProgress = body(core, req).await?;
-            core.apply(|s, _, _| s.progress(&id, &p)).await??;
+            core.apply(|s, _, _| s.progress(id, &p)).await??;
             Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
         }
-        (Method::POST, ["v1", "sessions", id, "result"]) => {
-            let id = (*id).to_owned();
+        Endpoint::Result => {
             let r: SessionResult = body(core, req).await?;
-            core.apply(|s, now, wall| s.result(&id, &r, now, wall))
+            core.apply(|s, now, wall| s.result(id, &r, now, wall))
                 .await??;
             Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
         }
-        (
-            _,
-            ["health" | "metrics"]
-            | ["v1", "status" | "tasks" | "events" | "nodes"]
-            | ["v1", "tasks", _]
-            | ["v1", "tasks", _, "cancel"]
-            | ["v1", "nodes", _, "heartbeat" | "drain"]
-            | ["v1", "sessions", _, "state" | "result"],
-        ) => Err(ApiError::Method),
-        _ => Err(ApiError::NotFound(format!("no route {path}"))),
     }
 }
 
-async fn submit(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn submit<B: RequestBody>(
+    core: &Arc<Core>,
+    req: Request<B>,
+) -> Result<Response<Body>, ApiError> {
     let task: TaskRequest = body(core, req).await?;
     validate::check_task(&task)?;
     let id = task.task_id.clone();
@@ -297,15 +383,16 @@ async fn submit(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Bod
     Ok(json(StatusCode::CREATED, &reply))
 }
 
-fn list(core: &Core, req: &Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let status = match query(req, "status") {
+fn list<B>(core: &Core, req: &Request<B>) -> Result<Response<Body>, ApiError> {
+    let q = req.uri().query();
+    let status = match query(q, "status").as_deref() {
         None | Some("") => None,
         Some(s) => Some(s.parse::<TaskStatus>().map_err(|reason| ValidationError {
             field: "status".into(),
             reason,
         })?),
     };
-    let limit = match query(req, "limit") {
+    let limit = match query(q, "limit") {
         None => 1000,
         Some(l) => l.parse::<usize>().map_err(|_| ValidationError {
             field: "limit".into(),
@@ -335,7 +422,10 @@ async fn cancel(core: &Arc<Core>, id: &str) -> Result<Response<Body>, ApiError> 
     Ok(json(StatusCode::OK, &view))
 }
 
-async fn register(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<Body>, ApiError> {
+async fn register<B: RequestBody>(
+    core: &Arc<Core>,
+    req: Request<B>,
+) -> Result<Response<Body>, ApiError> {
     let reg: NodeRegistration = body(core, req).await?;
     validate::check_registration(&reg)?;
     let mut reply = core
@@ -346,10 +436,10 @@ async fn register(core: &Arc<Core>, req: Request<Incoming>) -> Result<Response<B
     Ok(json(StatusCode::OK, &reply))
 }
 
-async fn heartbeat(
+async fn heartbeat<B: RequestBody>(
     core: &Arc<Core>,
     id: &str,
-    req: Request<Incoming>,
+    req: Request<B>,
 ) -> Result<Response<Body>, ApiError> {
     let hb: Heartbeat = body(core, req).await?;
     let reply = core.apply(|s, now, _| s.heartbeat(id, hb, now)).await?;
@@ -363,10 +453,10 @@ async fn heartbeat(
     }
 }
 
-async fn drain(
+async fn drain<B: RequestBody>(
     core: &Arc<Core>,
     id: &str,
-    req: Request<Incoming>,
+    req: Request<B>,
 ) -> Result<Response<Body>, ApiError> {
     let d: DrainRequest = body(core, req).await?;
     let found = core.apply(|s, now, _| s.drain(id, d.draining, now)).await?;
@@ -419,14 +509,16 @@ fn metrics(core: &Core) -> Response<Body> {
 /// `GET /v1/events`: the kept events after `Last-Event-ID` (or `?after=`),
 /// then live ones; `?task_id=` keeps one task's. A `: ping` comment every
 /// 15 s keeps proxies from closing the stream.
-fn events(core: &Arc<Core>, req: &Request<Incoming>) -> Response<Body> {
+fn events<B>(core: &Arc<Core>, req: &Request<B>) -> Response<Body> {
+    let q = req.uri().query();
     let after = req
         .headers()
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
-        .or_else(|| query(req, "after"))
+        .map(Cow::Borrowed)
+        .or_else(|| query(q, "after"))
         .and_then(|v| v.parse::<u64>().ok());
-    let task_filter = query(req, "task_id").map(str::to_owned);
+    let task_filter = query(q, "task_id").map(Cow::into_owned);
     let (backlog, mut rx) = core.hub.subscribe(after);
     let (tx, body) = sse::channel();
     core.spawn(async move {

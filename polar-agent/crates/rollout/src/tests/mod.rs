@@ -3,11 +3,14 @@
 //!
 //! - `dispatch`: one and three gateways, priority order, early stop;
 //! - `failures`: a killed gateway, a restarted server;
-//! - `api`: bad input (400/409/401/404), callbacks, the event stream.
+//! - `api`: bad input (400/409/401/404), callbacks, the event stream;
+//! - `routes`: the route table and the API without sockets (404, 405,
+//!   percent-decoding).
 
 mod api;
 mod dispatch;
 mod failures;
+mod routes;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
