@@ -16,7 +16,6 @@
 
 pub mod apptainer;
 pub mod docker;
-pub mod limits;
 pub mod native;
 pub mod plan;
 pub mod steps;

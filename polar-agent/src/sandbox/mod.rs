@@ -4,6 +4,7 @@
 //! [`session`] keeps a session open across several commands (what the
 //! runtimes use); [`run`] runs one command and ends.
 
+pub mod limits;
 pub mod process;
 pub mod session;
 
@@ -46,7 +47,7 @@ pub enum SandboxError {
     Spawn(#[from] process::SpawnError),
     /// The limits could not be applied.
     #[error(transparent)]
-    Limits(#[from] crate::runtime::limits::LimitError),
+    Limits(#[from] crate::sandbox::limits::LimitError),
     /// An I/O error on the agent's side.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

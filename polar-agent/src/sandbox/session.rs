@@ -19,7 +19,7 @@ use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
 use crate::dns::Resolver;
 use crate::listener::Handler;
 use crate::redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
-use crate::runtime::limits::{Enforced, LimitGroups};
+use crate::sandbox::limits::{Enforced, LimitGroups};
 use polar_ids::SessionId;
 use polar_spec::runtime::Limits;
 

@@ -1,5 +1,5 @@
-//! Capture of model calls: the record of each call ([`record`]) and how it
-//! is built from a call's parts ([`build`]), the
+//! Capture of model calls: how the record of each call (`polar-record`) is
+//! built from a call's parts ([`build`]), the
 //! durable per-session log it is appended to ([`log`]; its lines written by
 //! [`encode`], the call's request part while the backend generates by
 //! [`part`], the reply's token data while it streams by [`tokens_json`],
@@ -16,14 +16,21 @@
 //!                                      line, or a request part and, later,
 //!                                      the call's completion
 //! ```
+//!
+//! Layering: above `polar-record` (the record itself), `polar-chat`,
+//! `polar-inference` (the backend's stream a record is built from) and
+//! `polar-io`; it must not know the proxy, the gateway or trajectories (the
+//! proxy's capture stage calls into it). Tests: the unit tests beside each
+//! module (`log_tests`, `lines_tests`, the encoders' byte-for-byte checks)
+//! and the agent's `capture_e2e`, `capture_failures`, `capture_kill`.
 
 pub mod build;
 pub mod encode;
-pub mod lines;
+mod lines;
 pub mod log;
 pub mod part;
-pub mod session;
-pub mod stats;
+mod session;
+mod stats;
 pub mod store;
 pub mod tokens_json;
 

@@ -35,7 +35,9 @@ pub enum LogLine {
 /// A call's big fields, written while the backend generates.
 #[derive(Debug, Deserialize)]
 pub struct RequestPart {
-    /// [`CompletionRecord::version`].
+    /// [`CompletionRecord::version`]; the joined record takes the
+    /// completion's.
+    #[expect(dead_code, reason = "part of the line's layout, read as written")]
     pub version: u32,
     /// The call.
     pub call_id: String,

@@ -2,6 +2,17 @@
 //! one request type the inference backends are called with, one response
 //! type, and the stream events a backend's reply is made of. Pure data with
 //! serde; fields a translator does not understand are kept in `extra`.
+//!
+//! [`provider`] holds the four harness APIs' translations (Anthropic
+//! Messages, OpenAI Chat and Responses, Gemini) to and from this model:
+//! detection, request parsing, stream encoders, error shapes; [`Api`]
+//! names them.
+//!
+//! Pure: it depends on `polar-json` and `polar-sse` only, never on an I/O
+//! crate (checked by `cargo xtask layers`). Tests: unit, property and
+//! recorded-fixture tests in `provider/*/tests.rs` (fixtures in
+//! `tests/fixtures/providers/`); the backend-body checks of the same
+//! requests are `polar-inference`'s `tests/escaped_text.rs`.
 
 use std::sync::OnceLock;
 

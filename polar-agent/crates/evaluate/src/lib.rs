@@ -82,10 +82,15 @@
 //! an unusable sample: the runner could not run a command, a patch tool is
 //! missing (exit 126/127), the reward file is missing, garbled or escapes
 //! the workspace, the test patch file cannot be read.
+//!
+//! Layering: above `polar-spec` (the evaluator spec it checks); no Polar
+//! crate with sandboxes or the proxy: commands run through the
+//! [`CommandRunner`] the caller gives. Tests: `tests/` (each kind, option
+//! validation, host commands) and `parse_tests`.
 
 mod command;
 mod options;
-pub mod parse;
+mod parse;
 mod session;
 mod test_output;
 mod workspace;

@@ -267,14 +267,6 @@ impl Sink {
         }
     }
 
-    /// Publishes the file whole.
-    pub async fn commit(self) -> Result<(), ExportError> {
-        match self {
-            Self::Local(f) => f.commit().await,
-            Self::Object(o) => o.commit().await,
-        }
-    }
-
     /// Starts publishing the file in the background (the fsyncs on the
     /// blocking pool, the upload on the runtime); the handle tells how it
     /// ended.

@@ -11,22 +11,29 @@
 //! (atomic files and objects), `dest` (destinations), `writer` (the
 //! [`Exporter`]), `rebuild` (records to a checked trajectory), `source`
 //! (session logs), `cli` (`polar export`).
+//!
+//! The only crate that depends on `arrow-*`, `parquet` and `object_store`
+//! (checked by `cargo xtask layers`); above `polar-capture` (the logs it
+//! reads) and `polar-trajectory`; it must not know the agent (`polar
+//! export`'s configuration is resolved by the CLI). Tests: `tests.rs` and
+//! the agent's `tests/export/` (local, S3 against moto, pyarrow/datasets
+//! readers).
 
 mod batch;
 pub mod cli;
-pub mod dest;
+mod dest;
 mod error;
-pub mod format;
-pub mod local;
+mod format;
+mod local;
 pub mod memory;
 pub mod object;
-pub mod partition;
+mod partition;
 pub mod rebuild;
-pub mod row;
+mod row;
 pub mod sample;
-pub mod schema;
+mod schema;
 pub mod source;
-pub mod writer;
+mod writer;
 
 #[cfg(test)]
 mod tests;

@@ -133,7 +133,9 @@ impl LocalFile {
         Ok(())
     }
 
-    /// Makes the file durable and visible under its final name.
+    /// Makes the file durable and visible under its final name (tests; the
+    /// exporter publishes through [`LocalFile::commit_blocking`]).
+    #[cfg(test)]
     pub async fn commit(self) -> Result<(), ExportError> {
         blocking(move || self.commit_blocking()).await
     }
@@ -153,6 +155,7 @@ impl LocalFile {
     }
 
     /// The temporary name (tests).
+    #[cfg(test)]
     pub fn temp_path(&self) -> &Path {
         &self.temp
     }

@@ -15,7 +15,7 @@
 //! against scripted work).
 
 mod http;
-pub mod node;
+mod node;
 pub mod sim;
 pub mod stages;
 

@@ -1,5 +1,8 @@
 //! Newtypes for the identifiers and addresses that cross module boundaries:
 //! a session's id, a cgroup's id, the original destination of a connection.
+//!
+//! Pure, with `polar-common` (the kernel's address layout) as its only Polar
+//! dependency. Tests: the unit tests below.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

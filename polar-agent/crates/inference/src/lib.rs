@@ -14,12 +14,19 @@
 //! vLLM is called with `stream: true` and `return_token_ids`, so events reach
 //! the consumer as they are generated. SGLang returns ids only without
 //! streaming: its reply is read whole and its events replayed.
+//!
+//! Layering: above `polar-chat`, `polar-json`, `polar-sse` and `polar-io`;
+//! it must not know capture, the proxy or the mock. Tests: the unit tests
+//! beside `decode`, `request`, `wire`, `config`; `tests/escaped_text.rs`;
+//! and the client against the real mock backend in `polar-mock`'s
+//! `tests/inference/` (the mock depends on this crate, so those tests live
+//! there).
 
-pub mod client;
-pub mod config;
+mod client;
+mod config;
 mod decode;
-pub mod error;
-pub mod pool;
+mod error;
+mod pool;
 pub mod request;
 pub mod stream;
 pub mod wire;

@@ -2,6 +2,8 @@
 //! agent's and the rollout server's `/metrics`: [`Text`] writes families
 //! (`# HELP`, `# TYPE`, samples) and [`Histogram`] is a lock-free
 //! cumulative histogram with its rendering.
+//!
+//! Pure, no dependency at all. Tests: the unit tests below.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,17 +18,23 @@
 //! `GET /is_paused`; `POST /update_weight_version` with
 //! `{"new_version": "..."}`; `GET /get_weight_version`. Every reply carries
 //! the header `x-weight-version`.
+//!
+//! Layering: above `polar-chat`, `polar-json`, `polar-io` and
+//! `polar-inference` (for the dialect names); it builds and tests without
+//! the eBPF toolchain (checked by `cargo xtask layers`). Tests: `tests.rs`,
+//! `template_tests.rs`, and `tests/inference/` (the inference client and
+//! pool against this server).
 
-pub mod body;
-pub mod emit;
-pub mod generate;
+mod body;
+mod emit;
+mod generate;
 pub mod openai;
 pub mod script;
-pub mod server;
-pub mod sglang;
+mod server;
+mod sglang;
 pub mod template;
 pub mod tokenizer;
-pub mod vllm;
+mod vllm;
 
 #[cfg(test)]
 mod tests;

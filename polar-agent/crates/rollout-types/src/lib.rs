@@ -2,11 +2,16 @@
 //! trainer submits ([`TaskRequest`]), what it reads back ([`TaskView`],
 //! [`SampleView`], [`SessionState`]), and what the server and the gateways
 //! exchange ([`NodeRegistration`], [`Heartbeat`], [`SessionAssignment`],
-//! [`SessionResult`], in `types/nodes.rs`). docs/ROLLOUT-API.md documents
+//! [`SessionResult`], in `nodes.rs`; the event stream's [`Event`] in
+//! `events.rs`). docs/ROLLOUT-API.md documents
 //! every field.
 //!
 //! Requests deny unknown fields, so a typo is a 400 naming it; replies may
 //! grow fields within a version.
+//!
+//! Pure: above `polar-spec` and `polar-trajectory` (the builder a task
+//! names) only. Tests: `polar-rollout-api`'s validation tests and the
+//! rollout server's API tests.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -15,20 +15,23 @@
 //! - `server`: HTTP endpoints and error mapping (its route table is
 //!   `polar-rollout-api`'s `route`, shared with the gateway); `events`: the
 //!   event stream; `metrics`: `/metrics`; `report`: text for the CLI;
-//! - the tests (`tests`) run the server against `polar-gateway`'s simulated
-//!   gateway; nothing here needs the node agent or the eBPF toolchain.
 //! - `config`: the `[rollout]` settings.
+//!
+//! Layering: above `polar-rollout-api`, `polar-spec`, `polar-metrics` and
+//! `polar-io`; the only crate with `rusqlite`. Tests: `tests/` (API,
+//! dispatch, failures, routes) and `scheduler/tests.rs`, against
+//! `polar-gateway`'s simulated gateway; benchmark: `benches/rollout.rs`.
 
-pub mod callback;
+mod callback;
 pub mod config;
 pub mod core;
-pub mod events;
-pub mod metrics;
+mod events;
+mod metrics;
 pub mod report;
-pub mod scheduler;
-pub mod server;
+mod scheduler;
+mod server;
 
-pub mod store;
+mod store;
 
 #[cfg(test)]
 mod tests;

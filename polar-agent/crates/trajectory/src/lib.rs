@@ -7,17 +7,22 @@
 //! Layout: `types` (the serialized model), `stats`, `options`, `template`
 //! (special token ids), `calls` (usable records), `trace_buf` (assembly of
 //! one trace), the two builders, `rewards`, `check`.
+//!
+//! Pure: above `polar-record`, `polar-chat` and `polar-json` only, never an
+//! I/O crate (checked by `cargo xtask layers`). Tests: `tests/` (exact
+//! scenarios, property tests on a simulated renderer), and the real path in
+//! the agent's `trajectory_{capture,scenarios,retries}.rs`.
 
 mod calls;
 pub mod check;
-pub mod options;
-pub mod per_request;
-pub mod prefix_merging;
-pub mod rewards;
-pub mod stats;
-pub mod template;
+mod options;
+mod per_request;
+mod prefix_merging;
+mod rewards;
+mod stats;
+mod template;
 mod trace_buf;
-pub mod types;
+mod types;
 
 #[cfg(test)]
 mod tests;
