@@ -9,7 +9,7 @@
 //! (RUNNING workers x the time to run all 64), i.e. how much of the
 //! backend's capacity (one generation stream per RUNNING worker) is used.
 //!
-//! `cargo bench -p polar-agent --bench gateway`; figures in BENCHMARKS.md.
+//! `cargo bench -p polar-gateway --bench gateway`; figures in BENCHMARKS.md.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 

@@ -13,7 +13,7 @@
 //! The latencies are read from the server's `assignment accepted` debug
 //! events (`latency_us`), collected by a tracing layer.
 //!
-//! `cargo bench -p polar-agent --bench rollout`; knobs in the environment:
+//! `cargo bench -p polar-rollout --bench rollout`; knobs in the environment:
 //! `ROLLOUT_BENCH_SESSIONS` (10000), `ROLLOUT_BENCH_SAMPLES` (samples per
 //! task, 16), `ROLLOUT_BENCH_SUBMITTERS` (2).
 
