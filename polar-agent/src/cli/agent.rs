@@ -140,11 +140,11 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
         Ok(new) => match parts.reload(new) {
             Ok(summary) => tracing::info!(%summary, "routing rules reloaded"),
             Err(e) => {
-                tracing::error!(error = %super::chain(&e), "reload refused; the rules in force stay")
+                tracing::error!(error = %polar_io::chain(&e), "reload refused; the rules in force stay")
             }
         },
         Err(e) => {
-            tracing::error!(error = %super::chain(&e), "reload: the configuration does not check; the rules in force stay")
+            tracing::error!(error = %polar_io::chain(&e), "reload: the configuration does not check; the rules in force stay")
         }
     }
 }

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use polar_io::chain;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AgentError;
@@ -357,5 +358,3 @@ pub fn exit_code(s: std::process::ExitStatus) -> u8 {
         _ => 1,
     }
 }
-
-pub use polar_io::chain;

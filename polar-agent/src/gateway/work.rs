@@ -33,6 +33,7 @@ use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, Sessio
 use polar_export::Exporter;
 use polar_gateway::stages::{Job, Reached, Report, Work};
 use polar_ids::SessionId;
+use polar_io::chain;
 use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{SampleStatus, TokenUsage};
 use polar_trajectory::{Rewards, SessionOutcome};
@@ -104,10 +105,6 @@ impl HarnessWork {
             .insert(harness.as_str(), found.clone());
         Ok(found)
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    polar_io::chain(e)
 }
 
 impl Work for HarnessWork {
