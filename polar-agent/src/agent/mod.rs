@@ -208,6 +208,9 @@ impl AgentParts {
     ) -> Result<Self, AgentError> {
         let ca = load_or_init_ca(&config)?;
         let trust = write_trust_files(&config.agent.state_dir, &ca)?;
+        // Disk quotas of sessions whose agent died: released, their files
+        // kept (start-up, before any session).
+        crate::runtime::quota::reclaim_stale(&config.agent.state_dir.join("sandboxes"));
         let leaf = LeafConfig {
             lifetime: Duration::from_secs(u64::from(config.ca.leaf_validity_hours) * 3600),
             cache_capacity: std::num::NonZeroUsize::new(config.ca.leaf_cache_size)

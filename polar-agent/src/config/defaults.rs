@@ -13,6 +13,10 @@ use polar_inference::{BackendConfig, Dialect};
 pub const STATE_DIR: &str = "/var/lib/polar";
 /// `proxy.max_body_bytes`: 32 MiB.
 pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+/// `sandbox.disk_bytes`: 2 GiB per sandbox.
+pub const SANDBOX_DISK_BYTES: u64 = 2 << 30;
+/// The smallest `sandbox.disk_bytes`: 16 MiB.
+pub const MIN_SANDBOX_DISK_BYTES: u64 = 16 << 20;
 /// `proxy.header_timeout_ms`: 10 s.
 pub const HEADER_TIMEOUT_MS: u64 = 10_000;
 /// `proxy.idle_timeout_ms`: 5 min (a model may think that long before its

@@ -36,6 +36,6 @@ pub use live::LiveRules;
 pub use raw::{RawAgent, RawCa, RawConfig, RawDns, RawProxy, RawRoute};
 pub use route::{ActionKind, DEFAULT_PORTS, DefaultAction, ProviderHint, Route, RouteAction};
 pub use rules::{Decision, DnsDecision, MatchedRule, Rules};
-pub use sections::{AgentConfig, CaConfig, DnsConfig, LogFormat, ProxyConfig};
+pub use sections::{AgentConfig, CaConfig, DnsConfig, LogFormat, ProxyConfig, SandboxConfig};
 pub use upstream::{Scheme, Upstream, UpstreamHost};
 pub use validated::{Config, RouteSource};

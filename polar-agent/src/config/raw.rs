@@ -24,6 +24,9 @@ pub struct RawConfig {
     /// `[dns]`.
     #[serde(default)]
     pub dns: RawDns,
+    /// `[sandbox]`.
+    #[serde(default)]
+    pub sandbox: RawSandbox,
     /// `default_action`, a top-level key.
     pub default_action: Option<DefaultAction>,
     /// `[[route]]`; `None` (no route key at all) selects the built-in routes,
@@ -49,6 +52,15 @@ pub struct RawAgent {
     pub state_dir: Option<String>,
     /// `log_format`: `text` or `json`.
     pub log_format: Option<LogFormat>,
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSandbox {
+    /// `disk_bytes`: each sandbox's disk quota (workspace, HOME and /tmp
+    /// together).
+    pub disk_bytes: Option<u64>,
 }
 
 /// `[proxy]`.

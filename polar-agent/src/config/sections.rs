@@ -1,4 +1,4 @@
-//! The validated `[agent]`, `[proxy]`, `[ca]` and `[dns]` sections, their
+//! The validated `[agent]`, `[proxy]`, `[ca]`, `[dns]` and `[sandbox]` sections, their
 //! defaults, and the range checks that build them from their raw form.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::cidr::Ipv4Cidr;
 use super::defaults;
 use super::error::{ConfigError, KeyPath};
-use super::raw::{RawAgent, RawCa, RawDns, RawProxy};
+use super::raw::{RawAgent, RawCa, RawDns, RawProxy, RawSandbox};
 
 /// How the agent writes its logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
@@ -39,6 +39,35 @@ impl Default for AgentConfig {
             log_format: LogFormat::default(),
         }
     }
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// Each sandbox's disk quota for its workspace, HOME and `/tmp`
+    /// together (a tmpfs of this size: `crate::runtime::quota`), 16 MiB to
+    /// 1 TiB. A runtime spec's `limits.disk_bytes` may only lower it.
+    pub disk_bytes: u64,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            disk_bytes: defaults::SANDBOX_DISK_BYTES,
+        }
+    }
+}
+
+pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, ConfigError> {
+    let key = KeyPath::root().key("sandbox");
+    let disk_bytes = in_range(
+        &key.key("disk_bytes"),
+        raw.disk_bytes.unwrap_or(defaults::SANDBOX_DISK_BYTES),
+        defaults::MIN_SANDBOX_DISK_BYTES,
+        1 << 40,
+        " bytes",
+    )?;
+    Ok(SandboxConfig { disk_bytes })
 }
 
 /// `[proxy]`.
@@ -341,6 +370,22 @@ mod tests {
             panic!("valid");
         };
         assert_eq!(agent.state_dir, PathBuf::from("/srv/polar/state"));
+    }
+
+    #[test]
+    fn sandbox_disk_bytes_has_a_default_and_a_range() {
+        assert_eq!(
+            validate_sandbox(&RawSandbox::default()).unwrap().disk_bytes,
+            2 << 30
+        );
+        for bad in [1 << 20, (1 << 40) + 1] {
+            let raw = RawSandbox {
+                disk_bytes: Some(bad),
+            };
+            let m = message(validate_sandbox(&raw));
+            assert!(m.starts_with("sandbox.disk_bytes: "), "{m}");
+            assert!(m.contains("out of range"), "{m}");
+        }
     }
 
     #[test]

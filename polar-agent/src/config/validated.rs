@@ -13,8 +13,8 @@ use super::raw::RawConfig;
 use super::route::{Route, RouteAction, check_route_set, validate_route};
 use super::rules::Rules;
 use super::sections::{
-    AgentConfig, CaConfig, DnsConfig, ProxyConfig, in_fake_range, validate_agent, validate_ca,
-    validate_dns, validate_proxy,
+    AgentConfig, CaConfig, DnsConfig, ProxyConfig, SandboxConfig, in_fake_range, validate_agent,
+    validate_ca, validate_dns, validate_proxy, validate_sandbox,
 };
 use super::upstream::UpstreamHost;
 use polar_inference::{BackendConfig, InferenceError};
@@ -40,6 +40,8 @@ pub struct Config {
     pub ca: CaConfig,
     /// `[dns]`.
     pub dns: DnsConfig,
+    /// `[sandbox]`.
+    pub sandbox: SandboxConfig,
     /// `[[route]]` and `default_action`, compiled.
     pub rules: Rules,
     /// Whether the routes are the file's or the built-in ones.
@@ -56,6 +58,7 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             ca: CaConfig::default(),
             dns: DnsConfig::default(),
+            sandbox: SandboxConfig::default(),
             rules: Rules::new(
                 defaults::builtin_routes(defaults::LOCAL_BACKEND),
                 Default::default(),
@@ -76,6 +79,7 @@ impl TryFrom<RawConfig> for Config {
         let proxy = validate_proxy(&raw.proxy)?;
         let ca = validate_ca(&raw.ca)?;
         let dns = validate_dns(&raw.dns)?;
+        let sandbox = validate_sandbox(&raw.sandbox)?;
         let backends = match &raw.backend {
             None => defaults::builtin_backends(),
             Some(list) => validate_backends(list)?,
@@ -103,6 +107,7 @@ impl TryFrom<RawConfig> for Config {
             proxy,
             ca,
             dns,
+            sandbox,
             rules: Rules::new(routes, raw.default_action.unwrap_or_default()),
             route_source,
             backends,

@@ -8,7 +8,8 @@
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace), the
-//!   sandbox's tear-down, the outcome recorded in the session's
+//!   sandbox's tear-down, the end of its disk quota (the directories stay
+//!   on disk), the outcome recorded in the session's
 //!   `session.json`, the trajectory rebuilt from the capture log with the
 //!   task's builder, rewarded, checked and exported; the report.
 
@@ -226,6 +227,13 @@ impl Work for HarnessWork {
                     .await,
             );
         }
+        // Nothing reads the workspace through a sandbox any more: its disk
+        // quota ends, its files stay on disk where they were.
+        crate::harness::run::release_dirs(crate::runtime::steps::SandboxDirs::of(
+            state_dir,
+            &session_id,
+        ))
+        .await;
         let v = verdict(&ended, evaluation.as_ref());
         let mut report = Report {
             status: v.status,

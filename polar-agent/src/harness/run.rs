@@ -1,10 +1,13 @@
 //! One harness session end to end, in three phases that the gateway runs in
 //! separate stages and `polar sandbox run --harness` runs back to back:
-//! [`prepare`] (the session's directories and the harness's HOME files, the
+//! [`prepare`] (the session's directories on their disk quota and the
+//! harness's HOME files, written beneath HOME, the
 //! runtime, the sandbox session — network, cgroups, limits — serving the
 //! proxy and base-URL mode when asked, the runtime's start, the prepare
 //! steps), [`Prepared::run_main`] (the harness), and [`Prepared::finish`]
-//! (the post-run steps, the runtime's stop, the session's end). Where the
+//! (the post-run steps, the runtime's stop, the session's end); then
+//! [`release_dirs`] ends the disk quota once nothing reads the directories
+//! through a sandbox (their files stay). Where the
 //! session's model calls were captured:
 //! `<state_dir>/sessions/<session>/calls.jsonl`.
 
@@ -129,9 +132,12 @@ pub async fn run(
     run: HarnessRun,
     stop: &CancellationToken,
 ) -> Result<HarnessOutcome, HarnessError> {
+    let dirs = SandboxDirs::of(&parts.config.agent.state_dir, &run.session);
     let mut prepared = prepare(parts, redirect, run, stop).await?;
     prepared.run_main(None, stop).await;
-    prepared.finish(parts, stop).await
+    let outcome = prepared.finish(parts, stop).await;
+    release_dirs(dirs).await;
+    outcome
 }
 
 /// The first phase: everything up to the harness. A runtime that does not
@@ -146,19 +152,102 @@ pub async fn prepare(
     let deadline = Instant::now() + run.budget;
     let state = &parts.config.agent.state_dir;
     let user = SANDBOX_USER;
+    let disk = run
+        .spec
+        .limits
+        .disk_quota(parts.config.sandbox.disk_bytes)
+        .map_err(crate::runtime::RuntimeError::from)?;
     let runtime = Runtime::for_spec(&run.spec, &run.session)?;
     let dirs = SandboxDirs::of(state, &run.session);
-    dirs.create(user)?;
     let mode = session_mode(parts, &run);
     let harness = setup(run.harness, &run.instruction, &mode, &run.command);
-    for (rel, contents) in &harness.files {
-        dirs.write_home_file(rel, contents, user)?;
+    make_dirs(&dirs, user, disk, harness.files.clone()).await?;
+    match prepare_on(
+        parts,
+        redirect,
+        run,
+        stop,
+        deadline,
+        runtime,
+        dirs.clone(),
+        mode,
+        harness,
+    )
+    .await
+    {
+        Ok(p) => Ok(p),
+        Err(e) => {
+            release_dirs(dirs).await;
+            Err(e)
+        }
     }
+}
+
+/// The session's directories on their disk quota of `disk` bytes, and the
+/// harness's HOME files in them, as root beneath directories an earlier
+/// attempt may have filled: on a blocking thread.
+async fn make_dirs(
+    dirs: &SandboxDirs,
+    user: (u32, u32),
+    disk: u64,
+    files: Vec<(PathBuf, String)>,
+) -> Result<(), HarnessError> {
+    let dirs = dirs.clone();
+    tokio::task::spawn_blocking(move || {
+        dirs.create(user, Some(disk))?;
+        for (rel, contents) in &files {
+            dirs.write_home_file(rel, contents, user)?;
+        }
+        Ok::<_, crate::runtime::RuntimeError>(())
+    })
+    .await
+    .map_err(|e| crate::runtime::RuntimeError::Io {
+        op: "prepare",
+        path: PathBuf::from("the session's directories"),
+        source: std::io::Error::other(e),
+    })??;
+    Ok(())
+}
+
+/// Ends the disk quota of a session's directories (their contents stay on
+/// disk at the same paths: [`SandboxDirs::release`]), on a blocking
+/// thread; a failure is logged (the tmpfs then stays until the next
+/// agent's start-up releases it).
+pub async fn release_dirs(dirs: SandboxDirs) {
+    let session = dirs.session.clone();
+    let done = tokio::task::spawn_blocking(move || dirs.release()).await;
+    let error = match done {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => polar_io::chain(&e),
+        Err(e) => e.to_string(),
+    };
+    tracing::warn!(session = %session, error = %error, "releasing the sandbox's disk quota");
+}
+
+/// The rest of [`prepare`], once the directories are made.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the parts of prepare, split off once"
+)]
+async fn prepare_on(
+    parts: &AgentParts,
+    redirect: &Redirect,
+    run: HarnessRun,
+    stop: &CancellationToken,
+    deadline: Instant,
+    runtime: Runtime,
+    dirs: SandboxDirs,
+    mode: Mode,
+    harness: super::presets::Setup,
+) -> Result<Prepared, HarnessError> {
+    let state = &parts.config.agent.state_dir;
+    let user = SANDBOX_USER;
     let bundle_targets = bundle_targets(&runtime, &run.spec);
     let staged = stage_read_only(&runtime, &run, &dirs)?;
     let layout = Layout {
         workspace: dirs.workspace.clone(),
         home: dirs.home.clone(),
+        tmp: dirs.tmp.clone(),
         workdir: run.spec.workdir.clone(),
         trust: parts.trust.clone(),
         bundle_targets,

@@ -146,6 +146,7 @@ mod tests {
         Layout {
             workspace: "/s/ws".into(),
             home: "/s/home".into(),
+            tmp: "/s/tmp".into(),
             workdir: "/workspace".into(),
             trust: TrustFiles {
                 bundle: "/st/trust/bundle.pem".into(),

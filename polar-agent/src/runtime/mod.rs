@@ -5,19 +5,23 @@
 //! - [`limits`]: memory, process and CPU limits through cgroups;
 //! - [`native`], [`docker`], [`apptainer`]: the command lines of each
 //!   runtime (pure, unit-tested);
-//! - [`steps`]: uploads into the workspace;
+//! - [`steps`]: the session's directories, HOME files and uploads into the
+//!   workspace, written beneath directories the sandbox controls;
+//! - [`quota`]: the disk quota (a size-limited tmpfs per session);
 //! - [`plan`]: a whole session — prepare steps, the main command, post-run
 //!   steps — each with the remaining time budget.
 //!
 //! Every runtime sees the same [`Layout`]: a host workspace directory shown
 //! at the spec's `workdir`, a host HOME directory shown at
-//! [`native::HOME`], Polar's trust files at [`native::TRUST_DIR`] and over
+//! [`native::HOME`], a host tmp directory shown at `/tmp` (all three on the
+//! session's disk quota), Polar's trust files at [`native::TRUST_DIR`] and over
 //! the distribution bundles, and the same environment ([`base_env`]).
 
 pub mod apptainer;
 pub mod docker;
 pub mod native;
 pub mod plan;
+pub mod quota;
 pub mod steps;
 
 use std::ffi::OsString;
@@ -62,6 +66,9 @@ pub enum RuntimeError {
         /// What went wrong.
         why: String,
     },
+    /// The disk quota's tmpfs could not be mounted or released.
+    #[error(transparent)]
+    Quota(#[from] quota::QuotaError),
     /// Running a command failed.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
@@ -136,6 +143,8 @@ pub struct Layout {
     pub workspace: PathBuf,
     /// Host directory of HOME.
     pub home: PathBuf,
+    /// Host directory shown at `/tmp`.
+    pub tmp: PathBuf,
     /// Where the workspace appears.
     pub workdir: PathBuf,
     /// The trust files on the host.
@@ -171,7 +180,8 @@ pub struct Bind {
 impl Layout {
     /// Every host path the sandbox is given, in mount order: the trust
     /// files (at [`native::TRUST_DIR`] and over the distribution bundles),
-    /// the workspace, HOME, the spec's mounts, the read-only directories.
+    /// the workspace, HOME, `/tmp`, the spec's mounts, the read-only
+    /// directories.
     pub fn binds(&self) -> Vec<Bind> {
         let b = |source: &Path, target: &Path, read_only: bool| Bind {
             source: source.to_owned(),
@@ -190,6 +200,7 @@ impl Layout {
         );
         out.push(b(&self.workspace, &self.workdir, false));
         out.push(b(&self.home, Path::new(native::HOME), false));
+        out.push(b(&self.tmp, Path::new("/tmp"), false));
         out.extend(
             self.mounts
                 .iter()

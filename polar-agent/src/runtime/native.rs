@@ -10,7 +10,8 @@
 //!   listener and DNS live; `--die-with-parent`, `--new-session`;
 //! - a fresh root holding each top-level entry of the host's root (or of
 //!   the spec's `rootfs`) read-only, except the ones in [`HIDDEN`], which
-//!   are not there at all (`/tmp` and `/run` are empty tmpfs);
+//!   are not there at all (`/run` is an empty tmpfs; `/tmp` is the
+//!   session's `tmp/`, on its disk quota);
 //! - `/proc` of its own PID namespace, a minimal `/dev`;
 //! - the agent's state directory (CA key, other sessions' data) hidden
 //!   under an empty tmpfs;
@@ -113,7 +114,9 @@ pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<O
         }
     }
     push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
-    push(&mut a, &[&"--tmpfs", &"/tmp", &"--tmpfs", &"/run"]);
+    // `/tmp` is bound from the session's `tmp/` with the workspace (on the
+    // session's disk quota), not a tmpfs of bwrap's own.
+    push(&mut a, &[&"--tmpfs", &"/run"]);
     for h in &layout.hide {
         push(&mut a, &[&"--tmpfs", h]);
     }
@@ -139,6 +142,7 @@ mod tests {
         Layout {
             workspace: "/state/sandboxes/s1/workspace".into(),
             home: "/state/sandboxes/s1/home".into(),
+            tmp: "/state/sandboxes/s1/tmp".into(),
             workdir: "/workspace".into(),
             trust: TrustFiles {
                 bundle: "/state/trust/bundle.pem".into(),
@@ -188,14 +192,16 @@ mod tests {
         assert!(a.contains("--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin"));
         assert!(!a.contains("/root"), "{a}");
         assert!(!a.contains("--ro-bind /tmp"), "{a}");
-        assert!(a.contains("--tmpfs /tmp --tmpfs /run --tmpfs /state"));
+        assert!(a.contains("--tmpfs /run --tmpfs /state"));
+        assert!(!a.contains("--tmpfs /tmp"), "{a}");
         assert!(
             a.contains(
                 "--ro-bind /state/trust/bundle.pem /polar/trust/bundle.pem \
              --ro-bind /state/trust/polar-ca.pem /polar/trust/polar-ca.pem \
              --ro-bind /state/trust/bundle.pem /etc/ssl/certs/ca-certificates.crt \
              --bind /state/sandboxes/s1/workspace /workspace \
-             --bind /state/sandboxes/s1/home /home/polar --bind /data /data \
+             --bind /state/sandboxes/s1/home /home/polar \
+             --bind /state/sandboxes/s1/tmp /tmp --bind /data /data \
              --ro-bind /opt/harnesses /opt/harnesses"
             ),
             "{a}"

@@ -235,10 +235,22 @@ impl Plan<'_> {
                 let end = if super::remaining(self.deadline).is_zero() {
                     StepEnd::TimedOut
                 } else {
-                    match upload(from, &self.layout.workspace, to, self.layout.user) {
-                        Ok(_) => StepEnd::Exited { code: 0 },
-                        Err(e) => StepEnd::Failed {
+                    // As root, beneath the workspace the sandbox had: off
+                    // the async workers.
+                    let (from, to) = (from.clone(), to.clone());
+                    let workspace = self.layout.workspace.clone();
+                    let (user, session) = (self.layout.user, self.session.id().clone());
+                    let done = tokio::task::spawn_blocking(move || {
+                        upload(&from, &workspace, &to, user, &session)
+                    })
+                    .await;
+                    match done {
+                        Ok(Ok(_)) => StepEnd::Exited { code: 0 },
+                        Ok(Err(e)) => StepEnd::Failed {
                             error: e.to_string(),
+                        },
+                        Err(e) => StepEnd::Failed {
+                            error: format!("the upload task failed: {e}"),
                         },
                     }
                 };

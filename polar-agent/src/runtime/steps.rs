@@ -1,24 +1,45 @@
 //! The host side of a session's directories: the per-session directory
-//! under `<state_dir>/sandboxes/<session>/` with `workspace/`, `home/` and
-//! `logs/`, files written into HOME, and uploads into the workspace. What
-//! the sandbox may write is owned by the sandbox user.
+//! under `<state_dir>/sandboxes/<session>/` with `workspace/`, `home/`,
+//! `tmp/` (the sandbox's `/tmp`) and `logs/`, files written into HOME, and
+//! uploads into the workspace. What the sandbox may write is owned by the
+//! sandbox user.
+//!
+//! Everything in `workspace/`, `home/` and `tmp/` is hostile: the sandbox
+//! may have planted symlinks, FIFOs or hard links there, during this run or
+//! an earlier attempt of the same session. So every write the agent makes
+//! below the session's directory goes through [`polar_io::beneath`]: a
+//! descriptor of the directory, every name resolved beneath it without
+//! symlinks, planted entries removed and replaced by fresh ones (logged),
+//! ownership set on descriptors. The session's directory itself (root's,
+//! mode 0711) and `logs/` are never visible to the sandbox. With a disk
+//! quota the session's directory is a size-limited tmpfs ([`super::quota`]).
+//!
+//! These functions block; async callers run them with `spawn_blocking`.
 
+use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::{PermissionsExt, lchown};
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::RuntimeError;
+use super::quota;
 use polar_ids::SessionId;
+use polar_io::beneath::Dir;
 
 /// A session's directories on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SandboxDirs {
+    /// The session.
+    pub session: SessionId,
     /// `<state_dir>/sandboxes/<session>`.
     pub root: PathBuf,
     /// The workspace.
     pub workspace: PathBuf,
     /// HOME.
     pub home: PathBuf,
+    /// The sandbox's `/tmp`.
+    pub tmp: PathBuf,
     /// Commands' stdout and stderr.
     pub logs: PathBuf,
 }
@@ -28,22 +49,41 @@ fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeEr
     move |source| RuntimeError::Io { op, path, source }
 }
 
+/// Logs what a writer replaced: entries the sandbox planted.
+fn log_replaced(session: &SessionId, under: &Path, replaced: &[PathBuf], what: &str) {
+    for r in replaced {
+        tracing::warn!(
+            session = %session,
+            path = %under.join(r).display(),
+            "replaced an entry the sandbox planted where {what} was written"
+        );
+    }
+}
+
+/// The names of the sandbox-writable directories below the session's.
+const WRITABLE: [(&str, u32); 3] = [("workspace", 0o700), ("home", 0o700), ("tmp", 0o1777)];
+
 impl SandboxDirs {
     /// The directories of `session` under `state_dir` (not created).
     pub fn of(state_dir: &Path, session: &SessionId) -> Self {
         let root = state_dir.join("sandboxes").join(session.as_str());
         Self {
+            session: session.clone(),
             workspace: root.join("workspace"),
             home: root.join("home"),
+            tmp: root.join("tmp"),
             logs: root.join("logs"),
             root,
         }
     }
 
-    /// Creates them (the workspace and HOME owned by `user`, mode 0700; the
-    /// rest root's). An existing workspace is kept (the caller may have
-    /// filled it).
-    pub fn create(&self, user: (u32, u32)) -> Result<(), RuntimeError> {
+    /// Creates them (the workspace, HOME and tmp owned by `user`; the rest
+    /// root's). With `disk_bytes`, the session's directory is first made a
+    /// tmpfs of that size ([`quota::mount`]; one already there is kept).
+    /// An existing workspace is kept (the caller may have filled it, or an
+    /// earlier attempt did): its entries are handed to `user` without
+    /// following links.
+    pub fn create(&self, user: (u32, u32), disk_bytes: Option<u64>) -> Result<(), RuntimeError> {
         // bwrap binds the workspace and HOME as the sandbox user: it must
         // be able to pass through the state directory (search only; its
         // files keep their modes, and the sandbox never sees the directory).
@@ -58,21 +98,43 @@ impl SandboxDirs {
                 }
             }
         }
-        for d in [&self.root, &self.logs] {
-            fs::create_dir_all(d).map_err(io("create", d))?;
+        match disk_bytes {
+            Some(bytes) => {
+                quota::mount(&self.root, bytes)?;
+            }
+            None => fs::create_dir_all(&self.root).map_err(io("create", &self.root))?,
         }
         fs::set_permissions(&self.root, fs::Permissions::from_mode(0o711))
             .map_err(io("chmod", &self.root))?;
-        for d in [&self.workspace, &self.home] {
-            fs::create_dir_all(d).map_err(io("create", d))?;
-            fs::set_permissions(d, fs::Permissions::from_mode(0o700)).map_err(io("chmod", d))?;
-            chown_tree(d, user)?;
+        let root = Dir::open_root(&self.root).map_err(io("open", &self.root))?;
+        let mut replaced = Vec::new();
+        let logs = root
+            .make_dirs(Path::new("logs"), (0, 0), &mut replaced)
+            .map_err(io("create", &self.logs))?;
+        logs.chown((0, 0)).map_err(io("chown", &self.logs))?;
+        for (name, mode) in WRITABLE {
+            let path = self.root.join(name);
+            let d = root
+                .make_dirs(Path::new(name), user, &mut replaced)
+                .map_err(io("create", &path))?;
+            nix::sys::stat::fchmod(&d, nix::sys::stat::Mode::from_bits_truncate(mode))
+                .map_err(|e| io("chmod", &path)(e.into()))?;
+            let skipped = d.chown_tree(user).map_err(io("chown", &path))?;
+            for s in skipped {
+                tracing::warn!(
+                    session = %self.session,
+                    path = %path.join(s).display(),
+                    "a hard-linked file in the sandbox's directories keeps its owner"
+                );
+            }
         }
+        log_replaced(&self.session, &self.root, &replaced, "a session directory");
         Ok(())
     }
 
     /// Writes `contents` at `rel` under HOME (parents created), owned by
-    /// `user`.
+    /// `user`, beneath HOME: a symlink or anything else planted at `rel` or
+    /// on the way is replaced, never followed.
     pub fn write_home_file(
         &self,
         rel: &Path,
@@ -80,52 +142,94 @@ impl SandboxDirs {
         user: (u32, u32),
     ) -> Result<PathBuf, RuntimeError> {
         let path = self.home.join(rel);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
-        }
-        fs::write(&path, contents).map_err(io("write", &path))?;
-        chown_tree(&self.home, user)?;
+        let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+            return Err(io("write", &path)(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a file name",
+            )));
+        };
+        let home = Dir::open_root(&self.root)
+            .and_then(|r| r.open_dir(Path::new("home")))
+            .map_err(io("open", &self.home))?;
+        let mut replaced = Vec::new();
+        let dir = home
+            .make_dirs(parent, user, &mut replaced)
+            .map_err(io("create", &path))?;
+        let mut f = dir
+            .create_file(name, 0o644, user, rel, &mut replaced)
+            .map_err(io("create", &path))?;
+        f.write_all(contents.as_bytes())
+            .map_err(io("write", &path))?;
+        log_replaced(&self.session, &self.home, &replaced, "a HOME file");
         Ok(path)
+    }
+
+    /// Ends the session's disk quota: a tmpfs session directory is copied
+    /// to disk at the same path and unmounted ([`quota::release`]), so
+    /// what the session left stays where it was. Nothing to do without a
+    /// quota. Call it once nothing reads or writes the directories through
+    /// the sandbox any more.
+    pub fn release(&self) -> Result<(), RuntimeError> {
+        quota::release(&self.root)?;
+        Ok(())
     }
 }
 
-/// Copies `from` (a file or a directory, recursively; symbolic links are
-/// copied as links) to `to` under `workspace`, owned by `user`.
+/// Copies `from` (a host file or directory, recursively; symbolic links
+/// are copied as links) to `to` under `workspace`, owned by `user`. A file
+/// goes into `to` when `to` is `.` or a directory already there (a real
+/// one: a symlink there is replaced), else it becomes `to`. Written beneath
+/// the workspace: what the sandbox planted in the way is replaced, never
+/// followed, and logged for `session`. The source is the node's (the task
+/// spec's upload policy is checked before). Returns where it went.
 pub fn upload(
     from: &Path,
     workspace: &Path,
     to: &Path,
     user: (u32, u32),
+    session: &SessionId,
 ) -> Result<PathBuf, RuntimeError> {
     let meta = fs::symlink_metadata(from).map_err(io("read", from))?;
-    let mut dest = workspace.join(to);
-    if meta.is_file() && (to == Path::new(".") || dest.is_dir()) {
-        dest = dest.join(from.file_name().unwrap_or_default());
-    }
-    copy(from, &dest)?;
-    chown_tree(&dest, user)?;
-    Ok(dest)
-}
-
-fn copy(from: &Path, to: &Path) -> Result<(), RuntimeError> {
-    let meta = fs::symlink_metadata(from).map_err(io("read", from))?;
-    if meta.file_type().is_symlink() {
-        let target = fs::read_link(from).map_err(io("read link", from))?;
-        let _ = fs::remove_file(to);
-        std::os::unix::fs::symlink(&target, to).map_err(io("link", to))?;
-    } else if meta.is_dir() {
-        fs::create_dir_all(to).map_err(io("create", to))?;
-        for e in fs::read_dir(from).map_err(io("list", from))? {
-            let e = e.map_err(io("list", from))?;
-            copy(&e.path(), &to.join(e.file_name()))?;
-        }
+    let ws = Dir::open_root(workspace).map_err(io("open", workspace))?;
+    let mut replaced = Vec::new();
+    let into_dir = to.components().all(|c| c == std::path::Component::CurDir)
+        || (!meta.is_dir() && ws.open_dir(to).is_ok());
+    let dest = if meta.is_dir() {
+        let d = ws
+            .make_dirs(to, user, &mut replaced)
+            .map_err(io("create", &workspace.join(to)))?;
+        let src = Dir::open_root(from).map_err(io("open", from))?;
+        src.copy_tree(&d, Some(user), to, &mut replaced)
+            .map_err(io("copy", from))?;
+        workspace.join(to)
     } else {
-        if let Some(parent) = to.parent() {
-            fs::create_dir_all(parent).map_err(io("create", parent))?;
-        }
-        fs::copy(from, to).map_err(io("copy", from))?;
-    }
-    Ok(())
+        let (parent, name): (&Path, &OsStr) = if into_dir {
+            (to, from.file_name().unwrap_or_default())
+        } else {
+            (
+                to.parent().unwrap_or(Path::new(".")),
+                to.file_name().unwrap_or_default(),
+            )
+        };
+        let d = ws
+            .make_dirs(parent, user, &mut replaced)
+            .map_err(io("create", &workspace.join(parent)))?;
+        let src_dir = from.parent().unwrap_or(Path::new("/"));
+        let src = Dir::open_root(src_dir).map_err(io("open", src_dir))?;
+        let at = parent.join(name);
+        src.copy_entry(
+            from.file_name().unwrap_or_default(),
+            &d,
+            name,
+            Some(user),
+            &at,
+            &mut replaced,
+        )
+        .map_err(io("copy", from))?;
+        workspace.join(at)
+    };
+    log_replaced(session, workspace, &replaced, "an upload");
+    Ok(dest)
 }
 
 /// Whether `uid`/`gid` (no supplementary groups) may pass through every
@@ -176,19 +280,6 @@ pub struct StagedDirs {
     pub binds: Vec<(PathBuf, PathBuf)>,
 }
 
-/// `chown -R` without following links.
-pub fn chown_tree(path: &Path, (uid, gid): (u32, u32)) -> Result<(), RuntimeError> {
-    lchown(path, Some(uid), Some(gid)).map_err(io("chown", path))?;
-    let meta = fs::symlink_metadata(path).map_err(io("read", path))?;
-    if meta.is_dir() {
-        for e in fs::read_dir(path).map_err(io("list", path))? {
-            let e = e.map_err(io("list", path))?;
-            chown_tree(&e.path(), (uid, gid))?;
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,23 +313,133 @@ mod tests {
             nix::unistd::getgid().as_raw(),
         );
         let dirs = SandboxDirs::of(tmp.path(), &"s-1".parse().unwrap());
-        dirs.create(me).unwrap();
+        dirs.create(me, None).unwrap();
         let src = tmp.path().join("src");
         fs::create_dir_all(src.join("sub")).unwrap();
         fs::write(src.join("sub/a.txt"), "a").unwrap();
         std::os::unix::fs::symlink("sub/a.txt", src.join("link")).unwrap();
-        let d = upload(&src, &dirs.workspace, Path::new("task"), me).unwrap();
+        let d = upload(&src, &dirs.workspace, Path::new("task"), me, &dirs.session).unwrap();
         assert_eq!(fs::read_to_string(d.join("sub/a.txt")).unwrap(), "a");
         assert_eq!(
             fs::read_link(d.join("link")).unwrap(),
             Path::new("sub/a.txt")
         );
-        let f = upload(&src.join("sub/a.txt"), &dirs.workspace, Path::new("."), me).unwrap();
+        let f = upload(
+            &src.join("sub/a.txt"),
+            &dirs.workspace,
+            Path::new("."),
+            me,
+            &dirs.session,
+        )
+        .unwrap();
         assert_eq!(f, dirs.workspace.join("a.txt"));
         let p = dirs
             .write_home_file(Path::new(".gemini/settings.json"), "{}", me)
             .unwrap();
         assert_eq!(fs::metadata(&p).unwrap().uid(), me.0);
         assert_eq!(fs::metadata(&dirs.workspace).unwrap().mode() & 0o777, 0o700);
+    }
+
+    /// A session's directories after a hostile run: `tests -> outside`,
+    /// `task.txt -> outside/secret`, a FIFO and a hard link where uploads
+    /// go, and HOME's `.gemini -> outside`.
+    fn planted() -> (tempfile::TempDir, SandboxDirs, PathBuf, (u32, u32)) {
+        let tmp = tempfile::tempdir().unwrap();
+        let me = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let dirs = SandboxDirs::of(&tmp.path().join("state"), &"s-2".parse().unwrap());
+        dirs.create(me, None).unwrap();
+        let outside = tmp.path().join("outside");
+        fs::create_dir(&outside).unwrap();
+        fs::write(outside.join("secret"), "host").unwrap();
+        fs::write(outside.join("settings.json"), "host").unwrap();
+        let ws = &dirs.workspace;
+        std::os::unix::fs::symlink(&outside, ws.join("tests")).unwrap();
+        std::os::unix::fs::symlink(outside.join("secret"), ws.join("task.txt")).unwrap();
+        nix::unistd::mkfifo(
+            &ws.join("fifo.txt"),
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+        )
+        .unwrap();
+        fs::hard_link(outside.join("secret"), ws.join("hard.txt")).unwrap();
+        std::os::unix::fs::symlink(&outside, dirs.home.join(".gemini")).unwrap();
+        (tmp, dirs, outside, me)
+    }
+
+    #[test]
+    fn uploads_replace_what_the_sandbox_planted_and_never_write_outside() {
+        let (tmp, dirs, outside, me) = planted();
+        let src = tmp.path().join("src");
+        fs::create_dir_all(src.join("tests")).unwrap();
+        fs::write(src.join("tests/secret"), "hidden test").unwrap();
+        fs::write(src.join("task.txt"), "task").unwrap();
+        let ws = &dirs.workspace;
+        upload(
+            &src.join("tests"),
+            ws,
+            Path::new("tests"),
+            me,
+            &dirs.session,
+        )
+        .unwrap();
+        for name in ["task.txt", "fifo.txt", "hard.txt"] {
+            upload(
+                &src.join("task.txt"),
+                ws,
+                Path::new(name),
+                me,
+                &dirs.session,
+            )
+            .unwrap();
+            assert_eq!(fs::read_to_string(ws.join(name)).unwrap(), "task", "{name}");
+            assert!(fs::symlink_metadata(ws.join(name)).unwrap().is_file());
+        }
+        assert_eq!(
+            fs::read_to_string(ws.join("tests/secret")).unwrap(),
+            "hidden test"
+        );
+        assert!(fs::symlink_metadata(ws.join("tests")).unwrap().is_dir());
+        assert_eq!(fs::read_to_string(outside.join("secret")).unwrap(), "host");
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+        // A file uploaded into a directory path that is a planted link
+        // does not go through it either.
+        std::os::unix::fs::symlink(&outside, ws.join("into")).unwrap();
+        upload(
+            &src.join("task.txt"),
+            ws,
+            Path::new("into"),
+            me,
+            &dirs.session,
+        )
+        .unwrap();
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn home_files_replace_a_planted_symlink() {
+        let (_tmp, dirs, outside, me) = planted();
+        let p = dirs
+            .write_home_file(Path::new(".gemini/settings.json"), "{}", me)
+            .unwrap();
+        assert_eq!(fs::read_to_string(&p).unwrap(), "{}");
+        assert_eq!(
+            fs::read_to_string(outside.join("settings.json")).unwrap(),
+            "host"
+        );
+        std::os::unix::fs::symlink(outside.join("settings.json"), dirs.home.join("f.json"))
+            .unwrap();
+        dirs.write_home_file(Path::new("f.json"), "{}", me).unwrap();
+        assert_eq!(
+            fs::read_to_string(outside.join("settings.json")).unwrap(),
+            "host"
+        );
+        // Creating the directories again (a retried attempt) hands the
+        // tree to the user without following the links in it.
+        dirs.create((65534, 65534), None).unwrap();
+        let m = fs::metadata(outside.join("secret")).unwrap();
+        assert_eq!(m.uid(), me.0);
+        assert_eq!(fs::metadata(&outside).unwrap().uid(), me.0);
     }
 }

@@ -385,6 +385,7 @@ mod tests {
             memory_bytes: Some(1 << 30),
             pids: Some(64),
             cpu: Some(0.5),
+            disk_bytes: None,
         };
         assert_eq!(
             Controller::Cpu.files(&l, true),

@@ -9,13 +9,13 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
+use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
+use polar_io::beneath::{Dir, open_how};
 
 /// Why a workspace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -69,23 +69,21 @@ pub enum WorkspaceError {
     },
 }
 
-fn open_dir(workspace: &Path) -> Result<OwnedFd, WorkspaceError> {
-    open(
-        workspace,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|source| WorkspaceError::Workspace {
+fn open_dir(workspace: &Path) -> Result<Dir, WorkspaceError> {
+    Dir::open_root(workspace).map_err(|e| WorkspaceError::Workspace {
         workspace: workspace.to_owned(),
-        source,
+        source: Errno::from_raw(e.raw_os_error().unwrap_or(0)),
     })
 }
 
+/// Beneath the workspace, following symlinks that stay inside (a reward
+/// file may be one); writes use [`polar_io::beneath::STRICT`] instead.
 fn beneath(flags: OFlag, mode: Mode) -> OpenHow {
-    OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY)
-        .mode(mode)
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS)
+    open_how(
+        flags,
+        mode,
+        ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    )
 }
 
 fn open_error(workspace: &Path, rel: &Path, errno: Errno) -> WorkspaceError {
@@ -109,7 +107,9 @@ pub fn read(workspace: &Path, rel: &Path, limit: u64) -> Result<Vec<u8>, Workspa
     let dir = open_dir(workspace)?;
     // O_NONBLOCK: opening a FIFO must not wait for a writer.
     let how = beneath(OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty());
-    let fd = openat2(&dir, rel, how).map_err(|e| open_error(workspace, rel, e))?;
+    let fd = dir
+        .open_with(rel, how)
+        .map_err(|e| open_error(workspace, rel, e))?;
     let file = File::from(fd);
     let io = |source| WorkspaceError::Io {
         path: rel.to_owned(),
@@ -142,7 +142,9 @@ pub fn create(workspace: &Path, name: &str, contents: &[u8]) -> Result<(), Works
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW,
         Mode::from_bits_truncate(0o644),
     );
-    let fd = openat2(&dir, rel, how).map_err(|e| open_error(workspace, rel, e))?;
+    let fd = dir
+        .open_with(rel, how)
+        .map_err(|e| open_error(workspace, rel, e))?;
     File::from(fd)
         .write_all(contents)
         .map_err(|source| WorkspaceError::Io {

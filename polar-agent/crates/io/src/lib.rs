@@ -5,6 +5,8 @@
 //! - [`http`]: the construction of outgoing HTTP clients;
 //! - [`fs`]: atomic file writes (temporary file, fsync, rename, directory
 //!   fsync);
+//! - [`beneath`]: files beneath a directory a sandbox controls, written
+//!   and read without following what it planted (`openat2`);
 //! - [`auth`]: constant-time comparison of tokens and keys;
 //! - [`tasks`]: the one place background tasks are spawned;
 //! - [`chain`]: an error with its causes, on one line.
@@ -13,6 +15,7 @@
 //! depend on `polar-agent` or on any other Polar crate.
 
 pub mod auth;
+pub mod beneath;
 pub mod body;
 pub mod fs;
 pub mod http;

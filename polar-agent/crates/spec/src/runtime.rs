@@ -21,6 +21,7 @@
 //! memory_bytes = 4294967296        # at least 16 MiB
 //! pids = 512                       # at least 8
 //! cpu = 2.0                        # cores, above 0
+//! disk_bytes = 1073741824          # workspace + HOME + /tmp, at least 16 MiB, at most the node's sandbox.disk_bytes
 //!
 //! [[prepare]]
 //! upload = { from = "/tasks/t1", to = "." }   # a file or directory, `to` relative to the workspace
@@ -155,6 +156,8 @@ pub struct RawLimits {
     pub pids: Option<u32>,
     /// `cpu`.
     pub cpu: Option<f64>,
+    /// `disk_bytes`.
+    pub disk_bytes: Option<u64>,
 }
 
 /// One prepare or post-run step.
@@ -207,6 +210,28 @@ pub struct Limits {
     pub pids: Option<u32>,
     /// CPU, in cores.
     pub cpu: Option<f64>,
+    /// Disk for the workspace, HOME and `/tmp` together, bytes: lowers the
+    /// node's `sandbox.disk_bytes` (the node refuses a larger one).
+    pub disk_bytes: Option<u64>,
+}
+
+/// The smallest `limits.disk_bytes`: 16 MiB.
+pub const MIN_DISK_BYTES: u64 = 16 << 20;
+
+impl Limits {
+    /// The disk quota of a session on a node whose `sandbox.disk_bytes` is
+    /// `node`: the spec's value when it has one, which may not exceed the
+    /// node's (the error names `limits.disk_bytes`).
+    pub fn disk_quota(&self, node: u64) -> Result<u64, SpecError> {
+        match self.disk_bytes {
+            None => Ok(node),
+            Some(d) if d <= node => Ok(d),
+            Some(d) => Err(invalid(
+                KeyPath::root().key("limits").key("disk_bytes"),
+                format!("{d} is above this node's sandbox.disk_bytes ({node})"),
+            )),
+        }
+    }
 }
 
 /// A prepare or post-run step.
@@ -460,6 +485,9 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
         {
             return Err(invalid(lim.key("cpu"), "a number of cores above 0"));
         }
+        if raw.limits.disk_bytes.is_some_and(|d| d < MIN_DISK_BYTES) {
+            return Err(invalid(lim.key("disk_bytes"), "at least 16777216 (16 MiB)"));
+        }
         let steps = |name: &str, raw: Vec<RawStep>| {
             raw.into_iter()
                 .enumerate()
@@ -478,6 +506,7 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
                 memory_bytes: raw.limits.memory_bytes,
                 pids: raw.limits.pids,
                 cpu: raw.limits.cpu,
+                disk_bytes: raw.limits.disk_bytes,
             },
             prepare: steps("prepare", raw.prepare)?,
             post: steps("post", raw.post)?,
@@ -548,6 +577,19 @@ run = ["true"]
     }
 
     #[test]
+    fn disk_bytes_may_only_lower_the_nodes_quota() {
+        let t = toml("[limits]\ndisk_bytes = 33554432").unwrap();
+        assert_eq!(t.limits.disk_quota(1 << 30).unwrap(), 32 << 20);
+        assert_eq!(
+            RuntimeSpec::default().limits.disk_quota(1 << 30).unwrap(),
+            1 << 30
+        );
+        let e = t.limits.disk_quota(16 << 20).unwrap_err().to_string();
+        assert!(e.contains("limits.disk_bytes: 33554432 is above"), "{e}");
+        assert!(e.contains("sandbox.disk_bytes (16777216)"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_key() {
         for (text, needle) in [
             ("kind = \"podman\"", "unknown variant `podman`"),
@@ -577,6 +619,7 @@ run = ["true"]
                 "mounts[0].target: cannot be",
             ),
             ("[limits]\npids = 2", "limits.pids: at least 8"),
+            ("[limits]\ndisk_bytes = 1000", "limits.disk_bytes: at least"),
             (
                 "[limits]\nmemory_bytes = 1000",
                 "limits.memory_bytes: at least",
