@@ -304,10 +304,7 @@ head -c 1048576 /dev/zero > /workspace/kept && echo kept
     let dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = std::fs::read_to_string(dir.join("logs/main-0.out"))?;
     ensure!(out.matches("No space left on device").count() >= 2, "{out}");
-    ensure!(
-        out.contains("workspace rc=1 tmp rc=1 home rc=1"),
-        "{out}"
-    );
+    ensure!(out.contains("workspace rc=1 tmp rc=1 home rc=1"), "{out}");
     let written: u64 = out
         .lines()
         .find_map(|l| l.strip_prefix("written="))

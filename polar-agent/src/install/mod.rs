@@ -331,6 +331,8 @@ pub fn uninstall(opts: &UninstallOptions) -> Result<UninstallReport, InstallErro
         for p in states {
             let at = under(root, p);
             if at.exists() {
+                // Sessions' disk-quota tmpfs first: a purge keeps no files.
+                crate::runtime::quota::discard_all(&at.join("sandboxes"));
                 std::fs::remove_dir_all(&at).map_err(|e| InstallError::io("removing", &at, e))?;
                 report.removed.push(p.clone());
             }

@@ -2,8 +2,11 @@
 //! live on one size-limited tmpfs mounted by the agent over the session's
 //! directory (`<state_dir>/sandboxes/<session>/`, mode 0711, `nosuid,
 //! nodev`, `size=` the quota, `nr_inodes=` one per [`BYTES_PER_INODE`]).
-//! A sandbox that fills it gets `ENOSPC` (or `ENOSPC` for inodes); the
-//! node's disk is not touched while the session runs.
+//! A sandbox that fills it, with bytes or with files, gets `ENOSPC`; the
+//! node's disk is not touched while the session runs. The commands' logs
+//! (`logs/`, root's) are on it too, so a flood on stdout is bounded the
+//! same way; a sandbox that leaves its disk full loses the rest of its own
+//! output.
 //!
 //! Why a tmpfs and not a loop-mounted image (figures in BENCHMARKS.md,
 //! "Disk quota (issue 15)", from `tests/benches/disk_quota.sh`): mounting
