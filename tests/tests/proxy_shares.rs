@@ -8,7 +8,8 @@
 //!   API's error shape; the sibling's capture log is byte for byte what it
 //!   was, and `polar_proxy_session_mismatch_total` counted each attempt.
 //! - One sandbox flooding the base-URL address with thousands of
-//!   connections, each a request with a large body sent slowly, does not
+//!   connections, each a request with a large body sent slowly (HTTP/1
+//!   requests in flight are the session's streams), does not
 //!   stop a second session's calls: every one succeeds, each in under
 //!   10 s; the flood's excess gets the cap errors (429 naming the cap, or
 //!   the connection closed); the agent's peak memory stays under its body
@@ -161,11 +162,18 @@ async fn a_sandbox_naming_its_sibling_session_is_refused_and_the_siblings_log_is
     let node = Node::start("").await?;
     let (victim, attacker) = ("task-1-s0", "task-1-s1");
     let sibling = node.spawn(shell(victim, SIBLING, Duration::from_secs(90))?);
-    let key = wait_for_file(&node.workspace(victim)?.join("key"), Duration::from_secs(60)).await?;
+    let key = wait_for_file(
+        &node.workspace(victim)?.join("key"),
+        Duration::from_secs(60),
+    )
+    .await?;
     let key = key.trim().to_owned();
     let log = capture_log(&node.state, &victim.parse()?);
     let before = std::fs::read(&log).context("the sibling's capture log")?;
-    ensure!(!before.is_empty(), "the sibling's own call was not captured");
+    ensure!(
+        !before.is_empty(),
+        "the sibling's own call was not captured"
+    );
 
     let body = r#"{"model":"m","messages":[{"role":"user","content":"write into the sibling"}]}"#;
     let attack = format!(
@@ -300,25 +308,9 @@ async def main():
 asyncio.run(main())
 "#;
 
-/// The flood: HTTP/2 streams (three rounds of 300 POSTs of 1 MiB each,
-/// multiplexed by curl on prior-knowledge h2c; codes to
-/// `/workspace/h2codes`) alongside [`FLOOD_PY`]'s HTTP/1 connections.
+/// The flood: [`FLOOD_PY`] in the sandbox's Python.
 fn flood_script() -> String {
-    format!(
-        r#"
-head -c 1048576 /dev/zero | tr '\0' ' ' > /workspace/big
-urls=$(for i in $(seq 300); do printf -- '-o /dev/null %s ' "$POLAR_BASE_URL/v1/chat/completions"; done)
-( for round in 1 2 3; do
-    curl -sS --http2-prior-knowledge --parallel --parallel-max 300 --max-time 60 \
-      -w '%{{http_code}}\n' -H "Authorization: Bearer $POLAR_API_KEY" \
-      -H 'content-type: application/json' -d @/workspace/big $urls
-  done > /workspace/h2codes 2>/dev/null ) &
-python3 - <<'PY'
-{FLOOD_PY}
-PY
-wait
-"#
-    )
+    format!("python3 - <<'PY'\n{FLOOD_PY}\nPY\n")
 }
 
 /// Twenty chat calls one after the other, each's code and time appended to
@@ -377,7 +369,11 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     let alone = call_times(&alone)?;
 
     let baseline = status_kib("VmRSS:")? * 1024;
-    let flood = node.spawn(shell("fair-1-s1", &flood_script(), Duration::from_secs(150))?);
+    let flood = node.spawn(shell(
+        "fair-1-s1",
+        &flood_script(),
+        Duration::from_secs(150),
+    )?);
     let flood_ws = node.workspace("fair-1-s1")?;
     wait_for_file(&flood_ws.join("started"), Duration::from_secs(60)).await?;
     let peak = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -408,17 +404,14 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     let seen: serde_json::Value =
         serde_json::from_slice(&std::fs::read(flooded.workspace.join("flood.json"))?)?;
     let n = |k: &str| seen[k].as_u64().unwrap_or(0);
-    let h2 = std::fs::read_to_string(flooded.workspace.join("h2codes")).unwrap_or_default();
-    let mut h2_codes = std::collections::BTreeMap::<&str, u32>::new();
-    for code in h2.lines() {
-        *h2_codes.entry(code).or_default() += 1;
-    }
-    ensure!(!h2_codes.is_empty(), "the HTTP/2 flood made no requests");
     let stats = &node.parts.proxy.stats;
     let refused = |cap| stats.refused.get(cap);
     use polar_agent::proxy::shares::Cap;
     let attempts = n("waves") * n("per_wave");
-    ensure!(attempts >= 1000, "the flood made only {attempts} connections: {seen}");
+    ensure!(
+        attempts >= 1000,
+        "the flood made only {attempts} connections: {seen}"
+    );
     ensure!(
         n("429") > 0 && n("names_cap") > 0,
         "the flood got no 429 naming a cap: {seen}"
@@ -440,7 +433,7 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     let pct = |t: &[f64], p: f64| t[((t.len() - 1) as f64 * p).round() as usize];
     report(&format!(
         "second session, 20 calls: alone p50 {:.1} ms max {:.1} ms; during the flood p50 {:.1} ms max {:.1} ms ({:.1} s in all)\n\
-         flood: {attempts} connections in {} waves: {seen}; HTTP/2 streams by status: {h2_codes:?}\n\
+         flood: {attempts} connections in {} waves: {seen}\n\
          refused: session_connections {}, session_streams {}, session_body_bytes {}, node_body_bytes {}, node_connections {}\n\
          agent memory: VmRSS before {} MiB, peak {} MiB, VmHWM {} MiB; bodies buffered at the end of the calls {} KiB",
         pct(&alone, 0.5),

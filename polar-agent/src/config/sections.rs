@@ -244,8 +244,7 @@ pub(crate) fn validate_proxy(raw: &RawProxy) -> Result<ProxyConfig, ConfigError>
     )?;
     let admission_wait_ms = in_range(
         &key.key("admission_wait_ms"),
-        raw.admission_wait_ms
-            .unwrap_or(defaults::ADMISSION_WAIT_MS),
+        raw.admission_wait_ms.unwrap_or(defaults::ADMISSION_WAIT_MS),
         0,
         60_000,
         " ms",
@@ -440,7 +439,10 @@ mod tests {
                 (|r: &mut RawProxy| r.max_session_connections = Some(5000)) as fn(&mut RawProxy),
                 "proxy.max_session_connections: ",
             ),
-            (|r| r.max_session_streams = Some(0), "proxy.max_session_streams: "),
+            (
+                |r| r.max_session_streams = Some(0),
+                "proxy.max_session_streams: ",
+            ),
             (
                 |r| r.max_session_body_bytes = Some(1 << 20),
                 "proxy.max_session_body_bytes: ",
@@ -449,8 +451,14 @@ mod tests {
                 |r| r.max_session_body_bytes = Some(2 << 30),
                 "proxy.max_session_body_bytes: ",
             ),
-            (|r| r.body_budget_bytes = Some(1 << 20), "proxy.body_budget_bytes: "),
-            (|r| r.admission_wait_ms = Some(60_001), "proxy.admission_wait_ms: "),
+            (
+                |r| r.body_budget_bytes = Some(1 << 20),
+                "proxy.body_budget_bytes: ",
+            ),
+            (
+                |r| r.admission_wait_ms = Some(60_001),
+                "proxy.admission_wait_ms: ",
+            ),
         ] {
             let m = message(validate_proxy(&raw(f)));
             assert!(m.starts_with(key), "{m}");

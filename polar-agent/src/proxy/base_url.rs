@@ -334,7 +334,10 @@ mod tests {
         let both = [(SESSION_HEADER, "s-1"), (KEY_HEADER, "polar-key-1")];
         assert_eq!(d.resolve(&req(&both, "/"), None).unwrap(), s);
         let bare = d.resolve(&req(&[(SESSION_HEADER, "s-1")], "/"), None);
-        assert!(matches!(bare, Err(ProxyError::UnknownSession(_))), "{bare:?}");
+        assert!(
+            matches!(bare, Err(ProxyError::UnknownSession(_))),
+            "{bare:?}"
+        );
         let other = [(SESSION_HEADER, "s-2"), (KEY_HEADER, "polar-key-1")];
         assert!(matches!(
             d.resolve(&req(&other, "/"), None),
@@ -343,7 +346,10 @@ mod tests {
                 ..
             })
         ));
-        assert!(d.resolve(&req(&[("x-api-key", "other")], "/"), None).is_err());
+        assert!(
+            d.resolve(&req(&[("x-api-key", "other")], "/"), None)
+                .is_err()
+        );
         assert!(d.resolve(&req(&[], "/"), None).is_err());
         d.unregister(&s);
         assert!(
@@ -362,8 +368,11 @@ mod tests {
         let own = Some(&s);
         assert_eq!(d.resolve(&req(&[], "/"), own).unwrap(), s);
         assert_eq!(
-            d.resolve(&req(&[("x-api-key", "key-s0"), (SESSION_HEADER, "task-s0")], "/"), own)
-                .unwrap(),
+            d.resolve(
+                &req(&[("x-api-key", "key-s0"), (SESSION_HEADER, "task-s0")], "/"),
+                own
+            )
+            .unwrap(),
             s
         );
         for (h, via) in [

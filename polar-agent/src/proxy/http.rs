@@ -270,7 +270,9 @@ mod tests {
         let sh = shares();
         let s: polar_ids::SessionId = "s".parse().unwrap();
         let charge = sh.body(Some(&s));
-        let e = read_body(body(20, true), 1 << 20, &charge).await.unwrap_err();
+        let e = read_body(body(20, true), 1 << 20, &charge)
+            .await
+            .unwrap_err();
         assert!(matches!(e, ProxyError::BadRequest(_)), "{e:?}");
         assert!(sh.body_bytes_in_use() > 0);
         drop(charge);
@@ -282,12 +284,16 @@ mod tests {
         let sh = shares();
         let s: polar_ids::SessionId = "s".parse().unwrap();
         let charge = sh.body(Some(&s));
-        let e = read_body(body(20, false), 100_000, &charge).await.unwrap_err();
+        let e = read_body(body(20, false), 100_000, &charge)
+            .await
+            .unwrap_err();
         assert!(matches!(e, ProxyError::TooLarge { .. }), "{e:?}");
         drop(charge);
         // Over the session's 1 MiB share: 429 naming the key.
         let charge = sh.body(Some(&s));
-        let e = read_body(body(200, false), 4 << 20, &charge).await.unwrap_err();
+        let e = read_body(body(200, false), 4 << 20, &charge)
+            .await
+            .unwrap_err();
         let resp = e.into_response(None);
         assert_eq!(resp.status(), http::StatusCode::TOO_MANY_REQUESTS);
         let text = resp.into_body().collect().await.unwrap().to_bytes();
@@ -311,7 +317,10 @@ mod tests {
         let sh = shares();
         let s: polar_ids::SessionId = "s".parse().unwrap();
         let permit = sh.stream(Some(&s)).unwrap();
-        let resp = holding(Response::new(super::super::body::full(Bytes::from("hi"))), permit);
+        let resp = holding(
+            Response::new(super::super::body::full(Bytes::from("hi"))),
+            permit,
+        );
         for _ in 0..7 {
             std::mem::forget(sh.stream(Some(&s)).unwrap());
         }

@@ -237,8 +237,14 @@ impl Proxy {
             match handshake {
                 Ok(Ok(tls)) => {
                     self.stats.tls_ok.fetch_add(1, Ordering::Relaxed);
-                    http::serve(tls, ctx, self.pipeline(), self.limits, Arc::clone(&self.shares))
-                        .await;
+                    http::serve(
+                        tls,
+                        ctx,
+                        self.pipeline(),
+                        self.limits,
+                        Arc::clone(&self.shares),
+                    )
+                    .await;
                 }
                 Ok(Err(e)) => {
                     self.stats.tls_failed.fetch_add(1, Ordering::Relaxed);
@@ -250,7 +256,14 @@ impl Proxy {
                 }
             }
         } else {
-            http::serve(io, ctx, self.pipeline(), self.limits, Arc::clone(&self.shares)).await;
+            http::serve(
+                io,
+                ctx,
+                self.pipeline(),
+                self.limits,
+                Arc::clone(&self.shares),
+            )
+            .await;
         }
     }
 

@@ -323,12 +323,10 @@ async fn acquire(sem: Arc<Semaphore>, n: u32, wait: Duration) -> Option<OwnedSem
         Ok(p) => Some(p),
         Err(TryAcquireError::Closed) => None,
         Err(TryAcquireError::NoPermits) if wait.is_zero() => None,
-        Err(TryAcquireError::NoPermits) => {
-            tokio::time::timeout(wait, sem.acquire_many_owned(n))
-                .await
-                .ok()?
-                .ok()
-        }
+        Err(TryAcquireError::NoPermits) => tokio::time::timeout(wait, sem.acquire_many_owned(n))
+            .await
+            .ok()?
+            .ok(),
     }
 }
 
@@ -490,7 +488,8 @@ impl ChargedBuf {
         };
         if grow > 0 {
             self.charge.charge(grow).await?;
-            self.buf.reserve_exact(grow + self.buf.capacity() - self.buf.len());
+            self.buf
+                .reserve_exact(grow + self.buf.capacity() - self.buf.len());
         }
         self.buf.extend_from_slice(data);
         Ok(true)
@@ -503,7 +502,8 @@ impl ChargedBuf {
         };
         if grow > 0 {
             self.charge.try_charge(grow)?;
-            self.buf.reserve_exact(grow + self.buf.capacity() - self.buf.len());
+            self.buf
+                .reserve_exact(grow + self.buf.capacity() - self.buf.len());
         }
         self.buf.extend_from_slice(data);
         Ok(true)
@@ -563,7 +563,10 @@ mod tests {
         ca.charge(9_000).await.unwrap();
         let e = ca.charge(2_000).await.unwrap_err();
         assert_eq!(e.cap, Cap::SessionBodyBytes);
-        assert!(e.to_string().contains("proxy.max_session_body_bytes"), "{e}");
+        assert!(
+            e.to_string().contains("proxy.max_session_body_bytes"),
+            "{e}"
+        );
         let cb = sh.body(Some(&b));
         let started = tokio::time::Instant::now();
         let e = cb.charge(5_000).await.unwrap_err();

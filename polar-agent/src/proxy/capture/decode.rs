@@ -129,7 +129,13 @@ mod tests {
     #[test]
     fn gzip_bodies_are_inflated() {
         let json = br#"{"model":"m","messages":[]}"#;
-        let d = body(&headers(Some("gzip")), &gz(json), 1024, &BodyCharge::uncounted()).unwrap();
+        let d = body(
+            &headers(Some("gzip")),
+            &gz(json),
+            1024,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         let model = |d: &Decoded| {
             d.parse()
                 .unwrap()
@@ -142,20 +148,50 @@ mod tests {
         };
         assert_eq!(model(&d), "\"m\"");
         assert_eq!(&d.bytes[..], json);
-        let d = body(&headers(None), &Bytes::from_static(json), 1024, &BodyCharge::uncounted()).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(json),
+            1024,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert_eq!(model(&d), "\"m\"");
     }
 
     #[test]
     fn limits_corruption_and_unknown_codings_are_refused() {
         let big = vec![b' '; 10_000];
-        let e = body(&headers(Some("gzip")), &gz(&big), 1000, &BodyCharge::uncounted()).unwrap_err();
+        let e = body(
+            &headers(Some("gzip")),
+            &gz(&big),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::TooLarge);
-        let e = body(&headers(Some("gzip")), &Bytes::from_static(b"nope"), 1000, &BodyCharge::uncounted()).unwrap_err();
+        let e = body(
+            &headers(Some("gzip")),
+            &Bytes::from_static(b"nope"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
-        let e = body(&headers(Some("br")), &Bytes::from_static(b"{}"), 1000, &BodyCharge::uncounted()).unwrap_err();
+        let e = body(
+            &headers(Some("br")),
+            &Bytes::from_static(b"{}"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
-        let e = body(&headers(Some("gzip, br")), &Bytes::new(), 1000, &BodyCharge::uncounted()).unwrap_err();
+        let e = body(
+            &headers(Some("gzip, br")),
+            &Bytes::new(),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
     }
 
@@ -194,11 +230,29 @@ mod tests {
 
     #[test]
     fn non_json_is_noted_not_fatal() {
-        let d = body(&headers(None), &Bytes::from_static(b"{oops"), 1000, &BodyCharge::uncounted()).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(b"{oops"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().is_err());
-        let d = body(&headers(None), &Bytes::new(), 1000, &BodyCharge::uncounted()).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::new(),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().unwrap().is_none());
-        let d = body(&headers(None), &Bytes::from_static(b" \n"), 1000, &BodyCharge::uncounted()).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(b" \n"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().unwrap().is_none());
     }
 }
