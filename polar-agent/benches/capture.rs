@@ -565,7 +565,8 @@ fn post(
         .method(Method::POST)
         .uri(format!("http://{addr}{path}"))
         .header("content-type", "application/json")
-        .header("x-polar-session", session);
+        .header("x-polar-session", session)
+        .header("x-polar-key", session);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

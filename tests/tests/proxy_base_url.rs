@@ -1,7 +1,9 @@
-//! Base-URL mode: the model pipeline reached directly over HTTP by a
-//! harness configured with a base URL; the session comes from the
-//! `x-polar-session` header or a per-session API key, and requests of
-//! unknown sessions are refused with 401 in the API's error shape.
+//! Base-URL mode on the host listener: the model pipeline reached directly
+//! over HTTP by a harness configured with a base URL. The session is proven
+//! by its secret key (an API key or `x-polar-key`); `x-polar-session` may
+//! confirm it but is no proof alone. Requests without a valid key are
+//! refused with 401, those whose header names another session than their
+//! key's with 403, in the API's error shape.
 
 use std::sync::Arc;
 
@@ -67,9 +69,21 @@ upstream = "{u}"
         parts.rules.clone(),
         parts.proxy.pipeline(),
         parts.proxy.limits(),
+        Arc::clone(parts.proxy.shares()),
         tasks.clone(),
     ));
-    let (s, b) = post(addr, "/v1/messages", &[("x-polar-session", "s-known")]).await?;
+    parts
+        .sessions
+        .register(&"s-other".parse()?, Some("polar-key-other"));
+    let (s, b) = post(
+        addr,
+        "/v1/messages",
+        &[
+            ("x-polar-session", "s-known"),
+            ("x-polar-key", "polar-key-known"),
+        ],
+    )
+    .await?;
     ensure!(s == 200 && b["upstream"] == "echo", "{s} {b}");
     let (s, b) = post(
         addr,
@@ -80,11 +94,33 @@ upstream = "{u}"
     ensure!(s == 200 && b["path"] == "/v1/chat/completions", "{s} {b}");
     let (s, b) = post(addr, "/v1/messages", &[("x-api-key", "polar-key-known")]).await?;
     ensure!(s == 200, "{s} {b}");
-    // Unknown sessions: 401, in the shape of the API that was called.
-    let (s, b) = post(addr, "/v1/messages", &[("x-polar-session", "s-unknown")]).await?;
+    // Unknown sessions, and known ones named without their key: 401, in
+    // the shape of the API that was called.
+    for named in ["s-unknown", "s-known"] {
+        let (s, b) = post(addr, "/v1/messages", &[("x-polar-session", named)]).await?;
+        ensure!(
+            s == 401 && b["type"] == "error" && b["error"]["message"].is_string(),
+            "{named}: {s} {b}"
+        );
+    }
+    // A key with a header naming another session: 403, counted.
+    let (s, b) = post(
+        addr,
+        "/v1/messages",
+        &[
+            ("x-polar-session", "s-other"),
+            ("x-api-key", "polar-key-known"),
+        ],
+    )
+    .await?;
+    ensure!(s == 403 && b["type"] == "error", "{s} {b}");
     ensure!(
-        s == 401 && b["type"] == "error" && b["error"]["message"].is_string(),
-        "{s} {b}"
+        parts
+            .proxy
+            .stats
+            .session_mismatch_header
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 1
     );
     let (s, b) = post(
         addr,

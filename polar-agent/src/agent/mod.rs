@@ -277,6 +277,7 @@ impl AgentParts {
             self.rules.clone(),
             self.proxy.pipeline(),
             self.proxy.limits(),
+            Arc::clone(self.proxy.shares()),
             self.tasks.clone(),
         ));
         Ok(local)

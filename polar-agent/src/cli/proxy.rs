@@ -23,8 +23,10 @@ pub struct ProxyArgs {
     /// free port.
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// A session to accept (repeatable). Requests name it in the
-    /// `x-polar-session` header, or use it as their API key.
+    /// A session to accept (repeatable). Requests prove it with its id as
+    /// their API key (or in `x-polar-key`); `x-polar-session` alone is not
+    /// enough. `polar proxy` runs no sandbox: every client is the
+    /// operator's own, so the id is the key.
     #[arg(long = "session", required = true)]
     pub sessions: Vec<SessionId>,
     /// The task the sessions belong to (stamped on their records).

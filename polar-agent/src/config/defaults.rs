@@ -24,6 +24,17 @@ pub const HEADER_TIMEOUT_MS: u64 = 10_000;
 pub const IDLE_TIMEOUT_MS: u64 = 300_000;
 /// `proxy.max_connections`.
 pub const MAX_CONNECTIONS: u32 = 4096;
+/// `proxy.max_session_connections`.
+pub const MAX_SESSION_CONNECTIONS: u32 = 256;
+/// `proxy.max_session_streams`.
+pub const MAX_SESSION_STREAMS: u32 = 256;
+/// `proxy.max_session_body_bytes`: 256 MiB (eight bodies of the largest
+/// size, gzip inflation included).
+pub const MAX_SESSION_BODY_BYTES: u64 = 256 * 1024 * 1024;
+/// `proxy.body_budget_bytes`: 1 GiB across all sessions.
+pub const BODY_BUDGET_BYTES: u64 = 1024 * 1024 * 1024;
+/// `proxy.admission_wait_ms`: 2 s.
+pub const ADMISSION_WAIT_MS: u64 = 2_000;
 /// `ca.validity_days`.
 pub const CA_VALIDITY_DAYS: u32 = 365;
 /// `ca.leaf_validity_hours`.

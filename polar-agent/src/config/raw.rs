@@ -77,6 +77,16 @@ pub struct RawProxy {
     pub idle_timeout_ms: Option<u64>,
     /// `max_connections`: open connections across all sandboxes.
     pub max_connections: Option<u32>,
+    /// `max_session_connections`: open connections of one session.
+    pub max_session_connections: Option<u32>,
+    /// `max_session_streams`: requests in flight of one session.
+    pub max_session_streams: Option<u32>,
+    /// `max_session_body_bytes`: request-body bytes one session buffers.
+    pub max_session_body_bytes: Option<u64>,
+    /// `body_budget_bytes`: request-body bytes buffered on the node.
+    pub body_budget_bytes: Option<u64>,
+    /// `admission_wait_ms`: how long a connection or body waits for a cap.
+    pub admission_wait_ms: Option<u64>,
 }
 
 /// `[ca]`.

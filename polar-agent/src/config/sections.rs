@@ -83,6 +83,18 @@ pub struct ProxyConfig {
     pub idle_timeout: Duration,
     /// Open connections across all sandboxes, at least 1.
     pub max_connections: u32,
+    /// Open connections of one session, 1 to `max_connections`.
+    pub max_session_connections: u32,
+    /// Requests in flight (HTTP/2 streams, HTTP/1 requests) of one session.
+    pub max_session_streams: u32,
+    /// Request-body bytes one session buffers at once (gzip inflation
+    /// included), `max_body_bytes` to `body_budget_bytes`.
+    pub max_session_body_bytes: u64,
+    /// Request-body bytes buffered at once on the node.
+    pub body_budget_bytes: u64,
+    /// How long a connection or a body waits for a node-wide cap (and a
+    /// connection for its session's) before it is refused.
+    pub admission_wait: Duration,
 }
 
 impl Default for ProxyConfig {
@@ -93,6 +105,11 @@ impl Default for ProxyConfig {
             header_timeout: Duration::from_millis(defaults::HEADER_TIMEOUT_MS),
             idle_timeout: Duration::from_millis(defaults::IDLE_TIMEOUT_MS),
             max_connections: defaults::MAX_CONNECTIONS,
+            max_session_connections: defaults::MAX_SESSION_CONNECTIONS,
+            max_session_streams: defaults::MAX_SESSION_STREAMS,
+            max_session_body_bytes: defaults::MAX_SESSION_BODY_BYTES,
+            body_budget_bytes: defaults::BODY_BUDGET_BYTES,
+            admission_wait: Duration::from_millis(defaults::ADMISSION_WAIT_MS),
         }
     }
 }
@@ -219,12 +236,59 @@ pub(crate) fn validate_proxy(raw: &RawProxy) -> Result<ProxyConfig, ConfigError>
         1_000_000,
         "",
     )?;
+    let max_session_connections = in_range(
+        &key.key("max_session_connections"),
+        raw.max_session_connections
+            .unwrap_or(defaults::MAX_SESSION_CONNECTIONS.min(max_connections)),
+        1,
+        max_connections,
+        " (proxy.max_connections)",
+    )?;
+    let max_session_streams = in_range(
+        &key.key("max_session_streams"),
+        raw.max_session_streams
+            .unwrap_or(defaults::MAX_SESSION_STREAMS),
+        1,
+        1_000_000,
+        "",
+    )?;
+    let body_budget_bytes = in_range(
+        &key.key("body_budget_bytes"),
+        raw.body_budget_bytes
+            .unwrap_or(defaults::BODY_BUDGET_BYTES.max(max_body_bytes)),
+        max_body_bytes,
+        1 << 40,
+        " bytes; at least proxy.max_body_bytes",
+    )?;
+    let max_session_body_bytes = in_range(
+        &key.key("max_session_body_bytes"),
+        raw.max_session_body_bytes.unwrap_or(
+            defaults::MAX_SESSION_BODY_BYTES
+                .max(max_body_bytes)
+                .min(body_budget_bytes),
+        ),
+        max_body_bytes,
+        body_budget_bytes,
+        " bytes: proxy.max_body_bytes to proxy.body_budget_bytes",
+    )?;
+    let admission_wait_ms = in_range(
+        &key.key("admission_wait_ms"),
+        raw.admission_wait_ms.unwrap_or(defaults::ADMISSION_WAIT_MS),
+        0,
+        60_000,
+        " ms",
+    )?;
     Ok(ProxyConfig {
         base_url_listen,
         max_body_bytes,
         header_timeout: Duration::from_millis(header_timeout_ms),
         idle_timeout: Duration::from_millis(idle_timeout_ms),
         max_connections,
+        max_session_connections,
+        max_session_streams,
+        max_session_body_bytes,
+        body_budget_bytes,
+        admission_wait: Duration::from_millis(admission_wait_ms),
     })
 }
 
@@ -413,6 +477,46 @@ mod tests {
             message(validate_proxy(&raw(|r| r.max_connections = Some(0))))
                 .starts_with("proxy.max_connections: ")
         );
+        // The shares: each names its key, and they nest (a session's body
+        // share holds a largest body and fits the node's budget).
+        for (f, key) in [
+            (
+                (|r: &mut RawProxy| r.max_session_connections = Some(5000)) as fn(&mut RawProxy),
+                "proxy.max_session_connections: ",
+            ),
+            (
+                |r| r.max_session_streams = Some(0),
+                "proxy.max_session_streams: ",
+            ),
+            (
+                |r| r.max_session_body_bytes = Some(1 << 20),
+                "proxy.max_session_body_bytes: ",
+            ),
+            (
+                |r| r.max_session_body_bytes = Some(2 << 30),
+                "proxy.max_session_body_bytes: ",
+            ),
+            (
+                |r| r.body_budget_bytes = Some(1 << 20),
+                "proxy.body_budget_bytes: ",
+            ),
+            (
+                |r| r.admission_wait_ms = Some(60_001),
+                "proxy.admission_wait_ms: ",
+            ),
+        ] {
+            let m = message(validate_proxy(&raw(f)));
+            assert!(m.starts_with(key), "{m}");
+        }
+        let small = validate_proxy(&RawProxy {
+            max_connections: Some(10),
+            max_body_bytes: Some(2048),
+            body_budget_bytes: Some(4096),
+            ..RawProxy::default()
+        })
+        .unwrap();
+        assert_eq!(small.max_session_connections, 10);
+        assert_eq!(small.max_session_body_bytes, 4096);
         for bad in ["127.0.0.1", "localhost:8787", "127.0.0.1:0", "::1:8787", ""] {
             let raw = RawProxy {
                 base_url_listen: Some(bad.into()),

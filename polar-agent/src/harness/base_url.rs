@@ -3,8 +3,16 @@
 //! [`DEFAULT_ADDR`]) and a per-session API key. Its connection to that
 //! address is redirected into the session's listener like any other; this
 //! handler recognises it by its original destination and serves it as
-//! base-URL mode (the session from the key, as the base-URL listener does),
-//! and hands every other connection to the interception proxy.
+//! base-URL mode, and hands every other connection to the interception
+//! proxy.
+//!
+//! The session of such a connection is the one the kernel attributed it to
+//! (its redirect record, or the listener's own session): the key and the
+//! `x-polar-session` header may only confirm it, and naming a sibling
+//! session is refused with 403 (`crate::proxy::base_url`). The connection
+//! takes its place under the same connection caps as intercepted ones
+//! (`crate::proxy::shares`). The key is 128 random bits: it is what proves
+//! the session on the host listener, where the kernel says nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,8 +52,12 @@ fn same(a: SocketAddr, b: SocketAddr) -> bool {
 impl Handler for WithBaseUrl {
     async fn handle(&self, conn: Accepted) {
         if conn.orig.is_some_and(|o| same(o.0, self.addr)) {
+            let Some(_slot) = self.proxy.admit(conn.session.as_ref(), conn.peer).await else {
+                return;
+            };
             let source = Arc::new(BaseUrlSource {
                 sessions: Arc::clone(&self.sessions),
+                attributed: conn.session.clone(),
                 rules: self.rules.clone(),
                 peer: conn.peer,
                 upstream_conn: Arc::default(),
@@ -55,6 +67,7 @@ impl Handler for WithBaseUrl {
                 source,
                 self.proxy.pipeline(),
                 self.proxy.limits(),
+                Arc::clone(self.proxy.shares()),
             )
             .await;
         } else {
@@ -63,9 +76,9 @@ impl Handler for WithBaseUrl {
     }
 }
 
-/// A fresh per-session API key.
+/// A fresh per-session API key: 128 random bits.
 pub fn session_key(session: &SessionId) -> String {
-    format!("polar-{session}-{:016x}", rand::random::<u64>())
+    format!("polar-{session}-{:032x}", rand::random::<u128>())
 }
 
 #[cfg(test)]

@@ -11,6 +11,8 @@ use std::sync::atomic::Ordering;
 use polar_metrics::Text;
 
 use crate::proxy::ProxyStats;
+use crate::proxy::error::NamedBy;
+use crate::proxy::shares::Cap;
 use crate::redirect::RedirectStats;
 use polar_capture::CaptureStats;
 use polar_export::ExportCounters;
@@ -101,6 +103,33 @@ fn proxy(out: &mut Text, p: &ProxyStats) {
         );
     }
     out.family(
+        "polar_proxy_session_mismatch_total",
+        "counter",
+        "Base-URL requests refused for naming a session other than their connection's, by where they named it.",
+    );
+    for (via, v) in [
+        (NamedBy::Header, &p.session_mismatch_header),
+        (NamedBy::Key, &p.session_mismatch_key),
+    ] {
+        out.sample(
+            "polar_proxy_session_mismatch_total",
+            &[("via", via.label())],
+            load(v),
+        );
+    }
+    out.family(
+        "polar_proxy_share_refused_total",
+        "counter",
+        "Connections and requests refused by a fair-share cap, by cap.",
+    );
+    for cap in Cap::ALL {
+        out.sample(
+            "polar_proxy_share_refused_total",
+            &[("cap", cap.label())],
+            p.refused.get(cap),
+        );
+    }
+    out.family(
         "polar_tls_handshakes_total",
         "counter",
         "TLS handshakes with harnesses by result.",
@@ -145,6 +174,7 @@ mod tests {
     fn every_part_renders_and_absent_parts_are_left_out() {
         let proxy = ProxyStats::default();
         proxy.tls_ok.fetch_add(3, Ordering::Relaxed);
+        proxy.session_mismatch_key.fetch_add(2, Ordering::Relaxed);
         let export = ExportCounters::default();
         export.bytes.fetch_add(1234, Ordering::Relaxed);
         let text = render(&AgentMetrics {
@@ -163,6 +193,8 @@ mod tests {
             "polar_queue_depth{stage=\"export\"} 5\n",
             "polar_capture_calls_total 0\n",
             "polar_tls_handshakes_total{result=\"ok\"} 3\n",
+            "polar_proxy_session_mismatch_total{via=\"key\"} 2\n",
+            "polar_proxy_share_refused_total{cap=\"session_streams\"} 0\n",
             "polar_redirect_total{kind=\"tcp_redirected\"} 9\n",
             "polar_export_bytes_total 1234\n",
             "polar_backend_latency_seconds_count 0\n",

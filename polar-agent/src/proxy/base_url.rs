@@ -1,9 +1,31 @@
-//! Base-URL mode: the model pipeline reachable directly over plain HTTP on a
-//! configured address, for harnesses set up with a base URL instead of being
-//! redirected. Without the kernel to attribute a connection, the session
-//! comes from the `x-polar-session` header or from the API key the harness
-//! sends (a per-session key the agent issued); requests of unknown sessions
-//! are refused with 401 in the API's error shape, never given a new session.
+//! Base-URL mode: the model pipeline reachable directly over plain HTTP,
+//! for harnesses set up with a base URL instead of being redirected. Who a
+//! request is from, and what it may claim:
+//!
+//! - **A connection the kernel attributed** (from inside a sandbox: its
+//!   connection to the base-URL address was redirected into the session's
+//!   listener, `crate::harness::base_url`) belongs to that session and no
+//!   other. The `x-polar-session` header and the API key may only confirm
+//!   it: a header naming another session, or a key issued to another
+//!   session, is refused with 403 in the API's error shape and counted
+//!   (`polar_proxy_session_mismatch_total`); a key issued to no session is
+//!   refused with 401. Without either, the kernel's word is enough.
+//! - **The host listener** (`proxy.base_url_listen`, [`serve`]) has no
+//!   kernel attribution. A request must prove its session with the secret
+//!   key issued to it ([`SessionDirectory::register`]), sent as `x-polar-key`
+//!   or wherever its API puts an API key; every registered key is compared
+//!   in constant time. A bare session id in `x-polar-session` proves
+//!   nothing: without a key the request is refused with 401, and a header
+//!   naming a session other than the key's with 403. Sessions are never
+//!   created here: an unknown key gets 401.
+//!
+//! The one trusted case is `polar proxy` (no sandbox at all, so every
+//! client is the operator's own), whose sessions' keys are their ids unless
+//! given: that is its documented interface.
+//!
+//! Connections of the host listener count against the node's connection
+//! cap; their requests go through their session's stream and body caps
+//! like any other ([`super::shares`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,13 +39,18 @@ use polar_chat::Api;
 use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
 
-use super::error::ProxyError;
+use super::error::{NamedBy, ProxyError};
 use super::http::{ContextSource, HttpLimits, api_of};
 use super::pipeline::{ModelPipeline, RequestContext};
+use super::shares::Shares;
 use super::upstream_conn::UpstreamConn;
 
-/// Header naming the session.
+/// Header naming the session (a claim, never a proof).
 pub const SESSION_HEADER: &str = "x-polar-session";
+
+/// Header carrying the session's secret key, for clients whose API-key
+/// header is taken by something else.
+pub const KEY_HEADER: &str = "x-polar-key";
 
 /// Sessions the base-URL listener accepts, by id and by API key.
 #[derive(Debug, Default)]
@@ -33,7 +60,9 @@ pub struct SessionDirectory {
 }
 
 impl SessionDirectory {
-    /// Accepts `session`, optionally with its own API key.
+    /// Accepts `session`, optionally with its own secret API key (without
+    /// one, the session is reachable only through connections the kernel
+    /// attributes to it).
     pub fn register(&self, session: &SessionId, api_key: Option<&str>) {
         write(&self.ids).insert(session.clone(), ());
         if let Some(k) = api_key {
@@ -47,26 +76,51 @@ impl SessionDirectory {
         write(&self.keys).retain(|_, s| s != session);
     }
 
-    /// The session a request belongs to.
-    pub fn resolve<B>(&self, req: &Request<B>) -> Result<SessionId, ProxyError> {
-        if let Some(v) = req.headers().get(SESSION_HEADER) {
-            let text = v.to_str().unwrap_or_default();
-            let id: SessionId = text
-                .parse()
-                .map_err(|_| ProxyError::UnknownSession(text.to_owned()))?;
-            return if read(&self.ids).contains_key(&id) {
-                Ok(id)
-            } else {
-                Err(ProxyError::UnknownSession(id.to_string()))
-            };
+    /// The session a request belongs to. `attributed` is the session the
+    /// kernel attributed its connection to, if any: then the request may
+    /// only confirm it. Without it, the request's key must prove its
+    /// session.
+    pub fn resolve<B>(
+        &self,
+        req: &Request<B>,
+        attributed: Option<&SessionId>,
+    ) -> Result<SessionId, ProxyError> {
+        let named = match req.headers().get(SESSION_HEADER) {
+            Some(v) => {
+                let text = v.to_str().unwrap_or_default();
+                Some(
+                    text.parse::<SessionId>()
+                        .map_err(|_| ProxyError::UnknownSession(text.to_owned()))?,
+                )
+            }
+            None => None,
+        };
+        let keyed = match api_key(req) {
+            Some(k) => Some(
+                session_of_key(&read(&self.keys), &k)
+                    .ok_or_else(|| ProxyError::UnknownSession("an unregistered API key".into()))?,
+            ),
+            None => None,
+        };
+        let Some(owner) = attributed.cloned().or_else(|| keyed.clone()) else {
+            return Err(ProxyError::UnknownSession(format!(
+                "no session key (an API key or {KEY_HEADER}); {SESSION_HEADER} alone is not one"
+            )));
+        };
+        let mismatch = |via| ProxyError::SessionMismatch {
+            via,
+            attributed: owner.to_string(),
+        };
+        if keyed.as_ref().is_some_and(|k| *k != owner) {
+            return Err(mismatch(NamedBy::Key));
         }
-        match api_key(req) {
-            Some(k) => session_of_key(&read(&self.keys), &k)
-                .ok_or_else(|| ProxyError::UnknownSession("an unregistered API key".into())),
-            None => Err(ProxyError::UnknownSession(format!(
-                "no {SESSION_HEADER} header and no API key"
-            ))),
+        if named.as_ref().is_some_and(|n| *n != owner) {
+            return Err(mismatch(NamedBy::Header));
         }
+        if !read(&self.ids).contains_key(&owner) {
+            return Err(ProxyError::UnknownSession(owner.to_string()));
+        }
+        Ok(owner)
     }
 }
 
@@ -91,12 +145,14 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The API key of a request, wherever its API puts it: `x-api-key`,
-/// `Authorization: Bearer`, `x-goog-api-key` or a `key` query parameter.
+/// The session key of a request: `x-polar-key`, else its API key wherever
+/// its API puts it: `x-api-key`, `Authorization: Bearer`, `x-goog-api-key`
+/// or a `key` query parameter.
 pub fn api_key<B>(req: &Request<B>) -> Option<String> {
     let h = req.headers();
     let header = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    header("x-api-key")
+    header(KEY_HEADER)
+        .or_else(|| header("x-api-key"))
         .or_else(|| header("x-goog-api-key"))
         .or_else(|| {
             header("authorization").and_then(|a| {
@@ -146,6 +202,9 @@ pub fn route_for(rules: &Rules, api: Option<Api>) -> Option<&Route> {
 pub struct BaseUrlSource {
     /// Accepted sessions.
     pub sessions: Arc<SessionDirectory>,
+    /// The session the kernel attributed the connection to (`None` on the
+    /// host listener).
+    pub attributed: Option<SessionId>,
     /// The routing rules in force (model routes give the backends and
     /// upstreams); read once per request.
     pub rules: LiveRules,
@@ -157,7 +216,7 @@ pub struct BaseUrlSource {
 
 impl ContextSource for BaseUrlSource {
     fn context(&self, req: &Request<Incoming>) -> Result<RequestContext, ProxyError> {
-        let session = self.sessions.resolve(req)?;
+        let session = self.sessions.resolve(req, self.attributed.as_ref())?;
         let api = api_of(req.method(), req.uri(), req.headers());
         let rules = self.rules.current();
         let route = route_for(&rules, api)
@@ -190,13 +249,16 @@ impl ContextSource for BaseUrlSource {
     }
 }
 
-/// Serves base-URL mode on `listener` until shutdown.
+/// Serves base-URL mode on `listener` until shutdown, every connection
+/// under the node's connection cap and every request under its session's
+/// shares.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sessions: Arc<SessionDirectory>,
     rules: impl Into<LiveRules>,
     pipeline: Arc<dyn ModelPipeline>,
     limits: HttpLimits,
+    shares: Arc<Shares>,
     tasks: Tasks,
 ) {
     let rules = rules.into();
@@ -217,12 +279,20 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let source = Arc::new(BaseUrlSource {
             sessions: Arc::clone(&sessions),
+            attributed: None,
             rules: rules.clone(),
             peer,
             upstream_conn: Arc::default(),
         });
         let pipeline = Arc::clone(&pipeline);
-        tasks.spawn(async move { super::http::serve(stream, source, pipeline, limits).await });
+        let shares = Arc::clone(&shares);
+        tasks.spawn(async move {
+            let Ok(_slot) = shares.connection(None).await else {
+                tracing::debug!(%peer, "base-URL connection refused: node connection cap; closing");
+                return;
+            };
+            super::http::serve(stream, source, pipeline, limits, Arc::clone(&shares)).await;
+        });
     }
 }
 
@@ -239,38 +309,91 @@ mod tests {
     }
 
     #[test]
-    fn sessions_from_header_or_key_and_unknown_refused() {
+    fn the_host_listener_takes_keys_and_never_a_bare_header() {
         let d = SessionDirectory::default();
         let s: SessionId = "s-1".parse().unwrap();
+        let t: SessionId = "s-2".parse().unwrap();
         d.register(&s, Some("polar-key-1"));
-        assert_eq!(d.resolve(&req(&[(SESSION_HEADER, "s-1")], "/")).unwrap(), s);
+        d.register(&t, Some("polar-key-2"));
+        for h in [
+            ("x-api-key", "polar-key-1"),
+            ("authorization", "Bearer polar-key-1"),
+            (KEY_HEADER, "polar-key-1"),
+        ] {
+            assert_eq!(d.resolve(&req(&[h], "/"), None).unwrap(), s, "{h:?}");
+        }
         assert_eq!(
-            d.resolve(&req(&[("x-api-key", "polar-key-1")], "/"))
-                .unwrap(),
-            s
-        );
-        assert_eq!(
-            d.resolve(&req(&[("authorization", "Bearer polar-key-1")], "/"))
-                .unwrap(),
-            s
-        );
-        assert_eq!(
-            d.resolve(&req(
-                &[],
-                "/v1beta/models/m:generateContent?key=polar-key-1"
-            ))
+            d.resolve(
+                &req(&[], "/v1beta/models/m:generateContent?key=polar-key-1"),
+                None
+            )
             .unwrap(),
             s
         );
-        assert!(d.resolve(&req(&[(SESSION_HEADER, "s-2")], "/")).is_err());
-        assert!(d.resolve(&req(&[("x-api-key", "other")], "/")).is_err());
-        assert!(d.resolve(&req(&[], "/")).is_err());
-        d.unregister(&s);
-        assert!(d.resolve(&req(&[(SESSION_HEADER, "s-1")], "/")).is_err());
+        // The header confirms the key's session, and proves nothing alone.
+        let both = [(SESSION_HEADER, "s-1"), (KEY_HEADER, "polar-key-1")];
+        assert_eq!(d.resolve(&req(&both, "/"), None).unwrap(), s);
+        let bare = d.resolve(&req(&[(SESSION_HEADER, "s-1")], "/"), None);
         assert!(
-            d.resolve(&req(&[("x-api-key", "polar-key-1")], "/"))
+            matches!(bare, Err(ProxyError::UnknownSession(_))),
+            "{bare:?}"
+        );
+        let other = [(SESSION_HEADER, "s-2"), (KEY_HEADER, "polar-key-1")];
+        assert!(matches!(
+            d.resolve(&req(&other, "/"), None),
+            Err(ProxyError::SessionMismatch {
+                via: NamedBy::Header,
+                ..
+            })
+        ));
+        assert!(
+            d.resolve(&req(&[("x-api-key", "other")], "/"), None)
                 .is_err()
         );
+        assert!(d.resolve(&req(&[], "/"), None).is_err());
+        d.unregister(&s);
+        assert!(
+            d.resolve(&req(&[("x-api-key", "polar-key-1")], "/"), None)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_kernel_attributed_connection_may_only_confirm_its_session() {
+        let d = SessionDirectory::default();
+        let s: SessionId = "task-s0".parse().unwrap();
+        let t: SessionId = "task-s1".parse().unwrap();
+        d.register(&s, Some("key-s0"));
+        d.register(&t, Some("key-s1"));
+        let own = Some(&s);
+        assert_eq!(d.resolve(&req(&[], "/"), own).unwrap(), s);
+        assert_eq!(
+            d.resolve(
+                &req(&[("x-api-key", "key-s0"), (SESSION_HEADER, "task-s0")], "/"),
+                own
+            )
+            .unwrap(),
+            s
+        );
+        for (h, via) in [
+            ((SESSION_HEADER, "task-s1"), NamedBy::Header),
+            (("x-api-key", "key-s1"), NamedBy::Key),
+            (("authorization", "Bearer key-s1"), NamedBy::Key),
+        ] {
+            match d.resolve(&req(&[h], "/"), own) {
+                Err(ProxyError::SessionMismatch { via: v, attributed }) => {
+                    assert_eq!((v, attributed.as_str()), (via, "task-s0"));
+                }
+                other => panic!("{h:?}: {other:?}"),
+            }
+        }
+        // A key of no session is refused; so is a session that ended.
+        assert!(matches!(
+            d.resolve(&req(&[("x-api-key", "guess")], "/"), own),
+            Err(ProxyError::UnknownSession(_))
+        ));
+        d.unregister(&s);
+        assert!(d.resolve(&req(&[], "/"), own).is_err());
     }
 
     #[test]

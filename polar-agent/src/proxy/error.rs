@@ -9,6 +9,26 @@ use polar_chat::Api;
 use polar_chat::provider::{self, ErrorKind, ProviderError, Side};
 
 use super::body::{ProxyBody, full};
+use super::shares::OverCap;
+
+/// Where a request named its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NamedBy {
+    /// The `x-polar-session` header.
+    Header,
+    /// An API key (or `x-polar-key`) issued to a session.
+    Key,
+}
+
+impl NamedBy {
+    /// Its label on the metrics page.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Header => "header",
+            Self::Key => "key",
+        }
+    }
+}
 
 /// What went wrong serving a request.
 #[derive(Debug, thiserror::Error)]
@@ -22,9 +42,21 @@ pub enum ProxyError {
     /// The request could not be read.
     #[error("reading the request: {0}")]
     BadRequest(String),
-    /// The session is unknown (base-URL mode).
+    /// The session is unknown, or no key proves it (base-URL mode).
     #[error("unknown session: {0}")]
     UnknownSession(String),
+    /// The request names a session other than the one the kernel
+    /// attributed its connection to.
+    #[error("this connection belongs to session {attributed}; its {} names another session", match .via { NamedBy::Header => "x-polar-session header", NamedBy::Key => "API key" })]
+    SessionMismatch {
+        /// Where it named the other session.
+        via: NamedBy,
+        /// The connection's session.
+        attributed: String,
+    },
+    /// A fair-share cap was reached.
+    #[error(transparent)]
+    OverCap(#[from] OverCap),
     /// The upstream could not be reached.
     #[error("upstream {upstream} unreachable: {message}")]
     UpstreamUnreachable {
@@ -53,7 +85,10 @@ impl ProxyError {
         match self {
             Self::TooLarge { .. } => (Side::Harness, ErrorKind::TooLarge),
             Self::BadRequest(_) => (Side::Harness, ErrorKind::InvalidRequest),
-            Self::UnknownSession(_) => (Side::Harness, ErrorKind::InvalidRequest),
+            Self::UnknownSession(_) | Self::SessionMismatch { .. } => {
+                (Side::Harness, ErrorKind::InvalidRequest)
+            }
+            Self::OverCap(_) => (Side::Harness, ErrorKind::Overloaded),
             Self::NoRoute(_) => (Side::Harness, ErrorKind::NotFound),
             Self::UpstreamUnreachable { .. } => (Side::Backend, ErrorKind::BackendUnavailable),
             Self::UpstreamTimeout { .. } => (Side::Backend, ErrorKind::BackendTimeout),
@@ -69,7 +104,15 @@ impl ProxyError {
         let api = api.unwrap_or(Api::OpenaiChat);
         let (status, body) = provider::error_response(api, &err);
         let status = match &self {
+            // No credential, or an unknown one: 401.
             Self::UnknownSession(_) => StatusCode::UNAUTHORIZED,
+            // The caller is known (the kernel said whose connection it is)
+            // and is asking to act as someone else: 403, which retrying with
+            // other credentials on this connection cannot fix.
+            Self::SessionMismatch { .. } => StatusCode::FORBIDDEN,
+            // The session's own share: 429 (back off); the node's: 503.
+            Self::OverCap(o) if o.cap.is_session() => StatusCode::TOO_MANY_REQUESTS,
+            Self::OverCap(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         };
         let mut resp = Response::new(full(Bytes::from(body.to_string())));

@@ -7,6 +7,10 @@
 //! - `pass`: the raw bytes are relayed to the original destination;
 //! - `deny`: the connection is closed and logged with its session.
 //!
+//! Every connection first takes its place under the fair shares
+//! ([`shares`]: node-wide and per-session connection caps, then per-request
+//! stream and body caps), base-URL connections included.
+//!
 //! The proxy knows nothing of trajectories: what a model request becomes is
 //! the pipeline's business ([`pipeline::ModelPipeline`]).
 
@@ -19,6 +23,7 @@ pub mod http;
 pub mod pipeline;
 pub mod relay;
 pub mod rewind;
+pub mod shares;
 pub mod sniff;
 pub mod upstream_conn;
 
@@ -27,16 +32,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use crate::listener::{Accepted, Handler};
 use crate::tls::ServerConfigFactory;
+use polar_ids::SessionId;
 
 use self::http::HttpLimits;
 use self::pipeline::{ModelPipeline, RequestContext};
 use self::rewind::Rewind;
+use self::shares::{ConnPermit, ShareLimits, Shares};
 use self::sniff::Sniffed;
 
 /// Counters of the proxy.
@@ -54,8 +60,29 @@ pub struct ProxyStats {
     pub tls_ok: AtomicU64,
     /// TLS handshakes failed.
     pub tls_failed: AtomicU64,
-    /// Connections refused for the connection limit.
+    /// Connections refused for a connection cap (node or session).
     pub over_limit: AtomicU64,
+    /// Refusals by fair-share cap ([`shares::Cap`]).
+    pub refused: shares::Refusals,
+    /// Requests refused for naming, in `x-polar-session`, a session other
+    /// than their connection's.
+    pub session_mismatch_header: AtomicU64,
+    /// Requests refused for carrying another session's key.
+    pub session_mismatch_key: AtomicU64,
+}
+
+impl ProxyStats {
+    /// Counts a request refused with `e` where it has a counter of its own
+    /// (a session mismatch).
+    pub fn count_error(&self, e: &error::ProxyError) {
+        if let error::ProxyError::SessionMismatch { via, .. } = e {
+            let c = match via {
+                error::NamedBy::Header => &self.session_mismatch_header,
+                error::NamedBy::Key => &self.session_mismatch_key,
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// The proxy's settings and shared state.
@@ -65,9 +92,9 @@ pub struct Proxy {
     pipeline: Arc<dyn ModelPipeline>,
     limits: HttpLimits,
     fake_range: Ipv4Cidr,
-    slots: Arc<Semaphore>,
+    shares: Arc<Shares>,
     /// Counters.
-    pub stats: ProxyStats,
+    pub stats: Arc<ProxyStats>,
 }
 
 /// What the proxy does with one connection, decided from its first bytes.
@@ -97,6 +124,7 @@ impl Proxy {
         pipeline: Arc<dyn ModelPipeline>,
     ) -> Self {
         let p = &config.proxy;
+        let stats = Arc::new(ProxyStats::default());
         Self {
             rules,
             tls,
@@ -107,10 +135,27 @@ impl Proxy {
                 idle_timeout: p.idle_timeout,
             },
             fake_range: config.dns.fake_range,
-            slots: Arc::new(Semaphore::new(
-                usize::try_from(p.max_connections).unwrap_or(usize::MAX),
-            )),
-            stats: ProxyStats::default(),
+            shares: Arc::new(Shares::new(ShareLimits::of(p), Arc::clone(&stats))),
+            stats,
+        }
+    }
+
+    /// The fair shares every connection and request goes through.
+    pub fn shares(&self) -> &Arc<Shares> {
+        &self.shares
+    }
+
+    /// A place for a connection of `session` under the connection caps,
+    /// or `None` (logged and counted) when it must be closed.
+    pub async fn admit(&self, session: Option<&SessionId>, peer: SocketAddr) -> Option<ConnPermit> {
+        match self.shares.connection(session).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
+                // Counted on the metrics page; a flood must not flood the log too.
+                tracing::debug!(session = ?session, %peer, error = %e, "connection refused; closing");
+                None
+            }
         }
     }
 
@@ -192,7 +237,14 @@ impl Proxy {
             match handshake {
                 Ok(Ok(tls)) => {
                     self.stats.tls_ok.fetch_add(1, Ordering::Relaxed);
-                    http::serve(tls, ctx, self.pipeline(), self.limits).await;
+                    http::serve(
+                        tls,
+                        ctx,
+                        self.pipeline(),
+                        self.limits,
+                        Arc::clone(&self.shares),
+                    )
+                    .await;
                 }
                 Ok(Err(e)) => {
                     self.stats.tls_failed.fetch_add(1, Ordering::Relaxed);
@@ -204,7 +256,14 @@ impl Proxy {
                 }
             }
         } else {
-            http::serve(io, ctx, self.pipeline(), self.limits).await;
+            http::serve(
+                io,
+                ctx,
+                self.pipeline(),
+                self.limits,
+                Arc::clone(&self.shares),
+            )
+            .await;
         }
     }
 
@@ -254,12 +313,10 @@ impl Handler for Proxy {
             tracing::debug!(session = ?conn.session, peer = %conn.peer, bytes = prefix.len(), "connection closed or silent before it said what it is");
             return;
         }
-        // Connections that said what they are count against the limit; the
+        // Connections that said what they are count against the caps; the
         // silent ones are bounded by the header timeout alone, so a flood of
         // half-open connections cannot lock others out.
-        let Ok(_slot) = Arc::clone(&self.slots).try_acquire_owned() else {
-            self.stats.over_limit.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(session = ?conn.session, peer = %conn.peer, "connection limit reached; closing");
+        let Some(_slot) = self.admit(conn.session.as_ref(), conn.peer).await else {
             return;
         };
         let plan = self.plan(&conn, &sniffed);

@@ -16,6 +16,7 @@ use crate::config::{ProviderHint, Upstream};
 use polar_ids::{OrigDst, SessionId};
 
 use super::body::ProxyBody;
+use super::shares::BodyCharge;
 use super::upstream_conn::UpstreamConn;
 
 /// Everything known about a request besides its bytes.
@@ -49,6 +50,9 @@ pub struct ModelRequest {
     pub head: Parts,
     /// The body.
     pub body: Bytes,
+    /// What the body is charged to under the fair shares (a stage that
+    /// buffers more of it, inflating it, charges the same).
+    pub charge: BodyCharge,
 }
 
 /// A boxed response future.

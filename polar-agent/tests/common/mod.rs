@@ -20,7 +20,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use polar_agent::agent::AgentParts;
 use polar_agent::config::Config;
-use polar_agent::proxy::base_url::{self, SESSION_HEADER};
+use polar_agent::proxy::base_url::{self, KEY_HEADER, SESSION_HEADER};
 use polar_capture::{LogProblem, SessionInfo, read_log};
 use polar_chat::Api;
 pub use polar_chat::provider::sse::EventJson;
@@ -84,6 +84,7 @@ impl TestAgent {
             parts.rules.clone(),
             parts.proxy.pipeline(),
             parts.proxy.limits(),
+            Arc::clone(parts.proxy.shares()),
             parts.tasks.clone(),
         ));
         Self {
@@ -94,10 +95,11 @@ impl TestAgent {
         }
     }
 
-    /// Accepts `session` as part of `task`.
+    /// Accepts `session` as part of `task`, its id as its key (as
+    /// `polar proxy` does: [`request`] sends both).
     pub fn session(&self, id: &str, task: &str) -> SessionId {
         let s: SessionId = id.parse().unwrap();
-        self.parts.sessions.register(&s, None);
+        self.parts.sessions.register(&s, Some(id));
         self.parts.registry.register(&s, SessionInfo::task(task));
         s
     }
@@ -164,7 +166,8 @@ pub fn request(
     let mut b = Request::builder()
         .method(method)
         .uri(format!("http://{addr}{path}"))
-        .header(SESSION_HEADER, session);
+        .header(SESSION_HEADER, session)
+        .header(KEY_HEADER, session);
     for (k, v) in headers {
         b = b.header(*k, *v);
     }

@@ -1,6 +1,8 @@
 //! Request bodies as the capture stage reads them: `content-encoding: gzip`
 //! inflated (Claude Code sometimes compresses its bodies) within the body
-//! limit, then read as JSON ([`Decoded::parse`], a [`Doc`] on the bytes).
+//! limit, the inflated bytes charged to the request's fair share as they
+//! inflate (over a cap: `overloaded` in the API's shape, naming the cap),
+//! then read as JSON ([`Decoded::parse`], a [`Doc`] on the bytes).
 
 use std::io::Read;
 
@@ -9,6 +11,8 @@ use http::HeaderMap;
 
 use polar_chat::provider::{ErrorKind, ProviderError, Side};
 use polar_json::{Doc, JsonError};
+
+use crate::proxy::shares::{BodyCharge, ChargedBuf};
 
 /// A body that is already decoded.
 #[derive(Debug)]
@@ -28,10 +32,15 @@ impl Decoded {
 }
 
 /// The decoded body of a request.
-pub(super) fn body(headers: &HeaderMap, raw: &Bytes, limit: u64) -> Result<Decoded, ProviderError> {
+pub(super) fn body(
+    headers: &HeaderMap,
+    raw: &Bytes,
+    limit: u64,
+    charge: &BodyCharge,
+) -> Result<Decoded, ProviderError> {
     let bytes = match encoding(headers)?.as_deref() {
         None | Some("identity") => raw.clone(),
-        Some("gzip" | "x-gzip") => gunzip(raw, limit)?,
+        Some("gzip" | "x-gzip") => gunzip(raw, limit, charge)?,
         Some(other) => {
             return Err(ProviderError::new(
                 Side::Harness,
@@ -62,21 +71,39 @@ fn encoding(headers: &HeaderMap) -> Result<Option<String>, ProviderError> {
     Ok(first)
 }
 
-/// Inflates a gzip body, refusing more than `limit` bytes of output.
-pub(super) fn gunzip(raw: &[u8], limit: u64) -> Result<Bytes, ProviderError> {
-    let mut out = Vec::with_capacity(raw.len().saturating_mul(4).min(1 << 20));
-    let mut reader = flate2::read::MultiGzDecoder::new(raw).take(limit.saturating_add(1));
-    reader.read_to_end(&mut out).map_err(|e| {
-        ProviderError::invalid(format!("the gzip-encoded request body is corrupt: {e}"))
-    })?;
-    if out.len() as u64 > limit {
-        return Err(ProviderError::new(
+/// Inflates a gzip body, refusing more than `limit` bytes of output and
+/// charging the output buffer to `charge` as it grows.
+pub(super) fn gunzip(raw: &[u8], limit: u64, charge: &BodyCharge) -> Result<Bytes, ProviderError> {
+    let too_large = || {
+        ProviderError::new(
             Side::Harness,
             ErrorKind::TooLarge,
             format!("the request body inflates to more than {limit} bytes"),
-        ));
+        )
+    };
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let mut out = ChargedBuf::new(charge.clone(), limit);
+    let mut reader = flate2::read::MultiGzDecoder::new(raw);
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = reader.read(&mut chunk).map_err(|e| {
+            ProviderError::invalid(format!("the gzip-encoded request body is corrupt: {e}"))
+        })?;
+        if n == 0 {
+            return Ok(out.into_bytes());
+        }
+        match out.try_extend(&chunk[..n]) {
+            Ok(true) => {}
+            Ok(false) => return Err(too_large()),
+            Err(over) => {
+                return Err(ProviderError::new(
+                    Side::Harness,
+                    ErrorKind::Overloaded,
+                    format!("inflating the request body: {over}"),
+                ));
+            }
+        }
     }
-    Ok(Bytes::from(out))
 }
 
 #[cfg(test)]
@@ -102,7 +129,13 @@ mod tests {
     #[test]
     fn gzip_bodies_are_inflated() {
         let json = br#"{"model":"m","messages":[]}"#;
-        let d = body(&headers(Some("gzip")), &gz(json), 1024).unwrap();
+        let d = body(
+            &headers(Some("gzip")),
+            &gz(json),
+            1024,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         let model = |d: &Decoded| {
             d.parse()
                 .unwrap()
@@ -115,30 +148,111 @@ mod tests {
         };
         assert_eq!(model(&d), "\"m\"");
         assert_eq!(&d.bytes[..], json);
-        let d = body(&headers(None), &Bytes::from_static(json), 1024).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(json),
+            1024,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert_eq!(model(&d), "\"m\"");
     }
 
     #[test]
     fn limits_corruption_and_unknown_codings_are_refused() {
         let big = vec![b' '; 10_000];
-        let e = body(&headers(Some("gzip")), &gz(&big), 1000).unwrap_err();
+        let e = body(
+            &headers(Some("gzip")),
+            &gz(&big),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::TooLarge);
-        let e = body(&headers(Some("gzip")), &Bytes::from_static(b"nope"), 1000).unwrap_err();
+        let e = body(
+            &headers(Some("gzip")),
+            &Bytes::from_static(b"nope"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
-        let e = body(&headers(Some("br")), &Bytes::from_static(b"{}"), 1000).unwrap_err();
+        let e = body(
+            &headers(Some("br")),
+            &Bytes::from_static(b"{}"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
-        let e = body(&headers(Some("gzip, br")), &Bytes::new(), 1000).unwrap_err();
+        let e = body(
+            &headers(Some("gzip, br")),
+            &Bytes::new(),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unsupported);
+    }
+
+    #[tokio::test]
+    async fn inflation_is_charged_as_it_grows_and_refused_over_the_share() {
+        use crate::proxy::shares::{ShareLimits, Shares};
+        let shares = std::sync::Arc::new(Shares::new(
+            ShareLimits {
+                node_connections: 1,
+                session_connections: 1,
+                session_streams: 1,
+                session_body_bytes: 1 << 20,
+                body_budget_bytes: 1 << 20,
+                wait: std::time::Duration::ZERO,
+            },
+            Default::default(),
+        ));
+        let s: polar_ids::SessionId = "s".parse().unwrap();
+        let charge = shares.body(Some(&s));
+        let small = gz(&vec![b' '; 300_000]);
+        let d = body(&headers(Some("gzip")), &small, 4 << 20, &charge).unwrap();
+        assert_eq!(d.bytes.len(), 300_000);
+        assert!(charge.bytes() >= 300_000 && charge.bytes() < 600_000);
+        drop((d, charge));
+        assert_eq!(shares.body_bytes_in_use(), 0);
+        // A bomb: 64 KiB that inflates past the session's 1 MiB share.
+        let bomb = gz(&vec![b' '; 8 << 20]);
+        assert!(bomb.len() < 64 << 10);
+        let charge = shares.body(Some(&s));
+        let e = body(&headers(Some("gzip")), &bomb, 32 << 20, &charge).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Overloaded);
+        assert!(e.message.contains("proxy.max_session_body_bytes"), "{e:?}");
+        drop(charge);
+        assert_eq!(shares.body_bytes_in_use(), 0);
     }
 
     #[test]
     fn non_json_is_noted_not_fatal() {
-        let d = body(&headers(None), &Bytes::from_static(b"{oops"), 1000).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(b"{oops"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().is_err());
-        let d = body(&headers(None), &Bytes::new(), 1000).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::new(),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().unwrap().is_none());
-        let d = body(&headers(None), &Bytes::from_static(b" \n"), 1000).unwrap();
+        let d = body(
+            &headers(None),
+            &Bytes::from_static(b" \n"),
+            1000,
+            &BodyCharge::uncounted(),
+        )
+        .unwrap();
         assert!(d.parse().unwrap().is_none());
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Per request ([`Capture::call`]):
 //! 1. the body is decoded (`content-encoding: gzip` is inflated, within the
-//!    body limit; other encodings are refused with 400) and parsed as JSON;
+//!    body limit and charged to the request's fair share as it inflates;
+//!    other encodings are refused with 400) and parsed as JSON;
 //! 2. [`provider::detect`] says what it is. Side calls are answered here
 //!    ([`side`]): token counts with an estimate, model lists (the backend's
 //!    names), Codex's WebSocket attempt with 426, `HEAD` probes with 200;
@@ -143,7 +144,12 @@ impl Capture {
             return self.forward_or_404(ctx, req, None).await;
         }
         let hinted = api_of_hint(ctx.provider);
-        let decoded = match decode::body(&req.head.headers, &req.body, self.max_body_bytes) {
+        let decoded = match decode::body(
+            &req.head.headers,
+            &req.body,
+            self.max_body_bytes,
+            &req.charge,
+        ) {
             Ok(d) => d,
             Err(e) => {
                 let api = super::http::api_of(&req.head.method, &req.head.uri, &req.head.headers);
