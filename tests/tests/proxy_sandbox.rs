@@ -92,7 +92,9 @@ fn sha256(path: &str) -> Result<String> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn unmodified_clients_reach_their_upstreams_pass_hosts_relay_and_denied_hosts_fail()
 -> Result<()> {
-    let tmp = tempfile::tempdir()?;
+    // The sandbox user passes through it: bubblewrap binds the session's
+    // directories from the state directory below it.
+    let tmp = polar_tests::sandbox_tempdir()?;
     let anthropic = EchoUpstream::start("127.0.0.1:0", "anthropic-upstream").await?;
     let openai = EchoUpstream::start("127.0.0.1:0", "openai-upstream").await?;
     let remote = RemoteTls::start("127.10.0.5:0", "pass.example", "remote-token-7").await?;

@@ -102,10 +102,10 @@ mod tests {
             workspace: "/s/ws".into(),
             home: "/s/home".into(),
             workdir: "/workspace".into(),
-            trust: TrustFiles {
+            trust: Some(TrustFiles {
                 bundle: "/st/trust/bundle.pem".into(),
                 ca: "/st/trust/polar-ca.pem".into(),
-            },
+            }),
             bundle_targets: vec![],
             hide: vec![],
             mounts: vec![],

@@ -147,10 +147,10 @@ mod tests {
             workspace: "/s/ws".into(),
             home: "/s/home".into(),
             workdir: "/workspace".into(),
-            trust: TrustFiles {
+            trust: Some(TrustFiles {
                 bundle: "/st/trust/bundle.pem".into(),
                 ca: "/st/trust/polar-ca.pem".into(),
-            },
+            }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
             hide: vec![],
             mounts: vec![Mount {
