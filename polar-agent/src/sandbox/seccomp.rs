@@ -166,10 +166,8 @@ fn any_flag(flags: &[u64]) -> Result<Vec<SeccompRule>, SeccompError> {
 /// The `EPERM` program: [`DENIED`], and `clone`, `unshare` and
 /// `personality` by argument.
 pub fn eperm_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED
-        .iter()
-        .map(|(_, nr)| (i64::from(*nr), Vec::new()))
-        .collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
     rules.insert(libc::SYS_clone, any_flag(NAMESPACE_FLAGS)?);
     let mut unshare = NAMESPACE_FLAGS.to_vec();
     unshare.push(libc::CLONE_NEWTIME as u64);
@@ -300,7 +298,7 @@ mod tests {
                 4 => self.arch,
                 16..=63 => {
                     let arg = self.args[((offset - 16) / 8) as usize];
-                    if offset % 8 == 0 {
+                    if offset.is_multiple_of(8) {
                         arg as u32
                     } else {
                         (arg >> 32) as u32
