@@ -69,7 +69,9 @@ const CALLS: &[(&str, &str, &str, &str)] = &[
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn all_four_apis_through_redirect_tls_and_capture() -> Result<()> {
     let mock = mock::start(MockConfig::default()).await?;
-    let tmp = tempfile::tempdir()?;
+    // The sandbox user passes through it: bubblewrap binds the session's
+    // directories from the state directory below it.
+    let tmp = polar_tests::sandbox_tempdir()?;
     let state = tmp.path().join("state");
     let config = tmp.path().join("polar.toml");
     std::fs::write(

@@ -92,11 +92,15 @@ fn sha256(path: &str) -> Result<String> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn unmodified_clients_reach_their_upstreams_pass_hosts_relay_and_denied_hosts_fail()
 -> Result<()> {
-    let tmp = tempfile::tempdir()?;
+    // The sandbox user passes through it: bubblewrap binds the session's
+    // directories from the state directory below it.
+    let tmp = polar_tests::sandbox_tempdir()?;
     let anthropic = EchoUpstream::start("127.0.0.1:0", "anthropic-upstream").await?;
     let openai = EchoUpstream::start("127.0.0.1:0", "openai-upstream").await?;
     let remote = RemoteTls::start("127.10.0.5:0", "pass.example", "remote-token-7").await?;
-    let remote_pem = tmp.path().join("remote.pem");
+    // Where the sandbox can read it: its /tmp is its own.
+    let remote_pem =
+        std::path::PathBuf::from(format!("/var/tmp/polar-remote-{}.pem", std::process::id()));
     std::fs::write(&remote_pem, &remote.cert_pem)?;
     let cfg = config(tmp.path(), &anthropic, &openai, remote.addr.port())?;
     let host_bundle_before = sha256(HOST_BUNDLE)?;
@@ -115,7 +119,9 @@ r bundle_inside grep -c 'BEGIN CERTIFICATE' {HOST_BUNDLE}
 "#,
         remote_pem = remote_pem.display(),
     );
-    let (out, run) = run_script(&cfg, &script)?;
+    let ran = run_script(&cfg, &script);
+    let _ = std::fs::remove_file(&remote_pem);
+    let (out, run) = ran?;
     let get = |k: &str| {
         out.get(k)
             .cloned()

@@ -1,7 +1,14 @@
 //! `polar sandbox run`: one command in a sandbox session, its traffic
 //! captured by the interception proxy (or, with `--inspect`, only logged).
+//!
+//! The command runs in the native runtime ([`crate::runtime::oneshot`]):
+//! the same hardened bubblewrap sandbox as a harness session, with the
+//! caller's stdio. Only `--unconfined`, a debugging flag that warns loudly,
+//! runs it the old way: as root on the host's root file system, with every
+//! capability, confined by nothing but its network namespace and cgroup.
 
 use std::ffi::OsString;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +20,12 @@ use crate::agent::AgentParts;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
 use crate::listener::LogHandler;
 use crate::redirect::preflight;
+use crate::harness::run::release_dirs;
+use crate::runtime::oneshot;
+use crate::runtime::steps::SandboxDirs;
+use crate::sandbox::session::Exec;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
+use crate::tls::TrustFiles;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
 
@@ -38,6 +50,13 @@ pub struct SandboxRunArgs {
     /// program connects to.
     #[arg(long)]
     pub inspect: bool,
+    /// DEBUGGING ONLY — NOT A SANDBOX: run the command as root with every
+    /// capability on the host's root file system, read-write (it can
+    /// write /etc and read the CA key), confined only by its network
+    /// namespace and cgroup. Warns on stderr. Without it the command runs
+    /// in the native runtime, as the sandbox user, on a read-only root.
+    #[arg(long, conflicts_with_all = ["harness", "runtime"])]
+    pub unconfined: bool,
     /// With `--inspect`: how long to wait for a connection's bytes, in ms.
     #[arg(long, default_value_t = 1500)]
     pub read_timeout_ms: u64,
@@ -69,14 +88,56 @@ impl From<NetworkArg> for NetworkMode {
     }
 }
 
-fn spec(args: &SandboxRunArgs, session: SessionId) -> RunSpec {
+/// The warning `--unconfined` prints.
+const UNCONFINED_WARNING: &str = "WARNING: --unconfined: the command runs as root with every \
+capability on the host's root file system, read-write; it is NOT sandboxed (only its network \
+namespace and cgroup are its own). Use it to debug, never for untrusted code.";
+
+/// The command as the agent execs it: in the native runtime, with the
+/// session's directories under `state_dir` (`trust` bound when given);
+/// with `--unconfined`, as it is, with `env` and the trust bundle's
+/// `binds`. The session's directories come back too, to be released
+/// ([`release_dirs`]) once the command ended.
+fn exec_for(
+    args: &SandboxRunArgs,
+    session: &SessionId,
+    state_dir: &Path,
+    disk_bytes: u64,
+    trust: Option<&TrustFiles>,
+) -> Result<(Exec, Option<SandboxDirs>), CliError> {
+    if args.unconfined {
+        {
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{UNCONFINED_WARNING}");
+        }
+        tracing::warn!(session = %session, "running the command unconfined: not a sandbox");
+        let mut exec = Exec::new(args.command.clone());
+        if let Some(t) = trust {
+            exec.env = t.env();
+            exec.binds = t.bind_mounts();
+        }
+        exec.env.push(("POLAR_SESSION".into(), session.to_string()));
+        return Ok((exec, None));
+    }
+    // Directories and the quota's mount: blocking, before the session.
+    let shot = tokio::task::block_in_place(|| {
+        oneshot::native(state_dir, disk_bytes, trust, session, &args.command, &[])
+    })
+    .map_err(crate::harness::HarnessError::from)?;
+    tracing::info!(
+        session = %session,
+        workspace = %shot.dirs.workspace.display(),
+        "native sandbox"
+    );
+    Ok((shot.exec, Some(shot.dirs)))
+}
+
+fn spec(args: &SandboxRunArgs, session: SessionId, exec: Exec) -> RunSpec {
     RunSpec {
-        argv: args.command.clone(),
+        exec,
         network: args.network.into(),
         session: Some(session),
         reaper_exe: std::env::current_exe().ok(),
-        env: Vec::new(),
-        binds: Vec::new(),
         drain_grace: Duration::from_secs(5),
     }
 }
@@ -89,9 +150,33 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         Arc::new(InterceptAll),
         5,
     ));
-    let mut spec = spec(&args, session);
+    // Validate everything before anything is created.
+    let config = args.config.load()?;
+    preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+    let state_dir = &config.agent.state_dir;
+    let (exec, dirs) = exec_for(
+        &args,
+        &session,
+        state_dir,
+        config.sandbox.disk_bytes,
+        None,
+    )?;
+    let mut spec = spec(&args, session.clone(), exec);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
-    let out = sandbox::run(spec, Arc::clone(&handler), resolver).await?;
+    let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
+    // Inspecting keeps nothing: the session's directories go (their disk
+    // quota ended first: a mounted tmpfs cannot be removed).
+    if let Some(dirs) = dirs {
+        release_dirs(dirs.clone()).await;
+        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dirs.root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await
+        .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
+        .map_err(|e| CliError::Io("removing the session".into(), e))?;
+    }
+    let out = out?;
     tracing::info!(session = %out.session, captured = handler.captured(), "sandbox finished");
     Ok(finish(out.end))
 }
@@ -118,11 +203,26 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .serve_base_url()
         .await
         .map_err(|e| CliError::Io("base-URL mode".into(), e))?;
-    let mut spec = spec(&args, session.clone());
-    spec.env = parts.trust.env();
-    spec.env.push(("POLAR_SESSION".into(), session.to_string()));
-    spec.binds = parts.trust.bind_mounts();
+    let exec = exec_for(
+        &args,
+        &session,
+        &parts.config.agent.state_dir,
+        parts.config.sandbox.disk_bytes,
+        Some(&parts.trust),
+    );
+    let (exec, dirs) = match exec {
+        Ok(e) => e,
+        Err(e) => {
+            parts.sessions.unregister(&session);
+            parts.registry.unregister(&session);
+            return Err(e);
+        }
+    };
+    let spec = spec(&args, session.clone(), exec);
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
+    if let Some(dirs) = dirs {
+        release_dirs(dirs).await;
+    }
     parts.sessions.unregister(&session);
     tasks.drain(Duration::from_secs(2)).await;
     if let Some(c) = &parts.capture {

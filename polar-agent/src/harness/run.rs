@@ -29,7 +29,6 @@ use crate::runtime::{Layout, Runtime, SANDBOX_USER};
 use crate::sandbox::NetworkMode;
 use crate::sandbox::limits::Enforced;
 use crate::sandbox::session::{SandboxSession, SessionOptions};
-use crate::tls::bundle::DISTRO_BUNDLES;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
 use polar_spec::runtime::{NetworkKind, RuntimeSpec};
@@ -242,14 +241,14 @@ async fn prepare_on(
 ) -> Result<Prepared, HarnessError> {
     let state = &parts.config.agent.state_dir;
     let user = SANDBOX_USER;
-    let bundle_targets = bundle_targets(&runtime, &run.spec);
+    let bundle_targets = crate::runtime::bundle_targets(&runtime, &run.spec);
     let staged = stage_read_only(&runtime, &run, &dirs)?;
     let layout = Layout {
         workspace: dirs.workspace.clone(),
         home: dirs.home.clone(),
         tmp: dirs.tmp.clone(),
         workdir: run.spec.workdir.clone(),
-        trust: parts.trust.clone(),
+        trust: Some(parts.trust.clone()),
         bundle_targets,
         hide: vec![state.clone()],
         mounts: run.spec.mounts.clone(),
@@ -302,22 +301,6 @@ fn session_mode(parts: &AgentParts, run: &HarnessRun) -> Mode {
                 key: session_key(&run.session),
             }
         }
-    }
-}
-
-/// Where the trust bundle is bound: every distribution's bundle path, or
-/// for a native runtime only those that exist in its root.
-fn bundle_targets(runtime: &Runtime, spec: &RuntimeSpec) -> Vec<PathBuf> {
-    match runtime {
-        Runtime::Native { .. } => {
-            let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
-            DISTRO_BUNDLES
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
-                .collect()
-        }
-        _ => DISTRO_BUNDLES.iter().map(PathBuf::from).collect(),
     }
 }
 

@@ -148,10 +148,10 @@ mod tests {
             home: "/s/home".into(),
             tmp: "/s/tmp".into(),
             workdir: "/workspace".into(),
-            trust: TrustFiles {
+            trust: Some(TrustFiles {
                 bundle: "/st/trust/bundle.pem".into(),
                 ca: "/st/trust/polar-ca.pem".into(),
-            },
+            }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
             hide: vec![],
             mounts: vec![Mount {

@@ -8,6 +8,8 @@
 //! - [`steps`]: the session's directories, HOME files and uploads into the
 //!   workspace, written beneath directories the sandbox controls;
 //! - [`quota`]: the disk quota (a size-limited tmpfs per session);
+//! - [`oneshot`]: one command in the native runtime with the caller's
+//!   stdio (`polar sandbox run -- CMD`);
 //! - [`plan`]: a whole session — prepare steps, the main command, post-run
 //!   steps — each with the remaining time budget.
 //!
@@ -20,11 +22,13 @@
 pub mod apptainer;
 pub mod docker;
 pub mod native;
+pub mod oneshot;
 pub mod plan;
 pub mod quota;
 pub mod steps;
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -72,6 +76,9 @@ pub enum RuntimeError {
     /// Running a command failed.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// The seccomp filter could not be built or passed.
+    #[error(transparent)]
+    Seccomp(#[from] crate::sandbox::seccomp::SeccompError),
     /// A runtime command (container start or stop) failed.
     #[error("{what} failed: {detail}")]
     Command {
@@ -147,8 +154,9 @@ pub struct Layout {
     pub tmp: PathBuf,
     /// Where the workspace appears.
     pub workdir: PathBuf,
-    /// The trust files on the host.
-    pub trust: TrustFiles,
+    /// The trust files on the host (none for `polar sandbox run --inspect`,
+    /// which terminates no TLS).
+    pub trust: Option<TrustFiles>,
     /// Distribution bundle paths to cover with the trust bundle.
     pub bundle_targets: Vec<PathBuf>,
     /// Host directories to hide (the agent's state directory).
@@ -189,15 +197,16 @@ impl Layout {
             read_only,
         };
         let inside = trust_in_sandbox();
-        let mut out = vec![
-            b(&self.trust.bundle, &inside.bundle, true),
-            b(&self.trust.ca, &inside.ca, true),
-        ];
-        out.extend(
-            self.bundle_targets
-                .iter()
-                .map(|t| b(&self.trust.bundle, t, true)),
-        );
+        let mut out = Vec::new();
+        if let Some(trust) = &self.trust {
+            out.push(b(&trust.bundle, &inside.bundle, true));
+            out.push(b(&trust.ca, &inside.ca, true));
+            out.extend(
+                self.bundle_targets
+                    .iter()
+                    .map(|t| b(&trust.bundle, t, true)),
+            );
+        }
         out.push(b(&self.workspace, &self.workdir, false));
         out.push(b(&self.home, Path::new(native::HOME), false));
         out.push(b(&self.tmp, Path::new("/tmp"), false));
@@ -311,18 +320,39 @@ impl Runtime {
     }
 
     /// The command line the agent execs for `argv` with `env` (the
-    /// sandbox's whole environment).
+    /// sandbox's whole environment), and the descriptors it must inherit
+    /// (the native runtime's seccomp programs).
     pub fn command(
         &self,
         layout: &Layout,
         argv: &[String],
         env: &[(String, String)],
-    ) -> Vec<OsString> {
-        match self {
-            Self::Native { root } => native::bwrap_argv(layout, root, argv),
-            Self::Docker(d) => d.exec_argv(layout, argv, env),
-            Self::Apptainer(a) => a.exec_argv(layout, argv, env),
-        }
+    ) -> Result<RuntimeCommand, RuntimeError> {
+        Ok(match self {
+            Self::Native { root } => {
+                let fds = crate::sandbox::seccomp::memfds()?;
+                let numbers: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+                RuntimeCommand {
+                    argv: native::bwrap_argv(layout, root, &numbers, argv),
+                    keep_fds: fds,
+                }
+            }
+            Self::Docker(d) => RuntimeCommand {
+                argv: d.exec_argv(layout, argv, env),
+                keep_fds: Vec::new(),
+            },
+            Self::Apptainer(a) => RuntimeCommand {
+                argv: a.exec_argv(layout, argv, env),
+                keep_fds: Vec::new(),
+            },
+        })
+    }
+
+    /// Whether the agent's child sets `no_new_privs` before exec (native:
+    /// nothing it runs may gain privileges; the container runtimes' own
+    /// programs may need setuid helpers).
+    pub fn no_new_privs(&self) -> bool {
+        matches!(self, Self::Native { .. })
     }
 
     /// Whether the environment goes to the exec'd program directly
@@ -335,6 +365,34 @@ impl Runtime {
     /// apptainer: rootless). The docker CLI talks to its daemon as root.
     pub fn drops_user(&self) -> bool {
         !matches!(self, Self::Docker(_))
+    }
+}
+
+/// What the agent execs for one command of a runtime.
+#[derive(Debug)]
+pub struct RuntimeCommand {
+    /// The command line.
+    pub argv: Vec<OsString>,
+    /// Descriptors the command must inherit.
+    pub keep_fds: Vec<OwnedFd>,
+}
+
+/// Where the trust bundle is bound: every distribution's bundle path, or
+/// for a native runtime only those that exist in its root.
+pub fn bundle_targets(runtime: &Runtime, spec: &RuntimeSpec) -> Vec<PathBuf> {
+    match runtime {
+        Runtime::Native { .. } => {
+            let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
+            crate::tls::bundle::DISTRO_BUNDLES
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
+                .collect()
+        }
+        _ => crate::tls::bundle::DISTRO_BUNDLES
+            .iter()
+            .map(PathBuf::from)
+            .collect(),
     }
 }
 

@@ -4,15 +4,24 @@
 //! drops to the sandbox user (uid/gid 65534 by default) and execs `bwrap`,
 //! which (through an unprivileged user namespace) builds the sandbox:
 //!
-//! - its own mount, PID, IPC and UTS namespaces (`--unshare-user
-//!   --unshare-pid --unshare-ipc --unshare-uts`), never its own network
-//!   namespace: it stays in the one the agent made, where the agent's
-//!   listener and DNS live; `--die-with-parent`, `--new-session`;
+//! - its own mount, PID, IPC, UTS and cgroup namespaces (`--unshare-user
+//!   --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup`), never
+//!   its own network namespace: it stays in the one the agent made, where
+//!   the agent's listener and DNS live; `--die-with-parent`,
+//!   `--new-session`;
+//! - no user namespaces of its own (`--disable-userns`: the nested user
+//!   namespace is the door to most kernel attack surface for an
+//!   unprivileged process), and the seccomp filter of
+//!   [`crate::sandbox::seccomp`] (`--add-seccomp-fd`, loaded by bwrap
+//!   last, right before it execs the command); bwrap itself sets
+//!   `no_new_privs`, and the agent's child sets it before exec too;
 //! - a fresh root holding each top-level entry of the host's root (or of
 //!   the spec's `rootfs`) read-only, except the ones in [`HIDDEN`], which
 //!   are not there at all (`/run` is an empty tmpfs; `/tmp` is the
 //!   session's `tmp/`, on its disk quota);
-//! - `/proc` of its own PID namespace, a minimal `/dev`;
+//! - `/proc` of its own PID namespace, a minimal `/dev`, and an empty
+//!   read-only `/sys` (the host's shows its devices, cgroups and kernel
+//!   tunables; none of the harness CLIs needs it);
 //! - the agent's state directory (CA key, other sessions' data) hidden
 //!   under an empty tmpfs;
 //! - Polar's CA bundle bound read-only at [`TRUST_DIR`] and over the
@@ -32,9 +41,10 @@ use std::path::{Path, PathBuf};
 use super::{Layout, RootEntry};
 
 /// Top-level entries of the host root the sandbox never sees.
-pub const HIDDEN: [&str; 10] = [
+pub const HIDDEN: [&str; 11] = [
     "proc",
     "dev",
+    "sys",
     "tmp",
     "run",
     "home",
@@ -89,18 +99,31 @@ impl AsRefOs for PathBuf {
 /// the rootfs's, from [`super::list_root`]). bwrap runs as the sandbox
 /// user, so every bind source's parent directories must let it pass
 /// (`o+x`; [`super::steps::SandboxDirs::create`] sees to the state
-/// directory). Pure: no file is touched.
-pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<OsString> {
+/// directory). `seccomp_fds` are the descriptors bwrap reads the filter's
+/// programs from (inherited by it; [`crate::sandbox::seccomp::memfds`]).
+/// Pure: no file is touched.
+pub fn bwrap_argv(
+    layout: &Layout,
+    root: &[RootEntry],
+    seccomp_fds: &[i32],
+    argv: &[String],
+) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec![os(BWRAP)];
     for flag in [
         "--unshare-user",
+        "--disable-userns",
         "--unshare-pid",
         "--unshare-ipc",
         "--unshare-uts",
+        "--unshare-cgroup",
         "--die-with-parent",
         "--new-session",
     ] {
         a.push(os(flag));
+    }
+    for fd in seccomp_fds {
+        a.push(os("--add-seccomp-fd"));
+        a.push(os(fd.to_string()));
     }
     push(&mut a, &[&"--hostname", &"polar"]);
     for e in root {
@@ -113,7 +136,10 @@ pub fn bwrap_argv(layout: &Layout, root: &[RootEntry], argv: &[String]) -> Vec<O
             None => push(&mut a, &[&"--ro-bind", &e.source, &dest]),
         }
     }
-    push(&mut a, &[&"--proc", &"/proc", &"--dev", &"/dev"]);
+    push(
+        &mut a,
+        &[&"--proc", &"/proc", &"--dev", &"/dev", &"--dir", &"/sys"],
+    );
     // `/tmp` is bound from the session's `tmp/` with the workspace (on the
     // session's disk quota), not a tmpfs of bwrap's own.
     push(&mut a, &[&"--tmpfs", &"/run"]);
@@ -144,10 +170,10 @@ mod tests {
             home: "/state/sandboxes/s1/home".into(),
             tmp: "/state/sandboxes/s1/tmp".into(),
             workdir: "/workspace".into(),
-            trust: TrustFiles {
+            trust: Some(TrustFiles {
                 bundle: "/state/trust/bundle.pem".into(),
                 ca: "/state/trust/polar-ca.pem".into(),
-            },
+            }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
             hide: vec!["/state".into()],
             mounts: vec![Mount {
@@ -175,6 +201,7 @@ mod tests {
             RootEntry::dir("/", "etc"),
             RootEntry::dir("/", "tmp"),
             RootEntry::dir("/", "root"),
+            RootEntry::dir("/", "sys"),
             RootEntry {
                 name: "bin".into(),
                 source: "/bin".into(),
@@ -184,9 +211,19 @@ mod tests {
         let a = text(&bwrap_argv(
             &layout(),
             &root,
+            &[7, 9],
             &["codex".into(), "exec".into()],
         ));
-        assert!(a.starts_with("bwrap --unshare-user --unshare-pid"), "{a}");
+        assert!(
+            a.starts_with(
+                "bwrap --unshare-user --disable-userns --unshare-pid --unshare-ipc \
+                 --unshare-uts --unshare-cgroup --die-with-parent --new-session \
+                 --add-seccomp-fd 7 --add-seccomp-fd 9 "
+            ),
+            "{a}"
+        );
+        assert!(!a.contains("/sys /sys"), "{a}");
+        assert!(a.contains("--proc /proc --dev /dev --dir /sys"), "{a}");
         assert!(!a.contains("--unshare-net"), "{a}");
         assert!(a.contains("--die-with-parent"));
         assert!(a.contains("--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin"));

@@ -152,9 +152,11 @@ impl Plan<'_> {
         for (k, v) in extra_env {
             super::set_env(&mut env, k, v.clone());
         }
-        let cmd = self.runtime.command(self.layout, argv, &env);
+        let cmd = self.runtime.command(self.layout, argv, &env)?;
         let (out, err, o, e) = self.log_files(name)?;
-        let mut exec = Exec::new(cmd);
+        let mut exec = Exec::new(cmd.argv);
+        exec.keep_fds = cmd.keep_fds;
+        exec.no_new_privs = self.runtime.no_new_privs();
         exec.env = if self.runtime.passes_env() {
             env
         } else {

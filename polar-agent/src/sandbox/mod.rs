@@ -6,9 +6,9 @@
 
 pub mod limits;
 pub mod process;
+pub mod seccomp;
 pub mod session;
 
-use std::ffi::OsString;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -56,18 +56,16 @@ pub enum SandboxError {
 /// What to run and how.
 #[derive(Debug)]
 pub struct RunSpec {
-    /// Program and arguments.
-    pub argv: Vec<OsString>,
+    /// The command as the agent execs it (for the native runtime, the
+    /// whole `bwrap ... -- CMD` line with its user, environment and
+    /// descriptors; see [`crate::runtime::oneshot`]).
+    pub exec: session::Exec,
     /// Network mode.
     pub network: NetworkMode,
     /// Session id (random when absent).
     pub session: Option<SessionId>,
     /// The `polar` executable for the cleanup guardian.
     pub reaper_exe: Option<PathBuf>,
-    /// Extra environment for the command.
-    pub env: Vec<(String, String)>,
-    /// Read-only bind mounts `(source, target)` inside the sandbox.
-    pub binds: Vec<(PathBuf, PathBuf)>,
     /// How long connections may take to finish after the command ended.
     pub drain_grace: Duration,
 }
@@ -208,9 +206,7 @@ pub async fn run<H: Handler>(
         drain_grace: spec.drain_grace,
     };
     let sandbox = session::SandboxSession::open(&redirect, &opts, &handler, &resolver)?;
-    let mut cmd = session::Exec::new(spec.argv);
-    cmd.env = spec.env;
-    cmd.binds = spec.binds;
+    let cmd = spec.exec;
     let stop = tokio_util::sync::CancellationToken::new();
     let mut interrupted = None;
     let ended = {

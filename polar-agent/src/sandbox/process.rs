@@ -2,8 +2,8 @@
 //! (isolated mode) and moves itself into the session's cgroup (and the v1
 //! limit groups, on hybrid hosts) after the fork and before it execs, so the
 //! redirect and the limits apply from its first instruction; then it drops
-//! to the sandbox user, if one is given, and execs (bubblewrap, for the
-//! native runtime).
+//! to the sandbox user, if one is given, sets `no_new_privs` when asked, and
+//! execs (bubblewrap, for the native runtime).
 
 use std::ffi::CString;
 use std::ffi::OsString;
@@ -54,6 +54,10 @@ pub struct Isolation {
     /// Descriptors the exec'd program inherits (their close-on-exec flag is
     /// cleared in the child).
     pub keep_fds: Vec<i32>,
+    /// Set `no_new_privs` before exec: neither the program nor anything it
+    /// starts gains privileges through setuid/setgid bits or file
+    /// capabilities.
+    pub no_new_privs: bool,
 }
 
 /// Errors of starting a sandboxed process.
@@ -152,6 +156,7 @@ pub fn spawn_with(launch: Launch<'_>, iso: Isolation) -> Result<Child, SpawnErro
     let procs_fd = launch.cgroup_procs.as_raw_fd();
     let extra_fds: Vec<i32> = iso.extra_procs.iter().map(AsRawFd::as_raw_fd).collect();
     let user = iso.user;
+    let no_new_privs = iso.no_new_privs;
     let keep_fds = iso.keep_fds.clone();
     let netns_fd = launch.netns.map(AsRawFd::as_raw_fd);
     let cstr = |p: &PathBuf| {
@@ -163,7 +168,7 @@ pub fn spawn_with(launch: Launch<'_>, iso: Isolation) -> Result<Child, SpawnErro
         .map(|(src, dst)| Ok((cstr(src)?, cstr(dst)?)))
         .collect::<Result<Vec<_>, SpawnError>>()?;
     // SAFETY: the hook runs between fork and exec and only makes raw
-    // syscalls (setns, unshare, mount, write) with descriptors and C strings
+    // syscalls (setns, unshare, mount, write, prctl) with descriptors and C strings
     // prepared before the fork, which stay alive until `spawn` returns; it
     // allocates nothing.
     unsafe {
@@ -192,6 +197,9 @@ pub fn spawn_with(launch: Launch<'_>, iso: Isolation) -> Result<Child, SpawnErro
                     || libc::setresgid(gid, gid, gid) != 0
                     || libc::setresuid(uid, uid, uid) != 0)
             {
+                return Err(io::Error::last_os_error());
+            }
+            if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())

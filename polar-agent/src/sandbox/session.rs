@@ -66,6 +66,8 @@ pub struct Exec {
     /// Run in the session's long-lived cgroup: what it leaves running (a
     /// container instance) survives it until the session ends.
     pub keep_running: bool,
+    /// Set `no_new_privs` before exec.
+    pub no_new_privs: bool,
 }
 
 impl Exec {
@@ -84,6 +86,7 @@ impl Exec {
             stderr: Stdio::inherit(),
             keep_fds: Vec::new(),
             keep_running: false,
+            no_new_privs: false,
         }
     }
 }
@@ -222,6 +225,7 @@ impl SandboxSession {
                 .iter()
                 .map(std::os::fd::AsRawFd::as_raw_fd)
                 .collect(),
+            no_new_privs: cmd.no_new_privs,
         };
         let launch = Launch {
             argv: &cmd.argv,
