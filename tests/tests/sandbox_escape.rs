@@ -9,7 +9,8 @@
 //! a host pid's `/proc` entry, read the CA key and the agent's
 //! configuration (with its token), read a live peer session's workspace,
 //! reach the gateway's and the rollout server's ports, and (with the
-//! runtime spec's limits) fork-bomb and memory-bomb. Every attempt is
+//! runtime spec's limits) fork-bomb and memory-bomb, and fill its disk
+//! (workspace and /tmp) past the node's quota. Every attempt is
 //! recorded with how it failed (errno name, exit status) and checked
 //! against the threat model; the targeted host files hash the same before
 //! and after; the peer session, running at the same time, completes its
@@ -145,6 +146,16 @@ for label, host, port in [("gateway_port_loopback", "127.0.0.1", A["gateway_port
         report(label, False, "connected to the agent, nothing received")
     except OSError as e:
         report(label, False, "connected to the agent, then " + name(e.errno))
+for label, path in [("fill_workspace", "/workspace/fill"), ("fill_tmp", "/tmp/fill")]:
+    n = 0
+    try:
+        with open(path, "wb") as f:
+            while n < 4 * A["disk_bytes"]:
+                f.write(b"\0" * (1 << 20)); f.flush(); n += 1 << 20
+        report(label, True, "wrote %d bytes" % n)
+    except OSError as e:
+        report(label, False, "%s after %d MiB" % (name(e.errno), n >> 20))
+    os.remove(path)
 if A["bombs"]:
     kids = []
     try:
@@ -162,6 +173,9 @@ if A["bombs"]:
         "a = []\nwhile True: a.append(b'x' * (32 << 20))"], capture_output=True)
     report("memory_bomb", p.returncode == 0, "exit %d" % p.returncode)
 "#;
+
+/// Each sandbox's disk quota in the test's configuration: 32 MiB.
+const DISK_BYTES: u64 = 32 << 20;
 
 /// How each attempt must fail: the accepted `how` values (errno names, or
 /// a prefix of `exit N: ...` for commands).
@@ -214,6 +228,9 @@ fn expected(bombs: bool) -> BTreeMap<&'static str, &'static [&'static str]> {
         ("gateway_port_host_addr", NET),
         ("rollout_port_loopback", NET),
         ("rollout_port_host_addr", NET),
+        // The disk quota (`sandbox.disk_bytes` of the test's config).
+        ("fill_workspace", &["ENOSPC"]),
+        ("fill_tmp", &["ENOSPC"]),
     ]);
     if bombs {
         m.insert("fork_bomb", &["EAGAIN after"]);
@@ -290,7 +307,8 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         "# trainer token: POLAR-SECRET-TOKEN-77\n\n[[backend]]\nname = \"mock\"\n\
          dialect = \"vllm\"\nreplicas = [\"{}\"]\nserved_model = \"polar-mock\"\n\n\
          [[route]]\nhost = \"api.anthropic.com\"\naction = \"model\"\n\
-         provider = \"anthropic\"\nbackend = \"mock\"\n",
+         provider = \"anthropic\"\nbackend = \"mock\"\n\n\
+         [sandbox]\ndisk_bytes = {DISK_BYTES}\n",
         mock_url
     );
     let cfg = polar_tests::write_config(tmp.path(), &body)?;
@@ -369,6 +387,7 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         "gateway_port": gateway.port,
         "rollout_port": rollout.port,
         "bombs": way == Way::Harness,
+        "disk_bytes": DISK_BYTES,
     })
     .to_string();
     let hostile = ["python3", "-c", HOSTILE, &args];
