@@ -18,9 +18,9 @@ use clap::ValueEnum;
 use super::{CliError, ConfigArgs, exit_code};
 use crate::agent::AgentParts;
 use crate::dns::{FakeIps, InterceptAll, Resolver};
+use crate::harness::run::release_dirs;
 use crate::listener::LogHandler;
 use crate::redirect::preflight;
-use crate::harness::run::release_dirs;
 use crate::runtime::oneshot;
 use crate::runtime::steps::SandboxDirs;
 use crate::sandbox::session::Exec;
@@ -154,13 +154,7 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let config = args.config.load()?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let state_dir = &config.agent.state_dir;
-    let (exec, dirs) = exec_for(
-        &args,
-        &session,
-        state_dir,
-        config.sandbox.disk_bytes,
-        None,
-    )?;
+    let (exec, dirs) = exec_for(&args, &session, state_dir, config.sandbox.disk_bytes, None)?;
     let mut spec = spec(&args, session.clone(), exec);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
