@@ -132,8 +132,15 @@ fn exec_for(
     Ok((shot.exec, Some(shot.dirs)))
 }
 
-fn spec(args: &SandboxRunArgs, session: SessionId, exec: Exec) -> RunSpec {
+/// The run of `exec` with the node's default limits (`[sandbox]`).
+fn spec(
+    args: &SandboxRunArgs,
+    session: SessionId,
+    exec: Exec,
+    sandbox: &crate::config::SandboxConfig,
+) -> RunSpec {
     RunSpec {
+        limits: sandbox.default_limits(),
         exec,
         network: args.network.into(),
         session: Some(session),
@@ -155,7 +162,7 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let state_dir = &config.agent.state_dir;
     let (exec, dirs) = exec_for(&args, &session, state_dir, config.sandbox.disk_bytes, None)?;
-    let mut spec = spec(&args, session.clone(), exec);
+    let mut spec = spec(&args, session.clone(), exec, &config.sandbox);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
     // Inspecting keeps nothing: the session's directories go (their disk
@@ -212,7 +219,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
             return Err(e);
         }
     };
-    let spec = spec(&args, session.clone(), exec);
+    let spec = spec(&args, session.clone(), exec, &parts.config.sandbox);
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
     if let Some(dirs) = dirs {
         release_dirs(dirs).await;

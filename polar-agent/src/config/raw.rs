@@ -61,6 +61,10 @@ pub struct RawSandbox {
     /// `disk_bytes`: each sandbox's disk quota (workspace, HOME and /tmp
     /// together).
     pub disk_bytes: Option<u64>,
+    /// `memory_bytes`: the memory limit of a sandbox whose spec sets none.
+    pub memory_bytes: Option<u64>,
+    /// `pids`: the process limit of a sandbox whose spec sets none.
+    pub pids: Option<u32>,
 }
 
 /// `[proxy]`.

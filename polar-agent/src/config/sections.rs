@@ -48,12 +48,32 @@ pub struct SandboxConfig {
     /// together (a tmpfs of this size: `crate::runtime::quota`), 16 MiB to
     /// 1 TiB. A runtime spec's `limits.disk_bytes` may only lower it.
     pub disk_bytes: u64,
+    /// The memory limit of a sandbox whose runtime spec sets none (every
+    /// `polar sandbox run -- CMD`), 16 MiB to 16 TiB.
+    pub memory_bytes: u64,
+    /// The process and thread limit of a sandbox whose runtime spec sets
+    /// none, 8 to 4194304.
+    pub pids: u32,
+}
+
+impl SandboxConfig {
+    /// The limits a sandbox gets where its spec sets none.
+    pub fn default_limits(&self) -> polar_spec::runtime::Limits {
+        polar_spec::runtime::Limits {
+            memory_bytes: Some(self.memory_bytes),
+            pids: Some(self.pids),
+            cpu: None,
+            disk_bytes: None,
+        }
+    }
 }
 
 impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
             disk_bytes: defaults::SANDBOX_DISK_BYTES,
+            memory_bytes: defaults::SANDBOX_MEMORY_BYTES,
+            pids: defaults::SANDBOX_PIDS,
         }
     }
 }
@@ -67,7 +87,25 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
         1 << 40,
         " bytes",
     )?;
-    Ok(SandboxConfig { disk_bytes })
+    let memory_bytes = in_range(
+        &key.key("memory_bytes"),
+        raw.memory_bytes.unwrap_or(defaults::SANDBOX_MEMORY_BYTES),
+        16 << 20,
+        1 << 44,
+        " bytes",
+    )?;
+    let pids = in_range(
+        &key.key("pids"),
+        raw.pids.unwrap_or(defaults::SANDBOX_PIDS),
+        8,
+        4_194_304,
+        "",
+    )?;
+    Ok(SandboxConfig {
+        disk_bytes,
+        memory_bytes,
+        pids,
+    })
 }
 
 /// `[proxy]`.
@@ -442,9 +480,34 @@ mod tests {
             validate_sandbox(&RawSandbox::default()).unwrap().disk_bytes,
             2 << 30
         );
+        let limits = validate_sandbox(&RawSandbox::default())
+            .unwrap()
+            .default_limits();
+        assert_eq!(limits.memory_bytes, Some(8 << 30));
+        assert_eq!(limits.pids, Some(4096));
+        for (key, raw) in [
+            (
+                "memory_bytes",
+                RawSandbox {
+                    memory_bytes: Some(1 << 20),
+                    ..RawSandbox::default()
+                },
+            ),
+            (
+                "pids",
+                RawSandbox {
+                    pids: Some(4),
+                    ..RawSandbox::default()
+                },
+            ),
+        ] {
+            let m = message(validate_sandbox(&raw));
+            assert!(m.starts_with(&format!("sandbox.{key}: ")), "{m}");
+        }
         for bad in [1 << 20, (1 << 40) + 1] {
             let raw = RawSandbox {
                 disk_bytes: Some(bad),
+                ..RawSandbox::default()
             };
             let m = message(validate_sandbox(&raw));
             assert!(m.starts_with("sandbox.disk_bytes: "), "{m}");

@@ -370,7 +370,7 @@ fn open_sandbox(
             NetworkKind::Isolated => NetworkMode::Isolated,
             NetworkKind::Host => NetworkMode::Host,
         },
-        limits: run.spec.limits,
+        limits: run.spec.limits.or(parts.config.sandbox.default_limits()),
         drain_grace: Duration::from_secs(5),
     };
     SandboxSession::open(redirect, &opts, handler, &parts.resolver).map_err(|e| {

@@ -68,6 +68,8 @@ pub struct RunSpec {
     pub reaper_exe: Option<PathBuf>,
     /// How long connections may take to finish after the command ended.
     pub drain_grace: Duration,
+    /// Its limits (memory, processes, CPU) through the session's cgroups.
+    pub limits: polar_spec::runtime::Limits,
 }
 
 /// How a run ended.
@@ -202,7 +204,7 @@ pub async fn run<H: Handler>(
     let opts = session::SessionOptions {
         id: id.clone(),
         network: spec.network,
-        limits: polar_spec::runtime::Limits::default(),
+        limits: spec.limits,
         drain_grace: spec.drain_grace,
     };
     let sandbox = session::SandboxSession::open(&redirect, &opts, &handler, &resolver)?;

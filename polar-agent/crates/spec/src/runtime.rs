@@ -232,6 +232,18 @@ impl Limits {
             )),
         }
     }
+
+    /// These limits, with `defaults` (the node's) for the ones left out:
+    /// a sandbox is never unlimited unless the node says so.
+    #[must_use]
+    pub fn or(self, defaults: Limits) -> Limits {
+        Limits {
+            memory_bytes: self.memory_bytes.or(defaults.memory_bytes),
+            pids: self.pids.or(defaults.pids),
+            cpu: self.cpu.or(defaults.cpu),
+            disk_bytes: self.disk_bytes.or(defaults.disk_bytes),
+        }
+    }
 }
 
 /// A prepare or post-run step.
