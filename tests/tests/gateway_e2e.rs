@@ -155,7 +155,10 @@ upload_roots = ["{examples}", "{tasks}"]
                 state = base.join("state").display(),
                 server = self.server_cfg.listen,
                 export = self.export_dir().display(),
-                examples = mini_agent().parent().context("no examples directory")?.display(),
+                examples = mini_agent()
+                    .parent()
+                    .context("no examples directory")?
+                    .display(),
             ),
         )?;
         let log = base.join("agent.log");
@@ -634,7 +637,8 @@ async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<(
     // A link inside an allowed root to the gateway's own config (its token).
     let config = f.gateways[0].config.clone();
     std::os::unix::fs::symlink(&config, f.tasks_dir().join("escape"))?;
-    let upload = |from: &Path| serde_json::json!({"prepare": [{"upload": {"from": from, "to": "x"}}]});
+    let upload =
+        |from: &Path| serde_json::json!({"prepare": [{"upload": {"from": from, "to": "x"}}]});
     let cases = [
         (
             "p-shadow",
@@ -676,7 +680,10 @@ async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<(
     for (id, _, want) in &cases {
         let t = f.wait_finished(id, Duration::from_secs(60)).await?;
         let s = &t.samples[0];
-        let SessionState::Done { result, attempt, .. } = &s.state else {
+        let SessionState::Done {
+            result, attempt, ..
+        } = &s.state
+        else {
             bail!("{id}: {t:#?}");
         };
         let error = result.error.as_deref().unwrap_or_default();
@@ -684,11 +691,23 @@ async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<(
             error.starts_with(&format!("refused by this node's policy: {want}")),
             "{id}: {error}"
         );
-        ensure!(result.status == polar_rollout_api::SampleStatus::Error, "{id}: {result:?}");
-        ensure!(result.reward.is_none() && result.trajectory_uri.is_none(), "{id}: {result:?}");
-        ensure!(*attempt == 1 && s.attempts == 1, "{id} was dispatched again: {s:?}");
+        ensure!(
+            result.status == polar_rollout_api::SampleStatus::Error,
+            "{id}: {result:?}"
+        );
+        ensure!(
+            result.reward.is_none() && result.trajectory_uri.is_none(),
+            "{id}: {result:?}"
+        );
+        ensure!(
+            *attempt == 1 && s.attempts == 1,
+            "{id} was dispatched again: {s:?}"
+        );
         let refused = result.stats.as_ref().and_then(|st| st.get("refused"));
-        ensure!(refused == Some(&serde_json::json!("node_policy")), "{id}: {result:?}");
+        ensure!(
+            refused == Some(&serde_json::json!("node_policy")),
+            "{id}: {result:?}"
+        );
     }
     // Inside the policy: runs as before.
     f.submit("p-ok", 1, 0).await?;

@@ -301,7 +301,10 @@ mod tests {
         assert!(check_task(&req).is_ok());
         let e = check(v).unwrap_err();
         assert_eq!(e.field, "runtime.prepare[0].upload.from");
-        assert!(e.reason.contains("/etc/shadow is outside the allowed upload roots [/srv/tasks]"));
+        assert!(
+            e.reason
+                .contains("/etc/shadow is outside the allowed upload roots [/srv/tasks]")
+        );
         let mut v = good();
         v["runtime"] = json!({"mounts": [{"source": "/", "target": "/host", "read_only": false}]});
         assert_eq!(check(v).unwrap_err().field, "runtime.mounts[0].source");
