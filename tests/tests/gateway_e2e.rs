@@ -12,7 +12,11 @@
 //!   exported, rewards and group ids right;
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
-//! - the rollout server restarted mid-task: nothing is lost.
+//! - the rollout server restarted mid-task: nothing is lost;
+//! - assignments outside the node's `[gateway.policy]` (an upload source
+//!   outside its roots or through a symbolic link out of one, a mount, the
+//!   host network, a limit over its ceiling) are refused at INIT, naming
+//!   the field, not retried, without a reward.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -99,6 +103,11 @@ impl Fixture {
         self.dir.path().join("trajectories")
     }
 
+    /// A second upload root of every gateway's policy.
+    fn tasks_dir(&self) -> PathBuf {
+        self.dir.path().join("tasks")
+    }
+
     /// Starts `polar agent` as node `node_id` listening on `ip`, and waits
     /// until the server lists it.
     async fn gateway(&mut self, node_id: &str, ip: &str) -> Result<()> {
@@ -138,10 +147,18 @@ heartbeat_interval_ms = 300
 drain_timeout_secs = {drain_secs}
 export = "{export}"
 formats = ["parquet", "jsonl"]
+
+[gateway.policy]
+upload_roots = ["{examples}", "{tasks}"]
 "#,
+                tasks = self.tasks_dir().display(),
                 state = base.join("state").display(),
                 server = self.server_cfg.listen,
                 export = self.export_dir().display(),
+                examples = mini_agent()
+                    .parent()
+                    .context("no examples directory")?
+                    .display(),
             ),
         )?;
         let log = base.join("agent.log");
@@ -603,6 +620,99 @@ async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
         bail!("{t:#?}");
     };
     ensure!(result.reward == Some(0.0), "{result:?}");
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// The rollout server here has no policy, so these reach the node, which
+/// refuses each at INIT by its own `[gateway.policy]`: a failed sample
+/// naming the field and the node's policy, dispatched once, no reward,
+/// `stats.refused = "node_policy"`; and a task inside the policy still
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    std::fs::create_dir_all(f.tasks_dir())?;
+    f.gateway("gw-p", "127.0.0.61").await?;
+    // A link inside an allowed root to the gateway's own config (its token).
+    let config = f.gateways[0].config.clone();
+    std::os::unix::fs::symlink(&config, f.tasks_dir().join("escape"))?;
+    let upload =
+        |from: &Path| serde_json::json!({"prepare": [{"upload": {"from": from, "to": "x"}}]});
+    let cases = [
+        (
+            "p-shadow",
+            upload(Path::new("/etc/shadow")),
+            "runtime.prepare[0].upload.from: /etc/shadow is outside the allowed upload roots",
+        ),
+        (
+            "p-link",
+            upload(&f.tasks_dir().join("escape")),
+            &*format!(
+                "runtime.prepare[0].upload.from: {} is outside the allowed upload roots",
+                config.canonicalize()?.display()
+            ),
+        ),
+        (
+            "p-mount",
+            serde_json::json!({"mounts": [{"source": "/etc", "target": "/host-etc", "read_only": false}]}),
+            "runtime.mounts[0].source: /etc is outside the allowed writable mount roots [] (read_only = false)",
+        ),
+        (
+            "p-net",
+            serde_json::json!({"network": "host"}),
+            "runtime.network: \"host\" is not allowed by the node's policy",
+        ),
+        (
+            "p-pids",
+            serde_json::json!({"limits": {"pids": 100_000}}),
+            "runtime.limits.pids: above the node's ceiling of 4096",
+        ),
+    ];
+    for (id, runtime, _) in &cases {
+        let task = serde_json::json!({
+            "task_id": id, "instruction": "x", "num_samples": 1, "timeout_secs": 60,
+            "agent": {"harness": "shell", "options": {"command": "touch polar-demo.txt"}},
+            "runtime": runtime,
+        });
+        f.client().submit(&task).await?;
+    }
+    for (id, _, want) in &cases {
+        let t = f.wait_finished(id, Duration::from_secs(60)).await?;
+        let s = &t.samples[0];
+        let SessionState::Done {
+            result, attempt, ..
+        } = &s.state
+        else {
+            bail!("{id}: {t:#?}");
+        };
+        let error = result.error.as_deref().unwrap_or_default();
+        ensure!(
+            error.starts_with(&format!("refused by this node's policy: {want}")),
+            "{id}: {error}"
+        );
+        ensure!(
+            result.status == polar_rollout_api::SampleStatus::Error,
+            "{id}: {result:?}"
+        );
+        ensure!(
+            result.reward.is_none() && result.trajectory_uri.is_none(),
+            "{id}: {result:?}"
+        );
+        ensure!(
+            *attempt == 1 && s.attempts == 1,
+            "{id} was dispatched again: {s:?}"
+        );
+        let refused = result.stats.as_ref().and_then(|st| st.get("refused"));
+        ensure!(
+            refused == Some(&serde_json::json!("node_policy")),
+            "{id}: {result:?}"
+        );
+    }
+    // Inside the policy: runs as before.
+    f.submit("p-ok", 1, 0).await?;
+    let t = f.wait_finished("p-ok", Duration::from_secs(120)).await?;
+    check_results(&t, &f.export_dir())?;
     f.stop_gateways()?;
     Ok(())
 }

@@ -57,7 +57,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let config = dir.join("polar.toml");
     std::fs::write(
         &config,
-        config_text(&dir, mock_port, server_port, gateway_port),
+        config_text(&dir, &root, mock_port, server_port, gateway_port),
     )?;
     let mut mock = Daemon::start(
         "mock inference server",
@@ -177,7 +177,7 @@ fn free_ports() -> Result<[u16; 3]> {
     Ok([p(0)?, p(1)?, p(2)?])
 }
 
-fn config_text(dir: &Path, mock: u16, server: u16, gateway: u16) -> String {
+fn config_text(dir: &Path, root: &Path, mock: u16, server: u16, gateway: u16) -> String {
     format!(
         r#"# Written by `cargo xtask demo`.
 [agent]
@@ -205,7 +205,12 @@ ready_buffer = 2
 export = "{traj}"
 formats = ["parquet", "jsonl"]
 drain_timeout_secs = 20
+
+# The shell task uploads examples/mini_agent.py; nothing else may be.
+[gateway.policy]
+upload_roots = ["{examples}"]
 "#,
+        examples = root.join("examples").display(),
         state = dir.join("state").display(),
         db = dir.join("rollout.sqlite").display(),
         traj = dir.join("trajectories").display(),

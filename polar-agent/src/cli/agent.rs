@@ -45,6 +45,19 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
             path.display()
         ))
     })?;
+    // No policy root may hold or be inside the node's secrets.
+    gw.policy
+        .check_protected(
+            &crate::gateway::config::policy_key(),
+            &[
+                ("state directory", config.agent.state_dir.as_path()),
+                ("config file", path.as_path()),
+            ],
+        )
+        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+            key: e.key.to_string(),
+            reason: e.reason,
+        })?;
     let export = gw.export.clone().unwrap_or_else(|| {
         config
             .agent
@@ -92,6 +105,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         exporter,
         gw.agent_timeout,
         gw.node_id.clone(),
+        gw.policy.clone(),
     );
     let started = Node::start(opts, gw.listen, Stages::new(gw.limits), work).await;
     let node = match started {

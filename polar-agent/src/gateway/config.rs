@@ -24,7 +24,16 @@
 //! formats = ["parquet", "jsonl"]
 //! [gateway.s3]                        # for export = "s3://...": endpoint, region,
 //! endpoint = "http://10.0.0.9:9000"   # allow_http, access_key_id, ... (else AWS_* vars)
+//! [gateway.policy]                    # what task specs may ask of this node
+//! upload_roots = ["/srv/tasks"]       # (default: nothing beyond the safe; see
+//! mount_roots = ["/data"]             #  polar_spec::policy for every key)
 //! ```
+//!
+//! `[gateway.policy]` is the node-side policy ([`polar_spec::policy`]):
+//! checked here (paths absolute, a writable mount root overlapping a root
+//! the node reads from is refused) and against the node's secrets (its
+//! state directory and config file) by `polar agent` before anything
+//! starts; every assignment is checked against it at INIT.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,6 +43,8 @@ use serde::Deserialize;
 
 use polar_export::Format;
 use polar_gateway::stages::StageLimits;
+use polar_spec::KeyPath;
+use polar_spec::policy::{Policy, RawPolicy};
 
 /// The environment variable holding the node token (used when the file
 /// has no `token`).
@@ -117,6 +128,8 @@ pub struct RawGatewayConfig {
     pub formats: Option<Vec<String>>,
     /// `[gateway.s3]`: the S3-compatible store of an `s3://` export.
     pub s3: Option<polar_export::S3Options>,
+    /// `[gateway.policy]`: what task specs may ask of this node.
+    pub policy: Option<RawPolicy>,
 }
 
 /// The validated settings.
@@ -150,6 +163,14 @@ pub struct GatewayConfig {
     pub formats: Vec<Format>,
     /// The S3-compatible store's options.
     pub s3: polar_export::S3Options,
+    /// What task specs may ask of this node (the default: nothing beyond
+    /// the safe).
+    pub policy: Policy,
+}
+
+/// Where the policy is in the file.
+pub fn policy_key() -> KeyPath {
+    KeyPath::root().key("gateway").key("policy")
 }
 
 fn positive(key: &str, v: Option<u32>, default: u32) -> Result<u32, GatewayConfigError> {
@@ -270,6 +291,11 @@ impl GatewayConfig {
         {
             return Err(invalid("export", "empty"));
         }
+        let policy = Policy::from_raw(&raw.policy.clone().unwrap_or_default(), &policy_key())
+            .map_err(|e| GatewayConfigError::Invalid {
+                key: e.key.to_string(),
+                reason: e.reason,
+            })?;
         Ok(Self {
             server,
             node_id,
@@ -285,6 +311,7 @@ impl GatewayConfig {
             export: raw.export.clone(),
             formats,
             s3: raw.s3.clone().unwrap_or_default(),
+            policy,
         })
     }
 
@@ -339,6 +366,7 @@ mod tests {
         assert_eq!(c.limits.running, 32);
         assert_eq!(c.limits.ready_buffer, 8);
         assert_eq!(c.formats, vec![Format::Parquet]);
+        assert_eq!(c.policy, Policy::default());
         let c = parse(
             "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
         )
@@ -367,6 +395,16 @@ mod tests {
         assert_eq!(c.accept_tokens, vec!["server-secret".to_owned()]);
         assert_eq!(c.formats, vec![Format::Parquet, Format::Jsonl]);
         assert_eq!(c.export.as_deref(), Some("/mnt/shared/trajectories"));
+        let policy: String = example
+            .lines()
+            .skip_while(|l| *l != "# [gateway.policy]")
+            .take_while(|l| l.starts_with('#'))
+            .map(|l| format!("{}\n", l.trim_start_matches('#').trim_start()))
+            .collect();
+        let c = parse(&format!("{block}{policy}")).unwrap();
+        assert_eq!(c.policy.upload_roots, vec![PathBuf::from("/srv/tasks")]);
+        assert_eq!(c.policy.ceilings.cpu, Some(8.0));
+        assert!(!c.policy.allow_host_network);
     }
 
     #[test]
@@ -380,6 +418,18 @@ mod tests {
             (
                 "heartbeat_interval_ms = 1\n",
                 "gateway.heartbeat_interval_ms",
+            ),
+            (
+                "[gateway.policy]\nmount_roots = [\"data\"]\n",
+                "gateway.policy.mount_roots[0]: \"data\" must be an absolute",
+            ),
+            (
+                "[gateway.policy]\nupload_roots = [\"/srv\"]\nwritable_mount_roots = [\"/srv/x\"]\n",
+                "gateway.policy.writable_mount_roots[0]: /srv/x overlaps upload_roots[0]",
+            ),
+            (
+                "[gateway.policy]\nallow_pass_routes = true\n",
+                "allow_pass_routes",
             ),
         ] {
             let e = parse(&format!("{base}{extra}")).unwrap_err();

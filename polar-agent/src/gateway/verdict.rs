@@ -3,7 +3,7 @@
 //! node is at fault (dispatch again), and the outcome its trajectory
 //! records. Pure.
 
-use serde_json::Map;
+use serde_json::{Map, Value};
 
 use super::work::Ran;
 use crate::runtime::plan::{Phase, StepEnd, StepReport};
@@ -12,7 +12,12 @@ use polar_gateway::stages::{Interrupt, Reached, Report};
 use polar_rollout_api::{SampleStatus, TokenUsage};
 use polar_trajectory::SessionOutcome;
 
-/// The report of a session that never got prepared.
+/// How an INIT error of an assignment outside the node's policy begins.
+pub(super) const POLICY_REFUSED: &str = "refused by this node's policy";
+
+/// The report of a session that never got prepared. One the node's policy
+/// refused is an error of the task's spec: not retried, no reward, and
+/// `stats.refused = "node_policy"` tells it from the node's own failures.
 pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
     let (status, error, retry) = match reached {
         Reached::InitFailed { error, retry } => (SampleStatus::Error, Some(error), retry),
@@ -25,13 +30,20 @@ pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
             (SampleStatus::Cancelled, None, false)
         }
     };
+    let mut stats = Map::new();
+    if error
+        .as_deref()
+        .is_some_and(|e| e.starts_with(POLICY_REFUSED))
+    {
+        stats.insert("refused".into(), Value::from("node_policy"));
+    }
     Report {
         status,
         reward: None,
         trajectory_uri: None,
         tokens: TokenUsage::default(),
         error,
-        stats: Map::new(),
+        stats,
         retry,
     }
 }
@@ -199,6 +211,16 @@ mod tests {
             retry: false,
         });
         assert_eq!((r.status, r.retry), (SampleStatus::Error, false));
+        assert!(r.stats.is_empty());
+        let r = never_prepared(Reached::InitFailed {
+            error: format!("{POLICY_REFUSED}: runtime.network: \"host\" is not allowed"),
+            retry: false,
+        });
+        assert_eq!(
+            (r.status, r.retry, r.reward),
+            (SampleStatus::Error, false, None)
+        );
+        assert_eq!(r.stats["refused"], "node_policy");
         let r = never_prepared(Reached::Interrupted(Interrupt::Budget));
         assert_eq!(r.status, SampleStatus::Timeout);
     }

@@ -3,7 +3,11 @@
 //!
 //! - INIT: the assignment's harness, runtime spec, agent options and
 //!   evaluator are checked (a bad one fails the session at once, naming
-//!   the field), the harness's installation is found, and the session is
+//!   the field), then held to the node's policy (`[gateway.policy]`: its
+//!   host paths canonicalised and under the allowed roots, its network,
+//!   limits and budgets within bounds; one outside fails the session with
+//!   "refused by this node's policy: <field>: ...", not retried, no
+//!   reward), the harness's installation is found, and the session is
 //!   prepared (directories, sandbox, runtime started, prepare steps).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
@@ -23,7 +27,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::verdict::{Ended, never_prepared, verdict};
+use super::verdict::{Ended, POLICY_REFUSED, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{HarnessName, Install, check_installed, search_dirs};
@@ -37,6 +41,7 @@ use polar_ids::SessionId;
 use polar_io::chain;
 use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{SampleStatus, TokenUsage};
+use polar_spec::policy::Policy;
 use polar_trajectory::{Rewards, SessionOutcome};
 
 /// A session between INIT and POSTRUN.
@@ -56,18 +61,20 @@ pub struct HarnessWork {
     exporter: Exporter,
     agent_timeout: Duration,
     node_id: String,
+    policy: Arc<Policy>,
     installs: Mutex<HashMap<&'static str, Option<Install>>>,
 }
 
 impl HarnessWork {
     /// The work on the agent's parts and redirect, exporting with
-    /// `exporter`.
+    /// `exporter`, holding every assignment to `policy`.
     pub fn new(
         parts: Arc<AgentParts>,
         redirect: Arc<Redirect>,
         exporter: Exporter,
         agent_timeout: Duration,
         node_id: String,
+        policy: Policy,
     ) -> Self {
         Self {
             parts,
@@ -75,6 +82,7 @@ impl HarnessWork {
             exporter,
             agent_timeout,
             node_id,
+            policy: Arc::new(policy),
             installs: Mutex::new(HashMap::new()),
         }
     }
@@ -82,6 +90,28 @@ impl HarnessWork {
     /// The exporter (its counters).
     pub fn exporter(&self) -> &Exporter {
         &self.exporter
+    }
+
+    /// The spec held to the node's policy, its host paths canonical (off
+    /// the async workers: it reads the file system). A spec outside is a
+    /// failed session that is not retried (another node would refuse it
+    /// too, or the task asks for what it may not).
+    async fn hold_to_policy(
+        &self,
+        mut spec: SessionSpec,
+        session_secs: u64,
+    ) -> Result<SessionSpec, (String, bool)> {
+        let policy = Arc::clone(&self.policy);
+        let (spec, checked) = tokio::task::spawn_blocking(move || {
+            let r = spec.resolve_policy(&policy, session_secs);
+            (spec, r)
+        })
+        .await
+        .map_err(|e| (format!("checking the node's policy: {e}"), true))?;
+        match checked {
+            Ok(()) => Ok(spec),
+            Err(v) => Err((format!("{POLICY_REFUSED}: {v}"), false)),
+        }
     }
 
     /// The harness's installation, looked up once per harness.
@@ -121,6 +151,7 @@ impl Work for HarnessWork {
         let fail = |m: String| (m, false);
         let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)
             .map_err(|e| fail(e.to_string()))?;
+        let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
         let harness = spec.harness;
         let session: SessionId = a
             .session_id

@@ -555,7 +555,10 @@ async fn start_runtime(
                         .map(|r| format!("/{}", r.display()))
                 })
                 .unwrap_or_default();
-            let argv = d.run_argv(plan.layout, &parent);
+            let argv = match d.run_argv(plan.layout, &parent) {
+                Ok(a) => a,
+                Err(e) => return Some(plan.refused(Phase::Start, &e)),
+            };
             Some(
                 plan.run_runtime_command(Phase::Start, argv, false, false, stop)
                     .await,
@@ -572,7 +575,10 @@ async fn start_runtime(
             }) {
                 tracing::warn!(error = %e, "cannot make the overlay directory");
             }
-            let argv = a.start_argv(plan.layout, &overlay);
+            let argv = match a.start_argv(plan.layout, &overlay) {
+                Ok(a) => a,
+                Err(e) => return Some(plan.refused(Phase::Start, &e)),
+            };
             Some(
                 plan.run_runtime_command(Phase::Start, argv, true, true, stop)
                     .await,

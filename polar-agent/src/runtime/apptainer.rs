@@ -7,13 +7,15 @@
 //! privileges. It runs with `--containall` (own PID and IPC namespaces,
 //! clean environment, no host HOME), a writable overlay directory
 //! (`--overlay`, the container's changes kept per session), the workspace,
-//! HOME and trust files bound. Each command runs with `apptainer exec
-//! --cleanenv` and the session's environment as `--env`.
+//! HOME and trust files bound, each as one `--bind S:T[:ro]` argument
+//! built by [`super::Bind::apptainer_bind`], which refuses a path holding
+//! `:` or `,` (apptainer's separators). Each command runs with `apptainer
+//! exec --cleanenv` and the session's environment as `--env`.
 
 use std::ffi::OsString;
 use std::path::Path;
 
-use super::Layout;
+use super::{Layout, RuntimeError};
 use polar_ids::SessionId;
 use polar_spec::runtime::RuntimeSpec;
 
@@ -29,16 +31,6 @@ pub struct Apptainer {
     pub name: String,
 }
 
-fn bind(src: &Path, dst: &Path, ro: bool) -> [OsString; 2] {
-    let mut s = OsString::from(src);
-    s.push(":");
-    s.push(dst);
-    if ro {
-        s.push(":ro");
-    }
-    ["--bind".into(), s]
-}
-
 impl Apptainer {
     /// The runtime for `spec`.
     pub fn new(spec: &RuntimeSpec, session: &SessionId) -> Self {
@@ -48,8 +40,13 @@ impl Apptainer {
         }
     }
 
-    /// `apptainer instance start`; `overlay` is a writable directory.
-    pub fn start_argv(&self, layout: &Layout, overlay: &Path) -> Vec<OsString> {
+    /// `apptainer instance start`; `overlay` is a writable directory. A
+    /// bind apptainer could not read as written is an error.
+    pub fn start_argv(
+        &self,
+        layout: &Layout,
+        overlay: &Path,
+    ) -> Result<Vec<OsString>, RuntimeError> {
         let mut a: Vec<OsString> = [APPTAINER, "instance", "start", "--containall", "--no-home"]
             .iter()
             .map(OsString::from)
@@ -57,11 +54,18 @@ impl Apptainer {
         a.push("--overlay".into());
         a.push(overlay.into());
         for b in layout.binds() {
-            a.extend(bind(&b.source, &b.target, b.read_only));
+            a.push("--bind".into());
+            a.push(b.apptainer_bind()?);
+        }
+        if self.image.starts_with('-') {
+            return Err(RuntimeError::Command {
+                what: "apptainer instance start".into(),
+                detail: format!("the image {:?} starts with '-'", self.image),
+            });
         }
         a.push(self.image.clone().into());
         a.push(self.name.clone().into());
-        a
+        Ok(a)
     }
 
     /// `apptainer exec` in the instance, with exactly `env`.
@@ -128,7 +132,7 @@ mod tests {
         let spec = RuntimeSpec::parse("kind = \"apptainer\"\nimage = \"/img/py.sif\"", false, "t")
             .unwrap();
         let ap = Apptainer::new(&spec, &"s-1".parse().unwrap());
-        let a = text(&ap.start_argv(&layout(), Path::new("/s/overlay")));
+        let a = text(&ap.start_argv(&layout(), Path::new("/s/overlay")).unwrap());
         assert!(
             a.starts_with("apptainer instance start --containall --no-home --overlay /s/overlay"),
             "{a}"
@@ -144,5 +148,38 @@ mod tests {
             "apptainer exec --cleanenv --pwd /workspace --env A=1 instance://polar-s-1 true"
         );
         assert_eq!(text(&ap.stop_argv()), "apptainer instance stop polar-s-1");
+    }
+
+    #[test]
+    fn hostile_paths_never_make_an_ambiguous_bind() {
+        let spec = RuntimeSpec::parse("kind = \"apptainer\"\nimage = \"/img/py.sif\"", false, "t")
+            .unwrap();
+        let ap = Apptainer::new(&spec, &"s-1".parse().unwrap());
+        let overlay = Path::new("/s/overlay");
+        for bad in ["/d:/etc", "/d,/etc:/x", "/d\nx", "/d:ro", "/d "] {
+            for (src, dst) in [(bad, "/t"), ("/d", bad)] {
+                let mut l = layout();
+                l.mounts = vec![polar_spec::runtime::Mount {
+                    source: src.into(),
+                    target: dst.into(),
+                    read_only: true,
+                }];
+                let e = ap.start_argv(&l, overlay).unwrap_err().to_string();
+                assert!(e.contains("cannot mount"), "{src:?} {dst:?}: {e}");
+            }
+            let mut l = layout();
+            l.home = bad.into();
+            assert!(ap.start_argv(&l, overlay).is_err(), "{bad:?}");
+        }
+        // `=` and a leading `-` in a component are literal: one argument.
+        let mut l = layout();
+        l.mounts = vec![polar_spec::runtime::Mount {
+            source: "/d=x/-y".into(),
+            target: "/-t".into(),
+            read_only: false,
+        }];
+        let a = ap.start_argv(&l, overlay).unwrap();
+        let i = a.iter().position(|s| s == "/d=x/-y:/-t").unwrap();
+        assert_eq!(a[i - 1], "--bind");
     }
 }

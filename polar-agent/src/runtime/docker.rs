@@ -12,12 +12,15 @@
 //! mount: the cgroupfs driver), so the redirect's programs, attached to the
 //! agent's cgroup, apply to it and the session's `cgroup.kill` ends it. The
 //! limits go to docker's own flags (`--memory`, `--pids-limit`, `--cpus`).
-//! The trust files are mounted as in every runtime.
+//! The trust files are mounted as in every runtime. Every bind (the
+//! workspace, HOME, trust files, the spec's mounts, the harness's
+//! directories) is one `--mount type=bind,...` argument built by
+//! [`super::Bind::docker_mount`], which refuses a path docker's CSV syntax
+//! would read differently.
 
 use std::ffi::OsString;
-use std::path::Path;
 
-use super::Layout;
+use super::{Layout, RuntimeError};
 use polar_ids::SessionId;
 use polar_spec::runtime::{Limits, RuntimeSpec};
 
@@ -39,16 +42,6 @@ fn v(args: &[&str]) -> Vec<OsString> {
     args.iter().map(OsString::from).collect()
 }
 
-fn volume(src: &Path, dst: &Path, ro: bool) -> OsString {
-    let mut s = OsString::from(src);
-    s.push(":");
-    s.push(dst);
-    if ro {
-        s.push(":ro");
-    }
-    s
-}
-
 impl Docker {
     /// The runtime for `spec` (whose image is validated to be there).
     pub fn new(spec: &RuntimeSpec, session: &SessionId) -> Self {
@@ -61,7 +54,12 @@ impl Docker {
 
     /// `docker run -d ...`: creates and starts the container.
     /// `cgroup_parent` is the session cgroup relative to the v2 mount.
-    pub fn run_argv(&self, layout: &Layout, cgroup_parent: &str) -> Vec<OsString> {
+    /// A bind docker could not read as written is an error.
+    pub fn run_argv(
+        &self,
+        layout: &Layout,
+        cgroup_parent: &str,
+    ) -> Result<Vec<OsString>, RuntimeError> {
         let mut a = v(&[DOCKER, "run", "-d", "--name", &self.name]);
         a.extend(v(&[
             "--network",
@@ -97,13 +95,21 @@ impl Docker {
             a.extend(v(&["--cpus", &format!("{c}")]));
         }
         for b in layout.binds() {
-            a.push("-v".into());
-            a.push(volume(&b.source, &b.target, b.read_only));
+            a.push("--mount".into());
+            a.push(b.docker_mount()?);
         }
         a.push("--workdir".into());
         a.push(layout.workdir.clone().into());
+        // The image is one argument after `--`-free options: one starting
+        // with `-` would be read as an option.
+        if self.image.starts_with('-') {
+            return Err(RuntimeError::Command {
+                what: "docker run".into(),
+                detail: format!("the image {:?} starts with '-'", self.image),
+            });
+        }
         a.extend(v(&[&self.image, "sleep", "infinity"]));
-        a
+        Ok(a)
     }
 
     /// `docker exec`: runs `argv` with exactly `env` in the container.
@@ -184,21 +190,77 @@ mod tests {
 
     #[test]
     fn run_command_isolates_and_places_the_container() {
-        let a = text(&docker().run_argv(&layout(), "/polar/agent-1-0/s-1"));
+        let a = text(
+            &docker()
+                .run_argv(&layout(), "/polar/agent-1-0/s-1")
+                .unwrap(),
+        );
         assert!(a.starts_with("docker run -d --name polar-s-1 --network none --init --cgroup-parent /polar/agent-1-0/s-1"), "{a}");
         assert!(a.contains("--label polar.session=s-1"));
         assert!(a.contains("--user 65534:65534"));
         assert!(a.contains("--memory 1073741824 --memory-swap 1073741824"));
         assert!(a.contains("--pids-limit 64"));
         assert!(a.contains("--cpus 1.5"));
-        assert!(a.contains("-v /s/ws:/workspace -v /s/home:/home/polar"));
-        assert!(a.contains("-v /st/trust/bundle.pem:/polar/trust/bundle.pem:ro"));
-        assert!(a.contains("-v /st/trust/bundle.pem:/etc/ssl/certs/ca-certificates.crt:ro"));
-        assert!(a.contains("-v /data:/data:ro"));
+        assert!(a.contains(
+            "--mount type=bind,source=/s/ws,target=/workspace \
+             --mount type=bind,source=/s/home,target=/home/polar"
+        ));
+        assert!(a.contains(
+            "--mount type=bind,source=/st/trust/bundle.pem,target=/polar/trust/bundle.pem,readonly"
+        ));
+        assert!(a.contains("--mount type=bind,source=/st/trust/bundle.pem,target=/etc/ssl/certs/ca-certificates.crt,readonly"));
+        assert!(a.contains("--mount type=bind,source=/data,target=/data,readonly"));
+        assert!(!a.contains(" -v "), "{a}");
         assert!(
             a.ends_with("--workdir /workspace python:3.12 sleep infinity"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn hostile_paths_never_make_an_ambiguous_mount() {
+        let d = docker();
+        for bad in [
+            "/d,readonly=false",
+            "/d,source=/etc",
+            "/d\"x",
+            "/d\nx",
+            "/d\rx",
+            "/d\tx",
+            "/d ",
+        ] {
+            for (src, dst) in [(bad, "/t"), ("/d", bad)] {
+                let mut l = layout();
+                l.mounts = vec![Mount {
+                    source: src.into(),
+                    target: dst.into(),
+                    read_only: true,
+                }];
+                let e = d.run_argv(&l, "/p").unwrap_err().to_string();
+                assert!(e.contains("cannot mount"), "{src:?} {dst:?}: {e}");
+            }
+            // The workspace's host path too (the node's state directory).
+            let mut l = layout();
+            l.workspace = bad.into();
+            assert!(d.run_argv(&l, "/p").is_err(), "{bad:?}");
+        }
+        // `:`, `=` and a leading `-` in a component are literal in a
+        // key=value CSV field: one argument, exactly these fields.
+        let mut l = layout();
+        l.mounts = vec![Mount {
+            source: "/d:x=y/-z".into(),
+            target: "/-t:ro".into(),
+            read_only: false,
+        }];
+        let a = d.run_argv(&l, "/p").unwrap();
+        let i = a
+            .iter()
+            .position(|s| s == "type=bind,source=/d:x=y/-z,target=/-t:ro")
+            .unwrap();
+        assert_eq!(a[i - 1], "--mount");
+        let mut d = docker();
+        d.image = "--privileged".into();
+        assert!(d.run_argv(&layout(), "/p").is_err());
     }
 
     #[test]

@@ -79,6 +79,18 @@ pub enum RuntimeError {
     /// The seccomp filter could not be built or passed.
     #[error(transparent)]
     Seccomp(#[from] crate::sandbox::seccomp::SeccompError),
+    /// A bind cannot be written in the runtime's mount syntax (a path
+    /// holding `,` for docker, `:` for apptainer...): refused rather than
+    /// passed ambiguously.
+    #[error("the {kind:?} runtime cannot mount {path}: it {why}")]
+    MountSyntax {
+        /// The runtime.
+        kind: RuntimeKind,
+        /// The path.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// A runtime command (container start or stop) failed.
     #[error("{what} failed: {detail}")]
     Command {
@@ -174,7 +186,10 @@ pub struct Layout {
     pub user: (u32, u32),
 }
 
-/// A bind mount of a host path into the sandbox.
+/// A bind mount of a host path into the sandbox. Container runtimes get
+/// it as one structured argument ([`Bind::docker_mount`],
+/// [`Bind::apptainer_bind`]), never a string the paths could change the
+/// meaning of.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bind {
     /// Host path.
@@ -183,6 +198,46 @@ pub struct Bind {
     pub target: PathBuf,
     /// Read-only.
     pub read_only: bool,
+}
+
+impl Bind {
+    fn checked(&self, kind: RuntimeKind) -> Result<(&str, &str), RuntimeError> {
+        fn one(kind: RuntimeKind, p: &Path) -> Result<&str, RuntimeError> {
+            match polar_spec::runtime::mount_path_problem(kind, p) {
+                Some(why) => Err(RuntimeError::MountSyntax {
+                    kind,
+                    path: p.to_owned(),
+                    why,
+                }),
+                // mount_path_problem refuses what is not UTF-8.
+                None => p.to_str().ok_or(RuntimeError::MountSyntax {
+                    kind,
+                    path: p.to_owned(),
+                    why: "is not UTF-8",
+                }),
+            }
+        }
+        Ok((one(kind, &self.source)?, one(kind, &self.target)?))
+    }
+
+    /// docker's `--mount` value: `type=bind,source=S,target=T[,readonly]`,
+    /// a CSV record, refused when a path holds `,`, `"`, a control
+    /// character or surrounding white space (its fields are then exactly
+    /// these; `=` and `:` in a value are literal, as docker splits a field
+    /// at its first `=`).
+    pub fn docker_mount(&self) -> Result<OsString, RuntimeError> {
+        let (src, dst) = self.checked(RuntimeKind::Docker)?;
+        let ro = if self.read_only { ",readonly" } else { "" };
+        Ok(format!("type=bind,source={src},target={dst}{ro}").into())
+    }
+
+    /// apptainer's `--bind` value: `S:T[:ro]`, refused when a path holds
+    /// `:`, `,`, a control character or surrounding white space.
+    pub fn apptainer_bind(&self) -> Result<OsString, RuntimeError> {
+        let (src, dst) = self.checked(RuntimeKind::Apptainer)?;
+        let ro = if self.read_only { ":ro" } else { "" };
+        Ok(format!("{src}:{dst}{ro}").into())
+    }
 }
 
 impl Layout {

@@ -268,6 +268,21 @@ impl Plan<'_> {
         }
     }
 
+    /// The report of a runtime command that was not run because its
+    /// command line could not be built (`error`).
+    pub fn refused(&self, phase: Phase, error: &dyn std::error::Error) -> StepReport {
+        StepReport {
+            phase,
+            index: 0,
+            what: format!("{phase:?}").to_lowercase(),
+            end: StepEnd::Failed {
+                error: polar_io::chain(error),
+            },
+            elapsed_ms: 0,
+            logs: None,
+        }
+    }
+
     /// Runs a runtime's own command (`docker run`, `apptainer instance
     /// start`, their stop) in the session, not wrapped: the container
     /// runtimes' start and stop. `keep_running` leaves what it started

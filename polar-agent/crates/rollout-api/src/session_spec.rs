@@ -4,6 +4,10 @@
 //! submitted (a bad task is a 400 naming the field), and the gateway again
 //! when a session arrives (a node may run a newer or older version).
 //!
+//! [`SessionSpec::check_policy`] checks it against a node-side policy
+//! ([`Policy`]): lexically at the server (`[rollout.policy]`), after
+//! [`SessionSpec::resolve_policy`] canonicalised its host paths on the node.
+//!
 //! Agent options: `command` (the `shell` preset's command: a string run by
 //! `sh -c`, or an argv array), `timeout_secs` (the RUNNING limit, overriding
 //! `gateway.agent_timeout_secs`), `mode` (`transparent` or `base_url`).
@@ -15,7 +19,9 @@ use serde_json::{Map, Value};
 use crate::validate::ValidationError;
 use crate::{AgentSpec, EvaluatorSpec};
 use polar_evaluate::Evaluator;
+use polar_spec::KeyPath;
 use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
+use polar_spec::policy::{Policy, Violation};
 use polar_spec::runtime::{RuntimeSpec, SpecError};
 
 /// A checked session spec.
@@ -118,6 +124,28 @@ impl SessionSpec {
             })?;
         }
         Ok(spec)
+    }
+
+    /// Checks the spec against `policy` lexically (the rollout server);
+    /// `session_secs` is the task's `timeout_secs`.
+    pub fn check_policy(&self, policy: &Policy, session_secs: u64) -> Result<(), Violation> {
+        policy.check_runtime(&self.runtime, &KeyPath::root().key("runtime"))?;
+        policy.check_budgets(session_secs, self.timeout.map(|t| t.as_secs()))
+    }
+
+    /// On the node: canonicalises the runtime spec's host paths and checks
+    /// them and the budgets against `policy`, keeping the canonical paths
+    /// and filling in the limits' ceilings ([`Policy::resolve`]). Blocking
+    /// file work.
+    pub fn resolve_policy(&mut self, policy: &Policy, session_secs: u64) -> Result<(), Violation> {
+        policy.resolve(&mut self.runtime, &KeyPath::root().key("runtime"))?;
+        policy.check_budgets(session_secs, self.timeout.map(|t| t.as_secs()))
+    }
+}
+
+impl From<Violation> for ValidationError {
+    fn from(v: Violation) -> Self {
+        bad(v.field.to_string(), v.reason)
     }
 }
 

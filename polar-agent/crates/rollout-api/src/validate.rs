@@ -6,6 +6,7 @@
 use serde::de::DeserializeOwned;
 
 use polar_rollout_types::{API_VERSION, NodeRegistration, TaskRequest};
+use polar_spec::policy::Policy;
 
 /// The most samples one task may ask for.
 pub const MAX_SAMPLES: u32 = 1024;
@@ -140,6 +141,13 @@ fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationErro
 
 /// Checks a parsed task request.
 pub fn check_task(req: &TaskRequest) -> Result<(), ValidationError> {
+    check_task_with(req, None)
+}
+
+/// Checks a parsed task request, and when `policy` is given (the server's
+/// `[rollout.policy]`) that its spec is inside it: a spec outside is an
+/// error naming the field (`runtime.mounts[0].source`).
+pub fn check_task_with(req: &TaskRequest, policy: Option<&Policy>) -> Result<(), ValidationError> {
     check_version(req.version)?;
     check_id("task_id", &req.task_id)?;
     check_text("instruction", &req.instruction, MAX_INSTRUCTION_BYTES)?;
@@ -157,12 +165,15 @@ pub fn check_task(req: &TaskRequest) -> Result<(), ValidationError> {
     }
     check_text("agent.harness", &req.agent.harness, 64)?;
     check_text("evaluator.kind", &req.evaluator.kind, 64)?;
-    crate::session_spec::SessionSpec::parse(
+    let spec = crate::session_spec::SessionSpec::parse(
         &req.instruction,
         &req.agent,
         &req.runtime,
         &req.evaluator,
     )?;
+    if let Some(p) = policy {
+        spec.check_policy(p, req.timeout_secs)?;
+    }
     if let Some(url) = &req.callback_url {
         check_url("callback_url", url)?;
     }
@@ -267,6 +278,45 @@ mod tests {
         assert_eq!(task(v).unwrap_err().field, "num_samples");
         let e = parse::<TaskRequest>(b"{not json").unwrap_err();
         assert_eq!(e.field, "body");
+    }
+
+    #[test]
+    fn a_policy_refuses_what_it_does_not_allow_naming_the_field() {
+        let raw = polar_spec::policy::RawPolicy {
+            upload_roots: Some(vec!["/srv/tasks".into()]),
+            max_session_secs: Some(600),
+            ..Default::default()
+        };
+        let p = Policy::from_raw(&raw, &polar_spec::KeyPath::root()).unwrap();
+        let check = |v: serde_json::Value| {
+            let req: TaskRequest = parse(v.to_string().as_bytes()).unwrap();
+            check_task_with(&req, Some(&p))
+        };
+        let mut v = good();
+        v["runtime"] = json!({"prepare": [{"upload": {"from": "/srv/tasks/t1"}}]});
+        assert!(check(v.clone()).is_ok());
+        // Without a policy the server checks only the spec's form.
+        v["runtime"] = json!({"prepare": [{"upload": {"from": "/etc/shadow"}}]});
+        let req: TaskRequest = parse(v.to_string().as_bytes()).unwrap();
+        assert!(check_task(&req).is_ok());
+        let e = check(v).unwrap_err();
+        assert_eq!(e.field, "runtime.prepare[0].upload.from");
+        assert!(
+            e.reason
+                .contains("/etc/shadow is outside the allowed upload roots [/srv/tasks]")
+        );
+        let mut v = good();
+        v["runtime"] = json!({"mounts": [{"source": "/", "target": "/host", "read_only": false}]});
+        assert_eq!(check(v).unwrap_err().field, "runtime.mounts[0].source");
+        let mut v = good();
+        v["runtime"] = json!({"network": "host"});
+        assert_eq!(check(v).unwrap_err().field, "runtime.network");
+        let mut v = good();
+        v["timeout_secs"] = json!(601);
+        assert_eq!(check(v).unwrap_err().field, "timeout_secs");
+        let mut v = good();
+        v["agent"]["options"] = json!({"timeout_secs": 90_000});
+        assert_eq!(check(v).unwrap_err().field, "agent.options.timeout_secs");
     }
 
     #[test]

@@ -16,13 +16,23 @@
 //! max_retries = 2
 //! [rollout.callback]
 //! max_attempts = 8
+//! [rollout.policy]                  # optional: refuse tasks outside it at submission
+//! upload_roots = ["/srv/tasks"]     # the keys of a gateway's [gateway.policy]
 //! ```
+//!
+//! `[rollout.policy]` is the node-side policy ([`polar_spec::policy`]) as
+//! the server knows it: when present, a task whose spec asks for more is a
+//! 400 naming the field, before any node sees it. The nodes check again
+//! against their own `[gateway.policy]` whatever the server did.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use polar_spec::KeyPath;
+use polar_spec::policy::{Policy, RawPolicy};
 
 /// The environment variable adding a trainer token.
 pub const TOKEN_ENV: &str = "POLAR_ROLLOUT_TOKEN";
@@ -108,6 +118,8 @@ pub struct RawRolloutConfig {
     /// `[rollout.callback]`.
     #[serde(default)]
     pub callback: RawCallback,
+    /// `[rollout.policy]`.
+    pub policy: Option<RawPolicy>,
 }
 
 /// `[rollout.callback]` as written.
@@ -159,7 +171,7 @@ impl Default for CallbackConfig {
 }
 
 /// The validated settings. Tests build it directly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RolloutConfig {
     /// Where the API listens.
     pub listen: SocketAddr,
@@ -194,6 +206,9 @@ pub struct RolloutConfig {
     pub synchronous: Synchronous,
     /// Callback delivery.
     pub callback: CallbackConfig,
+    /// The policy submissions are checked against (`None`: only their
+    /// form is checked; the nodes check their own policy).
+    pub policy: Option<Policy>,
 }
 
 impl RolloutConfig {
@@ -216,6 +231,7 @@ impl RolloutConfig {
             max_body_bytes: 8 << 20,
             synchronous: Synchronous::Normal,
             callback: CallbackConfig::default(),
+            policy: None,
         }
     }
 
@@ -350,6 +366,15 @@ impl RolloutConfig {
             )?,
             timeout: ms("callback.timeout_ms", cb.timeout_ms, d.timeout, 10)?,
         };
+        cfg.policy = raw
+            .policy
+            .as_ref()
+            .map(|p| Policy::from_raw(p, &KeyPath::root().key("rollout").key("policy")))
+            .transpose()
+            .map_err(|e| RolloutConfigError::Invalid {
+                key: e.key.to_string(),
+                reason: e.reason,
+            })?;
         Ok(cfg)
     }
 
@@ -406,6 +431,15 @@ max_attempts = 3
         assert_eq!(cfg.node_tokens, vec!["trainer-token".to_owned()]);
         assert_eq!(cfg.gateway_token, "trainer-token");
         assert_eq!(cfg.callback.max_attempts, 3);
+        assert_eq!(cfg.policy, None);
+        let cfg = RolloutConfig::from_toml(
+            "[rollout.policy]\nupload_roots = [\"/srv/tasks\"]\nallow_host_network = true",
+            None,
+        )
+        .unwrap();
+        let p = cfg.policy.unwrap();
+        assert_eq!(p.upload_roots, vec![PathBuf::from("/srv/tasks")]);
+        assert!(p.allow_host_network);
     }
 
     #[test]
@@ -432,6 +466,14 @@ max_attempts = 3
                 "rollout.callback.max_attempts:",
             ),
             ("[rollout]\ntokens = [\"short\"]", "rollout.tokens[0]:"),
+            (
+                "[rollout.policy]\nupload_roots = [\"rel\"]",
+                "rollout.policy.upload_roots[0]:",
+            ),
+            (
+                "[rollout.policy]\nupload_roots = [\"/a\"]\nwritable_mount_roots = [\"/a/b\"]",
+                "rollout.policy.writable_mount_roots[0]: /a/b overlaps upload_roots[0]",
+            ),
         ];
         for (text, want) in cases {
             let e = RolloutConfig::from_toml(text, None).unwrap_err();

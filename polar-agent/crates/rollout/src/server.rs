@@ -368,7 +368,7 @@ async fn submit<B: RequestBody>(
     req: Request<B>,
 ) -> Result<Response<Body>, ApiError> {
     let task: TaskRequest = body(core, req).await?;
-    validate::check_task(&task)?;
+    validate::check_task_with(&task, core.cfg.policy.as_ref())?;
     let id = task.task_id.clone();
     let reply = core
         .apply(move |s, now, wall| s.submit(task, now, wall))

@@ -33,7 +33,16 @@
 //!
 //! [`RawRuntimeSpec`] mirrors the file (`deny_unknown_fields`); it converts
 //! with `TryFrom` into a [`RuntimeSpec`] whose errors name the key
-//! (`prepare[1].upload.from: ...`). Nothing is touched before that.
+//! (`prepare[1].upload.from: ...`). Parsing touches no file: the rollout
+//! server checks submissions on another machine than the node, and must not
+//! answer whether a host path exists there. [`RuntimeSpec::load`] (a spec
+//! file the operator gave) and the node's policy
+//! ([`crate::policy::Policy::resolve`]) check the host paths.
+//!
+//! Paths handed to a container runtime's mount syntax are checked here too
+//! ([`mount_path_problem`]): docker's `--mount` value is CSV (`,` `"` and
+//! line breaks would change its meaning), apptainer's `--bind` is `:` and
+//! `,` separated; such a path is refused naming its key.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -316,9 +325,88 @@ impl RuntimeSpec {
             source,
         })?;
         let json = path.extension().is_some_and(|e| e == "json");
-        Self::parse(&text, json, &path.display().to_string())
+        let spec = Self::parse(&text, json, &path.display().to_string())?;
+        spec.check_host_paths()?;
+        Ok(spec)
     }
 
+    /// Checks that the host paths exist on this machine: the rootfs is a
+    /// directory, every mount source exists. (Upload sources are read when
+    /// their step runs.)
+    pub fn check_host_paths(&self) -> Result<(), SpecError> {
+        let root = KeyPath::root();
+        if let Some(r) = &self.rootfs
+            && !r.is_dir()
+        {
+            return Err(invalid(
+                root.key("rootfs"),
+                format!("{:?} is not a directory", r.display().to_string()),
+            ));
+        }
+        for (i, m) in self.mounts.iter().enumerate() {
+            if !m.source.exists() {
+                return Err(invalid(
+                    root.key("mounts").index(i).key("source"),
+                    format!("{} does not exist", m.source.display()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks every path this spec hands to its runtime's mount syntax
+    /// (mount sources and targets, the workdir) with [`mount_path_problem`].
+    pub fn check_mount_syntax(&self) -> Result<(), SpecError> {
+        let root = KeyPath::root();
+        let check = |key: KeyPath, p: &Path| match mount_path_problem(self.kind, p) {
+            Some(why) => Err(invalid(key, format!("{:?} {why}", p.display().to_string()))),
+            None => Ok(()),
+        };
+        check(root.key("workdir"), &self.workdir)?;
+        for (i, m) in self.mounts.iter().enumerate() {
+            let at = root.key("mounts").index(i);
+            check(at.key("source"), &m.source)?;
+            check(at.key("target"), &m.target)?;
+        }
+        Ok(())
+    }
+}
+
+/// Why `path` cannot be written in `kind`'s mount syntax, if it cannot:
+/// docker's `--mount type=bind,source=...,target=...` is a CSV record
+/// (`,` splits it, `"` quotes, a line break ends it); apptainer's `--bind
+/// src:dst:ro` splits on `:` and `,`. Control characters, surrounding
+/// white space and bytes that are not UTF-8 are refused for both (a CLI
+/// that trims or re-encodes would mount another path than the one
+/// checked). The native runtime passes paths as separate arguments and
+/// needs no check.
+pub fn mount_path_problem(kind: RuntimeKind, path: &Path) -> Option<&'static str> {
+    let bad: &[char] = match kind {
+        RuntimeKind::Native => return None,
+        RuntimeKind::Docker => &[',', '"'],
+        RuntimeKind::Apptainer => &[':', ','],
+    };
+    let Some(s) = path.to_str() else {
+        return Some("is not UTF-8");
+    };
+    if s.chars().any(char::is_control) {
+        return Some("holds a control character (a line break...)");
+    }
+    if s.trim() != s {
+        return Some("begins or ends with white space");
+    }
+    if s.contains(bad) {
+        return Some(match kind {
+            RuntimeKind::Docker => {
+                "holds `,` or `\"`, which docker's --mount syntax (CSV) cannot carry"
+            }
+            _ => "holds `:` or `,`, which apptainer's --bind syntax cannot carry",
+        });
+    }
+    None
+}
+
+impl RuntimeSpec {
     /// Parses and validates a spec text.
     pub fn parse(text: &str, json: bool, file: &str) -> Result<Self, SpecError> {
         let raw: RawRuntimeSpec = if json {
@@ -421,16 +509,7 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
             (i, _) => i.clone(),
         };
         let rootfs = match (&raw.rootfs, kind) {
-            (Some(r), RuntimeKind::Native) => {
-                let p = abs_path(&root.key("rootfs"), r)?;
-                if !p.is_dir() {
-                    return Err(invalid(
-                        root.key("rootfs"),
-                        format!("{r:?} is not a directory"),
-                    ));
-                }
-                Some(p)
-            }
+            (Some(r), RuntimeKind::Native) => Some(abs_path(&root.key("rootfs"), r)?),
             (Some(_), _) => {
                 return Err(invalid(
                     root.key("rootfs"),
@@ -461,12 +540,6 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
         for (i, m) in raw.mounts.into_iter().enumerate() {
             let at = root.key("mounts").index(i);
             let source = abs_path(&at.key("source"), &m.source)?;
-            if !source.exists() {
-                return Err(invalid(
-                    at.key("source"),
-                    format!("{} does not exist", source.display()),
-                ));
-            }
             let target = abs_path(&at.key("target"), &m.target)?;
             if target == Path::new("/") || target == workdir {
                 return Err(invalid(
@@ -506,7 +579,7 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
                 .map(|(i, s)| step(&root.key(name).index(i), s))
                 .collect::<Result<Vec<_>, _>>()
         };
-        Ok(Self {
+        let spec = Self {
             kind,
             image,
             rootfs,
@@ -522,7 +595,9 @@ impl TryFrom<RawRuntimeSpec> for RuntimeSpec {
             },
             prepare: steps("prepare", raw.prepare)?,
             post: steps("post", raw.post)?,
-        })
+        };
+        spec.check_mount_syntax()?;
+        Ok(spec)
     }
 }
 
@@ -612,19 +687,11 @@ run = ["true"]
                 "rootfs = \"relative\"",
                 "rootfs: \"relative\" is not an absolute",
             ),
-            (
-                "rootfs = \"/no/such/dir\"",
-                "rootfs: \"/no/such/dir\" is not a directory",
-            ),
             ("workdir = \"/\"", "workdir: cannot be /"),
             ("workdir = \"/a/../b\"", "workdir: \"/a/../b\" contains"),
             (
                 "environment = { \"1X\" = \"v\" }",
                 "environment.1X: not a valid",
-            ),
-            (
-                "[[mounts]]\nsource = \"/nope/x\"\ntarget = \"/x\"",
-                "mounts[0].source: /nope/x does not exist",
             ),
             (
                 "[[mounts]]\nsource = \"/etc\"\ntarget = \"/workspace\"",
@@ -668,5 +735,82 @@ run = ["true"]
                 Err(e) => assert!(e.contains(needle), "{text:?}: {e}"),
             }
         }
+    }
+
+    #[test]
+    fn parsing_touches_no_file_and_load_checks_the_host_paths() {
+        let text = "rootfs = \"/no/such/dir\"\n[[mounts]]\nsource = \"/nope/x\"\ntarget = \"/x\"";
+        let spec = RuntimeSpec::parse(text, false, "t").unwrap();
+        let e = spec.check_host_paths().unwrap_err().to_string();
+        assert!(
+            e.contains("rootfs: \"/no/such/dir\" is not a directory"),
+            "{e}"
+        );
+        let dir = std::env::temp_dir().join(format!("polar-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("rt.toml");
+        std::fs::write(&file, "[[mounts]]\nsource = \"/nope/x\"\ntarget = \"/x\"").unwrap();
+        let e = RuntimeSpec::load(&file).unwrap_err().to_string();
+        assert!(
+            e.contains("mounts[0].source: /nope/x does not exist"),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn container_mount_syntax_is_refused_naming_the_key() {
+        let mount = |kind: &str, src: &str, dst: &str| {
+            let img = if kind == "native" {
+                ""
+            } else {
+                "image = \"img\"\n"
+            };
+            toml(&format!(
+                "kind = \"{kind}\"\n{img}[[mounts]]\nsource = {src:?}\ntarget = {dst:?}"
+            ))
+        };
+        for (kind, src, dst, needle) in [
+            (
+                "docker",
+                "/a,b",
+                "/x",
+                "mounts[0].source: \"/a,b\" holds `,`",
+            ),
+            ("docker", "/a\"b", "/x", "mounts[0].source:"),
+            ("docker", "/a", "/x,readonly=false", "mounts[0].target:"),
+            (
+                "docker",
+                "/a\nb",
+                "/x",
+                "mounts[0].source: \"/a\\nb\" holds a control",
+            ),
+            (
+                "docker",
+                "/a ",
+                "/x",
+                "mounts[0].source: \"/a \" begins or ends",
+            ),
+            (
+                "apptainer",
+                "/a:b",
+                "/x",
+                "mounts[0].source: \"/a:b\" holds `:`",
+            ),
+            ("apptainer", "/a", "/x:rw", "mounts[0].target:"),
+            ("apptainer", "/a,b", "/x", "mounts[0].source:"),
+        ] {
+            match mount(kind, src, dst) {
+                Ok(s) => panic!("{kind} {src:?} {dst:?} accepted: {s:?}"),
+                Err(e) => assert!(e.contains(needle), "{kind} {src:?}: {e}"),
+            }
+        }
+        // What each syntax can carry.
+        assert!(mount("docker", "/a:b=c-d", "/-x").is_ok());
+        assert!(mount("apptainer", "/a=b,", "/x").is_err());
+        assert!(mount("apptainer", "/a=b-c", "/-x").is_ok());
+        assert!(mount("native", "/a:b,c\"d", "/x").is_ok());
+        let e = toml("kind = \"apptainer\"\nimage = \"i\"\nworkdir = \"/w:x\"").unwrap_err();
+        assert!(e.contains("workdir: \"/w:x\" holds `:`"), "{e}");
     }
 }

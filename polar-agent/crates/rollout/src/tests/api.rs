@@ -53,6 +53,77 @@ async fn malformed_task_requests_get_400_naming_the_field() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_outside_the_server_s_policy_get_400_naming_the_field() {
+    let mut e = env();
+    let cfg = crate::RolloutConfig::from_toml(
+        "[rollout.policy]\nupload_roots = [\"/srv/tasks\"]\nmount_roots = [\"/data\"]",
+        None,
+    )
+    .unwrap();
+    e.cfg.policy = cfg.policy;
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    for (runtime, field, message) in [
+        (
+            json!({"prepare": [{"run": "true"}, {"upload": {"from": "/etc/shadow", "to": "x"}}]}),
+            "runtime.prepare[1].upload.from",
+            "runtime.prepare[1].upload.from: /etc/shadow is outside the allowed upload roots [/srv/tasks]",
+        ),
+        (
+            json!({"post": [{"upload": {"from": "/srv/tasks2/hidden"}}]}),
+            "runtime.post[0].upload.from",
+            "runtime.post[0].upload.from: /srv/tasks2/hidden is outside the allowed upload roots [/srv/tasks]",
+        ),
+        (
+            json!({"mounts": [{"source": "/", "target": "/host", "read_only": false}]}),
+            "runtime.mounts[0].source",
+            "runtime.mounts[0].source: / is outside the allowed writable mount roots [] (read_only = false)",
+        ),
+        (
+            json!({"mounts": [{"source": "/data/corpus", "target": "/d", "read_only": false}]}),
+            "runtime.mounts[0].source",
+            "runtime.mounts[0].source: /data/corpus is outside the allowed writable mount roots [] (read_only = false)",
+        ),
+        (
+            json!({"network": "host"}),
+            "runtime.network",
+            "runtime.network: \"host\" is not allowed by the node's policy (allow_host_network)",
+        ),
+        (
+            json!({"limits": {"pids": 100000}}),
+            "runtime.limits.pids",
+            "runtime.limits.pids: above the node's ceiling of 4096",
+        ),
+        (
+            json!({"kind": "docker", "image": "debian:12",
+                   "mounts": [{"source": "/data/a,readonly=false", "target": "/d"}]}),
+            "runtime.mounts[0].source",
+            "runtime.mounts[0].source: \"/data/a,readonly=false\" holds `,` or `\"`, which docker's --mount syntax (CSV) cannot carry",
+        ),
+    ] {
+        let mut t = task("outside", 1);
+        t["runtime"] = runtime;
+        let (code, err) = post(&c, "/v1/tasks", &t.to_string()).await;
+        assert_eq!(code, StatusCode::BAD_REQUEST, "{field}: {err:?}");
+        assert_eq!(err.error.code, "invalid_request");
+        assert_eq!(err.error.field.as_deref(), Some(field));
+        assert_eq!(err.error.message, message);
+    }
+    let mut long = task("outside", 1);
+    long["timeout_secs"] = json!(86_401);
+    let (code, err) = post(&c, "/v1/tasks", &long.to_string()).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    assert_eq!(err.error.field.as_deref(), Some("timeout_secs"));
+    assert!(c.tasks(None).await.unwrap().tasks.is_empty());
+    // Inside the policy: accepted.
+    let mut ok = task("inside", 1);
+    ok["runtime"] = json!({"prepare": [{"upload": {"from": "/srv/tasks/t1"}}],
+                           "mounts": [{"source": "/data/corpus", "target": "/d"}]});
+    c.submit(&ok).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_task_ids_get_409_and_unknown_ones_404() {
     let e = env();
     let server = start(&e.cfg).await;
