@@ -9,7 +9,8 @@
 //! a host pid's `/proc` entry, read the CA key and the agent's
 //! configuration (with its token), read a live peer session's workspace,
 //! reach the gateway's and the rollout server's ports, and (with the
-//! runtime spec's limits) fork-bomb and memory-bomb, and fill its disk
+//! runtime spec's limits, or the node's defaults) fork-bomb and
+//! memory-bomb, and fill its disk
 //! (workspace and /tmp) past the node's quota. Every attempt is
 //! recorded with how it failed (errno name, exit status) and checked
 //! against the threat model; the targeted host files hash the same before
@@ -156,22 +157,21 @@ for label, path in [("fill_workspace", "/workspace/fill"), ("fill_tmp", "/tmp/fi
     except OSError as e:
         report(label, False, "%s after %d MiB" % (name(e.errno), n >> 20))
     os.remove(path)
-if A["bombs"]:
-    kids = []
-    try:
-        while len(kids) < 10000:
-            p = os.fork()
-            if p == 0:
-                time.sleep(60); os._exit(0)
-            kids.append(p)
-        report("fork_bomb", True, "%d forks" % len(kids))
-    except OSError as e:
-        report("fork_bomb", False, "%s after %d forks" % (name(e.errno), len(kids)))
-    for p in kids:
-        os.kill(p, 9); os.waitpid(p, 0)
-    p = subprocess.run([sys.executable, "-c",
-        "a = []\nwhile True: a.append(b'x' * (32 << 20))"], capture_output=True)
-    report("memory_bomb", p.returncode == 0, "exit %d" % p.returncode)
+kids = []
+try:
+    while len(kids) < 10000:
+        p = os.fork()
+        if p == 0:
+            time.sleep(60); os._exit(0)
+        kids.append(p)
+    report("fork_bomb", True, "%d forks" % len(kids))
+except OSError as e:
+    report("fork_bomb", False, "%s after %d forks" % (name(e.errno), len(kids)))
+for p in kids:
+    os.kill(p, 9); os.waitpid(p, 0)
+p = subprocess.run([sys.executable, "-c",
+    "a = []\nwhile True: a.append(b'x' * (32 << 20))"], capture_output=True)
+report("memory_bomb", p.returncode == 0, "exit %d" % p.returncode)
 "#;
 
 /// Each sandbox's disk quota in the test's configuration: 32 MiB.
@@ -179,13 +179,13 @@ const DISK_BYTES: u64 = 32 << 20;
 
 /// How each attempt must fail: the accepted `how` values (errno names, or
 /// a prefix of `exit N: ...` for commands).
-fn expected(bombs: bool) -> BTreeMap<&'static str, &'static [&'static str]> {
+fn expected() -> BTreeMap<&'static str, &'static [&'static str]> {
     const EPERM: &[&str] = &["EPERM"];
     const ROFS: &[&str] = &["EROFS"];
     const GONE: &[&str] = &["ENOENT"];
     const CMD: &[&str] = &["exit 1:"];
     const NET: &[&str] = &["ECONNREFUSED", "connect timeout", "connected to the agent"];
-    let mut m: BTreeMap<&str, &[&str]> = BTreeMap::from([
+    BTreeMap::from([
         ("write_etc", ROFS),
         // Not the owner: refused before the file system is asked.
         ("append_etc_passwd", &["EACCES", "EROFS"]),
@@ -231,13 +231,12 @@ fn expected(bombs: bool) -> BTreeMap<&'static str, &'static [&'static str]> {
         // The disk quota (`sandbox.disk_bytes` of the test's config).
         ("fill_workspace", &["ENOSPC"]),
         ("fill_tmp", &["ENOSPC"]),
-    ]);
-    if bombs {
-        m.insert("fork_bomb", &["EAGAIN after"]);
+        // The process and memory limits: the spec's (harness session) or
+        // the node's `[sandbox]` defaults (`polar sandbox run -- CMD`).
+        ("fork_bomb", &["EAGAIN after"]),
         // SIGKILL from the OOM killer of the session's memory limit.
-        m.insert("memory_bomb", &["exit -9"]);
-    }
-    m
+        ("memory_bomb", &["exit -9"]),
+    ])
 }
 
 /// A loopback server standing for the gateway's or the rollout server's
@@ -308,7 +307,7 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
          dialect = \"vllm\"\nreplicas = [\"{}\"]\nserved_model = \"polar-mock\"\n\n\
          [[route]]\nhost = \"api.anthropic.com\"\naction = \"model\"\n\
          provider = \"anthropic\"\nbackend = \"mock\"\n\n\
-         [sandbox]\ndisk_bytes = {DISK_BYTES}\n",
+         [sandbox]\ndisk_bytes = {DISK_BYTES}\nmemory_bytes = 268435456\npids = 64\n",
         mock_url
     );
     let cfg = polar_tests::write_config(tmp.path(), &body)?;
@@ -386,7 +385,6 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         "peer_workspace": peer_ws,
         "gateway_port": gateway.port,
         "rollout_port": rollout.port,
-        "bombs": way == Way::Harness,
         "disk_bytes": DISK_BYTES,
     })
     .to_string();
@@ -450,7 +448,7 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         .collect();
     let mut table = String::new();
     let mut wrong = Vec::new();
-    for (attempt, allowed) in expected(way == Way::Harness) {
+    for (attempt, allowed) in expected() {
         let Some(r) = got.get(attempt) else {
             wrong.push(format!("{attempt} did not run"));
             continue;

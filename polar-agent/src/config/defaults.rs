@@ -14,9 +14,10 @@ pub const STATE_DIR: &str = "/var/lib/polar";
 /// `proxy.max_body_bytes`: 32 MiB.
 pub const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
 /// `sandbox.memory_bytes`: 8 GiB per sandbox that sets no memory limit.
-pub const SANDBOX_MEMORY_BYTES: u64 = 8 << 30;
+/// (the gateway policy's default ceiling, which task specs get the same way).
+pub const SANDBOX_MEMORY_BYTES: u64 = polar_spec::policy::DEFAULT_MAX_MEMORY_BYTES;
 /// `sandbox.pids`: processes and threads of a sandbox that sets no limit.
-pub const SANDBOX_PIDS: u32 = 4096;
+pub const SANDBOX_PIDS: u32 = polar_spec::policy::DEFAULT_MAX_PIDS;
 /// `sandbox.disk_bytes`: 2 GiB per sandbox.
 pub const SANDBOX_DISK_BYTES: u64 = 2 << 30;
 /// The smallest `sandbox.disk_bytes`: 16 MiB.

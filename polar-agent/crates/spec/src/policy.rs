@@ -79,9 +79,9 @@ pub struct RawPolicy {
     pub max_pids: Option<u32>,
     /// `max_cpu`.
     pub max_cpu: Option<f64>,
-    // `max_disk_bytes` (the ceiling of `limits.disk_bytes`) goes here with
-    // that limit: a field, its check in `Policy::from_raw`, and a line in
-    // `check_runtime` and `apply_ceilings`.
+    // No `max_disk_bytes`: the ceiling of `limits.disk_bytes` is the
+    // node's own `sandbox.disk_bytes`, which the node checks when it makes
+    // the session's directories (`Limits::disk_quota`).
     /// `max_session_secs`.
     pub max_session_secs: Option<u64>,
     /// `max_agent_timeout_secs`.
