@@ -77,6 +77,7 @@ const TABLES: &[&str] = &[
     "proxy",
     "ca",
     "dns",
+    "sandbox",
     "route[]",
     "backend[]",
     "backend[].sampling",
@@ -84,6 +85,7 @@ const TABLES: &[&str] = &[
     "backend[].sampling.eval",
     "gateway",
     "gateway.s3",
+    "gateway.policy",
     "rollout",
     "rollout.callback",
 ];
