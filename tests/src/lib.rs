@@ -317,6 +317,14 @@ pub fn write_config(dir: &Path, body: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// The SHA-256 of a file, in hex: what tests compare before and after a
+/// hostile sandbox ran, to show a host file is unchanged.
+pub fn sha256(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
+    let d = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    Ok(d.as_ref().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 /// A finished `polar sandbox run --json ...` of a runtime or harness
 /// session: its outcome (the JSON it printed) and exit code.
 #[derive(Debug)]

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, ensure};
 use polar_tests::servers::{EchoUpstream, RemoteTls};
-use polar_tests::{polar_bin, sandbox_run};
+use polar_tests::{polar_bin, sandbox_run, sha256};
 
 const HOST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
@@ -79,15 +79,6 @@ fn run_script(config: &str, script: &str) -> Result<(Lines, polar_tests::Finishe
     Ok((out, run))
 }
 
-fn sha256(path: &str) -> Result<String> {
-    let out = std::process::Command::new("sha256sum").arg(path).output()?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_owned())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn unmodified_clients_reach_their_upstreams_pass_hosts_relay_and_denied_hosts_fail()
@@ -103,7 +94,7 @@ async fn unmodified_clients_reach_their_upstreams_pass_hosts_relay_and_denied_ho
         std::path::PathBuf::from(format!("/var/tmp/polar-remote-{}.pem", std::process::id()));
     std::fs::write(&remote_pem, &remote.cert_pem)?;
     let cfg = config(tmp.path(), &anthropic, &openai, remote.addr.port())?;
-    let host_bundle_before = sha256(HOST_BUNDLE)?;
+    let host_bundle_before = sha256(std::path::Path::new(HOST_BUNDLE))?;
     let port = remote.addr.port();
     let script = format!(
         r#"
@@ -204,7 +195,7 @@ r bundle_inside grep -c 'BEGIN CERTIFICATE' {HOST_BUNDLE}
         "inside {inside} vs host {host_count}"
     );
     ensure!(
-        sha256(HOST_BUNDLE)? == host_bundle_before,
+        sha256(std::path::Path::new(HOST_BUNDLE))? == host_bundle_before,
         "the host's bundle changed"
     );
     let ca = std::fs::read_to_string(tmp.path().join("state/ca.crt"))?;

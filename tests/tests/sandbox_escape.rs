@@ -30,7 +30,7 @@ use anyhow::{Context as _, Result, ensure};
 use polar_capture::log::read_log;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::{
-    eventually, json_lines, processes_with, sandbox_run, sandbox_tempdir, session_run,
+    eventually, json_lines, processes_with, sandbox_run, sandbox_tempdir, session_run, sha256,
 };
 use serde_json::{Value, json};
 
@@ -262,18 +262,6 @@ impl Banner {
     }
 }
 
-fn sha256(path: &Path) -> String {
-    std::process::Command::new("sha256sum")
-        .arg(path)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-        .split_whitespace()
-        .next()
-        .unwrap_or("missing")
-        .to_owned()
-}
-
 /// The peer: a normal session that marks its workspace, waits for `go`,
 /// makes one model call through the proxy and keeps the reply.
 const PEER: &str = "echo started > /workspace/started; \
@@ -372,7 +360,10 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         host_marker.clone(),
         peer_ws.join("started"),
     ];
-    let before: Vec<String> = targets.iter().map(|p| sha256(p)).collect();
+    let before = targets
+        .iter()
+        .map(|p| sha256(p))
+        .collect::<Result<Vec<_>>>()?;
 
     let args = json!({
         "etc_target": etc_target,
@@ -418,7 +409,10 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
     let peer = peer
         .join()
         .map_err(|_| anyhow::anyhow!("peer thread panicked"))??;
-    let after: Vec<String> = targets.iter().map(|p| sha256(p)).collect();
+    let after = targets
+        .iter()
+        .map(|p| sha256(p))
+        .collect::<Result<Vec<_>>>()?;
     let _ = std::fs::remove_file(&config_copy);
     let _ = std::fs::remove_file(&host_marker);
 

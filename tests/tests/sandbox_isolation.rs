@@ -234,29 +234,34 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
 
 /// The pids cgroup (v1 group or v2 session cgroup) of `session`.
 fn pids_group(session: &str) -> Option<PathBuf> {
-    fn walk(dir: &Path, names: &[String], depth: u32) -> Option<PathBuf> {
+    // The v2 session cgroup is named after the session, a v1 limit group
+    // `polar-<agent pid>-<session>`.
+    fn ours(name: &str, session: &str) -> bool {
+        name == session
+            || name
+                .strip_prefix("polar-")
+                .and_then(|n| n.strip_suffix(session))
+                .is_some_and(|pid| pid.ends_with('-'))
+    }
+    fn walk(dir: &Path, session: &str, depth: u32) -> Option<PathBuf> {
         for e in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
             let p = e.path();
             if !p.is_dir() || p.is_symlink() {
                 continue;
             }
             let name = e.file_name().to_string_lossy().into_owned();
-            if names.contains(&name) && p.join("pids.current").exists() {
+            if ours(&name, session) && p.join("pids.current").exists() {
                 return Some(p);
             }
             if depth > 0
-                && let Some(found) = walk(&p, names, depth - 1)
+                && let Some(found) = walk(&p, session, depth - 1)
             {
                 return Some(found);
             }
         }
         None
     }
-    walk(
-        Path::new("/sys/fs/cgroup"),
-        &[format!("polar-{session}"), session.to_owned()],
-        5,
-    )
+    walk(Path::new("/sys/fs/cgroup"), session, 5)
 }
 
 #[test]

@@ -14,14 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, ensure};
-use polar_tests::{sandbox_tempdir, session_run, session_run_env, write_config};
-
-/// SHA-256 of a file, hex.
-fn sha256(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
-    let d = ring::digest::digest(&ring::digest::SHA256, &bytes);
-    Ok(d.as_ref().iter().map(|b| format!("{b:02x}")).collect())
-}
+use polar_tests::{sandbox_tempdir, session_run, session_run_env, sha256, write_config};
 
 /// Every file below `dir` with its hash (symlinks not followed).
 fn hashes(dir: &Path) -> Result<Vec<(PathBuf, String)>> {

@@ -5,7 +5,9 @@
 //!    `cpu.max`), when the controller can be enabled down to it (pure v2
 //!    hosts);
 //! 2. otherwise cgroup v1 (hybrid hosts, where v2 has no controllers): a
-//!    `polar-<session>` group is made below the agent's own group in each
+//!    `polar-<agent pid>-<session>` group (two agents in one cgroup, such
+//!    as a draining gateway and the one its sessions go back to, never
+//!    share or remove each other's) is made below the agent's own group in each
 //!    v1 hierarchy that has the controller (`pids.max`,
 //!    `memory.limit_in_bytes` and `memory.memsw.limit_in_bytes`,
 //!    `cpu.cfs_quota_us`), and the sandboxed process joins it before it
@@ -285,7 +287,7 @@ impl LimitGroups {
         let dir = h
             .mount
             .join(h.own.trim_start_matches('/'))
-            .join(format!("polar-{name}"));
+            .join(format!("polar-{}-{name}", std::process::id()));
         if !self.v1.contains(&dir) {
             match fs::create_dir(&dir) {
                 Ok(()) => self.v1.push(dir.clone()),
