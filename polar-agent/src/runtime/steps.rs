@@ -114,9 +114,14 @@ impl SandboxDirs {
         logs.chown((0, 0)).map_err(io("chown", &self.logs))?;
         for (name, mode) in WRITABLE {
             let path = self.root.join(name);
+            // Made (or taken back, from an earlier attempt) as root's, its
+            // mode set, then handed to the sandbox user: the agent's unit
+            // has CAP_CHOWN but not CAP_FOWNER, so it may not chmod what
+            // it does not own.
             let d = root
-                .make_dirs(Path::new(name), user, &mut replaced)
+                .make_dirs(Path::new(name), (0, 0), &mut replaced)
                 .map_err(io("create", &path))?;
+            d.chown((0, 0)).map_err(io("chown", &path))?;
             nix::sys::stat::fchmod(&d, nix::sys::stat::Mode::from_bits_truncate(mode))
                 .map_err(|e| io("chmod", &path)(e.into()))?;
             let skipped = d.chown_tree(user).map_err(io("chown", &path))?;
