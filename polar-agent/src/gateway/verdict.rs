@@ -8,19 +8,20 @@ use serde_json::{Map, Value};
 use super::work::Ran;
 use crate::runtime::plan::{Phase, StepEnd, StepReport};
 use polar_evaluate::Evaluation;
-use polar_gateway::stages::{Interrupt, Reached, Report};
+use polar_gateway::stages::{InitFault, Interrupt, Reached, Report};
 use polar_rollout_api::{SampleStatus, TokenUsage};
 use polar_trajectory::SessionOutcome;
-
-/// How an INIT error of an assignment outside the node's policy begins.
-pub(super) const POLICY_REFUSED: &str = "refused by this node's policy";
 
 /// The report of a session that never got prepared. One the node's policy
 /// refused is an error of the task's spec: not retried, no reward, and
 /// `stats.refused = "node_policy"` tells it from the node's own failures.
 pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
+    let refused = matches!(&reached, Reached::InitFailed(e) if e.fault == InitFault::Policy);
     let (status, error, retry) = match reached {
-        Reached::InitFailed { error, retry } => (SampleStatus::Error, Some(error), retry),
+        Reached::InitFailed(e) => {
+            let retry = e.retry();
+            (SampleStatus::Error, Some(e.error), retry)
+        }
         Reached::Interrupted(Interrupt::Budget) => (
             SampleStatus::Timeout,
             Some("the session budget ran out before it started".into()),
@@ -31,10 +32,7 @@ pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
         }
     };
     let mut stats = Map::new();
-    if error
-        .as_deref()
-        .is_some_and(|e| e.starts_with(POLICY_REFUSED))
-    {
+    if refused {
         stats.insert("refused".into(), Value::from("node_policy"));
     }
     Report {
@@ -154,6 +152,7 @@ pub(super) fn verdict(e: &Ended, evaluation: Option<&Evaluation>) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use polar_gateway::stages::InitError;
 
     fn ev(reward: Option<f64>, usable: bool, error: Option<&str>) -> Evaluation {
         Evaluation {
@@ -206,16 +205,16 @@ mod tests {
 
     #[test]
     fn a_session_never_prepared() {
-        let r = never_prepared(Reached::InitFailed {
-            error: "agent.harness: unknown".into(),
-            retry: false,
-        });
+        let r = never_prepared(Reached::InitFailed(InitError::new(
+            InitFault::Spec,
+            "agent.harness: unknown",
+        )));
         assert_eq!((r.status, r.retry), (SampleStatus::Error, false));
         assert!(r.stats.is_empty());
-        let r = never_prepared(Reached::InitFailed {
-            error: format!("{POLICY_REFUSED}: runtime.network: \"host\" is not allowed"),
-            retry: false,
-        });
+        let r = never_prepared(Reached::InitFailed(InitError::new(
+            InitFault::Policy,
+            "refused by this node's policy: runtime.network: \"host\" is not allowed",
+        )));
         assert_eq!(
             (r.status, r.retry, r.reward),
             (SampleStatus::Error, false, None)

@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::verdict::{Ended, POLICY_REFUSED, never_prepared, verdict};
+use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{HarnessName, Install, check_installed, search_dirs};
@@ -36,7 +36,7 @@ use crate::runtime::plan::{Phase, StepEnd};
 use polar_capture::SessionInfo;
 use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
 use polar_export::Exporter;
-use polar_gateway::stages::{Job, Reached, Report, Work};
+use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
 use polar_io::chain;
 use polar_rollout_api::session_spec::SessionSpec;
@@ -100,17 +100,25 @@ impl HarnessWork {
         &self,
         mut spec: SessionSpec,
         session_secs: u64,
-    ) -> Result<SessionSpec, (String, bool)> {
+    ) -> Result<SessionSpec, InitError> {
         let policy = Arc::clone(&self.policy);
         let (spec, checked) = tokio::task::spawn_blocking(move || {
             let r = spec.resolve_policy(&policy, session_secs);
             (spec, r)
         })
         .await
-        .map_err(|e| (format!("checking the node's policy: {e}"), true))?;
+        .map_err(|e| {
+            InitError::new(
+                InitFault::Node,
+                format!("checking the node's policy: {e}"),
+            )
+        })?;
         match checked {
             Ok(()) => Ok(spec),
-            Err(v) => Err((format!("{POLICY_REFUSED}: {v}"), false)),
+            Err(v) => Err(InitError::new(
+                InitFault::Policy,
+                format!("refused by this node's policy: {v}"),
+            )),
         }
     }
 
@@ -146,9 +154,9 @@ impl Work for HarnessWork {
         &self,
         job: &Arc<Job>,
         stop: CancellationToken,
-    ) -> Result<Session, (String, bool)> {
+    ) -> Result<Session, InitError> {
         let a = &job.assignment;
-        let fail = |m: String| (m, false);
+        let fail = |m: String| InitError::new(InitFault::Spec, m);
         let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)
             .map_err(|e| fail(e.to_string()))?;
         let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
@@ -158,7 +166,10 @@ impl Work for HarnessWork {
             .parse()
             .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
         // Not installed here is the node's problem: another node may have it.
-        let install = self.install(harness).await.map_err(|e| (e, true))?;
+        let install = self
+            .install(harness)
+            .await
+            .map_err(|e| InitError::new(InitFault::Node, e))?;
         let mut metadata = Map::new();
         metadata.insert("sample_index".into(), a.sample_index.into());
         metadata.insert("attempt".into(), a.attempt.into());
@@ -191,7 +202,7 @@ impl Work for HarnessWork {
         };
         let prepared = prepare(&self.parts, &self.redirect, run, &stop)
             .await
-            .map_err(|e| (chain(&e), true))?;
+            .map_err(|e| InitError::new(InitFault::Node, chain(&e)))?;
         Ok(Session {
             prepared,
             evaluator: spec.evaluator,

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 #[cfg(any(test, feature = "test-hooks"))]
 use crate::node::Received;
 use crate::node::{Node, NodeError, NodeOptions, Progress};
-use crate::stages::{Interrupt, Job, Reached, Report, StageLimits, Stages, Work};
+use crate::stages::{InitError, Interrupt, Job, Reached, Report, StageLimits, Stages, Work};
 use polar_rollout_api::{SampleStatus, SessionAssignment, TokenUsage};
 
 /// What a simulated session ends with.
@@ -181,7 +181,7 @@ impl Work for SimWork {
         &self,
         job: &Arc<Job>,
         stop: CancellationToken,
-    ) -> Result<Self::Prepared, (String, bool)> {
+    ) -> Result<Self::Prepared, InitError> {
         sleep_or_stop(self.init_time, &stop).await;
         let outcome = (self.outcome)(&job.assignment);
         let run_for = outcome.run_for.unwrap_or_else(|| {
@@ -208,7 +208,7 @@ impl Work for SimWork {
             Reached::Ran(()) => outcome.status,
             Reached::Interrupted(Interrupt::Budget) => SampleStatus::Timeout,
             Reached::Interrupted(Interrupt::Cancelled) => SampleStatus::Cancelled,
-            Reached::InitFailed { .. } => SampleStatus::Error,
+            Reached::InitFailed(_) => SampleStatus::Error,
         };
         let mut stats = serde_json::Map::new();
         stats.insert(

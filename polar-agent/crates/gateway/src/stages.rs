@@ -98,16 +98,49 @@ pub enum Interrupt {
     Cancelled,
 }
 
+/// Whose fault a failed INIT is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitFault {
+    /// The task's spec is wrong (a bad option, an unknown harness): not
+    /// retried, any node would refuse it.
+    Spec,
+    /// The node's policy refuses what the spec asks: not retried, and
+    /// reported as a refusal rather than a failure.
+    Policy,
+    /// The node failed (a harness not installed here, a sandbox that could
+    /// not be made): dispatched again elsewhere.
+    Node,
+}
+
+/// Why INIT failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InitError {
+    /// Why, as the sample's error.
+    pub error: String,
+    /// Whose fault it is.
+    pub fault: InitFault,
+}
+
+impl InitError {
+    /// `error`, of `fault`.
+    pub fn new(fault: InitFault, error: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            fault,
+        }
+    }
+
+    /// Whether the session is dispatched again elsewhere.
+    pub fn retry(&self) -> bool {
+        self.fault == InitFault::Node
+    }
+}
+
 /// How a session reached POSTRUN.
 #[derive(Debug)]
 pub enum Reached<R> {
-    /// INIT failed; `retry` when the failure is the node's.
-    InitFailed {
-        /// Why.
-        error: String,
-        /// Dispatch again elsewhere.
-        retry: bool,
-    },
+    /// INIT failed.
+    InitFailed(InitError),
     /// Stopped before or during RUNNING.
     Interrupted(Interrupt),
     /// RUNNING finished with this.
@@ -202,13 +235,13 @@ pub trait Work: Send + Sync + 'static {
 
     /// INIT: prepare the session; `stop` fires when the budget runs out or
     /// the session is cancelled (finish early, returning what was made so
-    /// that POSTRUN tears it down). An error names why and whether the node
-    /// is at fault (`retry`).
+    /// that POSTRUN tears it down). An error names why and whose fault it
+    /// is.
     fn init(
         &self,
         job: &Arc<Job>,
         stop: CancellationToken,
-    ) -> impl Future<Output = Result<Self::Prepared, (String, bool)>> + Send;
+    ) -> impl Future<Output = Result<Self::Prepared, InitError>> + Send;
 
     /// RUNNING: run the harness; `stop` fires when the budget runs out or
     /// the session is cancelled.
@@ -392,16 +425,10 @@ impl Stages {
                     .finish(work, job, Some(p), Reached::Interrupted(i), &enter)
                     .await;
             }
-            (Err((error, retry)), _) => {
+            (Err(e), _) => {
                 drop(lane);
                 return self
-                    .finish(
-                        work,
-                        job,
-                        None,
-                        Reached::InitFailed { error, retry },
-                        &enter,
-                    )
+                    .finish(work, job, None, Reached::InitFailed(e), &enter)
                     .await;
             }
         };

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::stages::{Interrupt, Job, Reached, Report, Stage, StageLimits, Stages, Work};
+use crate::stages::{
+    InitError, Interrupt, Job, Reached, Report, Stage, StageLimits, Stages, Work,
+};
 use polar_rollout_api::SampleStatus;
 
 fn assignment(i: u32, budget_secs: u64) -> polar_rollout_api::SessionAssignment {
@@ -39,7 +41,7 @@ impl Work for Counting {
     type Prepared = ();
     type Ran = ();
 
-    async fn init(&self, _job: &Arc<Job>, stop: CancellationToken) -> Result<(), (String, bool)> {
+    async fn init(&self, _job: &Arc<Job>, stop: CancellationToken) -> Result<(), InitError> {
         bump(&self.in_init, &self.max_init);
         tokio::select! {
             () = stop.cancelled() => {}
@@ -66,7 +68,7 @@ impl Work for Counting {
             Reached::Ran(()) => SampleStatus::Completed,
             Reached::Interrupted(Interrupt::Budget) => SampleStatus::Timeout,
             Reached::Interrupted(Interrupt::Cancelled) => SampleStatus::Cancelled,
-            Reached::InitFailed { .. } => SampleStatus::Error,
+            Reached::InitFailed(_) => SampleStatus::Error,
         };
         self.reached.lock().unwrap().push(format!(
             "{}:{}",
