@@ -107,12 +107,7 @@ impl HarnessWork {
             (spec, r)
         })
         .await
-        .map_err(|e| {
-            InitError::new(
-                InitFault::Node,
-                format!("checking the node's policy: {e}"),
-            )
-        })?;
+        .map_err(|e| InitError::new(InitFault::Node, format!("checking the node's policy: {e}")))?;
         match checked {
             Ok(()) => Ok(spec),
             Err(v) => Err(InitError::new(
@@ -150,11 +145,7 @@ impl Work for HarnessWork {
     type Prepared = Session;
     type Ran = Ran;
 
-    async fn init(
-        &self,
-        job: &Arc<Job>,
-        stop: CancellationToken,
-    ) -> Result<Session, InitError> {
+    async fn init(&self, job: &Arc<Job>, stop: CancellationToken) -> Result<Session, InitError> {
         let a = &job.assignment;
         let fail = |m: String| InitError::new(InitFault::Spec, m);
         let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)

@@ -9,9 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::stages::{
-    InitError, Interrupt, Job, Reached, Report, Stage, StageLimits, Stages, Work,
-};
+use crate::stages::{InitError, Interrupt, Job, Reached, Report, Stage, StageLimits, Stages, Work};
 use polar_rollout_api::SampleStatus;
 
 fn assignment(i: u32, budget_secs: u64) -> polar_rollout_api::SessionAssignment {
