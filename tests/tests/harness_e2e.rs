@@ -20,7 +20,6 @@ use anyhow::{Context as _, Result, bail, ensure};
 use polar_capture::log::LogProblem;
 use polar_capture::read_log;
 use polar_tests::{SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config};
-use serde_json::Value;
 
 const INSTRUCTION: &str =
     "Create the file polar-demo.txt containing the word polar, using your shell tool.";
