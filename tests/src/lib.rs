@@ -317,6 +317,14 @@ pub fn write_config(dir: &Path, body: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// Writes `text` to `dir/name` (a runtime spec, a script) and returns the
+/// path as a command-line argument.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<String> {
+    let p = dir.join(name);
+    std::fs::write(&p, text)?;
+    Ok(p.display().to_string())
+}
+
 /// The SHA-256 of a file, in hex: what tests compare before and after a
 /// hostile sandbox ran, to show a host file is unchanged.
 pub fn sha256(path: &Path) -> Result<String> {
@@ -346,7 +354,9 @@ impl SessionRun {
         PathBuf::from(self.outcome["workspace"].as_str().unwrap_or_default())
     }
 
-    /// The harness's (main step's) stdout and stderr, for messages.
+    /// The harness's (main step's) stdout and stderr, for messages; when
+    /// no step ran (Polar failed first: exit 125), the tail of `polar`'s
+    /// own stderr.
     pub fn main_logs(&self) -> String {
         let mut text = String::new();
         for step in self.outcome["steps"].as_array().into_iter().flatten() {
@@ -364,6 +374,14 @@ impl SessionRun {
                     text.push_str(&format!("--- {p}:\n{tail}\n"));
                 }
             }
+        }
+        if text.is_empty() {
+            let err = self.finished.stderr();
+            let tail = err.lines().rev().take(20).collect::<Vec<_>>();
+            text = format!(
+                "--- polar's stderr:\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
         }
         text
     }

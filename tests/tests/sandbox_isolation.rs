@@ -22,7 +22,7 @@ use anyhow::{Context as _, Result, ensure};
 use polar_tests::servers::EchoUpstream;
 use polar_tests::{
     Running, eventually, processes_with, sandbox_tempdir, session_run, session_run_env,
-    write_config,
+    write_config, write_file,
 };
 
 /// A loopback server that greets every connection with a banner and
@@ -46,12 +46,6 @@ impl Banner {
         });
         Ok(Self { addr, accepted })
     }
-}
-
-fn runtime_file(dir: &Path, name: &str, text: &str) -> Result<String> {
-    let p = dir.join(name);
-    std::fs::write(&p, text)?;
-    Ok(p.display().to_string())
 }
 
 /// `key=value` lines of a file.
@@ -269,7 +263,7 @@ fn pids_group(session: &str) -> Option<PathBuf> {
 fn a_fork_bomb_stays_inside_its_process_limit_and_the_host_stays_responsive() -> Result<()> {
     let tmp = sandbox_tempdir()?;
     let cfg = write_config(tmp.path(), "")?.display().to_string();
-    let spec = runtime_file(
+    let spec = write_file(
         tmp.path(),
         "rt.toml",
         "[limits]\npids = 64\nmemory_bytes = 536870912\n",
@@ -395,7 +389,7 @@ fn prepare_and_post_steps_run_in_order_with_the_remaining_budget() -> Result<()>
     let task = tmp.path().join("task");
     std::fs::create_dir_all(task.join("src"))?;
     std::fs::write(task.join("src/in.txt"), "from the task\n")?;
-    let spec = runtime_file(
+    let spec = write_file(
         tmp.path(),
         "rt.toml",
         &format!(
@@ -442,7 +436,7 @@ run = "echo $POLAR_TIMEOUT_SECS $POLAR_DEADLINE > post-budget.txt; ls > post-ls.
     );
 
     // A failed prepare step skips the main command; post-run steps still run.
-    let spec = runtime_file(
+    let spec = write_file(
         tmp.path(),
         "rt2.toml",
         "[[prepare]]\nrun = \"exit 3\"\n[[post]]\nrun = \"echo post > post.txt\"\n",
@@ -612,7 +606,7 @@ fn a_harness_installed_behind_a_directory_the_sandbox_user_cannot_pass_still_run
 fn a_process_over_its_memory_limit_is_killed_inside_the_sandbox() -> Result<()> {
     let tmp = sandbox_tempdir()?;
     let cfg = write_config(tmp.path(), "")?.display().to_string();
-    let spec = runtime_file(
+    let spec = write_file(
         tmp.path(),
         "rt.toml",
         "[limits]\nmemory_bytes = 134217728\n",

@@ -14,7 +14,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, ensure};
-use polar_tests::{sandbox_tempdir, session_run, session_run_env, sha256, write_config};
+use polar_tests::{
+    sandbox_tempdir, session_run, session_run_env, sha256, write_config, write_file,
+};
 
 /// Every file below `dir` with its hash (symlinks not followed).
 fn hashes(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
@@ -52,12 +54,6 @@ impl Drop for Mounts {
     }
 }
 
-fn spec_file(dir: &Path, name: &str, text: &str) -> Result<String> {
-    let p = dir.join(name);
-    std::fs::write(&p, text)?;
-    Ok(p.display().to_string())
-}
-
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn post_run_uploads_do_not_follow_symlinks_the_sandbox_planted() -> Result<()> {
@@ -80,7 +76,7 @@ fn post_run_uploads_do_not_follow_symlinks_the_sandbox_planted() -> Result<()> {
     std::fs::create_dir_all(task.join("tests"))?;
     std::fs::write(task.join("tests/test_hidden.py"), "assert True\n")?;
     std::fs::write(task.join("answer.txt"), "42\n")?;
-    let spec = spec_file(
+    let spec = write_file(
         tmp.path(),
         "rt.toml",
         &format!(
@@ -320,7 +316,7 @@ head -c 1048576 /dev/zero > /workspace/kept && echo kept
         "the state directory's filesystem lost {lost} bytes, more than the quota {quota}"
     );
     // A spec may lower the quota, never raise it.
-    let spec = spec_file(
+    let spec = write_file(
         &fs_dir,
         "rt.toml",
         &format!("[limits]\ndisk_bytes = {}\n", quota * 2),

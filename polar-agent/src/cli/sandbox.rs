@@ -121,7 +121,7 @@ fn exec_for(
     }
     // Directories and the quota's mount: blocking, before the session.
     let shot = tokio::task::block_in_place(|| {
-        oneshot::native(state_dir, disk_bytes, trust, session, &args.command, &[])
+        oneshot::native(state_dir, disk_bytes, trust, session, &args.command)
     })
     .map_err(crate::harness::HarnessError::from)?;
     tracing::info!(
@@ -165,17 +165,13 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let mut spec = spec(&args, session.clone(), exec, &config.sandbox);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
-    // Inspecting keeps nothing: the session's directories go (their disk
-    // quota ended first: a mounted tmpfs cannot be removed).
+    // Inspecting keeps nothing: the session's directories go, their disk
+    // quota discarded rather than copied to disk.
     if let Some(dirs) = dirs {
-        release_dirs(dirs.clone()).await;
-        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dirs.root) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        })
-        .await
-        .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
-        .map_err(|e| CliError::Io("removing the session".into(), e))?;
+        tokio::task::spawn_blocking(move || dirs.remove())
+            .await
+            .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
+            .map_err(crate::harness::HarnessError::from)?;
     }
     let out = out?;
     tracing::info!(session = %out.session, captured = handler.captured(), "sandbox finished");

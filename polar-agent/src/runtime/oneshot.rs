@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::steps::SandboxDirs;
-use super::{Layout, Runtime, RuntimeError, SANDBOX_USER, base_env, bundle_targets, set_env};
+use super::{Layout, Runtime, RuntimeError, SANDBOX_USER, base_env, bundle_targets};
 use crate::sandbox::session::Exec;
 use crate::tls::TrustFiles;
 use polar_ids::SessionId;
@@ -29,7 +29,7 @@ pub struct Oneshot {
 /// Makes the session's directories under `state_dir`, on a disk quota of
 /// `disk_bytes` (release them with [`SandboxDirs::release`] once the
 /// command ended), and the [`Exec`] that runs `argv` in the native runtime
-/// there, with [`base_env`] and `env` (the trust variables point at the
+/// there, with [`base_env`] (the trust variables point at the
 /// files bound from `trust`; none are bound without it). Blocks.
 pub fn native(
     state_dir: &Path,
@@ -37,7 +37,6 @@ pub fn native(
     trust: Option<&TrustFiles>,
     session: &SessionId,
     argv: &[OsString],
-    env: &[(String, String)],
 ) -> Result<Oneshot, RuntimeError> {
     let spec = RuntimeSpec::default();
     let runtime = Runtime::for_spec(&spec, session)?;
@@ -67,9 +66,6 @@ pub fn native(
         // would fail before it connects.
         let unbound = super::trust_in_sandbox().env();
         full_env.retain(|(k, _)| !unbound.iter().any(|(u, _)| u == k));
-    }
-    for (k, v) in env {
-        set_env(&mut full_env, k, v.clone());
     }
     let argv: Vec<String> = argv
         .iter()

@@ -328,16 +328,20 @@ pub fn reclaim_stale(sandboxes: &Path) -> Reclaimed {
     out
 }
 
-/// Unmounts every session tmpfs under `sandboxes` without keeping its
-/// contents (for a purge that removes the state directory). How many.
+/// Unmounts the tmpfs at `root`, if there is one, without keeping its
+/// contents. Whether one was unmounted.
+pub fn discard(root: &Path) -> bool {
+    is_mount_point(root).unwrap_or(false) && umount2(root, MntFlags::MNT_DETACH).is_ok()
+}
+
+/// [`discard`] of every session directory under `sandboxes` (for a purge
+/// that removes the state directory). How many were unmounted.
 pub fn discard_all(sandboxes: &Path) -> usize {
     let Ok(rd) = fs::read_dir(sandboxes) else {
         return 0;
     };
     rd.filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| is_mount_point(p).unwrap_or(false))
-        .filter(|p| umount2(p.as_path(), MntFlags::MNT_DETACH).is_ok())
+        .filter(|e| discard(&e.path()))
         .count()
 }
 

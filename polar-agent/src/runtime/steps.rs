@@ -178,6 +178,16 @@ impl SandboxDirs {
         quota::release(&self.root)?;
         Ok(())
     }
+
+    /// Removes the session's directories, their disk quota's tmpfs first
+    /// (discarded, not copied to disk). Blocks.
+    pub fn remove(&self) -> Result<(), RuntimeError> {
+        quota::discard(&self.root);
+        match fs::remove_dir_all(&self.root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &self.root)(e)),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Copies `from` (a host file or directory, recursively; symbolic links

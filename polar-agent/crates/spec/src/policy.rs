@@ -523,11 +523,12 @@ impl Policy {
     /// Gives each limit `limits` leaves out its ceiling.
     pub fn apply_ceilings(&self, limits: &mut Limits) {
         let c = &self.ceilings;
-        limits.memory_bytes.get_or_insert(c.memory_bytes);
-        limits.pids.get_or_insert(c.pids);
-        if let Some(cpu) = c.cpu {
-            limits.cpu.get_or_insert(cpu);
-        }
+        *limits = limits.or(Limits {
+            memory_bytes: Some(c.memory_bytes),
+            pids: Some(c.pids),
+            cpu: c.cpu,
+            disk_bytes: None,
+        });
     }
 }
 
