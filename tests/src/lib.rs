@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
+pub mod docker;
 pub mod proxy;
 pub mod servers;
 

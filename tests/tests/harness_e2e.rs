@@ -7,6 +7,10 @@
 //! in its workspace, and every call in the session's capture log has prompt
 //! and response token ids. The six run at once, each bounded by its budget.
 //!
+//! The same six run in docker containers too (the test image of
+//! `cargo xtask test`'s engine, the CLIs bound read-only from the host),
+//! with the same assertions.
+//!
 //! The CLIs come from `cargo xtask harnesses` (`POLAR_HARNESS_DIR`, else
 //! `.polar-cache/harnesses`).
 #![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
@@ -19,7 +23,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_capture::log::LogProblem;
 use polar_capture::read_log;
-use polar_tests::{SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config};
+use polar_tests::docker::{self, Engine};
+use polar_tests::{
+    SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config, write_file,
+};
 
 const INSTRUCTION: &str =
     "Create the file polar-demo.txt containing the word polar, using your shell tool.";
@@ -61,13 +68,13 @@ impl Drop for Mock {
 }
 
 /// A configuration whose model routes (the built-in ones) are served by
-/// the mock through the capture stage.
-fn config(dir: &Path, mock: &Mock) -> Result<String> {
+/// the mock through the capture stage (and `extra` after it).
+fn config(dir: &Path, mock: &Mock, extra: &str) -> Result<String> {
     Ok(write_config(
         dir,
         &format!(
             "[[backend]]\nname = \"mock\"\ndialect = \"vllm\"\nreplicas = [\"{}\"]\n\
-             served_model = \"polar-mock\"\n",
+             served_model = \"polar-mock\"\n\n{extra}",
             mock.url
         ),
     )?
@@ -122,8 +129,10 @@ fn check(name: &str, run: &SessionRun) -> Vec<String> {
     problems
 }
 
-/// Runs the harnesses at once; fails with every problem of every harness.
-fn run_all(harnesses: &[&'static str], base_url: bool) -> Result<()> {
+/// Runs the harnesses at once (in native sandboxes, or in docker
+/// containers of `docker`'s engine); fails with every problem of every
+/// harness.
+fn run_all(harnesses: &[&'static str], base_url: bool, docker: Option<&Engine>) -> Result<()> {
     let dir = harness_dir();
     ensure!(
         dir.join("node_modules/.bin").is_dir(),
@@ -132,17 +141,22 @@ fn run_all(harnesses: &[&'static str], base_url: bool) -> Result<()> {
     );
     let tmp = sandbox_tempdir()?;
     let mock = Mock::start()?;
-    let cfg = config(tmp.path(), &mock)?;
+    let extra = docker.map(|e| e.sandbox_table("")).unwrap_or_default();
+    let cfg = config(tmp.path(), &mock, &extra)?;
+    let spec = docker
+        .map(|e| write_file(tmp.path(), "docker.toml", &e.spec("")))
+        .transpose()?;
     let threads: Vec<_> = harnesses
         .iter()
         .map(|h| {
-            let cfg = cfg.clone();
+            let (cfg, spec) = (cfg.clone(), spec.clone());
             let h = *h;
             std::thread::spawn(move || {
                 let session = format!(
-                    "e2e-{}{}",
+                    "e2e-{}{}{}",
                     h.replace('_', "-"),
-                    if base_url { "-b" } else { "" }
+                    if base_url { "-b" } else { "" },
+                    if spec.is_some() { "-d" } else { "" }
                 );
                 let mut args = vec![
                     "--config",
@@ -158,6 +172,9 @@ fn run_all(harnesses: &[&'static str], base_url: bool) -> Result<()> {
                 ];
                 if base_url {
                     args.push("--base-url");
+                }
+                if let Some(spec) = &spec {
+                    args.extend(["--runtime", spec.as_str()]);
                 }
                 (h, session_run(&args, &[]))
             })
@@ -190,11 +207,30 @@ fn six_unmodified_harnesses_call_their_shell_tool_and_every_call_is_captured() -
             "pi",
         ],
         false,
+        None,
+    )
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn six_unmodified_harnesses_in_docker_containers_are_captured_the_same() -> Result<()> {
+    let engine = docker::engine()?;
+    run_all(
+        &[
+            "codex",
+            "claude_code",
+            "gemini_cli",
+            "qwen_code",
+            "opencode",
+            "pi",
+        ],
+        false,
+        Some(&engine),
     )
 }
 
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn harnesses_in_base_url_mode_are_captured_by_their_session_key() -> Result<()> {
-    run_all(&["claude_code", "qwen_code"], true)
+    run_all(&["claude_code", "qwen_code"], true, None)
 }

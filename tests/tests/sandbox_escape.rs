@@ -1,6 +1,8 @@
 //! The escape suite (root only): a hostile program runs as a session's main
 //! command — in a harness session (`polar sandbox run --runtime SPEC`, the
-//! shell preset's path) and in `polar sandbox run -- CMD` — and tries, each
+//! shell preset's path), in `polar sandbox run -- CMD`, and in a harness
+//! session on the docker runtime (a container of the engine and image
+//! `cargo xtask test` provides) — and tries, each
 //! in turn, to write the host's `/etc`, ptrace a host process, mount,
 //! make user/mount/network namespaces (`unshare`, `clone`, `clone3`),
 //! `setns`, `bpf()`, `perf_event_open`, `keyctl`/`add_key`, `userfaultfd`,
@@ -30,7 +32,8 @@ use anyhow::{Context as _, Result, ensure};
 use polar_capture::log::read_log;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::{
-    eventually, json_lines, processes_with, sandbox_run, sandbox_tempdir, session_run, sha256,
+    docker, eventually, json_lines, processes_with, sandbox_run, sandbox_tempdir, session_run,
+    sha256,
 };
 use serde_json::{Value, json};
 
@@ -278,6 +281,8 @@ enum Way {
     Harness,
     /// `polar sandbox run -- CMD`.
     SandboxRun,
+    /// A harness session on the docker runtime, with limits.
+    Docker,
 }
 
 async fn escape_suite(way: Way) -> Result<()> {
@@ -289,19 +294,28 @@ async fn escape_suite(way: Way) -> Result<()> {
 }
 
 fn run_suite(way: Way, mock_url: &str) -> Result<()> {
+    let engine = (way == Way::Docker).then(docker::engine).transpose()?;
     let tmp = sandbox_tempdir()?;
+    let docker_host = engine
+        .as_ref()
+        .map(|e| format!("docker_host = \"{}\"\n", e.host))
+        .unwrap_or_default();
     let body = format!(
         "# trainer token: POLAR-SECRET-TOKEN-77\n\n[[backend]]\nname = \"mock\"\n\
          dialect = \"vllm\"\nreplicas = [\"{}\"]\nserved_model = \"polar-mock\"\n\n\
          [[route]]\nhost = \"api.anthropic.com\"\naction = \"model\"\n\
          provider = \"anthropic\"\nbackend = \"mock\"\n\n\
-         [sandbox]\ndisk_bytes = {DISK_BYTES}\nmemory_bytes = 268435456\npids = 64\n",
+         [sandbox]\ndisk_bytes = {DISK_BYTES}\nmemory_bytes = 268435456\npids = 64\n{docker_host}",
         mock_url
     );
     let cfg = polar_tests::write_config(tmp.path(), &body)?;
     let state = tmp.path().join("state");
     let pid = std::process::id();
-    let tag = if way == Way::Harness { "h" } else { "s" };
+    let tag = match way {
+        Way::Harness => "h",
+        Way::SandboxRun => "s",
+        Way::Docker => "d",
+    };
     // Host files the program targets, hashed before and after.
     let config_copy = PathBuf::from(format!("/var/tmp/polar-escape-{pid}-{tag}.toml"));
     std::fs::copy(&cfg, &config_copy)?;
@@ -318,7 +332,11 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         .join(&peer_session)
         .join("workspace");
     let spec = tmp.path().join("rt.toml");
-    std::fs::write(&spec, "[limits]\npids = 64\nmemory_bytes = 268435456\n")?;
+    let limits = "[limits]\npids = 64\nmemory_bytes = 268435456\n";
+    match &engine {
+        Some(e) => std::fs::write(&spec, e.spec(limits))?,
+        None => std::fs::write(&spec, limits)?,
+    }
     let gateway = Banner::start()?;
     let rollout = Banner::start()?;
 
@@ -381,7 +399,7 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
     .to_string();
     let hostile = ["python3", "-c", HOSTILE, &args];
     let reports: Vec<Value> = match way {
-        Way::Harness => {
+        Way::Harness | Way::Docker => {
             let run = session_run(
                 &[
                     "--config",
@@ -432,9 +450,17 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         facts["NoNewPrivs"] == "1" && facts["Seccomp"] == "2",
         "{facts}"
     );
-    ensure!(facts["sys"] == json!([]), "/sys is not empty: {facts}");
-    ensure!(facts["cgroup"] == "0::/", "no cgroup namespace: {facts}");
-    ensure!(facts["pid1"] == "bwrap", "{facts}");
+    if way == Way::Docker {
+        // Docker's own /sys (read-only) and no cgroup namespace on a
+        // cgroup v1 engine: the container is in the session's cgroup.
+        let cgroup = facts["cgroup"].as_str().unwrap_or_default();
+        ensure!(cgroup.starts_with("0::/polar/"), "{facts}");
+        ensure!(facts["pid1"] == "docker-init", "{facts}");
+    } else {
+        ensure!(facts["sys"] == json!([]), "/sys is not empty: {facts}");
+        ensure!(facts["cgroup"] == "0::/", "no cgroup namespace: {facts}");
+        ensure!(facts["pid1"] == "bwrap", "{facts}");
+    }
     // Every attempt, and how it failed.
     let got: BTreeMap<String, &Value> = reports
         .iter()
@@ -442,7 +468,13 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         .collect();
     let mut table = String::new();
     let mut wrong = Vec::new();
-    for (attempt, allowed) in expected() {
+    let mut expected = expected();
+    if way == Way::Docker {
+        // The container's /var/tmp is the image's: the host's copy is
+        // not there at all.
+        expected.insert("read_config_copy", &["ENOENT"]);
+    }
+    for (attempt, allowed) in expected {
         let Some(r) = got.get(attempt) else {
             wrong.push(format!("{attempt} did not run"));
             continue;
@@ -502,4 +534,10 @@ async fn a_hostile_harness_session_escapes_nothing_while_a_peer_completes() -> R
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn a_hostile_sandbox_run_command_escapes_nothing_while_a_peer_completes() -> Result<()> {
     escape_suite(Way::SandboxRun).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+async fn a_hostile_docker_session_escapes_nothing_while_a_peer_completes() -> Result<()> {
+    escape_suite(Way::Docker).await
 }

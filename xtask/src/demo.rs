@@ -18,12 +18,12 @@
 //! fails unless every sample earned reward 1.
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
+use crate::daemon::{Daemon, tail};
 use crate::{harnesses, release, setup};
 
 /// Bounds each task of the demo.
@@ -66,7 +66,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
             .arg(format!("127.0.0.1:{mock_port}"))
             .args(["--served-model", "default"]),
         &dir.join("mock-backend.log"),
-        mock_port,
+        LISTEN_WAIT,
+        listening(mock_port),
     )?;
     let mut server = Daemon::start(
         "rollout server",
@@ -74,14 +75,21 @@ pub fn run(args: DemoArgs) -> Result<()> {
             .args(["rollout", "serve", "--config"])
             .arg(&config),
         &dir.join("rollout-server.log"),
-        server_port,
+        LISTEN_WAIT,
+        listening(server_port),
     )?;
     let mut gateway = Cmd::new(&polar)?.args(["agent", "--config"]).arg(&config);
     if let Some(prefix) = &claude {
         // Where the gateway finds the harness CLIs.
         gateway = gateway.env("POLAR_HARNESS_DIR", prefix);
     }
-    let mut gateway = Daemon::start("gateway", gateway, &dir.join("gateway.log"), gateway_port)?;
+    let mut gateway = Daemon::start(
+        "gateway",
+        gateway,
+        &dir.join("gateway.log"),
+        LISTEN_WAIT,
+        listening(gateway_port),
+    )?;
     say(&format!(
         "\nPolar demo\n\n\
          On loopback: a mock inference server (vLLM's token-id dialect) on port {mock_port},\n\
@@ -357,70 +365,12 @@ fn summarize(root: &Path, task_id: &str, samples: usize) -> Result<()> {
     Ok(())
 }
 
-/// A `polar` subcommand running in the background, stopped by its pid.
-struct Daemon {
-    what: &'static str,
-    child: Child,
-}
+/// How long each daemon has to start listening.
+const LISTEN_WAIT: Duration = Duration::from_secs(60);
 
-impl Daemon {
-    fn start(what: &'static str, cmd: Cmd, log: &Path, port: u16) -> Result<Self> {
-        let mut child = cmd
-            .spawn(log)
-            .with_context(|| format!("starting the {what}"))?;
-        let until = Instant::now() + Duration::from_secs(60);
-        while Instant::now() < until {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return Ok(Self { what, child });
-            }
-            if let Some(status) = child.try_wait()? {
-                bail!("the {what} exited early ({status}):\n{}", tail(log, 20));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        bail!(
-            "the {what} did not listen on port {port}:\n{}",
-            tail(log, 20)
-        )
-    }
-
-    /// SIGTERM, then SIGKILL after `grace`.
-    fn stop(&mut self, grace: Duration) {
-        if matches!(self.child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        // Best effort: SIGKILL follows if it does not stop.
-        let _ =
-            Cmd::new("kill").map(|kill| kill.args(["-TERM", &self.child.id().to_string()]).probe());
-        let until = Instant::now() + grace;
-        while Instant::now() < until {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        say(&format!(
-            "the {} did not stop within {grace:?}; killing it",
-            self.what
-        ));
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+/// Ready once something accepts connections on loopback `port`.
+fn listening(port: u16) -> impl Fn() -> bool {
+    move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
 #[expect(

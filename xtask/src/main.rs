@@ -5,8 +5,10 @@
 //! module and every external program runs through [`cmd::Cmd`].
 
 mod cmd;
+mod daemon;
 mod demo;
 mod dist;
+mod docker;
 mod harnesses;
 mod layers;
 mod release;

@@ -45,6 +45,10 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     // The test_output evaluator applies test patches with git or patch.
     ("git", Scope::All),
     ("patch", Scope::All),
+    // The docker runtime's tests: an engine (dockerd, containerd, runc,
+    // tini) and debootstrap, which makes their image (`crate::docker`).
+    ("docker.io", Scope::All),
+    ("debootstrap", Scope::All),
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of

@@ -6,11 +6,14 @@
 //!
 //! The end-to-end tests run the `polar` binary from `target/debug`, so it is
 //! built before `cargo test`. The privileged tests (real cgroups, eBPF and
-//! network namespaces) need root; `--unprivileged` leaves them out.
+//! network namespaces) need root; `--unprivileged` leaves them out. With
+//! them, a private Docker engine ([`docker::Engine`]) runs for the length
+//! of the test step, for the docker runtime's tests
+//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`).
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd::Cmd, cmd::is_root, harnesses, layers, setup};
+use crate::{cmd::Cmd, cmd::is_root, docker, harnesses, layers, setup};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -19,6 +22,12 @@ const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
 enum Step {
     Run(Box<Cmd>),
     Layers,
+    /// The test run, with a private Docker engine for the docker runtime's
+    /// tests (privileged runs), stopped when it ends however it ends.
+    Tests {
+        cmd: Box<Cmd>,
+        docker: bool,
+    },
 }
 
 impl Step {
@@ -85,7 +94,13 @@ pub fn run(args: TestArgs) -> Result<()> {
             "debug build of polar",
             Step::run(Cmd::new("cargo")?.args(["build", "--bin", "polar"])),
         ),
-        ("tests", Step::run(cargo_test.args(&args.cargo_test_args))),
+        (
+            "tests",
+            Step::Tests {
+                cmd: Box::new(cargo_test.args(&args.cargo_test_args)),
+                docker: !args.unprivileged,
+            },
+        ),
     ];
 
     let total = steps.len();
@@ -100,6 +115,22 @@ pub fn run(args: TestArgs) -> Result<()> {
             Step::Layers => {
                 eprintln!("==> test step {number}/{total} ({name}): cargo xtask layers");
                 layers::run(false).with_context(failed)?;
+            }
+            Step::Tests { cmd, docker } => {
+                let engine = docker
+                    .then(docker::Engine::start)
+                    .transpose()
+                    .with_context(failed)?;
+                let cmd = match &engine {
+                    Some(_) => cmd
+                        .env("POLAR_TEST_DOCKER_HOST", docker::host())
+                        .env("POLAR_TEST_DOCKER_IMAGE", docker::IMAGE),
+                    None => *cmd,
+                };
+                eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
+                let result = cmd.run().with_context(failed);
+                drop(engine);
+                result?;
             }
         }
     }

@@ -76,10 +76,10 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     }
     let install = check_installed(harness, &search_dirs(), Duration::from_secs(30))?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
-    // The runtime's program works (checked again when the session starts).
-    crate::runtime::Runtime::for_spec(&spec, &session)
-        .map_err(crate::harness::HarnessError::from)?;
     let config = args.config.load()?;
+    // The runtime's program works (checked again when the session starts).
+    crate::runtime::Runtime::for_spec(&spec, &session, &crate::runtime::Node::of(&config))
+        .map_err(crate::harness::HarnessError::from)?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let parts = AgentParts::build(config)?;
     let redirect = Redirect::start(&RedirectOptions {

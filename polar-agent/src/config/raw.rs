@@ -65,6 +65,8 @@ pub struct RawSandbox {
     pub memory_bytes: Option<u64>,
     /// `pids`: the process limit of a sandbox whose spec sets none.
     pub pids: Option<u32>,
+    /// `docker_host`: the Docker engine of the docker runtime.
+    pub docker_host: Option<String>,
 }
 
 /// `[proxy]`.

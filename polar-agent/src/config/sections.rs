@@ -54,6 +54,10 @@ pub struct SandboxConfig {
     /// The process and thread limit of a sandbox whose runtime spec sets
     /// none, 8 to 4194304.
     pub pids: u32,
+    /// The Docker engine the docker runtime uses, `unix:///path` (the
+    /// engine must run on this node: its containers join the session's
+    /// cgroup and network namespace); `None` is the docker CLI's default.
+    pub docker_host: Option<String>,
 }
 
 impl SandboxConfig {
@@ -74,6 +78,7 @@ impl Default for SandboxConfig {
             disk_bytes: defaults::SANDBOX_DISK_BYTES,
             memory_bytes: defaults::SANDBOX_MEMORY_BYTES,
             pids: defaults::SANDBOX_PIDS,
+            docker_host: None,
         }
     }
 }
@@ -101,11 +106,41 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
         4_194_304,
         "",
     )?;
+    let docker_host = raw
+        .docker_host
+        .as_deref()
+        .map(|h| docker_host(key.key("docker_host"), h))
+        .transpose()?;
     Ok(SandboxConfig {
         disk_bytes,
         memory_bytes,
         pids,
+        docker_host,
     })
+}
+
+/// `sandbox.docker_host`: a unix socket on this node (`unix:///path`,
+/// absolute, no `..`): an engine elsewhere could not put its containers in
+/// the session's cgroup and network namespace.
+fn docker_host(key: KeyPath, host: &str) -> Result<String, ConfigError> {
+    let path = host.strip_prefix("unix://").map(std::path::Path::new);
+    match path {
+        Some(p)
+            if p.is_absolute()
+                && !p
+                    .components()
+                    .any(|c| matches!(c, std::path::Component::ParentDir)) =>
+        {
+            Ok(host.to_owned())
+        }
+        _ => Err(ConfigError::invalid(
+            key,
+            format!(
+                "{host:?} is not `unix:///absolute/path`: the docker runtime needs an engine \
+                 on this node, reached by its unix socket"
+            ),
+        )),
+    }
 }
 
 /// `[proxy]`.
@@ -472,6 +507,38 @@ mod tests {
             panic!("valid");
         };
         assert_eq!(agent.state_dir, PathBuf::from("/srv/polar/state"));
+    }
+
+    #[test]
+    fn docker_host_is_a_unix_socket_on_this_node() {
+        let with = |h: &str| RawSandbox {
+            docker_host: Some(h.into()),
+            ..RawSandbox::default()
+        };
+        assert_eq!(
+            validate_sandbox(&RawSandbox::default())
+                .unwrap()
+                .docker_host,
+            None
+        );
+        assert_eq!(
+            validate_sandbox(&with("unix:///run/d/docker.sock"))
+                .unwrap()
+                .docker_host
+                .as_deref(),
+            Some("unix:///run/d/docker.sock")
+        );
+        for bad in [
+            "tcp://127.0.0.1:2375",
+            "ssh://host",
+            "/run/docker.sock",
+            "unix://run/docker.sock",
+            "unix:///run/../etc/x",
+            "",
+        ] {
+            let m = message(validate_sandbox(&with(bad)));
+            assert!(m.starts_with("sandbox.docker_host: "), "{bad:?}: {m}");
+        }
     }
 
     #[test]

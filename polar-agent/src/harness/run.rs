@@ -11,7 +11,7 @@
 //! session's model calls were captured:
 //! `<state_dir>/sessions/<session>/calls.jsonl`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -156,7 +156,18 @@ pub async fn prepare(
         .limits
         .disk_quota(parts.config.sandbox.disk_bytes)
         .map_err(crate::runtime::RuntimeError::from)?;
-    let runtime = Runtime::for_spec(&run.spec, &run.session)?;
+    let runtime = {
+        let (spec, session) = (run.spec.clone(), run.session.clone());
+        let node = crate::runtime::Node::of(&parts.config);
+        // `docker info`, `bwrap --version`: off the async workers.
+        tokio::task::spawn_blocking(move || Runtime::for_spec(&spec, &session, &node))
+            .await
+            .map_err(|e| crate::runtime::RuntimeError::Io {
+                op: "check",
+                path: PathBuf::from("the session's runtime"),
+                source: std::io::Error::other(e),
+            })??
+    };
     let dirs = SandboxDirs::of(state, &run.session);
     let mode = session_mode(parts, &run);
     let harness = setup(run.harness, &run.instruction, &mode, &run.command);
@@ -277,7 +288,7 @@ async fn prepare_on(
         posted: false,
         steps: Vec::new(),
     };
-    if prepared.start(parts, redirect, &handler, stop).await {
+    if prepared.start(parts, &handler, stop).await {
         let (reports, ok) = prepared.plan(deadline).prepare(stop).await;
         prepared.steps.extend(reports);
         prepared.ready = ok;
@@ -455,11 +466,10 @@ impl Prepared {
     async fn start(
         &mut self,
         parts: &AgentParts,
-        redirect: &Redirect,
         handler: &Arc<WithBaseUrl>,
         stop: &CancellationToken,
     ) -> bool {
-        let started = start_runtime(&self.plan(self.deadline), &self.session, redirect, stop).await;
+        let started = start_runtime(&self.plan(self.deadline), &self.session, stop).await;
         let start_ok = started.as_ref().is_none_or(|r| r.end.ok());
         self.steps.extend(started);
         if start_ok
@@ -541,21 +551,31 @@ impl Prepared {
 async fn start_runtime(
     plan: &Plan<'_>,
     session: &SandboxSession,
-    redirect: &Redirect,
     stop: &CancellationToken,
 ) -> Option<StepReport> {
     match plan.runtime {
         Runtime::Native { .. } => None,
         Runtime::Docker(d) => {
-            let parent = session
-                .cgroup_dir()
-                .and_then(|p| {
-                    p.strip_prefix(&redirect.mount().mount_point)
-                        .ok()
-                        .map(|r| format!("/{}", r.display()))
-                })
-                .unwrap_or_default();
-            let argv = match d.run_argv(plan.layout, &parent) {
+            let Some(parent) = container_cgroup(session) else {
+                let e = crate::runtime::RuntimeError::Command {
+                    what: "docker run".into(),
+                    detail: "the session has no cgroup v2 directory to place the container in"
+                        .into(),
+                };
+                return Some(plan.refused(Phase::Start, &e));
+            };
+            let parent = format!("/{}", parent.display());
+            let (d2, layout) = (d.clone(), plan.layout.clone());
+            let checked = tokio::task::spawn_blocking(move || d2.check_binds(&layout)).await;
+            let argv = match checked {
+                Ok(Ok(())) => d.run_argv(plan.layout, &parent),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(crate::runtime::RuntimeError::Command {
+                    what: "checking the container's mounts".into(),
+                    detail: e.to_string(),
+                }),
+            };
+            let argv = match argv {
                 Ok(a) => a,
                 Err(e) => return Some(plan.refused(Phase::Start, &e)),
             };
@@ -587,12 +607,23 @@ async fn start_runtime(
     }
 }
 
+/// The session's cgroup v2 directory relative to the cgroup mount: the
+/// container's `--cgroup-parent` (the cgroupfs driver's form).
+fn container_cgroup(session: &SandboxSession) -> Option<PathBuf> {
+    let dir = session.cgroup_dir()?;
+    dir.strip_prefix(&session.redirect().mount().mount_point)
+        .ok()
+        .map(Path::to_path_buf)
+}
+
 /// The pid of a docker container's init, from `docker inspect`.
 async fn container_pid(d: &crate::runtime::docker::Docker) -> Result<u32, String> {
     let argv = d.pid_argv();
     let (program, args) = argv.split_first().ok_or("no command")?;
     let out = tokio::process::Command::new(program)
         .args(args)
+        .env_clear()
+        .envs(d.engine.client_env())
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -614,10 +645,23 @@ async fn stop_runtime(plan: &Plan<'_>, stop: &CancellationToken) -> Option<StepR
     let never = CancellationToken::new();
     match plan.runtime {
         Runtime::Native { .. } => None,
-        Runtime::Docker(d) => Some(
-            plan.run_runtime_command(Phase::Stop, d.rm_argv(), false, false, &never)
-                .await,
-        ),
+        Runtime::Docker(d) => {
+            let report = plan
+                .run_runtime_command(Phase::Stop, d.rm_argv(), false, false, &never)
+                .await;
+            // The cgroup v1 groups runc made at the container's parent
+            // path (hybrid hosts), which the engine leaves behind.
+            if let Some(rel) = container_cgroup(plan.session) {
+                let removed = tokio::task::spawn_blocking(move || {
+                    crate::redirect::cgroup::remove_v1_mirrors(&rel, Duration::from_secs(5));
+                })
+                .await;
+                if let Err(e) = removed {
+                    tracing::warn!(error = %e, "removing the container's cgroup v1 groups");
+                }
+            }
+            Some(report)
+        }
         Runtime::Apptainer(a) => Some(
             plan.run_runtime_command(Phase::Stop, a.stop_argv(), false, true, &never)
                 .await,

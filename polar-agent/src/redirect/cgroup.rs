@@ -92,6 +92,61 @@ pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
     })
 }
 
+/// The mount points of the cgroup v1 hierarchies mounted at their root
+/// (hybrid hosts), from a mountinfo text; none on a v2-only host.
+pub fn v1_mounts(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            if right.split_whitespace().next()? != "cgroup" {
+                return None;
+            }
+            let mut fields = left.split_whitespace();
+            let root = fields.nth(3)?;
+            let mount_point = fields.next()?;
+            (root == "/").then(|| PathBuf::from(unescape(mount_point)))
+        })
+        .collect()
+}
+
+/// Removes the cgroup v1 groups at `rel` (relative to each hierarchy's
+/// root) in every v1 hierarchy, with what is below them, then their
+/// parents as long as they are empty: the groups runc makes on a hybrid
+/// host for a container placed with `--cgroup-parent` at the same path as
+/// its cgroup v2 directory, which it leaves behind when the container is
+/// removed. Their processes are gone (killed through cgroup v2) or going:
+/// a group still busy is retried for up to `wait`. Best effort: what
+/// cannot be removed is logged.
+pub fn remove_v1_mirrors(rel: &Path, wait: Duration) {
+    let rel = rel.strip_prefix("/").unwrap_or(rel);
+    if rel.as_os_str().is_empty() {
+        return;
+    }
+    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let deadline = Instant::now() + wait;
+    for mount in v1_mounts(&text) {
+        let dir = mount.join(rel);
+        loop {
+            match remove_tree(&dir) {
+                Ok(()) => break,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a cgroup v1 group stays behind");
+                    break;
+                }
+            }
+        }
+        // Up to the hierarchy's root (kept); a parent in use stays.
+        for parent in dir.ancestors().skip(1) {
+            if parent == mount || !parent.starts_with(&mount) || fs::remove_dir(parent).is_err() {
+                break;
+            }
+        }
+    }
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
@@ -274,6 +329,22 @@ mod tests {
         assert_eq!(m.root, "/");
         let m = parse_mountinfo(PURE).unwrap();
         assert_eq!(m.mount_point, PathBuf::from("/sys/fs/cgroup"));
+    }
+
+    #[test]
+    fn finds_the_v1_hierarchies_mounted_at_their_root() {
+        let text = format!(
+            "{HYBRID}38 35 0:33 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n\
+             39 35 0:34 /inner /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n"
+        );
+        assert_eq!(
+            v1_mounts(&text),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/systemd"),
+                PathBuf::from("/sys/fs/cgroup/memory")
+            ]
+        );
+        assert!(v1_mounts(PURE).is_empty());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The cleanup guardian: a small process (`polar __reap DIR`) started with the
 //! agent that waits for the agent to go away (its stdin, a pipe from the
 //! agent, reaches end-of-file however the agent ends, SIGKILL included), then
-//! kills whatever is left in the agent's cgroup subtree and removes it.
+//! kills whatever is left in the agent's cgroup subtree and removes it,
+//! with the cgroup v1 groups runc made at the same paths for the docker
+//! runtime's containers (which the kill ended: they were in the subtree).
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
@@ -59,5 +61,10 @@ pub fn run(dir: &Path) -> Result<(), cgroup::CgroupError> {
     }
     let result = cgroup::kill_and_remove(dir);
     super::remove_parent_if_empty(dir);
+    if let Ok(mount) = cgroup::Cgroup2Mount::find()
+        && let Ok(rel) = dir.strip_prefix(&mount.mount_point)
+    {
+        cgroup::remove_v1_mirrors(rel, std::time::Duration::from_secs(10));
+    }
     result
 }

@@ -5,7 +5,10 @@
 //! user, so the instance (which shares its caller's network namespace: no
 //! `--net`) lives in the session's namespace, under its cgroup, without
 //! privileges. It runs with `--containall` (own PID and IPC namespaces,
-//! clean environment, no host HOME), a writable overlay directory
+//! clean environment, no host HOME), `--no-privs` (no capabilities, as the
+//! docker runtime's `--cap-drop ALL`; the agent's child set `no_new_privs`
+//! is not possible here, apptainer's starter may need its setuid helper),
+//! a writable overlay directory
 //! (`--overlay`, the container's changes kept per session), the workspace,
 //! HOME and trust files bound, each as one `--bind S:T[:ro]` argument
 //! built by [`super::Bind::apptainer_bind`], which refuses a path holding
@@ -47,10 +50,17 @@ impl Apptainer {
         layout: &Layout,
         overlay: &Path,
     ) -> Result<Vec<OsString>, RuntimeError> {
-        let mut a: Vec<OsString> = [APPTAINER, "instance", "start", "--containall", "--no-home"]
-            .iter()
-            .map(OsString::from)
-            .collect();
+        let mut a: Vec<OsString> = [
+            APPTAINER,
+            "instance",
+            "start",
+            "--containall",
+            "--no-home",
+            "--no-privs",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
         a.push("--overlay".into());
         a.push(overlay.into());
         for b in layout.binds() {
@@ -134,7 +144,9 @@ mod tests {
         let ap = Apptainer::new(&spec, &"s-1".parse().unwrap());
         let a = text(&ap.start_argv(&layout(), Path::new("/s/overlay")).unwrap());
         assert!(
-            a.starts_with("apptainer instance start --containall --no-home --overlay /s/overlay"),
+            a.starts_with(
+                "apptainer instance start --containall --no-home --no-privs --overlay /s/overlay"
+            ),
             "{a}"
         );
         assert!(!a.contains("--net"), "{a}");

@@ -1,4 +1,5 @@
-//! The `docker` runtime: command lines for the docker CLI.
+//! The `docker` runtime: command lines for the docker CLI, and the
+//! engine's settings.
 //!
 //! The container runs `sleep infinity` under `--init`, is created with
 //! `--network none` (its own network namespace with only loopback), and
@@ -6,26 +7,137 @@
 //! that namespace (`/proc/<pid>/ns/net`, the pid from [`Docker::pid_argv`])
 //! to bind the session's listener and DNS socket inside it, as it does for
 //! its own isolated namespaces, and points the redirect at them
-//! (`SandboxSession::adopt_netns`), so the container reaches nothing but the
-//! agent (fails closed). `--cgroup-parent` places the container
-//! below the session's cgroup v2 directory (given relative to the cgroup
-//! mount: the cgroupfs driver), so the redirect's programs, attached to the
-//! agent's cgroup, apply to it and the session's `cgroup.kill` ends it. The
-//! limits go to docker's own flags (`--memory`, `--pids-limit`, `--cpus`).
-//! The trust files are mounted as in every runtime. Every bind (the
-//! workspace, HOME, trust files, the spec's mounts, the harness's
+//! (`SandboxSession::adopt_netns`): the container reaches nothing but the
+//! agent, and a session whose namespace cannot be joined does not start
+//! (fails closed).
+//!
+//! `--cgroup-parent` names the session's cgroup v2 directory relative to
+//! the cgroup mount (the engine must use the cgroupfs driver: checked by
+//! [`Docker::check`]). runc makes the container's group below it, in
+//! cgroup v2 and, on a hybrid host (cgroup v1 controllers beside a v2
+//! mount, where docker 20.10 is a "cgroup v1" engine), at the same path in
+//! each v1 hierarchy too: so the container's processes, `docker exec`'s
+//! included, are in the session's v2 subtree, the redirect's programs
+//! (attached to the agent's v2 directory, inherited below it) apply to
+//! them, and the session's `cgroup.kill` (its budget, the guardian after
+//! an agent crash) ends them. The v1 groups runc leaves behind are removed
+//! with the container (`cgroup::remove_v1_mirrors`).
+//!
+//! Hardened by default: `--cap-drop ALL`, `no-new-privileges`, the native
+//! runtime's seccomp filter as a profile (`sandbox::seccomp::docker_profile`,
+//! written to `<state_dir>/docker/seccomp.json`), the sandbox user,
+//! `--read-only` root (the workspace, HOME and `/tmp` are binds on the
+//! session's disk quota), a private IPC namespace, the memory, process and
+//! CPU limits of the spec or the node (`--memory` = `--memory-swap`,
+//! `--pids-limit`, `--cpus`), `--rm` (the engine removes a container
+//! whose processes were killed), no logs kept by the engine. Every bind
+//! (the workspace, HOME, trust files, the spec's mounts, the harness's
 //! directories) is one `--mount type=bind,...` argument built by
 //! [`super::Bind::docker_mount`], which refuses a path docker's CSV syntax
-//! would read differently.
+//! would read differently; a mount that would show the engine's socket (or
+//! containerd's) inside is refused ([`Docker::check_binds`]).
+//!
+//! The docker CLI runs as root: its environment is the agent's, never the
+//! session's — `HOME` and `DOCKER_CONFIG` point at `<state_dir>/docker/client`
+//! (a `config.json` of `{}`), so nothing the sandbox wrote into its HOME
+//! (a `.docker/config.json` naming credential helpers or CLI plugin
+//! directories) is read by a root process.
 
 use std::ffi::OsString;
+use std::os::unix::fs::FileTypeExt as _;
+use std::path::{Path, PathBuf};
 
-use super::{Layout, RuntimeError};
+use super::{BASE_PATH, Layout, RuntimeError};
 use polar_ids::SessionId;
-use polar_spec::runtime::{Limits, RuntimeSpec};
+use polar_spec::runtime::{Limits, RuntimeKind, RuntimeSpec};
 
 /// The docker CLI.
 pub const DOCKER: &str = "docker";
+
+/// The docker CLI's default engine socket.
+const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+/// containerd's socket (the engine's own, or one it shares).
+const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// How the agent reaches the Docker engine: the node's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Engine {
+    /// `sandbox.docker_host` (`unix:///path`); `None` is the CLI's default.
+    pub host: Option<String>,
+    /// The agent's directory for the docker client (`<state_dir>/docker`):
+    /// the client's configuration and the seccomp profile.
+    pub dir: PathBuf,
+}
+
+impl Engine {
+    /// The engine of a node whose state directory is `state_dir`.
+    pub fn new(host: Option<String>, state_dir: &Path) -> Self {
+        Self {
+            host,
+            dir: state_dir.join("docker"),
+        }
+    }
+
+    fn client_dir(&self) -> PathBuf {
+        self.dir.join("client")
+    }
+
+    /// The seccomp profile's path.
+    pub fn seccomp_profile(&self) -> PathBuf {
+        self.dir.join("seccomp.json")
+    }
+
+    /// The engine's socket on this host.
+    pub fn socket(&self) -> PathBuf {
+        PathBuf::from(
+            self.host
+                .as_deref()
+                .and_then(|h| h.strip_prefix("unix://"))
+                .unwrap_or(DEFAULT_SOCKET),
+        )
+    }
+
+    /// The docker CLI's whole environment.
+    pub fn client_env(&self) -> Vec<(String, String)> {
+        let client = self.client_dir().display().to_string();
+        let mut env = vec![
+            ("PATH".to_owned(), BASE_PATH.to_owned()),
+            ("HOME".to_owned(), client.clone()),
+            ("DOCKER_CONFIG".to_owned(), client),
+        ];
+        if let Some(h) = &self.host {
+            env.push(("DOCKER_HOST".to_owned(), h.clone()));
+        }
+        env
+    }
+
+    /// Writes the client's configuration and the seccomp profile (root's,
+    /// mode 0600, in a directory only root reaches). Blocks.
+    fn write_files(&self) -> Result<(), RuntimeError> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let io = |op, path: &Path| {
+            let path = path.to_owned();
+            move |source| RuntimeError::Io { op, path, source }
+        };
+        let client = self.client_dir();
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&client)
+            .map_err(io("create", &client))?;
+        let profile = crate::sandbox::seccomp::docker_profile().to_string();
+        for (path, text) in [
+            (client.join("config.json"), "{}".to_owned()),
+            (self.seccomp_profile(), profile),
+        ] {
+            // Made again from constants at every check: no fsync needed.
+            let opts = polar_io::fs::WriteOptions::new().mode(0o600).no_sync();
+            polar_io::fs::write_atomic(&path, text.as_bytes(), &opts)
+                .map_err(|e| io("write", &path)(std::io::Error::other(e)))?;
+        }
+        Ok(())
+    }
+}
 
 /// A docker runtime for one session.
 #[derive(Clone, Debug, PartialEq)]
@@ -34,8 +146,12 @@ pub struct Docker {
     pub image: String,
     /// The container's name, `polar-<session>`.
     pub name: String,
-    /// Limits.
+    /// The session.
+    pub session: SessionId,
+    /// Limits: the spec's, else the node's.
     pub limits: Limits,
+    /// The engine.
+    pub engine: Engine,
 }
 
 fn v(args: &[&str]) -> Vec<OsString> {
@@ -43,13 +159,80 @@ fn v(args: &[&str]) -> Vec<OsString> {
 }
 
 impl Docker {
-    /// The runtime for `spec` (whose image is validated to be there).
-    pub fn new(spec: &RuntimeSpec, session: &SessionId) -> Self {
+    /// The runtime for `spec` (whose image is validated to be there) with
+    /// `limits` (the spec's, completed by the node's).
+    pub fn new(spec: &RuntimeSpec, session: &SessionId, limits: Limits, engine: Engine) -> Self {
         Self {
             image: spec.image.clone().unwrap_or_default(),
             name: format!("polar-{session}"),
-            limits: spec.limits,
+            session: session.clone(),
+            limits,
+            engine,
         }
+    }
+
+    /// Checks that the engine answers and places containers where the
+    /// runtime needs them (the cgroupfs driver), and writes the client's
+    /// files. Blocks.
+    pub fn check(&self) -> Result<(), RuntimeError> {
+        self.engine.write_files()?;
+        let unavailable = |why: String| RuntimeError::Unavailable {
+            kind: RuntimeKind::Docker,
+            program: DOCKER,
+            why,
+        };
+        let out = std::process::Command::new(DOCKER)
+            .args(["info", "--format", "{{.ServerVersion}} {{.CgroupDriver}}"])
+            .env_clear()
+            .envs(self.engine.client_env())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|e| unavailable(format!("cannot be started: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(unavailable(format!(
+                "reaches no engine ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        match text.split_whitespace().nth(1) {
+            Some("cgroupfs") => Ok(()),
+            driver => Err(unavailable(format!(
+                "talks to an engine using the {} cgroup driver: the docker runtime places \
+                 containers in the session's cgroup with --cgroup-parent, which needs \
+                 `native.cgroupdriver=cgroupfs` (dockerd --exec-opt or daemon.json)",
+                driver.unwrap_or("unknown")
+            ))),
+        }
+    }
+
+    /// Refuses a bind that would show the engine's socket, or containerd's,
+    /// inside the container (the socket itself, or a directory above it),
+    /// and any other unix socket bound directly: each is root on the node.
+    /// Blocks (reads the file system).
+    pub fn check_binds(&self, layout: &Layout) -> Result<(), RuntimeError> {
+        let sockets: Vec<PathBuf> = [
+            self.engine.socket(),
+            PathBuf::from(DEFAULT_SOCKET),
+            PathBuf::from(CONTAINERD_SOCKET),
+        ]
+        .iter()
+        .map(|s| std::fs::canonicalize(s).unwrap_or_else(|_| s.clone()))
+        .collect();
+        for b in layout.binds() {
+            let source = std::fs::canonicalize(&b.source).unwrap_or_else(|_| b.source.clone());
+            let is_socket = std::fs::metadata(&source).is_ok_and(|m| m.file_type().is_socket());
+            if is_socket || sockets.iter().any(|s| s.starts_with(&source)) {
+                return Err(RuntimeError::MountSyntax {
+                    kind: RuntimeKind::Docker,
+                    path: b.source,
+                    why: "would show a container engine's socket (or another unix socket) \
+                          inside the container",
+                });
+            }
+        }
+        Ok(())
     }
 
     /// `docker run -d ...`: creates and starts the container.
@@ -60,17 +243,23 @@ impl Docker {
         layout: &Layout,
         cgroup_parent: &str,
     ) -> Result<Vec<OsString>, RuntimeError> {
-        let mut a = v(&[DOCKER, "run", "-d", "--name", &self.name]);
+        let mut a = v(&[DOCKER, "run", "-d", "--rm", "--name", &self.name]);
         a.extend(v(&[
             "--network",
             "none",
+            "--ipc",
+            "private",
             "--init",
             "--cgroup-parent",
             cgroup_parent,
+            "--log-driver",
+            "none",
         ]));
         a.extend(v(&[
             "--label",
-            &format!("polar.session={}", &self.name[6..]),
+            &format!("polar.session={}", self.session),
+            "--label",
+            &format!("polar.agent={}", self.engine.dir.display()),
         ]));
         a.extend(v(&[
             "--cap-drop",
@@ -78,6 +267,11 @@ impl Docker {
             "--security-opt",
             "no-new-privileges",
         ]));
+        a.push("--security-opt".into());
+        let mut seccomp = OsString::from("seccomp=");
+        seccomp.push(self.engine.seccomp_profile());
+        a.push(seccomp);
+        a.push("--read-only".into());
         let (uid, gid) = layout.user;
         a.extend(v(&["--user", &format!("{uid}:{gid}")]));
         if let Some(m) = self.limits.memory_bytes {
@@ -180,24 +374,41 @@ mod tests {
 
     fn docker() -> Docker {
         let spec = RuntimeSpec::parse(
-            "kind = \"docker\"\nimage = \"python:3.12\"\n[limits]\npids = 64\nmemory_bytes = 1073741824\ncpu = 1.5",
+            "kind = \"docker\"\nimage = \"python:3.12\"\n[limits]\npids = 64\ncpu = 1.5",
             false,
             "t",
         )
         .unwrap();
-        Docker::new(&spec, &"s-1".parse().unwrap())
+        let node = Limits {
+            memory_bytes: Some(1 << 30),
+            pids: Some(4096),
+            ..Limits::default()
+        };
+        let engine = Engine::new(Some("unix:///run/e/docker.sock".into()), Path::new("/st"));
+        Docker::new(&spec, &"s-1".parse().unwrap(), spec.limits.or(node), engine)
     }
 
     #[test]
-    fn run_command_isolates_and_places_the_container() {
+    fn run_command_isolates_hardens_and_places_the_container() {
         let a = text(
             &docker()
                 .run_argv(&layout(), "/polar/agent-1-0/s-1")
                 .unwrap(),
         );
-        assert!(a.starts_with("docker run -d --name polar-s-1 --network none --init --cgroup-parent /polar/agent-1-0/s-1"), "{a}");
-        assert!(a.contains("--label polar.session=s-1"));
+        assert!(
+            a.starts_with(
+                "docker run -d --rm --name polar-s-1 --network none --ipc private --init \
+                 --cgroup-parent /polar/agent-1-0/s-1 --log-driver none"
+            ),
+            "{a}"
+        );
+        assert!(a.contains("--label polar.session=s-1 --label polar.agent=/st/docker"));
+        assert!(a.contains(
+            "--cap-drop ALL --security-opt no-new-privileges \
+             --security-opt seccomp=/st/docker/seccomp.json --read-only"
+        ));
         assert!(a.contains("--user 65534:65534"));
+        // The spec's pids and cpu, the node's memory.
         assert!(a.contains("--memory 1073741824 --memory-swap 1073741824"));
         assert!(a.contains("--pids-limit 64"));
         assert!(a.contains("--cpus 1.5"));
@@ -212,9 +423,58 @@ mod tests {
         assert!(a.contains("--mount type=bind,source=/data,target=/data,readonly"));
         assert!(!a.contains(" -v "), "{a}");
         assert!(
+            !a.contains("--privileged") && !a.contains("unconfined"),
+            "{a}"
+        );
+        assert!(
             a.ends_with("--workdir /workspace python:3.12 sleep infinity"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn the_cli_runs_with_the_agents_environment_never_the_sessions() {
+        let env = docker().engine.client_env();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("HOME"), Some("/st/docker/client"));
+        assert_eq!(get("DOCKER_CONFIG"), Some("/st/docker/client"));
+        assert_eq!(get("DOCKER_HOST"), Some("unix:///run/e/docker.sock"));
+        assert_eq!(get("PATH"), Some(BASE_PATH));
+        assert_eq!(env.len(), 4);
+        assert_eq!(docker().engine.socket(), Path::new("/run/e/docker.sock"));
+        let default = Engine::new(None, Path::new("/st"));
+        assert!(default.client_env().iter().all(|(k, _)| k != "DOCKER_HOST"));
+        assert_eq!(default.socket(), Path::new(DEFAULT_SOCKET));
+    }
+
+    #[test]
+    fn a_bind_showing_an_engine_socket_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sock = tmp.path().join("run/docker.sock");
+        std::fs::create_dir_all(sock.parent().unwrap()).unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let mut d = docker();
+        d.engine = Engine::new(Some(format!("unix://{}", sock.display())), Path::new("/st"));
+        let with = |source: &Path| {
+            let mut l = layout();
+            l.mounts = vec![Mount {
+                source: source.to_owned(),
+                target: "/x".into(),
+                read_only: true,
+            }];
+            l
+        };
+        for bad in [sock.as_path(), sock.parent().unwrap(), tmp.path()] {
+            let e = d.check_binds(&with(bad)).unwrap_err().to_string();
+            assert!(e.contains("engine's socket"), "{bad:?}: {e}");
+        }
+        // Any other socket, too.
+        let other = tmp.path().join("other.sock");
+        let _other = std::os::unix::net::UnixListener::bind(&other).unwrap();
+        assert!(d.check_binds(&with(&other)).is_err());
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        d.check_binds(&with(&data)).unwrap();
     }
 
     #[test]

@@ -350,22 +350,59 @@ pub enum Runtime {
     Apptainer(apptainer::Apptainer),
 }
 
+/// What the node's configuration says about running sessions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// The limits a sandbox gets where its spec sets none.
+    pub limits: polar_spec::runtime::Limits,
+    /// The Docker engine.
+    pub docker: docker::Engine,
+}
+
+impl Node {
+    /// The node of `config`.
+    pub fn of(config: &crate::config::Config) -> Self {
+        Self {
+            limits: config.sandbox.default_limits(),
+            docker: docker::Engine::new(
+                config.sandbox.docker_host.clone(),
+                &config.agent.state_dir,
+            ),
+        }
+    }
+}
+
 impl Runtime {
-    /// The runtime `spec` asks for, checked to be usable here (native:
-    /// `bwrap --version` runs and the root is listed; docker: `docker info`
-    /// reaches an engine; apptainer: `apptainer --version` runs).
-    pub fn for_spec(spec: &RuntimeSpec, session: &SessionId) -> Result<Self, RuntimeError> {
+    /// The native runtime on `spec`'s root, checked to be usable here
+    /// (`bwrap --version` runs and the root is listed).
+    pub fn native(spec: &RuntimeSpec) -> Result<Self, RuntimeError> {
+        check_program(RuntimeKind::Native, native::BWRAP, "--version")?;
+        let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
+        Ok(Self::Native {
+            root: list_root(&root)?,
+        })
+    }
+
+    /// The runtime `spec` asks for on `node`, checked to be usable here
+    /// (native: see [`Runtime::native`]; docker: the engine answers and uses
+    /// the cgroupfs driver, [`docker::Docker::check`]; apptainer:
+    /// `apptainer --version` runs). Blocks.
+    pub fn for_spec(
+        spec: &RuntimeSpec,
+        session: &SessionId,
+        node: &Node,
+    ) -> Result<Self, RuntimeError> {
         match spec.kind {
-            RuntimeKind::Native => {
-                check_program(RuntimeKind::Native, native::BWRAP, "--version")?;
-                let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
-                Ok(Self::Native {
-                    root: list_root(&root)?,
-                })
-            }
+            RuntimeKind::Native => Self::native(spec),
             RuntimeKind::Docker => {
-                check_program(RuntimeKind::Docker, docker::DOCKER, "info")?;
-                Ok(Self::Docker(docker::Docker::new(spec, session)))
+                let d = docker::Docker::new(
+                    spec,
+                    session,
+                    spec.limits.or(node.limits),
+                    node.docker.clone(),
+                );
+                d.check()?;
+                Ok(Self::Docker(d))
             }
             RuntimeKind::Apptainer => {
                 check_program(RuntimeKind::Apptainer, apptainer::APPTAINER, "--version")?;
@@ -414,6 +451,21 @@ impl Runtime {
     /// (native) rather than on its command line (docker, apptainer).
     pub fn passes_env(&self) -> bool {
         matches!(self, Self::Native { .. })
+    }
+
+    /// The whole environment of the runtime's own program (the docker or
+    /// apptainer CLI) where [`Runtime::passes_env`] is false: docker's is
+    /// the agent's ([`docker::Engine::client_env`]), never the session's
+    /// HOME, since its CLI runs as root; rootless apptainer runs as the
+    /// sandbox user with the session's HOME.
+    pub fn client_env(&self, layout: &Layout) -> Vec<(String, String)> {
+        match self {
+            Self::Docker(d) => d.engine.client_env(),
+            Self::Native { .. } | Self::Apptainer(_) => vec![
+                ("PATH".into(), BASE_PATH.into()),
+                ("HOME".into(), layout.home.display().to_string()),
+            ],
+        }
     }
 
     /// Whether the agent drops to the sandbox user before exec (native,

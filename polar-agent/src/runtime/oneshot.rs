@@ -39,7 +39,7 @@ pub fn native(
     argv: &[OsString],
 ) -> Result<Oneshot, RuntimeError> {
     let spec = RuntimeSpec::default();
-    let runtime = Runtime::for_spec(&spec, session)?;
+    let runtime = Runtime::native(&spec)?;
     let user = SANDBOX_USER;
     let dirs = SandboxDirs::of(state_dir, session);
     dirs.create(user, Some(disk_bytes))?;

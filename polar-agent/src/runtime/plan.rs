@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::steps::{SandboxDirs, upload};
-use super::{BASE_PATH, Layout, Runtime, RuntimeError, base_env};
+use super::{Layout, Runtime, RuntimeError, base_env};
 use crate::sandbox::session::{Exec, ExecEnd, SandboxSession};
 use polar_spec::runtime::{RuntimeSpec, Step};
 
@@ -160,10 +160,7 @@ impl Plan<'_> {
         exec.env = if self.runtime.passes_env() {
             env
         } else {
-            vec![
-                ("PATH".into(), BASE_PATH.into()),
-                ("HOME".into(), self.layout.home.display().to_string()),
-            ]
+            self.runtime.client_env(self.layout)
         };
         exec.clear_env = true;
         exec.user = self.runtime.drops_user().then_some(self.layout.user);
@@ -307,10 +304,7 @@ impl Plan<'_> {
             Err(e) => Err(e.to_string()),
             Ok((out, err, o, e)) => {
                 let mut exec = Exec::new(argv);
-                exec.env = vec![
-                    ("PATH".into(), BASE_PATH.into()),
-                    ("HOME".into(), self.layout.home.display().to_string()),
-                ];
+                exec.env = self.runtime.client_env(self.layout);
                 exec.clear_env = true;
                 exec.user = as_user.then_some(self.layout.user);
                 exec.cwd = Some(PathBuf::from("/"));

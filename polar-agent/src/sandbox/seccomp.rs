@@ -45,6 +45,13 @@
 //!
 //! Building the programs is pure and unit-tested with a small BPF
 //! interpreter below; [`memfds`] is the only part that touches the kernel.
+//!
+//! The docker runtime gets the same filter as a seccomp profile
+//! ([`docker_profile`], for `--security-opt seccomp=FILE`), which runc
+//! compiles with libseccomp: the same calls denied with the same errors
+//! by the same arguments, built from the same tables; only the profile's
+//! architecture list (the native one alone, so a 32-bit or x32 call gets
+//! the profile's bad-architecture answer) stands for [`x32_guard`].
 
 use std::collections::BTreeMap;
 use std::io::{Seek as _, SeekFrom, Write as _};
@@ -186,6 +193,64 @@ pub fn eperm_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
     )?;
     Ok(filter.try_into()?)
 }
+
+/// [`DENIED`], the namespace flags of `clone` and `unshare`, `personality`
+/// and `clone3` as a docker (runc, libseccomp) seccomp profile: everything
+/// else allowed, which docker's own profile would not be (the native
+/// runtime's threat model is the one both runtimes answer to).
+///
+/// A libseccomp rule compares each argument at most once, and of two
+/// rules matching one call the deny wins, so `personality` other than
+/// `PER_LINUX` (0) and the query (`0xffffffff`) is denied as "two adjacent
+/// bits of the 32-bit persona differ" (62 masked rules): true of every
+/// 32-bit value but all zeros and all ones.
+pub fn docker_profile() -> serde_json::Value {
+    use serde_json::json;
+    let eperm = libc::EPERM;
+    let mut rules = vec![json!({
+        "names": DENIED.iter().map(|(name, _)| *name).collect::<Vec<_>>(),
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": eperm,
+    })];
+    // Denied when argument 0 masked with `mask` equals `value`.
+    let masked = |name: &str, mask: u64, value: u64| {
+        json!({
+            "names": [name],
+            "action": "SCMP_ACT_ERRNO",
+            "errnoRet": eperm,
+            "args": [{"index": 0, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}],
+        })
+    };
+    rules.extend(NAMESPACE_FLAGS.iter().map(|f| masked("clone", *f, *f)));
+    rules.extend(
+        NAMESPACE_FLAGS
+            .iter()
+            .chain([&(libc::CLONE_NEWTIME as u64)])
+            .map(|f| masked("unshare", *f, *f)),
+    );
+    debug_assert_eq!(PERSONALITY_OK, [0, 0xffff_ffff]);
+    for bit in 0..31 {
+        rules.push(masked("personality", 0b11 << bit, 0b01 << bit));
+        rules.push(masked("personality", 0b11 << bit, 0b10 << bit));
+    }
+    rules.push(json!({
+        "names": ["clone3"],
+        "action": "SCMP_ACT_ERRNO",
+        "errnoRet": libc::ENOSYS,
+    }));
+    json!({
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": [DOCKER_ARCH],
+        "syscalls": rules,
+    })
+}
+
+/// The profile's architecture.
+#[cfg(target_arch = "x86_64")]
+const DOCKER_ARCH: &str = "SCMP_ARCH_X86_64";
+/// The profile's architecture.
+#[cfg(target_arch = "aarch64")]
+const DOCKER_ARCH: &str = "SCMP_ARCH_AARCH64";
 
 /// The `ENOSYS` program: `clone3`.
 pub fn enosys_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
@@ -371,6 +436,80 @@ mod tests {
         ] {
             assert_eq!(verdict(&Call::new(nr, &[1, 2, 3])), ALLOW, "syscall {nr}");
         }
+    }
+
+    /// Whether the docker profile denies `name` with argument 0 `arg0`
+    /// (its rules read as libseccomp does: any matching deny wins).
+    fn profile_denies(profile: &serde_json::Value, name: &str, arg0: u64) -> Option<i64> {
+        profile["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|r| {
+                let named = r["names"].as_array().unwrap().iter().any(|n| n == name);
+                let args = r["args"].as_array().map_or(&[][..], Vec::as_slice);
+                let matches = args.iter().all(|a| {
+                    let (m, v) = (
+                        a["value"].as_u64().unwrap(),
+                        a["valueTwo"].as_u64().unwrap(),
+                    );
+                    assert_eq!(a["op"], "SCMP_CMP_MASKED_EQ");
+                    arg0 & m == v
+                });
+                (named && matches && r["action"] == "SCMP_ACT_ERRNO")
+                    .then(|| r["errnoRet"].as_i64().unwrap())
+            })
+    }
+
+    #[test]
+    fn the_docker_profile_denies_what_the_native_filter_denies() {
+        let p = docker_profile();
+        assert_eq!(p["defaultAction"], "SCMP_ACT_ALLOW");
+        assert_eq!(p["architectures"], serde_json::json!([DOCKER_ARCH]));
+        let eperm = i64::from(libc::EPERM);
+        for (name, _) in DENIED {
+            assert_eq!(profile_denies(&p, name, 0), Some(eperm), "{name}");
+        }
+        assert_eq!(
+            profile_denies(&p, "clone3", 0),
+            Some(i64::from(libc::ENOSYS))
+        );
+        for f in NAMESPACE_FLAGS {
+            assert_eq!(profile_denies(&p, "clone", *f | 17), Some(eperm));
+            assert_eq!(profile_denies(&p, "unshare", *f), Some(eperm));
+        }
+        assert_eq!(
+            profile_denies(&p, "unshare", libc::CLONE_NEWTIME as u64),
+            Some(eperm)
+        );
+        // Threads and forks pass.
+        let thread = (libc::CLONE_VM
+            | libc::CLONE_FS
+            | libc::CLONE_FILES
+            | libc::CLONE_SIGHAND
+            | libc::CLONE_THREAD) as u64;
+        assert_eq!(profile_denies(&p, "clone", thread), None);
+        assert_eq!(profile_denies(&p, "clone", 17), None);
+        assert_eq!(
+            profile_denies(&p, "unshare", libc::CLONE_FILES as u64),
+            None
+        );
+        // personality: the same answers as the native program.
+        for persona in [
+            0,
+            0xffff_ffff,
+            1,
+            0x0040000,
+            0x7fff_ffff,
+            0xffff_fffe,
+            0x8000_0000,
+            8,
+        ] {
+            let native = verdict(&Call::new(libc::SYS_personality, &[persona]));
+            let denied = profile_denies(&p, "personality", persona).is_some();
+            assert_eq!(denied, native != ALLOW, "{persona:#x}");
+        }
+        assert_eq!(profile_denies(&p, "getpid", 0), None);
     }
 
     #[test]
