@@ -45,8 +45,12 @@ fn report(item: &str, state: &str) {
     eprintln!("docker: {item:<18} {state}");
 }
 
+/// `.polar-cache/docker`, made if missing, with symbolic links resolved
+/// (runc refuses a container root whose path holds one).
 fn cache_dir() -> Result<PathBuf> {
-    Ok(workspace_root()?.join(".polar-cache/docker"))
+    let dir = workspace_root()?.join(".polar-cache/docker");
+    std::fs::create_dir_all(&dir)?;
+    Ok(std::fs::canonicalize(&dir)?)
 }
 
 /// The engine's address, for `DOCKER_HOST` and Polar's
@@ -72,7 +76,6 @@ fn node() -> Result<(PathBuf, String)> {
 /// The image's root file system as a tarball, built once and cached.
 fn image_tarball() -> Result<PathBuf> {
     let dir = cache_dir()?;
-    std::fs::create_dir_all(&dir)?;
     let (node, node_version) = node()?;
     let tarball = dir.join(format!("bookworm-{RECIPE}-node-{node_version}.tar"));
     if tarball.is_file() {
