@@ -329,12 +329,13 @@ async fn call<B: RequestBody>(
             StatusCode::OK,
             &json!({"status": "ok", "version": API_VERSION}),
         )),
-        Endpoint::Metrics => Ok(metrics(core)),
-        Endpoint::Status => Ok(json(StatusCode::OK, &status(core))),
+        Endpoint::Metrics => metrics(core).await,
+        Endpoint::Status => Ok(json(StatusCode::OK, &status(core).await?)),
         Endpoint::Submit => submit(core, req).await,
-        Endpoint::List => list(core, &req),
+        Endpoint::List => list(core, &req).await,
         Endpoint::Task => core
             .read(|s| s.task_view(id, true))
+            .await?
             .map(|v| json(StatusCode::OK, &v))
             .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}"))),
         Endpoint::Cancel => cancel(core, id).await,
@@ -343,7 +344,7 @@ async fn call<B: RequestBody>(
             StatusCode::OK,
             &NodeList {
                 version: API_VERSION,
-                nodes: core.read(|s| s.node_views(Instant::now())),
+                nodes: core.read(|s| s.node_views(Instant::now())).await?,
             },
         )),
         Endpoint::Register => register(core, req).await,
@@ -383,7 +384,7 @@ async fn submit<B: RequestBody>(
     Ok(json(StatusCode::CREATED, &reply))
 }
 
-fn list<B>(core: &Core, req: &Request<B>) -> Result<Response<Body>, ApiError> {
+async fn list<B>(core: &Arc<Core>, req: &Request<B>) -> Result<Response<Body>, ApiError> {
     let q = req.uri().query();
     let status = match query(q, "status").as_deref() {
         None | Some("") => None,
@@ -399,7 +400,7 @@ fn list<B>(core: &Core, req: &Request<B>) -> Result<Response<Body>, ApiError> {
             reason: "must be a number".into(),
         })?,
     };
-    let tasks = core.read(|s| s.list(status, limit));
+    let tasks = core.read(|s| s.list(status, limit)).await?;
     Ok(json(
         StatusCode::OK,
         &TaskList {
@@ -418,6 +419,7 @@ async fn cancel(core: &Arc<Core>, id: &str) -> Result<Response<Body>, ApiError> 
     }
     let view = core
         .read(|s| s.task_view(id, false))
+        .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}")))?;
     Ok(json(StatusCode::OK, &view))
 }
@@ -469,32 +471,36 @@ async fn drain<B: RequestBody>(
     ))
 }
 
-fn status(core: &Core) -> ServerStatus {
-    let (tasks, sessions, nodes) = core.read(|s| {
-        let (t, se) = s.totals();
-        (t, se, s.node_views(Instant::now()))
-    });
-    ServerStatus {
+async fn status(core: &Arc<Core>) -> Result<ServerStatus, StoreError> {
+    let (tasks, sessions, nodes) = core
+        .read(|s| {
+            let (t, se) = s.totals();
+            (t, se, s.node_views(Instant::now()))
+        })
+        .await?;
+    Ok(ServerStatus {
         version: API_VERSION,
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
         uptime_secs: core.started.elapsed().as_secs(),
         tasks,
         sessions,
         nodes,
-    }
+    })
 }
 
-fn metrics(core: &Core) -> Response<Body> {
-    let (tasks, sessions, nodes, counters, queued) = core.read(|s| {
-        let (t, se) = s.totals();
-        (
-            t,
-            se,
-            s.node_views(Instant::now()),
-            s.counters(),
-            s.queued(),
-        )
-    });
+async fn metrics(core: &Arc<Core>) -> Result<Response<Body>, ApiError> {
+    let (tasks, sessions, nodes, counters, queued) = core
+        .read(|s| {
+            let (t, se) = s.totals();
+            (
+                t,
+                se,
+                s.node_views(Instant::now()),
+                s.counters(),
+                s.queued(),
+            )
+        })
+        .await?;
     let text = core
         .metrics
         .render(&tasks, &sessions, &nodes, counters, queued);
@@ -503,7 +509,7 @@ fn metrics(core: &Core) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
-    resp
+    Ok(resp)
 }
 
 /// `GET /v1/events`: the kept events after `Last-Event-ID` (or `?after=`),

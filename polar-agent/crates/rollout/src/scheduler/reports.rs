@@ -181,6 +181,7 @@ impl Scheduler {
             attempt,
             reason: error.clone(),
         });
+        self.end_attempt(sid, &error);
         self.set_state(sid, SessionState::Failed { error });
         self.check_finished(&task_id, wall_ms);
     }

@@ -257,3 +257,43 @@ fn a_draining_node_gets_nothing() {
     s.assign(0, 10);
     assert!(pushes(&mut s).iter().all(|(_, n)| n == "b"));
 }
+
+#[test]
+fn a_retry_goes_to_another_node_and_the_ended_attempt_says_why() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.register(node("b", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.take_changes();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+    // a fails it in a retryable way: b (less loaded or not) gets attempt 2.
+    let mut r = result("a", 1, SampleStatus::Error);
+    r.retry = true;
+    r.error = Some("sandbox broke".into());
+    s.result("t-s0", &r, t0, 0).unwrap();
+    // a is now the less loaded by id order too; the retry still avoids it.
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "b".to_owned())]);
+    let v = s.task_view("t", true).unwrap();
+    let ended = &v.samples[0].ended_attempts;
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!((ended[0].attempt, ended[0].node.as_str()), (1, "a"));
+    assert!(ended[0].reason.contains("sandbox broke"), "{ended:?}");
+}
+
+#[test]
+fn a_retry_goes_back_to_the_same_node_when_it_is_the_only_one() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    let mut r = result("a", 1, SampleStatus::Error);
+    r.retry = true;
+    s.result("t-s0", &r, t0, 0).unwrap();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+}

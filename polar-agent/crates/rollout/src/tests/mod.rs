@@ -3,11 +3,16 @@
 //!
 //! - `dispatch`: one and three gateways, priority order, early stop;
 //! - `failures`: a killed gateway, a restarted server;
+//! - `commit`: commits that fail (injected) change nothing;
+//! - `attempts`: a newer attempt on the node waits for the old one's
+//!   tear-down;
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
 //!   percent-decoding).
 
 mod api;
+mod attempts;
+mod commit;
 mod dispatch;
 mod failures;
 mod routes;
