@@ -29,6 +29,16 @@ use polar_rollout_api::{RolloutClient, SessionState, TaskStatus, TaskView};
 use polar_tests::{alive, cgroup2_mount, eventually, polar_bin, sandbox_tempdir};
 
 const TOKEN: &str = "gateway-e2e-token";
+/// The token the server presents to the gateways.
+const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
+/// The nodes the tests start, each with its own token.
+const NODES: [&str; 8] = [
+    "gw-a", "gw-b", "gw-c", "gw-k1", "gw-k2", "gw-r", "gw-e", "gw-p",
+];
+
+fn node_token(node_id: &str) -> String {
+    format!("gateway-e2e-node-{node_id}")
+}
 
 fn mini_agent() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -82,6 +92,11 @@ impl Fixture {
         cfg.heartbeat_interval = Duration::from_millis(300);
         cfg.heartbeat_timeout = Duration::from_millis(2000);
         cfg.max_retries = 3;
+        cfg.gateway_token = GATEWAY_TOKEN.into();
+        cfg.node_tokens = NODES
+            .iter()
+            .map(|n| ((*n).to_owned(), node_token(n)))
+            .collect();
         let server = RolloutServer::start(cfg.clone()).await?;
         Ok(Self {
             dir,
@@ -137,7 +152,8 @@ served_model = "default"
 server = "http://{server}"
 node_id = "{node_id}"
 listen = "{ip}:{port}"
-token = "{TOKEN}"
+token = "{token}"
+accept_tokens = ["{GATEWAY_TOKEN}"]
 max_sessions = 4
 init_workers = 2
 running_workers = 2
@@ -152,6 +168,7 @@ formats = ["parquet", "jsonl"]
 upload_roots = ["{examples}", "{tasks}"]
 "#,
                 tasks = self.tasks_dir().display(),
+                token = node_token(node_id),
                 state = base.join("state").display(),
                 server = self.server_cfg.listen,
                 export = self.export_dir().display(),
@@ -364,7 +381,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
     // The node at a glance, and its metrics.
     let url = f.gateways[0].url.clone();
     let out = Command::new(polar_bin()?)
-        .args(["status", "--node", &url, "--token", TOKEN])
+        .args(["status", "--node", &url, "--token", GATEWAY_TOKEN])
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -376,7 +393,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         text.contains("node gw-a at") && text.contains("finished 8, reported 8"),
         "{text}"
     );
-    let metrics = RolloutClient::new(url, Some(TOKEN.into()))
+    let metrics = RolloutClient::new(url, Some(GATEWAY_TOKEN.into()))
         .raw(http::Method::GET, "/metrics", None)
         .await?;
     let metrics = String::from_utf8_lossy(&metrics.1);

@@ -34,10 +34,43 @@ use polar_rollout_api::{API_VERSION, CancelSession};
 /// Assignments made per scheduler lock.
 const ASSIGN_BATCH: usize = 256;
 
+/// The tokens in force (replaced whole when they rotate).
+#[derive(Debug)]
+pub struct Auth {
+    /// Trainer tokens.
+    pub tokens: Vec<String>,
+    /// Node tokens by node id.
+    pub node_tokens: std::collections::BTreeMap<String, String>,
+    /// Presented to gateways.
+    pub gateway_token: String,
+}
+
+impl Auth {
+    fn of(cfg: &RolloutConfig) -> Self {
+        Self {
+            tokens: cfg.tokens.clone(),
+            node_tokens: cfg.node_tokens.clone(),
+            gateway_token: cfg.gateway_token.clone(),
+        }
+    }
+
+    /// The node a token belongs to.
+    pub fn node_of(&self, token: &str) -> Option<&str> {
+        polar_io::auth::token_owner(
+            token,
+            self.node_tokens
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str())),
+        )
+    }
+}
+
 /// Shared state of a running server.
 pub struct Core {
-    /// Settings.
+    /// Settings (the tokens as at start: [`Core::auth`] has those in
+    /// force).
     pub cfg: RolloutConfig,
+    auth: std::sync::RwLock<Arc<Auth>>,
     state: RwLock<State>,
     store: Store,
     /// Events for `/v1/events`.
@@ -105,6 +138,7 @@ impl Core {
         let mut sched = restored(limits(&cfg), snap, now);
         let changes = sched.take_changes();
         let core = Arc::new(Self {
+            auth: std::sync::RwLock::new(Arc::new(Auth::of(&cfg))),
             cfg,
             state: RwLock::new(State {
                 sched,
@@ -119,6 +153,16 @@ impl Core {
             started: now,
         });
         Ok((core, changes))
+    }
+
+    /// The tokens in force.
+    pub fn auth(&self) -> Arc<Auth> {
+        Arc::clone(&self.auth.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts the tokens of `cfg` (checked) in force.
+    pub fn set_tokens(&self, cfg: &RolloutConfig) {
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Auth::of(cfg));
     }
 
     /// Reads the scheduler (as committed).
@@ -357,7 +401,10 @@ impl Core {
             .method(Method::POST)
             .uri(url)
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::AUTHORIZATION, bearer_value(&self.cfg.gateway_token))
+            .header(
+                header::AUTHORIZATION,
+                bearer_value(&self.auth().gateway_token),
+            )
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
         match tokio::time::timeout(timeout, self.http.request(req)).await {

@@ -228,7 +228,7 @@ async fn not_found_and_method_not_allowed_in_the_error_shape() {
         Method::POST,
         "/v1/sessions/nope-s0/state",
         Some(NODE_TOKEN),
-        r#"{"node_id": "n", "attempt": 1, "stage": "running"}"#,
+        r#"{"node_id": "node-a", "attempt": 1, "stage": "running"}"#,
     )
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
