@@ -840,8 +840,8 @@ async fn a_stopped_gateway_drains_or_hands_its_sessions_back() -> Result<()> {
 /// marker left in its workspace), the server is told it failed and
 /// dispatches attempt 2 to the same (only) node while attempt 1 still runs.
 /// The node stops attempt 1, tears it down, sets its directories apart and
-/// runs attempt 2 on a fresh workspace (the command exits 7 if it sees the
-/// marker, which the evaluator would score 0): the exported trajectory
+/// runs attempt 2 on a fresh workspace (the command leaves a file and exits
+/// 7 if it sees the marker, and the evaluator then scores 0): the exported trajectory
 /// holds attempt 2's calls only, attempt 1's are kept apart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attempt() -> Result<()> {
@@ -853,10 +853,11 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
         "num_samples": 1,
         "timeout_secs": 120,
         "agent": {"harness": "shell", "options": {"command":
-            "if [ -e attempt-marker ]; then exit 7; fi; touch attempt-marker; \
-             python3 /workspace/mini_agent.py && sleep 15"}},
+            "if [ -e attempt-marker ]; then touch saw-an-earlier-attempt; exit 7; fi; \
+             touch attempt-marker; python3 /workspace/mini_agent.py && sleep 15"}},
         "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
-        "evaluator": {"kind": "command", "options": {"command": "test -s polar-demo.txt"}},
+        "evaluator": {"kind": "command", "options": {"command":
+            "test -s polar-demo.txt && test ! -e saw-an-earlier-attempt"}},
         "builder": {"kind": "prefix_merging"},
         "metadata": {"group_id": "group-again"},
     });
