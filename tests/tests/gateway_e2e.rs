@@ -32,8 +32,19 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 9] = [
-    "gw-a", "gw-b", "gw-c", "gw-k1", "gw-k2", "gw-r", "gw-e", "gw-p", "gw-s",
+const NODES: [&str; 12] = [
+    "gw-a",
+    "gw-b",
+    "gw-c",
+    "gw-e",
+    "gw-hasty",
+    "gw-k1",
+    "gw-k2",
+    "gw-p",
+    "gw-patient",
+    "gw-r",
+    "gw-s",
+    "gw-spare",
 ];
 
 fn node_token(node_id: &str) -> String {
