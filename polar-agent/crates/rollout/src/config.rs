@@ -127,6 +127,8 @@ pub struct RawRolloutConfig {
     pub no_node_timeout_ms: Option<u64>,
     /// Timeout of a push to a gateway.
     pub push_timeout_ms: Option<u64>,
+    /// Finished tasks are deleted this long after they finished.
+    pub retention_secs: Option<u64>,
     /// Largest request body.
     pub max_body_bytes: Option<u64>,
     /// `normal` or `full`.
@@ -247,6 +249,9 @@ pub struct RolloutConfig {
     pub no_node_timeout: Duration,
     /// Timeout of one push to a gateway.
     pub push_timeout: Duration,
+    /// Finished tasks (with their sessions) are deleted this long after
+    /// they finished (`None`: kept until `DELETE /v1/tasks/{id}`).
+    pub retention: Option<Duration>,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// SQLite durability.
@@ -276,6 +281,7 @@ impl RolloutConfig {
             result_grace: Duration::from_secs(60),
             no_node_timeout: Duration::from_secs(600),
             push_timeout: Duration::from_secs(5),
+            retention: None,
             max_body_bytes: 8 << 20,
             synchronous: Synchronous::Normal,
             callback: CallbackConfig::default(),
@@ -385,6 +391,11 @@ impl RolloutConfig {
             100,
         )?;
         cfg.push_timeout = ms("push_timeout_ms", raw.push_timeout_ms, cfg.push_timeout, 10)?;
+        cfg.retention = match raw.retention_secs {
+            None => None,
+            Some(0) => return Err(invalid("retention_secs", "must be at least 1")),
+            Some(s) => Some(Duration::from_secs(s)),
+        };
         if let Some(n) = raw.max_body_bytes {
             if n < 1024 {
                 return Err(invalid("max_body_bytes", "must be at least 1024"));

@@ -102,6 +102,7 @@ fn limits(cfg: &RolloutConfig) -> Limits {
         max_retries: cfg.max_retries,
         result_grace: cfg.result_grace,
         no_node_timeout: cfg.no_node_timeout,
+        retention: cfg.retention,
     }
 }
 

@@ -40,7 +40,13 @@ pub struct Limits {
     pub result_grace: Duration,
     /// Pending sessions fail after this long without a healthy node.
     pub no_node_timeout: Duration,
+    /// Finished tasks are deleted this long after they finished (`None`:
+    /// kept until deleted).
+    pub retention: Option<Duration>,
 }
+
+/// Finished tasks deleted per tick at most (the rest on the next ticks).
+const EXPIRE_BATCH: usize = 1000;
 
 /// A row to write.
 #[derive(Clone, Debug)]
@@ -83,6 +89,11 @@ pub enum Op {
         state: SessionState,
         /// Why earlier dispatches ended.
         ended: Vec<AttemptEnd>,
+    },
+    /// A finished task and its sessions, gone.
+    DeleteTask {
+        /// The task.
+        task_id: String,
     },
     /// A node's registration and drain flag.
     Node {
@@ -205,6 +216,22 @@ pub enum SubmitError {
     /// A task with this id exists.
     #[error("task {0:?} already exists")]
     Duplicate(String),
+}
+
+/// Why a task could not be deleted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeleteError {
+    /// No such task.
+    #[error("unknown task {0:?}")]
+    Unknown(String),
+    /// It has not finished: cancel it first.
+    #[error("task {task:?} is {status}: cancel it first")]
+    NotFinished {
+        /// The task.
+        task: String,
+        /// Its status.
+        status: &'static str,
+    },
 }
 
 /// Why a gateway's report was refused.
@@ -370,6 +397,56 @@ impl Scheduler {
             status: TaskStatus::Queued,
             session_ids,
         })
+    }
+
+    /// Deletes a finished task and its sessions (memory and rows).
+    pub fn delete(&mut self, task_id: &str) -> Result<(), DeleteError> {
+        let t = self
+            .tasks
+            .get(task_id)
+            .ok_or_else(|| DeleteError::Unknown(task_id.to_owned()))?;
+        if !t.status.is_finished() {
+            return Err(DeleteError::NotFinished {
+                task: task_id.to_owned(),
+                status: t.status.as_str(),
+            });
+        }
+        if let Some(t) = self.tasks.remove(task_id) {
+            self.order.remove(&t.seq);
+            for i in 0..t.request.num_samples {
+                self.sessions.remove(&session_id(task_id, i));
+            }
+        }
+        self.out.ops.push(Op::DeleteTask {
+            task_id: task_id.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// Deletes the finished tasks past the retention (at most
+    /// [`EXPIRE_BATCH`] a call, oldest submission first); how many.
+    pub fn expire(&mut self, wall_ms: u64) -> usize {
+        let Some(keep) = self.limits.retention else {
+            return 0;
+        };
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let old: Vec<String> = self
+            .order
+            .values()
+            .filter(|id| {
+                self.tasks.get(*id).is_some_and(|t| {
+                    t.status.is_finished()
+                        && t.finished_unix_ms
+                            .is_some_and(|f| f.saturating_add(keep) < wall_ms)
+                })
+            })
+            .take(EXPIRE_BATCH)
+            .cloned()
+            .collect();
+        for id in &old {
+            let _ = self.delete(id);
+        }
+        old.len()
     }
 
     /// Cancels a task's open sessions; `None` for an unknown task. A

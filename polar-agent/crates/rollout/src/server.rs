@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::core::Core;
-use super::scheduler::{HeartbeatError, ReportError, SubmitError};
+use super::scheduler::{DeleteError, HeartbeatError, ReportError, SubmitError};
 use super::store::StoreError;
 use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
 use polar_rollout_api::route::{Found, Params, RouteError, Table, method_not_allowed, query};
@@ -59,6 +59,8 @@ pub enum Endpoint {
     Task,
     /// `POST /v1/tasks/{id}/cancel`.
     Cancel,
+    /// `DELETE /v1/tasks/{id}`.
+    Delete,
     /// `GET /v1/events`.
     Events,
     /// `GET /v1/nodes`.
@@ -93,7 +95,11 @@ pub fn routes() -> Result<Routes, RouteError> {
             Role::Client,
             &[(M::POST, E::Submit), (M::GET, E::List)],
         )?
-        .route("/v1/tasks/{id}", Role::Client, &[(M::GET, E::Task)])?
+        .route(
+            "/v1/tasks/{id}",
+            Role::Client,
+            &[(M::GET, E::Task), (M::DELETE, E::Delete)],
+        )?
         .route(
             "/v1/tasks/{id}/cancel",
             Role::Client,
@@ -337,6 +343,21 @@ async fn call<B: RequestBody>(
             .map(|v| json(StatusCode::OK, &v))
             .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}"))),
         Endpoint::Cancel => cancel(core, id).await,
+        Endpoint::Delete => {
+            core.apply(|s, _, _| s.delete(id))
+                .await?
+                .map_err(|e| match e {
+                    DeleteError::Unknown(_) => ApiError::NotFound(e.to_string()),
+                    DeleteError::NotFinished { .. } => ApiError::Conflict {
+                        code: "task_not_finished",
+                        message: e.to_string(),
+                    },
+                })?;
+            Ok(json(
+                StatusCode::OK,
+                &json!({"version": API_VERSION, "task_id": id, "deleted": true}),
+            ))
+        }
         Endpoint::Events => Ok(events(core, &req)),
         Endpoint::Nodes => Ok(json(
             StatusCode::OK,

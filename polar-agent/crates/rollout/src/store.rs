@@ -543,6 +543,12 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
                 to_json(ended)?,
             ])?;
         }
+        Op::DeleteTask { task_id } => {
+            tx.prepare_cached("DELETE FROM sessions WHERE task_id = ?1")?
+                .execute(params![task_id])?;
+            tx.prepare_cached("DELETE FROM tasks WHERE task_id = ?1")?
+                .execute(params![task_id])?;
+        }
         Op::Node {
             registration,
             drain_requested,

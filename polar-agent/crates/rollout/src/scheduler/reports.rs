@@ -103,6 +103,7 @@ impl Scheduler {
     /// Periodic checks: lost nodes, sessions past their deadline, pending
     /// sessions without any node.
     pub fn tick(&mut self, now: Instant, wall_ms: u64) {
+        self.expire(wall_ms);
         let lost: Vec<String> = self
             .nodes
             .iter()

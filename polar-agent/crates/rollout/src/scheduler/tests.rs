@@ -14,6 +14,7 @@ fn limits() -> Limits {
         max_retries: 1,
         result_grace: Duration::from_secs(1),
         no_node_timeout: Duration::from_secs(10),
+        retention: None,
     }
 }
 
@@ -296,4 +297,31 @@ fn a_retry_goes_back_to_the_same_node_when_it_is_the_only_one() {
     s.result("t-s0", &r, t0, 0).unwrap();
     s.assign(0, 10);
     assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+}
+
+#[test]
+fn finished_tasks_are_deleted_and_expire_after_the_retention() {
+    let t0 = Instant::now();
+    let mut l = limits();
+    l.retention = Some(Duration::from_secs(60));
+    let mut s = Scheduler::new(l, t0);
+    s.submit(task("old", 2), t0, 0).unwrap();
+    s.submit(task("live", 1), t0, 0).unwrap();
+    assert!(matches!(
+        s.delete("live"),
+        Err(DeleteError::NotFinished { .. })
+    ));
+    s.cancel("old", "x", t0, 1_000);
+    s.take_changes();
+    // Not yet past the retention, then past it: only the finished task goes.
+    assert_eq!(s.expire(60_000), 0);
+    assert_eq!(s.expire(61_001), 1);
+    assert!(s.task_view("old", true).is_none());
+    assert!(s.task_view("live", true).is_some());
+    let ops = s.take_changes().ops;
+    assert!(
+        matches!(&ops[..], [Op::DeleteTask { task_id }] if task_id == "old"),
+        "{ops:?}"
+    );
+    assert_eq!(s.delete("old"), Err(DeleteError::Unknown("old".into())));
 }

@@ -437,3 +437,54 @@ async fn reused_tokens_are_refused_at_start_and_rotated_ones_take_effect() {
     new.tasks(None).await.unwrap();
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_tasks_are_deleted_on_request_and_after_the_retention() {
+    let mut e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let delete = |id: &str| {
+        let c = c.clone();
+        let path = format!("/v1/tasks/{id}");
+        async move { c.raw(Method::DELETE, &path, None).await.unwrap() }
+    };
+    assert_eq!(delete("nope").await.0, StatusCode::NOT_FOUND);
+    c.submit(&task("d1", 2)).await.unwrap();
+    let (code, body) = delete("d1").await;
+    assert_eq!(code, StatusCode::CONFLICT, "{body:?}");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "task_not_finished");
+    c.cancel("d1").await.unwrap();
+    assert_eq!(delete("d1").await.0, StatusCode::OK);
+    assert_eq!(
+        c.task("d1").await.unwrap_err().status(),
+        Some(StatusCode::NOT_FOUND)
+    );
+    // The same id may be submitted again.
+    c.submit(&task("d1", 1)).await.unwrap();
+    c.cancel("d1").await.unwrap();
+    server.shutdown().await;
+
+    // With a retention, finished tasks go by themselves; live ones stay.
+    e.cfg.retention = Some(Duration::from_secs(1));
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    c.submit(&task("live", 1)).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.task("d1").await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "d1 not expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(c.task("live").await.unwrap().status, TaskStatus::Queued);
+    server.shutdown().await;
+    // Gone from the database too.
+    let conn = rusqlite::Connection::open(&e.cfg.database).unwrap();
+    let n: u32 = conn
+        .query_row(
+            "SELECT count(*) FROM sessions WHERE task_id = 'd1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 0);
+}
