@@ -29,6 +29,27 @@ use polar_rollout_api::{RolloutClient, SessionState, TaskStatus, TaskView};
 use polar_tests::{alive, cgroup2_mount, eventually, polar_bin, sandbox_tempdir};
 
 const TOKEN: &str = "gateway-e2e-token";
+/// The token the server presents to the gateways.
+const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
+/// The nodes the tests start, each with its own token.
+const NODES: [&str; 12] = [
+    "gw-a",
+    "gw-b",
+    "gw-c",
+    "gw-e",
+    "gw-hasty",
+    "gw-k1",
+    "gw-k2",
+    "gw-p",
+    "gw-patient",
+    "gw-r",
+    "gw-s",
+    "gw-spare",
+];
+
+fn node_token(node_id: &str) -> String {
+    format!("gateway-e2e-node-{node_id}")
+}
 
 fn mini_agent() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -82,6 +103,11 @@ impl Fixture {
         cfg.heartbeat_interval = Duration::from_millis(300);
         cfg.heartbeat_timeout = Duration::from_millis(2000);
         cfg.max_retries = 3;
+        cfg.gateway_token = GATEWAY_TOKEN.into();
+        cfg.node_tokens = NODES
+            .iter()
+            .map(|n| ((*n).to_owned(), node_token(n)))
+            .collect();
         let server = RolloutServer::start(cfg.clone()).await?;
         Ok(Self {
             dir,
@@ -137,7 +163,8 @@ served_model = "default"
 server = "http://{server}"
 node_id = "{node_id}"
 listen = "{ip}:{port}"
-token = "{TOKEN}"
+token = "{token}"
+accept_tokens = ["{GATEWAY_TOKEN}"]
 max_sessions = 4
 init_workers = 2
 running_workers = 2
@@ -152,6 +179,7 @@ formats = ["parquet", "jsonl"]
 upload_roots = ["{examples}", "{tasks}"]
 "#,
                 tasks = self.tasks_dir().display(),
+                token = node_token(node_id),
                 state = base.join("state").display(),
                 server = self.server_cfg.listen,
                 export = self.export_dir().display(),
@@ -306,6 +334,16 @@ upload_roots = ["{examples}", "{tasks}"]
 /// Every sample done, rewarded 1, with an exported trajectory whose rows
 /// carry the task's group id and the sample's reward. Returns the nodes
 /// that ran the samples.
+/// The call ids of a capture log (a call written in two parts counts once).
+fn call_ids_of(log: &Path) -> Result<std::collections::BTreeSet<String>> {
+    let text = std::fs::read_to_string(log).with_context(|| log.display().to_string())?;
+    Ok(text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["call_id"].as_str().map(str::to_owned))
+        .collect())
+}
+
 fn check_results(t: &TaskView, export: &Path) -> Result<Vec<String>> {
     ensure!(t.status == TaskStatus::Completed, "{t:#?}");
     let mut nodes = Vec::new();
@@ -364,7 +402,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
     // The node at a glance, and its metrics.
     let url = f.gateways[0].url.clone();
     let out = Command::new(polar_bin()?)
-        .args(["status", "--node", &url, "--token", TOKEN])
+        .args(["status", "--node", &url, "--token", GATEWAY_TOKEN])
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(
@@ -376,7 +414,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         text.contains("node gw-a at") && text.contains("finished 8, reported 8"),
         "{text}"
     );
-    let metrics = RolloutClient::new(url, Some(TOKEN.into()))
+    let metrics = RolloutClient::new(url, Some(GATEWAY_TOKEN.into()))
         .raw(http::Method::GET, "/metrics", None)
         .await?;
     let metrics = String::from_utf8_lossy(&metrics.1);
@@ -806,5 +844,113 @@ async fn a_stopped_gateway_drains_or_hands_its_sessions_back() -> Result<()> {
         );
     }
     f.stop_gateways()?;
+    Ok(())
+}
+
+/// One attempt, one trajectory: attempt 1 runs (its calls captured, a
+/// marker left in its workspace), the server is told it failed and
+/// dispatches attempt 2 to the same (only) node while attempt 1 still runs.
+/// The node stops attempt 1, tears it down, sets its directories apart and
+/// runs attempt 2 on a fresh workspace (the command leaves a file and exits
+/// 7 if it sees the marker, and the evaluator then scores 0): the exported trajectory
+/// holds attempt 2's calls only, attempt 1's are kept apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attempt() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway("gw-s", "127.0.0.71").await?;
+    let task = serde_json::json!({
+        "task_id": "again",
+        "instruction": "Create the file polar-demo.txt.",
+        "num_samples": 1,
+        "timeout_secs": 120,
+        "agent": {"harness": "shell", "options": {"command":
+            "if [ -e attempt-marker ]; then touch saw-an-earlier-attempt; exit 7; fi; \
+             touch attempt-marker; python3 /workspace/mini_agent.py && sleep 15"}},
+        "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
+        "evaluator": {"kind": "command", "options": {"command":
+            "test -s polar-demo.txt && test ! -e saw-an-earlier-attempt"}},
+        "builder": {"kind": "prefix_merging"},
+        "metadata": {"group_id": "group-again"},
+    });
+    f.client().submit(&task).await?;
+    let state = f.dir.path().join("gw-s").join("state");
+    let live_log = state.join("sessions/again-s0/calls.jsonl");
+    // Attempt 1 made its calls and sleeps.
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let t = f.client().task("again").await?;
+        let running = matches!(t.samples[0].state, SessionState::Running { attempt: 1, .. });
+        if running && call_ids_of(&live_log).is_ok_and(|c| c.len() >= 2) {
+            break;
+        }
+        ensure!(
+            Instant::now() < until,
+            "attempt 1 did not call: {t:#?}\n{}",
+            f.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let first = call_ids_of(&live_log)?;
+    // Forced: the server hears attempt 1 failed and dispatches attempt 2 to
+    // its only node, which still runs attempt 1.
+    let as_node = RolloutClient::new(
+        format!("http://{}", f.server_cfg.listen),
+        Some(node_token("gw-s")),
+    );
+    let failed = serde_json::json!({"node_id": "gw-s", "attempt": 1, "status": "error",
+                                    "error": "forced re-dispatch", "retry": true});
+    let (code, body) = as_node
+        .raw(
+            http::Method::POST,
+            "/v1/sessions/again-s0/result",
+            Some(failed.to_string().into_bytes()),
+        )
+        .await?;
+    ensure!(code.is_success(), "{code}: {body:?}");
+    let t = f.wait_finished("again", Duration::from_secs(180)).await?;
+    let s0 = &t.samples[0];
+    let SessionState::Done {
+        node,
+        attempt,
+        result,
+    } = &s0.state
+    else {
+        bail!("{s0:?}\n{}", f.logs());
+    };
+    ensure!(node == "gw-s" && *attempt == 2, "{s0:?}");
+    // Attempt 2 did not see attempt 1's marker: it made the file.
+    ensure!(result.reward == Some(1.0), "{result:?}\n{}", f.logs());
+    ensure!(
+        s0.ended_attempts.len() == 1 && s0.ended_attempts[0].attempt == 1,
+        "{s0:?}"
+    );
+    // Attempt 1's files and calls are kept apart.
+    let kept = state.join("attempts/again-s0/1");
+    ensure!(
+        kept.join("sandbox/workspace/attempt-marker").is_file(),
+        "{}",
+        kept.display()
+    );
+    let kept_ids = call_ids_of(&kept.join("capture/calls.jsonl"))?;
+    ensure!(first.is_subset(&kept_ids), "{first:?} {kept_ids:?}");
+    // The live log and the export hold attempt 2's calls only.
+    let second = call_ids_of(&live_log)?;
+    ensure!(
+        !second.is_empty() && second.is_disjoint(&kept_ids),
+        "{kept_ids:?} {second:?}"
+    );
+    let uri = result.trajectory_uri.as_deref().context("no trajectory")?;
+    let rows = std::fs::read_to_string(Path::new(uri).with_extension("jsonl"))?;
+    let mut exported = std::collections::BTreeSet::new();
+    for line in rows.lines() {
+        let r: serde_json::Value = serde_json::from_str(line)?;
+        for id in r["call_ids"].as_array().into_iter().flatten() {
+            exported.insert(id.as_str().unwrap_or_default().to_owned());
+        }
+    }
+    ensure!(
+        exported == second,
+        "exported {exported:?}, attempt 2 made {second:?}"
+    );
     Ok(())
 }

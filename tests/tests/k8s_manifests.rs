@@ -170,13 +170,57 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     let rollout_toml = find(&docs, "ConfigMap", "polar-rollout-config")?["data"]["rollout.toml"]
         .as_str()
         .context("no rollout.toml")?;
-    // As the server starts: the file, then the tokens from the Secret.
-    let tokens = &find(&docs, "Secret", "polar-rollout-tokens")?["stringData"];
-    let token = |k: &str| tokens[k].as_str().unwrap_or_default().to_owned();
-    let mut rollout = polar_rollout::RolloutConfig::from_toml(rollout_toml, None)
-        .map_err(|e| anyhow::anyhow!("rollout.toml: {e}"))?;
-    rollout
-        .finish_tokens([token("trainer-token")], [token("node-token")])
-        .map_err(|e| anyhow::anyhow!("rollout tokens: {e}"))?;
+    // As the server starts: the file, then the tokens from the Secrets,
+    // mounted where the pod mounts them (here: under a temporary root).
+    let secret = |name: &str| -> Result<serde_json::Map<String, Value>> {
+        find(&docs, "Secret", name)?["stringData"]
+            .as_object()
+            .cloned()
+            .with_context(|| format!("{name}: no stringData"))
+    };
+    let (tokens, nodes) = (
+        secret("polar-rollout-tokens")?,
+        secret("polar-node-tokens")?,
+    );
+    ensure!(
+        mount_of(pod, c, "/run/secrets/polar-nodes")?["secret"]["secretName"]
+            == "polar-node-tokens"
+    );
+    ensure!(
+        mount_of(pod, c, "/run/secrets/polar")?["secret"]["secretName"] == "polar-rollout-tokens"
+    );
+    let start = |replace: bool| -> Result<()> {
+        let value = |v: &Value| {
+            let v = v.as_str().unwrap_or_default();
+            if replace {
+                v.replace("change-me", "k8s-test")
+            } else {
+                v.to_owned()
+            }
+        };
+        let root = tempfile::tempdir()?;
+        let mounted = |p: &str| root.path().join(p.trim_start_matches('/'));
+        std::fs::create_dir_all(mounted("/run/secrets/polar-nodes"))?;
+        std::fs::create_dir_all(mounted("/run/secrets/polar"))?;
+        for (k, v) in &nodes {
+            std::fs::write(mounted("/run/secrets/polar-nodes").join(k), value(v))?;
+        }
+        std::fs::write(
+            mounted("/run/secrets/polar/gateway-token"),
+            value(&tokens["gateway-token"]),
+        )?;
+        let text = rollout_toml.replace("\"/run/", &format!("\"{}/run/", root.path().display()));
+        let mut rollout = polar_rollout::RolloutConfig::from_toml(&text, None)
+            .map_err(|e| anyhow::anyhow!("rollout.toml: {e}"))?;
+        rollout
+            .finish_tokens([value(&tokens["trainer-token"])], [])
+            .map_err(|e| anyhow::anyhow!("rollout tokens: {e}"))?;
+        ensure!(rollout.node_tokens.len() == nodes.len());
+        Ok(())
+    };
+    // The shipped placeholders are refused; real tokens start.
+    let refused = start(false).unwrap_err().to_string();
+    ensure!(refused.contains("this is an example token"), "{refused}");
+    start(true)?;
     Ok(())
 }

@@ -30,6 +30,7 @@ use crate::{harnesses, release, setup};
 const TASK_TIMEOUT: Duration = Duration::from_secs(300);
 const TRAINER_TOKEN: &str = "demo-trainer-token";
 const NODE_TOKEN: &str = "demo-node-token";
+const GATEWAY_TOKEN: &str = "demo-gateway-token";
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -201,13 +202,17 @@ served_model = "default"
 listen = "127.0.0.1:{server}"
 database = "{db}"
 tokens = ["{TRAINER_TOKEN}"]
-node_tokens = ["{NODE_TOKEN}"]
+gateway_token = "{GATEWAY_TOKEN}"
+
+[rollout.node_tokens]
+demo-node = "{NODE_TOKEN}"
 
 [gateway]
 server = "http://127.0.0.1:{server}"
 node_id = "demo-node"
 listen = "127.0.0.1:{gateway}"
 token = "{NODE_TOKEN}"
+accept_tokens = ["{GATEWAY_TOKEN}"]
 running_workers = 2
 ready_buffer = 2
 export = "{traj}"

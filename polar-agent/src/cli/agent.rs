@@ -39,12 +39,13 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         CliError::Usage("polar agent needs --config FILE with a [gateway] table".into())
     })?;
     let config = args.config.load()?;
-    let gw = GatewayConfig::load(&path)?.ok_or_else(|| {
+    let mut gw = GatewayConfig::load(&path)?.ok_or_else(|| {
         CliError::Usage(format!(
             "{}: no [gateway] table (the rollout server's URL, the node token...)",
             path.display()
         ))
     })?;
+    gw.finish_tokens()?;
     // No policy root may hold or be inside the node's secrets.
     gw.policy
         .check_protected(

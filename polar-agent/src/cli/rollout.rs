@@ -1,6 +1,9 @@
 //! `polar rollout serve`: the rollout server. Settings come from the
 //! `[rollout]` table of `--config`, then the flags and the environment
-//! (`POLAR_ROLLOUT_TOKEN`, `POLAR_ROLLOUT_NODE_TOKEN`).
+//! (`POLAR_ROLLOUT_TOKEN`, `POLAR_ROLLOUT_NODE_TOKEN` as `NODE_ID=TOKEN`).
+//! SIGHUP reads the token files again and puts the tokens in force
+//! (rotation without a restart); tokens that break the rules are logged
+//! and the old ones stay.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,13 +38,12 @@ pub struct SimArgs {
     /// The node id.
     #[arg(long, default_value = "sim-1")]
     pub node_id: String,
-    /// The gateway token presented to the server; also the token the
-    /// server must present unless `--accept-token` is given.
-    #[arg(long, env = NODE_TOKEN_ENV, hide_env_values = true)]
+    /// This node's token, presented to the server.
+    #[arg(long, env = "POLAR_GATEWAY_TOKEN", hide_env_values = true)]
     pub token: String,
-    /// The token the server must present.
-    #[arg(long)]
-    pub accept_token: Option<String>,
+    /// The token the server must present (its `gateway_token`).
+    #[arg(long, env = "POLAR_GATEWAY_ACCEPT_TOKEN", hide_env_values = true)]
+    pub accept_token: String,
     /// Sessions held at once.
     #[arg(long, default_value_t = 8)]
     pub max_sessions: u32,
@@ -65,7 +67,8 @@ pub struct ServeArgs {
     /// A trainer token to accept (added to `rollout.tokens`).
     #[arg(long, env = TOKEN_ENV, hide_env_values = true)]
     pub token: Option<String>,
-    /// A gateway token to accept (added to `rollout.node_tokens`).
+    /// A node's token to accept, as `NODE_ID=TOKEN` (added to
+    /// `rollout.node_tokens`).
     #[arg(long, env = NODE_TOKEN_ENV, hide_env_values = true)]
     pub node_token: Option<String>,
 }
@@ -92,20 +95,33 @@ impl ServeArgs {
 pub async fn run(cmd: RolloutCommand) -> Result<ExitCode, CliError> {
     match cmd {
         RolloutCommand::Serve(args) => {
-            let cfg = args.load()?;
-            let server = RolloutServer::start(cfg).await?;
-            server
-                .run_until(async {
-                    crate::signals::terminated().await;
-                })
-                .await;
+            let mut cfg = args.load()?;
+            let mut hangup =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+            let server = RolloutServer::start(cfg.clone()).await?;
+            let stop = crate::signals::terminated();
+            tokio::pin!(stop);
+            loop {
+                tokio::select! {
+                    _ = &mut stop => break,
+                    Some(()) = async { hangup.as_mut()?.recv().await } => {
+                        match cfg.reload_tokens() {
+                            Ok(()) => {
+                                if let Err(e) = server.set_tokens(&cfg) {
+                                    tracing::error!(error = %e, "tokens not reloaded");
+                                }
+                            }
+                            Err(e) => tracing::error!(error = %e, "tokens not reloaded; the old ones stay"),
+                        }
+                    }
+                }
+            }
+            server.run_until(async {}).await;
             Ok(ExitCode::SUCCESS)
         }
         RolloutCommand::SimGateway(a) => {
             let mut cfg = SimGatewayConfig::new(&a.node_id, &a.server, &a.token);
-            if let Some(t) = a.accept_token {
-                cfg.accept_token = t;
-            }
+            cfg.accept_token = a.accept_token;
             cfg.max_sessions = a.max_sessions;
             cfg.session_time = Duration::from_millis(a.session_ms);
             cfg.heartbeat_interval = Duration::from_secs(1);

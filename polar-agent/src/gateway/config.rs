@@ -10,8 +10,8 @@
 //! listen = "0.0.0.0:7071"             # where the server pushes sessions
 //! advertise = "http://10.0.0.5:7071"  # URL the server uses (default http://<listen>)
 //! # (POLAR_GATEWAY_NODE_ID and POLAR_GATEWAY_ADVERTISE override node_id and advertise)
-//! token = "node-secret"               # presented to the server (or POLAR_GATEWAY_TOKEN)
-//! accept_tokens = ["server-secret"]   # the server's gateway_token (default: [token])
+//! token = "<node token>"              # presented to the server (or POLAR_GATEWAY_TOKEN, token_file)
+//! accept_tokens = ["<server token>"]  # the server's gateway_token (required; or accept_token_files)
 //! max_sessions = 64                   # sessions held at once, all stages
 //! init_workers = 8                    # runtimes started at once
 //! ready_buffer = 8                    # prepared sessions waiting ahead of RUNNING
@@ -28,6 +28,11 @@
 //! upload_roots = ["/srv/tasks"]       # (default: nothing beyond the safe; see
 //! mount_roots = ["/data"]             #  polar_spec::policy for every key)
 //! ```
+//!
+//! The node token and the tokens accepted from the server are required and
+//! distinct (the node never accepts its own token from a caller), at least
+//! 8 characters, and none of the shipped examples'; each may be read from a
+//! file (a Kubernetes secret), trimmed.
 //!
 //! `[gateway.policy]` is the node-side policy ([`polar_spec::policy`]):
 //! checked here (paths absolute, a writable mount root overlapping a root
@@ -104,8 +109,14 @@ pub struct RawGatewayConfig {
     pub advertise: Option<String>,
     /// Node token.
     pub token: Option<String>,
+    /// A file holding the node token.
+    pub token_file: Option<PathBuf>,
+    /// A directory of node token files: this node's is `<dir>/<node_id>`.
+    pub token_dir: Option<PathBuf>,
     /// Tokens the server may present.
     pub accept_tokens: Option<Vec<String>>,
+    /// Files holding a token the server may present each.
+    pub accept_token_files: Option<Vec<PathBuf>>,
     /// Sessions held.
     pub max_sessions: Option<u32>,
     /// INIT workers.
@@ -143,10 +154,16 @@ pub struct GatewayConfig {
     pub listen: SocketAddr,
     /// The URL the server is given (`None`: `http://<bound address>`).
     pub advertise: Option<String>,
-    /// The token presented to the server.
+    /// The token presented to the server (read from `token_file` by
+    /// [`GatewayConfig::finish_tokens`] when that is set).
     pub token: String,
+    /// Where the node token is read from at start (`token_file`, or
+    /// `<token_dir>/<node_id>`).
+    pub token_file: Option<PathBuf>,
     /// Tokens the server may present.
     pub accept_tokens: Vec<String>,
+    /// Files holding more of them, read at start.
+    pub accept_token_files: Vec<PathBuf>,
     /// Sessions held at once.
     pub max_sessions: u32,
     /// The stage pools.
@@ -201,6 +218,51 @@ fn url(key: &str, v: &str) -> Result<String, GatewayConfigError> {
 }
 
 impl GatewayConfig {
+    /// The start-up step of the tokens (`polar agent`, before anything
+    /// starts): reads the token files, then checks that each token is at
+    /// least 8 characters, none of the shipped examples', and that the
+    /// node never accepts its own token.
+    pub fn finish_tokens(&mut self) -> Result<(), GatewayConfigError> {
+        let read = |key: &str, p: &Path| {
+            polar_io::auth::read_token_file(p)
+                .map_err(|e| invalid(key, format!("{}: {e}", p.display())))
+        };
+        if let Some(p) = &self.token_file {
+            self.token = read("token_file", p)?;
+        }
+        for (i, p) in self.accept_token_files.iter().enumerate() {
+            let t = read(&format!("accept_token_files[{i}]"), p)?;
+            if !self.accept_tokens.contains(&t) {
+                self.accept_tokens.push(t);
+            }
+        }
+        let keyed = std::iter::once(("token".to_owned(), &self.token)).chain(
+            self.accept_tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("accept_tokens[{i}]"), t)),
+        );
+        for (key, t) in keyed {
+            if t.len() < 8 {
+                return Err(invalid(&key, "a token must be at least 8 characters"));
+            }
+            if polar_io::auth::is_example_token(t) {
+                return Err(invalid(
+                    &key,
+                    "this is an example token from the docs: generate a secret \
+                     (e.g. `openssl rand -hex 32`)",
+                ));
+            }
+        }
+        if let Some(i) = self.accept_tokens.iter().position(|t| *t == self.token) {
+            return Err(invalid(
+                &format!("accept_tokens[{i}]"),
+                "the node token itself: the server presents its own gateway_token",
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the table; `env_token` is the value of [`TOKEN_ENV`], used
     /// when the file has no `token`.
     pub fn from_raw(
@@ -224,24 +286,6 @@ impl GatewayConfig {
             .as_deref()
             .map(|a| url("advertise", a))
             .transpose()?;
-        let token = raw
-            .token
-            .clone()
-            .or(env_token)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                invalid(
-                    "token",
-                    format!("missing: the node token (or set {TOKEN_ENV})"),
-                )
-            })?;
-        let accept_tokens = raw
-            .accept_tokens
-            .clone()
-            .unwrap_or_else(|| vec![token.clone()]);
-        if accept_tokens.is_empty() || accept_tokens.iter().any(String::is_empty) {
-            return Err(invalid("accept_tokens", "must hold non-empty tokens"));
-        }
         let node_id = raw.node_id.clone().unwrap_or_else(host_name);
         if node_id.is_empty()
             || node_id.len() > 128
@@ -252,6 +296,45 @@ impl GatewayConfig {
             return Err(invalid(
                 "node_id",
                 format!("{node_id:?}: 1-128 of [A-Za-z0-9._-]"),
+            ));
+        }
+        let token_file = match (&raw.token, &raw.token_file, &raw.token_dir) {
+            (Some(_), Some(_), _) | (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+                return Err(invalid(
+                    "token_file",
+                    "give one of token, token_file and token_dir",
+                ));
+            }
+            (None, Some(p), None) => Some(p.clone()),
+            (None, None, Some(d)) => Some(d.join(&node_id)),
+            _ => None,
+        };
+        let token = raw
+            .token
+            .clone()
+            .or(env_token)
+            .filter(|t| !t.is_empty())
+            .unwrap_or_default();
+        if token.is_empty() && token_file.is_none() {
+            return Err(invalid(
+                "token",
+                format!("missing: the node token (or token_file, token_dir, or set {TOKEN_ENV})"),
+            ));
+        }
+        let accept_tokens = raw.accept_tokens.clone().unwrap_or_default();
+        let accept_token_files = raw.accept_token_files.clone().unwrap_or_default();
+        if accept_tokens.is_empty() && accept_token_files.is_empty() {
+            return Err(invalid(
+                "accept_tokens",
+                "missing: the server's gateway_token (or accept_token_files); \
+                 it must not be the node token",
+            ));
+        }
+        if let Some(i) = accept_tokens.iter().position(|t| *t == token) {
+            return Err(invalid(
+                &format!("accept_tokens[{i}]"),
+                "the node token itself: the server presents its own gateway_token, \
+                 so a node token cannot push sessions to nodes",
             ));
         }
         let running = positive("running_workers", raw.running_workers, 32)?;
@@ -302,7 +385,9 @@ impl GatewayConfig {
             listen,
             advertise,
             token,
+            token_file,
             accept_tokens,
+            accept_token_files,
             max_sessions,
             limits,
             agent_timeout: secs("agent_timeout_secs", raw.agent_timeout_secs, 1800)?,
@@ -325,14 +410,22 @@ impl GatewayConfig {
         let Some(table) = file.gateway else {
             return Ok(None);
         };
-        let raw: RawGatewayConfig =
+        let mut raw: RawGatewayConfig =
             table
                 .try_into()
                 .map_err(|e: toml::de::Error| GatewayConfigError::Invalid {
                     key: "gateway".into(),
                     reason: e.message().to_owned(),
                 })?;
-        Self::from_raw(&raw, std::env::var(TOKEN_ENV).ok()).map(Some)
+        // The pod's overrides (Kubernetes: the downward API).
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        if let Some(id) = env(NODE_ID_ENV) {
+            raw.node_id = Some(id);
+        }
+        if let Some(a) = env(ADVERTISE_ENV) {
+            raw.advertise = Some(a);
+        }
+        Self::from_raw(&raw, env(TOKEN_ENV)).map(Some)
     }
 
     /// Reads `[gateway]` from a file.
@@ -349,6 +442,8 @@ impl GatewayConfig {
 mod tests {
     use super::*;
 
+    const TOKENS: &str = "token = \"node-token-1\"\naccept_tokens = [\"server-token-1\"]\n";
+
     fn parse(t: &str) -> Result<GatewayConfig, String> {
         GatewayConfig::from_toml_str(t)
             .map(|c| c.unwrap())
@@ -357,19 +452,20 @@ mod tests {
 
     #[test]
     fn defaults_and_overrides() {
-        let c = parse(
-            "[gateway]\nserver = \"http://127.0.0.1:7070/\"\ntoken = \"t\"\nnode_id = \"n1\"\n",
-        )
+        let c = parse(&format!(
+            "[gateway]\nserver = \"http://127.0.0.1:7070/\"\n{TOKENS}node_id = \"n1\"\n"
+        ))
         .unwrap();
         assert_eq!(c.server, "http://127.0.0.1:7070");
-        assert_eq!(c.accept_tokens, vec!["t".to_owned()]);
+        assert_eq!(c.token, "node-token-1");
+        assert_eq!(c.accept_tokens, vec!["server-token-1".to_owned()]);
         assert_eq!(c.limits.running, 32);
         assert_eq!(c.limits.ready_buffer, 8);
         assert_eq!(c.formats, vec![Format::Parquet]);
         assert_eq!(c.policy, Policy::default());
-        let c = parse(
-            "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
-        )
+        let c = parse(&format!(
+            "[gateway]\nserver = \"http://s\"\n{TOKENS}node_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
+        ))
         .unwrap();
         assert_eq!(c.limits.running, 2);
         assert_eq!(c.limits.ready_buffer, 0);
@@ -393,6 +489,12 @@ mod tests {
         let c = parse(&block).unwrap();
         assert_eq!(c.node_id, "gpu-07");
         assert_eq!(c.accept_tokens, vec!["server-secret".to_owned()]);
+        // The example's tokens are refused at start: a node needs its own.
+        let e = c.clone().finish_tokens().unwrap_err().to_string();
+        assert!(
+            e.starts_with("gateway.token: this is an example token"),
+            "{e}"
+        );
         assert_eq!(c.formats, vec![Format::Parquet, Format::Jsonl]);
         assert_eq!(c.export.as_deref(), Some("/mnt/shared/trajectories"));
         let policy: String = example
@@ -409,7 +511,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let base = "[gateway]\nserver = \"http://s\"\ntoken = \"t\"\nnode_id = \"n\"\n";
+        let base = format!("[gateway]\nserver = \"http://s\"\n{TOKENS}node_id = \"n\"\n");
         for (extra, key) in [
             ("running_workers = 0\n", "gateway.running_workers"),
             ("listen = \"nowhere\"\n", "gateway.listen"),
@@ -435,12 +537,70 @@ mod tests {
             let e = parse(&format!("{base}{extra}")).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");
         }
-        let e = parse("[gateway]\ntoken = \"t\"\n").unwrap_err();
+        let e = parse(&format!("[gateway]\n{TOKENS}")).unwrap_err();
         assert!(e.contains("gateway.server: missing"), "{e}");
-        let e = parse("[gateway]\nserver = \"ftp://x\"\ntoken = \"t\"\n").unwrap_err();
+        let e = parse(&format!("[gateway]\nserver = \"ftp://x\"\n{TOKENS}")).unwrap_err();
         assert!(e.contains("gateway.server"), "{e}");
-        let e = parse("[gateway]\nserver = \"http://s\"\nnode_id = \"a b\"\ntoken = \"t\"\n")
-            .unwrap_err();
+        let e = parse(&format!(
+            "[gateway]\nserver = \"http://s\"\nnode_id = \"a b\"\n{TOKENS}"
+        ))
+        .unwrap_err();
         assert!(e.contains("gateway.node_id"), "{e}");
+    }
+
+    #[test]
+    fn the_node_token_and_the_server_s_are_required_and_distinct() {
+        let base = "[gateway]\nserver = \"http://s\"\nnode_id = \"n\"\n";
+        for (tokens, want) in [
+            (
+                "token = \"node-token-1\"\n",
+                "gateway.accept_tokens: missing",
+            ),
+            (
+                "token = \"node-token-1\"\naccept_tokens = [\"node-token-1\"]\n",
+                "gateway.accept_tokens[0]: the node token itself",
+            ),
+        ] {
+            let e = parse(&format!("{base}{tokens}")).unwrap_err();
+            assert!(e.contains(want), "{tokens}: {e}");
+        }
+        for (tokens, want) in [
+            (
+                "token = \"change-me-node-token\"\naccept_tokens = [\"server-token-1\"]\n",
+                "gateway.token: this is an example token",
+            ),
+            (
+                "token = \"short\"\naccept_tokens = [\"server-token-1\"]\n",
+                "gateway.token: a token must be at least 8 characters",
+            ),
+            (
+                "token = \"node-token-1\"\naccept_tokens = [\"change-me\"]\n",
+                "gateway.accept_tokens[0]: this is an example token",
+            ),
+        ] {
+            let mut c = parse(&format!("{base}{tokens}")).unwrap();
+            let e = c.finish_tokens().unwrap_err().to_string();
+            assert!(e.starts_with(want), "{tokens}: {e}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (t, a) = (dir.path().join("token"), dir.path().join("accept"));
+        std::fs::write(&t, "node-token-from-file\n").unwrap();
+        std::fs::write(&a, "server-token-from-file\n").unwrap();
+        let mut c = parse(&format!(
+            "{base}token_file = {t:?}\naccept_token_files = [{a:?}]\n"
+        ))
+        .unwrap();
+        c.finish_tokens().unwrap();
+        assert_eq!(c.token, "node-token-from-file");
+        assert_eq!(c.accept_tokens, ["server-token-from-file"]);
+        // token_dir: this node's file of the directory.
+        std::fs::write(dir.path().join("n"), "node-n-token-from-dir\n").unwrap();
+        let mut c = parse(&format!(
+            "{base}token_dir = {:?}\naccept_token_files = [{a:?}]\n",
+            dir.path()
+        ))
+        .unwrap();
+        c.finish_tokens().unwrap();
+        assert_eq!(c.token, "node-n-token-from-dir");
     }
 }

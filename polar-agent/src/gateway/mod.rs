@@ -12,10 +12,12 @@
 //! - `spec`: the checked harness, agent options, runtime and evaluator of
 //!   a session (also checked by the rollout server at submission);
 //! - `work`: the stages' real work: harness sessions, evaluation,
-//!   trajectory export;
+//!   trajectory export; `attempts`: an earlier attempt's directories moved
+//!   apart before a newer attempt starts;
 //! - `verdict`: what a finished session amounts to (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
+mod attempts;
 pub mod config;
 mod verdict;
 pub mod work;

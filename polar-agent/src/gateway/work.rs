@@ -8,7 +8,9 @@
 //!   limits and budgets within bounds; one outside fails the session with
 //!   "refused by this node's policy: <field>: ...", not retried, no
 //!   reward), the harness's installation is found, and the session is
-//!   prepared (directories, sandbox, runtime started, prepare steps).
+//!   prepared (an earlier attempt's directories and capture log on this
+//!   node moved apart to `<state>/attempts/<session>/<n>/`, then fresh
+//!   directories, sandbox, runtime started, prepare steps).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace), the
@@ -191,6 +193,29 @@ impl Work for HarnessWork {
                 metadata,
             },
         };
+        // What an earlier attempt of this session left on this node is
+        // moved apart: this attempt starts on fresh directories and a
+        // capture log of its own.
+        let state_dir = self.parts.config.agent.state_dir.clone();
+        let sid = run.session.clone();
+        let apart =
+            tokio::task::spawn_blocking(move || super::attempts::set_apart(&state_dir, &sid))
+                .await
+                .map_err(|e| {
+                    InitError::new(
+                        InitFault::Node,
+                        format!("setting an earlier attempt apart: {e}"),
+                    )
+                })?
+                .map_err(|e| {
+                    InitError::new(
+                        InitFault::Node,
+                        format!("setting an earlier attempt's directories apart: {e}"),
+                    )
+                })?;
+        if let Some(dir) = apart {
+            tracing::info!(session = %run.session, attempt = a.attempt, kept = %dir.display(), "an earlier attempt's directories were set apart");
+        }
         let prepared = prepare(&self.parts, &self.redirect, run, &stop)
             .await
             .map_err(|e| InitError::new(InitFault::Node, chain(&e)))?;

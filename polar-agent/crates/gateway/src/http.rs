@@ -6,15 +6,10 @@
 //! matchit, percent-decoded session ids, 404 for an unknown path, 405 with
 //! `Allow` for a known path under another method.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde_json::json;
 use tokio::net::TcpListener;
 
@@ -159,23 +154,18 @@ impl<W: Work> Inner<W> {
 }
 
 pub(super) async fn accept<W: Work>(inner: Arc<Inner<W>>, listener: TcpListener) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
-        let i = Arc::clone(&inner);
-        inner.spawn(async move {
-            let service = service_fn(move |req| {
-                let i = Arc::clone(&i);
-                async move { Ok::<_, Infallible>(handle(i, req).await) }
-            });
-            let _ = http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    let tasks = inner.tasks.clone();
+    polar_rollout_api::serve::serve(
+        "gateway",
+        listener,
+        &tasks,
+        polar_rollout_api::serve::ServeLimits::default(),
+        move |req| {
+            let i = Arc::clone(&inner);
+            async move { handle(i, req).await }
+        },
+    )
+    .await;
 }
 
 fn bad(e: &validate::ValidationError) -> Response<Body> {

@@ -457,14 +457,29 @@ impl<W: Work> Inner<W> {
                 &e.to_string(),
             );
         }
-        let job = {
+        let (job, superseded) = {
             let mut held = lock(&self.held);
+            let mut superseded = None;
             if let Some(j) = held.get(&a.session_id) {
                 if j.assignment.attempt == a.attempt {
                     return json(StatusCode::OK, &json!({"duplicate": true}));
                 }
-                // A newer dispatch of a session this node still holds.
+                if j.assignment.attempt > a.attempt {
+                    return error(
+                        StatusCode::CONFLICT,
+                        "stale_attempt",
+                        Some("attempt"),
+                        &format!(
+                            "attempt {} of this session is held already",
+                            j.assignment.attempt
+                        ),
+                    );
+                }
+                // A newer dispatch of a session this node still holds: the
+                // old attempt is stopped, and the new one starts once the
+                // old one is torn down.
                 j.stop.cancel();
+                superseded = Some(Arc::clone(j));
             } else if held.len() >= self.opts.max_sessions as usize {
                 return error(StatusCode::SERVICE_UNAVAILABLE, "full", None, "at capacity");
             }
@@ -476,11 +491,20 @@ impl<W: Work> Inner<W> {
             let sid = a.session_id.clone();
             let job = Arc::new(Job::new(a));
             held.insert(sid, Arc::clone(&job));
-            job
+            (job, superseded)
         };
         let me = Arc::clone(self);
         self.live.fetch_add(1, Ordering::Relaxed);
         self.spawn(async move {
+            if let Some(old) = superseded {
+                tracing::info!(
+                    session = %old.assignment.session_id,
+                    old = old.assignment.attempt,
+                    new = job.assignment.attempt,
+                    "a newer attempt waits for the old one's tear-down"
+                );
+                old.ended.cancelled().await;
+            }
             Arc::clone(&me).run(job).await;
             me.live.fetch_sub(1, Ordering::Relaxed);
         });
@@ -513,6 +537,7 @@ impl<W: Work> Inner<W> {
                 }
             })
             .await;
+        job.ended.cancel();
         // The work is done: the slot is free while the result is reported.
         {
             let mut held = lock(&self.held);

@@ -156,6 +156,9 @@ pub struct Job {
     pub deadline: Instant,
     /// Fires when the session must stop (server cancel, node stop).
     pub stop: CancellationToken,
+    /// Fires when the session's work has ended, POSTRUN's tear-down
+    /// included (a newer attempt of the session waits for it).
+    pub ended: CancellationToken,
     stage: AtomicU8,
     /// When it arrived.
     pub arrived: Instant,
@@ -174,6 +177,7 @@ impl Job {
             assignment,
             deadline: now + budget,
             stop: CancellationToken::new(),
+            ended: CancellationToken::new(),
             stage: AtomicU8::new(Stage::Queued as u8),
             arrived: now,
             timings: Mutex::new(BTreeMap::new()),

@@ -1,9 +1,61 @@
 //! Comparing secrets (bearer tokens, API keys) without leaking through
 //! timing how much of a guess was right: [`subtle::ConstantTimeEq`] for
 //! each comparison, and every candidate compared, with no early exit.
-//! Lengths are not hidden (a token's length is not its secret).
+//! Lengths are not hidden (a token's length is not its secret). Also the
+//! tokens of the shipped examples that start-up refuses, and reading a
+//! token from a file (a Kubernetes secret, mounted).
+
+use std::path::Path;
 
 use subtle::{Choice, ConstantTimeEq as _};
+
+/// Tokens written in the shipped examples and docs: a server or gateway
+/// refuses to start with one of these (or any token starting with
+/// `change-me`).
+pub const EXAMPLE_TOKENS: &[&str] = &[
+    "trainer-secret-token",
+    "node-secret-token",
+    "server-secret-token",
+    "callback-secret-token",
+    "trainer-secret",
+    "node-secret",
+    "server-secret",
+];
+
+/// Whether `token` is one of the examples' (see [`EXAMPLE_TOKENS`]).
+pub fn is_example_token(token: &str) -> bool {
+    token.starts_with("change-me") || EXAMPLE_TOKENS.contains(&token)
+}
+
+/// Reads a token from a file: its content without surrounding whitespace
+/// (a trailing newline is usual); an empty file is an error.
+pub fn read_token_file(path: &Path) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "the file is empty",
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+/// Which candidate `given` is (the key of the matching token): every
+/// candidate is compared, in constant time each.
+pub fn token_owner<'a, K: ?Sized>(
+    given: &str,
+    candidates: impl IntoIterator<Item = (&'a K, &'a str)>,
+) -> Option<&'a K> {
+    let mut owner = None;
+    for (key, candidate) in candidates {
+        let hit = bool::from(given.as_bytes().ct_eq(candidate.as_bytes()));
+        if hit && owner.is_none() {
+            owner = Some(key);
+        }
+    }
+    owner
+}
 
 /// Whether `a` and `b` are the same secret, in time that depends only on
 /// their lengths.
@@ -38,5 +90,25 @@ mod tests {
         assert!(!token_in("second-tokem", accepted));
         assert!(!token_in("", accepted));
         assert!(!token_in("first", []));
+    }
+
+    #[test]
+    fn the_owner_of_a_token_and_the_examples() {
+        let nodes = [("a", "token-of-a"), ("b", "token-of-b")];
+        assert_eq!(token_owner("token-of-b", nodes), Some("b"));
+        assert_eq!(token_owner("token-of-c", nodes), None);
+        assert!(is_example_token("change-me-node-token"));
+        assert!(is_example_token("node-secret-token"));
+        assert!(!is_example_token("k3J9-random-0f2a"));
+    }
+
+    #[test]
+    fn a_token_file_is_trimmed_and_must_not_be_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t");
+        std::fs::write(&p, "s3cret-value\n").unwrap();
+        assert_eq!(read_token_file(&p).unwrap(), "s3cret-value");
+        std::fs::write(&p, " \n").unwrap();
+        assert!(read_token_file(&p).is_err());
     }
 }

@@ -3,7 +3,9 @@
 //! `polar-rollout-types`), the checks a task or an assignment passes
 //! ([`validate`], [`session_spec`]: the server runs them on submission, the
 //! gateway again on arrival), the client ([`client`]) and its event stream
-//! reader ([`sse`]), and the HTTP helpers both servers use ([`http`]).
+//! reader ([`sse`]), and the HTTP plumbing both servers use ([`http`];
+//! [`serve`]: the accept loop with its header-read timeout and connection
+//! cap).
 //!
 //! Below it: the spec types, the evaluators (for checking their options)
 //! and the I/O plumbing; never the node agent or the server. Tests: the
@@ -12,6 +14,7 @@
 pub mod client;
 pub mod http;
 pub mod route;
+pub mod serve;
 pub mod session_spec;
 pub mod sse;
 pub mod validate;

@@ -394,6 +394,25 @@ pub struct SampleView {
     /// Where it is, with its result once done.
     #[serde(flatten)]
     pub state: SessionState,
+    /// The dispatches that ended without an accepted result, oldest first
+    /// (the last [`MAX_ENDED_ATTEMPTS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ended_attempts: Vec<AttemptEnd>,
+}
+
+/// Ended attempts kept per session.
+pub const MAX_ENDED_ATTEMPTS: usize = 16;
+
+/// Why one dispatch of a session ended without its result being accepted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptEnd {
+    /// The dispatch number.
+    pub attempt: u32,
+    /// The node it went to.
+    pub node: String,
+    /// Why it ended (node lost, the node failed it, push refused, no
+    /// result by the deadline).
+    pub reason: String,
 }
 
 /// Delivery of a task's results to its callback URL.

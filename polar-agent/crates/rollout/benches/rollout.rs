@@ -39,6 +39,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt as _};
 use tracing_subscriber::{Layer, filter};
 
 const TOKEN: &str = "bench-token-1";
+const GATEWAY_TOKEN: &str = "bench-gateway-token";
 
 fn knob(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -182,10 +183,19 @@ async fn scenario(
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.heartbeat_interval = Duration::from_millis(500);
     cfg.heartbeat_timeout = Duration::from_secs(10);
+    cfg.gateway_token = GATEWAY_TOKEN.into();
+    cfg.node_tokens = (0..sc.gateways)
+        .map(|i| (format!("gw-{i}"), format!("bench-node-token-{i}")))
+        .collect();
     let server = RolloutServer::start(cfg).await.unwrap();
     let mut gws = Vec::new();
     for i in 0..sc.gateways {
-        let mut g = SimGatewayConfig::new(&format!("gw-{i}"), &server.url(), TOKEN);
+        let mut g = SimGatewayConfig::new(
+            &format!("gw-{i}"),
+            &server.url(),
+            &format!("bench-node-token-{i}"),
+        );
+        g.accept_token = GATEWAY_TOKEN.into();
         g.max_sessions = sc.slots;
         g.session_time = Duration::from_millis(sc.session_ms);
         g.jitter = 0.5;
@@ -293,7 +303,7 @@ async fn direct_path(gw: &SimGateway, n: usize) -> Vec<Duration> {
             .method(Method::POST)
             .uri(format!("{}/v1/sessions", gw.address()))
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::AUTHORIZATION, bearer_value(TOKEN))
+            .header(header::AUTHORIZATION, bearer_value(GATEWAY_TOKEN))
             .body(Full::new(Bytes::from(a.to_string())))
             .unwrap();
         let t = Instant::now();
@@ -303,7 +313,7 @@ async fn direct_path(gw: &SimGateway, n: usize) -> Vec<Duration> {
         let cancel = Request::builder()
             .method(Method::POST)
             .uri(format!("{}/v1/sessions/direct-s{i}/cancel", gw.address()))
-            .header(header::AUTHORIZATION, bearer_value(TOKEN))
+            .header(header::AUTHORIZATION, bearer_value(GATEWAY_TOKEN))
             .body(Full::new(Bytes::from(r#"{"attempt":1,"reason":"bench"}"#)))
             .unwrap();
         http.request(cancel).await.unwrap();

@@ -30,11 +30,21 @@ pub fn backoff(cfg: &CallbackConfig, attempt: u32, jitter: f64) -> Duration {
 /// Delivers the task's results, retrying until the attempts run out.
 pub async fn deliver(core: Arc<Core>, task_id: String) {
     loop {
-        let Some((url, view, mut cb)) = core.read(|s| {
-            let (url, view) = s.callback_target(&task_id)?;
-            Some((url, view, s.callback_of(&task_id)?))
-        }) else {
-            return;
+        let read = core
+            .read(|s| {
+                let (url, view) = s.callback_target(&task_id)?;
+                Some((url, view, s.callback_of(&task_id)?))
+            })
+            .await;
+        let (url, view, mut cb) = match read {
+            Ok(Some(found)) => found,
+            Ok(None) => return,
+            Err(e) => {
+                // The next change or read rebuilds the state; a restored
+                // task with a pending callback is called back again.
+                tracing::error!(task = %task_id, error = %e, "callback state unreadable");
+                return;
+            }
         };
         if cb.state != CallbackState::Pending {
             return;

@@ -8,9 +8,9 @@
 //! [rollout]
 //! listen = "127.0.0.1:7070"
 //! database = "/var/lib/polar/rollout.sqlite"
-//! tokens = ["trainer-secret"]       # trainers, dashboards, `polar submit`
-//! node_tokens = ["node-secret"]     # gateways (default: `tokens`)
-//! gateway_token = "server-secret"   # sent to gateways (default: first node token)
+//! tokens = ["<trainer token>"]      # trainers, dashboards, `polar submit` (or token_files)
+//! gateway_token = "<server token>"  # sent to gateways (or gateway_token_file)
+//! node_token_dir = "/run/secrets/polar-nodes" # one file per node id (and/or [rollout.node_tokens])
 //! heartbeat_interval_ms = 2000
 //! heartbeat_timeout_ms = 10000
 //! max_retries = 2
@@ -20,11 +20,21 @@
 //! upload_roots = ["/srv/tasks"]     # the keys of a gateway's [gateway.policy]
 //! ```
 //!
+//! Identities: trainer tokens, node tokens and the gateway token are
+//! required and distinct (a token given for two roles, to two nodes, or
+//! one of the shipped examples' is refused at start-up, naming the key).
+//! Each node token is bound to its node id (`[rollout.node_tokens]`
+//! `node-a = "..."`, or the files of `node_token_dir`, named by node id):
+//! the server takes reports, heartbeats and results for that node only.
+//! Tokens read from files are read again by [`RolloutConfig::reload_tokens`]
+//! (`polar rollout serve` on SIGHUP), so they rotate without a restart.
+//!
 //! `[rollout.policy]` is the node-side policy ([`polar_spec::policy`]) as
 //! the server knows it: when present, a task whose spec asks for more is a
 //! 400 naming the field, before any node sees it. The nodes check again
 //! against their own `[gateway.policy]` whatever the server did.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,7 +46,7 @@ use polar_spec::policy::{Policy, RawPolicy};
 
 /// The environment variable adding a trainer token.
 pub const TOKEN_ENV: &str = "POLAR_ROLLOUT_TOKEN";
-/// The environment variable adding a gateway token.
+/// The environment variable adding a node token, as `NODE_ID=TOKEN`.
 pub const NODE_TOKEN_ENV: &str = "POLAR_ROLLOUT_NODE_TOKEN";
 
 /// A settings problem, naming the key.
@@ -93,10 +103,16 @@ pub struct RawRolloutConfig {
     pub database: Option<String>,
     /// Trainer tokens.
     pub tokens: Option<Vec<String>>,
-    /// Gateway tokens.
-    pub node_tokens: Option<Vec<String>>,
+    /// Files holding a trainer token each.
+    pub token_files: Option<Vec<PathBuf>>,
+    /// Node tokens by node id (a list is refused with the fix).
+    pub node_tokens: Option<RawNodeTokens>,
+    /// A directory of files named by node id, holding each node's token.
+    pub node_token_dir: Option<PathBuf>,
     /// Token sent to gateways.
     pub gateway_token: Option<String>,
+    /// A file holding the token sent to gateways.
+    pub gateway_token_file: Option<PathBuf>,
     /// Token sent to callback URLs.
     pub callback_token: Option<String>,
     /// Heartbeat interval told to gateways.
@@ -111,6 +127,8 @@ pub struct RawRolloutConfig {
     pub no_node_timeout_ms: Option<u64>,
     /// Timeout of a push to a gateway.
     pub push_timeout_ms: Option<u64>,
+    /// Finished tasks are deleted this long after they finished.
+    pub retention_secs: Option<u64>,
     /// Largest request body.
     pub max_body_bytes: Option<u64>,
     /// `normal` or `full`.
@@ -120,6 +138,34 @@ pub struct RawRolloutConfig {
     pub callback: RawCallback,
     /// `[rollout.policy]`.
     pub policy: Option<RawPolicy>,
+}
+
+/// `rollout.node_tokens` as written: a table of node id to token (the
+/// list form of earlier versions is parsed to be refused with the fix).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RawNodeTokens {
+    /// `[rollout.node_tokens]` `node-a = "..."`.
+    Bound(BTreeMap<String, String>),
+    /// `node_tokens = ["..."]`: refused.
+    Shared(Vec<String>),
+}
+
+/// Where the tokens came from, to read them again on reload.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenSources {
+    /// Trainer tokens written in the file, the environment or flags.
+    pub tokens: Vec<String>,
+    /// Files holding a trainer token each.
+    pub token_files: Vec<PathBuf>,
+    /// Node tokens written in the file or given by the environment/flags.
+    pub node_tokens: BTreeMap<String, String>,
+    /// The directory of node token files.
+    pub node_token_dir: Option<PathBuf>,
+    /// The gateway token written in the file.
+    pub gateway_token: Option<String>,
+    /// The file holding the gateway token.
+    pub gateway_token_file: Option<PathBuf>,
 }
 
 /// `[rollout.callback]` as written.
@@ -179,10 +225,13 @@ pub struct RolloutConfig {
     pub database: PathBuf,
     /// Bearer tokens accepted on the trainer API (tasks, events, status).
     pub tokens: Vec<String>,
-    /// Bearer tokens accepted on the gateway API (nodes, sessions).
-    pub node_tokens: Vec<String>,
+    /// Bearer tokens accepted on the gateway API (nodes, sessions), by the
+    /// node id each is bound to.
+    pub node_tokens: BTreeMap<String, String>,
     /// Bearer token the server presents to gateways.
     pub gateway_token: String,
+    /// Where the tokens came from ([`RolloutConfig::reload_tokens`]).
+    pub token_sources: TokenSources,
     /// Bearer token the server presents to callback URLs, if any.
     pub callback_token: Option<String>,
     /// How often gateways are told to heartbeat.
@@ -200,6 +249,9 @@ pub struct RolloutConfig {
     pub no_node_timeout: Duration,
     /// Timeout of one push to a gateway.
     pub push_timeout: Duration,
+    /// Finished tasks (with their sessions) are deleted this long after
+    /// they finished (`None`: kept until `DELETE /v1/tasks/{id}`).
+    pub retention: Option<Duration>,
     /// Largest request body.
     pub max_body_bytes: usize,
     /// SQLite durability.
@@ -212,15 +264,16 @@ pub struct RolloutConfig {
 }
 
 impl RolloutConfig {
-    /// Defaults with the given database and one token for both sides.
+    /// Defaults with the given database and trainer token; no node is
+    /// known and there is no gateway token yet (both required to start).
     pub fn new(database: impl Into<PathBuf>, token: impl Into<String>) -> Self {
-        let token = token.into();
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             database: database.into(),
-            tokens: vec![token.clone()],
-            node_tokens: vec![token.clone()],
-            gateway_token: token,
+            tokens: vec![token.into()],
+            node_tokens: BTreeMap::new(),
+            gateway_token: String::new(),
+            token_sources: TokenSources::default(),
             callback_token: None,
             heartbeat_interval: Duration::from_secs(2),
             heartbeat_timeout: Duration::from_secs(10),
@@ -228,6 +281,7 @@ impl RolloutConfig {
             result_grace: Duration::from_secs(60),
             no_node_timeout: Duration::from_secs(600),
             push_timeout: Duration::from_secs(5),
+            retention: None,
             max_body_bytes: 8 << 20,
             synchronous: Synchronous::Normal,
             callback: CallbackConfig::default(),
@@ -279,22 +333,31 @@ impl RolloutConfig {
             }
             cfg.database = PathBuf::from(db);
         }
-        if cfg.database.is_relative()
-            && let Some(base) = base
-        {
-            cfg.database = base.join(&cfg.database);
-        }
-        cfg.tokens = raw.tokens.unwrap_or_default();
-        cfg.node_tokens = raw.node_tokens.unwrap_or_default();
-        for (key, list) in [("tokens", &cfg.tokens), ("node_tokens", &cfg.node_tokens)] {
-            if let Some(i) = list.iter().position(|t| t.len() < 8) {
+        cfg.database = rebase(std::mem::take(&mut cfg.database), base);
+        let node_tokens = match raw.node_tokens {
+            None => BTreeMap::new(),
+            Some(RawNodeTokens::Bound(map)) => map,
+            Some(RawNodeTokens::Shared(_)) => {
                 return Err(invalid(
-                    &format!("{key}[{i}]"),
-                    "a token must be at least 8 characters",
+                    "node_tokens",
+                    "bind each node token to its node: [rollout.node_tokens] \
+                     with `<node id> = \"<token>\"` lines, or node_token_dir",
                 ));
             }
-        }
-        cfg.gateway_token = raw.gateway_token.unwrap_or_default();
+        };
+        cfg.token_sources = TokenSources {
+            tokens: raw.tokens.unwrap_or_default(),
+            token_files: raw
+                .token_files
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| rebase(p, base))
+                .collect(),
+            node_tokens,
+            node_token_dir: raw.node_token_dir.map(|p| rebase(p, base)),
+            gateway_token: raw.gateway_token,
+            gateway_token_file: raw.gateway_token_file.map(|p| rebase(p, base)),
+        };
         cfg.callback_token = raw.callback_token;
         let ms = |key: &str, v: Option<u64>, default: Duration, min: u64| match v {
             None => Ok(default),
@@ -328,6 +391,11 @@ impl RolloutConfig {
             100,
         )?;
         cfg.push_timeout = ms("push_timeout_ms", raw.push_timeout_ms, cfg.push_timeout, 10)?;
+        cfg.retention = match raw.retention_secs {
+            None => None,
+            Some(0) => return Err(invalid("retention_secs", "must be at least 1")),
+            Some(s) => Some(Duration::from_secs(s)),
+        };
         if let Some(n) = raw.max_body_bytes {
             if n < 1024 {
                 return Err(invalid("max_body_bytes", "must be at least 1024"));
@@ -378,32 +446,176 @@ impl RolloutConfig {
         Ok(cfg)
     }
 
-    /// Adds tokens from the environment ([`TOKEN_ENV`], [`NODE_TOKEN_ENV`])
-    /// and flags, fills the defaults that depend on them, and checks that
-    /// both sides have a token.
+    /// Adds tokens from the environment ([`TOKEN_ENV`], [`NODE_TOKEN_ENV`]
+    /// as `NODE_ID=TOKEN`) and flags, reads the token files, and checks the
+    /// identities ([`RolloutConfig::check_identities`]).
     pub fn finish_tokens(
         &mut self,
         tokens: impl IntoIterator<Item = String>,
         node_tokens: impl IntoIterator<Item = String>,
     ) -> Result<(), RolloutConfigError> {
-        self.tokens
+        let src = &mut self.token_sources;
+        src.tokens
             .extend(tokens.into_iter().filter(|t| !t.is_empty()));
-        self.node_tokens
-            .extend(node_tokens.into_iter().filter(|t| !t.is_empty()));
+        for given in node_tokens.into_iter().filter(|t| !t.is_empty()) {
+            let Some((node, token)) = given.split_once('=') else {
+                return Err(invalid(
+                    "node_tokens",
+                    format!("{NODE_TOKEN_ENV} / --node-token take NODE_ID=TOKEN"),
+                ));
+            };
+            src.node_tokens.insert(node.to_owned(), token.to_owned());
+        }
+        self.reload_tokens()
+    }
+
+    /// Reads the tokens again from their sources (the files may have
+    /// changed: rotation) and checks them; on an error nothing changes.
+    pub fn reload_tokens(&mut self) -> Result<(), RolloutConfigError> {
+        let src = &self.token_sources;
+        let read = |key: &str, path: &Path| {
+            polar_io::auth::read_token_file(path)
+                .map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+        };
+        let mut tokens = src.tokens.clone();
+        for (i, p) in src.token_files.iter().enumerate() {
+            tokens.push(read(&format!("token_files[{i}]"), p)?);
+        }
+        let mut node_tokens = src.node_tokens.clone();
+        if let Some(dir) = &src.node_token_dir {
+            for (node, path) in node_token_files(dir)? {
+                if node_tokens.contains_key(&node) {
+                    return Err(invalid(
+                        "node_token_dir",
+                        format!("node {node:?} also has a token in rollout.node_tokens"),
+                    ));
+                }
+                let token = read("node_token_dir", &path)?;
+                node_tokens.insert(node, token);
+            }
+        }
+        let gateway_token = match (&src.gateway_token, &src.gateway_token_file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    "gateway_token_file",
+                    "give gateway_token or gateway_token_file, not both",
+                ));
+            }
+            (Some(t), None) => t.clone(),
+            (None, Some(p)) => read("gateway_token_file", p)?,
+            (None, None) => String::new(),
+        };
+        let mut next = self.clone();
+        next.tokens = tokens;
+        next.node_tokens = node_tokens;
+        next.gateway_token = gateway_token;
+        next.check_identities()?;
+        *self = next;
+        Ok(())
+    }
+
+    /// Every role has its own tokens: trainer tokens, node tokens (one
+    /// per node id) and the gateway token are present, at least 8
+    /// characters, none of the shipped examples', and no token serves two
+    /// roles or two nodes (nor the callback token any of them).
+    pub fn check_identities(&self) -> Result<(), RolloutConfigError> {
         if self.tokens.is_empty() {
             return Err(invalid(
                 "tokens",
-                format!("no trainer token: set rollout.tokens, {TOKEN_ENV} or --token"),
+                format!(
+                    "no trainer token: set rollout.tokens, token_files, {TOKEN_ENV} or --token"
+                ),
             ));
         }
         if self.node_tokens.is_empty() {
-            self.node_tokens.clone_from(&self.tokens);
+            return Err(invalid(
+                "node_tokens",
+                format!(
+                    "no node token: set [rollout.node_tokens], node_token_dir, \
+                     {NODE_TOKEN_ENV}=NODE_ID=TOKEN or --node-token"
+                ),
+            ));
         }
         if self.gateway_token.is_empty() {
-            self.gateway_token.clone_from(&self.node_tokens[0]);
+            return Err(invalid(
+                "gateway_token",
+                "missing: the token this server presents to gateways \
+                 (gateway_token or gateway_token_file; not a node or trainer token)",
+            ));
+        }
+        let mut seen: Vec<(String, &str)> = Vec::new();
+        let mut all: Vec<(String, &str)> = Vec::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            all.push((format!("tokens[{i}]"), t));
+        }
+        for (node, t) in &self.node_tokens {
+            if !polar_rollout_api::validate::is_valid_id(node) {
+                return Err(invalid(
+                    &format!("node_tokens.{node}"),
+                    format!(
+                        "not a node id: 1 to {} characters from [A-Za-z0-9._-], not starting with '.'",
+                        polar_rollout_api::validate::MAX_ID_LEN
+                    ),
+                ));
+            }
+            all.push((format!("node_tokens.{node}"), t));
+        }
+        all.push(("gateway_token".into(), &self.gateway_token));
+        if let Some(t) = &self.callback_token {
+            all.push(("callback_token".into(), t));
+        }
+        for (key, token) in all {
+            if token.len() < 8 {
+                return Err(invalid(&key, "a token must be at least 8 characters"));
+            }
+            if polar_io::auth::is_example_token(token) {
+                return Err(invalid(
+                    &key,
+                    "this is an example token from the docs: generate a secret \
+                     (e.g. `openssl rand -hex 32`)",
+                ));
+            }
+            if let Some((other, _)) = seen.iter().find(|(_, t)| *t == token) {
+                return Err(invalid(
+                    &key,
+                    format!(
+                        "the same token as rollout.{other}: each role and each node \
+                         needs its own token"
+                    ),
+                ));
+            }
+            seen.push((key, token));
         }
         Ok(())
     }
+}
+
+/// `path` taken from `base` when relative.
+fn rebase(path: PathBuf, base: Option<&Path>) -> PathBuf {
+    match base {
+        Some(b) if path.is_relative() => b.join(path),
+        _ => path,
+    }
+}
+
+/// The files of a node token directory, by node id (dot files, as the
+/// `..data` links of a mounted Kubernetes secret, are skipped).
+fn node_token_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RolloutConfigError> {
+    let err = |e: std::io::Error| invalid("node_token_dir", format!("{}: {e}", dir.display()));
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(err)? {
+        let entry = entry.map_err(err)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = entry.path();
+        if path.is_file() {
+            out.push((name, path));
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -419,17 +631,24 @@ state_dir = "/x"
 listen = "127.0.0.1:9000"
 database = "r.sqlite"
 tokens = ["trainer-token"]
+gateway_token = "gateway-token"
 heartbeat_timeout_ms = 500
 heartbeat_interval_ms = 100
+[rollout.node_tokens]
+node-a = "token-of-node-a"
 [rollout.callback]
 max_attempts = 3
 "#;
         let mut cfg = RolloutConfig::from_toml(text, Some(Path::new("/etc/polar"))).unwrap();
-        cfg.finish_tokens([], []).unwrap();
+        cfg.finish_tokens([], ["node-b=token-of-node-b".into()])
+            .unwrap();
         assert_eq!(cfg.listen.port(), 9000);
         assert_eq!(cfg.database, PathBuf::from("/etc/polar/r.sqlite"));
-        assert_eq!(cfg.node_tokens, vec!["trainer-token".to_owned()]);
-        assert_eq!(cfg.gateway_token, "trainer-token");
+        assert_eq!(
+            cfg.node_tokens.keys().collect::<Vec<_>>(),
+            ["node-a", "node-b"]
+        );
+        assert_eq!(cfg.gateway_token, "gateway-token");
         assert_eq!(cfg.callback.max_attempts, 3);
         assert_eq!(cfg.policy, None);
         let cfg = RolloutConfig::from_toml(
@@ -443,12 +662,115 @@ max_attempts = 3
     }
 
     #[test]
-    fn the_example_file_parses() {
+    fn the_example_file_parses_and_its_tokens_are_refused() {
         let text = include_str!("../../../../config/rollout.example.toml");
         let mut cfg = RolloutConfig::from_toml(text, None).unwrap();
-        cfg.finish_tokens([], []).unwrap();
-        assert_eq!(cfg.gateway_token, "change-me-node-token");
         assert_eq!(cfg.heartbeat_timeout, Duration::from_secs(10));
+        let e = cfg.finish_tokens([], []).unwrap_err().to_string();
+        assert!(
+            e.starts_with("rollout.tokens[0]: this is an example token"),
+            "{e}"
+        );
+    }
+
+    fn identities(text: &str) -> Result<RolloutConfig, String> {
+        let mut cfg = RolloutConfig::from_toml(text, None).map_err(|e| e.to_string())?;
+        cfg.finish_tokens([], []).map_err(|e| e.to_string())?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn every_role_needs_its_own_token() {
+        let ok = "[rollout]\ntokens = [\"trainer-token-1\"]\ngateway_token = \"gateway-token-1\"\n\
+                  [rollout.node_tokens]\nnode-a = \"node-a-token-1\"\nnode-b = \"node-b-token-1\"\n";
+        identities(ok).unwrap();
+        let cases = [
+            // A trainer token reused as a node token.
+            (
+                ok.replace("node-a-token-1", "trainer-token-1"),
+                "rollout.node_tokens.node-a: the same token as rollout.tokens[0]: \
+                 each role and each node needs its own token",
+            ),
+            // Two nodes sharing one token.
+            (
+                ok.replace("node-b-token-1", "node-a-token-1"),
+                "rollout.node_tokens.node-b: the same token as rollout.node_tokens.node-a",
+            ),
+            // The gateway token is a node's.
+            (
+                ok.replace("gateway-token-1", "node-b-token-1"),
+                "rollout.gateway_token: the same token as rollout.node_tokens.node-b",
+            ),
+            (
+                ok.replace("gateway_token = \"gateway-token-1\"\n", ""),
+                "rollout.gateway_token: missing",
+            ),
+            (
+                "[rollout]\ntokens = [\"trainer-token-1\"]\ngateway_token = \"gateway-token-1\"\n"
+                    .to_owned(),
+                "rollout.node_tokens: no node token",
+            ),
+            (
+                ok.replace("node-a-token-1", "change-me-node-token"),
+                "rollout.node_tokens.node-a: this is an example token",
+            ),
+            (
+                ok.replace("node-a = ", "\"a b\" = "),
+                "rollout.node_tokens.a b: not a node id",
+            ),
+            (
+                ok.replace("trainer-token-1", "short"),
+                "rollout.tokens[0]: a token must be at least 8 characters",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = identities(&text).unwrap_err();
+            assert!(e.starts_with(want), "{text}\n{e}");
+        }
+        // The list form of earlier versions names the fix.
+        let e = RolloutConfig::from_toml("[rollout]\nnode_tokens = [\"node-token-1\"]", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("rollout.node_tokens: bind each node token to its node"),
+            "{e}"
+        );
+        // The environment's form is NODE_ID=TOKEN.
+        let mut cfg = RolloutConfig::from_toml(ok, None).unwrap();
+        let e = cfg
+            .finish_tokens([], ["no-equals-sign".into()])
+            .unwrap_err();
+        assert!(e.to_string().contains("NODE_ID=TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn tokens_come_from_files_and_rotate_on_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("nodes")).unwrap();
+        std::fs::write(d.join("trainer"), "trainer-from-file\n").unwrap();
+        std::fs::write(d.join("gateway"), "gateway-from-file\n").unwrap();
+        std::fs::write(d.join("nodes/node-a"), "node-a-from-file\n").unwrap();
+        // A mounted Kubernetes secret's own links are skipped.
+        std::fs::write(d.join("nodes/..data"), "not-a-node-token").unwrap();
+        let text = "[rollout]\ntoken_files = [\"trainer\"]\ngateway_token_file = \"gateway\"\n\
+                    node_token_dir = \"nodes\"\n";
+        let mut cfg = RolloutConfig::from_toml(text, Some(d)).unwrap();
+        cfg.finish_tokens([], []).unwrap();
+        assert_eq!(cfg.tokens, ["trainer-from-file"]);
+        assert_eq!(cfg.gateway_token, "gateway-from-file");
+        assert_eq!(cfg.node_tokens["node-a"], "node-a-from-file");
+        // Rotation: new files, a reload.
+        std::fs::write(d.join("nodes/node-a"), "node-a-rotated\n").unwrap();
+        std::fs::write(d.join("nodes/node-b"), "node-b-added\n").unwrap();
+        cfg.reload_tokens().unwrap();
+        assert_eq!(cfg.node_tokens["node-a"], "node-a-rotated");
+        assert_eq!(cfg.node_tokens["node-b"], "node-b-added");
+        // A reload that would break the rules changes nothing.
+        std::fs::write(d.join("nodes/node-b"), "trainer-from-file").unwrap();
+        let e = cfg.reload_tokens().unwrap_err().to_string();
+        assert!(e.contains("the same token as rollout.tokens[0]"), "{e}");
+        assert_eq!(cfg.node_tokens["node-b"], "node-b-added");
     }
 
     #[test]
@@ -465,7 +787,6 @@ max_attempts = 3
                 "[rollout.callback]\nmax_attempts = 0",
                 "rollout.callback.max_attempts:",
             ),
-            ("[rollout]\ntokens = [\"short\"]", "rollout.tokens[0]:"),
             (
                 "[rollout.policy]\nupload_roots = [\"rel\"]",
                 "rollout.policy.upload_roots[0]:",
@@ -481,6 +802,10 @@ max_attempts = 3
         }
         let mut cfg = RolloutConfig::from_toml("", None).unwrap();
         let e = cfg.finish_tokens([], []).unwrap_err();
-        assert!(e.to_string().starts_with("rollout.tokens:"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("rollout.tokens: no trainer token"),
+            "{e}"
+        );
     }
 }

@@ -1,28 +1,31 @@
 //! [`Core`]: the scheduler behind a lock, the database, and the background
 //! work that follows state changes. Every change goes through
-//! [`Core::apply`]: mutate the scheduler, queue its rows to the database
-//! (under the lock, so the database sees changes in order), wait for the
-//! commit, and only then acknowledge, push assignments, send cancellations
-//! or start callbacks. Each change also assigns what it made dispatchable
+//! [`Core::apply`]: with the scheduler locked for writing, mutate it, queue
+//! its rows to the database and wait for the commit; only then release the
+//! lock (readers see nothing uncommitted) and acknowledge, push
+//! assignments, send cancellations or start callbacks. A commit that fails
+//! leaves the scheduler as the database has it: it is rebuilt from the
+//! committed rows, as at start-up (the same restore), before anything else
+//! reads or changes it. Each change also assigns what it made dispatchable
 //! (a result frees a slot, a submission brings sessions, a node registers)
 //! within the same commit. Background loops: the dispatcher (continues
 //! large assignments when woken) and the ticker (lost nodes, deadlines).
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::Full;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, RwLock};
 
 use super::callback;
 use super::config::RolloutConfig;
 use super::events::EventHub;
 use super::metrics::Metrics;
 use super::scheduler::{CancelOrder, Changes, Limits, Push, Scheduler};
-use super::store::{Store, StoreError};
+use super::store::{Snapshot, Store, StoreError};
 use polar_io::tasks::Tasks;
 use polar_rollout_api::http::{HttpClient, bearer_value, client, join};
 use polar_rollout_api::now_ms;
@@ -31,11 +34,44 @@ use polar_rollout_api::{API_VERSION, CancelSession};
 /// Assignments made per scheduler lock.
 const ASSIGN_BATCH: usize = 256;
 
+/// The tokens in force (replaced whole when they rotate).
+#[derive(Debug)]
+pub struct Auth {
+    /// Trainer tokens.
+    pub tokens: Vec<String>,
+    /// Node tokens by node id.
+    pub node_tokens: std::collections::BTreeMap<String, String>,
+    /// Presented to gateways.
+    pub gateway_token: String,
+}
+
+impl Auth {
+    fn of(cfg: &RolloutConfig) -> Self {
+        Self {
+            tokens: cfg.tokens.clone(),
+            node_tokens: cfg.node_tokens.clone(),
+            gateway_token: cfg.gateway_token.clone(),
+        }
+    }
+
+    /// The node a token belongs to.
+    pub fn node_of(&self, token: &str) -> Option<&str> {
+        polar_io::auth::token_owner(
+            token,
+            self.node_tokens
+                .iter()
+                .map(|(n, t)| (n.as_str(), t.as_str())),
+        )
+    }
+}
+
 /// Shared state of a running server.
 pub struct Core {
-    /// Settings.
+    /// Settings (the tokens as at start: [`Core::auth`] has those in
+    /// force).
     pub cfg: RolloutConfig,
-    sched: Mutex<Scheduler>,
+    auth: std::sync::RwLock<Arc<Auth>>,
+    state: RwLock<State>,
     store: Store,
     /// Events for `/v1/events`.
     pub hub: Arc<EventHub>,
@@ -48,6 +84,41 @@ pub struct Core {
     pub metrics: Metrics,
     /// When the server started.
     pub started: Instant,
+}
+
+/// The scheduler and whether it may hold what the database does not.
+#[derive(Debug)]
+struct State {
+    sched: Scheduler,
+    /// A change was not (or not known to be) committed: rebuild from the
+    /// database before the next read or change.
+    stale: bool,
+}
+
+/// The scheduler's limits from the settings.
+fn limits(cfg: &RolloutConfig) -> Limits {
+    Limits {
+        heartbeat_timeout: cfg.heartbeat_timeout,
+        max_retries: cfg.max_retries,
+        result_grace: cfg.result_grace,
+        no_node_timeout: cfg.no_node_timeout,
+        retention: cfg.retention,
+    }
+}
+
+/// A scheduler holding what the database held (start-up, and after a
+/// failed commit).
+fn restored(limits: Limits, snap: Snapshot, now: Instant) -> Scheduler {
+    let mut sched = Scheduler::new(limits, now);
+    let (tasks, sessions) = (snap.tasks.len(), snap.sessions.len());
+    for (reg, drain) in snap.nodes {
+        sched.restore_node(reg, drain, now);
+    }
+    sched.restore(snap.tasks, snap.sessions, now, now_ms());
+    if tasks > 0 {
+        tracing::info!(tasks, sessions, "rollout state restored");
+    }
+    sched
 }
 
 impl std::fmt::Debug for Core {
@@ -65,25 +136,15 @@ impl Core {
         let hub = Arc::new(EventHub::new());
         let (store, snap) = Store::open(&cfg.database, cfg.synchronous, Arc::clone(&hub))?;
         let now = Instant::now();
-        let limits = Limits {
-            heartbeat_timeout: cfg.heartbeat_timeout,
-            max_retries: cfg.max_retries,
-            result_grace: cfg.result_grace,
-            no_node_timeout: cfg.no_node_timeout,
-        };
-        let mut sched = Scheduler::new(limits, now);
-        let (tasks, sessions) = (snap.tasks.len(), snap.sessions.len());
-        for (reg, drain) in snap.nodes {
-            sched.restore_node(reg, drain, now);
-        }
-        sched.restore(snap.tasks, snap.sessions, now, now_ms());
-        if tasks > 0 {
-            tracing::info!(tasks, sessions, "rollout state restored");
-        }
+        let mut sched = restored(limits(&cfg), snap, now);
         let changes = sched.take_changes();
         let core = Arc::new(Self {
+            auth: std::sync::RwLock::new(Arc::new(Auth::of(&cfg))),
             cfg,
-            sched: Mutex::new(sched),
+            state: RwLock::new(State {
+                sched,
+                stale: false,
+            }),
             store,
             hub,
             http: client(),
@@ -95,39 +156,111 @@ impl Core {
         Ok((core, changes))
     }
 
-    /// Reads the scheduler.
-    pub fn read<R>(&self, f: impl FnOnce(&Scheduler) -> R) -> R {
-        let s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
-        f(&s)
+    /// The tokens in force.
+    pub fn auth(&self) -> Arc<Auth> {
+        Arc::clone(&self.auth.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Changes the scheduler, commits, then starts what must follow.
+    /// Puts the tokens of `cfg` (checked) in force.
+    pub fn set_tokens(&self, cfg: &RolloutConfig) {
+        *self.auth.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(Auth::of(cfg));
+    }
+
+    /// Reads the scheduler (as committed).
+    pub async fn read<R>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Scheduler) -> R,
+    ) -> Result<R, StoreError> {
+        {
+            let st = self.state.read().await;
+            if !st.stale {
+                return Ok(f(&st.sched));
+            }
+        }
+        let mut st = self.state.write().await;
+        if st.stale {
+            self.reload(&mut st).await?;
+        }
+        Ok(f(&st.sched))
+    }
+
+    /// Changes the scheduler and commits, holding the write lock until the
+    /// commit is done; then starts what must follow. When the commit fails
+    /// the scheduler is rebuilt from the database and the error returned:
+    /// the change is nowhere.
     pub async fn apply<R>(
         self: &Arc<Self>,
         f: impl FnOnce(&mut Scheduler, Instant, u64) -> R,
     ) -> Result<R, StoreError> {
-        let (r, pending, follow) = {
-            let mut s = self.sched.lock().unwrap_or_else(|e| e.into_inner());
-            let wall = now_ms();
-            let r = f(&mut s, Instant::now(), wall);
-            // Whatever the change freed (a slot, a node) is used in the
-            // same commit: no extra round trip through the dispatcher.
-            s.assign(wall, ASSIGN_BATCH);
-            let mut changes = s.take_changes();
-            if changes.is_empty() {
-                return Ok(r);
-            }
-            let ops = std::mem::take(&mut changes.ops);
-            let events = std::mem::take(&mut changes.events);
-            let pending =
-                (!ops.is_empty() || !events.is_empty()).then(|| self.store.send(ops, events));
-            (r, pending, changes)
-        };
-        if let Some(rx) = pending {
-            Store::wait(rx).await?;
+        let mut st = self.state.write().await;
+        if st.stale {
+            self.reload(&mut st).await?;
         }
-        self.follow_up(follow);
+        let wall = now_ms();
+        let r = f(&mut st.sched, Instant::now(), wall);
+        // Whatever the change freed (a slot, a node) is used in the
+        // same commit: no extra round trip through the dispatcher.
+        st.sched.assign(wall, ASSIGN_BATCH);
+        let changes = st.sched.take_changes();
+        if changes.is_empty() {
+            return Ok(r);
+        }
+        if let Err(e) = self.commit(&mut st, changes.ops, changes.events).await {
+            tracing::error!(error = %e, "state change not committed: restoring the committed state");
+            if let Err(e) = self.reload(&mut st).await {
+                tracing::error!(error = %e, "the committed state could not be read back (retried on the next request)");
+            }
+            return Err(e);
+        }
+        drop(st);
+        self.follow_up(Changes {
+            ops: Vec::new(),
+            events: Vec::new(),
+            ..changes
+        });
         Ok(r)
+    }
+
+    /// Commits rows and events with the state locked. Until the commit is
+    /// known the state is marked stale, so a caller that goes away while
+    /// waiting leaves it to be read back from the database.
+    async fn commit(
+        &self,
+        st: &mut State,
+        ops: Vec<super::scheduler::Op>,
+        events: Vec<super::events::Event>,
+    ) -> Result<(), StoreError> {
+        if ops.is_empty() && events.is_empty() {
+            return Ok(());
+        }
+        st.stale = true;
+        Store::wait(self.store.send(ops, events)).await?;
+        st.stale = false;
+        Ok(())
+    }
+
+    /// Rebuilds the scheduler from what the database holds (after every
+    /// batch queued before), keeping the counters; what the restore itself
+    /// changes is committed and followed up like any change.
+    async fn reload(self: &Arc<Self>, st: &mut State) -> Result<(), StoreError> {
+        st.stale = true;
+        let snap = self.store.load().await?;
+        let counters = st.sched.counters();
+        st.sched = restored(limits(&self.cfg), snap, Instant::now());
+        st.sched.set_counters(counters);
+        let mut changes = st.sched.take_changes();
+        let (ops, events) = (
+            std::mem::take(&mut changes.ops),
+            std::mem::take(&mut changes.events),
+        );
+        if ops.is_empty() && events.is_empty() {
+            st.stale = false;
+        } else {
+            self.commit(st, ops, events).await?;
+        }
+        tracing::warn!("rollout state rebuilt from the database");
+        self.follow_up(changes);
+        Ok(())
     }
 
     /// Starts the pushes, cancellations and callbacks a change calls for.
@@ -269,7 +402,10 @@ impl Core {
             .method(Method::POST)
             .uri(url)
             .header(header::CONTENT_TYPE, "application/json")
-            .header(header::AUTHORIZATION, bearer_value(&self.cfg.gateway_token))
+            .header(
+                header::AUTHORIZATION,
+                bearer_value(&self.auth().gateway_token),
+            )
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| e.to_string())?;
         match tokio::time::timeout(timeout, self.http.request(req)).await {

@@ -85,6 +85,7 @@ impl RolloutServer {
     /// Opens the database (restoring its state), binds `cfg.listen` (port 0
     /// picks one) and starts serving.
     pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+        cfg.check_identities()?;
         let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)
@@ -104,6 +105,20 @@ impl RolloutServer {
         core.tasks.spawn(server::serve(api, listener));
         tracing::info!(%addr, database = %core.cfg.database.display(), "rollout server listening");
         Ok(Self { core, addr })
+    }
+
+    /// Puts new tokens in force (rotation): `cfg` is the server's
+    /// settings after [`RolloutConfig::reload_tokens`]; only its tokens
+    /// are taken. Requests in flight finish with the old ones.
+    pub fn set_tokens(&self, cfg: &RolloutConfig) -> Result<(), RolloutError> {
+        cfg.check_identities()?;
+        self.core.set_tokens(cfg);
+        tracing::info!(
+            trainers = cfg.tokens.len(),
+            nodes = cfg.node_tokens.len(),
+            "rollout tokens reloaded"
+        );
+        Ok(())
     }
 
     /// The bound address.

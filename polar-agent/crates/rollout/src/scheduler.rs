@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 
 use super::events::Event;
 use polar_rollout_api::{
-    API_VERSION, CallbackState, CallbackView, NodeRegistration, SessionAssignment, SessionCounts,
-    SessionState, SubmitReply, TaskMetadata, TaskRequest, TaskStatus, session_id,
+    API_VERSION, AttemptEnd, CallbackState, CallbackView, MAX_ENDED_ATTEMPTS, NodeRegistration,
+    SessionAssignment, SessionCounts, SessionState, SubmitReply, TaskMetadata, TaskRequest,
+    TaskStatus, session_id,
 };
 
 pub use nodes::{HeartbeatError, Node};
@@ -39,7 +40,13 @@ pub struct Limits {
     pub result_grace: Duration,
     /// Pending sessions fail after this long without a healthy node.
     pub no_node_timeout: Duration,
+    /// Finished tasks are deleted this long after they finished (`None`:
+    /// kept until deleted).
+    pub retention: Option<Duration>,
 }
+
+/// Finished tasks deleted per tick at most (the rest on the next ticks).
+const EXPIRE_BATCH: usize = 1000;
 
 /// A row to write.
 #[derive(Clone, Debug)]
@@ -80,6 +87,13 @@ pub enum Op {
         retries: u32,
         /// The state.
         state: SessionState,
+        /// Why earlier dispatches ended.
+        ended: Vec<AttemptEnd>,
+    },
+    /// A finished task and its sessions, gone.
+    DeleteTask {
+        /// The task.
+        task_id: String,
     },
     /// A node's registration and drain flag.
     Node {
@@ -183,6 +197,8 @@ pub struct Session {
     pub attempts: u32,
     /// Re-dispatches after losses so far.
     pub retries: u32,
+    /// Why earlier dispatches ended (the last [`MAX_ENDED_ATTEMPTS`]).
+    pub ended: Vec<AttemptEnd>,
     enqueued_at: Instant,
 }
 
@@ -200,6 +216,22 @@ pub enum SubmitError {
     /// A task with this id exists.
     #[error("task {0:?} already exists")]
     Duplicate(String),
+}
+
+/// Why a task could not be deleted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeleteError {
+    /// No such task.
+    #[error("unknown task {0:?}")]
+    Unknown(String),
+    /// It has not finished: cancel it first.
+    #[error("task {task:?} is {status}: cancel it first")]
+    NotFinished {
+        /// The task.
+        task: String,
+        /// Its status.
+        status: &'static str,
+    },
 }
 
 /// Why a gateway's report was refused.
@@ -278,6 +310,11 @@ impl Scheduler {
         self.counters
     }
 
+    /// Carries counters over to a rebuilt scheduler.
+    pub fn set_counters(&mut self, counters: Counters) {
+        self.counters = counters;
+    }
+
     /// Sessions waiting for a node.
     pub fn queued(&self) -> usize {
         self.queue.len()
@@ -317,6 +354,7 @@ impl Scheduler {
                     state: SessionState::Pending,
                     attempts: 0,
                     retries: 0,
+                    ended: Vec::new(),
                     enqueued_at: now,
                 },
             );
@@ -359,6 +397,56 @@ impl Scheduler {
             status: TaskStatus::Queued,
             session_ids,
         })
+    }
+
+    /// Deletes a finished task and its sessions (memory and rows).
+    pub fn delete(&mut self, task_id: &str) -> Result<(), DeleteError> {
+        let t = self
+            .tasks
+            .get(task_id)
+            .ok_or_else(|| DeleteError::Unknown(task_id.to_owned()))?;
+        if !t.status.is_finished() {
+            return Err(DeleteError::NotFinished {
+                task: task_id.to_owned(),
+                status: t.status.as_str(),
+            });
+        }
+        if let Some(t) = self.tasks.remove(task_id) {
+            self.order.remove(&t.seq);
+            for i in 0..t.request.num_samples {
+                self.sessions.remove(&session_id(task_id, i));
+            }
+        }
+        self.out.ops.push(Op::DeleteTask {
+            task_id: task_id.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// Deletes the finished tasks past the retention (at most
+    /// [`EXPIRE_BATCH`] a call, oldest submission first); how many.
+    pub fn expire(&mut self, wall_ms: u64) -> usize {
+        let Some(keep) = self.limits.retention else {
+            return 0;
+        };
+        let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+        let old: Vec<String> = self
+            .order
+            .values()
+            .filter(|id| {
+                self.tasks.get(*id).is_some_and(|t| {
+                    t.status.is_finished()
+                        && t.finished_unix_ms
+                            .is_some_and(|f| f.saturating_add(keep) < wall_ms)
+                })
+            })
+            .take(EXPIRE_BATCH)
+            .cloned()
+            .collect();
+        for id in &old {
+            let _ = self.delete(id);
+        }
+        old.len()
     }
 
     /// Cancels a task's open sessions; `None` for an unknown task. A
@@ -442,6 +530,7 @@ impl Scheduler {
             attempts: s.attempts,
             retries: s.retries,
             state: s.state.clone(),
+            ended: s.ended.clone(),
         });
         self.out.events.push(Event::Session {
             session_id: sid.to_owned(),
@@ -503,6 +592,7 @@ impl Scheduler {
     /// A session's node was lost (or it failed in a retryable way): dispatch
     /// it again within the retry limit, else fail it.
     fn lose(&mut self, sid: &str, reason: &str, now: Instant, wall_ms: u64) {
+        self.end_attempt(sid, reason);
         let Some(s) = self.sessions.get_mut(sid) else {
             return;
         };
@@ -534,15 +624,45 @@ impl Scheduler {
         }
     }
 
+    /// Records why the session's current dispatch ends (before its state
+    /// changes); the last [`MAX_ENDED_ATTEMPTS`] are kept.
+    pub(super) fn end_attempt(&mut self, sid: &str, reason: &str) {
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return;
+        };
+        let Some((node, attempt)) = s.state.assignment() else {
+            return;
+        };
+        let end = AttemptEnd {
+            attempt,
+            node: node.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if s.ended.len() >= MAX_ENDED_ATTEMPTS {
+            s.ended.remove(0);
+        }
+        s.ended.push(end);
+    }
+
     /// Assigns queued sessions to nodes, at most `max`; the pushes are in
-    /// [`Changes::pushes`]. Returns how many were assigned.
+    /// [`Changes::pushes`]. Returns how many were assigned. A session
+    /// dispatched again goes to another node than the one its last
+    /// dispatch ended on when another is eligible.
     pub fn assign(&mut self, wall_ms: u64, max: usize) -> usize {
         let mut assigned = 0;
         while assigned < max {
-            let Some((&key, _)) = self.queue.first_key_value() else {
+            let Some((&key, sid)) = self.queue.first_key_value() else {
                 break;
             };
-            let Some(node_id) = self.least_loaded() else {
+            let avoid = self
+                .sessions
+                .get(sid)
+                .and_then(|s| s.ended.last())
+                .map(|e| e.node.as_str());
+            let Some(node_id) = self
+                .least_loaded(avoid)
+                .or_else(|| avoid.and_then(|_| self.least_loaded(None)))
+            else {
                 break;
             };
             let Some(sid) = self.queue.remove(&key) else {
@@ -554,11 +674,12 @@ impl Scheduler {
         assigned
     }
 
-    /// The eligible node with the lowest load, ties to the smallest id.
-    fn least_loaded(&self) -> Option<String> {
+    /// The eligible node with the lowest load, ties to the smallest id;
+    /// never `avoid`.
+    fn least_loaded(&self, avoid: Option<&str>) -> Option<String> {
         let mut best: Option<(&String, &Node)> = None;
         for (id, n) in &self.nodes {
-            if !n.eligible() {
+            if !n.eligible() || avoid == Some(id.as_str()) {
                 continue;
             }
             let better = match best {
@@ -644,6 +765,7 @@ impl Scheduler {
                 reason,
                 "push failed, the session waits again"
             );
+            self.end_attempt(sid, &format!("push to node {node_id} failed: {reason}"));
             self.enqueue(sid, now);
         }
     }

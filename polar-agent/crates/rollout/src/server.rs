@@ -1,27 +1,24 @@
-//! The rollout server's HTTP side: the accept loop (hyper, HTTP/1.1 with
-//! keep-alive) and [`Api::handle`], which looks the request up in the route
+//! The rollout server's HTTP side: the accept loop (`polar_rollout_api::
+//! serve`: HTTP/1.1 with keep-alive, header-read timeout, connection cap)
+//! and [`Api::handle`], which looks the request up in the route
 //! table ([`routes`], built once per server), checks the bearer token of
 //! the path's side, and maps every failure to a status and an error body.
 //! The routes are listed in docs/ROLLOUT-API.md; routing itself
 //! (`matchit`, percent-decoding) is `route.rs`.
 
 use std::borrow::Cow;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::core::Core;
-use super::scheduler::{HeartbeatError, ReportError, SubmitError};
+use super::scheduler::{DeleteError, HeartbeatError, ReportError, SubmitError};
 use super::store::StoreError;
 use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
 use polar_rollout_api::route::{Found, Params, RouteError, Table, method_not_allowed, query};
@@ -62,6 +59,8 @@ pub enum Endpoint {
     Task,
     /// `POST /v1/tasks/{id}/cancel`.
     Cancel,
+    /// `DELETE /v1/tasks/{id}`.
+    Delete,
     /// `GET /v1/events`.
     Events,
     /// `GET /v1/nodes`.
@@ -96,7 +95,11 @@ pub fn routes() -> Result<Routes, RouteError> {
             Role::Client,
             &[(M::POST, E::Submit), (M::GET, E::List)],
         )?
-        .route("/v1/tasks/{id}", Role::Client, &[(M::GET, E::Task)])?
+        .route(
+            "/v1/tasks/{id}",
+            Role::Client,
+            &[(M::GET, E::Task), (M::DELETE, E::Delete)],
+        )?
         .route(
             "/v1/tasks/{id}/cancel",
             Role::Client,
@@ -139,6 +142,9 @@ pub enum ApiError {
     /// Missing or wrong bearer token (401).
     #[error("missing or wrong bearer token")]
     Unauthorized,
+    /// A node's token used for another node (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// A bad body or parameter (400), naming the field.
     #[error(transparent)]
     Invalid(#[from] ValidationError),
@@ -170,6 +176,7 @@ impl ApiError {
         let msg = self.to_string();
         match self {
             Self::Unauthorized => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
+            Self::Forbidden(_) => error(StatusCode::FORBIDDEN, "forbidden", None, &msg),
             Self::Invalid(v) => error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
@@ -224,11 +231,11 @@ impl Api {
     async fn route<B: RequestBody>(&self, req: Request<B>) -> Result<Response<Body>, ApiError> {
         let found = self.routes.find(req.method(), req.uri().path());
         let role = found.data().copied().unwrap_or(Role::Client);
-        authorize(&self.core, &req, role)?;
+        let caller = authorize(&self.core, &req, role)?;
         match found {
             Found::Endpoint {
                 endpoint, params, ..
-            } => call(&self.core, endpoint, &params, req).await,
+            } => call(&self.core, &caller, endpoint, &params, req).await,
             Found::WrongMethod { allow, .. } => Err(ApiError::Method(allow.clone())),
             Found::NotFound { .. } => {
                 Err(ApiError::NotFound(format!("no route {}", req.uri().path())))
@@ -237,66 +244,62 @@ impl Api {
     }
 }
 
-/// Serves the API on `listener` until the core shuts down.
+/// Serves the API on `listener` until the core shuts down (the accept
+/// loop, its header-read timeout and connection cap are
+/// `polar_rollout_api::serve`'s, shared with the gateway).
 pub async fn serve(api: Arc<Api>, listener: TcpListener) {
-    let tasks = &api.core.tasks;
-    let stop = tasks.shutdown_token();
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "rollout accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let api2 = Arc::clone(&api);
-        let stop = stop.clone();
-        tasks.spawn(async move {
-            let service = service_fn(move |req| {
-                let api = Arc::clone(&api2);
-                async move { Ok::<_, Infallible>(api.handle(req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = stop.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(Duration::from_secs(2), conn.as_mut()).await {
-                        Ok(r) => r,
-                        Err(_) => Ok(()),
-                    }
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "rollout connection ended with an error");
-            }
-        });
+    let tasks = api.core.tasks.clone();
+    polar_rollout_api::serve::serve(
+        "rollout",
+        listener,
+        &tasks,
+        polar_rollout_api::serve::ServeLimits::default(),
+        move |req| {
+            let api = Arc::clone(&api);
+            async move { api.handle(req).await }
+        },
+    )
+    .await;
+}
+
+/// Who is calling, from the bearer token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Caller {
+    /// No token needed (`/health`).
+    Anyone,
+    /// A trainer token.
+    Trainer,
+    /// The token bound to this node id.
+    Node(String),
+}
+
+impl Caller {
+    /// A node may speak only for itself (403 otherwise); trainers for any
+    /// node where the route lets them.
+    fn may_speak_for(&self, node_id: &str) -> Result<(), ApiError> {
+        match self {
+            Self::Node(n) if n != node_id => Err(ApiError::Forbidden(format!(
+                "this token belongs to node {n:?}, not {node_id:?}"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
-fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<(), ApiError> {
-    let given = bearer(req.headers());
-    let cfg = &core.cfg;
-    let ok = match role {
-        Role::Open => true,
-        Role::Client => token_ok(given, &cfg.tokens),
-        Role::Node => token_ok(given, &cfg.node_tokens),
-        Role::Any => token_ok(given, &cfg.tokens) || token_ok(given, &cfg.node_tokens),
+fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, ApiError> {
+    if role == Role::Open {
+        return Ok(Caller::Anyone);
+    }
+    let Some(given) = bearer(req.headers()) else {
+        return Err(ApiError::Unauthorized);
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized)
+    let auth = core.auth();
+    let trainer = token_ok(Some(given), &auth.tokens);
+    let node = auth.node_of(given).map(str::to_owned);
+    match (role, trainer, node) {
+        (Role::Client | Role::Any, true, _) => Ok(Caller::Trainer),
+        (Role::Node | Role::Any, _, Some(n)) => Ok(Caller::Node(n)),
+        _ => Err(ApiError::Unauthorized),
     }
 }
 
@@ -319,6 +322,7 @@ async fn body<T: DeserializeOwned>(
 /// Runs an endpoint; `id` is the path's (percent-decoded) parameter.
 async fn call<B: RequestBody>(
     core: &Arc<Core>,
+    caller: &Caller,
     endpoint: Endpoint,
     params: &Params<'_>,
     req: Request<B>,
@@ -329,33 +333,57 @@ async fn call<B: RequestBody>(
             StatusCode::OK,
             &json!({"status": "ok", "version": API_VERSION}),
         )),
-        Endpoint::Metrics => Ok(metrics(core)),
-        Endpoint::Status => Ok(json(StatusCode::OK, &status(core))),
+        Endpoint::Metrics => metrics(core).await,
+        Endpoint::Status => Ok(json(StatusCode::OK, &status(core).await?)),
         Endpoint::Submit => submit(core, req).await,
-        Endpoint::List => list(core, &req),
+        Endpoint::List => list(core, &req).await,
         Endpoint::Task => core
             .read(|s| s.task_view(id, true))
+            .await?
             .map(|v| json(StatusCode::OK, &v))
             .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}"))),
         Endpoint::Cancel => cancel(core, id).await,
+        Endpoint::Delete => {
+            core.apply(|s, _, _| s.delete(id))
+                .await?
+                .map_err(|e| match e {
+                    DeleteError::Unknown(_) => ApiError::NotFound(e.to_string()),
+                    DeleteError::NotFinished { .. } => ApiError::Conflict {
+                        code: "task_not_finished",
+                        message: e.to_string(),
+                    },
+                })?;
+            Ok(json(
+                StatusCode::OK,
+                &json!({"version": API_VERSION, "task_id": id, "deleted": true}),
+            ))
+        }
         Endpoint::Events => Ok(events(core, &req)),
         Endpoint::Nodes => Ok(json(
             StatusCode::OK,
             &NodeList {
                 version: API_VERSION,
-                nodes: core.read(|s| s.node_views(Instant::now())),
+                nodes: core.read(|s| s.node_views(Instant::now())).await?,
             },
         )),
-        Endpoint::Register => register(core, req).await,
-        Endpoint::Heartbeat => heartbeat(core, id, req).await,
-        Endpoint::Drain => drain(core, id, req).await,
+        Endpoint::Register => register(core, caller, req).await,
+        Endpoint::Heartbeat => {
+            caller.may_speak_for(id)?;
+            heartbeat(core, id, req).await
+        }
+        Endpoint::Drain => {
+            caller.may_speak_for(id)?;
+            drain(core, id, req).await
+        }
         Endpoint::Progress => {
             let p: SessionProgress = body(core, req).await?;
+            caller.may_speak_for(&p.node_id)?;
             core.apply(|s, _, _| s.progress(id, &p)).await??;
             Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
         }
         Endpoint::Result => {
             let r: SessionResult = body(core, req).await?;
+            caller.may_speak_for(&r.node_id)?;
             core.apply(|s, now, wall| s.result(id, &r, now, wall))
                 .await??;
             Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
@@ -383,7 +411,7 @@ async fn submit<B: RequestBody>(
     Ok(json(StatusCode::CREATED, &reply))
 }
 
-fn list<B>(core: &Core, req: &Request<B>) -> Result<Response<Body>, ApiError> {
+async fn list<B>(core: &Arc<Core>, req: &Request<B>) -> Result<Response<Body>, ApiError> {
     let q = req.uri().query();
     let status = match query(q, "status").as_deref() {
         None | Some("") => None,
@@ -399,7 +427,7 @@ fn list<B>(core: &Core, req: &Request<B>) -> Result<Response<Body>, ApiError> {
             reason: "must be a number".into(),
         })?,
     };
-    let tasks = core.read(|s| s.list(status, limit));
+    let tasks = core.read(|s| s.list(status, limit)).await?;
     Ok(json(
         StatusCode::OK,
         &TaskList {
@@ -418,16 +446,19 @@ async fn cancel(core: &Arc<Core>, id: &str) -> Result<Response<Body>, ApiError> 
     }
     let view = core
         .read(|s| s.task_view(id, false))
+        .await?
         .ok_or_else(|| ApiError::NotFound(format!("unknown task {id:?}")))?;
     Ok(json(StatusCode::OK, &view))
 }
 
 async fn register<B: RequestBody>(
     core: &Arc<Core>,
+    caller: &Caller,
     req: Request<B>,
 ) -> Result<Response<Body>, ApiError> {
     let reg: NodeRegistration = body(core, req).await?;
     validate::check_registration(&reg)?;
+    caller.may_speak_for(&reg.node_id)?;
     let mut reply = core
         .apply(move |s, now, wall| s.register(reg, now, wall))
         .await?;
@@ -469,32 +500,36 @@ async fn drain<B: RequestBody>(
     ))
 }
 
-fn status(core: &Core) -> ServerStatus {
-    let (tasks, sessions, nodes) = core.read(|s| {
-        let (t, se) = s.totals();
-        (t, se, s.node_views(Instant::now()))
-    });
-    ServerStatus {
+async fn status(core: &Arc<Core>) -> Result<ServerStatus, StoreError> {
+    let (tasks, sessions, nodes) = core
+        .read(|s| {
+            let (t, se) = s.totals();
+            (t, se, s.node_views(Instant::now()))
+        })
+        .await?;
+    Ok(ServerStatus {
         version: API_VERSION,
         server_version: env!("CARGO_PKG_VERSION").to_owned(),
         uptime_secs: core.started.elapsed().as_secs(),
         tasks,
         sessions,
         nodes,
-    }
+    })
 }
 
-fn metrics(core: &Core) -> Response<Body> {
-    let (tasks, sessions, nodes, counters, queued) = core.read(|s| {
-        let (t, se) = s.totals();
-        (
-            t,
-            se,
-            s.node_views(Instant::now()),
-            s.counters(),
-            s.queued(),
-        )
-    });
+async fn metrics(core: &Arc<Core>) -> Result<Response<Body>, ApiError> {
+    let (tasks, sessions, nodes, counters, queued) = core
+        .read(|s| {
+            let (t, se) = s.totals();
+            (
+                t,
+                se,
+                s.node_views(Instant::now()),
+                s.counters(),
+                s.queued(),
+            )
+        })
+        .await?;
     let text = core
         .metrics
         .render(&tasks, &sessions, &nodes, counters, queued);
@@ -503,7 +538,7 @@ fn metrics(core: &Core) -> Response<Body> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4"),
     );
-    resp
+    Ok(resp)
 }
 
 /// `GET /v1/events`: the kept events after `Last-Event-ID` (or `?after=`),

@@ -31,9 +31,10 @@ const MAX_GROUP: usize = 256;
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 /// The schema, one step per version.
-pub const MIGRATIONS: &[(u32, &str)] = &[(
-    1,
-    "CREATE TABLE tasks (
+pub const MIGRATIONS: &[(u32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE tasks (
         task_id TEXT PRIMARY KEY,
         seq INTEGER NOT NULL UNIQUE,
         request TEXT NOT NULL,
@@ -59,7 +60,12 @@ pub const MIGRATIONS: &[(u32, &str)] = &[(
         registration TEXT NOT NULL,
         drain_requested INTEGER NOT NULL
     );",
-)];
+    ),
+    (
+        2,
+        "ALTER TABLE sessions ADD COLUMN ended TEXT NOT NULL DEFAULT '[]';",
+    ),
+];
 
 /// A database failure.
 #[derive(Debug, thiserror::Error)]
@@ -116,10 +122,18 @@ struct Batch {
     done: Option<oneshot::Sender<Result<(), String>>>,
 }
 
+/// What the writer thread is asked to do, in order.
+enum Msg {
+    /// Commit a batch.
+    Batch(Batch),
+    /// Read the database back (after every batch queued before).
+    Load(oneshot::Sender<Result<Snapshot, StoreError>>),
+}
+
 /// The handle to the writer thread.
 #[derive(Debug)]
 pub struct Store {
-    tx: Mutex<Option<mpsc::Sender<Batch>>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     checkpointer: Mutex<Option<(mpsc::Sender<()>, JoinHandle<()>)>>,
     lock: Mutex<Option<nix::fcntl::Flock<std::fs::File>>>,
@@ -211,13 +225,25 @@ impl Store {
         let (done, rx) = oneshot::channel();
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(tx) = guard.as_ref() {
-            let _ = tx.send(Batch {
+            let _ = tx.send(Msg::Batch(Batch {
                 ops,
                 events,
                 done: Some(done),
-            });
+            }));
         }
         rx
+    }
+
+    /// Reads what is committed, after every batch sent before (the writer
+    /// thread does it, so no async worker blocks on the database).
+    pub async fn load(&self) -> Result<Snapshot, StoreError> {
+        let (done, rx) = oneshot::channel();
+        {
+            let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            let tx = guard.as_ref().ok_or(StoreError::Closed)?;
+            tx.send(Msg::Load(done)).map_err(|_| StoreError::Closed)?;
+        }
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Waits for a batch sent with [`Store::send`].
@@ -329,7 +355,7 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
         });
     }
     let mut stmt = conn.prepare(
-        "SELECT session_id, task_id, sample_index, attempts, retries, state FROM sessions",
+        "SELECT session_id, task_id, sample_index, attempts, retries, state, ended FROM sessions",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok((
@@ -339,11 +365,13 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
             r.get::<_, u32>(3)?,
             r.get::<_, u32>(4)?,
             r.get::<_, String>(5)?,
+            r.get::<_, String>(6)?,
         ))
     })?;
     for row in rows {
-        let (session_id, task_id, sample_index, attempts, retries, state) = row?;
+        let (session_id, task_id, sample_index, attempts, retries, state, ended) = row?;
         let state: SessionState = json("session state", &state)?;
+        let ended = json("ended attempts", &ended)?;
         snap.sessions.push(StoredSession {
             session_id,
             task_id,
@@ -351,6 +379,7 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
             attempts,
             retries,
             state,
+            ended,
         });
     }
     Ok(snap)
@@ -358,12 +387,32 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
 
 /// The writer thread: commits batches (several at once when they queue
 /// up), then acknowledges them and publishes their events.
-fn writer(mut conn: Connection, rx: mpsc::Receiver<Batch>, hub: &EventHub) {
-    while let Ok(first) = rx.recv() {
+fn writer(mut conn: Connection, rx: mpsc::Receiver<Msg>, hub: &EventHub) {
+    let mut next = None;
+    loop {
+        let first = match next.take() {
+            Some(m) => m,
+            None => match rx.recv() {
+                Ok(m) => m,
+                Err(_) => break,
+            },
+        };
+        let first = match first {
+            Msg::Batch(b) => b,
+            Msg::Load(done) => {
+                let _ = done.send(load(&conn));
+                continue;
+            }
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match rx.try_recv() {
-                Ok(b) => group.push(b),
+                Ok(Msg::Batch(b)) => group.push(b),
+                Ok(load) => {
+                    // Answered after this group's commit, in order.
+                    next = Some(load);
+                    break;
+                }
                 Err(_) => break,
             }
         }
@@ -474,13 +523,14 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
             attempts,
             retries,
             state,
+            ended,
         } => {
             tx.prepare_cached(
-                "INSERT INTO sessions (session_id, task_id, sample_index, attempts, retries, state_kind, state)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                "INSERT INTO sessions (session_id, task_id, sample_index, attempts, retries, state_kind, state, ended)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                  ON CONFLICT (session_id) DO UPDATE SET attempts = excluded.attempts,
                     retries = excluded.retries, state_kind = excluded.state_kind,
-                    state = excluded.state",
+                    state = excluded.state, ended = excluded.ended",
             )?
             .execute(params![
                 session_id,
@@ -490,7 +540,14 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
                 retries,
                 state.kind().as_str(),
                 to_json(state)?,
+                to_json(ended)?,
             ])?;
+        }
+        Op::DeleteTask { task_id } => {
+            tx.prepare_cached("DELETE FROM sessions WHERE task_id = ?1")?
+                .execute(params![task_id])?;
+            tx.prepare_cached("DELETE FROM tasks WHERE task_id = ?1")?
+                .execute(params![task_id])?;
         }
         Op::Node {
             registration,

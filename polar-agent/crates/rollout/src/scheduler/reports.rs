@@ -103,6 +103,7 @@ impl Scheduler {
     /// Periodic checks: lost nodes, sessions past their deadline, pending
     /// sessions without any node.
     pub fn tick(&mut self, now: Instant, wall_ms: u64) {
+        self.expire(wall_ms);
         let lost: Vec<String> = self
             .nodes
             .iter()
@@ -181,6 +182,7 @@ impl Scheduler {
             attempt,
             reason: error.clone(),
         });
+        self.end_attempt(sid, &error);
         self.set_state(sid, SessionState::Failed { error });
         self.check_finished(&task_id, wall_ms);
     }

@@ -14,6 +14,7 @@ fn limits() -> Limits {
         max_retries: 1,
         result_grace: Duration::from_secs(1),
         no_node_timeout: Duration::from_secs(10),
+        retention: None,
     }
 }
 
@@ -256,4 +257,71 @@ fn a_draining_node_gets_nothing() {
     s.take_changes();
     s.assign(0, 10);
     assert!(pushes(&mut s).iter().all(|(_, n)| n == "b"));
+}
+
+#[test]
+fn a_retry_goes_to_another_node_and_the_ended_attempt_says_why() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.register(node("b", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.take_changes();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+    // a fails it in a retryable way: b (less loaded or not) gets attempt 2.
+    let mut r = result("a", 1, SampleStatus::Error);
+    r.retry = true;
+    r.error = Some("sandbox broke".into());
+    s.result("t-s0", &r, t0, 0).unwrap();
+    // a is now the less loaded by id order too; the retry still avoids it.
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "b".to_owned())]);
+    let v = s.task_view("t", true).unwrap();
+    let ended = &v.samples[0].ended_attempts;
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!((ended[0].attempt, ended[0].node.as_str()), (1, "a"));
+    assert!(ended[0].reason.contains("sandbox broke"), "{ended:?}");
+}
+
+#[test]
+fn a_retry_goes_back_to_the_same_node_when_it_is_the_only_one() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    let mut r = result("a", 1, SampleStatus::Error);
+    r.retry = true;
+    s.result("t-s0", &r, t0, 0).unwrap();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+}
+
+#[test]
+fn finished_tasks_are_deleted_and_expire_after_the_retention() {
+    let t0 = Instant::now();
+    let mut l = limits();
+    l.retention = Some(Duration::from_secs(60));
+    let mut s = Scheduler::new(l, t0);
+    s.submit(task("old", 2), t0, 0).unwrap();
+    s.submit(task("live", 1), t0, 0).unwrap();
+    assert!(matches!(
+        s.delete("live"),
+        Err(DeleteError::NotFinished { .. })
+    ));
+    s.cancel("old", "x", t0, 1_000);
+    s.take_changes();
+    // Not yet past the retention, then past it: only the finished task goes.
+    assert_eq!(s.expire(60_000), 0);
+    assert_eq!(s.expire(61_001), 1);
+    assert!(s.task_view("old", true).is_none());
+    assert!(s.task_view("live", true).is_some());
+    let ops = s.take_changes().ops;
+    assert!(
+        matches!(&ops[..], [Op::DeleteTask { task_id }] if task_id == "old"),
+        "{ops:?}"
+    );
+    assert_eq!(s.delete("old"), Err(DeleteError::Unknown("old".into())));
 }

@@ -45,6 +45,8 @@ pub struct StoredSession {
     pub retries: u32,
     /// Its state.
     pub state: SessionState,
+    /// Why earlier dispatches ended.
+    pub ended: Vec<polar_rollout_api::AttemptEnd>,
 }
 
 impl Scheduler {
@@ -61,6 +63,7 @@ impl Scheduler {
                         session_id: sid,
                         attempts: s.attempts,
                         state: s.state.clone(),
+                        ended_attempts: s.ended.clone(),
                     })
                 })
                 .collect()
@@ -233,6 +236,7 @@ impl Scheduler {
                     state: ss.state,
                     attempts: ss.attempts,
                     retries: ss.retries,
+                    ended: ss.ended,
                     enqueued_at: now,
                 },
             );

@@ -154,7 +154,7 @@ async fn missing_or_wrong_tokens_get_401_on_every_api() {
     let wrong = RolloutClient::new(server.url(), Some("wrong-token-xx".into()));
     let trainer = client(&server);
     let node = RolloutClient::new(server.url(), Some(NODE_TOKEN.into()));
-    let reg = json!({"node_id": "n", "address": "http://127.0.0.1:9", "instance": "i",
+    let reg = json!({"node_id": "node-a", "address": "http://127.0.0.1:9", "instance": "i",
                      "capacity": {"max_sessions": 1}})
     .to_string();
     let calls: [(Method, &str, Option<&str>); 9] = [
@@ -337,4 +337,154 @@ async fn events_arrive_in_order() {
     assert!(next.id > ids[0]);
     gw.stop().await;
     server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_token_speaks_for_its_own_node_only() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let a = RolloutClient::new(server.url(), Some(node_token("node-a")));
+    let b = RolloutClient::new(server.url(), Some(node_token("node-b")));
+    let reg = json!({"node_id": "node-a", "address": "http://127.0.0.1:9", "instance": "i",
+                     "capacity": {"max_sessions": 1}})
+    .to_string()
+    .into_bytes();
+    let hb = br#"{"active": 0}"#.to_vec();
+    let result = br#"{"node_id": "node-a", "attempt": 1, "status": "completed"}"#.to_vec();
+    let progress = br#"{"node_id": "node-a", "attempt": 1, "stage": "running"}"#.to_vec();
+    let forbidden: [(&str, Vec<u8>); 5] = [
+        ("/v1/nodes/register", reg.clone()),
+        ("/v1/nodes/node-a/heartbeat", hb.clone()),
+        ("/v1/nodes/node-a/drain", b"{}".to_vec()),
+        ("/v1/sessions/t-s0/result", result),
+        ("/v1/sessions/t-s0/state", progress),
+    ];
+    for (path, body) in forbidden {
+        let (code, body) = b.raw(Method::POST, path, Some(body)).await.unwrap();
+        assert_eq!(code, StatusCode::FORBIDDEN, "{path}: {body:?}");
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "forbidden", "{path}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("belongs to node \"node-b\""),
+            "{v}"
+        );
+    }
+    // Its own token works; a trainer may drain any node.
+    let (code, _) = a
+        .raw(Method::POST, "/v1/nodes/register", Some(reg))
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = a
+        .raw(Method::POST, "/v1/nodes/node-a/heartbeat", Some(hb))
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = client(&server)
+        .raw(Method::POST, "/v1/nodes/node-a/drain", Some(b"{}".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(code, StatusCode::OK);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reused_tokens_are_refused_at_start_and_rotated_ones_take_effect() {
+    let e = env();
+    let mut bad = e.cfg.clone();
+    bad.node_tokens.insert("node-a".into(), TOKEN.into());
+    let err = RolloutServer::start(bad.clone())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("rollout.node_tokens.node-a: the same token as rollout.tokens[0]"),
+        "{err}"
+    );
+    let server = start(&e.cfg).await;
+    let mut next = e.cfg.clone();
+    next.tokens = vec!["trainer-token-rotated".into()];
+    next.node_tokens
+        .insert("node-a".into(), "node-a-token-rotated".into());
+    server.set_tokens(&next).unwrap();
+    let old = client(&server);
+    let new = RolloutClient::new(server.url(), Some("trainer-token-rotated".into()));
+    assert_eq!(
+        old.tasks(None).await.unwrap_err().status(),
+        Some(StatusCode::UNAUTHORIZED)
+    );
+    new.tasks(None).await.unwrap();
+    let reg = json!({"node_id": "node-a", "address": "http://127.0.0.1:9", "instance": "i",
+                     "capacity": {"max_sessions": 1}})
+    .to_string()
+    .into_bytes();
+    for (token, want) in [
+        (node_token("node-a"), StatusCode::UNAUTHORIZED),
+        ("node-a-token-rotated".to_owned(), StatusCode::OK),
+    ] {
+        let c = RolloutClient::new(server.url(), Some(token));
+        let (code, _) = c
+            .raw(Method::POST, "/v1/nodes/register", Some(reg.clone()))
+            .await
+            .unwrap();
+        assert_eq!(code, want);
+    }
+    // Tokens that break the rules are not put in force.
+    assert!(server.set_tokens(&bad).is_err());
+    new.tasks(None).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_tasks_are_deleted_on_request_and_after_the_retention() {
+    let mut e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let delete = |id: &str| {
+        let c = c.clone();
+        let path = format!("/v1/tasks/{id}");
+        async move { c.raw(Method::DELETE, &path, None).await.unwrap() }
+    };
+    assert_eq!(delete("nope").await.0, StatusCode::NOT_FOUND);
+    c.submit(&task("d1", 2)).await.unwrap();
+    let (code, body) = delete("d1").await;
+    assert_eq!(code, StatusCode::CONFLICT, "{body:?}");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], "task_not_finished");
+    c.cancel("d1").await.unwrap();
+    assert_eq!(delete("d1").await.0, StatusCode::OK);
+    assert_eq!(
+        c.task("d1").await.unwrap_err().status(),
+        Some(StatusCode::NOT_FOUND)
+    );
+    // The same id may be submitted again.
+    c.submit(&task("d1", 1)).await.unwrap();
+    c.cancel("d1").await.unwrap();
+    server.shutdown().await;
+
+    // With a retention, finished tasks go by themselves; live ones stay.
+    e.cfg.retention = Some(Duration::from_secs(1));
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    c.submit(&task("live", 1)).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.task("d1").await.is_ok() {
+        assert!(std::time::Instant::now() < deadline, "d1 not expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(c.task("live").await.unwrap().status, TaskStatus::Queued);
+    server.shutdown().await;
+    // Gone from the database too.
+    let conn = rusqlite::Connection::open(&e.cfg.database).unwrap();
+    let n: u32 = conn
+        .query_row(
+            "SELECT count(*) FROM sessions WHERE task_id = 'd1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 0);
 }

@@ -3,11 +3,16 @@
 //!
 //! - `dispatch`: one and three gateways, priority order, early stop;
 //! - `failures`: a killed gateway, a restarted server;
+//! - `commit`: commits that fail (injected) change nothing;
+//! - `attempts`: a newer attempt on the node waits for the old one's
+//!   tear-down;
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
 //!   percent-decoding).
 
 mod api;
+mod attempts;
+mod commit;
 mod dispatch;
 mod failures;
 mod routes;
@@ -32,7 +37,8 @@ use polar_rollout_api::http::{full, read_body};
 use polar_rollout_api::{TaskStatus, TaskView};
 
 pub(crate) const TOKEN: &str = "trainer-token-1";
-pub(crate) const NODE_TOKEN: &str = "node-token-22";
+/// node-a's token.
+pub(crate) const NODE_TOKEN: &str = "node-token-node-a";
 pub(crate) const GATEWAY_TOKEN: &str = "gateway-token-333";
 
 /// A database directory and settings for fast tests.
@@ -45,7 +51,14 @@ pub(crate) fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
     cfg.listen = "127.0.0.1:0".parse().unwrap();
-    cfg.node_tokens = vec![NODE_TOKEN.into()];
+    // node-a .. node-z, each with its own token.
+    cfg.node_tokens = ('a'..='z')
+        .map(|c| {
+            let id = format!("node-{c}");
+            let t = node_token(&id);
+            (id, t)
+        })
+        .collect();
     cfg.gateway_token = GATEWAY_TOKEN.into();
     cfg.heartbeat_interval = Duration::from_millis(50);
     cfg.heartbeat_timeout = Duration::from_millis(400);
@@ -55,6 +68,11 @@ pub(crate) fn env() -> Env {
     cfg.callback.timeout = Duration::from_secs(2);
     cfg.callback.max_attempts = 3;
     Env { dir, cfg }
+}
+
+/// The token of node `id` in [`env`].
+pub(crate) fn node_token(id: &str) -> String {
+    format!("node-token-{id}")
 }
 
 pub(crate) async fn start(cfg: &RolloutConfig) -> RolloutServer {
@@ -67,7 +85,7 @@ pub(crate) fn client(server: &RolloutServer) -> RolloutClient {
 
 /// A simulated gateway with the test tokens.
 pub(crate) fn gw_config(server: &RolloutServer, id: &str) -> SimGatewayConfig {
-    let mut c = SimGatewayConfig::new(id, &server.url(), NODE_TOKEN);
+    let mut c = SimGatewayConfig::new(id, &server.url(), &node_token(id));
     c.accept_token = GATEWAY_TOKEN.into();
     c
 }

@@ -14,7 +14,7 @@ use polar_rollout_api::route::Found;
 #[test]
 fn every_route_has_its_endpoint_side_and_allow() {
     let t = routes().unwrap();
-    let table: [(Method, &str, Endpoint, Role, &str); 14] = [
+    let table: [(Method, &str, Endpoint, Role, &str); 15] = [
         (Method::GET, "/health", Endpoint::Health, Role::Open, "GET"),
         (
             Method::GET,
@@ -49,7 +49,14 @@ fn every_route_has_its_endpoint_side_and_allow() {
             "/v1/tasks/t1",
             Endpoint::Task,
             Role::Client,
-            "GET",
+            "GET, DELETE",
+        ),
+        (
+            Method::DELETE,
+            "/v1/tasks/t1",
+            Endpoint::Delete,
+            Role::Client,
+            "GET, DELETE",
         ),
         (
             Method::POST,
@@ -107,8 +114,8 @@ fn every_route_has_its_endpoint_side_and_allow() {
             panic!("{m} {path}: no endpoint");
         };
         assert_eq!((endpoint, *data), (want, role), "{m} {path}");
-        let Found::WrongMethod { data, allow: got } = t.find(&Method::DELETE, path) else {
-            panic!("DELETE {path}: not a 405");
+        let Found::WrongMethod { data, allow: got } = t.find(&Method::PATCH, path) else {
+            panic!("PATCH {path}: not a 405");
         };
         assert_eq!((*data, got.to_str().unwrap()), (role, allow), "{path}");
     }
@@ -228,7 +235,7 @@ async fn not_found_and_method_not_allowed_in_the_error_shape() {
         Method::POST,
         "/v1/sessions/nope-s0/state",
         Some(NODE_TOKEN),
-        r#"{"node_id": "n", "attempt": 1, "stage": "running"}"#,
+        r#"{"node_id": "node-a", "attempt": 1, "stage": "running"}"#,
     )
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);

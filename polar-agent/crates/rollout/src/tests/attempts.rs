@@ -1,0 +1,150 @@
+//! One attempt at a time per session on a node: a newer attempt pushed to
+//! the node that still holds an older one (the server was told the old one
+//! failed, and this is its only node) stops the old attempt and starts
+//! only once the old one is torn down; an older attempt than the one held
+//! is refused (409); the server records why attempt 1 ended. The node is
+//! the real gateway node with scripted work that logs its steps.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::Method;
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use polar_gateway::stages::{InitError, Job, Reached, Report, StageLimits, Stages, Work};
+use polar_gateway::{Node, NodeOptions, Progress};
+use polar_rollout_api::{SampleStatus, SessionResult};
+
+/// Logs `init N`, `run N`, `down N` (after a 300 ms tear-down).
+#[derive(Default)]
+struct Logged(Arc<Mutex<Vec<String>>>);
+
+impl Logged {
+    fn log(&self, what: &str, job: &Job) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("{what} {}", job.assignment.attempt));
+    }
+}
+
+impl Work for Logged {
+    type Prepared = ();
+    type Ran = ();
+
+    async fn init(&self, job: &Arc<Job>, _stop: CancellationToken) -> Result<(), InitError> {
+        self.log("init", job);
+        Ok(())
+    }
+
+    async fn run(&self, job: &Arc<Job>, _p: &mut (), stop: CancellationToken) {
+        self.log("run", job);
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+    }
+
+    async fn postrun(&self, job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.log("down", job);
+        Report {
+            status: SampleStatus::Cancelled,
+            reward: None,
+            trajectory_uri: None,
+            tokens: Default::default(),
+            error: None,
+            stats: Default::default(),
+            retry: false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_attempt_starts_after_the_old_one_is_torn_down() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let opts = NodeOptions {
+        node_id: "node-a".into(),
+        server_url: server.url(),
+        token: NODE_TOKEN.into(),
+        accept_tokens: vec![GATEWAY_TOKEN.into()],
+        advertise: None,
+        max_sessions: 4,
+        heartbeat_interval: Duration::from_millis(50),
+        progress: Progress::None,
+        labels: Default::default(),
+    };
+    let limits = StageLimits {
+        init: 4,
+        ready_buffer: 0,
+        running: 4,
+        postrun: 4,
+    };
+    let node = Node::start(
+        opts,
+        "127.0.0.1:0".parse().unwrap(),
+        Stages::new(limits),
+        Logged(Arc::clone(&log)),
+    )
+    .await
+    .unwrap();
+    let c = client(&server);
+    c.submit(&task("t", 1)).await.unwrap();
+    let l = Arc::clone(&log);
+    until("attempt 1 runs", Duration::from_secs(5), || {
+        l.lock().unwrap().contains(&"run 1".to_owned())
+    })
+    .await;
+    // The server is told attempt 1 failed (retry) while the node still
+    // runs it: the only node gets attempt 2 of the same session.
+    let as_node = RolloutClient::new(server.url(), Some(NODE_TOKEN.into()));
+    let failed = SessionResult {
+        node_id: "node-a".into(),
+        attempt: 1,
+        status: SampleStatus::Error,
+        reward: None,
+        trajectory_uri: None,
+        tokens: Default::default(),
+        error: Some("forced re-dispatch".into()),
+        stats: None,
+        retry: true,
+    };
+    as_node.result("t-s0", &failed).await.unwrap();
+    let l = Arc::clone(&log);
+    until("attempt 2 runs", Duration::from_secs(5), || {
+        l.lock().unwrap().contains(&"run 2".to_owned())
+    })
+    .await;
+    assert_eq!(
+        log.lock().unwrap()[..4],
+        ["init 1", "run 1", "down 1", "init 2"].map(String::from),
+        "attempt 2 began before attempt 1 was torn down"
+    );
+    assert_eq!(node.holding(), 1);
+    // An older attempt than the one held is refused.
+    let as_server = RolloutClient::new(node.address(), Some(GATEWAY_TOKEN.into()));
+    let mut old = polar_gateway::sim::sample_assignment("t", 0, 60);
+    old.attempt = 1;
+    let (status, body) = as_server
+        .raw(
+            Method::POST,
+            "/v1/sessions",
+            Some(serde_json::to_vec(&old).unwrap()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{body:?}");
+    let v = c.task("t").await.unwrap();
+    let s0 = &v.samples[0];
+    assert_eq!(s0.state.assignment(), Some(("node-a", 2)), "{s0:?}");
+    assert_eq!(s0.ended_attempts.len(), 1, "{s0:?}");
+    assert!(
+        s0.ended_attempts[0].reason.contains("forced re-dispatch"),
+        "{s0:?}"
+    );
+    node.stop().await;
+    server.shutdown().await;
+}
