@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use polar_capture::log::{LogError, LogProblem, read_log};
 use polar_record::CompletionRecord;
-use polar_trajectory::{Rewards, SessionMeta, SessionOutcome};
+use polar_trajectory::{EndedBy, Rewards, SessionMeta, SessionOutcome};
 
 /// The capture layout: the sessions directory under a state directory, a
 /// session's call log and its metadata file.
@@ -166,6 +166,13 @@ fn outcome(json: Option<&Value>) -> Result<Option<SessionOutcome>, String> {
         .map_err(|e| format!("outcome: {e}"))
 }
 
+/// Reads who ended the session (`ended_by`: `policy`, `backend`, ...).
+fn ended_by(json: Option<&Value>) -> Result<Option<EndedBy>, String> {
+    field(json, "ended_by")
+        .map(|v| serde_json::from_value(v.clone()).map_err(|e| format!("ended_by: {e}")))
+        .transpose()
+}
+
 fn session_info(
     json: Option<&Value>,
     fallback_id: &str,
@@ -189,6 +196,7 @@ fn session_info(
             task_id: string(json, "task_id")?,
             group_id: string(json, "group_id")?,
             outcome: recorded.clone().unwrap_or(SessionOutcome::Completed),
+            ended_by: ended_by(json)?,
             evaluation: field(json, "evaluation").cloned(),
         },
         rewards,
@@ -231,6 +239,7 @@ mod tests {
             "task_id": "t",
             "metadata": {"group_id": "g", "harness": "codex"},
             "outcome": {"kind": "error", "message": "boom"},
+            "ended_by": "backend",
             "reward": 0.5,
             "unknown": [1, 2]
         }));
@@ -243,6 +252,7 @@ mod tests {
                 message: "boom".into()
             }
         );
+        assert_eq!(i.meta.ended_by, Some(EndedBy::Backend));
         assert_eq!(i.rewards, Some(Rewards::Outcome(0.5)));
         assert!(i.outcome_recorded);
 
@@ -255,7 +265,9 @@ mod tests {
         assert_eq!(i.meta.outcome, SessionOutcome::Completed);
         assert!(!i.outcome_recorded);
 
+        assert_eq!(i.meta.ended_by, None);
         assert!(session_info(Some(&json!({"outcome": "meh"})), "d", &[]).is_err());
+        assert!(session_info(Some(&json!({"ended_by": "gremlins"})), "d", &[]).is_err());
         assert!(session_info(Some(&json!({"task_id": 3})), "d", &[]).is_err());
     }
 }

@@ -60,6 +60,7 @@ impl Scheduler {
                         sample_index: i,
                         session_id: sid,
                         attempts: s.attempts,
+                        retries: s.retries,
                         state: s.state.clone(),
                     })
                 })
