@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::encode::{IdsFingerprint, PreEncoded};
 use polar_chat::provider::{self, Side};
-use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens, Usage};
+use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
 use polar_inference as inference;
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
@@ -143,10 +143,17 @@ impl Draft {
 /// text).
 fn partial_reply(events: &[StreamEvent], tokens: &Tokens) -> ChatResponse {
     let mut reply = provider::assemble(events);
-    if reply.usage == Usage::default() {
-        let len = |ids: &Option<Vec<u32>>| ids.as_ref().map_or(0, |i| i.len() as u32);
-        reply.usage.prompt_tokens = len(&tokens.prompt_token_ids);
-        reply.usage.completion_tokens = len(&tokens.response_token_ids);
+    let finished = events
+        .iter()
+        .any(|e| matches!(e, StreamEvent::Finish { .. }));
+    let len = |ids: &Option<Vec<u32>>| ids.as_ref().map(|i| i.len() as u32);
+    if !finished && let Some(n) = len(&tokens.response_token_ids) {
+        reply.usage.completion_tokens = n;
+    }
+    if reply.usage.prompt_tokens == 0
+        && let Some(n) = len(&tokens.prompt_token_ids)
+    {
+        reply.usage.prompt_tokens = n;
     }
     reply
 }
@@ -261,7 +268,7 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use polar_chat::FinishReason;
+    use polar_chat::{FinishReason, Usage};
 
     fn draft() -> Draft {
         Draft {
@@ -287,7 +294,7 @@ mod tests {
             StreamEvent::Start {
                 id: "r".into(),
                 model: "m".into(),
-                prompt_tokens: None,
+                prompt_tokens: Some(3),
             },
             StreamEvent::TextDelta {
                 text: "Step 3.".into(),
