@@ -181,7 +181,7 @@ fn who_ended_the_session_is_labelled() {
     ] {
         assert_eq!(labels(outcome, ended_by), (status, want), "{ended_by:?}");
     }
-    let json = serde_json::to_value(&labels_json(&sim)).unwrap_or_default();
+    let json = serde_json::to_value(labels_json(&sim)).unwrap_or_default();
     assert_eq!(json["metadata"]["ended_by"], "backend");
     assert_eq!(
         json["traces"][0]["labels"],
