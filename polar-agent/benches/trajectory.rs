@@ -137,6 +137,7 @@ fn meta() -> SessionMeta {
         task_id: None,
         group_id: None,
         outcome: SessionOutcome::Completed,
+        ended_by: None,
         evaluation: None,
     }
 }

@@ -1,9 +1,11 @@
 //! Backend failures through the capture stage, for every harness API,
-//! streamed and not: a refused connection, HTTP 500, a stream cut in the
-//! middle, a backend slower than its timeout. Each time the harness gets a
-//! well-formed error in its own API (an error status before streaming, the
-//! API's error event after), the capture log records the failed call with
-//! its side, and the next call is served.
+//! streamed and not: a refused connection, HTTP 500, HTTP 503, a stream cut
+//! in the middle, an `abort` finish with and without tokens before it, a
+//! backend slower than its timeout. Each time the harness gets a
+//! well-formed error in its own API (an error status before streaming,
+//! with the status its harnesses retry; the API's error event after), the
+//! capture log records the failed call with its side, and the next call is
+//! served.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a failed step fails the test"
@@ -79,17 +81,46 @@ fn script(turns: Vec<Turn>) -> Script {
     }
 }
 
+/// Whether a failure reaches a streaming harness inside its stream.
+#[derive(Clone, Copy, PartialEq)]
+enum Streams {
+    /// Inside the stream when the harness asked for one (output was sent).
+    AsAsked,
+    /// Never: the failure came before any output, the harness gets a status.
+    Never,
+}
+
+/// The status every API answers with.
+fn all(status: StatusCode) -> impl Fn(Harness) -> StatusCode {
+    move |_| status
+}
+
+/// An overload: Anthropic's 529, everyone else's 503 (never 429: Codex CLI
+/// does not retry it).
+fn overload(h: Harness) -> StatusCode {
+    match h {
+        Harness::Claude => StatusCode::from_u16(529).unwrap(),
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
 /// Runs one failing call then one good call per API and framing, each in
 /// its own session; checks the error, the failed record, the recovery.
-async fn fail_then_serve(agent: &TestAgent, name: &str, status: StatusCode, must_stream: bool) {
+async fn fail_then_serve(
+    agent: &TestAgent,
+    name: &str,
+    status: impl Fn(Harness) -> StatusCode,
+    streams: Streams,
+) {
     for h in HARNESSES {
         for stream in [false, true] {
             let session = format!("{name}-{h:?}-{stream}").to_lowercase();
             agent.session(&session, "t");
             let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
-            let streamed = check_error(h, &reply, status);
-            if must_stream {
-                assert_eq!(streamed, stream, "{name} {h:?} {stream}");
+            let streamed = check_error(h, &reply, status(h));
+            match streams {
+                Streams::AsAsked => assert_eq!(streamed, stream, "{name} {h:?} {stream}"),
+                Streams::Never => assert!(!streamed, "{name} {h:?} {stream}"),
             }
             let (records, problems) = agent.calls(&session);
             assert!(problems.is_empty());
@@ -128,14 +159,130 @@ async fn http_500_from_the_backend() {
     .await
     .unwrap();
     let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
-    fail_then_serve(&agent, "http500", StatusCode::BAD_GATEWAY, false).await;
+    fail_then_serve(
+        &agent,
+        "http500",
+        all(StatusCode::BAD_GATEWAY),
+        Streams::Never,
+    )
+    .await;
     let (records, _) = agent.calls("http500-qwen-false");
     let CallStatus::Failed { error, .. } = &records[0].status else {
         panic!()
     };
     assert!(error.contains("HTTP 500"), "{error}");
     assert_eq!(records[0].backend.name, "mock");
+    // The replica answered: it is named, with the model it was asked for.
+    assert_eq!(records[0].backend.replica, mock.url());
+    assert_eq!(records[0].backend.served_model, "polar-mock");
     assert!(records[0].token_ids_missing);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_503_from_the_backend_is_each_apis_own_overload() {
+    let mock = mock::start(MockConfig {
+        script: Some(script(vec![Turn {
+            error: Some(ScriptedError {
+                status: 503,
+                message: Some("overloaded".into()),
+            }),
+            ..Turn::default()
+        }])),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    fail_then_serve(&agent, "http503", overload, Streams::Never).await;
+    let (records, _) = agent.calls("http503-codex-true");
+    assert_eq!(records[0].backend.replica, mock.url());
+    agent.stop().await;
+    mock.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_the_backend_refuses_is_recorded_on_the_harness_side() {
+    let mock = mock::start(MockConfig {
+        script: Some(script(vec![Turn {
+            error: Some(ScriptedError {
+                status: 400,
+                message: Some("maximum context length is 40".into()),
+            }),
+            ..Turn::default()
+        }])),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    for h in HARNESSES {
+        let session = format!("refused400-{h:?}").to_lowercase();
+        agent.session(&session, "t");
+        let reply = send(h.request(agent.addr, &session, h.fixture(), true)).await;
+        assert!(!check_error(h, &reply, StatusCode::BAD_REQUEST));
+        let (records, _) = agent.calls(&session);
+        // The policy's doing (its context overflowed), not an
+        // infrastructure fault that would end the session as one.
+        assert!(
+            matches!(&records[0].status, CallStatus::Failed { side, error } if side == "harness" && error.contains("context length")),
+            "{h:?}: {:?}",
+            records[0].status
+        );
+    }
+    agent.stop().await;
+    mock.stop().await;
+}
+
+/// A turn the backend aborts after `tokens` generated tokens.
+fn aborted_after(tokens: u32) -> Script {
+    script(vec![Turn {
+        text: Some("Step 3. <tool_call> that never finishes".into()),
+        abort_after: Some(tokens),
+        ..Turn::default()
+    }])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_finish_is_never_relayed_as_an_end_of_turn() {
+    // Tokens before the abort: a streaming harness has them, then the
+    // API's error event; a whole reply is the API's overload status.
+    let mock = mock::start(MockConfig {
+        script: Some(aborted_after(4)),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    fail_then_serve(&agent, "abort", overload, Streams::AsAsked).await;
+    for h in HARNESSES {
+        for stream in [false, true] {
+            let (records, _) = agent.calls(&format!("abort-{h:?}-{stream}").to_lowercase());
+            let r = &records[0];
+            assert!(
+                matches!(&r.status, CallStatus::Failed { side, error } if side == "backend" && error.contains("aborted")),
+                "{h:?} {stream}: {:?}",
+                r.status
+            );
+            // The partial reply is kept, its usage counting the ids.
+            assert_eq!(r.response_token_ids.as_ref().map(Vec::len), Some(4));
+            let usage = r.response.as_ref().map(|p| p.usage.completion_tokens);
+            assert_eq!(usage, Some(4), "{h:?} {stream}");
+        }
+    }
+    agent.stop().await;
+    mock.stop().await;
+
+    // No token before the abort: even a streaming harness gets the status.
+    let mock = mock::start(MockConfig {
+        script: Some(aborted_after(0)),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    fail_then_serve(&agent, "abort0", overload, Streams::Never).await;
     agent.stop().await;
     mock.stop().await;
 }
@@ -153,7 +300,13 @@ async fn a_stream_cut_in_the_middle() {
     .await
     .unwrap();
     let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
-    fail_then_serve(&agent, "cut", StatusCode::BAD_GATEWAY, true).await;
+    fail_then_serve(
+        &agent,
+        "cut",
+        all(StatusCode::BAD_GATEWAY),
+        Streams::AsAsked,
+    )
+    .await;
     // The partial reply and its tokens are kept for diagnosis.
     let (records, _) = agent.calls("cut-claude-true");
     let r = &records[0];
@@ -177,7 +330,13 @@ async fn a_backend_slower_than_its_timeout() {
     .await
     .unwrap();
     let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 300)).await;
-    fail_then_serve(&agent, "slow", StatusCode::GATEWAY_TIMEOUT, false).await;
+    fail_then_serve(
+        &agent,
+        "slow",
+        all(StatusCode::GATEWAY_TIMEOUT),
+        Streams::Never,
+    )
+    .await;
     let (records, _) = agent.calls("slow-gemini-false");
     let CallStatus::Failed { error, .. } = &records[0].status else {
         panic!()

@@ -106,6 +106,7 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
             task_id: Some("t".into()),
             group_id: None,
             outcome: SessionOutcome::Completed,
+            ended_by: None,
             evaluation: None,
         };
         let traj = polar_trajectory::build(&builder, &records, &meta);

@@ -13,6 +13,10 @@
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
 //! - the rollout server restarted mid-task: nothing is lost;
+//! - a backend that fails once (HTTP 503 mid-session: the agent exits):
+//!   the sample is run again and completes; one that stays down: run again
+//!   up to `max_retries`, then kept as an error of the backend, its
+//!   trajectory exported with `status = "error"` and `infra_fault`;
 //! - assignments outside the node's `[gateway.policy]` (an upload source
 //!   outside its roots or through a symbolic link out of one, a mount, the
 //!   host network, a limit over its ceiling) are refused at INIT, naming
@@ -89,9 +93,24 @@ impl Gateway {
 
 impl Fixture {
     async fn start() -> Result<Self> {
+        Self::start_with(None).await
+    }
+
+    /// A fixture whose mock follows `script` (TOML; the built-in policy
+    /// without).
+    async fn start_with(script: Option<&str>) -> Result<Self> {
         let dir = sandbox_tempdir()?;
+        let script = match script {
+            Some(text) => {
+                let path = dir.path().join("mock-script.toml");
+                std::fs::write(&path, text)?;
+                Some(polar_mock::script::Script::load(&path)?)
+            }
+            None => None,
+        };
         let mock = mock::start(MockConfig {
             served_model: "default".into(),
+            script,
             ..MockConfig::default()
         })
         .await?;
@@ -555,6 +574,103 @@ async fn a_killed_gateway_s_sessions_are_dispatched_again() -> Result<()> {
         "the killed agent's cgroup is still there"
     );
     ensure!(!alive(pid), "the killed agent is alive");
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// The mock's script for task `faults`: sample 0's backend fails once
+/// (HTTP 503 after the first step: the agent exits, the sample is run
+/// again and completes); sample 1's stays down (503 on every later call).
+const FAULTS: &str = r#"
+[[sessions]]
+id = "faults-s0"
+turns = [
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
+  { error = { status = 503, message = "replica restarting" } },
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
+]
+
+[[sessions]]
+id = "faults-s1"
+turns = [
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+]
+"#;
+
+/// The exported rows of a sample's trajectory (JSONL beside the Parquet).
+fn rows_of(result: &polar_rollout_api::SampleResult) -> Result<Vec<serde_json::Value>> {
+    let uri = result
+        .trajectory_uri
+        .as_deref()
+        .context("no trajectory uri")?;
+    let text = std::fs::read_to_string(Path::new(uri).with_extension("jsonl"))?;
+    Ok(text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_fault_is_run_again_and_never_exported_as_completed() -> Result<()> {
+    let mut f = Fixture::start_with(Some(FAULTS)).await?;
+    f.gateway("gw-f", "127.0.0.41").await?;
+    f.submit("faults", 2, 0).await?;
+    let t = f.wait_finished("faults", Duration::from_secs(300)).await?;
+    let done = |i: usize| match &t.samples[i].state {
+        SessionState::Done { result, .. } => Ok(result.clone()),
+        other => bail!("sample {i} not done: {other:?}\n{}", f.logs()),
+    };
+    // The transient fault: run again once, then completed and rewarded.
+    let r0 = done(0)?;
+    ensure!(t.samples[0].retries == 1, "{t:#?}");
+    ensure!(
+        r0.status == polar_rollout_api::SampleStatus::Completed,
+        "{r0:?}"
+    );
+    ensure!(r0.reward == Some(1.0), "{r0:?}");
+    let ended = |r: &polar_rollout_api::SampleResult| {
+        r.stats
+            .as_ref()
+            .and_then(|s| s["ended_by"].as_str().map(str::to_owned))
+    };
+    ensure!(ended(&r0).as_deref() == Some("policy"), "{r0:?}");
+    for row in rows_of(&r0)? {
+        ensure!(row["status"] == "completed", "{row}");
+    }
+    // The replica set that stays down: run again up to max_retries (3),
+    // then kept as an error of the backend, exported as one.
+    let r1 = done(1)?;
+    ensure!(t.samples[1].retries == 3, "{t:#?}");
+    ensure!(
+        r1.status == polar_rollout_api::SampleStatus::Error,
+        "{r1:?}"
+    );
+    ensure!(ended(&r1).as_deref() == Some("backend"), "{r1:?}");
+    ensure!(
+        r1.error
+            .as_deref()
+            .is_some_and(|e| e.contains("the inference backend ended the session")),
+        "{r1:?}"
+    );
+    let rows = rows_of(&r1)?;
+    ensure!(!rows.is_empty(), "no row for the faulted sample");
+    for row in rows {
+        let labels = row["labels"].as_array().cloned().unwrap_or_default();
+        ensure!(row["status"] == "error", "{row}");
+        ensure!(labels.contains(&"infra_fault".into()), "{row}");
+        ensure!(labels.contains(&"session_failed".into()), "{row}");
+        let md: serde_json::Value = match &row["trajectory_metadata"] {
+            serde_json::Value::String(s) => serde_json::from_str(s)?,
+            v => v.clone(),
+        };
+        ensure!(md["ended_by"] == "backend", "{row}");
+    }
     f.stop_gateways()?;
     Ok(())
 }

@@ -15,8 +15,9 @@
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace), the
 //!   sandbox's tear-down, the end of its disk quota (the directories stay
-//!   on disk), the outcome recorded in the session's
-//!   `session.json`, the trajectory rebuilt from the capture log with the
+//!   on disk), the outcome and who ended the session (from the harness's
+//!   exit and the capture log's last call, `verdict`) recorded in the
+//!   session's `session.json`, the trajectory rebuilt from the capture log with the
 //!   task's builder, rewarded, checked and exported; the report.
 
 use std::collections::HashMap;
@@ -44,7 +45,7 @@ use polar_io::chain;
 use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{SampleStatus, TokenUsage};
 use polar_spec::policy::Policy;
-use polar_trajectory::{Rewards, SessionOutcome};
+use polar_trajectory::{EndedBy, Rewards, SessionOutcome};
 
 /// A session between INIT and POSTRUN.
 pub struct Session {
@@ -248,14 +249,15 @@ impl Work for HarnessWork {
             return never_prepared(reached);
         };
         let never = CancellationToken::new();
-        let ended = Ended::of(&reached, s.prepared.steps());
+        let mut ended = Ended::of(&reached, s.prepared.steps());
         if !ended.cancelled {
             s.prepared.post(&never).await;
         }
         let state_dir = &self.parts.config.agent.state_dir;
         let session_id = s.prepared.session().clone();
-        let (calls, failed_calls) =
-            count_calls(&crate::harness::run::capture_log(state_dir, &session_id));
+        let log = read_calls(crate::harness::run::capture_log(state_dir, &session_id)).await;
+        ended.fault = log.fault;
+        let (calls, failed_calls) = (log.calls, log.failed);
         let facts = SessionFacts {
             harness_exit: ended.harness_exit(),
             timed_out: ended.timed_out,
@@ -301,8 +303,12 @@ impl Work for HarnessWork {
             error: v.error,
             stats: Map::new(),
             retry: v.retry,
+            infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
         };
         report.stats.insert("steps".into(), Value::Array(steps));
+        if let Some(who) = v.ended_by {
+            report.stats.insert("ended_by".into(), who.as_str().into());
+        }
         if let Some(e) = &evaluation {
             report.stats.insert("evaluation".into(), e.detail.clone());
         }
@@ -315,7 +321,7 @@ impl Work for HarnessWork {
             return report;
         };
         match self
-            .export(job, &session_id, outcome, evaluation.as_ref())
+            .export(job, &session_id, (outcome, v.ended_by), evaluation.as_ref())
             .await
         {
             Ok((uri, tokens)) => {
@@ -335,17 +341,31 @@ impl Work for HarnessWork {
     }
 }
 
-/// Model calls in a capture log, and how many of them failed.
-fn count_calls(path: &std::path::Path) -> (u64, u64) {
-    match polar_capture::log::read_log(path) {
-        Ok((records, _)) => {
-            let failed = records
+/// What POSTRUN needs of a session's capture log.
+#[derive(Debug, Default)]
+struct CallsRead {
+    /// Model calls.
+    calls: u64,
+    /// How many of them failed.
+    failed: u64,
+    /// The infrastructure fault of the last call.
+    fault: Option<polar_trajectory::Fault>,
+}
+
+/// Reads the capture log at `path` (off the async workers); nothing when
+/// there is none.
+async fn read_calls(path: PathBuf) -> CallsRead {
+    let read = tokio::task::spawn_blocking(move || polar_capture::log::read_log(&path)).await;
+    match read {
+        Ok(Ok((records, _))) => CallsRead {
+            calls: records.len() as u64,
+            failed: records
                 .iter()
                 .filter(|r| matches!(r.status, polar_record::CallStatus::Failed { .. }))
-                .count() as u64;
-            (records.len() as u64, failed)
-        }
-        Err(_) => (0, 0),
+                .count() as u64,
+            fault: polar_trajectory::ending_fault(&records),
+        },
+        _ => CallsRead::default(),
     }
 }
 
@@ -357,7 +377,7 @@ impl HarnessWork {
         &self,
         job: &Job,
         session: &SessionId,
-        outcome: SessionOutcome,
+        (outcome, ended_by): (SessionOutcome, Option<EndedBy>),
         evaluation: Option<&Evaluation>,
     ) -> Result<(Option<String>, TokenUsage), String> {
         let a = &job.assignment;
@@ -367,6 +387,9 @@ impl HarnessWork {
             "outcome".into(),
             serde_json::to_value(&outcome).map_err(|e| e.to_string())?,
         );
+        if let Some(who) = ended_by {
+            fields.insert("ended_by".into(), who.as_str().into());
+        }
         if let Some(r) = evaluation.and_then(|e| e.reward) {
             fields.insert("reward".into(), r.into());
         }

@@ -175,6 +175,7 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> 
         task_id: Some("t".into()),
         group_id: None,
         outcome: SessionOutcome::Completed,
+        ended_by: None,
         evaluation: None,
     };
     let traj = polar_trajectory::build(builder, records, &meta);

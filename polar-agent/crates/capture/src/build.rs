@@ -76,7 +76,7 @@ impl Draft {
         let response: Option<ChatResponse> = match &failure {
             None => inference::stream::assemble(events, Tokens::default()),
             // A partial reply is kept for diagnosis (finish reason `abort`).
-            Some(_) if !events.is_empty() => Some(provider::assemble(events)),
+            Some(_) if !events.is_empty() => Some(partial_reply(events, &tokens)),
             Some(_) => None,
         };
         let status = match failure {
@@ -135,6 +135,27 @@ impl Draft {
             status,
         }
     }
+}
+
+/// The reply of a call that failed after `events`: assembled as far as it
+/// got. A reply cut before its finish has no usage from the backend: its
+/// token counts are those of the token ids received (never estimated from
+/// text).
+fn partial_reply(events: &[StreamEvent], tokens: &Tokens) -> ChatResponse {
+    let mut reply = provider::assemble(events);
+    let finished = events
+        .iter()
+        .any(|e| matches!(e, StreamEvent::Finish { .. }));
+    let len = |ids: &Option<Vec<u32>>| ids.as_ref().map(|i| i.len() as u32);
+    if !finished && let Some(n) = len(&tokens.response_token_ids) {
+        reply.usage.completion_tokens = n;
+    }
+    if reply.usage.prompt_tokens == 0
+        && let Some(n) = len(&tokens.prompt_token_ids)
+    {
+        reply.usage.prompt_tokens = n;
+    }
+    reply
 }
 
 /// Keeps `ev` for the record, merged into the previous event when both are
@@ -248,6 +269,55 @@ pub fn now_ms() -> u64 {
 mod tests {
     use super::*;
     use polar_chat::{FinishReason, Usage};
+
+    fn draft() -> Draft {
+        Draft {
+            call_id: "call_1".into(),
+            seq: 0,
+            session_id: "s".into(),
+            task_id: None,
+            native: NativeRequest {
+                api: polar_chat::Api::OpenaiChat,
+                method: "POST".into(),
+                host: "api.openai.com".into(),
+                path: "/v1/chat/completions".into(),
+                body: polar_json::RawJson::null(),
+            },
+            request: empty_request(),
+            received_ms: 0,
+        }
+    }
+
+    #[test]
+    fn a_cut_replys_usage_counts_the_token_ids_it_got() {
+        let events = [
+            StreamEvent::Start {
+                id: "r".into(),
+                model: "m".into(),
+                prompt_tokens: Some(3),
+            },
+            StreamEvent::TextDelta {
+                text: "Step 3.".into(),
+            },
+        ];
+        let produced = Produced {
+            events: &events,
+            tokens: Tokens {
+                prompt_token_ids: Some(vec![1, 2, 3]),
+                response_token_ids: Some((0..11).collect()),
+                response_logprobs: Some(vec![-0.5; 11]),
+            },
+            ..Produced::default()
+        };
+        let r = draft().finish(produced, Some((Side::Backend, "cut".into())));
+        let usage = r.response.map(|r| r.usage);
+        assert_eq!(
+            usage.map(|u| (u.prompt_tokens, u.completion_tokens)),
+            Some((3, 11))
+        );
+        assert_eq!(r.response_token_ids.map(|t| t.len()), Some(11));
+        assert!(matches!(r.status, CallStatus::Failed { .. }));
+    }
 
     #[test]
     fn kept_events_assemble_to_the_same_reply() {

@@ -168,6 +168,8 @@ pub fn label_name(l: Label) -> &'static str {
         Label::Truncated => "truncated",
         Label::TemplateSpliced => "template_spliced",
         Label::SessionFailed => "session_failed",
+        Label::InfraFault => "infra_fault",
+        Label::EvaluatorFault => "evaluator_fault",
     }
 }
 

@@ -19,7 +19,7 @@ use polar_chat::{
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
 };
-use polar_trajectory::{Rewards, SessionMeta, SessionOutcome, TemplateInfo};
+use polar_trajectory::{EndedBy, Rewards, SessionMeta, SessionOutcome, TemplateInfo};
 
 use super::source::{CALLS_FILE, SESSION_FILE, SESSIONS_DIR};
 
@@ -347,10 +347,10 @@ pub fn session(spec: &SampleSpec, index: usize) -> SampleSession {
             records.push(call(&mut rng, &mut sub, &ctx));
         }
     }
-    let outcome = if index % 4 == 3 {
-        SessionOutcome::Timeout
+    let (outcome, ended_by) = if index % 4 == 3 {
+        (SessionOutcome::Timeout, EndedBy::Budget)
     } else {
-        SessionOutcome::Completed
+        (SessionOutcome::Completed, EndedBy::Policy)
     };
     SampleSession {
         meta: SessionMeta {
@@ -358,6 +358,7 @@ pub fn session(spec: &SampleSpec, index: usize) -> SampleSession {
             task_id: Some(task.clone()),
             group_id: Some(task),
             outcome,
+            ended_by: Some(ended_by),
             evaluation: Some(json!({"tests_passed": index % 3, "tests_total": 2})),
         },
         records,

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use polar_capture::log::{LogError, LogProblem, read_log};
 use polar_record::CompletionRecord;
-use polar_trajectory::{Rewards, SessionMeta, SessionOutcome};
+use polar_trajectory::{EndedBy, Rewards, SessionMeta, SessionOutcome};
 
 /// The capture layout: the sessions directory under a state directory, a
 /// session's call log and its metadata file.
@@ -63,7 +63,8 @@ pub struct SessionLog {
     /// The recorded rewards, if any.
     pub rewards: Option<Rewards>,
     /// Whether the session's outcome was recorded (otherwise it is taken as
-    /// completed).
+    /// completed, or as an error of the infrastructure when the last call
+    /// failed on the backend's or the agent's side).
     pub outcome_recorded: bool,
     /// The records, in file order.
     pub records: Vec<CompletionRecord>,
@@ -166,6 +167,13 @@ fn outcome(json: Option<&Value>) -> Result<Option<SessionOutcome>, String> {
         .map_err(|e| format!("outcome: {e}"))
 }
 
+/// Reads who ended the session (`ended_by`: `policy`, `backend`, ...).
+fn ended_by(json: Option<&Value>) -> Result<Option<EndedBy>, String> {
+    field(json, "ended_by")
+        .map(|v| serde_json::from_value(v.clone()).map_err(|e| format!("ended_by: {e}")))
+        .transpose()
+}
+
 fn session_info(
     json: Option<&Value>,
     fallback_id: &str,
@@ -175,6 +183,21 @@ fn session_info(
         .or_else(|| records.first().map(|r| r.session_id.clone()))
         .unwrap_or_else(|| fallback_id.to_owned());
     let recorded = outcome(json)?;
+    // No outcome recorded (a session not run by a gateway): completed,
+    // unless the log's last call shows the infrastructure ended it.
+    let (outcome, ended_by) = match (&recorded, polar_trajectory::ending_fault(records)) {
+        (Some(o), _) => (o.clone(), ended_by(json)?),
+        (None, Some(f)) => (
+            SessionOutcome::Error {
+                message: format!(
+                    "the session's last model call (seq {}) failed: {}",
+                    f.seq, f.error
+                ),
+            },
+            Some(f.ended_by),
+        ),
+        (None, None) => (SessionOutcome::Completed, ended_by(json)?),
+    };
     let rewards = match (field(json, "rewards"), field(json, "reward")) {
         (Some(r), _) => {
             Some(serde_json::from_value(r.clone()).map_err(|e| format!("rewards: {e}"))?)
@@ -188,7 +211,8 @@ fn session_info(
             session_id,
             task_id: string(json, "task_id")?,
             group_id: string(json, "group_id")?,
-            outcome: recorded.clone().unwrap_or(SessionOutcome::Completed),
+            outcome,
+            ended_by,
             evaluation: field(json, "evaluation").cloned(),
         },
         rewards,
@@ -203,6 +227,36 @@ mod tests {
 
     fn info(v: Value) -> SessionInfo {
         session_info(Some(&v), "dir", &[]).unwrap()
+    }
+
+    #[test]
+    fn an_unrecorded_outcome_is_the_infrastructures_when_the_last_call_failed_on_its_side() {
+        let mut records = crate::sample::session(&crate::sample::SampleSpec::small(), 0).records;
+        let last = records.len() - 1;
+        let finished = records
+            .iter()
+            .map(|r| r.timings.finished_ms)
+            .max()
+            .unwrap_or(0);
+        records[last].timings.finished_ms = finished + 1;
+        records[last].status = polar_record::CallStatus::Failed {
+            side: "backend".into(),
+            error: "backend b (r): reply cut after 11 event(s)".into(),
+        };
+        let i = session_info(None, "d", &records).unwrap();
+        assert_eq!(i.meta.ended_by, Some(EndedBy::Backend));
+        assert!(
+            matches!(&i.meta.outcome, SessionOutcome::Error { message } if message.contains("reply cut")),
+            "{:?}",
+            i.meta.outcome
+        );
+        assert!(!i.outcome_recorded);
+        // A recorded outcome is taken as recorded.
+        let i = session_info(Some(&json!({"outcome": "completed"})), "d", &records).unwrap();
+        assert_eq!(
+            (i.meta.outcome, i.meta.ended_by),
+            (SessionOutcome::Completed, None)
+        );
     }
 
     #[test]
@@ -231,6 +285,7 @@ mod tests {
             "task_id": "t",
             "metadata": {"group_id": "g", "harness": "codex"},
             "outcome": {"kind": "error", "message": "boom"},
+            "ended_by": "backend",
             "reward": 0.5,
             "unknown": [1, 2]
         }));
@@ -243,6 +298,7 @@ mod tests {
                 message: "boom".into()
             }
         );
+        assert_eq!(i.meta.ended_by, Some(EndedBy::Backend));
         assert_eq!(i.rewards, Some(Rewards::Outcome(0.5)));
         assert!(i.outcome_recorded);
 
@@ -255,7 +311,9 @@ mod tests {
         assert_eq!(i.meta.outcome, SessionOutcome::Completed);
         assert!(!i.outcome_recorded);
 
+        assert_eq!(i.meta.ended_by, None);
         assert!(session_info(Some(&json!({"outcome": "meh"})), "d", &[]).is_err());
+        assert!(session_info(Some(&json!({"ended_by": "gremlins"})), "d", &[]).is_err());
         assert!(session_info(Some(&json!({"task_id": 3})), "d", &[]).is_err());
     }
 }

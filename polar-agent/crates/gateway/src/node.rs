@@ -307,6 +307,7 @@ impl<W: Work> Node<W> {
                 error: Some("the gateway stopped (drain grace over)".into()),
                 stats: Default::default(),
                 retry: true,
+                infra_fault: false,
             };
             inner.deliver(job, &report).await;
             job.stop.cancel();
@@ -577,6 +578,7 @@ impl<W: Work> Inner<W> {
             error: r.error.clone(),
             stats: Some(serde_json::Value::Object(r.stats.clone())),
             retry: r.retry,
+            infra_fault: r.infra_fault,
         };
         let mut wait = Duration::from_millis(20);
         let give_up = Instant::now() + Duration::from_secs(600);

@@ -227,6 +227,7 @@ impl Work for SimWork {
                 .then(|| format!("simulated {}", status.as_str())),
             stats,
             retry: outcome.retry,
+            infra_fault: false,
         }
     }
 }

@@ -228,6 +228,10 @@ pub struct Report {
     pub stats: serde_json::Map<String, serde_json::Value>,
     /// The failure is the node's: dispatch again.
     pub retry: bool,
+    /// The infrastructure (the inference backend, Polar) ended the session,
+    /// not the policy: with `retry`, the server runs it again within its
+    /// retry limit, and keeps this result at the limit.
+    pub infra_fault: bool,
 }
 
 /// What each stage does.

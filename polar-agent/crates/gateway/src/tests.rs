@@ -81,6 +81,7 @@ impl Work for Counting {
             error: None,
             stats: Default::default(),
             retry: false,
+            infra_fault: false,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The errors of inference calls, classified by how far the call got: never
 //! reached a replica, refused by the backend (HTTP status), too slow, cut
-//! after the reply began, or not understood. Every variant but `Config` is
+//! after the reply began, aborted by the backend, or not understood. Every variant but `Config` is
 //! the backend's side.
 
 use std::time::Duration;
@@ -85,6 +85,22 @@ pub enum InferenceError {
         /// The cause.
         reason: String,
     },
+    /// The backend stopped generating before the end of the turn and said
+    /// so with an `abort` finish (SGLang's `/abort_request` and
+    /// `/pause_generation`, vLLM's abort of a request): an HTTP 200 reply
+    /// that is no end of turn. `events` events were yielded before (the
+    /// tokens generated before the abort are in the stream's token data).
+    #[error(
+        "backend {backend} ({replica}): generation aborted (finish reason abort) after {events} event(s)"
+    )]
+    Aborted {
+        /// Backend name.
+        backend: String,
+        /// Replica URL.
+        replica: String,
+        /// Events yielded before.
+        events: usize,
+    },
     /// The reply could not be understood.
     #[error("backend {backend} ({replica}): malformed reply: {reason}")]
     Malformed {
@@ -101,6 +117,19 @@ impl InferenceError {
     /// Whether the request reached a replica (so it may have been processed).
     pub fn reached_backend(&self) -> bool {
         !matches!(self, Self::Config { .. } | Self::Unreachable { .. })
+    }
+
+    /// The replica that answered or was reached, when one was.
+    pub fn replica(&self) -> Option<&str> {
+        match self {
+            Self::Config { .. } | Self::Unreachable { .. } => None,
+            Self::Status { replica, .. }
+            | Self::Timeout { replica, .. }
+            | Self::Disconnected { replica, .. }
+            | Self::StreamCut { replica, .. }
+            | Self::Aborted { replica, .. }
+            | Self::Malformed { replica, .. } => Some(replica),
+        }
     }
 
     /// Whether this is a timeout.

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
 use super::{Dialect, InferenceError};
-use polar_chat::{ChatResponse, StreamEvent, Tokens};
+use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
 
 /// Which backend answered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -133,9 +133,28 @@ impl ChatStream {
     }
 
     /// The next event; `None` after the last one (`Finish`) or after an error.
+    /// A `Finish` with the reason `abort` is yielded as
+    /// [`InferenceError::Aborted`]: the backend stopped the turn, it did
+    /// not end it (the replica is not counted as failing: it was told to
+    /// stop).
     pub async fn next(&mut self) -> Option<Result<StreamEvent, InferenceError>> {
         loop {
             if let Some(event) = self.pending.pop_front() {
+                if matches!(
+                    event,
+                    StreamEvent::Finish {
+                        finish_reason: FinishReason::Abort,
+                        ..
+                    }
+                ) {
+                    self.source = Source::Finished;
+                    self.pending.clear();
+                    return Some(Err(InferenceError::Aborted {
+                        backend: self.info.backend.clone(),
+                        replica: self.info.replica.clone(),
+                        events: self.yielded,
+                    }));
+                }
                 self.yielded += 1;
                 return Some(Ok(event));
             }

@@ -19,6 +19,9 @@ pub enum Finish {
     Length,
     /// The end-of-turn token after tool calls.
     ToolCalls,
+    /// The request was aborted (a scripted `abort_after`), as SGLang and
+    /// vLLM answer a request stopped by an abort or a pause.
+    Abort,
 }
 
 impl Finish {
@@ -28,6 +31,7 @@ impl Finish {
             Self::Stop => "stop",
             Self::Length => "length",
             Self::ToolCalls => "tool_calls",
+            Self::Abort => "abort",
         }
     }
 
@@ -35,6 +39,7 @@ impl Finish {
     pub fn sglang_type(self) -> &'static str {
         match self {
             Self::Length => "length",
+            Self::Abort => "abort",
             _ => "stop",
         }
     }
@@ -74,8 +79,9 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
         full.push_str("<|im_end|>");
     }
     let mut tokens = tokenizer::encode_with_spans(&full);
-    let truncated = tokens.len() > max_tokens;
-    tokens.truncate(max_tokens);
+    let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));
+    let truncated = tokens.len() > limit;
+    tokens.truncate(limit);
     while let Some((_, span)) = tokens.last() {
         if full.is_char_boundary(span.end) {
             break;
@@ -85,7 +91,9 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     let end = tokens.last().map_or(0, |(_, s)| s.end);
     full.truncate(end);
     let parsed = template::parse_output(&full);
-    let finish = if plan.force_length || truncated {
+    let finish = if plan.abort_after.is_some() {
+        Finish::Abort
+    } else if plan.force_length || truncated {
         Finish::Length
     } else if parsed.tool_calls.is_empty() {
         Finish::Stop

@@ -28,6 +28,10 @@
 //! text = "partial"
 //! finish_reason = "length"       # "stop" (default) or "length": no <|im_end|>, finish_reason length
 //! delay_ms = 200                 # extra wait before the first token
+//!
+//! [[sessions.turns]]             # turn 5: aborted after 4 generated tokens (0: before any)
+//! text = "Step 3. <tool_call> never finished"
+//! abort_after = 4                # finish_reason "abort", as SGLang/vLLM answer an aborted request
 //! ```
 //!
 //! Each request of a session consumes its next turn, errors included, so a
@@ -102,6 +106,10 @@ pub struct Turn {
     /// Finish reason override.
     #[serde(default)]
     pub finish_reason: Option<ScriptedFinish>,
+    /// Abort the request after this many generated tokens (HTTP 200,
+    /// finish reason `abort`).
+    #[serde(default)]
+    pub abort_after: Option<u32>,
     /// Extra wait before the first token, in milliseconds.
     #[serde(default)]
     pub delay_ms: Option<u64>,
@@ -158,6 +166,8 @@ pub struct Plan {
     pub disconnect_after: Option<usize>,
     /// Report `length` and leave out the end-of-turn token.
     pub force_length: bool,
+    /// Finish with `abort` after this many tokens.
+    pub abort_after: Option<usize>,
     /// Extra wait before the first token.
     pub delay: Option<Duration>,
 }
@@ -280,6 +290,7 @@ fn plan_of(turn: &Turn, tools: &[Tool]) -> Plan {
         }),
         disconnect_after: turn.disconnect_after.map(|n| n as usize),
         force_length: turn.finish_reason == Some(ScriptedFinish::Length),
+        abort_after: turn.abort_after.map(|n| n as usize),
         delay: turn.delay_ms.map(Duration::from_millis),
     }
 }

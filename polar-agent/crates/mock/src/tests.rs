@@ -323,6 +323,10 @@ disconnect_after = 2
 text = "partial"
 finish_reason = "length"
 
+[[sessions.turns]]
+text = "Step 3. <tool_call> never finished"
+abort_after = 4
+
 [[sessions]]
 id = "*"
 turns = [{ text = "hello from the wildcard" }]
@@ -381,6 +385,15 @@ async fn scripted_turns_per_session() {
         ids(&v["choices"][0]["token_ids"]).last(),
         Some(&tokenizer::IM_END)
     );
+
+    // Aborted as SGLang and vLLM abort: HTTP 200, finish reason abort,
+    // the tokens generated before it.
+    let (status, _, bytes) = call(S1).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "abort");
+    assert_eq!(ids(&v["choices"][0]["token_ids"]).len(), 4);
+    assert_eq!(v["usage"]["completion_tokens"], 4);
 
     let (_, _, bytes) = call(S1).await;
     let v: Value = serde_json::from_slice(&bytes).unwrap();

@@ -39,7 +39,10 @@ pub enum CallStatus {
     Completed,
     /// The call failed; the harness got an error in its API's shape.
     Failed {
-        /// Which side failed: `harness` (bad request), `backend`, `agent`.
+        /// Which side failed: `harness` (a bad request, one the backend
+        /// refused included, such as a prompt over its context; or the
+        /// harness went away), `backend` (the backend failed: an error
+        /// status, a cut, a timeout, an `abort` finish), `agent` (Polar).
         side: String,
         /// The error message.
         error: String,

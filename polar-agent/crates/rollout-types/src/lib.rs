@@ -391,6 +391,10 @@ pub struct SampleView {
     pub session_id: String,
     /// Dispatches so far.
     pub attempts: u32,
+    /// Of those, dispatches again after a node was lost or an attempt
+    /// failed in a retryable way (an infrastructure fault included).
+    #[serde(default)]
+    pub retries: u32,
     /// Where it is, with its result once done.
     #[serde(flatten)]
     pub state: SessionState,

@@ -291,6 +291,12 @@ pub struct SessionResult {
     /// start...): dispatch the session again, within the retry limit.
     #[serde(default)]
     pub retry: bool,
+    /// The infrastructure (the inference backend, Polar) ended the session,
+    /// not the policy (its trajectory is exported labelled `infra_fault`):
+    /// with `retry`, the session is run again within the retry limit, and
+    /// at the limit this result is kept (`done`, not `failed`).
+    #[serde(default)]
+    pub infra_fault: bool,
 }
 
 impl SessionResult {

@@ -97,8 +97,13 @@ impl Metrics {
             ),
             (
                 "redispatches",
-                "Sessions dispatched again after a loss.",
+                "Sessions dispatched again after a loss or a retryable failure.",
                 counters.redispatches,
+            ),
+            (
+                "infra_reruns",
+                "Sessions run again because the inference backend or Polar ended their attempt.",
+                counters.infra_reruns,
             ),
             (
                 "push_failures",

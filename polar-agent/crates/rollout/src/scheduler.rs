@@ -262,6 +262,9 @@ pub struct Counters {
     pub dispatches: u64,
     /// Sessions dispatched again after a loss or retryable failure.
     pub redispatches: u64,
+    /// Of those, sessions run again because the infrastructure (the
+    /// inference backend, Polar) ended their attempt.
+    pub infra_reruns: u64,
     /// Pushes a gateway refused or did not answer.
     pub push_failures: u64,
     /// Results accepted.

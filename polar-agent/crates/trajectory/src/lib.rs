@@ -5,7 +5,8 @@
 //! result, and [`check`] verifies the invariants before export.
 //!
 //! Layout: `types` (the serialized model), `stats`, `options`, `template`
-//! (special token ids), `calls` (usable records), `trace_buf` (assembly of
+//! (special token ids), `attribution` (the infrastructure fault that
+//! ended a session, from its records), `calls` (usable records), `trace_buf` (assembly of
 //! one trace), the two builders, `rewards`, `check`.
 //!
 //! Pure: above `polar-record`, `polar-chat` and `polar-json` only, never an
@@ -13,6 +14,7 @@
 //! scenarios, property tests on a simulated renderer), and the real path in
 //! the agent's `trajectory_{capture,scenarios,retries}.rs`.
 
+mod attribution;
 mod calls;
 pub mod check;
 mod options;
@@ -27,13 +29,14 @@ mod types;
 #[cfg(test)]
 mod tests;
 
+pub use attribution::{Fault, ending_fault};
 pub use check::{InvariantViolation, check};
 pub use options::{Builder, PrefixMergingOptions, RetryPolicy};
 pub use rewards::{RewardError, Rewards, apply_rewards};
 pub use stats::{DropReason, DroppedCall, ReconstructionStats};
 pub use template::{TemplateError, TemplateInfo, TemplateTokens};
 pub use types::{
-    BreakReason, CallSpan, ChainId, Join, Label, SCHEMA_VERSION, SegmentKind, SegmentLink,
+    BreakReason, CallSpan, ChainId, EndedBy, Join, Label, SCHEMA_VERSION, SegmentKind, SegmentLink,
     SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
     TrajectoryStatus,
 };
@@ -63,6 +66,7 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta
             policy_versions: Vec::new(),
             evaluation: None,
             reward: None,
+            ended_by: None,
         },
         stats,
     };

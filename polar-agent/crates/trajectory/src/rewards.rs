@@ -1,6 +1,7 @@
 //! Session-level facts applied to a built trajectory: status and error from
 //! the session's outcome (traces of a failed session are kept but labelled
-//! `session_failed`), the GRPO group, the policy weight versions reported by
+//! `session_failed`, and `infra_fault` or `evaluator_fault` when the
+//! backend, Polar or the evaluator ended it), the GRPO group, the policy weight versions reported by
 //! the records, and rewards (one outcome reward copied to every trace, or
 //! one reward per trace).
 
@@ -8,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use polar_record::CompletionRecord;
 
-use super::types::{Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus};
+use super::types::{EndedBy, Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus};
 
 /// Rewards to apply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -130,9 +131,18 @@ pub(crate) fn apply_session(
         [one] => Some(one.clone()),
         _ => None,
     };
-    if status != TrajectoryStatus::Completed {
+    md.ended_by = meta.ended_by;
+    let extra = match meta.ended_by {
+        Some(e) if e.is_infra() => Some(Label::InfraFault),
+        Some(EndedBy::Evaluator) => Some(Label::EvaluatorFault),
+        _ => None,
+    };
+    if status != TrajectoryStatus::Completed || extra.is_some() {
         for t in &mut traj.traces {
             t.add_label(Label::SessionFailed);
+            if let Some(l) = extra {
+                t.add_label(l);
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! session simulator (`kit`), exact scenario tests and property tests.
 
 mod checker;
-mod kit;
+pub(crate) mod kit;
 mod props;
 mod retry_splices;
 mod scenarios;

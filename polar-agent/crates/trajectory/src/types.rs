@@ -204,6 +204,13 @@ pub enum Label {
     /// The session did not complete (timeout or error): the trace is kept
     /// but should be weighed accordingly.
     SessionFailed,
+    /// The session was ended by the infrastructure (the inference backend
+    /// or Polar itself, see [`EndedBy`]), not by the policy: the reward
+    /// says nothing about the policy. Always with `session_failed`.
+    InfraFault,
+    /// The evaluator could not score the session ([`EndedBy::Evaluator`]):
+    /// there is no reward to train on. Always with `session_failed`.
+    EvaluatorFault,
 }
 
 /// Further facts about a trace.
@@ -244,9 +251,54 @@ pub struct SessionMeta {
     pub group_id: Option<String>,
     /// How the session ended.
     pub outcome: SessionOutcome,
+    /// Who ended it, when the runner attributed it (`None` in sessions
+    /// recorded before attribution existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<EndedBy>,
     /// The evaluator's result, kept as given.
     #[serde(default)]
     pub evaluation: Option<Value>,
+}
+
+/// Who ended a session: the party whose doing its outcome is. Only
+/// [`EndedBy::Policy`] sessions (and [`EndedBy::Budget`] ones, whose
+/// timeout the policy may have earned) say something about the policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndedBy {
+    /// The harness ended on its own (whatever its exit code), its last
+    /// model call answered: the policy's doing, good or bad.
+    Policy,
+    /// The evaluator could not score the session.
+    Evaluator,
+    /// The inference backend: the session's last model call failed on the
+    /// backend's side (an error status, a cut stream, a timeout, an
+    /// `abort` finish) and the harness stopped after it.
+    Backend,
+    /// Polar itself: the runtime did not start, a prepare step failed, the
+    /// harness could not be run, or the agent failed a model call.
+    Polar,
+    /// The session's time budget ran out.
+    Budget,
+}
+
+impl EndedBy {
+    /// Whether the infrastructure (the backend or Polar) ended the session:
+    /// such a sample is no evidence about the policy.
+    pub fn is_infra(self) -> bool {
+        matches!(self, Self::Backend | Self::Polar)
+    }
+
+    /// The snake_case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Policy => "policy",
+            Self::Evaluator => "evaluator",
+            Self::Backend => "backend",
+            Self::Polar => "polar",
+            Self::Budget => "budget",
+        }
+    }
 }
 
 /// How a session ended, as the runner saw it.
@@ -289,6 +341,9 @@ pub struct TrajectoryMetadata {
     /// The outcome reward, once assigned.
     #[serde(default)]
     pub reward: Option<f64>,
+    /// Who ended the session ([`SessionMeta::ended_by`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_by: Option<EndedBy>,
 }
 
 /// Everything one session produced for training.

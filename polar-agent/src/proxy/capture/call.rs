@@ -117,12 +117,12 @@ async fn translate_and_answer(
         Ok(j) => j,
         Err(e) => {
             let err = ProviderError::invalid(format!("the request body is not JSON: {e}"));
-            return fail_early(&log, draft, api, err, None).await;
+            return fail_early(&log, draft, api, err, None, None).await;
         }
     };
     let parsed = match provider::parse_request(&call, json) {
         Ok(p) => p,
-        Err(err) => return fail_early(&log, draft, api, err, None).await,
+        Err(err) => return fail_early(&log, draft, api, err, None, None).await,
     };
     let opts = parsed.reply_options(&call, received_ms / 1000);
     let ParsedRequest {
@@ -141,7 +141,7 @@ async fn translate_and_answer(
                 let err = ProviderError::invalid(format!(
                     "Previous response with id '{prev}' not found."
                 ));
-                return fail_early(&log, draft, api, err, None).await;
+                return fail_early(&log, draft, api, err, None, None).await;
             }
         }
     }
@@ -152,7 +152,7 @@ async fn translate_and_answer(
             ErrorKind::Internal,
             format!("the route names backend {backend_name:?}, which is not configured"),
         );
-        return fail_early(&log, draft, api, err, Some(backend_name)).await;
+        return fail_early(&log, draft, api, err, Some(backend_name), None).await;
     };
     let stream = match client.chat(session.as_str(), &draft.request).await {
         Ok(s) => s,
@@ -160,7 +160,18 @@ async fn translate_and_answer(
             tracing::warn!(session = %session, seq = draft.seq, error = %e, "inference call failed");
             let err = errors::provider_error(&e);
             errors::count_backend(&log, &err);
-            return fail_early(&log, draft, api, err, Some(backend_name)).await;
+            // A replica that answered (an error status, a timeout) is named
+            // in the record, with the model it was asked for.
+            let cfg = client.config();
+            let answered = e.replica().map(|replica| polar_inference::BackendInfo {
+                backend: backend_name.clone(),
+                dialect: cfg.dialect,
+                replica: replica.to_owned(),
+                served_model: cfg.map_model(&draft.request.model).to_owned(),
+                weight_version: None,
+                attempts: 1,
+            });
+            return fail_early(&log, draft, api, err, Some(backend_name), answered).await;
         }
     };
     let early = draft.encode_early();
@@ -177,24 +188,34 @@ async fn translate_and_answer(
     }
 }
 
-/// A call that failed before any reply existed: recorded, then answered
-/// with an error response in the API's shape.
+/// A call that failed before any reply existed: recorded (with the
+/// replica, when one answered), then answered with an error response in
+/// the API's shape.
 async fn fail_early(
     log: &SessionLog,
     draft: Draft,
     api: Api,
     err: ProviderError,
     backend_name: Option<String>,
+    backend: Option<polar_inference::BackendInfo>,
 ) -> Response<ProxyBody> {
     if err.side == Side::Harness {
         tracing::info!(seq = draft.seq, error = %err, "refused a model call");
     }
+    // A request the backend refused (a prompt over its context...) is
+    // recorded on the harness's side: the policy's doing, not a fault of
+    // the infrastructure (the backend error counters still count it).
+    let side = match err.kind {
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge => Side::Harness,
+        _ => err.side,
+    };
     let record = draft.finish(
         Produced {
             backend_name,
+            backend,
             ..Produced::default()
         },
-        Some((err.side, err.message.clone())),
+        Some((side, err.message.clone())),
     );
     if let Err(resp) = append(log, record, RecordParts::default(), api).await {
         return resp;

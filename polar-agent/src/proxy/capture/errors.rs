@@ -22,9 +22,13 @@ pub fn count_backend(log: &polar_capture::SessionLog, err: &ProviderError) {
 }
 
 /// How an inference failure is reported to the harness: unreachable 502,
-/// timeout 504, overloaded (HTTP 429/503 from the backend) 429 (529 for
-/// Anthropic), a request the backend refused (400/413/422, e.g. a prompt
-/// over the context) 400, anything else 502.
+/// timeout 504, overloaded (HTTP 429/503 from the backend) and an `abort`
+/// finish (the backend stopped generating: paused for a weight update,
+/// aborted) as the API's own overload (503; 529 for Anthropic, see
+/// [`ErrorKind::status`]), a request the backend refused (400/413/422,
+/// e.g. a prompt over the context) 400, anything else 502. Every backend
+/// failure but a refused request is answered with a status all six
+/// harness CLIs retry.
 pub fn provider_error(e: &InferenceError) -> ProviderError {
     let backend = |kind, message: String| ProviderError::new(Side::Backend, kind, message);
     match e {
@@ -72,6 +76,10 @@ pub fn provider_error(e: &InferenceError) -> ProviderError {
         | InferenceError::StreamCut { backend: b, .. } => backend(
             ErrorKind::BackendError,
             format!("inference backend {b} dropped the connection mid-reply"),
+        ),
+        InferenceError::Aborted { backend: b, .. } => backend(
+            ErrorKind::Overloaded,
+            format!("inference backend {b} stopped generating before the end of the turn"),
         ),
         InferenceError::Malformed { backend: b, .. } => backend(
             ErrorKind::BackendError,
@@ -129,8 +137,29 @@ mod tests {
             502
         );
         assert_eq!(status(s(500, "boom"), Api::OpenaiChat), 502);
-        assert_eq!(status(s(503, ""), Api::AnthropicMessages), 529);
-        assert_eq!(status(s(429, ""), Api::Gemini), 429);
+        // A backend's 503 (and 429) is the API's overload: 503 where its
+        // servers use it (Codex CLI retries it, not a 429), 529 for
+        // Anthropic (Claude Code retries it).
+        for (code, api, want) in [
+            (503, Api::AnthropicMessages, 529),
+            (503, Api::OpenaiResponses, 503),
+            (503, Api::OpenaiChat, 503),
+            (503, Api::Gemini, 503),
+            (429, Api::OpenaiResponses, 503),
+            (429, Api::Gemini, 503),
+            (500, Api::OpenaiResponses, 502),
+            (502, Api::AnthropicMessages, 502),
+        ] {
+            assert_eq!(status(s(code, ""), api), want, "{code} on {api:?}");
+        }
+        let aborted = || InferenceError::Aborted {
+            backend: "b".into(),
+            replica: "r".into(),
+            events: 3,
+        };
+        assert_eq!(status(aborted(), Api::OpenaiResponses), 503);
+        assert_eq!(status(aborted(), Api::AnthropicMessages), 529);
+        assert_eq!(provider_error(&aborted()).side, Side::Backend);
         let e = provider_error(&s(400, r#"{"object":"error","message":"too long"}"#));
         assert_eq!(e.kind.status(Api::OpenaiChat), 400);
         assert!(e.message.ends_with("HTTP 400: too long"), "{}", e.message);

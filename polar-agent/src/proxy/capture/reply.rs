@@ -2,8 +2,9 @@
 //! harness's API:
 //!
 //! - [`whole`]: the reply is collected, recorded, then sent as one body;
-//! - [`streamed`]: the first event is awaited (so a backend that fails
-//!   before it gets a proper error status), then every event is encoded by
+//! - [`streamed`]: the first output is awaited (so a backend that fails
+//!   before it, an `abort` finish included, gets a proper error status
+//!   that the harness retries), then every event is encoded by
 //!   the API's stream encoder and sent as it arrives, through a channel
 //!   body fed by a task. The bytes of the final event (or of the mid-stream
 //!   error event) are held back until the record is on disk. A harness that
@@ -227,34 +228,46 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     }
 }
 
-/// Streams the reply as it is generated (see the module docs).
+/// Streams the reply as it is generated (see the module docs). The reply
+/// head waits for the first event that is not the reply's `Start` (which
+/// carries nothing the harness needs yet): a backend that fails before any
+/// output (an error, a cut, an `abort` finish) is answered with an error
+/// status, which every harness retries, instead of an error inside a
+/// stream, which most harnesses do not.
 pub(super) async fn streamed(
     call: Call,
     mut stream: ChatStream,
     tasks: &Tasks,
 ) -> Response<ProxyBody> {
-    let first = match stream.next().await {
-        Some(Ok(ev)) => ev,
-        failed => {
-            let (err, text) = match failed {
-                Some(Err(e)) => (provider_error(&e), recorded_error(&e)),
-                _ => (no_finish(), no_finish().message),
-            };
-            errors::count_backend(&call.log, &err);
-            tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first event");
-            let mut ahead = Ahead::new(call.early);
-            let failure = Some((Side::Backend, text));
-            let produced = ahead.produced(&mut stream, &[]);
-            let (record, parts) = ahead.record(call.draft, produced, failure).await;
-            if let Err(resp) = append(&call.log, record, parts, call.api).await {
-                return resp;
+    let mut held = Vec::with_capacity(2);
+    let failed = loop {
+        match stream.next().await {
+            Some(Ok(ev)) => {
+                let start = matches!(ev, StreamEvent::Start { .. });
+                held.push(ev);
+                if !start || held.len() == 2 {
+                    break None;
+                }
             }
-            return errors::respond(call.api, &err);
+            Some(Err(e)) => break Some((provider_error(&e), recorded_error(&e))),
+            None => break Some((no_finish(), no_finish().message)),
         }
     };
+    if let Some((err, text)) = failed {
+        errors::count_backend(&call.log, &err);
+        tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first output");
+        let mut ahead = Ahead::new(call.early);
+        let failure = Some((Side::Backend, text));
+        let produced = ahead.produced(&mut stream, &held);
+        let (record, parts) = ahead.record(call.draft, produced, failure).await;
+        if let Err(resp) = append(&call.log, record, parts, call.api).await {
+            return resp;
+        }
+        return errors::respond(call.api, &err);
+    }
     let framing = call.opts.framing;
     let (tx, body) = channel();
-    tasks.spawn(pump(call, stream, first, tx).instrument(tracing::Span::current()));
+    tasks.spawn(pump(call, stream, held, tx).instrument(tracing::Span::current()));
     let mut resp = Response::new(body);
     let h = resp.headers_mut();
     h.insert(
@@ -275,7 +288,8 @@ enum End {
     HarnessGone,
 }
 
-async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySender) {
+/// Sends `held` (the events already pulled), then the rest of the stream.
+async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: BodySender) {
     let Call {
         log,
         draft,
@@ -288,10 +302,10 @@ async fn pump(call: Call, mut stream: ChatStream, first: StreamEvent, tx: BodySe
     let mut enc = provider::encoder(api, &opts);
     let mut events = Vec::with_capacity(8);
     let mut tokens = ReplyTokensJson::default();
-    let mut next = Some(Ok(first));
+    let mut held = held.into_iter();
     let end = loop {
-        let item = match next.take() {
-            Some(item) => Some(item),
+        let item = match held.next() {
+            Some(ev) => Some(Ok(ev)),
             None => tokio::select! {
                 biased;
                 () = tx.closed() => break End::HarnessGone,

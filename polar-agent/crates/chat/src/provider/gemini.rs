@@ -802,8 +802,7 @@ fn status_name(kind: ErrorKind) -> &'static str {
             "INVALID_ARGUMENT"
         }
         ErrorKind::NotFound => "NOT_FOUND",
-        ErrorKind::Overloaded => "RESOURCE_EXHAUSTED",
-        ErrorKind::BackendUnavailable => "UNAVAILABLE",
+        ErrorKind::Overloaded | ErrorKind::BackendUnavailable => "UNAVAILABLE",
         ErrorKind::BackendTimeout => "DEADLINE_EXCEEDED",
         ErrorKind::BackendError | ErrorKind::Internal => "INTERNAL",
     }

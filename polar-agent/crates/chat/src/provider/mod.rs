@@ -80,7 +80,9 @@ pub enum ErrorKind {
     /// The backend answered with an error or garbage (502).
     #[error("backend error")]
     BackendError,
-    /// The backend is overloaded or paused (429; 529 for Anthropic).
+    /// The backend is overloaded, paused, or stopped the generation (503;
+    /// 529 for Anthropic): what each API's own servers answer when
+    /// overloaded, retried by every harness of that API.
     #[error("overloaded")]
     Overloaded,
     /// The agent failed (500).
@@ -89,7 +91,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// The HTTP status for this kind in `api`'s conventions.
+    /// The HTTP status for this kind in `api`'s conventions, chosen so that
+    /// every harness's own retry logic applies to the backend's transient
+    /// failures (docs/ROLLOUT-API.md, "Faults"): an overload is what the
+    /// API's servers send for one (Anthropic `529 overloaded_error`, OpenAI
+    /// `503`, Gemini `503 UNAVAILABLE`), never 429, which Codex CLI does not
+    /// retry; a backend that failed or could not be reached is 502, and one
+    /// too slow 504 (5xx: retried by all six CLIs).
     pub fn status(self, api: Api) -> u16 {
         match self {
             Self::InvalidRequest | Self::Unsupported => 400,
@@ -97,8 +105,10 @@ impl ErrorKind {
             Self::NotFound => 404,
             Self::BackendUnavailable | Self::BackendError => 502,
             Self::BackendTimeout => 504,
-            Self::Overloaded if api == Api::AnthropicMessages => 529,
-            Self::Overloaded => 429,
+            Self::Overloaded => match api {
+                Api::AnthropicMessages => 529,
+                Api::OpenaiChat | Api::OpenaiResponses | Api::Gemini => 503,
+            },
             Self::Internal => 500,
         }
     }

@@ -183,12 +183,21 @@ fn statuses_per_kind() {
         (K::BackendUnavailable, 502),
         (K::BackendError, 502),
         (K::BackendTimeout, 504),
-        (K::Overloaded, 429),
+        (K::Overloaded, 503),
         (K::Internal, 500),
     ] {
         assert_eq!(kind.status(Api::OpenaiChat), want, "{kind:?}");
     }
-    assert_eq!(K::Overloaded.status(Api::AnthropicMessages), 529);
+    // An overload is answered as each API's own servers answer one: never
+    // 429, which Codex CLI (OpenAI Responses) does not retry.
+    for (api, want) in [
+        (Api::AnthropicMessages, 529),
+        (Api::OpenaiChat, 503),
+        (Api::OpenaiResponses, 503),
+        (Api::Gemini, 503),
+    ] {
+        assert_eq!(K::Overloaded.status(api), want, "{api:?}");
+    }
     let err = ProviderError::new(Side::Backend, K::BackendTimeout, "slow");
     assert_eq!(err.to_string(), "backend timeout (backend side): slow");
     for api in [

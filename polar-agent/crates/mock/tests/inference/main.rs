@@ -317,6 +317,41 @@ async fn mid_stream_disconnect_is_a_distinct_error_after_the_events() {
 }
 
 #[tokio::test]
+async fn an_abort_finish_is_an_error_with_the_tokens_before_it() {
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        for (after, streamed) in [(3, true), (0, true), (3, false)] {
+            let turn = Turn {
+                text: Some("one two three four five six".into()),
+                abort_after: Some(after),
+                ..Turn::default()
+            };
+            let mock = mock_with(dialect, vec![turn]).await;
+            let client = Client::new(backend(dialect, vec![mock.url()])).unwrap();
+            let mut s = client.chat("s-a", &request(streamed)).await.unwrap();
+            let (events, err) = drain(&mut s).await;
+            let what = format!("{dialect:?} after {after} streamed {streamed}");
+            match err {
+                Some(InferenceError::Aborted { events: n, .. }) => assert_eq!(n, events.len()),
+                other => panic!("{what}: expected Aborted, got {other:?}"),
+            }
+            // Never relayed as a finish: the turn did not end.
+            assert!(
+                !events
+                    .iter()
+                    .any(|e| matches!(e, StreamEvent::Finish { .. })),
+                "{what}"
+            );
+            let (ids, _) = s.response_tokens();
+            assert_eq!(ids.len(), after as usize, "{what}");
+            assert!(s.next().await.is_none());
+            let failures = client.pool().stats().replicas[0].failures;
+            assert_eq!(failures, 0, "{what}: an abort is no failure of the replica");
+            mock.stop().await;
+        }
+    }
+}
+
+#[tokio::test]
 async fn backend_http_error_is_classified() {
     for dialect in [Dialect::Vllm, Dialect::Sglang] {
         let mock = mock::start(MockConfig {

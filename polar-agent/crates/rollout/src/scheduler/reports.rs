@@ -64,13 +64,25 @@ impl Scheduler {
         self.check_current(sid, &r.node_id, r.attempt)?;
         self.counters.results += 1;
         if r.retry && r.status != SampleStatus::Completed {
-            let reason = format!(
-                "node {} failed the session: {}",
-                r.node_id,
-                r.error.as_deref().unwrap_or("no reason given")
-            );
-            self.lose(sid, &reason, now, wall_ms);
-            return Ok(());
+            // An attempt the infrastructure ended is run again while the
+            // retry limit allows, and kept (with its exported trajectory)
+            // once it does not; a node's own failure is run again or fails.
+            let at_limit = self
+                .sessions
+                .get(sid)
+                .is_some_and(|s| s.retries >= self.limits.max_retries);
+            if !(r.infra_fault && at_limit) {
+                let reason = format!(
+                    "node {} failed the session: {}",
+                    r.node_id,
+                    r.error.as_deref().unwrap_or("no reason given")
+                );
+                if r.infra_fault {
+                    self.counters.infra_reruns += 1;
+                }
+                self.lose(sid, &reason, now, wall_ms);
+                return Ok(());
+            }
         }
         if let Some(n) = self.nodes.get_mut(&r.node_id) {
             n.release(sid, now);

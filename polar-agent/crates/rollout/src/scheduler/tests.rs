@@ -55,6 +55,7 @@ fn result(node: &str, attempt: u32, status: SampleStatus) -> SessionResult {
         error: None,
         stats: None,
         retry: false,
+        infra_fault: false,
     }
 }
 
@@ -118,6 +119,67 @@ fn a_lost_node_has_its_sessions_dispatched_again_then_failed() {
     let v = s.task_view("t", true).unwrap();
     assert_eq!(v.status, TaskStatus::Failed);
     assert_eq!(v.counts.failed, 2);
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Failed { error } if error.contains("retry limit"))
+    );
+}
+
+#[test]
+fn an_attempt_the_infrastructure_ended_is_run_again_then_kept() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    let infra = |attempt| SessionResult {
+        reward: Some(0.0),
+        trajectory_uri: Some(format!("file:///x/t-s0-{attempt}.parquet")),
+        error: Some("the inference backend ended the session".into()),
+        retry: true,
+        infra_fault: true,
+        ..result("a", attempt, SampleStatus::Error)
+    };
+    // Attempt 1: the backend ended it: run again (retry 1 of 1).
+    s.result("t-s0", &infra(1), t0, 0).unwrap();
+    assert_eq!(s.queued(), 1);
+    assert_eq!(s.counters().infra_reruns, 1);
+    assert_eq!(s.counters().redispatches, 1);
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [("t-s0".to_owned(), "a".to_owned())]);
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!((v.samples[0].attempts, v.samples[0].retries), (2, 1));
+    // Attempt 2 too, at the limit: its result is kept, not failed.
+    s.result("t-s0", &infra(2), t0, 0).unwrap();
+    assert_eq!(s.counters().infra_reruns, 1);
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.counts.done, 1);
+    assert!(matches!(
+        &v.samples[0].state,
+        SessionState::Done { result, attempt: 2, .. }
+            if result.status == SampleStatus::Error
+                && result.trajectory_uri.as_deref() == Some("file:///x/t-s0-2.parquet")
+    ));
+}
+
+#[test]
+fn a_node_fault_at_the_retry_limit_fails_the_session() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    let node_fault = |attempt| SessionResult {
+        retry: true,
+        ..result("a", attempt, SampleStatus::Error)
+    };
+    s.result("t-s0", &node_fault(1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.result("t-s0", &node_fault(2), t0, 0).unwrap();
+    assert_eq!(s.counters().infra_reruns, 0);
+    let v = s.task_view("t", true).unwrap();
     assert!(
         matches!(&v.samples[0].state, SessionState::Failed { error } if error.contains("retry limit"))
     );

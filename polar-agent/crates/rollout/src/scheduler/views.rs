@@ -62,6 +62,7 @@ impl Scheduler {
                         sample_index: i,
                         session_id: sid,
                         attempts: s.attempts,
+                        retries: s.retries,
                         state: s.state.clone(),
                         ended_attempts: s.ended.clone(),
                     })

@@ -51,6 +51,7 @@ pub fn meta() -> SessionMeta {
         task_id: Some("task-1".into()),
         group_id: None,
         outcome: SessionOutcome::Completed,
+        ended_by: None,
         evaluation: None,
     }
 }

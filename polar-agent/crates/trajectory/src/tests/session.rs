@@ -2,7 +2,7 @@
 
 use super::kit::{Convo, Render, Sim, Turn, meta};
 use crate::{
-    Builder, Label, RewardError, Rewards, SCHEMA_VERSION, SessionOutcome, Trajectory,
+    Builder, EndedBy, Label, RewardError, Rewards, SCHEMA_VERSION, SessionOutcome, Trajectory,
     TrajectoryStatus, apply_rewards, build, check,
 };
 
@@ -115,6 +115,89 @@ fn failed_sessions_keep_their_traces_flagged() {
                 .all(|t| t.has_label(Label::SessionFailed))
         );
     }
+}
+
+#[test]
+fn who_ended_the_session_is_labelled() {
+    let sim = two_chains();
+    let labels = |outcome: SessionOutcome, ended_by: Option<EndedBy>| {
+        let meta = crate::SessionMeta {
+            outcome,
+            ended_by,
+            ..meta()
+        };
+        let traj = build(&Builder::default(), &sim.records, &meta);
+        assert_eq!(traj.metadata.ended_by, ended_by);
+        (traj.status, traj.traces[0].labels.clone())
+    };
+    let error = || SessionOutcome::Error {
+        message: "the backend failed".into(),
+    };
+    use Label::{EvaluatorFault, InfraFault, SessionFailed};
+    for (outcome, ended_by, status, want) in [
+        (
+            SessionOutcome::Completed,
+            None,
+            TrajectoryStatus::Completed,
+            vec![],
+        ),
+        (
+            SessionOutcome::Completed,
+            Some(EndedBy::Policy),
+            TrajectoryStatus::Completed,
+            vec![],
+        ),
+        (
+            SessionOutcome::Timeout,
+            Some(EndedBy::Budget),
+            TrajectoryStatus::Timeout,
+            vec![SessionFailed],
+        ),
+        (
+            error(),
+            Some(EndedBy::Backend),
+            TrajectoryStatus::Error,
+            vec![SessionFailed, InfraFault],
+        ),
+        (
+            error(),
+            Some(EndedBy::Polar),
+            TrajectoryStatus::Error,
+            vec![SessionFailed, InfraFault],
+        ),
+        (
+            error(),
+            Some(EndedBy::Evaluator),
+            TrajectoryStatus::Error,
+            vec![SessionFailed, EvaluatorFault],
+        ),
+        // A backend fault that ran the budget out: a timeout, not the policy's.
+        (
+            SessionOutcome::Timeout,
+            Some(EndedBy::Backend),
+            TrajectoryStatus::Timeout,
+            vec![SessionFailed, InfraFault],
+        ),
+    ] {
+        assert_eq!(labels(outcome, ended_by), (status, want), "{ended_by:?}");
+    }
+    let json = serde_json::to_value(labels_json(&sim)).unwrap_or_default();
+    assert_eq!(json["metadata"]["ended_by"], "backend");
+    assert_eq!(
+        json["traces"][0]["labels"],
+        serde_json::json!(["session_failed", "infra_fault"])
+    );
+}
+
+fn labels_json(sim: &Sim) -> Trajectory {
+    let meta = crate::SessionMeta {
+        outcome: SessionOutcome::Error {
+            message: "cut".into(),
+        },
+        ended_by: Some(EndedBy::Backend),
+        ..meta()
+    };
+    build(&Builder::default(), &sim.records, &meta)
 }
 
 #[test]

@@ -332,7 +332,7 @@ fn errors_in_gemini_shape() {
     for (kind, status, name) in [
         (ErrorKind::InvalidRequest, 400, "INVALID_ARGUMENT"),
         (ErrorKind::NotFound, 404, "NOT_FOUND"),
-        (ErrorKind::Overloaded, 429, "RESOURCE_EXHAUSTED"),
+        (ErrorKind::Overloaded, 503, "UNAVAILABLE"),
         (ErrorKind::BackendTimeout, 504, "DEADLINE_EXCEEDED"),
         (ErrorKind::BackendUnavailable, 502, "UNAVAILABLE"),
     ] {

@@ -367,7 +367,7 @@ fn tool_ids_round_trip_across_turns() {
 fn errors_in_openai_shape() {
     let err = ProviderError::new(Side::Backend, ErrorKind::Overloaded, "busy");
     let (status, body) = error_body(&err);
-    assert_eq!(status, 429);
+    assert_eq!(status, 503, "Codex CLI retries 5xx, not 429");
     assert_eq!(body["error"]["code"], "server_is_overloaded");
     let mut enc = OpenaiResponses::encoder(&opts());
     let mut out = enc
