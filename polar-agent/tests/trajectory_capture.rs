@@ -107,6 +107,8 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
             group_id: None,
             outcome: SessionOutcome::Completed,
             evaluation: None,
+            policy_version: None,
+            instruction: None,
         };
         let traj = polar_trajectory::build(&builder, &records, &meta);
         polar_trajectory::check(&traj, &records).unwrap();

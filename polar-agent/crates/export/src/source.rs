@@ -190,6 +190,8 @@ fn session_info(
             group_id: string(json, "group_id")?,
             outcome: recorded.clone().unwrap_or(SessionOutcome::Completed),
             evaluation: field(json, "evaluation").cloned(),
+            policy_version: string(json, "policy_version")?,
+            instruction: string(json, "instruction")?,
         },
         rewards,
         outcome_recorded: recorded.is_some(),
@@ -229,7 +231,7 @@ mod tests {
     fn session_file_fields_are_read_tolerantly() {
         let i = info(json!({
             "task_id": "t",
-            "metadata": {"group_id": "g", "harness": "codex"},
+            "metadata": {"group_id": "g", "harness": "codex", "policy_version": "w-42"},
             "outcome": {"kind": "error", "message": "boom"},
             "reward": 0.5,
             "unknown": [1, 2]
@@ -237,6 +239,7 @@ mod tests {
         assert_eq!(i.meta.session_id, "dir");
         assert_eq!(i.meta.task_id.as_deref(), Some("t"));
         assert_eq!(i.meta.group_id.as_deref(), Some("g"));
+        assert_eq!(i.meta.policy_version.as_deref(), Some("w-42"));
         assert_eq!(
             i.meta.outcome,
             SessionOutcome::Error {
