@@ -287,7 +287,10 @@ async fn a_harness_session_is_stamped_with_its_task_and_exported_under_it() -> R
                 "{rel}: {row}"
             );
             // The mock's `x-weight-version` header: the backend's own.
-            ensure!(row["weight_version"] == mock.weight_version(), "{rel}: {row}");
+            ensure!(
+                row["weight_version"] == MockConfig::default().weight_version,
+                "{rel}: {row}"
+            );
             let spans = &row["trace_metadata"]["spans"];
             ensure!(spans[0]["policy_version"] == "w-42", "{rel}: {spans}");
         }

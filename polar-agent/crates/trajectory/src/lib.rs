@@ -52,7 +52,7 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta
         Builder::PrefixMerging(opts) => prefix_merging::build(records, opts),
     };
     let grouping = match builder {
-        Builder::PerRequest => roles::Grouping::FirstUserMessage,
+        Builder::PerRequest => roles::Grouping::Opening,
         Builder::PrefixMerging(_) => roles::Grouping::Chain,
     };
     roles::assign(&mut traces, records, meta.instruction.as_deref(), grouping);

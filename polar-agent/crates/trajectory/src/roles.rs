@@ -3,8 +3,8 @@
 //! by their order (a harness's title call often comes first).
 //!
 //! The traces are grouped into conversations: a chain's traces
-//! (`prefix_merging`), or the calls sharing a first user message
-//! (`per_request`, where each call is its own chain). Then:
+//! (`prefix_merging`), or the calls sharing a system prompt and first user
+//! message (`per_request`, where each call is its own chain). Then:
 //!
 //! - a conversation is `side` when one of its calls asks for structured
 //!   output (a title, a router's decision), or when the session offers
@@ -31,8 +31,9 @@ use super::types::{ChainRole, Label, Trace};
 pub(crate) enum Grouping {
     /// By chain (`prefix_merging`).
     Chain,
-    /// By the first user message of the trace's first call (`per_request`).
-    FirstUserMessage,
+    /// By the system prompt and first user message of the trace's first
+    /// call (`per_request`).
+    Opening,
 }
 
 /// What the role rules look at in one conversation.
@@ -50,12 +51,20 @@ fn offers_tools(req: &ChatRequest) -> bool {
     !req.tools.is_empty() && req.tool_choice != Some(polar_chat::ToolChoice::None)
 }
 
-/// The text of `req`'s first user message.
-fn first_user_text(req: &ChatRequest) -> Option<String> {
-    req.messages
-        .iter()
-        .find(|m| m.role == Role::User)
-        .map(polar_chat::Message::joined_text)
+/// What opens `req`'s conversation: its system prompt and first user
+/// message (a title call quoting the task has a system prompt of its own).
+fn opening(req: &ChatRequest) -> Option<String> {
+    let first = |role: Role| {
+        req.messages
+            .iter()
+            .find(|m| m.role == role)
+            .map(polar_chat::Message::joined_text)
+    };
+    let user = first(Role::User)?;
+    let system = first(Role::System)
+        .or_else(|| first(Role::Developer))
+        .unwrap_or_default();
+    Some(format!("{system}\u{0}{user}"))
 }
 
 /// Whether a user message of `req` contains `instruction` (Codex sends its
@@ -86,11 +95,10 @@ pub(crate) fn assign(
             .iter()
             .filter_map(|c| by_id.get(c.as_str()).copied())
             .collect();
-        let first_text = calls.first().and_then(|r| first_user_text(&r.request));
         let key = match grouping {
             Grouping::Chain => format!("chain {}", t.chain.0),
-            Grouping::FirstUserMessage => match &first_text {
-                Some(text) => format!("user {text}"),
+            Grouping::Opening => match calls.first().and_then(|r| opening(&r.request)) {
+                Some(text) => format!("opening {text}"),
                 None => format!("call {i}"),
             },
         };
@@ -103,7 +111,7 @@ pub(crate) fn assign(
         c.offers_tools |= calls.iter().any(|r| offers_tools(&r.request));
         c.structured |= calls.iter().any(|r| r.request.response_format.is_some());
         // A chain's first segment names its task.
-        let opens = grouping == Grouping::FirstUserMessage || t.segment == 0;
+        let opens = grouping == Grouping::Opening || t.segment == 0;
         if opens && let (Some(want), Some(first)) = (instruction, calls.first()) {
             c.carries_task |= names_task(&first.request, want);
         }

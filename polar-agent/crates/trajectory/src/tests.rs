@@ -5,5 +5,6 @@ mod checker;
 mod kit;
 mod props;
 mod retry_splices;
+mod roles;
 mod scenarios;
 mod session;

@@ -151,7 +151,9 @@ pub enum Join {
 
 /// What a chain is, decided by what its calls are (not by their order):
 /// see the `roles` module.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ChainRole {
     /// The main agent's conversation: the one carrying the session's task.
