@@ -277,7 +277,11 @@ async fn a_harness_session_is_stamped_with_its_task_and_exported_under_it() -> R
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .collect();
-    ensure!(!files.is_empty(), "nothing exported under {}", out.display());
+    ensure!(
+        !files.is_empty(),
+        "nothing exported under {}",
+        out.display()
+    );
     for f in &files {
         let rel = f.strip_prefix(&out)?.display().to_string();
         ensure!(rel.starts_with("task=t-7/"), "{rel}");

@@ -126,6 +126,15 @@ fn check(name: &str, run: &SessionRun) -> Vec<String> {
                 .filter(|c| c.request.response_format.is_some())
                 .map(|c| c.call_id.as_str())
                 .collect();
+            let mut roles = std::collections::BTreeMap::<String, usize>::new();
+            for r in &rows {
+                *roles.entry(r["chain_role"].to_string()).or_default() += 1;
+            }
+            eprintln!(
+                "{name}: {} calls, {} asking for structured output; rows by role {roles:?}",
+                calls.len(),
+                structured.len()
+            );
             problems.extend(recipe_problems(&rows, &structured));
         }
         Err(e) => problems.push(format!("export: {e:#}")),

@@ -200,10 +200,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let parts = AgentParts::build(config)?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
     parts.sessions.register(&session, None);
-    parts.registry.register(
-        &session,
-        args.session_info(),
-    );
+    parts.registry.register(&session, args.session_info());
     if let Some(c) = &parts.capture {
         c.spawn_health_checks();
     }

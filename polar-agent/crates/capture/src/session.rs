@@ -32,7 +32,9 @@ impl SessionInfo {
     /// The policy version the session runs under
     /// (`metadata.policy_version`), stamped on each of its records.
     pub fn policy_version(&self) -> Option<&str> {
-        self.metadata.get(POLICY_VERSION_KEY).and_then(Value::as_str)
+        self.metadata
+            .get(POLICY_VERSION_KEY)
+            .and_then(Value::as_str)
     }
 
     /// Sets the session's policy version.
@@ -134,7 +136,10 @@ mod tests {
     fn a_weight_update_restamps_every_registered_session() {
         let r = SessionRegistry::new();
         let (a, b): (SessionId, SessionId) = ("s-a".parse().unwrap(), "s-b".parse().unwrap());
-        r.register(&a, SessionInfo::task("t").with_policy_version(Some("w-42".into())));
+        r.register(
+            &a,
+            SessionInfo::task("t").with_policy_version(Some("w-42".into())),
+        );
         r.register(&b, SessionInfo::task("t"));
         r.set_policy_version("w-43");
         for s in [&a, &b] {

@@ -170,7 +170,8 @@ impl ColumnBuilders {
         self.builder.append_value(&row.builder);
         self.trace_index.append_value(row.trace_index);
         self.chain.append_value(row.chain);
-        self.chain_role.append_value(chain_role_name(row.chain_role));
+        self.chain_role
+            .append_value(chain_role_name(row.chain_role));
         self.segment.append_value(row.segment);
         self.segment_kind.append_value(&row.segment_kind);
         self.break_reason

@@ -317,7 +317,11 @@ mod tests {
             br#"{"version": "w-43"}"#,
             b"w-43",
         ] {
-            assert!(resume_version(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(
+                resume_version(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

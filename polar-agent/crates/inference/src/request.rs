@@ -414,7 +414,11 @@ mod tests {
         for dialect in [Dialect::Vllm, Dialect::Sglang] {
             let cfg = BackendConfig::new("b", dialect, vec!["http://127.0.0.1:1".into()], "m");
             let mut req = conversation();
-            assert!(chat_body(&cfg, &req, SamplingMode::Train).get("response_format").is_none());
+            assert!(
+                chat_body(&cfg, &req, SamplingMode::Train)
+                    .get("response_format")
+                    .is_none()
+            );
             req.response_format = Some(ResponseFormat::JsonSchema {
                 name: "title".into(),
                 schema: schema.clone(),

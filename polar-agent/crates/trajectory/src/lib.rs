@@ -35,8 +35,8 @@ pub use rewards::{RewardError, Rewards, apply_rewards};
 pub use stats::{DropReason, DroppedCall, ReconstructionStats};
 pub use template::{TemplateError, TemplateInfo, TemplateTokens};
 pub use types::{
-    BreakReason, CallSpan, ChainId, ChainRole, Join, Label, SCHEMA_VERSION, SegmentKind, SegmentLink,
-    SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
+    BreakReason, CallSpan, ChainId, ChainRole, Join, Label, SCHEMA_VERSION, SegmentKind,
+    SegmentLink, SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
     TrajectoryStatus,
 };
 

@@ -167,11 +167,7 @@ pub fn gemini(
     lower: fn(Json<'_>) -> Value,
 ) -> Result<Option<ResponseFormat>, ProviderError> {
     let Some(gc) = gc else { return Ok(None) };
-    let get = |keys: &[&str]| {
-        keys.iter()
-            .find_map(|k| gc.get(k))
-            .filter(|v| !v.is_null())
-    };
+    let get = |keys: &[&str]| keys.iter().find_map(|k| gc.get(k)).filter(|v| !v.is_null());
     let mime = get(&["responseMimeType", "response_mime_type"])
         .and_then(|m| m.as_str().map(|s| s.into_owned()));
     let json_schema_v = get(&[
@@ -236,7 +232,9 @@ mod tests {
             Ok(Some(ResponseFormat::JsonObject))
         );
         assert_eq!(
-            read(json!({"type": "json_schema", "json_schema": {"name": "title", "schema": s, "strict": true}})),
+            read(
+                json!({"type": "json_schema", "json_schema": {"name": "title", "schema": s, "strict": true}})
+            ),
             Ok(Some(ResponseFormat::JsonSchema {
                 name: "title".into(),
                 schema: s.clone(),
@@ -286,7 +284,9 @@ mod tests {
             Ok(Some(schema_of(DEFAULT_SCHEMA_NAME)))
         );
         assert_eq!(
-            read(json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": s}}})),
+            read(
+                json!({"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": s}}})
+            ),
             Ok(Some(schema_of(DEFAULT_SCHEMA_NAME)))
         );
         assert_eq!(read(json!({"output_config": {"effort": "low"}})), Ok(None));

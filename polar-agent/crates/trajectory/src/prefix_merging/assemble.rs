@@ -15,7 +15,6 @@
 //!   compaction). Any other root starts a new chain: a sub-agent or a side
 //!   request, running alongside or after the others.
 
-
 use crate::calls::Call;
 use crate::options::{PrefixMergingOptions, RetryPolicy};
 use crate::stats::{DropReason, DroppedCall};
