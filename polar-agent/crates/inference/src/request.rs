@@ -9,8 +9,12 @@ use serde_json::{Map, Value, json};
 use super::{BackendConfig, Dialect, SamplingMode};
 use polar_chat::{ChatRequest, Message, Part, ResponseFormat, Role, ToolChoice};
 
-/// Fields of `ChatRequest::extra` passed on to the backend as they are.
-pub const FORWARDED_EXTRA: [&str; 2] = ["chat_template_kwargs", "polar_mock"];
+/// Fields of `ChatRequest::extra` passed on to the backend as they are
+/// (`parallel_tool_calls`: OpenAI's own field, or Anthropic's
+/// `tool_choice.disable_parallel_tool_use` read into it; both dialects
+/// take it).
+pub const FORWARDED_EXTRA: [&str; 3] =
+    ["chat_template_kwargs", "polar_mock", "parallel_tool_calls"];
 
 /// Whether calls to this dialect stream upstream (vLLM streams with ids;
 /// SGLang gives ids only without streaming).
@@ -433,8 +437,10 @@ mod tests {
             let parsed: Value = serde_json::from_slice(&bytes).unwrap();
             assert_eq!(parsed["response_format"], body["response_format"]);
             req.response_format = Some(ResponseFormat::JsonObject);
+            req.extra.insert("parallel_tool_calls".into(), json!(false));
             let body = chat_body(&cfg, &req, SamplingMode::Train);
             assert_eq!(body["response_format"], json!({"type": "json_object"}));
+            assert_eq!(body["parallel_tool_calls"], false);
         }
     }
 }
