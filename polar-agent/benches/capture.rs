@@ -321,6 +321,7 @@ fn stage_work() {
             seq: head.seq,
             session_id: head.session_id,
             task_id: Some("t".into()),
+            policy_version: None,
             native,
             request: parsed.request,
             received_ms: now_ms(),

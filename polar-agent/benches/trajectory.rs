@@ -51,6 +51,7 @@ fn record(seq: usize, system: &str, prompt: Vec<u32>, response: Vec<u32>) -> Com
         seq: seq as u64,
         session_id: "bench".into(),
         task_id: None,
+        policy_version: None,
         native_request: NativeRequest {
             api: Api::OpenaiChat,
             method: "POST".into(),
@@ -63,6 +64,7 @@ fn record(seq: usize, system: &str, prompt: Vec<u32>, response: Vec<u32>) -> Com
             messages: vec![Message::text(Role::System, system)],
             tools: Vec::new(),
             tool_choice: None,
+            response_format: None,
             sampling: Sampling::default(),
             stream: true,
             extra: Map::new(),
@@ -139,6 +141,8 @@ fn meta() -> SessionMeta {
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,
+        policy_version: None,
+        instruction: None,
     }
 }
 

@@ -139,6 +139,13 @@ async fn counters_equal_what_the_capture_logs_hold() {
         failed["backend"]
     );
     assert_eq!(sample(&text, "polar_sessions{stage=\"running\"}"), 9);
+    // Base-URL connections count like transparent ones: one client, so one
+    // connection, per request.
+    assert_eq!(sample(&text, "polar_proxy_connections_total"), 17);
+    assert_eq!(
+        sample(&text, "polar_proxy_decisions_total{action=\"model\"}"),
+        17
+    );
     agent.stop().await;
     mock.stop().await;
 }

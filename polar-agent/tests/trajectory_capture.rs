@@ -108,6 +108,8 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
             outcome: SessionOutcome::Completed,
             ended_by: None,
             evaluation: None,
+            policy_version: None,
+            instruction: None,
         };
         let traj = polar_trajectory::build(&builder, &records, &meta);
         polar_trajectory::check(&traj, &records).unwrap();

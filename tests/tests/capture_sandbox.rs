@@ -192,3 +192,130 @@ backend = "mock"
     mock.stop().await;
     Ok(())
 }
+
+/// `polar sandbox run --harness shell --task ID --policy-version V`: the
+/// harness session's records and `session.json` carry the task and the
+/// policy version, and `polar export` writes its rows under the task's
+/// partition (not `__HIVE_DEFAULT_PARTITION__`) with that policy version
+/// beside the weight version the backend reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+async fn a_harness_session_is_stamped_with_its_task_and_exported_under_it() -> Result<()> {
+    let mock = mock::start(MockConfig::default()).await?;
+    let tmp = polar_tests::sandbox_tempdir()?;
+    let cfg = polar_tests::write_config(
+        tmp.path(),
+        &format!(
+            "[[backend]]\nname = \"mock\"\ndialect = \"vllm\"\nreplicas = [\"{}\"]\n\
+             served_model = \"polar-mock\"\n",
+            mock.url()
+        ),
+    )?
+    .display()
+    .to_string();
+    let (_, url, body, expect) = CALLS[2];
+    let script = format!(
+        "curl -sS --max-time 30 -H 'content-type: application/json' \
+         -H 'authorization: Bearer dummy' -d '{body}' '{url}'"
+    );
+    let run = tokio::task::spawn_blocking({
+        let cfg = cfg.clone();
+        move || {
+            polar_tests::session_run(
+                &[
+                    "--config",
+                    &cfg,
+                    "--session",
+                    "task-stamp",
+                    "--harness",
+                    "shell",
+                    "--task",
+                    "t-7",
+                    "--policy-version",
+                    "w-42",
+                    "--budget-secs",
+                    "60",
+                ],
+                &["sh", "-c", &script],
+            )
+        }
+    })
+    .await??;
+    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    let session_dir = tmp.path().join("state/sessions/task-stamp");
+    let (records, problems) = read_log(&session_dir.join("calls.jsonl"))?;
+    ensure!(problems.is_empty(), "{problems:?}");
+    ensure!(records.len() == 1, "{records:?}\n{}", run.main_logs());
+    ensure!(
+        records[0].task_id.as_deref() == Some("t-7")
+            && records[0].policy_version.as_deref() == Some("w-42"),
+        "{:?} {:?}",
+        records[0].task_id,
+        records[0].policy_version
+    );
+    let session: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(session_dir.join("session.json"))?)?;
+    ensure!(
+        session["task_id"] == "t-7" && session["metadata"]["policy_version"] == "w-42",
+        "{session}"
+    );
+    let logs = run.main_logs();
+    ensure!(logs.contains(expect), "{logs}");
+    let out = tmp.path().join("export");
+    let export = std::process::Command::new(polar_tests::polar_bin()?)
+        .args(["export", "--json", "--format", "jsonl", "--state-dir"])
+        .arg(tmp.path().join("state"))
+        .arg("--out")
+        .arg(&out)
+        .output()?;
+    ensure!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let files: Vec<_> = walk(&out)?
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    ensure!(
+        !files.is_empty(),
+        "nothing exported under {}",
+        out.display()
+    );
+    for f in &files {
+        let rel = f.strip_prefix(&out)?.display().to_string();
+        ensure!(rel.starts_with("task=t-7/"), "{rel}");
+        for row in polar_tests::json_lines(&std::fs::read(f)?) {
+            ensure!(
+                row["task_id"] == "t-7" && row["policy_version"] == "w-42",
+                "{rel}: {row}"
+            );
+            // The mock's `x-weight-version` header: the backend's own.
+            ensure!(
+                row["weight_version"] == MockConfig::default().weight_version,
+                "{rel}: {row}"
+            );
+            let spans = &row["trace_metadata"]["spans"];
+            ensure!(spans[0]["policy_version"] == "w-42", "{rel}: {spans}");
+        }
+    }
+    mock.stop().await;
+    Ok(())
+}
+
+/// Every file below `dir`.
+fn walk(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}

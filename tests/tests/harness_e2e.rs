@@ -5,7 +5,10 @@
 //! policy makes it call its shell tool to write `polar-demo.txt`, then
 //! answers "done". Asserted for each: the harness exits with 0, the file is
 //! in its workspace, and every call in the session's capture log has prompt
-//! and response token ids. The six run at once, each bounded by its budget.
+//! and response token ids, and `docs/CONSUMERS.md`'s row recipe holds on
+//! its export (a `main` row carrying the instruction and tools; calls
+//! asking for structured output are `side`). The six run at once, each
+//! bounded by its budget.
 //!
 //! The same six run in docker containers too (the test image of
 //! `cargo xtask test`'s engine, the CLIs bound read-only from the host),
@@ -123,8 +126,107 @@ fn check(name: &str, run: &SessionRun) -> Vec<String> {
             problems.push(format!("call {i} lacks token ids: {:?}", c.status));
         }
     }
+    match exported_rows(Path::new(log)) {
+        Ok(rows) => {
+            let structured: Vec<&str> = calls
+                .iter()
+                .filter(|c| c.request.response_format.is_some())
+                .map(|c| c.call_id.as_str())
+                .collect();
+            let mut roles = std::collections::BTreeMap::<String, usize>::new();
+            for r in &rows {
+                *roles.entry(r["chain_role"].to_string()).or_default() += 1;
+            }
+            eprintln!(
+                "{name}: {} calls, {} asking for structured output; rows by role {roles:?}",
+                calls.len(),
+                structured.len()
+            );
+            problems.extend(recipe_problems(&rows, &structured));
+        }
+        Err(e) => problems.push(format!("export: {e:#}")),
+    }
     if !problems.is_empty() {
         problems.push(format!("{name} logs:\n{}", run.main_logs()));
+    }
+    problems
+}
+
+/// The session's rows as `polar export` writes them (JSONL,
+/// `prefix_merging`), from the session directory holding `log`.
+fn exported_rows(log: &Path) -> Result<Vec<serde_json::Value>> {
+    let session = log.parent().context("capture log without a directory")?;
+    let out = tempfile::tempdir()?;
+    let export = Command::new(polar_bin()?)
+        .args(["export", "--json", "--format", "jsonl", "--session"])
+        .arg(session)
+        .arg("--out")
+        .arg(out.path())
+        .output()?;
+    ensure!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let mut rows = Vec::new();
+    let mut todo = vec![out.path().to_owned()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "jsonl") {
+                rows.extend(polar_tests::json_lines(&std::fs::read(&p)?));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// What is wrong with `docs/CONSUMERS.md`'s recipe on a session's rows:
+/// the `main` rows exist, the first holds the instruction and offers
+/// tools, and every call that asked for structured output is `side`.
+fn recipe_problems(rows: &[serde_json::Value], structured: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let role_of = |call: &str| {
+        rows.iter()
+            .find(|r| {
+                r["call_ids"]
+                    .as_array()
+                    .is_some_and(|ids| ids.iter().any(|c| c == call))
+            })
+            .and_then(|r| r["chain_role"].as_str())
+    };
+    let first_main = rows
+        .iter()
+        .find(|r| r["chain_role"] == "main" && r["segment"] == 0);
+    match first_main {
+        None => problems.push(format!(
+            "no main row among {:?}",
+            rows.iter().map(|r| &r["chain_role"]).collect::<Vec<_>>()
+        )),
+        Some(r) => {
+            if !r["prompt_messages"].to_string().contains(INSTRUCTION) {
+                problems.push("the main row's prompt lacks the instruction".into());
+            }
+            if r["tools"].as_array().is_none_or(Vec::is_empty) {
+                problems.push("the main row offers no tools".into());
+            }
+        }
+    }
+    for r in rows {
+        let role = r["chain_role"].as_str().unwrap_or_default();
+        if !["main", "sub_agent", "side"].contains(&role) {
+            problems.push(format!("row {} has chain_role {role:?}", r["trace_id"]));
+        }
+    }
+    for call in structured {
+        match role_of(call) {
+            Some("side") | None => {}
+            Some(other) => problems.push(format!(
+                "call {call} asked for structured output but is {other}"
+            )),
+        }
     }
     problems
 }

@@ -70,6 +70,7 @@ upstream = "{u}"
         parts.proxy.pipeline(),
         parts.proxy.limits(),
         Arc::clone(parts.proxy.shares()),
+        Arc::clone(&parts.proxy.stats),
         tasks.clone(),
     ));
     parts

@@ -278,6 +278,7 @@ impl AgentParts {
             self.proxy.pipeline(),
             self.proxy.limits(),
             Arc::clone(self.proxy.shares()),
+            Arc::clone(&self.proxy.stats),
             self.tasks.clone(),
         ));
         Ok(local)

@@ -105,7 +105,9 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         budget: Duration::from_secs(h.budget_secs),
         session,
         install,
-        info: polar_capture::SessionInfo::default(),
+        // `--task` stamps the session's records and `session.json`, and
+        // so the export's task partition.
+        info: args.session_info(),
     };
     let result = run_harness(&parts, &redirect, plan, &stop).await;
     tracing::info!(stats = ?redirect.stats(), "redirect counters");

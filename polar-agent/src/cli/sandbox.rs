@@ -42,6 +42,10 @@ pub struct SandboxRunArgs {
     /// The task the session runs (stamped on its captured calls).
     #[arg(long)]
     pub task: Option<String>,
+    /// The policy version the session's calls run under (stamped on its
+    /// records and exported as `policy_version`).
+    #[arg(long)]
+    pub policy_version: Option<String>,
     /// The configuration (routing rules, CA, limits).
     #[command(flatten)]
     pub config: ConfigArgs,
@@ -68,6 +72,17 @@ pub struct SandboxRunArgs {
     /// or `--runtime`: the command run in the runtime).
     #[arg(last = true, required_unless_present_any = ["harness", "runtime"])]
     pub command: Vec<OsString>,
+}
+
+impl SandboxRunArgs {
+    /// What `--task` and `--policy-version` say of the session.
+    pub fn session_info(&self) -> SessionInfo {
+        SessionInfo {
+            task_id: self.task.clone(),
+            ..SessionInfo::default()
+        }
+        .with_policy_version(self.policy_version.clone())
+    }
 }
 
 /// `--network` values.
@@ -185,13 +200,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let parts = AgentParts::build(config)?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
     parts.sessions.register(&session, None);
-    parts.registry.register(
-        &session,
-        SessionInfo {
-            task_id: args.task.clone(),
-            ..SessionInfo::default()
-        },
-    );
+    parts.registry.register(&session, args.session_info());
     if let Some(c) = &parts.capture {
         c.spawn_health_checks();
     }

@@ -244,6 +244,10 @@ impl Work for HarnessWork {
         }
     }
 
+    fn policy_version(&self, version: &str) {
+        self.parts.registry.set_policy_version(version);
+    }
+
     async fn postrun(&self, job: &Arc<Job>, s: Option<Session>, reached: Reached<Ran>) -> Report {
         let Some(mut s) = s else {
             return never_prepared(reached);

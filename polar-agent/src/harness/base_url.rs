@@ -52,6 +52,7 @@ fn same(a: SocketAddr, b: SocketAddr) -> bool {
 impl Handler for WithBaseUrl {
     async fn handle(&self, conn: Accepted) {
         if conn.orig.is_some_and(|o| same(o.0, self.addr)) {
+            crate::proxy::count_base_url(&self.proxy.stats);
             let Some(_slot) = self.proxy.admit(conn.session.as_ref(), conn.peer).await else {
                 return;
             };

@@ -346,8 +346,16 @@ fn begin_capture(parts: &AgentParts, run: &HarnessRun, mode: &Mode) {
         Mode::Transparent => None,
     };
     parts.sessions.register(&run.session, base_key.as_deref());
-    // The capture stage stamps the session's records with its info.
-    parts.registry.register(&run.session, run.info.clone());
+    // The capture stage stamps the session's records with its info, and
+    // `session.json` keeps the instruction: the trajectory's main chain is
+    // the one carrying it.
+    let mut info = run.info.clone();
+    if !run.instruction.is_empty() {
+        info.metadata
+            .entry(polar_capture::INSTRUCTION_KEY)
+            .or_insert_with(|| run.instruction.clone().into());
+    }
+    parts.registry.register(&run.session, info);
 }
 
 /// The handler of the session's connections: the proxy, plus base-URL mode

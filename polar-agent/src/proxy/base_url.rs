@@ -251,7 +251,12 @@ impl ContextSource for BaseUrlSource {
 
 /// Serves base-URL mode on `listener` until shutdown, every connection
 /// under the node's connection cap and every request under its session's
-/// shares.
+/// shares; each connection is counted in `stats`
+/// ([`super::count_base_url`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the agent's parts a listener needs, all distinct"
+)]
 pub async fn serve(
     listener: tokio::net::TcpListener,
     sessions: Arc<SessionDirectory>,
@@ -259,6 +264,7 @@ pub async fn serve(
     pipeline: Arc<dyn ModelPipeline>,
     limits: HttpLimits,
     shares: Arc<Shares>,
+    stats: Arc<super::ProxyStats>,
     tasks: Tasks,
 ) {
     let rules = rules.into();
@@ -275,6 +281,7 @@ pub async fn serve(
                 }
             },
         };
+        super::count_base_url(&stats);
         // Replies are streamed in small writes: no Nagle delay on them.
         let _ = stream.set_nodelay(true);
         let source = Arc::new(BaseUrlSource {

@@ -45,6 +45,13 @@ use self::rewind::Rewind;
 use self::shares::{ConnPermit, ShareLimits, Shares};
 use self::sniff::Sniffed;
 
+/// A base-URL connection (host listener or a sandbox's base URL): counted
+/// as handled and as a model connection, as a transparent one is.
+pub fn count_base_url(stats: &ProxyStats) {
+    stats.connections.fetch_add(1, Ordering::Relaxed);
+    stats.model.fetch_add(1, Ordering::Relaxed);
+}
+
 /// Counters of the proxy.
 #[derive(Debug, Default)]
 pub struct ProxyStats {

@@ -85,6 +85,7 @@ impl TestAgent {
             parts.proxy.pipeline(),
             parts.proxy.limits(),
             Arc::clone(parts.proxy.shares()),
+            Arc::clone(&parts.proxy.stats),
             parts.tasks.clone(),
         ));
         Self {

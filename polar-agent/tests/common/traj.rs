@@ -177,6 +177,8 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> 
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,
+        policy_version: None,
+        instruction: None,
     };
     let traj = polar_trajectory::build(builder, records, &meta);
     polar_trajectory::check(&traj, records).unwrap();
@@ -272,6 +274,11 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
             response_len: response(r).len(),
             join,
             truncated: r.finish_reason == Some(FinishReason::Length),
+            policy_version: r
+                .policy_version
+                .clone()
+                .or_else(|| r.backend.weight_version.clone()),
+            weight_version: r.backend.weight_version.clone(),
         });
         ids.extend_from_slice(response(r));
         mask.extend(repeat_n(1u8, response(r).len()));

@@ -26,6 +26,8 @@ pub struct Draft {
     pub session_id: String,
     /// The session's task.
     pub task_id: Option<String>,
+    /// The session's policy version ([`crate::SessionInfo::policy_version`]).
+    pub policy_version: Option<String>,
     /// What the harness sent.
     pub native: NativeRequest,
     /// The normalized request (with `previous_response_id` history applied).
@@ -118,6 +120,7 @@ impl Draft {
             seq: self.seq,
             session_id: self.session_id,
             task_id: self.task_id,
+            policy_version: self.policy_version,
             native_request: self.native,
             request: self.request,
             response,
@@ -188,6 +191,7 @@ pub fn empty_request() -> ChatRequest {
         messages: Vec::new(),
         tools: Vec::new(),
         tool_choice: None,
+        response_format: None,
         sampling: Sampling::default(),
         stream: false,
         extra: Default::default(),

@@ -200,6 +200,8 @@ struct Head<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     task_id: Option<&'a String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    policy_version: Option<&'a String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     native_request: Option<Part<'a, NativeRequest>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     request: Option<Part<'a, ChatRequest>>,
@@ -240,6 +242,7 @@ impl<'a> Line<'a> {
             seq: record.seq,
             session_id: &record.session_id,
             task_id: record.task_id.as_ref(),
+            policy_version: record.policy_version.as_ref(),
             native_request: None,
             request: None,
             response: record.response.as_ref(),
@@ -494,6 +497,7 @@ pub(crate) mod tests {
         );
         // Every optional field absent, a failure status.
         record.task_id = None;
+        record.policy_version = None;
         record.response = None;
         record.prompt_token_ids = None;
         record.response_token_ids = None;
@@ -534,6 +538,7 @@ pub(crate) mod tests {
             "call_id",
             "seq",
             "task_id",
+            "policy_version",
             "response",
             "response_token_ids",
             "response_logprobs",

@@ -64,6 +64,8 @@ pub struct CompletionPart {
     #[serde(default)]
     task_id: Option<String>,
     #[serde(default)]
+    policy_version: Option<String>,
+    #[serde(default)]
     response: Option<ChatResponse>,
     /// Absent: the request part's; `null`: none; an array: these.
     #[serde(default, deserialize_with = "present")]
@@ -97,6 +99,7 @@ impl CompletionPart {
             seq: self.seq,
             session_id: self.session_id,
             task_id: self.task_id,
+            policy_version: self.policy_version,
             native_request: part.native_request,
             request: part.request,
             response: self.response,

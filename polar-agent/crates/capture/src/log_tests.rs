@@ -23,6 +23,7 @@ pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
         messages: vec![Message::text(Role::User, format!("q{seq}"))],
         tools: Vec::new(),
         tool_choice: None,
+        response_format: None,
         sampling: Sampling::default(),
         stream: false,
         extra: Default::default(),
@@ -33,6 +34,7 @@ pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
         seq,
         session_id: "s-1".into(),
         task_id: Some("t".into()),
+        policy_version: Some("w-1".into()),
         native_request: NativeRequest {
             api,
             method: "POST".into(),
@@ -225,6 +227,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
         seq: want.seq,
         session_id: want.session_id.clone(),
         task_id: want.task_id.clone(),
+        policy_version: want.policy_version.clone(),
         native: want.native_request.clone(),
         request: want.request.clone(),
         received_ms: 0,

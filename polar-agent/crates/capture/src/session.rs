@@ -23,7 +23,28 @@ pub struct SessionInfo {
     pub metadata: Map<String, Value>,
 }
 
+/// The metadata key of the session's policy version.
+pub const POLICY_VERSION_KEY: &str = "policy_version";
+/// The metadata key of the task's instruction (a harness session's).
+pub const INSTRUCTION_KEY: &str = "instruction";
+
 impl SessionInfo {
+    /// The policy version the session runs under
+    /// (`metadata.policy_version`), stamped on each of its records.
+    pub fn policy_version(&self) -> Option<&str> {
+        self.metadata
+            .get(POLICY_VERSION_KEY)
+            .and_then(Value::as_str)
+    }
+
+    /// Sets the session's policy version.
+    pub fn with_policy_version(mut self, version: Option<String>) -> Self {
+        if let Some(v) = version {
+            self.metadata.insert(POLICY_VERSION_KEY.into(), v.into());
+        }
+        self
+    }
+
     /// Info naming only a task.
     pub fn task(task_id: impl Into<String>) -> Self {
         Self {
@@ -51,6 +72,19 @@ impl SessionRegistry {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(session.clone(), info);
+    }
+
+    /// A weight update finished: every registered session's calls from now
+    /// on are stamped with policy `version`.
+    pub fn set_policy_version(&self, version: &str) {
+        let mut map = self
+            .map
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for info in map.values_mut() {
+            info.metadata
+                .insert(POLICY_VERSION_KEY.into(), version.to_owned().into());
+        }
     }
 
     /// Forgets `session`.
@@ -84,5 +118,34 @@ mod tests {
         assert_eq!(r.get(&s).unwrap().task_id.as_deref(), Some("t-9"));
         r.unregister(&s);
         assert_eq!(r.get(&s), None);
+    }
+
+    #[test]
+    fn the_policy_version_lives_in_the_metadata() {
+        let i = SessionInfo::task("t").with_policy_version(Some("w-42".into()));
+        assert_eq!(i.policy_version(), Some("w-42"));
+        assert_eq!(i.metadata["policy_version"], "w-42");
+        assert_eq!(SessionInfo::task("t").policy_version(), None);
+        assert_eq!(
+            SessionInfo::task("t").with_policy_version(None),
+            SessionInfo::task("t")
+        );
+    }
+
+    #[test]
+    fn a_weight_update_restamps_every_registered_session() {
+        let r = SessionRegistry::new();
+        let (a, b): (SessionId, SessionId) = ("s-a".parse().unwrap(), "s-b".parse().unwrap());
+        r.register(
+            &a,
+            SessionInfo::task("t").with_policy_version(Some("w-42".into())),
+        );
+        r.register(&b, SessionInfo::task("t"));
+        r.set_policy_version("w-43");
+        for s in [&a, &b] {
+            let info = r.get(s).unwrap();
+            assert_eq!(info.policy_version(), Some("w-43"));
+            assert_eq!(info.task_id.as_deref(), Some("t"));
+        }
     }
 }

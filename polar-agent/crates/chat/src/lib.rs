@@ -299,6 +299,27 @@ pub enum ToolChoice {
     },
 }
 
+/// Structured output: what the reply's text must be, whichever API asked
+/// (OpenAI `response_format`, Responses `text.format`, Anthropic
+/// `output_format` / `output_config.format`, Gemini `responseMimeType` with
+/// `responseSchema` / `responseJsonSchema`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ResponseFormat {
+    /// Any JSON object (JSON mode).
+    JsonObject,
+    /// JSON valid under a JSON Schema.
+    JsonSchema {
+        /// The schema's name (`response` when the harness gave none).
+        name: String,
+        /// The JSON Schema.
+        schema: Value,
+        /// Strict schema adherence, when the harness said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+    },
+}
+
 /// Sampling parameters as the harness asked (the backend policy may override).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Sampling {
@@ -332,6 +353,10 @@ pub struct ChatRequest {
     /// Tool choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
+    /// The structured output the harness asked for (JSON mode or a JSON
+    /// schema), enforced by the backend's constrained decoding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
     /// Sampling.
     #[serde(default)]
     pub sampling: Sampling,

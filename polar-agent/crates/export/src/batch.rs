@@ -19,7 +19,9 @@ use serde::Serialize;
 use polar_trajectory::Trajectory;
 
 use super::error::ExportError;
-use super::row::{Row, TraceExtras, break_reason_name, label_name, parse_name, rows, status_name};
+use super::row::{
+    Row, TraceExtras, break_reason_name, chain_role_name, label_name, parse_name, rows, status_name,
+};
 use super::schema::{EXPORT_SCHEMA_VERSION, arrow_schema, item_field};
 
 /// Appends `value` as JSON text.
@@ -68,11 +70,13 @@ struct ColumnBuilders {
     task_id: StringBuilder,
     group_id: StringBuilder,
     policy_version: StringBuilder,
+    weight_version: StringBuilder,
     status: StringBuilder,
     error: StringBuilder,
     builder: StringBuilder,
     trace_index: UInt32Builder,
     chain: UInt32Builder,
+    chain_role: StringBuilder,
     segment: UInt32Builder,
     segment_kind: StringBuilder,
     break_reason: StringBuilder,
@@ -106,11 +110,13 @@ impl ColumnBuilders {
             task_id: strings(),
             group_id: strings(),
             policy_version: strings(),
+            weight_version: strings(),
             status: strings(),
             error: strings(),
             builder: strings(),
             trace_index: UInt32Builder::with_capacity(n),
             chain: UInt32Builder::with_capacity(n),
+            chain_role: strings(),
             segment: UInt32Builder::with_capacity(n),
             segment_kind: strings(),
             break_reason: strings(),
@@ -157,11 +163,15 @@ impl ColumnBuilders {
         self.group_id.append_option(row.group_id.as_deref());
         self.policy_version
             .append_option(row.policy_version.as_deref());
+        self.weight_version
+            .append_option(row.weight_version.as_deref());
         self.status.append_value(status_name(row.status));
         self.error.append_option(row.error.as_deref());
         self.builder.append_value(&row.builder);
         self.trace_index.append_value(row.trace_index);
         self.chain.append_value(row.chain);
+        self.chain_role
+            .append_value(chain_role_name(row.chain_role));
         self.segment.append_value(row.segment);
         self.segment_kind.append_value(&row.segment_kind);
         self.break_reason
@@ -210,11 +220,13 @@ impl ColumnBuilders {
             Arc::new(self.task_id.finish()),
             Arc::new(self.group_id.finish()),
             Arc::new(self.policy_version.finish()),
+            Arc::new(self.weight_version.finish()),
             Arc::new(self.status.finish()),
             Arc::new(self.error.finish()),
             Arc::new(self.builder.finish()),
             Arc::new(self.trace_index.finish()),
             Arc::new(self.chain.finish()),
+            Arc::new(self.chain_role.finish()),
             Arc::new(self.segment.finish()),
             Arc::new(self.segment_kind.finish()),
             Arc::new(self.break_reason.finish()),
@@ -258,6 +270,15 @@ impl<'b> Columns<'b> {
 
     fn string(&self, name: &'static str) -> Result<StringCol<'b>, ExportError> {
         Ok(StringCol(name, self.get::<StringArray>(name)?))
+    }
+
+    /// A string column added to the layout after files of its version were
+    /// written: absent in those (every value null).
+    fn added_string(&self, name: &'static str) -> Result<Option<StringCol<'b>>, ExportError> {
+        match self.0.column_by_name(name) {
+            None => Ok(None),
+            Some(_) => self.string(name).map(Some),
+        }
     }
 
     fn list<P: ArrowPrimitiveType>(
@@ -338,11 +359,13 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
     let task_id = c.string("task_id")?;
     let group_id = c.string("group_id")?;
     let policy_version = c.string("policy_version")?;
+    let weight_version = c.added_string("weight_version")?;
     let status = c.string("status")?;
     let error = c.string("error")?;
     let builder = c.string("builder")?;
     let trace_index = c.get::<UInt32Array>("trace_index")?;
     let chain = c.get::<UInt32Array>("chain")?;
+    let chain_role = c.added_string("chain_role")?;
     let segment = c.get::<UInt32Array>("segment")?;
     let segment_kind = c.string("segment_kind")?;
     let break_reason = c.string("break_reason")?;
@@ -377,11 +400,18 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
             task_id: owned(task_id.opt(i)),
             group_id: owned(group_id.opt(i)),
             policy_version: owned(policy_version.opt(i)),
+            weight_version: owned(weight_version.as_ref().and_then(|c| c.opt(i))),
             status: parse_name("status", status.req(i)?)?,
             error: owned(error.opt(i)),
             builder: Cow::Owned(builder.req(i)?.to_owned()),
             trace_index: trace_index.value(i),
             chain: chain.value(i),
+            chain_role: chain_role
+                .as_ref()
+                .and_then(|c| c.opt(i))
+                .map(|r| parse_name("chain_role", r))
+                .transpose()?
+                .unwrap_or_default(),
             segment: segment.value(i),
             segment_kind: Cow::Owned(segment_kind.req(i)?.to_owned()),
             break_reason: break_reason

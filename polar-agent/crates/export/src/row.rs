@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use polar_chat::{FinishReason, Message, Tool};
 use polar_trajectory::{
-    BreakReason, Builder, CallSpan, ChainId, Label, ReconstructionStats, SCHEMA_VERSION,
+    BreakReason, Builder, CallSpan, ChainId, ChainRole, Label, ReconstructionStats, SCHEMA_VERSION,
     SegmentKind, SegmentLink, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
     TrajectoryStatus,
 };
@@ -32,8 +32,13 @@ pub struct Row<'a> {
     pub task_id: Option<Cow<'a, str>>,
     /// The GRPO group.
     pub group_id: Option<Cow<'a, str>>,
-    /// The policy weight version, when the whole session used one.
+    /// The policy version, when every call of the session ran under the
+    /// same one (the task's or session's, else the backend's).
     pub policy_version: Option<Cow<'a, str>>,
+    /// The backend's own weight version, when every call that reported one
+    /// agrees.
+    #[serde(default)]
+    pub weight_version: Option<Cow<'a, str>>,
     /// How the session ended.
     pub status: TrajectoryStatus,
     /// Why it did not complete.
@@ -44,6 +49,9 @@ pub struct Row<'a> {
     pub trace_index: u32,
     /// The trace's chain.
     pub chain: u32,
+    /// What the chain is: `main`, `sub_agent` or `side`.
+    #[serde(default)]
+    pub chain_role: ChainRole,
     /// The trace's segment in its chain.
     pub segment: u32,
     /// `start`, `after_break` or `superseded_retry`.
@@ -94,6 +102,9 @@ pub struct TraceExtras<'a> {
     /// Distinct policy versions of the merged calls.
     #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
     pub policy_versions: Cow<'a, [String]>,
+    /// Distinct weight versions the backend reported for them.
+    #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
+    pub weight_versions: Cow<'a, [String]>,
     /// Anything else attached to the trace.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Cow<'a, Map<String, Value>>,
@@ -111,11 +122,13 @@ pub fn rows(traj: &Trajectory) -> impl Iterator<Item = Row<'_>> {
             task_id: md.task_id.as_deref().map(Cow::Borrowed),
             group_id: md.group_id.as_deref().map(Cow::Borrowed),
             policy_version: md.policy_version.as_deref().map(Cow::Borrowed),
+            weight_version: md.weight_version.as_deref().map(Cow::Borrowed),
             status: traj.status,
             error: traj.error.as_deref().map(Cow::Borrowed),
             builder: Cow::Borrowed(builder_name(&md.builder)),
             trace_index: u32::try_from(i).unwrap_or(u32::MAX),
             chain: t.chain.0,
+            chain_role: t.role,
             segment: t.segment,
             segment_kind: Cow::Borrowed(segment_kind),
             break_reason,
@@ -134,6 +147,7 @@ pub fn rows(traj: &Trajectory) -> impl Iterator<Item = Row<'_>> {
                 spans: Cow::Borrowed(&t.spans),
                 previous: t.previous,
                 policy_versions: Cow::Borrowed(&t.metadata.policy_versions),
+                weight_versions: Cow::Borrowed(&t.metadata.weight_versions),
                 extra: Cow::Borrowed(&t.metadata.extra),
             },
             trajectory_metadata: Cow::Borrowed(md),
@@ -163,6 +177,7 @@ pub fn status_name(s: TrajectoryStatus) -> &'static str {
 pub fn label_name(l: Label) -> &'static str {
     match l {
         Label::SubAgent => "sub_agent",
+        Label::Side => "side",
         Label::Forked => "forked",
         Label::SupersededRetry => "superseded_retry",
         Label::Truncated => "truncated",
@@ -170,6 +185,15 @@ pub fn label_name(l: Label) -> &'static str {
         Label::SessionFailed => "session_failed",
         Label::InfraFault => "infra_fault",
         Label::EvaluatorFault => "evaluator_fault",
+    }
+}
+
+/// The `chain_role` column value.
+pub fn chain_role_name(r: ChainRole) -> &'static str {
+    match r {
+        ChainRole::Main => "main",
+        ChainRole::SubAgent => "sub_agent",
+        ChainRole::Side => "side",
     }
 }
 
@@ -259,12 +283,14 @@ impl Row<'_> {
             call_ids: self.call_ids.to_vec(),
             spans: self.trace_metadata.spans.to_vec(),
             chain: ChainId(self.chain),
+            role: self.chain_role,
             segment: self.segment,
             segment_kind,
             previous: self.trace_metadata.previous,
             labels: self.labels.to_vec(),
             metadata: TraceMetadata {
                 policy_versions: self.trace_metadata.policy_versions.to_vec(),
+                weight_versions: self.trace_metadata.weight_versions.to_vec(),
                 extra: self.trace_metadata.extra.clone().into_owned(),
             },
         })

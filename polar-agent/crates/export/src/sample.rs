@@ -183,6 +183,7 @@ impl Agent {
             messages: self.messages.clone(),
             tools: tools(),
             tool_choice: None,
+            response_format: None,
             sampling: Sampling {
                 max_tokens: Some(4096),
                 temperature: Some(1.0),
@@ -277,6 +278,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
         seq: c.seq,
         session_id: c.session.to_owned(),
         task_id: Some(c.task.to_owned()),
+        policy_version: Some("policy-7".into()),
         native_request: NativeRequest {
             api: Api::OpenaiChat,
             method: "POST".into(),
@@ -360,6 +362,8 @@ pub fn session(spec: &SampleSpec, index: usize) -> SampleSession {
             outcome,
             ended_by: Some(ended_by),
             evaluation: Some(json!({"tests_passed": index % 3, "tests_total": 2})),
+            policy_version: Some("policy-7".into()),
+            instruction: None,
         },
         records,
         rewards: Rewards::Outcome((index % 3) as f64 / 2.0),

@@ -214,6 +214,8 @@ fn session_info(
             outcome,
             ended_by,
             evaluation: field(json, "evaluation").cloned(),
+            policy_version: string(json, "policy_version")?,
+            instruction: string(json, "instruction")?,
         },
         rewards,
         outcome_recorded: recorded.is_some(),
@@ -283,7 +285,7 @@ mod tests {
     fn session_file_fields_are_read_tolerantly() {
         let i = info(json!({
             "task_id": "t",
-            "metadata": {"group_id": "g", "harness": "codex"},
+            "metadata": {"group_id": "g", "harness": "codex", "policy_version": "w-42"},
             "outcome": {"kind": "error", "message": "boom"},
             "ended_by": "backend",
             "reward": 0.5,
@@ -292,6 +294,7 @@ mod tests {
         assert_eq!(i.meta.session_id, "dir");
         assert_eq!(i.meta.task_id.as_deref(), Some("t"));
         assert_eq!(i.meta.group_id.as_deref(), Some("g"));
+        assert_eq!(i.meta.policy_version.as_deref(), Some("w-42"));
         assert_eq!(
             i.meta.outcome,
             SessionOutcome::Error {

@@ -246,18 +246,74 @@ async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) 
             json(StatusCode::OK, &json!({"paused": true}))
         }
         Endpoint::Resume => {
+            let version = match resume_version(&bytes) {
+                Ok(v) => v,
+                Err(e) => return bad(&e),
+            };
+            // The new version first: no call may start under the old one.
+            if let Some(v) = &version {
+                inner.work.policy_version(v);
+            }
             inner.stages.resume();
             inner.work.pause(false);
-            tracing::info!("new generations resumed");
-            json(StatusCode::OK, &json!({"paused": false}))
+            tracing::info!(policy_version = ?version, "new generations resumed");
+            json(
+                StatusCode::OK,
+                &json!({"paused": false, "policy_version": version}),
+            )
         }
         Endpoint::Healthz => json(StatusCode::OK, &json!({"ok": true})),
     }
 }
 
+/// The body of `POST /v1/resume`: empty, or `{"policy_version": "..."}`
+/// naming the weights the sessions' calls run under from now on.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResumeBody {
+    #[serde(default)]
+    policy_version: Option<String>,
+}
+
+/// The policy version a resume's body names, if any.
+fn resume_version(bytes: &[u8]) -> Result<Option<String>, validate::ValidationError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    let body: ResumeBody = validate::parse(bytes)?;
+    if let Some(v) = &body.policy_version {
+        // As a task's `metadata.policy_version` is checked.
+        validate::check_text("policy_version", v, 256)?;
+    }
+    Ok(body.policy_version)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resume_may_name_the_new_policy_version() {
+        assert_eq!(resume_version(b"").unwrap(), None);
+        assert_eq!(resume_version(b" \n").unwrap(), None);
+        assert_eq!(resume_version(b"{}").unwrap(), None);
+        assert_eq!(
+            resume_version(br#"{"policy_version": "w-43"}"#).unwrap(),
+            Some("w-43".into())
+        );
+        for bad in [
+            &br#"{"policy_version": ""}"#[..],
+            br#"{"policy_version": 43}"#,
+            br#"{"version": "w-43"}"#,
+            b"w-43",
+        ] {
+            assert!(
+                resume_version(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 
     /// Every route to its endpoint, under its method only.
     #[test]

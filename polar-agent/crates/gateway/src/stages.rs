@@ -266,6 +266,13 @@ pub trait Work: Send + Sync + 'static {
         let _ = paused;
     }
 
+    /// A weight update finished: the calls of every session from now on
+    /// run under policy `version` (named by `POST /v1/resume`). Nothing by
+    /// default.
+    fn policy_version(&self, version: &str) {
+        let _ = version;
+    }
+
     /// POSTRUN: evaluate, build, tear down; the report.
     fn postrun(
         &self,

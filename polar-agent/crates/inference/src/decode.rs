@@ -421,7 +421,8 @@ pub(crate) struct Whole {
     pub(crate) events: Vec<StreamEvent>,
     /// Its token data.
     pub(crate) tokens: TokenAcc,
-    /// `meta_info.weight_version`.
+    /// `meta_info.weight_version`, else the top-level
+    /// `metadata.weight_version` (SGLang's chat replies).
     pub(crate) weight_version: Option<String>,
     /// The `model` it names.
     pub(crate) served_model: Option<String>,
@@ -474,6 +475,7 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
         tokens,
         weight_version: meta
             .and_then(|m| m.get("weight_version"))
+            .or_else(|| v.get("metadata").and_then(|m| m.get("weight_version")))
             .and_then(Value::as_str)
             .map(str::to_owned),
         served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),

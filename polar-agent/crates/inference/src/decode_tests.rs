@@ -199,3 +199,27 @@ fn whole_sglang_reply_with_meta_info_only() {
         Err(DecodeError::Malformed(_))
     ));
 }
+
+/// SGLang's chat replies carry the weight version in a top-level
+/// `metadata` object (`ChatCompletionResponse.metadata` in
+/// `sglang/srt/entrypoints/openai/protocol.py`); `meta_info`'s wins.
+#[test]
+fn whole_sglang_reply_with_top_level_metadata_weight_version() {
+    let reply = |meta_info: Value| {
+        json!({
+            "id": "x", "model": "served",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                         "finish_reason": "stop", "prompt_token_ids": [1],
+                         "meta_info": meta_info}],
+            "metadata": {"weight_version": "w-7"},
+        })
+        .to_string()
+    };
+    let out = json!({"output_token_logprobs": [[-0.1, 40, "o"]]});
+    let w = decode_whole(reply(out.clone()).as_bytes(), "m").unwrap();
+    assert_eq!(w.weight_version.as_deref(), Some("w-7"));
+    let mut both = out;
+    both["weight_version"] = json!("w-8");
+    let w = decode_whole(reply(both).as_bytes(), "m").unwrap();
+    assert_eq!(w.weight_version.as_deref(), Some("w-8"));
+}

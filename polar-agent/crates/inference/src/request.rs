@@ -1,15 +1,20 @@
 //! The normalized request as the backend's OpenAI-chat JSON: messages with
 //! tool calls, tool results and reasoning (`reasoning_content`), tools as
 //! functions, sampling with the policy applied and `max_tokens` clamped, the
-//! model name mapped, and the dialect's token-id flags.
+//! model name mapped, structured output as `response_format` (both
+//! dialects' constrained decoding), and the dialect's token-id flags.
 
 use serde_json::{Map, Value, json};
 
 use super::{BackendConfig, Dialect, SamplingMode};
-use polar_chat::{ChatRequest, Message, Part, Role, ToolChoice};
+use polar_chat::{ChatRequest, Message, Part, ResponseFormat, Role, ToolChoice};
 
-/// Fields of `ChatRequest::extra` passed on to the backend as they are.
-pub const FORWARDED_EXTRA: [&str; 2] = ["chat_template_kwargs", "polar_mock"];
+/// Fields of `ChatRequest::extra` passed on to the backend as they are
+/// (`parallel_tool_calls`: OpenAI's own field, or Anthropic's
+/// `tool_choice.disable_parallel_tool_use` read into it; both dialects
+/// take it).
+pub const FORWARDED_EXTRA: [&str; 3] =
+    ["chat_template_kwargs", "polar_mock", "parallel_tool_calls"];
 
 /// Whether calls to this dialect stream upstream (vLLM streams with ids;
 /// SGLang gives ids only without streaming).
@@ -76,6 +81,9 @@ pub(super) fn body_with(
         };
         body.insert("tool_choice".into(), v);
     }
+    if let Some(format) = &req.response_format {
+        body.insert("response_format".into(), response_format(format));
+    }
     sampling(cfg, req, mode, &mut body);
     let stream = streams_upstream(cfg.dialect);
     body.insert("stream".into(), json!(stream));
@@ -98,6 +106,28 @@ pub(super) fn body_with(
         }
     }
     Value::Object(body)
+}
+
+/// The structured output as both dialects' constrained decoding reads it:
+/// the OpenAI `response_format` field (vLLM's `ResponseFormat`, SGLang's
+/// `ResponseFormat` in `sglang/srt/entrypoints/openai/protocol.py`).
+fn response_format(format: &ResponseFormat) -> Value {
+    match format {
+        ResponseFormat::JsonObject => json!({"type": "json_object"}),
+        ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        } => {
+            let mut js = Map::new();
+            js.insert("name".into(), json!(name));
+            js.insert("schema".into(), schema.clone());
+            if let Some(s) = strict {
+                js.insert("strict".into(), json!(s));
+            }
+            json!({"type": "json_schema", "json_schema": js})
+        }
+    }
 }
 
 fn sampling(
@@ -261,6 +291,7 @@ mod tests {
             tool_choice: Some(ToolChoice::Tool {
                 name: "bash".into(),
             }),
+            response_format: None,
             sampling: polar_chat::Sampling {
                 max_tokens: Some(50_000),
                 temperature: Some(0.2),
@@ -377,5 +408,39 @@ mod tests {
             ),
             (json!(true), json!(true))
         );
+    }
+
+    /// Structured output reaches both dialects as `response_format`, the
+    /// field their constrained decoding reads; none without a constraint.
+    #[test]
+    fn structured_output_is_passed_to_both_dialects() {
+        let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}});
+        for dialect in [Dialect::Vllm, Dialect::Sglang] {
+            let cfg = BackendConfig::new("b", dialect, vec!["http://127.0.0.1:1".into()], "m");
+            let mut req = conversation();
+            assert!(
+                chat_body(&cfg, &req, SamplingMode::Train)
+                    .get("response_format")
+                    .is_none()
+            );
+            req.response_format = Some(ResponseFormat::JsonSchema {
+                name: "title".into(),
+                schema: schema.clone(),
+                strict: Some(true),
+            });
+            let body = chat_body(&cfg, &req, SamplingMode::Train);
+            assert_eq!(
+                body["response_format"],
+                json!({"type": "json_schema", "json_schema": {"name": "title", "schema": schema, "strict": true}})
+            );
+            let bytes = crate::wire::chat_body_bytes(&cfg, &req, SamplingMode::Train);
+            let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(parsed["response_format"], body["response_format"]);
+            req.response_format = Some(ResponseFormat::JsonObject);
+            req.extra.insert("parallel_tool_calls".into(), json!(false));
+            let body = chat_body(&cfg, &req, SamplingMode::Train);
+            assert_eq!(body["response_format"], json!({"type": "json_object"}));
+            assert_eq!(body["parallel_tool_calls"], false);
+        }
     }
 }

@@ -70,7 +70,9 @@ pub struct BackendInfo {
     pub replica: String,
     /// The model name the backend served.
     pub served_model: String,
-    /// Policy weight version, when the backend reported or was told one.
+    /// The backend's own weight version, when it reported one for this
+    /// call (SGLang's `meta_info.weight_version` or top-level
+    /// `metadata.weight_version`, an `x-weight-version` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
 }
@@ -89,6 +91,11 @@ pub struct CompletionRecord {
     /// The task, when the session belongs to one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// The policy version the session ran under, as its task (or the
+    /// session) named it (`metadata.policy_version`) when the call arrived;
+    /// what the backend itself reported is [`BackendInfo::weight_version`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<String>,
     /// What the harness sent.
     pub native_request: NativeRequest,
     /// The normalized request sent to the backend.

@@ -126,7 +126,8 @@ pub fn check_url(field: &str, url: &str) -> Result<(), ValidationError> {
     }
 }
 
-fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationError> {
+/// Checks that text `field` is not blank and at most `max` bytes.
+pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), ValidationError> {
     if value.trim().is_empty() {
         return Err(ValidationError::new(field, "must not be empty"));
     }

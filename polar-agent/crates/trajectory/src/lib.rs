@@ -6,8 +6,9 @@
 //!
 //! Layout: `types` (the serialized model), `stats`, `options`, `template`
 //! (special token ids), `attribution` (the infrastructure fault that
-//! ended a session, from its records), `calls` (usable records), `trace_buf` (assembly of
-//! one trace), the two builders, `rewards`, `check`.
+//! ended a session, from its records), `calls` (usable records),
+//! `trace_buf` (assembly of one trace), the two builders, `roles` (main,
+//! sub-agent or side chain), `rewards`, `check`.
 //!
 //! Pure: above `polar-record`, `polar-chat` and `polar-json` only, never an
 //! I/O crate (checked by `cargo xtask layers`). Tests: `tests/` (exact
@@ -21,6 +22,7 @@ mod options;
 mod per_request;
 mod prefix_merging;
 mod rewards;
+mod roles;
 mod stats;
 mod template;
 mod trace_buf;
@@ -36,8 +38,8 @@ pub use rewards::{RewardError, Rewards, apply_rewards};
 pub use stats::{DropReason, DroppedCall, ReconstructionStats};
 pub use template::{TemplateError, TemplateInfo, TemplateTokens};
 pub use types::{
-    BreakReason, CallSpan, ChainId, EndedBy, Join, Label, SCHEMA_VERSION, SegmentKind, SegmentLink,
-    SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
+    BreakReason, CallSpan, ChainId, ChainRole, EndedBy, Join, Label, SCHEMA_VERSION, SegmentKind,
+    SegmentLink, SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
     TrajectoryStatus,
 };
 
@@ -48,10 +50,15 @@ use polar_record::CompletionRecord;
 /// versions come from `meta` and the records; rewards are applied afterwards
 /// with [`apply_rewards`].
 pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta) -> Trajectory {
-    let (traces, stats) = match builder {
+    let (mut traces, stats) = match builder {
         Builder::PerRequest => per_request::build(records),
         Builder::PrefixMerging(opts) => prefix_merging::build(records, opts),
     };
+    let grouping = match builder {
+        Builder::PerRequest => roles::Grouping::Opening,
+        Builder::PrefixMerging(_) => roles::Grouping::Chain,
+    };
+    roles::assign(&mut traces, records, meta.instruction.as_deref(), grouping);
     let mut traj = Trajectory {
         schema_version: SCHEMA_VERSION,
         status: TrajectoryStatus::Completed,
@@ -64,6 +71,8 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta
             group_id: None,
             policy_version: None,
             policy_versions: Vec::new(),
+            weight_version: None,
+            weight_versions: Vec::new(),
             evaluation: None,
             reward: None,
             ended_by: None,

@@ -18,9 +18,10 @@
 //!   length of the common prefix.
 //! - **Parallel sub-agents**: each call goes to the chain whose sequence is
 //!   the longest prefix of its prompt (one walk of a radix tree over all
-//!   earlier sequences), so interleaved chains stay apart; every chain but
-//!   the main one (most calls) is labelled `sub_agent`. A sibling that is
-//!   extended on its own forks a new chain labelled `forked`.
+//!   earlier sequences), so interleaved chains stay apart; each chain's role
+//!   (`main`, `sub_agent`, `side`) is decided afterwards by what its calls
+//!   are (see `roles`). A sibling that is extended on its own forks a new
+//!   chain labelled `forked`.
 //! - **Template mismatches** (history re-rendered without the reasoning the
 //!   model generated, or think glue only in the generation prompt): detected
 //!   and counted (`template_mismatches_detected`). With the template's

@@ -1,14 +1,16 @@
 //! Session-level facts applied to a built trajectory: status and error from
 //! the session's outcome (traces of a failed session are kept but labelled
 //! `session_failed`, and `infra_fault` or `evaluator_fault` when the
-//! backend, Polar or the evaluator ended it), the GRPO group, the policy weight versions reported by
-//! the records, and rewards (one outcome reward copied to every trace, or
+//! backend, Polar or the evaluator ended it), the GRPO group, the policy
+//! versions the records ran under and the weight versions the backend
+//! reported, and rewards (one outcome reward copied to every trace, or
 //! one reward per trace).
 
 use serde::{Deserialize, Serialize};
 
 use polar_record::CompletionRecord;
 
+use super::trace_buf::{call_policy_version, push_distinct};
 use super::types::{EndedBy, Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus};
 
 /// Rewards to apply.
@@ -91,20 +93,36 @@ pub fn status_of(outcome: &SessionOutcome) -> (TrajectoryStatus, Option<String>)
     }
 }
 
-/// Distinct weight versions the records report, in call order.
+/// Distinct policy versions of the records (each one's session version,
+/// else its backend's weight version), in call order.
 pub fn policy_versions(records: &[CompletionRecord]) -> Vec<String> {
+    distinct_in_order(records, call_policy_version)
+}
+
+/// Distinct weight versions the backend reported, in call order.
+pub fn weight_versions(records: &[CompletionRecord]) -> Vec<String> {
+    distinct_in_order(records, |r| r.backend.weight_version.as_ref())
+}
+
+fn distinct_in_order(
+    records: &[CompletionRecord],
+    version: impl Fn(&CompletionRecord) -> Option<&String>,
+) -> Vec<String> {
     let mut order: Vec<&CompletionRecord> = records.iter().collect();
     order.sort_by_key(|r| r.seq);
     let mut out: Vec<String> = Vec::new();
-    for v in order
-        .iter()
-        .filter_map(|r| r.backend.weight_version.as_ref())
-    {
-        if !out.contains(v) {
-            out.push(v.clone());
-        }
+    for r in order {
+        push_distinct(&mut out, version(r));
     }
     out
+}
+
+/// The one element of `list`, if it has exactly one.
+fn only(list: &[String]) -> Option<String> {
+    match list {
+        [one] => Some(one.clone()),
+        _ => None,
+    }
 }
 
 /// Sets status, error, session ids, group and policy versions from `meta`
@@ -127,10 +145,14 @@ pub(crate) fn apply_session(
     md.group_id = meta.group_id.clone().or_else(|| md.task_id.clone());
     md.evaluation = meta.evaluation.clone();
     md.policy_versions = policy_versions(records);
-    md.policy_version = match md.policy_versions.as_slice() {
-        [one] => Some(one.clone()),
-        _ => None,
-    };
+    if md.policy_versions.is_empty()
+        && let Some(v) = &meta.policy_version
+    {
+        md.policy_versions.push(v.clone());
+    }
+    md.policy_version = only(&md.policy_versions);
+    md.weight_versions = weight_versions(records);
+    md.weight_version = only(&md.weight_versions);
     md.ended_by = meta.ended_by;
     let extra = match meta.ended_by {
         Some(e) if e.is_infra() => Some(Label::InfraFault),

@@ -5,5 +5,6 @@ mod checker;
 pub(crate) mod kit;
 mod props;
 mod retry_splices;
+mod roles;
 mod scenarios;
 mod session;

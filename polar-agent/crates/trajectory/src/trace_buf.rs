@@ -3,11 +3,30 @@
 //! backend's logprobs). Shared by both builders.
 
 use polar_chat::Message;
+use polar_record::CompletionRecord;
 
 use super::calls::Call;
 use super::types::{
-    CallSpan, ChainId, Join, Label, SegmentKind, SegmentLink, Trace, TraceMetadata,
+    CallSpan, ChainId, ChainRole, Join, Label, SegmentKind, SegmentLink, Trace, TraceMetadata,
 };
+
+/// The policy version `record` ran under: the one its session named, else
+/// the backend's weight version.
+pub(crate) fn call_policy_version(record: &CompletionRecord) -> Option<&String> {
+    record
+        .policy_version
+        .as_ref()
+        .or(record.backend.weight_version.as_ref())
+}
+
+/// Appends `v` to `list` unless absent or already there.
+pub(crate) fn push_distinct(list: &mut Vec<String>, v: Option<&String>) {
+    if let Some(v) = v
+        && !list.contains(v)
+    {
+        list.push(v.clone());
+    }
+}
 
 /// A trace being assembled.
 pub(crate) struct TraceBuf<'a> {
@@ -20,6 +39,7 @@ pub(crate) struct TraceBuf<'a> {
     spans: Vec<CallSpan>,
     labels: Vec<Label>,
     policy_versions: Vec<String>,
+    weight_versions: Vec<String>,
 }
 
 impl<'a> TraceBuf<'a> {
@@ -38,6 +58,7 @@ impl<'a> TraceBuf<'a> {
             spans: Vec::new(),
             labels: Vec::new(),
             policy_versions: Vec::new(),
+            weight_versions: Vec::new(),
         };
         buf.push(call, &[], Join::First);
         buf
@@ -59,22 +80,23 @@ impl<'a> TraceBuf<'a> {
             _ => None,
         };
         self.call_ids.push(call.record.call_id.clone());
+        let policy_version = call_policy_version(call.record).cloned();
+        let weight_version = call.record.backend.weight_version.clone();
+        push_distinct(&mut self.policy_versions, policy_version.as_ref());
+        push_distinct(&mut self.weight_versions, weight_version.as_ref());
         self.spans.push(CallSpan {
             response_start,
             response_len: call.response.len(),
             join,
             truncated: call.truncated(),
+            policy_version,
+            weight_version,
         });
         if call.truncated() {
             self.labels.push(Label::Truncated);
         }
         if matches!(join, Join::Splice { .. }) {
             self.labels.push(Label::TemplateSpliced);
-        }
-        if let Some(v) = &call.record.backend.weight_version
-            && !self.policy_versions.contains(v)
-        {
-            self.policy_versions.push(v.clone());
         }
         self.last = call;
     }
@@ -115,12 +137,14 @@ impl<'a> TraceBuf<'a> {
             call_ids: self.call_ids,
             spans: self.spans,
             chain,
+            role: ChainRole::Main,
             segment,
             segment_kind,
             previous,
             labels: Vec::new(),
             metadata: TraceMetadata {
                 policy_versions: self.policy_versions,
+                weight_versions: self.weight_versions,
                 ..TraceMetadata::default()
             },
         };

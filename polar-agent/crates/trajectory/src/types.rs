@@ -63,6 +63,10 @@ pub struct Trace {
     pub spans: Vec<CallSpan>,
     /// The chain this trace belongs to.
     pub chain: ChainId,
+    /// What the chain is: the main agent, a sub-agent, or a side request
+    /// (see [`ChainRole`]).
+    #[serde(default)]
+    pub role: ChainRole,
     /// Position of this trace among its chain's traces (0, 1, ...), in the
     /// order of their first calls.
     pub segment: u32,
@@ -102,7 +106,7 @@ impl Trace {
 /// Where one merged call's tokens sit in [`Trace::response_ids`]. The glue
 /// before its response runs from the end of the previous span (0 for the
 /// first) to `response_start`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallSpan {
     /// Offset of the call's generated tokens in `response_ids`.
     pub response_start: usize,
@@ -113,6 +117,14 @@ pub struct CallSpan {
     /// The call stopped at its token limit (finish reason `length`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// The policy version the call ran under: its record's
+    /// `policy_version` (the task's or session's, updated by a resume that
+    /// named a new one), else the backend's weight version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<String>,
+    /// The backend's own weight version for the call, when it reported one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
 }
 
 /// How a call joined its trace.
@@ -135,6 +147,25 @@ pub enum Join {
         /// Index in this call's prompt where the glue starts.
         resumed_from: usize,
     },
+}
+
+/// What a chain is, decided by what its calls are (not by their order):
+/// see the `roles` module.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ChainRole {
+    /// The main agent's conversation: the one carrying the session's task.
+    #[default]
+    Main,
+    /// An agent the main one started (it is offered tools and works on its
+    /// own conversation).
+    SubAgent,
+    /// A call the harness makes for itself outside the conversation:
+    /// titles, routers, summaries, classifiers (no tools offered where
+    /// the session offers them, or a structured-output request).
+    Side,
 }
 
 /// How a trace relates to the rest of its chain.
@@ -187,9 +218,10 @@ pub struct SegmentLink {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Label {
-    /// The trace belongs to a chain other than the session's main chain (the
-    /// one with the most calls): a sub-agent or a side request.
+    /// The trace's chain is a sub-agent's ([`ChainRole::SubAgent`]).
     SubAgent,
+    /// The trace's chain is a side request ([`ChainRole::Side`]).
+    Side,
     /// The chain started from a call that extended another chain's call which
     /// that chain also continued (a sub-agent forked with its parent's
     /// context).
@@ -216,10 +248,15 @@ pub enum Label {
 /// Further facts about a trace.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TraceMetadata {
-    /// Distinct policy weight versions of the merged calls, in call order
-    /// (more than one means the trace spans a weight update).
+    /// Distinct policy versions of the merged calls ([`CallSpan::policy_version`]),
+    /// in call order (more than one means the trace spans a weight update:
+    /// each span says which version its tokens came from).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policy_versions: Vec<String>,
+    /// Distinct weight versions the backend reported for the merged calls,
+    /// in call order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weight_versions: Vec<String>,
     /// Anything else a later stage attaches.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Map<String, Value>,
@@ -258,6 +295,14 @@ pub struct SessionMeta {
     /// The evaluator's result, kept as given.
     #[serde(default)]
     pub evaluation: Option<Value>,
+    /// The policy version the session was started under (`session.json`'s
+    /// `metadata.policy_version`): used when no record names one.
+    #[serde(default)]
+    pub policy_version: Option<String>,
+    /// The task's instruction (`session.json`'s `metadata.instruction`):
+    /// the main chain is the one carrying it.
+    #[serde(default)]
+    pub instruction: Option<String>,
 }
 
 /// Who ended a session: the party whose doing its outcome is. Only
@@ -329,12 +374,22 @@ pub struct TrajectoryMetadata {
     /// The GRPO group.
     #[serde(default)]
     pub group_id: Option<String>,
-    /// The policy weight version, when every call that reported one agrees.
+    /// The policy version, when every call agrees: each call's
+    /// [`CallSpan::policy_version`] (the task's or session's version, else
+    /// the backend's weight version); the session's own when no call names
+    /// one.
     #[serde(default)]
     pub policy_version: Option<String>,
-    /// Every distinct policy weight version the calls reported, in order.
+    /// Every distinct policy version of the calls, in call order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policy_versions: Vec<String>,
+    /// The backend's own weight version, when every call that reported one
+    /// agrees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+    /// Every distinct weight version the backend reported, in call order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weight_versions: Vec<String>,
     /// The evaluator's result.
     #[serde(default)]
     pub evaluation: Option<Value>,

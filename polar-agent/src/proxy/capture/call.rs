@@ -62,11 +62,9 @@ pub(super) async fn run(
             );
         }
     };
-    let task_id = capture
-        .store
-        .registry()
-        .get(&session)
-        .and_then(|i| i.task_id);
+    let info = capture.store.registry().get(&session).unwrap_or_default();
+    let policy_version = info.policy_version().map(str::to_owned);
+    let task_id = info.task_id;
     let native_body = match body.json {
         Ok(j) if j.is_null() => RawJson::null(),
         Ok(_) => RawJson::from_checked(body.bytes.clone()),
@@ -79,6 +77,7 @@ pub(super) async fn run(
         seq: log.next_seq(),
         session_id: session.to_string(),
         task_id,
+        policy_version,
         native: NativeRequest {
             api,
             method: head.method.to_string(),

@@ -56,6 +56,7 @@ const REQUEST_KEYS: &[&str] = &[
     "top_k",
     "stop_sequences",
     "stream",
+    "output_format",
 ];
 
 impl super::Protocol for Anthropic {
@@ -97,11 +98,14 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     let tools = parse_tools(obj, &mut extra);
     let tool_choice = parse_tool_choice(obj, &mut extra);
 
+    let response_format = super::structured::anthropic(obj)?;
+    super::structured::take_nested(&mut extra, "output_config", "format");
     let request = ChatRequest {
         model,
         messages,
         tools,
         tool_choice,
+        response_format,
         sampling: Sampling {
             max_tokens: u32_of(obj.get("max_tokens")),
             temperature: f64_field(obj, "temperature"),

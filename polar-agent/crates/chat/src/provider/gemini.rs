@@ -11,9 +11,11 @@
 //! `{"index": part, "signature"}`); `tools[{functionDeclarations}]` with
 //! `parametersJsonSchema` as it is or `parameters` (OpenAPI types such as
 //! `OBJECT` lowercased into JSON Schema); `toolConfig`; `generationConfig`
-//! (`maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences`; the
-//! rest, such as `responseMimeType`, `responseSchema` and `thinkingConfig`,
-//! kept in `extra.generationConfig`). snake_case spellings are accepted too.
+//! (`maxOutputTokens`, `temperature`, `topP`, `topK`, `stopSequences`;
+//! `responseMimeType` with `responseJsonSchema` / `responseSchema` as the
+//! request's structured output, see [`super::structured`]; the rest, such
+//! as `thinkingConfig`, kept in `extra.generationConfig`). snake_case
+//! spellings are accepted too.
 //!
 //! Gemini has no required call ids. A call without one gets
 //! `gemini-call-{turn}-{part}` (its position in the conversation: stable
@@ -127,12 +129,17 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     let tools = parse_tools(obj, &mut extra);
     let tool_choice = parse_tool_choice(obj, &mut extra);
     let sampling = parse_sampling(obj, &mut extra);
+    let response_format = super::structured::gemini(
+        get2_object(obj, "generationConfig", "generation_config"),
+        lower_types,
+    )?;
 
     let request = ChatRequest {
         model,
         messages,
         tools,
         tool_choice,
+        response_format,
         sampling,
         stream: call.framing != Framing::Json,
         extra,
@@ -278,8 +285,8 @@ fn parse_tool_choice(obj: Json<'_>, extra: &mut Map<String, Value>) -> Option<To
     choice
 }
 
-/// The sampling fields of `generationConfig`; its other fields go to
-/// `extra.generationConfig`.
+/// The sampling fields of `generationConfig`; its other fields but the
+/// structured output's go to `extra.generationConfig`.
 fn parse_sampling(obj: Json<'_>, extra: &mut Map<String, Value>) -> Sampling {
     let gc = get2_object(obj, "generationConfig", "generation_config");
     let g = |camel: &str, snake: &str| gc.and_then(|o| get2(o, camel, snake));
@@ -291,20 +298,20 @@ fn parse_sampling(obj: Json<'_>, extra: &mut Map<String, Value>) -> Sampling {
         stop: stop_list(g("stopSequences", "stop_sequences")),
     };
     if let Some(gc) = gc {
-        let r = rest(
-            gc,
-            &[
-                "maxOutputTokens",
-                "max_output_tokens",
-                "temperature",
-                "topP",
-                "top_p",
-                "topK",
-                "top_k",
-                "stopSequences",
-                "stop_sequences",
-            ],
-        );
+        let mut known = vec![
+            "maxOutputTokens",
+            "max_output_tokens",
+            "temperature",
+            "topP",
+            "top_p",
+            "topK",
+            "top_k",
+            "stopSequences",
+            "stop_sequences",
+        ];
+        // Structured output: `request.response_format`.
+        known.extend_from_slice(super::structured::GEMINI_KEYS);
+        let r = rest(gc, &known);
         if !r.is_empty() {
             extra.insert("generationConfig".into(), Value::Object(r));
         }

@@ -30,6 +30,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 mod read;
 pub mod sse;
+pub mod structured;
 
 #[cfg(test)]
 mod fixtures;

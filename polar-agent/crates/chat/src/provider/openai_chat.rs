@@ -48,6 +48,7 @@ const REQUEST_KEYS: &[&str] = &[
     "stop",
     "stream",
     "stream_options",
+    "response_format",
 ];
 
 const MESSAGE_KEYS: &[&str] = &[
@@ -148,11 +149,13 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         }
     }
 
+    let response_format = super::structured::openai_chat(obj.get("response_format"))?;
     let request = ChatRequest {
         model,
         messages,
         tools,
         tool_choice,
+        response_format,
         sampling: Sampling {
             max_tokens: u32_of(obj.get("max_completion_tokens"))
                 .or_else(|| u32_of(obj.get("max_tokens"))),

@@ -222,11 +222,14 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         extra.insert("tool_choice".into(), tc.to_value());
     }
 
+    let response_format = super::structured::openai_responses(obj.get("text"))?;
+    super::structured::take_nested(&mut extra, "text", "format");
     let request = ChatRequest {
         model,
         messages: items.messages,
         tools,
         tool_choice,
+        response_format,
         sampling: Sampling {
             max_tokens: u32_of(obj.get("max_output_tokens")),
             temperature: f64_field(obj, "temperature"),

@@ -48,6 +48,7 @@ pub(crate) fn request(stream: bool) -> ChatRequest {
         ],
         tools: vec![bash()],
         tool_choice: None,
+        response_format: None,
         sampling: Sampling::default(),
         stream,
         extra: serde_json::Map::new(),

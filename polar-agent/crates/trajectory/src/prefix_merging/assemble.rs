@@ -15,8 +15,6 @@
 //!   compaction). Any other root starts a new chain: a sub-agent or a side
 //!   request, running alongside or after the others.
 
-use std::cmp::Reverse;
-
 use crate::calls::Call;
 use crate::options::{PrefixMergingOptions, RetryPolicy};
 use crate::stats::{DropReason, DroppedCall};
@@ -224,7 +222,6 @@ fn build_traces(
 ) -> Vec<Trace> {
     let chains = chain_ids(plans, trace_of);
     let segments = segment_numbers(plans, &chains);
-    let main = main_chain(plans, &chains);
     let link_to = |call: CallIx, lcp: usize| {
         let mut t = trace_of[call];
         // A dropped retry's trace does not exist: link to what it linked to.
@@ -268,9 +265,6 @@ fn build_traces(
             build_trace(calls, matched, &plan.calls).finish(chains[t], segments[t], kind, previous);
         if let Some(label) = label {
             trace.add_label(label);
-        }
-        if main.is_some_and(|m| m != chains[t]) {
-            trace.add_label(Label::SubAgent);
         }
         traces.push(trace);
     }
@@ -366,21 +360,6 @@ fn segment_numbers(plans: &[Plan], chains: &[ChainId]) -> Vec<u32> {
             seg
         })
         .collect()
-}
-
-/// The chain with the most calls (ties: the earliest), when there are
-/// several chains.
-fn main_chain(plans: &[Plan], chains: &[ChainId]) -> Option<ChainId> {
-    let mut per: std::collections::BTreeMap<ChainId, usize> = std::collections::BTreeMap::new();
-    for (plan, chain) in plans.iter().zip(chains) {
-        *per.entry(*chain).or_insert(0) += plan.calls.len();
-    }
-    if per.len() < 2 {
-        return None;
-    }
-    per.into_iter()
-        .max_by_key(|&(chain, count)| (count, Reverse(chain)))
-        .map(|(chain, _)| chain)
 }
 
 /// Concatenates the calls of one trace.

@@ -53,6 +53,8 @@ pub fn meta() -> SessionMeta {
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,
+        policy_version: None,
+        instruction: None,
     }
 }
 
@@ -204,6 +206,7 @@ impl Sim {
             messages: msgs.iter().map(chat_message).collect(),
             tools: Vec::new(),
             tool_choice: None,
+            response_format: None,
             sampling: Sampling::default(),
             stream: true,
             extra: Map::new(),
@@ -226,6 +229,7 @@ impl Sim {
             seq,
             session_id: "s-1".into(),
             task_id: Some("task-1".into()),
+            policy_version: None,
             native_request: NativeRequest {
                 api: Api::OpenaiChat,
                 method: "POST".into(),

@@ -219,3 +219,66 @@ fn trajectory_json_is_stable() {
     .unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(builder, Builder::PrefixMerging(o) if o.splice && o.template.is_some()));
 }
+
+/// Each call's span carries the version it ran under: the task's policy
+/// version on its record (changed by a resume after a weight update) and
+/// the backend's own weight version; the session's version stands in when
+/// no record names one.
+#[test]
+fn spans_carry_each_calls_policy_and_weight_versions() {
+    let mut sim = two_chains();
+    // Main chain: c0 (w-42), c2 (w-43, after a weight update); side: c1.
+    sim.records[0].policy_version = Some("w-42".into());
+    sim.records[1].policy_version = Some("w-42".into());
+    sim.records[2].policy_version = Some("w-43".into());
+    sim.records[2].backend.weight_version = Some("v2".into());
+    let traj = built(&sim, SessionOutcome::Completed);
+    let main = &traj.traces[0];
+    let versions: Vec<_> = main
+        .spans
+        .iter()
+        .map(|s| (s.policy_version.as_deref(), s.weight_version.as_deref()))
+        .collect();
+    assert_eq!(
+        versions,
+        [(Some("w-42"), Some("v1")), (Some("w-43"), Some("v2"))]
+    );
+    assert_eq!(main.metadata.policy_versions, ["w-42", "w-43"]);
+    assert_eq!(main.metadata.weight_versions, ["v1", "v2"]);
+    assert_eq!(traj.traces[1].metadata.policy_versions, ["w-42"]);
+    let md = &traj.metadata;
+    assert_eq!(md.policy_versions, ["w-42", "w-43"]);
+    assert_eq!(md.policy_version, None, "two versions: no single one");
+    assert_eq!(md.weight_versions, ["v1", "v2"]);
+    assert_eq!(md.weight_version, None);
+
+    // A vLLM session (no weight version) whose task named one.
+    let mut sim = two_chains();
+    for r in &mut sim.records {
+        r.backend.weight_version = None;
+        r.policy_version = Some("w-42".into());
+    }
+    let traj = built(&sim, SessionOutcome::Completed);
+    assert_eq!(traj.metadata.policy_version.as_deref(), Some("w-42"));
+    assert_eq!(traj.metadata.weight_version, None);
+    assert!(traj.metadata.weight_versions.is_empty());
+    assert!(
+        traj.traces
+            .iter()
+            .flat_map(|t| &t.spans)
+            .all(|s| s.policy_version.as_deref() == Some("w-42") && s.weight_version.is_none())
+    );
+
+    // Records without versions (an older log): the session's own.
+    let mut sim = two_chains();
+    for r in &mut sim.records {
+        r.backend.weight_version = None;
+    }
+    let meta = crate::SessionMeta {
+        policy_version: Some("w-41".into()),
+        ..meta()
+    };
+    let traj = build(&Builder::default(), &sim.records, &meta);
+    assert_eq!(traj.metadata.policy_version.as_deref(), Some("w-41"));
+    assert_eq!(traj.metadata.policy_versions, ["w-41"]);
+}

@@ -158,9 +158,14 @@ fn synthesizes_unique_ids_and_matches_responses_by_name_order() {
     );
     assert!(r.messages[7].is_error);
     assert_eq!(r.sampling.stop, ["END"]);
-    assert_eq!(
-        r.extra["generationConfig"]["responseMimeType"],
-        "text/plain"
+    // `text/plain` is no constraint; the structured-output keys are read
+    // into `response_format`, not kept in `extra`.
+    assert_eq!(r.response_format, None);
+    assert!(
+        r.extra
+            .get("generationConfig")
+            .and_then(|g| g.get("responseMimeType"))
+            .is_none()
     );
     // An answer that matches no call still gets a unique id.
     let lone = parse(
@@ -556,6 +561,7 @@ fn reads_escapes_number_forms_and_unknown_fields_from_the_text() {
             },
         ],
         tool_choice: Some(ToolChoice::Tool { name: "run".into() }),
+        response_format: None,
         sampling: Sampling {
             max_tokens: Some(8192),
             temperature: Some(0.5),

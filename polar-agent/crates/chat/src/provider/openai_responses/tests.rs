@@ -538,6 +538,7 @@ fn raw_text_with_escapes_and_numbers() {
             ),
         }],
         tool_choice: Some(ToolChoice::Auto),
+        response_format: None,
         sampling: Sampling {
             max_tokens: Some(2048),
             temperature: Some(0.5),

@@ -1,0 +1,148 @@
+//! Chain roles: whether each trace belongs to the main agent, a sub-agent,
+//! or a side request, decided by what its conversation's calls are, never
+//! by their order (a harness's title call often comes first).
+//!
+//! The traces are grouped into conversations: a chain's traces
+//! (`prefix_merging`), or the calls sharing a system prompt and first user
+//! message (`per_request`, where each call is its own chain). Then:
+//!
+//! - a conversation is `side` when one of its calls asks for structured
+//!   output (a title, a router's decision), or when the session offers
+//!   tools somewhere but this conversation never does (a summary, a
+//!   classifier, a quota probe);
+//! - of the others, the main one carries the session's task (a user
+//!   message of its first call contains the task's instruction, when the
+//!   session names one), then has the most calls, then came first;
+//! - the rest are sub-agents.
+//!
+//! When no conversation qualifies (every one is a side request), none is
+//! `main`. Traces of sub-agents are labelled `sub_agent`, of side requests
+//! `side`.
+
+use std::collections::HashMap;
+
+use polar_chat::{ChatRequest, Role};
+use polar_record::CompletionRecord;
+
+use super::types::{ChainRole, Label, Trace};
+
+/// How traces are grouped into conversations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// By chain (`prefix_merging`).
+    Chain,
+    /// By the system prompt and first user message of the trace's first
+    /// call (`per_request`).
+    Opening,
+}
+
+/// What the role rules look at in one conversation.
+#[derive(Debug, Default)]
+struct Conversation {
+    traces: Vec<usize>,
+    calls: usize,
+    offers_tools: bool,
+    structured: bool,
+    carries_task: bool,
+}
+
+/// Whether `req` offers the model tools it may call.
+fn offers_tools(req: &ChatRequest) -> bool {
+    !req.tools.is_empty() && req.tool_choice != Some(polar_chat::ToolChoice::None)
+}
+
+/// What opens `req`'s conversation: its system prompt and first user
+/// message (a title call quoting the task has a system prompt of its own).
+fn opening(req: &ChatRequest) -> Option<String> {
+    let first = |role: Role| {
+        req.messages
+            .iter()
+            .find(|m| m.role == role)
+            .map(polar_chat::Message::joined_text)
+    };
+    let user = first(Role::User)?;
+    let system = first(Role::System)
+        .or_else(|| first(Role::Developer))
+        .unwrap_or_default();
+    Some(format!("{system}\u{0}{user}"))
+}
+
+/// Whether a user message of `req` contains `instruction` (Codex sends its
+/// environment and AGENTS.md as user messages before the task's).
+fn names_task(req: &ChatRequest, instruction: &str) -> bool {
+    req.messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .any(|m| m.joined_text().contains(instruction))
+}
+
+/// Sets every trace's role and its `sub_agent` / `side` label.
+/// `instruction`: the session's task instruction, when known.
+pub(crate) fn assign(
+    traces: &mut [Trace],
+    records: &[CompletionRecord],
+    instruction: Option<&str>,
+    grouping: Grouping,
+) {
+    let by_id: HashMap<&str, &CompletionRecord> =
+        records.iter().map(|r| (r.call_id.as_str(), r)).collect();
+    let instruction = instruction.map(str::trim).filter(|i| !i.is_empty());
+    let mut order: Vec<String> = Vec::new();
+    let mut convos: HashMap<String, Conversation> = HashMap::new();
+    for (i, t) in traces.iter().enumerate() {
+        let calls: Vec<&CompletionRecord> = t
+            .call_ids
+            .iter()
+            .filter_map(|c| by_id.get(c.as_str()).copied())
+            .collect();
+        let key = match grouping {
+            Grouping::Chain => format!("chain {}", t.chain.0),
+            Grouping::Opening => match calls.first().and_then(|r| opening(&r.request)) {
+                Some(text) => format!("opening {text}"),
+                None => format!("call {i}"),
+            },
+        };
+        let c = convos.entry(key.clone()).or_insert_with(|| {
+            order.push(key);
+            Conversation::default()
+        });
+        c.traces.push(i);
+        c.calls += t.call_ids.len();
+        c.offers_tools |= calls.iter().any(|r| offers_tools(&r.request));
+        c.structured |= calls.iter().any(|r| r.request.response_format.is_some());
+        // A chain's first segment names its task.
+        let opens = grouping == Grouping::Opening || t.segment == 0;
+        if opens && let (Some(want), Some(first)) = (instruction, calls.first()) {
+            c.carries_task |= names_task(&first.request, want);
+        }
+    }
+    let session_offers_tools = convos.values().any(|c| c.offers_tools);
+    let side = |c: &Conversation| c.structured || (session_offers_tools && !c.offers_tools);
+    let main = order
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| !side(&convos[*k]))
+        .max_by_key(|(pos, k)| {
+            let c = &convos[*k];
+            (c.carries_task, c.calls, std::cmp::Reverse(*pos))
+        })
+        .map(|(_, k)| k.clone());
+    for (key, c) in &convos {
+        let role = if side(c) {
+            ChainRole::Side
+        } else if main.as_ref() == Some(key) {
+            ChainRole::Main
+        } else {
+            ChainRole::SubAgent
+        };
+        for &i in &c.traces {
+            let t = &mut traces[i];
+            t.role = role;
+            match role {
+                ChainRole::Main => {}
+                ChainRole::SubAgent => t.add_label(Label::SubAgent),
+                ChainRole::Side => t.add_label(Label::Side),
+            }
+        }
+    }
+}

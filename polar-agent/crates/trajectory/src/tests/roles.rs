@@ -1,0 +1,152 @@
+//! Chain roles: `main`, `sub_agent`, `side`, decided by what the calls are
+//! (tools offered, structured output, the task's instruction), whatever
+//! order they come in.
+
+use super::kit::{Convo, Render, Sim, Turn, meta, tok};
+use crate::{Builder, ChainRole, Label, SessionMeta, Trajectory, build, check};
+use polar_chat::{ResponseFormat, Tool};
+
+fn bash() -> Tool {
+    Tool {
+        name: "bash".into(),
+        description: None,
+        parameters: polar_json::RawJson::from_value(&serde_json::json!({"type": "object"})),
+    }
+}
+
+/// The instruction as the kit writes user messages (token ids as text).
+fn instruction(task: &str) -> String {
+    tok(task)
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn offer_tools(sim: &mut Sim, calls: &[usize]) {
+    for &i in calls {
+        sim.records[i].request.tools = vec![bash()];
+    }
+}
+
+/// An opencode-like session: a title call first (structured output, no
+/// tools), then the main agent (tools, the task), a sub-agent (tools, its
+/// own task) with more calls than the main one, and a summary (no tools).
+fn session() -> (Sim, [usize; 4]) {
+    let mut sim = Sim::new(Render::default());
+    let mut title = Convo::new("you write titles", "fix the failing test");
+    let mut main = Convo::new("you are the agent", "fix the failing test");
+    let mut sub = Convo::new("you explore code", "find the test file");
+    let mut summary = Convo::new("you summarize", "summarize the work");
+    let t0 = title.step(&mut sim, Turn::new("", "test fix"));
+    sim.records[t0].request.response_format = Some(ResponseFormat::JsonObject);
+    let m0 = main.step(&mut sim, Turn::new("", "call task"));
+    let s0 = sub.step(&mut sim, Turn::new("", "call ls"));
+    sub.tool("a b");
+    let s1 = sub.step(&mut sim, Turn::new("", "call cat"));
+    sub.tool("c d");
+    let s2 = sub.step(&mut sim, Turn::new("", "found it"));
+    main.tool("found it");
+    let m1 = main.step(&mut sim, Turn::new("", "done"));
+    let y0 = summary.step(&mut sim, Turn::new("", "fixed the test"));
+    offer_tools(&mut sim, &[m0, m1, s0, s1, s2]);
+    (sim, [t0, m0, s0, y0])
+}
+
+fn roles(traj: &Trajectory) -> Vec<(String, ChainRole)> {
+    traj.traces
+        .iter()
+        .map(|t| (t.call_ids[0].clone(), t.role))
+        .collect()
+}
+
+fn with_instruction(task: &str) -> SessionMeta {
+    SessionMeta {
+        instruction: Some(instruction(task)),
+        ..meta()
+    }
+}
+
+#[test]
+fn the_main_chain_carries_the_task_and_side_calls_are_side() {
+    let (sim, [t0, m0, s0, y0]) = session();
+    let c = |i: usize| format!("c{i}");
+    let meta = with_instruction("fix the failing test");
+    let traj = build(&Builder::default(), &sim.records, &meta);
+    assert_eq!(check(&traj, &sim.records), Ok(()));
+    let mut got = roles(&traj);
+    got.sort();
+    let mut want = vec![
+        (c(t0), ChainRole::Side),
+        (c(m0), ChainRole::Main),
+        (c(s0), ChainRole::SubAgent),
+        (c(y0), ChainRole::Side),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    // The title call came first: chain 0 is not the main agent's.
+    assert_eq!(traj.traces[0].role, ChainRole::Side);
+    let main: Vec<_> = traj
+        .traces
+        .iter()
+        .filter(|t| t.role == ChainRole::Main)
+        .collect();
+    assert_eq!(main.len(), 1);
+    assert_eq!(main[0].call_ids.len(), 2, "both main calls merged");
+    assert!(main[0].labels.is_empty(), "{:?}", main[0].labels);
+    for t in &traj.traces {
+        match t.role {
+            ChainRole::Main => {}
+            ChainRole::SubAgent => assert!(t.has_label(Label::SubAgent)),
+            ChainRole::Side => {
+                assert!(t.has_label(Label::Side) && !t.has_label(Label::SubAgent));
+            }
+        }
+    }
+}
+
+#[test]
+fn without_the_instruction_the_busiest_tool_chain_is_main() {
+    let (sim, [_, m0, s0, _]) = session();
+    let traj = build(&Builder::default(), &sim.records, &meta());
+    let role_of = |i: usize| {
+        traj.traces
+            .iter()
+            .find(|t| t.call_ids[0] == format!("c{i}"))
+            .map(|t| t.role)
+    };
+    // The sub-agent made more calls: without the task to go by, it wins.
+    assert_eq!(role_of(s0), Some(ChainRole::Main));
+    assert_eq!(role_of(m0), Some(ChainRole::SubAgent));
+}
+
+#[test]
+fn per_request_traces_get_their_conversations_roles() {
+    let (sim, [t0, m0, s0, y0]) = session();
+    let meta = with_instruction("fix the failing test");
+    let traj = build(&Builder::PerRequest, &sim.records, &meta);
+    assert_eq!(check(&traj, &sim.records), Ok(()));
+    let got: Vec<(String, ChainRole)> = roles(&traj);
+    let role = |i: usize| got.iter().find(|(c, _)| *c == format!("c{i}")).map(|x| x.1);
+    assert_eq!(role(t0), Some(ChainRole::Side));
+    assert_eq!(role(y0), Some(ChainRole::Side));
+    assert_eq!(role(s0), Some(ChainRole::SubAgent));
+    assert_eq!(role(m0), Some(ChainRole::Main));
+    // Every call of the main conversation is main, the second one too.
+    let mains = got.iter().filter(|(_, r)| *r == ChainRole::Main).count();
+    assert_eq!(mains, 2);
+}
+
+#[test]
+fn sessions_without_tools_keep_one_main_chain_and_sub_agents() {
+    let mut sim = Sim::new(Render::default());
+    let mut a = Convo::new("main", "do it");
+    let mut b = Convo::new("helper", "help");
+    a.step(&mut sim, Turn::new("", "x"));
+    a.tool("y");
+    a.step(&mut sim, Turn::new("", "z"));
+    b.step(&mut sim, Turn::new("", "w"));
+    let traj = build(&Builder::default(), &sim.records, &meta());
+    let roles: Vec<ChainRole> = traj.traces.iter().map(|t| t.role).collect();
+    assert_eq!(roles, [ChainRole::Main, ChainRole::SubAgent]);
+}
