@@ -280,6 +280,7 @@ mod tests {
             seq: 0,
             session_id: "s".into(),
             task_id: None,
+            policy_version: None,
             native: NativeRequest {
                 api: polar_chat::Api::OpenaiChat,
                 method: "POST".into(),

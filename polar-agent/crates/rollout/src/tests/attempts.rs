@@ -57,6 +57,7 @@ impl Work for Logged {
             error: None,
             stats: Default::default(),
             retry: false,
+            infra_fault: false,
         }
     }
 }
@@ -111,6 +112,7 @@ async fn a_newer_attempt_starts_after_the_old_one_is_torn_down() {
         error: Some("forced re-dispatch".into()),
         stats: None,
         retry: true,
+        infra_fault: false,
     };
     as_node.result("t-s0", &failed).await.unwrap();
     let l = Arc::clone(&log);

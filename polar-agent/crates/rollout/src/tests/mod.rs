@@ -126,8 +126,14 @@ pub(crate) async fn finished(c: &RolloutClient, id: &str, limit: Duration) -> Ta
     }
 }
 
-/// Polls `cond` until it holds; panics after `limit`.
+/// The least time a liveness wait gives: these machines are shared, and
+/// a test waiting for something that must happen is not a benchmark.
+const LIVENESS_FLOOR: Duration = Duration::from_secs(30);
+
+/// Polls `cond` until it holds; panics after `limit` (at least
+/// [`LIVENESS_FLOOR`]).
 pub(crate) async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let limit = limit.max(LIVENESS_FLOOR);
     let deadline = Instant::now() + limit;
     while !cond() {
         assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
