@@ -36,11 +36,12 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 12] = [
+const NODES: [&str; 13] = [
     "gw-a",
     "gw-b",
     "gw-c",
     "gw-e",
+    "gw-f",
     "gw-hasty",
     "gw-k1",
     "gw-k2",

@@ -243,15 +243,8 @@ impl GatewayConfig {
                 .map(|(i, t)| (format!("accept_tokens[{i}]"), t)),
         );
         for (key, t) in keyed {
-            if t.len() < 8 {
-                return Err(invalid(&key, "a token must be at least 8 characters"));
-            }
-            if polar_io::auth::is_example_token(t) {
-                return Err(invalid(
-                    &key,
-                    "this is an example token from the docs: generate a secret \
-                     (e.g. `openssl rand -hex 32`)",
-                ));
+            if let Some(why) = polar_io::auth::token_weakness(t) {
+                return Err(invalid(&key, why));
             }
         }
         if let Some(i) = self.accept_tokens.iter().position(|t| *t == self.token) {

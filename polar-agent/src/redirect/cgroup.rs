@@ -74,21 +74,23 @@ impl Cgroup2Mount {
     }
 }
 
+/// One mountinfo line's file system type, root and mount point
+/// (unescaped).
+fn mount_fields(line: &str) -> Option<(&str, String, PathBuf)> {
+    // id parent major:minor root mount-point options [optional...] - fstype source super-options
+    let (left, right) = line.split_once(" - ")?;
+    let fstype = right.split_whitespace().next()?;
+    let mut fields = left.split_whitespace();
+    let root = fields.nth(3)?;
+    let mount_point = fields.next()?;
+    Some((fstype, unescape(root), PathBuf::from(unescape(mount_point))))
+}
+
 /// Finds the first cgroup2 mount in a mountinfo text.
 pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
-    text.lines().find_map(|line| {
-        // id parent major:minor root mount-point options [optional...] - fstype source super-options
-        let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        let mut fields = left.split_whitespace();
-        let root = fields.nth(3)?;
-        let mount_point = fields.next()?;
-        Some(Cgroup2Mount {
-            mount_point: PathBuf::from(unescape(mount_point)),
-            root: unescape(root),
-        })
+    text.lines().find_map(|line| match mount_fields(line)? {
+        ("cgroup2", root, mount_point) => Some(Cgroup2Mount { mount_point, root }),
+        _ => None,
     })
 }
 
@@ -96,15 +98,9 @@ pub fn parse_mountinfo(text: &str) -> Option<Cgroup2Mount> {
 /// (hybrid hosts), from a mountinfo text; none on a v2-only host.
 pub fn v1_mounts(text: &str) -> Vec<PathBuf> {
     text.lines()
-        .filter_map(|line| {
-            let (left, right) = line.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup" {
-                return None;
-            }
-            let mut fields = left.split_whitespace();
-            let root = fields.nth(3)?;
-            let mount_point = fields.next()?;
-            (root == "/").then(|| PathBuf::from(unescape(mount_point)))
+        .filter_map(|line| match mount_fields(line)? {
+            ("cgroup", root, mount_point) if root == "/" => Some(mount_point),
+            _ => None,
         })
         .collect()
 }

@@ -27,6 +27,21 @@ pub fn is_example_token(token: &str) -> bool {
     token.starts_with("change-me") || EXAMPLE_TOKENS.contains(&token)
 }
 
+/// Why `token` may not be configured (too short, or one of the docs'
+/// examples), if it may not: the one check every server's start-up makes.
+pub fn token_weakness(token: &str) -> Option<&'static str> {
+    if token.len() < 8 {
+        Some("a token must be at least 8 characters")
+    } else if is_example_token(token) {
+        Some(
+            "this is an example token from the docs: generate a secret \
+             (e.g. `openssl rand -hex 32`)",
+        )
+    } else {
+        None
+    }
+}
+
 /// Reads a token from a file: its content without surrounding whitespace
 /// (a trailing newline is usual); an empty file is an error.
 pub fn read_token_file(path: &Path) -> std::io::Result<String> {
@@ -100,6 +115,9 @@ mod tests {
         assert!(is_example_token("change-me-node-token"));
         assert!(is_example_token("node-secret-token"));
         assert!(!is_example_token("k3J9-random-0f2a"));
+        assert!(token_weakness("short").is_some_and(|w| w.contains("8 characters")));
+        assert!(token_weakness("change-me-node-token").is_some_and(|w| w.contains("example")));
+        assert_eq!(token_weakness("k3J9-random-0f2a"), None);
     }
 
     #[test]

@@ -565,15 +565,8 @@ impl RolloutConfig {
             all.push(("callback_token".into(), t));
         }
         for (key, token) in all {
-            if token.len() < 8 {
-                return Err(invalid(&key, "a token must be at least 8 characters"));
-            }
-            if polar_io::auth::is_example_token(token) {
-                return Err(invalid(
-                    &key,
-                    "this is an example token from the docs: generate a secret \
-                     (e.g. `openssl rand -hex 32`)",
-                ));
+            if let Some(why) = polar_io::auth::token_weakness(token) {
+                return Err(invalid(&key, why));
             }
             if let Some((other, _)) = seen.iter().find(|(_, t)| *t == token) {
                 return Err(invalid(
