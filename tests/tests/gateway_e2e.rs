@@ -383,7 +383,7 @@ fn check_results(t: &TaskView, export: &Path) -> Result<Vec<String>> {
         let uri = result
             .trajectory_uri
             .as_deref()
-            .context("no trajectory uri")?;
+            .with_context(|| format!("no trajectory uri: {result:?}"))?;
         ensure!(Path::new(uri).is_file(), "{uri} missing");
         ensure!(uri.starts_with(&export.display().to_string()), "{uri}");
         let jsonl = Path::new(uri).with_extension("jsonl");
@@ -591,15 +591,18 @@ turns = [
   { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
 ]
 
+# Every attempt (each exports its own calls only: issue 17) makes one
+# call that works, then meets the replica set that is down.
 [[sessions]]
 id = "faults-s1"
 turns = [
   { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
-  { error = { status = 503, message = "replica down" } },
-  { error = { status = 503, message = "replica down" } },
+  { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
 ]
 "#;
@@ -609,7 +612,7 @@ fn rows_of(result: &polar_rollout_api::SampleResult) -> Result<Vec<serde_json::V
     let uri = result
         .trajectory_uri
         .as_deref()
-        .context("no trajectory uri")?;
+        .with_context(|| format!("no trajectory uri: {result:?}"))?;
     let text = std::fs::read_to_string(Path::new(uri).with_extension("jsonl"))?;
     Ok(text
         .lines()
