@@ -129,7 +129,13 @@ pub fn check_installed(
         });
     };
     let version = version_of(&path, timeout)?;
-    let bin_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    // With symbolic links resolved: the sandbox binds these directories at
+    // the same paths, and a path through a link (an install directory
+    // that is a link to elsewhere) cannot be made in the sandbox's root.
+    let bin_dir = path
+        .parent()
+        .map(|d| std::fs::canonicalize(d).unwrap_or_else(|_| d.to_path_buf()))
+        .unwrap_or_default();
     // node_modules/.bin/X links into node_modules: the sandbox needs all of
     // node_modules (codex.js starts a binary from a sibling package).
     let real = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
@@ -254,6 +260,15 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(i.version, "0.73.1");
+        assert_eq!(i.bin_dir, bin);
+        assert_eq!(i.read_only, vec![tmp.path().join("node_modules")]);
+        // Found through a symbolic link: the real directories.
+        let link = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(tmp.path(), link.path().join("l")).unwrap();
+        let via = link.path().join("l/node_modules/.bin");
+        let i = check_installed(HarnessName::Pi, &[via], Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
         assert_eq!(i.bin_dir, bin);
         assert_eq!(i.read_only, vec![tmp.path().join("node_modules")]);
         assert!(
