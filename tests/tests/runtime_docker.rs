@@ -291,9 +291,13 @@ fn a_sigkilled_agent_leaves_no_container_cgroup_or_namespace() -> Result<()> {
     running.signal(nix::sys::signal::Signal::SIGKILL)?;
     // The guardian kills the agent's cgroup subtree, the container's
     // processes with it; the engine removes the container (`--rm`).
-    nothing_left(&engine, session, &cgroup, &netns)?;
+    let left = nothing_left(&engine, session, &cgroup, &netns);
     drop(running);
-    Ok(())
+    // The killed agent's disk quota (a tmpfs the next agent on this state
+    // directory would release): not the test's to leave mounted.
+    let quota = tmp.path().join("state/sandboxes").join(session);
+    let _ = nix::mount::umount2(&quota, nix::mount::MntFlags::MNT_DETACH);
+    left
 }
 
 #[test]
