@@ -252,3 +252,54 @@ impl Drop for RemoteTls {
         self.stop.cancel();
     }
 }
+
+/// A host port a sandbox must not reach: a listener on each of the given
+/// loopback addresses (one port for all), greeting every connection with
+/// `BANNER` and counting the connections it accepted.
+pub struct Banner {
+    /// The port, the same on every address.
+    pub port: u16,
+    accepted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Banner {
+    /// Listens on `addrs` (loopback addresses such as `127.0.0.1` and a
+    /// "host address" `127.10.0.7`), on one free port.
+    pub fn start(addrs: &[&str]) -> Result<Self> {
+        let (first, rest) = addrs.split_first().context("Banner: no address")?;
+        let mut last_err = None;
+        // Another process may take the port on the other addresses between
+        // the binds: try a few ports.
+        for _ in 0..16 {
+            let l = std::net::TcpListener::bind((*first, 0))?;
+            let port = l.local_addr()?.port();
+            let others: std::io::Result<Vec<_>> = rest
+                .iter()
+                .map(|a| std::net::TcpListener::bind((*a, port)))
+                .collect();
+            match others {
+                Ok(others) => {
+                    let accepted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    for l in std::iter::once(l).chain(others) {
+                        let count = Arc::clone(&accepted);
+                        std::thread::spawn(move || {
+                            use std::io::Write as _;
+                            for mut c in l.incoming().map_while(std::io::Result::ok) {
+                                count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let _ = c.write_all(b"BANNER");
+                            }
+                        });
+                    }
+                    return Ok(Self { port, accepted });
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.map_or_else(|| anyhow::anyhow!("Banner: no port"), Into::into))
+    }
+
+    /// The connections accepted so far, on all addresses.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

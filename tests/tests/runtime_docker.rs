@@ -18,7 +18,6 @@
 //! attempts in `sandbox_escape.rs`.
 #![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
 
-use std::net::TcpListener;
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use anyhow::{Context as _, Result, ensure};
 use polar_capture::read_log;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::docker::{self, cgroups_at};
+use polar_tests::servers::Banner;
 use polar_tests::{
     Running, eventually, json_lines, processes_in_netns, sandbox_tempdir, session_run,
     write_config, write_file,
@@ -79,19 +79,6 @@ req = urllib.request.Request("https://api.anthropic.com/v1/messages", method="PO
 facts["reply_type"] = json.loads(urllib.request.urlopen(req, timeout=30).read())["type"]
 print(json.dumps(facts), flush=True)
 "#;
-
-/// A loopback server greeting every connection with a banner.
-fn banner() -> Result<u16> {
-    let l = TcpListener::bind("0.0.0.0:0")?;
-    let port = l.local_addr()?.port();
-    std::thread::spawn(move || {
-        use std::io::Write as _;
-        for mut c in l.incoming().map_while(Result::ok) {
-            let _ = c.write_all(b"BANNER");
-        }
-    });
-    Ok(port)
-}
 
 /// The agent configuration: the engine, and the mock behind the
 /// Anthropic route.
@@ -157,7 +144,8 @@ fn hardened_session(engine: &docker::Engine, mock_url: &str) -> Result<()> {
              [[prepare]]\nrun = \"echo prepared > prepared.txt\"\n",
         ),
     )?;
-    let port = banner()?.to_string();
+    let banner = Banner::start(&["127.0.0.1", "127.10.0.7"])?;
+    let port = banner.port.to_string();
     let session = "docker-hardened";
     let run = session_run(
         &[

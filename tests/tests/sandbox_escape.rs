@@ -21,16 +21,13 @@
 #![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use polar_capture::log::read_log;
 use polar_mock::{self as mock, MockConfig};
+use polar_tests::servers::Banner;
 use polar_tests::{
     docker, eventually, json_lines, processes_with, sandbox_run, sandbox_tempdir, session_run,
     sha256,
@@ -242,29 +239,6 @@ fn expected() -> BTreeMap<&'static str, &'static [&'static str]> {
     ])
 }
 
-/// A loopback server standing for the gateway's or the rollout server's
-/// API: greets every connection with a banner and counts them.
-struct Banner {
-    port: u16,
-    accepted: Arc<AtomicU64>,
-}
-
-impl Banner {
-    fn start() -> Result<Self> {
-        let l = TcpListener::bind("0.0.0.0:0")?;
-        let port = l.local_addr()?.port();
-        let accepted = Arc::new(AtomicU64::new(0));
-        let count = Arc::clone(&accepted);
-        std::thread::spawn(move || {
-            for mut c in l.incoming().map_while(Result::ok) {
-                count.fetch_add(1, Ordering::Relaxed);
-                let _ = c.write_all(b"BANNER");
-            }
-        });
-        Ok(Self { port, accepted })
-    }
-}
-
 /// The peer: a normal session that marks its workspace, waits for `go`,
 /// makes one model call through the proxy and keeps the reply.
 const PEER: &str = "echo started > /workspace/started; \
@@ -337,8 +311,8 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
         Some(e) => std::fs::write(&spec, e.spec(limits))?,
         None => std::fs::write(&spec, limits)?,
     }
-    let gateway = Banner::start()?;
-    let rollout = Banner::start()?;
+    let gateway = Banner::start(&["127.0.0.1", "127.10.0.7"])?;
+    let rollout = Banner::start(&["127.0.0.1", "127.10.0.7"])?;
 
     // The peer, running all along.
     let cfg_s = cfg.display().to_string();
@@ -503,14 +477,8 @@ fn run_suite(way: Way, mock_url: &str) -> Result<()> {
     }
     ensure!(!etc_target.exists(), "{} appeared", etc_target.display());
     ensure!(!Path::new("/usr/bin/polar-escape").exists());
-    ensure!(
-        gateway.accepted.load(Ordering::Relaxed) == 0,
-        "gateway reached"
-    );
-    ensure!(
-        rollout.accepted.load(Ordering::Relaxed) == 0,
-        "rollout reached"
-    );
+    ensure!(gateway.accepted() == 0, "gateway reached");
+    ensure!(rollout.accepted() == 0, "rollout reached");
     // The peer completed its rollout normally.
     ensure!(peer.code() == Some(0), "peer: {}", peer.main_logs());
     let reply = std::fs::read_to_string(peer_ws.join("reply.json"))?;

@@ -626,13 +626,7 @@ fn container_cgroup(session: &SandboxSession) -> Option<PathBuf> {
 
 /// The pid of a docker container's init, from `docker inspect`.
 async fn container_pid(d: &crate::runtime::docker::Docker) -> Result<u32, String> {
-    let argv = d.pid_argv();
-    let (program, args) = argv.split_first().ok_or("no command")?;
-    let out = tokio::process::Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(d.engine.client_env())
-        .stdin(std::process::Stdio::null())
+    let out = tokio::process::Command::from(d.pid_command())
         .output()
         .await
         .map_err(|e| format!("docker inspect: {e}"))?;

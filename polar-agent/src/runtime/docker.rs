@@ -97,6 +97,19 @@ impl Engine {
         )
     }
 
+    /// The docker CLI run with `args`, the engine's client environment
+    /// only ([`Self::client_env`]) and no input: the one way the agent
+    /// itself asks the engine something (blocking as is, or async through
+    /// `tokio::process::Command::from`).
+    pub fn cli<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> std::process::Command {
+        let mut c = std::process::Command::new(DOCKER);
+        c.args(args)
+            .env_clear()
+            .envs(self.client_env())
+            .stdin(std::process::Stdio::null());
+        c
+    }
+
     /// The docker CLI's whole environment.
     pub fn client_env(&self) -> Vec<(String, String)> {
         let client = self.client_dir().display().to_string();
@@ -181,11 +194,9 @@ impl Docker {
             program: DOCKER,
             why,
         };
-        let out = std::process::Command::new(DOCKER)
-            .args(["info", "--format", "{{.ServerVersion}} {{.CgroupDriver}}"])
-            .env_clear()
-            .envs(self.engine.client_env())
-            .stdin(std::process::Stdio::null())
+        let out = self
+            .engine
+            .cli(&["info", "--format", "{{.ServerVersion}} {{.CgroupDriver}}"])
             .output()
             .map_err(|e| unavailable(format!("cannot be started: {e}")))?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -325,9 +336,10 @@ impl Docker {
     }
 
     /// `docker inspect`: the container's init pid (whose network namespace
-    /// the agent joins).
-    pub fn pid_argv(&self) -> Vec<OsString> {
-        v(&[DOCKER, "inspect", "-f", "{{.State.Pid}}", &self.name])
+    /// the agent joins), ready to run ([`Engine::cli`]).
+    pub fn pid_command(&self) -> std::process::Command {
+        self.engine
+            .cli(&["inspect", "-f", "{{.State.Pid}}", &self.name])
     }
 
     /// `docker rm -f`: removes the container.
@@ -535,10 +547,14 @@ mod tests {
             a,
             "docker exec -i -w /workspace -e HOME=/home/polar polar-s-1 sh -c echo hi"
         );
-        assert_eq!(
-            text(&d.pid_argv()),
-            "docker inspect -f {{.State.Pid}} polar-s-1"
-        );
+        let pid = d.pid_command();
+        let argv: Vec<OsString> = std::iter::once(pid.get_program())
+            .chain(pid.get_args())
+            .map(Into::into)
+            .collect();
+        assert_eq!(text(&argv), "docker inspect -f {{.State.Pid}} polar-s-1");
+        let env: Vec<_> = pid.get_envs().map(|(k, _)| k.to_owned()).collect();
+        assert!(env.iter().any(|k| k == "DOCKER_CONFIG"), "{env:?}");
         assert_eq!(text(&d.rm_argv()), "docker rm -f polar-s-1");
     }
 }
