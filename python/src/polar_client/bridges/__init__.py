@@ -1,0 +1,6 @@
+"""Adapters between Polar and RL trainers. Each module imports its trainer
+when imported itself; the package's core never does.
+
+- ``polar_client.bridges.verl``: an agent loop for verl (tested against
+  verl 0.9.1, see docs/TRAINERS.md).
+"""
