@@ -124,7 +124,7 @@ def check_output(out: DataProto, batch: DataProto, export: Path) -> list[pc.Trac
         assert b["response_mask"][i, :r].tolist() == t.loss_mask.tolist()
         assert b["response_mask"][i, r:].sum() == 0
         assert t.logprobs is not None
-        assert torch.equal(b["rollout_log_probs"][i, :r], torch.from_numpy(t.logprobs))
+        assert torch.equal(b["rollout_log_probs"][i, :r], torch.from_numpy(t.logprobs.copy()))
         assert b["input_ids"][i].tolist() == b["prompts"][i].tolist() + b["responses"][i].tolist()
         # The reward on the last response token.
         assert b["rm_scores"][i, r - 1].item() == t.reward == 1.0

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
 
@@ -111,16 +112,19 @@ def output_of(trace: Trace, others: list[Trace], prompt_length: int, response_le
     )
 
 
-_clients: dict[tuple[str, str | None], AsyncClient] = {}
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str | None], AsyncClient]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _client(server: str, token: str | None) -> AsyncClient:
-    """One client per server for the worker's life: verl makes an agent
-    loop per sample."""
+    """One client per server and event loop for the worker's life: verl
+    makes an agent loop per sample, all on the worker's loop."""
+    per_loop = _clients.setdefault(asyncio.get_running_loop(), {})
     key = (server, token)
-    if key not in _clients:
-        _clients[key] = AsyncClient(server, token)
-    return _clients[key]
+    if key not in per_loop:
+        per_loop[key] = AsyncClient(server, token)
+    return per_loop[key]
 
 
 def _plain(value: Any) -> dict[str, Any]:
@@ -151,7 +155,7 @@ class PolarAgentLoop(AgentLoopBase):  # type: ignore[misc]
         super().__init__(*args, **kwargs)
         if server is None:
             raise PolarError("the polar agent loop needs `server` (the rollout server's URL) in its config")
-        self.polar = _client(server, token)
+        self.server, self.token = server, token
         self.task_template = _plain(task or {})
         self.task_prefix = task_prefix
         self.wait_secs = wait_secs
@@ -177,8 +181,9 @@ class PolarAgentLoop(AgentLoopBase):  # type: ignore[misc]
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         request = self.task_request(instruction_of(kwargs["raw_prompt"]), kwargs.get("uid"), kwargs.get("extra_info"))
-        await self.polar.submit(request)
-        task = await self.polar.wait(request["task_id"], timeout=self.wait_secs)
+        polar = _client(self.server, self.token)
+        await polar.submit(request)
+        task = await polar.wait(request["task_id"], timeout=self.wait_secs)
         sample = task.samples[0]
         if sample.result is None or sample.result.trajectory_uri is None:
             raise PolarError(f"{sample.session_id} ended {sample.state} without a trajectory: {sample.error}")
