@@ -1,0 +1,136 @@
+//! The Python environments of `python/` (the `polar-client` package and
+//! its trainer bridges): one virtual environment per lock file of
+//! `python/requirements/` (`client.txt`: the package's dependencies and
+//! its test tools; `verl.txt`: verl and what it pulls in), under
+//! `.polar-cache/venvs/<name>`, made with the `python3` on `PATH` and
+//! filled by pip from PyPI at the lock file's exact versions.
+//!
+//! A stamp holding the lock file and the interpreter's version it was made
+//! from makes a second run a no-op; any change to either makes the
+//! environment again. `polar-client` itself is installed into each
+//! environment by [`install_client`] before its tests (`pip install
+//! ./python`, as a user installs it), so the tests run the working tree's
+//! code.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd::{Cmd, workspace_root};
+
+/// A lock file of `python/requirements/` and the environment made from it.
+#[derive(Clone, Copy, Debug)]
+pub struct Venv {
+    /// The lock file's stem and the environment's directory name.
+    pub name: &'static str,
+}
+
+/// The client's environment: its dependencies, pytest, mypy, moto.
+pub const CLIENT: Venv = Venv { name: "client" };
+/// verl 0.9.1 with torch (PyPI's wheel: CUDA libraries included, about
+/// 5.6 GB), for the verl bridge's tests.
+pub const VERL: Venv = Venv { name: "verl" };
+
+const STAMP: &str = ".polar-installed";
+
+fn report(item: &str, state: &str) {
+    eprintln!("setup: {item:<18} {state}");
+}
+
+impl Venv {
+    /// The environment's directory.
+    pub fn dir(self) -> Result<PathBuf> {
+        Ok(workspace_root()?.join(".polar-cache/venvs").join(self.name))
+    }
+
+    /// Its interpreter.
+    pub fn python(self) -> Result<PathBuf> {
+        Ok(self.dir()?.join("bin/python"))
+    }
+
+    fn lock(self) -> Result<PathBuf> {
+        Ok(workspace_root()?
+            .join("python/requirements")
+            .join(format!("{}.txt", self.name)))
+    }
+
+    /// Makes the environment unless its stamp says it is up to date.
+    pub fn ensure(self) -> Result<()> {
+        let item = format!("venv {}", self.name);
+        let lock = self.lock()?;
+        let locked = std::fs::read_to_string(&lock)
+            .with_context(|| format!("reading {}", lock.display()))?;
+        let version = Cmd::new("python3")?
+            .arg("--version")
+            .probe()
+            .context("python3 is not runnable (cargo xtask setup installs it)")?;
+        let stamp = format!("{}\n{locked}", version.trim());
+        let dir = self.dir()?;
+        if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) {
+            report(&item, "present");
+            return Ok(());
+        }
+        let started = Instant::now();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)
+                .with_context(|| format!("removing the stale {}", dir.display()))?;
+        }
+        Cmd::new("python3")?
+            .args(["-m", "venv"])
+            .arg(&dir)
+            .run()
+            .context("could not make a virtual environment (python3 -m venv)")?;
+        pip(&dir)?
+            .args(["install", "--quiet", "--no-input", "--requirement"])
+            .arg(&lock)
+            .run()
+            .with_context(|| format!("could not install {}", lock.display()))?;
+        std::fs::write(dir.join(STAMP), stamp)?;
+        report(
+            &item,
+            &format!(
+                "installed in {} s ({})",
+                started.elapsed().as_secs(),
+                du(&dir)
+            ),
+        );
+        Ok(())
+    }
+
+    /// Installs the working tree's `polar-client` (without dependencies:
+    /// the lock file has them) into the environment.
+    pub fn install_client(self) -> Result<()> {
+        let dir = self.dir()?;
+        if !dir.join(STAMP).exists() {
+            bail!("{} is not set up (cargo xtask setup)", dir.display());
+        }
+        pip(&dir)?
+            .args([
+                "install",
+                "--quiet",
+                "--no-input",
+                "--no-deps",
+                "--force-reinstall",
+                "--no-build-isolation",
+            ])
+            .arg(workspace_root()?.join("python"))
+            .run()
+            .context("could not install polar-client (pip install ./python)")
+    }
+}
+
+fn pip(dir: &Path) -> Result<Cmd> {
+    Ok(Cmd::new(dir.join("bin/python"))?
+        .args(["-m", "pip", "--disable-pip-version-check"])
+        .env("PIP_NO_CACHE_DIR", "1"))
+}
+
+/// The size of a directory as `du -sh` prints it.
+fn du(dir: &Path) -> String {
+    Cmd::new("du")
+        .ok()
+        .and_then(|c| c.arg("-sh").arg(dir).probe())
+        .and_then(|out| out.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "size unknown".into())
+}
