@@ -2,5 +2,6 @@
 when imported itself; the package's core never does.
 
 - ``polar_client.bridges.verl``: an agent loop for verl (tested against
-  verl 0.9.1, see docs/TRAINERS.md).
+  verl 0.9.1, see docs/TRAINERS.md);
+- ``polar_client.bridges.skyrl``: a generator for SkyRL (skyrl-train 0.3.1).
 """
