@@ -1,9 +1,13 @@
 //! The Python environments of `python/` (the `polar-client` package and
 //! its trainer bridges): one virtual environment per lock file of
 //! `python/requirements/` (`client.txt`: the package's dependencies and
-//! its test tools; `verl.txt`: verl and what it pulls in), under
-//! `.polar-cache/venvs/<name>`, made with the `python3` on `PATH` and
-//! filled by pip from PyPI at the lock file's exact versions.
+//! its test tools; `verl.txt`, `skyrl.txt`, `nemo-gym.txt`: a trainer and
+//! what it pulls in, for its bridge's tests), under
+//! `.polar-cache/venvs/<name>`, made with the interpreter the lock file
+//! needs (the `python3` on `PATH`, or a Python 3.12 for the trainers that
+//! require it: `python3.12` on `PATH`, else pyenv's, which this kind of
+//! machine ships) and filled by pip from PyPI at the lock file's exact
+//! versions.
 //!
 //! A stamp holding the lock file and the interpreter's version it was made
 //! from makes a second run a no-op; any change to either makes the
@@ -24,13 +28,36 @@ use crate::cmd::{Cmd, workspace_root};
 pub struct Venv {
     /// The lock file's stem and the environment's directory name.
     pub name: &'static str,
+    /// The Python it needs: `None` for the `python3` on `PATH`, else a
+    /// `major.minor` version.
+    pub python: Option<&'static str>,
 }
 
 /// The client's environment: its dependencies, pytest, mypy, moto.
-pub const CLIENT: Venv = Venv { name: "client" };
+pub const CLIENT: Venv = Venv {
+    name: "client",
+    python: None,
+};
 /// verl 0.9.1 with torch (PyPI's wheel: CUDA libraries included, about
 /// 5.6 GB), for the verl bridge's tests.
-pub const VERL: Venv = Venv { name: "verl" };
+pub const VERL: Venv = Venv {
+    name: "verl",
+    python: None,
+};
+/// skyrl-train 0.3.1 (Python 3.12 only) with torch, for the SkyRL
+/// bridge's tests.
+pub const SKYRL: Venv = Venv {
+    name: "skyrl",
+    python: Some("3.12"),
+};
+/// nemo-gym 0.4.0 (Python 3.12 or newer), for the NeMo Gym bridge's tests.
+pub const NEMO_GYM: Venv = Venv {
+    name: "nemo-gym",
+    python: Some("3.12"),
+};
+
+/// Every environment `cargo xtask setup` makes.
+pub const ALL: [Venv; 4] = [CLIENT, VERL, SKYRL, NEMO_GYM];
 
 const STAMP: &str = ".polar-installed";
 
@@ -61,10 +88,11 @@ impl Venv {
         let lock = self.lock()?;
         let locked = std::fs::read_to_string(&lock)
             .with_context(|| format!("reading {}", lock.display()))?;
-        let version = Cmd::new("python3")?
+        let interpreter = self.interpreter()?;
+        let version = Cmd::new(&interpreter)?
             .arg("--version")
             .probe()
-            .context("python3 is not runnable (cargo xtask setup installs it)")?;
+            .with_context(|| format!("{} is not runnable", interpreter.display()))?;
         let stamp = format!("{}\n{locked}", version.trim());
         let dir = self.dir()?;
         if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) {
@@ -76,13 +104,22 @@ impl Venv {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("removing the stale {}", dir.display()))?;
         }
-        Cmd::new("python3")?
+        Cmd::new(&interpreter)?
             .args(["-m", "venv"])
             .arg(&dir)
             .run()
             .context("could not make a virtual environment (python3 -m venv)")?;
+        // A lock file is a whole `pip freeze`: nothing to resolve, and
+        // dependencies a trainer declares but its tested path never imports
+        // (skyrl-train's flash-attn, which builds against CUDA) stay out.
         pip(&dir)?
-            .args(["install", "--quiet", "--no-input", "--requirement"])
+            .args([
+                "install",
+                "--quiet",
+                "--no-input",
+                "--no-deps",
+                "--requirement",
+            ])
             .arg(&lock)
             .run()
             .with_context(|| format!("could not install {}", lock.display()))?;
@@ -96,6 +133,41 @@ impl Venv {
             ),
         );
         Ok(())
+    }
+
+    /// The interpreter the environment is made with.
+    fn interpreter(self) -> Result<PathBuf> {
+        let Some(version) = self.python else {
+            return Ok(PathBuf::from("python3"));
+        };
+        let name = format!("python{version}");
+        if Cmd::new(&name)?.arg("--version").probe().is_some() {
+            return Ok(PathBuf::from(name));
+        }
+        let root = std::env::var_os("PYENV_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".pyenv")))
+            .context("neither PYENV_ROOT nor HOME is set")?;
+        let mut found: Vec<PathBuf> = std::fs::read_dir(root.join("versions"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("{version}.")))
+            })
+            .map(|p| p.join("bin").join(&name))
+            .filter(|p| p.is_file())
+            .collect();
+        found.sort();
+        found.pop().with_context(|| {
+            format!(
+                "the {} environment needs Python {version}: no {name} on PATH nor under {}/versions",
+                self.name,
+                root.display()
+            )
+        })
     }
 
     /// Installs the working tree's `polar-client` (without dependencies:
@@ -121,9 +193,7 @@ impl Venv {
 }
 
 fn pip(dir: &Path) -> Result<Cmd> {
-    Ok(Cmd::new(dir.join("bin/python"))?
-        .args(["-m", "pip", "--disable-pip-version-check"])
-        .env("PIP_NO_CACHE_DIR", "1"))
+    Ok(Cmd::new(dir.join("bin/python"))?.args(["-m", "pip", "--disable-pip-version-check"]))
 }
 
 /// The size of a directory as `du -sh` prints it.

@@ -77,9 +77,10 @@ pub fn run(scope: Scope) -> Result<()> {
     bpf_linker()?;
     if scope >= Scope::All {
         cargo_deny()?;
-        // polar-client's tests, and its verl bridge's with verl and torch.
-        python::CLIENT.ensure()?;
-        python::VERL.ensure()?;
+        // polar-client's tests, and its bridges' with their trainers.
+        for venv in python::ALL {
+            venv.ensure()?;
+        }
     }
     Ok(())
 }

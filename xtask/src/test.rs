@@ -160,7 +160,7 @@ const PYTEST_TIMEOUT_SECS: u32 = 300;
 
 /// `polar-client`: mypy (strict) on the package; then, with root (the
 /// gateway needs it), its tests against the real stack started from
-/// `target/debug/polar`, and the verl bridge's with verl installed.
+/// `target/debug/polar`, and each bridge's in its trainer's environment.
 fn python_tests(privileged: bool) -> Result<()> {
     python::CLIENT.install_client()?;
     Cmd::new(python::CLIENT.python()?)?
@@ -177,6 +177,8 @@ fn python_tests(privileged: bool) -> Result<()> {
     for (venv, tests) in [
         (python::CLIENT, "python/tests/client"),
         (python::VERL, "python/tests/bridges/test_verl.py"),
+        (python::SKYRL, "python/tests/bridges/test_skyrl.py"),
+        (python::NEMO_GYM, "python/tests/bridges/test_nemo_gym.py"),
     ] {
         venv.install_client()?;
         Cmd::new(venv.python()?)?
