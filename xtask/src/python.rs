@@ -112,14 +112,8 @@ impl Venv {
         // A lock file is a whole `pip freeze`: nothing to resolve, and
         // dependencies a trainer declares but its tested path never imports
         // (skyrl-train's flash-attn, which builds against CUDA) stay out.
-        pip(&dir)?
-            .args([
-                "install",
-                "--quiet",
-                "--no-input",
-                "--no-deps",
-                "--requirement",
-            ])
+        pip_install(&dir)?
+            .arg("--requirement")
             .arg(&lock)
             .run()
             .with_context(|| format!("could not install {}", lock.display()))?;
@@ -177,23 +171,26 @@ impl Venv {
         if !dir.join(STAMP).exists() {
             bail!("{} is not set up (cargo xtask setup)", dir.display());
         }
-        pip(&dir)?
-            .args([
-                "install",
-                "--quiet",
-                "--no-input",
-                "--no-deps",
-                "--force-reinstall",
-                "--no-build-isolation",
-            ])
+        pip_install(&dir)?
+            .args(["--force-reinstall", "--no-build-isolation"])
             .arg(workspace_root()?.join("python"))
             .run()
             .context("could not install polar-client (pip install ./python)")
     }
 }
 
-fn pip(dir: &Path) -> Result<Cmd> {
-    Ok(Cmd::new(dir.join("bin/python"))?.args(["-m", "pip", "--disable-pip-version-check"]))
+/// `pip install` in the environment `dir`, quiet, never asking, and never
+/// resolving dependencies: a lock file lists them all.
+fn pip_install(dir: &Path) -> Result<Cmd> {
+    Ok(Cmd::new(dir.join("bin/python"))?.args([
+        "-m",
+        "pip",
+        "--disable-pip-version-check",
+        "install",
+        "--quiet",
+        "--no-input",
+        "--no-deps",
+    ]))
 }
 
 /// The size of a directory as `du -sh` prints it.

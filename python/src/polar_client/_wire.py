@@ -30,6 +30,22 @@ class Request:
     params: Mapping[str, str] | None = None
 
 
+class Settings:
+    """What both clients are made with (see [`Client`])."""
+
+    def __init__(self, server: str, token: str | None, gateway_token: str | None, timeout: float) -> None:
+        self.server = server.rstrip("/")
+        self._token = token_or_env(token, TOKEN_ENV)
+        self._gateway_token = token_or_env(gateway_token, GATEWAY_TOKEN_ENV)
+        self._timeout = timeout
+
+    def _url_and_headers(self, req: Request, base: str | None, token: str | None) -> tuple[str, dict[str, str]]:
+        """A call's URL, and its headers: the trainer token for the server,
+        ``token`` for another ``base`` (a gateway)."""
+        url = (base or self.server).rstrip("/") + req.path
+        return url, headers(token if base else self._token)
+
+
 def token_or_env(token: str | None, env: str) -> str | None:
     """``token``, else the environment's ``env``, else ``None``."""
     if token is not None:

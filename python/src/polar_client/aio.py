@@ -16,7 +16,7 @@ from .events import AsyncEventStream
 from .types import Node, Resumed, Submitted, Task
 
 
-class AsyncClient:
+class AsyncClient(_wire.Settings):
     """A rollout server's trainer API, for asyncio. Same arguments and
     errors as [`Client`]."""
 
@@ -28,10 +28,7 @@ class AsyncClient:
         gateway_token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        self.server = server.rstrip("/")
-        self._token = _wire.token_or_env(token, _wire.TOKEN_ENV)
-        self._gateway_token = _wire.token_or_env(gateway_token, _wire.GATEWAY_TOKEN_ENV)
-        self._timeout = timeout
+        super().__init__(server, token, gateway_token, timeout)
         self._http = httpx.AsyncClient(timeout=timeout)
 
     async def aclose(self) -> None:
@@ -44,15 +41,9 @@ class AsyncClient:
         await self.aclose()
 
     async def _call(self, req: _wire.Request, base: str | None = None, token: str | None = None) -> Any:
-        url = (base or self.server).rstrip("/") + req.path
+        url, headers = self._url_and_headers(req, base, token)
         try:
-            reply = await self._http.request(
-                req.method,
-                url,
-                json=req.body,
-                params=req.params,
-                headers=_wire.headers(token if base else self._token),
-            )
+            reply = await self._http.request(req.method, url, json=req.body, params=req.params, headers=headers)
         except httpx.HTTPError as e:
             raise _wire.transport_error(url, e) from e
         return _wire.decode(url, reply)

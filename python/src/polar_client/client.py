@@ -24,7 +24,7 @@ from .types import Event, Node, Resumed, Submitted, Task
 DEFAULT_TIMEOUT = 30.0
 
 
-class Client:
+class Client(_wire.Settings):
     """A rollout server's trainer API.
 
     ``token`` is a trainer token (``rollout.tokens``; default the
@@ -41,10 +41,7 @@ class Client:
         gateway_token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        self.server = server.rstrip("/")
-        self._token = _wire.token_or_env(token, _wire.TOKEN_ENV)
-        self._gateway_token = _wire.token_or_env(gateway_token, _wire.GATEWAY_TOKEN_ENV)
-        self._timeout = timeout
+        super().__init__(server, token, gateway_token, timeout)
         self._http = httpx.Client(timeout=timeout)
 
     def close(self) -> None:
@@ -57,15 +54,9 @@ class Client:
         self.close()
 
     def _call(self, req: _wire.Request, base: str | None = None, token: str | None = None) -> Any:
-        url = (base or self.server).rstrip("/") + req.path
+        url, headers = self._url_and_headers(req, base, token)
         try:
-            reply = self._http.request(
-                req.method,
-                url,
-                json=req.body,
-                params=req.params,
-                headers=_wire.headers(token if base else self._token),
-            )
+            reply = self._http.request(req.method, url, json=req.body, params=req.params, headers=headers)
         except httpx.HTTPError as e:
             raise _wire.transport_error(url, e) from e
         return _wire.decode(url, reply)

@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 import polar_client as pc
 from polar_client.bridges.skyrl import PolarGenerator
-from stack import TRAINER_TOKEN, Stack, task
+from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task
 from tiny_model import tiny_model
 
 N_SAMPLES = 2
@@ -56,7 +56,9 @@ def trainer(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> RayPPOTra
     tokenizer = AutoTokenizer.from_pretrained(dir / "model")
     dataset = PromptDataset([str(data)], tokenizer, max_prompt_length=512, num_workers=1)
     template = {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}
-    generator = PolarGenerator(stack.server, TRAINER_TOKEN, task=template, wait_secs=180)
+    generator = PolarGenerator(
+        stack.server, TRAINER_TOKEN, task=template, wait_secs=180, gateway_token=GATEWAY_TOKEN, policy_version="w-1"
+    )
     return RayPPOTrainer(
         cfg=cfg,
         tracker=None,
@@ -67,9 +69,22 @@ def trainer(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> RayPPOTra
     )
 
 
-def test_a_training_step_through_polar(stack: Stack, trainer: RayPPOTrainer) -> None:
+def test_training_steps_through_polar(stack: Stack, trainer: RayPPOTrainer) -> None:
+    assert {t.policy_version for t in step(stack, trainer, 1)} == {"w-1"}
+    # SkyRL's weight sync, wrapped: generation paused, resumed naming the
+    # new version, which the next step's tasks carry.
+    with trainer.generator.weight_update("w-2"):
+        pass
+    traces = step(stack, trainer, 2)
+    assert {t.policy_version for t in traces} == {"w-2"}
+    assert pc.select(traces, policy_versions=["w-1"]) == []
+
+
+def step(stack: Stack, trainer: RayPPOTrainer, global_step: int) -> list[pc.Trace]:
+    """One step of SkyRL's training loop up to its training input; each
+    row checked against the Parquet trace it came from, which are returned."""
     prompts = next(iter(trainer.train_dataloader))
-    generator_input, uids = prepare_generator_input(prompts, N_SAMPLES, {}, "polar", "train", 1)
+    generator_input, uids = prepare_generator_input(prompts, N_SAMPLES, {}, "polar", "train", global_step)
     out = asyncio.run(trainer.generate(generator_input))
     assert out["trajectory_ids"] == generator_input["trajectory_ids"]
     out = trainer.postprocess_generator_output(out, uids)
@@ -84,15 +99,18 @@ def test_a_training_step_through_polar(stack: Stack, trainer: RayPPOTrainer) -> 
     assert logprobs is not None
     n = len(uids)
     assert n == 2 * N_SAMPLES and seqs.shape[0] == n
-    traces = {t.trace_id: t for t in pc.load(stack.export) if t.group_id in set(uids)}
+    groups = [f"train-{global_step}/{u}" for u in uids]
+    traces = {t.trace_id: t for t in pc.load(stack.export) if t.group_id in set(groups)}
     # One main trace per session; rows in the batch's order, a group per uid.
     sessions = sorted({t.session_id for t in traces.values()})
     assert len(sessions) == n
     P = max(len(p) for p in out["prompt_token_ids"])
+    used: list[pc.Trace] = []
     for i in range(n):
         prompt, response = out["prompt_token_ids"][i], out["response_ids"][i]
         [t] = [t for t in traces.values() if t.prompt_ids.tolist() == prompt and t.response_ids.tolist() == response
-               and t.group_id == uids[i] and t.session_id.endswith(f"-s{generator_input['trajectory_ids'][i].repetition_id}")]
+               and t.group_id == groups[i] and t.session_id.endswith(f"-s{generator_input['trajectory_ids'][i].repetition_id}")]
+        used.append(t)
         r = len(response)
         assert t.chain_role == "main" and t.segment == 0
         assert seqs[i, P - len(prompt) : P].tolist() == t.prompt_ids.tolist()
@@ -106,3 +124,4 @@ def test_a_training_step_through_polar(stack: Stack, trainer: RayPPOTrainer) -> 
         assert rewards[i, r - 1].item() == t.reward == 1.0 and rewards[i].sum().item() == 1.0
         assert out["stop_reasons"][i] == t.finish_reason
     assert out["rollout_metrics"]["polar/sessions"] == n
+    return used

@@ -24,20 +24,24 @@ entrypoint's ``get_generator``)::
 
 A session can yield several traces; SkyRL takes one sequence per sample,
 so the generator returns the main chain's first segment (the others are
-counted in ``rollout_metrics["polar/other_traces"]``). Around a weight
-sync, ``Client.paused(version)`` pauses generation on the gateways and
-resumes naming the new version.
+counted in ``rollout_metrics["polar/other_traces"]``). Around SkyRL's
+weight sync, ``generator.weight_update(version)`` pauses generation on the
+gateways and resumes naming the new version, which the tasks the generator
+submits from then on carry too (``metadata.policy_version``), so every
+trace says which weights it came from and stale ones can be filtered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping
 
 from skyrl_train.generators.base import GeneratorInput, GeneratorInterface, GeneratorOutput
 
 from ..aio import AsyncClient
+from ..client import Client
 from ..errors import PolarError
 from ..trajectories import Trace, load_task
 from ..types import Task
@@ -58,8 +62,13 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
         task: Mapping[str, Any] | None = None,
         task_prefix: str = "skyrl",
         wait_secs: float = DEFAULT_WAIT,
+        gateway_token: str | None = None,
+        policy_version: str | None = None,
     ) -> None:
         self.server, self.token = server, token
+        self.gateway_token = gateway_token
+        #: Stamped on the tasks submitted (``metadata.policy_version``).
+        self.policy_version = policy_version
         self.task_template = dict(task or {})
         self.task_prefix = task_prefix
         self.wait_secs = wait_secs
@@ -76,10 +85,22 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
         }
         metadata = dict(body.get("metadata") or {})
         metadata["group_id"] = group
+        if self.policy_version is not None:
+            metadata["policy_version"] = self.policy_version
         if isinstance(extras, Mapping) and extras:
             metadata.setdefault("extra", {}).update({"skyrl_env_extras": dict(extras)})
         body["metadata"] = metadata
         return body
+
+    @contextmanager
+    def weight_update(self, policy_version: str) -> Iterator[None]:
+        """Around the trainer's weight sync: generation paused on every
+        gateway (needs the gateways' token), resumed naming
+        ``policy_version``, which later tasks carry too."""
+        with Client(self.server, self.token, gateway_token=self.gateway_token) as client:
+            with client.paused(policy_version):
+                yield
+        self.policy_version = policy_version
 
     async def generate(self, input_batch: GeneratorInput) -> GeneratorOutput:
         prompts = input_batch["prompts"]
@@ -91,7 +112,9 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
             key = ids[row].instance_id if ids else f"row-{row}"
             groups.setdefault(key, []).append(row)
         requests = {
-            key: self.task_request(instruction_of(prompts[rows[0]]), key, len(rows), extras[rows[0]])
+            key: self.task_request(
+                instruction_of(prompts[rows[0]]), group_of(input_batch, key), len(rows), extras[rows[0]]
+            )
             for key, rows in groups.items()
         }
         async with AsyncClient(self.server, self.token) as polar:
@@ -127,6 +150,15 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
             "trajectory_ids": ids,
             "is_last_step": None,
         }
+
+
+def group_of(input_batch: GeneratorInput, instance_id: str) -> str:
+    """The Polar group of a prompt: its ``instance_id`` (SkyRL's uid, the
+    dataset row), made unique per step with the batch's phase and step."""
+    meta = input_batch.get("batch_metadata")
+    if meta is None:
+        return instance_id
+    return f"{meta.training_phase}-{meta.global_step}/{instance_id}"
 
 
 def _of_session(task: Task, index: int, traces: list[Trace]) -> list[Trace]:
