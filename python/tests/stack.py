@@ -95,6 +95,17 @@ class Stack:
     state: Path
     daemons: list[Daemon]
 
+    def restart_rollout(self) -> None:
+        """Stops the rollout server (SIGTERM) and starts it again on the
+        same configuration and database."""
+        old = next(d for d in self.daemons if d.name.startswith("rollout"))
+        old.stop()
+        argv = [str(a) for a in old.proc.args]  # type: ignore[union-attr]
+        port = int(self.server.rsplit(":", 1)[1])
+        new = Daemon(f"rollout (restart {len(self.daemons)})", argv, self.dir / f"rollout-{len(self.daemons)}.log",
+                     f"{self.server}/health", port)
+        self.daemons[self.daemons.index(old)] = new
+
     def logs(self) -> str:
         return "\n".join(f"--- {d.name} ---\n{d.tail()}" for d in self.daemons)
 

@@ -129,12 +129,13 @@ def retryable(e: PolarError) -> bool:
 
 
 class Follow:
-    """The state of a wait for a task (sync and asyncio alike): the last
-    event id seen, and the task's last view."""
+    """The state of a wait for a task (sync and asyncio alike): the task's
+    last view. Each (re)connection is followed by a fresh look, and events
+    only call for more looks, so a reconnection needs no event id (ids
+    start again from 1 when the server restarts)."""
 
     def __init__(self, task_id: str) -> None:
         self.task_id = task_id
-        self.after: int | None = None
         self.last: Task | None = None
 
     def seen(self, task: Task) -> bool:
@@ -146,13 +147,11 @@ class Follow:
         assert self.last is not None
         return self.last
 
-    def needs_look(self, ev: Event) -> bool:
+    @staticmethod
+    def needs_look(ev: Event) -> bool:
         """Whether ``ev`` calls for a fresh view: the task finished, or
         events were missed."""
-        if ev.type == "lagged":
-            return True
-        self.after = ev.id
-        return ev.type == "task" and ev.data.get("status") in FINISHED
+        return ev.type == "lagged" or (ev.type == "task" and ev.data.get("status") in FINISHED)
 
     def timed_out(self, seconds: float) -> TaskTimeout:
         return TaskTimeout(self.task_id, seconds, None if self.last is None else dict(self.last.raw))

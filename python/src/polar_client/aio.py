@@ -100,7 +100,7 @@ class AsyncClient(_wire.Settings):
     async def _follow(self, follow: _wire.Follow) -> Task:
         while True:
             try:
-                async with await self.events(task_id=follow.task_id, after=follow.after) as stream:
+                async with await self.events(task_id=follow.task_id) as stream:
                     if follow.seen(await self.task(follow.task_id)):
                         return follow.task()
                     async for ev in stream:

@@ -113,9 +113,9 @@ class Client(_wire.Settings):
 
     def wait(self, task_id: str, timeout: float = 3600.0) -> Task:
         """Follows the task's events until it finishes and returns it with
-        its samples. Reconnects (from the last event seen) when the stream
-        breaks or the server restarts; raises [`TaskTimeout`] after
-        ``timeout`` seconds."""
+        its samples. Reconnects (and looks again) when the stream breaks or
+        the server restarts; raises [`TaskTimeout`] after ``timeout``
+        seconds."""
         deadline = time.monotonic() + timeout
         follow = _wire.Follow(task_id)
         while True:
@@ -124,7 +124,7 @@ class Client(_wire.Settings):
                 raise follow.timed_out(timeout)
             try:
                 # Connected before the first look, so no change falls between.
-                with self.events(task_id=task_id, after=follow.after) as stream:
+                with self.events(task_id=task_id) as stream:
                     # The stream is closed at the deadline, which ends a read
                     # that pings would otherwise keep alive.
                     timer = threading.Timer(remaining, stream.close)

@@ -5,6 +5,7 @@ resume around a weight update, and the errors."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 
 import httpx
@@ -181,3 +182,28 @@ def test_wait_times_out_with_the_last_view(stack: Stack, client: pc.Client, task
         assert late.value.task is not None and late.value.task["task_id"] == task_id
     finally:
         client.cancel(task_id)
+
+
+def test_wait_follows_the_task_across_a_server_restart(stack: Stack, client: pc.Client, task_id: str) -> None:
+    client.submit(task(task_id, 2, sleep=4))
+    result: dict[str, pc.Task] = {}
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            result["task"] = client.wait(task_id, timeout=180)
+        except BaseException as e:  # handed to the test's thread
+            errors.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    deadline = time.monotonic() + 60
+    while client.task(task_id).status != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    # The waiter's stream breaks; the server comes back with the task (its
+    # event ids start again from 1) and the sessions' results still arrive.
+    stack.restart_rollout()
+    waiter.join(200)
+    assert not errors, errors
+    check_done(result["task"], 2)
