@@ -117,11 +117,20 @@ class AsyncClient(_wire.Settings):
 
     async def pause(self, nodes: list[str] | None = None) -> list[str]:
         """See [`Client.pause`]."""
-        done = []
-        for node_id, url in await self._node_urls(nodes):
-            await self._call(_wire.Request("POST", "/v1/pause", {}), base=url, token=self._gateway_token)
-            done.append(node_id)
-        return done
+        done: list[tuple[str, str]] = []
+        try:
+            for node_id, url in await self._node_urls(nodes):
+                await self._call(_wire.Request("POST", "/v1/pause", {}), base=url, token=self._gateway_token)
+                done.append((node_id, url))
+        except PolarError:
+            # All or none: the nodes already paused go on generating.
+            for _, url in done:
+                try:
+                    await self._call(_wire.Request("POST", "/v1/resume", {}), base=url, token=self._gateway_token)
+                except PolarError:
+                    pass
+            raise
+        return [node_id for node_id, _ in done]
 
     async def resume(self, policy_version: str | None = None, nodes: list[str] | None = None) -> list[Resumed]:
         """See [`Client.resume`]."""

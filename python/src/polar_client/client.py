@@ -152,12 +152,22 @@ class Client(_wire.Settings):
         """``POST /v1/pause`` on every healthy gateway the server lists (or
         on the gateway URLs ``nodes``): prepared sessions wait in READY and
         new model calls wait; calls in flight finish. Returns the nodes
-        paused."""
-        done = []
-        for node_id, url in self._node_urls(nodes):
-            self._call(_wire.Request("POST", "/v1/pause", {}), base=url, token=self._gateway_token)
-            done.append(node_id)
-        return done
+        paused; when one cannot be paused, those already paused are resumed
+        and the error is raised."""
+        done: list[tuple[str, str]] = []
+        try:
+            for node_id, url in self._node_urls(nodes):
+                self._call(_wire.Request("POST", "/v1/pause", {}), base=url, token=self._gateway_token)
+                done.append((node_id, url))
+        except PolarError:
+            # All or none: the nodes already paused go on generating.
+            for _, url in done:
+                try:
+                    self._call(_wire.Request("POST", "/v1/resume", {}), base=url, token=self._gateway_token)
+                except PolarError:
+                    pass
+            raise
+        return [node_id for node_id, _ in done]
 
     def resume(self, policy_version: str | None = None, nodes: list[str] | None = None) -> list[Resumed]:
         """``POST /v1/resume`` on the same gateways; a ``policy_version``

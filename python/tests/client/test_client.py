@@ -207,3 +207,11 @@ def test_wait_follows_the_task_across_a_server_restart(stack: Stack, client: pc.
     waiter.join(200)
     assert not errors, errors
     check_done(result["task"], 2)
+
+
+def test_a_pause_that_fails_on_one_node_leaves_none_paused(stack: Stack, client: pc.Client) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(pc.ServerUnavailable) as e:
+        client.pause(nodes=[stack.gateway, dead])
+    assert e.value.url.startswith(dead)
+    assert gateway_status(stack)["paused"] is False
