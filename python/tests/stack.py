@@ -248,3 +248,9 @@ def task(task_id: str, n: int, *, policy_version: str = "w-1", group_id: str | N
         "builder": {"kind": "prefix_merging"},
         "metadata": {"group_id": group_id or f"group-{task_id}", "policy_version": policy_version},
     }
+
+
+def task_template() -> dict[str, object]:
+    """The fields of [`task`] a bridge's config gives (all but the id, the
+    instruction, the sample count and the metadata, which it fills)."""
+    return {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 import polar_client as pc
 from polar_client.bridges.nemo_gym import PolarAgent, PolarAgentConfig
-from stack import TRAINER_TOKEN, Stack, free_port, task
+from stack import TRAINER_TOKEN, Stack, free_port, task_template
 
 AGENT = "polar_agent"
 
@@ -45,7 +45,7 @@ def server_client(stack: Stack) -> Iterator[ServerClient]:
     )
     client = ServerClient(head_server_config=BaseServerConfig(host="127.0.0.1", port=free_port()),
                           global_config_dict=global_config)
-    template = {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}
+    template = task_template()
     config = PolarAgentConfig(
         host="127.0.0.1", port=port, entrypoint="app.py", name=AGENT,
         polar_server=stack.server, polar_token=TRAINER_TOKEN, task=template, wait_secs=180,

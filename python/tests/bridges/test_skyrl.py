@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 
 import polar_client as pc
 from polar_client.bridges.skyrl import PolarGenerator
-from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task
+from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task_template
 from tiny_model import tiny_model
 
 N_SAMPLES = 2
@@ -55,7 +55,7 @@ def trainer(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> RayPPOTra
         )
     tokenizer = AutoTokenizer.from_pretrained(dir / "model")
     dataset = PromptDataset([str(data)], tokenizer, max_prompt_length=512, num_workers=1)
-    template = {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}
+    template = task_template()
     generator = PolarGenerator(
         stack.server, TRAINER_TOKEN, task=template, wait_secs=180, gateway_token=GATEWAY_TOKEN, policy_version="w-1"
     )

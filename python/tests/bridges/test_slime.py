@@ -23,7 +23,7 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 import polar_client as pc
-from stack import TRAINER_TOKEN, Stack, task
+from stack import TRAINER_TOKEN, Stack, task_template
 from tiny_model import tiny_model
 
 
@@ -32,7 +32,7 @@ def test_a_rollout_step_through_polar(stack: Stack, tmp_path: Path, monkeypatch:
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"text": t}) + "\n" for t in
                                ["Create the file polar-demo.txt.", "Create the file polar-demo.txt, please."]))
-    template = {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}
+    template = task_template()
     (tmp_path / "task.json").write_text(json.dumps(template))
     monkeypatch.setenv("POLAR_SERVER", stack.server)
     monkeypatch.setenv("POLAR_ROLLOUT_TOKEN", TRAINER_TOKEN)

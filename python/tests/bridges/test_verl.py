@@ -25,7 +25,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
 import polar_client as pc
 from polar_client.bridges.verl import weight_update
-from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task
+from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task_template
 from tiny_model import tiny_model
 
 PROMPT_LENGTH = 2048
@@ -36,7 +36,7 @@ RESPONSE_LENGTH = 2048
 def worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AgentLoopWorker:
     dir = tmp_path_factory.mktemp("verl")
     tiny_model(dir / "model")
-    template = {k: v for k, v in task("x", 1).items() if k not in ("task_id", "instruction", "num_samples", "metadata")}
+    template = task_template()
     loops = [
         {
             "name": "polar",
