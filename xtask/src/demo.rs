@@ -15,7 +15,9 @@
 //! calls the inference server with token ids, and records each call; each
 //! session is evaluated, its trajectory rebuilt and exported. The demo
 //! prints the tasks' tables and a summary of the trajectories written, and
-//! fails unless every sample earned reward 1.
+//! fails unless every sample earned reward 1. With `--serve` the stack stays
+//! up afterwards, for `examples/grpo_loop.py` (the Python client's training
+//! loop), until Enter is pressed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,6 +40,10 @@ pub struct DemoArgs {
     /// runs.
     #[arg(long)]
     no_harness: bool,
+    /// Keep the stack running after the tasks, until Enter is pressed, for
+    /// a trainer's loop against it (`examples/grpo_loop.py`).
+    #[arg(long)]
+    serve: bool,
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
@@ -157,6 +163,19 @@ pub fn run(args: DemoArgs) -> Result<()> {
             break;
         }
     }
+    let trainer = format!(
+        "pip install ./python && python3 examples/grpo_loop.py --server {server_url} \\\n    \
+         --token {TRAINER_TOKEN} --gateway-token {GATEWAY_TOKEN}"
+    );
+    if result.is_ok() && args.serve {
+        say(&format!(
+            "\nThe stack keeps running. A trainer's loop against it (groups of samples, \
+             group-relative advantages, a pause around each weight update):\n  {trainer}\n\
+             Press Enter to stop the stack."
+        ));
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
     // A graceful stop: the gateway drains and detaches its eBPF programs.
     gateway.stop(Duration::from_secs(30));
     server.stop(Duration::from_secs(10));
@@ -170,9 +189,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     }
     say(&format!(
         "\nDemo done. Trajectories (Parquet and JSONL, one row per trace) are in {}.\n\
-         Re-derive them with another builder: polar export --state-dir {} --out DIR --builder per_request",
+         Re-derive them with another builder: polar export --state-dir {} --out DIR --builder per_request\n\
+         Load them in Python as token arrays: polar_client.load(\"{}\") (pip install ./python).\n\
+         A trainer's loop over this stack: examples/grpo_loop.py (cargo xtask demo --serve keeps the stack up for it).",
         dir.join("trajectories").display(),
-        dir.join("state").display()
+        dir.join("state").display(),
+        dir.join("trajectories").display(),
     ));
     Ok(())
 }

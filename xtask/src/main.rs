@@ -11,6 +11,7 @@ mod dist;
 mod docker;
 mod harnesses;
 mod layers;
+mod python;
 mod release;
 mod setup;
 mod test;
@@ -33,7 +34,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Task {
     /// Install what is missing: Debian packages, nightly + rust-src,
-    /// bpf-linker, cargo-deny.
+    /// bpf-linker, cargo-deny, the Python client's test environments.
     Setup,
     /// Install the six harness CLIs (versions pinned in harnesses/) into
     /// .polar-cache/harnesses, unless already there.

@@ -5,12 +5,14 @@
 //! changes nothing and takes seconds. One line per item says whether it was
 //! already present or has just been installed. `cargo xtask demo` installs
 //! only what building and running the demo takes ([`Scope::Demo`]); every
-//! other command everything ([`Scope::All`]), cargo-deny and the tools only
-//! the tests call included.
+//! other command everything ([`Scope::All`]), cargo-deny, the tools only
+//! the tests call and the Python client's environments ([`python`])
+//! included.
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root};
+use crate::python;
 
 /// What a command needs installed; `All` includes `Demo`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -18,7 +20,8 @@ pub enum Scope {
     /// Building `polar` (LLVM 22, nightly + rust-src, bpf-linker) and
     /// running the demo (bubblewrap, python3, kill).
     Demo,
-    /// Everything, for the tests too: cargo-deny and the tools they call.
+    /// Everything, for the tests too: cargo-deny, the tools they call and
+    /// the Python environments of `python/`.
     All,
 }
 
@@ -38,8 +41,10 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     ("iproute2", Scope::All),
     ("curl", Scope::All),
     ("util-linux", Scope::All),
-    // The export tests install pyarrow, datasets and moto from PyPI.
+    // The export tests install pyarrow, datasets and moto from PyPI; the
+    // Python client's tests run in virtual environments (`crate::python`).
     ("python3-pip", Scope::All),
+    ("python3-venv", Scope::All),
     // The Kubernetes manifest test parses YAML with python3.
     ("python3-yaml", Scope::All),
     // The test_output evaluator applies test patches with git or patch.
@@ -72,6 +77,10 @@ pub fn run(scope: Scope) -> Result<()> {
     bpf_linker()?;
     if scope >= Scope::All {
         cargo_deny()?;
+        // polar-client's tests, and its bridges' with their trainers.
+        for venv in python::ALL {
+            venv.ensure()?;
+        }
     }
     Ok(())
 }

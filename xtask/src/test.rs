@@ -9,11 +9,14 @@
 //! network namespaces) need root; `--unprivileged` leaves them out. With
 //! them, a private Docker engine ([`docker::Engine`]) runs for the length
 //! of the test step, for the docker runtime's tests
-//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`).
+//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`). The last step
+//! checks and tests the Python client (`python/`) in the environments
+//! `cargo xtask setup` made ([`python`]).
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cmd::Cmd, cmd::is_root, docker, harnesses, layers, setup};
+use crate::cmd::{Cmd, is_root, workspace_root};
+use crate::{docker, harnesses, layers, python, setup};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -27,6 +30,10 @@ enum Step {
     Tests {
         cmd: Box<Cmd>,
         docker: bool,
+    },
+    /// The Python client's type check and tests ([`python_tests`]).
+    Python {
+        privileged: bool,
     },
 }
 
@@ -101,6 +108,12 @@ pub fn run(args: TestArgs) -> Result<()> {
                 docker: !args.unprivileged,
             },
         ),
+        (
+            "python client",
+            Step::Python {
+                privileged: !args.unprivileged,
+            },
+        ),
     ];
 
     let total = steps.len();
@@ -132,8 +145,55 @@ pub fn run(args: TestArgs) -> Result<()> {
                 drop(engine);
                 result?;
             }
+            Step::Python { privileged } => {
+                eprintln!("==> test step {number}/{total} ({name}): mypy and pytest in python/");
+                python_tests(privileged).with_context(failed)?;
+            }
         }
     }
     eprintln!("==> all {total} test steps passed");
+    Ok(())
+}
+
+/// Longest a single Python test may run (pytest-timeout).
+const PYTEST_TIMEOUT_SECS: u32 = 300;
+
+/// `polar-client`: mypy (strict) on the package; then, with root (the
+/// gateway needs it), its tests against the real stack started from
+/// `target/debug/polar`, and each bridge's in its trainer's environment.
+fn python_tests(privileged: bool) -> Result<()> {
+    python::CLIENT.install_client()?;
+    Cmd::new(python::CLIENT.python()?)?
+        .args(["-m", "mypy", "--config-file", "python/pyproject.toml"])
+        .arg("python/src/polar_client")
+        .run()?;
+    if !privileged {
+        eprintln!(
+            "(--unprivileged: the Python client's tests, which start a gateway, are left out)"
+        );
+        return Ok(());
+    }
+    let polar = workspace_root()?.join("target/debug/polar");
+    for (venv, tests) in [
+        (python::CLIENT, "python/tests/client"),
+        (python::VERL, "python/tests/bridges/test_verl.py"),
+        (python::SKYRL, "python/tests/bridges/test_skyrl.py"),
+        (python::NEMO_GYM, "python/tests/bridges/test_nemo_gym.py"),
+    ] {
+        venv.install_client()?;
+        Cmd::new(venv.python()?)?
+            .args([
+                "-m",
+                "pytest",
+                "-c",
+                "python/pyproject.toml",
+                "-p",
+                "no:cacheprovider",
+            ])
+            .arg(format!("--timeout={PYTEST_TIMEOUT_SECS}"))
+            .arg(tests)
+            .env("POLAR_BIN", &polar)
+            .run()?;
+    }
     Ok(())
 }

@@ -1,0 +1,64 @@
+"""polar-client: Polar's rollout API for trainers.
+
+- [`Client`] / [`AsyncClient`]: submit tasks, follow their events, wait for
+  results, pause and resume generation around a weight update;
+- [`load`] / [`load_task`]: exported trajectories as [`Trace`]s (token
+  arrays, loss mask, logprobs, reward, group, chain role, policy version);
+- [`advantages`]: group-relative advantages;
+- ``polar_client.bridges``: adapters for trainers (each imports its trainer
+  only when imported itself).
+"""
+
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PolarError,
+    ServerUnavailable,
+    StorageUnavailable,
+    TaskTimeout,
+    TooLarge,
+    TrajectoryError,
+    Unauthorized,
+)
+from .events import AsyncEventStream, EventStream
+from .grpo import advantages
+from .trajectories import S3, Trace, load, load_task, read_file, select
+from .types import Event, Node, Resumed, SampleResult, SampleView, Submitted, Task
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "AsyncEventStream",
+    "Client",
+    "Conflict",
+    "Event",
+    "EventStream",
+    "Forbidden",
+    "InvalidRequest",
+    "Node",
+    "NotFound",
+    "PolarError",
+    "Resumed",
+    "S3",
+    "SampleResult",
+    "SampleView",
+    "ServerUnavailable",
+    "StorageUnavailable",
+    "Submitted",
+    "Task",
+    "TaskTimeout",
+    "TooLarge",
+    "Trace",
+    "TrajectoryError",
+    "Unauthorized",
+    "advantages",
+    "load",
+    "load_task",
+    "read_file",
+    "select",
+]
