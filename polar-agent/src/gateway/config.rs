@@ -692,13 +692,13 @@ mod tests {
         .unwrap();
         assert!(c.tls.serves_https());
         assert_eq!(c.serve_limits.max_connections, 64);
+        assert_eq!(c.serve_limits.header_read_timeout, Duration::from_secs(5));
         let c = parse(&format!(
             "{base}server = \"https://s\"\n[gateway.tls]\ncert_file = \"/t/{{node_id}}.crt\"\n\
              key_file = \"/t/{{node_id}}.key\"\n"
         ))
         .unwrap();
         assert_eq!(c.tls.identity, Some(("/t/n.crt".into(), "/t/n.key".into())));
-        assert_eq!(c.serve_limits.header_read_timeout, Duration::from_secs(5));
         for (extra, want) in [
             (
                 "max_connections = 0\n",
