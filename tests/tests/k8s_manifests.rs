@@ -273,6 +273,9 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     // Tokens come from Secrets that exist.
     for env in c["env"].as_array().into_iter().flatten() {
         let secret = &env["valueFrom"]["secretKeyRef"];
+        if secret.is_null() {
+            continue;
+        }
         let s = find(&docs, "Secret", secret["name"].as_str().unwrap_or_default())?;
         ensure!(
             s["stringData"][secret["key"].as_str().unwrap_or_default()].is_string(),
