@@ -1190,33 +1190,18 @@ async fn a_rollout_over_https_with_mutual_tls_and_tokens_rotated_by_reload() -> 
             .contains("invalid peer certificate: UnknownIssuer"),
         "{e}"
     );
-    let out = Command::new(polar_bin()?)
-        .args([
-            "status",
-            "--server",
-            &f.server_url(),
-            "--token",
-            TOKEN,
-            "--ca-file",
-        ])
-        .arg(other.ca())
-        .output()?;
+    let polar_status = |ca: PathBuf| -> Result<std::process::Output> {
+        let server = f.server_url();
+        let args = ["status", "--server", &server, "--token", TOKEN, "--ca-file"];
+        Ok(Command::new(polar_bin()?).args(args).arg(ca).output()?)
+    };
+    let out = polar_status(other.ca())?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(
         !out.status.success() && stderr.contains("UnknownIssuer"),
         "{out:?}"
     );
-    let out = Command::new(polar_bin()?)
-        .args([
-            "status",
-            "--server",
-            &f.server_url(),
-            "--token",
-            TOKEN,
-            "--ca-file",
-        ])
-        .arg(f.pki.as_ref().context("no pki")?.ca())
-        .output()?;
+    let out = polar_status(f.pki.as_ref().context("no pki")?.ca())?;
     ensure!(out.status.success(), "{out:?}");
 
     // Rotation: the server's gateway token and gw-t's token, the server
