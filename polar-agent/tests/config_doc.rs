@@ -86,8 +86,10 @@ const TABLES: &[&str] = &[
     "gateway",
     "gateway.s3",
     "gateway.policy",
+    "gateway.tls",
     "rollout",
     "rollout.callback",
+    "rollout.tls",
 ];
 
 /// Every key the types accept, as `table.key` paths.

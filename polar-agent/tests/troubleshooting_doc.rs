@@ -69,6 +69,14 @@ fn every_quoted_error_is_the_codes_text() {
         &serde_json::to_string(&DropReason::TokenIdsMissing).unwrap(),
     );
     quoted(&doc, "\"token_ids_missing\":true");
+    let plain = polar_rollout_api::tls::TlsSettings::plain("rollout.tls")
+        .check_listen("rollout.listen", "10.0.0.2:7070".parse().unwrap())
+        .unwrap_err();
+    quoted(&doc, &plain.to_string());
+    quoted(
+        &doc,
+        &rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer).to_string(),
+    );
     for alert in [
         rustls::AlertDescription::UnknownCA,
         rustls::AlertDescription::BadCertificate,

@@ -20,7 +20,12 @@
 //! - assignments outside the node's `[gateway.policy]` (an upload source
 //!   outside its roots or through a symbolic link out of one, a mount, the
 //!   host network, a limit over its ceiling) are refused at INIT, naming
-//!   the field, not retried, without a reward.
+//!   the field, not retried, without a reward;
+//! - the control plane over HTTPS with certificates `polar rollout ca`
+//!   issued, mutual TLS on: a small rollout through a gateway; a client
+//!   (and `polar status`) trusting another CA refused; the gateway's and
+//!   the server's tokens rotated (SIGHUP for `polar agent`); plain HTTP on
+//!   a network address refused at start by both servers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -36,7 +41,7 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 13] = [
+const NODES: [&str; 14] = [
     "gw-a",
     "gw-b",
     "gw-c",
@@ -50,6 +55,7 @@ const NODES: [&str; 13] = [
     "gw-r",
     "gw-s",
     "gw-spare",
+    "gw-t",
 ];
 
 fn node_token(node_id: &str) -> String {
@@ -69,6 +75,46 @@ struct Fixture {
     server: Option<RolloutServer>,
     server_cfg: RolloutConfig,
     gateways: Vec<Gateway>,
+    /// The cluster CA of a fixture over HTTPS.
+    pki: Option<Pki>,
+}
+
+/// A cluster CA made and used through `polar rollout ca`.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn init(dir: PathBuf) -> Result<Self> {
+        let out = Command::new(polar_bin()?)
+            .args(["rollout", "ca", "init", "--dir"])
+            .arg(&dir)
+            .output()?;
+        ensure!(out.status.success(), "ca init: {out:?}");
+        Ok(Self { dir })
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// `name`'s certificate for `ip`: (cert, key).
+    fn issue(&self, name: &str, ip: &str) -> Result<(PathBuf, PathBuf)> {
+        let out = Command::new(polar_bin()?)
+            .args(["rollout", "ca", "issue", "--dir"])
+            .arg(&self.dir)
+            .args(["--name", name, "--ip", ip])
+            .output()?;
+        ensure!(out.status.success(), "ca issue {name}: {out:?}");
+        Ok((
+            self.dir.join(format!("{name}.crt")),
+            self.dir.join(format!("{name}.key")),
+        ))
+    }
+
+    fn client(&self) -> Result<rustls::ClientConfig> {
+        Ok(polar_io::tls::client_config(Some(&self.ca()), None)?)
+    }
 }
 
 struct Gateway {
@@ -100,6 +146,16 @@ impl Fixture {
     /// A fixture whose mock follows `script` (TOML; the built-in policy
     /// without).
     async fn start_with(script: Option<&str>) -> Result<Self> {
+        Self::start_full(script, false).await
+    }
+
+    /// A fixture whose server serves HTTPS and requires the nodes'
+    /// certificates; its gateways serve HTTPS too.
+    async fn start_tls() -> Result<Self> {
+        Self::start_full(None, true).await
+    }
+
+    async fn start_full(script: Option<&str>, tls: bool) -> Result<Self> {
         let dir = sandbox_tempdir()?;
         let script = match script {
             Some(text) => {
@@ -128,6 +184,16 @@ impl Fixture {
             .iter()
             .map(|n| ((*n).to_owned(), node_token(n)))
             .collect();
+        let pki = match tls {
+            false => None,
+            true => {
+                let pki = Pki::init(dir.path().join("ca"))?;
+                cfg.tls.identity = Some(pki.issue("rollout", "127.0.0.1")?);
+                cfg.tls.ca_file = Some(pki.ca());
+                cfg.tls.client_ca_file = Some(pki.ca());
+                Some(pki)
+            }
+        };
         let server = RolloutServer::start(cfg.clone()).await?;
         Ok(Self {
             dir,
@@ -135,14 +201,30 @@ impl Fixture {
             server: Some(server),
             server_cfg: cfg,
             gateways: Vec::new(),
+            pki,
         })
     }
 
+    /// `http` or `https`.
+    fn scheme(&self) -> &'static str {
+        if self.pki.is_some() { "https" } else { "http" }
+    }
+
+    fn server_url(&self) -> String {
+        format!("{}://{}", self.scheme(), self.server_cfg.listen)
+    }
+
+    /// A client of the server with `token`, trusting the fixture's CA.
+    fn client_as(&self, base: &str, token: &str) -> RolloutClient {
+        let c = RolloutClient::new(base.to_owned(), Some(token.into()));
+        match self.pki.as_ref().and_then(|p| p.client().ok()) {
+            Some(tls) => c.with_tls(tls),
+            None => c,
+        }
+    }
+
     fn client(&self) -> RolloutClient {
-        RolloutClient::new(
-            format!("http://{}", self.server_cfg.listen),
-            Some(TOKEN.into()),
-        )
+        self.client_as(&self.server_url(), TOKEN)
     }
 
     fn export_dir(&self) -> PathBuf {
@@ -167,6 +249,16 @@ impl Fixture {
         let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
         let mock = self.mock.as_ref().context("no mock")?.addr;
         let config = base.join("agent.toml");
+        let tls = match &self.pki {
+            None => String::new(),
+            Some(pki) => {
+                let (cert, key) = pki.issue(node_id, ip)?;
+                format!(
+                    "\n[gateway.tls]\ncert_file = {cert:?}\nkey_file = {key:?}\nca_file = {:?}\n",
+                    pki.ca()
+                )
+            }
+        };
         std::fs::write(
             &config,
             format!(
@@ -180,7 +272,7 @@ replicas = ["http://{mock}"]
 served_model = "default"
 
 [gateway]
-server = "http://{server}"
+server = "{scheme}://{server}"
 node_id = "{node_id}"
 listen = "{ip}:{port}"
 token = "{token}"
@@ -197,7 +289,8 @@ formats = ["parquet", "jsonl"]
 
 [gateway.policy]
 upload_roots = ["{examples}", "{tasks}"]
-"#,
+{tls}"#,
+                scheme = self.scheme(),
                 tasks = self.tasks_dir().display(),
                 token = node_token(node_id),
                 state = base.join("state").display(),
@@ -219,7 +312,7 @@ upload_roots = ["{examples}", "{tasks}"]
             .spawn()?;
         self.gateways.push(Gateway {
             node_id: node_id.to_owned(),
-            url: format!("http://{ip}:{port}"),
+            url: format!("{}://{ip}:{port}", self.scheme()),
             config: config.clone(),
             child,
             log,
@@ -1013,10 +1106,7 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
     let first = call_ids_of(&live_log)?;
     // Forced: the server hears attempt 1 failed and dispatches attempt 2 to
     // its only node, which still runs attempt 1.
-    let as_node = RolloutClient::new(
-        format!("http://{}", f.server_cfg.listen),
-        Some(node_token("gw-s")),
-    );
+    let as_node = f.client_as(&f.server_url(), &node_token("gw-s"));
     let failed = serde_json::json!({"node_id": "gw-s", "attempt": 1, "status": "error",
                                     "error": "forced re-dispatch", "retry": true});
     let (code, body) = as_node
@@ -1071,6 +1161,146 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
     ensure!(
         exported == second,
         "exported {exported:?}, attempt 2 made {second:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_over_https_with_mutual_tls_and_tokens_rotated_by_reload() -> Result<()> {
+    let mut f = Fixture::start_tls().await?;
+    f.gateway("gw-t", "127.0.0.41").await?;
+    ensure!(f.gateways[0].url.starts_with("https://127.0.0.41:"));
+    f.submit("over-tls", 2, 0).await?;
+    let t = f
+        .wait_finished("over-tls", Duration::from_secs(240))
+        .await?;
+    ensure!(check_results(&t, &f.export_dir())? == ["gw-t", "gw-t"]);
+
+    // A client trusting another CA is refused, naming why; so is
+    // `polar status` given that CA.
+    let other = Pki::init(f.dir.path().join("other-ca"))?;
+    let wrong = RolloutClient::new(f.server_url(), Some(TOKEN.into())).with_tls(other.client()?);
+    let e = wrong
+        .status()
+        .await
+        .err()
+        .context("another CA was trusted")?;
+    ensure!(
+        e.to_string()
+            .contains("invalid peer certificate: UnknownIssuer"),
+        "{e}"
+    );
+    let polar_status = |ca: PathBuf| -> Result<std::process::Output> {
+        let server = f.server_url();
+        let args = ["status", "--server", &server, "--token", TOKEN, "--ca-file"];
+        Ok(Command::new(polar_bin()?).args(args).arg(ca).output()?)
+    };
+    let out = polar_status(other.ca())?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && stderr.contains("UnknownIssuer"),
+        "{out:?}"
+    );
+    let out = polar_status(f.pki.as_ref().context("no pki")?.ca())?;
+    ensure!(out.status.success(), "{out:?}");
+
+    // Rotation: the server's gateway token and gw-t's token, the server
+    // first, then the gateway's file and SIGHUP.
+    let (new_node, new_server) = (
+        "gateway-e2e-node-gw-t-rotated",
+        "gateway-e2e-server-rotated",
+    );
+    let mut rotated = f.server_cfg.clone();
+    rotated.gateway_token = new_server.into();
+    rotated.node_tokens.insert("gw-t".into(), new_node.into());
+    f.server
+        .as_ref()
+        .context("no server")?
+        .set_tokens(&rotated)?;
+    let g = &f.gateways[0];
+    let text = std::fs::read_to_string(&g.config)?
+        .replace(&node_token("gw-t"), new_node)
+        .replace(GATEWAY_TOKEN, new_server);
+    std::fs::write(&g.config, text)?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(g.child.id())?),
+        nix::sys::signal::Signal::SIGHUP,
+    )?;
+    ensure!(
+        eventually(Duration::from_secs(20), || g
+            .log_text()
+            .contains("gateway tokens reloaded")),
+        "no reload: {}",
+        g.log_text()
+    );
+    let status = |token: &str| {
+        let c = f.client_as(&g.url, token);
+        async move { c.raw(http::Method::GET, "/v1/status", None).await }
+    };
+    ensure!(status(GATEWAY_TOKEN).await?.0 == http::StatusCode::UNAUTHORIZED);
+    ensure!(status(new_server).await?.0 == http::StatusCode::OK);
+    // Sessions run with the new tokens both ways (the old node token is
+    // refused by the server now).
+    f.submit("after-rotation", 2, 0).await?;
+    let t = f
+        .wait_finished("after-rotation", Duration::from_secs(240))
+        .await?;
+    ensure!(check_results(&t, &f.export_dir())? == ["gw-t", "gw-t"]);
+    f.stop_gateways()?;
+    Ok(())
+}
+
+#[test]
+fn plain_http_on_a_network_address_is_refused_at_start() -> Result<()> {
+    let dir = sandbox_tempdir()?;
+    // Nothing is bound: the check comes first (no traffic leaves loopback).
+    let rollout = dir.path().join("rollout.toml");
+    std::fs::write(
+        &rollout,
+        format!(
+            "[rollout]\ntokens = [\"{TOKEN}\"]\ngateway_token = \"{GATEWAY_TOKEN}\"\n\
+             [rollout.node_tokens]\ngw-a = \"{}\"\n",
+            node_token("gw-a")
+        ),
+    )?;
+    let out = Command::new(polar_bin()?)
+        .args([
+            "rollout",
+            "serve",
+            "--listen",
+            "10.255.0.1:7070",
+            "--database",
+        ])
+        .arg(dir.path().join("r.sqlite"))
+        .arg("--config")
+        .arg(&rollout)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(125), "{out:?}");
+    ensure!(
+        stderr.contains("rollout.listen: 10.255.0.1:7070 is not a loopback address and rollout.tls has no cert_file"),
+        "{stderr}"
+    );
+    let agent = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent,
+        format!(
+            "[agent]\nstate_dir = {:?}\n[gateway]\nserver = \"http://127.0.0.1:7070\"\n\
+             node_id = \"gw-a\"\nlisten = \"10.255.0.1:7071\"\ntoken = \"{}\"\n\
+             accept_tokens = [\"{GATEWAY_TOKEN}\"]\n",
+            dir.path().join("state"),
+            node_token("gw-a")
+        ),
+    )?;
+    let out = Command::new(polar_bin()?)
+        .args(["agent", "--config"])
+        .arg(&agent)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(125), "{out:?}");
+    ensure!(
+        stderr.contains("gateway.listen: 10.255.0.1:7071 is not a loopback address and gateway.tls has no cert_file"),
+        "{stderr}"
     );
     Ok(())
 }

@@ -3,7 +3,11 @@
 //! privileged agent DaemonSet with the host's cgroup and bpffs mounted, its
 //! config from a ConfigMap that the real config parser accepts, state on a
 //! hostPath; a single-replica rollout Deployment with the Recreate strategy
-//! and its SQLite on a volume, a Service, tokens from Secrets.
+//! and its SQLite on a volume, a Service, tokens and certificates from
+//! Secrets; both listen on the pod's address (downward API `status.podIP`),
+//! not on every interface, over HTTPS with the cluster CA's certificates
+//! (made here with `polar rollout ca`'s code and mounted where the pods
+//! mount them: the configurations load them and pass the plain-HTTP rule).
 
 use std::path::Path;
 use std::process::Command;
@@ -99,6 +103,63 @@ fn mount_of<'a>(pod: &'a Value, container: &Value, path: &str) -> Result<&'a Val
         .with_context(|| format!("no volume {}", mount["name"]))
 }
 
+/// A container's environment: literal values, and `fieldRef:<path>` for
+/// the downward API's.
+fn pod_env(container: &Value) -> Result<std::collections::HashMap<String, String>> {
+    let mut out = std::collections::HashMap::new();
+    for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().context("an env entry without a name")?;
+        let value = match (
+            e["value"].as_str(),
+            e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        ) {
+            (Some(v), _) => v.to_owned(),
+            (None, Some(f)) => format!("fieldRef:{f}"),
+            (None, None) => continue,
+        };
+        out.insert(name.to_owned(), value);
+    }
+    Ok(out)
+}
+
+/// A cluster CA of a temporary directory.
+struct Pki {
+    _dir: tempfile::TempDir,
+    ca: polar_io::tls::ca::ClusterCa,
+}
+
+impl Pki {
+    fn new() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let ca = polar_io::tls::ca::ClusterCa::init(
+            &dir.path().join("ca"),
+            std::time::Duration::from_secs(86_400),
+        )?;
+        Ok(Self { _dir: dir, ca })
+    }
+
+    /// Writes `name`'s certificate as a mounted Secret would: `<stem>.crt`,
+    /// `<stem>.key` (mode `mode`) and `ca.crt` in `dir`.
+    fn mount(&self, dir: &Path, name: &str, stem: &str, mode: u32) -> Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let out = self._dir.path().join("issued");
+        let req = polar_io::tls::ca::IssueRequest {
+            name: name.into(),
+            dns: vec![],
+            ips: vec![],
+            validity: std::time::Duration::from_secs(86_400),
+        };
+        let issued = self.ca.issue(&req, &out)?;
+        std::fs::create_dir_all(dir)?;
+        std::fs::copy(&issued.cert, dir.join(format!("{stem}.crt")))?;
+        let key = dir.join(format!("{stem}.key"));
+        std::fs::copy(&issued.key, &key)?;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode))?;
+        std::fs::copy(self.ca.cert_path(), dir.join("ca.crt"))?;
+        Ok(())
+    }
+}
+
 #[test]
 fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     let docs = manifests()?;
@@ -126,6 +187,46 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     let text = cm["data"]["agent.toml"].as_str().context("no agent.toml")?;
     let config = polar_agent::config::Config::from_toml_str(text)?;
     ensure!(config.agent.state_dir == Path::new("/var/lib/polar"));
+    // The gateway: the pod's address from the downward API, HTTPS with its
+    // node's certificate from the polar-node-tls Secret.
+    let env = pod_env(agent)?;
+    ensure!(env["POD_IP"] == "fieldRef:status.podIP", "{env:?}");
+    ensure!(env["POLAR_GATEWAY_LISTEN"] == "$(POD_IP):7071", "{env:?}");
+    ensure!(
+        env["POLAR_GATEWAY_ADVERTISE"] == "https://$(POD_IP):7071",
+        "{env:?}"
+    );
+    let tls = mount_of(pod, agent, "/run/secrets/polar-tls")?;
+    ensure!(tls["secret"]["secretName"] == "polar-node-tls", "{tls}");
+    ensure!(tls["secret"]["defaultMode"] == 0o400, "{tls}");
+    let pki = Pki::new()?;
+    let root = tempfile::tempdir()?;
+    let tls_dir = root.path().join("run/secrets/polar-tls");
+    pki.mount(&tls_dir, "gpu-node-1", "gpu-node-1", 0o400)?;
+    let pod_ip = |v: &str| v.replace("$(POD_IP)", "10.1.2.3");
+    let text_here = text.replace("\"/run/", &format!("\"{}/run/", root.path().display()));
+    let gw = polar_agent::gateway::GatewayConfig::from_toml_with_env(&text_here, |k| match k {
+        "POLAR_GATEWAY_NODE_ID" => Some("gpu-node-1".into()),
+        "POLAR_GATEWAY_TOKEN" => Some("k8s-test-node-token".into()),
+        k => env.get(k).map(|v| pod_ip(v)),
+    })?
+    .context("no [gateway] in agent.toml")?;
+    ensure!(gw.listen.to_string() == "10.1.2.3:7071", "{}", gw.listen);
+    ensure!(gw.advertise.as_deref() == Some("https://10.1.2.3:7071"));
+    ensure!(gw.server.starts_with("https://"), "{}", gw.server);
+    ensure!(gw.tls.serves_https());
+    gw.tls.configs().map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Without its TLS table the same pod address is refused.
+    let plain = text_here.replace("[gateway.tls]", "[gateway.not_tls]");
+    let plain = plain[..plain.find("[gateway.not_tls]").unwrap_or(plain.len())].to_owned();
+    let e = polar_agent::gateway::GatewayConfig::from_toml_with_env(&plain, |k| match k {
+        "POLAR_GATEWAY_NODE_ID" => Some("gpu-node-1".into()),
+        k => env.get(k).map(|v| pod_ip(v)),
+    })
+    .map(|_| ())
+    .unwrap_err()
+    .to_string();
+    ensure!(e.contains("is not a loopback address"), "{e}");
     // Trajectories to shared storage: a ReadWriteMany claim.
     let claim =
         mount_of(pod, agent, "/data/trajectories")?["persistentVolumeClaim"]["claimName"].clone();
@@ -152,6 +253,17 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
         .and_then(|i| args.get(i + 1))
         .context("no --database")?;
     ensure!(args.starts_with(&["rollout", "serve"]), "{args:?}");
+    // It listens on the pod's address, over HTTPS.
+    let listen = args
+        .iter()
+        .position(|a| *a == "--listen")
+        .and_then(|i| args.get(i + 1))
+        .context("no --listen")?;
+    ensure!(*listen == "$(POD_IP):7070", "{listen}");
+    ensure!(pod_env(c)?["POD_IP"] == "fieldRef:status.podIP");
+    ensure!(c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS");
+    let tls = mount_of(pod, c, "/run/secrets/polar-tls")?;
+    ensure!(tls["secret"]["secretName"] == "polar-rollout-tls", "{tls}");
     let data = mount_of(pod, c, "/data")?;
     ensure!(db.starts_with("/data/") && data["persistentVolumeClaim"]["claimName"].is_string());
     ensure!(
@@ -161,6 +273,9 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     // Tokens come from Secrets that exist.
     for env in c["env"].as_array().into_iter().flatten() {
         let secret = &env["valueFrom"]["secretKeyRef"];
+        if secret.is_null() {
+            continue;
+        }
         let s = find(&docs, "Secret", secret["name"].as_str().unwrap_or_default())?;
         ensure!(
             s["stringData"][secret["key"].as_str().unwrap_or_default()].is_string(),
@@ -209,6 +324,12 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
             mounted("/run/secrets/polar/gateway-token"),
             value(&tokens["gateway-token"]),
         )?;
+        Pki::new()?.mount(
+            &mounted("/run/secrets/polar-tls"),
+            "polar-rollout",
+            "tls",
+            0o440,
+        )?;
         let text = rollout_toml.replace("\"/run/", &format!("\"{}/run/", root.path().display()));
         let mut rollout = polar_rollout::RolloutConfig::from_toml(&text, None)
             .map_err(|e| anyhow::anyhow!("rollout.toml: {e}"))?;
@@ -216,6 +337,16 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
             .finish_tokens([value(&tokens["trainer-token"])], [])
             .map_err(|e| anyhow::anyhow!("rollout tokens: {e}"))?;
         ensure!(rollout.node_tokens.len() == nodes.len());
+        // --listen $(POD_IP):7070: HTTPS passes the plain-HTTP rule, the
+        // certificate and key load, mutual TLS is on.
+        rollout.listen = "10.1.2.3:7070".parse()?;
+        let e = |e: polar_rollout_api::tls::TlsConfigError| anyhow::anyhow!("{e}");
+        rollout
+            .tls
+            .check_listen("rollout.listen", rollout.listen)
+            .map_err(e)?;
+        ensure!(rollout.tls.configs().map_err(e)?.client_certs);
+        ensure!(rollout.verify_gateway_as == polar_rollout::config::GatewayName::NodeId);
         Ok(())
     };
     // The shipped placeholders are refused; real tokens start.

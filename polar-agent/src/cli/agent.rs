@@ -6,7 +6,9 @@
 //! SIGINT, then drains: running sessions finish (for up to
 //! `gateway.drain_timeout_secs`) or are handed back to the server, captures
 //! are flushed, the redirect is detached. SIGHUP reloads the routing rules
-//! from the file; `GET /metrics` on the node is the agent's page.
+//! and the gateway's tokens (the file's, and the token files again:
+//! rotation) from the file; `GET /metrics` on the node is the agent's page.
+//! The gateway serves HTTPS with `[gateway.tls]` (its files read at start).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -46,6 +48,13 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         ))
     })?;
     gw.finish_tokens()?;
+    let tls = gw
+        .tls
+        .configs()
+        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        })?;
     // No policy root may hold or be inside the node's secrets.
     gw.policy
         .check_protected(
@@ -99,6 +108,8 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         heartbeat_interval: gw.heartbeat_interval,
         progress: crate::gateway::Progress::All,
         labels,
+        limits: gw.serve_limits,
+        tls: Some(tls),
     };
     let work = HarnessWork::new(
         Arc::clone(&parts),
@@ -136,7 +147,10 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     let sig = loop {
         tokio::select! {
             sig = signals.recv() => break sig,
-            _ = hup.recv() => reload(&parts, &args.config),
+            _ = hup.recv() => {
+                reload(&parts, &args.config);
+                reload_tokens(&node, &path);
+            }
         }
     };
     tracing::info!(signal = sig, grace = ?gw.drain_timeout, "stopping: draining the sessions");
@@ -160,6 +174,36 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
         },
         Err(e) => {
             tracing::error!(error = %polar_io::chain(&e), "reload: the configuration does not check; the rules in force stay")
+        }
+    }
+}
+
+/// SIGHUP: the gateway's tokens, read again from the file and the token
+/// files (rotation); tokens that do not check keep the ones in force.
+/// Other `[gateway]` changes apply at restart.
+fn reload_tokens<W: crate::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
+    let fresh = GatewayConfig::load(path).and_then(|gw| {
+        let mut gw = gw.ok_or_else(|| crate::gateway::GatewayConfigError::Invalid {
+            key: "gateway".into(),
+            reason: "the [gateway] table is gone".into(),
+        })?;
+        if gw.node_id != node.node_id() {
+            return Err(crate::gateway::GatewayConfigError::Invalid {
+                key: "gateway.node_id".into(),
+                reason: format!(
+                    "changed from {:?} to {:?}: a node id changes at restart only",
+                    node.node_id(),
+                    gw.node_id
+                ),
+            });
+        }
+        gw.finish_tokens()?;
+        Ok(gw)
+    });
+    match fresh {
+        Ok(gw) => node.set_tokens(&gw.token, gw.accept_tokens),
+        Err(e) => {
+            tracing::error!(error = %polar_io::chain(&e), "gateway tokens not reloaded; the ones in force stay")
         }
     }
 }

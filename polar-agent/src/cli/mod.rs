@@ -159,6 +159,9 @@ pub enum CliError {
     /// The CA operation failed.
     #[error(transparent)]
     Ca(#[from] crate::tls::CaError),
+    /// The cluster CA operation failed.
+    #[error(transparent)]
+    ClusterCa(#[from] polar_io::tls::ca::CaError),
     /// The sandbox failed.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),

@@ -3,7 +3,8 @@
 //! (`POLAR_ROLLOUT_TOKEN`, `POLAR_ROLLOUT_NODE_TOKEN` as `NODE_ID=TOKEN`).
 //! SIGHUP reads the token files again and puts the tokens in force
 //! (rotation without a restart); tokens that break the rules are logged
-//! and the old ones stay.
+//! and the old ones stay. `polar rollout ca` makes the cluster CA and the
+//! server's and nodes' certificates (`[rollout.tls]`, `[gateway.tls]`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,6 +24,50 @@ pub enum RolloutCommand {
     /// A simulated gateway node (sessions sleep, then report a reward), for
     /// trying the server and for benchmarks.
     SimGateway(SimArgs),
+    /// The cluster CA of the control plane: its certificates for the
+    /// rollout server and the nodes.
+    #[command(subcommand)]
+    Ca(ClusterCaCommand),
+}
+
+/// `polar rollout ca ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCaCommand {
+    /// Create the CA in a directory (`ca.key` mode 0600, `ca.crt`); refuses
+    /// to overwrite one.
+    Init {
+        /// The CA's directory (created 0700).
+        #[arg(long)]
+        dir: PathBuf,
+        /// How long the CA is valid, in days.
+        #[arg(long, default_value_t = 3650)]
+        days: u64,
+    },
+    /// Issue a certificate for the rollout server or a node (valid for TLS
+    /// servers and clients): `<out>/<name>.crt` (leaf, then the CA) and
+    /// `<name>.key` (mode 0600). A node's name is its node id: the server
+    /// binds mutual TLS to it.
+    Issue {
+        /// The CA's directory.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The node id (or the server's name): the file stem and first DNS
+        /// name.
+        #[arg(long)]
+        name: String,
+        /// Another DNS name clients dial (repeatable).
+        #[arg(long)]
+        dns: Vec<String>,
+        /// An IP address clients dial (repeatable).
+        #[arg(long)]
+        ip: Vec<std::net::IpAddr>,
+        /// How long the certificate is valid, in days.
+        #[arg(long, default_value_t = 365)]
+        days: u64,
+        /// Where the files go (default: the CA's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// Arguments of `polar rollout sim-gateway`.
@@ -50,6 +95,16 @@ pub struct SimArgs {
     /// How long each session "runs", in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub session_ms: u64,
+    /// Serve HTTPS with this certificate (PEM chain; also presented to the
+    /// server as the client certificate).
+    #[arg(long, requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// The certificate's key (mode 0600).
+    #[arg(long, requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// The CA bundle an `https://` server is verified against.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Arguments of `polar rollout serve`.
@@ -119,8 +174,25 @@ pub async fn run(cmd: RolloutCommand) -> Result<ExitCode, CliError> {
             server.run_until(async {}).await;
             Ok(ExitCode::SUCCESS)
         }
+        RolloutCommand::Ca(cmd) => ca(cmd),
         RolloutCommand::SimGateway(a) => {
+            let raw = polar_rollout_api::tls::RawTls {
+                cert_file: a.cert_file.clone(),
+                key_file: a.key_file.clone(),
+                ca_file: a.ca_file.clone(),
+                ..Default::default()
+            };
+            let tls = polar_rollout_api::tls::TlsSettings::from_raw(&raw, "sim-gateway", None)
+                .and_then(|t| t.configs())
+                .map_err(|e| CliError::Usage(e.to_string()))?;
+            polar_rollout_api::tls::check_target(
+                &a.server,
+                false,
+                "the simulated gateway has no opt-in",
+            )
+            .map_err(CliError::Usage)?;
             let mut cfg = SimGatewayConfig::new(&a.node_id, &a.server, &a.token);
+            cfg.tls = Some(tls);
             cfg.accept_token = a.accept_token;
             cfg.max_sessions = a.max_sessions;
             cfg.session_time = Duration::from_millis(a.session_ms);
@@ -136,4 +208,45 @@ pub async fn run(cmd: RolloutCommand) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Runs a `polar rollout ca` command; prints what it wrote.
+fn ca(cmd: ClusterCaCommand) -> Result<ExitCode, CliError> {
+    use polar_io::tls::ca::{ClusterCa, IssueRequest};
+    let days = |d: u64| Duration::from_secs(d.saturating_mul(86_400));
+    let text = match cmd {
+        ClusterCaCommand::Init { dir, days: d } => {
+            let ca = ClusterCa::init(&dir, days(d))?;
+            format!(
+                "cluster CA created: {} (key {}, mode 0600)\n",
+                ca.cert_path().display(),
+                dir.join(polar_io::tls::ca::KEY_FILE).display()
+            )
+        }
+        ClusterCaCommand::Issue {
+            dir,
+            name,
+            dns,
+            ip,
+            days: d,
+            out,
+        } => {
+            let ca = ClusterCa::load(&dir)?;
+            let req = IssueRequest {
+                name,
+                dns,
+                ips: ip,
+                validity: days(d),
+            };
+            let issued = ca.issue(&req, out.as_deref().unwrap_or(&dir))?;
+            format!(
+                "issued {} (key {}, mode 0600), signed by {}\n",
+                issued.cert.display(),
+                issued.key.display(),
+                ca.cert_path().display()
+            )
+        }
+    };
+    std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -25,11 +25,42 @@ pub struct ServerArgs {
     /// The trainer token.
     #[arg(long, env = TOKEN_ENV, hide_env_values = true)]
     pub token: Option<String>,
+    /// The CA bundle an `https://` server is verified against (default:
+    /// the system's roots).
+    #[arg(long, env = "POLAR_ROLLOUT_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (PEM chain) to present, with `--key-file`.
+    #[arg(long, env = "POLAR_ROLLOUT_CERT_FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's key (mode 0600).
+    #[arg(long, env = "POLAR_ROLLOUT_KEY_FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// Allow plain `http://` to a host that is not loopback (the token
+    /// travels in clear).
+    #[arg(long, env = "POLAR_ROLLOUT_ALLOW_PLAIN_HTTP")]
+    pub allow_plain_http: bool,
 }
 
 impl ServerArgs {
-    fn client(&self) -> RolloutClient {
-        RolloutClient::new(self.server.clone(), self.token.clone())
+    /// A client of `url` with these TLS settings; plain HTTP beyond
+    /// loopback is refused unless allowed.
+    fn client_of(&self, url: &str) -> Result<RolloutClient, CliError> {
+        polar_rollout_api::tls::check_target(url, self.allow_plain_http, "--allow-plain-http")
+            .map_err(CliError::Usage)?;
+        let identity = match (&self.cert_file, &self.key_file) {
+            (Some(c), Some(k)) => Some(
+                polar_io::tls::Identity::load(c, k)
+                    .map_err(|e| CliError::Usage(format!("--cert-file/--key-file: {e}")))?,
+            ),
+            _ => None,
+        };
+        let tls = polar_io::tls::client_config(self.ca_file.as_deref(), identity.as_ref())
+            .map_err(|e| CliError::Usage(format!("--ca-file: {e}")))?;
+        Ok(RolloutClient::new(url.to_owned(), self.token.clone()).with_tls(tls))
+    }
+
+    fn client(&self) -> Result<RolloutClient, CliError> {
+        self.client_of(&self.server)
     }
 }
 
@@ -81,7 +112,7 @@ fn out(text: &str) -> Result<(), CliError> {
 /// Runs `polar submit`.
 pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     let task = load_task_file(&args.task_file)?;
-    let c = args.server.client();
+    let c = args.server.client()?;
     let reply = c.submit(&task).await?;
     out(&format!(
         "submitted {} ({} samples) to {}\n",
@@ -206,7 +237,7 @@ pub fn node_text(v: &serde_json::Value) -> String {
 /// Runs `polar status`.
 pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
     if let Some(node) = &args.node {
-        let c = RolloutClient::new(node.clone(), args.server.token.clone());
+        let c = args.server.client_of(node)?;
         let (code, body) = c.raw(http::Method::GET, "/v1/status", None).await?;
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         if !code.is_success() {
@@ -218,7 +249,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
         out(&node_text(&v))?;
         return Ok(ExitCode::SUCCESS);
     }
-    let c = args.server.client();
+    let c = args.server.client()?;
     let s = c.status().await?;
     let mut text = status_text(&s, c.base());
     let list = c.tasks(None).await?;

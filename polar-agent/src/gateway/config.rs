@@ -5,10 +5,10 @@
 //!
 //! ```toml
 //! [gateway]
-//! server = "http://10.0.0.2:7070"     # the rollout server (required)
+//! server = "https://10.0.0.2:7070"    # the rollout server (required)
 //! node_id = "node-a"                  # default: the host name
-//! listen = "0.0.0.0:7071"             # where the server pushes sessions
-//! advertise = "http://10.0.0.5:7071"  # URL the server uses (default http://<listen>)
+//! listen = "10.0.0.5:7071"            # where the server pushes sessions
+//! advertise = "https://10.0.0.5:7071" # URL the server uses (default https://<listen>)
 //! # (POLAR_GATEWAY_NODE_ID and POLAR_GATEWAY_ADVERTISE override node_id and advertise)
 //! token = "<node token>"              # presented to the server (or POLAR_GATEWAY_TOKEN, token_file)
 //! accept_tokens = ["<server token>"]  # the server's gateway_token (required; or accept_token_files)
@@ -19,15 +19,26 @@
 //! postrun_workers = 4                 # evaluations/exports at once
 //! agent_timeout_secs = 1800           # RUNNING limit (an agent option overrides)
 //! heartbeat_interval_ms = 2000
+//! header_read_timeout_ms = 30000      # a connection's request head, and its TLS handshake
+//! max_connections = 4096              # connections served at once
 //! drain_timeout_secs = 120            # on SIGTERM: let sessions finish this long
 //! export = "/mnt/shared/trajectories" # a directory or s3://bucket/prefix
 //! formats = ["parquet", "jsonl"]
 //! [gateway.s3]                        # for export = "s3://...": endpoint, region,
 //! endpoint = "http://10.0.0.9:9000"   # allow_http, access_key_id, ... (else AWS_* vars)
+//! [gateway.tls]                       # HTTPS (polar_rollout_api::tls; docs/CONFIG.md)
+//! cert_file = "/etc/polar/tls/{node_id}.crt" # served to the server, and presented to it (mTLS)
+//! key_file = "/etc/polar/tls/{node_id}.key"   # ({node_id}: this node's id)
+//! ca_file = "/etc/polar/tls/ca.crt"   # the rollout server is verified against it
 //! [gateway.policy]                    # what task specs may ask of this node
 //! upload_roots = ["/srv/tasks"]       # (default: nothing beyond the safe; see
 //! mount_roots = ["/data"]             #  polar_spec::policy for every key)
 //! ```
+//!
+//! Plain HTTP is refused before anything starts: a listen address that is
+//! not loopback without `[gateway.tls]` `cert_file`, or an `http://` server
+//! URL to a host that is not loopback, unless `allow_plain_http = true`.
+//! (`POLAR_GATEWAY_LISTEN` overrides `listen`: Kubernetes' pod address.)
 //!
 //! The node token and the tokens accepted from the server are required and
 //! distinct (the node never accepts its own token from a caller), at least
@@ -48,6 +59,8 @@ use serde::Deserialize;
 
 use polar_export::Format;
 use polar_gateway::stages::StageLimits;
+use polar_rollout_api::serve::ServeLimits;
+use polar_rollout_api::tls::{RawTls, TlsSettings};
 use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
 
@@ -60,6 +73,9 @@ pub const NODE_ID_ENV: &str = "POLAR_GATEWAY_NODE_ID";
 /// The environment variable overriding `advertise` (Kubernetes: built from
 /// the pod's IP).
 pub const ADVERTISE_ENV: &str = "POLAR_GATEWAY_ADVERTISE";
+/// The environment variable overriding `listen` (Kubernetes: the pod's IP
+/// and port, so the gateway does not listen on every interface).
+pub const LISTEN_ENV: &str = "POLAR_GATEWAY_LISTEN";
 
 /// A settings problem, naming the key.
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +149,12 @@ pub struct RawGatewayConfig {
     pub heartbeat_interval_ms: Option<u64>,
     /// Drain grace.
     pub drain_timeout_secs: Option<u64>,
+    /// How long a connection may take to send its request head.
+    pub header_read_timeout_ms: Option<u64>,
+    /// Connections served at once.
+    pub max_connections: Option<u64>,
+    /// `[gateway.tls]`.
+    pub tls: Option<RawTls>,
     /// Export destination.
     pub export: Option<String>,
     /// Export formats.
@@ -174,6 +196,10 @@ pub struct GatewayConfig {
     pub heartbeat_interval: Duration,
     /// How long a stop lets sessions finish.
     pub drain_timeout: Duration,
+    /// The accept loop's header-read timeout and connection cap.
+    pub serve_limits: ServeLimits,
+    /// HTTPS, the server's CA, client certificates, the plain-HTTP opt-in.
+    pub tls: TlsSettings,
     /// Where trajectories go (`None`: `<state_dir>/trajectories`).
     pub export: Option<String>,
     /// In which formats.
@@ -367,6 +393,30 @@ impl GatewayConfig {
         {
             return Err(invalid("export", "empty"));
         }
+        let serve_limits =
+            ServeLimits::from_settings("gateway", raw.header_read_timeout_ms, raw.max_connections)
+                .map_err(|e| GatewayConfigError::Invalid {
+                    key: e.key,
+                    reason: e.reason.to_owned(),
+                })?;
+        let tls_err = |e: polar_rollout_api::tls::TlsConfigError| GatewayConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        };
+        let mut raw_tls = raw.tls.clone().unwrap_or_default();
+        // `{node_id}` in the certificate's paths: one Secret of every
+        // node's certificates, mounted on each (Kubernetes).
+        for path in [&mut raw_tls.cert_file, &mut raw_tls.key_file]
+            .into_iter()
+            .flatten()
+        {
+            *path = PathBuf::from(path.to_string_lossy().replace("{node_id}", &node_id));
+        }
+        let tls = TlsSettings::from_raw(&raw_tls, "gateway.tls", None).map_err(tls_err)?;
+        tls.check_listen("gateway.listen", listen)
+            .map_err(tls_err)?;
+        tls.check_target(&server)
+            .map_err(|reason| invalid("server", reason))?;
         let policy = Policy::from_raw(&raw.policy.clone().unwrap_or_default(), &policy_key())
             .map_err(|e| GatewayConfigError::Invalid {
                 key: e.key.to_string(),
@@ -386,6 +436,8 @@ impl GatewayConfig {
             agent_timeout: secs("agent_timeout_secs", raw.agent_timeout_secs, 1800)?,
             heartbeat_interval,
             drain_timeout: secs("drain_timeout_secs", raw.drain_timeout_secs, 120)?,
+            serve_limits,
+            tls,
             export: raw.export.clone(),
             formats,
             s3: raw.s3.clone().unwrap_or_default(),
@@ -394,8 +446,18 @@ impl GatewayConfig {
     }
 
     /// Reads `[gateway]` from TOML text (other tables belong to their
-    /// owners). `Ok(None)` when the file has no `[gateway]`.
+    /// owners), with the process's environment overrides. `Ok(None)` when
+    /// the file has no `[gateway]`.
     pub fn from_toml_str(text: &str) -> Result<Option<Self>, GatewayConfigError> {
+        Self::from_toml_with_env(text, |k| std::env::var(k).ok())
+    }
+
+    /// [`GatewayConfig::from_toml_str`] with the environment `env` gives
+    /// ([`NODE_ID_ENV`], [`ADVERTISE_ENV`], [`LISTEN_ENV`], [`TOKEN_ENV`]).
+    pub fn from_toml_with_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, GatewayConfigError> {
         let file: RawFile = toml::from_str(text).map_err(|e| GatewayConfigError::Invalid {
             key: "gateway".into(),
             reason: e.message().to_owned(),
@@ -411,12 +473,15 @@ impl GatewayConfig {
                     reason: e.message().to_owned(),
                 })?;
         // The pod's overrides (Kubernetes: the downward API).
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         if let Some(id) = env(NODE_ID_ENV) {
             raw.node_id = Some(id);
         }
         if let Some(a) = env(ADVERTISE_ENV) {
             raw.advertise = Some(a);
+        }
+        if let Some(l) = env(LISTEN_ENV) {
+            raw.listen = Some(l);
         }
         Self::from_raw(&raw, env(TOKEN_ENV)).map(Some)
     }
@@ -457,7 +522,7 @@ mod tests {
         assert_eq!(c.formats, vec![Format::Parquet]);
         assert_eq!(c.policy, Policy::default());
         let c = parse(&format!(
-            "[gateway]\nserver = \"http://s\"\n{TOKENS}node_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
+            "[gateway]\nserver = \"https://s\"\n{TOKENS}node_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
         ))
         .unwrap();
         assert_eq!(c.limits.running, 2);
@@ -504,7 +569,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let base = format!("[gateway]\nserver = \"http://s\"\n{TOKENS}node_id = \"n\"\n");
+        let base = format!("[gateway]\nserver = \"https://s\"\n{TOKENS}node_id = \"n\"\n");
         for (extra, key) in [
             ("running_workers = 0\n", "gateway.running_workers"),
             ("listen = \"nowhere\"\n", "gateway.listen"),
@@ -535,7 +600,7 @@ mod tests {
         let e = parse(&format!("[gateway]\nserver = \"ftp://x\"\n{TOKENS}")).unwrap_err();
         assert!(e.contains("gateway.server"), "{e}");
         let e = parse(&format!(
-            "[gateway]\nserver = \"http://s\"\nnode_id = \"a b\"\n{TOKENS}"
+            "[gateway]\nserver = \"https://s\"\nnode_id = \"a b\"\n{TOKENS}"
         ))
         .unwrap_err();
         assert!(e.contains("gateway.node_id"), "{e}");
@@ -543,7 +608,7 @@ mod tests {
 
     #[test]
     fn the_node_token_and_the_server_s_are_required_and_distinct() {
-        let base = "[gateway]\nserver = \"http://s\"\nnode_id = \"n\"\n";
+        let base = "[gateway]\nserver = \"https://s\"\nnode_id = \"n\"\n";
         for (tokens, want) in [
             (
                 "token = \"node-token-1\"\n",
@@ -595,5 +660,61 @@ mod tests {
         .unwrap();
         c.finish_tokens().unwrap();
         assert_eq!(c.token, "node-n-token-from-dir");
+    }
+
+    #[test]
+    fn plain_http_beyond_loopback_is_refused_unless_opted_in() {
+        let base = format!("[gateway]\nnode_id = \"n\"\n{TOKENS}");
+        let e = parse(&format!(
+            "{base}server = \"http://127.0.0.1:7070\"\nlisten = \"0.0.0.0:7071\"\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.starts_with("gateway.listen: 0.0.0.0:7071 is not a loopback address"),
+            "{e}"
+        );
+        let e = parse(&format!("{base}server = \"http://10.0.0.2:7070\"\n")).unwrap_err();
+        assert!(
+            e.starts_with("gateway.server: http://10.0.0.2:7070 is plain HTTP"),
+            "{e}"
+        );
+        let c = parse(&format!(
+            "{base}server = \"http://10.0.0.2:7070\"\nlisten = \"0.0.0.0:7071\"\n\
+             [gateway.tls]\nallow_plain_http = true\n"
+        ))
+        .unwrap();
+        assert!(c.tls.allow_plain_http);
+        let c = parse(&format!(
+            "{base}server = \"https://10.0.0.2:7070\"\nlisten = \"10.0.0.5:7071\"\n\
+             header_read_timeout_ms = 5000\nmax_connections = 64\n\
+             [gateway.tls]\ncert_file = \"/t/n.crt\"\nkey_file = \"/t/n.key\"\nca_file = \"/t/ca.crt\"\n"
+        ))
+        .unwrap();
+        assert!(c.tls.serves_https());
+        assert_eq!(c.serve_limits.max_connections, 64);
+        assert_eq!(c.serve_limits.header_read_timeout, Duration::from_secs(5));
+        let c = parse(&format!(
+            "{base}server = \"https://s\"\n[gateway.tls]\ncert_file = \"/t/{{node_id}}.crt\"\n\
+             key_file = \"/t/{{node_id}}.key\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.tls.identity, Some(("/t/n.crt".into(), "/t/n.key".into())));
+        for (extra, want) in [
+            (
+                "max_connections = 0\n",
+                "gateway.max_connections: must be from 1",
+            ),
+            (
+                "header_read_timeout_ms = 10\n",
+                "gateway.header_read_timeout_ms: must be from 100",
+            ),
+            (
+                "[gateway.tls]\ncert_file = \"/x\"\n",
+                "gateway.tls.key_file: missing",
+            ),
+        ] {
+            let e = parse(&format!("{base}server = \"http://127.0.0.1:1\"\n{extra}")).unwrap_err();
+            assert!(e.starts_with(want), "{extra}: {e}");
+        }
     }
 }

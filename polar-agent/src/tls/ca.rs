@@ -13,15 +13,12 @@
 use std::fmt;
 use std::fs::{self, DirBuilder};
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use polar_io::fs::WriteOptions;
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose, PublicKeyData,
-};
+use rcgen::{Issuer, KeyPair, PublicKeyData};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use time::OffsetDateTime;
@@ -35,9 +32,6 @@ pub const KEY_FILE: &str = "ca.key";
 pub const CERT_FILE: &str = "ca.crt";
 /// File name of the certificate replaced by the last rotation.
 pub const PREV_CERT_FILE: &str = "ca.prev.crt";
-
-/// How far `not_before` is set in the past, for clock skew.
-const BACKDATE: Duration = Duration::from_secs(5 * 60);
 
 /// Errors of the CA.
 #[derive(Debug, thiserror::Error)]
@@ -184,17 +178,17 @@ impl Ca {
     /// a certificate without name constraints.
     pub fn load(state_dir: &Path) -> Result<Self, CaError> {
         let key_path = state_dir.join(KEY_FILE);
-        let meta = match fs::metadata(&key_path) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(CaError::NotInitialized {
-                    dir: state_dir.to_path_buf(),
-                });
-            }
-            Err(source) => return Err(io_err(&key_path, source)),
-        };
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & 0o077 != 0 {
+        let mode =
+            match polar_io::tls::key_mode_too_open(&key_path, polar_io::tls::CA_KEY_FORBIDDEN) {
+                Ok(mode) => mode,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(CaError::NotInitialized {
+                        dir: state_dir.to_path_buf(),
+                    });
+                }
+                Err(source) => return Err(io_err(&key_path, source)),
+            };
+        if let Some(mode) = mode {
             return Err(CaError::InsecureKeyMode {
                 path: key_path,
                 mode,
@@ -329,28 +323,13 @@ impl fmt::Display for CaSummary {
     }
 }
 
-/// Generates a key and a self-signed, name-constrained CA certificate (PEM).
+/// Generates a key and a self-signed, name-constrained CA certificate (PEM)
+/// from the CA template the cluster CA shares.
 fn generate(spec: &NameConstraintsSpec, options: &CaOptions) -> Result<(String, String), CaError> {
-    let invalid = || CaError::InvalidValidity(options.validity);
-    let validity = time::Duration::try_from(options.validity).map_err(|_| invalid())?;
-    if validity.is_zero() {
-        return Err(invalid());
-    }
-    let now = OffsetDateTime::now_utc();
+    let (not_before, not_after) = polar_io::tls::ca::validity_window(options.validity)
+        .ok_or(CaError::InvalidValidity(options.validity))?;
     let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
-    let mut params = CertificateParams::default();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, options.common_name.as_str());
-    dn.push(DnType::OrganizationName, "Polar");
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params.not_before = now - BACKDATE;
-    params.not_after = now.checked_add(validity).ok_or_else(invalid)?;
+    let mut params = polar_io::tls::ca::ca_params(&options.common_name, not_before, not_after);
     params.name_constraints = Some(spec.to_rcgen());
     let cert = params.self_signed(&key)?;
     Ok((key.serialize_pem(), cert.pem()))
@@ -385,6 +364,7 @@ fn write_atomic(dir: &Path, name: &str, contents: &[u8], mode: u32) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn spec() -> NameConstraintsSpec {
         NameConstraintsSpec {

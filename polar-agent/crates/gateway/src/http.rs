@@ -17,6 +17,7 @@ use crate::node::{Inner, lock};
 use crate::stages::{Stage, Work};
 use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
 use polar_rollout_api::route::{Found, RouteError, Table, method_not_allowed};
+use polar_rollout_api::serve::PeerCert;
 use polar_rollout_api::validate;
 use polar_rollout_api::{API_VERSION, CancelSession, SessionAssignment};
 
@@ -153,18 +154,17 @@ impl<W: Work> Inner<W> {
     }
 }
 
-pub(super) async fn accept<W: Work>(inner: Arc<Inner<W>>, listener: TcpListener) {
+pub(super) async fn accept<W: Work>(
+    inner: Arc<Inner<W>>,
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) {
     let tasks = inner.tasks.clone();
-    polar_rollout_api::serve::serve(
-        "gateway",
-        listener,
-        &tasks,
-        polar_rollout_api::serve::ServeLimits::default(),
-        move |req| {
-            let i = Arc::clone(&inner);
-            async move { handle(i, req).await }
-        },
-    )
+    let limits = inner.opts.limits;
+    polar_rollout_api::serve::serve("gateway", listener, &tasks, limits, tls, move |req| {
+        let i = Arc::clone(&inner);
+        async move { handle(i, req).await }
+    })
     .await;
 }
 
@@ -178,8 +178,9 @@ fn bad(e: &validate::ValidationError) -> Response<Body> {
 }
 
 /// Handles one request: `GET /healthz` at once; every other request needs
-/// the server's token and has its body read (at most 8 MiB) before it is
-/// routed.
+/// the server's token (and, with `gateway.tls.client_ca_file`, a client
+/// certificate of that CA: 403 without) and has its body read (at most
+/// 8 MiB) before it is routed.
 async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) -> Response<Body> {
     let found = inner.routes.find(req.method(), req.uri().path());
     if let Found::Endpoint {
@@ -189,12 +190,21 @@ async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) 
     {
         return json(StatusCode::OK, &json!({"ok": true}));
     }
-    if !token_ok(bearer(req.headers()), &inner.opts.accept_tokens) {
+    if !token_ok(bearer(req.headers()), &inner.tokens().accept) {
         return error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             None,
             "missing or wrong bearer token",
+        );
+    }
+    let certs_required = inner.opts.tls.as_ref().is_some_and(|t| t.client_certs);
+    if certs_required && req.extensions().get::<PeerCert>().is_none() {
+        return error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            None,
+            "this gateway requires a client certificate of its client_ca_file",
         );
     }
     let Some(bytes) = read_body(req.into_body(), 8 << 20).await else {

@@ -22,6 +22,8 @@ use crate::stages::{Job, Report, Stage, Stages, Work};
 use polar_io::tasks::Tasks;
 use polar_rollout_api::client::{ClientError, RolloutClient};
 use polar_rollout_api::http::{Body, error, json};
+use polar_rollout_api::serve::ServeLimits;
+use polar_rollout_api::tls::TlsConfigs;
 use polar_rollout_api::{
     API_VERSION, Heartbeat, NodeCapacity, NodeRegistration, SessionAssignment, SessionProgress,
     SessionResult,
@@ -51,6 +53,20 @@ pub struct NodeOptions {
     pub progress: Progress,
     /// Labels sent with the registration.
     pub labels: serde_json::Map<String, serde_json::Value>,
+    /// The accept loop's header-read timeout and connection cap.
+    pub limits: ServeLimits,
+    /// HTTPS and the client side's CA and certificate (`None`: plain HTTP,
+    /// the system's roots for an `https://` server).
+    pub tls: Option<TlsConfigs>,
+}
+
+/// The tokens in force (replaced whole when they rotate).
+#[derive(Debug)]
+pub(super) struct Tokens {
+    /// Tokens the server may present.
+    pub(super) accept: Vec<String>,
+    /// The client presenting the node token.
+    pub(super) client: RolloutClient,
 }
 
 /// Which stage changes a node reports (`POST /v1/sessions/{id}/state`).
@@ -119,7 +135,7 @@ pub(super) struct Inner<W: Work> {
     pub(super) opts: NodeOptions,
     pub(super) work: W,
     pub(super) stages: Stages,
-    pub(super) client: RolloutClient,
+    pub(super) tokens: std::sync::RwLock<Arc<Tokens>>,
     pub(super) instance: String,
     pub(super) address: String,
     pub(super) held: Mutex<HashMap<String, Arc<Job>>>,
@@ -180,15 +196,27 @@ impl<W: Work> Node<W> {
             addr: listen,
             source,
         })?;
-        let client = RolloutClient::new(opts.server_url.clone(), Some(opts.token.clone()))
+        let mut client = RolloutClient::new(opts.server_url.clone(), Some(opts.token.clone()))
             .with_timeout(Duration::from_secs(10));
+        if let Some(tls) = &opts.tls {
+            client = client.with_tls(tls.client.clone());
+        }
+        let server_tls = opts.tls.as_ref().and_then(|t| t.server.clone());
+        let scheme = if server_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let inner = Arc::new(Inner {
-            client,
+            tokens: std::sync::RwLock::new(Arc::new(Tokens {
+                accept: opts.accept_tokens.clone(),
+                client,
+            })),
             instance: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
             address: opts
                 .advertise
                 .clone()
-                .unwrap_or_else(|| format!("http://{addr}")),
+                .unwrap_or_else(|| format!("{scheme}://{addr}")),
             opts,
             work,
             stages,
@@ -206,7 +234,7 @@ impl<W: Work> Node<W> {
             routes,
         });
         let i = Arc::clone(&inner);
-        inner.spawn(async move { super::http::accept(i, listener).await });
+        inner.spawn(async move { super::http::accept(i, listener, server_tls).await });
         if let Err(source) = inner.register_at_start().await {
             inner.tasks.shutdown_token().cancel();
             let _ = inner.tasks.drain(Duration::from_secs(2)).await;
@@ -262,6 +290,18 @@ impl<W: Work> Node<W> {
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn cancelled(&self) -> Vec<String> {
         lock(&self.inner.cancelled).clone()
+    }
+
+    /// Puts new tokens in force (rotation): `token` is presented to the
+    /// server from the next call on, `accept` are the server's tokens
+    /// taken from the next request on. Calls in flight finish with the old
+    /// ones.
+    pub fn set_tokens(&self, token: &str, accept: Vec<String>) {
+        let inner = &self.inner;
+        let client = inner.client().with_token(Some(token.to_owned()));
+        *inner.tokens.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Tokens { accept, client });
+        tracing::info!(node = %inner.opts.node_id, "gateway tokens reloaded");
     }
 
     /// Results the server accepted from it.
@@ -329,6 +369,16 @@ impl<W: Work> Node<W> {
 }
 
 impl<W: Work> Inner<W> {
+    /// The tokens in force.
+    pub(super) fn tokens(&self) -> Arc<Tokens> {
+        Arc::clone(&self.tokens.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The client of the server, with the node token in force.
+    fn client(&self) -> RolloutClient {
+        self.tokens().client.clone()
+    }
+
     pub(super) fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
         let stop = self.tasks.shutdown_token();
         self.tasks.spawn(async move {
@@ -370,7 +420,7 @@ impl<W: Work> Inner<W> {
         let until = Instant::now() + REGISTER_PATIENCE;
         let mut wait = Duration::from_millis(100);
         loop {
-            match self.client.register(&self.registration()).await {
+            match self.client().register(&self.registration()).await {
                 Ok(_) => return Ok(()),
                 Err(e) if e.status().is_none() && Instant::now() + wait < until => {
                     tracing::warn!(error = %e, "the rollout server cannot be reached yet; retrying");
@@ -395,7 +445,7 @@ impl<W: Work> Inner<W> {
 
     async fn heartbeat_once(&self) {
         match self
-            .client
+            .client()
             .heartbeat(&self.opts.node_id, &self.heartbeat_body())
             .await
         {
@@ -410,7 +460,7 @@ impl<W: Work> Inner<W> {
             }
             Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
                 // The server lost us (a restart with a fresh database).
-                if let Err(e) = self.client.register(&self.registration()).await {
+                if let Err(e) = self.client().register(&self.registration()).await {
                     tracing::warn!(error = %e, "registering again failed");
                 }
             }
@@ -559,7 +609,7 @@ impl<W: Work> Inner<W> {
             attempt: job.assignment.attempt,
             stage: stage.as_str().into(),
         };
-        if let Err(e) = self.client.progress(&job.assignment.session_id, &p).await {
+        if let Err(e) = self.client().progress(&job.assignment.session_id, &p).await {
             tracing::debug!(session = %job.assignment.session_id, error = %e, "progress not delivered");
         }
     }
@@ -583,7 +633,7 @@ impl<W: Work> Inner<W> {
         let mut wait = Duration::from_millis(20);
         let give_up = Instant::now() + Duration::from_secs(600);
         loop {
-            match self.client.result(sid, &result).await {
+            match self.client().result(sid, &result).await {
                 Ok(_) => {
                     self.reported.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(session = %sid, status = r.status.as_str(), reward = ?r.reward, "result reported");

@@ -104,6 +104,9 @@ pub struct SimGatewayConfig {
     pub progress: Progress,
     /// The outcome of each session.
     pub outcome: OutcomeFn,
+    /// HTTPS and the CA the server is verified against (`None`: plain HTTP
+    /// on loopback).
+    pub tls: Option<polar_rollout_api::tls::TlsConfigs>,
 }
 
 impl std::fmt::Debug for SimGatewayConfig {
@@ -133,6 +136,7 @@ impl SimGatewayConfig {
             heartbeat_interval: Duration::from_millis(50),
             progress: Progress::Running,
             outcome: Arc::new(default_outcome),
+            tls: None,
         }
     }
 }
@@ -262,6 +266,8 @@ impl SimGateway {
             heartbeat_interval: cfg.heartbeat_interval,
             progress: cfg.progress,
             labels,
+            limits: polar_rollout_api::serve::ServeLimits::default(),
+            tls: cfg.tls.clone(),
         };
         let work = SimWork::new(
             &cfg.node_id,

@@ -1,8 +1,10 @@
 //! Outgoing HTTP clients, built in one place: a pooled hyper client with
 //! TCP_NODELAY and the timeouts and pool limits a caller asks for, over
-//! plain HTTP ([`client`]: inference replicas, the rollout server,
-//! gateways, callbacks) or HTTPS-or-HTTP with the caller's TLS
-//! configuration ([`https_client`]: the proxy's shared upstream pool).
+//! plain HTTP ([`client`]: inference replicas) or HTTPS-or-HTTP with the
+//! caller's TLS configuration ([`https_client`]: the proxy's shared
+//! upstream pool, the control plane's clients; [`https_client_named`]:
+//! the same with the TLS server name chosen per URI, for the rollout
+//! server's pushes to gateways known by their node id).
 //!
 //! What does not fit here, and why, is said where it is built (the proxy's
 //! per-connection upstream connections are single hyper connections, not
@@ -17,6 +19,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Builder, Client};
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::ServerName;
 
 /// A pooled plain-HTTP client.
 pub type HttpClient<B = Full<Bytes>> = Client<HttpConnector, B>;
@@ -100,6 +103,25 @@ where
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
+    opts.builder().build(https)
+}
+
+/// [`https_client`] whose TLS server name (the name the server's
+/// certificate must carry) is `name(uri)` rather than the URI's host.
+pub fn https_client_named<B, F>(
+    opts: &ClientOptions,
+    mut tls: rustls::ClientConfig,
+    name: F,
+) -> HttpsClient<B>
+where
+    B: Body + Send,
+    B::Data: Send,
+    F: Fn(&hyper::Uri) -> Result<ServerName<'static>, String> + Send + Sync + 'static,
+{
+    let mut http = opts.connector();
+    http.enforce_http(false);
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let https = HttpsConnector::new(http, tls, false, std::sync::Arc::new(name));
     opts.builder().build(https)
 }
 

@@ -3,6 +3,8 @@
 //!
 //! - [`body`]: response bodies (a whole buffer, a channel-fed stream);
 //! - [`http`]: the construction of outgoing HTTP clients;
+//! - [`tls`]: the control plane's TLS (PEM files, rustls server and client
+//!   configurations, peer names) and its cluster CA;
 //! - [`fs`]: atomic file writes (temporary file, fsync, rename, directory
 //!   fsync);
 //! - [`beneath`]: files beneath a directory a sandbox controls, written
@@ -20,6 +22,7 @@ pub mod body;
 pub mod fs;
 pub mod http;
 pub mod tasks;
+pub mod tls;
 
 /// An error with its causes, one line.
 pub fn chain(e: &dyn std::error::Error) -> String {

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Full};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::http::{HttpClient, bearer_value, client, join};
+use super::http::{HttpClient, bearer_value, client, default_client, join};
 use polar_rollout_types::{
     ErrorBody, Heartbeat, HeartbeatReply, NodeList, NodeRegistration, RegisterReply, ServerStatus,
     SessionProgress, SessionResult, SubmitReply, TaskList, TaskStatus, TaskView,
@@ -81,14 +81,30 @@ pub struct RolloutClient {
 }
 
 impl RolloutClient {
-    /// A client for the server at `base` (`http://127.0.0.1:7070`).
+    /// A client for the server at `base` (`http://127.0.0.1:7070`,
+    /// `https://...` verified against the system's roots).
     pub fn new(base: impl Into<String>, token: Option<String>) -> Self {
         Self {
             base: base.into(),
             token,
-            http: client(),
+            http: default_client(),
             timeout: Duration::from_secs(30),
         }
+    }
+
+    /// The same client verifying the server (and presenting a client
+    /// certificate) with `tls`.
+    #[must_use]
+    pub fn with_tls(mut self, tls: rustls::ClientConfig) -> Self {
+        self.http = client(tls);
+        self
+    }
+
+    /// The same client presenting another token (rotation).
+    #[must_use]
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
     }
 
     /// The same client with another per-call timeout.

@@ -1,6 +1,7 @@
 //! HTTP plumbing shared by the rollout server, its client and the simulated
 //! gateway: response bodies, JSON replies and errors, bounded body reads,
-//! bearer tokens, and one outgoing HTTP/1 client with a connection pool.
+//! bearer tokens, and one outgoing client (HTTPS or loopback HTTP) with a
+//! connection pool.
 
 use std::io;
 use std::time::Duration;
@@ -17,18 +18,39 @@ use polar_rollout_types::{ErrorBody, ErrorDetail};
 /// The body of every response the rollout side sends.
 pub type Body = BoxBody<Bytes, io::Error>;
 
-/// The outgoing client (plain HTTP; gateways and callbacks on the cluster
-/// network).
-pub type HttpClient = polar_io::http::HttpClient;
+/// The outgoing client of `https://` and `http://` URLs (gateways,
+/// callbacks, the rollout server); whether plain HTTP may be used is the
+/// settings' rule ([`crate::tls`]), checked where the URL is taken.
+pub type HttpClient = polar_io::http::HttpsClient;
 
-/// A pooled HTTP/1 client with TCP_NODELAY.
-pub fn client() -> HttpClient {
-    polar_io::http::client(
-        &ClientOptions::new()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256),
-    )
+/// A pooled client with TCP_NODELAY, verifying and authenticating with
+/// `tls` (see [`crate::tls::TlsSettings::configs`]).
+pub fn client(tls: rustls::ClientConfig) -> HttpClient {
+    polar_io::http::https_client(&options(), tls)
+}
+
+fn options() -> ClientOptions {
+    ClientOptions::new()
+        .connect_timeout(Duration::from_secs(5))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(256)
+}
+
+/// [`client`] verifying a server's certificate as `name(uri)` says (the
+/// rollout server's pushes, to gateways verified by node id).
+pub fn client_named(
+    tls: rustls::ClientConfig,
+    name: impl Fn(&http::Uri) -> Result<rustls::pki_types::ServerName<'static>, String>
+    + Send
+    + Sync
+    + 'static,
+) -> HttpClient {
+    polar_io::http::https_client_named(&options(), tls, name)
+}
+
+/// [`client`] trusting the system's roots, without a client certificate.
+pub fn default_client() -> HttpClient {
+    client(polar_io::tls::default_client_config())
 }
 
 /// A whole body.

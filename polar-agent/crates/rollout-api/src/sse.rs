@@ -14,7 +14,7 @@ use polar_rollout_types::Numbered;
 use polar_sse::{SseEvent, SseParser};
 
 use super::client::ClientError;
-use super::http::{Body, bearer_value, client, join};
+use super::http::{Body, HttpClient, bearer_value, default_client, join};
 
 /// A streamed body for `/v1/events` and its sender.
 pub fn channel() -> (BodySender, Body) {
@@ -31,8 +31,20 @@ pub struct EventStream {
 }
 
 impl EventStream {
-    /// Connects to `{base}/v1/events` (with `query`, e.g. `task_id=t1`).
+    /// Connects to `{base}/v1/events` (with `query`, e.g. `task_id=t1`);
+    /// an `https://` server is verified against the system's roots.
     pub async fn connect(base: &str, token: &str, query: &str) -> Result<Self, ClientError> {
+        Self::connect_via(&default_client(), base, token, query).await
+    }
+
+    /// [`EventStream::connect`] through `http` (a client of
+    /// [`crate::http::client`] with the cluster's CA bundle).
+    pub async fn connect_via(
+        http: &HttpClient,
+        base: &str,
+        token: &str,
+        query: &str,
+    ) -> Result<Self, ClientError> {
         let mut url = join(base, "/v1/events");
         if !query.is_empty() {
             url.push('?');
@@ -46,7 +58,7 @@ impl EventStream {
                 url: url.clone(),
                 reason: e.to_string(),
             })?;
-        let resp = client()
+        let resp = http
             .request(req)
             .await
             .map_err(|e| ClientError::Transport {

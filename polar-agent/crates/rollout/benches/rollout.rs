@@ -31,7 +31,7 @@ use http::{Method, Request, header};
 use http_body_util::Full;
 use polar_gateway::sim::{SimGateway, SimGatewayConfig};
 use polar_rollout::{RolloutConfig, RolloutServer};
-use polar_rollout_api::http::{bearer_value, client};
+use polar_rollout_api::http::{bearer_value, default_client};
 use polar_rollout_api::{RolloutClient, TaskStatus};
 use serde_json::json;
 use tracing::field::{Field, Visit};
@@ -289,7 +289,7 @@ async fn scenario(
 }
 
 async fn direct_path(gw: &SimGateway, n: usize) -> Vec<Duration> {
-    let http = client();
+    let http = default_client();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let a = json!({

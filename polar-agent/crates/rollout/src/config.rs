@@ -14,8 +14,16 @@
 //! heartbeat_interval_ms = 2000
 //! heartbeat_timeout_ms = 10000
 //! max_retries = 2
+//! header_read_timeout_ms = 30000   # a connection's request head, and its TLS handshake
+//! max_connections = 4096            # served at once (more wait in the backlog)
 //! [rollout.callback]
 //! max_attempts = 8
+//! verify_gateway_as = "address"     # or "node_id": the name a gateway's certificate carries
+//! [rollout.tls]                     # HTTPS (polar_rollout_api::tls; docs/CONFIG.md)
+//! cert_file = "/etc/polar/tls/rollout.crt"
+//! key_file = "/etc/polar/tls/rollout.key"
+//! ca_file = "/etc/polar/tls/ca.crt"        # gateways and callbacks are verified against it
+//! client_ca_file = "/etc/polar/tls/ca.crt" # mTLS: nodes present a certificate naming their id
 //! [rollout.policy]                  # optional: refuse tasks outside it at submission
 //! upload_roots = ["/srv/tasks"]     # the keys of a gateway's [gateway.policy]
 //! ```
@@ -29,6 +37,13 @@
 //! Tokens read from files are read again by [`RolloutConfig::reload_tokens`]
 //! (`polar rollout serve` on SIGHUP), so they rotate without a restart.
 //!
+//! Plain HTTP is refused at start-up on a listen address that is not
+//! loopback unless `[rollout.tls]` says `allow_plain_http = true`; the same
+//! rule refuses `http://` node addresses (at registration) and callback
+//! URLs (at submission) to hosts that are not loopback. With
+//! `client_ca_file`, a node must present a certificate of that CA whose
+//! DNS names include its node id (403 otherwise); trainers need none.
+//!
 //! `[rollout.policy]` is the node-side policy ([`polar_spec::policy`]) as
 //! the server knows it: when present, a task whose spec asks for more is a
 //! 400 naming the field, before any node sees it. The nodes check again
@@ -41,6 +56,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use polar_rollout_api::serve::ServeLimits;
+use polar_rollout_api::tls::{RawTls, TlsSettings};
 use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
 
@@ -133,6 +150,15 @@ pub struct RawRolloutConfig {
     pub max_body_bytes: Option<u64>,
     /// `normal` or `full`.
     pub synchronous: Option<String>,
+    /// How long a connection may take to send its request head.
+    pub header_read_timeout_ms: Option<u64>,
+    /// Connections served at once.
+    pub max_connections: Option<u64>,
+    /// `[rollout.tls]`.
+    #[serde(default)]
+    pub tls: RawTls,
+    /// `address` or `node_id`: the name a gateway's certificate must carry.
+    pub verify_gateway_as: Option<String>,
     /// `[rollout.callback]`.
     #[serde(default)]
     pub callback: RawCallback,
@@ -180,6 +206,19 @@ pub struct RawCallback {
     pub max_backoff_ms: Option<u64>,
     /// Timeout of one POST.
     pub timeout_ms: Option<u64>,
+}
+
+/// The name a gateway's certificate must carry when the server pushes to
+/// it over HTTPS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayName {
+    /// The host of its advertised address (a DNS name or IP SAN), as any
+    /// HTTPS client checks.
+    Address,
+    /// Its node id (a DNS name of the certificate), whatever address it
+    /// advertises: pod addresses that no certificate can know in advance
+    /// (Kubernetes), with certificates issued per node id.
+    NodeId,
 }
 
 /// How hard SQLite syncs each commit.
@@ -256,6 +295,12 @@ pub struct RolloutConfig {
     pub max_body_bytes: usize,
     /// SQLite durability.
     pub synchronous: Synchronous,
+    /// The accept loop's header-read timeout and connection cap.
+    pub limits: ServeLimits,
+    /// HTTPS, the peers' CA, client certificates, the plain-HTTP opt-in.
+    pub tls: TlsSettings,
+    /// The name a gateway's certificate is verified against.
+    pub verify_gateway_as: GatewayName,
     /// Callback delivery.
     pub callback: CallbackConfig,
     /// The policy submissions are checked against (`None`: only their
@@ -284,6 +329,9 @@ impl RolloutConfig {
             retention: None,
             max_body_bytes: 8 << 20,
             synchronous: Synchronous::Normal,
+            limits: ServeLimits::default(),
+            tls: TlsSettings::plain("rollout.tls"),
+            verify_gateway_as: GatewayName::Address,
             callback: CallbackConfig::default(),
             policy: None,
         }
@@ -409,6 +457,28 @@ impl RolloutConfig {
                 return Err(invalid(
                     "synchronous",
                     format!("{other:?}: use \"normal\" or \"full\""),
+                ));
+            }
+        };
+        cfg.limits =
+            ServeLimits::from_settings("rollout", raw.header_read_timeout_ms, raw.max_connections)
+                .map_err(|e| RolloutConfigError::Invalid {
+                    key: e.key,
+                    reason: e.reason.to_owned(),
+                })?;
+        cfg.tls = TlsSettings::from_raw(&raw.tls, "rollout.tls", base).map_err(|e| {
+            RolloutConfigError::Invalid {
+                key: e.key,
+                reason: e.reason,
+            }
+        })?;
+        cfg.verify_gateway_as = match raw.verify_gateway_as.as_deref() {
+            None | Some("address") => GatewayName::Address,
+            Some("node_id") => GatewayName::NodeId,
+            Some(other) => {
+                return Err(invalid(
+                    "verify_gateway_as",
+                    format!("{other:?}: use \"address\" or \"node_id\""),
                 ));
             }
         };
@@ -644,6 +714,22 @@ max_attempts = 3
         assert_eq!(cfg.gateway_token, "gateway-token");
         assert_eq!(cfg.callback.max_attempts, 3);
         assert_eq!(cfg.policy, None);
+        assert_eq!(cfg.limits, ServeLimits::default());
+        assert!(!cfg.tls.serves_https());
+        let cfg = RolloutConfig::from_toml(
+            "[rollout]\nmax_connections = 16\nheader_read_timeout_ms = 2500\n\
+             [rollout.tls]\ncert_file = \"tls/s.crt\"\nkey_file = \"tls/s.key\"\n\
+             client_ca_file = \"/ca.crt\"\n",
+            Some(Path::new("/etc/polar")),
+        )
+        .unwrap();
+        assert_eq!(cfg.limits.max_connections, 16);
+        assert_eq!(cfg.limits.header_read_timeout, Duration::from_millis(2500));
+        assert_eq!(
+            cfg.tls.identity,
+            Some(("/etc/polar/tls/s.crt".into(), "/etc/polar/tls/s.key".into()))
+        );
+        assert_eq!(cfg.tls.client_ca_file, Some("/ca.crt".into()));
         let cfg = RolloutConfig::from_toml(
             "[rollout.policy]\nupload_roots = [\"/srv/tasks\"]\nallow_host_network = true",
             None,
@@ -783,6 +869,26 @@ max_attempts = 3
             (
                 "[rollout.policy]\nupload_roots = [\"rel\"]",
                 "rollout.policy.upload_roots[0]:",
+            ),
+            (
+                "[rollout]\nheader_read_timeout_ms = 5",
+                "rollout.header_read_timeout_ms: must be from 100",
+            ),
+            (
+                "[rollout]\nmax_connections = 0",
+                "rollout.max_connections: must be from 1",
+            ),
+            (
+                "[rollout.tls]\nkey_file = \"k\"",
+                "rollout.tls.cert_file: missing",
+            ),
+            (
+                "[rollout.tls]\nverify = true",
+                "rollout.tls.verify: unknown field `verify`",
+            ),
+            (
+                "[rollout]\nverify_gateway_as = \"name\"",
+                "rollout.verify_gateway_as: \"name\": use",
             ),
             (
                 "[rollout.policy]\nupload_roots = [\"/a\"]\nwritable_mount_roots = [\"/a/b\"]",

@@ -11,6 +11,7 @@
 //! within the same commit. Background loops: the dispatcher (continues
 //! large assignments when woken) and the ticker (lost nodes, deadlines).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,16 +19,17 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{Method, Request, header};
 use http_body_util::Full;
+use rustls::pki_types::ServerName;
 use tokio::sync::{Notify, RwLock};
 
 use super::callback;
-use super::config::RolloutConfig;
+use super::config::{GatewayName, RolloutConfig};
 use super::events::EventHub;
 use super::metrics::Metrics;
 use super::scheduler::{CancelOrder, Changes, Limits, Push, Scheduler};
 use super::store::{Snapshot, Store, StoreError};
 use polar_io::tasks::Tasks;
-use polar_rollout_api::http::{HttpClient, bearer_value, client, join};
+use polar_rollout_api::http::{HttpClient, bearer_value, join};
 use polar_rollout_api::now_ms;
 use polar_rollout_api::{API_VERSION, CancelSession};
 
@@ -77,6 +79,9 @@ pub struct Core {
     pub hub: Arc<EventHub>,
     /// Outgoing HTTP (gateways, callbacks).
     pub http: HttpClient,
+    /// Registered node addresses (URI authority) to node id: the TLS name
+    /// of a push with `verify_gateway_as = "node_id"`.
+    gateway_names: Arc<std::sync::RwLock<HashMap<String, String>>>,
     /// Background work.
     pub tasks: Tasks,
     wake: Notify,
@@ -93,6 +98,12 @@ struct State {
     /// A change was not (or not known to be) committed: rebuild from the
     /// database before the next read or change.
     stale: bool,
+}
+
+/// The authority (`host:port`) of a URL.
+fn authority(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    Some(uri.authority()?.as_str().to_owned())
 }
 
 /// The scheduler's limits from the settings.
@@ -131,10 +142,42 @@ impl std::fmt::Debug for Core {
 }
 
 impl Core {
-    /// Opens the database and restores its state. Nothing runs yet.
-    pub fn open(cfg: RolloutConfig) -> Result<(Arc<Self>, Changes), StoreError> {
+    /// Opens the database and restores its state; `tls` is the client
+    /// side of the calls to gateways and callbacks. Nothing runs yet.
+    pub fn open(
+        cfg: RolloutConfig,
+        tls: rustls::ClientConfig,
+    ) -> Result<(Arc<Self>, Changes), StoreError> {
         let hub = Arc::new(EventHub::new());
         let (store, snap) = Store::open(&cfg.database, cfg.synchronous, Arc::clone(&hub))?;
+        let gateway_names = Arc::new(std::sync::RwLock::new(
+            snap.nodes
+                .iter()
+                .filter_map(|(reg, _)| Some((authority(&reg.address)?, reg.node_id.clone())))
+                .collect::<HashMap<_, _>>(),
+        ));
+        let http = match cfg.verify_gateway_as {
+            GatewayName::Address => polar_rollout_api::http::client(tls),
+            GatewayName::NodeId => {
+                let names = Arc::clone(&gateway_names);
+                polar_rollout_api::http::client_named(tls, move |uri| {
+                    let node = uri.authority().and_then(|a| {
+                        names
+                            .read()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get(a.as_str())
+                            .cloned()
+                    });
+                    let host = uri.host().unwrap_or_default();
+                    let name = node.unwrap_or_else(|| {
+                        host.trim_start_matches('[')
+                            .trim_end_matches(']')
+                            .to_owned()
+                    });
+                    ServerName::try_from(name).map_err(|e| e.to_string())
+                })
+            }
+        };
         let now = Instant::now();
         let mut sched = restored(limits(&cfg), snap, now);
         let changes = sched.take_changes();
@@ -147,13 +190,25 @@ impl Core {
             }),
             store,
             hub,
-            http: client(),
+            http,
+            gateway_names,
             tasks: Tasks::new(),
             wake: Notify::new(),
             metrics: Metrics::default(),
             started: now,
         });
         Ok((core, changes))
+    }
+
+    /// Notes a node's registered address: with `verify_gateway_as =
+    /// "node_id"`, its certificate must name `node_id`.
+    pub fn note_address(&self, node_id: &str, address: &str) {
+        if let Some(a) = authority(address) {
+            self.gateway_names
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(a, node_id.to_owned());
+        }
     }
 
     /// The tokens in force.

@@ -51,6 +51,9 @@ pub enum RolloutError {
     /// The settings are invalid.
     #[error(transparent)]
     Config(#[from] RolloutConfigError),
+    /// The TLS settings do not check, or their files do not load.
+    #[error(transparent)]
+    Tls(#[from] polar_rollout_api::tls::TlsConfigError),
     /// The route table does not build (a bug).
     #[error(transparent)]
     Routes(#[from] polar_rollout_api::route::RouteError),
@@ -73,6 +76,7 @@ pub enum RolloutError {
 pub struct RolloutServer {
     core: Arc<core::Core>,
     addr: SocketAddr,
+    https: bool,
 }
 
 impl Drop for RolloutServer {
@@ -83,9 +87,14 @@ impl Drop for RolloutServer {
 
 impl RolloutServer {
     /// Opens the database (restoring its state), binds `cfg.listen` (port 0
-    /// picks one) and starts serving.
+    /// picks one) and starts serving (HTTPS with `rollout.tls.cert_file`).
+    /// Refused before anything is bound: bad identities, TLS files that do
+    /// not load, plain HTTP on an address that is not loopback without
+    /// `rollout.tls.allow_plain_http`.
     pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
         cfg.check_identities()?;
+        cfg.tls.check_listen("rollout.listen", cfg.listen)?;
+        let tls = cfg.tls.configs()?;
         let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)
@@ -98,13 +107,14 @@ impl RolloutServer {
             addr: listen,
             source,
         })?;
-        let (core, restored) = core::Core::open(cfg)?;
+        let (core, restored) = core::Core::open(cfg, tls.client)?;
         core.start_loops();
         core.follow_up(restored);
         let api = Arc::new(server::Api::new(Arc::clone(&core), routes));
-        core.tasks.spawn(server::serve(api, listener));
-        tracing::info!(%addr, database = %core.cfg.database.display(), "rollout server listening");
-        Ok(Self { core, addr })
+        let https = tls.server.is_some();
+        core.tasks.spawn(server::serve(api, listener, tls.server));
+        tracing::info!(%addr, https, database = %core.cfg.database.display(), "rollout server listening");
+        Ok(Self { core, addr, https })
     }
 
     /// Puts new tokens in force (rotation): `cfg` is the server's
@@ -126,9 +136,10 @@ impl RolloutServer {
         self.addr
     }
 
-    /// `http://{addr}`.
+    /// `http://{addr}`, or `https://{addr}` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Stops: no new connections, background work cancelled (assignments

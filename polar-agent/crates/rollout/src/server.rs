@@ -22,6 +22,7 @@ use super::scheduler::{DeleteError, HeartbeatError, ReportError, SubmitError};
 use super::store::StoreError;
 use polar_rollout_api::http::{Body, RequestBody, bearer, error, json, read_body, token_ok};
 use polar_rollout_api::route::{Found, Params, RouteError, Table, method_not_allowed, query};
+use polar_rollout_api::serve::PeerCert;
 use polar_rollout_api::sse;
 use polar_rollout_api::validate::{self, ValidationError};
 use polar_rollout_api::{
@@ -244,21 +245,16 @@ impl Api {
     }
 }
 
-/// Serves the API on `listener` until the core shuts down (the accept
-/// loop, its header-read timeout and connection cap are
-/// `polar_rollout_api::serve`'s, shared with the gateway).
-pub async fn serve(api: Arc<Api>, listener: TcpListener) {
+/// Serves the API on `listener` (over TLS with `tls`) until the core
+/// shuts down (the accept loop, its header-read timeout and connection
+/// cap are `polar_rollout_api::serve`'s, shared with the gateway).
+pub async fn serve(api: Arc<Api>, listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) {
     let tasks = api.core.tasks.clone();
-    polar_rollout_api::serve::serve(
-        "rollout",
-        listener,
-        &tasks,
-        polar_rollout_api::serve::ServeLimits::default(),
-        move |req| {
-            let api = Arc::clone(&api);
-            async move { api.handle(req).await }
-        },
-    )
+    let limits = api.core.cfg.limits;
+    polar_rollout_api::serve::serve("rollout", listener, &tasks, limits, tls, move |req| {
+        let api = Arc::clone(&api);
+        async move { api.handle(req).await }
+    })
     .await;
 }
 
@@ -298,9 +294,33 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
     let node = auth.node_of(given).map(str::to_owned);
     match (role, trainer, node) {
         (Role::Client | Role::Any, true, _) => Ok(Caller::Trainer),
-        (Role::Node | Role::Any, _, Some(n)) => Ok(Caller::Node(n)),
+        (Role::Node | Role::Any, _, Some(n)) => {
+            if core.cfg.tls.client_ca_file.is_some() {
+                node_certificate(req, &n)?;
+            }
+            Ok(Caller::Node(n))
+        }
         _ => Err(ApiError::Unauthorized),
     }
+}
+
+/// With client certificates configured, a node's token is taken only with
+/// a certificate of the cluster CA (verified in the handshake) that names
+/// the node id among its DNS names.
+fn node_certificate<B>(req: &Request<B>, node: &str) -> Result<(), ApiError> {
+    let Some(cert) = req.extensions().get::<PeerCert>() else {
+        return Err(ApiError::Forbidden(format!(
+            "node {node:?}: no client certificate (this server requires nodes to present \
+             one of the cluster CA naming their node id)"
+        )));
+    };
+    let names = cert.dns_names();
+    if names.iter().any(|n| n == node) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden(format!(
+        "node {node:?}: the client certificate names {names:?}, not this node"
+    )))
 }
 
 async fn body<T: DeserializeOwned>(
@@ -397,6 +417,15 @@ async fn submit<B: RequestBody>(
 ) -> Result<Response<Body>, ApiError> {
     let task: TaskRequest = body(core, req).await?;
     validate::check_task_with(&task, core.cfg.policy.as_ref())?;
+    if let Some(url) = &task.callback_url {
+        core.cfg
+            .tls
+            .check_target(url)
+            .map_err(|reason| ValidationError {
+                field: "callback_url".into(),
+                reason,
+            })?;
+    }
     let id = task.task_id.clone();
     let reply = core
         .apply(move |s, now, wall| s.submit(task, now, wall))
@@ -459,6 +488,15 @@ async fn register<B: RequestBody>(
     let reg: NodeRegistration = body(core, req).await?;
     validate::check_registration(&reg)?;
     caller.may_speak_for(&reg.node_id)?;
+    core.cfg
+        .tls
+        .check_target(&reg.address)
+        .map_err(|reason| ValidationError {
+            field: "address".into(),
+            reason,
+        })?;
+    // Before the change: its first pushes follow the commit at once.
+    core.note_address(&reg.node_id, &reg.address);
     let mut reply = core
         .apply(move |s, now, wall| s.register(reg, now, wall))
         .await?;

@@ -12,8 +12,7 @@ use http::Method;
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use polar_gateway::stages::{InitError, Job, Reached, Report, StageLimits, Stages, Work};
-use polar_gateway::{Node, NodeOptions, Progress};
+use polar_gateway::stages::{InitError, Job, Reached, Report, Work};
 use polar_rollout_api::{SampleStatus, SessionResult};
 
 /// Logs `init N`, `run N`, `down N` (after a 300 ms tear-down).
@@ -67,31 +66,7 @@ async fn a_newer_attempt_starts_after_the_old_one_is_torn_down() {
     let e = env();
     let server = start(&e.cfg).await;
     let log = Arc::new(Mutex::new(Vec::new()));
-    let opts = NodeOptions {
-        node_id: "node-a".into(),
-        server_url: server.url(),
-        token: NODE_TOKEN.into(),
-        accept_tokens: vec![GATEWAY_TOKEN.into()],
-        advertise: None,
-        max_sessions: 4,
-        heartbeat_interval: Duration::from_millis(50),
-        progress: Progress::None,
-        labels: Default::default(),
-    };
-    let limits = StageLimits {
-        init: 4,
-        ready_buffer: 0,
-        running: 4,
-        postrun: 4,
-    };
-    let node = Node::start(
-        opts,
-        "127.0.0.1:0".parse().unwrap(),
-        Stages::new(limits),
-        Logged(Arc::clone(&log)),
-    )
-    .await
-    .unwrap();
+    let node = node_a(&server, Logged(Arc::clone(&log))).await;
     let c = client(&server);
     c.submit(&task("t", 1)).await.unwrap();
     let l = Arc::clone(&log);

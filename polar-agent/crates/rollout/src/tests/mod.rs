@@ -8,7 +8,10 @@
 //!   tear-down;
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
-//!   percent-decoding).
+//!   percent-decoding);
+//! - `tls`: HTTPS with the cluster CA's certificates (trainer, gateway,
+//!   callback), a wrong CA, plain HTTP beyond loopback, mutual TLS bound
+//!   to the node id, token rotation on both sides.
 
 mod api;
 mod attempts;
@@ -16,6 +19,7 @@ mod commit;
 mod dispatch;
 mod failures;
 mod routes;
+mod tls;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -32,6 +36,8 @@ use tokio::net::TcpListener;
 
 use super::{RolloutConfig, RolloutServer};
 use polar_gateway::sim::{SimGateway, SimGatewayConfig};
+use polar_gateway::stages::{StageLimits, Stages, Work};
+use polar_gateway::{Node, NodeOptions, Progress};
 use polar_rollout_api::RolloutClient;
 use polar_rollout_api::http::{full, read_body};
 use polar_rollout_api::{TaskStatus, TaskView};
@@ -92,6 +98,39 @@ pub(crate) fn gw_config(server: &RolloutServer, id: &str) -> SimGatewayConfig {
 
 pub(crate) async fn gateway(cfg: SimGatewayConfig) -> SimGateway {
     SimGateway::start(cfg).await.unwrap()
+}
+
+/// A real gateway node `node-a` on 127.0.0.1 doing `work`: 4 sessions,
+/// a worker per session in every stage, heartbeats every 50 ms, no
+/// progress reports.
+pub(crate) async fn node_a<W: Work>(server: &RolloutServer, work: W) -> Node<W> {
+    let opts = NodeOptions {
+        node_id: "node-a".into(),
+        server_url: server.url(),
+        token: NODE_TOKEN.into(),
+        accept_tokens: vec![GATEWAY_TOKEN.into()],
+        advertise: None,
+        max_sessions: 4,
+        heartbeat_interval: Duration::from_millis(50),
+        progress: Progress::None,
+        labels: Default::default(),
+        limits: Default::default(),
+        tls: None,
+    };
+    let limits = StageLimits {
+        init: 4,
+        ready_buffer: 0,
+        running: 4,
+        postrun: 4,
+    };
+    Node::start(
+        opts,
+        "127.0.0.1:0".parse().unwrap(),
+        Stages::new(limits),
+        work,
+    )
+    .await
+    .unwrap()
 }
 
 pub(crate) fn task(id: &str, n: u32) -> Value {
@@ -155,6 +194,15 @@ pub(crate) struct CallbackSink {
 }
 
 pub(crate) async fn callback_sink(script: Vec<u16>) -> CallbackSink {
+    callback_sink_over(script, None).await
+}
+
+/// [`callback_sink`] over TLS with `tls` (plain HTTP without).
+pub(crate) async fn callback_sink_over(
+    script: Vec<u16>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> CallbackSink {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let bodies = Arc::new(Mutex::new(Vec::new()));
@@ -167,6 +215,7 @@ pub(crate) async fn callback_sink(script: Vec<u16>) -> CallbackSink {
             };
             let b = Arc::clone(&b);
             let script = Arc::clone(&script);
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let svc = service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let b = Arc::clone(&b);
@@ -184,9 +233,21 @@ pub(crate) async fn callback_sink(script: Vec<u16>) -> CallbackSink {
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+                match acceptor {
+                    None => {
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    }
+                    Some(a) => {
+                        let Ok(tls) = a.accept(stream).await else {
+                            return;
+                        };
+                        let _ = http1::Builder::new()
+                            .serve_connection(TokioIo::new(tls), svc)
+                            .await;
+                    }
+                }
             });
         }
     });

@@ -150,7 +150,7 @@ fn every_route_has_its_endpoint_side_and_allow() {
 
 /// A server's API over a fresh database, no socket and no background loop.
 fn api(e: &Env) -> Api {
-    let (core, _) = Core::open(e.cfg.clone()).unwrap();
+    let (core, _) = Core::open(e.cfg.clone(), polar_io::tls::default_client_config()).unwrap();
     Api::new(core, routes().unwrap())
 }
 
@@ -333,7 +333,7 @@ async fn to_gateway(
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
     let req = req.body(Full::new(Bytes::from(body))).unwrap();
-    let resp = polar_rollout_api::http::client()
+    let resp = polar_rollout_api::http::default_client()
         .request(req)
         .await
         .unwrap();
