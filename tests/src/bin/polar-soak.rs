@@ -303,10 +303,14 @@ async fn main() -> Result<()> {
         "sessions without their result: {:?}",
         &seen.bad[..seen.bad.len().min(5)]
     );
-    ensure!(
-        first_gone == Some(StatusCode::NOT_FOUND),
-        "the first task was not deleted after the retention: {first_gone:?}"
-    );
+    // Past the retention window (with a tick's slack), the first task is
+    // gone; a run shorter than that measures the state within retention.
+    if elapsed > Duration::from_secs(retention + 5) {
+        ensure!(
+            first_gone == Some(StatusCode::NOT_FOUND),
+            "the first task was not deleted after the retention: {first_gone:?}"
+        );
+    }
     Ok(())
 }
 
