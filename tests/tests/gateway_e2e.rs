@@ -444,23 +444,26 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
             && metrics.contains("polar_sessions{stage=\"running\"} 0"),
         "{metrics}"
     );
-    // The node's capture counters equal what its capture logs hold.
+    // The node's capture counters equal what its capture logs held, as
+    // each result counted them at export (the logs are gone since: each
+    // session's directories are removed once its trajectory is exported).
     let (mut calls, mut prompt, mut response) = (0u64, 0u64, 0u64);
-    let sessions = f.dir.path().join("gw-a/state/sessions");
-    for e in std::fs::read_dir(&sessions)? {
-        // A call is one line or two (a request part and its completion):
-        // the log's reader joins them.
-        let (records, problems) =
-            polar_capture::read_log(&e?.path().join(polar_capture::log::CALLS_FILE))?;
-        ensure!(problems.is_empty(), "{problems:?}");
-        for r in records {
-            calls += 1;
-            let n = |ids: Option<Vec<u32>>| ids.map_or(0, |a| a.len() as u64);
-            prompt += n(r.prompt_token_ids);
-            response += n(r.response_token_ids);
-        }
+    for s in &t.samples {
+        let SessionState::Done { result, .. } = &s.state else {
+            bail!("{s:?}");
+        };
+        calls += result.tokens.calls;
+        prompt += result.tokens.prompt;
+        response += result.tokens.response;
     }
-    ensure!(calls == 16, "{calls} calls in the logs");
+    ensure!(calls == 16, "{calls} calls in the results");
+    ensure!(
+        !f.dir
+            .path()
+            .join("gw-a/state/sessions/one-node-s0")
+            .exists(),
+        "an exported session's capture log is left"
+    );
     for line in [
         format!("polar_capture_calls_total {calls}"),
         format!("polar_capture_tokens_total{{kind=\"prompt\"}} {prompt}"),
