@@ -207,6 +207,9 @@ impl Store {
         let mut conn = connect(path, synchronous).map_err(open_err)?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(open_err)?;
+        // When the writer starts the log over, a longer file is cut back.
+        conn.pragma_update(None, "journal_size_limit", WAL_LIMIT.to_string())
+            .map_err(open_err)?;
         migrate(&mut conn).map_err(open_err)?;
         let snapshot = load(&conn)?;
         let ck_conn = connect(path, synchronous).map_err(open_err)?;
