@@ -537,23 +537,26 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
             && metrics.contains("polar_sessions{stage=\"running\"} 0"),
         "{metrics}"
     );
-    // The node's capture counters equal what its capture logs hold.
+    // The node's capture counters equal what its capture logs held, as
+    // each result counted them at export (the logs are gone since: each
+    // session's directories are removed once its trajectory is exported).
     let (mut calls, mut prompt, mut response) = (0u64, 0u64, 0u64);
-    let sessions = f.dir.path().join("gw-a/state/sessions");
-    for e in std::fs::read_dir(&sessions)? {
-        // A call is one line or two (a request part and its completion):
-        // the log's reader joins them.
-        let (records, problems) =
-            polar_capture::read_log(&e?.path().join(polar_capture::log::CALLS_FILE))?;
-        ensure!(problems.is_empty(), "{problems:?}");
-        for r in records {
-            calls += 1;
-            let n = |ids: Option<Vec<u32>>| ids.map_or(0, |a| a.len() as u64);
-            prompt += n(r.prompt_token_ids);
-            response += n(r.response_token_ids);
-        }
+    for s in &t.samples {
+        let SessionState::Done { result, .. } = &s.state else {
+            bail!("{s:?}");
+        };
+        calls += result.tokens.calls;
+        prompt += result.tokens.prompt;
+        response += result.tokens.response;
     }
-    ensure!(calls == 16, "{calls} calls in the logs");
+    ensure!(calls == 16, "{calls} calls in the results");
+    ensure!(
+        !f.dir
+            .path()
+            .join("gw-a/state/sessions/one-node-s0")
+            .exists(),
+        "an exported session's capture log is left"
+    );
     for line in [
         format!("polar_capture_calls_total {calls}"),
         format!("polar_capture_tokens_total{{kind=\"prompt\"}} {prompt}"),
@@ -600,20 +603,27 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
     for g in ["gw-a", "gw-b", "gw-c"] {
         ensure!(nodes.iter().any(|n| n == g), "{g} ran nothing: {nodes:?}");
     }
-    // Every capture log of the task is on the node that ran the sample.
+    // Each sample's trajectory was exported (checked above), so the node
+    // that ran it removed its sandbox and capture directories, its disk
+    // quota's tmpfs included.
     for s in &t.samples {
         let SessionState::Done { node, .. } = &s.state else {
             continue;
         };
-        let log = f
-            .dir
-            .path()
-            .join(node)
-            .join("state/sessions")
-            .join(&s.session_id)
-            .join("calls.jsonl");
-        ensure!(log.is_file(), "{} missing", log.display());
+        let state = f.dir.path().join(node).join("state");
+        for tree in ["sandboxes", "sessions"] {
+            let d = state.join(tree).join(&s.session_id);
+            ensure!(!d.exists(), "{} left after the export", d.display());
+        }
     }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let base = f.dir.path().display().to_string();
+    ensure!(
+        !mounts
+            .lines()
+            .any(|l| l.contains(&base) && l.contains("/state/sandboxes/")),
+        "a session's tmpfs is still mounted"
+    );
     f.stop_gateways()?;
     Ok(())
 }
@@ -1143,12 +1153,9 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
     );
     let kept_ids = call_ids_of(&kept.join("capture/calls.jsonl"))?;
     ensure!(first.is_subset(&kept_ids), "{first:?} {kept_ids:?}");
-    // The live log and the export hold attempt 2's calls only.
-    let second = call_ids_of(&live_log)?;
-    ensure!(
-        !second.is_empty() && second.is_disjoint(&kept_ids),
-        "{kept_ids:?} {second:?}"
-    );
+    // The export holds attempt 2's calls only; once it was written, the
+    // node removed attempt 2's live directories (attempt 1's, not
+    // exported, stay kept apart).
     let uri = result.trajectory_uri.as_deref().context("no trajectory")?;
     let rows = std::fs::read_to_string(Path::new(uri).with_extension("jsonl"))?;
     let mut exported = std::collections::BTreeSet::new();
@@ -1159,8 +1166,12 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
         }
     }
     ensure!(
-        exported == second,
-        "exported {exported:?}, attempt 2 made {second:?}"
+        !exported.is_empty() && exported.is_disjoint(&kept_ids),
+        "exported {exported:?}, attempt 1 made {kept_ids:?}"
+    );
+    ensure!(
+        !live_log.exists() && !state.join("sandboxes/again-s0").exists(),
+        "attempt 2's directories left after its export"
     );
     Ok(())
 }

@@ -387,3 +387,56 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
     );
     Ok(())
 }
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn a_swept_session_s_tmpfs_is_unmounted_and_a_mount_beneath_is_not_crossed() -> Result<()> {
+    use polar_agent::gateway::retention::{Keep, Retention};
+    use polar_agent::runtime::quota;
+    let tmp = sandbox_tempdir()?;
+    let state = tmp.path().join("state");
+    let sandboxes = state.join("sandboxes");
+    let inner = sandboxes.join("left/workspace/inner");
+    let mut mounts = Mounts {
+        state: state.clone(),
+        own: Vec::new(),
+    };
+    // A session on its disk quota, with a link to a host file.
+    let quota_root = sandboxes.join("on-quota");
+    std::fs::create_dir_all(&sandboxes)?;
+    ensure!(quota::mount(&quota_root, 1 << 20)?);
+    std::fs::create_dir_all(quota_root.join("workspace"))?;
+    std::fs::write(quota_root.join("workspace/f"), "x")?;
+    std::os::unix::fs::symlink("/etc/passwd", quota_root.join("workspace/link"))?;
+    // A session with another file system left mounted inside it.
+    std::fs::create_dir_all(&inner)?;
+    nix::mount::mount(
+        Some("polar-test"),
+        &inner,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=1m"),
+    )?;
+    mounts.own.push(inner.clone());
+    std::fs::write(inner.join("precious"), "keep")?;
+    let passwd = sha256(Path::new("/etc/passwd"))?;
+    let keep = Keep {
+        failed_for: std::time::Duration::ZERO,
+        max_bytes: u64::MAX,
+    };
+    let swept = Retention::new(&state, keep).sweep(std::time::SystemTime::now());
+    ensure!(
+        swept.removed.len() == 1 && swept.removed[0].0 == "on-quota",
+        "{swept:?}"
+    );
+    ensure!(!quota_root.exists(), "the quota session is left");
+    ensure!(!quota::is_mount_point(&quota_root).unwrap_or(false));
+    ensure!(sha256(Path::new("/etc/passwd"))? == passwd);
+    // The other file system is not entered: the removal fails there.
+    ensure!(
+        swept.failed.len() == 1 && swept.failed[0].contains("left"),
+        "{swept:?}"
+    );
+    ensure!(std::fs::read_to_string(inner.join("precious"))? == "keep");
+    Ok(())
+}

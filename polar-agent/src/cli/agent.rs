@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
+use crate::gateway::retention::Retention;
 use crate::gateway::work::HarnessWork;
 use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
 use crate::redirect::{Redirect, RedirectOptions, preflight};
@@ -111,6 +112,12 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         limits: gw.serve_limits,
         tls: Some(tls),
     };
+    // Failed sessions' directories are kept for a while, under a ceiling;
+    // what an earlier run left is swept at once.
+    let retention = Retention::new(&parts.config.agent.state_dir, gw.keep);
+    parts
+        .tasks
+        .spawn(retention.clone().run(parts.tasks.shutdown_token()));
     let work = HarnessWork::new(
         Arc::clone(&parts),
         Arc::clone(&redirect),
@@ -118,6 +125,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         gw.agent_timeout,
         gw.node_id.clone(),
         gw.policy.clone(),
+        retention.clone(),
     );
     let started = Node::start(opts, gw.listen, Stages::new(gw.limits), work).await;
     let node = match started {

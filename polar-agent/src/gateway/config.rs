@@ -24,6 +24,8 @@
 //! drain_timeout_secs = 120            # on SIGTERM: let sessions finish this long
 //! export = "/mnt/shared/trajectories" # a directory or s3://bucket/prefix
 //! formats = ["parquet", "jsonl"]
+//! keep_failed_secs = 86400            # a failed session's directories stay this long
+//! max_kept_bytes = 10737418240        # all kept sessions' directories together
 //! [gateway.s3]                        # for export = "s3://...": endpoint, region,
 //! endpoint = "http://10.0.0.9:9000"   # allow_http, access_key_id, ... (else AWS_* vars)
 //! [gateway.tls]                       # HTTPS (polar_rollout_api::tls; docs/CONFIG.md)
@@ -63,6 +65,11 @@ use polar_rollout_api::serve::ServeLimits;
 use polar_rollout_api::tls::{RawTls, TlsSettings};
 use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
+
+/// How long a failed session's directories are kept by default (a day).
+pub const DEFAULT_KEEP_FAILED_SECS: u64 = 86_400;
+/// The default ceiling of kept sessions' directories (10 GiB).
+pub const DEFAULT_MAX_KEPT_BYTES: u64 = 10 << 30;
 
 /// The environment variable holding the node token (used when the file
 /// has no `token`).
@@ -161,6 +168,10 @@ pub struct RawGatewayConfig {
     pub formats: Option<Vec<String>>,
     /// `[gateway.s3]`: the S3-compatible store of an `s3://` export.
     pub s3: Option<polar_export::S3Options>,
+    /// How long a failed session's directories are kept.
+    pub keep_failed_secs: Option<u64>,
+    /// The ceiling of the kept sessions' directories, in bytes.
+    pub max_kept_bytes: Option<u64>,
     /// `[gateway.policy]`: what task specs may ask of this node.
     pub policy: Option<RawPolicy>,
 }
@@ -206,6 +217,9 @@ pub struct GatewayConfig {
     pub formats: Vec<Format>,
     /// The S3-compatible store's options.
     pub s3: polar_export::S3Options,
+    /// What is kept of failed sessions' directories (an exported session's
+    /// are removed).
+    pub keep: super::retention::Keep,
     /// What task specs may ask of this node (the default: nothing beyond
     /// the safe).
     pub policy: Policy,
@@ -441,6 +455,12 @@ impl GatewayConfig {
             export: raw.export.clone(),
             formats,
             s3: raw.s3.clone().unwrap_or_default(),
+            keep: super::retention::Keep {
+                failed_for: Duration::from_secs(
+                    raw.keep_failed_secs.unwrap_or(DEFAULT_KEEP_FAILED_SECS),
+                ),
+                max_bytes: raw.max_kept_bytes.unwrap_or(DEFAULT_MAX_KEPT_BYTES),
+            },
             policy,
         })
     }

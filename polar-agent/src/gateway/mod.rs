@@ -13,12 +13,15 @@
 //!   a session (also checked by the rollout server at submission);
 //! - `work`: the stages' real work: harness sessions, evaluation,
 //!   trajectory export; `attempts`: an earlier attempt's directories moved
-//!   apart before a newer attempt starts;
+//!   apart before a newer attempt starts; `retention`: a session's
+//!   directories removed once exported, failed ones kept for a while
+//!   under a disk ceiling;
 //! - `verdict`: what a finished session amounts to (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 mod attempts;
 pub mod config;
+pub mod retention;
 mod verdict;
 pub mod work;
 

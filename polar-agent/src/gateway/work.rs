@@ -14,11 +14,13 @@
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace), the
-//!   sandbox's tear-down, the end of its disk quota (the directories stay
-//!   on disk), the outcome and who ended the session (from the harness's
-//!   exit and the capture log's last call, `verdict`) recorded in the
-//!   session's `session.json`, the trajectory rebuilt from the capture log with the
-//!   task's builder, rewarded, checked and exported; the report.
+//!   sandbox's tear-down, the outcome and who ended the session (from the
+//!   harness's exit and the capture log's last call, `verdict`) recorded
+//!   in the session's `session.json`, the trajectory rebuilt from the
+//!   capture log with the task's builder, rewarded, checked and exported;
+//!   then the session's directories are removed (exported and not
+//!   failed) or kept for a while with their disk quota ended
+//!   (`retention`); the report.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -30,6 +32,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
@@ -50,6 +53,8 @@ use polar_trajectory::{EndedBy, Rewards, SessionOutcome};
 /// A session between INIT and POSTRUN.
 pub struct Session {
     prepared: Prepared,
+    /// The session's claim on its directories until POSTRUN settles them.
+    live: Live,
     evaluator: Evaluator,
     agent_timeout: Duration,
 }
@@ -66,11 +71,13 @@ pub struct HarnessWork {
     node_id: String,
     policy: Arc<Policy>,
     installs: Mutex<HashMap<&'static str, Option<Install>>>,
+    retention: Retention,
 }
 
 impl HarnessWork {
     /// The work on the agent's parts and redirect, exporting with
-    /// `exporter`, holding every assignment to `policy`.
+    /// `exporter`, holding every assignment to `policy`, keeping sessions'
+    /// directories as `retention` says.
     pub fn new(
         parts: Arc<AgentParts>,
         redirect: Arc<Redirect>,
@@ -78,6 +85,7 @@ impl HarnessWork {
         agent_timeout: Duration,
         node_id: String,
         policy: Policy,
+        retention: Retention,
     ) -> Self {
         Self {
             parts,
@@ -87,6 +95,7 @@ impl HarnessWork {
             node_id,
             policy: Arc::new(policy),
             installs: Mutex::new(HashMap::new()),
+            retention,
         }
     }
 
@@ -194,6 +203,8 @@ impl Work for HarnessWork {
                 metadata,
             },
         };
+        // No sweep touches the session's directories from here on.
+        let live = self.retention.enter(&run.session).await;
         // What an earlier attempt of this session left on this node is
         // moved apart: this attempt starts on fresh directories and a
         // capture log of its own.
@@ -222,6 +233,7 @@ impl Work for HarnessWork {
             .map_err(|e| InitError::new(InitFault::Node, chain(&e)))?;
         Ok(Session {
             prepared,
+            live,
             evaluator: spec.evaluator,
             agent_timeout: spec.timeout.unwrap_or(self.agent_timeout),
         })
@@ -291,13 +303,7 @@ impl Work for HarnessWork {
                     .await,
             );
         }
-        // Nothing reads the workspace through a sandbox any more: its disk
-        // quota ends, its files stay on disk where they were.
-        crate::harness::run::release_dirs(crate::runtime::steps::SandboxDirs::of(
-            state_dir,
-            &session_id,
-        ))
-        .await;
+        let torn_down = finished.is_ok();
         let v = verdict(&ended, evaluation.as_ref());
         let mut report = Report {
             status: v.status,
@@ -322,8 +328,10 @@ impl Work for HarnessWork {
             report.error.get_or_insert(m);
         }
         let Some(outcome) = v.outcome else {
+            self.retention.settle(s.live, true).await;
             return report;
         };
+        let mut exported = false;
         match self
             .export(job, &session_id, (outcome, v.ended_by), evaluation.as_ref())
             .await
@@ -331,6 +339,7 @@ impl Work for HarnessWork {
             Ok((uri, tokens)) => {
                 report.trajectory_uri = uri;
                 report.tokens = tokens;
+                exported = true;
             }
             Err(e) => {
                 tracing::error!(session = %session_id, error = %e, "trajectory not exported");
@@ -341,6 +350,15 @@ impl Work for HarnessWork {
                 }
             }
         }
+        // Everything captured is durable in the export: the directories go,
+        // unless something failed.
+        let fine = matches!(
+            report.status,
+            SampleStatus::Completed | SampleStatus::Timeout
+        );
+        self.retention
+            .settle(s.live, !(exported && torn_down && fine))
+            .await;
         report
     }
 }

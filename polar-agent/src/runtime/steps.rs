@@ -180,13 +180,20 @@ impl SandboxDirs {
     }
 
     /// Removes the session's directories, their disk quota's tmpfs first
-    /// (discarded, not copied to disk). Blocks.
+    /// (discarded, not copied to disk), walked by descriptors: nothing the
+    /// sandbox planted is followed, and a mount left beneath them is an
+    /// error, not crossed. Blocks.
     pub fn remove(&self) -> Result<(), RuntimeError> {
         quota::discard(&self.root);
-        match fs::remove_dir_all(&self.root) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io("remove", &self.root)(e)),
-            _ => Ok(()),
-        }
+        let parent = self.root.parent().unwrap_or(Path::new("/"));
+        let dir = match Dir::open_root(parent) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("open", parent)(e)),
+        };
+        dir.remove_on_this_fs(self.root.file_name().unwrap_or_default())
+            .map_err(io("remove", &self.root))?;
+        Ok(())
     }
 }
 

@@ -314,6 +314,14 @@ impl<W: Work> Node<W> {
         lock(&self.inner.held).len()
     }
 
+    /// Sessions the node still keeps anything of (assignment, instruction,
+    /// stop token): held, or reporting their result. A session is
+    /// forgotten once the server acknowledged (or refused for good) its
+    /// result, so this is 0 when every result was taken.
+    pub fn remembered(&self) -> u64 {
+        self.inner.live.load(Ordering::Relaxed)
+    }
+
     /// Vanishes at once, as a crash would: no more heartbeats or results,
     /// the port closes, held sessions are dropped unreported.
     pub fn kill(&self) {

@@ -319,6 +319,11 @@ impl SimGateway {
         self.node.holding()
     }
 
+    /// Sessions it keeps anything of ([`Node::remembered`]).
+    pub fn remembered(&self) -> u64 {
+        self.node.remembered()
+    }
+
     /// Vanishes at once: no more heartbeats or results, the port closes,
     /// held sessions are dropped unreported.
     pub fn kill(&self) {

@@ -185,14 +185,29 @@ impl Dir {
     /// everything in it, walked by descriptors). A missing entry is fine.
     /// Whether something was there.
     pub fn remove(&self, name: &OsStr) -> io::Result<bool> {
-        self.remove_at(name, 0)
+        self.remove_at(name, 0, STRICT)
     }
 
-    fn remove_at(&self, name: &OsStr, depth: usize) -> io::Result<bool> {
+    /// [`Dir::remove`] that never leaves this directory's file system: a
+    /// mount point anywhere in the tree (`RESOLVE_NO_XDEV` fails with
+    /// `EXDEV`) is an error and what is on the other file system stays
+    /// untouched (what was removed before it is gone).
+    pub fn remove_on_this_fs(&self, name: &OsStr) -> io::Result<bool> {
+        self.remove_at(name, 0, STRICT.union(ResolveFlag::RESOLVE_NO_XDEV))
+    }
+
+    fn remove_at(&self, name: &OsStr, depth: usize, resolve: ResolveFlag) -> io::Result<bool> {
         let name = single(name)?;
         if depth > MAX_DEPTH {
             return Err(too_deep("removing"));
         }
+        let how = || {
+            open_how(
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+                Mode::empty(),
+                resolve,
+            )
+        };
         for _ in 0..RETRIES {
             match unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
                 Ok(()) => return Ok(true),
@@ -200,10 +215,11 @@ impl Dir {
                 Err(Errno::EISDIR) => {}
                 Err(e) => return Err(err(e)),
             }
-            match self.open_dir(Path::new(name)) {
-                Ok(sub) => {
+            match openat2(&self.fd, Path::new(name), how()).map_err(err) {
+                Ok(fd) => {
+                    let sub = Self { fd };
                     for n in sub.names()? {
-                        sub.remove_at(&n, depth + 1)?;
+                        sub.remove_at(&n, depth + 1, resolve)?;
                     }
                 }
                 // Replaced by a non-directory meanwhile: unlink again.

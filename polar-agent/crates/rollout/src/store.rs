@@ -5,7 +5,11 @@
 //! anything, and the thread publishes each batch's events only after its
 //! commit, so events come in database order. Batches queued together share
 //! one transaction (group commit). Checkpoints (which fsync) run on their
-//! own thread and connection, passive, so they never hold a commit up.
+//! own thread and connection, passive, so they never hold a commit up;
+//! under a steady stream of commits a passive checkpoint never catches the
+//! log's end, so the log would only grow: past [`WAL_LIMIT`] a checkpoint
+//! waits for the commit in progress, copies the rest and truncates the log
+//! (`TRUNCATE`), which bounds the WAL file (issue 17's soak).
 //!
 //! Schema versions are listed in `schema_migrations`; [`MIGRATIONS`] are
 //! applied in order on open.
@@ -29,6 +33,8 @@ use polar_rollout_api::{CallbackView, NodeRegistration, SessionState, TaskReques
 const MAX_GROUP: usize = 256;
 /// How often the checkpointer copies the WAL into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
+/// The WAL file's size past which the checkpointer truncates it.
+pub const WAL_LIMIT: u64 = 64 << 20;
 
 /// The schema, one step per version.
 pub const MIGRATIONS: &[(u32, &str)] = &[
@@ -166,8 +172,9 @@ fn connect(path: &Path, synchronous: Synchronous) -> Result<Connection, rusqlite
     Ok(conn)
 }
 
-/// Checkpoints (passive: never blocking the writer) until told to stop.
-fn checkpointer(conn: Connection, stop: mpsc::Receiver<()>) {
+/// Checkpoints (passive: never blocking the writer) until told to stop;
+/// truncates the log `wal` once it is past [`WAL_LIMIT`].
+fn checkpointer(conn: Connection, wal: PathBuf, stop: mpsc::Receiver<()>) {
     loop {
         match stop.recv_timeout(CHECKPOINT_EVERY) {
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -175,6 +182,11 @@ fn checkpointer(conn: Connection, stop: mpsc::Receiver<()>) {
         }
         if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
             tracing::debug!(error = %e, "rollout database checkpoint");
+        }
+        if std::fs::metadata(&wal).is_ok_and(|m| m.len() > WAL_LIMIT)
+            && let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        {
+            tracing::warn!(error = %e, "truncating the rollout database's log");
         }
     }
 }
@@ -195,13 +207,19 @@ impl Store {
         let mut conn = connect(path, synchronous).map_err(open_err)?;
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(open_err)?;
+        // When the writer starts the log over, a longer file is cut back.
+        conn.pragma_update(None, "journal_size_limit", WAL_LIMIT.to_string())
+            .map_err(open_err)?;
         migrate(&mut conn).map_err(open_err)?;
         let snapshot = load(&conn)?;
         let ck_conn = connect(path, synchronous).map_err(open_err)?;
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        let wal = PathBuf::from(wal);
         let (ck_tx, ck_rx) = mpsc::channel();
         let ck = std::thread::Builder::new()
             .name("rollout-ckpt".into())
-            .spawn(move || checkpointer(ck_conn, ck_rx))
+            .spawn(move || checkpointer(ck_conn, wal, ck_rx))
             .map_err(StoreError::Thread)?;
         let (tx, rx) = mpsc::channel();
         let thread = std::thread::Builder::new()

@@ -488,3 +488,42 @@ async fn finished_tasks_are_deleted_on_request_and_after_the_retention() {
         .unwrap();
     assert_eq!(n, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_sessions_are_forgotten_by_the_gateway_and_expired_by_the_server() {
+    let mut e = env();
+    e.cfg.retention = Some(Duration::from_secs(1));
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let mut g = gw_config(&server, "node-a");
+    g.max_sessions = 8;
+    g.session_time = Duration::from_millis(5);
+    let gw = gateway(g).await;
+    for t in 0..4 {
+        c.submit(&task(&format!("f{t}"), 25)).await.unwrap();
+    }
+    for t in 0..4 {
+        assert_completed(
+            &finished(&c, &format!("f{t}"), Duration::from_secs(60)).await,
+            25,
+        );
+    }
+    // Every result was taken: the node keeps nothing of any session.
+    until("the results acknowledged", Duration::from_secs(30), || {
+        gw.reported() == 100 && gw.remembered() == 0
+    })
+    .await;
+    assert_eq!(gw.holding(), 0);
+    // Past the retention the server holds no task and no session.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = c.status().await.unwrap();
+        if st.tasks.values().sum::<u64>() == 0 && st.sessions.values().sum::<u64>() == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{st:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.shutdown().await;
+    gw.stop().await;
+}
