@@ -156,6 +156,7 @@ async fn receive(
         listener,
         &tasks,
         ServeLimits::default(),
+        None,
         handle,
     )
     .await;
