@@ -1,23 +1,26 @@
-"""Fixtures: one real stack (stack.py) per test session, one moto."""
+"""Fixtures: one real stack (stack.py) per test session; moto, and a
+second stack whose gateway exports to it, for the tests that ask for them."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Moto, Stack, start_stack
+from stack import GATEWAY_TOKEN, S3_BUCKET, TRAINER_TOKEN, Moto, Stack, start_stack
 
 _ids = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def stack() -> Iterator[Stack]:
+def _started(moto: Moto | None = None) -> Iterator[Stack]:
     if os.geteuid() != 0:
         raise RuntimeError("the gateway (polar agent) needs root: run these tests as root")
-    s = start_stack()
+    s = start_stack(moto)
     try:
         yield s
     finally:
@@ -25,12 +28,26 @@ def stack() -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="session")
-def moto(stack: Stack) -> Iterator[Moto]:
-    m = Moto(stack.dir)
+def stack() -> Iterator[Stack]:
+    yield from _started()
+
+
+@pytest.fixture(scope="session")
+def moto() -> Iterator[Moto]:
+    dir = Path(tempfile.mkdtemp(prefix="polar-client-moto-"))
+    m = Moto(dir)
     try:
+        m.create_bucket(S3_BUCKET)
         yield m
     finally:
         m.daemon.stop(5)
+        shutil.rmtree(dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def s3_stack(moto: Moto) -> Iterator[Stack]:
+    """A stack whose gateway exports to moto (``stack.S3_EXPORT``)."""
+    yield from _started(moto)
 
 
 @pytest.fixture

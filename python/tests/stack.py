@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+import polar_client as pc
+
 REPO = Path(__file__).resolve().parents[2]
 MINI_AGENT = REPO / "examples" / "mini_agent.py"
 TRAINER_TOKEN = "client-test-trainer-token"
@@ -27,6 +29,9 @@ GATEWAY_TOKEN = "client-test-gateway-token"
 NODE_ID = "client-node"
 S3_KEY = "testing"
 S3_REGION = "us-east-1"
+#: Where a stack started with moto exports its trajectories.
+S3_BUCKET = "rollouts"
+S3_EXPORT = f"s3://{S3_BUCKET}/gateway"
 #: How long a daemon has to start listening.
 START_WAIT = 60.0
 
@@ -118,7 +123,21 @@ class Stack:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def config(dir: Path, mock: int, server: int, gateway: str) -> str:
+def config(dir: Path, mock: int, server: int, gateway: str, moto: Moto | None = None) -> str:
+    """The stack's configuration; with ``moto``, the gateway exports to its
+    bucket (`S3_EXPORT`) instead of a directory."""
+    if moto is None:
+        export = f'export = "{dir / "trajectories"}"'
+        s3 = ""
+    else:
+        export = f'export = "{S3_EXPORT}"'
+        s3 = f"""
+[gateway.s3]
+endpoint = "{moto.endpoint}"
+region = "{S3_REGION}"
+access_key_id = "{S3_KEY}"
+secret_access_key = "{S3_KEY}"
+"""
     return f"""[agent]
 state_dir = "{dir / 'state'}"
 
@@ -147,18 +166,18 @@ accept_tokens = ["{GATEWAY_TOKEN}"]
 heartbeat_interval_ms = 500
 running_workers = 2
 ready_buffer = 2
-export = "{dir / 'trajectories'}"
+{export}
 formats = ["parquet", "jsonl"]
 drain_timeout_secs = 20
-
+{s3}
 [gateway.policy]
 upload_roots = ["{MINI_AGENT.parent}"]
 """
 
 
-def start_stack() -> Stack:
+def start_stack(moto: Moto | None = None) -> Stack:
     """Starts the mock, the rollout server and a gateway; waits until the
-    server lists the gateway."""
+    server lists the gateway. With ``moto``, the gateway exports to it."""
     polar = polar_bin()
     dir = Path(tempfile.mkdtemp(prefix="polar-client-test-"))
     # The sandboxes' user traverses it to the agent's trust bundle.
@@ -169,7 +188,7 @@ def start_stack() -> Stack:
     gw_ip = "127.0.20.1"
     gw_port = free_port(gw_ip)
     cfg = dir / "polar.toml"
-    cfg.write_text(config(dir, mock, server, f"{gw_ip}:{gw_port}"))
+    cfg.write_text(config(dir, mock, server, f"{gw_ip}:{gw_port}", moto))
     daemons: list[Daemon] = []
     try:
         daemons.append(
@@ -228,8 +247,9 @@ class Moto:
         r = httpx.put(f"{self.endpoint}/{bucket}", timeout=10)
         r.raise_for_status()
 
-    def env(self) -> dict[str, str]:
-        return {"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY, "AWS_REGION": S3_REGION}
+    def s3(self) -> pc.S3:
+        """The client's options for this store."""
+        return pc.S3(endpoint=self.endpoint, region=S3_REGION, access_key=S3_KEY, secret_key=S3_KEY)
 
 
 def task(task_id: str, n: int, *, policy_version: str = "w-1", group_id: str | None = None, sleep: int = 0) -> dict[str, object]:

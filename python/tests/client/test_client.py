@@ -4,16 +4,17 @@ resume around a weight update, and the errors."""
 
 from __future__ import annotations
 
-import subprocess
+import json
 import threading
 import time
 
 import httpx
+import pyarrow.fs as pafs
 import pytest
 
 import polar_client as pc
 from helpers import check_against_rows, check_done, jsonl_rows
-from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Moto, Stack, free_port, polar_bin, task
+from stack import GATEWAY_TOKEN, S3_EXPORT, TRAINER_TOKEN, Moto, Stack, free_port, task
 
 
 @pytest.fixture
@@ -60,24 +61,36 @@ def test_submit_follow_events_wait_and_load(stack: Stack, client: pc.Client, tas
     assert any(x.task_id == task_id for x in client.tasks(status="completed"))
 
 
-def test_trajectories_from_s3(stack: Stack, client: pc.Client, moto: Moto, task_id: str) -> None:
+def test_trajectories_from_s3(s3_stack: Stack, moto: Moto, task_id: str) -> None:
+    # The gateway itself uploads each session's files to the S3-compatible
+    # store; the client reads them back by each sample's URI and by prefix.
+    client = pc.Client(s3_stack.server, TRAINER_TOKEN, gateway_token=GATEWAY_TOKEN)
     client.submit(task(task_id, 2))
     t = client.wait(task_id, timeout=120)
     check_done(t, 2)
-    # Polar itself writes the sessions to the S3-compatible store.
-    moto.create_bucket("rollouts")
-    out = subprocess.run(
-        [polar_bin(), "export", "--state-dir", str(stack.state), "--out", f"s3://rollouts/{task_id}",
-         "--s3-endpoint", moto.endpoint, "--format", "parquet"],
-        env={"PATH": "/usr/bin:/bin", **moto.env()},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    s3 = pc.S3(endpoint=moto.endpoint, region="us-east-1", access_key="testing", secret_key="testing")
-    traces = pc.load(f"s3://rollouts/{task_id}", task_id=task_id, s3=s3)
-    check_against_rows(traces, jsonl_rows(stack.export, task_id))
+    s3 = moto.s3()
+    assert all(s.result is not None and str(s.result.trajectory_uri).startswith(f"{S3_EXPORT}/") for s in t.samples)
+    traces = pc.load_task(t, s3=s3)
+    rows = s3_jsonl_rows(s3, f"{S3_EXPORT}/task={task_id}")
+    check_against_rows(traces, rows)
+    assert {tr.session_id for tr in traces} == {s.session_id for s in t.samples}
+    by_prefix = pc.load(S3_EXPORT, task_id=task_id, s3=s3)
+    assert sorted(x.trace_id for x in by_prefix) == sorted(x.trace_id for x in traces)
+    with pytest.raises(pc.TrajectoryError, match="no such file"):
+        pc.load(f"{S3_EXPORT}-missing", task_id=task_id, s3=s3)
+
+
+def s3_jsonl_rows(s3: pc.S3, prefix: str) -> list[dict[str, object]]:
+    """The JSONL rows the gateway uploaded beside the Parquet files, read
+    with pyarrow's S3 client (independent of the Parquet reader)."""
+    fs = s3.filesystem()
+    root = prefix[len("s3://") :]
+    rows: list[dict[str, object]] = []
+    for f in sorted(fs.get_file_info(pafs.FileSelector(root, recursive=True)), key=lambda f: f.path):
+        if f.path.endswith(".jsonl"):
+            with fs.open_input_stream(f.path) as stream:
+                rows.extend(json.loads(line) for line in stream.read().decode().splitlines() if line)
+    return rows
 
 
 def gateway_status(stack: Stack) -> dict[str, object]:

@@ -742,7 +742,10 @@ impl Scheduler {
 
     /// A push was refused or not answered: the session waits again (this
     /// does not count as a retry) and the node gets nothing until its next
-    /// heartbeat.
+    /// heartbeat. A session the node already reported running for this
+    /// attempt was delivered (only the answer was lost, say the node died
+    /// while sending it): it stays, and the node's loss or its result
+    /// decides.
     pub fn push_failed(
         &mut self,
         sid: &str,
@@ -752,6 +755,20 @@ impl Scheduler {
         now: Instant,
     ) {
         self.counters.push_failures += 1;
+        if let Some(SessionState::Running {
+            node, attempt: a, ..
+        }) = self.sessions.get(sid).map(|s| &s.state)
+            && node == node_id
+            && *a == attempt
+        {
+            tracing::debug!(
+                session = sid,
+                node = node_id,
+                reason,
+                "push answer lost, but the node reported the session running"
+            );
+            return;
+        }
         if let Some(n) = self.nodes.get_mut(node_id) {
             n.refusing = true;
             n.release(sid, now);

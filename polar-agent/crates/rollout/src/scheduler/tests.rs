@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::*;
-use polar_rollout_types::{Heartbeat, NodeCapacity, SampleStatus, SessionResult, TokenUsage};
+use polar_rollout_types::{
+    Heartbeat, NodeCapacity, SampleStatus, SessionProgress, SessionResult, TokenUsage,
+};
 
 fn limits() -> Limits {
     Limits {
@@ -259,6 +261,34 @@ fn overdue_sessions_fail_and_refusing_nodes_wait_for_a_heartbeat() {
     let c = s.take_changes();
     assert_eq!(c.cancels.len(), 2);
     assert_eq!(s.task_view("t", false).unwrap().status, TaskStatus::Failed);
+}
+
+#[test]
+fn a_push_whose_answer_was_lost_after_the_node_reported_it_running_stands() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    assert_eq!(s.assign(0, 10), 2);
+    s.take_changes();
+    let running = SessionProgress {
+        node_id: "a".into(),
+        attempt: 1,
+        stage: "running".into(),
+    };
+    s.progress("t-s0", &running).unwrap();
+    // The node died while answering both pushes.
+    s.push_failed("t-s0", "a", 1, "connection reset", t0);
+    s.push_failed("t-s1", "a", 1, "connection reset", t0);
+    assert_eq!(s.queued(), 1, "only the session never reported goes back");
+    let v = s.task_view("t", false).unwrap();
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Running { node, attempt: 1, .. } if node == "a"),
+        "{:?}",
+        v.samples[0].state
+    );
+    assert_eq!(v.samples[1].state, SessionState::Pending);
+    assert_eq!(s.assigned_to("a").len(), 1);
 }
 
 #[test]
