@@ -3,7 +3,6 @@
 //! writes one file atomically to either.
 
 use std::collections::HashSet;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,7 +65,7 @@ fn is_loopback_http(url: &str) -> bool {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
         None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
     };
-    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    polar_io::tls::is_loopback_host(host)
 }
 
 /// Where exported files go.

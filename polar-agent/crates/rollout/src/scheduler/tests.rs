@@ -281,7 +281,7 @@ fn a_push_whose_answer_was_lost_after_the_node_reported_it_running_stands() {
     s.push_failed("t-s0", "a", 1, "connection reset", t0);
     s.push_failed("t-s1", "a", 1, "connection reset", t0);
     assert_eq!(s.queued(), 1, "only the session never reported goes back");
-    let v = s.task_view("t", false).unwrap();
+    let v = s.task_view("t", true).unwrap();
     assert!(
         matches!(&v.samples[0].state, SessionState::Running { node, attempt: 1, .. } if node == "a"),
         "{:?}",
