@@ -14,6 +14,7 @@ mod layers;
 mod python;
 mod release;
 mod setup;
+mod slurm;
 mod test;
 
 use std::process::ExitCode;
@@ -60,6 +61,14 @@ enum Task {
     /// small Python agent and Claude Code, in sandboxes, captured by the
     /// agent.
     Demo(demo::DemoArgs),
+    /// Start the tests' Slurm cluster on this machine (two slurmd,
+    /// `polar-n1`, `polar-n2`), run a command with `SLURM_CONF` and
+    /// `POLAR_TEST_SLURM_CONF` pointing at it, then stop the cluster.
+    Slurm {
+        /// The command, e.g. `sbatch --wrap hostname` or `sinfo`.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -71,6 +80,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(args),
         Task::Layers { write } => layers::run(write),
         Task::Demo(args) => demo::run(args),
+        Task::Slurm { command } => slurm::run_with(&command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -54,6 +54,9 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     // tini) and debootstrap, which makes their image (`crate::docker`).
     ("docker.io", Scope::All),
     ("debootstrap", Scope::All),
+    // The Slurm tests' cluster on this machine (`crate::slurm`).
+    ("slurm-wlm", Scope::All),
+    ("munge", Scope::All),
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of
