@@ -9,16 +9,14 @@
 //! network namespaces) need root; `--unprivileged` leaves them out. With
 //! them, a private Docker engine ([`docker::Engine`]) runs for the length
 //! of the test step, for the docker runtime's tests
-//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`), and a Slurm
-//! cluster of two nodes on this machine ([`slurm::Cluster`]) for the Slurm
-//! tests (`POLAR_TEST_SLURM_CONF`). The last step
+//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`). The last step
 //! checks and tests the Python client (`python/`) in the environments
 //! `cargo xtask setup` made ([`python`]).
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root, workspace_root};
-use crate::{docker, harnesses, layers, python, setup, slurm};
+use crate::{docker, harnesses, layers, python, setup};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -136,23 +134,14 @@ pub fn run(args: TestArgs) -> Result<()> {
                     .then(docker::Engine::start)
                     .transpose()
                     .with_context(failed)?;
-                let cluster = docker
-                    .then(slurm::Cluster::start)
-                    .transpose()
-                    .with_context(failed)?;
                 let cmd = match &engine {
                     Some(_) => cmd
                         .env("POLAR_TEST_DOCKER_HOST", docker::host())
                         .env("POLAR_TEST_DOCKER_IMAGE", docker::IMAGE),
                     None => *cmd,
                 };
-                let cmd = match &cluster {
-                    Some(cluster) => cmd.env("POLAR_TEST_SLURM_CONF", cluster.conf()),
-                    None => cmd,
-                };
                 eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
                 let result = cmd.run().with_context(failed);
-                drop(cluster);
                 drop(engine);
                 result?;
             }
