@@ -69,24 +69,22 @@ async fn a_killed_gateway_without_retries_left_fails_its_sessions_and_the_task_e
     .await;
     // The server saw them running there: the node's loss, not a lost
     // answer to a push, is what ends them.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let v = c.task("lost").await.unwrap();
-        let running = v
-            .samples
-            .iter()
-            .filter(|s| matches!(&s.state, SessionState::Running { node, .. } if node == "node-a"))
-            .count();
-        if running == 3 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not reported running: {:?}",
+    task_until(
+        &c,
+        "lost",
+        "running 3 on node-a",
+        Duration::from_secs(10),
+        |v| {
             v.samples
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+                .iter()
+                .filter(
+                    |s| matches!(&s.state, SessionState::Running { node, .. } if node == "node-a"),
+                )
+                .count()
+                == 3
+        },
+    )
+    .await;
     a.kill();
     let v = finished(&c, "lost", Duration::from_secs(10)).await;
     assert_eq!(v.status, TaskStatus::Failed);

@@ -149,18 +149,27 @@ pub(crate) fn task(id: &str, n: u32) -> Value {
 
 /// Polls until the task is finished; panics after `limit`.
 pub(crate) async fn finished(c: &RolloutClient, id: &str, limit: Duration) -> TaskView {
+    task_until(c, id, "finished", limit, |v| v.status.is_finished()).await
+}
+
+/// Polls the task's view until `cond` holds; panics after `limit`.
+pub(crate) async fn task_until(
+    c: &RolloutClient,
+    id: &str,
+    what: &str,
+    limit: Duration,
+    cond: impl Fn(&TaskView) -> bool,
+) -> TaskView {
     let deadline = Instant::now() + limit;
     loop {
-        if let Ok(v) = c.task(id).await
-            && v.status.is_finished()
-        {
-            return v;
+        match c.task(id).await {
+            Ok(v) if cond(&v) => return v,
+            view => assert!(
+                Instant::now() < deadline,
+                "task {id} not {what} within {limit:?}: {:?}",
+                view.map(|v| (v.counts, v.samples))
+            ),
         }
-        assert!(
-            Instant::now() < deadline,
-            "task {id} not finished within {limit:?}: {:?}",
-            c.task(id).await.map(|v| v.counts)
-        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
