@@ -7,16 +7,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 
-from polar_client import Task, Trace
+from polar_client import S3, Task, Trace
 
 
-def jsonl_rows(export: Path, task_id: str) -> list[dict[str, Any]]:
-    """The JSONL rows Polar wrote beside the Parquet files of a task: an
-    encoding independent of the Parquet reader, to check it against."""
+def jsonl_rows(export: Path | str, task_id: str, s3: S3 | None = None) -> list[dict[str, Any]]:
+    """The JSONL rows Polar wrote beside the Parquet files of a task, under
+    an export directory or (with ``s3``) an ``s3://bucket/prefix``, read
+    with pyarrow's file systems: an encoding independent of the Parquet
+    reader, to check it against."""
+    if s3 is None:
+        fs: pafs.FileSystem = pafs.LocalFileSystem()
+        root = str(export)
+    else:
+        fs = s3.filesystem()
+        root = str(export).removeprefix("s3://")
+    found = fs.get_file_info(pafs.FileSelector(f"{root}/task={task_id}"))
     rows = []
-    for f in sorted((export / f"task={task_id}").glob("*.jsonl")):
-        rows.extend(json.loads(line) for line in f.read_text().splitlines() if line)
+    for f in sorted(x.path for x in found if x.path.endswith(".jsonl")):
+        with fs.open_input_stream(f) as stream:
+            rows.extend(json.loads(line) for line in stream.read().decode().splitlines() if line)
     return rows
 
 

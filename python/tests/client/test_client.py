@@ -4,12 +4,10 @@ resume around a weight update, and the errors."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import httpx
-import pyarrow.fs as pafs
 import pytest
 
 import polar_client as pc
@@ -71,26 +69,12 @@ def test_trajectories_from_s3(s3_stack: Stack, moto: Moto, task_id: str) -> None
     s3 = moto.s3()
     assert all(s.result is not None and str(s.result.trajectory_uri).startswith(f"{S3_EXPORT}/") for s in t.samples)
     traces = pc.load_task(t, s3=s3)
-    rows = s3_jsonl_rows(s3, f"{S3_EXPORT}/task={task_id}")
-    check_against_rows(traces, rows)
+    check_against_rows(traces, jsonl_rows(S3_EXPORT, task_id, s3))
     assert {tr.session_id for tr in traces} == {s.session_id for s in t.samples}
     by_prefix = pc.load(S3_EXPORT, task_id=task_id, s3=s3)
     assert sorted(x.trace_id for x in by_prefix) == sorted(x.trace_id for x in traces)
     with pytest.raises(pc.TrajectoryError, match="no such file"):
         pc.load(f"{S3_EXPORT}-missing", task_id=task_id, s3=s3)
-
-
-def s3_jsonl_rows(s3: pc.S3, prefix: str) -> list[dict[str, object]]:
-    """The JSONL rows the gateway uploaded beside the Parquet files, read
-    with pyarrow's S3 client (independent of the Parquet reader)."""
-    fs = s3.filesystem()
-    root = prefix[len("s3://") :]
-    rows: list[dict[str, object]] = []
-    for f in sorted(fs.get_file_info(pafs.FileSelector(root, recursive=True)), key=lambda f: f.path):
-        if f.path.endswith(".jsonl"):
-            with fs.open_input_stream(f.path) as stream:
-                rows.extend(json.loads(line) for line in stream.read().decode().splitlines() if line)
-    return rows
 
 
 def gateway_status(stack: Stack) -> dict[str, object]:
