@@ -138,6 +138,8 @@ fn meta() -> SessionMeta {
         session_id: "bench".into(),
         task_id: None,
         group_id: None,
+        attempt: None,
+        superseded_attempts: 0,
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,

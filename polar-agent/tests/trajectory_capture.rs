@@ -105,6 +105,8 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
             session_id: session.into(),
             task_id: Some("t".into()),
             group_id: None,
+            attempt: None,
+            superseded_attempts: 0,
             outcome: SessionOutcome::Completed,
             ended_by: None,
             evaluation: None,

@@ -40,6 +40,7 @@ def check_against_rows(traces: list[Trace], rows: list[dict[str, Any]]) -> None:
         assert t.session_id == r["session_id"]
         assert t.task_id == r["task_id"]
         assert t.group_id == r["group_id"]
+        assert t.attempt == r["attempt"]
         assert t.chain_role == r["chain_role"]
         assert t.policy_version == r["policy_version"]
         assert t.weight_version == r["weight_version"]

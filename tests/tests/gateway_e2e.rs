@@ -1161,6 +1161,16 @@ async fn a_session_dispatched_again_to_the_same_node_exports_only_the_new_attemp
     let mut exported = std::collections::BTreeSet::new();
     for line in rows.lines() {
         let r: serde_json::Value = serde_json::from_str(line)?;
+        // Each row names its attempt; attempt 1 is counted, not merged.
+        ensure!(
+            r["attempt"] == 2
+                && r["trajectory_metadata"]["attempt"] == 2
+                && r["stats"]["superseded_attempts"] == 1,
+            "attempt {}, trajectory_metadata {}, stats {}",
+            r["attempt"],
+            r["trajectory_metadata"],
+            r["stats"]
+        );
         for id in r["call_ids"].as_array().into_iter().flatten() {
             exported.insert(id.as_str().unwrap_or_default().to_owned());
         }

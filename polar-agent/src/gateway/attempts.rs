@@ -9,7 +9,10 @@
 //! down first (the node starts a newer attempt only after the older one's
 //! POSTRUN), so nothing holds these directories; a directory that is still
 //! a mount point cannot be moved, and the attempt fails on this node (the
-//! server dispatches it again).
+//! server dispatches it again). When the attempt is exported, the number
+//! of earlier attempts kept here ([`superseded`]) goes with it, into its
+//! `session.json` and the export's `stats.superseded_attempts`: counted,
+//! never merged.
 
 use std::path::{Path, PathBuf};
 
@@ -40,6 +43,25 @@ pub fn set_apart(state_dir: &Path, session: &SessionId) -> std::io::Result<Optio
     Ok(Some(dest))
 }
 
+/// How many earlier attempts of `session` are kept apart under
+/// `state_dir` (the directories under `attempts/<session>/`; none when
+/// there is no such directory). Blocking: call off the async workers.
+pub fn superseded(state_dir: &Path, session: &SessionId) -> std::io::Result<usize> {
+    let kept = state_dir.join(ATTEMPTS_DIR).join(session.as_str());
+    let entries = match std::fs::read_dir(&kept) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut n = 0;
+    for entry in entries {
+        if entry?.file_type()?.is_dir() {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// The earlier attempt's number: its `session.json`'s `metadata.attempt`
 /// when that is free under `kept`, else the lowest free number.
 fn earlier_attempt(capture: &Path, kept: &Path) -> u64 {
@@ -67,6 +89,7 @@ mod tests {
         let state = dir.path();
         let s: SessionId = "t-s0".parse().unwrap();
         assert_eq!(set_apart(state, &s).unwrap(), None);
+        assert_eq!(superseded(state, &s).unwrap(), 0);
         let ws = state.join("sandboxes/t-s0/workspace");
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join("from-attempt-1.txt"), "x").unwrap();
@@ -84,11 +107,16 @@ mod tests {
         assert!(kept.join("capture/calls.jsonl").is_file());
         assert!(!state.join("sandboxes/t-s0").exists());
         assert!(!cap.exists());
+        assert_eq!(superseded(state, &s).unwrap(), 1);
         // A second leftover without session.json takes the lowest free
         // number.
         std::fs::create_dir_all(state.join("sandboxes/t-s0/home")).unwrap();
         let kept = set_apart(state, &s).unwrap().unwrap();
         assert_eq!(kept, state.join("attempts/t-s0/1"));
         assert!(kept.join("sandbox/home").is_dir());
+        assert_eq!(superseded(state, &s).unwrap(), 2);
+        // Only this session's attempts count.
+        let other: SessionId = "t-s1".parse().unwrap();
+        assert_eq!(superseded(state, &other).unwrap(), 0);
     }
 }

@@ -15,8 +15,10 @@
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace), the
 //!   sandbox's tear-down, the outcome and who ended the session (from the
-//!   harness's exit and the capture log's last call, `verdict`) recorded
-//!   in the session's `session.json`, the trajectory rebuilt from the
+//!   harness's exit and the capture log's last call, `verdict`) and the
+//!   number of earlier attempts kept apart on this node recorded in the
+//!   session's `session.json` (beside the attempt number INIT put in its
+//!   `metadata`), the trajectory rebuilt from the
 //!   capture log with the task's builder, rewarded, checked and exported;
 //!   then the session's directories are removed (exported and not
 //!   failed) or kept for a while with their disk quota ended
@@ -421,6 +423,22 @@ impl HarnessWork {
         fields.insert("task_id".into(), a.task_id.clone().into());
         if let Some(g) = &a.metadata.group_id {
             fields.insert("group_id".into(), g.clone().into());
+        }
+        // The earlier attempts set apart on this node: counted in the
+        // export's stats, never merged into it.
+        let state_dir = self.parts.config.agent.state_dir.clone();
+        let sid = session.clone();
+        let superseded =
+            tokio::task::spawn_blocking(move || super::attempts::superseded(&state_dir, &sid))
+                .await
+                .map_err(|e| e.to_string())?;
+        match superseded {
+            Ok(n) => {
+                fields.insert("superseded_attempts".into(), n.into());
+            }
+            Err(e) => {
+                tracing::warn!(session = %session, error = %e, "counting the earlier attempts set apart; not recorded");
+            }
         }
         polar_capture::store::record_session_fields(&dir, session, fields)
             .map_err(|e| e.to_string())?;

@@ -174,6 +174,8 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], session: &str) -> 
         session_id: session.into(),
         task_id: Some("t".into()),
         group_id: None,
+        attempt: None,
+        superseded_attempts: 0,
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,

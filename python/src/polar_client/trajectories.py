@@ -45,6 +45,10 @@ class Trace:
     session_id: str
     task_id: str | None
     group_id: str | None
+    attempt: int | None
+    """Which attempt of the session the trace came from (1, 2, ...);
+    ``None`` outside the rollout path and in files written before the
+    column existed."""
     chain_role: str | None
     """``main``, ``sub_agent`` or ``side``."""
     policy_version: str | None
@@ -256,6 +260,7 @@ def _trace(r: Mapping[str, Any], p: Any, resp: Any, m: Any, lp: Any, origin: str
         session_id=r["session_id"],
         task_id=r.get("task_id"),
         group_id=r.get("group_id"),
+        attempt=None if r.get("attempt") is None else int(r["attempt"]),
         chain_role=r.get("chain_role"),
         policy_version=r.get("policy_version"),
         weight_version=r.get("weight_version"),

@@ -69,6 +69,7 @@ struct ColumnBuilders {
     session_id: StringBuilder,
     task_id: StringBuilder,
     group_id: StringBuilder,
+    attempt: UInt32Builder,
     policy_version: StringBuilder,
     weight_version: StringBuilder,
     status: StringBuilder,
@@ -109,6 +110,7 @@ impl ColumnBuilders {
             session_id: strings(),
             task_id: strings(),
             group_id: strings(),
+            attempt: UInt32Builder::with_capacity(n),
             policy_version: strings(),
             weight_version: strings(),
             status: strings(),
@@ -161,6 +163,7 @@ impl ColumnBuilders {
         self.session_id.append_value(&row.session_id);
         self.task_id.append_option(row.task_id.as_deref());
         self.group_id.append_option(row.group_id.as_deref());
+        self.attempt.append_option(row.attempt);
         self.policy_version
             .append_option(row.policy_version.as_deref());
         self.weight_version
@@ -219,6 +222,7 @@ impl ColumnBuilders {
             Arc::new(self.session_id.finish()),
             Arc::new(self.task_id.finish()),
             Arc::new(self.group_id.finish()),
+            Arc::new(self.attempt.finish()),
             Arc::new(self.policy_version.finish()),
             Arc::new(self.weight_version.finish()),
             Arc::new(self.status.finish()),
@@ -275,9 +279,15 @@ impl<'b> Columns<'b> {
     /// A string column added to the layout after files of its version were
     /// written: absent in those (every value null).
     fn added_string(&self, name: &'static str) -> Result<Option<StringCol<'b>>, ExportError> {
+        Ok(self.added::<StringArray>(name)?.map(|a| StringCol(name, a)))
+    }
+
+    /// A column added to the layout after files of its version were
+    /// written: absent in those (every value null).
+    fn added<T: Array + 'static>(&self, name: &str) -> Result<Option<&'b T>, ExportError> {
         match self.0.column_by_name(name) {
             None => Ok(None),
-            Some(_) => self.string(name).map(Some),
+            Some(_) => self.get::<T>(name).map(Some),
         }
     }
 
@@ -358,6 +368,7 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
     let session_id = c.string("session_id")?;
     let task_id = c.string("task_id")?;
     let group_id = c.string("group_id")?;
+    let attempt = c.added::<UInt32Array>("attempt")?;
     let policy_version = c.string("policy_version")?;
     let weight_version = c.added_string("weight_version")?;
     let status = c.string("status")?;
@@ -399,6 +410,7 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
             session_id: Cow::Owned(session_id.req(i)?.to_owned()),
             task_id: owned(task_id.opt(i)),
             group_id: owned(group_id.opt(i)),
+            attempt: attempt.and_then(|a| (!a.is_null(i)).then(|| a.value(i))),
             policy_version: owned(policy_version.opt(i)),
             weight_version: owned(weight_version.as_ref().and_then(|c| c.opt(i))),
             status: parse_name("status", status.req(i)?)?,

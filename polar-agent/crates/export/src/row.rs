@@ -32,6 +32,10 @@ pub struct Row<'a> {
     pub task_id: Option<Cow<'a, str>>,
     /// The GRPO group.
     pub group_id: Option<Cow<'a, str>>,
+    /// Which attempt of the session the row came from (null outside the
+    /// rollout path).
+    #[serde(default)]
+    pub attempt: Option<u32>,
     /// The policy version, when every call of the session ran under the
     /// same one (the task's or session's, else the backend's).
     pub policy_version: Option<Cow<'a, str>>,
@@ -121,6 +125,7 @@ pub fn rows(traj: &Trajectory) -> impl Iterator<Item = Row<'_>> {
             session_id: Cow::Borrowed(&md.session_id),
             task_id: md.task_id.as_deref().map(Cow::Borrowed),
             group_id: md.group_id.as_deref().map(Cow::Borrowed),
+            attempt: md.attempt,
             policy_version: md.policy_version.as_deref().map(Cow::Borrowed),
             weight_version: md.weight_version.as_deref().map(Cow::Borrowed),
             status: traj.status,

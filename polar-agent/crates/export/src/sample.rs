@@ -354,11 +354,16 @@ pub fn session(spec: &SampleSpec, index: usize) -> SampleSession {
     } else {
         (SessionOutcome::Completed, EndedBy::Policy)
     };
+    // Every other session ran on the rollout path, some after earlier
+    // attempts set apart; the others (`polar harness run`) have no attempt.
+    let attempt = (index % 2 == 0).then(|| 1 + (index / 2 % 3) as u32);
     SampleSession {
         meta: SessionMeta {
             session_id: session,
             task_id: Some(task.clone()),
             group_id: Some(task),
+            attempt,
+            superseded_attempts: attempt.map_or(0, |a| a as usize - 1),
             outcome,
             ended_by: Some(ended_by),
             evaluation: Some(json!({"tests_passed": index % 3, "tests_total": 2})),

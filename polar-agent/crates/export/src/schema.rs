@@ -97,6 +97,7 @@ pub const COLUMNS: &[Column] = &[
     col("session_id", ColumnType::Utf8, false),
     col("task_id", ColumnType::Utf8, true),
     col("group_id", ColumnType::Utf8, true),
+    col("attempt", ColumnType::UInt32, true),
     col("policy_version", ColumnType::Utf8, true),
     col("weight_version", ColumnType::Utf8, true),
     col("status", ColumnType::Utf8, false),

@@ -1,12 +1,14 @@
 //! Reading captured sessions back for `polar export`: the session
 //! directories under `<state_dir>/sessions/`, each with `calls.jsonl` (one
 //! `CompletionRecord` per call, in one line or two) and `session.json`
-//! (task, group, outcome, evaluation, reward; every field optional). The
-//! call log is read with the capture log's own streaming reader
-//! ([`polar_capture::read_log`]), which joins a call's two lines: a torn
-//! last line (no newline: a crash mid-write) is skipped with a warning; a
-//! malformed complete line, or a call's request part never completed, is
-//! reported with its line number and skipped; nothing panics.
+//! (task, group, attempt, outcome, evaluation, reward; every field
+//! optional; an attempt number or count that is not a `u32` is left out
+//! with a warning). The call log is read with the capture log's own
+//! streaming reader ([`polar_capture::read_log`]), which joins a call's two
+//! lines: a torn last line (no newline: a crash mid-write) is skipped with
+//! a warning; a malformed complete line, or a call's request part never
+//! completed, is reported with its line number and skipped; nothing
+//! panics.
 
 use std::path::{Path, PathBuf};
 
@@ -146,6 +148,19 @@ fn string(json: Option<&Value>, key: &str) -> Result<Option<String>, String> {
     }
 }
 
+/// A count the gateway recorded (`attempt`, `superseded_attempts`): an
+/// integer in `0..=u32::MAX`. Anything else is left out with a warning
+/// naming the session, so that one bad value does not lose the session's
+/// export.
+fn count(json: Option<&Value>, key: &str, session: &str) -> Option<u32> {
+    let v = field(json, key)?;
+    let n = v.as_u64().and_then(|n| u32::try_from(n).ok());
+    if n.is_none() {
+        tracing::warn!(session, value = %v, "session.json: {key} is not an integer in 0..={}: left out", u32::MAX);
+    }
+    n
+}
+
 /// Reads the outcome: `{"kind": ...}` as the trajectory layer writes it, or
 /// a plain `"completed" | "timeout" | "error"` (with `error` beside it).
 fn outcome(json: Option<&Value>) -> Result<Option<SessionOutcome>, String> {
@@ -182,6 +197,9 @@ fn session_info(
     let session_id = string(json, "session_id")?
         .or_else(|| records.first().map(|r| r.session_id.clone()))
         .unwrap_or_else(|| fallback_id.to_owned());
+    let attempt = count(json, "attempt", &session_id);
+    let superseded_attempts =
+        count(json, "superseded_attempts", &session_id).map_or(0, |n| n as usize);
     let recorded = outcome(json)?;
     // No outcome recorded (a session not run by a gateway): completed,
     // unless the log's last call shows the infrastructure ended it.
@@ -211,6 +229,8 @@ fn session_info(
             session_id,
             task_id: string(json, "task_id")?,
             group_id: string(json, "group_id")?,
+            attempt,
+            superseded_attempts,
             outcome,
             ended_by,
             evaluation: field(json, "evaluation").cloned(),
@@ -295,6 +315,7 @@ mod tests {
         assert_eq!(i.meta.task_id.as_deref(), Some("t"));
         assert_eq!(i.meta.group_id.as_deref(), Some("g"));
         assert_eq!(i.meta.policy_version.as_deref(), Some("w-42"));
+        assert_eq!((i.meta.attempt, i.meta.superseded_attempts), (None, 0));
         assert_eq!(
             i.meta.outcome,
             SessionOutcome::Error {
@@ -318,5 +339,19 @@ mod tests {
         assert!(session_info(Some(&json!({"outcome": "meh"})), "d", &[]).is_err());
         assert!(session_info(Some(&json!({"ended_by": "gremlins"})), "d", &[]).is_err());
         assert!(session_info(Some(&json!({"task_id": 3})), "d", &[]).is_err());
+    }
+
+    #[test]
+    fn the_attempt_and_the_earlier_attempts_are_read_and_a_bad_one_is_left_out() {
+        let i = info(json!({"superseded_attempts": 1, "metadata": {"attempt": 2}}));
+        assert_eq!((i.meta.attempt, i.meta.superseded_attempts), (Some(2), 1));
+        for bad in [json!("2"), json!(-1), json!(1.5), json!(4_294_967_296_u64)] {
+            let i = info(json!({"superseded_attempts": bad, "metadata": {"attempt": bad}}));
+            assert_eq!(
+                (i.meta.attempt, i.meta.superseded_attempts),
+                (None, 0),
+                "{bad}"
+            );
+        }
     }
 }

@@ -550,3 +550,79 @@ async fn a_pipeline_publishes_every_session() {
     back.sort_by(|a, b| a.metadata.session_id.cmp(&b.metadata.session_id));
     assert_eq!(back, trajs);
 }
+
+/// One attempt, one trajectory: each row names the attempt it came from
+/// (null for a session recorded outside the rollout path), in Parquet as a
+/// nullable `uint32` and in JSONL right after `group_id`; the stats count
+/// the earlier attempts set apart; files written before the column existed
+/// read back with it null.
+#[test]
+fn the_attempt_column_round_trips_and_is_null_when_absent() {
+    let trajs = sample_trajectories(&Builder::PerRequest);
+    let attempts: Vec<Option<u32>> = trajs.iter().map(|t| t.metadata.attempt).collect();
+    assert_eq!(attempts, [Some(1), None, Some(2), None]);
+    let expected: Vec<Option<u32>> = trajs
+        .iter()
+        .flat_map(|t| t.traces.iter().map(|_| t.metadata.attempt))
+        .collect();
+    let parquet = bytes::Bytes::from(encode(Format::Parquet, &trajs));
+    let jsonl = encode(Format::Jsonl, &trajs);
+    for rows in [
+        read_parquet(parquet.clone()).unwrap(),
+        read_jsonl(&jsonl).unwrap(),
+    ] {
+        let got: Vec<Option<u32>> = rows.iter().map(|r| r.attempt).collect();
+        assert_eq!(got, expected);
+        assert_eq!(trajectories(rows).unwrap(), trajs);
+    }
+
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(parquet).unwrap();
+    let schema = reader.schema().clone();
+    let field = schema.field_with_name("attempt").unwrap();
+    assert_eq!(
+        (field.data_type(), field.is_nullable()),
+        (&DataType::UInt32, true)
+    );
+    let at = schema.index_of("attempt").unwrap();
+    assert_eq!(schema.field(at - 1).name(), "group_id");
+    let mut column = Vec::new();
+    for batch in reader.build().unwrap() {
+        let batch = batch.unwrap();
+        let values = batch.column(at).as_any();
+        let values = values.downcast_ref::<arrow_array::UInt32Array>().unwrap();
+        column.extend(values.iter());
+    }
+    assert_eq!(column, expected, "nulls where there is no attempt");
+
+    let lines: Vec<serde_json::Value> = jsonl
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).unwrap())
+        .collect();
+    for (line, want) in lines.iter().zip(&expected) {
+        let keys: Vec<&String> = line.as_object().unwrap().keys().collect();
+        let at = keys.iter().position(|k| *k == "attempt").unwrap();
+        assert_eq!(keys[at - 1], "group_id");
+        assert_eq!(line["attempt"], serde_json::json!(want));
+        let superseded = want.map_or(0, |a| a - 1);
+        assert_eq!(line["stats"]["superseded_attempts"], superseded);
+        match want {
+            Some(a) => assert_eq!(line["trajectory_metadata"]["attempt"], *a),
+            None => assert!(line["trajectory_metadata"].get("attempt").is_none()),
+        }
+    }
+
+    // Written before the column existed: no `attempt` column or key.
+    let mut old = super::record_batch(&trajs[0]).unwrap();
+    old.remove_column(old.schema().index_of("attempt").unwrap());
+    let props = super::format::writer_properties(ParquetCompression::Snappy);
+    let mut w = parquet::arrow::ArrowWriter::try_new(Vec::new(), old.schema(), Some(props)).unwrap();
+    w.write(&old).unwrap();
+    let rows = read_parquet(w.into_inner().unwrap().into()).unwrap();
+    assert!(!rows.is_empty() && rows.iter().all(|r| r.attempt.is_none()));
+    let mut line = lines[0].clone();
+    line.as_object_mut().unwrap().remove("attempt");
+    let rows = read_jsonl(line.to_string().as_bytes()).unwrap();
+    assert_eq!(rows[0].attempt, None);
+}

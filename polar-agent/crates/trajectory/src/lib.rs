@@ -69,6 +69,7 @@ pub fn build(builder: &Builder, records: &[CompletionRecord], meta: &SessionMeta
             session_id: String::new(),
             task_id: None,
             group_id: None,
+            attempt: None,
             policy_version: None,
             policy_versions: Vec::new(),
             weight_version: None,

@@ -125,9 +125,9 @@ fn only(list: &[String]) -> Option<String> {
     }
 }
 
-/// Sets status, error, session ids, group and policy versions from `meta`
-/// and `records`, and labels every trace of a session that did not
-/// complete.
+/// Sets status, error, session ids, group, attempt and policy versions
+/// from `meta` and `records`, and the count of superseded attempts in the
+/// stats, and labels every trace of a session that did not complete.
 pub(crate) fn apply_session(
     traj: &mut Trajectory,
     meta: &SessionMeta,
@@ -143,6 +143,7 @@ pub(crate) fn apply_session(
         .clone()
         .or_else(|| records.iter().find_map(|r| r.task_id.clone()));
     md.group_id = meta.group_id.clone().or_else(|| md.task_id.clone());
+    md.attempt = meta.attempt;
     md.evaluation = meta.evaluation.clone();
     md.policy_versions = policy_versions(records);
     if md.policy_versions.is_empty()
@@ -154,6 +155,7 @@ pub(crate) fn apply_session(
     md.weight_versions = weight_versions(records);
     md.weight_version = only(&md.weight_versions);
     md.ended_by = meta.ended_by;
+    traj.stats.superseded_attempts = meta.superseded_attempts;
     let extra = match meta.ended_by {
         Some(e) if e.is_infra() => Some(Label::InfraFault),
         Some(EndedBy::Evaluator) => Some(Label::EvaluatorFault),

@@ -37,6 +37,11 @@ pub struct ReconstructionStats {
     pub response_tokens: usize,
     /// Tokens with loss 1.
     pub loss_tokens: usize,
+    /// Earlier attempts of the session set apart on its node
+    /// ([`crate::SessionMeta::superseded_attempts`]): none of their calls
+    /// is in this trajectory.
+    #[serde(default)]
+    pub superseded_attempts: usize,
 }
 
 impl ReconstructionStats {

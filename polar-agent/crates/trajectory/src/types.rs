@@ -286,6 +286,16 @@ pub struct SessionMeta {
     /// task id.
     #[serde(default)]
     pub group_id: Option<String>,
+    /// Which attempt of the session this is (1, 2, ...: `session.json`'s
+    /// `metadata.attempt`, stamped by the gateway); `None` for a session
+    /// recorded outside the rollout path (`polar harness run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// Earlier attempts of the session set apart on the node that recorded
+    /// this one (`session.json`'s `superseded_attempts`, counted by the
+    /// gateway): counted, never merged into this trajectory.
+    #[serde(default)]
+    pub superseded_attempts: usize,
     /// How the session ended.
     pub outcome: SessionOutcome,
     /// Who ended it, when the runner attributed it (`None` in sessions
@@ -374,6 +384,10 @@ pub struct TrajectoryMetadata {
     /// The GRPO group.
     #[serde(default)]
     pub group_id: Option<String>,
+    /// Which attempt of the session this trajectory is
+    /// ([`SessionMeta::attempt`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     /// The policy version, when every call agrees: each call's
     /// [`CallSpan::policy_version`] (the task's or session's version, else
     /// the backend's weight version); the session's own when no call names

@@ -50,6 +50,8 @@ pub fn meta() -> SessionMeta {
         session_id: "s-1".into(),
         task_id: Some("task-1".into()),
         group_id: None,
+        attempt: None,
+        superseded_attempts: 0,
         outcome: SessionOutcome::Completed,
         ended_by: None,
         evaluation: None,

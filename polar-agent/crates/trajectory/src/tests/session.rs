@@ -282,3 +282,35 @@ fn spans_carry_each_calls_policy_and_weight_versions() {
     assert_eq!(traj.metadata.policy_version.as_deref(), Some("w-41"));
     assert_eq!(traj.metadata.policy_versions, ["w-41"]);
 }
+
+/// One attempt, one trajectory: the attempt number goes to the metadata and
+/// the count of earlier attempts set apart to the stats; a session recorded
+/// outside the rollout path has neither, and trajectories written before
+/// they existed read back without them.
+#[test]
+fn the_attempt_and_the_earlier_attempts_set_apart_are_recorded() {
+    let sim = two_chains();
+    let meta = crate::SessionMeta {
+        attempt: Some(2),
+        superseded_attempts: 1,
+        ..meta()
+    };
+    let traj = build(&Builder::default(), &sim.records, &meta);
+    assert_eq!(check(&traj, &sim.records), Ok(()));
+    assert_eq!(traj.metadata.attempt, Some(2));
+    assert_eq!(traj.stats.superseded_attempts, 1);
+    let json = serde_json::to_value(&traj).unwrap_or_default();
+    assert_eq!(json["metadata"]["attempt"], 2);
+    assert_eq!(json["stats"]["superseded_attempts"], 1);
+
+    let plain = built(&sim, SessionOutcome::Completed);
+    assert_eq!(plain.metadata.attempt, None);
+    assert_eq!(plain.stats.superseded_attempts, 0);
+    let mut json = serde_json::to_value(&plain).unwrap_or_default();
+    assert!(json["metadata"].get("attempt").is_none());
+    if let Some(stats) = json["stats"].as_object_mut() {
+        stats.remove("superseded_attempts");
+    }
+    let back: Trajectory = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(back, plain);
+}
