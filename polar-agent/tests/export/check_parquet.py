@@ -29,6 +29,7 @@ EXPECTED = {
     "session_id": pa.string(),
     "task_id": pa.string(),
     "group_id": pa.string(),
+    "attempt": pa.uint32(),
     "policy_version": pa.string(),
     "weight_version": pa.string(),
     "status": pa.string(),

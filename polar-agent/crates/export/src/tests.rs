@@ -617,7 +617,8 @@ fn the_attempt_column_round_trips_and_is_null_when_absent() {
     let mut old = super::record_batch(&trajs[0]).unwrap();
     old.remove_column(old.schema().index_of("attempt").unwrap());
     let props = super::format::writer_properties(ParquetCompression::Snappy);
-    let mut w = parquet::arrow::ArrowWriter::try_new(Vec::new(), old.schema(), Some(props)).unwrap();
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(Vec::new(), old.schema(), Some(props)).unwrap();
     w.write(&old).unwrap();
     let rows = read_parquet(w.into_inner().unwrap().into()).unwrap();
     assert!(!rows.is_empty() && rows.iter().all(|r| r.attempt.is_none()));
