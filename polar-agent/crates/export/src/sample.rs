@@ -356,7 +356,7 @@ pub fn session(spec: &SampleSpec, index: usize) -> SampleSession {
     };
     // Every other session ran on the rollout path, some after earlier
     // attempts set apart; the others (`polar harness run`) have no attempt.
-    let attempt = (index % 2 == 0).then(|| 1 + (index / 2 % 3) as u32);
+    let attempt = index.is_multiple_of(2).then(|| 1 + (index / 2 % 3) as u32);
     SampleSession {
         meta: SessionMeta {
             session_id: session,
