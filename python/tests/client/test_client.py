@@ -49,6 +49,8 @@ def test_submit_follow_events_wait_and_load(stack: Stack, client: pc.Client, tas
     for tr in traces:
         assert tr.group_id == f"group-{task_id}" and tr.policy_version == "w-1" and tr.reward == 1.0
         assert tr.chain_role == "main" and len(tr.prompt_ids) > 0
+        # Each session ran once, on the rollout path: its first attempt.
+        assert tr.attempt == 1
         assert int(tr.loss_mask.sum()) > 0 and len(tr.loss_mask) == len(tr.response_ids)
     # The export root, with the task's partition, reads the same rows.
     by_dir = pc.load(stack.export, task_id=task_id)
