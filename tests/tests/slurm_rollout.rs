@@ -42,6 +42,17 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// The Python client's interpreter, from the set-up's environment.
+fn client_python() -> Result<PathBuf> {
+    let p = repo().join(".polar-cache/venvs/client/bin/python");
+    ensure!(
+        p.exists(),
+        "{} is missing: `cargo xtask test` (its set-up) makes it",
+        p.display()
+    );
+    Ok(p)
+}
+
 /// One job's files: the operator's configuration, the task, the command.
 struct Job {
     dir: tempfile::TempDir,
@@ -122,10 +133,18 @@ find "$j" -mindepth 1 \( -type d -o -name '*.key' -o -path '*/tokens/*' \) -prin
 stat -c 'd %a .' "$j" >> "$out/modes"
 ls "$j/tls" > "$out/tls"
 env | grep -E '^POLAR_(ROLLOUT_URL|ROLLOUT_CA_FILE)=' | sort > "$out/env"
+# A Python trainer's set-up in the job: the client from the environment
+# (the job's URL, token and CA), over HTTPS.
+PYTHONPATH={python_src} {python} -c '
+import os, polar_client as pc
+nodes = pc.Client(os.environ["POLAR_ROLLOUT_URL"]).nodes()
+print(" ".join(sorted(n.node_id for n in nodes)))' > "$out/python-nodes"
 exec polar submit {task} --json > "$out/result.json"
 "#,
                 out = d.join("out").display(),
                 task = d.join("task.json").display(),
+                python = client_python()?.display(),
+                python_src = repo().join("python/src").display(),
             ),
         )?;
         Ok(Self {
@@ -292,6 +311,11 @@ fn a_rollout_runs_in_a_two_node_slurm_job_with_fresh_secrets_and_leaves_nothing(
 
     // What the command saw: the server over HTTPS on the batch node, a
     // private job directory with fresh keys and tokens, the CA's key gone.
+    let python = job.read("out/python-nodes");
+    ensure!(
+        python.trim() == NODES.join(" "),
+        "the Python client in the job saw {python:?}\n{logs}"
+    );
     let env = job.read("out/env");
     ensure!(
         env.contains("POLAR_ROLLOUT_URL=https://127.0.0.1:"),

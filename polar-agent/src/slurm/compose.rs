@@ -180,9 +180,10 @@ pub fn node_config(operator: &str, job: &NodeSide) -> Result<String, String> {
     let mut tls = Table::new();
     tls.insert("cert_file".into(), path(&job.cert_file));
     tls.insert("key_file".into(), path(&job.key_file));
+    // The server's pushes are verified by the gateway token; no client
+    // certificate is asked for, so a trainer's pause and resume (which go
+    // to the nodes) need only the job's CA and that token.
     tls.insert("ca_file".into(), path(&job.ca_file));
-    // Only the job's server (with a certificate of the job's CA) may push.
-    tls.insert("client_ca_file".into(), path(&job.ca_file));
     g.insert("tls".into(), Value::Table(tls));
     Ok(doc.to_string())
 }
