@@ -21,6 +21,7 @@ pub mod redirect;
 pub mod runtime;
 pub mod sandbox;
 pub mod signals;
+pub mod slurm;
 
 pub mod telemetry;
 pub mod tls;

@@ -1,9 +1,8 @@
 //! A real Slurm cluster on this machine for the Slurm tests: Debian's
 //! `slurm-wlm` and `munge` (installed by the set-up, [`crate::setup`]).
 //!
-//! [`Cluster::start`] starts (today for `cargo xtask slurm`; the test step
-//! starts it once the Slurm rollout tests exist) a `munged` with a key
-//! and socket of its own, a `slurmctld` and two `slurmd` (`slurmd -N`, one
+//! [`Cluster::start`] starts (for the test step, `crate::test`, and for
+//! `cargo xtask slurm`) a `munged` with a key and socket of its own, a `slurmctld` and two `slurmd` (`slurmd -N`, one
 //! per node: Debian's build runs several on one host), nodes `polar-n1`
 //! and `polar-n2` at 127.0.0.1, ports in a private range ([`PORTS`]), all
 //! under `/run/polar-xtask-slurm` (state, spool, logs, pid files). Process

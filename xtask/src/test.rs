@@ -7,16 +7,18 @@
 //! The end-to-end tests run the `polar` binary from `target/debug`, so it is
 //! built before `cargo test`. The privileged tests (real cgroups, eBPF and
 //! network namespaces) need root; `--unprivileged` leaves them out. With
-//! them, a private Docker engine ([`docker::Engine`]) runs for the length
-//! of the test step, for the docker runtime's tests
-//! (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`). The last step
+//! them, a private Docker engine ([`docker::Engine`]) and a Slurm test
+//! cluster ([`slurm::Cluster`]) run for the length of the test step, for
+//! the docker runtime's tests (`POLAR_TEST_DOCKER_HOST`,
+//! `POLAR_TEST_DOCKER_IMAGE`) and the Slurm rollout tests
+//! (`POLAR_TEST_SLURM_CONF`). The last step
 //! checks and tests the Python client (`python/`) in the environments
 //! `cargo xtask setup` made ([`python`]).
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root, workspace_root};
-use crate::{docker, harnesses, layers, python, setup};
+use crate::{docker, harnesses, layers, python, setup, slurm};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -25,11 +27,12 @@ const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
 enum Step {
     Run(Box<Cmd>),
     Layers,
-    /// The test run, with a private Docker engine for the docker runtime's
-    /// tests (privileged runs), stopped when it ends however it ends.
+    /// The test run, with a private Docker engine and a Slurm test cluster
+    /// for the docker runtime's and the Slurm tests (privileged runs),
+    /// stopped when it ends however it ends.
     Tests {
         cmd: Box<Cmd>,
-        docker: bool,
+        services: bool,
     },
     /// The Python client's type check and tests ([`python_tests`]).
     Python {
@@ -105,7 +108,7 @@ pub fn run(args: TestArgs) -> Result<()> {
             "tests",
             Step::Tests {
                 cmd: Box::new(cargo_test.args(&args.cargo_test_args)),
-                docker: !args.unprivileged,
+                services: !args.unprivileged,
             },
         ),
         (
@@ -129,19 +132,27 @@ pub fn run(args: TestArgs) -> Result<()> {
                 eprintln!("==> test step {number}/{total} ({name}): cargo xtask layers");
                 layers::run(false).with_context(failed)?;
             }
-            Step::Tests { cmd, docker } => {
-                let engine = docker
+            Step::Tests { cmd, services } => {
+                let engine = services
                     .then(docker::Engine::start)
                     .transpose()
                     .with_context(failed)?;
-                let cmd = match &engine {
-                    Some(_) => cmd
+                let cluster = services
+                    .then(slurm::Cluster::start)
+                    .transpose()
+                    .with_context(failed)?;
+                let mut cmd = *cmd;
+                if engine.is_some() {
+                    cmd = cmd
                         .env("POLAR_TEST_DOCKER_HOST", docker::host())
-                        .env("POLAR_TEST_DOCKER_IMAGE", docker::IMAGE),
-                    None => *cmd,
-                };
+                        .env("POLAR_TEST_DOCKER_IMAGE", docker::IMAGE);
+                }
+                if let Some(c) = &cluster {
+                    cmd = cmd.env("POLAR_TEST_SLURM_CONF", c.conf());
+                }
                 eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
                 let result = cmd.run().with_context(failed);
+                drop(cluster);
                 drop(engine);
                 result?;
             }

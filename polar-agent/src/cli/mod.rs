@@ -11,6 +11,7 @@ mod install;
 mod proxy;
 mod rollout;
 mod sandbox;
+mod slurm;
 mod submit;
 
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ pub use self::install::{InstallArgs, UninstallArgs};
 pub use self::proxy::ProxyArgs;
 pub use self::rollout::{RolloutCommand, ServeArgs};
 pub use self::sandbox::{NetworkArg, SandboxRunArgs};
+pub use self::slurm::SlurmCommand;
 pub use self::submit::{ServerArgs, StatusArgs, SubmitArgs};
 
 /// Polar: run coding-agent CLIs in sandboxes and capture their model traffic.
@@ -81,6 +83,10 @@ pub enum Command {
     Submit(SubmitArgs),
     /// A rollout server's health, nodes and tasks.
     Status(StatusArgs),
+    /// The control plane inside a Slurm job: the rollout server and one
+    /// gateway per allocated node, for the life of the job.
+    #[command(subcommand)]
+    Slurm(SlurmCommand),
     /// Install the agent on this node (or below --root): binary, config,
     /// state directory with the CA, systemd units; idempotent.
     Install(InstallArgs),
@@ -204,6 +210,9 @@ pub enum CliError {
     /// The `[gateway]` table is invalid.
     #[error(transparent)]
     Gateway(#[from] crate::gateway::GatewayConfigError),
+    /// Running in a Slurm job failed.
+    #[error(transparent)]
+    Slurm(#[from] crate::slurm::SlurmError),
 }
 
 impl From<crate::harness::HarnessError> for CliError {
@@ -303,6 +312,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Rollout(cmd) => runtime()?.block_on(rollout::run(cmd)),
         Command::Submit(args) => runtime()?.block_on(submit::submit(args)),
         Command::Status(args) => runtime()?.block_on(submit::status(args)),
+        Command::Slurm(cmd) => runtime()?.block_on(slurm::run(cmd)),
         Command::MockBackend(args) => runtime()?.block_on(async {
             let token = CancellationToken::new();
             let stop = token.clone();

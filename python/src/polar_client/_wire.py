@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import quote
@@ -18,6 +19,7 @@ from .types import Event, Node, Task
 API_VERSION = 1
 TOKEN_ENV = "POLAR_ROLLOUT_TOKEN"
 GATEWAY_TOKEN_ENV = "POLAR_GATEWAY_TOKEN"
+CA_FILE_ENV = "POLAR_ROLLOUT_CA_FILE"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,20 @@ class Settings:
         ``token`` for another ``base`` (a gateway)."""
         url = (base or self.server).rstrip("/") + req.path
         return url, headers(token if base else self._token)
+
+
+def verify(ca_file: str | os.PathLike[str] | None) -> ssl.SSLContext | bool:
+    """How ``https://`` servers (and gateways) are verified: against
+    ``ca_file`` (a PEM bundle; default the environment's
+    ``POLAR_ROLLOUT_CA_FILE``, as `polar submit` reads it, e.g. the cluster
+    CA of a Slurm job), else the system's roots."""
+    path = ca_file if ca_file is not None else (os.environ.get(CA_FILE_ENV, "").strip() or None)
+    if path is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=os.fspath(path))
+    except (OSError, ssl.SSLError) as e:
+        raise PolarError(f"{CA_FILE_ENV} / ca_file {path}: {e}") from e
 
 
 def token_or_env(token: str | None, env: str) -> str | None:

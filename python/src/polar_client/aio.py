@@ -4,6 +4,7 @@ on ``httpx.AsyncClient``. It never blocks the event loop."""
 from __future__ import annotations
 
 import asyncio
+import os
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Mapping
 
@@ -27,9 +28,10 @@ class AsyncClient(_wire.Settings):
         *,
         gateway_token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(server, token, gateway_token, timeout)
-        self._http = httpx.AsyncClient(timeout=timeout)
+        self._http = httpx.AsyncClient(timeout=timeout, verify=_wire.verify(ca_file))
 
     async def aclose(self) -> None:
         await self._http.aclose()

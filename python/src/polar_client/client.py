@@ -8,6 +8,7 @@ server's ``code``, ``field`` and ``message`` otherwise."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -31,7 +32,9 @@ class Client(_wire.Settings):
     environment's ``POLAR_ROLLOUT_TOKEN``). ``gateway_token`` is the token
     gateways accept (``rollout.gateway_token``; default
     ``POLAR_GATEWAY_TOKEN``): only [`pause`] and [`resume`] need it, since
-    they talk to the nodes themselves."""
+    they talk to the nodes themselves. ``ca_file`` is the PEM bundle
+    ``https://`` servers and gateways are verified against (default the
+    environment's ``POLAR_ROLLOUT_CA_FILE``, else the system's roots)."""
 
     def __init__(
         self,
@@ -40,9 +43,10 @@ class Client(_wire.Settings):
         *,
         gateway_token: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        ca_file: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(server, token, gateway_token, timeout)
-        self._http = httpx.Client(timeout=timeout)
+        self._http = httpx.Client(timeout=timeout, verify=_wire.verify(ca_file))
 
     def close(self) -> None:
         self._http.close()
