@@ -216,8 +216,12 @@ exec polar submit {task} --json > "$out/result.json"
         let mut out = format!("--- job.log ---\n{}", self.read("out/job.log"));
         if let Ok(entries) = std::fs::read_dir(self.path("jobs")) {
             for e in entries.flatten() {
-                for node in NODES {
-                    let p = e.path().join("nodes").join(format!("{node}.log"));
+                let files: Vec<_> = walkdir(&e.path());
+                out.push_str(&format!("\n--- {} ---\n{files:?}", e.path().display()));
+                for p in walkdir(&e.path().join("nodes")) {
+                    if p.extension().is_none_or(|x| x != "log") {
+                        continue;
+                    }
                     if let Ok(t) = std::fs::read_to_string(&p) {
                         let lines: Vec<&str> = t.lines().collect();
                         out.push_str(&format!(
@@ -231,6 +235,18 @@ exec polar submit {task} --json > "$out/result.json"
         }
         out
     }
+}
+
+/// Every path below `dir`.
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.path());
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walkdir(&e.path()));
+        }
+    }
+    out
 }
 
 /// Processes whose command line names `needle`.
@@ -291,10 +307,10 @@ fn a_rollout_runs_in_a_two_node_slurm_job_with_fresh_secrets_and_leaves_nothing(
     let mut nodes = std::collections::BTreeSet::new();
     for s in samples {
         ensure!(
-            s["state"]["state"] == "done" && s["state"]["result"]["reward"] == 1.0,
+            s["state"] == "done" && s["result"]["reward"] == 1.0,
             "{s:#}\n{logs}"
         );
-        if let Some(n) = s["state"]["node"].as_str() {
+        if let Some(n) = s["node"].as_str() {
             nodes.insert(n.to_owned());
         }
     }

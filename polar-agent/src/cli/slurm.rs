@@ -15,7 +15,8 @@
 //! limit (SIGTERM from Slurm), CMD is stopped, the gateways get SIGTERM and
 //! drain within a time below `KillWait` (their sessions finish or go back
 //! to the server), the server stops, and the keys and tokens are removed
-//! with the job directory (kept, without them, when something failed or
+//! (first, as soon as CMD is done), then the job directory (kept, without
+//! them, when CMD failed or was stopped, when Polar failed, or when
 //! `--keep` asks). The exit code is CMD's.
 //!
 //! `polar slurm node --job-dir DIR` is the gateway of one node: its
@@ -238,21 +239,27 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
         run_command(&args.command, &env, &mut gateways, &dir, &job, &mut signals).await
     }
     .await;
+    // Nothing reads the keys and tokens again (the server and the gateways
+    // read them at start), and Slurm's SIGKILL may come before the end of
+    // the tear-down: they go first.
+    dir.remove_secrets();
     stop_gateways(&mut gateways, &job).await;
     server.shutdown().await;
-    teardown.keep = args.keep || !matches!(outcome, Ok(Ended::Finished(_)));
+    // The directory (logs, database) stays for the operator unless all
+    // went well.
+    teardown.keep = args.keep || !matches!(outcome, Ok(Ended::Finished(0)));
     drop(teardown);
     match outcome? {
-        Ended::Finished(code) | Ended::Stopped(code) => Ok(code),
+        Ended::Finished(code) | Ended::Stopped(code) => Ok(ExitCode::from(code)),
     }
 }
 
-/// How the job's command ended.
+/// How the job's command ended, with its exit code.
 enum Ended {
-    /// On its own, with this exit code.
-    Finished(ExitCode),
+    /// On its own.
+    Finished(u8),
     /// Stopped because the job is ending (cancelled, out of time).
-    Stopped(ExitCode),
+    Stopped(u8),
 }
 
 /// The server's certificate name.
@@ -303,19 +310,17 @@ impl Drop for TearDown {
 fn start_gateways(dir: &JobDir, job: &Job) -> Result<tokio::process::Child, SlurmError> {
     let exe = std::env::current_exe().map_err(SlurmError::io("finding", Path::new("polar")))?;
     let mut cmd = tokio::process::Command::new("srun");
-    cmd.args([
-        "--overlap",
-        "--ntasks-per-node=1",
-        "--kill-on-bad-exit=0",
-        "--job-name=polar-gateways",
-    ])
-    .arg(format!("--nodes={}", job.nodes.len()))
-    .arg(format!("--ntasks={}", job.nodes.len()))
-    .arg(format!("--output={}/%N.log", dir.nodes().display()))
-    .arg(exe)
-    .args(["slurm", "node", "--job-dir"])
-    .arg(&dir.root)
-    .stdin(std::process::Stdio::null());
+    cmd.args(["--overlap", "--ntasks-per-node=1", "--kill-on-bad-exit=0"])
+        .arg(format!("--job-name={GATEWAYS_STEP}"))
+        .arg(format!("--nodes={}", job.nodes.len()))
+        .arg(format!("--ntasks={}", job.nodes.len()))
+        // By task rank: `%N` is the host's name, not the Slurm node's, where
+        // several slurmd share a host.
+        .arg(format!("--output={}/gateway-%t.log", dir.nodes().display()))
+        .arg(exe)
+        .args(["slurm", "node", "--job-dir"])
+        .arg(&dir.root)
+        .stdin(std::process::Stdio::null());
     for var in GATEWAY_ENV {
         cmd.env_remove(var);
     }
@@ -424,7 +429,7 @@ async fn run_command(
     let gone = tokio::select! {
         status = child.wait() => {
             let status = status.map_err(|e| CliError::Io(format!("waiting for {program}"), e))?;
-            return Ok(Ended::Finished(ExitCode::from(super::exit_code(status))));
+            return Ok(Ended::Finished(super::exit_code(status)));
         }
         sig = signals.recv() => {
             // SIGKILL follows within KillWait: the secrets go first.
@@ -443,9 +448,7 @@ async fn run_command(
     let status = stop_child(&mut child, Duration::from_secs(job.drain_secs)).await;
     match (gone, status) {
         (Some(why), _) => Err(SlurmError::ControlPlane(why).into()),
-        (None, status) => Ok(Ended::Stopped(ExitCode::from(
-            status.map_or(125, super::exit_code),
-        ))),
+        (None, status) => Ok(Ended::Stopped(status.map_or(125, super::exit_code))),
     }
 }
 
@@ -469,16 +472,42 @@ async fn stop_child(
     }
 }
 
-/// Stops the gateways' step: srun forwards SIGTERM to every node's
-/// gateway, which drains within the job's drain time.
+/// The gateways' step's name.
+const GATEWAYS_STEP: &str = "polar-gateways";
+
+/// Stops the gateways' step: SIGTERM to every node's gateway (`scancel
+/// --signal=TERM JOB.STEP`; a SIGTERM to srun would make it kill the step
+/// outright), which drains within the job's drain time; the step is
+/// killed when it outlasts that.
 async fn stop_gateways(gateways: &mut tokio::process::Child, job: &Job) {
     if let Ok(Some(_)) = gateways.try_wait() {
         return;
     }
+    let signalled = match scontrol::step_named(&job.job_id, GATEWAYS_STEP).await {
+        Ok(Some(step)) => scontrol::signal_step(&step, "TERM").await.map(|()| step),
+        Ok(None) => Err(SlurmError::ControlPlane(format!(
+            "no step named {GATEWAYS_STEP} in job {}",
+            job.job_id
+        ))),
+        Err(e) => Err(e),
+    };
+    // When the job is being cancelled the step cannot be signalled, but
+    // Slurm itself sent SIGTERM to every task: they drain all the same.
+    match &signalled {
+        Ok(step) => tracing::info!(%step, "the job's gateways are draining"),
+        Err(e) => {
+            tracing::warn!(error = %e, "the gateways' step could not be signalled; waiting for it")
+        }
+    }
     let grace = Duration::from_secs(job.drain_secs) + STOP_MARGIN;
-    match stop_child(gateways, grace).await {
-        Some(s) if s.success() => tracing::info!("the job's gateways stopped"),
-        s => tracing::warn!(status = ?s, "the job's gateways' step did not end cleanly"),
+    let ended = tokio::time::timeout(grace, gateways.wait()).await.ok();
+    match ended {
+        Some(Ok(s)) if s.success() => tracing::info!("the job's gateways stopped"),
+        Some(s) => tracing::warn!(status = ?s, "the job's gateways' step did not end cleanly"),
+        None => {
+            let _ = gateways.kill().await;
+            tracing::warn!("the job's gateways' step was killed");
+        }
     }
 }
 
@@ -503,6 +532,17 @@ async fn node(args: NodeArgs) -> Result<ExitCode, CliError> {
         .map_err(config_error(&base_path))?
         .unwrap_or_else(|| crate::config::Config::default().agent.state_dir);
     let state = state_root.join("slurm").join(&job.job_id).join(&name);
+    // The sandbox user must pass through the directories above the node's
+    // state (its trust bundle is bound from there), as through the state
+    // root of a node outside Slurm; none may be listed.
+    if let Some(parent) = state.parent() {
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(parent)
+            .map_err(SlurmError::io("creating", parent))?;
+    }
     let (cert_file, key_file) = dir.identity(&name);
     let side = NodeSide {
         state_dir: state.clone(),

@@ -15,7 +15,7 @@
 //! - `rollout.toml`, `rollout.sqlite`: the server's settings and state;
 //! - `agent.toml` (the operator's node configuration, copied) and
 //!   `nodes/<node>/agent.toml`, each node's with its `[gateway]` table;
-//!   `nodes/<node>.log`, its gateway's output.
+//!   `nodes/gateway-<rank>.log`, each gateway's output.
 //!
 //! At the job's end (at once when Slurm signals it: `KillWait` is short)
 //! the keys and tokens are removed first, then the whole directory

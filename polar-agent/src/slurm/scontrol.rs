@@ -1,6 +1,7 @@
-//! What Polar asks Slurm about its job, through `scontrol` (the commands
-//! run on the async runtime; their output is read by the pure parsers
-//! below): the allocated nodes, each node's address, and `KillWait`.
+//! What Polar asks of Slurm about its job, through its commands (run on
+//! the async runtime; their output is read by the pure parsers below):
+//! the allocated nodes, each node's address and `KillWait` (`scontrol`),
+//! the gateways' step (`squeue`), and signalling that step (`scancel`).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -9,8 +10,13 @@ use super::{JobNode, SlurmError};
 
 /// Runs `scontrol ARGS` and returns its standard output.
 async fn scontrol(args: &[&str]) -> Result<String, SlurmError> {
-    let command = format!("scontrol {}", args.join(" "));
-    let out = tokio::process::Command::new("scontrol")
+    run("scontrol", args).await
+}
+
+/// Runs a Slurm command and returns its standard output.
+async fn run(program: &str, args: &[&str]) -> Result<String, SlurmError> {
+    let command = format!("{program} {}", args.join(" "));
+    let out = tokio::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()
@@ -91,6 +97,31 @@ pub async fn kill_wait() -> Result<Duration, SlurmError> {
     })
 }
 
+/// The id (`JOB.STEP`) of the job's step named `name`, once Slurm lists it.
+pub async fn step_named(job_id: &str, name: &str) -> Result<Option<String>, SlurmError> {
+    let text = run(
+        "squeue",
+        &["--noheader", "--steps", "--jobs", job_id, "--format=%i %j"],
+    )
+    .await?;
+    Ok(step_id(&text, name))
+}
+
+/// Sends `signal` (`TERM`) to every task of a step, on every node.
+pub async fn signal_step(step: &str, signal: &str) -> Result<(), SlurmError> {
+    run("scancel", &[&format!("--signal={signal}"), step])
+        .await
+        .map(drop)
+}
+
+/// `squeue --steps --format="%i %j"`: `JOB.STEP NAME` per line.
+fn step_id(text: &str, name: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let (id, step_name) = line.trim().split_once(' ')?;
+        (step_name.trim() == name).then(|| id.to_owned())
+    })
+}
+
 /// `scontrol show hostnames` prints one name per line.
 fn hostnames(text: &str) -> Vec<String> {
     text.split_whitespace().map(str::to_owned).collect()
@@ -137,6 +168,14 @@ mod tests {
         assert_eq!(node_addr(text, "gpu-07").as_deref(), Some("gpu-07.cluster"));
         assert_eq!(node_addr(text, "polar-n"), None);
         assert_eq!(node_addr("NodeName=x NodeAddr= Arch=y", "x"), None);
+    }
+
+    #[test]
+    fn the_gateways_step_is_found_by_name() {
+        let text = "       7.batch batch\n   7.0 polar-gateways\n   7.1 train\n";
+        assert_eq!(step_id(text, "polar-gateways").as_deref(), Some("7.0"));
+        assert_eq!(step_id(text, "polar"), None);
+        assert_eq!(step_id("", "polar-gateways"), None);
     }
 
     #[test]
