@@ -100,7 +100,10 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    let redirect = Redirect::start(&RedirectOptions { reaper_exe: None })?;
+    let redirect = Redirect::start(&RedirectOptions {
+        reaper_exe: None,
+        sandboxes: None,
+    })?;
     let sockets = Sockets::bind_loopback()?;
     let port = sockets.tcp_port();
     let l = sockets.tcp_v4.try_clone()?;

@@ -191,6 +191,7 @@ fn main() -> Result<()> {
         let parts = Arc::new(AgentParts::build(Config::load(&cfg_path)?)?);
         let redirect = Arc::new(Redirect::start(&RedirectOptions {
             reaper_exe: Some(polar_bin()?),
+            sandboxes: None,
         })?);
         let probe: PathBuf = probe_bin()?;
         latency(&parts, &redirect, &probe.display().to_string()).await?;

@@ -678,6 +678,22 @@ async fn a_killed_gateway_s_sessions_are_dispatched_again() -> Result<()> {
         "the killed agent's cgroup is still there"
     );
     ensure!(!alive(pid), "the killed agent is alive");
+    // And its guardian released its sessions' disk quotas (tmpfs mounts),
+    // keeping their files.
+    let sandboxes = f.dir.path().join("gw-k1/state/sandboxes");
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
+            .filter(|m| Path::new(m).starts_with(&sandboxes))
+            .collect::<Vec<_>>()
+    };
+    ensure!(
+        eventually(Duration::from_secs(20), || mounted().is_empty()),
+        "the killed agent's disk quotas are still mounted: {:?}",
+        mounted()
+    );
     f.stop_gateways()?;
     Ok(())
 }

@@ -93,6 +93,7 @@ backend = "mock"
         let parts = Arc::new(AgentParts::build(Config::load(&cfg)?)?);
         let redirect = Arc::new(Redirect::start(&RedirectOptions {
             reaper_exe: Some(polar_bin()?),
+            sandboxes: None,
         })?);
         Ok(Self {
             _tmp: tmp,

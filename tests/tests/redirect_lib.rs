@@ -57,6 +57,7 @@ impl Agent {
     fn start() -> Result<Self> {
         let redirect = Redirect::start(&RedirectOptions {
             reaper_exe: Some(polar_bin()?),
+            sandboxes: None,
         })?;
         Ok(Self {
             redirect,

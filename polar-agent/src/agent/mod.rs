@@ -210,7 +210,9 @@ impl AgentParts {
         let trust = write_trust_files(&config.agent.state_dir, &ca)?;
         // Disk quotas of sessions whose agent died: released, their files
         // kept (start-up, before any session).
-        crate::runtime::quota::reclaim_stale(&config.agent.state_dir.join("sandboxes"));
+        crate::runtime::quota::reclaim_stale(&crate::runtime::steps::sandboxes_dir(
+            &config.agent.state_dir,
+        ));
         let leaf = LeafConfig {
             lifetime: Duration::from_secs(u64::from(config.ca.leaf_validity_hours) * 3600),
             cache_capacity: std::num::NonZeroUsize::new(config.ca.leaf_cache_size)

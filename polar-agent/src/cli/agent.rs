@@ -94,6 +94,9 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     let redirect = Arc::new(
         Redirect::start(&RedirectOptions {
             reaper_exe: std::env::current_exe().ok(),
+            sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+                &parts.config.agent.state_dir,
+            )),
         })
         .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e)))?,
     );

@@ -84,6 +84,9 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let parts = AgentParts::build(config)?;
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: std::env::current_exe().ok(),
+        sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+            &parts.config.agent.state_dir,
+        )),
     })
     .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e)))?;
     let stop = CancellationToken::new();

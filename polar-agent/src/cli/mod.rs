@@ -107,6 +107,10 @@ pub enum Command {
     Reap {
         /// The agent's cgroup directory.
         dir: PathBuf,
+        /// The state's `sandboxes/` directory, whose mounts of the agent's
+        /// sessions are released after it.
+        #[arg(long)]
+        sandboxes: Option<PathBuf>,
     },
 }
 
@@ -277,9 +281,14 @@ pub fn main() -> ExitCode {
 
 fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
-        Command::Reap { dir } => {
-            crate::redirect::reaper::run(&dir)
-                .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+        Command::Reap { dir, sandboxes } => {
+            let reaped = crate::redirect::reaper::run(&dir)
+                .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())));
+            // After the kill: nothing of the agent holds the mounts now.
+            if let Some(s) = sandboxes {
+                crate::runtime::quota::reclaim_stale(&s);
+            }
+            reaped?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Ca(cmd) => ca::run(cmd).map(|()| ExitCode::SUCCESS),

@@ -152,14 +152,18 @@ fn spec(
     args: &SandboxRunArgs,
     session: SessionId,
     exec: Exec,
-    sandbox: &crate::config::SandboxConfig,
+    config: &crate::config::Config,
 ) -> RunSpec {
+    let sandbox = &config.sandbox;
     RunSpec {
         limits: sandbox.default_limits(),
         exec,
         network: args.network.into(),
         session: Some(session),
         reaper_exe: std::env::current_exe().ok(),
+        sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+            &config.agent.state_dir,
+        )),
         drain_grace: Duration::from_secs(5),
     }
 }
@@ -177,7 +181,7 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let state_dir = &config.agent.state_dir;
     let (exec, dirs) = exec_for(&args, &session, state_dir, config.sandbox.disk_bytes, None)?;
-    let mut spec = spec(&args, session.clone(), exec, &config.sandbox);
+    let mut spec = spec(&args, session.clone(), exec, &config);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
     // Inspecting keeps nothing: the session's directories go, their disk
@@ -224,7 +228,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
             return Err(e);
         }
     };
-    let spec = spec(&args, session.clone(), exec, &parts.config.sandbox);
+    let spec = spec(&args, session.clone(), exec, &parts.config);
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
     if let Some(dirs) = dirs {
         release_dirs(dirs).await;

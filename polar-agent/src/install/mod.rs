@@ -332,7 +332,7 @@ pub fn uninstall(opts: &UninstallOptions) -> Result<UninstallReport, InstallErro
             let at = under(root, p);
             if at.exists() {
                 // Sessions' disk-quota tmpfs first: a purge keeps no files.
-                crate::runtime::quota::discard_all(&at.join("sandboxes"));
+                crate::runtime::quota::discard_all(&crate::runtime::steps::sandboxes_dir(&at));
                 std::fs::remove_dir_all(&at).map_err(|e| InstallError::io("removing", &at, e))?;
                 report.removed.push(p.clone());
             }

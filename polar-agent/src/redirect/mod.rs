@@ -74,6 +74,10 @@ pub struct RedirectOptions {
     /// (`polar __reap DIR`). `None` runs without a guardian (a crash then
     /// leaves the cgroup directories behind, never programs).
     pub reaper_exe: Option<PathBuf>,
+    /// The state's `sandboxes/` directory: after a crash the guardian also
+    /// releases the disk quotas (tmpfs mounts) of the agent's sessions,
+    /// keeping their files (`polar __reap DIR --sandboxes PATH`).
+    pub sandboxes: Option<PathBuf>,
 }
 
 /// Where a session's connections go: the agent's listener and DNS responder,
@@ -197,12 +201,14 @@ impl Redirect {
             .map(|l| l + 1)
             .ok_or(CgroupError::NoCgroup2)?;
         let reaper = match &opts.reaper_exe {
-            Some(exe) => Some(reaper::Guardian::spawn(exe, root.path()).map_err(|source| {
-                RedirectError::Reaper {
-                    path: exe.clone(),
-                    source,
-                }
-            })?),
+            Some(exe) => Some(
+                reaper::Guardian::spawn(exe, root.path(), opts.sandboxes.as_deref()).map_err(
+                    |source| RedirectError::Reaper {
+                        path: exe.clone(),
+                        source,
+                    },
+                )?,
+            ),
             None => None,
         };
         let mut ebpf = loader::load_and_attach(root.path(), session_level)?;

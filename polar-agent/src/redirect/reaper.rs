@@ -4,6 +4,9 @@
 //! kills whatever is left in the agent's cgroup subtree and removes it,
 //! with the cgroup v1 groups runc made at the same paths for the docker
 //! runtime's containers (which the kill ended: they were in the subtree).
+//! `polar __reap` then releases the disk quotas of the agent's sessions
+//! (`runtime::quota::reclaim_stale`), which nothing holds once the subtree
+//! is gone, so a crashed agent's tmpfs mounts do not wait for its next start.
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
@@ -19,12 +22,16 @@ pub struct Guardian {
 }
 
 impl Guardian {
-    /// Starts `exe __reap DIR` in its own process group (so a terminal's
-    /// Ctrl-C reaches the agent, which cleans up, and not the guardian).
-    pub fn spawn(exe: &Path, dir: &Path) -> io::Result<Self> {
-        let mut child = Command::new(exe)
-            .arg("__reap")
-            .arg(dir)
+    /// Starts `exe __reap DIR [--sandboxes PATH]` in its own process group
+    /// (so a terminal's Ctrl-C reaches the agent, which cleans up, and not
+    /// the guardian).
+    pub fn spawn(exe: &Path, dir: &Path, sandboxes: Option<&Path>) -> io::Result<Self> {
+        let mut cmd = Command::new(exe);
+        cmd.arg("__reap").arg(dir);
+        if let Some(s) = sandboxes {
+            cmd.arg("--sandboxes").arg(s);
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .process_group(0)

@@ -28,8 +28,9 @@
 //! quota's bytes), unmounts the tmpfs and puts the copy at the same path.
 //! [`mount`] over a directory kept from an earlier attempt pulls its
 //! contents into the new tmpfs first. A crashed agent's mounts are released
-//! by the next agent that starts on the state directory
-//! ([`reclaim_stale`]): each mounted session directory records its agent
+//! by its guardian (`polar __reap`) once the agent's processes are killed,
+//! and else by the next agent that starts on the state directory
+//! ([`reclaim_stale`] both): each mounted session directory records its agent
 //! (pid and start time) in a root-only file, and one whose agent is gone is
 //! released; a release cut short by a crash is finished.
 //!

@@ -63,10 +63,15 @@ fn log_replaced(session: &SessionId, under: &Path, replaced: &[PathBuf], what: &
 /// The names of the sandbox-writable directories below the session's.
 const WRITABLE: [(&str, u32); 3] = [("workspace", 0o700), ("home", 0o700), ("tmp", 0o1777)];
 
+/// Where the sessions' directories are, under a state directory.
+pub fn sandboxes_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("sandboxes")
+}
+
 impl SandboxDirs {
     /// The directories of `session` under `state_dir` (not created).
     pub fn of(state_dir: &Path, session: &SessionId) -> Self {
-        let root = state_dir.join("sandboxes").join(session.as_str());
+        let root = sandboxes_dir(state_dir).join(session.as_str());
         Self {
             session: session.clone(),
             workspace: root.join("workspace"),

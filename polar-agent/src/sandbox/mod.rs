@@ -66,6 +66,9 @@ pub struct RunSpec {
     pub session: Option<SessionId>,
     /// The `polar` executable for the cleanup guardian.
     pub reaper_exe: Option<PathBuf>,
+    /// The state's `sandboxes/` directory, for the guardian
+    /// ([`RedirectOptions::sandboxes`]).
+    pub sandboxes: Option<PathBuf>,
     /// How long connections may take to finish after the command ended.
     pub drain_grace: Duration,
     /// Its limits (memory, processes, CPU) through the session's cgroups.
@@ -199,6 +202,7 @@ pub async fn run<H: Handler>(
     let mut signals = crate::signals::Terminated::install();
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: spec.reaper_exe.clone(),
+        sandboxes: spec.sandboxes.clone(),
     })?;
     let id = spec.session.clone().unwrap_or_else(SessionId::random);
     let opts = session::SessionOptions {

@@ -262,7 +262,7 @@ mod tests {
         let dir = JobDir::new(tmp.path().join("jobs/42"));
         dir.create().unwrap();
         assert_eq!(mode(&dir.root), 0o700);
-        assert_eq!(mode(&dir.root.parent().unwrap()), 0o700);
+        assert_eq!(mode(dir.root.parent().unwrap()), 0o700);
         assert_eq!(mode(&dir.node_tokens()), 0o700);
         assert!(dir.create().is_err(), "an existing job directory is reused");
         write_private(&dir.trainer_token(), fresh_token().as_bytes()).unwrap();
