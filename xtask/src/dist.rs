@@ -10,6 +10,7 @@
 //!   share/doc/polar/               README, ARCHITECTURE, docs/*.md, LICENSE
 //!   share/doc/polar/polar.1.txt    the long --help of every command
 //!   deploy/k8s/*.yaml              the Kubernetes manifests
+//!   deploy/slurm/*.sbatch          the Slurm batch script
 //! ```
 //!
 //! The units and the manual come from the built binary itself (`polar
@@ -74,10 +75,12 @@ pub fn run() -> Result<()> {
             )?;
         }
     }
-    for entry in fs::read_dir(root.join("deploy/k8s"))? {
-        let path = entry?.path();
-        if let Some(file) = path.file_name() {
-            copy(&path, &format!("deploy/k8s/{}", file.to_string_lossy()))?;
+    for deploy in ["deploy/k8s", "deploy/slurm"] {
+        for entry in fs::read_dir(root.join(deploy))? {
+            let path = entry?.path();
+            if let Some(file) = path.file_name() {
+                copy(&path, &format!("{deploy}/{}", file.to_string_lossy()))?;
+            }
         }
     }
     let output = |args: &[&str]| -> Result<String> {

@@ -44,7 +44,7 @@ enum Task {
     Build,
     /// Set up, build the release binary and lay out a self-contained
     /// release (binary, example configs, systemd units, docs, manual, k8s
-    /// manifests) in target/dist/, plus its .tar.gz.
+    /// manifests, the Slurm batch script) in target/dist/, plus its .tar.gz.
     Dist,
     /// Set up, then run formatting, clippy, the layer check, cargo-deny, the
     /// debug build and all tests (privileged ones need root).
