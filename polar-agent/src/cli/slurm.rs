@@ -137,6 +137,12 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
     let mut signals = crate::signals::Terminated::install();
     // Everything checked before anything is made.
     let job_id = job_env("SLURM_JOB_ID")?;
+    if !is_slurm_number(&job_id) {
+        return Err(SlurmError::ControlPlane(format!(
+            "SLURM_JOB_ID {job_id:?} is not a job number"
+        ))
+        .into());
+    }
     let nodelist = job_env("SLURM_JOB_NODELIST")?;
     let here = job_env("SLURMD_NODENAME")?;
     let agent_text = read_operator_file(&args.agent_config)?;
@@ -165,7 +171,15 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
             .ok_or(SlurmError::NotInJob("HOME"))?
             .join(".polar/slurm"),
     };
-    let dir = JobDir::new(root.join(&job_id));
+    // A requeued job keeps its id: each run of it gets its own directory.
+    let name = match std::env::var("SLURM_RESTART_COUNT")
+        .ok()
+        .filter(|c| c != "0" && is_slurm_number(c))
+    {
+        Some(restart) => format!("{job_id}.{restart}"),
+        None => job_id.clone(),
+    };
+    let dir = JobDir::new(root.join(name));
     dir.create()?;
     let mut teardown = TearDown {
         dir: dir.clone(),
@@ -260,6 +274,12 @@ enum Ended {
     Finished(u8),
     /// Stopped because the job is ending (cancelled, out of time).
     Stopped(u8),
+}
+
+/// A job id or count as Slurm writes them (digits), safe as a path
+/// component.
+fn is_slurm_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The server's certificate name.
