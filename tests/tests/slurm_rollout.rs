@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_mock::{self as mock, MockConfig, MockHandle};
-use polar_tests::{polar_bin, sandbox_tempdir};
+use polar_tests::{polar_bin, processes_with, sandbox_tempdir};
 
 /// The nodes of the test cluster (`xtask/src/slurm.rs`).
 const NODES: [&str; 2] = ["polar-n1", "polar-n2"];
@@ -249,29 +249,12 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Processes whose command line names `needle`.
-fn processes_naming(needle: &str) -> Vec<(i32, String)> {
-    let mut found = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if let Ok(raw) = std::fs::read(e.path().join("cmdline")) {
-            let line = String::from_utf8_lossy(&raw).replace('\0', " ");
-            if line.contains(needle) {
-                found.push((pid, line));
-            }
-        }
-    }
-    found
-}
-
 /// The job's `polar` processes are gone (they take a moment after Slurm
 /// reports the job's end).
 fn no_process_left(needle: &str) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
-        let left = processes_naming(needle);
+        let left = processes_with(needle);
         if left.is_empty() {
             return Ok(());
         }
@@ -426,7 +409,7 @@ fn a_cancelled_job_drains_its_gateways_and_removes_its_secrets() -> Result<()> {
     let until = Instant::now() + Duration::from_secs(60);
     loop {
         let state = job.job_state(&id)?;
-        if state == "CANCELLED" && processes_naming(&job_dir).is_empty() {
+        if state == "CANCELLED" && processes_with(&job_dir).is_empty() {
             break;
         }
         if Instant::now() > until {

@@ -608,14 +608,9 @@ async fn node(args: NodeArgs) -> Result<ExitCode, CliError> {
 
 /// Removes a node's job state directory, refusing one with a mount below.
 fn remove_state(state: &Path) -> Result<(), String> {
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
-    let prefix = format!("{}/", state.display());
-    if let Some(m) = mounts
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .find(|m| m.starts_with(&prefix) || *m == prefix.trim_end_matches('/'))
-    {
-        return Err(format!("{m} is still mounted"));
+    let mounts = crate::runtime::quota::mounts_below(state).map_err(|e| e.to_string())?;
+    if let Some(m) = mounts.first() {
+        return Err(format!("{} is still mounted", m.display()));
     }
     match std::fs::remove_dir_all(state) {
         Ok(()) => Ok(()),

@@ -94,6 +94,18 @@ pub fn is_mount_point(path: &Path) -> io::Result<bool> {
     Ok(me.is_dir() && me.dev() != parent.dev())
 }
 
+/// The mount points at or below `root` (this process's mount namespace).
+pub fn mounts_below(root: &Path) -> io::Result<Vec<PathBuf>> {
+    let text = fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(text
+        .lines()
+        // The fifth field is the mount point (octal escapes for spaces).
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .map(PathBuf::from)
+        .filter(|m| m.starts_with(root))
+        .collect())
+}
+
 /// The tmpfs options of a quota of `bytes`.
 pub fn options(bytes: u64) -> String {
     let inodes = (bytes / BYTES_PER_INODE).max(MIN_INODES);
