@@ -175,6 +175,8 @@ struct Snapshot {
     cgroup: String,
     sandboxed: i32,
     netns: String,
+    /// The session's directory (the default state directory's).
+    session_dir: std::path::PathBuf,
 }
 
 fn start_long_sandbox() -> Result<(Running, Snapshot)> {
@@ -189,6 +191,10 @@ fn start_long_sandbox() -> Result<(Running, Snapshot)> {
         cgroup: attached["cgroup"].as_str().unwrap_or_default().to_owned(),
         netns: netns_of(sandboxed)?,
         sandboxed,
+        session_dir: polar_agent::runtime::steps::sandboxes_dir(
+            &polar_agent::config::Config::default().agent.state_dir,
+        )
+        .join(started["session"].as_str().unwrap_or("?")),
     };
     ensure!(
         std::path::Path::new(&snap.cgroup).is_dir(),
@@ -223,6 +229,15 @@ fn check_nothing_left(snap: &Snapshot) -> Result<()> {
         eventually(Duration::from_secs(5), || processes_in_netns(&snap.netns)
             .is_empty()),
         "processes left in the sandbox namespace"
+    );
+    // Its disk quota (a tmpfs over the session's directory) is released,
+    // by the guardian when the agent was killed.
+    let mounted =
+        || polar_agent::runtime::quota::mounts_below(&snap.session_dir).unwrap_or_default();
+    ensure!(
+        eventually(Duration::from_secs(15), || mounted().is_empty()),
+        "the sandbox's disk quota is still mounted: {:?}",
+        mounted()
     );
     Ok(())
 }

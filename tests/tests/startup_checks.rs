@@ -200,5 +200,17 @@ fn the_units_capabilities_are_enough_to_run_a_sandbox() -> Result<()> {
         "with {bounding}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // With these capabilities only, the session's disk quota was released
+    // too (its files copied to disk, the tmpfs unmounted).
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !stderr.contains("releasing the sandbox's disk quota"),
+        "with {bounding}: {stderr}"
+    );
+    let left = polar_agent::runtime::quota::mounts_below(state.path())?;
+    for m in &left {
+        let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
+    }
+    ensure!(left.is_empty(), "with {bounding}: still mounted: {left:?}");
     Ok(())
 }

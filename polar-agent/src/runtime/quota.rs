@@ -124,6 +124,11 @@ fn start_time(pid: u32) -> Option<u64> {
     fields.get(19)?.parse().ok()
 }
 
+/// Whether `pid` runs (a zombie, or a process gone, does not).
+pub fn runs(pid: u32) -> bool {
+    start_time(pid).is_some()
+}
+
 fn owner_line() -> String {
     let pid = std::process::id();
     format!("{pid} {}\n", start_time(pid).unwrap_or(0))

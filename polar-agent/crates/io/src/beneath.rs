@@ -524,8 +524,7 @@ impl Dir {
             SFlag::S_IFDIR => {
                 let src = self.open_dir(Path::new(name))?;
                 let d = dest.make_dir(single(dest_name)?, to, at, replaced)?;
-                d.chown(to)?;
-                fchmod(&d, mode)?;
+                set_mode_and_owner(&d, mode, to)?;
                 src.copy_tree(&d, owner, at, replaced)
             }
             SFlag::S_IFLNK => {
@@ -538,7 +537,7 @@ impl Dir {
                 };
                 let mut out = dest.create_file(dest_name, mode, to, at, replaced)?;
                 let n = io::copy(&mut src, &mut out)?;
-                fchmod(&out, mode)?;
+                set_mode_and_owner(&out, mode, to)?;
                 Ok(n)
             }
             _ => Ok(0),
@@ -549,6 +548,22 @@ impl Dir {
 /// Sets mode bits on an open descriptor (the umask does not apply).
 fn fchmod(fd: &impl AsFd, mode: u32) -> io::Result<()> {
     nix::sys::stat::fchmod(fd, Mode::from_bits_truncate(mode)).map_err(err)
+}
+
+/// Sets `mode` and then `owner` on an open descriptor that may belong to
+/// someone else already: taken back first, so the mode is set as its owner
+/// (a process with `CAP_CHOWN` but not `CAP_FOWNER`, such as the agent
+/// under its systemd unit, may not change the mode of a file it does not
+/// own), then handed over.
+fn set_mode_and_owner(fd: &impl AsFd, mode: u32, (uid, gid): Owner) -> io::Result<()> {
+    fchown(
+        fd,
+        Some(nix::unistd::geteuid()),
+        Some(nix::unistd::getegid()),
+    )
+    .map_err(err)?;
+    fchmod(fd, mode)?;
+    fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(err)
 }
 
 #[cfg(test)]
