@@ -13,10 +13,11 @@
 //! tokens, no CA key), its secrets and directory gone after it, no
 //! process of it left, Slurm's record of the job `COMPLETED`.
 //!
-//! A second job is cancelled (`scancel`) while its sessions run: both
-//! gateways drain, no process of the job is left after Slurm's `KillWait`,
-//! and the job directory is kept for the operator without its keys and
-//! tokens.
+//! A job whose operator file sets one of the job's own keys fails, naming
+//! the key, before any directory or secret is made. A job cancelled
+//! (`scancel`) while its sessions run: both gateways drain, no process of
+//! the job is left after Slurm's `KillWait`, and the job directory is kept
+//! for the operator without its keys and tokens.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -439,5 +440,29 @@ fn a_cancelled_job_drains_its_gateways_and_removes_its_secrets() -> Result<()> {
         logs.matches("draining the sessions").count() >= 2,
         "both gateways should drain on the job's SIGTERM\n{logs}"
     );
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn an_operator_file_setting_the_jobs_keys_fails_the_job_before_anything_is_made() -> Result<()> {
+    let rt = tokio::runtime::Runtime::new()?;
+    let job = rt.block_on(Job::new(0))?;
+    std::fs::write(
+        job.path("rollout.toml"),
+        "[rollout]\ntokens = [\"an-operator-token\"]\n",
+    )?;
+    let out = job.sbatch(true)?;
+    let log = job.read("out/job.log");
+    ensure!(!out.status.success(), "the job succeeded: {log}");
+    ensure!(
+        log.contains("rollout.tokens: set by `polar slurm` for each job"),
+        "{log}"
+    );
+    let made: Vec<_> = std::fs::read_dir(job.path("jobs"))
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    ensure!(made.is_empty(), "made before the check: {made:?}");
+    ensure!(job.read("out/job-dir").is_empty(), "the command ran: {log}");
     Ok(())
 }

@@ -180,6 +180,24 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
         None => job_id.clone(),
     };
     let dir = JobDir::new(root.join(name));
+    // The server's settings compose (the operator's `[rollout]` checked)
+    // before anything is made.
+    let server_side = ServerSide {
+        listen: std::net::SocketAddr::new(batch.addr, args.port),
+        database: dir.root.join("rollout.sqlite"),
+        trainer_token_file: dir.trainer_token(),
+        gateway_token_file: dir.gateway_token(),
+        node_token_dir: dir.node_tokens(),
+        cert_file: dir.identity(SERVER_NAME).0,
+        key_file: dir.identity(SERVER_NAME).1,
+        ca_file: dir.ca_cert(),
+    };
+    let text =
+        compose::rollout_config(rollout_text.as_deref(), &server_side).map_err(config_error(
+            args.rollout_config
+                .as_deref()
+                .unwrap_or(Path::new("[rollout]")),
+        ))?;
     dir.create()?;
     let mut teardown = TearDown {
         dir: dir.clone(),
@@ -197,22 +215,6 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
     }
     issue_certificates(&dir, &batch, &nodes)?;
     slurm::write_private(&dir.base_agent_config(), agent_text.as_bytes())?;
-    let server_side = ServerSide {
-        listen: std::net::SocketAddr::new(batch.addr, args.port),
-        database: dir.root.join("rollout.sqlite"),
-        trainer_token_file: dir.trainer_token(),
-        gateway_token_file: dir.gateway_token(),
-        node_token_dir: dir.node_tokens(),
-        cert_file: dir.identity(SERVER_NAME).0,
-        key_file: dir.identity(SERVER_NAME).1,
-        ca_file: dir.ca_cert(),
-    };
-    let text =
-        compose::rollout_config(rollout_text.as_deref(), &server_side).map_err(config_error(
-            args.rollout_config
-                .as_deref()
-                .unwrap_or(Path::new("[rollout]")),
-        ))?;
     slurm::write_private(&dir.rollout_config(), text.as_bytes())?;
     let mut cfg = RolloutConfig::load(&dir.rollout_config())?;
     cfg.finish_tokens(None, None)?;
