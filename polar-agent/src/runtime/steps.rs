@@ -126,9 +126,8 @@ impl SandboxDirs {
             let d = root
                 .make_dirs(Path::new(name), (0, 0), &mut replaced)
                 .map_err(io("create", &path))?;
-            d.chown((0, 0)).map_err(io("chown", &path))?;
-            nix::sys::stat::fchmod(&d, nix::sys::stat::Mode::from_bits_truncate(mode))
-                .map_err(|e| io("chmod", &path)(e.into()))?;
+            d.set_mode_and_owner(mode, (0, 0))
+                .map_err(io("chmod", &path))?;
             let skipped = d.chown_tree(user).map_err(io("chown", &path))?;
             for s in skipped {
                 tracing::warn!(

@@ -166,6 +166,13 @@ impl Dir {
         fchown(&self.fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(err)
     }
 
+    /// Sets the directory's own mode, then its owner, whoever owns it now:
+    /// taken back first, so the mode is set as its owner (the agent's unit
+    /// has `CAP_CHOWN`, not `CAP_FOWNER`), then handed over.
+    pub fn set_mode_and_owner(&self, mode: u32, owner: Owner) -> io::Result<()> {
+        set_mode_and_owner(&self.fd, mode, owner)
+    }
+
     /// The names in the directory (without `.` and `..`).
     pub fn names(&self) -> io::Result<Vec<OsString>> {
         let again = self.open_dir(Path::new("."))?;
@@ -524,7 +531,7 @@ impl Dir {
             SFlag::S_IFDIR => {
                 let src = self.open_dir(Path::new(name))?;
                 let d = dest.make_dir(single(dest_name)?, to, at, replaced)?;
-                set_mode_and_owner(&d, mode, to)?;
+                d.set_mode_and_owner(mode, to)?;
                 src.copy_tree(&d, owner, at, replaced)
             }
             SFlag::S_IFLNK => {
