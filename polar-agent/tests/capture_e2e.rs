@@ -2,7 +2,9 @@
 //! mode on loopback, no sandbox, no root) against the mock backend: all
 //! four harness APIs, streamed and not; token ids in the capture log equal
 //! to the mock's tokenizer; tool-call ids across turns; Responses
-//! `previous_response_id`, also after a restart; side calls; gzip bodies.
+//! `previous_response_id`, also after a restart; side calls (token counts
+//! by the backend's tokenizer, the labelled estimate when it cannot); gzip
+//! bodies.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a failed step fails the test"
@@ -28,40 +30,54 @@ async fn mock_default() -> mock::MockHandle {
     mock::start(MockConfig::default()).await.unwrap()
 }
 
+/// Every API, streamed and not, on both dialects: the record's prompt and
+/// response ids are the mock's own tokenization (on SGLang the response ids
+/// come from `meta_info.output_token_logprobs`, as real SGLang sends them:
+/// its chat replies carry no `token_ids`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_api_streamed_and_not_with_token_ids_in_the_log() {
-    let mock = mock_default().await;
-    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
-    for h in HARNESSES {
-        for stream in [false, true] {
-            let session = format!("s-{h:?}-{stream}").to_lowercase();
-            agent.session(&session, "task-1");
-            let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
-            let ids = h.check_reply(&reply, stream);
-            let (records, problems) = agent.calls(&session);
-            assert!(problems.is_empty(), "{problems:?}");
-            assert_eq!(records.len(), 1, "{h:?} {stream}");
-            let r = &records[0];
-            assert_eq!(r.seq, 0);
-            assert_eq!(r.session_id, session);
-            assert_eq!(r.task_id.as_deref(), Some("task-1"));
-            assert_eq!(r.native_request.api, h.api());
-            assert_eq!(r.native_request.method, "POST");
-            assert_eq!(r.request.stream, stream, "{h:?}");
-            assert_eq!(r.backend.name, "mock");
-            check_tokens(agent.backend(), r);
-            let resp = r.response.as_ref().unwrap();
-            let recorded: Vec<&str> = resp
-                .message
-                .tool_calls
-                .iter()
-                .map(|c| c.id.as_str())
-                .collect();
-            assert_eq!(ids, recorded, "{h:?} {stream}: ids the harness saw");
+    for dialect in [polar_mock::Dialect::Vllm, polar_mock::Dialect::Sglang] {
+        let mock = mock::start(MockConfig {
+            dialect,
+            ..MockConfig::default()
+        })
+        .await
+        .unwrap();
+        let toml = backend_toml("mock", &mock.url(), 5000)
+            .replace("dialect = \"vllm\"", &format!("dialect = \"{}\"", dialect.as_str()));
+        let agent = TestAgent::start(&toml).await;
+        for h in HARNESSES {
+            for stream in [false, true] {
+                let session = format!("s-{h:?}-{stream}-{}", dialect.as_str()).to_lowercase();
+                agent.session(&session, "task-1");
+                let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
+                let ids = h.check_reply(&reply, stream);
+                let (records, problems) = agent.calls(&session);
+                assert!(problems.is_empty(), "{problems:?}");
+                assert_eq!(records.len(), 1, "{h:?} {stream}");
+                let r = &records[0];
+                assert_eq!(r.seq, 0);
+                assert_eq!(r.session_id, session);
+                assert_eq!(r.task_id.as_deref(), Some("task-1"));
+                assert_eq!(r.native_request.api, h.api());
+                assert_eq!(r.native_request.method, "POST");
+                assert_eq!(r.request.stream, stream, "{h:?}");
+                assert_eq!(r.backend.name, "mock");
+                assert_eq!(r.backend.weight_version.as_deref(), Some("0"));
+                check_tokens(agent.backend(), r);
+                let resp = r.response.as_ref().unwrap();
+                let recorded: Vec<&str> = resp
+                    .message
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.id.as_str())
+                    .collect();
+                assert_eq!(ids, recorded, "{h:?} {stream} {dialect:?}: ids the harness saw");
+            }
         }
+        agent.stop().await;
+        mock.stop().await;
     }
-    agent.stop().await;
-    mock.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,7 +235,7 @@ async fn side_calls_are_answered_in_the_api_shape() {
     .await;
     assert_eq!(count.status, StatusCode::OK);
     assert!(count.json()["input_tokens"].as_u64().unwrap() > 10);
-    assert_eq!(count.headers["x-polar-token-count"], "estimate-bytes/4");
+    assert_eq!(count.headers["x-polar-token-count"], "backend");
 
     let models = send(request(
         agent.addr,
@@ -301,6 +317,164 @@ async fn side_calls_are_answered_in_the_api_shape() {
             .all(|r| matches!(&r.status, CallStatus::Failed { side, .. } if side == "harness"))
     );
     assert_eq!(records[0].native_request.api, Api::OpenaiChat);
+    agent.stop().await;
+    mock.stop().await;
+}
+
+/// Anthropic `count_tokens` and Gemini `countTokens` are answered by the
+/// backend's tokenizer with its chat template (the mock's `/tokenize`, on
+/// both dialects): the count equals the prompt length of the real call
+/// with the same conversation, labelled `x-polar-token-count: backend`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_equal_the_prompt_of_the_real_call() {
+    for dialect in [polar_mock::Dialect::Vllm, polar_mock::Dialect::Sglang] {
+        let mock = mock::start(MockConfig {
+            dialect,
+            ..MockConfig::default()
+        })
+        .await
+        .unwrap();
+        let toml = backend_toml("mock", &mock.url(), 5000)
+            .replace("dialect = \"vllm\"", &format!("dialect = \"{}\"", dialect.as_str()));
+        let agent = TestAgent::start(&toml).await;
+        for h in [Harness::Claude, Harness::Gemini] {
+            let s = format!("count-{h:?}-{}", dialect.as_str()).to_lowercase();
+            agent.session(&s, "t");
+            let (path, headers): (&str, &[(&str, &str)]) = match h {
+                Harness::Claude => (
+                    "/v1/messages/count_tokens?beta=true",
+                    &[("anthropic-version", "2023-06-01")],
+                ),
+                _ => ("/v1beta/models/gemini-2.5-pro:countTokens", &[]),
+            };
+            let count = send(request(
+                agent.addr,
+                &s,
+                Method::POST,
+                path,
+                headers,
+                Bytes::from(h.fixture().to_string()),
+            ))
+            .await;
+            assert_eq!(count.status, StatusCode::OK, "{h:?}: {}", count.text());
+            assert_eq!(count.headers["x-polar-token-count"], "backend", "{h:?}");
+            let n = match h {
+                Harness::Claude => count.json()["input_tokens"].as_u64().unwrap(),
+                _ => count.json()["totalTokens"].as_u64().unwrap(),
+            };
+            let reply = send(h.request(agent.addr, &s, h.fixture(), false)).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+            let (records, _) = agent.calls(&s);
+            assert_eq!(records.len(), 1, "the count is no model call");
+            check_tokens(agent.backend(), &records[0]);
+            let prompt = records[0].prompt_token_ids.as_ref().unwrap();
+            assert_eq!(n, prompt.len() as u64, "{h:?} {dialect:?}");
+            let usage = &records[0].response.as_ref().unwrap().usage;
+            assert_eq!(usage.prompt_tokens as u64, n, "usage is the backend's");
+        }
+        agent.stop().await;
+        mock.stop().await;
+    }
+}
+
+/// A backend that cannot count (here an SGLang backend whose server has no
+/// `/v1/tokenize`) leaves the estimate, labelled as one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_fall_back_to_a_labelled_estimate() {
+    let mock = mock_default().await;
+    let toml = backend_toml("mock", &mock.url(), 5000).replace("dialect = \"vllm\"", "dialect = \"sglang\"");
+    let agent = TestAgent::start(&toml).await;
+    agent.session("est", "t");
+    let body = Harness::Claude.fixture();
+    let count = send(request(
+        agent.addr,
+        "est",
+        Method::POST,
+        "/v1/messages/count_tokens",
+        &[("anthropic-version", "2023-06-01")],
+        Bytes::from(body.to_string()),
+    ))
+    .await;
+    assert_eq!(count.status, StatusCode::OK);
+    assert_eq!(count.headers["x-polar-token-count"], "estimate-bytes/4");
+    assert_eq!(
+        count.json()["input_tokens"].as_u64().unwrap(),
+        polar_chat::provider::canned::estimate_tokens(&body)
+    );
+    let bad = send(request(
+        agent.addr,
+        "est",
+        Method::POST,
+        "/v1/messages/count_tokens",
+        &[("anthropic-version", "2023-06-01")],
+        Bytes::from(json!({"model": "m", "messages": "nope"}).to_string()),
+    ))
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert_eq!(bad.json()["type"], "error", "Anthropic's error shape");
+    agent.stop().await;
+    mock.stop().await;
+}
+
+/// Structured output end to end: a Responses `text.format` and a Chat
+/// `response_format` reach the backend's constrained decoding (the mock
+/// answers schema-valid JSON only because it was asked), the Responses
+/// reply echoes the format; a backend configured with
+/// `constrained_decoding = false` refuses it with 400 in the API's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_through_the_proxy() {
+    let mock = mock_default().await;
+    let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
+    agent.session("json", "t");
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]});
+    let mut codex = Harness::Codex.fixture();
+    codex["text"] = json!({"format": {"type": "json_schema", "name": "title", "schema": schema, "strict": true}});
+    for stream in [false, true] {
+        let reply = send(Harness::Codex.request(agent.addr, "json", codex.clone(), stream)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        let response = if stream {
+            let text = reply.text();
+            let done = text
+                .split("\n\n")
+                .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+                .map(|d| serde_json::from_str::<Value>(d).unwrap())
+                .find(|v| v["type"] == "response.completed")
+                .unwrap();
+            done["response"].clone()
+        } else {
+            reply.json()
+        };
+        assert_eq!(response["text"]["format"]["type"], "json_schema");
+        assert_eq!(response["text"]["format"]["schema"], schema);
+        let message = response["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "message")
+            .unwrap();
+        let text = message["content"][0]["text"].as_str().unwrap();
+        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), json!({"title": "polar title"}));
+    }
+    let mut chat = Harness::Qwen.fixture();
+    chat["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "title", "schema": schema}});
+    let reply = send(Harness::Qwen.request(agent.addr, "json", chat.clone(), false)).await;
+    let content = reply.json()["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
+    assert_eq!(serde_json::from_str::<Value>(&content).unwrap(), json!({"title": "polar title"}));
+    let (records, _) = agent.calls("json");
+    assert!(records.iter().all(|r| r.request.response_format.is_some()), "the record keeps the constraint");
+    agent.stop().await;
+
+    let toml = format!("{}constrained_decoding = false\n", backend_toml("mock", &mock.url(), 5000));
+    let agent = TestAgent::start(&toml).await;
+    agent.session("plain", "t");
+    let refused = send(Harness::Qwen.request(agent.addr, "plain", chat, false)).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["type"], "invalid_request_error");
+    assert!(refused.text().contains("cannot honour structured output"), "{}", refused.text());
+    let (records, _) = agent.calls("plain");
+    assert!(matches!(&records[0].status, CallStatus::Failed { side, .. } if side == "harness"));
+    let plain = send(Harness::Qwen.request(agent.addr, "plain", Harness::Qwen.fixture(), false)).await;
+    assert_eq!(plain.status, StatusCode::OK, "calls without a constraint still pass");
     agent.stop().await;
     mock.stop().await;
 }

@@ -1,28 +1,35 @@
 //! [`Client`]: one call = admission by the pool (held while paused), the
 //! request built for the dialect, sent to the session's replica (the next
 //! one only when a replica could not be reached at all), and the reply
-//! handed back as a [`ChatStream`].
+//! handed back as a [`ChatStream`]; token counts from the backend's
+//! tokenizer ([`Client::count_tokens`]). A request that needs constrained
+//! decoding from a backend configured without it
+//! (`constrained_decoding = false`) is refused before anything is sent.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use tracing::Instrument;
 
 use super::pool::Pool;
 use super::request::streams_upstream;
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
+use super::tokenize::{parse_count, tokenize_body, tokenize_path};
 use super::wire::chat_body_bytes;
 use super::{BackendConfig, InferenceError, SamplingMode};
-use polar_chat::ChatRequest;
+use polar_chat::{ChatRequest, ToolChoice};
 
 /// The header naming the session, sent to the backend (the mock keys its
 /// script on it; vLLM and SGLang ignore it).
 pub const SESSION_HEADER: &str = "x-polar-session";
 
 const MAX_ERROR_BODY: usize = 64 << 10;
+/// The largest tokenize answer read (its `tokens` list: a few bytes per
+/// token of the longest context).
+const MAX_TOKENIZE_BODY: usize = 64 << 20;
 
 /// Calls one backend.
 #[derive(Clone, Debug)]
@@ -69,6 +76,14 @@ impl Client {
         req: &ChatRequest,
         mode: SamplingMode,
     ) -> Result<ChatStream, InferenceError> {
+        if !self.cfg.constrained_decoding
+            && let Some(feature) = needs_constrained_decoding(req)
+        {
+            return Err(InferenceError::Unsupported {
+                backend: self.cfg.name.clone(),
+                feature,
+            });
+        }
         let started_at = SystemTime::now();
         let waiting = Instant::now();
         let mut admission = self.pool.admit().await;
@@ -168,6 +183,132 @@ impl Client {
             last,
         })
     }
+}
+
+impl Client {
+    /// The prompt tokens of `req` as the backend's tokenizer and served
+    /// chat template count them (see [`crate::tokenize`]), from the
+    /// session's replica (the next one only when it cannot be reached).
+    /// Not a generation: it is not held while the pool is paused.
+    pub async fn count_tokens(&self, session: &str, req: &ChatRequest) -> Result<u64, InferenceError> {
+        let body = Bytes::from(tokenize_body(&self.cfg, req).to_string());
+        let path = tokenize_path(self.cfg.dialect);
+        let timeout = self.cfg.request_timeout();
+        let backend = self.cfg.name.clone();
+        let mut attempts = 0;
+        let mut last = String::from("no replica");
+        for replica in self.pool.order(session) {
+            attempts += 1;
+            let base = self.pool.url(replica).to_owned();
+            let request = post_json(&base, path, session, &body, &backend)?;
+            let result = tokio::time::timeout(timeout, self.pool.http().request(request)).await;
+            let resp = match result {
+                Err(_) => {
+                    return Err(InferenceError::Timeout {
+                        backend,
+                        replica: base,
+                        timeout,
+                        waiting_for: "reply head",
+                        events: 0,
+                    });
+                }
+                Ok(Err(e)) if e.is_connect() => {
+                    last = format!("{base}: {}", error_chain(&e));
+                    continue;
+                }
+                Ok(Err(e)) => {
+                    return Err(InferenceError::Disconnected {
+                        backend,
+                        replica: base,
+                        reason: error_chain(&e),
+                    });
+                }
+                Ok(Ok(resp)) => resp,
+            };
+            let status = resp.status();
+            if !status.is_success() {
+                return Err(InferenceError::Status {
+                    backend,
+                    replica: base,
+                    status: status.as_u16(),
+                    body: error_body(resp.into_body(), timeout).await,
+                });
+            }
+            let read = tokio::time::timeout(
+                timeout,
+                Limited::new(resp.into_body(), MAX_TOKENIZE_BODY).collect(),
+            )
+            .await;
+            let bytes = match read {
+                Ok(Ok(collected)) => collected.to_bytes(),
+                Ok(Err(e)) => {
+                    return Err(InferenceError::StreamCut {
+                        backend,
+                        replica: base,
+                        events: 0,
+                        reason: format!("tokenize answer: {e}"),
+                    });
+                }
+                Err(_) => {
+                    return Err(InferenceError::Timeout {
+                        backend,
+                        replica: base,
+                        timeout,
+                        waiting_for: "reply body",
+                        events: 0,
+                    });
+                }
+            };
+            return parse_count(&bytes).map_err(|reason| InferenceError::Malformed {
+                backend,
+                replica: base,
+                reason,
+            });
+        }
+        Err(InferenceError::Unreachable {
+            backend,
+            attempts,
+            last,
+        })
+    }
+}
+
+/// What in `req` needs constrained decoding (structured output, a
+/// required or named tool choice: what vLLM and SGLang compile into a
+/// grammar), if anything.
+pub fn needs_constrained_decoding(req: &ChatRequest) -> Option<&'static str> {
+    if req.response_format.is_some() {
+        return Some("structured output (a JSON schema or JSON mode)");
+    }
+    match req.tool_choice {
+        Some(ToolChoice::Required) => Some("a required tool choice"),
+        Some(ToolChoice::Tool { .. }) => Some("a named tool choice"),
+        _ => None,
+    }
+}
+
+/// A `POST {base}{path}` of the JSON `body` for `session`.
+fn post_json(
+    base: &str,
+    path: &str,
+    session: &str,
+    body: &Bytes,
+    backend: &str,
+) -> Result<Request<Full<Bytes>>, InferenceError> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}{path}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(
+            SESSION_HEADER,
+            HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
+        )
+        .body(Full::new(body.clone()))
+        .map_err(|e| InferenceError::Config {
+            backend: backend.to_owned(),
+            key: "replicas".into(),
+            reason: format!("{base}: cannot build a request: {e}"),
+        })
 }
 
 /// The `POST {base}/v1/chat/completions` of `body` for `session`

@@ -12,6 +12,7 @@
 //! request_timeout_ms = 600000           # to the reply head, and between two body chunks
 //! connect_timeout_ms = 2000
 //! health_check_interval_ms = 5000
+//! constrained_decoding = true           # JSON schema / JSON mode / required or named tool choice
 //!
 //! [sampling]
 //! mode = "train"                        # which overrides apply: train or eval
@@ -128,6 +129,18 @@ pub struct BackendConfig {
     /// Period of `GET /health` checks, in ms.
     #[serde(default = "default_health_check_interval_ms")]
     pub health_check_interval_ms: u64,
+    /// Whether the backend can constrain decoding: structured output
+    /// (`response_format` JSON schema or JSON mode) and a required or named
+    /// tool choice, which vLLM and SGLang compile into a grammar (both can,
+    /// the default). `false` for a server without a grammar backend: such
+    /// requests are then refused with 400 in the harness's API instead of
+    /// being answered with unconstrained text.
+    #[serde(default = "default_true")]
+    pub constrained_decoding: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_request_timeout_ms() -> u64 {
@@ -156,6 +169,7 @@ impl BackendConfig {
             request_timeout_ms: default_request_timeout_ms(),
             connect_timeout_ms: default_connect_timeout_ms(),
             health_check_interval_ms: default_health_check_interval_ms(),
+            constrained_decoding: true,
         }
     }
 

@@ -101,6 +101,16 @@ pub enum InferenceError {
         /// Events yielded before.
         events: usize,
     },
+    /// The request needs what this backend cannot do (constrained decoding
+    /// on a backend configured with `constrained_decoding = false`): the
+    /// harness's side, refused before anything is sent.
+    #[error("backend {backend} cannot honour {feature} (constrained_decoding = false)")]
+    Unsupported {
+        /// Backend name.
+        backend: String,
+        /// What the request asked for.
+        feature: &'static str,
+    },
     /// The reply could not be understood.
     #[error("backend {backend} ({replica}): malformed reply: {reason}")]
     Malformed {
@@ -116,13 +126,16 @@ pub enum InferenceError {
 impl InferenceError {
     /// Whether the request reached a replica (so it may have been processed).
     pub fn reached_backend(&self) -> bool {
-        !matches!(self, Self::Config { .. } | Self::Unreachable { .. })
+        !matches!(
+            self,
+            Self::Config { .. } | Self::Unreachable { .. } | Self::Unsupported { .. }
+        )
     }
 
     /// The replica that answered or was reached, when one was.
     pub fn replica(&self) -> Option<&str> {
         match self {
-            Self::Config { .. } | Self::Unreachable { .. } => None,
+            Self::Config { .. } | Self::Unreachable { .. } | Self::Unsupported { .. } => None,
             Self::Status { replica, .. }
             | Self::Timeout { replica, .. }
             | Self::Disconnected { replica, .. }

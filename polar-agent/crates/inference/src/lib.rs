@@ -7,6 +7,7 @@
 //! - [`request`]: the normalized request as backend JSON; [`wire`]: the
 //!   same body serialized directly (what is sent);
 //! - [`client`]: [`Client::chat`], retries only before a replica was reached;
+//!   [`Client::count_tokens`] with [`tokenize`] (the backend's tokenizer);
 //! - [`stream`]: [`ChatStream`] of [`StreamEvent`](polar_chat::StreamEvent)s
 //!   with [`Tokens`](polar_chat::Tokens), timings and backend facts;
 //! - `decode`: reply parsing (the SSE framing is [`polar_sse`]).
@@ -29,9 +30,10 @@ mod error;
 mod pool;
 pub mod request;
 pub mod stream;
+pub mod tokenize;
 pub mod wire;
 
-pub use client::Client;
+pub use client::{Client, needs_constrained_decoding};
 pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
 pub use error::InferenceError;
 pub use pool::{Pool, PoolStats, ReplicaStats};

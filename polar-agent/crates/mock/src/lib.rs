@@ -5,13 +5,18 @@
 //! - [`tokenizer`]: deterministic, reversible ids with the ChatML specials;
 //! - [`template`]: the ChatML-like chat template, prefix-preserving unless
 //!   switched (`strip_reasoning`, `generation_glue`);
+//! - [`constrain`]: constrained decoding imitated (`response_format` JSON
+//!   from the schema, `tool_choice`, `parallel_tool_calls`);
 //! - [`script`]: what the "model" answers (script file or built-in policy);
 //! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
 //! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
 //!
 //! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
-//! and `POST /detokenize` (vLLM), `POST /generate` (SGLang), `GET /v1/models`,
+//! (vLLM's `TokenizeChatRequest`; SGLang's `TokenizeRequest`, also at
+//! `/v1/tokenize`: the chat template of a real call, so a count equals the
+//! call's prompt length), `POST /detokenize` (vLLM), `POST /generate`
+//! (SGLang), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text), and admin:
 //! `POST /pause_generation` (also `/pause`) holds new generations until
 //! `POST /continue_generation` (also `/resume`) while in-flight ones finish;
@@ -22,10 +27,12 @@
 //! Layering: above `polar-chat`, `polar-json`, `polar-io` and
 //! `polar-inference` (for the dialect names); it builds and tests without
 //! the eBPF toolchain (checked by `cargo xtask layers`). Tests: `tests.rs`,
-//! `template_tests.rs`, and `tests/inference/` (the inference client and
-//! pool against this server).
+//! `template_tests.rs`, `dialect_tests.rs` (each reply field against the
+//! real servers' protocol definitions), and `tests/inference/` (the
+//! inference client and pool against this server).
 
 mod body;
+pub mod constrain;
 mod emit;
 mod generate;
 pub mod openai;
@@ -36,6 +43,8 @@ pub mod template;
 pub mod tokenizer;
 mod vllm;
 
+#[cfg(test)]
+mod dialect_tests;
 #[cfg(test)]
 mod tests;
 
@@ -55,7 +64,8 @@ use template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
 /// Which field carries reasoning in vLLM replies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReasoningField {
-    /// `reasoning` (vLLM >= 0.10).
+    /// `reasoning` (vLLM >= 0.10), copied into `reasoning_content` in
+    /// whole replies as newer vLLM does.
     #[default]
     Reasoning,
     /// `reasoning_content` (older vLLM, SGLang).

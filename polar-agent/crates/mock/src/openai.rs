@@ -15,7 +15,8 @@
 use http::HeaderMap;
 use serde_json::{Map, Value};
 
-use super::MockError;
+use super::constrain::{Constraint, ToolChoice};
+use super::{Dialect, MockError};
 use super::template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
 use polar_chat::{Message, Part, Reasoning, Role, Tool, ToolCall};
 
@@ -43,6 +44,8 @@ pub struct ChatIn {
     pub logprobs: bool,
     /// `top_logprobs`.
     pub top_logprobs: usize,
+    /// `response_format`, `tool_choice`, `parallel_tool_calls`.
+    pub constraint: Constraint,
     /// The whole body, for dialect-specific flags.
     pub body: Map<String, Value>,
 }
@@ -59,14 +62,16 @@ impl ChatIn {
             .iter()
             .map(message)
             .collect::<Result<Vec<_>, _>>()?;
-        let tools = body
+        let tools: Vec<Tool> = body
             .get("tools")
             .and_then(Value::as_array)
             .map(|ts| ts.iter().filter_map(tool).collect())
             .unwrap_or_default();
+        let constraint = Constraint::parse(&body, &tools)?;
         Ok(Self {
             messages,
             tools,
+            constraint,
             stream: flag(&body, "stream"),
             include_usage: body
                 .get("stream_options")
@@ -88,6 +93,41 @@ impl ChatIn {
     /// Whether the body sets `key` to `true`.
     pub fn flag(&self, key: &str) -> bool {
         flag(&self.body, key)
+    }
+
+    /// The tools the chat template renders: every offered tool, except on
+    /// SGLang, whose `OpenAIServingChat._process_messages`
+    /// (`python/sglang/srt/entrypoints/openai/serving_chat.py`) renders none
+    /// for `tool_choice: "none"` and only the named one for a named choice.
+    /// vLLM renders every tool either way.
+    pub fn template_tools(&self, dialect: Dialect) -> Vec<Tool> {
+        match (dialect, &self.constraint.tool_choice) {
+            (Dialect::Sglang, ToolChoice::None) => Vec::new(),
+            (Dialect::Sglang, ToolChoice::Named(name)) => self
+                .tools
+                .iter()
+                .filter(|t| &t.name == name)
+                .cloned()
+                .collect(),
+            _ => self.tools.clone(),
+        }
+    }
+
+    /// The prompt text of this conversation, rendered as a generation of
+    /// the server would render it (also what `/tokenize` counts).
+    pub fn prompt(
+        &self,
+        cfg: &super::MockConfig,
+        headers: &HeaderMap,
+        add_generation_prompt: bool,
+    ) -> Result<String, MockError> {
+        let opts = template_options(&cfg.template, headers, &self.body)?;
+        Ok(super::template::render_prompt(
+            &self.messages,
+            &self.template_tools(cfg.dialect),
+            &opts,
+            add_generation_prompt,
+        ))
     }
 }
 
@@ -258,14 +298,15 @@ pub async fn admit_chat(
     super::MockError,
 > {
     let req = ChatIn::parse(body)?;
-    let opts = template_options(&state.cfg.template, headers, &req.body)?;
-    let prompt = super::template::render_prompt(&req.messages, &req.tools, &opts, true);
+    let prompt = req.prompt(&state.cfg, headers, true)?;
+    let tools = req.template_tools(state.cfg.dialect);
     let gen_req = super::server::GenRequest {
         headers,
         user: req.user.as_deref(),
-        facts: super::template::PromptFacts::of_messages(&req.messages, &req.tools),
+        facts: super::template::PromptFacts::of_messages(&req.messages, &tools),
         prompt_ids: super::tokenizer::encode(&prompt),
         max_tokens: req.max_tokens,
+        constraint: req.constraint.clone(),
     };
     let adm = match state.admit(gen_req).await {
         Ok(a) => a,

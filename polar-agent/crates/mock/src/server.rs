@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::body::{RespBody, error_response, full, json_response};
+use super::constrain::Constraint;
 use super::generate::{Generation, generate, hash_bytes, mix};
 use super::openai::SESSION_HEADER;
 use super::script::{Plan, Policy};
@@ -122,6 +123,8 @@ pub struct GenRequest<'a> {
     pub prompt_ids: Vec<u32>,
     /// Requested token limit.
     pub max_tokens: Option<usize>,
+    /// Structured output and tool choice (none for the token-in endpoints).
+    pub constraint: Constraint,
 }
 
 impl State {
@@ -179,7 +182,10 @@ impl State {
             }
         }
         let session = session_key(req.headers, req.user, &req.facts, &req.prompt_ids);
-        let plan: Plan = self.policy.next(&session, &req.facts);
+        let plan = match self.plan(&session, &req) {
+            Ok(p) => p,
+            Err(e) => return Err(error_response(StatusCode::BAD_REQUEST, &e.to_string())),
+        };
         if let Some((status, message)) = &plan.error {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Err(error_response(status, message));
@@ -200,6 +206,19 @@ impl State {
             cached_tokens,
             state: Arc::clone(self),
         })
+    }
+
+    /// The plan of a request: the JSON its `response_format` asks for, else
+    /// the policy's plan filtered by its tool choice (see [`super::constrain`]).
+    fn plan(&self, session: &str, req: &GenRequest<'_>) -> Result<Plan, MockError> {
+        if let Some(plan) = req.constraint.structured_plan()? {
+            return Ok(plan);
+        }
+        let mut plan = self.policy.next(session, &req.facts);
+        if plan.error.is_none() {
+            req.constraint.apply_tools(&mut plan, &req.facts.tools)?;
+        }
+        Ok(plan)
     }
 
     /// Stores the session's sequence; returns the prompt prefix it shared
@@ -359,6 +378,9 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         }
         (&Method::POST, "/tokenize", Dialect::Vllm) => vllm::tokenize(state, &parts.headers, &body),
         (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(&body),
+        (&Method::POST, "/v1/tokenize" | "/tokenize", Dialect::Sglang) => {
+            sglang::tokenize(state, &parts.headers, &body)
+        }
         (&Method::POST, "/generate", Dialect::Sglang) => {
             sglang::generate(state, &parts.headers, &body).await
         }

@@ -1,9 +1,12 @@
 //! The SGLang dialect: `/v1/chat/completions` where, without streaming,
 //! `return_prompt_token_ids` adds `choices[].prompt_token_ids` and
-//! `return_meta_info` adds `choices[].token_ids` and `choices[].meta_info`
-//! (`output_token_logprobs` as `[logprob, id, text]` triples when `logprobs`
-//! is set); streamed replies carry no ids and reasoning as
-//! `reasoning_content`. `/generate` with `text` or `input_ids`,
+//! `return_meta_info` adds `choices[].meta_info` (`output_token_logprobs`
+//! as `[logprob, id, text]` triples when `logprobs` is set: the only place
+//! the response ids are, as in real SGLang, whose chat replies carry no
+//! `token_ids`), with `metadata.weight_version` at the top (see
+//! [`whole_chat`]); streamed replies carry no ids and reasoning as
+//! `reasoning_content`. `/v1/tokenize` (and `/tokenize`) with a prompt or
+//! messages. `/generate` with `text` or `input_ids`,
 //! `sampling_params`, `return_logprob`, `stream` (each streamed event carries
 //! the text and `output_ids` so far, cumulative).
 
@@ -20,6 +23,7 @@ use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
 use super::template::PromptFacts;
 use super::vllm::{chat_delta, visible_text};
+use super::constrain::Constraint;
 use super::{MockError, tokenizer};
 
 /// SGLang's `meta_info` of a generation.
@@ -41,54 +45,153 @@ fn meta_info(adm: &Admitted, id: &str, logprobs: bool) -> Value {
     meta
 }
 
+/// A whole (non-streamed) chat reply, field by field as SGLang's
+/// `OpenAIServingChat._build_chat_response`
+/// (`python/sglang/srt/entrypoints/openai/serving_chat.py`) builds it from
+/// the models of `python/sglang/srt/entrypoints/openai/protocol.py`:
+/// - `ChatCompletionResponse`: `id` (the request id of `meta_info.id`),
+///   `object`, `created`, `model` (the request's `model`, echoed),
+///   `choices`, `usage` (`UsageInfo`), `metadata: {"weight_version"}`;
+/// - `ChatCompletionResponseChoice`: `index`, `message`, `logprobs`,
+///   `finish_reason` (`tool_calls` when the tool parser found calls),
+///   `matched_stop` (the stop token, `null` after tool calls), and only when
+///   asked `prompt_token_ids` (`return_prompt_token_ids`) and `meta_info`
+///   (`return_meta_info`); `hidden_states` and `token_ids` are dropped when
+///   unset, and the chat endpoint never sets `token_ids`: the response ids
+///   are in `meta_info.output_token_logprobs`;
+/// - `ChatMessage`: `role`, `content` (`""` when empty, never `null`),
+///   `reasoning_content` (`null` when empty), `tool_calls` (`null` when
+///   none).
+fn whole_chat(
+    req: &openai::ChatIn,
+    adm: &Admitted,
+    call_ids: &[String],
+    (id, model, created): (&str, &str, u64),
+    top: usize,
+) -> Value {
+    let g = &adm.generation;
+    let p = &g.parsed;
+    let calls: Vec<Value> = p
+        .tool_calls
+        .iter()
+        .zip(call_ids)
+        .enumerate()
+        .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    let tool_calls = !calls.is_empty();
+    let matched = if g.finish.sglang_type() == "stop" && !tool_calls {
+        json!(tokenizer::IM_END)
+    } else {
+        Value::Null
+    };
+    let mut choice = json!({
+        "index": 0,
+        "message": {"role": "assistant", "content": p.content,
+                    "reasoning_content": p.reasoning.as_deref().filter(|r| !r.is_empty()),
+                    "tool_calls": if tool_calls { Value::Array(calls) } else { Value::Null }},
+        "logprobs": if req.logprobs { emit::chat_logprobs(g, 0..g.ids.len(), top) } else { Value::Null },
+        "finish_reason": g.finish.as_str(),
+        "matched_stop": matched,
+    });
+    if req.flag("return_prompt_token_ids") {
+        choice["prompt_token_ids"] = json!(g.prompt_ids);
+    }
+    if req.flag("return_meta_info") {
+        let mut meta = meta_info(adm, id, req.logprobs);
+        if tool_calls {
+            // `_process_tool_calls` rewrites the shared finish dict.
+            meta["finish_reason"] = json!({"type": "tool_calls", "matched": null});
+        }
+        choice["meta_info"] = meta;
+    }
+    let mut usage = emit::usage(adm);
+    usage["reasoning_tokens"] = json!(0);
+    json!({
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [choice], "usage": usage,
+        "metadata": {"weight_version": adm.weight_version()},
+    })
+}
+
+/// `POST /v1/tokenize` (also `/tokenize`), as SGLang's `TokenizeRequest`
+/// (`python/sglang/srt/entrypoints/openai/protocol.py`) reads it: exactly
+/// one of `prompt` (a string or a list of strings, no template) and
+/// `messages` (with `tools`, `tool_choice`, `chat_template_kwargs`, rendered
+/// as the chat endpoint renders them, generation prompt included); the
+/// answer is its `TokenizeResponse`, `{tokens, count, max_model_len}`.
+pub fn tokenize(
+    state: &State,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response<RespBody>, MockError> {
+    let req: Map<String, Value> = serde_json::from_slice(body)
+        .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let max = state.cfg.max_model_len;
+    let reply = match (req.get("prompt"), req.get("messages")) {
+        (Some(Value::String(text)), None) => {
+            let ids = tokenizer::encode(text);
+            json!({"tokens": ids, "count": ids.len(), "max_model_len": max})
+        }
+        (Some(Value::Array(texts)), None) => {
+            let lists = texts
+                .iter()
+                .map(|t| t.as_str().map(tokenizer::encode))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    MockError::BadRequest("`prompt` must be a string or a list of strings".into())
+                })?;
+            let counts: Vec<usize> = lists.iter().map(Vec::len).collect();
+            json!({"tokens": lists, "count": counts, "max_model_len": max})
+        }
+        (None, Some(_)) => {
+            let chat = openai::ChatIn::parse(body)?;
+            let ids = tokenizer::encode(&chat.prompt(&state.cfg, headers, true)?);
+            json!({"tokens": ids, "count": ids.len(), "max_model_len": max})
+        }
+        _ => {
+            return Err(MockError::BadRequest(
+                "Exactly one of 'prompt' or 'messages' must be provided.".into(),
+            ));
+        }
+    };
+    Ok(super::body::json_response(http::StatusCode::OK, &reply))
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(
     state: &Arc<State>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response<RespBody>, MockError> {
+    let streamed_ids = serde_json::from_slice::<Map<String, Value>>(body)
+        .ok()
+        .filter(|b| openai::flag(b, "stream"))
+        .and_then(|b| {
+            ["return_prompt_token_ids", "return_meta_info"]
+                .into_iter()
+                .find(|k| openai::flag(&b, k))
+        });
+    if let Some(key) = streamed_ids {
+        // `_convert_to_internal_request` in serving_chat.py refuses it.
+        return Err(MockError::BadRequest(format!(
+            "{key} is not supported with streaming. Please set stream=false when using {key}=true."
+        )));
+    }
     let (req, adm, call_ids) = match openai::admit_chat(state, headers, body).await? {
         Ok(admitted) => admitted,
         Err(resp) => return Ok(resp),
     };
     let top = if req.logprobs { req.top_logprobs } else { 0 };
     let id = format!("{:032x}", adm.number);
-    let model = adm.cfg().served_model.clone();
+    // Both reply kinds name the request's model (`model=request.model`).
+    let model = req
+        .body
+        .get("model")
+        .and_then(Value::as_str)
+        .map_or_else(|| adm.cfg().served_model.clone(), str::to_owned);
     let created = now_secs();
     if !req.stream {
-        let g = &adm.generation;
-        let p = &g.parsed;
-        let calls: Vec<Value> = p
-            .tool_calls
-            .iter()
-            .zip(&call_ids)
-            .enumerate()
-            .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-            .collect();
-        let content = if p.content.is_empty() {
-            Value::Null
-        } else {
-            json!(p.content)
-        };
-        let mut choice = json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": content, "reasoning_content": p.reasoning,
-                        "tool_calls": if calls.is_empty() { Value::Null } else { Value::Array(calls) }},
-            "logprobs": if req.logprobs { emit::chat_logprobs(g, 0..g.ids.len(), top) } else { Value::Null },
-            "finish_reason": g.finish.as_str(),
-            "matched_stop": if g.finish.sglang_type() == "stop" { json!(tokenizer::IM_END) } else { Value::Null },
-        });
-        if req.flag("return_prompt_token_ids") {
-            choice["prompt_token_ids"] = json!(g.prompt_ids);
-        }
-        if req.flag("return_meta_info") {
-            choice["token_ids"] = json!(g.ids);
-            choice["meta_info"] = meta_info(&adm, &id, req.logprobs);
-        }
-        let reply = json!({
-            "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": emit::usage(&adm),
-        });
+        let reply = whole_chat(&req, &adm, &call_ids, (&id, &model, created), top);
         return Ok(emit::whole(adm, reply).await);
     }
     let head =
@@ -150,6 +253,7 @@ pub async fn generate(
             .and_then(|s| s.get("max_new_tokens"))
             .and_then(Value::as_u64)
             .map(|n| n as usize),
+        constraint: Constraint::default(),
     };
     let adm = match state.admit(gen_req).await {
         Ok(a) => a,

@@ -221,22 +221,23 @@ async fn sglang_ids_only_without_streaming() {
     assert_eq!(status, StatusCode::OK);
     let choice = &whole["choices"][0];
     let prompt = ids(&choice["prompt_token_ids"]);
-    let out = ids(&choice["token_ids"]);
+    assert!(choice.get("token_ids").is_none(), "real SGLang sends none");
     let triples = choice["meta_info"]["output_token_logprobs"]
         .as_array()
         .unwrap();
-    assert_eq!(triples.len(), out.len());
-    assert_eq!(
-        triples
-            .iter()
-            .map(|t| t[1].as_u64().unwrap() as u32)
-            .collect::<Vec<_>>(),
-        out
-    );
+    let out: Vec<u32> = triples
+        .iter()
+        .map(|t| t[1].as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(out.last(), Some(&tokenizer::IM_END));
     assert_eq!(choice["meta_info"]["weight_version"], "0");
-    assert_eq!(choice["meta_info"]["finish_reason"]["type"], "stop");
+    assert_eq!(choice["meta_info"]["finish_reason"]["type"], "tool_calls");
 
     body["stream"] = json!(true);
+    let (status, _) = post(&url, &body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "ids are refused with streaming");
+    body["return_prompt_token_ids"] = json!(false);
+    body["return_meta_info"] = json!(false);
     let (_, _, bytes) = request(Method::POST, &url, Some(&body), &[]).await;
     let text = String::from_utf8(bytes.to_vec()).unwrap();
     assert!(!text.contains("token_ids"));

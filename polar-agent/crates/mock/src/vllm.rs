@@ -15,7 +15,8 @@ use super::emit::{self, Frame};
 use super::generate::{Delta, Generation};
 use super::openai::{self, ChatIn};
 use super::server::{GenRequest, State, now_secs};
-use super::template::{self, PromptFacts};
+use super::template::PromptFacts;
+use super::constrain::Constraint;
 use super::{MockError, tokenizer};
 
 /// `POST /v1/chat/completions`.
@@ -37,13 +38,21 @@ pub async fn chat(
     if !req.stream {
         let g = &adm.generation;
         let p = &g.parsed;
+        // vLLM's `ChatMessage` (`vllm/entrypoints/openai/protocol.py`;
+        // `entrypoints/openai/chat_completion/protocol.py` in newer
+        // releases): every field serialized, `reasoning` copied into the
+        // deprecated `reasoning_content` (`handle_deprecated_reasoning_content`).
         let mut message = Map::new();
         message.insert("role".into(), json!("assistant"));
         message.insert("content".into(), non_empty(&p.content));
-        message.insert(
-            field.into(),
-            p.reasoning.clone().map_or(Value::Null, Value::from),
-        );
+        for key in ["refusal", "annotations", "audio", "function_call"] {
+            message.insert(key.into(), Value::Null);
+        }
+        let reasoning = p.reasoning.clone().map_or(Value::Null, Value::from);
+        message.insert(field.into(), reasoning.clone());
+        if field == "reasoning" {
+            message.insert("reasoning_content".into(), reasoning);
+        }
         let calls: Vec<Value> = p
             .tool_calls
             .iter()
@@ -58,7 +67,8 @@ pub async fn chat(
         });
         let mut reply = json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
-            "choices": [], "usage": emit::usage(&adm), "prompt_logprobs": null,
+            "choices": [], "service_tier": null, "system_fingerprint": null,
+            "usage": emit::usage(&adm), "prompt_logprobs": null, "kv_transfer_params": null,
         });
         if with_ids {
             choice["token_ids"] = json!(g.ids);
@@ -172,6 +182,7 @@ pub async fn completions(
             .get("max_tokens")
             .and_then(Value::as_u64)
             .map(|n| n as usize),
+        constraint: Constraint::default(),
     };
     let adm = match state.admit(gen_req).await {
         Ok(a) => a,
@@ -271,17 +282,11 @@ pub fn tokenize(
         tokenizer::encode(prompt)
     } else {
         let chat = ChatIn::parse(body)?;
-        let opts = openai::template_options(&state.cfg.template, headers, &chat.body)?;
         let add = req
             .get("add_generation_prompt")
             .and_then(Value::as_bool)
             .unwrap_or(true);
-        tokenizer::encode(&template::render_prompt(
-            &chat.messages,
-            &chat.tools,
-            &opts,
-            add,
-        ))
+        tokenizer::encode(&chat.prompt(&state.cfg, headers, add)?)
     };
     Ok(json_response(
         StatusCode::OK,

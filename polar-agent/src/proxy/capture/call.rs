@@ -174,6 +174,7 @@ async fn translate_and_answer(
         }
     };
     let early = draft.encode_early();
+    let framing = opts.framing;
     let call = reply::Call {
         log,
         draft,
@@ -181,7 +182,7 @@ async fn translate_and_answer(
         api,
         opts,
     };
-    match opts.framing {
+    match framing {
         Framing::Json => reply::whole(call, stream).await,
         Framing::Sse | Framing::JsonArray => reply::streamed(call, stream, &capture.tasks).await,
     }

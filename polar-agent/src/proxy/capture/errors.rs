@@ -81,6 +81,14 @@ pub fn provider_error(e: &InferenceError) -> ProviderError {
             ErrorKind::Overloaded,
             format!("inference backend {b} stopped generating before the end of the turn"),
         ),
+        InferenceError::Unsupported {
+            backend: b,
+            feature,
+        } => ProviderError::new(
+            Side::Harness,
+            ErrorKind::Unsupported,
+            format!("the inference backend {b} cannot honour {feature}"),
+        ),
         InferenceError::Malformed { backend: b, .. } => backend(
             ErrorKind::BackendError,
             format!("inference backend {b} sent a malformed reply"),
@@ -178,5 +186,18 @@ mod tests {
         );
         let e = provider_error(&s(500, "secret body"));
         assert!(!e.message.contains("secret"), "no backend bodies");
+        // Constrained decoding asked of a backend without it: the
+        // harness's request, 400 in its API's shape, never a silent drop.
+        let unsupported = InferenceError::Unsupported {
+            backend: "b".into(),
+            feature: "a named tool choice",
+        };
+        let e = provider_error(&unsupported);
+        assert_eq!((e.side, e.kind), (Side::Harness, ErrorKind::Unsupported));
+        for api in [Api::AnthropicMessages, Api::OpenaiChat, Api::OpenaiResponses, Api::Gemini] {
+            assert_eq!(e.kind.status(api), 400, "{api:?}");
+            let (_, body) = provider::error_response(api, &e);
+            assert!(body.to_string().contains("cannot honour a named tool choice"), "{body}");
+        }
     }
 }

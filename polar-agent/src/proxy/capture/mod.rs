@@ -9,7 +9,8 @@
 //!    body limit and charged to the request's fair share as it inflates;
 //!    other encodings are refused with 400) and parsed as JSON;
 //! 2. [`provider::detect`] says what it is. Side calls are answered here
-//!    ([`side`]): token counts with an estimate, model lists (the backend's
+//!    ([`side`]): token counts by the backend's tokenizer (an estimate,
+//!    labelled, when it cannot count), model lists (the backend's
 //!    names), Codex's WebSocket attempt with 426, `HEAD` probes with 200;
 //!    anything else goes to the route's `upstream` when it has one, else
 //!    gets 404 in the API's error shape;

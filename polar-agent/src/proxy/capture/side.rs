@@ -2,7 +2,7 @@
 //!
 //! | request | answer |
 //! | --- | --- |
-//! | token counting (Anthropic `count_tokens`, Gemini `countTokens`) | an estimate (bytes / 4), marked `x-polar-token-count: estimate-bytes/4` |
+//! | token counting (Anthropic `count_tokens`, Gemini `countTokens`) | the backend's count of the conversation with its tokenizer and served chat template ([`Client::count_tokens`](polar_inference::Client::count_tokens)), marked `x-polar-token-count: backend`; when the backend cannot count (no tokenize endpoint, unreachable, an error), an estimate (bytes / 4) marked `x-polar-token-count: estimate-bytes/4` |
 //! | model listing (`GET .../models`) | the backend's names (its `model_map` keys and `served_model`) in the API's shape |
 //! | Codex's WebSocket attempt (`GET /v1/responses`) | 426, so it falls back to HTTP streaming |
 //! | `HEAD` anything (connectivity probes) | 200, empty |
@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::config::ProviderHint;
 use polar_chat::Api;
-use polar_chat::provider::canned::{self, CannedResponse};
+use polar_chat::provider::canned::{self, CannedResponse, CountSource};
 use polar_chat::provider::{ErrorKind, ProviderError, Side, SideCall};
 
 use super::super::body::{ProxyBody, full};
@@ -33,7 +33,7 @@ impl Capture {
         json: &Value,
     ) -> Response<ProxyBody> {
         match call {
-            SideCall::CountTokens { api } => canned_response(canned::count_tokens(api, json)),
+            SideCall::CountTokens { api } => self.count_tokens(&ctx, &req, api, json).await,
             SideCall::ListModels { api } => {
                 let names = self.model_names(&ctx);
                 canned_response(canned::list_models(api, &names))
@@ -44,6 +44,36 @@ impl Capture {
                 self.forward_or_404(ctx, req, Some(path)).await
             }
         }
+    }
+
+    /// A token count: the backend's, else the labelled estimate. A body
+    /// that is no conversation is the harness's error (400 in its shape).
+    async fn count_tokens(
+        &self,
+        ctx: &RequestContext,
+        req: &ModelRequest,
+        api: Api,
+        json: &Value,
+    ) -> Response<ProxyBody> {
+        let path = req.head.uri.path_and_query().map_or("/", |p| p.as_str());
+        let request = match canned::count_request(api, path, json) {
+            Ok(r) => r,
+            Err(e) => return errors::respond(api, &e),
+        };
+        let client = ctx.backend.as_deref().and_then(|b| self.backend(b));
+        let session = Capture::session_of(ctx);
+        if let Some(client) = client {
+            match client.count_tokens(session.as_str(), &request).await {
+                Ok(n) => {
+                    return canned_response(canned::count_tokens(api, n, CountSource::Backend));
+                }
+                Err(e) => {
+                    tracing::info!(session = %session, error = %e, "the backend cannot count tokens; answering the estimate");
+                }
+            }
+        }
+        let n = canned::estimate_tokens(json);
+        canned_response(canned::count_tokens(api, n, CountSource::Estimate))
     }
 
     /// The model names a listing shows: the backend's mapped names, then its

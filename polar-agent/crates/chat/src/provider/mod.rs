@@ -224,7 +224,8 @@ pub struct ModelCall {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SideCall {
     /// Token counting (Anthropic `/v1/messages/count_tokens`, Gemini
-    /// `:countTokens`): answer with [`canned::count_tokens`].
+    /// `:countTokens`): counted by the backend ([`canned::count_request`]
+    /// says what), answered with [`canned::count_tokens`].
     CountTokens {
         /// The API it belongs to.
         api: Api,
@@ -442,12 +443,13 @@ impl ParsedRequest {
             created,
             include_usage: self.include_usage,
             framing: call.framing,
+            response_format: self.request.response_format.clone(),
         }
     }
 }
 
 /// What a reply needs besides the [`ChatResponse`] or events.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ReplyOptions {
     /// Creation time, Unix seconds (`created`, `created_at`).
     pub created: u64,
@@ -455,6 +457,10 @@ pub struct ReplyOptions {
     pub include_usage: bool,
     /// How the reply is framed.
     pub framing: Framing,
+    /// The structured output asked for, echoed where the API echoes it
+    /// (Responses `text.format`; OpenAI Chat, Anthropic and Gemini replies
+    /// carry no echo).
+    pub response_format: Option<crate::ResponseFormat>,
 }
 
 /// One wire protocol.

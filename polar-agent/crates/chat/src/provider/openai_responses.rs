@@ -40,8 +40,8 @@ use super::{
 };
 use crate::Api;
 use crate::{
-    ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, Role, Sampling, StreamEvent,
-    Tool, ToolCall, ToolChoice, Usage,
+    ChatRequest, ChatResponse, FinishReason, Message, Part, Reasoning, ResponseFormat, Role,
+    Sampling, StreamEvent, Tool, ToolCall, ToolChoice, Usage,
 };
 use polar_json::Json;
 
@@ -510,11 +510,33 @@ fn status_of(reason: &FinishReason) -> (&'static str, Value) {
     }
 }
 
+/// The `text.format` a reply echoes: the request's structured output, in
+/// the Responses shape (`{"type": "json_schema", "name", "schema",
+/// "strict"}`, `{"type": "json_object"}`), else `{"type": "text"}`.
+fn text_format(format: Option<&ResponseFormat>) -> Value {
+    match format {
+        None => json!({"type": "text"}),
+        Some(ResponseFormat::JsonObject) => json!({"type": "json_object"}),
+        Some(ResponseFormat::JsonSchema {
+            name,
+            schema,
+            strict,
+        }) => {
+            let mut f = json!({"type": "json_schema", "name": name, "schema": schema});
+            if let Some(s) = strict {
+                f["strict"] = json!(s);
+            }
+            f
+        }
+    }
+}
+
 #[expect(
     clippy::too_many_arguments,
-    reason = "the response object has that many varying fields"
+    reason = "one value per field of the response object that varies"
 )]
 fn response_object(
+    format: Option<&ResponseFormat>,
     id: &str,
     model: &str,
     created: u64,
@@ -541,7 +563,7 @@ fn response_object(
         "reasoning": {"effort": null, "summary": null},
         "store": false,
         "temperature": null,
-        "text": {"format": {"type": "text"}},
+        "text": {"format": text_format(format)},
         "tool_choice": "auto",
         "tools": [],
         "top_p": null,
@@ -622,6 +644,7 @@ fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
     let reason = effective_finish(&resp.finish_reason, !m.tool_calls.is_empty());
     let (status, incomplete) = status_of(&reason);
     response_object(
+        opts.response_format.as_ref(),
         &id,
         &resp.model,
         opts.created,
@@ -660,6 +683,7 @@ struct OpenCall {
 #[derive(Debug)]
 pub struct Encoder {
     created: u64,
+    format: Option<ResponseFormat>,
     id: String,
     model: String,
     seq: u64,
@@ -679,6 +703,7 @@ impl Encoder {
     pub fn new(opts: &ReplyOptions) -> Self {
         Self {
             created: opts.created,
+            format: opts.response_format.clone(),
             id: response_id(""),
             model: String::new(),
             seq: 0,
@@ -709,6 +734,7 @@ impl Encoder {
         let mut items = self.output.clone();
         items.sort_by_key(|(i, _)| *i);
         response_object(
+            self.format.as_ref(),
             &self.id,
             &self.model,
             self.created,

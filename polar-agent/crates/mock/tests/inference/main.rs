@@ -21,6 +21,7 @@ use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::{self as mock, MockConfig, MockHandle, tokenizer};
 
 mod pool;
+mod tokenize;
 
 pub(crate) fn backend(dialect: Dialect, urls: Vec<String>) -> BackendConfig {
     let mut cfg = BackendConfig::new("test", dialect, urls, "polar-mock");

@@ -18,6 +18,7 @@ fn opts() -> ReplyOptions {
         created: 1_796_006_612,
         include_usage: false,
         framing: Framing::Sse,
+        response_format: None,
     }
 }
 

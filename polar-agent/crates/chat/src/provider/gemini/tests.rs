@@ -18,6 +18,7 @@ fn opts(framing: Framing) -> ReplyOptions {
         created: 0,
         include_usage: false,
         framing,
+        response_format: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn opts(include_usage: bool) -> ReplyOptions {
         created: 1_796_006_612,
         include_usage,
         framing: Framing::Sse,
+        response_format: None,
     }
 }
 

@@ -18,6 +18,7 @@ fn opts() -> ReplyOptions {
         created: 1_796_006_612,
         include_usage: false,
         framing: Framing::Sse,
+        response_format: None,
     }
 }
 
@@ -647,4 +648,36 @@ proptest! {
         );
         prop_assert_eq!(&back.tool_calls, &r.message.tool_calls);
     }
+}
+
+/// A reply echoes the requested `text.format` (whole and streamed, in
+/// `response.completed`), as the Responses API does; `text` without one.
+#[test]
+fn replies_echo_the_requested_text_format() {
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}}});
+    let req = parse(&json!({"model": "m", "input": "q",
+        "text": {"format": {"type": "json_schema", "name": "title", "schema": schema, "strict": true}}}));
+    let mut o = req.reply_options(&call(), 1);
+    let r = ChatResponse {
+        id: "r".into(),
+        model: "m".into(),
+        message: Message::text(Role::Assistant, "{\"title\":\"x\"}"),
+        finish_reason: FinishReason::Stop,
+        usage: usage(),
+        tokens: crate::Tokens::default(),
+    };
+    let echoed = json!({"type": "json_schema", "name": "title", "schema": schema, "strict": true});
+    assert_eq!(OpenaiResponses::response_body(&r, &o)["text"]["format"], echoed);
+    let bytes = encode_all(&mut OpenaiResponses::encoder(&o), &events_of(&r));
+    let last = sse_json(&bytes).pop().unwrap().1;
+    assert_eq!(last["response"]["text"]["format"], echoed);
+    o.response_format = Some(crate::ResponseFormat::JsonObject);
+    assert_eq!(
+        OpenaiResponses::response_body(&r, &o)["text"]["format"],
+        json!({"type": "json_object"})
+    );
+    assert_eq!(
+        OpenaiResponses::response_body(&r, &opts())["text"]["format"],
+        json!({"type": "text"})
+    );
 }
