@@ -43,8 +43,10 @@ async fn every_api_streamed_and_not_with_token_ids_in_the_log() {
         })
         .await
         .unwrap();
-        let toml = backend_toml("mock", &mock.url(), 5000)
-            .replace("dialect = \"vllm\"", &format!("dialect = \"{}\"", dialect.as_str()));
+        let toml = backend_toml("mock", &mock.url(), 5000).replace(
+            "dialect = \"vllm\"",
+            &format!("dialect = \"{}\"", dialect.as_str()),
+        );
         let agent = TestAgent::start(&toml).await;
         for h in HARNESSES {
             for stream in [false, true] {
@@ -72,7 +74,10 @@ async fn every_api_streamed_and_not_with_token_ids_in_the_log() {
                     .iter()
                     .map(|c| c.id.as_str())
                     .collect();
-                assert_eq!(ids, recorded, "{h:?} {stream} {dialect:?}: ids the harness saw");
+                assert_eq!(
+                    ids, recorded,
+                    "{h:?} {stream} {dialect:?}: ids the harness saw"
+                );
             }
         }
         agent.stop().await;
@@ -334,8 +339,10 @@ async fn token_counts_equal_the_prompt_of_the_real_call() {
         })
         .await
         .unwrap();
-        let toml = backend_toml("mock", &mock.url(), 5000)
-            .replace("dialect = \"vllm\"", &format!("dialect = \"{}\"", dialect.as_str()));
+        let toml = backend_toml("mock", &mock.url(), 5000).replace(
+            "dialect = \"vllm\"",
+            &format!("dialect = \"{}\"", dialect.as_str()),
+        );
         let agent = TestAgent::start(&toml).await;
         for h in [Harness::Claude, Harness::Gemini] {
             let s = format!("count-{h:?}-{}", dialect.as_str()).to_lowercase();
@@ -382,7 +389,8 @@ async fn token_counts_equal_the_prompt_of_the_real_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_counts_fall_back_to_a_labelled_estimate() {
     let mock = mock_default().await;
-    let toml = backend_toml("mock", &mock.url(), 5000).replace("dialect = \"vllm\"", "dialect = \"sglang\"");
+    let toml = backend_toml("mock", &mock.url(), 5000)
+        .replace("dialect = \"vllm\"", "dialect = \"sglang\"");
     let agent = TestAgent::start(&toml).await;
     agent.session("est", "t");
     let body = Harness::Claude.fixture();
@@ -453,28 +461,58 @@ async fn structured_output_through_the_proxy() {
             .find(|i| i["type"] == "message")
             .unwrap();
         let text = message["content"][0]["text"].as_str().unwrap();
-        assert_eq!(serde_json::from_str::<Value>(text).unwrap(), json!({"title": "polar title"}));
+        assert_eq!(
+            serde_json::from_str::<Value>(text).unwrap(),
+            json!({"title": "polar title"})
+        );
     }
     let mut chat = Harness::Qwen.fixture();
-    chat["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "title", "schema": schema}});
+    chat["response_format"] =
+        json!({"type": "json_schema", "json_schema": {"name": "title", "schema": schema}});
     let reply = send(Harness::Qwen.request(agent.addr, "json", chat.clone(), false)).await;
-    let content = reply.json()["choices"][0]["message"]["content"].as_str().unwrap().to_owned();
-    assert_eq!(serde_json::from_str::<Value>(&content).unwrap(), json!({"title": "polar title"}));
+    let content = reply.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        serde_json::from_str::<Value>(&content).unwrap(),
+        json!({"title": "polar title"})
+    );
     let (records, _) = agent.calls("json");
-    assert!(records.iter().all(|r| r.request.response_format.is_some()), "the record keeps the constraint");
+    assert!(
+        records.iter().all(|r| r.request.response_format.is_some()),
+        "the record keeps the constraint"
+    );
     agent.stop().await;
 
-    let toml = format!("{}constrained_decoding = false\n", backend_toml("mock", &mock.url(), 5000));
+    let toml = format!(
+        "{}constrained_decoding = false\n",
+        backend_toml("mock", &mock.url(), 5000)
+    );
     let agent = TestAgent::start(&toml).await;
     agent.session("plain", "t");
     let refused = send(Harness::Qwen.request(agent.addr, "plain", chat, false)).await;
-    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.text());
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        refused.text()
+    );
     assert_eq!(refused.json()["error"]["type"], "invalid_request_error");
-    assert!(refused.text().contains("cannot honour structured output"), "{}", refused.text());
+    assert!(
+        refused.text().contains("cannot honour structured output"),
+        "{}",
+        refused.text()
+    );
     let (records, _) = agent.calls("plain");
     assert!(matches!(&records[0].status, CallStatus::Failed { side, .. } if side == "harness"));
-    let plain = send(Harness::Qwen.request(agent.addr, "plain", Harness::Qwen.fixture(), false)).await;
-    assert_eq!(plain.status, StatusCode::OK, "calls without a constraint still pass");
+    let plain =
+        send(Harness::Qwen.request(agent.addr, "plain", Harness::Qwen.fixture(), false)).await;
+    assert_eq!(
+        plain.status,
+        StatusCode::OK,
+        "calls without a constraint still pass"
+    );
     agent.stop().await;
     mock.stop().await;
 }

@@ -190,7 +190,11 @@ impl Client {
     /// chat template count them (see [`crate::tokenize`]), from the
     /// session's replica (the next one only when it cannot be reached).
     /// Not a generation: it is not held while the pool is paused.
-    pub async fn count_tokens(&self, session: &str, req: &ChatRequest) -> Result<u64, InferenceError> {
+    pub async fn count_tokens(
+        &self,
+        session: &str,
+        req: &ChatRequest,
+    ) -> Result<u64, InferenceError> {
         let body = Bytes::from(tokenize_body(&self.cfg, req).to_string());
         let path = tokenize_path(self.cfg.dialect);
         let timeout = self.cfg.request_timeout();

@@ -116,7 +116,12 @@ mod tests {
     /// has them, `add_generation_prompt: true`; nothing of sampling.
     #[test]
     fn vllm_tokenize_chat_request_fields() {
-        let cfg = BackendConfig::new("b", Dialect::Vllm, vec!["http://127.0.0.1:1".into()], "served");
+        let cfg = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:1".into()],
+            "served",
+        );
         let body = tokenize_body(&cfg, &request());
         let chat = super::super::request::chat_body(&cfg, &request(), SamplingMode::Train);
         assert_eq!(tokenize_path(Dialect::Vllm), "/tokenize");
@@ -124,8 +129,18 @@ mod tests {
         assert_eq!(body["messages"], chat["messages"]);
         assert_eq!(body["tools"], chat["tools"]);
         assert_eq!(body["add_generation_prompt"], true);
-        assert_eq!(body["chat_template_kwargs"], json!({"enable_thinking": false}));
-        for absent in ["tool_choice", "max_tokens", "temperature", "stream", "metadata", "return_token_ids"] {
+        assert_eq!(
+            body["chat_template_kwargs"],
+            json!({"enable_thinking": false})
+        );
+        for absent in [
+            "tool_choice",
+            "max_tokens",
+            "temperature",
+            "stream",
+            "metadata",
+            "return_token_ids",
+        ] {
             assert!(body.get(absent).is_none(), "{absent}");
         }
     }
@@ -135,17 +150,28 @@ mod tests {
     /// its template renders.
     #[test]
     fn sglang_tokenize_request_fields() {
-        let cfg = BackendConfig::new("b", Dialect::Sglang, vec!["http://127.0.0.1:1".into()], "served");
+        let cfg = BackendConfig::new(
+            "b",
+            Dialect::Sglang,
+            vec!["http://127.0.0.1:1".into()],
+            "served",
+        );
         let body = tokenize_body(&cfg, &request());
         assert_eq!(tokenize_path(Dialect::Sglang), "/v1/tokenize");
         assert_eq!(body["tool_choice"], "none");
         assert!(body.get("add_generation_prompt").is_none());
-        assert_eq!(body["messages"][1], json!({"role": "user", "content": "hi"}));
+        assert_eq!(
+            body["messages"][1],
+            json!({"role": "user", "content": "hi"})
+        );
     }
 
     #[test]
     fn counts_are_read_and_checked() {
-        assert_eq!(parse_count(br#"{"count": 3, "tokens": [1, 2, 3], "max_model_len": 9}"#), Ok(3));
+        assert_eq!(
+            parse_count(br#"{"count": 3, "tokens": [1, 2, 3], "max_model_len": 9}"#),
+            Ok(3)
+        );
         assert_eq!(parse_count(br#"{"tokens": [1, 2]}"#), Ok(2));
         assert_eq!(parse_count(br#"{"count": 7}"#), Ok(7));
         assert!(parse_count(br#"{"count": 2, "tokens": [1]}"#).is_err());

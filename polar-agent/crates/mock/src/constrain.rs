@@ -88,8 +88,10 @@ impl Constraint {
                         .pointer("/json_schema/schema")
                         .filter(|s| s.is_object() || s.is_boolean())
                         .ok_or_else(|| {
-                            bad("schema_ is required for json_schema response format request."
-                                .into())
+                            bad(
+                                "schema_ is required for json_schema response format request."
+                                    .into(),
+                            )
                         })?;
                     Some(ResponseFormat::JsonSchema(schema.clone()))
                 }
@@ -236,7 +238,11 @@ pub fn value_for(
     if let Some(c) = s.get("const") {
         return Ok(c.clone());
     }
-    if let Some(first) = s.get("enum").and_then(Value::as_array).and_then(|e| e.first()) {
+    if let Some(first) = s
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|e| e.first())
+    {
         return Ok(first.clone());
     }
     if let Some(all) = s.get("allOf").and_then(Value::as_array) {
@@ -289,11 +295,7 @@ fn type_of(s: &Map<String, Value>) -> String {
 
 /// `allOf` branches (and the schema's own keywords) merged into one object
 /// schema: properties and required names joined.
-fn merge_all_of(
-    s: &Map<String, Value>,
-    all: &[Value],
-    root: &Value,
-) -> Result<Value, String> {
+fn merge_all_of(s: &Map<String, Value>, all: &[Value], root: &Value) -> Result<Value, String> {
     let mut merged = s.clone();
     merged.remove("allOf");
     let mut props = merged
@@ -332,7 +334,10 @@ fn merge_all_of(
 
 fn object(s: &Map<String, Value>, root: &Value, depth: usize) -> Result<Value, String> {
     let empty = Map::new();
-    let props = s.get("properties").and_then(Value::as_object).unwrap_or(&empty);
+    let props = s
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
     let required: Vec<&str> = s
         .get("required")
         .and_then(Value::as_array)
@@ -343,7 +348,12 @@ fn object(s: &Map<String, Value>, root: &Value, depth: usize) -> Result<Value, S
         .and_then(Value::as_u64)
         .map_or(usize::MAX, |m| m as usize);
     let mut names: Vec<&str> = required.clone();
-    names.extend(props.keys().map(String::as_str).filter(|k| !required.contains(k)));
+    names.extend(
+        props
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !required.contains(k)),
+    );
     let mut out = Map::new();
     for (i, key) in names.into_iter().enumerate() {
         if i >= max && !required.contains(&key) {
@@ -365,7 +375,9 @@ fn array(s: &Map<String, Value>, root: &Value, name: &str, depth: usize) -> Resu
         .and_then(Value::as_u64)
         .map_or(usize::MAX, |m| m as usize);
     if min > MAX_GENERATED {
-        return Err(format!("{name:?}: minItems {min} is beyond what the mock generates"));
+        return Err(format!(
+            "{name:?}: minItems {min} is beyond what the mock generates"
+        ));
     }
     let n = min.max(1).min(max);
     let prefix = s
@@ -419,9 +431,14 @@ fn string(s: &Map<String, Value>, name: &str, index: usize) -> Result<Value, Str
         None => base_text(name),
     };
     let min = s.get("minLength").and_then(Value::as_u64).unwrap_or(0) as usize;
-    let max = s.get("maxLength").and_then(Value::as_u64).map(|m| m as usize);
+    let max = s
+        .get("maxLength")
+        .and_then(Value::as_u64)
+        .map(|m| m as usize);
     if min > MAX_GENERATED {
-        return Err(format!("{name:?}: minLength {min} is beyond what the mock generates"));
+        return Err(format!(
+            "{name:?}: minLength {min} is beyond what the mock generates"
+        ));
     }
     let n = text.chars().count();
     if n < min {
@@ -431,7 +448,9 @@ fn string(s: &Map<String, Value>, name: &str, index: usize) -> Result<Value, Str
         && text.chars().count() > max
     {
         if max < min {
-            return Err(format!("{name:?}: maxLength {max} is below minLength {min}"));
+            return Err(format!(
+                "{name:?}: maxLength {max} is below minLength {min}"
+            ));
         }
         text = text.chars().take(max).collect();
     }
@@ -472,8 +491,10 @@ mod tests {
     fn objects_carry_their_properties_with_valid_values() {
         // Claude Code's title call and Gemini CLI's next-speaker check.
         assert_eq!(
-            generated(json!({"type": "object", "properties": {"title": {"type": "string"}},
-                       "required": ["title"], "additionalProperties": false})),
+            generated(
+                json!({"type": "object", "properties": {"title": {"type": "string"}},
+                       "required": ["title"], "additionalProperties": false})
+            ),
             json!({"title": "polar title"})
         );
         assert_eq!(
@@ -545,8 +566,14 @@ mod tests {
     #[test]
     fn tool_choice_is_parsed_checked_and_applied() {
         let tools = vec![
-            tool("bash", json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]})),
-            tool("read", json!({"type": "object", "properties": {"path": {"type": "string"}}})),
+            tool(
+                "bash",
+                json!({"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+            ),
+            tool(
+                "read",
+                json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            ),
         ];
         let parse = |body: Value| Constraint::parse(body.as_object().unwrap(), &tools);
         let calls = vec![
@@ -565,7 +592,9 @@ mod tests {
         let p = plan(&none);
         assert!(p.tool_calls.is_empty());
         assert_eq!(p.text, "done");
-        let named = parse(json!({"tool_choice": {"type": "function", "function": {"name": "read"}}})).unwrap();
+        let named =
+            parse(json!({"tool_choice": {"type": "function", "function": {"name": "read"}}}))
+                .unwrap();
         assert_eq!(plan(&named).tool_calls, vec![calls[1].clone()]);
         let single = parse(json!({"parallel_tool_calls": false})).unwrap();
         assert_eq!(plan(&single).tool_calls, vec![calls[0].clone()]);
@@ -574,20 +603,40 @@ mod tests {
         required.apply_tools(&mut empty, &tools).unwrap();
         assert_eq!(
             empty.tool_calls,
-            vec![("bash".to_owned(), "{\"command\":\"polar command\"}".to_owned())]
+            vec![(
+                "bash".to_owned(),
+                "{\"command\":\"polar command\"}".to_owned()
+            )]
         );
         let mut empty = Plan::default();
         named.apply_tools(&mut empty, &tools).unwrap();
-        assert_eq!(empty.tool_calls, vec![("read".to_owned(), "{\"path\":\"polar path\"}".to_owned())]);
+        assert_eq!(
+            empty.tool_calls,
+            vec![("read".to_owned(), "{\"path\":\"polar path\"}".to_owned())]
+        );
         let err = |body: Value, t: &[Tool]| {
-            Constraint::parse(body.as_object().unwrap(), t).unwrap_err().to_string()
+            Constraint::parse(body.as_object().unwrap(), t)
+                .unwrap_err()
+                .to_string()
         };
         assert!(err(json!({"tool_choice": "required"}), &[]).contains("Tools cannot be empty"));
-        assert!(err(json!({"tool_choice": {"type": "function", "function": {"name": "x"}}}), &tools)
-            .contains("Tool 'x' not found"));
-        assert!(err(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}), &tools)
-            .contains("schema_ is required"));
-        assert!(err(json!({"response_format": {"type": "grammar"}}), &tools).contains("not supported"));
+        assert!(
+            err(
+                json!({"tool_choice": {"type": "function", "function": {"name": "x"}}}),
+                &tools
+            )
+            .contains("Tool 'x' not found")
+        );
+        assert!(
+            err(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+                &tools
+            )
+            .contains("schema_ is required")
+        );
+        assert!(
+            err(json!({"response_format": {"type": "grammar"}}), &tools).contains("not supported")
+        );
     }
 
     #[test]
@@ -603,9 +652,21 @@ mod tests {
         let plan = c.structured_plan().unwrap().unwrap();
         assert_eq!(plan.text, "{\"title\":\"polar\"}");
         assert!(plan.tool_calls.is_empty());
-        let object = Constraint::parse(json!({"response_format": {"type": "json_object"}}).as_object().unwrap(), &[]).unwrap();
+        let object = Constraint::parse(
+            json!({"response_format": {"type": "json_object"}})
+                .as_object()
+                .unwrap(),
+            &[],
+        )
+        .unwrap();
         assert_eq!(object.structured_plan().unwrap().unwrap().text, "{}");
-        let text = Constraint::parse(json!({"response_format": {"type": "text"}}).as_object().unwrap(), &[]).unwrap();
+        let text = Constraint::parse(
+            json!({"response_format": {"type": "text"}})
+                .as_object()
+                .unwrap(),
+            &[],
+        )
+        .unwrap();
         assert!(text.structured_plan().unwrap().is_none());
     }
 }

@@ -33,9 +33,17 @@ async fn mock(dialect: Dialect) -> MockHandle {
 }
 
 async fn post(mock: &MockHandle, path: &str, body: &Value) -> (StatusCode, Value) {
-    let (status, _, bytes) =
-        request(Method::POST, &format!("{}{path}", mock.url()), Some(body), &[]).await;
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let (status, _, bytes) = request(
+        Method::POST,
+        &format!("{}{path}", mock.url()),
+        Some(body),
+        &[],
+    )
+    .await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 fn tools() -> Value {
@@ -109,7 +117,10 @@ async fn vllm_choice_token_ids() {
     let v = whole(Dialect::Vllm, true).await;
     let c = &v["choices"][0];
     let out = ids(&c["token_ids"]);
-    assert_eq!(out.len(), c["logprobs"]["content"].as_array().unwrap().len());
+    assert_eq!(
+        out.len(),
+        c["logprobs"]["content"].as_array().unwrap().len()
+    );
     assert_eq!(out.last(), Some(&tokenizer::IM_END));
 }
 
@@ -128,7 +139,12 @@ async fn vllm_choice_stop_reason() {
 #[tokio::test]
 async fn vllm_response_optional_fields() {
     let v = whole(Dialect::Vllm, false).await;
-    for key in ["service_tier", "system_fingerprint", "prompt_logprobs", "kv_transfer_params"] {
+    for key in [
+        "service_tier",
+        "system_fingerprint",
+        "prompt_logprobs",
+        "kv_transfer_params",
+    ] {
         assert_eq!(v.get(key), Some(&Value::Null), "{key}");
     }
     assert_eq!(v["object"], "chat.completion");
@@ -191,8 +207,13 @@ async fn vllm_stream_prompt_and_chunk_token_ids() {
     let mut b = body(Dialect::Vllm, true);
     let (_, w) = post(&m, "/v1/chat/completions", &b).await;
     b["stream"] = json!(true);
-    let (_, _, bytes) =
-        request(Method::POST, &format!("{}/v1/chat/completions", m.url()), Some(&b), &[]).await;
+    let (_, _, bytes) = request(
+        Method::POST,
+        &format!("{}/v1/chat/completions", m.url()),
+        Some(&b),
+        &[],
+    )
+    .await;
     let chunks: Vec<Value> = std::str::from_utf8(&bytes)
         .unwrap()
         .split("\n\n")
@@ -200,8 +221,15 @@ async fn vllm_stream_prompt_and_chunk_token_ids() {
         .filter(|d| *d != "[DONE]")
         .map(|d| serde_json::from_str(d).unwrap())
         .collect();
-    assert_eq!(ids(&chunks[0]["prompt_token_ids"]), ids(&w["prompt_token_ids"]));
-    assert!(chunks[1..].iter().all(|c| c.get("prompt_token_ids").is_none()));
+    assert_eq!(
+        ids(&chunks[0]["prompt_token_ids"]),
+        ids(&w["prompt_token_ids"])
+    );
+    assert!(
+        chunks[1..]
+            .iter()
+            .all(|c| c.get("prompt_token_ids").is_none())
+    );
     let streamed: Vec<u32> = chunks
         .iter()
         .filter_map(|c| c["choices"].get(0).and_then(|c| c.get("token_ids")))
@@ -253,9 +281,11 @@ async fn sglang_choice_meta_info() {
     let (_, v) = post(&m, "/v1/chat/completions", &b).await;
     let meta = &v["choices"][0]["meta_info"];
     let triples = meta["output_token_logprobs"].as_array().unwrap();
-    assert!(triples.iter().all(|t| t[0].as_f64().unwrap() <= 0.0
-        && t[1].is_u64()
-        && t[2].is_string()));
+    assert!(
+        triples
+            .iter()
+            .all(|t| t[0].as_f64().unwrap() <= 0.0 && t[1].is_u64() && t[2].is_string())
+    );
     assert_eq!(triples.last().unwrap()[1], json!(tokenizer::IM_END));
     assert_eq!(meta["completion_tokens"], json!(triples.len()));
     assert_eq!(meta["weight_version"], "0");
@@ -275,7 +305,12 @@ async fn sglang_choice_prompt_token_ids_and_tokenize() {
     let (_, v) = post(&m, "/v1/chat/completions", &b).await;
     let prompt = ids(&v["choices"][0]["prompt_token_ids"]);
     for path in ["/v1/tokenize", "/tokenize"] {
-        let (status, t) = post(&m, path, &json!({"model": "m", "messages": b["messages"], "tools": b["tools"]})).await;
+        let (status, t) = post(
+            &m,
+            path,
+            &json!({"model": "m", "messages": b["messages"], "tools": b["tools"]}),
+        )
+        .await;
         assert_eq!(status, StatusCode::OK, "{path}");
         assert_eq!(ids(&t["tokens"]), prompt, "{path}");
         assert_eq!(t["count"], json!(prompt.len()));
@@ -296,7 +331,12 @@ async fn sglang_tokenize_request_validation() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _) = post(&m, "/v1/tokenize", &json!({"prompt": "a", "messages": []})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (_, t) = post(&m, "/v1/tokenize", &json!({"prompt": ["done", "done done"]})).await;
+    let (_, t) = post(
+        &m,
+        "/v1/tokenize",
+        &json!({"prompt": ["done", "done done"]}),
+    )
+    .await;
     assert_eq!(t["count"].as_array().unwrap().len(), 2);
     m.stop().await;
 }
@@ -344,12 +384,18 @@ async fn sglang_finish_reason_and_matched_stop() {
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls");
     assert_eq!(c.get("matched_stop"), Some(&Value::Null));
-    assert_eq!(c["meta_info"]["finish_reason"], json!({"type": "tool_calls", "matched": null}));
+    assert_eq!(
+        c["meta_info"]["finish_reason"],
+        json!({"type": "tool_calls", "matched": null})
+    );
     let v = whole(Dialect::Sglang, false).await;
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "stop");
     assert_eq!(c["matched_stop"], json!(tokenizer::IM_END));
-    assert_eq!(c["meta_info"]["finish_reason"]["matched"], json!(tokenizer::IM_END));
+    assert_eq!(
+        c["meta_info"]["finish_reason"]["matched"],
+        json!(tokenizer::IM_END)
+    );
 }
 
 /// SGLang `UsageInfo` (protocol.py): `prompt_tokens`, `completion_tokens`,
@@ -377,7 +423,12 @@ async fn sglang_ids_are_refused_with_streaming() {
     b["stream"] = json!(true);
     let (status, v) = post(&m, "/v1/chat/completions", &b).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert!(v["message"].as_str().unwrap().contains("not supported with streaming"));
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("not supported with streaming")
+    );
     m.stop().await;
 }
 
@@ -386,15 +437,28 @@ async fn sglang_ids_are_refused_with_streaming() {
 /// renders every tool either way).
 #[tokio::test]
 async fn sglang_template_tools_follow_the_tool_choice() {
-    let count = |v: &Value| v["choices"][0]["prompt_token_ids"].as_array().unwrap().len();
+    let count = |v: &Value| {
+        v["choices"][0]["prompt_token_ids"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
     let m = mock(Dialect::Sglang).await;
     let mut b = body(Dialect::Sglang, true);
     let (_, all) = post(&m, "/v1/chat/completions", &b).await;
     b["tool_choice"] = json!({"type": "function", "function": {"name": "read"}});
     let (_, named) = post(&m, "/v1/chat/completions", &b).await;
-    let (_, t) = post(&m, "/v1/tokenize", &json!({"messages": b["messages"], "tools": b["tools"], "tool_choice": b["tool_choice"]})).await;
+    let (_, t) = post(
+        &m,
+        "/v1/tokenize",
+        &json!({"messages": b["messages"], "tools": b["tools"], "tool_choice": b["tool_choice"]}),
+    )
+    .await;
     assert_eq!(t["count"], json!(count(&named)));
-    assert_eq!(named["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "read");
+    assert_eq!(
+        named["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "read"
+    );
     b["tool_choice"] = json!("none");
     let (_, none) = post(&m, "/v1/chat/completions", &b).await;
     assert!(count(&none) < count(&named) && count(&named) < count(&all));
@@ -426,14 +490,21 @@ async fn response_format_makes_the_reply_schema_valid_json() {
         let m = mock(dialect).await;
         let mut b = body(dialect, true);
         let (_, plain) = post(&m, "/v1/chat/completions", &b).await;
-        assert_eq!(plain["choices"][0]["finish_reason"], "tool_calls", "{dialect:?}");
-        b["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "router", "schema": schema}});
+        assert_eq!(
+            plain["choices"][0]["finish_reason"], "tool_calls",
+            "{dialect:?}"
+        );
+        b["response_format"] =
+            json!({"type": "json_schema", "json_schema": {"name": "router", "schema": schema}});
         let (status, v) = post(&m, "/v1/chat/completions", &b).await;
         assert_eq!(status, StatusCode::OK, "{v}");
         let c = &v["choices"][0];
         assert_eq!(c["finish_reason"], "stop", "{dialect:?}");
         let text: Value = serde_json::from_str(c["message"]["content"].as_str().unwrap()).unwrap();
-        assert_eq!(text, json!({"reasoning": "polar reasoning", "model_choice": "flash"}));
+        assert_eq!(
+            text,
+            json!({"reasoning": "polar reasoning", "model_choice": "flash"})
+        );
         b["response_format"] = json!({"type": "json_object"});
         let (_, v) = post(&m, "/v1/chat/completions", &b).await;
         assert_eq!(v["choices"][0]["message"]["content"], "{}");
@@ -448,8 +519,13 @@ async fn response_format_makes_the_reply_schema_valid_json() {
     b["stream"] = json!(true);
     b["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "t",
         "schema": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}});
-    let (_, _, bytes) =
-        request(Method::POST, &format!("{}/v1/chat/completions", m.url()), Some(&b), &[]).await;
+    let (_, _, bytes) = request(
+        Method::POST,
+        &format!("{}/v1/chat/completions", m.url()),
+        Some(&b),
+        &[],
+    )
+    .await;
     let text: String = std::str::from_utf8(&bytes)
         .unwrap()
         .split("\n\n")
@@ -457,7 +533,9 @@ async fn response_format_makes_the_reply_schema_valid_json() {
         .filter(|d| *d != "[DONE]")
         .filter_map(|d| {
             let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["delta"]["content"].as_str().map(str::to_owned)
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
         })
         .collect();
     assert_eq!(text, "{\"title\":\"polar title\"}");
@@ -504,11 +582,20 @@ async fn tool_choice_over_http() {
     let (_, v) = post(&m, "/v1/chat/completions", &b).await;
     let calls = &v["choices"][0]["message"]["tool_calls"];
     assert_eq!(calls[0]["function"]["name"], "bash", "{v}");
-    assert_eq!(calls[0]["function"]["arguments"], "{\"command\":\"polar command\"}");
+    assert_eq!(
+        calls[0]["function"]["arguments"],
+        "{\"command\":\"polar command\"}"
+    );
     b["tool_choice"] = json!("auto");
     b["parallel_tool_calls"] = json!(false);
     let (_, v) = post(&m, "/v1/chat/completions", &b).await;
-    assert_eq!(v["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        v["choices"][0]["message"]["tool_calls"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     b["tool_choice"] = json!({"type": "function", "function": {"name": "nope"}});
     let (status, _) = post(&m, "/v1/chat/completions", &b).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);

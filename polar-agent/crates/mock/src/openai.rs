@@ -16,8 +16,8 @@ use http::HeaderMap;
 use serde_json::{Map, Value};
 
 use super::constrain::{Constraint, ToolChoice};
-use super::{Dialect, MockError};
 use super::template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
+use super::{Dialect, MockError};
 use polar_chat::{Message, Part, Reasoning, Role, Tool, ToolCall};
 
 /// The header carrying per-request template switches.

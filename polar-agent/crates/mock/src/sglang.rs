@@ -17,13 +17,13 @@ use http::{HeaderMap, Response};
 use serde_json::{Map, Value, json};
 
 use super::body::RespBody;
+use super::constrain::Constraint;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation};
 use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
 use super::template::PromptFacts;
 use super::vllm::{chat_delta, visible_text};
-use super::constrain::Constraint;
 use super::{MockError, tokenizer};
 
 /// SGLang's `meta_info` of a generation.

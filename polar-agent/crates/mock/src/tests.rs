@@ -235,7 +235,11 @@ async fn sglang_ids_only_without_streaming() {
 
     body["stream"] = json!(true);
     let (status, _) = post(&url, &body).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "ids are refused with streaming");
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "ids are refused with streaming"
+    );
     body["return_prompt_token_ids"] = json!(false);
     body["return_meta_info"] = json!(false);
     let (_, _, bytes) = request(Method::POST, &url, Some(&body), &[]).await;

@@ -11,12 +11,12 @@ use http::{HeaderMap, Response, StatusCode};
 use serde_json::{Map, Value, json};
 
 use super::body::{RespBody, json_response};
+use super::constrain::Constraint;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation};
 use super::openai::{self, ChatIn};
 use super::server::{GenRequest, State, now_secs};
 use super::template::PromptFacts;
-use super::constrain::Constraint;
 use super::{MockError, tokenizer};
 
 /// `POST /v1/chat/completions`.

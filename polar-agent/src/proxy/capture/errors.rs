@@ -194,10 +194,19 @@ mod tests {
         };
         let e = provider_error(&unsupported);
         assert_eq!((e.side, e.kind), (Side::Harness, ErrorKind::Unsupported));
-        for api in [Api::AnthropicMessages, Api::OpenaiChat, Api::OpenaiResponses, Api::Gemini] {
+        for api in [
+            Api::AnthropicMessages,
+            Api::OpenaiChat,
+            Api::OpenaiResponses,
+            Api::Gemini,
+        ] {
             assert_eq!(e.kind.status(api), 400, "{api:?}");
             let (_, body) = provider::error_response(api, &e);
-            assert!(body.to_string().contains("cannot honour a named tool choice"), "{body}");
+            assert!(
+                body.to_string()
+                    .contains("cannot honour a named tool choice"),
+                "{body}"
+            );
         }
     }
 }

@@ -179,10 +179,16 @@ mod tests {
         let r = count_tokens(Api::AnthropicMessages, n, CountSource::Estimate);
         assert_eq!(r.status, 200);
         assert_eq!(body(&r)["input_tokens"], n);
-        assert!(r.headers.contains(&(TOKEN_COUNT_HEADER, "estimate-bytes/4".to_owned())));
+        assert!(
+            r.headers
+                .contains(&(TOKEN_COUNT_HEADER, "estimate-bytes/4".to_owned()))
+        );
         let g = count_tokens(Api::Gemini, 42, CountSource::Backend);
         assert_eq!(body(&g)["totalTokens"], 42);
-        assert!(g.headers.contains(&(TOKEN_COUNT_HEADER, "backend".to_owned())));
+        assert!(
+            g.headers
+                .contains(&(TOKEN_COUNT_HEADER, "backend".to_owned()))
+        );
     }
 
     #[test]

@@ -94,7 +94,11 @@ async fn structured_output_reaches_the_mock_through_both_dialects() {
         let (events, err) = drain(&mut s).await;
         assert!(err.is_none(), "{err:?}");
         let done = polar_inference::stream::assemble(&events, s.tokens()).unwrap();
-        assert_eq!(done.message.joined_text(), "{\"title\":\"polar title\"}", "{dialect:?}");
+        assert_eq!(
+            done.message.joined_text(),
+            "{\"title\":\"polar title\"}",
+            "{dialect:?}"
+        );
         assert!(done.message.tool_calls.is_empty());
         mock.stop().await;
     }

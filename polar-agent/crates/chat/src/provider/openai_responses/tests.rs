@@ -667,7 +667,10 @@ fn replies_echo_the_requested_text_format() {
         tokens: crate::Tokens::default(),
     };
     let echoed = json!({"type": "json_schema", "name": "title", "schema": schema, "strict": true});
-    assert_eq!(OpenaiResponses::response_body(&r, &o)["text"]["format"], echoed);
+    assert_eq!(
+        OpenaiResponses::response_body(&r, &o)["text"]["format"],
+        echoed
+    );
     let bytes = encode_all(&mut OpenaiResponses::encoder(&o), &events_of(&r));
     let last = sse_json(&bytes).pop().unwrap().1;
     assert_eq!(last["response"]["text"]["format"], echoed);
