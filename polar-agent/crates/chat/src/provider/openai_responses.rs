@@ -536,7 +536,7 @@ fn text_format(format: Option<&ResponseFormat>) -> Value {
     reason = "one value per field of the response object that varies"
 )]
 fn response_object(
-    format: Option<&ResponseFormat>,
+    format: Value,
     id: &str,
     model: &str,
     created: u64,
@@ -563,7 +563,7 @@ fn response_object(
         "reasoning": {"effort": null, "summary": null},
         "store": false,
         "temperature": null,
-        "text": {"format": text_format(format)},
+        "text": {"format": format},
         "tool_choice": "auto",
         "tools": [],
         "top_p": null,
@@ -644,7 +644,7 @@ fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
     let reason = effective_finish(&resp.finish_reason, !m.tool_calls.is_empty());
     let (status, incomplete) = status_of(&reason);
     response_object(
-        opts.response_format.as_ref(),
+        text_format(opts.response_format.as_ref()),
         &id,
         &resp.model,
         opts.created,
@@ -683,7 +683,8 @@ struct OpenCall {
 #[derive(Debug)]
 pub struct Encoder {
     created: u64,
-    format: Option<ResponseFormat>,
+    /// The `text.format` echoed (see [`text_format`]).
+    format: Value,
     id: String,
     model: String,
     seq: u64,
@@ -703,7 +704,7 @@ impl Encoder {
     pub fn new(opts: &ReplyOptions) -> Self {
         Self {
             created: opts.created,
-            format: opts.response_format.clone(),
+            format: text_format(opts.response_format.as_ref()),
             id: response_id(""),
             model: String::new(),
             seq: 0,
@@ -734,7 +735,7 @@ impl Encoder {
         let mut items = self.output.clone();
         items.sort_by_key(|(i, _)| *i);
         response_object(
-            self.format.as_ref(),
+            self.format.clone(),
             &self.id,
             &self.model,
             self.created,
