@@ -443,4 +443,35 @@ mod tests {
             assert_eq!(body["parallel_tool_calls"], false);
         }
     }
+
+    /// Every tool choice reaches both dialects in the OpenAI form their
+    /// `ChatCompletionRequest.tool_choice` reads (`"auto"`, `"none"`,
+    /// `"required"`, a named function), with `parallel_tool_calls`.
+    #[test]
+    fn tool_choices_reach_both_dialects() {
+        for dialect in [Dialect::Vllm, Dialect::Sglang] {
+            let cfg = BackendConfig::new("b", dialect, vec!["http://127.0.0.1:1".into()], "m");
+            for (choice, want) in [
+                (ToolChoice::Auto, json!("auto")),
+                (ToolChoice::None, json!("none")),
+                (ToolChoice::Required, json!("required")),
+                (
+                    ToolChoice::Tool {
+                        name: "bash".into(),
+                    },
+                    json!({"type": "function", "function": {"name": "bash"}}),
+                ),
+            ] {
+                let mut req = conversation();
+                req.tool_choice = Some(choice);
+                req.extra.insert("parallel_tool_calls".into(), json!(false));
+                let body = chat_body(&cfg, &req, SamplingMode::Train);
+                assert_eq!(body["tool_choice"], want, "{dialect:?}");
+                assert_eq!(body["parallel_tool_calls"], false);
+                let bytes = crate::wire::chat_body_bytes(&cfg, &req, SamplingMode::Train);
+                let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+                assert_eq!(parsed["tool_choice"], want, "{dialect:?} (wire)");
+            }
+        }
+    }
 }
