@@ -10,7 +10,7 @@
 //! | SGLang | `POST /v1/tokenize` | `TokenizeRequest` (`python/sglang/srt/entrypoints/openai/protocol.py`): `model`, `messages`, `tools`, `tool_choice`, `chat_template_kwargs` (rendered by the chat path, generation prompt included; no `add_generation_prompt` field) | `TokenizeResponse` `{tokens, count, max_model_len}` |
 //!
 //! Older SGLang releases only tokenize a `prompt` string and refuse
-//! `messages` (HTTP 400): the caller then falls back to its estimate and
+//! `messages` (HTTP 400 or 422): the caller then falls back to its estimate and
 //! says so (see `x-polar-token-count` in the agent).
 
 use serde_json::{Map, Value, json};
