@@ -38,7 +38,7 @@ use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
-use crate::harness::{HarnessName, Install, check_installed, search_dirs};
+use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
 use crate::runtime::plan::{Phase, StepEnd};
 use polar_capture::SessionInfo;
@@ -72,7 +72,7 @@ pub struct HarnessWork {
     agent_timeout: Duration,
     node_id: String,
     policy: Arc<Policy>,
-    installs: Mutex<HashMap<&'static str, Option<Install>>>,
+    installs: Mutex<HashMap<String, Option<Install>>>,
     retention: Retention,
 }
 
@@ -132,17 +132,19 @@ impl HarnessWork {
     }
 
     /// The harness's installation, looked up once per harness.
-    async fn install(&self, harness: HarnessName) -> Result<Option<Install>, String> {
+    async fn install(&self, harness: &Harness) -> Result<Option<Install>, String> {
+        let name = harness.to_string();
         if let Some(i) = self
             .installs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(harness.as_str())
+            .get(&name)
         {
             return Ok(i.clone());
         }
+        let h = harness.clone();
         let found = tokio::task::spawn_blocking(move || {
-            check_installed(harness, &search_dirs(), Duration::from_secs(30))
+            h.check_installed(&search_dirs(), Duration::from_secs(30))
         })
         .await
         .map_err(|e| e.to_string())?
@@ -150,7 +152,7 @@ impl HarnessWork {
         self.installs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(harness.as_str(), found.clone());
+            .insert(name, found.clone());
         Ok(found)
     }
 }
@@ -165,20 +167,23 @@ impl Work for HarnessWork {
         let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)
             .map_err(|e| fail(e.to_string()))?;
         let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
-        let harness = spec.harness;
+        // A custom name this node does not define is the node's problem,
+        // as a harness not installed here: another node may define it.
+        let harness = Harness::resolve(&spec.harness, &self.parts.config)
+            .map_err(|e| InitError::new(InitFault::Node, e.to_string()))?;
         let session: SessionId = a
             .session_id
             .parse()
             .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
         // Not installed here is the node's problem: another node may have it.
         let install = self
-            .install(harness)
+            .install(&harness)
             .await
             .map_err(|e| InitError::new(InitFault::Node, e))?;
         let mut metadata = Map::new();
         metadata.insert("sample_index".into(), a.sample_index.into());
         metadata.insert("attempt".into(), a.attempt.into());
-        metadata.insert("harness".into(), harness.as_str().into());
+        metadata.insert("harness".into(), harness.to_string().into());
         metadata.insert("node_id".into(), self.node_id.clone().into());
         if let Some(g) = &a.metadata.group_id {
             metadata.insert("group_id".into(), g.clone().into());
@@ -189,11 +194,12 @@ impl Work for HarnessWork {
         if !a.metadata.extra.is_empty() {
             metadata.insert("extra".into(), Value::Object(a.metadata.extra.clone()));
         }
+        let mode = spec.mode.unwrap_or_else(|| harness.default_mode());
         let run = HarnessRun {
             harness,
             instruction: a.instruction.clone(),
             command: spec.command,
-            mode: spec.mode.unwrap_or_else(|| harness.default_mode()),
+            mode,
             spec: spec.runtime,
             budget: job
                 .deadline
