@@ -13,7 +13,8 @@
 //!   directories, sandbox, runtime started, prepare steps).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
-//!   session's sandbox, or a fresh one on the same workspace), the
+//!   session's sandbox, or a fresh one on the same workspace; an
+//!   `llm_judge` with the node's judge clients, `super::judge`), the
 //!   sandbox's tear-down, the outcome and who ended the session (from the
 //!   harness's exit and the capture log's last call, `verdict`) and the
 //!   number of earlier attempts kept apart on this node recorded in the
@@ -34,6 +35,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::judge::{JudgeClients, transcript};
 use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
@@ -42,7 +44,9 @@ use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
 use crate::runtime::plan::{Phase, StepEnd};
 use polar_capture::SessionInfo;
-use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
+use polar_evaluate::{
+    CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, SessionFacts,
+};
 use polar_export::Exporter;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
@@ -74,6 +78,7 @@ pub struct HarnessWork {
     policy: Arc<Policy>,
     installs: Mutex<HashMap<String, Option<Install>>>,
     retention: Retention,
+    judges: Arc<JudgeClients>,
 }
 
 impl HarnessWork {
@@ -90,6 +95,7 @@ impl HarnessWork {
         retention: Retention,
     ) -> Self {
         Self {
+            judges: Arc::new(JudgeClients::new(&parts.config.backends)),
             parts,
             redirect,
             exporter,
@@ -279,9 +285,22 @@ impl Work for HarnessWork {
         }
         let state_dir = &self.parts.config.agent.state_dir;
         let session_id = s.prepared.session().clone();
-        let log = read_calls(crate::harness::run::capture_log(state_dir, &session_id)).await;
+        let log = read_calls(
+            crate::harness::run::capture_log(state_dir, &session_id),
+            s.evaluator.needs_judge(),
+        )
+        .await;
         ended.fault = log.fault;
         let (calls, failed_calls) = (log.calls, log.failed);
+        let judge = self.judges.for_session(
+            session_id.to_string(),
+            polar_capture::store::session_dir(state_dir, &session_id),
+        );
+        let inputs = JudgeInputs {
+            judge: &judge,
+            instruction: &job.assignment.instruction,
+            transcript: &log.transcript,
+        };
         let facts = SessionFacts {
             harness_exit: ended.harness_exit(),
             timed_out: ended.timed_out,
@@ -295,7 +314,11 @@ impl Work for HarnessWork {
         let mut evaluation = None;
         if evaluate && !fresh {
             let runner = SandboxRunner::new(&s.prepared, &job.stop);
-            evaluation = Some(s.evaluator.evaluate(&facts, &runner).await);
+            evaluation = Some(
+                s.evaluator
+                    .evaluate_with(&facts, &runner, Some(&inputs))
+                    .await,
+            );
         }
         let steps: Vec<Value> = s
             .prepared
@@ -307,7 +330,7 @@ impl Work for HarnessWork {
         let finished = s.prepared.finish(&self.parts, &never).await;
         if fresh {
             evaluation = Some(
-                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts)
+                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts, &inputs)
                     .await,
             );
         }
@@ -380,14 +403,27 @@ struct CallsRead {
     failed: u64,
     /// The infrastructure fault of the last call.
     fault: Option<polar_trajectory::Fault>,
+    /// The transcript for a judge (when asked for).
+    transcript: String,
 }
 
-/// Reads the capture log at `path` (off the async workers); nothing when
-/// there is none.
-async fn read_calls(path: PathBuf) -> CallsRead {
-    let read = tokio::task::spawn_blocking(move || polar_capture::log::read_log(&path)).await;
+/// Reads the capture log at `path` (off the async workers), and the
+/// transcript when `with_transcript`; nothing when there is none.
+async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
+    let read = tokio::task::spawn_blocking(move || {
+        polar_capture::log::read_log(&path).map(|(records, _)| {
+            let t = if with_transcript {
+                transcript(&records)
+            } else {
+                String::new()
+            };
+            (records, t)
+        })
+    })
+    .await;
     match read {
-        Ok(Ok((records, _))) => CallsRead {
+        Ok(Ok((records, transcript))) => CallsRead {
+            transcript,
             calls: records.len() as u64,
             failed: records
                 .iter()
@@ -487,6 +523,7 @@ impl HarnessWork {
         run: HarnessRun,
         evaluator: &Evaluator,
         facts: &SessionFacts,
+        inputs: &JudgeInputs<'_>,
     ) -> Evaluation {
         let failed = |error: String| Evaluation {
             reward: None,
@@ -500,7 +537,7 @@ impl HarnessWork {
         };
         let evaluation = if fresh.ready() {
             evaluator
-                .evaluate(facts, &SandboxRunner::new(&fresh, &job.stop))
+                .evaluate_with(facts, &SandboxRunner::new(&fresh, &job.stop), Some(inputs))
                 .await
         } else {
             failed("the fresh sandbox's runtime did not start".into())

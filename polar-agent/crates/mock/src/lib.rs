@@ -6,6 +6,8 @@
 //! - [`template`]: the ChatML-like chat template, prefix-preserving unless
 //!   switched (`strip_reasoning`, `generation_glue`);
 //! - [`script`]: what the "model" answers (script file or built-in policy);
+//! - [`judge`]: what it answers a judge request of Polar's `llm_judge`
+//!   evaluator (scores from what the request's diff adds);
 //! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
 //! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
 //!
@@ -28,6 +30,7 @@
 mod body;
 mod emit;
 mod generate;
+pub mod judge;
 pub mod openai;
 pub mod script;
 mod server;

@@ -179,7 +179,10 @@ impl State {
             }
         }
         let session = session_key(req.headers, req.user, &req.facts, &req.prompt_ids);
-        let plan: Plan = self.policy.next(&session, &req.facts);
+        // A judge request of Polar's `llm_judge` is answered from what it
+        // shows, without taking a scripted turn.
+        let plan: Plan = super::judge::plan(&req.facts)
+            .unwrap_or_else(|| self.policy.next(&session, &req.facts));
         if let Some((status, message)) = &plan.error {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Err(error_response(status, message));
