@@ -90,6 +90,7 @@ const TABLES: &[&str] = &[
     "rollout",
     "rollout.callback",
     "rollout.tls",
+    "harness.NAME",
 ];
 
 /// Every key the types accept, as `table.key` paths.

@@ -36,7 +36,7 @@ fn now_ns() -> u128 {
 
 fn shell(session: String, command: Vec<String>) -> Result<HarnessRun> {
     Ok(HarnessRun {
-        harness: HarnessName::Shell,
+        harness: HarnessName::Shell.into(),
         instruction: String::new(),
         command,
         mode: ModeKind::Transparent,

@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 fn shell(session: &str, script: &str, budget: Duration) -> Result<HarnessRun> {
     Ok(HarnessRun {
-        harness: HarnessName::Shell,
+        harness: HarnessName::Shell.into(),
         instruction: String::new(),
         command: vec!["bash".into(), "-c".into(), script.into()],
         mode: ModeKind::BaseUrl,

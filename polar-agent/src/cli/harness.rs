@@ -14,7 +14,7 @@ use super::CliError;
 use super::sandbox::SandboxRunArgs;
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, run as run_harness};
-use crate::harness::{HarnessName, ModeKind, check_installed, search_dirs};
+use crate::harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
 use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use crate::runtime::plan::StepEnd;
 use crate::sandbox::SandboxError;
@@ -24,7 +24,8 @@ use polar_spec::runtime::RuntimeSpec;
 /// The harness options of `polar sandbox run`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HarnessArgs {
-    /// The harness preset.
+    /// The harness: a preset, or `custom:NAME` for a `[harness.NAME]` of
+    /// the configuration.
     #[arg(long)]
     pub harness: Option<String>,
     /// The task's instruction given to the harness.
@@ -57,10 +58,12 @@ fn out(text: &str) -> Result<(), CliError> {
 pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let h = &args.harness;
     // Validate everything before anything is created.
-    let harness: HarnessName = match &h.harness {
+    let choice: HarnessChoice = match &h.harness {
         Some(name) => name.parse().map_err(crate::harness::HarnessError::from)?,
-        None => HarnessName::Shell,
+        None => HarnessName::Shell.into(),
     };
+    let config = args.config.load()?;
+    let harness = Harness::resolve(&choice, &config)?;
     let spec = match &h.runtime {
         Some(p) => RuntimeSpec::load(p)?,
         None => RuntimeSpec::default(),
@@ -71,12 +74,11 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let instruction = h.instruction.clone().unwrap_or_default();
-    if harness != HarnessName::Shell && instruction.is_empty() {
-        return Err(crate::harness::HarnessError::NoInstruction(harness).into());
+    if !harness.is_shell() && instruction.is_empty() {
+        return Err(crate::harness::HarnessError::NoInstruction(harness.to_string()).into());
     }
-    let install = check_installed(harness, &search_dirs(), Duration::from_secs(30))?;
+    let install = harness.check_installed(&search_dirs(), Duration::from_secs(30))?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
-    let config = args.config.load()?;
     // The runtime's program works (checked again when the session starts).
     crate::runtime::Runtime::for_spec(&spec, &session, &crate::runtime::Node::of(&config))
         .map_err(crate::harness::HarnessError::from)?;
@@ -95,15 +97,16 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         crate::signals::terminated().await;
         signal_stop.cancel();
     });
+    let mode = if h.base_url {
+        ModeKind::BaseUrl
+    } else {
+        harness.default_mode()
+    };
     let plan = HarnessRun {
         harness,
         instruction,
         command,
-        mode: if h.base_url {
-            ModeKind::BaseUrl
-        } else {
-            harness.default_mode()
-        },
+        mode,
         spec,
         budget: Duration::from_secs(h.budget_secs),
         session,

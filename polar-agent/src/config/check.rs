@@ -34,6 +34,8 @@ pub struct Summary {
     pub fake_range: Ipv4Cidr,
     /// The backends: name, dialect and number of replicas.
     pub backends: Vec<(String, &'static str, usize)>,
+    /// The harnesses defined (`[harness.NAME]`): name and API.
+    pub harnesses: Vec<(String, String)>,
 }
 
 impl Summary {
@@ -61,6 +63,17 @@ impl Summary {
                 .backends
                 .iter()
                 .map(|b| (b.name.clone(), b.dialect.as_str(), b.replicas.len()))
+                .collect(),
+            harnesses: config
+                .harnesses
+                .values()
+                .map(|h| {
+                    let api = serde_json::to_value(h.api)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    (h.name.clone(), api)
+                })
                 .collect(),
         }
     }
@@ -108,10 +121,19 @@ impl fmt::Display for Summary {
             })
             .collect();
         if backends.is_empty() {
-            write!(f, "backends: none")
+            write!(f, "backends: none")?;
         } else {
-            write!(f, "backends: {}", backends.join(", "))
+            write!(f, "backends: {}", backends.join(", "))?;
         }
+        if !self.harnesses.is_empty() {
+            let harnesses: Vec<String> = self
+                .harnesses
+                .iter()
+                .map(|(name, api)| format!("custom:{name} ({api})"))
+                .collect();
+            write!(f, "\nharnesses: {}", harnesses.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -163,6 +185,18 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("base-URL listener: 127.0.0.1:8787"), "{text}");
+        assert!(!text.contains("harnesses:"), "{text}");
+        let config =
+            match Config::from_toml_str("[harness.mine]\ncommand = [\"mine\"]\napi = \"gemini\"\n")
+            {
+                Ok(config) => config,
+                Err(error) => panic!("{error}"),
+            };
+        let text = Summary::new(Path::new("p.toml"), &config).to_string();
+        assert!(
+            text.ends_with("\nharnesses: custom:mine (gemini)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - `raw.rs`: the file as written ([`RawConfig`], serde, no unknown keys).
 //! - `validated.rs`: [`Config`], built with `TryFrom<RawConfig>`, and its
 //!   loading from text or a file.
+//! - `harness.rs`: `[harness.NAME]`, the harnesses the operator defines
+//!   ([`CustomHarness`]).
 //! - `sections.rs`, `route.rs`, `host.rs`, `upstream.rs`, `cidr.rs`: the
 //!   validated values and their checks; `defaults.rs`: the defaults.
 //! - `rules.rs`: [`Rules`], the compiled router (connections, DNS, CA names);
@@ -18,6 +20,7 @@ mod check;
 mod cidr;
 pub mod defaults;
 mod error;
+mod harness;
 mod host;
 mod live;
 mod locate;
@@ -31,6 +34,7 @@ mod validated;
 pub use check::{Summary, check_file};
 pub use cidr::Ipv4Cidr;
 pub use error::{ConfigError, KeyPath, Location, Segment};
+pub use harness::{CustomHarness, PLACEHOLDERS, RawHarness};
 pub use host::{DnsName, HostPattern};
 pub use live::LiveRules;
 pub use raw::{RawAgent, RawCa, RawConfig, RawDns, RawProxy, RawRoute};

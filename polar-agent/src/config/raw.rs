@@ -42,6 +42,10 @@ pub struct RawConfig {
     /// `[rollout]`: the rollout server's settings, checked by
     /// `polar_rollout::config` (`polar rollout serve`).
     pub rollout: Option<toml::Table>,
+    /// `[harness.NAME]`: harnesses defined here, which a task names
+    /// `custom:NAME`.
+    #[serde(default)]
+    pub harness: std::collections::BTreeMap<String, super::harness::RawHarness>,
 }
 
 /// `[agent]`.

@@ -2,11 +2,13 @@
 //! `TryFrom` (defaults, range checks, routes, checks across sections), or
 //! from TOML text or a file, with errors that name the key and its line.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 
 use super::defaults;
 use super::error::{ConfigError, KeyPath};
+use super::harness::{CustomHarness, validate_harnesses};
 use super::host::HostPattern;
 use super::locate::{SpanIndex, from_toml_error};
 use super::raw::RawConfig;
@@ -49,6 +51,8 @@ pub struct Config {
     /// `[[backend]]`: the inference backends, each valid, names unique; at
     /// least one unless the file says `backend = []`.
     pub backends: Vec<BackendConfig>,
+    /// `[harness.NAME]`: the harnesses defined here, by name.
+    pub harnesses: BTreeMap<String, CustomHarness>,
 }
 
 impl Default for Config {
@@ -65,6 +69,7 @@ impl Default for Config {
             ),
             route_source: RouteSource::BuiltIn,
             backends: defaults::builtin_backends(),
+            harnesses: BTreeMap::new(),
         }
     }
 }
@@ -102,6 +107,7 @@ impl TryFrom<RawConfig> for Config {
         };
         check_addresses(&proxy, &dns, &routes)?;
         check_replica_addresses(&proxy, &dns, &backends)?;
+        let harnesses = validate_harnesses(&raw.harness)?;
         Ok(Self {
             agent,
             proxy,
@@ -111,6 +117,7 @@ impl TryFrom<RawConfig> for Config {
             rules: Rules::new(routes, raw.default_action.unwrap_or_default()),
             route_source,
             backends,
+            harnesses,
         })
     }
 }

@@ -16,11 +16,15 @@
 //!   apart before a newer attempt starts; `retention`: a session's
 //!   directories removed once exported, failed ones kept for a while
 //!   under a disk ceiling;
+//! - `judge`: the judge model of the `llm_judge` evaluator (clients of its
+//!   own, calls recorded in the session's `judge.jsonl`) and the
+//!   transcript it reads;
 //! - `verdict`: what a finished session amounts to (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 mod attempts;
 pub mod config;
+pub mod judge;
 pub mod retention;
 mod verdict;
 pub mod work;

@@ -13,7 +13,8 @@
 //!   directories, sandbox, runtime started, prepare steps).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
-//!   session's sandbox, or a fresh one on the same workspace), the
+//!   session's sandbox, or a fresh one on the same workspace; an
+//!   `llm_judge` with the node's judge clients, `super::judge`), the
 //!   sandbox's tear-down, the outcome and who ended the session (from the
 //!   harness's exit and the capture log's last call, `verdict`) and the
 //!   number of earlier attempts kept apart on this node recorded in the
@@ -34,15 +35,18 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::judge::{JudgeClients, transcript};
 use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
-use crate::harness::{HarnessName, Install, check_installed, search_dirs};
+use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
 use crate::runtime::plan::{Phase, StepEnd};
 use polar_capture::SessionInfo;
-use polar_evaluate::{CommandOutput, CommandRunner, Evaluation, Evaluator, SessionFacts};
+use polar_evaluate::{
+    CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, SessionFacts,
+};
 use polar_export::Exporter;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
@@ -72,8 +76,9 @@ pub struct HarnessWork {
     agent_timeout: Duration,
     node_id: String,
     policy: Arc<Policy>,
-    installs: Mutex<HashMap<&'static str, Option<Install>>>,
+    installs: Mutex<HashMap<String, Option<Install>>>,
     retention: Retention,
+    judges: Arc<JudgeClients>,
 }
 
 impl HarnessWork {
@@ -90,6 +95,7 @@ impl HarnessWork {
         retention: Retention,
     ) -> Self {
         Self {
+            judges: Arc::new(JudgeClients::new(&parts.config.backends)),
             parts,
             redirect,
             exporter,
@@ -132,17 +138,19 @@ impl HarnessWork {
     }
 
     /// The harness's installation, looked up once per harness.
-    async fn install(&self, harness: HarnessName) -> Result<Option<Install>, String> {
+    async fn install(&self, harness: &Harness) -> Result<Option<Install>, String> {
+        let name = harness.to_string();
         if let Some(i) = self
             .installs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(harness.as_str())
+            .get(&name)
         {
             return Ok(i.clone());
         }
+        let h = harness.clone();
         let found = tokio::task::spawn_blocking(move || {
-            check_installed(harness, &search_dirs(), Duration::from_secs(30))
+            h.check_installed(&search_dirs(), Duration::from_secs(30))
         })
         .await
         .map_err(|e| e.to_string())?
@@ -150,7 +158,7 @@ impl HarnessWork {
         self.installs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(harness.as_str(), found.clone());
+            .insert(name, found.clone());
         Ok(found)
     }
 }
@@ -165,20 +173,23 @@ impl Work for HarnessWork {
         let spec = SessionSpec::parse(&a.instruction, &a.agent, &a.runtime, &a.evaluator)
             .map_err(|e| fail(e.to_string()))?;
         let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
-        let harness = spec.harness;
+        // A custom name this node does not define is the node's problem,
+        // as a harness not installed here: another node may define it.
+        let harness = Harness::resolve(&spec.harness, &self.parts.config)
+            .map_err(|e| InitError::new(InitFault::Node, e.to_string()))?;
         let session: SessionId = a
             .session_id
             .parse()
             .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
         // Not installed here is the node's problem: another node may have it.
         let install = self
-            .install(harness)
+            .install(&harness)
             .await
             .map_err(|e| InitError::new(InitFault::Node, e))?;
         let mut metadata = Map::new();
         metadata.insert("sample_index".into(), a.sample_index.into());
         metadata.insert("attempt".into(), a.attempt.into());
-        metadata.insert("harness".into(), harness.as_str().into());
+        metadata.insert("harness".into(), harness.to_string().into());
         metadata.insert("node_id".into(), self.node_id.clone().into());
         if let Some(g) = &a.metadata.group_id {
             metadata.insert("group_id".into(), g.clone().into());
@@ -189,11 +200,12 @@ impl Work for HarnessWork {
         if !a.metadata.extra.is_empty() {
             metadata.insert("extra".into(), Value::Object(a.metadata.extra.clone()));
         }
+        let mode = spec.mode.unwrap_or_else(|| harness.default_mode());
         let run = HarnessRun {
             harness,
             instruction: a.instruction.clone(),
             command: spec.command,
-            mode: spec.mode.unwrap_or_else(|| harness.default_mode()),
+            mode,
             spec: spec.runtime,
             budget: job
                 .deadline
@@ -273,9 +285,22 @@ impl Work for HarnessWork {
         }
         let state_dir = &self.parts.config.agent.state_dir;
         let session_id = s.prepared.session().clone();
-        let log = read_calls(crate::harness::run::capture_log(state_dir, &session_id)).await;
+        let log = read_calls(
+            crate::harness::run::capture_log(state_dir, &session_id),
+            s.evaluator.needs_judge(),
+        )
+        .await;
         ended.fault = log.fault;
         let (calls, failed_calls) = (log.calls, log.failed);
+        let judge = self.judges.for_session(
+            session_id.to_string(),
+            polar_capture::store::session_dir(state_dir, &session_id),
+        );
+        let inputs = JudgeInputs {
+            judge: &judge,
+            instruction: &job.assignment.instruction,
+            transcript: &log.transcript,
+        };
         let facts = SessionFacts {
             harness_exit: ended.harness_exit(),
             timed_out: ended.timed_out,
@@ -289,7 +314,11 @@ impl Work for HarnessWork {
         let mut evaluation = None;
         if evaluate && !fresh {
             let runner = SandboxRunner::new(&s.prepared, &job.stop);
-            evaluation = Some(s.evaluator.evaluate(&facts, &runner).await);
+            evaluation = Some(
+                s.evaluator
+                    .evaluate_with(&facts, &runner, Some(&inputs))
+                    .await,
+            );
         }
         let steps: Vec<Value> = s
             .prepared
@@ -301,7 +330,7 @@ impl Work for HarnessWork {
         let finished = s.prepared.finish(&self.parts, &never).await;
         if fresh {
             evaluation = Some(
-                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts)
+                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts, &inputs)
                     .await,
             );
         }
@@ -374,14 +403,27 @@ struct CallsRead {
     failed: u64,
     /// The infrastructure fault of the last call.
     fault: Option<polar_trajectory::Fault>,
+    /// The transcript for a judge (when asked for).
+    transcript: String,
 }
 
-/// Reads the capture log at `path` (off the async workers); nothing when
-/// there is none.
-async fn read_calls(path: PathBuf) -> CallsRead {
-    let read = tokio::task::spawn_blocking(move || polar_capture::log::read_log(&path)).await;
+/// Reads the capture log at `path` (off the async workers), and the
+/// transcript when `with_transcript`; nothing when there is none.
+async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
+    let read = tokio::task::spawn_blocking(move || {
+        polar_capture::log::read_log(&path).map(|(records, _)| {
+            let t = if with_transcript {
+                transcript(&records)
+            } else {
+                String::new()
+            };
+            (records, t)
+        })
+    })
+    .await;
     match read {
-        Ok(Ok((records, _))) => CallsRead {
+        Ok(Ok((records, transcript))) => CallsRead {
+            transcript,
             calls: records.len() as u64,
             failed: records
                 .iter()
@@ -481,6 +523,7 @@ impl HarnessWork {
         run: HarnessRun,
         evaluator: &Evaluator,
         facts: &SessionFacts,
+        inputs: &JudgeInputs<'_>,
     ) -> Evaluation {
         let failed = |error: String| Evaluation {
             reward: None,
@@ -494,7 +537,7 @@ impl HarnessWork {
         };
         let evaluation = if fresh.ready() {
             evaluator
-                .evaluate(facts, &SandboxRunner::new(&fresh, &job.stop))
+                .evaluate_with(facts, &SandboxRunner::new(&fresh, &job.stop), Some(inputs))
                 .await
         } else {
             failed("the fresh sandbox's runtime did not start".into())

@@ -1,29 +1,47 @@
-//! Harness presets: the six coding-agent CLIs Polar runs unmodified, and a
-//! custom shell command.
+//! Harnesses: the presets (the coding-agent CLIs Polar runs unmodified,
+//! and a custom shell command) and the harnesses the node's configuration
+//! defines (`[harness.NAME]`, named `custom:NAME` by a task).
 //!
-//! - [`presets`]: each harness's non-interactive command line, variables
+//! - [`presets`]: each preset's non-interactive command line, variables
 //!   and HOME files, in transparent and base-URL mode;
-//! - this file: the names, the modes, and the check that a harness is
-//!   installed (where its binary is, its version, what the sandbox must see
-//!   of its installation);
+//! - [`custom`]: the same for a configured harness, and its install check;
+//! - this file: the names, [`Harness`] (a preset or a configured one), the
+//!   modes, and the check that a harness is installed (where its binary
+//!   is, its version, what the sandbox must see of its installation);
 //! - [`base_url`]: base-URL mode from inside a sandbox;
 //! - [`run`]: one harness session end to end on a runtime.
 
 pub mod base_url;
+pub mod custom;
 pub mod presets;
 pub mod run;
 
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-pub use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
+use crate::config::{Config, CustomHarness};
+pub use polar_spec::harness::{
+    BadHarness, CUSTOM_PREFIX, HarnessChoice, HarnessName, ModeKind, UnknownHarness,
+};
 
 /// Errors of the harness layer.
 #[derive(Debug, thiserror::Error)]
 pub enum HarnessError {
-    /// No such preset.
+    /// Neither a preset nor a well-formed `custom:NAME`.
     #[error(transparent)]
-    Unknown(#[from] UnknownHarness),
+    Unknown(#[from] BadHarness),
+    /// `custom:NAME` that this node's configuration does not define.
+    #[error(
+        "{CUSTOM_PREFIX}{name} is not defined on this node (its [harness.*] tables: {defined})"
+    )]
+    NotDefined {
+        /// The name asked for.
+        name: String,
+        /// The names defined.
+        defined: String,
+    },
     /// The harness's binary was not found.
     #[error(
         "{harness} is not installed: no `{binary}` in {searched}; install the pinned CLIs with \
@@ -31,17 +49,18 @@ pub enum HarnessError {
     )]
     NotInstalled {
         /// The harness.
-        harness: HarnessName,
+        harness: String,
         /// The binary looked for.
-        binary: &'static str,
+        binary: String,
         /// Where.
         searched: String,
     },
-    /// A harness preset was asked for without an instruction.
-    #[error("the {0} preset needs an instruction (--instruction TEXT)")]
-    NoInstruction(HarnessName),
+    /// A harness other than the shell preset was asked for without an
+    /// instruction.
+    #[error("the harness {0} needs an instruction (--instruction TEXT)")]
+    NoInstruction(String),
     /// The binary is there but `--version` failed.
-    #[error("{binary} --version failed: {why}")]
+    #[error("the install check of {binary} failed: {why}")]
     Broken {
         /// The binary.
         binary: PathBuf,
@@ -68,6 +87,86 @@ pub enum Mode {
         /// The session's key.
         key: String,
     },
+}
+
+/// The harness a session runs: a preset, or one the node's configuration
+/// defines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Harness {
+    /// A preset.
+    Preset(HarnessName),
+    /// `[harness.NAME]` of the configuration.
+    Custom(Arc<CustomHarness>),
+}
+
+impl Harness {
+    /// The harness `choice` names, among `config`'s: a custom name the
+    /// configuration does not define is an error. The task only picks: the
+    /// command line of a custom harness is the operator's.
+    pub fn resolve(choice: &HarnessChoice, config: &Config) -> Result<Self, HarnessError> {
+        match choice {
+            HarnessChoice::Preset(h) => Ok(Self::Preset(*h)),
+            HarnessChoice::Custom(name) => config
+                .harnesses
+                .get(name)
+                .map(|h| Self::Custom(Arc::new(h.clone())))
+                .ok_or_else(|| HarnessError::NotDefined {
+                    name: name.clone(),
+                    defined: if config.harnesses.is_empty() {
+                        "none".into()
+                    } else {
+                        config
+                            .harnesses
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    },
+                }),
+        }
+    }
+
+    /// Whether this is the shell preset (the only one that runs without an
+    /// instruction and takes a command of the task's).
+    pub fn is_shell(&self) -> bool {
+        *self == Self::Preset(HarnessName::Shell)
+    }
+
+    /// The mode used unless another is asked for.
+    pub fn default_mode(&self) -> ModeKind {
+        match self {
+            Self::Preset(h) => h.default_mode(),
+            Self::Custom(c) => c.mode,
+        }
+    }
+
+    /// Checks that the harness is installed ([`check_installed`],
+    /// [`custom::check_installed`]); `None` for the shell preset.
+    pub fn check_installed(
+        &self,
+        dirs: &[PathBuf],
+        timeout: Duration,
+    ) -> Result<Option<Install>, HarnessError> {
+        match self {
+            Self::Preset(h) => check_installed(*h, dirs, timeout),
+            Self::Custom(c) => custom::check_installed(c, dirs, timeout).map(Some),
+        }
+    }
+}
+
+impl fmt::Display for Harness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Preset(h) => h.fmt(f),
+            Self::Custom(c) => write!(f, "{CUSTOM_PREFIX}{}", c.name),
+        }
+    }
+}
+
+impl From<HarnessName> for Harness {
+    fn from(h: HarnessName) -> Self {
+        Self::Preset(h)
+    }
 }
 
 /// An installed harness.
@@ -119,8 +218,8 @@ pub fn check_installed(
     let found = dirs.iter().map(|d| d.join(binary)).find(|p| p.is_file());
     let Some(path) = found else {
         return Err(HarnessError::NotInstalled {
-            harness,
-            binary,
+            harness: harness.to_string(),
+            binary: binary.to_owned(),
             searched: dirs
                 .iter()
                 .map(|d| d.display().to_string())
@@ -128,7 +227,15 @@ pub fn check_installed(
                 .join(", "),
         });
     };
-    let version = version_of(&path, timeout)?;
+    let version = first_line_of(&path, &["--version".to_owned()], timeout)?;
+    Ok(Some(install_at(path, version)))
+}
+
+/// The installation of the binary at `path`: its directory (first on the
+/// sandbox's `PATH`) and the directories the sandbox must see read-only
+/// (the `node_modules` it links into, the Python virtual environment it
+/// belongs to).
+pub(crate) fn install_at(path: PathBuf, version: String) -> Install {
     // With symbolic links resolved: the sandbox binds these directories at
     // the same paths, and a path through a link (an install directory
     // that is a link to elsewhere) cannot be made in the sandbox's root.
@@ -152,23 +259,35 @@ pub fn check_installed(
             read_only.push(nm.to_owned());
         }
     }
+    // A virtual environment's bin/X runs its interpreter from bin/ and its
+    // packages from lib/: the sandbox needs the whole environment.
+    if let Some(venv) = bin_dir.parent().filter(|v| v.join("pyvenv.cfg").is_file()) {
+        read_only.retain(|d| d != &bin_dir);
+        read_only.push(venv.to_owned());
+    }
     read_only.sort();
     read_only.dedup();
-    Ok(Some(Install {
+    Install {
         binary: path,
         version,
         bin_dir,
         read_only,
-    }))
+    }
 }
 
-fn version_of(path: &Path, timeout: Duration) -> Result<String, HarnessError> {
+/// Runs `path ARGS` (bounded by `timeout`), which must exit 0, and returns
+/// the first line it printed (on stdout, else stderr).
+pub(crate) fn first_line_of(
+    path: &Path,
+    args: &[String],
+    timeout: Duration,
+) -> Result<String, HarnessError> {
     let broken = |why: String| HarnessError::Broken {
         binary: path.to_owned(),
         why,
     };
     let mut child = std::process::Command::new(path)
-        .arg("--version")
+        .args(args)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use super::{HarnessName, Mode};
+use super::{Harness, HarnessName, Mode};
 
 /// The model each harness is told to use (the backend answers any name).
 pub const CODEX_MODEL: &str = "gpt-5";
@@ -39,9 +39,24 @@ fn file(path: &str, contents: String) -> (PathBuf, String) {
 
 /// The set-up of `harness` for `instruction`. `command` is the shell
 /// preset's custom command (empty: run the instruction with `sh -c`).
-pub fn setup(harness: HarnessName, instruction: &str, mode: &Mode, command: &[String]) -> Setup {
-    let i = instruction.to_owned();
+/// Every harness is also given `POLAR_INSTRUCTION` (and in base-URL mode
+/// `POLAR_BASE_URL` and `POLAR_API_KEY`).
+pub fn setup(harness: &Harness, instruction: &str, mode: &Mode, command: &[String]) -> Setup {
     let mut s = match harness {
+        Harness::Preset(h) => preset(*h, instruction, mode, command),
+        Harness::Custom(c) => super::custom::setup(c, instruction, mode),
+    };
+    s.env.push(kv("POLAR_INSTRUCTION", instruction));
+    if let Mode::BaseUrl { url, key } = mode {
+        s.env.push(kv("POLAR_BASE_URL", url));
+        s.env.push(kv("POLAR_API_KEY", key));
+    }
+    s
+}
+
+fn preset(harness: HarnessName, instruction: &str, mode: &Mode, command: &[String]) -> Setup {
+    let i = instruction.to_owned();
+    match harness {
         HarnessName::Codex => codex(i, mode),
         HarnessName::ClaudeCode => claude_code(i, mode),
         HarnessName::GeminiCli => gemini_cli(i, mode),
@@ -56,13 +71,7 @@ pub fn setup(harness: HarnessName, instruction: &str, mode: &Mode, command: &[St
             },
             ..Setup::default()
         },
-    };
-    s.env.push(kv("POLAR_INSTRUCTION", instruction));
-    if let Mode::BaseUrl { url, key } = mode {
-        s.env.push(kv("POLAR_BASE_URL", url));
-        s.env.push(kv("POLAR_API_KEY", key));
     }
-    s
 }
 
 fn codex(i: String, mode: &Mode) -> Setup {
@@ -265,7 +274,7 @@ mod tests {
     #[test]
     fn transparent_command_lines_match_what_was_observed() {
         let t = Mode::Transparent;
-        let line = |h| setup(h, "do it", &t, &[]).argv.join(" ");
+        let line = |h: HarnessName| setup(&h.into(), "do it", &t, &[]).argv.join(" ");
         assert_eq!(
             line(HarnessName::Codex),
             "codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox -m gpt-5 -c analytics.enabled=false do it"
@@ -289,7 +298,7 @@ mod tests {
         );
         assert_eq!(line(HarnessName::Shell), "sh -c do it");
         assert_eq!(
-            setup(HarnessName::Shell, "x", &t, &["true".into()]).argv,
+            setup(&HarnessName::Shell.into(), "x", &t, &["true".into()]).argv,
             vec!["true".to_owned()]
         );
     }
@@ -297,21 +306,21 @@ mod tests {
     #[test]
     fn transparent_env_and_files() {
         let t = Mode::Transparent;
-        let c = setup(HarnessName::ClaudeCode, "x", &t, &[]);
+        let c = setup(&HarnessName::ClaudeCode.into(), "x", &t, &[]);
         assert_eq!(env(&c, "IS_SANDBOX"), Some("1"));
         assert_eq!(
             env(&c, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"),
             Some("1")
         );
         assert!(env(&c, "ANTHROPIC_BASE_URL").is_none());
-        let g = setup(HarnessName::GeminiCli, "x", &t, &[]);
+        let g = setup(&HarnessName::GeminiCli.into(), "x", &t, &[]);
         let settings: serde_json::Value = serde_json::from_str(&g.files[0].1).unwrap();
         assert_eq!(
             settings["security"]["auth"]["selectedType"],
             "gemini-api-key"
         );
         assert_eq!(settings["privacy"]["usageStatisticsEnabled"], false);
-        let q = setup(HarnessName::QwenCode, "x", &t, &[]);
+        let q = setup(&HarnessName::QwenCode.into(), "x", &t, &[]);
         assert!(env(&q, "OPENAI_BASE_URL").is_none());
         assert_eq!(env(&q, "POLAR_INSTRUCTION"), Some("x"));
     }
@@ -322,17 +331,17 @@ mod tests {
             url: "http://127.0.0.1:8787".into(),
             key: "polar-k1".into(),
         };
-        let c = setup(HarnessName::ClaudeCode, "x", &m, &[]);
+        let c = setup(&HarnessName::ClaudeCode.into(), "x", &m, &[]);
         assert_eq!(env(&c, "ANTHROPIC_BASE_URL"), Some("http://127.0.0.1:8787"));
         assert_eq!(env(&c, "ANTHROPIC_API_KEY"), Some("polar-k1"));
-        let q = setup(HarnessName::QwenCode, "x", &m, &[]);
+        let q = setup(&HarnessName::QwenCode.into(), "x", &m, &[]);
         assert_eq!(env(&q, "OPENAI_BASE_URL"), Some("http://127.0.0.1:8787/v1"));
-        let g = setup(HarnessName::GeminiCli, "x", &m, &[]);
+        let g = setup(&HarnessName::GeminiCli.into(), "x", &m, &[]);
         assert_eq!(
             env(&g, "GOOGLE_GEMINI_BASE_URL"),
             Some("http://127.0.0.1:8787")
         );
-        let x = setup(HarnessName::Codex, "x", &m, &[]);
+        let x = setup(&HarnessName::Codex.into(), "x", &m, &[]);
         assert!(
             x.files[0]
                 .1
@@ -340,11 +349,11 @@ mod tests {
         );
         assert!(x.files[0].1.contains("wire_api = \"responses\""));
         assert_eq!(env(&x, "POLAR_CODEX_KEY"), Some("polar-k1"));
-        let o = setup(HarnessName::Opencode, "x", &m, &[]);
+        let o = setup(&HarnessName::Opencode.into(), "x", &m, &[]);
         let cfg: serde_json::Value = serde_json::from_str(&o.files[0].1).unwrap();
         assert_eq!(cfg["provider"]["polar"]["options"]["apiKey"], "polar-k1");
         assert!(o.argv.contains(&"polar/polar-model".to_owned()));
-        let p = setup(HarnessName::Pi, "x", &m, &[]);
+        let p = setup(&HarnessName::Pi.into(), "x", &m, &[]);
         let models: serde_json::Value = serde_json::from_str(&p.files[0].1).unwrap();
         assert_eq!(
             models["providers"]["polar"]["baseUrl"],

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
 use super::presets::setup;
-use super::{HarnessError, HarnessName, Install, Mode, ModeKind};
+use super::{Harness, HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
 use crate::redirect::Redirect;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
@@ -36,8 +36,8 @@ use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 /// A harness session to run.
 #[derive(Clone, Debug)]
 pub struct HarnessRun {
-    /// The preset.
-    pub harness: HarnessName,
+    /// The harness: a preset or one of the configuration's.
+    pub harness: Harness,
     /// The task's instruction.
     pub instruction: String,
     /// The shell preset's command (empty: `sh -c INSTRUCTION`).
@@ -170,7 +170,7 @@ pub async fn prepare(
     };
     let dirs = SandboxDirs::of(state, &run.session);
     let mode = session_mode(parts, &run);
-    let harness = setup(run.harness, &run.instruction, &mode, &run.command);
+    let harness = setup(&run.harness, &run.instruction, &mode, &run.command);
     make_dirs(&dirs, user, disk, harness.files.clone()).await?;
     match prepare_on(
         parts,
@@ -355,6 +355,18 @@ fn begin_capture(parts: &AgentParts, run: &HarnessRun, mode: &Mode) {
             .entry(polar_capture::INSTRUCTION_KEY)
             .or_insert_with(|| run.instruction.clone().into());
     }
+    // A configured harness's API and shell tool, as the operator declared
+    // them: what a consumer needs to read its calls' tool use.
+    if let Harness::Custom(c) = &run.harness {
+        if let Ok(api) = serde_json::to_value(c.api) {
+            info.metadata.entry("harness_api").or_insert(api);
+        }
+        if let Some(tool) = &c.shell_tool {
+            info.metadata
+                .entry("shell_tool")
+                .or_insert_with(|| tool.clone().into());
+        }
+    }
     parts.registry.register(&run.session, info);
 }
 
@@ -459,7 +471,7 @@ impl Prepared {
     /// runtime spec's prepare and post-run steps left out.
     pub fn fresh_run(&self) -> HarnessRun {
         let mut run = self.run.clone();
-        run.harness = HarnessName::Shell;
+        run.harness = HarnessName::Shell.into();
         run.command = vec!["true".into()];
         run.spec.prepare.clear();
         run.spec.post.clear();

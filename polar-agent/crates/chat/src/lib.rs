@@ -338,6 +338,11 @@ pub struct Sampling {
     /// Stop sequences.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop: Vec<String>,
+    /// The sampling seed: set by Polar's own calls (the `llm_judge`
+    /// evaluator's), never read from a harness's request (a seed a harness
+    /// sent stays in `extra`, so the samples of a group stay apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 /// The normalized request.

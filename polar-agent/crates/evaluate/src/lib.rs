@@ -12,7 +12,8 @@
 //! - `options`: raw option parsing (unknown options rejected) and the checks
 //!   shared by the command evaluators (argv, env, timeout, paths);
 //! - `session`: `session_completed`; `command`: `command`;
-//!   `test_output`: `test_output`;
+//!   `test_output`: `test_output`; [`judge`]: `llm_judge`; [`composite`]:
+//!   `composite`;
 //! - [`parse`]: the test-output parsers (pure);
 //! - `workspace`: reading and writing files of the workspace from the host
 //!   without ever leaving it (openat2 `RESOLVE_BENEATH`).
@@ -68,6 +69,25 @@
 //! A test counts as passed when it `PASSED` or `XFAIL`ed (as in SWE-bench);
 //! a test listed but absent from the output counts as failed.
 //!
+//! `llm_judge`: a rubric scored by a judge model on one of the node's
+//! backends, over the instruction, the workspace diff and the transcript
+//! (see [`judge`]); the reward is the weighted mean of the criteria's
+//! scores over 10, each criterion's score in the detail's `criteria`.
+//! - `rubric` (required): an array of `{"name", "description", "weight"}`
+//!   (weight above 0, default 1; names unique, 1 to 64 of letters, digits,
+//!   `_`, `-`);
+//! - `backend` (the node's `[[backend]]` by name; default its first),
+//!   `model` (default the backend's served model), `seed` (default 0),
+//!   `max_tokens` (16 to 32768, default 1024), `instructions` (more text
+//!   for the judge);
+//! - `diff_command` (string or argv, default [`judge::DEFAULT_DIFF_SCRIPT`]),
+//!   `timeout_secs` (the diff command's), `max_diff_bytes` and
+//!   `max_transcript_bytes` (256 to 1048576, default 32768: the diff's
+//!   head, the transcript's tail).
+//!
+//! `composite`: `evaluators`, an array of `{"kind", "options", "weight"}`;
+//! the reward is the weighted mean of the parts' (see [`composite`]).
+//!
 //! # Usable samples
 //!
 //! A sample is usable (counts as completed) when the harness ran to its end
@@ -89,6 +109,8 @@
 //! validation, host commands) and `parse_tests`.
 
 mod command;
+pub mod composite;
+pub mod judge;
 mod options;
 mod parse;
 mod session;
@@ -107,6 +129,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use command::{CommandEvaluator, RewardSource};
+pub use composite::Composite;
+pub use judge::{Judge, JudgeCall, JudgeFuture, JudgeInputs, JudgeReply, LlmJudge};
 pub use parse::{Parser, TestOutcomes, TestStatus};
 pub use session::SessionCompleted;
 pub use test_output::TestOutput;
@@ -218,7 +242,8 @@ impl Evaluation {
 pub enum EvalError {
     /// No evaluator of that kind.
     #[error(
-        "evaluator.kind: unknown evaluator {0:?}; one of: session_completed, command, test_output"
+        "evaluator.kind: unknown evaluator {0:?}; one of: session_completed, command, \
+         test_output, llm_judge, composite"
     )]
     UnknownKind(String),
     /// An option is missing, unknown or invalid.
@@ -257,6 +282,10 @@ pub enum Evaluator {
     Command(CommandEvaluator),
     /// `test_output`.
     TestOutput(TestOutput),
+    /// `llm_judge`.
+    LlmJudge(LlmJudge),
+    /// `composite`.
+    Composite(Composite),
 }
 
 impl Evaluator {
@@ -268,6 +297,8 @@ impl Evaluator {
             }
             "command" => CommandEvaluator::from_options(&spec.options).map(Self::Command),
             "test_output" => TestOutput::from_options(&spec.options).map(Self::TestOutput),
+            "llm_judge" => LlmJudge::from_options(&spec.options).map(Self::LlmJudge),
+            "composite" => Composite::from_options(&spec.options).map(Self::Composite),
             other => Err(EvalError::UnknownKind(other.to_owned())),
         }
     }
@@ -278,6 +309,8 @@ impl Evaluator {
             Self::SessionCompleted(_) => "session_completed",
             Self::Command(_) => "command",
             Self::TestOutput(_) => "test_output",
+            Self::LlmJudge(_) => "llm_judge",
+            Self::Composite(_) => "composite",
         }
     }
 
@@ -288,22 +321,51 @@ impl Evaluator {
             Self::SessionCompleted(_) => false,
             Self::Command(c) => c.run.fresh,
             Self::TestOutput(t) => t.run.fresh,
+            Self::LlmJudge(_) => false,
+            Self::Composite(c) => c.fresh(),
         }
     }
 
     /// Whether evaluating runs commands at all (`session_completed` does
     /// not: the gateway need not keep a sandbox for it).
     pub fn runs_commands(&self) -> bool {
-        !matches!(self, Self::SessionCompleted(_))
+        match self {
+            Self::SessionCompleted(_) => false,
+            Self::Composite(c) => c.runs_commands(),
+            _ => true,
+        }
+    }
+
+    /// Whether it calls a judge model ([`Evaluator::evaluate_with`] needs
+    /// [`JudgeInputs`]).
+    pub fn needs_judge(&self) -> bool {
+        match self {
+            Self::LlmJudge(_) => true,
+            Self::Composite(c) => c.parts.iter().any(|(e, _)| e.needs_judge()),
+            _ => false,
+        }
     }
 
     /// Scores the session. Never fails: what went wrong is in
     /// [`Evaluation::error`].
     pub async fn evaluate(&self, facts: &SessionFacts, runner: &dyn CommandRunner) -> Evaluation {
+        self.evaluate_with(facts, runner, None).await
+    }
+
+    /// [`Evaluator::evaluate`] with a judge model and what it reads (an
+    /// `llm_judge` without them gives no reward).
+    pub async fn evaluate_with(
+        &self,
+        facts: &SessionFacts,
+        runner: &dyn CommandRunner,
+        judge: Option<&JudgeInputs<'_>>,
+    ) -> Evaluation {
         match self {
             Self::SessionCompleted(s) => s.evaluate(facts),
             Self::Command(c) => c.evaluate(facts, runner).await,
             Self::TestOutput(t) => t.evaluate(facts, runner).await,
+            Self::LlmJudge(j) => j.evaluate(facts, runner, judge).await,
+            Self::Composite(c) => c.evaluate(facts, runner, judge).await,
         }
     }
 }

@@ -78,7 +78,7 @@ impl RunOptions {
         let command = raw
             .command
             .ok_or_else(|| EvalError::option("command", "required"))?;
-        let argv = argv(&command)?;
+        let argv = argv_of("command", &command)?;
         let secs = raw.timeout_secs.unwrap_or(DEFAULT_TIMEOUT_SECS);
         if !(1..=MAX_TIMEOUT_SECS).contains(&secs) {
             return Err(EvalError::option(
@@ -112,10 +112,10 @@ impl RunOptions {
     }
 }
 
-/// A command option: a non-empty string run with `sh -c`, or a non-empty
-/// array of strings.
-fn argv(command: &Value) -> Result<Vec<String>, EvalError> {
-    let bad = |reason: &str| EvalError::option("command", reason);
+/// A command option (`option`): a non-empty string run with `sh -c`, or a
+/// non-empty array of strings.
+pub(super) fn argv_of(option: &str, command: &Value) -> Result<Vec<String>, EvalError> {
+    let bad = |reason: &str| EvalError::option(option, reason);
     let argv = match command {
         Value::String(s) if s.trim().is_empty() => return Err(bad("must not be empty")),
         Value::String(s) => vec!["sh".to_owned(), "-c".to_owned(), s.clone()],

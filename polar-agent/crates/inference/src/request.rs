@@ -144,6 +144,9 @@ fn sampling(
     if let Some(p) = o.top_p.or(s.top_p) {
         body.insert("top_p".into(), json!(p));
     }
+    if let Some(seed) = s.seed {
+        body.insert("seed".into(), json!(seed));
+    }
     if let Some(k) = o.top_k.or(s.top_k.map(i64::from)) {
         body.insert("top_k".into(), json!(k));
     }
@@ -298,6 +301,7 @@ mod tests {
                 top_p: None,
                 top_k: Some(20),
                 stop: vec!["END".into()],
+                seed: None,
             },
             stream: false,
             extra,

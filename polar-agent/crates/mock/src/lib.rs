@@ -8,6 +8,8 @@
 //! - [`constrain`]: constrained decoding imitated (`response_format` JSON
 //!   from the schema, `tool_choice`, `parallel_tool_calls`);
 //! - [`script`]: what the "model" answers (script file or built-in policy);
+//! - [`judge`]: what it answers a judge request of Polar's `llm_judge`
+//!   evaluator (scores from what the request's diff adds);
 //! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
 //! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
 //!
@@ -35,6 +37,7 @@ mod body;
 pub mod constrain;
 mod emit;
 mod generate;
+pub mod judge;
 pub mod openai;
 pub mod script;
 mod server;

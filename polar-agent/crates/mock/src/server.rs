@@ -214,6 +214,11 @@ impl State {
         if let Some(plan) = req.constraint.structured_plan()? {
             return Ok(plan);
         }
+        // A judge request of Polar's `llm_judge` is answered from what it
+        // shows, without taking a scripted turn.
+        if let Some(plan) = super::judge::plan(&req.facts) {
+            return Ok(plan);
+        }
         let mut plan = self.policy.next(session, &req.facts);
         if plan.error.is_none() {
             req.constraint.apply_tools(&mut plan, &req.facts.tools)?;

@@ -1,5 +1,6 @@
 //! What a session's assignment asks of a gateway, checked: the harness
-//! preset, the agent options the gateway understands, the runtime spec and
+//! (a preset, or `custom:NAME`: one the node's configuration defines, whose
+//! existence only the node can check), the agent options the gateway understands, the runtime spec and
 //! the evaluator. The rollout server runs the same check when a task is
 //! submitted (a bad task is a 400 naming the field), and the gateway again
 //! when a session arrives (a node may run a newer or older version).
@@ -20,15 +21,15 @@ use crate::validate::ValidationError;
 use crate::{AgentSpec, EvaluatorSpec};
 use polar_evaluate::Evaluator;
 use polar_spec::KeyPath;
-use polar_spec::harness::{HarnessName, ModeKind, UnknownHarness};
+use polar_spec::harness::{BadHarness, HarnessChoice, ModeKind};
 use polar_spec::policy::{Policy, Violation};
 use polar_spec::runtime::{RuntimeSpec, SpecError};
 
 /// A checked session spec.
 #[derive(Debug)]
 pub struct SessionSpec {
-    /// The preset.
-    pub harness: HarnessName,
+    /// The harness.
+    pub harness: HarnessChoice,
     /// The shell preset's command (empty: the instruction through `sh -c`).
     pub command: Vec<String>,
     /// The RUNNING limit, when the task sets one.
@@ -56,14 +57,14 @@ impl SessionSpec {
         runtime: &Map<String, Value>,
         evaluator: &EvaluatorSpec,
     ) -> Result<Self, ValidationError> {
-        let harness: HarnessName = agent
+        let harness: HarnessChoice = agent
             .harness
             .parse()
-            .map_err(|e: UnknownHarness| bad("agent.harness", e.to_string()))?;
-        if harness != HarnessName::Shell && instruction.trim().is_empty() {
+            .map_err(|e: BadHarness| bad("agent.harness", e.to_string()))?;
+        if !harness.is_shell() && instruction.trim().is_empty() {
             return Err(bad(
                 "instruction",
-                format!("the {harness} preset needs one"),
+                format!("the harness {harness} needs one"),
             ));
         }
         let mut spec = Self {
@@ -110,10 +111,15 @@ impl SessionSpec {
                 }
             }
         }
-        if !spec.command.is_empty() && harness != HarnessName::Shell {
+        // A task never brings a command line of its own but to the shell
+        // preset: a custom harness's is the operator's.
+        if !spec.command.is_empty() && !spec.harness.is_shell() {
             return Err(bad(
                 "agent.options.command",
-                format!("only the shell preset takes a command, not {harness}"),
+                format!(
+                    "only the shell preset takes a command, not {}",
+                    spec.harness
+                ),
             ));
         }
         if !runtime.is_empty() {
@@ -181,6 +187,18 @@ mod tests {
                 json!({}),
                 json!({"kind": "session_completed"}),
                 "agent.harness",
+            ),
+            (
+                json!({"harness": "custom:Bad Name"}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.harness",
+            ),
+            (
+                json!({"harness": "custom:mine", "options": {"command": "x"}}),
+                json!({}),
+                json!({"kind": "session_completed"}),
+                "agent.options.command",
             ),
             (
                 json!({"harness": "shell", "options": {"script": "x"}}),

@@ -1,5 +1,7 @@
-//! The harness presets a task can name ([`HarnessName`]) and how a harness
-//! reaches the model ([`ModeKind`]).
+//! The harnesses a task can name: a preset ([`HarnessName`]) or one the
+//! node's operator defined in its configuration ([`HarnessChoice::Custom`],
+//! written `custom:NAME`), and how a harness reaches the model
+//! ([`ModeKind`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -7,7 +9,8 @@ use std::str::FromStr;
 /// A harness name that is not a preset.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, shell"
+    "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, \
+     shell, or custom:NAME for a harness the node's configuration defines"
 )]
 pub struct UnknownHarness(pub String);
 
@@ -103,4 +106,113 @@ pub enum ModeKind {
     Transparent,
     /// The harness is given the agent's base URL and a per-session key.
     BaseUrl,
+}
+
+/// How a task names a harness defined in a node's configuration.
+pub const CUSTOM_PREFIX: &str = "custom:";
+
+/// A harness name a task wrote that is neither a preset nor a well-formed
+/// `custom:NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadHarness {
+    /// Not a preset.
+    #[error(transparent)]
+    Unknown(#[from] UnknownHarness),
+    /// `custom:` followed by a name that no configuration may define.
+    #[error(
+        "{0:?} is not a custom harness name: `custom:` then 1 to 64 of a-z, 0-9, `_`, `-`, \
+         starting with a letter"
+    )]
+    BadCustom(String),
+}
+
+/// The harness a task picked: a preset, or a harness the node's
+/// configuration defines (`[harness.NAME]`), named `custom:NAME`. Which
+/// custom names exist is known on the node only; the rollout server checks
+/// the form.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HarnessChoice {
+    /// A preset.
+    Preset(HarnessName),
+    /// A harness of the node's configuration, by its name there.
+    Custom(String),
+}
+
+/// Whether `name` may name a configured harness: 1 to 64 of `a-z`, `0-9`,
+/// `_`, `-`, starting with a letter.
+pub fn is_custom_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 64
+        && b[0].is_ascii_lowercase()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_' || *c == b'-')
+}
+
+impl HarnessChoice {
+    /// The shell preset, which takes a command of the task's own.
+    pub fn is_shell(&self) -> bool {
+        *self == Self::Preset(HarnessName::Shell)
+    }
+}
+
+impl fmt::Display for HarnessChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Preset(h) => h.fmt(f),
+            Self::Custom(n) => write!(f, "{CUSTOM_PREFIX}{n}"),
+        }
+    }
+}
+
+impl FromStr for HarnessChoice {
+    type Err = BadHarness;
+
+    fn from_str(s: &str) -> Result<Self, BadHarness> {
+        match s.strip_prefix(CUSTOM_PREFIX) {
+            Some(name) if is_custom_name(name) => Ok(Self::Custom(name.to_owned())),
+            Some(_) => Err(BadHarness::BadCustom(s.to_owned())),
+            None => Ok(Self::Preset(s.parse()?)),
+        }
+    }
+}
+
+impl From<HarnessName> for HarnessChoice {
+    fn from(h: HarnessName) -> Self {
+        Self::Preset(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_choice_is_a_preset_or_a_well_formed_custom_name() {
+        assert_eq!(
+            "claude".parse::<HarnessChoice>().unwrap(),
+            HarnessChoice::Preset(HarnessName::ClaudeCode)
+        );
+        let c: HarnessChoice = "custom:my-agent_2".parse().unwrap();
+        assert_eq!(c, HarnessChoice::Custom("my-agent_2".into()));
+        assert_eq!(c.to_string(), "custom:my-agent_2");
+        for bad in [
+            "custom:",
+            "custom:My",
+            "custom:a b",
+            "custom:../x",
+            "custom:9x",
+        ] {
+            assert!(
+                matches!(bad.parse::<HarnessChoice>(), Err(BadHarness::BadCustom(_))),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            "cursor".parse::<HarnessChoice>(),
+            Err(BadHarness::Unknown(_))
+        ));
+        assert!(!is_custom_name(&"a".repeat(65)));
+        assert!(HarnessChoice::Preset(HarnessName::Shell).is_shell());
+    }
 }

@@ -114,6 +114,7 @@ fn commented_out_examples_in_the_example_file_are_valid() {
                     || rest.starts_with("[[backend]]")
                     || rest.starts_with("[backend.")
                     || rest.starts_with("[gateway]")
+                    || rest.starts_with("[harness.")
                     || is_assignment(rest) =>
             {
                 rest
@@ -127,6 +128,7 @@ fn commented_out_examples_in_the_example_file_are_valid() {
     assert_eq!(config.rules.routes().len(), 7);
     assert_eq!(config.backends.len(), 2);
     assert_eq!(config.backends[1].max_tokens_clamp, Some(8192));
+    assert_eq!(config.harnesses["pi-chat"].command[0], "pi");
 }
 
 #[test]

@@ -112,6 +112,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             top_p: f64_field(obj, "top_p"),
             top_k: u32_of(obj.get("top_k")),
             stop: stop_list(obj.get("stop_sequences")),
+            seed: None,
         },
         stream: bool_field(obj, "stream").unwrap_or(false),
         extra,

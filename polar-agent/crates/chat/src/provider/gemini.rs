@@ -296,6 +296,7 @@ fn parse_sampling(obj: Json<'_>, extra: &mut Map<String, Value>) -> Sampling {
         top_p: g("topP", "top_p").and_then(|v| v.as_f64()),
         top_k: u32_of(g("topK", "top_k")),
         stop: stop_list(g("stopSequences", "stop_sequences")),
+        seed: None,
     };
     if let Some(gc) = gc {
         let mut known = vec![

@@ -236,6 +236,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
             top_p: f64_field(obj, "top_p"),
             top_k: u32_of(obj.get("top_k")),
             stop: Vec::new(),
+            seed: None,
         },
         stream: bool_field(obj, "stream").unwrap_or(false),
         extra,

@@ -4,6 +4,7 @@
 
 mod command;
 mod host;
+mod judge;
 mod session;
 mod test_output;
 mod validation;

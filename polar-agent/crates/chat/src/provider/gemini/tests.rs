@@ -569,6 +569,7 @@ fn reads_escapes_number_forms_and_unknown_fields_from_the_text() {
             top_p: Some(0.95),
             top_k: None,
             stop: vec!["END".into()],
+            seed: None,
         },
         stream: true,
         extra,

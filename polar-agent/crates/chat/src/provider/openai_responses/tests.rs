@@ -546,6 +546,7 @@ fn raw_text_with_escapes_and_numbers() {
             top_p: Some(1.0),
             top_k: None,
             stop: Vec::new(),
+            seed: None,
         },
         stream: true,
         extra: extra(json!({
