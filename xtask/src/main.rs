@@ -6,6 +6,7 @@
 
 mod cmd;
 mod daemon;
+mod dashboard;
 mod demo;
 mod dist;
 mod docker;

@@ -16,12 +16,14 @@
 //!   apart before a newer attempt starts; `retention`: a session's
 //!   directories removed once exported, failed ones kept for a while
 //!   under a disk ceiling;
-//! - `verdict`: what a finished session amounts to (pure);
+//! - `verdict`: what a finished session amounts to (pure); `timeline`: the
+//!   calls of a session as the result's `stats.calls` lists them (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 mod attempts;
 pub mod config;
 pub mod retention;
+mod timeline;
 mod verdict;
 pub mod work;
 

@@ -276,6 +276,7 @@ impl Work for HarnessWork {
         let log = read_calls(crate::harness::run::capture_log(state_dir, &session_id)).await;
         ended.fault = log.fault;
         let (calls, failed_calls) = (log.calls, log.failed);
+        let (timeline, calls_total) = log.timeline;
         let facts = SessionFacts {
             harness_exit: ended.harness_exit(),
             timed_out: ended.timed_out,
@@ -318,6 +319,12 @@ impl Work for HarnessWork {
             infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
         };
         report.stats.insert("steps".into(), Value::Array(steps));
+        report
+            .stats
+            .insert("calls".into(), Value::Array(timeline));
+        report
+            .stats
+            .insert("calls_total".into(), calls_total.into());
         if let Some(who) = v.ended_by {
             report.stats.insert("ended_by".into(), who.as_str().into());
         }
@@ -374,6 +381,9 @@ struct CallsRead {
     failed: u64,
     /// The infrastructure fault of the last call.
     fault: Option<polar_trajectory::Fault>,
+    /// The calls as the dashboard's timeline shows them, and how many
+    /// there were (`timeline`).
+    timeline: (Vec<Value>, usize),
 }
 
 /// Reads the capture log at `path` (off the async workers); nothing when
@@ -388,6 +398,7 @@ async fn read_calls(path: PathBuf) -> CallsRead {
                 .filter(|r| matches!(r.status, polar_record::CallStatus::Failed { .. }))
                 .count() as u64,
             fault: polar_trajectory::ending_fault(&records),
+            timeline: super::timeline::calls(&records),
         },
         _ => CallsRead::default(),
     }

@@ -9,6 +9,8 @@
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
 //!   percent-decoding);
+//! - `ui`: the dashboard's files, read-only tokens, the sample and
+//!   exported-trajectory endpoints, pause and resume forwarded to a node;
 //! - `tls`: HTTPS with the cluster CA's certificates (trainer, gateway,
 //!   callback), a wrong CA, plain HTTP beyond loopback, mutual TLS bound
 //!   to the node id, token rotation on both sides.
@@ -20,6 +22,7 @@ mod dispatch;
 mod failures;
 mod routes;
 mod tls;
+mod ui;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
