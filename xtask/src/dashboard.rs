@@ -124,8 +124,14 @@ pub fn run() -> Result<()> {
     server.stop(Duration::from_secs(10));
     mock.stop(Duration::from_secs(5));
     if result.is_err() {
-        for (what, log) in [("rollout server", "rollout-server.log"), ("gateway", "gateway.log")] {
-            eprintln!("--- {what} log (last lines) ---\n{}", tail(&dir.join(log), 30));
+        for (what, log) in [
+            ("rollout server", "rollout-server.log"),
+            ("gateway", "gateway.log"),
+        ] {
+            eprintln!(
+                "--- {what} log (last lines) ---\n{}",
+                tail(&dir.join(log), 30)
+            );
         }
     }
     result.context("the dashboard's browser tests failed")

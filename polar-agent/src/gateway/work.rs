@@ -319,9 +319,7 @@ impl Work for HarnessWork {
             infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
         };
         report.stats.insert("steps".into(), Value::Array(steps));
-        report
-            .stats
-            .insert("calls".into(), Value::Array(timeline));
+        report.stats.insert("calls".into(), Value::Array(timeline));
         report
             .stats
             .insert("calls_total".into(), calls_total.into());

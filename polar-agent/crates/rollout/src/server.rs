@@ -419,7 +419,9 @@ async fn call<B: RequestBody>(
     match endpoint {
         Endpoint::Ui => Ok(crate::ui::asset(params.get("path").unwrap_or_default())),
         Endpoint::WhoAmI => Ok(crate::ui::whoami(*caller == Caller::Trainer)),
-        Endpoint::Sample => crate::ui::sample(core, id, params.get("index").unwrap_or_default()).await,
+        Endpoint::Sample => {
+            crate::ui::sample(core, id, params.get("index").unwrap_or_default()).await
+        }
         Endpoint::Trajectory => {
             crate::ui::trajectory(core, id, params.get("index").unwrap_or_default()).await
         }

@@ -19,7 +19,13 @@ fn every_route_has_its_endpoint_side_and_allow() {
         (Method::GET, "/ui", Endpoint::Ui, Role::Open, "GET"),
         (Method::GET, "/ui/", Endpoint::Ui, Role::Open, "GET"),
         (Method::GET, "/ui/app.js", Endpoint::Ui, Role::Open, "GET"),
-        (Method::GET, "/v1/whoami", Endpoint::WhoAmI, Role::Client, "GET"),
+        (
+            Method::GET,
+            "/v1/whoami",
+            Endpoint::WhoAmI,
+            Role::Client,
+            "GET",
+        ),
         (
             Method::GET,
             "/v1/tasks/t1/samples/3",

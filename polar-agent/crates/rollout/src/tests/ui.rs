@@ -23,35 +23,6 @@ fn env_with_viewer() -> Env {
     e
 }
 
-/// One complete JSONL export row of `session` (the schema of
-/// docs/EXPORT-SCHEMA.md): 3 prompt tokens, then a call's 2 tokens, 2
-/// tokens of glue and a second call's 2 tokens.
-pub(crate) fn export_line(session: &str, task: &str) -> String {
-    json!({
-        "schema_version": 1, "trace_id": format!("{session}/0"), "session_id": session,
-        "task_id": task, "group_id": task, "attempt": 1, "policy_version": "v7",
-        "weight_version": null, "status": "completed", "error": null,
-        "builder": "prefix_merging", "trace_index": 0, "chain": 0, "chain_role": "main",
-        "segment": 0, "segment_kind": "start", "break_reason": null, "labels": [],
-        "finish_reason": "stop", "reward": 1.0,
-        "prompt_ids": [1, 2, 3], "response_ids": [10, 11, 20, 21, 12, 13],
-        "loss_mask": [1, 1, 0, 0, 1, 1],
-        "response_logprobs": [-0.5, -0.25, 0.0, 0.0, -1.0, -0.125],
-        "prompt_messages": [], "response_messages": [], "tools": [],
-        "call_ids": ["c0", "c1"],
-        "trace_metadata": {"spans": [
-            {"response_start": 0, "response_len": 2, "join": {"kind": "first"}},
-            {"response_start": 4, "response_len": 2, "join": {"kind": "extend"}}
-        ]},
-        "trajectory_metadata": {"builder": {"kind": "prefix_merging"}, "session_id": session},
-        "stats": {"calls": 2, "chains": 1, "segments": 1, "calls_merged": 2, "calls_dropped": [],
-                  "retries_superseded": 0, "forks": 0, "breaks": 0,
-                  "template_mismatches_detected": 0, "template_mismatches_spliced": 0,
-                  "truncated_calls": 0, "prompt_tokens": 3, "response_tokens": 6, "loss_tokens": 4},
-    })
-    .to_string()
-}
-
 async fn get(api: &crate::server::Api, uri: &str, token: Option<&str>) -> http::Response<Vec<u8>> {
     let mut req = Request::builder().method(Method::GET).uri(uri);
     if let Some(t) = token {
@@ -71,9 +42,15 @@ async fn the_dashboard_files_are_served_without_a_token_from_this_origin_only() 
     for uri in ["/ui", "/ui/", "/ui/index.html"] {
         let r = get(&api, uri, None).await;
         assert_eq!(r.status(), StatusCode::OK, "{uri}");
-        assert_eq!(r.headers()[header::CONTENT_TYPE], "text/html; charset=utf-8");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "text/html; charset=utf-8"
+        );
         let html = String::from_utf8(r.body().clone()).unwrap();
-        assert!(html.contains(r#"<script type="module" src="/ui/app.js">"#), "{html}");
+        assert!(
+            html.contains(r#"<script type="module" src="/ui/app.js">"#),
+            "{html}"
+        );
     }
     for name in crate::ui::assets_names() {
         let r = get(&api, &format!("/ui/{name}"), None).await;
@@ -82,13 +59,24 @@ async fn the_dashboard_files_are_served_without_a_token_from_this_origin_only() 
         assert_eq!(h[header::CACHE_CONTROL], "no-cache");
         assert_eq!(h[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
         let csp = h[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
-        assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{csp}");
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"),
+            "{csp}"
+        );
         if name.ends_with(".js") {
             assert_eq!(h[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
         }
         // Nothing is fetched from elsewhere, and the token never goes in a URL.
         let text = String::from_utf8(r.body().clone()).unwrap();
-        for banned in ["http://", "https://", "//cdn", "?token=", "localStorage", "innerHTML", "eval("] {
+        for banned in [
+            "http://",
+            "https://",
+            "//cdn",
+            "?token=",
+            "localStorage",
+            "innerHTML",
+            "eval(",
+        ] {
             assert!(!text.contains(banned), "{name} contains {banned:?}");
         }
     }
@@ -107,7 +95,10 @@ async fn a_viewer_token_reads_everything_and_changes_nothing() {
     assert_eq!(who.json["role"], "viewer");
     assert_eq!(who.json["may_control"], false);
     let who = call(&api, Method::GET, "/v1/whoami", Some(TOKEN), "").await;
-    assert_eq!((who.json["role"].as_str(), who.json["may_control"].as_bool()), (Some("trainer"), Some(true)));
+    assert_eq!(
+        (who.json["role"].as_str(), who.json["may_control"].as_bool()),
+        (Some("trainer"), Some(true))
+    );
     for uri in ["/v1/status", "/v1/tasks", "/v1/nodes", "/metrics"] {
         let r = get(&api, uri, Some(VIEWER)).await;
         assert_eq!(r.status(), StatusCode::OK, "{uri}");
@@ -116,11 +107,31 @@ async fn a_viewer_token_reads_everything_and_changes_nothing() {
     let r = call(&api, Method::POST, "/v1/tasks", Some(VIEWER), &submit).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(r.json["error"]["code"], "forbidden");
-    assert!(r.json["error"]["message"].as_str().unwrap().contains("read-only"), "{}", r.json);
+    assert!(
+        r.json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("read-only"),
+        "{}",
+        r.json
+    );
     // The task exists (a trainer submits it); the viewer may read, not cancel or delete it.
-    assert_eq!(call(&api, Method::POST, "/v1/tasks", Some(TOKEN), &submit).await.status, StatusCode::CREATED);
-    assert_eq!(get(&api, "/v1/tasks/t1", Some(VIEWER)).await.status(), StatusCode::OK);
-    assert_eq!(get(&api, "/v1/tasks/t1/samples/0", Some(VIEWER)).await.status(), StatusCode::OK);
+    assert_eq!(
+        call(&api, Method::POST, "/v1/tasks", Some(TOKEN), &submit)
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        get(&api, "/v1/tasks/t1", Some(VIEWER)).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&api, "/v1/tasks/t1/samples/0", Some(VIEWER))
+            .await
+            .status(),
+        StatusCode::OK
+    );
     for (m, uri) in [
         (Method::POST, "/v1/tasks/t1/cancel"),
         (Method::DELETE, "/v1/tasks/t1"),
@@ -143,7 +154,10 @@ fn a_viewer_token_must_be_its_own() {
     let mut e = env();
     e.cfg.viewer_tokens = vec![TOKEN.into()];
     let err = e.cfg.check_identities().unwrap_err().to_string();
-    assert!(err.starts_with("rollout.viewer_tokens[0]: the same token as rollout.tokens[0]"), "{err}");
+    assert!(
+        err.starts_with("rollout.viewer_tokens[0]: the same token as rollout.tokens[0]"),
+        "{err}"
+    );
     e.cfg.viewer_tokens = vec!["short".into()];
     assert!(e.cfg.check_identities().is_err());
     let text = "[rollout]\nviewer_tokens = [\"viewer-token-1\"]\n[rollout.dashboard]\n\
@@ -152,8 +166,13 @@ fn a_viewer_token_must_be_its_own() {
     assert_eq!(cfg.token_sources.viewer_tokens, ["viewer-token-1"]);
     assert_eq!(cfg.dashboard.export_roots, [Path::new("/srv/x")]);
     assert_eq!(cfg.dashboard.max_file_bytes, 4096);
-    let e = RolloutConfig::from_toml("[rollout.dashboard]\nexport_roots = [\"x\"]\n", None).unwrap_err();
-    assert!(e.to_string().starts_with("rollout.dashboard.export_roots[0]: x: must be absolute"), "{e}");
+    let e = RolloutConfig::from_toml("[rollout.dashboard]\nexport_roots = [\"x\"]\n", None)
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("rollout.dashboard.export_roots[0]: x: must be absolute"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,7 +217,10 @@ async fn samples_and_their_exported_trajectories_are_read_beneath_the_roots_only
     let list = c.raw(Method::GET, "/v1/tasks", None).await.unwrap();
     let list: Value = serde_json::from_slice(&list.1).unwrap();
     let mean = list["tasks"][0]["mean_reward"].as_f64().unwrap();
-    assert!((mean - (1.0 + 0.5 + 1.0 / 3.0) / 3.0).abs() < 1e-9, "{mean}");
+    assert!(
+        (mean - (1.0 + 0.5 + 1.0 / 3.0) / 3.0).abs() < 1e-9,
+        "{mean}"
+    );
     let viewer = RolloutClient::new(server.url(), Some(VIEWER.into()));
     let read = |path: String| {
         let viewer = viewer.clone();
@@ -220,18 +242,44 @@ async fn samples_and_their_exported_trajectories_are_read_beneath_the_roots_only
     assert_eq!(t["uri"], file.display().to_string());
     assert_eq!(t["rows"].as_array().unwrap().len(), 1);
     assert_eq!(t["rows"][0]["loss_mask"], json!([1, 1, 0, 0, 1, 1]));
-    assert_eq!(t["rows"][0]["trace_metadata"]["spans"][1]["join"]["kind"], "extend");
+    assert_eq!(
+        t["rows"][0]["trace_metadata"]["spans"][1]["join"]["kind"],
+        "extend"
+    );
     let (code, t) = read("/v1/tasks/t1/samples/1/trajectory".into()).await;
-    assert_eq!((code, t["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_readable")), "{t}");
-    assert!(t["error"]["message"].as_str().unwrap().contains("outside [rollout.dashboard] export_roots"), "{t}");
+    assert_eq!(
+        (code, t["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_readable")),
+        "{t}"
+    );
+    assert!(
+        t["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("outside [rollout.dashboard] export_roots"),
+        "{t}"
+    );
     let (code, t) = read("/v1/tasks/t1/samples/2/trajectory".into()).await;
-    assert_eq!((code, t["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_readable")), "{t}");
-    assert!(t["error"]["message"].as_str().unwrap().contains("not a local path"), "{t}");
+    assert_eq!(
+        (code, t["error"]["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("not_readable")),
+        "{t}"
+    );
+    assert!(
+        t["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a local path"),
+        "{t}"
+    );
     for (path, want) in [
         ("/v1/tasks/t1/samples/3", StatusCode::NOT_FOUND),
         ("/v1/tasks/nope/samples/0", StatusCode::NOT_FOUND),
         ("/v1/tasks/t1/samples/x", StatusCode::BAD_REQUEST),
-        ("/v1/tasks/t1/samples/-1/trajectory", StatusCode::BAD_REQUEST),
+        (
+            "/v1/tasks/t1/samples/-1/trajectory",
+            StatusCode::BAD_REQUEST,
+        ),
     ] {
         let (code, body) = read(path.into()).await;
         assert_eq!(code, want, "{path}: {body}");
@@ -266,7 +314,10 @@ async fn pause_and_resume_reach_the_node_and_its_heartbeats_say_so() {
         assert!(Instant::now() < deadline, "node-a never heartbeat");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (code, body) = c.raw(Method::POST, "/v1/nodes/node-a/pause", Some(b"{}".to_vec())).await.unwrap();
+    let (code, body) = c
+        .raw(Method::POST, "/v1/nodes/node-a/pause", Some(b"{}".to_vec()))
+        .await
+        .unwrap();
     assert_eq!(code, StatusCode::OK, "{body:?}");
     loop {
         let hb = node(c.clone()).await;
@@ -278,7 +329,11 @@ async fn pause_and_resume_reach_the_node_and_its_heartbeats_say_so() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (code, _) = c
-        .raw(Method::POST, "/v1/nodes/node-a/resume", Some(br#"{"policy_version": "w-43"}"#.to_vec()))
+        .raw(
+            Method::POST,
+            "/v1/nodes/node-a/resume",
+            Some(br#"{"policy_version": "w-43"}"#.to_vec()),
+        )
         .await
         .unwrap();
     assert_eq!(code, StatusCode::OK);
@@ -292,11 +347,18 @@ async fn pause_and_resume_reach_the_node_and_its_heartbeats_say_so() {
     }
     // The node refuses a bad body; an unknown node is a 404.
     let (code, body) = c
-        .raw(Method::POST, "/v1/nodes/node-a/resume", Some(br#"{"policy_version": 3}"#.to_vec()))
+        .raw(
+            Method::POST,
+            "/v1/nodes/node-a/resume",
+            Some(br#"{"policy_version": 3}"#.to_vec()),
+        )
         .await
         .unwrap();
     assert_eq!(code, StatusCode::BAD_GATEWAY, "{body:?}");
-    let (code, _) = c.raw(Method::POST, "/v1/nodes/node-z/pause", Some(b"{}".to_vec())).await.unwrap();
+    let (code, _) = c
+        .raw(Method::POST, "/v1/nodes/node-z/pause", Some(b"{}".to_vec()))
+        .await
+        .unwrap();
     assert_eq!(code, StatusCode::NOT_FOUND);
     drop(gw);
 }

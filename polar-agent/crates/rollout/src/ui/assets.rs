@@ -17,8 +17,16 @@ pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; 
 
 /// `(name under /ui/, content type, bytes)`.
 const FILES: &[(&str, &str, &[u8])] = &[
-    ("index.html", "text/html; charset=utf-8", include_bytes!("../../ui/index.html")),
-    ("style.css", "text/css; charset=utf-8", include_bytes!("../../ui/style.css")),
+    (
+        "index.html",
+        "text/html; charset=utf-8",
+        include_bytes!("../../ui/index.html"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_bytes!("../../ui/style.css"),
+    ),
     ("app.js", JS, include_bytes!("../../ui/app.js")),
     ("api.js", JS, include_bytes!("../../ui/api.js")),
     ("dom.js", JS, include_bytes!("../../ui/dom.js")),
@@ -27,7 +35,11 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("session.js", JS, include_bytes!("../../ui/session.js")),
     ("timeline.js", JS, include_bytes!("../../ui/timeline.js")),
     ("tokens.js", JS, include_bytes!("../../ui/tokens.js")),
-    ("trajectory.js", JS, include_bytes!("../../ui/trajectory.js")),
+    (
+        "trajectory.js",
+        JS,
+        include_bytes!("../../ui/trajectory.js"),
+    ),
     ("compare.js", JS, include_bytes!("../../ui/compare.js")),
 ];
 
@@ -52,7 +64,10 @@ pub fn asset(rest: &str) -> Response<Body> {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.insert(
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CSP),

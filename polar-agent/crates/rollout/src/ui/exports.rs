@@ -35,7 +35,9 @@ pub enum ExportReadError {
     )]
     NoRoots,
     /// The URI is not a local absolute path (`s3://...`, `sim://...`).
-    #[error("{0}: not a local path; the dashboard reads files beneath [rollout.dashboard] export_roots only")]
+    #[error(
+        "{0}: not a local path; the dashboard reads files beneath [rollout.dashboard] export_roots only"
+    )]
     NotLocal(String),
     /// The path is outside every export root.
     #[error("{0}: outside [rollout.dashboard] export_roots")]
@@ -92,7 +94,10 @@ impl FileFormat {
 
 /// Where `uri` is: the root it is beneath, the path below that root, and
 /// its format. Pure: nothing is opened.
-pub fn locate(uri: &str, roots: &[PathBuf]) -> Result<(PathBuf, PathBuf, FileFormat), ExportReadError> {
+pub fn locate(
+    uri: &str,
+    roots: &[PathBuf],
+) -> Result<(PathBuf, PathBuf, FileFormat), ExportReadError> {
     if roots.is_empty() {
         return Err(ExportReadError::NoRoots);
     }
@@ -133,11 +138,19 @@ pub fn read_session_rows(
         path: uri.to_owned(),
         reason,
     };
-    let dir = Dir::open_root(&root).map_err(|e| missing(format!("export root {}: {e}", root.display())))?;
-    let how = open_how(OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK, Mode::empty(), STRICT);
-    let fd = dir
-        .open_with(&rel, how)
-        .map_err(|e| missing(format!("not opened beneath {} without symlinks: {e}", root.display())))?;
+    let dir = Dir::open_root(&root)
+        .map_err(|e| missing(format!("export root {}: {e}", root.display())))?;
+    let how = open_how(
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK,
+        Mode::empty(),
+        STRICT,
+    );
+    let fd = dir.open_with(&rel, how).map_err(|e| {
+        missing(format!(
+            "not opened beneath {} without symlinks: {e}",
+            root.display()
+        ))
+    })?;
     let mut file = std::fs::File::from(fd);
     let meta = file.metadata().map_err(|e| missing(e.to_string()))?;
     if !meta.file_type().is_file() {
@@ -173,7 +186,10 @@ pub fn read_session_rows(
         path: uri.to_owned(),
         reason: e.to_string(),
     })?;
-    let rows = rows.into_iter().filter(|r| r.session_id == session).collect();
+    let rows = rows
+        .into_iter()
+        .filter(|r| r.session_id == session)
+        .collect();
     Ok((format, read, rows))
 }
 
@@ -209,31 +225,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("exports");
         std::fs::create_dir_all(root.join("task=t")).unwrap();
-        let line = |s: &str| {
-            serde_json::json!({
-                "schema_version": 1, "trace_id": format!("{s}/0"), "session_id": s, "task_id": "t",
-                "group_id": "t", "attempt": 1, "policy_version": null, "weight_version": null,
-                "status": "completed", "error": null, "builder": "prefix_merging", "trace_index": 0,
-                "chain": 0, "chain_role": "main", "segment": 0, "segment_kind": "start",
-                "break_reason": null, "labels": [], "finish_reason": "stop", "reward": 1.0,
-                "prompt_ids": [1, 2], "response_ids": [3], "loss_mask": [1],
-                "response_logprobs": [-0.5], "prompt_messages": [], "response_messages": [],
-                "tools": [], "call_ids": ["c0"], "trace_metadata": {"spans": []},
-                "trajectory_metadata": {"builder": {"kind": "prefix_merging"}, "session_id": s},
-                "stats": {"calls": 1, "chains": 1, "segments": 1, "calls_merged": 1,
-                          "calls_dropped": [], "retries_superseded": 0, "forks": 0, "breaks": 0,
-                          "template_mismatches_detected": 0, "template_mismatches_spliced": 0,
-                          "truncated_calls": 0, "prompt_tokens": 2, "response_tokens": 1,
-                          "loss_tokens": 1},
-            })
-            .to_string()
-        };
+        let line = |s: &str| crate::tests::export_line(s, "t");
         let file = root.join("task=t/batch-t-s0.jsonl");
         std::fs::write(&file, format!("{}\n{}\n", line("t-s0"), line("t-s1"))).unwrap();
         let roots = [root.clone()];
         let uri = file.display().to_string();
-        let (f, _, rows) = read_session_rows(&uri, "t-s1", &roots, 1 << 20)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (f, _, rows) =
+            read_session_rows(&uri, "t-s1", &roots, 1 << 20).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f, FileFormat::Jsonl);
         assert_eq!(rows.len(), 1);
         assert_eq!(rows[0].session_id, "t-s1");

@@ -58,7 +58,11 @@ fn index_of(s: &str) -> Result<u32, ApiError> {
 
 /// `GET /v1/tasks/{id}/samples/{index}`: one sample as in the task view,
 /// with the task's group and policy version.
-pub async fn sample(core: &Arc<Core>, task: &str, index: &str) -> Result<http::Response<Body>, ApiError> {
+pub async fn sample(
+    core: &Arc<Core>,
+    task: &str,
+    index: &str,
+) -> Result<http::Response<Body>, ApiError> {
     let i = index_of(index)?;
     let found = core.read(|s| s.sample_view(task, i)).await?;
     let Some((view, group_id, policy_version)) = found else {
