@@ -59,6 +59,16 @@ pub fn install() -> Result<PathBuf> {
     Ok(inst.dir.join("node_modules"))
 }
 
+/// `cargo xtask dashboard`: Chromium, the debug build, then [`run`].
+pub fn run_alone() -> Result<()> {
+    if !crate::cmd::is_root()? {
+        anyhow::bail!("the dashboard's browser tests start a gateway, which needs root");
+    }
+    crate::setup::apt_packages(&["chromium"])?;
+    Cmd::new("cargo")?.args(["build", "--bin", "polar"]).run()?;
+    run()
+}
+
 /// Starts the stack, runs the browser tests, stops the stack.
 pub fn run() -> Result<()> {
     let modules = install()?;

@@ -76,3 +76,23 @@ export function pre(value) {
 
 /** Percent-encodes a path segment. */
 export const seg = encodeURIComponent;
+
+/** A result's `stats.stage_ms` in pipeline order: "init 1.2 s · ready 3 ms · ...". */
+export function stagesText(stageMs, upper) {
+  const order = ["queued", "init", "ready", "running", "postrun"];
+  const keys = Object.keys(stageMs || {}).sort((a, b) => (order.indexOf(a) + 1 || 99) - (order.indexOf(b) + 1 || 99));
+  return keys.map((k) => `${upper ? k.toUpperCase() : k} ${fmtMs(stageMs[k])}`).join(" · ");
+}
+
+/** The scalar fields of an evaluator's detail, shortly: "exit_code: 0 · ...". */
+export function evalSummary(ev) {
+  if (typeof ev !== "object" || ev === null) return String(ev);
+  const parts = [];
+  for (const [k, v] of Object.entries(ev)) {
+    if (v === null || typeof v === "object") continue;
+    const text = typeof v === "string" && v.length > 40 ? `${v.slice(0, 40)}…` : JSON.stringify(v);
+    parts.push(`${k}: ${text}`);
+    if (parts.length === 3) break;
+  }
+  return parts.join(" · ") || "evaluated (see the sample)";
+}

@@ -3,7 +3,7 @@
 // of its model calls, and its exported trajectory.
 
 import { api, followEvents } from "./api.js";
-import { h, mount, badge, fmtMs, fmtReward, fmtInt, pre, seg } from "./dom.js";
+import { h, mount, badge, fmtReward, fmtInt, pre, seg, stagesText } from "./dom.js";
 import { timeline } from "./timeline.js";
 import { trajectoryViewer } from "./trajectory.js";
 
@@ -59,7 +59,7 @@ function renderHead(el, s) {
       row("reward", h("b#reward", fmtReward(r.reward))),
       row("node", s.node || "–"),
       row("attempt", `${s.attempt || "–"} of ${s.attempts} dispatches${s.retries ? `, ${s.retries} infrastructure reruns` : ""}`),
-      row("stages", Object.keys(stageMs).length ? Object.entries(stageMs).map(([k, v]) => `${k.toUpperCase()} ${fmtMs(v)}`).join(" · ") : s.stage ? `now ${s.stage.toUpperCase()}` : "–"),
+      row("stages", Object.keys(stageMs).length ? stagesText(stageMs, true) : s.stage ? `now ${s.stage.toUpperCase()}` : "–"),
       row("tokens", r.tokens ? `${fmtInt(r.tokens.prompt)} prompt + ${fmtInt(r.tokens.response)} response in ${fmtInt(r.tokens.calls)} calls` : "–"),
       row("ended by", stats.ended_by || "–"),
       row("error", r.error || s.error || s.reason || "–"),

@@ -4,7 +4,7 @@
 // may control; two samples picked to compare side by side.
 
 import { api, followEvents } from "./api.js";
-import { h, mount, badge, fmtMs, fmtReward, fmtInt, fmtTime, seg } from "./dom.js";
+import { h, mount, badge, fmtReward, fmtInt, fmtTime, seg, stagesText, evalSummary } from "./dom.js";
 
 export function taskPage(root, ctx, taskId) {
   ctx.crumbs(h("a", { href: "#/" }, "Overview"), h("span", taskId));
@@ -99,7 +99,7 @@ function renderHead(el, v, ctx, reload) {
 function sampleRow(taskId, s, picked, changed) {
   const r = s.result || {};
   const stats = r.stats || {};
-  const stages = stats.stage_ms ? Object.entries(stats.stage_ms).map(([k, v]) => `${k} ${fmtMs(v)}`).join(" · ") : s.stage ? `now ${s.stage}` : "–";
+  const stages = stats.stage_ms ? stagesText(stats.stage_ms) : s.stage ? `now ${s.stage}` : "–";
   const tokens = r.tokens ? `${fmtInt(r.tokens.prompt)} + ${fmtInt(r.tokens.response)}` : "–";
   const ev = stats.evaluation;
   const detail = r.error || s.error || s.reason || (ev ? evalSummary(ev) : "");
@@ -121,10 +121,4 @@ function sampleRow(taskId, s, picked, changed) {
     h("td", r.tokens ? fmtInt(r.tokens.calls) : "–"),
     h("td.small.clip", { title: detail }, detail),
   );
-}
-
-function evalSummary(ev) {
-  if (typeof ev !== "object" || ev === null) return String(ev);
-  const keys = ["resolved", "exit_status", "exit_code", "error"].filter((k) => k in ev);
-  return keys.map((k) => `${k}: ${JSON.stringify(ev[k])}`).join(" · ") || "evaluated";
 }
