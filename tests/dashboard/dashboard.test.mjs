@@ -244,11 +244,14 @@ async function main() {
 
     // 2. A task followed live on the overview.
     const taskId = `dash-${Date.now()}`;
-    await submitMiniAgent(taskId, 3);
+    await submitMiniAgent(taskId, 6);
     await page.waitForSelector(`tr[data-task="${taskId}"]`, { timeout: 30000 });
-    // Running (or, on a fast machine, already done): the overview while it runs.
-    await page.waitForSelector(`tr[data-task="${taskId}"][data-status="running"], tr[data-task="${taskId}"][data-status="completed"]`, { timeout: TASK_LIMIT_MS });
-    await page.waitForTimeout(2500);
+    // The overview while it runs, once the node's RUNNING pool is busy
+    // (on a fast machine the task may end first: then as it is).
+    await page.waitForFunction((node) => {
+      const pool = document.querySelector(`tr[data-node="${node}"] td.pool[title^="running: "]`);
+      return pool && !pool.title.startsWith("running: 0 ");
+    }, NODE, { timeout: 60000 }).catch(() => log("the RUNNING pool was never seen busy"));
     await page.screenshot({ path: join(SHOTS, "overview-running.png") });
     await page.waitForSelector(`tr[data-task="${taskId}"][data-status="completed"]`, { timeout: TASK_LIMIT_MS });
     check(await page.evaluate(() => window.__sameDocument === true), "the overview updated without a reload");
@@ -261,7 +264,7 @@ async function main() {
     // 3. The task page and its filters.
     await page.click(`tr[data-task="${taskId}"] a`);
     await page.waitForSelector("tr[data-sample]", { timeout: 15000 });
-    check((await page.$$("tr[data-sample]")).length === 3, "three samples listed");
+    check((await page.$$("tr[data-sample]")).length === 6, "six samples listed");
     check((await page.$("#cancel")) === null, "no cancel button for a viewer");
     await page.selectOption("#filter", "failed");
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 0, null, { timeout: 5000 });
@@ -269,7 +272,7 @@ async function main() {
     await page.fill("#reward-min", "2");
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 0, null, { timeout: 5000 });
     await page.fill("#reward-min", "1");
-    await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 3, null, { timeout: 5000 });
+    await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 6, null, { timeout: 5000 });
     await page.screenshot({ path: join(SHOTS, "task.png") });
 
     // 4. A session: timeline and trajectory, the colouring against the export.

@@ -63,12 +63,33 @@ function renderHead(el, s) {
       row("tokens", r.tokens ? `${fmtInt(r.tokens.prompt)} prompt + ${fmtInt(r.tokens.response)} response in ${fmtInt(r.tokens.calls)} calls` : "–"),
       row("ended by", stats.ended_by || "–"),
       row("error", r.error || s.error || s.reason || "–"),
-      row("exported file", r.trajectory_uri ? h("code#export-uri", r.trajectory_uri) : "–"),
+      row("exported file", r.trajectory_uri ? [h("code#export-uri", r.trajectory_uri), " ", download(s)] : "–"),
       s.ended_attempts ? row("ended attempts", s.ended_attempts.map((a) => `#${a.attempt} on ${a.node}: ${a.reason}`).join("; ")) : null,
     ),
     stats.evaluation !== undefined ? h("details#evaluation", h("summary", "Evaluator output"), pre(stats.evaluation)) : null,
     stats.steps && stats.steps.length ? h("details", h("summary", "Prepare and post-run steps"), pre(stats.steps)) : null,
   );
+}
+
+/** A button saving the sample's exported rows (as the server read them) as JSON. */
+function download(s) {
+  const b = h("button#download.small", { onclick: async () => {
+    b.disabled = true;
+    try {
+      const t = await api(`/v1/tasks/${seg(s.task_id)}/samples/${s.sample_index}/trajectory`);
+      const url = URL.createObjectURL(new Blob([JSON.stringify(t.rows)], { type: "application/json" }));
+      const a = h("a", { href: url, download: `${s.session_id}.rows.json` });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 10000);
+    } catch (e) {
+      alert(e.message);
+    } finally {
+      b.disabled = false;
+    }
+  } }, "Download rows (JSON)");
+  return b;
 }
 
 function row(k, v) {
