@@ -11,7 +11,8 @@
 //   4. a session's timeline has one row per call its result lists, and its
 //      trajectory's colouring matches the loss mask of the exported file
 //      (read from disk here, not from the server) for every token;
-//   5. the per_request view, the logprob heat, two samples side by side;
+//   5. the logprob heat (each trained token's step from its exported
+//      logprob), the per_request view, two samples side by side;
 //   6. a trainer token's pause and resume (with a policy version) reach the
 //      node and show on the overview;
 //   7. a 200,000-token trace (a node played by this script hands the server
@@ -302,6 +303,19 @@ async function main() {
     // 5. Logprob heat, per_request view, side by side.
     await page.click("#mode-logprob");
     await page.waitForSelector("#trajectory .tok.kt[class*=' h']", { timeout: 5000 });
+    // Each trained token's heat step is its exported logprob's probability.
+    {
+      const r0 = rows[0];
+      const P = r0.prompt_ids.length;
+      let heated = 0;
+      for (const [i, cls] of await renderedCells(page)) {
+        if (i < P || r0.loss_mask[i - P] !== 1) continue;
+        const want = `h${Math.min(9, Math.floor(Math.exp(Math.fround(r0.response_logprobs[i - P])) * 10))}`;
+        check(cls.split(" ").includes(want), `token ${i}: heat ${want} for logprob ${r0.response_logprobs[i - P]} (class "${cls}")`);
+        heated++;
+      }
+      check(heated > 0, "trained tokens in view with their heat");
+    }
     await traj.screenshot({ path: join(SHOTS, "trajectory-logprob.png") });
     await page.click("#mode-mask");
     const spans = rows.reduce((a, r) => a + r.trace_metadata.spans.length, 0);
