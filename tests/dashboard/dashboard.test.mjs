@@ -174,6 +174,21 @@ async function fakeNode() {
 }
 
 /** A 200,000-token prefix-merged trace: 100 calls, each 480 tokens of glue then 1,480 generated. */
+/** The segment after a compaction that continues the big trace's chain. */
+function compactedRow(big) {
+  const P = 300;
+  const n = 200;
+  return {
+    ...big,
+    trace_id: `${big.session_id}/1`, trace_index: 1, segment: 1, segment_kind: "after_break", break_reason: "compaction",
+    prompt_ids: Array.from({ length: P }, (_, i) => (i * 53) % 151000),
+    response_ids: Array.from({ length: n }, (_, i) => (i * 89) % 151000),
+    loss_mask: Array(n).fill(1), response_logprobs: Array(n).fill(-0.25),
+    call_ids: ["big-call-100"],
+    trace_metadata: { spans: [{ response_start: 0, response_len: n, join: { kind: "first" } }], previous: { chain: 0, segment: 0, common_prefix_len: 120 } },
+  };
+}
+
 function bigRow(taskId, session) {
   const P = 2000;
   const calls = 100;
@@ -199,6 +214,9 @@ function bigRow(taskId, session) {
     }
   }
   check(P + response_ids.length === BIG_TOKENS, `the big trace has ${BIG_TOKENS} tokens`);
+  // Call 5 joined by a template splice: its template re-rendered the
+  // previous turn from 3 tokens before that turn's end.
+  spans[5].join = { kind: "splice", diverged_at: P + spans[4].response_start + spans[4].response_len - 3, resumed_from: 17 };
   const loss = loss_mask.filter((m) => m === 1).length;
   return {
     schema_version: 1, trace_id: `${session}/0`, session_id: session, task_id: taskId, group_id: taskId, attempt: 1,
@@ -364,7 +382,7 @@ async function main() {
     const big = bigRow(bigTask, a.session_id);
     mkdirSync(join(EXPORT, `task=${bigTask}`), { recursive: true });
     const bigFile = join(EXPORT, `task=${bigTask}`, `${a.session_id}.jsonl`);
-    writeFileSync(bigFile, `${JSON.stringify(big)}\n`);
+    writeFileSync(bigFile, `${JSON.stringify(big)}\n${JSON.stringify(compactedRow(big))}\n`);
     const t0 = 1790000000000;
     const bigCalls = big.trace_metadata.spans.map((s, k) => ({
       call_id: `big-call-${k}`, seq: k, api: "openai_chat", model: "default", received_ms: t0 + k * 2000,
@@ -414,6 +432,19 @@ async function main() {
     await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop = el.scrollHeight / 2; });
     await page.waitForTimeout(100);
     await (await page.$("#trajectory")).screenshot({ path: join(SHOTS, "trajectory-200k.png") });
+    // The splice is marked where the template re-rendered the turn.
+    const spliceAt = big.trace_metadata.spans[5].join.diverged_at;
+    await page.$eval("#trajectory .tokscroll", (el, i) => {
+      const cols = el.querySelector(".tokrow").querySelectorAll(".tok").length;
+      el.scrollTop = Math.floor(i / cols) * 22;
+    }, spliceAt);
+    await page.waitForSelector(`#trajectory .tok[data-i="${spliceAt}"].b-splice`, { timeout: 5000 });
+    // The segment after the compaction says so.
+    await page.click('#trajectory .traceitem[data-unit="1"]');
+    await page.waitForSelector("#break-banner", { timeout: 5000 });
+    const banner = await page.textContent("#break-banner");
+    check(banner.startsWith("Compaction starts here") && banner.includes("shares 120 tokens with segment 0"), `the compaction banner: ${banner}`);
+    await (await page.$("#trajectory")).screenshot({ path: join(SHOTS, "trajectory-compaction.png") });
     // The first calls of the 100-call timeline (the rest is the same).
     await page.$eval("#timeline", (el) => { el.style.maxHeight = "860px"; el.style.overflow = "hidden"; el.scrollIntoView(); });
     await (await page.$("#timeline")).screenshot({ path: join(SHOTS, "timeline-200k.png") });
