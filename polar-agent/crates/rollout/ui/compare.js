@@ -19,7 +19,7 @@ export function comparePage(root, ctx, taskId, a, b) {
       const r = s.result || {};
       mount(head, h("h2", h("a", { href: `#/session/${seg(taskId)}/${i}` }, s.session_id), " ", badge(s.state), r.status ? badge(r.status) : null),
         h("p", `reward ${fmtReward(r.reward)} · group ${s.group_id}`));
-      if (s.state === "done") cleanups.push(trajectoryViewer(traj, taskId, i));
+      if (s.state === "done") cleanups.push(trajectoryViewer(traj, taskId, i, { ids: false }));
     }, (e) => mount(head, h("p.error", e.message)));
   });
   return () => cleanups.forEach((c) => c());

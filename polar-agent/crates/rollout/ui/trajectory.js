@@ -20,6 +20,9 @@ import { tokenGrid, KIND_PROMPT, KIND_GLUE, KIND_TRAINED } from "./tokens.js";
 
 /** Mounts the viewer for sample `index` of `taskId` into `el`; returns a cleanup. */
 export function trajectoryViewer(el, taskId, index, opts = {}) {
+  // Element ids only for the one viewer of a session page (two side by
+  // side would repeat them).
+  const id = (name) => (opts.ids === false ? "" : `#${name}`);
   let grid = null;
   let dead = false;
   mount(el, h("h2", "Trajectory"), h("p.muted", "Reading the exported file…"));
@@ -31,7 +34,7 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
       el.dataset.loadedMs = String(Math.round(performance.now() - started));
     },
     (e) => {
-      if (!dead) mount(el, h("h2", "Trajectory"), h("p.error#trajectory-error", e.message));
+      if (!dead) mount(el, h("h2", "Trajectory"), h(`p.error${id("trajectory-error")}`, e.message));
     },
   );
 
@@ -50,9 +53,9 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
     const list = h("div.tracelist");
     const gridBox = h("div.gridbox");
     const info = h("div.traceinfo");
-    const detail = h("div.tokdetail#token-detail", h("p.muted", "Click a token to see its call and messages."));
-    const btn = (label, id, on, pressed, disabled, title) =>
-      h(`button#${id}`, { class: pressed ? "toggle on" : "toggle", onclick: on, disabled, title }, label);
+    const detail = h(`div.tokdetail${id("token-detail")}`, h("p.muted", "Click a token to see its call and messages."));
+    const btn = (label, name, on, pressed, disabled, title) =>
+      h(`button${id(name)}`, { class: pressed ? "toggle on" : "toggle", dataset: { control: name }, onclick: on, disabled, title }, label);
     const controls = h("div.controls");
     const drawControls = () => mount(controls,
       h("span.group",
@@ -82,7 +85,7 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
       if (grid) grid.destroy();
       grid = tokenGrid(gridBox, s, { mode, onPick: (j) => showToken(detail, s, u, j) });
       mount(detail, h("p.muted", "Click a token to see its call and messages."));
-      drawInfo(info, u, s);
+      drawInfo(info, u, s, id);
     };
     const setView = (v) => {
       view = v;
@@ -184,13 +187,13 @@ function callSeq(u) {
   return { ids: m.ids.subarray(0, n), kind, lp: m.lp ? m.lp.subarray(0, n) : null, marks, spanOf, length: n, prompt: start, row: r, call: u.k };
 }
 
-function drawInfo(el, u, s) {
+function drawInfo(el, u, s, id) {
   const r = u.row;
   const prev = r.trace_metadata && r.trace_metadata.previous;
   const spans = spansOf(r);
   const trained = s.kind.reduce((a, k) => a + (k === KIND_TRAINED ? 1 : 0), 0);
   const banner = r.segment_kind === "after_break"
-    ? h("p.banner#break-banner", r.break_reason === "compaction" ? "Compaction starts here: " : "The prefix broke here: ",
+    ? h(`p.banner${id("break-banner")}`, r.break_reason === "compaction" ? "Compaction starts here: " : "The prefix broke here: ",
       `this segment continues chain ${r.chain} after a ${r.break_reason || "break"}`, prev ? ` (it shares ${fmtInt(prev.common_prefix_len)} tokens with segment ${prev.segment})` : "", ".")
     : r.segment_kind === "superseded_retry" ? h("p.banner", "A call that a retry replaced: kept as its own trace.") : null;
   mount(el,
