@@ -75,6 +75,18 @@ pub fn run() -> Result<()> {
             )?;
         }
     }
+    // The screenshots docs/DASHBOARD.md shows.
+    for entry in fs::read_dir(root.join("docs/dashboard"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "png")
+            && let Some(file) = path.file_name()
+        {
+            copy(
+                &path,
+                &format!("share/doc/polar/dashboard/{}", file.to_string_lossy()),
+            )?;
+        }
+    }
     for deploy in ["deploy/k8s", "deploy/slurm"] {
         for entry in fs::read_dir(root.join(deploy))? {
             let path = entry?.path();

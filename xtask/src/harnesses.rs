@@ -53,13 +53,14 @@ fn node_major() -> Option<u32> {
 }
 
 /// One npm prefix to install: a manifest, its lock file, and the binaries
-/// it must end up with.
-struct Install<'a> {
-    what: &'a str,
-    dir: PathBuf,
-    manifest: String,
-    lock: String,
-    binaries: &'a [&'a str],
+/// it must end up with (also the dashboard tests' playwright-core,
+/// `crate::dashboard`).
+pub struct Install<'a> {
+    pub what: &'a str,
+    pub dir: PathBuf,
+    pub manifest: String,
+    pub lock: String,
+    pub binaries: &'a [&'a str],
 }
 
 impl Install<'_> {
@@ -68,14 +69,14 @@ impl Install<'_> {
     }
 
     /// Whether it is installed from this manifest and lock file.
-    fn is_current(&self) -> bool {
+    pub fn is_current(&self) -> bool {
         let bins = self.dir.join("node_modules/.bin");
         std::fs::read_to_string(self.dir.join(STAMP)).is_ok_and(|s| s == self.stamp())
             && self.binaries.iter().all(|b| bins.join(b).exists())
     }
 
     /// `npm install` into the prefix, then `--version` of every binary.
-    fn npm_install(&self) -> Result<()> {
+    pub fn npm_install(&self) -> Result<()> {
         let dir = &self.dir;
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let _ = std::fs::remove_file(dir.join(STAMP));
@@ -169,7 +170,7 @@ pub fn claude_code() -> Result<PathBuf> {
 
 /// Makes sure `node` (at least `min_major`) and `npm` run, installing
 /// Debian's packages when either is missing.
-fn node_and_npm(min_major: u32) -> Result<()> {
+pub fn node_and_npm(min_major: u32) -> Result<()> {
     let npm = || {
         Cmd::new("npm")
             .ok()
@@ -177,7 +178,7 @@ fn node_and_npm(min_major: u32) -> Result<()> {
     };
     if node_major().is_none() || npm().is_none() {
         setup::apt_packages(&NODE_APT_PACKAGES)
-            .context("Claude Code installs with npm, and Node or npm is missing")?;
+            .context("installing Node and npm (Debian's nodejs and npm)")?;
     }
     match (node_major(), npm()) {
         (Some(v), Some(_)) if v >= min_major => {
@@ -185,7 +186,7 @@ fn node_and_npm(min_major: u32) -> Result<()> {
             Ok(())
         }
         (Some(v), Some(_)) => {
-            bail!("Claude Code needs Node {min_major} or later; `node --version` says {v}")
+            bail!("this needs Node {min_major} or later; `node --version` says {v}")
         }
         _ => {
             bail!("`node --version` or `npm --version` still fails after installing nodejs and npm")

@@ -218,6 +218,7 @@ pub const LAYERS: &[Layer] = &[
         "polar-rollout",
         Class::Io,
         &[
+            "polar-export",
             "polar-rollout-api",
             "polar-rollout-types",
             "polar-spec",

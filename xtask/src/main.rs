@@ -6,6 +6,7 @@
 
 mod cmd;
 mod daemon;
+mod dashboard;
 mod demo;
 mod dist;
 mod docker;
@@ -61,6 +62,11 @@ enum Task {
     /// small Python agent and Claude Code, in sandboxes, captured by the
     /// agent.
     Demo(demo::DemoArgs),
+    /// Run only the dashboard's browser tests (root: they start a gateway)
+    /// against `target/debug/polar` (built first); with
+    /// `POLAR_DASHBOARD_SCREENSHOTS=docs/dashboard` they refresh the
+    /// screenshots docs/DASHBOARD.md shows.
+    Dashboard,
     /// Start the tests' Slurm cluster on this machine (two slurmd,
     /// `polar-n1`, `polar-n2`), run a command with `SLURM_CONF` and
     /// `POLAR_TEST_SLURM_CONF` pointing at it, then stop the cluster.
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(args),
         Task::Layers { write } => layers::run(write),
         Task::Demo(args) => demo::run(args),
+        Task::Dashboard => dashboard::run_alone(),
         Task::Slurm { command } => slurm::run_with(&command),
     };
     match result {

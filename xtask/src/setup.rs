@@ -57,6 +57,9 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     // The Slurm tests' cluster on this machine (`crate::slurm`).
     ("slurm-wlm", Scope::All),
     ("munge", Scope::All),
+    // The dashboard's browser tests (`crate::dashboard`): Debian's Chromium,
+    // driven by playwright-core.
+    ("chromium", Scope::All),
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of

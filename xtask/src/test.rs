@@ -13,12 +13,13 @@
 //! `POLAR_TEST_DOCKER_IMAGE`) and the Slurm rollout tests
 //! (`POLAR_TEST_SLURM_CONF`). The last step
 //! checks and tests the Python client (`python/`) in the environments
-//! `cargo xtask setup` made ([`python`]).
+//! `cargo xtask setup` made ([`python`]); then, with root, the dashboard
+//! in headless Chromium ([`dashboard`]).
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root, workspace_root};
-use crate::{docker, harnesses, layers, python, setup, slurm};
+use crate::{dashboard, docker, harnesses, layers, python, setup, slurm};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -36,6 +37,10 @@ enum Step {
     },
     /// The Python client's type check and tests ([`python_tests`]).
     Python {
+        privileged: bool,
+    },
+    /// The dashboard in a browser ([`dashboard::run`]), with root only.
+    Dashboard {
         privileged: bool,
     },
 }
@@ -117,6 +122,12 @@ pub fn run(args: TestArgs) -> Result<()> {
                 privileged: !args.unprivileged,
             },
         ),
+        (
+            "dashboard in chromium",
+            Step::Dashboard {
+                privileged: !args.unprivileged,
+            },
+        ),
     ];
 
     let total = steps.len();
@@ -159,6 +170,18 @@ pub fn run(args: TestArgs) -> Result<()> {
             Step::Python { privileged } => {
                 eprintln!("==> test step {number}/{total} ({name}): mypy and pytest in python/");
                 python_tests(privileged).with_context(failed)?;
+            }
+            Step::Dashboard { privileged } => {
+                if privileged {
+                    eprintln!(
+                        "==> test step {number}/{total} ({name}): node tests/dashboard/dashboard.test.mjs"
+                    );
+                    dashboard::run().with_context(failed)?;
+                } else {
+                    eprintln!(
+                        "==> test step {number}/{total} ({name}): left out (--unprivileged: it starts a gateway)"
+                    );
+                }
             }
         }
     }

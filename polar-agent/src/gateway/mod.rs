@@ -19,13 +19,15 @@
 //! - `judge`: the judge model of the `llm_judge` evaluator (clients of its
 //!   own, calls recorded in the session's `judge.jsonl`) and the
 //!   transcript it reads;
-//! - `verdict`: what a finished session amounts to (pure);
+//! - `verdict`: what a finished session amounts to (pure); `timeline`: the
+//!   calls of a session as the result's `stats.calls` lists them (pure);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 mod attempts;
 pub mod config;
 pub mod judge;
 pub mod retention;
+mod timeline;
 mod verdict;
 pub mod work;
 

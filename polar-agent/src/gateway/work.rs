@@ -301,6 +301,7 @@ impl Work for HarnessWork {
             instruction: &job.assignment.instruction,
             transcript: &log.transcript,
         };
+        let (timeline, calls_total) = log.timeline;
         let facts = SessionFacts {
             harness_exit: ended.harness_exit(),
             timed_out: ended.timed_out,
@@ -347,6 +348,10 @@ impl Work for HarnessWork {
             infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
         };
         report.stats.insert("steps".into(), Value::Array(steps));
+        report.stats.insert("calls".into(), Value::Array(timeline));
+        report
+            .stats
+            .insert("calls_total".into(), calls_total.into());
         if let Some(who) = v.ended_by {
             report.stats.insert("ended_by".into(), who.as_str().into());
         }
@@ -405,6 +410,9 @@ struct CallsRead {
     fault: Option<polar_trajectory::Fault>,
     /// The transcript for a judge (when asked for).
     transcript: String,
+    /// The calls as the dashboard's timeline shows them, and how many
+    /// there were (`timeline`).
+    timeline: (Vec<Value>, usize),
 }
 
 /// Reads the capture log at `path` (off the async workers), and the
@@ -417,13 +425,15 @@ async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
             } else {
                 String::new()
             };
-            (records, t)
+            let timeline = super::timeline::calls(&records);
+            (records, t, timeline)
         })
     })
     .await;
     match read {
-        Ok(Ok((records, transcript))) => CallsRead {
+        Ok(Ok((records, transcript, timeline))) => CallsRead {
             transcript,
+            timeline,
             calls: records.len() as u64,
             failed: records
                 .iter()

@@ -365,8 +365,14 @@ fn only_the_tests_depend_on_the_agent() {
             (Rule::StableOnly, "polar-export", "polar-ebpf"),
             (Rule::StableOnly, "polar-export", "aya"),
             (Rule::StableOnly, "polar-export", "aya-build"),
+            // The rollout server reads exports: the edge reaches it too.
+            (Rule::StableOnly, "polar-rollout", "polar-agent"),
+            (Rule::StableOnly, "polar-rollout", "polar-ebpf"),
+            (Rule::StableOnly, "polar-rollout", "aya"),
+            (Rule::StableOnly, "polar-rollout", "aya-build"),
             (Rule::AgentDependent, "xtask", "polar-agent"),
             (Rule::Cycle, "polar-agent", "polar-export"),
+            (Rule::Cycle, "polar-rollout", "polar-export"),
         ]
     );
     assert!(

@@ -263,6 +263,7 @@ async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) 
             // The new version first: no call may start under the old one.
             if let Some(v) = &version {
                 inner.work.policy_version(v);
+                *crate::node::lock(&inner.policy_version) = Some(v.clone());
             }
             inner.stages.resume();
             inner.work.pause(false);

@@ -150,6 +150,8 @@ pub(super) struct Inner<W: Work> {
     /// Sessions whose task has not ended (held, or reporting its result).
     pub(super) live: AtomicU64,
     pub(super) draining: AtomicBool,
+    /// The policy version the last resume named (sent in heartbeats).
+    pub(super) policy_version: Mutex<Option<String>>,
     /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
     pub(super) tasks: Tasks,
     pub(super) extra_metrics: Mutex<Option<MetricsFn>>,
@@ -229,6 +231,7 @@ impl<W: Work> Node<W> {
             finished: AtomicU64::new(0),
             live: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            policy_version: Mutex::new(None),
             tasks: Tasks::new(),
             extra_metrics: Mutex::new(None),
             routes,
@@ -448,6 +451,8 @@ impl<W: Work> Inner<W> {
             stages: self.stages.loads(),
             draining: self.draining.load(Ordering::Relaxed),
             sessions: Some(sessions),
+            paused: self.stages.paused(),
+            policy_version: lock(&self.policy_version).clone(),
         }
     }
 

@@ -32,6 +32,11 @@ pub struct SimOutcome {
     pub run_for: Option<Duration>,
     /// Ask the server to dispatch the session again.
     pub retry: bool,
+    /// The reported `trajectory_uri` (`sim://{node}/{session}.json` when
+    /// `None`).
+    pub trajectory_uri: Option<String>,
+    /// Reported `stats` besides `simulated_ms` (and the stages' own).
+    pub stats: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Chooses a session's outcome.
@@ -50,6 +55,8 @@ pub fn default_outcome(a: &SessionAssignment) -> SimOutcome {
         },
         run_for: None,
         retry: false,
+        trajectory_uri: None,
+        stats: serde_json::Map::new(),
     }
 }
 
@@ -214,7 +221,7 @@ impl Work for SimWork {
             Reached::Interrupted(Interrupt::Cancelled) => SampleStatus::Cancelled,
             Reached::InitFailed(_) => SampleStatus::Error,
         };
-        let mut stats = serde_json::Map::new();
+        let mut stats = outcome.stats.clone();
         stats.insert(
             "simulated_ms".into(),
             json!(u64::try_from(run_for.as_millis()).unwrap_or(u64::MAX)),
@@ -222,10 +229,9 @@ impl Work for SimWork {
         Report {
             status,
             reward: outcome.reward,
-            trajectory_uri: Some(format!(
-                "sim://{}/{}.json",
-                self.node_id, job.assignment.session_id
-            )),
+            trajectory_uri: Some(outcome.trajectory_uri.clone().unwrap_or_else(|| {
+                format!("sim://{}/{}.json", self.node_id, job.assignment.session_id)
+            })),
             tokens: outcome.tokens,
             error: (status != SampleStatus::Completed)
                 .then(|| format!("simulated {}", status.as_str())),

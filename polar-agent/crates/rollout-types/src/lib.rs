@@ -499,6 +499,9 @@ pub struct TaskView {
     pub counts: SessionCounts,
     /// Callback delivery.
     pub callback: CallbackView,
+    /// The mean reward of the samples that have one (none yet: absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_reward: Option<f64>,
     /// Every sample, by index (omitted in lists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<SampleView>,

@@ -94,6 +94,15 @@ pub struct Heartbeat {
     /// longer assigns to this node come back in `cancel`.
     #[serde(default)]
     pub sessions: Option<Vec<String>>,
+    /// New generations are paused on the node (`POST /v1/pause`, around a
+    /// weight update). Left out when false, so that a heartbeat of a node
+    /// that never paused is what older servers take.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// The policy version the node's last resume named (`POST /v1/resume`
+    /// `{"policy_version"}`); left out when none did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<String>,
 }
 
 /// A session the gateway must stop.

@@ -8,7 +8,8 @@
 //! [rollout]
 //! listen = "127.0.0.1:7070"
 //! database = "/var/lib/polar/rollout.sqlite"
-//! tokens = ["<trainer token>"]      # trainers, dashboards, `polar submit` (or token_files)
+//! tokens = ["<trainer token>"]      # trainers, `polar submit` (or token_files): read and control
+//! viewer_tokens = ["<viewer token>"] # read-only: the dashboard (/ui), status, events (or viewer_token_files)
 //! gateway_token = "<server token>"  # sent to gateways (or gateway_token_file)
 //! node_token_dir = "/run/secrets/polar-nodes" # one file per node id (and/or [rollout.node_tokens])
 //! heartbeat_interval_ms = 2000
@@ -26,10 +27,13 @@
 //! client_ca_file = "/etc/polar/tls/ca.crt" # mTLS: nodes present a certificate naming their id
 //! [rollout.policy]                  # optional: refuse tasks outside it at submission
 //! upload_roots = ["/srv/tasks"]     # the keys of a gateway's [gateway.policy]
+//! [rollout.dashboard]               # optional: what /ui may read besides the API
+//! export_roots = ["/srv/polar/trajectories"] # exported files are read beneath these only
+//! max_file_bytes = 268435456
 //! ```
 //!
 //! Identities: trainer tokens, node tokens and the gateway token are
-//! required and distinct (a token given for two roles, to two nodes, or
+//! required and distinct (viewer tokens, optional, too) (a token given for two roles, to two nodes, or
 //! one of the shipped examples' is refused at start-up, naming the key).
 //! Each node token is bound to its node id (`[rollout.node_tokens]`
 //! `node-a = "..."`, or the files of `node_token_dir`, named by node id):
@@ -60,6 +64,8 @@ use polar_rollout_api::serve::ServeLimits;
 use polar_rollout_api::tls::{RawTls, TlsSettings};
 use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
+
+pub use crate::ui::settings::{DashboardSettings, RawDashboard};
 
 /// The environment variable adding a trainer token.
 pub const TOKEN_ENV: &str = "POLAR_ROLLOUT_TOKEN";
@@ -122,6 +128,10 @@ pub struct RawRolloutConfig {
     pub tokens: Option<Vec<String>>,
     /// Files holding a trainer token each.
     pub token_files: Option<Vec<PathBuf>>,
+    /// Read-only tokens (dashboards).
+    pub viewer_tokens: Option<Vec<String>>,
+    /// Files holding a read-only token each.
+    pub viewer_token_files: Option<Vec<PathBuf>>,
     /// Node tokens by node id (a list is refused with the fix).
     pub node_tokens: Option<RawNodeTokens>,
     /// A directory of files named by node id, holding each node's token.
@@ -164,6 +174,9 @@ pub struct RawRolloutConfig {
     pub callback: RawCallback,
     /// `[rollout.policy]`.
     pub policy: Option<RawPolicy>,
+    /// `[rollout.dashboard]`.
+    #[serde(default)]
+    pub dashboard: RawDashboard,
 }
 
 /// `rollout.node_tokens` as written: a table of node id to token (the
@@ -184,6 +197,10 @@ pub struct TokenSources {
     pub tokens: Vec<String>,
     /// Files holding a trainer token each.
     pub token_files: Vec<PathBuf>,
+    /// Read-only tokens written in the file.
+    pub viewer_tokens: Vec<String>,
+    /// Files holding a read-only token each.
+    pub viewer_token_files: Vec<PathBuf>,
     /// Node tokens written in the file or given by the environment/flags.
     pub node_tokens: BTreeMap<String, String>,
     /// The directory of node token files.
@@ -262,8 +279,12 @@ pub struct RolloutConfig {
     pub listen: SocketAddr,
     /// The SQLite database file (created if missing).
     pub database: PathBuf,
-    /// Bearer tokens accepted on the trainer API (tasks, events, status).
+    /// Bearer tokens accepted on the trainer API (tasks, events, status),
+    /// reading and changing.
     pub tokens: Vec<String>,
+    /// Read-only bearer tokens (the dashboard): every `GET` of the
+    /// trainer side, nothing that changes a task or a node.
+    pub viewer_tokens: Vec<String>,
     /// Bearer tokens accepted on the gateway API (nodes, sessions), by the
     /// node id each is bound to.
     pub node_tokens: BTreeMap<String, String>,
@@ -306,6 +327,8 @@ pub struct RolloutConfig {
     /// The policy submissions are checked against (`None`: only their
     /// form is checked; the nodes check their own policy).
     pub policy: Option<Policy>,
+    /// What the dashboard may read besides the server's own state.
+    pub dashboard: DashboardSettings,
 }
 
 impl RolloutConfig {
@@ -316,6 +339,7 @@ impl RolloutConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             database: database.into(),
             tokens: vec![token.into()],
+            viewer_tokens: Vec::new(),
             node_tokens: BTreeMap::new(),
             gateway_token: String::new(),
             token_sources: TokenSources::default(),
@@ -334,6 +358,7 @@ impl RolloutConfig {
             verify_gateway_as: GatewayName::Address,
             callback: CallbackConfig::default(),
             policy: None,
+            dashboard: DashboardSettings::default(),
         }
     }
 
@@ -397,6 +422,13 @@ impl RolloutConfig {
             tokens: raw.tokens.unwrap_or_default(),
             token_files: raw
                 .token_files
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| rebase(p, base))
+                .collect(),
+            viewer_tokens: raw.viewer_tokens.unwrap_or_default(),
+            viewer_token_files: raw
+                .viewer_token_files
                 .unwrap_or_default()
                 .into_iter()
                 .map(|p| rebase(p, base))
@@ -513,6 +545,8 @@ impl RolloutConfig {
                 key: e.key.to_string(),
                 reason: e.reason,
             })?;
+        cfg.dashboard = DashboardSettings::from_raw(&raw.dashboard)
+            .map_err(|(key, reason)| invalid(&format!("dashboard.{key}"), reason))?;
         Ok(cfg)
     }
 
@@ -551,6 +585,10 @@ impl RolloutConfig {
         for (i, p) in src.token_files.iter().enumerate() {
             tokens.push(read(&format!("token_files[{i}]"), p)?);
         }
+        let mut viewer_tokens = src.viewer_tokens.clone();
+        for (i, p) in src.viewer_token_files.iter().enumerate() {
+            viewer_tokens.push(read(&format!("viewer_token_files[{i}]"), p)?);
+        }
         let mut node_tokens = src.node_tokens.clone();
         if let Some(dir) = &src.node_token_dir {
             for (node, path) in node_token_files(dir)? {
@@ -577,6 +615,7 @@ impl RolloutConfig {
         };
         let mut next = self.clone();
         next.tokens = tokens;
+        next.viewer_tokens = viewer_tokens;
         next.node_tokens = node_tokens;
         next.gateway_token = gateway_token;
         next.check_identities()?;
@@ -617,6 +656,9 @@ impl RolloutConfig {
         let mut all: Vec<(String, &str)> = Vec::new();
         for (i, t) in self.tokens.iter().enumerate() {
             all.push((format!("tokens[{i}]"), t));
+        }
+        for (i, t) in self.viewer_tokens.iter().enumerate() {
+            all.push((format!("viewer_tokens[{i}]"), t));
         }
         for (node, t) in &self.node_tokens {
             if !polar_rollout_api::validate::is_valid_id(node) {

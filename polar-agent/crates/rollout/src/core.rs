@@ -41,6 +41,8 @@ const ASSIGN_BATCH: usize = 256;
 pub struct Auth {
     /// Trainer tokens.
     pub tokens: Vec<String>,
+    /// Read-only tokens.
+    pub viewer_tokens: Vec<String>,
     /// Node tokens by node id.
     pub node_tokens: std::collections::BTreeMap<String, String>,
     /// Presented to gateways.
@@ -51,6 +53,7 @@ impl Auth {
     fn of(cfg: &RolloutConfig) -> Self {
         Self {
             tokens: cfg.tokens.clone(),
+            viewer_tokens: cfg.viewer_tokens.clone(),
             node_tokens: cfg.node_tokens.clone(),
             gateway_token: cfg.gateway_token.clone(),
         }
@@ -447,7 +450,7 @@ impl Core {
     }
 
     /// POSTs JSON with the gateway token; the status, or why none came.
-    async fn post(
+    pub(crate) async fn post(
         &self,
         url: &str,
         body: Vec<u8>,

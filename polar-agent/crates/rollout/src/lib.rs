@@ -15,7 +15,9 @@
 //! - `server`: HTTP endpoints and error mapping (its route table is
 //!   `polar-rollout-api`'s `route`, shared with the gateway); `events`: the
 //!   event stream; `metrics`: `/metrics`; `report`: text for the CLI;
-//! - `config`: the `[rollout]` settings.
+//! - `config`: the `[rollout]` settings;
+//! - `ui`: the dashboard (`/ui`): its embedded files, the sample and
+//!   exported-trajectory endpoints it reads, `[rollout.dashboard]`.
 //!
 //! Layering: above `polar-rollout-api`, `polar-spec`, `polar-metrics` and
 //! `polar-io`; the only crate with `rusqlite`. Tests: `tests/` (API,
@@ -32,6 +34,7 @@ mod scheduler;
 mod server;
 
 mod store;
+pub mod ui;
 
 #[cfg(test)]
 mod tests;

@@ -33,9 +33,9 @@ use polar_rollout_api::{
 /// Who may call a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// Anyone (`/health`).
+    /// Anyone (`/health`, the dashboard's static files).
     Open,
-    /// Trainers and dashboards.
+    /// Trainers; viewers (read-only tokens) for `GET` only.
     Client,
     /// Gateways.
     Node,
@@ -76,6 +76,18 @@ pub enum Endpoint {
     Progress,
     /// `POST /v1/sessions/{id}/result`.
     Result,
+    /// `GET /ui`, `/ui/`, `/ui/{*path}`: the dashboard's files.
+    Ui,
+    /// `GET /v1/whoami`.
+    WhoAmI,
+    /// `GET /v1/tasks/{id}/samples/{index}`.
+    Sample,
+    /// `GET /v1/tasks/{id}/samples/{index}/trajectory`.
+    Trajectory,
+    /// `POST /v1/nodes/{id}/pause`.
+    Pause,
+    /// `POST /v1/nodes/{id}/resume`.
+    Resume,
 }
 
 /// The server's route table: who may call each path, and its endpoints.
@@ -89,6 +101,10 @@ pub fn routes() -> Result<Routes, RouteError> {
     use Method as M;
     Table::new()
         .route("/health", Role::Open, &[(M::GET, E::Health)])?
+        .route("/ui", Role::Open, &[(M::GET, E::Ui)])?
+        .route("/ui/", Role::Open, &[(M::GET, E::Ui)])?
+        .route("/ui/{*path}", Role::Open, &[(M::GET, E::Ui)])?
+        .route("/v1/whoami", Role::Client, &[(M::GET, E::WhoAmI)])?
         .route("/metrics", Role::Client, &[(M::GET, E::Metrics)])?
         .route("/v1/status", Role::Client, &[(M::GET, E::Status)])?
         .route(
@@ -106,6 +122,16 @@ pub fn routes() -> Result<Routes, RouteError> {
             Role::Client,
             &[(M::POST, E::Cancel)],
         )?
+        .route(
+            "/v1/tasks/{id}/samples/{index}",
+            Role::Client,
+            &[(M::GET, E::Sample)],
+        )?
+        .route(
+            "/v1/tasks/{id}/samples/{index}/trajectory",
+            Role::Client,
+            &[(M::GET, E::Trajectory)],
+        )?
         .route("/v1/events", Role::Client, &[(M::GET, E::Events)])?
         .route("/v1/nodes", Role::Any, &[(M::GET, E::Nodes)])?
         .route("/v1/nodes/register", Role::Node, &[(M::POST, E::Register)])?
@@ -115,6 +141,12 @@ pub fn routes() -> Result<Routes, RouteError> {
             &[(M::POST, E::Heartbeat)],
         )?
         .route("/v1/nodes/{id}/drain", Role::Any, &[(M::POST, E::Drain)])?
+        .route("/v1/nodes/{id}/pause", Role::Client, &[(M::POST, E::Pause)])?
+        .route(
+            "/v1/nodes/{id}/resume",
+            Role::Client,
+            &[(M::POST, E::Resume)],
+        )?
         .route(
             "/v1/sessions/{id}/state",
             Role::Node,
@@ -170,6 +202,15 @@ pub enum ApiError {
     /// The database failed (503): nothing was acknowledged.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// An exported file the dashboard asked for was not read.
+    #[error(transparent)]
+    Export(#[from] crate::ui::exports::ExportReadError),
+    /// A gateway did not take a forwarded pause or resume (502).
+    #[error("{0}")]
+    Gateway(String),
+    /// A bug (500).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -189,6 +230,20 @@ impl ApiError {
             Self::Method(allow) => method_not_allowed(allow),
             Self::Conflict { code, .. } => error(StatusCode::CONFLICT, code, None, &msg),
             Self::Store(_) => error(StatusCode::SERVICE_UNAVAILABLE, "storage", None, &msg),
+            Self::Export(e) => {
+                use crate::ui::exports::ExportReadError as X;
+                let (status, code) = match e {
+                    X::NoFile(_) | X::Missing { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    X::NoRoots | X::NotLocal(_) | X::Outside(_) | X::Format(_) => {
+                        (StatusCode::NOT_FOUND, "not_readable")
+                    }
+                    X::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+                    X::Decode { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unreadable_export"),
+                };
+                error(status, code, None, &msg)
+            }
+            Self::Gateway(_) => error(StatusCode::BAD_GATEWAY, "gateway", None, &msg),
+            Self::Internal(_) => error(StatusCode::INTERNAL_SERVER_ERROR, "internal", None, &msg),
         }
     }
 }
@@ -219,7 +274,7 @@ impl Api {
         let resp = match self.route(req).await {
             Ok(r) => r,
             Err(e) => {
-                if matches!(e, ApiError::Store(_)) {
+                if matches!(e, ApiError::Store(_) | ApiError::Internal(_)) {
                     tracing::error!(%method, %path, error = %e, "request failed");
                 }
                 e.response()
@@ -265,6 +320,8 @@ enum Caller {
     Anyone,
     /// A trainer token.
     Trainer,
+    /// A read-only (viewer) token, on a `GET`.
+    Viewer,
     /// The token bound to this node id.
     Node(String),
 }
@@ -292,8 +349,19 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
     let auth = core.auth();
     let trainer = token_ok(Some(given), &auth.tokens);
     let node = auth.node_of(given).map(str::to_owned);
+    let reading = matches!(*req.method(), Method::GET | Method::HEAD);
     match (role, trainer, node) {
         (Role::Client | Role::Any, true, _) => Ok(Caller::Trainer),
+        (Role::Client | Role::Any, false, None) if token_ok(Some(given), &auth.viewer_tokens) => {
+            if reading {
+                Ok(Caller::Viewer)
+            } else {
+                Err(ApiError::Forbidden(
+                    "this token is read-only (rollout.viewer_tokens): it may not change tasks or nodes"
+                        .into(),
+                ))
+            }
+        }
         (Role::Node | Role::Any, _, Some(n)) => {
             if core.cfg.tls.client_ca_file.is_some() {
                 node_certificate(req, &n)?;
@@ -349,6 +417,16 @@ async fn call<B: RequestBody>(
 ) -> Result<Response<Body>, ApiError> {
     let id = params.get("id").unwrap_or_default();
     match endpoint {
+        Endpoint::Ui => Ok(crate::ui::asset(params.get("path").unwrap_or_default())),
+        Endpoint::WhoAmI => Ok(crate::ui::whoami(*caller == Caller::Trainer)),
+        Endpoint::Sample => {
+            crate::ui::sample(core, id, params.get("index").unwrap_or_default()).await
+        }
+        Endpoint::Trajectory => {
+            crate::ui::trajectory(core, id, params.get("index").unwrap_or_default()).await
+        }
+        Endpoint::Pause => generation(core, id, true, req).await,
+        Endpoint::Resume => generation(core, id, false, req).await,
         Endpoint::Health => Ok(json(
             StatusCode::OK,
             &json!({"status": "ok", "version": API_VERSION}),
@@ -536,6 +614,48 @@ async fn drain<B: RequestBody>(
         StatusCode::OK,
         &json!({"version": API_VERSION, "node_id": id, "draining": d.draining}),
     ))
+}
+
+/// `POST /v1/nodes/{id}/pause` and `/resume`: forwarded to the node's
+/// own `POST /v1/pause` or `/v1/resume` with the server's gateway token
+/// (a resume's body, `{"policy_version"}`, as given); the node's reply
+/// status is the answer (502 when it did not take it).
+async fn generation<B: RequestBody>(
+    core: &Arc<Core>,
+    id: &str,
+    pause: bool,
+    req: Request<B>,
+) -> Result<Response<Body>, ApiError> {
+    let limit = core.cfg.max_body_bytes;
+    let body = read_body(req.into_body(), limit)
+        .await
+        .ok_or(ApiError::TooLarge(limit))?;
+    let address = core
+        .read(|s| {
+            s.node_views(Instant::now())
+                .into_iter()
+                .find(|n| n.node_id == id)
+                .map(|n| n.address)
+        })
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown node {id:?}")))?;
+    let what = if pause { "pause" } else { "resume" };
+    let url = polar_rollout_api::http::join(&address, &format!("/v1/{what}"));
+    match core.post(&url, body.to_vec(), core.cfg.push_timeout).await {
+        Ok(s) if s.is_success() => {
+            tracing::info!(node = %id, what, "generation {what} forwarded");
+            Ok(json(
+                StatusCode::OK,
+                &json!({"version": API_VERSION, "node_id": id, "paused": pause}),
+            ))
+        }
+        Ok(s) => Err(ApiError::Gateway(format!(
+            "node {id:?} answered {s} to the {what}"
+        ))),
+        Err(e) => Err(ApiError::Gateway(format!(
+            "node {id:?} did not take the {what}: {e}"
+        ))),
+    }
 }
 
 async fn status(core: &Arc<Core>) -> Result<ServerStatus, StoreError> {

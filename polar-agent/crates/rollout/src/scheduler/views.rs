@@ -50,23 +50,59 @@ pub struct StoredSession {
 }
 
 impl Scheduler {
+    /// Sample `index` of `task_id` with the task's group id and policy
+    /// version (the dashboard's session page).
+    pub fn sample_view(
+        &self,
+        task_id: &str,
+        index: u32,
+    ) -> Option<(SampleView, String, Option<String>)> {
+        let t = self.tasks.get(task_id)?;
+        if index >= t.request.num_samples {
+            return None;
+        }
+        let view = self.sample_of(task_id, index)?;
+        Some((
+            view,
+            t.group_id.clone(),
+            t.request.metadata.policy_version.clone(),
+        ))
+    }
+
+    fn sample_of(&self, task_id: &str, i: u32) -> Option<SampleView> {
+        let sid = session_id(task_id, i);
+        let s = self.sessions.get(&sid)?;
+        Some(SampleView {
+            sample_index: i,
+            session_id: sid,
+            attempts: s.attempts,
+            retries: s.retries,
+            state: s.state.clone(),
+            ended_attempts: s.ended.clone(),
+        })
+    }
+
+    /// The mean reward of the task's samples that have one.
+    fn mean_reward(&self, task_id: &str, n: u32) -> Option<f64> {
+        let (mut sum, mut count) = (0.0, 0u32);
+        for i in 0..n {
+            if let Some(SessionState::Done { result, .. }) =
+                self.sessions.get(&session_id(task_id, i)).map(|s| &s.state)
+                && let Some(r) = result.reward
+            {
+                sum += r;
+                count += 1;
+            }
+        }
+        (count > 0).then(|| sum / f64::from(count))
+    }
+
     /// A task with or without its samples.
     pub fn task_view(&self, task_id: &str, samples: bool) -> Option<TaskView> {
         let t = self.tasks.get(task_id)?;
         let samples = if samples {
             (0..t.request.num_samples)
-                .filter_map(|i| {
-                    let sid = session_id(task_id, i);
-                    let s = self.sessions.get(&sid)?;
-                    Some(SampleView {
-                        sample_index: i,
-                        session_id: sid,
-                        attempts: s.attempts,
-                        retries: s.retries,
-                        state: s.state.clone(),
-                        ended_attempts: s.ended.clone(),
-                    })
-                })
+                .filter_map(|i| self.sample_of(task_id, i))
                 .collect()
         } else {
             Vec::new()
@@ -86,6 +122,7 @@ impl Scheduler {
             reason: t.reason.clone(),
             counts: t.counts,
             callback: t.callback.clone(),
+            mean_reward: self.mean_reward(task_id, t.request.num_samples),
             samples,
         })
     }

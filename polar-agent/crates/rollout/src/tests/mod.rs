@@ -9,6 +9,8 @@
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
 //!   percent-decoding);
+//! - `ui`: the dashboard's files, read-only tokens, the sample and
+//!   exported-trajectory endpoints, pause and resume forwarded to a node;
 //! - `tls`: HTTPS with the cluster CA's certificates (trainer, gateway,
 //!   callback), a wrong CA, plain HTTP beyond loopback, mutual TLS bound
 //!   to the node id, token rotation on both sides.
@@ -20,6 +22,7 @@ mod dispatch;
 mod failures;
 mod routes;
 mod tls;
+mod ui;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -46,6 +49,43 @@ pub(crate) const TOKEN: &str = "trainer-token-1";
 /// node-a's token.
 pub(crate) const NODE_TOKEN: &str = "node-token-node-a";
 pub(crate) const GATEWAY_TOKEN: &str = "gateway-token-333";
+
+/// One complete JSONL export row of `session` (the columns of
+/// docs/EXPORT-SCHEMA.md): 3 prompt tokens, then a call's 2 tokens, 2
+/// tokens of glue and a second call's 2 tokens.
+pub(crate) fn export_line(session: &str, task: &str) -> String {
+    let mut row = json!({
+        "schema_version": 1, "trace_id": format!("{session}/0"), "session_id": session,
+        "task_id": task, "group_id": task, "attempt": 1, "policy_version": "v7",
+        "weight_version": null, "status": "completed", "error": null,
+        "builder": "prefix_merging", "trace_index": 0, "chain": 0, "chain_role": "main",
+        "segment": 0, "segment_kind": "start", "break_reason": null, "labels": [],
+        "finish_reason": "stop", "reward": 1.0,
+    });
+    let tokens = json!({
+        "prompt_ids": [1, 2, 3], "response_ids": [10, 11, 20, 21, 12, 13],
+        "loss_mask": [1, 1, 0, 0, 1, 1],
+        "response_logprobs": [-0.5, -0.25, 0.0, 0.0, -1.0, -0.125],
+        "prompt_messages": [], "response_messages": [], "tools": [],
+        "call_ids": ["c0", "c1"],
+        "trace_metadata": {"spans": [
+            {"response_start": 0, "response_len": 2, "join": {"kind": "first"}},
+            {"response_start": 4, "response_len": 2, "join": {"kind": "extend"}}
+        ]},
+        "trajectory_metadata": {"builder": {"kind": "prefix_merging"}, "session_id": session},
+    });
+    let stats = json!({
+        "calls": 2, "chains": 1, "segments": 1, "calls_merged": 2, "calls_dropped": [],
+        "retries_superseded": 0, "forks": 0, "breaks": 0,
+        "template_mismatches_detected": 0, "template_mismatches_spliced": 0,
+        "truncated_calls": 0, "prompt_tokens": 3, "response_tokens": 6, "loss_tokens": 4,
+    });
+    if let (Some(o), Some(t)) = (row.as_object_mut(), tokens.as_object()) {
+        o.extend(t.clone());
+        o.insert("stats".into(), stats);
+    }
+    row.to_string()
+}
 
 /// A database directory and settings for fast tests.
 pub(crate) struct Env {

@@ -14,8 +14,46 @@ use polar_rollout_api::route::Found;
 #[test]
 fn every_route_has_its_endpoint_side_and_allow() {
     let t = routes().unwrap();
-    let table: [(Method, &str, Endpoint, Role, &str); 15] = [
+    let table: [(Method, &str, Endpoint, Role, &str); 23] = [
         (Method::GET, "/health", Endpoint::Health, Role::Open, "GET"),
+        (Method::GET, "/ui", Endpoint::Ui, Role::Open, "GET"),
+        (Method::GET, "/ui/", Endpoint::Ui, Role::Open, "GET"),
+        (Method::GET, "/ui/app.js", Endpoint::Ui, Role::Open, "GET"),
+        (
+            Method::GET,
+            "/v1/whoami",
+            Endpoint::WhoAmI,
+            Role::Client,
+            "GET",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks/t1/samples/3",
+            Endpoint::Sample,
+            Role::Client,
+            "GET",
+        ),
+        (
+            Method::GET,
+            "/v1/tasks/t1/samples/3/trajectory",
+            Endpoint::Trajectory,
+            Role::Client,
+            "GET",
+        ),
+        (
+            Method::POST,
+            "/v1/nodes/n1/pause",
+            Endpoint::Pause,
+            Role::Client,
+            "POST",
+        ),
+        (
+            Method::POST,
+            "/v1/nodes/n1/resume",
+            Endpoint::Resume,
+            Role::Client,
+            "POST",
+        ),
         (
             Method::GET,
             "/metrics",
@@ -149,12 +187,18 @@ fn every_route_has_its_endpoint_side_and_allow() {
 }
 
 /// A server's API over a fresh database, no socket and no background loop.
-fn api(e: &Env) -> Api {
+pub(super) fn api(e: &Env) -> Api {
     let (core, _) = Core::open(e.cfg.clone(), polar_io::tls::default_client_config()).unwrap();
     Api::new(core, routes().unwrap())
 }
 
-async fn call(api: &Api, m: Method, uri: &str, token: Option<&str>, body: &str) -> Reply {
+pub(super) async fn call(
+    api: &Api,
+    m: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Reply {
     let mut req = Request::builder().method(m).uri(uri);
     if let Some(t) = token {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
@@ -175,10 +219,10 @@ async fn call(api: &Api, m: Method, uri: &str, token: Option<&str>, body: &str) 
     }
 }
 
-struct Reply {
-    status: StatusCode,
-    allow: Option<String>,
-    json: Value,
+pub(super) struct Reply {
+    pub status: StatusCode,
+    pub allow: Option<String>,
+    pub json: Value,
 }
 
 #[tokio::test]

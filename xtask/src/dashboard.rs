@@ -1,0 +1,217 @@
+//! The dashboard's browser tests (a step of `cargo xtask test`, with root):
+//! Debian's `chromium` (installed by the set-up) driven by playwright-core's
+//! Node client (pinned in `tests/dashboard/package.json` and its lock file,
+//! installed under `.polar-cache/dashboard-tests/`; `npx playwright
+//! install` is never used: the browser is the system's), against a stack
+//! like the demo's on loopback: the mock inference server, a rollout
+//! server with a viewer token and `[rollout.dashboard] export_roots`, and
+//! one gateway node, all from `target/debug/polar`. The script,
+//! `tests/dashboard/dashboard.test.mjs`, says what it checks; it writes
+//! its screenshots to `target/polar-dashboard/screenshots/` (or the
+//! directory in `POLAR_DASHBOARD_SCREENSHOTS`, such as `docs/dashboard`
+//! to refresh the ones docs/DASHBOARD.md shows) and its measurements to
+//! `target/polar-dashboard/measurements.json`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use crate::cmd::{Cmd, workspace_root};
+use crate::daemon::{Daemon, tail};
+use crate::harnesses::{Install, node_and_npm};
+
+const TRAINER_TOKEN: &str = "dash-trainer-token";
+const VIEWER_TOKEN: &str = "dash-viewer-token";
+const NODE_TOKEN: &str = "dash-node-token";
+const FAKE_NODE_TOKEN: &str = "dash-fake-node-token";
+const GATEWAY_TOKEN: &str = "dash-gateway-token";
+const NODE_ID: &str = "dash-node";
+/// A node the script plays itself, to hand the server a result naming a
+/// 200,000-token trace it wrote.
+const FAKE_NODE_ID: &str = "dash-fake-node";
+/// The system's browser (Debian's `chromium`).
+const CHROMIUM: &str = "/usr/bin/chromium";
+/// playwright-core runs on Node 20 and later.
+const NODE_MAJOR: u32 = 20;
+const LISTEN_WAIT: Duration = Duration::from_secs(60);
+
+/// Installs playwright-core from the pinned manifest and lock file (once:
+/// a stamp makes a second run a no-op); returns its `node_modules`.
+pub fn install() -> Result<PathBuf> {
+    let root = workspace_root()?;
+    let src = root.join("tests/dashboard");
+    let read = |name: &str| {
+        std::fs::read_to_string(src.join(name))
+            .with_context(|| format!("reading tests/dashboard/{name}"))
+    };
+    let inst = Install {
+        what: "playwright-core",
+        dir: root.join(".polar-cache/dashboard-tests"),
+        manifest: read("package.json")?,
+        lock: read("package-lock.json")?,
+        binaries: &["playwright-core"],
+    };
+    if !inst.is_current() {
+        node_and_npm(NODE_MAJOR)?;
+        inst.npm_install()?;
+    }
+    Ok(inst.dir.join("node_modules"))
+}
+
+/// `cargo xtask dashboard`: Chromium, the debug build, then [`run`].
+pub fn run_alone() -> Result<()> {
+    if !crate::cmd::is_root()? {
+        anyhow::bail!("the dashboard's browser tests start a gateway, which needs root");
+    }
+    crate::setup::apt_packages(&["chromium"])?;
+    Cmd::new("cargo")?.args(["build", "--bin", "polar"]).run()?;
+    run()
+}
+
+/// Starts the stack, runs the browser tests, stops the stack.
+pub fn run() -> Result<()> {
+    let modules = install()?;
+    let root = workspace_root()?;
+    let polar = root.join("target/debug/polar");
+    let dir = root.join("target/polar-dashboard");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    // The sandboxes' user traverses it to the agent's trust bundle.
+    set_mode(&dir, 0o711)?;
+    let ports = free_ports()?;
+    let config = dir.join("polar.toml");
+    std::fs::write(&config, config_text(&dir, &root, ports))?;
+    let [mock_port, server_port, gateway_port] = ports;
+    let mut mock = Daemon::start(
+        "mock inference server",
+        Cmd::new(&polar)?
+            .args(["mock-backend", "--listen"])
+            .arg(format!("127.0.0.1:{mock_port}"))
+            .args(["--served-model", "default"]),
+        &dir.join("mock-backend.log"),
+        LISTEN_WAIT,
+        listening(mock_port),
+    )?;
+    let mut server = Daemon::start(
+        "rollout server",
+        Cmd::new(&polar)?
+            .args(["rollout", "serve", "--config"])
+            .arg(&config),
+        &dir.join("rollout-server.log"),
+        LISTEN_WAIT,
+        listening(server_port),
+    )?;
+    let mut gateway = Daemon::start(
+        "gateway",
+        Cmd::new(&polar)?.args(["agent", "--config"]).arg(&config),
+        &dir.join("gateway.log"),
+        LISTEN_WAIT,
+        listening(gateway_port),
+    )?;
+    let shots = match std::env::var_os("POLAR_DASHBOARD_SCREENSHOTS") {
+        Some(d) => root.join(d),
+        None => dir.join("screenshots"),
+    };
+    std::fs::create_dir_all(&shots)?;
+    let result = Cmd::new("node")?
+        .arg(root.join("tests/dashboard/dashboard.test.mjs"))
+        .env("POLAR_PLAYWRIGHT_MODULES", &modules)
+        .env("POLAR_CHROMIUM", CHROMIUM)
+        .env("POLAR_SERVER", format!("http://127.0.0.1:{server_port}"))
+        .env("POLAR_TRAINER_TOKEN", TRAINER_TOKEN)
+        .env("POLAR_VIEWER_TOKEN", VIEWER_TOKEN)
+        .env("POLAR_NODE_ID", NODE_ID)
+        .env("POLAR_FAKE_NODE_ID", FAKE_NODE_ID)
+        .env("POLAR_FAKE_NODE_TOKEN", FAKE_NODE_TOKEN)
+        .env("POLAR_EXPORT_DIR", dir.join("trajectories"))
+        .env("POLAR_MINI_AGENT", root.join("examples/mini_agent.py"))
+        .env("POLAR_SCREENSHOTS", &shots)
+        .env("POLAR_MEASUREMENTS", dir.join("measurements.json"))
+        .env("POLAR_WORK_DIR", &dir)
+        .run();
+    gateway.stop(Duration::from_secs(30));
+    server.stop(Duration::from_secs(10));
+    mock.stop(Duration::from_secs(5));
+    if result.is_err() {
+        for (what, log) in [
+            ("rollout server", "rollout-server.log"),
+            ("gateway", "gateway.log"),
+        ] {
+            eprintln!(
+                "--- {what} log (last lines) ---\n{}",
+                tail(&dir.join(log), 30)
+            );
+        }
+    }
+    result.context("the dashboard's browser tests failed")
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("chmod {}", path.display()))
+}
+
+fn free_ports() -> Result<[u16; 3]> {
+    // Held together so that the three differ.
+    let l: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let p = |i: usize| -> Result<u16> { Ok(l[i].local_addr()?.port()) };
+    Ok([p(0)?, p(1)?, p(2)?])
+}
+
+fn listening(port: u16) -> impl Fn() -> bool {
+    move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+fn config_text(dir: &Path, root: &Path, [mock, server, gateway]: [u16; 3]) -> String {
+    format!(
+        r#"# Written by `cargo xtask test` for the dashboard's browser tests.
+[agent]
+state_dir = "{state}"
+
+[[backend]]
+name = "local"
+dialect = "vllm"
+replicas = ["http://127.0.0.1:{mock}"]
+served_model = "default"
+
+[rollout]
+listen = "127.0.0.1:{server}"
+database = "{db}"
+tokens = ["{TRAINER_TOKEN}"]
+viewer_tokens = ["{VIEWER_TOKEN}"]
+gateway_token = "{GATEWAY_TOKEN}"
+heartbeat_interval_ms = 500
+
+[rollout.node_tokens]
+{NODE_ID} = "{NODE_TOKEN}"
+{FAKE_NODE_ID} = "{FAKE_NODE_TOKEN}"
+
+[rollout.dashboard]
+export_roots = ["{traj}"]
+
+[gateway]
+server = "http://127.0.0.1:{server}"
+node_id = "{NODE_ID}"
+listen = "127.0.0.1:{gateway}"
+token = "{NODE_TOKEN}"
+accept_tokens = ["{GATEWAY_TOKEN}"]
+heartbeat_interval_ms = 500
+running_workers = 2
+ready_buffer = 2
+export = "{traj}"
+formats = ["parquet", "jsonl"]
+drain_timeout_secs = 20
+
+[gateway.policy]
+upload_roots = ["{examples}"]
+"#,
+        examples = root.join("examples").display(),
+        state = dir.join("state").display(),
+        db = dir.join("rollout.sqlite").display(),
+        traj = dir.join("trajectories").display(),
+    )
+}
