@@ -433,6 +433,9 @@ pub struct ParsedRequest {
     pub previous_response_id: Option<String>,
     /// OpenAI Chat `stream_options.include_usage`.
     pub include_usage: bool,
+    /// OpenAI Responses: a server-side compaction request (its last input
+    /// item is a `compaction_trigger`): the reply is one compaction item.
+    pub compaction: bool,
 }
 
 impl ParsedRequest {
@@ -442,6 +445,7 @@ impl ParsedRequest {
             created,
             include_usage: self.include_usage,
             framing: call.framing,
+            compaction: self.compaction,
         }
     }
 }
@@ -455,6 +459,9 @@ pub struct ReplyOptions {
     pub include_usage: bool,
     /// How the reply is framed.
     pub framing: Framing,
+    /// Answer with one compaction item (OpenAI Responses; see
+    /// [`ParsedRequest::compaction`]).
+    pub compaction: bool,
 }
 
 /// One wire protocol.
