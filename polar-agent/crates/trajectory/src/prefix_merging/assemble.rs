@@ -94,13 +94,27 @@ impl Facts {
             .max_by_key(|&c| (self.desc[c], self.replies.used_among(c, group), c))
     }
 
-    /// How a sibling that lost to the winner starts its trace.
-    fn loser(&self, c: CallIx, group: &[CallIx], link: CallIx, lcp: usize) -> Start {
+    /// How sibling `c` of `group`, which lost to `won`, starts its trace. A
+    /// sibling with the winner's very tokens (prompt and response) is
+    /// interchangeable with it: a retry, whichever reply the harness named.
+    fn loser(
+        &self,
+        calls: &[Call<'_>],
+        c: CallIx,
+        group: &[CallIx],
+        won: Option<CallIx>,
+        link: CallIx,
+        lcp: usize,
+    ) -> Start {
         if self.summary[c] {
             return Start::Summary { link, lcp };
         }
+        let same_tokens = won.is_some_and(|w| {
+            calls[w].prompt == calls[c].prompt && calls[w].response == calls[c].response
+        });
         let later_request = group.iter().any(|&g| g != c && self.replies.holds(c, g));
-        if self.desc[c] == 0 && !self.replies.used_among(c, group) && !later_request {
+        let used = self.replies.used_among(c, group) || later_request;
+        if self.desc[c] == 0 && (same_tokens || !used) {
             Start::Retry { link, lcp }
         } else {
             Start::Fork { link, lcp }
@@ -138,7 +152,7 @@ pub(super) fn assemble(
         }
     }
     let replies = ReplyUse::new(calls);
-    let (summary, summarized_by) = summaries(calls, matched, &children);
+    let (summary, summarized_by) = summaries(calls, matched, &children, &replies);
     let facts = Facts {
         desc,
         summary,
@@ -167,16 +181,20 @@ pub(super) fn assemble(
 /// The compaction summary calls, and for each root continuing from one,
 /// which. The summaries Polar made for server-side compactions are known
 /// from their request; a harness's own are found from what follows. A root
-/// `r` continues from summary `b` when nothing extends `b` and `r`'s prompt
-/// quotes `b`'s response, and, unless `b` is a known summary, `r` is not
-/// `b`'s conversation (no message beyond the system prompt in common): the
-/// harness summarized, then started afresh from the summary. `b` is the
+/// `r` continues from summary `b` when nothing extends `b`, `r`'s prompt
+/// quotes `b`'s response, and `b` is a known summary, or `r` is not `b`'s
+/// conversation (no message beyond the system prompt in common: the harness
+/// summarized, then started afresh from the summary), or `b`'s reply is
+/// text that `r` quotes outside its assistant turns (the harness kept the
+/// start of the conversation and put the summary after it; a history that
+/// was rewritten shows the reply as an assistant turn instead). `b` is the
 /// call where `r`'s prompt left the earlier sequences, else the latest
 /// known summary or call with a long enough response that fits.
 fn summaries(
     calls: &[Call<'_>],
     matched: &[Matched],
     children: &[Vec<CallIx>],
+    replies: &ReplyUse,
 ) -> (Vec<bool>, Vec<Option<CallIx>>) {
     let known: Vec<bool> = calls.iter().map(Call::server_compaction).collect();
     let mut summary = known.clone();
@@ -186,8 +204,15 @@ fn summaries(
             continue;
         };
         let fits = |b: CallIx| {
+            let text_reply = calls[b]
+                .record
+                .response
+                .as_ref()
+                .is_some_and(|resp| resp.message.tool_calls.is_empty());
             children[b].is_empty()
-                && (known[b] || !same_conversation(&calls[r], &calls[b]))
+                && (known[b]
+                    || !same_conversation(&calls[r], &calls[b])
+                    || (text_reply && !replies.holds(r, b)))
                 && quoted(calls[r].prompt, calls[b].response)
         };
         let at_divergence = info
@@ -253,7 +278,10 @@ fn trace_starts(
             Some(w) => {
                 push(w, Start::Root);
                 for &c in group.iter().filter(|&&c| c != w) {
-                    push(c, facts.loser(c, group, w, calls[c].prompt.len()));
+                    push(
+                        c,
+                        facts.loser(calls, c, group, Some(w), w, calls[c].prompt.len()),
+                    );
                 }
             }
             None => {
@@ -270,7 +298,7 @@ fn trace_starts(
                 Attach::Splice { diverged_at, .. } => diverged_at,
                 _ => calls[p].seq_len(),
             };
-            push(c, facts.loser(c, kids, p, lcp));
+            push(c, facts.loser(calls, c, kids, w, p, lcp));
         }
     }
     plans.sort_by_key(|p| p.first);
