@@ -88,14 +88,11 @@ fn compact_script() -> String {
         .split_once("turns = [")
         .map(|(_, t)| t)
         .unwrap_or_default();
-    let mut out = String::from("final_text = \"done\"\n");
-    for (session, tokens) in [("e2e-codex-compact", 262_000)] {
-        out.push_str(&format!(
-            "\n[[sessions]]\nid = \"{session}\"\nstep_by = \"tool_results\"\n\
-             context_fills_after = 2\ncontext_tokens = {tokens}\nturns = [{turns}"
-        ));
-    }
-    out
+    format!(
+        "final_text = \"done\"\n\n[[sessions]]\nid = \"e2e-codex-compact\"\n\
+         step_by = \"tool_results\"\ncontext_fills_after = 2\ncontext_tokens = 262000\n\
+         turns = [{turns}"
+    )
 }
 
 /// The task's check, run in the workspace (as a `command` evaluator would).

@@ -97,7 +97,7 @@ async fn a_stepped_script_follows_the_conversation_not_the_request_count() {
     // steps summarized, one tool result since.
     let summary =
         json!({"role": "user", "content": format!("Summary: Steps done: 2. {PROGRESS_NOTE}2")});
-    let mut compacted = body(0, true, &[summary.clone()]);
+    let mut compacted = body(0, true, std::slice::from_ref(&summary));
     assert_eq!(ask(compacted.clone()).await, "step three");
     compacted["messages"].as_array_mut().unwrap().extend([
         json!({"role": "assistant", "content": null, "tool_calls": [
