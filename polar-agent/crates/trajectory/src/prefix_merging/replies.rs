@@ -8,9 +8,12 @@
 //!
 //! Used by `assemble`: a sibling whose reply the harness went on with is
 //! never a superseded retry, and a compaction's summary call is told from
-//! the turn it summarized.
+//! the turn it summarized. Keys are kept as 64-bit hashes: a session's
+//! histories repeat every earlier turn, and copying their text per call
+//! would cost the square of the session's length in memory.
 
 use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 
 use polar_chat::{Message, Role};
 
@@ -18,19 +21,24 @@ use crate::calls::Call;
 
 use super::tree::CallIx;
 
-/// How one reply is recognized in a later request.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Key {
-    /// A tool call id.
-    Id(String),
-    /// The text of an assistant turn without tool calls.
-    Text(String),
+/// How one reply is recognized in a later request: the hash of a tool
+/// call id, or of the text of an assistant turn without tool calls.
+type Key = u64;
+
+fn id_key(id: &str) -> Key {
+    let mut h = DefaultHasher::new();
+    (0u8, id).hash(&mut h);
+    h.finish()
 }
 
 fn text_key(m: &Message) -> Option<Key> {
     let text = m.joined_text();
     let text = text.trim();
-    (!text.is_empty()).then(|| Key::Text(text.to_owned()))
+    (!text.is_empty()).then(|| {
+        let mut h = DefaultHasher::new();
+        (1u8, text).hash(&mut h);
+        h.finish()
+    })
 }
 
 /// The keys of a reply (an assistant message).
@@ -38,7 +46,7 @@ fn reply_keys(m: &Message) -> Vec<Key> {
     if m.tool_calls.is_empty() {
         text_key(m).into_iter().collect()
     } else {
-        m.tool_calls.iter().map(|t| Key::Id(t.id.clone())).collect()
+        m.tool_calls.iter().map(|t| id_key(&t.id)).collect()
     }
 }
 
@@ -48,12 +56,12 @@ fn history_keys(messages: &[Message]) -> impl Iterator<Item = Key> + '_ {
         let mut keys: Vec<Key> = Vec::new();
         match m.role {
             Role::Assistant => {
-                keys.extend(m.tool_calls.iter().map(|t| Key::Id(t.id.clone())));
+                keys.extend(m.tool_calls.iter().map(|t| id_key(&t.id)));
                 if m.tool_calls.is_empty() {
                     keys.extend(text_key(m));
                 }
             }
-            Role::Tool => keys.extend(m.tool_call_id.clone().map(Key::Id)),
+            Role::Tool => keys.extend(m.tool_call_id.as_deref().map(id_key)),
             _ => {}
         }
         keys
