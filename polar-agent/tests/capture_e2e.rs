@@ -565,6 +565,7 @@ async fn streams_reach_the_harness_as_generated() {
             sessions: vec![SessionScript {
                 id: "*".into(),
                 turns: vec![turn],
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()

@@ -77,6 +77,7 @@ fn script(turns: Vec<Turn>) -> Script {
         sessions: vec![SessionScript {
             id: "*".into(),
             turns,
+            ..SessionScript::default()
         }],
     }
 }

@@ -45,6 +45,7 @@ async fn counters_equal_what_the_capture_logs_hold() {
                     }),
                     ..Turn::default()
                 }],
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()

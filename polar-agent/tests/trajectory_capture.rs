@@ -41,6 +41,7 @@ fn script(think: bool) -> Script {
                     ..Turn::default()
                 },
             ],
+            ..SessionScript::default()
         }],
     }
 }

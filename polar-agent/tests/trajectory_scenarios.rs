@@ -84,12 +84,30 @@ async fn compaction_starts_a_segment_linked_to_the_one_before() {
         let (r, _) = compacted(session, compact).await;
         assert!(prompt(&r[3]).len() < seq(&r[2]).len(), "{session}: shorter");
         let traj = build(&merging(RetryPolicy::KeepAsTrace), &r, session);
-        assert_eq!(traj.traces.len(), 2, "{session}");
-        let (before, after) = (&traj.traces[0], &traj.traces[1]);
-        assert_merged(before, &[&r[0], &r[1], &r[2]]);
+        assert_eq!(traj.traces.len(), 3, "{session}");
+        let (before, summarized, after) = (&traj.traces[0], &traj.traces[1], &traj.traces[2]);
+        assert_merged(before, &[&r[0], &r[1]]);
         assert_eq!(before.segment_kind, SegmentKind::Start);
+        // The summary call is a segment of its own, branching from the
+        // conversation it summarized, labelled.
+        assert_merged(summarized, &[&r[2]]);
+        assert_eq!(
+            summarized.segment_kind,
+            SegmentKind::CompactionSummary,
+            "{session}"
+        );
+        assert_eq!(summarized.labels, [Label::CompactionSummary], "{session}");
+        assert_eq!(
+            summarized.previous,
+            Some(SegmentLink {
+                chain: ChainId(0),
+                segment: 0,
+                common_prefix_len: seq(&r[1]).len(),
+            }),
+            "{session}"
+        );
         assert_merged(after, &[&r[3], &r[4]]);
-        assert_eq!((after.chain, after.segment), (ChainId(0), 1), "{session}");
+        assert_eq!((after.chain, after.segment), (ChainId(0), 2), "{session}");
         assert_eq!(
             after.segment_kind,
             SegmentKind::AfterBreak {
@@ -105,7 +123,7 @@ async fn compaction_starts_a_segment_linked_to_the_one_before() {
             after.previous,
             Some(SegmentLink {
                 chain: ChainId(0),
-                segment: 0,
+                segment: 1,
                 common_prefix_len: lcp,
             }),
             "{session}"
@@ -114,8 +132,8 @@ async fn compaction_starts_a_segment_linked_to_the_one_before() {
         let want = ReconstructionStats {
             calls: 5,
             chains: 1,
-            segments: 2,
-            calls_merged: 3,
+            segments: 3,
+            calls_merged: 2,
             breaks: 1,
             ..ReconstructionStats::default()
         };

@@ -55,6 +55,7 @@ pub async fn start_with(
             sessions: vec![SessionScript {
                 id: session.into(),
                 turns,
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()

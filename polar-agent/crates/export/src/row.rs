@@ -58,7 +58,7 @@ pub struct Row<'a> {
     pub chain_role: ChainRole,
     /// The trace's segment in its chain.
     pub segment: u32,
-    /// `start`, `after_break` or `superseded_retry`.
+    /// `start`, `after_break`, `superseded_retry` or `compaction_summary`.
     pub segment_kind: Cow<'a, str>,
     /// Why the prefix broke (`after_break` only).
     pub break_reason: Option<BreakReason>,
@@ -185,6 +185,7 @@ pub fn label_name(l: Label) -> &'static str {
         Label::Side => "side",
         Label::Forked => "forked",
         Label::SupersededRetry => "superseded_retry",
+        Label::CompactionSummary => "compaction_summary",
         Label::Truncated => "truncated",
         Label::TemplateSpliced => "template_spliced",
         Label::SessionFailed => "session_failed",
@@ -217,6 +218,7 @@ pub fn segment_kind_name(k: SegmentKind) -> (&'static str, Option<BreakReason>) 
         SegmentKind::Start => ("start", None),
         SegmentKind::AfterBreak { reason } => ("after_break", Some(reason)),
         SegmentKind::SupersededRetry => ("superseded_retry", None),
+        SegmentKind::CompactionSummary => ("compaction_summary", None),
     }
 }
 
@@ -268,6 +270,7 @@ impl Row<'_> {
             ("start", None) => SegmentKind::Start,
             ("after_break", Some(reason)) => SegmentKind::AfterBreak { reason },
             ("superseded_retry", None) => SegmentKind::SupersededRetry,
+            ("compaction_summary", None) => SegmentKind::CompactionSummary,
             (k, r) => {
                 return Err(schema_error(format!(
                     "trace {}: segment_kind {k:?} with break_reason {r:?}",

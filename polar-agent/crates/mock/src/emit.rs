@@ -167,9 +167,9 @@ pub fn sglang_logprobs(g: &Generation) -> Value {
 pub fn usage(adm: &Admitted) -> Value {
     let g = &adm.generation;
     json!({
-        "prompt_tokens": g.prompt_ids.len(),
+        "prompt_tokens": adm.usage_prompt_tokens,
         "completion_tokens": g.ids.len(),
-        "total_tokens": g.prompt_ids.len() + g.ids.len(),
+        "total_tokens": adm.usage_prompt_tokens + g.ids.len(),
         "prompt_tokens_details": {"cached_tokens": adm.cached_tokens},
     })
 }

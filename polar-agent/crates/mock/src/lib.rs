@@ -23,8 +23,10 @@
 //! `POST /pause_generation` (also `/pause`) holds new generations until
 //! `POST /continue_generation` (also `/resume`) while in-flight ones finish;
 //! `GET /is_paused`; `POST /update_weight_version` with
-//! `{"new_version": "..."}`; `GET /get_weight_version`. Every reply carries
-//! the header `x-weight-version`.
+//! `{"new_version": "..."}`; `GET /get_weight_version`; `GET /served` (with
+//! `--record-served`: every generation served, with its session, prompt
+//! ids, generated ids and logprobs, so a test can compare what was captured
+//! with what was served). Every reply carries the header `x-weight-version`.
 //!
 //! Layering: above `polar-chat`, `polar-json`, `polar-io` and
 //! `polar-inference` (for the dialect names); it builds and tests without
@@ -113,6 +115,9 @@ pub struct MockConfig {
     pub reasoning_field: ReasoningField,
     /// Generated tokens per streamed chunk (at least 1).
     pub tokens_per_chunk: usize,
+    /// Keep every generation served for `GET /served` (tests: memory grows
+    /// with each call, up to 100,000 generations).
+    pub record_served: bool,
 }
 
 impl Default for MockConfig {
@@ -130,6 +135,7 @@ impl Default for MockConfig {
             weight_version: "0".to_owned(),
             reasoning_field: ReasoningField::default(),
             tokens_per_chunk: 1,
+            record_served: false,
         }
     }
 }
@@ -233,6 +239,10 @@ pub struct MockArgs {
     /// Generated tokens per streamed chunk.
     #[arg(long, default_value_t = 1)]
     pub tokens_per_chunk: usize,
+    /// Keep every generation served and list them on `GET /served` (for
+    /// tests).
+    #[arg(long)]
+    pub record_served: bool,
 }
 
 impl MockArgs {
@@ -274,6 +284,7 @@ impl MockArgs {
                 ReasoningField::Reasoning
             },
             tokens_per_chunk: self.tokens_per_chunk,
+            record_served: self.record_served,
         })
     }
 }

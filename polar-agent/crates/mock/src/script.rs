@@ -39,6 +39,34 @@
 //! `x-polar-session` header, else the request's `user` field, else `h-` and a
 //! hash of the first user message.
 //!
+//! With `step_by = "tool_results"` on a session's entry, the turn is chosen
+//! by the conversation's progress instead: turn `n` (from 0) answers a
+//! request whose conversation holds `n` tool results, so side calls, retries
+//! and resent requests never shift it. A request that offers no tools (a
+//! title, a router, a summary), or whose last message is a user message
+//! asking for a summary after tool results (a harness compacting), is
+//! answered `Steps done: N. polar-progress: N` instead; when a summary like it comes back in a later conversation (the
+//! harness compacted its history), the count restarts from its `N` (see
+//! [`PROGRESS_NOTE`]), so the script goes on where it was.
+//!
+//! A `tool_results` session may also say when its context "fills": once a
+//! conversation holds `context_fills_after` tool results after its last
+//! progress note, replies report `context_tokens` prompt tokens in their
+//! usage (the ids stay the real ones), so that a harness that compacts on a
+//! nearly full context does.
+//!
+//! ```toml
+//! [[sessions]]
+//! id = "*"
+//! step_by = "tool_results"
+//! context_fills_after = 3        # optional
+//! context_tokens = 190000        # the prompt tokens then reported
+//! turns = [
+//!   { tool_calls = [{ shell = "printf 'polar 1\\n' > notes.txt" }] },
+//!   { tool_calls = [{ shell = "grep -q 'polar 2' notes.txt" }] },
+//! ]
+//! ```
+//!
 //! Without a script file the built-in policy answers: when tools are offered
 //! and no tool result follows the last user message, a call of the shell tool
 //! (a tool named bash, shell, exec_command, run_shell_command or Bash, else
@@ -61,6 +89,18 @@ use polar_chat::Tool;
 /// The command the built-in policy runs.
 pub const DEMO_COMMAND: &str = "echo polar > polar-demo.txt";
 
+/// The note a `tool_results` session's answer to a tool-less request ends
+/// with, followed by the progress (a decimal count): a conversation holding
+/// it counts its progress from there.
+pub const PROGRESS_NOTE: &str = "polar-progress: ";
+
+/// The progress count of the last [`PROGRESS_NOTE`] in `text`.
+pub fn progress_note(text: &str) -> Option<usize> {
+    let (_, after) = text.rsplit_once(PROGRESS_NOTE)?;
+    let digits = after.split(|c: char| !c.is_ascii_digit()).next()?;
+    digits.parse().ok()
+}
+
 /// A script file.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,14 +114,36 @@ pub struct Script {
 }
 
 /// The turns of one session (or of every session, with id `*`).
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionScript {
     /// Session id or `*`.
     pub id: String,
+    /// How the turn of a request is chosen.
+    #[serde(default)]
+    pub step_by: StepBy,
+    /// (`tool_results` sessions) After this many tool results since the
+    /// last progress note, report a full context.
+    #[serde(default)]
+    pub context_fills_after: Option<usize>,
+    /// The prompt tokens a full context reports.
+    #[serde(default)]
+    pub context_tokens: Option<usize>,
     /// Turns, in order.
     #[serde(default)]
     pub turns: Vec<Turn>,
+}
+
+/// How a session's turn is chosen.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepBy {
+    /// Each request takes the next turn, errors included.
+    #[default]
+    Requests,
+    /// The turn is the conversation's progress (its tool results); requests
+    /// offering no tools get the progress note.
+    ToolResults,
 }
 
 /// One scripted turn.
@@ -170,6 +232,8 @@ pub struct Plan {
     pub abort_after: Option<usize>,
     /// Extra wait before the first token.
     pub delay: Option<Duration>,
+    /// The prompt tokens to report in the usage instead of the real count.
+    pub usage_prompt_tokens: Option<usize>,
 }
 
 impl Script {
@@ -189,6 +253,13 @@ impl Script {
             toml::from_str(&text).map_err(|e| invalid(e.to_string()))?
         };
         for (s, session) in script.sessions.iter().enumerate() {
+            if session.context_fills_after.is_some() != session.context_tokens.is_some()
+                || (session.context_fills_after.is_some() && session.step_by != StepBy::ToolResults)
+            {
+                return Err(invalid(format!(
+                    "sessions[{s}]: `context_fills_after` and `context_tokens` go together, in a `tool_results` session"
+                )));
+            }
             for (t, turn) in session.turns.iter().enumerate() {
                 for (c, call) in turn.tool_calls.iter().enumerate() {
                     if call.name.is_some() == call.shell.is_some() {
@@ -234,6 +305,9 @@ impl Policy {
             .iter()
             .find(|s| s.id == session)
             .or_else(|| script.sessions.iter().find(|s| s.id == "*"));
+        if let Some(e) = entry.filter(|e| e.step_by == StepBy::ToolResults) {
+            return progress_plan(script, e, facts);
+        }
         let index = {
             let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
             let cursor = cursors.entry(session.to_owned()).or_insert(0);
@@ -250,6 +324,37 @@ impl Policy {
                 ..Plan::default()
             },
         }
+    }
+}
+
+/// The plan of a `tool_results` session: the turn its progress reached.
+fn progress_plan(script: &Script, entry: &SessionScript, facts: &PromptFacts) -> Plan {
+    let full = entry
+        .context_fills_after
+        .filter(|&n| facts.fresh_tool_results >= n)
+        .and(entry.context_tokens);
+    let mut plan = progress_turn(script, entry, facts);
+    plan.usage_prompt_tokens = full;
+    plan
+}
+
+fn progress_turn(script: &Script, entry: &SessionScript, facts: &PromptFacts) -> Plan {
+    if facts.tools.is_empty() || facts.summary_request {
+        let n = facts.progress;
+        return Plan {
+            text: format!("Steps done: {n}. {PROGRESS_NOTE}{n}"),
+            ..Plan::default()
+        };
+    }
+    match entry.turns.get(facts.progress) {
+        Some(turn) => plan_of(turn, &facts.tools),
+        None => Plan {
+            text: script
+                .final_text
+                .clone()
+                .unwrap_or_else(|| "done".to_owned()),
+            ..Plan::default()
+        },
     }
 }
 
@@ -292,6 +397,7 @@ fn plan_of(turn: &Turn, tools: &[Tool]) -> Plan {
         force_length: turn.finish_reason == Some(ScriptedFinish::Length),
         abort_after: turn.abort_after.map(|n| n as usize),
         delay: turn.delay_ms.map(Duration::from_millis),
+        usage_prompt_tokens: None,
     }
 }
 
@@ -330,3 +436,7 @@ pub fn shell_call(tools: &[Tool], command: &str) -> (String, String) {
     args.insert(key.to_owned(), value);
     (tool.name.clone(), Value::Object(args).to_string())
 }
+
+#[cfg(test)]
+#[path = "script_tests.rs"]
+mod tests;

@@ -1,7 +1,8 @@
 //! The mock's HTTP server: accept loop with graceful shutdown, routing,
 //! admin endpoints (health, models, metrics, pause, weight version) and what
 //! every generation endpoint shares (admission while paused, error
-//! injection, context checks, session keys, the simulated prefix cache).
+//! injection, context checks, session keys, the simulated prefix cache, the
+//! list of served generations behind `--record-served`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -32,6 +33,15 @@ use super::{Dialect, MockConfig, MockError, sglang, vllm};
 
 const MAX_BODY: usize = 64 << 20;
 const MAX_REMEMBERED_SESSIONS: usize = 100_000;
+/// The most generations `GET /served` keeps (later ones are counted only).
+const MAX_SERVED: usize = 100_000;
+
+/// The generations served, for `GET /served` (`--record-served`).
+#[derive(Debug, Default)]
+struct Served {
+    list: Vec<Value>,
+    dropped: u64,
+}
 
 /// Request counters, exported on `/metrics`.
 #[derive(Debug, Default)]
@@ -54,6 +64,7 @@ pub struct State {
     counter: AtomicU64,
     calls: AtomicU64,
     cache: Mutex<HashMap<String, Vec<u32>>>,
+    served: Mutex<Served>,
     /// Counters.
     pub metrics: Metrics,
     /// Tasks feeding streamed bodies.
@@ -71,6 +82,9 @@ pub struct Admitted {
     pub number: u64,
     /// Prompt tokens found in the simulated prefix cache.
     pub cached_tokens: usize,
+    /// The prompt tokens the usage reports (the prompt's length unless the
+    /// script reports a full context).
+    pub usage_prompt_tokens: usize,
     state: Arc<State>,
 }
 
@@ -141,6 +155,7 @@ impl State {
             counter: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             cache: Mutex::default(),
+            served: Mutex::default(),
             metrics: Metrics::default(),
             tasks: TaskTracker::new(),
         }
@@ -198,12 +213,16 @@ impl State {
             .fetch_add(prompt_len as u64, Ordering::Relaxed);
         let generation = generate(req.prompt_ids, &plan, max_tokens);
         let cached_tokens = self.remember(&session, &generation);
+        if self.cfg.record_served {
+            self.record_served(number, &session, &generation);
+        }
         tracing::debug!(%session, number, prompt = prompt_len, generated = generation.ids.len(), "mock generation");
         Ok(Admitted {
             generation,
             first_delay: self.cfg.ttft + plan.delay.unwrap_or_default(),
             number,
             cached_tokens,
+            usage_prompt_tokens: plan.usage_prompt_tokens.unwrap_or(prompt_len),
             state: Arc::clone(self),
         })
     }
@@ -224,6 +243,24 @@ impl State {
             req.constraint.apply_tools(&mut plan, &req.facts.tools)?;
         }
         Ok(plan)
+    }
+
+    /// Adds a generation to what `GET /served` lists.
+    fn record_served(&self, number: u64, session: &str, g: &Generation) {
+        let mut served = self.served.lock().unwrap_or_else(|e| e.into_inner());
+        if served.list.len() >= MAX_SERVED {
+            served.dropped += 1;
+            return;
+        }
+        served.list.push(json!({
+            "number": number,
+            "session": session,
+            "prompt_token_ids": g.prompt_ids,
+            "token_ids": g.ids,
+            "logprobs": g.logprobs,
+            "finish_reason": g.finish.as_str(),
+            "disconnect_after": g.disconnect_after,
+        }));
     }
 
     /// Stores the session's sequence; returns the prompt prefix it shared
@@ -361,6 +398,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         (&Method::GET, "/health", _) => Ok(Response::new(full(Bytes::new()))),
         (&Method::GET, "/v1/models", _) => Ok(models(state)),
         (&Method::GET, "/metrics", _) => Ok(metrics(state)),
+        (&Method::GET, "/served", _) => served(state),
         (&Method::POST, "/pause_generation" | "/pause", _) => Ok(set_paused(state, true)),
         (&Method::POST, "/continue_generation" | "/resume", _) => Ok(set_paused(state, false)),
         (&Method::GET, "/is_paused", _) => Ok(json_response(
@@ -406,6 +444,22 @@ fn models(state: &State) -> Response<RespBody> {
             "max_model_len": state.cfg.max_model_len,
         }]}),
     )
+}
+
+/// `GET /served`: every generation served, in order, with its session,
+/// prompt ids, generated ids and logprobs (a 404 unless `--record-served`).
+fn served(state: &State) -> Result<Response<RespBody>, MockError> {
+    if !state.cfg.record_served {
+        return Ok(error_response(
+            StatusCode::NOT_FOUND,
+            "generations are not recorded: start the mock with --record-served",
+        ));
+    }
+    let served = state.served.lock().unwrap_or_else(|e| e.into_inner());
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"served": served.list, "dropped": served.dropped}),
+    ))
 }
 
 fn set_paused(state: &State, paused: bool) -> Response<RespBody> {

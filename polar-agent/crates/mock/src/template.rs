@@ -344,12 +344,31 @@ pub struct PromptFacts {
     pub tools: Vec<Tool>,
     /// Whether a tool result follows the last user message.
     pub tool_result_after_last_user: bool,
+    /// The conversation's progress: the tool results after the last
+    /// progress note (the mock's own summary, see
+    /// [`super::script::PROGRESS_NOTE`]) plus the count that note carries.
+    pub progress: usize,
+    /// The tool results after the last progress note (all of them without
+    /// one).
+    pub fresh_tool_results: usize,
+    /// Whether the request asks for a summary: its last message is a user
+    /// message mentioning one ("summary", "summarize") after tool results
+    /// (a harness compacting its context).
+    pub summary_request: bool,
 }
 
 impl PromptFacts {
     /// The facts of a structured conversation.
     pub fn of_messages(messages: &[Message], tools: &[Tool]) -> Self {
         let last_user = messages.iter().rposition(|m| m.role == Role::User);
+        let mut progress = Progress::default();
+        for m in messages {
+            progress.see(m.role == Role::Tool, &content_text(m));
+        }
+        let summary_request = messages
+            .last()
+            .is_some_and(|m| m.role == Role::User && asks_for_summary(&content_text(m)))
+            && messages.iter().any(|m| m.role == Role::Tool);
         Self {
             first_user: messages
                 .iter()
@@ -360,15 +379,27 @@ impl PromptFacts {
                 .iter()
                 .skip(last_user.map_or(0, |u| u + 1))
                 .any(|m| m.role == Role::Tool),
+            progress: progress.count,
+            fresh_tool_results: progress.fresh,
+            summary_request,
         }
     }
 
     /// The facts recovered from rendered prompt text (token-in endpoints).
     pub fn sniff(prompt: &str) -> Self {
         let mut facts = Self::default();
+        let mut progress = Progress::default();
+        let mut tool_results = false;
         for block in prompt.split("<|im_start|>").skip(1) {
             let (role, body) = block.split_once('\n').unwrap_or((block, ""));
+            let closed = body.contains("<|im_end|>");
             let body = body.split("<|im_end|>").next().unwrap_or_default();
+            progress.see(role == "tool", body);
+            tool_results |= role == "tool";
+            if closed {
+                // (The generation prompt is the one block left open.)
+                facts.summary_request = role == "user" && tool_results && asks_for_summary(body);
+            }
             match role {
                 "system" => {
                     if let Some((_, list)) = body.split_once("<tools>\n") {
@@ -386,7 +417,37 @@ impl PromptFacts {
                 _ => {}
             }
         }
+        facts.progress = progress.count;
+        facts.fresh_tool_results = progress.fresh;
         facts
+    }
+}
+
+/// Whether a user message asks for a summary.
+fn asks_for_summary(text: &str) -> bool {
+    text.to_lowercase().contains("summar")
+}
+
+/// Counts a conversation's progress message by message.
+#[derive(Debug, Default)]
+struct Progress {
+    count: usize,
+    /// Tool results since the last note.
+    fresh: usize,
+}
+
+impl Progress {
+    /// A tool result adds one; a message carrying a progress note restarts
+    /// the count from the note's number (a summary replaced what it covers).
+    fn see(&mut self, tool_result: bool, text: &str) {
+        if let Some(n) = super::script::progress_note(text) {
+            self.count = n;
+            self.fresh = 0;
+        }
+        if tool_result {
+            self.count += 1;
+            self.fresh += 1;
+        }
     }
 }
 

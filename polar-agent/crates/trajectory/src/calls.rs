@@ -2,7 +2,7 @@
 //! that carry no usable token ids set aside with their reason. Both builders
 //! start here, so they drop exactly the same calls.
 
-use polar_chat::FinishReason;
+use polar_chat::{Api, FinishReason};
 use polar_record::{CallStatus, CompletionRecord};
 
 use super::stats::{DropReason, DroppedCall};
@@ -39,7 +39,30 @@ impl<'a> Call<'a> {
     pub fn seq_len(&self) -> usize {
         self.prompt.len() + self.response.len()
     }
+
+    /// Whether the call is the summary Polar asked the backend for when the
+    /// harness requested a server-side compaction (an OpenAI Responses
+    /// request whose last input item is a `compaction_trigger`).
+    pub fn server_compaction(&self) -> bool {
+        let native = &self.record.native_request;
+        if native.api != Api::OpenaiResponses {
+            return false;
+        }
+        let Ok(doc) = polar_json::Doc::parse(native.body.as_bytes()) else {
+            return false;
+        };
+        doc.root()
+            .get("input")
+            .and_then(|i| i.as_array())
+            .and_then(Iterator::last)
+            .and_then(|item| item.get("type"))
+            .is_some_and(|t| t.is_str(COMPACTION_TRIGGER))
+    }
 }
+
+/// The Responses input item type a harness sends to ask for a server-side
+/// compaction.
+pub(crate) const COMPACTION_TRIGGER: &str = "compaction_trigger";
 
 /// Sorts `records` by `seq` (stably) and splits them into usable calls and
 /// dropped ones.

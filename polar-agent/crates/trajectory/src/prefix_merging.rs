@@ -7,12 +7,20 @@
 //! labelled and counted, never silently dropped:
 //!
 //! - **Retries** (the same prompt twice, or two prompts extending the same
-//!   call): the sibling that later calls extend wins; the other is a
-//!   superseded retry, delivered as its own trace labelled
-//!   `superseded_retry` (or dropped with that reason, per
-//!   [`RetryPolicy`](super::options::RetryPolicy)); counted in
-//!   `retries_superseded` either way. Identical records (same prompt and
-//!   response) are interchangeable: the earliest stays in the chain.
+//!   call): the sibling that later calls extend wins (then the one whose
+//!   reply a later request holds); the other is a superseded retry,
+//!   delivered as its own trace labelled `superseded_retry` (or dropped with
+//!   that reason, per [`RetryPolicy`](super::options::RetryPolicy)); counted
+//!   in `retries_superseded` either way. A call whose reply the harness went
+//!   on with (a later request answers its tool calls or repeats its text) is
+//!   never a retry: it forks. Identical records (same prompt and response)
+//!   are interchangeable: the earliest stays in the chain.
+//! - **Compaction by summary** (the harness asks for a summary, then starts
+//!   a new conversation from it): the summary call gets its own segment,
+//!   `CompactionSummary`, labelled `compaction_summary`, branching from the
+//!   call it followed; the new conversation continues the chain after a
+//!   `Compaction` break linked to the summary. Summary calls Polar itself
+//!   made (server-side compaction) are labelled the same way.
 //! - **Breaks** (compaction, rewritten history): a new segment of the same
 //!   chain, `AfterBreak { reason }`, linked to the segment it left with the
 //!   length of the common prefix.
@@ -57,6 +65,7 @@
 mod assemble;
 mod matching;
 mod quote;
+mod replies;
 mod tree;
 
 use polar_record::CompletionRecord;

@@ -11,8 +11,9 @@
 //!   tools somewhere but this conversation never does (a summary, a
 //!   classifier, a quota probe);
 //! - of the others, the main one carries the session's task (a user
-//!   message of its first call contains the task's instruction, when the
-//!   session names one), then has the most calls, then came first;
+//!   message of its first call mentions the task's instruction, when the
+//!   session names one: see [`mentions`]), then has the most calls, then
+//!   came first;
 //! - the rest are sub-agents.
 //!
 //! When no conversation qualifies (every one is a side request), none is
@@ -67,13 +68,87 @@ fn opening(req: &ChatRequest) -> Option<String> {
     Some(format!("{system}\u{0}{user}"))
 }
 
-/// Whether a user message of `req` contains `instruction` (Codex sends its
+/// Whether a user message of `req` mentions `instruction` (Codex sends its
 /// environment and AGENTS.md as user messages before the task's).
-fn names_task(req: &ChatRequest, instruction: &str) -> bool {
+fn names_task(req: &ChatRequest, instruction: &Instruction) -> bool {
     req.messages
         .iter()
         .filter(|m| m.role == Role::User)
-        .any(|m| m.joined_text().contains(instruction))
+        .any(|m| mentions(&m.joined_text(), instruction))
+}
+
+/// Shingles (runs of this many words) compared when the instruction is not
+/// found whole.
+const SHINGLE: usize = 3;
+/// The share of the instruction's shingles a message must hold.
+const OVERLAP: f64 = 0.8;
+
+/// A task's instruction, prepared for [`mentions`].
+#[derive(Debug)]
+pub(crate) struct Instruction {
+    /// Whitespace runs collapsed to one space.
+    squashed: String,
+    /// Its word shingles (lowercase, punctuation dropped), when it has
+    /// enough words to compare that way.
+    shingles: Vec<String>,
+}
+
+impl Instruction {
+    /// Prepares `text`.
+    pub(crate) fn new(text: &str) -> Self {
+        let words = words(text);
+        let shingles = if words.len() >= 2 * SHINGLE {
+            let mut s = shingles(&words);
+            s.sort_unstable();
+            s.dedup();
+            s
+        } else {
+            Vec::new()
+        };
+        Self {
+            squashed: squash(text),
+            shingles,
+        }
+    }
+}
+
+fn squash(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+fn shingles(words: &[String]) -> Vec<String> {
+    words.windows(SHINGLE).map(|w| w.join(" ")).collect()
+}
+
+/// Whether `text` mentions the instruction: holds it whole once whitespace
+/// runs are collapsed (a harness that wraps the task in tags, indents it or
+/// re-flows it), or, for an instruction of at least six words, holds at
+/// least 80% of its three-word runs, compared in lowercase without
+/// punctuation (a harness that escapes, quotes or lightly rewrites it).
+pub(crate) fn mentions(text: &str, instruction: &Instruction) -> bool {
+    if instruction.squashed.is_empty() {
+        return false;
+    }
+    if squash(text).contains(&instruction.squashed) {
+        return true;
+    }
+    if instruction.shingles.is_empty() {
+        return false;
+    }
+    let have: std::collections::HashSet<String> = shingles(&words(text)).into_iter().collect();
+    let held = instruction
+        .shingles
+        .iter()
+        .filter(|s| have.contains(*s))
+        .count();
+    held as f64 >= OVERLAP * instruction.shingles.len() as f64
 }
 
 /// Sets every trace's role and its `sub_agent` / `side` label.
@@ -86,7 +161,10 @@ pub(crate) fn assign(
 ) {
     let by_id: HashMap<&str, &CompletionRecord> =
         records.iter().map(|r| (r.call_id.as_str(), r)).collect();
-    let instruction = instruction.map(str::trim).filter(|i| !i.is_empty());
+    let instruction = instruction
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .map(Instruction::new);
     let mut order: Vec<String> = Vec::new();
     let mut convos: HashMap<String, Conversation> = HashMap::new();
     for (i, t) in traces.iter().enumerate() {
@@ -112,7 +190,7 @@ pub(crate) fn assign(
         c.structured |= calls.iter().any(|r| r.request.response_format.is_some());
         // A chain's first segment names its task.
         let opens = grouping == Grouping::Opening || t.segment == 0;
-        if opens && let (Some(want), Some(first)) = (instruction, calls.first()) {
+        if opens && let (Some(want), Some(first)) = (&instruction, calls.first()) {
             c.carries_task |= names_task(&first.request, want);
         }
     }

@@ -2,6 +2,7 @@
 //! session simulator (`kit`), exact scenario tests and property tests.
 
 mod checker;
+mod compaction;
 pub(crate) mod kit;
 mod props;
 mod retry_splices;

@@ -184,6 +184,12 @@ pub enum SegmentKind {
     /// same call) was kept in the chain instead; `previous` links the trace
     /// holding the kept sibling's predecessor.
     SupersededRetry,
+    /// The summary call of a compaction (the harness's own, or the one
+    /// Polar made for a server-side compaction request): the call's own
+    /// segment, never merged into the conversation it summarizes; `previous`
+    /// links the trace it branched from. The segment after the compaction
+    /// is `AfterBreak { Compaction }` linked to this one.
+    CompactionSummary,
 }
 
 /// Why a chain's prefix broke.
@@ -228,6 +234,8 @@ pub enum Label {
     Forked,
     /// A call that was retried: see [`SegmentKind::SupersededRetry`].
     SupersededRetry,
+    /// A compaction's summary call: see [`SegmentKind::CompactionSummary`].
+    CompactionSummary,
     /// A merged call stopped at its token limit (finish reason `length`); its
     /// tokens keep loss 1.
     Truncated,

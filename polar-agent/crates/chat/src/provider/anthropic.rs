@@ -121,6 +121,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         request,
         previous_response_id: None,
         include_usage: false,
+        compaction: false,
     })
 }
 

@@ -434,6 +434,9 @@ pub struct ParsedRequest {
     pub previous_response_id: Option<String>,
     /// OpenAI Chat `stream_options.include_usage`.
     pub include_usage: bool,
+    /// OpenAI Responses: a server-side compaction request (its last input
+    /// item is a `compaction_trigger`): the reply is one compaction item.
+    pub compaction: bool,
 }
 
 impl ParsedRequest {
@@ -444,6 +447,7 @@ impl ParsedRequest {
             include_usage: self.include_usage,
             framing: call.framing,
             response_format: self.request.response_format.clone(),
+            compaction: self.compaction,
         }
     }
 }
@@ -461,6 +465,9 @@ pub struct ReplyOptions {
     /// (Responses `text.format`; OpenAI Chat, Anthropic and Gemini replies
     /// carry no echo).
     pub response_format: Option<crate::ResponseFormat>,
+    /// Answer with one compaction item (OpenAI Responses; see
+    /// [`ParsedRequest::compaction`]).
+    pub compaction: bool,
 }
 
 /// One wire protocol.

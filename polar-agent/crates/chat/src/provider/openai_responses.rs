@@ -23,6 +23,10 @@
 //! failing that, the signature. Tools other than `function` (web search,
 //! local shell, custom/freeform) are not offered to the backend; they are
 //! kept in `extra.tools_other`.
+//!
+//! A request ending with a `compaction_trigger` item is a server-side
+//! compaction, answered with one `compaction` item; `compaction` items in
+//! later input expand into the summary (see [`compaction`]).
 
 use std::collections::HashMap;
 
@@ -44,6 +48,8 @@ use crate::{
     Sampling, StreamEvent, Tool, ToolCall, ToolChoice, Usage,
 };
 use polar_json::Json;
+
+pub mod compaction;
 
 // ---------------------------------------------------------------- types
 
@@ -95,6 +101,8 @@ struct Items {
     /// The assistant message being built from consecutive items.
     assistant: Option<Message>,
     tool_names: HashMap<String, String>,
+    /// The input index of a `compaction_trigger` item.
+    compaction_trigger: Option<usize>,
 }
 
 impl Items {
@@ -192,9 +200,27 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         }
     }
     items.flush();
+    let compacting = items.compaction_trigger.is_some();
+    if let Some(i) = items.compaction_trigger {
+        let last = obj
+            .get("input")
+            .and_then(|l| l.as_array())
+            .map(Iterator::count);
+        if last != Some(i + 1) {
+            return Err(ProviderError::invalid(format!(
+                "input[{i}]: {} must be the last input item",
+                compaction::TRIGGER
+            )));
+        }
+    }
 
     for t in array_field(obj, "tools") {
         add_tool(t, &mut tools, &mut other_tools, &mut tool_extra);
+    }
+    if compacting {
+        // A summary calls no tools: none is offered to the backend (the
+        // native request keeps them).
+        tools.clear();
     }
     if !other_tools.is_empty() {
         extra.insert("tools_other".into(), Value::Array(other_tools));
@@ -228,7 +254,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         model,
         messages: items.messages,
         tools,
-        tool_choice,
+        tool_choice: if compacting { None } else { tool_choice },
         response_format,
         sampling: Sampling {
             max_tokens: u32_of(obj.get("max_output_tokens")),
@@ -245,6 +271,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
         request,
         previous_response_id: string_field(obj, "previous_response_id"),
         include_usage: false,
+        compaction: compacting,
     })
 }
 
@@ -307,6 +334,21 @@ fn parse_item(
                 add_tool(t, tools, other_tools, tool_extra);
             }
             push_list(extra, "additional_tools", item.to_value());
+        }
+        Some(compaction::TRIGGER) => {
+            items.push(compaction::instructions_message());
+            items.compaction_trigger = Some(i);
+        }
+        Some(compaction::ITEM) => {
+            let content = str_field(item, "encrypted_content");
+            match content.as_deref().and_then(compaction::decode) {
+                Some(summary) => items.push(compaction::summary_message(summary)),
+                None => push_list(
+                    extra,
+                    "input_other",
+                    json!({"index": i, "item": item.to_value()}),
+                ),
+            }
         }
         _ => push_list(
             extra,
@@ -610,6 +652,20 @@ fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str)
 fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
     let id = response_id(&resp.id);
     let m = &resp.message;
+    if opts.compaction {
+        let item = compaction::item(&item_id("cmp_", &id, 0), &m.joined_text());
+        let (status, incomplete) = status_of(&resp.finish_reason);
+        return response_object(
+            &id,
+            &resp.model,
+            opts.created,
+            status,
+            vec![item],
+            usage_json(&resp.usage),
+            incomplete,
+            Value::Null,
+        );
+    }
     let mut output = Vec::new();
     let mut next = 0u32;
     let mut next_index = || {
@@ -698,6 +754,9 @@ pub struct Encoder {
     message: Option<OpenItem>,
     calls: Vec<OpenCall>,
     seen_calls: Vec<u32>,
+    /// A compaction reply: the summary text so far (sent as one compaction
+    /// item at the end).
+    summary: Option<String>,
 }
 
 impl Encoder {
@@ -717,6 +776,49 @@ impl Encoder {
             message: None,
             calls: Vec::new(),
             seen_calls: Vec::new(),
+            summary: opts.compaction.then(String::new),
+        }
+    }
+
+    /// A compaction reply's event: text joins the summary (reasoning and
+    /// tool calls are no part of it); at the end the summary goes out as
+    /// the one compaction item, then the response.
+    fn push_compaction(&mut self, out: &mut Vec<u8>, ev: &StreamEvent) {
+        match ev {
+            StreamEvent::TextDelta { text } => {
+                if let Some(s) = self.summary.as_mut() {
+                    s.push_str(text);
+                }
+            }
+            StreamEvent::Finish {
+                finish_reason,
+                usage,
+            } => {
+                let output_index = self.next_output();
+                let id = item_id("cmp_", &self.id, output_index);
+                self.emit(
+                    out,
+                    "response.output_item.added",
+                    json!({"output_index": output_index, "item": {"type": compaction::ITEM, "id": id}}),
+                );
+                let item = compaction::item(&id, self.summary.as_deref().unwrap_or_default());
+                self.emit(
+                    out,
+                    "response.output_item.done",
+                    json!({"output_index": output_index, "item": item}),
+                );
+                self.output.push((output_index, item));
+                let (status, incomplete) = status_of(finish_reason);
+                let r = self.snapshot(status, usage_json(usage), incomplete, Value::Null);
+                let ty = if status == "completed" {
+                    "response.completed"
+                } else {
+                    "response.incomplete"
+                };
+                self.emit(out, ty, json!({"response": r}));
+                self.done = true;
+            }
+            _ => {}
         }
     }
 
@@ -949,6 +1051,10 @@ impl StreamEncoder for Encoder {
         }
         if !self.started {
             self.start(&mut out);
+        }
+        if self.summary.is_some() {
+            self.push_compaction(&mut out, ev);
+            return Bytes::from(out);
         }
         match ev {
             StreamEvent::Start { .. } => {}

@@ -62,6 +62,7 @@ pub(crate) async fn mock_with(dialect: Dialect, turns: Vec<Turn>) -> MockHandle 
         sessions: vec![SessionScript {
             id: "*".into(),
             turns,
+            ..SessionScript::default()
         }],
     };
     mock::start(MockConfig {
@@ -453,6 +454,7 @@ async fn legacy_reasoning_field_and_multi_token_chunks() {
             sessions: vec![SessionScript {
                 id: "*".into(),
                 turns: vec![thinking_tool_turn()],
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()

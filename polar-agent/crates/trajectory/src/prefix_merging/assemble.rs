@@ -1,10 +1,21 @@
 //! Second pass of prefix merging: from what each call attaches to (a forest
 //! of calls) to chains, segments and traces.
 //!
+//! - Compaction summaries: a call whose reply a later root's prompt quotes
+//!   while that root is not the same conversation (the harness summarized,
+//!   then started afresh from the summary), and which nothing extends, is
+//!   the compaction's summary call: it never continues a trace, and gets a
+//!   segment of its own, `CompactionSummary`, linked to the call it branched
+//!   from (its parent, or where its prompt left the chain), labelled
+//!   `compaction_summary`; the root that quotes it continues its chain after
+//!   a `Compaction` break.
 //! - Siblings (calls attached to the same call, or roots with the same
 //!   prompt) compete: the one with the most descendants continues the trace
-//!   (ties: the latest). A sibling nothing extended is a superseded retry; a
-//!   sibling with descendants of its own forks a new chain.
+//!   (ties: the one whose reply a later call holds, see `replies`; then the
+//!   latest). A sibling is a superseded retry only when nothing extended it,
+//!   no later call holds its reply and it holds no sibling's reply (it is a
+//!   later request, not a retry); any other losing sibling forks a new
+//!   chain.
 //! - A root (a call extending no earlier call) starts a new segment of an
 //!   earlier chain (a break) when its divergence looks like a template
 //!   mismatch; or when, sharing a token prefix with the latest call `B` it
@@ -23,8 +34,13 @@ use crate::types::{BreakReason, ChainId, Join, Label, SegmentKind, SegmentLink, 
 use polar_chat::Role;
 
 use super::matching::{Attach, Matched};
-use super::quote::quoted;
+use super::quote::{common_prefix_with, quoted};
+use super::replies::ReplyUse;
 use super::tree::CallIx;
+
+/// A summary quoted this far into a response is found without the
+/// divergence pointing at it: only responses this long are searched.
+const MIN_SUMMARY_LEN: usize = 16;
 
 /// How a trace begins.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +57,8 @@ enum Start {
     Retry { link: CallIx, lcp: usize },
     /// A new chain forked at `link`.
     Fork { link: CallIx, lcp: usize },
+    /// A compaction's summary call, branching from `link`'s trace.
+    Summary { link: CallIx, lcp: usize },
 }
 
 struct Plan {
@@ -48,6 +66,60 @@ struct Plan {
     start: Start,
     calls: Vec<CallIx>,
     dropped: bool,
+    /// The first call is a compaction's summary call.
+    summary: bool,
+}
+
+/// What the second pass knows about each call.
+struct Facts {
+    /// Descendants (calls extending it, transitively).
+    desc: Vec<usize>,
+    /// Compaction summary calls.
+    summary: Vec<bool>,
+    /// For a root that continues from a summary: that summary call.
+    summarized_by: Vec<Option<CallIx>>,
+    /// Which later calls hold each call's reply.
+    replies: ReplyUse,
+}
+
+impl Facts {
+    /// The sibling that continues the trace: not a summary call; the one
+    /// with the most descendants, then one whose reply a later call holds,
+    /// then the latest.
+    fn winner(&self, group: &[CallIx]) -> Option<CallIx> {
+        group
+            .iter()
+            .copied()
+            .filter(|&c| !self.summary[c])
+            .max_by_key(|&c| (self.desc[c], self.replies.used_among(c, group), c))
+    }
+
+    /// How sibling `c` of `group`, which lost to `won`, starts its trace. A
+    /// sibling with the winner's very tokens (prompt and response) is
+    /// interchangeable with it: a retry, whichever reply the harness named.
+    fn loser(
+        &self,
+        calls: &[Call<'_>],
+        c: CallIx,
+        group: &[CallIx],
+        won: Option<CallIx>,
+        link: CallIx,
+        lcp: usize,
+    ) -> Start {
+        if self.summary[c] {
+            return Start::Summary { link, lcp };
+        }
+        let same_tokens = won.is_some_and(|w| {
+            calls[w].prompt == calls[c].prompt && calls[w].response == calls[c].response
+        });
+        let later_request = group.iter().any(|&g| g != c && self.replies.holds(c, g));
+        let used = self.replies.used_among(c, group) || later_request;
+        if self.desc[c] == 0 && (same_tokens || !used) {
+            Start::Retry { link, lcp }
+        } else {
+            Start::Fork { link, lcp }
+        }
+    }
 }
 
 /// Counts the second pass adds to the statistics.
@@ -79,10 +151,18 @@ pub(super) fn assemble(
             desc[p] += 1 + desc[i];
         }
     }
+    let replies = ReplyUse::new(calls);
+    let (summary, summarized_by) = summaries(calls, matched, &children, &replies);
+    let facts = Facts {
+        desc,
+        summary,
+        summarized_by,
+        replies,
+    };
 
-    let mut plans = trace_starts(calls, matched, &children, &root_groups, &desc);
+    let mut plans = trace_starts(calls, matched, &children, &root_groups, &facts);
     // Follow the winners down from each start.
-    let next: Vec<Option<CallIx>> = children.iter().map(|k| winner(k, &desc)).collect();
+    let next: Vec<Option<CallIx>> = children.iter().map(|k| facts.winner(k)).collect();
     let mut trace_of = vec![0usize; n];
     for (t, plan) in plans.iter_mut().enumerate() {
         let mut c = Some(plan.first);
@@ -92,27 +172,96 @@ pub(super) fn assemble(
             c = next[call];
         }
     }
-    mark_breaks(calls, matched, &next, &mut plans);
+    mark_breaks(calls, matched, &next, &facts, &mut plans);
     let counts = count_starts(calls, opts, &mut plans);
     let traces = build_traces(calls, matched, &plans, &trace_of);
     (traces, counts)
 }
 
-/// The sibling that continues the trace: the one with the most descendants
-/// (`desc`), ties to the latest.
-fn winner(group: &[CallIx], desc: &[usize]) -> Option<CallIx> {
-    group.iter().copied().max_by_key(|&c| (desc[c], c))
+/// The compaction summary calls, and for each root continuing from one,
+/// which. The summaries Polar made for server-side compactions are known
+/// from their request; a harness's own are found from what follows. A root
+/// `r` continues from summary `b` when nothing extends `b`, `r`'s prompt
+/// quotes `b`'s response, and `b` is a known summary, or `r` is not `b`'s
+/// conversation (no message beyond the system prompt in common: the harness
+/// summarized, then started afresh from the summary), or `b`'s reply is
+/// text that `r` quotes outside its assistant turns (the harness kept the
+/// start of the conversation and put the summary after it; a history that
+/// was rewritten shows the reply as an assistant turn instead). `b` is the
+/// call where `r`'s prompt left the earlier sequences, else the latest
+/// known summary or call with a long enough response that fits.
+fn summaries(
+    calls: &[Call<'_>],
+    matched: &[Matched],
+    children: &[Vec<CallIx>],
+    replies: &ReplyUse,
+) -> (Vec<bool>, Vec<Option<CallIx>>) {
+    let known: Vec<bool> = calls.iter().map(Call::server_compaction).collect();
+    let mut summary = known.clone();
+    let mut by = vec![None; calls.len()];
+    for (r, m) in matched.iter().enumerate() {
+        let Attach::Root(info) = m.attach else {
+            continue;
+        };
+        let fits = |b: CallIx| {
+            let text_reply = calls[b]
+                .record
+                .response
+                .as_ref()
+                .is_some_and(|resp| resp.message.tool_calls.is_empty());
+            children[b].is_empty()
+                && (known[b]
+                    || !same_conversation(&calls[r], &calls[b])
+                    || (text_reply && !replies.holds(r, b)))
+                && quoted(calls[r].prompt, calls[b].response)
+        };
+        let at_divergence = info
+            .divergence
+            .filter(|d| d.common_prefix_len > 0 && !d.template_mismatch)
+            .map(|d| d.from)
+            .filter(|&b| fits(b));
+        let found = at_divergence.or_else(|| {
+            (0..r)
+                .rev()
+                .find(|&b| (known[b] || calls[b].response.len() >= MIN_SUMMARY_LEN) && fits(b))
+        });
+        if let Some(b) = found {
+            summary[b] = true;
+            by[r] = Some(b);
+        }
+    }
+    (summary, by)
+}
+
+/// How a summary call that is a root starts: linked to where its prompt
+/// left the chain, else to the latest call whose reply its request holds.
+fn summary_root(calls: &[Call<'_>], matched: &[Matched], facts: &Facts, c: CallIx) -> Start {
+    if let Attach::Root(info) = matched[c].attach
+        && let Some(d) = info.divergence.filter(|d| d.common_prefix_len > 0)
+    {
+        return Start::Summary {
+            link: d.from,
+            lcp: d.common_prefix_len,
+        };
+    }
+    match (0..c).rev().find(|&b| facts.replies.holds(c, b)) {
+        Some(b) => Start::Summary {
+            link: b,
+            lcp: common_prefix_with(calls[c].prompt, &calls[b]),
+        },
+        None => Start::Root,
+    }
 }
 
 /// The trace starts, in the order of their first calls: each root group's
-/// winner, and every losing sibling (a retry, or a fork when it has
-/// descendants of its own).
+/// winner, every losing sibling (a retry, a fork, or a summary call), and
+/// summary calls that are roots.
 fn trace_starts(
     calls: &[Call<'_>],
     matched: &[Matched],
     children: &[Vec<CallIx>],
     root_groups: &[Vec<CallIx>],
-    desc: &[usize],
+    facts: &Facts,
 ) -> Vec<Plan> {
     let mut plans: Vec<Plan> = Vec::new();
     let mut push = |first: CallIx, start: Start| {
@@ -121,34 +270,35 @@ fn trace_starts(
             start,
             calls: Vec::new(),
             dropped: false,
+            summary: facts.summary[first],
         });
     };
-    let loser = |c: CallIx, link: CallIx, lcp: usize| {
-        if desc[c] == 0 {
-            Start::Retry { link, lcp }
-        } else {
-            Start::Fork { link, lcp }
-        }
-    };
     for group in root_groups {
-        let Some(w) = winner(group, desc) else {
-            continue;
-        };
-        push(w, Start::Root);
-        for &c in group.iter().filter(|&&c| c != w) {
-            push(c, loser(c, w, calls[c].prompt.len()));
+        match facts.winner(group) {
+            Some(w) => {
+                push(w, Start::Root);
+                for &c in group.iter().filter(|&&c| c != w) {
+                    push(
+                        c,
+                        facts.loser(calls, c, group, Some(w), w, calls[c].prompt.len()),
+                    );
+                }
+            }
+            None => {
+                for &c in group {
+                    push(c, summary_root(calls, matched, facts, c));
+                }
+            }
         }
     }
     for (p, kids) in children.iter().enumerate() {
-        let Some(w) = winner(kids, desc) else {
-            continue;
-        };
-        for &c in kids.iter().filter(|&&c| c != w) {
+        let w = facts.winner(kids);
+        for &c in kids.iter().filter(|&&c| Some(c) != w) {
             let lcp = match matched[c].attach {
                 Attach::Splice { diverged_at, .. } => diverged_at,
                 _ => calls[p].seq_len(),
             };
-            push(c, loser(c, p, lcp));
+            push(c, facts.loser(calls, c, kids, w, p, lcp));
         }
     }
     plans.sort_by_key(|p| p.first);
@@ -161,13 +311,29 @@ fn mark_breaks(
     calls: &[Call<'_>],
     matched: &[Matched],
     next: &[Option<CallIx>],
+    facts: &Facts,
     plans: &mut [Plan],
 ) {
     for plan in plans {
         let Start::Root = plan.start else { continue };
+        if plan.summary {
+            continue;
+        }
         let Attach::Root(info) = matched[plan.first].attach else {
             continue;
         };
+        if let Some(b) = facts.summarized_by[plan.first] {
+            let lcp = info.divergence.filter(|d| d.from == b).map_or_else(
+                || common_prefix_with(calls[plan.first].prompt, &calls[b]),
+                |d| d.common_prefix_len,
+            );
+            plan.start = Start::Break {
+                reason: BreakReason::Compaction,
+                from: b,
+                lcp,
+            };
+            continue;
+        }
         let Some(d) = info.divergence else { continue };
         let r = &calls[plan.first];
         let b = &calls[d.from];
@@ -206,7 +372,7 @@ fn count_starts(calls: &[Call<'_>], opts: &PrefixMergingOptions, plans: &mut [Pl
             }
             Start::Fork { .. } => counts.forks += 1,
             Start::Break { .. } => counts.breaks += 1,
-            Start::Root => {}
+            Start::Root | Start::Summary { .. } => {}
         }
     }
     counts
@@ -260,11 +426,19 @@ fn build_traces(
                 Some(link_to(link, lcp)),
                 Some(Label::Forked),
             ),
+            Start::Summary { link, lcp } => (
+                SegmentKind::CompactionSummary,
+                Some(link_to(link, lcp)),
+                None,
+            ),
         };
         let mut trace =
             build_trace(calls, matched, &plan.calls).finish(chains[t], segments[t], kind, previous);
         if let Some(label) = label {
             trace.add_label(label);
+        }
+        if plan.summary {
+            trace.add_label(Label::CompactionSummary);
         }
         traces.push(trace);
     }
@@ -279,13 +453,7 @@ fn build_traces(
 /// quotes `b`'s response (a summary made by `b`, then used as the new
 /// context: compaction by summary).
 fn break_reason(r: &Call<'_>, b: &Call<'_>) -> Option<BreakReason> {
-    let (rm, bm) = (&r.record.request.messages, &b.record.request.messages);
-    let shared = rm.iter().zip(bm).take_while(|(x, y)| x == y).count();
-    let system = usize::from(
-        rm.first()
-            .is_some_and(|m| matches!(m.role, Role::System | Role::Developer)),
-    );
-    if shared > system {
+    if same_conversation(r, b) {
         Some(if r.prompt.len() < b.seq_len() {
             BreakReason::Compaction
         } else {
@@ -294,6 +462,17 @@ fn break_reason(r: &Call<'_>, b: &Call<'_>) -> Option<BreakReason> {
     } else {
         quoted(r.prompt, b.response).then_some(BreakReason::Compaction)
     }
+}
+
+/// Whether `r` and `b` share a message beyond the system prompt.
+fn same_conversation(r: &Call<'_>, b: &Call<'_>) -> bool {
+    let (rm, bm) = (&r.record.request.messages, &b.record.request.messages);
+    let shared = rm.iter().zip(bm).take_while(|(x, y)| x == y).count();
+    let system = usize::from(
+        rm.first()
+            .is_some_and(|m| matches!(m.role, Role::System | Role::Developer)),
+    );
+    shared > system
 }
 
 /// The last call of the trace holding `c`.
@@ -326,7 +505,7 @@ fn chain_ids(plans: &[Plan], trace_of: &[usize]) -> Vec<ChainId> {
             }
             let target = match plans[cur].start {
                 Start::Break { from, .. } => trace_of[from],
-                Start::Retry { link, .. } => trace_of[link],
+                Start::Retry { link, .. } | Start::Summary { link, .. } => trace_of[link],
                 Start::Root | Start::Fork { .. } => cur,
             };
             if seen.contains(&target) {

@@ -150,3 +150,53 @@ fn sessions_without_tools_keep_one_main_chain_and_sub_agents() {
     let roles: Vec<ChainRole> = traj.traces.iter().map(|t| t.role).collect();
     assert_eq!(roles, [ChainRole::Main, ChainRole::SubAgent]);
 }
+
+#[test]
+fn an_instruction_is_recognized_when_a_harness_wraps_or_rewrites_it() {
+    use crate::roles::{Instruction, mentions};
+    let task = Instruction::new(
+        "Create the file notes.txt with the line 'polar 1', then make the check pass.",
+    );
+    // Whole, once whitespace is collapsed: wrapped in tags, re-flowed.
+    assert!(mentions(
+        "<user_query>\n  Create the file notes.txt with the line 'polar 1',\n  then make the check pass.\n</user_query>",
+        &task
+    ));
+    // Rewritten lightly: quotes escaped, case and punctuation changed.
+    assert!(mentions(
+        "Task: create the file `notes.txt` with the line \\\"polar 1\\\" - then make the check pass!",
+        &task
+    ));
+    // Another task sharing a few words is not this one.
+    assert!(!mentions(
+        "Create the file report.md listing what the check found.",
+        &task
+    ));
+    assert!(!mentions("", &task));
+    // A short instruction must appear whole.
+    let short = Instruction::new("fix it");
+    assert!(mentions("please   fix   it now", &short));
+    assert!(!mentions("fix the other thing", &short));
+}
+
+#[test]
+fn the_main_chain_is_found_when_the_harness_wraps_the_task() {
+    let (mut sim, [_, m0, s0, _]) = session();
+    // The main agent's first user message wraps and re-flows the task.
+    let task = "fix the failing test in the parser module";
+    let wrapped = format!(
+        "<task>\n{}\n</task>",
+        instruction(task).replace(' ', "\n  ")
+    );
+    sim.records[m0].request.messages[1] =
+        polar_chat::Message::text(polar_chat::Role::User, wrapped);
+    let traj = build(&Builder::default(), &sim.records, &with_instruction(task));
+    let role_of = |i: usize| {
+        traj.traces
+            .iter()
+            .find(|t| t.call_ids.contains(&format!("c{i}")))
+            .map(|t| t.role)
+    };
+    assert_eq!(role_of(m0), Some(ChainRole::Main));
+    assert_eq!(role_of(s0), Some(ChainRole::SubAgent));
+}

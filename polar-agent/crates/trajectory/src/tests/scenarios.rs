@@ -268,16 +268,33 @@ fn compaction_by_summary_starts_a_linked_segment() {
     let e = c.step(&mut sim, Turn::new("", "done"));
 
     let traj = run(&merging(false), &sim);
-    assert_eq!(traj.traces.len(), 2);
-    let (before, after) = (&traj.traces[0], &traj.traces[1]);
-    assert_eq!(before.call_ids, ["c0", "c1", "c2"]);
+    assert_eq!(traj.traces.len(), 3);
+    let (before, summarized, after) = (&traj.traces[0], &traj.traces[1], &traj.traces[2]);
+    assert_eq!(before.call_ids, ["c0", "c1"]);
     let want = Expect::default()
         .generated(&sim, a)
         .glue(&sim.prompt(b)[seq_len(&sim, a)..])
-        .generated(&sim, b)
-        .glue(&sim.prompt(s)[seq_len(&sim, b)..])
-        .generated(&sim, s);
+        .generated(&sim, b);
     assert_content(before, sim.prompt(a), &want);
+    // The summary call is its own segment, branching from the trace it
+    // summarized, never merged into it.
+    assert_eq!(summarized.call_ids, ["c2"]);
+    assert_content(
+        summarized,
+        sim.prompt(s),
+        &Expect::default().generated(&sim, s),
+    );
+    assert_eq!(summarized.segment_kind, SegmentKind::CompactionSummary);
+    assert_eq!(summarized.labels, [Label::CompactionSummary]);
+    assert_eq!(
+        summarized.previous,
+        Some(SegmentLink {
+            chain: ChainId(0),
+            segment: 0,
+            common_prefix_len: seq_len(&sim, b),
+        })
+    );
+    assert_eq!((summarized.chain, summarized.segment), (ChainId(0), 1));
     assert_eq!(after.call_ids, ["c3", "c4"]);
     let want = Expect::default()
         .generated(&sim, d)
@@ -305,11 +322,11 @@ fn compaction_by_summary_starts_a_linked_segment() {
         after.previous,
         Some(SegmentLink {
             chain: ChainId(0),
-            segment: 0,
+            segment: 1,
             common_prefix_len: lcp,
         })
     );
-    assert_eq!((after.chain, after.segment), (ChainId(0), 1));
+    assert_eq!((after.chain, after.segment), (ChainId(0), 2));
     assert!(after.labels.is_empty());
     assert_eq!(
         traj.stats,
@@ -318,8 +335,8 @@ fn compaction_by_summary_starts_a_linked_segment() {
             ReconstructionStats {
                 calls: 5,
                 chains: 1,
-                segments: 2,
-                calls_merged: 3,
+                segments: 3,
+                calls_merged: 2,
                 breaks: 1,
                 ..ReconstructionStats::default()
             }

@@ -17,6 +17,7 @@ fn opts() -> ReplyOptions {
     ReplyOptions {
         created: 1_796_006_612,
         include_usage: false,
+        compaction: false,
         framing: Framing::Sse,
         response_format: None,
     }

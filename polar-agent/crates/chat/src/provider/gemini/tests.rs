@@ -17,6 +17,7 @@ fn opts(framing: Framing) -> ReplyOptions {
     ReplyOptions {
         created: 0,
         include_usage: false,
+        compaction: false,
         framing,
         response_format: None,
     }

@@ -17,6 +17,7 @@ fn opts(include_usage: bool) -> ReplyOptions {
     ReplyOptions {
         created: 1_796_006_612,
         include_usage,
+        compaction: false,
         framing: Framing::Sse,
         response_format: None,
     }

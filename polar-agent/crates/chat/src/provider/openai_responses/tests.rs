@@ -17,6 +17,7 @@ fn opts() -> ReplyOptions {
     ReplyOptions {
         created: 1_796_006_612,
         include_usage: false,
+        compaction: false,
         framing: Framing::Sse,
         response_format: None,
     }
@@ -564,6 +565,7 @@ fn raw_text_with_escapes_and_numbers() {
             request: expected,
             previous_response_id: Some("resp_Abc".into()),
             include_usage: false,
+            compaction: false,
         }
     );
 }
