@@ -167,6 +167,7 @@ async fn vllm_chat_message_fields() {
                     text: Some("hi".into()),
                     ..Turn::default()
                 }],
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()
@@ -571,6 +572,7 @@ async fn tool_choice_over_http() {
                         ..Turn::default()
                     },
                 ],
+                ..SessionScript::default()
             }],
         }),
         ..MockConfig::default()

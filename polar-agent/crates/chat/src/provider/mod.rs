@@ -543,8 +543,8 @@ pub enum Encoder {
     Anthropic(anthropic::Encoder),
     /// OpenAI Chat Completions.
     OpenaiChat(openai_chat::Encoder),
-    /// OpenAI Responses.
-    OpenaiResponses(openai_responses::Encoder),
+    /// OpenAI Responses (boxed: its state is by far the largest).
+    OpenaiResponses(Box<openai_responses::Encoder>),
     /// Gemini.
     Gemini(gemini::Encoder),
 }
@@ -555,7 +555,7 @@ pub fn encoder(api: Api, opts: &ReplyOptions) -> Encoder {
         Api::AnthropicMessages => Encoder::Anthropic(anthropic::Anthropic::encoder(opts)),
         Api::OpenaiChat => Encoder::OpenaiChat(openai_chat::OpenaiChat::encoder(opts)),
         Api::OpenaiResponses => {
-            Encoder::OpenaiResponses(openai_responses::OpenaiResponses::encoder(opts))
+            Encoder::OpenaiResponses(Box::new(openai_responses::OpenaiResponses::encoder(opts)))
         }
         Api::Gemini => Encoder::Gemini(gemini::Gemini::encoder(opts)),
     }

@@ -656,6 +656,7 @@ fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
         let item = compaction::item(&item_id("cmp_", &id, 0), &m.joined_text());
         let (status, incomplete) = status_of(&resp.finish_reason);
         return response_object(
+            text_format(opts.response_format.as_ref()),
             &id,
             &resp.model,
             opts.created,

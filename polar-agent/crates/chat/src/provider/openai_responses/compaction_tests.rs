@@ -21,6 +21,7 @@ fn opts(compaction: bool) -> ReplyOptions {
         created: 1,
         include_usage: false,
         framing: Framing::Sse,
+        response_format: None,
         compaction,
     }
 }
