@@ -27,8 +27,10 @@ use polar_tests::{harness_dir, polar_bin, sandbox_tempdir, session_run, write_co
 const SESSION: &str = "custom-pi-chat";
 const INSTRUCTION: &str = "calc.py must define add(a, b) returning a + b; check it with python3.";
 const BUGGY: &str = "printf 'def add(a, b):\\n    return a - b\\n' > calc.py";
-/// Prints `check-ok-42` when it passes: text its command line lacks.
-const CHECK: &str = "python3 -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)' && echo check-ok-$((6 * 7))";
+/// Prints `check-ok-42` when it passes: text its command line lacks. `-B`:
+/// no bytecode cache, which a fix of the same size made within the same
+/// second as the first check would leave stale.
+const CHECK: &str = "python3 -B -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)' && echo check-ok-$((6 * 7))";
 const PASSED: &str = "check-ok-42";
 const FIX: &str = "sed -i 's/a - b/a + b/' calc.py";
 
