@@ -23,7 +23,7 @@ use super::log::LogError;
 use super::tokens_json::{self, ReplyTokensJson};
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 use polar_record::{
-    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Resumed, Timings,
 };
 
 /// Parts of a record already serialized. A part that is absent is
@@ -220,6 +220,8 @@ struct Tail<'a> {
     finish_reason: Option<&'a FinishReason>,
     backend: &'a BackendInfo,
     timings: &'a Timings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumed: Option<&'a Resumed>,
     #[serde(flatten)]
     status: &'a CallStatus,
 }
@@ -274,6 +276,7 @@ impl<'a> Line<'a> {
             finish_reason: r.finish_reason.as_ref(),
             backend: &r.backend,
             timings: &r.timings,
+            resumed: r.resumed.as_ref(),
             status: &r.status,
         };
         let at = out.len();

@@ -7,11 +7,13 @@
 //!   switched (`strip_reasoning`, `generation_glue`);
 //! - [`script`]: what the "model" answers (script file or built-in policy);
 //! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
-//! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
+//! - [`server`], [`vllm`], [`sglang`]: the HTTP side;
+//! - [`resume`]: continuations of a turn (token-in requests that end
+//!   inside one), requests Polar sends again, a replica that goes down.
 //!
 //! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
-//! and `POST /detokenize` (vLLM), `POST /generate` (SGLang), `GET /v1/models`,
+//! (vLLM), `POST /detokenize`, `POST /generate` (SGLang), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text), and admin:
 //! `POST /pause_generation` (also `/pause`) holds new generations until
 //! `POST /continue_generation` (also `/resume`) while in-flight ones finish;
@@ -29,6 +31,7 @@ mod body;
 mod emit;
 mod generate;
 pub mod openai;
+pub mod resume;
 pub mod script;
 mod server;
 mod sglang;
@@ -100,6 +103,9 @@ pub struct MockConfig {
     pub reasoning_field: ReasoningField,
     /// Generated tokens per streamed chunk (at least 1).
     pub tokens_per_chunk: usize,
+    /// After the first request a scripted cut or abort hits, answer every
+    /// request with 503, as a replica that died.
+    pub down_after_fault: bool,
 }
 
 impl Default for MockConfig {
@@ -117,6 +123,7 @@ impl Default for MockConfig {
             weight_version: "0".to_owned(),
             reasoning_field: ReasoningField::default(),
             tokens_per_chunk: 1,
+            down_after_fault: false,
         }
     }
 }
@@ -220,6 +227,10 @@ pub struct MockArgs {
     /// Generated tokens per streamed chunk.
     #[arg(long, default_value_t = 1)]
     pub tokens_per_chunk: usize,
+    /// Answer 503 to everything after the first scripted cut or abort (a
+    /// replica that died).
+    #[arg(long)]
+    pub down_after_fault: bool,
 }
 
 impl MockArgs {
@@ -261,6 +272,7 @@ impl MockArgs {
                 ReasoningField::Reasoning
             },
             tokens_per_chunk: self.tokens_per_chunk,
+            down_after_fault: self.down_after_fault,
         })
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -27,7 +27,7 @@ use super::generate::{Generation, generate, hash_bytes, mix};
 use super::openai::SESSION_HEADER;
 use super::script::{Plan, Policy};
 use super::template::PromptFacts;
-use super::{Dialect, MockConfig, MockError, sglang, vllm};
+use super::{Dialect, MockConfig, MockError, resume, sglang, vllm};
 
 const MAX_BODY: usize = 64 << 20;
 const MAX_REMEMBERED_SESSIONS: usize = 100_000;
@@ -53,6 +53,8 @@ pub struct State {
     counter: AtomicU64,
     calls: AtomicU64,
     cache: Mutex<HashMap<String, Vec<u32>>>,
+    /// Set once a scripted fault hit with `down_after_fault`.
+    down: AtomicBool,
     /// Counters.
     pub metrics: Metrics,
     /// Tasks feeding streamed bodies.
@@ -138,6 +140,7 @@ impl State {
             counter: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             cache: Mutex::default(),
+            down: AtomicBool::new(false),
             metrics: Metrics::default(),
             tasks: TaskTracker::new(),
         }
@@ -179,7 +182,20 @@ impl State {
             }
         }
         let session = session_key(req.headers, req.user, &req.facts, &req.prompt_ids);
-        let plan: Plan = self.policy.next(&session, &req.facts);
+        let (plan, done): (Plan, usize) = resume::plan_of_request(
+            &self.policy,
+            &session,
+            &req.facts,
+            &req.prompt_ids,
+            &self.cfg.template.generation_glue,
+            max_tokens,
+            resume::is_retry(req.headers),
+        );
+        if self.cfg.down_after_fault
+            && (plan.disconnect_after.is_some() || plan.abort_after.is_some())
+        {
+            self.down.store(true, Ordering::Relaxed);
+        }
         if let Some((status, message)) = &plan.error {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Err(error_response(status, message));
@@ -190,7 +206,11 @@ impl State {
         self.metrics
             .prompt_tokens
             .fetch_add(prompt_len as u64, Ordering::Relaxed);
-        let generation = generate(req.prompt_ids, &plan, max_tokens);
+        let generation = if done > 0 {
+            resume::generate_from(req.prompt_ids, &plan, max_tokens, done)
+        } else {
+            generate(req.prompt_ids, &plan, max_tokens)
+        };
         let cached_tokens = self.remember(&session, &generation);
         tracing::debug!(%session, number, prompt = prompt_len, generated = generation.ids.len(), "mock generation");
         Ok(Admitted {
@@ -333,6 +353,12 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         }
     };
     let dialect = state.cfg.dialect;
+    if state.down.load(Ordering::Relaxed) {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "replica down (--down-after-fault)",
+        );
+    }
     let result = match (&parts.method, parts.uri.path(), dialect) {
         (&Method::GET, "/health", _) => Ok(Response::new(full(Bytes::new()))),
         (&Method::GET, "/v1/models", _) => Ok(models(state)),
@@ -359,6 +385,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         }
         (&Method::POST, "/tokenize", Dialect::Vllm) => vllm::tokenize(state, &parts.headers, &body),
         (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(&body),
+        (&Method::POST, "/detokenize", Dialect::Sglang) => resume::detokenize(&body),
         (&Method::POST, "/generate", Dialect::Sglang) => {
             sglang::generate(state, &parts.headers, &body).await
         }
