@@ -355,7 +355,10 @@ async fn vllm_cuts_are_resumed_in_reasoning_text_and_tool_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_aborts_are_resumed() {
-    for at in [12, 55] {
+    // Before the tool call: the mock streams a generation aborted inside
+    // one as its whole parse of the cut text (the call's raw text as answer
+    // text), which no streaming server does and nothing could continue.
+    for at in [12, 35] {
         let records = resumed_like_unfaulted(
             Dialect::Vllm,
             &format!("abort{at}"),
@@ -424,8 +427,10 @@ async fn a_replica_set_that_is_down_fails_the_call_with_a_retryable_error() {
                 let agent = TestAgent::start(&backend(dialect, &[m[0].url(), dead])).await;
                 agent.session("down", "t");
                 let reply = send(h.request(agent.addr, "down", h.first_turn(), stream)).await;
-                if stream {
-                    // Output was streamed: the API's error event ends it.
+                if stream && dialect == Dialect::Vllm {
+                    // Output was streamed: the API's error event ends it
+                    // (SGLang's whole reply ending in an abort yields none
+                    // of its output: a status).
                     assert_eq!(reply.status, StatusCode::OK, "{what}");
                     let last = reply
                         .events()

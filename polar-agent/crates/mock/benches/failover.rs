@@ -1,4 +1,4 @@
-//! The cost of failover inside a call (`cargo bench -p polar-agent --bench
+//! The cost of failover inside a call (`cargo bench -p polar-mock --bench
 //! failover`; prints Markdown tables): a streamed reply whose replica
 //! aborts it after 40 tokens, resumed on the other replica (the ids so far
 //! detokenized, the token-in request, the continuation's first token),
