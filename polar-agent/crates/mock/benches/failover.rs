@@ -196,13 +196,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    println!("### Failover inside a call: {SAMPLES} calls each, after 20 warm-up calls");
+    println!("### Failover inside a call (after 20 warm-up calls)");
     for dialect in [Dialect::Vllm, Dialect::Sglang] {
-        rt.block_on(run(dialect, Duration::ZERO, Duration::ZERO));
-        rt.block_on(run(
-            dialect,
-            Duration::from_millis(20),
-            Duration::from_millis(5),
-        ));
+        rt.block_on(run(dialect, Duration::ZERO, Duration::ZERO, SAMPLES));
+        let slow = (Duration::from_millis(20), Duration::from_millis(5));
+        rt.block_on(run(dialect, slow.0, slow.1, SAMPLES / 4));
     }
 }
