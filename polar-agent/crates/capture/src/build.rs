@@ -50,7 +50,7 @@ pub struct Produced<'a> {
     /// The backend's name (when no replica answered).
     pub backend_name: Option<String>,
     /// The parts of a reply that was failed over.
-    pub resumed: Option<Resumed>,
+    pub resumed: Option<inference::Resumption>,
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -138,7 +138,12 @@ impl Draft {
                 first_token_ms,
                 finished_ms: epoch_ms(SystemTime::now()),
             },
-            resumed,
+            resumed: resumed.map(|r| Resumed {
+                replicas: r.replicas,
+                part_tokens: r.part_tokens,
+                weight_versions: r.weight_versions,
+                faults: r.faults,
+            }),
             status,
         }
     }

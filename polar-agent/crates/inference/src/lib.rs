@@ -35,4 +35,5 @@ pub use client::Client;
 pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
 pub use error::InferenceError;
 pub use pool::{Pool, PoolStats, ReplicaStats};
+pub use stream::failover::Resumption;
 pub use stream::{BackendInfo, ChatStream, Completed, Timings};

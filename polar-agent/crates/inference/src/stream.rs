@@ -19,9 +19,8 @@ use serde::Serialize;
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
 use super::{Dialect, InferenceError};
-use failover::{Failover, Resumption};
+use failover::{Continuing, Failover, Resumption};
 use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
-use polar_record::Resumed;
 
 /// Which backend answered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -59,7 +58,7 @@ pub struct Timings {
 enum Source {
     Sse(Incoming, SseParser),
     Whole(Incoming),
-    Resumed(Box<Resumption>),
+    Resumed(Box<Continuing>),
     Finished,
 }
 
@@ -192,7 +191,7 @@ impl ChatStream {
     }
 
     /// The parts of a reply that was failed over (`None` if it was not).
-    pub fn resumed(&self) -> Option<Resumed> {
+    pub fn resumed(&self) -> Option<Resumption> {
         let mut r = self.failover.as_deref()?.resumed.clone()?;
         failover::set_last_part(
             &mut r,

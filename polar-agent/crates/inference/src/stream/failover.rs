@@ -23,19 +23,19 @@
 //! a call fails over at most `max(2, replicas)` times. Requests sent again
 //! carry `x-polar-attempt` (2, 3, ...; backends ignore it, the mock
 //! backend leaves its scripted faults out). The parts are recorded as
-//! [`Resumed`]. Structured output and forced tool choices are not resumed
+//! [`Resumption`]. Structured output and forced tool choices are not resumed
 //! token-in (their constraint would start over), nor a reply whose ids are
 //! not all known.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full};
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use polar_chat::output::resync::Resync;
 use polar_chat::output::{OutputFormat, OutputParser};
 use polar_chat::{ChatRequest, FinishReason, StreamEvent, ToolChoice, Usage};
-use polar_record::Resumed;
 use polar_sse::SseParser;
 
 use super::super::client::{SESSION_HEADER, chat_request, error_body, error_chain};
@@ -151,7 +151,7 @@ pub(crate) struct Failover {
     left: usize,
     attempt: usize,
     pub(super) skip_start: bool,
-    pub(super) resumed: Option<Resumed>,
+    pub(super) resumed: Option<Resumption>,
 }
 
 impl Failover {
@@ -217,7 +217,7 @@ impl Failover {
         fault: &InferenceError,
         generated: usize,
     ) {
-        let r = self.resumed.get_or_insert_with(|| Resumed {
+        let r = self.resumed.get_or_insert_with(|| Resumption {
             replicas: vec![ended.0.to_owned()],
             part_tokens: vec![0],
             weight_versions: vec![String::new()],
@@ -232,9 +232,24 @@ impl Failover {
     }
 }
 
+/// The parts of a reply that went on after faults.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Resumption {
+    /// The replica of each part, in order (the first is the one that
+    /// failed first; the last one finished the reply).
+    pub replicas: Vec<String>,
+    /// The number of response token ids each part generated (0 for a
+    /// part whose request was sent again whole: none of its ids is kept).
+    pub part_tokens: Vec<u32>,
+    /// The weight version each part's replica reported (empty when none).
+    pub weight_versions: Vec<String>,
+    /// Why each part but the last ended.
+    pub faults: Vec<String>,
+}
+
 /// Sets the last part's token count (`total`: every part's) and weight
 /// version.
-pub(super) fn set_last_part(r: &mut Resumed, total: usize, version: Option<&str>) {
+pub(super) fn set_last_part(r: &mut Resumption, total: usize, version: Option<&str>) {
     let before: u32 = r.part_tokens.iter().sum();
     if let Some(last) = r.part_tokens.last_mut() {
         *last = (total as u32).saturating_sub(before - *last);
@@ -254,7 +269,7 @@ fn resumable(e: &InferenceError) -> bool {
 }
 
 /// A resumed generation being read.
-pub(super) struct Resumption {
+pub(super) struct Continuing {
     body: hyper::body::Incoming,
     sse: Option<SseParser>,
     parser: OutputParser,
@@ -398,7 +413,7 @@ impl ChatStream {
                     let ended = (self.info.replica.clone(), self.info.weight_version.clone());
                     self.switch_to(replica, &url, &resp);
                     self.pending.extend(events);
-                    self.source = Source::Resumed(Box::new(Resumption {
+                    self.source = Source::Resumed(Box::new(Continuing {
                         body: resp.into_body(),
                         sse: (self.info.dialect == Dialect::Vllm).then(SseParser::default),
                         parser,
@@ -523,7 +538,7 @@ impl ChatStream {
     /// Reads the next part of a resumed generation into events.
     pub(super) async fn pull_resumed(
         &mut self,
-        mut r: Box<Resumption>,
+        mut r: Box<Continuing>,
     ) -> Result<(), InferenceError> {
         let piece = if r.sse.is_some() {
             let frame = match self.frame(&mut r.body).await {
@@ -576,7 +591,7 @@ impl ChatStream {
     }
 
     /// Adds a piece's tokens and the events its text brings.
-    fn apply(&mut self, r: &mut Resumption, piece: Piece) -> Result<(), InferenceError> {
+    fn apply(&mut self, r: &mut Continuing, piece: Piece) -> Result<(), InferenceError> {
         let Piece {
             text,
             ids,
