@@ -77,6 +77,7 @@ fn record(seq: usize, system: &str, prompt: Vec<u32>, response: Vec<u32>) -> Com
         finish_reason: Some(FinishReason::ToolCalls),
         backend: BackendInfo::default(),
         timings: Timings::default(),
+        resumed: None,
         status: CallStatus::Completed,
     }
 }

@@ -1,6 +1,8 @@
 //! Backend failures through the capture stage, for every harness API,
-//! streamed and not: a refused connection, HTTP 500, HTTP 503, a stream cut
-//! in the middle, an `abort` finish with and without tokens before it, a
+//! streamed and not, with one replica and no output parser (so nothing can
+//! be resumed: `capture_resume.rs` has the failover): a refused
+//! connection, HTTP 500, HTTP 503, a stream cut in the middle, an `abort`
+//! finish with tokens before it (and without: sent again, served), a
 //! backend slower than its timeout. Each time the harness gets a
 //! well-formed error in its own API (an error status before streaming,
 //! with the status its harnesses retry; the API's error event after), the
@@ -275,7 +277,9 @@ async fn an_abort_finish_is_never_relayed_as_an_end_of_turn() {
     agent.stop().await;
     mock.stop().await;
 
-    // No token before the abort: even a streaming harness gets the status.
+    // No token before the abort: nothing reached the harness, so the
+    // request is sent again (to the same replica: the only one), and the
+    // harness never sees the abort.
     let mock = mock::start(MockConfig {
         script: Some(aborted_after(0)),
         ..MockConfig::default()
@@ -283,7 +287,22 @@ async fn an_abort_finish_is_never_relayed_as_an_end_of_turn() {
     .await
     .unwrap();
     let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
-    fail_then_serve(&agent, "abort0", overload, Streams::Never).await;
+    for h in HARNESSES {
+        for stream in [false, true] {
+            let session = format!("abort0-{h:?}-{stream}").to_lowercase();
+            agent.session(&session, "t");
+            let reply = send(h.request(agent.addr, &session, h.fixture(), stream)).await;
+            h.check_reply(&reply, stream);
+            let (records, _) = agent.calls(&session);
+            let r = &records[0];
+            assert_eq!(r.status, CallStatus::Completed, "{h:?} {stream}");
+            let resumed = r.resumed.as_ref().unwrap();
+            assert_eq!(resumed.replicas, vec![mock.url(), mock.url()]);
+            assert_eq!(resumed.part_tokens[0], 0);
+            assert!(resumed.faults[0].contains("aborted"), "{resumed:?}");
+            check_tokens(agent.backend(), r);
+        }
+    }
     agent.stop().await;
     mock.stop().await;
 }

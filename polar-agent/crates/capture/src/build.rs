@@ -12,7 +12,7 @@ use polar_chat::provider::{self, Side};
 use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
 use polar_inference as inference;
 use polar_record::{
-    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Resumed, Timings,
 };
 
 /// A record's fields known before the backend answers.
@@ -49,6 +49,8 @@ pub struct Produced<'a> {
     pub timings: Option<inference::Timings>,
     /// The backend's name (when no replica answered).
     pub backend_name: Option<String>,
+    /// The parts of a reply that was failed over.
+    pub resumed: Option<inference::Resumption>,
 }
 
 fn epoch_ms(t: SystemTime) -> u64 {
@@ -74,6 +76,7 @@ impl Draft {
             backend,
             timings,
             backend_name,
+            resumed,
         } = produced;
         let response: Option<ChatResponse> = match &failure {
             None => inference::stream::assemble(events, Tokens::default()),
@@ -135,6 +138,12 @@ impl Draft {
                 first_token_ms,
                 finished_ms: epoch_ms(SystemTime::now()),
             },
+            resumed: resumed.map(|r| Resumed {
+                replicas: r.replicas,
+                part_tokens: r.part_tokens,
+                weight_versions: r.weight_versions,
+                faults: r.faults,
+            }),
             status,
         }
     }

@@ -23,7 +23,7 @@ use super::log::LogError;
 use super::tokens_json::{self, ReplyTokensJson};
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 use polar_record::{
-    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
+    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Resumed, Timings,
 };
 
 /// Parts of a record already serialized. A part that is absent is
@@ -220,6 +220,8 @@ struct Tail<'a> {
     finish_reason: Option<&'a FinishReason>,
     backend: &'a BackendInfo,
     timings: &'a Timings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resumed: Option<&'a Resumed>,
     #[serde(flatten)]
     status: &'a CallStatus,
 }
@@ -274,6 +276,7 @@ impl<'a> Line<'a> {
             finish_reason: r.finish_reason.as_ref(),
             backend: &r.backend,
             timings: &r.timings,
+            resumed: r.resumed.as_ref(),
             status: &r.status,
         };
         let at = out.len();
@@ -634,6 +637,36 @@ pub(crate) mod tests {
             encode_end(&record, &whole, &streamed).unwrap(),
             encode_line(&record).unwrap()
         );
+    }
+
+    /// A resumed call's `resumed` is written in the whole line and in the
+    /// completion (byte-identical to `serde_json`'s), and read back from
+    /// both; a line without it (older logs) reads as not resumed.
+    #[test]
+    fn a_resumed_call_round_trips_through_both_layouts() {
+        let mut record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let plain_line = encode_line(&record).unwrap();
+        assert!(!String::from_utf8_lossy(&plain_line).contains("resumed"));
+        record.resumed = Some(polar_record::Resumed {
+            replicas: vec!["http://a:1".into(), "http://b:1".into()],
+            part_tokens: vec![4, 7],
+            weight_versions: vec!["3".into(), "4".into()],
+            faults: vec!["reply cut".into()],
+        });
+        let none = ReplyTokensJson::default();
+        let pre = PreEncoded::requests(&record.native_request, &record.request);
+        let line = encode_record(&record, &pre, &none).unwrap();
+        assert_eq!(line, encode_line(&record).unwrap());
+        let (records, problems) = crate::parse_log(&line);
+        assert!(problems.is_empty());
+        assert_eq!(records, vec![record.clone()]);
+        let (part, end) = two_parts(&record, record.prompt_token_ids.as_deref());
+        let (records, problems) = crate::parse_log(&[part, end].concat());
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(records, vec![record.clone()]);
+        record.resumed = None;
+        let (records, _) = crate::parse_log(&plain_line);
+        assert_eq!(records, vec![record]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Deserializer};
 
 use super::log::LogProblem;
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
-use polar_record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Timings};
+use polar_record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Resumed, Timings};
 
 /// The `part` of a request part's line.
 pub const REQUEST_PART: &str = "request";
@@ -79,6 +79,8 @@ pub struct CompletionPart {
     finish_reason: Option<FinishReason>,
     backend: BackendInfo,
     timings: Timings,
+    #[serde(default)]
+    resumed: Option<Resumed>,
     #[serde(flatten)]
     status: CallStatus,
 }
@@ -110,6 +112,7 @@ impl CompletionPart {
             finish_reason: self.finish_reason,
             backend: self.backend,
             timings: self.timings,
+            resumed: self.resumed,
             status: self.status,
         }
     }

@@ -58,6 +58,7 @@ pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
         finish_reason: Some(FinishReason::Stop),
         backend: BackendInfo::default(),
         timings: Timings::default(),
+        resumed: None,
         status: CallStatus::Completed,
     }
 }

@@ -3,6 +3,9 @@
 //! type, and the stream events a backend's reply is made of. Pure data with
 //! serde; fields a translator does not understand are kept in `extra`.
 //!
+//! [`output`] parses a model's raw output (what token-in endpoints return)
+//! into the same events, for a reply resumed after a backend fault.
+//!
 //! [`provider`] holds the four harness APIs' translations (Anthropic
 //! Messages, OpenAI Chat and Responses, Gemini) to and from this model:
 //! detection, request parsing, stream encoders, error shapes; [`Api`]
@@ -23,6 +26,7 @@ use polar_json::RawJson;
 use serde_json::{Map, Value};
 
 mod api;
+pub mod output;
 pub mod provider;
 
 pub use api::Api;

@@ -315,6 +315,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
             first_token_ms: Some(started + 100),
             finished_ms: started + 1_500,
         },
+        resumed: None,
         status: CallStatus::Completed,
     };
     agent.answer(rng, c.spec, &response, reply, tool_call.id);

@@ -1,9 +1,15 @@
 //! [`Client`]: one call = admission by the pool (held while paused), the
-//! request built for the dialect, sent to the session's replica (the next
-//! one only when a replica could not be reached at all), and the reply
-//! handed back as a [`ChatStream`]; token counts from the backend's
-//! tokenizer ([`Client::count_tokens`]). A request that needs constrained
-//! decoding from a backend configured without it
+//! request built for the dialect, sent to the session's replica, and the
+//! reply handed back as a [`ChatStream`]; token counts from the backend's
+//! tokenizer ([`Client::count_tokens`]). The request goes to the next
+//! replica when one could not be reached, and also when one took it but
+//! failed before its reply began (a reset, HTTP 429 or 5xx): no output of
+//! it reached anyone, so sending it again is safe (each replica is tried
+//! once; the later attempts carry `x-polar-attempt`). A replica that is
+//! too slow to answer is not tried again (the harness's own clock runs),
+//! nor a request a replica refused (4xx but 429). Failures after the reply
+//! began are the stream's ([`crate::stream::failover`]). A request that
+//! needs constrained decoding from a backend configured without it
 //! (`constrained_decoding = false`) is refused before anything is sent.
 
 use std::sync::Arc;
@@ -16,6 +22,7 @@ use tracing::Instrument;
 
 use super::pool::Pool;
 use super::request::streams_upstream;
+use super::stream::failover::{ATTEMPT_HEADER, Failover};
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
 use super::tokenize::{parse_count, tokenize_body, tokenize_path};
 use super::wire::chat_body_bytes;
@@ -95,10 +102,17 @@ impl Client {
         let backend = self.cfg.name.clone();
         let mut attempts = 0;
         let mut last = String::from("no replica");
+        // The last failure of a replica that took the request.
+        let mut reached: Option<InferenceError> = None;
         for replica in self.pool.order(session) {
             attempts += 1;
             let base = self.pool.url(replica).to_owned();
-            let request = chat_request(&base, session, &body, streaming, &backend)?;
+            let mut request = chat_request(&base, session, &body, streaming, &backend)?;
+            if reached.is_some()
+                && let Ok(v) = HeaderValue::from_str(&(attempts).to_string())
+            {
+                request.headers_mut().insert(ATTEMPT_HEADER, v);
+            }
             self.pool.note_attempt(replica);
             let span =
                 tracing::debug_span!("inference", backend = %backend, replica = %base, session);
@@ -124,11 +138,13 @@ impl Client {
                 }
                 Ok(Err(e)) => {
                     self.pool.note_failure(replica);
-                    return Err(InferenceError::Disconnected {
-                        backend,
+                    tracing::warn!(backend = %backend, replica = %base, error = %e, "replica failed before its reply began, trying the next one");
+                    reached = Some(InferenceError::Disconnected {
+                        backend: backend.clone(),
                         replica: base,
                         reason: error_chain(&e),
                     });
+                    continue;
                 }
                 Ok(Ok(resp)) => resp,
             };
@@ -142,12 +158,18 @@ impl Client {
             if !status.is_success() {
                 self.pool.note_failure(replica);
                 let body = error_body(resp.into_body(), timeout).await;
-                return Err(InferenceError::Status {
-                    backend,
+                let err = InferenceError::Status {
+                    backend: backend.clone(),
                     replica: base,
                     status: status.as_u16(),
                     body,
-                });
+                };
+                if status.as_u16() == 429 || status.is_server_error() {
+                    tracing::warn!(backend = %backend, error = %err, "replica failed before its reply began, trying the next one");
+                    reached = Some(err);
+                    continue;
+                }
+                return Err(err);
             }
             admission.bind(replica);
             let info = BackendInfo {
@@ -158,6 +180,7 @@ impl Client {
                 weight_version,
                 attempts,
             };
+            let failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
             return Ok(ChatStream::new(StreamParts {
                 info,
                 body: resp.into_body(),
@@ -175,13 +198,14 @@ impl Client {
                 pool: self.pool.clone(),
                 replica,
                 admission,
+                failover: Some(Box::new(failover)),
             }));
         }
-        Err(InferenceError::Unreachable {
+        Err(reached.unwrap_or(InferenceError::Unreachable {
             backend,
             attempts,
             last,
-        })
+        }))
     }
 }
 
@@ -317,7 +341,7 @@ fn post_json(
 
 /// The `POST {base}/v1/chat/completions` of `body` for `session`
 /// (`backend` names the backend in the error).
-fn chat_request(
+pub(crate) fn chat_request(
     base: &str,
     session: &str,
     body: &Bytes,
@@ -350,7 +374,7 @@ fn chat_request(
 
 /// The start of an error reply's body (at most 64 KiB, what arrives within
 /// `timeout`).
-async fn error_body(mut body: hyper::body::Incoming, timeout: Duration) -> String {
+pub(crate) async fn error_body(mut body: hyper::body::Incoming, timeout: Duration) -> String {
     let mut bytes = Vec::new();
     let read = async {
         while let Some(Ok(frame)) = body.frame().await {
@@ -367,7 +391,7 @@ async fn error_body(mut body: hyper::body::Incoming, timeout: Duration) -> Strin
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

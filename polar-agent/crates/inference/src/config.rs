@@ -13,6 +13,8 @@
 //! connect_timeout_ms = 2000
 //! health_check_interval_ms = 5000
 //! constrained_decoding = true           # JSON schema / JSON mode / required or named tool choice
+//! output_parser = "qwen3"               # the model's output format: lets a reply go on
+//!                                       # on another replica after a mid-stream fault
 //!
 //! [sampling]
 //! mode = "train"                        # which overrides apply: train or eval
@@ -26,6 +28,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::InferenceError;
+use polar_chat::output::OutputFormat;
 
 /// The wire dialect of a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -137,6 +140,14 @@ pub struct BackendConfig {
     /// being answered with unconstrained text.
     #[serde(default = "default_true")]
     pub constrained_decoding: bool,
+    /// The format of the model's raw output (`qwen3`, also named
+    /// `hermes`: `<think>` reasoning and `<tool_call>` JSON blocks). With
+    /// it, a reply whose replica fails after output reached the harness is
+    /// resumed from its tokens through the token-in endpoint (vLLM
+    /// `/v1/completions`, SGLang `/generate`), whose raw text Polar parses
+    /// itself; without it such a fault is answered with a retryable error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_parser: Option<OutputFormat>,
 }
 
 fn default_true() -> bool {
@@ -170,6 +181,7 @@ impl BackendConfig {
             connect_timeout_ms: default_connect_timeout_ms(),
             health_check_interval_ms: default_health_check_interval_ms(),
             constrained_decoding: true,
+            output_parser: None,
         }
     }
 
@@ -249,6 +261,7 @@ mod tests {
             replicas = ["http://127.0.0.1:30000/", "http://127.0.0.2:30000"]
             served_model = "Qwen/Qwen3-8B"
             model_map = { "claude-sonnet-4-5" = "Qwen/Qwen3-8B-alt" }
+            output_parser = "hermes"
             [sampling]
             mode = "eval"
             eval = { temperature = 0.6 }
@@ -264,6 +277,12 @@ mod tests {
             Some(0.6)
         );
         assert_eq!(cfg.request_timeout(), Duration::from_secs(600));
+        assert_eq!(cfg.output_parser, Some(OutputFormat::Qwen3));
+        let unknown = toml::from_str::<BackendConfig>(
+            "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\noutput_parser = \"llama3\"",
+        )
+        .unwrap_err();
+        assert!(unknown.to_string().contains("qwen3"), "{unknown}");
         assert!(
             toml::from_str::<BackendConfig>(
                 "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nbogus = 1"

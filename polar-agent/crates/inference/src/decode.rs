@@ -67,6 +67,13 @@ impl TokenAcc {
         self.response.len()
     }
 
+    /// Adds the ids and logprobs of a resumed generation's part (see
+    /// `stream::failover`).
+    pub(crate) fn extend_response(&mut self, ids: &[u32], logprobs: &[f32]) {
+        self.response.extend_from_slice(ids);
+        self.logprobs.extend_from_slice(logprobs);
+    }
+
     /// Sets the prompt ids.
     fn set_prompt(&mut self, ids: Vec<u32>) {
         self.prompt = Some(ids);

@@ -37,4 +37,5 @@ pub use client::{Client, needs_constrained_decoding};
 pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
 pub use error::InferenceError;
 pub use pool::{Pool, PoolStats, ReplicaStats};
+pub use stream::failover::Resumption;
 pub use stream::{BackendInfo, ChatStream, Completed, Timings};

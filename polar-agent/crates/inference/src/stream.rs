@@ -1,6 +1,11 @@
 //! [`ChatStream`]: the reply of one inference call as events, pulled from
 //! the backend as the consumer asks, with the token data, timings and
-//! backend facts gathered on the way.
+//! backend facts gathered on the way. A replica that fails in the middle
+//! of the reply is failed over ([`failover`]): the stream goes on from
+//! another part, read by [`continuation`] when it is token-in.
+
+mod continuation;
+pub mod failover;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant, SystemTime};
@@ -14,6 +19,7 @@ use serde::Serialize;
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
 use super::{Dialect, InferenceError};
+use failover::{Continuing, Failover, Resumption};
 use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
 
 /// Which backend answered.
@@ -52,6 +58,7 @@ pub struct Timings {
 enum Source {
     Sse(Incoming, SseParser),
     Whole(Incoming),
+    Resumed(Box<Continuing>),
     Finished,
 }
 
@@ -69,7 +76,8 @@ pub struct ChatStream {
     timings: Timings,
     pool: Pool,
     replica: usize,
-    _admission: Admission,
+    admission: Admission,
+    failover: Option<Box<Failover>>,
 }
 
 impl std::fmt::Debug for ChatStream {
@@ -106,6 +114,7 @@ pub(crate) struct StreamParts {
     pub(crate) pool: Pool,
     pub(crate) replica: usize,
     pub(crate) admission: Admission,
+    pub(crate) failover: Option<Box<Failover>>,
 }
 
 impl ChatStream {
@@ -128,7 +137,8 @@ impl ChatStream {
             timings: p.timings,
             pool: p.pool,
             replica: p.replica,
-            _admission: p.admission,
+            admission: p.admission,
+            failover: p.failover,
         }
     }
 
@@ -136,7 +146,8 @@ impl ChatStream {
     /// A `Finish` with the reason `abort` is yielded as
     /// [`InferenceError::Aborted`]: the backend stopped the turn, it did
     /// not end it (the replica is not counted as failing: it was told to
-    /// stop).
+    /// stop). A failure in the middle of the reply is failed over when it
+    /// can be ([`failover`]): the stream then goes on as if nothing happened.
     pub async fn next(&mut self) -> Option<Result<StreamEvent, InferenceError>> {
         loop {
             if let Some(event) = self.pending.pop_front() {
@@ -147,13 +158,22 @@ impl ChatStream {
                         ..
                     }
                 ) {
-                    self.source = Source::Finished;
-                    self.pending.clear();
-                    return Some(Err(InferenceError::Aborted {
+                    let e = InferenceError::Aborted {
                         backend: self.info.backend.clone(),
                         replica: self.info.replica.clone(),
                         events: self.yielded,
-                    }));
+                    };
+                    match self.fail(e).await {
+                        Ok(()) => continue,
+                        Err(e) => return Some(Err(e)),
+                    }
+                }
+                if let Some(f) = self.failover.as_deref_mut() {
+                    if f.skip_start && matches!(event, StreamEvent::Start { .. }) {
+                        f.skip_start = false;
+                        continue;
+                    }
+                    f.observe(&event);
                 }
                 self.yielded += 1;
                 return Some(Ok(event));
@@ -162,12 +182,23 @@ impl ChatStream {
                 return None;
             }
             if let Err(e) = self.pull().await {
-                self.source = Source::Finished;
-                self.pending.clear();
                 self.pool.note_failure(self.replica);
-                return Some(Err(e));
+                if let Err(e) = self.fail(e).await {
+                    return Some(Err(e));
+                }
             }
         }
+    }
+
+    /// The parts of a reply that was failed over (`None` if it was not).
+    pub fn resumed(&self) -> Option<Resumption> {
+        let mut r = self.failover.as_deref()?.resumed.clone()?;
+        failover::set_last_part(
+            &mut r,
+            self.token_acc().response_len(),
+            self.info.weight_version.as_deref(),
+        );
+        Some(r)
     }
 
     /// The token data so far (complete once `Finish` was yielded).
@@ -201,6 +232,13 @@ impl ChatStream {
 
     fn token_acc(&self) -> &TokenAcc {
         self.whole_tokens.as_ref().unwrap_or(&self.decoder.tokens)
+    }
+
+    fn token_acc_mut(&mut self) -> &mut TokenAcc {
+        match &mut self.whole_tokens {
+            Some(t) => t,
+            None => &mut self.decoder.tokens,
+        }
     }
 
     /// The token data, moved out: for the record once the reply is over
@@ -251,6 +289,7 @@ impl ChatStream {
     async fn pull(&mut self) -> Result<(), InferenceError> {
         match std::mem::replace(&mut self.source, Source::Finished) {
             Source::Finished => Ok(()),
+            Source::Resumed(r) => self.pull_resumed(r).await,
             Source::Whole(mut body) => {
                 let mut bytes = Vec::new();
                 while let Some(chunk) = self.frame(&mut body).await? {
@@ -267,7 +306,11 @@ impl ChatStream {
                 let now = self.started.elapsed();
                 self.timings.first_token = Some(now);
                 self.timings.finished = Some(now);
-                self.pending.extend(whole.events);
+                let mut events = whole.events;
+                if let Some(f) = self.failover.as_deref() {
+                    f.hold_aborted(&mut events);
+                }
+                self.pending.extend(events);
                 Ok(())
             }
             Source::Sse(mut body, mut parser) => {

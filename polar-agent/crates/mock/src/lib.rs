@@ -11,13 +11,15 @@
 //! - [`judge`]: what it answers a judge request of Polar's `llm_judge`
 //!   evaluator (scores from what the request's diff adds);
 //! - [`generate`]: a plan rendered, tokenized, given logprobs, cut into deltas;
-//! - [`server`], [`vllm`], [`sglang`]: the HTTP side.
+//! - [`server`], [`vllm`], [`sglang`]: the HTTP side;
+//! - [`resume`]: continuations of a turn (token-in requests that end
+//!   inside one), requests Polar sends again, a replica that goes down.
 //!
 //! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
 //! (vLLM's `TokenizeChatRequest`; SGLang's `TokenizeRequest`, also at
 //! `/v1/tokenize`: the chat template of a real call, so a count equals the
-//! call's prompt length), `POST /detokenize` (vLLM), `POST /generate`
+//! call's prompt length), `POST /detokenize`, `POST /generate`
 //! (SGLang), `GET /v1/models`,
 //! `GET /health`, `GET /metrics` (Prometheus text), and admin:
 //! `POST /pause_generation` (also `/pause`) holds new generations until
@@ -41,6 +43,7 @@ mod emit;
 mod generate;
 pub mod judge;
 pub mod openai;
+pub mod resume;
 pub mod script;
 mod server;
 mod sglang;
@@ -118,6 +121,9 @@ pub struct MockConfig {
     /// Keep every generation served for `GET /served` (tests: memory grows
     /// with each call, up to 100,000 generations).
     pub record_served: bool,
+    /// After the first request a scripted cut or abort hits, answer every
+    /// request with 503, as a replica that died.
+    pub down_after_fault: bool,
 }
 
 impl Default for MockConfig {
@@ -136,6 +142,7 @@ impl Default for MockConfig {
             reasoning_field: ReasoningField::default(),
             tokens_per_chunk: 1,
             record_served: false,
+            down_after_fault: false,
         }
     }
 }
@@ -243,6 +250,10 @@ pub struct MockArgs {
     /// tests).
     #[arg(long)]
     pub record_served: bool,
+    /// Answer 503 to everything after the first scripted cut or abort (a
+    /// replica that died).
+    #[arg(long)]
+    pub down_after_fault: bool,
 }
 
 impl MockArgs {
@@ -285,6 +296,7 @@ impl MockArgs {
             },
             tokens_per_chunk: self.tokens_per_chunk,
             record_served: self.record_served,
+            down_after_fault: self.down_after_fault,
         })
     }
 }

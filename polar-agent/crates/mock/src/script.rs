@@ -300,11 +300,7 @@ impl Policy {
         let Some(script) = &self.script else {
             return builtin_plan(facts);
         };
-        let entry = script
-            .sessions
-            .iter()
-            .find(|s| s.id == session)
-            .or_else(|| script.sessions.iter().find(|s| s.id == "*"));
+        let entry = session_entry(script, session);
         if let Some(e) = entry.filter(|e| e.step_by == StepBy::ToolResults) {
             return progress_plan(script, e, facts);
         }
@@ -314,16 +310,71 @@ impl Policy {
             *cursor += 1;
             *cursor - 1
         };
-        match entry.and_then(|e| e.turns.get(index)) {
-            Some(turn) => plan_of(turn, &facts.tools),
-            None => Plan {
-                text: script
-                    .final_text
-                    .clone()
-                    .unwrap_or_else(|| "done".to_owned()),
-                ..Plan::default()
-            },
+        plan_at(script, entry, index, facts)
+    }
+
+    /// The plan of the turn `session` got last, again (a request sent
+    /// again: see `resume`); its next turn when it got none.
+    pub fn repeat(&self, session: &str, facts: &PromptFacts) -> Plan {
+        let Some(script) = &self.script else {
+            return builtin_plan(facts);
+        };
+        if let Some(e) = session_entry(script, session).filter(|e| e.step_by == StepBy::ToolResults)
+        {
+            return progress_plan(script, e, facts);
         }
+        let index = {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            let cursor = cursors.entry(session.to_owned()).or_insert(0);
+            if *cursor == 0 {
+                *cursor = 1;
+            }
+            *cursor - 1
+        };
+        plan_at(script, session_entry(script, session), index, facts)
+    }
+
+    /// The plans of every turn `session` may get (a continuation looks for
+    /// its own: see `resume`), without using one up.
+    pub fn turns_of(&self, session: &str, facts: &PromptFacts) -> Vec<Plan> {
+        let Some(script) = &self.script else {
+            return vec![builtin_plan(facts)];
+        };
+        let entry = session_entry(script, session);
+        if let Some(e) = entry.filter(|e| e.step_by == StepBy::ToolResults) {
+            return vec![progress_plan(script, e, facts)];
+        }
+        let turns = entry.map_or(0, |e| e.turns.len());
+        (0..=turns)
+            .map(|i| plan_at(script, entry, i, facts))
+            .collect()
+    }
+}
+
+fn session_entry<'a>(script: &'a Script, session: &str) -> Option<&'a SessionScript> {
+    script
+        .sessions
+        .iter()
+        .find(|s| s.id == session)
+        .or_else(|| script.sessions.iter().find(|s| s.id == "*"))
+}
+
+/// The plan of turn `index` of `entry` (the final text past its turns).
+fn plan_at(
+    script: &Script,
+    entry: Option<&SessionScript>,
+    index: usize,
+    facts: &PromptFacts,
+) -> Plan {
+    match entry.and_then(|e| e.turns.get(index)) {
+        Some(turn) => plan_of(turn, &facts.tools),
+        None => Plan {
+            text: script
+                .final_text
+                .clone()
+                .unwrap_or_else(|| "done".to_owned()),
+            ..Plan::default()
+        },
     }
 }
 

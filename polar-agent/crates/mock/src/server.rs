@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -29,7 +29,7 @@ use super::generate::{Generation, generate, hash_bytes, mix};
 use super::openai::SESSION_HEADER;
 use super::script::{Plan, Policy};
 use super::template::PromptFacts;
-use super::{Dialect, MockConfig, MockError, sglang, vllm};
+use super::{Dialect, MockConfig, MockError, resume, sglang, vllm};
 
 const MAX_BODY: usize = 64 << 20;
 const MAX_REMEMBERED_SESSIONS: usize = 100_000;
@@ -65,6 +65,8 @@ pub struct State {
     calls: AtomicU64,
     cache: Mutex<HashMap<String, Vec<u32>>>,
     served: Mutex<Served>,
+    /// Set once a scripted fault hit with `down_after_fault`.
+    down: AtomicBool,
     /// Counters.
     pub metrics: Metrics,
     /// Tasks feeding streamed bodies.
@@ -156,6 +158,7 @@ impl State {
             calls: AtomicU64::new(0),
             cache: Mutex::default(),
             served: Mutex::default(),
+            down: AtomicBool::new(false),
             metrics: Metrics::default(),
             tasks: TaskTracker::new(),
         }
@@ -197,10 +200,15 @@ impl State {
             }
         }
         let session = session_key(req.headers, req.user, &req.facts, &req.prompt_ids);
-        let plan = match self.plan(&session, &req) {
+        let (plan, done) = match self.plan(&session, &req, max_tokens) {
             Ok(p) => p,
             Err(e) => return Err(error_response(StatusCode::BAD_REQUEST, &e.to_string())),
         };
+        if self.cfg.down_after_fault
+            && (plan.disconnect_after.is_some() || plan.abort_after.is_some())
+        {
+            self.down.store(true, Ordering::Relaxed);
+        }
         if let Some((status, message)) = &plan.error {
             let status = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             return Err(error_response(status, message));
@@ -211,7 +219,11 @@ impl State {
         self.metrics
             .prompt_tokens
             .fetch_add(prompt_len as u64, Ordering::Relaxed);
-        let generation = generate(req.prompt_ids, &plan, max_tokens);
+        let generation = if done > 0 {
+            resume::generate_from(req.prompt_ids, &plan, max_tokens, done)
+        } else {
+            generate(req.prompt_ids, &plan, max_tokens)
+        };
         let cached_tokens = self.remember(&session, &generation);
         if self.cfg.record_served {
             self.record_served(number, &session, &generation);
@@ -227,22 +239,37 @@ impl State {
         })
     }
 
-    /// The plan of a request: the JSON its `response_format` asks for, else
-    /// the policy's plan filtered by its tool choice (see [`super::constrain`]).
-    fn plan(&self, session: &str, req: &GenRequest<'_>) -> Result<Plan, MockError> {
+    /// The plan of a request and the ids of its turn already generated (see
+    /// [`resume::plan_of_request`]): the JSON its `response_format` asks
+    /// for, else the policy's plan filtered by its tool choice (see
+    /// [`super::constrain`]).
+    fn plan(
+        &self,
+        session: &str,
+        req: &GenRequest<'_>,
+        max_tokens: usize,
+    ) -> Result<(Plan, usize), MockError> {
         if let Some(plan) = req.constraint.structured_plan()? {
-            return Ok(plan);
+            return Ok((plan, 0));
         }
         // A judge request of Polar's `llm_judge` is answered from what it
         // shows, without taking a scripted turn.
         if let Some(plan) = super::judge::plan(&req.facts) {
-            return Ok(plan);
+            return Ok((plan, 0));
         }
-        let mut plan = self.policy.next(session, &req.facts);
+        let (mut plan, done) = resume::plan_of_request(
+            &self.policy,
+            session,
+            &req.facts,
+            &req.prompt_ids,
+            &self.cfg.template.generation_glue,
+            max_tokens,
+            resume::is_retry(req.headers),
+        );
         if plan.error.is_none() {
             req.constraint.apply_tools(&mut plan, &req.facts.tools)?;
         }
-        Ok(plan)
+        Ok((plan, done))
     }
 
     /// Adds a generation to what `GET /served` lists.
@@ -394,6 +421,12 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         }
     };
     let dialect = state.cfg.dialect;
+    if state.down.load(Ordering::Relaxed) {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "replica down (--down-after-fault)",
+        );
+    }
     let result = match (&parts.method, parts.uri.path(), dialect) {
         (&Method::GET, "/health", _) => Ok(Response::new(full(Bytes::new()))),
         (&Method::GET, "/v1/models", _) => Ok(models(state)),
@@ -424,6 +457,7 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
         (&Method::POST, "/v1/tokenize" | "/tokenize", Dialect::Sglang) => {
             sglang::tokenize(state, &parts.headers, &body)
         }
+        (&Method::POST, "/detokenize", Dialect::Sglang) => resume::detokenize(&body),
         (&Method::POST, "/generate", Dialect::Sglang) => {
             sglang::generate(state, &parts.headers, &body).await
         }

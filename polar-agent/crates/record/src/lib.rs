@@ -77,6 +77,26 @@ pub struct BackendInfo {
     pub weight_version: Option<String>,
 }
 
+/// A reply that went on after its backend failed mid-generation: it was
+/// resumed from the tokens generated so far, on the same or another
+/// replica, and the harness got one reply. Its token ids and logprobs are
+/// those of every part, in order, in the record's `response_token_ids` and
+/// `response_logprobs`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumed {
+    /// The replica of each part, in order (the first is the one that
+    /// failed first; the last one finished the reply).
+    pub replicas: Vec<String>,
+    /// The number of response token ids each part generated.
+    pub part_tokens: Vec<u32>,
+    /// The weight version each part's replica reported (empty string when
+    /// it reported none): parts generated on both sides of a weight update
+    /// differ.
+    pub weight_versions: Vec<String>,
+    /// Why each part but the last ended (a cut, an `abort` finish...).
+    pub faults: Vec<String>,
+}
+
 /// One captured model call.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CompletionRecord {
@@ -122,6 +142,10 @@ pub struct CompletionRecord {
     pub backend: BackendInfo,
     /// Timings.
     pub timings: Timings,
+    /// Set when the reply was resumed after a backend fault (absent
+    /// otherwise, and in logs written before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<Resumed>,
     /// Outcome.
     #[serde(flatten)]
     pub status: CallStatus,

@@ -21,6 +21,7 @@ pub fn build(records: &[CompletionRecord]) -> (Vec<Trace>, ReconstructionStats) 
     }
     let mut stats = ReconstructionStats {
         calls: records.len(),
+        resumed_calls: records.iter().filter(|r| r.resumed.is_some()).count(),
         calls_dropped: dropped,
         ..ReconstructionStats::default()
     };

@@ -86,6 +86,7 @@ pub fn build(
     dropped.extend(counts.dropped);
     let mut stats = ReconstructionStats {
         calls: records.len(),
+        resumed_calls: records.iter().filter(|r| r.resumed.is_some()).count(),
         calls_dropped: dropped,
         retries_superseded: counts.retries_superseded,
         forks: counts.forks,

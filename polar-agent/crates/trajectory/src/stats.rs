@@ -42,6 +42,11 @@ pub struct ReconstructionStats {
     /// is in this trajectory.
     #[serde(default)]
     pub superseded_attempts: usize,
+    /// Calls whose reply went on after a backend fault (their record's
+    /// `resumed`): their tokens come from two or more replicas, possibly
+    /// on both sides of a weight update (`resumed.weight_versions`).
+    #[serde(default)]
+    pub resumed_calls: usize,
 }
 
 impl ReconstructionStats {

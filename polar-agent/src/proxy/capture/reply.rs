@@ -124,12 +124,14 @@ impl Ahead {
         {
             *prompt_kept = *prompt_version == stream.prompt_ids_version();
         }
+        let resumed = stream.resumed();
         Produced {
             events,
             tokens: stream.take_tokens(),
             backend: Some(stream.backend().clone()),
             timings: Some(stream.timings().clone()),
             backend_name: None,
+            resumed,
         }
     }
 

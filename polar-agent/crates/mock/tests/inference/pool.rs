@@ -1,5 +1,5 @@
 //! The pool against mock replicas: affinity, moving off a dead replica,
-//! retry only before a replica was reached, pause/resume, health checks.
+//! sending again a request that got no reply, pause/resume, health checks.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -159,7 +159,7 @@ async fn all_replicas_dead_is_unreachable() {
 }
 
 #[tokio::test]
-async fn no_retry_once_the_request_was_sent() {
+async fn a_request_lost_before_its_reply_began_goes_to_the_next_replica() {
     let healthy = mock::start(MockConfig::default()).await.unwrap();
     // A replica that takes the request and closes without answering.
     let black_hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -179,19 +179,29 @@ async fn no_retry_once_the_request_was_sent() {
     ))
     .unwrap();
     let session = session_on(client.pool(), &hole_url);
-    let err = client.chat(&session, &request(true)).await.unwrap_err();
+    // No output of it reached anyone: it is sent again, to the other one.
+    let done = client
+        .chat(&session, &request(true))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(done.backend.replica, healthy.url());
+    assert_eq!(done.backend.attempts, 2);
+    let stats = client.pool().stats();
+    assert_eq!(stats.replicas[1].requests, 1);
+    assert_eq!(stats.replicas[0].failures, 1);
+    assert!(
+        stats.replicas[0].healthy,
+        "a replica that took the request is not marked unreachable"
+    );
+    // With no other replica, the failure is the caller's.
+    let alone = Client::new(backend(Dialect::Vllm, vec![hole_url])).unwrap();
+    let err = alone.chat("s", &request(true)).await.unwrap_err();
     assert!(
         matches!(err, InferenceError::Disconnected { .. }),
         "{err:?}"
-    );
-    let stats = client.pool().stats();
-    assert_eq!(
-        stats.replicas[1].requests, 0,
-        "never retried on the healthy replica"
-    );
-    assert!(
-        stats.replicas[0].healthy,
-        "a replica that answered is not marked unreachable"
     );
     hole.abort();
     healthy.stop().await;

@@ -253,6 +253,7 @@ impl Sim {
                 weight_version: Some("v1".into()),
             },
             timings: Timings::default(),
+            resumed: None,
             status: CallStatus::Completed,
         });
         self.records.len() - 1

@@ -314,3 +314,23 @@ fn the_attempt_and_the_earlier_attempts_set_apart_are_recorded() {
     let back: Trajectory = serde_json::from_value(json).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(back, plain);
 }
+
+/// Calls whose reply went on after a backend fault are counted in the
+/// stats, with either builder, and their traces are the usual ones.
+#[test]
+fn resumed_calls_are_counted() {
+    let mut sim = two_chains();
+    sim.records[0].resumed = Some(polar_record::Resumed {
+        replicas: vec!["http://a".into(), "http://b".into()],
+        part_tokens: vec![2, 3],
+        weight_versions: vec!["1".into(), "2".into()],
+        faults: vec!["cut".into()],
+    });
+    for builder in [Builder::default(), Builder::PerRequest] {
+        let traj = build(&builder, &sim.records, &meta());
+        assert_eq!(check(&traj, &sim.records), Ok(()));
+        assert_eq!(traj.stats.resumed_calls, 1, "{builder:?}");
+    }
+    let traj = built(&two_chains(), SessionOutcome::Completed);
+    assert_eq!(traj.stats.resumed_calls, 0);
+}

@@ -1,0 +1,177 @@
+//! Going on with a reply from a local parse of the model's raw output:
+//! [`Resync`] knows what the harness already got (the events sent before a
+//! backend fault, [`Resync::observe`]) and, given what the output parses
+//! into so far ([`ParsedOutput`], which only grows), yields the events that
+//! go beyond it: the reasoning and text suffixes, the tool calls' new
+//! names and argument suffixes, per tool index. What was sent must stay a
+//! prefix of the parse: where the parse is behind, nothing is yielded until
+//! it catches up; where it disagrees (or is still behind once the output is
+//! over) the reply cannot go on ([`OutputError::Diverged`]), and nothing
+//! inconsistent is ever yielded. Every field is compared in the order a
+//! reply carries them (reasoning, text, tool calls): a field that is
+//! behind holds back the later ones.
+
+use super::{OutputError, ParsedCall, ParsedOutput};
+use crate::{FinishReason, StreamEvent};
+
+/// What the harness has, and the events that continue it.
+#[derive(Clone, Debug, Default)]
+pub struct Resync {
+    response_id: String,
+    sent: ParsedOutput,
+}
+
+/// Where a sent field stands against the parse.
+enum Standing {
+    /// The parse has this much more (possibly nothing).
+    Ahead(String),
+    /// The parse has less so far, and what it has agrees.
+    Behind,
+}
+
+fn compare(
+    sent: &str,
+    parsed: &str,
+    parsed_final: bool,
+    what: &str,
+) -> Result<Standing, OutputError> {
+    if let Some(more) = parsed.strip_prefix(sent) {
+        return Ok(Standing::Ahead(more.to_owned()));
+    }
+    if !parsed_final && sent.starts_with(parsed) {
+        return Ok(Standing::Behind);
+    }
+    Err(OutputError::Diverged(format!(
+        "the {what} sent ({} bytes) is not a prefix of the parsed {what} ({} bytes{})",
+        sent.len(),
+        parsed.len(),
+        if parsed_final { ", final" } else { "" }
+    )))
+}
+
+impl Resync {
+    /// Nothing sent yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes an event the harness got.
+    pub fn observe(&mut self, event: &StreamEvent) {
+        match event {
+            StreamEvent::Start { id, .. } => self.response_id.clone_from(id),
+            StreamEvent::ReasoningDelta { text } => self.sent.reasoning.push_str(text),
+            StreamEvent::ReasoningDone { .. } => self.sent.reasoning_done = true,
+            StreamEvent::TextDelta { text } => self.sent.content.push_str(text),
+            StreamEvent::ToolCallStart { index, name, .. } => {
+                let i = *index as usize;
+                while self.sent.calls.len() <= i {
+                    self.sent.calls.push(ParsedCall::default());
+                }
+                self.sent.calls[i].name.clone_from(name);
+            }
+            StreamEvent::ToolCallDelta { index, arguments } => {
+                if let Some(call) = self.sent.calls.get_mut(*index as usize) {
+                    call.arguments.push_str(arguments);
+                }
+            }
+            StreamEvent::Finish { .. } => {}
+        }
+    }
+
+    /// What the harness has (as a parse).
+    pub fn sent(&self) -> &ParsedOutput {
+        &self.sent
+    }
+
+    /// The events that take the harness from what it has to `parsed`
+    /// (`finished`: the output is over, so `parsed` is final). They are
+    /// not noted as sent: [`Resync::observe`] each one as it goes out
+    /// (before the next step).
+    pub fn step(
+        &self,
+        parsed: &ParsedOutput,
+        finished: bool,
+    ) -> Result<Vec<StreamEvent>, OutputError> {
+        let mut out = Vec::new();
+        let sent = &self.sent;
+        let reasoning_final = parsed.reasoning_done || finished;
+        match compare(
+            &sent.reasoning,
+            &parsed.reasoning,
+            reasoning_final,
+            "reasoning",
+        )? {
+            Standing::Behind => return Ok(out),
+            Standing::Ahead(more) if !more.is_empty() => {
+                out.push(StreamEvent::ReasoningDelta { text: more });
+            }
+            Standing::Ahead(_) => {}
+        }
+        if !reasoning_final {
+            return Ok(out);
+        }
+        if !sent.reasoning_done && !parsed.reasoning.is_empty() {
+            out.push(StreamEvent::ReasoningDone { signature: None });
+        }
+        match compare(&sent.content, &parsed.content, finished, "text")? {
+            Standing::Behind => return Ok(out),
+            Standing::Ahead(more) if !more.is_empty() => {
+                out.push(StreamEvent::TextDelta { text: more });
+            }
+            Standing::Ahead(_) => {}
+        }
+        for (i, call) in parsed.calls.iter().enumerate() {
+            let index = i as u32;
+            let Some(was) = sent.calls.get(i) else {
+                out.push(StreamEvent::ToolCallStart {
+                    index,
+                    id: format!("{}-call-{i}", self.response_id),
+                    name: call.name.clone(),
+                });
+                if !call.arguments.is_empty() {
+                    out.push(StreamEvent::ToolCallDelta {
+                        index,
+                        arguments: call.arguments.clone(),
+                    });
+                }
+                continue;
+            };
+            if was.name != call.name {
+                return Err(OutputError::Diverged(format!(
+                    "tool call {i} was sent as {:?}, parsed as {:?}",
+                    was.name, call.name
+                )));
+            }
+            let what = "tool call arguments";
+            match compare(&was.arguments, &call.arguments, call.done || finished, what)? {
+                Standing::Behind => return Ok(out),
+                Standing::Ahead(more) if !more.is_empty() => {
+                    out.push(StreamEvent::ToolCallDelta {
+                        index,
+                        arguments: more,
+                    });
+                }
+                Standing::Ahead(_) => {}
+            }
+        }
+        if finished && sent.calls.len() > parsed.calls.len() {
+            return Err(OutputError::Diverged(format!(
+                "{} tool call(s) were sent, the output has {}",
+                sent.calls.len(),
+                parsed.calls.len()
+            )));
+        }
+        Ok(out)
+    }
+}
+
+impl ParsedOutput {
+    /// The finish reason of the reply this output ends, from the one the
+    /// token-in endpoint gave (which knows nothing of tool calls).
+    pub fn finish_reason(&self, backend: FinishReason) -> FinishReason {
+        match backend {
+            FinishReason::Stop if !self.calls.is_empty() => FinishReason::ToolCalls,
+            other => other,
+        }
+    }
+}
