@@ -298,7 +298,7 @@ fn parse_alpn(data: &[u8]) -> Option<Vec<Vec<u8>>> {
 /// digits, `-` and `_`, labels of 1 to 63 bytes not starting or ending with
 /// `-`, at most 253 bytes, no trailing dot, and a last label that is not all
 /// digits (which rules out IPv4 literals).
-pub(crate) fn normalize_dns_name(name: &str) -> Option<String> {
+pub fn normalize_dns_name(name: &str) -> Option<String> {
     if name.is_empty() || name.len() > 253 {
         return None;
     }
