@@ -69,10 +69,23 @@ pub fn run_all(secs: u64) -> Result<()> {
     fuzz(&targets()?, secs)
 }
 
+/// `cargo +nightly`, without the variables `cargo xtask` (a `cargo run`)
+/// was given: cargo-fuzz would run the stable `cargo` that `CARGO` names,
+/// and a build under another cargo or toolchain than the last one rebuilds
+/// everything.
+fn nightly_cargo() -> Result<Cmd> {
+    Ok(Cmd::new("cargo")?
+        .arg("+nightly")
+        .env_remove("CARGO")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC"))
+}
+
 /// The targets `fuzz/Cargo.toml` declares.
 fn targets() -> Result<Vec<String>> {
-    let out = Cmd::new("cargo")?
-        .args(["+nightly", "fuzz", "list"])
+    let out = nightly_cargo()?
+        .args(["fuzz", "list"])
         .probe()
         .context("`cargo +nightly fuzz list` failed")?;
     let list: Vec<String> = out
@@ -90,8 +103,8 @@ fn targets() -> Result<Vec<String>> {
 fn fuzz(targets: &[String], secs: u64) -> Result<()> {
     let root = workspace_root()?;
     eprintln!("==> fuzz: building {} targets", targets.len());
-    Cmd::new("cargo")?
-        .args(["+nightly", "fuzz", "build", "--debug-assertions"])
+    nightly_cargo()?
+        .args(["fuzz", "build", "--debug-assertions"])
         .run()?;
     for t in targets {
         let scratch = root.join("target/fuzz-corpus").join(t);
@@ -99,8 +112,8 @@ fn fuzz(targets: &[String], secs: u64) -> Result<()> {
             .with_context(|| format!("could not create {}", scratch.display()))?;
         let corpus = root.join("fuzz/corpus").join(t);
         eprintln!("==> fuzz: {t} for {secs} s");
-        Cmd::new("cargo")?
-            .args(["+nightly", "fuzz", "run", "--debug-assertions", t])
+        nightly_cargo()?
+            .args(["fuzz", "run", "--debug-assertions", t])
             .arg(&scratch)
             .arg(&corpus)
             .arg("--")
@@ -126,8 +139,8 @@ fn minimize(target: &str) -> Result<()> {
     let root = workspace_root()?;
     let corpus = root.join("fuzz/corpus").join(target);
     copy_new(&root.join("target/fuzz-corpus").join(target), &corpus)?;
-    Cmd::new("cargo")?
-        .args(["+nightly", "fuzz", "cmin", "--debug-assertions", target])
+    nightly_cargo()?
+        .args(["fuzz", "cmin", "--debug-assertions", target])
         .arg(&corpus)
         .run()
 }
