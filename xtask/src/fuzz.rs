@@ -70,16 +70,24 @@ pub fn run_all(secs: u64) -> Result<()> {
 }
 
 /// `cargo +nightly`, without the variables `cargo xtask` (a `cargo run`)
-/// was given: cargo-fuzz would run the stable `cargo` that `CARGO` names,
-/// and a build under another cargo or toolchain than the last one rebuilds
-/// everything.
+/// was given (`CARGO`, `CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...; the
+/// toolchain's): the fuzz build sees the environment a shell gives it, so
+/// runs from a shell and from xtask do not rebuild each other's crates.
 fn nightly_cargo() -> Result<Cmd> {
-    Ok(Cmd::new("cargo")?
-        .arg("+nightly")
-        .env_remove("CARGO")
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("RUSTC")
-        .env_remove("RUSTDOC"))
+    let mut cmd = Cmd::new("cargo")?.arg("+nightly");
+    for (key, _) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        let from_cargo = key.starts_with("CARGO") && key != "CARGO_HOME";
+        if from_cargo
+            || matches!(
+                key,
+                "RUSTUP_TOOLCHAIN" | "RUSTC" | "RUSTDOC" | "LD_LIBRARY_PATH"
+            )
+        {
+            cmd = cmd.env_remove(key);
+        }
+    }
+    Ok(cmd)
 }
 
 /// The targets `fuzz/Cargo.toml` declares.
