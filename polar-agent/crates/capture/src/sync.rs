@@ -10,15 +10,15 @@
 //! next round's syncs, whatever their session. A sync covers every line
 //! written to its file before it began (each file counts its writes; a
 //! registration whose line an earlier sync already covered is answered
-//! without another). Files of one round are synced one after the other:
-//! on ext4 the first commits the journal transaction holding the other
-//! files' size changes too, so the rest are mostly the device's cache
-//! flush.
+//! without another). The files of one round are synced side by side, by
+//! up to 16 threads: the file system commits their journal entries
+//! together and the device flushes once for them (synced one after the
+//! other, each file paid a flush of its own: slower at 64 sessions than a
+//! sync per call on threads of their own).
 //!
-//! One thread, not io_uring: a round's syncs are few (one per session with
-//! a call ending) and the thread holds none of the calls' threads, so
-//! submitting them together would save little; BENCHMARKS.md ("Capture log
-//! durability") has the figures. The thread ends when the store and every
+//! Threads, not io_uring: not measured (no io_uring crate is in the
+//! dependency tree); BENCHMARKS.md ("Capture log durability") has the
+//! figures of this design. The thread ends when the store and every
 //! log that shares it are gone.
 //!
 //! A failed sync fails the registrations of its round for that file (their
@@ -185,36 +185,73 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Syncs each file of `round` once and answers its waiters.
+/// Most threads syncing one round's files at once.
+const SYNC_THREADS: usize = 16;
+
+/// Syncs each file of `round` once and answers its waiters: the files of
+/// a round are synced side by side (up to [`SYNC_THREADS`] at once), so the
+/// file system commits their journal entries together and the device
+/// flushes once for them, not once per file.
 fn sync_round(shared: &Shared, round: &mut Vec<Waiter>) {
     round.sort_by_key(|w| Arc::as_ptr(&w.target) as usize);
-    let mut waiters = round.drain(..).peekable();
-    while let Some(first) = waiters.next() {
-        let target = Arc::clone(&first.target);
-        let mut group = vec![first];
-        while let Some(next) = waiters.next_if(|w| Arc::ptr_eq(&w.target, &target)) {
-            group.push(next);
+    let mut groups: Vec<Vec<Waiter>> = Vec::new();
+    for w in round.drain(..) {
+        match groups.last_mut() {
+            Some(g) if Arc::ptr_eq(&g[0].target, &w.target) => g.push(w),
+            _ => groups.push(vec![w]),
         }
-        let count = &target.count;
-        let result = if group.iter().all(|w| count.is_durable(w.line)) {
-            Ok(())
-        } else {
-            // Every line numbered up to `upto` is written: the sync that
-            // begins now covers them.
-            let upto = count.written.load(Ordering::Acquire);
-            shared.syncs.fetch_add(1, Ordering::Relaxed);
-            match (shared.sync)(&target.file) {
-                Ok(()) => {
-                    count.durable.fetch_max(upto, Ordering::AcqRel);
-                    Ok(())
-                }
-                Err(e) => Err(Arc::new(e)),
+    }
+    if groups.len() == 1 {
+        groups.into_iter().for_each(|g| sync_group(shared, g));
+        return;
+    }
+    let per_thread = groups.len().div_ceil(SYNC_THREADS);
+    let mut chunks = Vec::new();
+    while !groups.is_empty() {
+        let rest = groups.split_off(groups.len().saturating_sub(per_thread));
+        chunks.push(rest);
+    }
+    std::thread::scope(|scope| {
+        for chunk in chunks {
+            let work = move || chunk.into_iter().for_each(|g| sync_group(shared, g));
+            // Without a thread its waiters are dropped unanswered: their
+            // calls fail (the syncing thread's error), none is released.
+            let spawned = std::thread::Builder::new()
+                .name("polar-capture-sync".into())
+                .spawn_scoped(scope, work);
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "no thread to sync capture logs; their calls fail");
             }
-        };
-        for w in group {
-            // A waiter that went away (its call cancelled) needs no answer.
-            let _ = w.answer.send(result.clone());
         }
+    });
+}
+
+/// Syncs one file for its waiters (unless an earlier sync covered them all)
+/// and answers them.
+fn sync_group(shared: &Shared, group: Vec<Waiter>) {
+    let Some(first) = group.first() else {
+        return;
+    };
+    let target = Arc::clone(&first.target);
+    let count = &target.count;
+    let result = if group.iter().all(|w| count.is_durable(w.line)) {
+        Ok(())
+    } else {
+        // Every line numbered up to `upto` is written: the sync that
+        // begins now covers them.
+        let upto = count.written.load(Ordering::Acquire);
+        shared.syncs.fetch_add(1, Ordering::Relaxed);
+        match (shared.sync)(&target.file) {
+            Ok(()) => {
+                count.durable.fetch_max(upto, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(e) => Err(Arc::new(e)),
+        }
+    };
+    for w in group {
+        // A waiter that went away (its call cancelled) needs no answer.
+        let _ = w.answer.send(result.clone());
     }
 }
 
