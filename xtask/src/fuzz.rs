@@ -110,7 +110,7 @@ fn targets() -> Result<Vec<String>> {
 
 fn fuzz(targets: &[String], secs: u64) -> Result<()> {
     let root = workspace_root()?;
-    eprintln!("==> fuzz: building {} targets", targets.len());
+    eprintln!("==> fuzz: building the targets ({} to run)", targets.len());
     nightly_cargo()?
         .args(["fuzz", "build", "--debug-assertions"])
         .run()?;
