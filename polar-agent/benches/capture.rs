@@ -17,9 +17,14 @@
 //!    sessions, every record synced), with the agent's resident memory
 //!    sampled from `/proc`.
 //!
+//! 4. **Capture log durability** (`capture/durability.rs`): each
+//!    `agent.capture_durability` mode's added latency and throughput on
+//!    separate cores.
+//!
 //! Both servers are the release `polar` binary in child processes; the
 //! client is this process. Set `CAPTURE_BENCH_ONLY` to a comma-separated
-//! list of `stage`, `ttft`, `concurrent` to run only those parts.
+//! list of `stage`, `ttft`, `concurrent`, `durability` to run only those
+//! parts.
 #![allow(
     clippy::print_stdout,
     clippy::unwrap_used,
@@ -40,11 +45,12 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
+use polar_capture::GroupCommit;
 use polar_capture::build::{Draft, Produced, call_id, keep_event, now_ms};
 use polar_capture::encode::{
     PartHead, PartPrompt, PreEncoded, RecordParts, encode_end, encode_record, encode_request_part,
 };
-use polar_capture::log::{Durability, LogFile, encode_line};
+use polar_capture::log::{LogFile, encode_line};
 use polar_capture::tokens_json::ReplyTokensJson;
 use polar_chat::provider::sse::EventJson as _;
 use polar_chat::provider::{self, Detected, StreamEncoder};
@@ -57,6 +63,9 @@ use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::tokenizer;
 use polar_record::NativeRequest;
 use polar_sse::SseParser;
+
+#[path = "capture/durability.rs"]
+mod durability;
 
 // ------------------------------------------------------------- helpers
 
@@ -219,12 +228,19 @@ fn stage_work() {
         response_logprobs: Some((0..200).map(|i| -0.01 * i as f32).collect()),
     };
     let dir = tempfile::tempdir().unwrap();
-    let (nosync, _) = LogFile::open(&dir.path().join("a.jsonl"), Durability::NoSync).unwrap();
-    let (sync, _) = LogFile::open(&dir.path().join("b.jsonl"), Durability::Sync).unwrap();
+    // `process` durability (written, not synced), and `power` (synced by
+    // the syncing thread, alone here).
+    let commit = GroupCommit::start().unwrap();
+    let nosync = Arc::new(LogFile::open(&dir.path().join("a.jsonl"), None).unwrap().0);
+    let sync = Arc::new(
+        LogFile::open(&dir.path().join("b.jsonl"), Some(commit))
+            .unwrap()
+            .0,
+    );
     // The logs are emptied now and then (between timed steps), so the run
     // needs tens of megabytes of disk, not a gigabyte.
     let cap_logs = || {
-        for log in [&nosync, &sync] {
+        for log in [&*nosync, &*sync] {
             let f = std::fs::OpenOptions::new()
                 .write(true)
                 .open(log.path())
@@ -303,12 +319,12 @@ fn stage_work() {
         let part = encode_request_part(&head, &pre, Some(&prompt_ids))
             .unwrap()
             .unwrap();
-        nosync.append_line(&part).unwrap();
+        let _written = nosync.append_line(&part).unwrap();
         d[3] = t3.elapsed();
         // The ids the part was written from, given back for the end (a
         // move on the agent).
         let parts = RecordParts::InRequestPart(PartPrompt::Ids(prompt_ids.clone()));
-        sync.append_line(&part).unwrap();
+        let _written = sync.append_line(&part).unwrap();
         part_len = part.len();
 
         // 4. End of the call, as the agent does it: the tokens of the last
@@ -340,20 +356,21 @@ fn stage_work() {
         );
         let built = t4.elapsed();
         let end = encode_end(&record, &parts, &reply_tokens).unwrap();
-        nosync.append_line(&end).unwrap();
+        let _written = nosync.append_line(&end).unwrap();
         d[4] = t4.elapsed();
         end_len = end.len();
 
         // 5. The same with fdatasync.
         let t5 = Instant::now();
         let end = encode_end(&record, &parts, &reply_tokens).unwrap();
-        sync.append_line(&end).unwrap();
+        sync.durable_blocking(sync.append_line(&end).unwrap())
+            .unwrap();
         d[5] = built + t5.elapsed();
 
         // 6. For comparison: the whole line serialized at the end.
         let t6 = Instant::now();
         let line = encode_line(&record).unwrap();
-        nosync.append_line(&line).unwrap();
+        let _written = nosync.append_line(&line).unwrap();
         d[6] = t6.elapsed();
 
         // 7. For comparison: the whole line with the parts serialized
@@ -363,7 +380,7 @@ fn stage_work() {
         pre.prompt_token_ids = PreEncoded::prompt(&prompt_ids);
         let t7 = Instant::now();
         let line = encode_record(&record, &pre, &reply_tokens).unwrap();
-        nosync.append_line(&line).unwrap();
+        let _written = nosync.append_line(&line).unwrap();
         d[7] = built + t7.elapsed();
         line_len = line.len();
 
@@ -852,5 +869,20 @@ fn main() {
     }
     if run("concurrent") {
         rt.block_on(concurrent());
+    }
+    if run("durability") {
+        // The client's threads on CPU 0, with the mock (the agent on CPU 1).
+        let mut cpu0 = nix::sched::CpuSet::new();
+        cpu0.set(0).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .on_thread_start(move || {
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu0);
+            })
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(durability::durability());
     }
 }

@@ -2,7 +2,10 @@
 //! SIGKILL while replies stream; every call whose reply had completed is in
 //! its session's log, intact (the calls cut short leave at most a torn
 //! last line and request parts without completion, reported and skipped),
-//! and a restarted agent continues the logs.
+//! and a restarted agent continues the logs. Both
+//! `agent.capture_durability` modes promise this (`process` writes without
+//! syncing: the page cache outlives the process); what only `power`
+//! promises, a power loss, is simulated in `polar-capture`'s `sync_tests`.
 #![allow(
     clippy::unwrap_used,
     reason = "test helpers: a failed step fails the test"
@@ -79,6 +82,15 @@ async fn one_call(addr: SocketAddr, session: &str, n: usize) -> Option<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_streams_loses_no_completed_call() {
+    sigkill_during_streams("power").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_during_streams_loses_no_completed_call_in_process_mode() {
+    sigkill_during_streams("process").await;
+}
+
+async fn sigkill_during_streams(durability: &str) {
     let mock = mock::start(MockConfig {
         token_latency: Duration::from_millis(1),
         ..MockConfig::default()
@@ -90,7 +102,7 @@ async fn sigkill_during_streams_loses_no_completed_call() {
     std::fs::write(
         &config,
         format!(
-            "[agent]\nstate_dir = \"{}\"\n{}",
+            "[agent]\nstate_dir = \"{}\"\ncapture_durability = \"{durability}\"\n{}",
             state.path().display(),
             backend_toml("mock", &mock.url(), 5000)
         ),

@@ -100,6 +100,12 @@ impl Cmd {
         self
     }
 
+    /// Leaves `key` out of the command's environment.
+    pub fn env_remove(mut self, key: &str) -> Self {
+        self.inner.env_remove(key);
+        self
+    }
+
     /// The command line as it could be typed into a shell.
     pub fn shown(&self) -> &str {
         &self.shown

@@ -133,6 +133,7 @@ pub const LAYERS: &[Layer] = &[
     row("polar-ids", Class::Pure, &["polar-common"]),
     row("polar-json", Class::Pure, &[]),
     row("polar-sse", Class::Pure, &[]),
+    row("polar-wire", Class::Pure, &[]),
     row("polar-metrics", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
     row("polar-record", Class::Pure, &["polar-chat", "polar-json"]),

@@ -10,6 +10,7 @@ mod dashboard;
 mod demo;
 mod dist;
 mod docker;
+mod fuzz;
 mod harnesses;
 mod layers;
 mod python;
@@ -50,6 +51,9 @@ enum Task {
     /// Set up, then run formatting, clippy, the layer check, cargo-deny, the
     /// debug build and all tests (privileged ones need root).
     Test(test::TestArgs),
+    /// Run the fuzz targets of fuzz/ (cargo fuzz, nightly), each for
+    /// `--secs` seconds, from their committed corpora.
+    Fuzz(fuzz::FuzzArgs),
     /// Check the crate layering against the table in xtask/src/layers.rs
     /// and that the crate graph in ARCHITECTURE.md is up to date.
     Layers {
@@ -84,6 +88,7 @@ fn main() -> ExitCode {
         Task::Build => release::run(),
         Task::Dist => dist::run(),
         Task::Test(args) => test::run(args),
+        Task::Fuzz(args) => fuzz::run(args),
         Task::Layers { write } => layers::run(write),
         Task::Demo(args) => demo::run(args),
         Task::Dashboard => dashboard::run_alone(),

@@ -5,7 +5,7 @@
 //! changes nothing and takes seconds. One line per item says whether it was
 //! already present or has just been installed. `cargo xtask demo` installs
 //! only what building and running the demo takes ([`Scope::Demo`]); every
-//! other command everything ([`Scope::All`]), cargo-deny, the tools only
+//! other command everything ([`Scope::All`]), cargo-deny, cargo-fuzz, the tools only
 //! the tests call and the Python client's environments ([`python`])
 //! included.
 
@@ -20,8 +20,8 @@ pub enum Scope {
     /// Building `polar` (LLVM 22, nightly + rust-src, bpf-linker) and
     /// running the demo (bubblewrap, python3, kill).
     Demo,
-    /// Everything, for the tests too: cargo-deny, the tools they call and
-    /// the Python environments of `python/`.
+    /// Everything, for the tests too: cargo-deny, cargo-fuzz, the tools
+    /// they call and the Python environments of `python/`.
     All,
 }
 
@@ -69,6 +69,8 @@ const BPF_LINKER_VERSION: &str = "0.13";
 const LLVM_22_PREFIX: &str = "/usr/lib/llvm-22";
 /// cargo-deny 0.20 builds with rustc 1.88 and later.
 const CARGO_DENY_VERSION: &str = "0.20";
+/// cargo-fuzz, run with the nightly toolchain.
+const CARGO_FUZZ_VERSION: &str = "0.13";
 
 /// Checks every item `scope` needs and installs the missing ones.
 pub fn run(scope: Scope) -> Result<()> {
@@ -83,6 +85,7 @@ pub fn run(scope: Scope) -> Result<()> {
     bpf_linker()?;
     if scope >= Scope::All {
         cargo_deny()?;
+        cargo_fuzz()?;
         // polar-client's tests, and its bridges' with their trainers.
         for venv in python::ALL {
             venv.ensure()?;
@@ -224,6 +227,40 @@ fn bpf_linker() -> Result<()> {
              not {BPF_LINKER_VERSION}.x; is another bpf-linker earlier on PATH?"
         ),
     }
+    Ok(())
+}
+
+/// What `cargo xtask fuzz` needs: nightly (the sanitizer flags) and
+/// cargo-fuzz.
+pub fn fuzz_tools() -> Result<()> {
+    nightly_toolchain()?;
+    cargo_fuzz()
+}
+
+/// cargo-fuzz, for the fuzz targets (`cargo xtask fuzz`, and the tests'
+/// short runs).
+fn cargo_fuzz() -> Result<()> {
+    let wanted = format!("{CARGO_FUZZ_VERSION}.");
+    let present = Cmd::new("cargo")?
+        .args(["fuzz", "--version"])
+        .probe()
+        // `cargo-fuzz 0.13.2`
+        .is_some_and(|out| {
+            out.split_whitespace()
+                .nth(1)
+                .is_some_and(|v| v.starts_with(&wanted))
+        });
+    if present {
+        report("cargo-fuzz", "present");
+        return Ok(());
+    }
+    Cmd::new("cargo")?
+        .args(["install", "cargo-fuzz", "--version"])
+        .arg(format!("~{CARGO_FUZZ_VERSION}"))
+        .arg("--locked")
+        .run()
+        .context("could not install cargo-fuzz")?;
+    report("cargo-fuzz", "installed");
     Ok(())
 }
 

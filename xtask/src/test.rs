@@ -11,7 +11,8 @@
 //! cluster ([`slurm::Cluster`]) run for the length of the test step, for
 //! the docker runtime's tests (`POLAR_TEST_DOCKER_HOST`,
 //! `POLAR_TEST_DOCKER_IMAGE`) and the Slurm rollout tests
-//! (`POLAR_TEST_SLURM_CONF`). The last step
+//! (`POLAR_TEST_SLURM_CONF`). Before the tests, every fuzz target runs for
+//! a few seconds from its committed corpus ([`fuzz`]). The last step
 //! checks and tests the Python client (`python/`) in the environments
 //! `cargo xtask setup` made ([`python`]); then, with root, the dashboard
 //! in headless Chromium ([`dashboard`]).
@@ -19,7 +20,7 @@
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, is_root, workspace_root};
-use crate::{dashboard, docker, harnesses, layers, python, setup, slurm};
+use crate::{dashboard, docker, fuzz, harnesses, layers, python, setup, slurm};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -35,6 +36,8 @@ enum Step {
         cmd: Box<Cmd>,
         services: bool,
     },
+    /// Every fuzz target for a few seconds ([`fuzz::run_all`]).
+    Fuzz,
     /// The Python client's type check and tests ([`python_tests`]).
     Python {
         privileged: bool,
@@ -109,6 +112,7 @@ pub fn run(args: TestArgs) -> Result<()> {
             "debug build of polar",
             Step::run(Cmd::new("cargo")?.args(["build", "--bin", "polar"])),
         ),
+        ("fuzz targets", Step::Fuzz),
         (
             "tests",
             Step::Tests {
@@ -166,6 +170,13 @@ pub fn run(args: TestArgs) -> Result<()> {
                 drop(cluster);
                 drop(engine);
                 result?;
+            }
+            Step::Fuzz => {
+                eprintln!(
+                    "==> test step {number}/{total} ({name}): cargo xtask fuzz --secs {}",
+                    fuzz::TEST_SECS
+                );
+                fuzz::run_all(fuzz::TEST_SECS).with_context(failed)?;
             }
             Step::Python { privileged } => {
                 eprintln!("==> test step {number}/{total} ({name}): mypy and pytest in python/");

@@ -29,7 +29,7 @@ use crate::tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
     ServerConfigFactory, TrustFiles, write_trust_files,
 };
-use polar_capture::{CaptureStore, Durability, SessionRegistry};
+use polar_capture::{CaptureStore, SessionRegistry};
 use polar_io::tasks::Tasks;
 
 /// Errors assembling the agent.
@@ -178,18 +178,14 @@ pub struct AgentParts {
 }
 
 impl AgentParts {
-    /// Builds the parts with the capture stage, syncing every record.
+    /// Builds the parts with the capture stage, its records as durable as
+    /// `agent.capture_durability` says.
     pub fn build(config: Config) -> Result<Self, AgentError> {
-        Self::build_with(config, Durability::Sync)
-    }
-
-    /// Builds the parts with the capture stage and the given durability.
-    pub fn build_with(config: Config, durability: Durability) -> Result<Self, AgentError> {
         let tasks = Tasks::new();
         let registry = Arc::new(SessionRegistry::new());
         let store = Arc::new(CaptureStore::new(
             &config.agent.state_dir,
-            durability,
+            config.agent.capture_durability,
             Arc::clone(&registry),
         ));
         let capture = Arc::new(Capture::from_config(&config, store, tasks.clone())?);

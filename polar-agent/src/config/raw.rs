@@ -56,6 +56,8 @@ pub struct RawAgent {
     pub state_dir: Option<String>,
     /// `log_format`: `text` or `json`.
     pub log_format: Option<LogFormat>,
+    /// `capture_durability`: `power` or `process`.
+    pub capture_durability: Option<polar_capture::Durability>,
 }
 
 /// `[sandbox]`.

@@ -30,6 +30,9 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Log format.
     pub log_format: LogFormat,
+    /// What a captured call's record survives once the harness may see its
+    /// reply complete.
+    pub capture_durability: polar_capture::Durability,
 }
 
 impl Default for AgentConfig {
@@ -37,6 +40,7 @@ impl Default for AgentConfig {
         Self {
             state_dir: PathBuf::from(defaults::STATE_DIR),
             log_format: LogFormat::default(),
+            capture_durability: polar_capture::Durability::default(),
         }
     }
 }
@@ -252,6 +256,7 @@ pub(crate) fn validate_agent(raw: &RawAgent) -> Result<AgentConfig, ConfigError>
     Ok(AgentConfig {
         state_dir,
         log_format: raw.log_format.unwrap_or_default(),
+        capture_durability: raw.capture_durability.unwrap_or_default(),
     })
 }
 
@@ -493,6 +498,7 @@ mod tests {
             let raw = RawAgent {
                 state_dir: Some(bad.into()),
                 log_format: None,
+                capture_durability: None,
             };
             assert!(
                 message(validate_agent(&raw)).starts_with("agent.state_dir: "),
@@ -502,11 +508,13 @@ mod tests {
         let raw = RawAgent {
             state_dir: Some("/srv//polar/./state/".into()),
             log_format: Some(LogFormat::Json),
+            capture_durability: Some(polar_capture::Durability::Process),
         };
         let Ok(agent) = validate_agent(&raw) else {
             panic!("valid");
         };
         assert_eq!(agent.state_dir, PathBuf::from("/srv/polar/state"));
+        assert_eq!(agent.capture_durability, polar_capture::Durability::Process);
     }
 
     #[test]

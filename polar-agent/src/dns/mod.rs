@@ -4,7 +4,7 @@
 //! agent maps it back to the name when the connection arrives); names the
 //! policy passes are resolved with the host's resolver; others get NXDOMAIN.
 
-pub mod wire;
+pub use polar_wire::dns as wire;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};

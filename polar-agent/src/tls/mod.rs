@@ -12,14 +12,14 @@ pub mod bundle;
 pub mod ca;
 pub mod constraints;
 pub mod leaf;
-pub mod peek;
 pub mod server;
 
 pub use bundle::{BundleError, TrustFiles, write_trust_files};
 pub use ca::{Ca, CaError, CaOptions, CaSummary};
 pub use constraints::{ConstraintsError, NameConstraintsSpec};
 pub use leaf::{LeafConfig, LeafError, LeafIssuer, LeafSubject};
-pub use peek::{ClientHelloInfo, MAX_PEEK_LEN, Peek, classify};
+pub use polar_wire::peek;
+pub use polar_wire::peek::{ClientHelloInfo, MAX_PEEK_LEN, Peek, classify};
 pub use server::{LeafResolver, ServerConfigFactory, server_config};
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Capture of model calls: how the record of each call (`polar-record`) is
 //! built from a call's parts ([`build`]), the
-//! durable per-session log it is appended to ([`log`]; its lines written by
+//! durable per-session log it is appended to ([`log`], synced in groups by
+//! the syncing thread of `sync`; its lines written by
 //! [`encode`], the call's request part while the backend generates by
 //! [`part`], the reply's token data while it streams by [`tokens_json`],
 //! read and joined by [`lines`]), the store of all
@@ -21,7 +22,8 @@
 //! `polar-inference` (the backend's stream a record is built from) and
 //! `polar-io`; it must not know the proxy, the gateway or trajectories (the
 //! proxy's capture stage calls into it). Tests: the unit tests beside each
-//! module (`log_tests`, `lines_tests`, the encoders' byte-for-byte checks)
+//! module (`log_tests`, `lines_tests`, `sync_tests` with the simulated power
+//! loss, the encoders' byte-for-byte checks)
 //! and the agent's `capture_e2e`, `capture_failures`, `capture_kill`.
 
 pub mod build;
@@ -32,9 +34,11 @@ pub mod part;
 mod session;
 mod stats;
 pub mod store;
+mod sync;
 pub mod tokens_json;
 
 pub use log::{Durability, LogError, LogProblem, parse_calls, parse_log, read_log};
 pub use session::{INSTRUCTION_KEY, POLICY_VERSION_KEY, SessionInfo, SessionRegistry};
 pub use stats::CaptureStats;
 pub use store::{CaptureStore, SessionLog};
+pub use sync::GroupCommit;

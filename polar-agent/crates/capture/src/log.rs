@@ -17,10 +17,16 @@
 //!   the part's.
 //!
 //! Writing ([`LogFile`]): the file is opened with `O_APPEND`; each line is
-//! written with one `write` call, then `fdatasync`ed (unless
-//! [`Durability::NoSync`]). A call's whole record or completion is on disk
-//! before the caller may send the last byte of the reply. A crash loses at
-//! most the calls in flight, whose replies the harness never saw complete.
+//! written with one `write` call. A call's whole record or completion is
+//! then made durable per the store's [`Durability`] before the caller may
+//! send the last byte of the reply: with [`Durability::Power`] (the
+//! default) a `fdatasync` begun after the write has returned (group commit,
+//! [`super::sync`]: the calls that end together share their syncs), so a
+//! power loss loses at most the calls in flight, whose replies the harness
+//! never saw complete; with [`Durability::Process`] the write alone (in the
+//! kernel's page cache: the agent's crash or SIGKILL loses nothing the
+//! harness saw complete, a power loss may). A request part is only written:
+//! the sync of its call's completion, later in the same file, covers it.
 //!
 //! Reading ([`read_log`], [`parse_calls`], [`parse_log`]), streaming, for
 //! the agent and `polar export` alike: never panics; one record per whole
@@ -38,23 +44,30 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::oneshot;
 
 use super::lines::{Joiner, LogLine, parse_line};
+use super::sync::{GroupCommit, SyncResult, WriteCount};
 use polar_record::CompletionRecord;
 
 /// Name of the record file inside a session directory.
 pub const CALLS_FILE: &str = "calls.jsonl";
 
-/// Whether appends wait for the disk.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a call's record survives once the harness may see its reply
+/// complete (`agent.capture_durability`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Durability {
-    /// `fdatasync` after every record (the default: nothing acknowledged is
-    /// lost).
+    /// A power loss: the record's line is `fdatasync`ed before the reply's
+    /// last bytes are released, syncs shared by the calls that end together
+    /// (group commit).
     #[default]
-    Sync,
-    /// Leave flushing to the kernel (benchmarks, tests of other things).
-    NoSync,
+    Power,
+    /// The agent's crash or SIGKILL, not a power loss: the line is written
+    /// (to the page cache), not synced.
+    Process,
 }
 
 /// Errors of the capture log and store.
@@ -241,13 +254,21 @@ pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, LogError> {
     Ok(line)
 }
 
+/// A line written to a [`LogFile`], to wait on with [`LogFile::durable`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a written line is not durable until `LogFile::durable` says so"]
+pub struct Written(pub(crate) u64);
+
 /// An open log, appended to with one write per line; shared by the calls
-/// of a session (writes are serialized, syncs are not).
+/// of a session (writes are serialized, syncs shared: [`super::sync`]).
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
-    file: File,
-    durability: Durability,
+    pub(crate) file: File,
+    /// The syncing thread; `None`: lines are written, not synced
+    /// ([`Durability::Process`]).
+    commit: Option<GroupCommit>,
+    pub(crate) count: WriteCount,
     /// Held while writing; true when a write failed part way, leaving a
     /// line without its newline that the next write must end first.
     writing: Mutex<bool>,
@@ -255,9 +276,10 @@ pub struct LogFile {
 
 impl LogFile {
     /// Opens (creating) the log at `path` for appending, after cutting off a
-    /// torn last line. Returns the file and the bytes it held before, for
-    /// rebuilding state. Blocking.
-    pub fn open(path: &Path, durability: Durability) -> Result<(Self, Vec<u8>), LogError> {
+    /// torn last line; its lines are synced by `commit` when there is one.
+    /// Returns the file and the bytes it held before, for rebuilding state.
+    /// Blocking.
+    pub fn open(path: &Path, commit: Option<GroupCommit>) -> Result<(Self, Vec<u8>), LogError> {
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
@@ -289,7 +311,8 @@ impl LogFile {
             Self {
                 path: path.to_owned(),
                 file,
-                durability,
+                commit,
+                count: WriteCount::default(),
                 writing: Mutex::new(false),
             },
             bytes,
@@ -297,32 +320,67 @@ impl LogFile {
     }
 
     /// Appends one encoded line (ending with its newline) with a single
-    /// write and, unless [`Durability::NoSync`], waits until it is on disk.
-    /// Other lines may be written while this one syncs. After a write that
-    /// failed part way, the next line starts with a newline, so only the
-    /// broken line is lost. Blocking.
-    pub fn append_line(&self, line: &[u8]) -> Result<(), LogError> {
-        {
-            let mut broken = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
-            let mended;
-            let bytes = if *broken {
-                mended = [b"\n".as_slice(), line].concat();
-                &mended[..]
-            } else {
-                line
-            };
-            if let Err(e) = (&self.file).write_all(bytes) {
-                *broken = true;
-                return Err(LogError::io("appending to", &self.path, e));
-            }
-            *broken = false;
+    /// write; it is not durable before [`LogFile::durable`] says so. After a
+    /// write that failed part way, the next line starts with a newline, so
+    /// only the broken line is lost. Blocking.
+    pub fn append_line(&self, line: &[u8]) -> Result<Written, LogError> {
+        let mut broken = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mended;
+        let bytes = if *broken {
+            mended = [b"\n".as_slice(), line].concat();
+            &mended[..]
+        } else {
+            line
+        };
+        if let Err(e) = (&self.file).write_all(bytes) {
+            *broken = true;
+            return Err(LogError::io("appending to", &self.path, e));
         }
-        if self.durability == Durability::Sync {
-            self.file
-                .sync_data()
-                .map_err(|e| LogError::io("syncing", &self.path, e))?;
+        *broken = false;
+        Ok(Written(self.count.wrote()))
+    }
+
+    /// Waits, without holding a thread, until `written` is as durable as
+    /// the log's [`Durability`] promises: covered by a sync that returned,
+    /// or written at all.
+    pub async fn durable(self: &Arc<Self>, written: Written) -> Result<(), LogError> {
+        match self.register(written) {
+            None => Ok(()),
+            Some(rx) => self.answer(rx.await),
         }
-        Ok(())
+    }
+
+    /// [`LogFile::durable`] for a blocking thread.
+    pub fn durable_blocking(self: &Arc<Self>, written: Written) -> Result<(), LogError> {
+        match self.register(written) {
+            None => Ok(()),
+            Some(rx) => self.answer(rx.blocking_recv()),
+        }
+    }
+
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        written: Written,
+    ) -> Option<oneshot::Receiver<SyncResult>> {
+        self.commit.as_ref()?.register(Arc::clone(self), written.0)
+    }
+
+    fn answer(
+        &self,
+        answer: Result<SyncResult, oneshot::error::RecvError>,
+    ) -> Result<(), LogError> {
+        match answer {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(LogError::io(
+                "syncing",
+                &self.path,
+                std::io::Error::new(e.kind(), e.to_string()),
+            )),
+            // The thread drops a round's answers only if it panicked.
+            Err(_) => Err(LogError::Task(
+                "the capture log's syncing thread ended".into(),
+            )),
+        }
     }
 
     /// The file's path.

@@ -147,9 +147,10 @@ fn open_cuts_a_torn_tail_and_appends_on_a_fresh_line() {
     let mut bytes = lines(&[record(0, Api::OpenaiChat, "a")]);
     bytes.extend_from_slice(b"{\"version\": 1, \"call_");
     std::fs::write(&path, &bytes).unwrap();
-    let (log, before) = LogFile::open(&path, Durability::Sync).unwrap();
+    let (log, before) = LogFile::open(&path, None).unwrap();
     assert!(before.ends_with(b"\n"));
-    log.append_line(&encode_line(&record(1, Api::OpenaiChat, "b")).unwrap())
+    let _written = log
+        .append_line(&encode_line(&record(1, Api::OpenaiChat, "b")).unwrap())
         .unwrap();
     let (back, problems) = read_log(&path).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
@@ -162,7 +163,7 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
     let registry = Arc::new(SessionRegistry::new());
     let s: SessionId = "s-1".parse().unwrap();
     registry.register(&s, SessionInfo::task("t-1"));
-    let store = CaptureStore::new(dir.path(), Durability::Sync, Arc::clone(&registry));
+    let store = CaptureStore::new(dir.path(), Durability::Power, Arc::clone(&registry));
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 0);
     assert_eq!(log.next_seq(), 1);
@@ -201,7 +202,7 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
         .open(&calls)
         .unwrap();
     std::io::Write::write_all(&mut f, b"{\"torn").unwrap();
-    let store = CaptureStore::new(dir.path(), Durability::Sync, registry);
+    let store = CaptureStore::new(dir.path(), Durability::Power, registry);
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 2);
     assert_eq!(log.conversation("resp_r0").unwrap(), conv);
@@ -220,7 +221,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     let dir = tempfile::tempdir().unwrap();
     let registry = Arc::new(SessionRegistry::new());
     let s: SessionId = "s-1".parse().unwrap();
-    let store = CaptureStore::new(dir.path(), Durability::Sync, Arc::clone(&registry));
+    let store = CaptureStore::new(dir.path(), Durability::Power, Arc::clone(&registry));
     let log = store.session(&s).await.unwrap();
     let want = record(log.next_seq(), Api::OpenaiResponses, "first");
     let mut draft = Draft {
@@ -281,7 +282,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
 
     // A restart rebuilds the history from the joined record.
     drop(log);
-    let store = CaptureStore::new(dir.path(), Durability::Sync, registry);
+    let store = CaptureStore::new(dir.path(), Durability::Power, registry);
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 1, "the unfinished call is not a record");
     assert_eq!(

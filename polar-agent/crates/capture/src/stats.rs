@@ -55,28 +55,56 @@ fn len(ids: Option<&Vec<u32>>) -> u64 {
     ids.map_or(0, |v| u64::try_from(v.len()).unwrap_or(u64::MAX))
 }
 
+/// What a record adds to the counters, taken before the record is freed
+/// (it is counted once durable).
+#[derive(Debug)]
+pub(crate) struct Tally {
+    /// `None` for a completed call, else the side at fault.
+    failed_side: Option<String>,
+    prompt_tokens: u64,
+    response_tokens: u64,
+    /// The backend's time, for calls that reached it.
+    backend_latency: Option<Duration>,
+}
+
+impl Tally {
+    /// The counts of `record`.
+    pub(crate) fn of(record: &CompletionRecord) -> Self {
+        let (failed_side, reached_backend) = match &record.status {
+            CallStatus::Completed => (None, true),
+            CallStatus::Failed { side, .. } => (Some(side.clone()), side == "backend"),
+        };
+        let t = record.timings;
+        Self {
+            failed_side,
+            prompt_tokens: len(record.prompt_token_ids.as_ref()),
+            response_tokens: len(record.response_token_ids.as_ref()),
+            backend_latency: reached_backend
+                .then(|| Duration::from_millis(t.finished_ms.saturating_sub(t.received_ms))),
+        }
+    }
+}
+
 impl CaptureStats {
     /// Counts a record that was durably appended.
     pub fn recorded(&self, record: &CompletionRecord) {
-        let reached_backend = match &record.status {
-            CallStatus::Completed => {
+        self.add(Tally::of(record));
+    }
+
+    /// Counts a record that was durably appended, from its [`Tally`].
+    pub(crate) fn add(&self, tally: Tally) {
+        match &tally.failed_side {
+            None => {
                 self.completed.fetch_add(1, Ordering::Relaxed);
-                true
             }
-            CallStatus::Failed { side, .. } => {
-                bump(&self.failed, side);
-                side == "backend"
-            }
-        };
+            Some(side) => bump(&self.failed, side),
+        }
         self.prompt_tokens
-            .fetch_add(len(record.prompt_token_ids.as_ref()), Ordering::Relaxed);
+            .fetch_add(tally.prompt_tokens, Ordering::Relaxed);
         self.response_tokens
-            .fetch_add(len(record.response_token_ids.as_ref()), Ordering::Relaxed);
-        if reached_backend {
-            let t = record.timings;
-            self.latency.observe(Duration::from_millis(
-                t.finished_ms.saturating_sub(t.received_ms),
-            ));
+            .fetch_add(tally.response_tokens, Ordering::Relaxed);
+        if let Some(latency) = tally.backend_latency {
+            self.latency.observe(latency);
         }
     }
 

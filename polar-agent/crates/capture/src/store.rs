@@ -23,7 +23,8 @@ use super::build::now_ms;
 use super::encode::{RecordParts, encode_end};
 use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
 use super::session::{SessionInfo, SessionRegistry};
-use super::stats::CaptureStats;
+use super::stats::{CaptureStats, Tally};
+use super::sync::GroupCommit;
 use super::tokens_json::ReplyTokensJson;
 use polar_chat::Api;
 use polar_chat::Message;
@@ -123,16 +124,17 @@ impl SessionLog {
         lock(&self.responses).by_id.get(response_id).cloned()
     }
 
-    /// Appends the line that ends `record`'s call durably (one write, then
-    /// `fdatasync` unless the store was opened with [`Durability::NoSync`]):
-    /// its completion when `parts` says its request part is in the log,
-    /// else the whole record (using the parts serialized ahead, and the
-    /// reply's token data as `tokens` serialized it while the reply
-    /// streamed). Only then is the record counted and added to the
-    /// Responses history. Serialization and I/O run on a blocking thread,
-    /// which lets go of the record only after this returns (freeing its
-    /// requests and prompt ids takes microseconds the reply's last bytes
-    /// need not wait for).
+    /// Appends the line that ends `record`'s call and waits until it is
+    /// durable per the store's [`Durability`] (the syncs shared with the
+    /// calls ending meanwhile, [`super::sync`]): its completion when `parts`
+    /// says its request part is in the log, else the whole record (using the
+    /// parts serialized ahead, and the reply's token data as `tokens`
+    /// serialized it while the reply streamed). Only then is the record
+    /// counted and added to the Responses history. Serialization and the
+    /// write run on a blocking thread, which lets go of the record after
+    /// the write (freeing its requests and prompt ids takes microseconds the
+    /// reply's last bytes need not wait for); no thread is held while the
+    /// sync runs.
     pub async fn append(
         &self,
         record: CompletionRecord,
@@ -140,20 +142,16 @@ impl SessionLog {
         tokens: ReplyTokensJson,
     ) -> Result<(), LogError> {
         let file = Arc::clone(&self.file);
-        let stats = Arc::clone(&self.stats);
         let (done, written) = oneshot::channel();
         let task = tokio::task::spawn_blocking(move || {
             let appended = encode_end(&record, &parts, &tokens)
                 .and_then(|line| file.append_line(&line))
-                .map(|()| {
-                    stats.recorded(&record);
-                    history_entry(&record)
-                });
+                .map(|written| (written, Tally::of(&record), history_entry(&record)));
             // The caller may have gone (its task cancelled): nothing to tell.
             let _ = done.send(appended);
             drop((record, parts, tokens));
         });
-        let entry = match written.await {
+        let (line, tally, entry) = match written.await {
             Ok(appended) => appended?,
             // The task ended without a word: it panicked or was cancelled.
             Err(_) => {
@@ -163,17 +161,20 @@ impl SessionLog {
                 ));
             }
         };
+        self.file.durable(line).await?;
+        self.stats.add(tally);
         if let Some((id, conversation)) = entry {
             lock(&self.responses).insert(id, conversation);
         }
         Ok(())
     }
 
-    /// Appends a call's request part ([`super::part`]) durably, like
-    /// [`SessionLog::append`]; its record is not complete until the call's
-    /// completion follows. Blocking.
+    /// Appends a call's request part ([`super::part`]), written, not
+    /// synced: the sync of the call's completion, later in the same file,
+    /// covers it (a part whose call never ends needs no durability). Its
+    /// record is not complete until the completion follows. Blocking.
     pub fn append_request_part(&self, line: &[u8]) -> Result<(), LogError> {
-        self.file.append_line(line)
+        self.file.append_line(line).map(drop)
     }
 }
 
@@ -182,6 +183,8 @@ impl SessionLog {
 pub struct CaptureStore {
     root: PathBuf,
     durability: Durability,
+    /// The syncing thread ([`Durability::Power`]), started on first use.
+    commit: Mutex<Option<GroupCommit>>,
     registry: Arc<SessionRegistry>,
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
     stats: Arc<CaptureStats>,
@@ -193,10 +196,43 @@ impl CaptureStore {
         Self {
             root: state_dir.join(SESSIONS_DIR),
             durability,
+            commit: Mutex::new(None),
             registry,
             open: Mutex::new(HashMap::new()),
             stats: Arc::default(),
         }
+    }
+
+    /// A [`Durability::Power`] store whose logs are synced by `commit`.
+    #[cfg(test)]
+    pub(crate) fn with_commit(
+        state_dir: &Path,
+        commit: GroupCommit,
+        registry: Arc<SessionRegistry>,
+    ) -> Self {
+        let store = Self::new(state_dir, Durability::Power, registry);
+        *lock(&store.commit) = Some(commit);
+        store
+    }
+
+    /// What the store's records survive once their replies are released.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The syncing thread, started on first use; `None` in
+    /// [`Durability::Process`].
+    pub fn group_commit(&self) -> Result<Option<GroupCommit>, LogError> {
+        if self.durability == Durability::Process {
+            return Ok(None);
+        }
+        let mut slot = lock(&self.commit);
+        if let Some(commit) = &*slot {
+            return Ok(Some(commit.clone()));
+        }
+        let commit = GroupCommit::start()?;
+        *slot = Some(commit.clone());
+        Ok(Some(commit))
     }
 
     /// Counters of the records appended since the store was made.
@@ -224,11 +260,11 @@ impl CaptureStore {
         let cell = Arc::clone(lock(&self.open).entry(session.clone()).or_default());
         cell.get_or_try_init(|| async {
             let root = self.root.clone();
-            let durability = self.durability;
+            let commit = self.group_commit()?;
             let id = session.clone();
             let info = self.registry.get(session).unwrap_or_default();
             let stats = Arc::clone(&self.stats);
-            tokio::task::spawn_blocking(move || open_session(&root, id, &info, durability, stats))
+            tokio::task::spawn_blocking(move || open_session(&root, id, &info, commit, stats))
                 .await
                 .map_err(|e| LogError::Task(e.to_string()))?
                 .map(Arc::new)
@@ -247,7 +283,7 @@ fn open_session(
     root: &Path,
     session: SessionId,
     info: &SessionInfo,
-    durability: Durability,
+    commit: Option<GroupCommit>,
     stats: Arc<CaptureStats>,
 ) -> Result<SessionLog, LogError> {
     let dir = root.join(session.as_str());
@@ -255,7 +291,7 @@ fn open_session(
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating", &dir, e))?;
     write_session_file(&dir, &session, info)?;
     let path = dir.join(CALLS_FILE);
-    let (file, bytes) = LogFile::open(&path, durability)?;
+    let (file, bytes) = LogFile::open(&path, commit)?;
     sync_dir(&dir)?;
     if fresh {
         sync_dir(root)?;

@@ -24,7 +24,8 @@
 //!
 //! Semantics follow `serde_json::Value`'s: a repeated object key reads as
 //! its last occurrence; `as_u64` accepts integers only and `as_f64`
-//! any number.
+//! any number. One difference: the key serde_json reserves for raw values
+//! ([`RAW_VALUE_KEY`]) is refused.
 //!
 //! Pure: no Polar crate, no I/O crate. Tests: `tests.rs` (property tests
 //! against serde_json on valid, random and mutated input).
@@ -39,6 +40,14 @@ pub use raw::RawJson;
 
 /// Deepest nesting of arrays and objects accepted (`serde_json`'s limit).
 pub const MAX_DEPTH: usize = 128;
+
+/// The object key serde_json reserves for its raw values: read back into a
+/// `serde_json::Value` (the capture log's reader, `polar export`), an
+/// object whose first key it is turns into the JSON text its value holds,
+/// or fails. [`Doc::parse`] refuses it anywhere (found by the
+/// `request_gemini` fuzz target: a request body with it made its record
+/// unreadable).
+pub const RAW_VALUE_KEY: &str = "$serde_json::private::RawValue";
 
 /// Why a text is not a JSON document.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -510,13 +519,26 @@ impl Parser<'_> {
         }
     }
 
-    /// An object's key and its colon.
+    /// An object's key and its colon. The key serde_json reserves for its
+    /// raw values ([`RAW_VALUE_KEY`]) is refused, however it is escaped.
     fn key(&mut self) -> Result<(), JsonError> {
         self.skip_ws();
         if self.b.get(self.i) != Some(&b'"') {
             return Err(self.err("expected a key"));
         }
+        let at = self.i;
         self.string()?;
+        let inner = &self.b[at + 1..self.i - 1];
+        if inner.len() >= RAW_VALUE_KEY.len()
+            && (inner == RAW_VALUE_KEY.as_bytes()
+                || (inner.contains(&b'\\')
+                    && std::str::from_utf8(inner).is_ok_and(|k| unescape(k) == RAW_VALUE_KEY)))
+        {
+            return Err(JsonError {
+                what: "the object key `$serde_json::private::RawValue` (reserved by serde_json)",
+                at,
+            });
+        }
         self.skip_ws();
         if self.b.get(self.i) != Some(&b':') {
             return Err(self.err("expected `:`"));

@@ -221,3 +221,27 @@ fn every_byte_is_escaped_as_serde_json_escapes_it() {
         }
     }
 }
+
+#[test]
+fn serde_jsons_raw_value_key_is_refused_however_escaped() {
+    // Found by the `request_gemini` fuzz target: serde_json reads an object
+    // whose first key is this as the JSON text its value holds (or fails),
+    // so a record holding the body could not be read back.
+    for text in [
+        r#"{"$serde_json::private::RawValue": {"a": 1}}"#,
+        r#"{"a": [{"b": 1, "$serde_json::private::RawValue": "{}"}]}"#,
+        r#"{"\u0024serde_json::private::RawValue": 1}"#,
+        r#"{"$serde_json::private::Raw\u0056alue": 1}"#,
+    ] {
+        let err = Doc::parse(text.as_bytes()).unwrap_err();
+        assert!(err.what.contains("reserved by serde_json"), "{text}: {err}");
+    }
+    // Near misses are ordinary keys.
+    for text in [
+        r#"{"$serde_json::private::RawValue2": 1}"#,
+        r#"{"serde_json::private::RawValue": 1}"#,
+        r#"{"x": "$serde_json::private::RawValue"}"#,
+    ] {
+        assert!(Doc::parse(text.as_bytes()).is_ok(), "{text}");
+    }
+}

@@ -1,16 +1,15 @@
 //! Request bodies as the capture stage reads them: `content-encoding: gzip`
-//! inflated (Claude Code sometimes compresses its bodies) within the body
+//! inflated (`polar_wire::gzip`; Claude Code sometimes compresses its bodies) within the body
 //! limit, the inflated bytes charged to the request's fair share as they
 //! inflate (over a cap: `overloaded` in the API's shape, naming the cap),
 //! then read as JSON ([`Decoded::parse`], a [`Doc`] on the bytes).
-
-use std::io::Read;
 
 use bytes::Bytes;
 use http::HeaderMap;
 
 use polar_chat::provider::{ErrorKind, ProviderError, Side};
 use polar_json::{Doc, JsonError};
+use polar_wire::gzip::{InflateError, inflate};
 
 use crate::proxy::shares::{BodyCharge, ChargedBuf};
 
@@ -83,26 +82,17 @@ pub(super) fn gunzip(raw: &[u8], limit: u64, charge: &BodyCharge) -> Result<Byte
     };
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut out = ChargedBuf::new(charge.clone(), limit);
-    let mut reader = flate2::read::MultiGzDecoder::new(raw);
-    let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let n = reader.read(&mut chunk).map_err(|e| {
-            ProviderError::invalid(format!("the gzip-encoded request body is corrupt: {e}"))
-        })?;
-        if n == 0 {
-            return Ok(out.into_bytes());
-        }
-        match out.try_extend(&chunk[..n]) {
-            Ok(true) => {}
-            Ok(false) => return Err(too_large()),
-            Err(over) => {
-                return Err(ProviderError::new(
-                    Side::Harness,
-                    ErrorKind::Overloaded,
-                    format!("inflating the request body: {over}"),
-                ));
-            }
-        }
+    match inflate(raw, |step| out.try_extend(step)) {
+        Ok(()) => Ok(out.into_bytes()),
+        Err(InflateError::Corrupt(e)) => Err(ProviderError::invalid(format!(
+            "the gzip-encoded request body is corrupt: {e}"
+        ))),
+        Err(InflateError::TooLarge) => Err(too_large()),
+        Err(InflateError::Sink(over)) => Err(ProviderError::new(
+            Side::Harness,
+            ErrorKind::Overloaded,
+            format!("inflating the request body: {over}"),
+        )),
     }
 }
 

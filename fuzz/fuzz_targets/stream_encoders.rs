@@ -1,0 +1,10 @@
+//! The four APIs' stream encoders (writers) read back by the SSE reader:
+//! any sequence of stream events, in any API and framing, encodes to a
+//! stream that parses whole (SSE: every event's data JSON or `[DONE]`;
+//! a Gemini JSON array: one JSON array), and the error event after any
+//! prefix too. See `polar_fuzz::check_stream`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| polar_fuzz::check_stream(data));
