@@ -128,6 +128,8 @@ pub fn check_stream(data: &[u8]) {
         created: u.arbitrary().unwrap_or(0),
         include_usage: u.arbitrary().unwrap_or(false),
         framing,
+        response_format: None,
+        compaction: false,
     };
     let mut events = vec![StreamEvent::Start {
         id: text(&mut u),

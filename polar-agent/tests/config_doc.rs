@@ -90,6 +90,7 @@ const TABLES: &[&str] = &[
     "rollout",
     "rollout.callback",
     "rollout.tls",
+    "rollout.dashboard",
     "harness.NAME",
 ];
 
