@@ -17,16 +17,15 @@
 //! - with [`MockConfig::down_after_fault`](super::MockConfig), the replica
 //!   answers every request after its first scripted cut or abort with 503,
 //!   as a replica that died;
-//! - SGLang's `/detokenize` (`{"tokens": [...]}` -> `{"text": ...}`).
+//! - SGLang's `/detokenize`, which Polar resumes with, is served by
+//!   `vllm::detokenize` under SGLang's reply key (`text`).
 
-use http::{HeaderMap, Response, StatusCode};
-use serde_json::{Value, json};
+use http::HeaderMap;
 
-use super::body::{RespBody, json_response};
 use super::generate::{Generation, generate};
 use super::script::{Plan, Policy};
 use super::template::{self, PromptFacts};
-use super::{MockError, tokenizer};
+use super::tokenizer;
 
 /// The header Polar numbers a call's later attempts with.
 pub const ATTEMPT_HEADER: &str = "x-polar-attempt";
@@ -144,25 +143,6 @@ pub fn plan_of_request(
         return (without_faults(&policy.repeat(session, facts)), 0);
     }
     (policy.next(session, facts), 0)
-}
-
-/// SGLang's `POST /detokenize`: `{"tokens": [...]}`.
-pub fn detokenize(body: &[u8]) -> Result<Response<RespBody>, MockError> {
-    let req: Value = serde_json::from_slice(body)
-        .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
-    let ids: Vec<u32> = req
-        .get("tokens")
-        .and_then(Value::as_array)
-        .and_then(|a| {
-            a.iter()
-                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-                .collect()
-        })
-        .ok_or_else(|| MockError::BadRequest("`tokens` must be a list of token ids".into()))?;
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({"text": tokenizer::decode(&ids)?}),
-    ))
 }
 
 #[cfg(test)]

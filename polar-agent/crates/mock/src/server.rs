@@ -453,11 +453,11 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
             vllm::completions(state, &parts.headers, &body).await
         }
         (&Method::POST, "/tokenize", Dialect::Vllm) => vllm::tokenize(state, &parts.headers, &body),
-        (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(&body),
+        (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(&body, "prompt"),
         (&Method::POST, "/v1/tokenize" | "/tokenize", Dialect::Sglang) => {
             sglang::tokenize(state, &parts.headers, &body)
         }
-        (&Method::POST, "/detokenize", Dialect::Sglang) => resume::detokenize(&body),
+        (&Method::POST, "/detokenize", Dialect::Sglang) => vllm::detokenize(&body, "text"),
         (&Method::POST, "/generate", Dialect::Sglang) => {
             sglang::generate(state, &parts.headers, &body).await
         }

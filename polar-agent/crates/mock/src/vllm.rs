@@ -294,8 +294,9 @@ pub fn tokenize(
     ))
 }
 
-/// `POST /detokenize`: `{"tokens": [...]}`.
-pub fn detokenize(body: &[u8]) -> Result<Response<RespBody>, MockError> {
+/// `POST /detokenize`: `{"tokens": [...]}`, answered with the text under
+/// `key` (vLLM's `prompt`, SGLang's `text`).
+pub fn detokenize(body: &[u8], key: &str) -> Result<Response<RespBody>, MockError> {
     let req: Value = serde_json::from_slice(body)
         .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
     let ids: Vec<u32> = req
@@ -309,6 +310,6 @@ pub fn detokenize(body: &[u8]) -> Result<Response<RespBody>, MockError> {
         .ok_or_else(|| MockError::BadRequest("`tokens` must be a list of token ids".into()))?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({"prompt": tokenizer::decode(&ids)?}),
+        &json!({ key: tokenizer::decode(&ids)? }),
     ))
 }
