@@ -368,13 +368,18 @@ fn plan_at(
 ) -> Plan {
     match entry.and_then(|e| e.turns.get(index)) {
         Some(turn) => plan_of(turn, &facts.tools),
-        None => Plan {
-            text: script
-                .final_text
-                .clone()
-                .unwrap_or_else(|| "done".to_owned()),
-            ..Plan::default()
-        },
+        None => final_plan(script),
+    }
+}
+
+/// The answer once a session's turns run out.
+fn final_plan(script: &Script) -> Plan {
+    Plan {
+        text: script
+            .final_text
+            .clone()
+            .unwrap_or_else(|| "done".to_owned()),
+        ..Plan::default()
     }
 }
 
@@ -399,13 +404,7 @@ fn progress_turn(script: &Script, entry: &SessionScript, facts: &PromptFacts) ->
     }
     match entry.turns.get(facts.progress) {
         Some(turn) => plan_of(turn, &facts.tools),
-        None => Plan {
-            text: script
-                .final_text
-                .clone()
-                .unwrap_or_else(|| "done".to_owned()),
-            ..Plan::default()
-        },
+        None => final_plan(script),
     }
 }
 
