@@ -2,7 +2,8 @@
 //! command (the demo's mock backend, rollout server and gateway; the
 //! tests' Docker engine): started, waited for until it is ready, and
 //! stopped by its pid (SIGTERM, then SIGKILL after a grace period), also
-//! when the command fails half-way (on drop).
+//! when the command fails half-way (on drop). Also the loopback plumbing a
+//! stack of them shares: free ports, a listening check, the start wait.
 
 use std::path::Path;
 use std::process::Child;
@@ -94,4 +95,22 @@ pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// How long each of a stack's daemons has to start listening.
+pub const LISTEN_WAIT: Duration = Duration::from_secs(60);
+
+/// Three free loopback ports, held together while chosen so that they
+/// differ (a stack's mock backend, rollout server and gateway).
+pub fn free_ports() -> Result<[u16; 3]> {
+    let l: Vec<std::net::TcpListener> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()?;
+    let p = |i: usize| -> Result<u16> { Ok(l[i].local_addr()?.port()) };
+    Ok([p(0)?, p(1)?, p(2)?])
+}
+
+/// Ready once something accepts connections on loopback `port`.
+pub fn listening(port: u16) -> impl Fn() -> bool {
+    move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{Daemon, tail};
+use crate::daemon::{Daemon, LISTEN_WAIT, free_ports, listening, tail};
 use crate::harnesses::{Install, node_and_npm};
 
 const TRAINER_TOKEN: &str = "dash-trainer-token";
@@ -34,7 +34,6 @@ const FAKE_NODE_ID: &str = "dash-fake-node";
 const CHROMIUM: &str = "/usr/bin/chromium";
 /// playwright-core runs on Node 20 and later.
 const NODE_MAJOR: u32 = 20;
-const LISTEN_WAIT: Duration = Duration::from_secs(60);
 
 /// Installs playwright-core from the pinned manifest and lock file (once:
 /// a stamp makes a second run a no-op); returns its `node_modules`.
@@ -151,19 +150,6 @@ fn set_mode(path: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {}", path.display()))
-}
-
-fn free_ports() -> Result<[u16; 3]> {
-    // Held together so that the three differ.
-    let l: Vec<std::net::TcpListener> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()?;
-    let p = |i: usize| -> Result<u16> { Ok(l[i].local_addr()?.port()) };
-    Ok([p(0)?, p(1)?, p(2)?])
-}
-
-fn listening(port: u16) -> impl Fn() -> bool {
-    move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
 fn config_text(dir: &Path, root: &Path, [mock, server, gateway]: [u16; 3]) -> String {

@@ -25,7 +25,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{Daemon, tail};
+use crate::daemon::{Daemon, LISTEN_WAIT, free_ports, listening, tail};
 use crate::{harnesses, release, setup};
 
 /// Bounds each task of the demo.
@@ -197,15 +197,6 @@ pub fn run(args: DemoArgs) -> Result<()> {
         dir.join("trajectories").display(),
     ));
     Ok(())
-}
-
-fn free_ports() -> Result<[u16; 3]> {
-    // Held together so that the three differ.
-    let l: Vec<std::net::TcpListener> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()?;
-    let p = |i: usize| -> Result<u16> { Ok(l[i].local_addr()?.port()) };
-    Ok([p(0)?, p(1)?, p(2)?])
 }
 
 fn config_text(dir: &Path, root: &Path, mock: u16, server: u16, gateway: u16) -> String {
@@ -390,14 +381,6 @@ fn summarize(root: &Path, task_id: &str, samples: usize) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// How long each daemon has to start listening.
-const LISTEN_WAIT: Duration = Duration::from_secs(60);
-
-/// Ready once something accepts connections on loopback `port`.
-fn listening(port: u16) -> impl Fn() -> bool {
-    move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
 #[expect(
