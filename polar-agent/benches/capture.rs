@@ -510,6 +510,56 @@ fn free_port() -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// Waits (up to 4 s) until something accepts connections at `addr`.
+fn wait_listening(addr: SocketAddr) {
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(addr).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The agent's configuration in `dir`: its state there, the mock at
+/// `mock_addr` as the backend, `agent_extra` lines added to `[agent]`.
+fn proxy_config(dir: &Path, mock_addr: SocketAddr, agent_extra: &str) -> std::path::PathBuf {
+    let config = dir.join("polar.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[agent]\nstate_dir = \"{}\"\n{agent_extra}[[backend]]\nname = \"mock\"\ndialect = \"vllm\"\n\
+             replicas = [\"http://{mock_addr}\"]\nserved_model = \"polar-mock\"\nrequest_timeout_ms = 60000\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// `cmd` (a `polar` binary) run as `polar proxy` on `config` with
+/// `sessions` base-URL sessions `b-0`..; its address once it listens.
+fn spawn_proxy(mut cmd: Command, config: &Path, sessions: usize) -> (Child, SocketAddr) {
+    cmd.arg("proxy")
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0", "--drain-ms", "100"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .env("RUST_LOG", "warn");
+    for i in 0..sessions {
+        cmd.args(["--session", &format!("b-{i}")]);
+    }
+    let mut agent = cmd.spawn().unwrap();
+    let line = first_line(&mut agent);
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    (agent, addr)
+}
+
 fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> Servers {
     let dir = tempfile::tempdir().unwrap();
     let mock_addr = free_port();
@@ -524,41 +574,9 @@ fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> S
         cmd.arg("--script").arg(p);
     }
     let mock = cmd.spawn().unwrap();
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(mock_addr).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let config = dir.path().join("polar.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nstate_dir = \"{}\"\n[[backend]]\nname = \"mock\"\ndialect = \"vllm\"\n\
-             replicas = [\"http://{mock_addr}\"]\nserved_model = \"polar-mock\"\nrequest_timeout_ms = 60000\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = Command::new(polar());
-    cmd.arg("proxy")
-        .arg("--config")
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--drain-ms", "100"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .env("RUST_LOG", "warn");
-    for i in 0..sessions {
-        cmd.args(["--session", &format!("b-{i}")]);
-    }
-    let mut agent = cmd.spawn().unwrap();
-    let line = first_line(&mut agent);
-    let agent_addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    wait_listening(mock_addr);
+    let config = proxy_config(dir.path(), mock_addr, "");
+    let (agent, agent_addr) = spawn_proxy(Command::new(polar()), &config, sessions);
     Servers {
         mock,
         agent,

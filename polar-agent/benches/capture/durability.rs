@@ -54,42 +54,10 @@ fn start(binary: &str, durability: Option<&str>) -> Pair {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(mock_addr).is_ok() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let config = dir.path().join("polar.toml");
+    wait_listening(mock_addr);
     let mode = durability.map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
-    std::fs::write(
-        &config,
-        format!(
-            "[agent]\nstate_dir = \"{}\"\n{mode}[[backend]]\nname = \"mock\"\ndialect = \"vllm\"\n\
-             replicas = [\"http://{mock_addr}\"]\nserved_model = \"polar-mock\"\nrequest_timeout_ms = 60000\n",
-            dir.path().display()
-        ),
-    )
-    .unwrap();
-    let mut cmd = pinned(binary, 1);
-    cmd.arg("proxy")
-        .arg("--config")
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--drain-ms", "100"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .env("RUST_LOG", "warn");
-    for i in 0..CONNECTIONS {
-        cmd.args(["--session", &format!("b-{i}")]);
-    }
-    let mut agent = cmd.spawn().unwrap();
-    let line = first_line(&mut agent);
-    let agent_addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let config = proxy_config(dir.path(), mock_addr, &mode);
+    let (agent, agent_addr) = spawn_proxy(pinned(binary, 1), &config, CONNECTIONS);
     Pair {
         mock,
         agent,
