@@ -33,6 +33,11 @@
 //! finishes the task from the summary; the same holds, and the main chain
 //! has the summary call's `compaction_summary` segment followed by a
 //! `compaction` break linked to it, and no call is a superseded retry.
+//! Claude Code's compaction variant fills the context past the backend's
+//! length after three steps: the backend refuses the request (vLLM's 400),
+//! Polar tells Claude Code "prompt is too long" in Anthropic's words, and
+//! Claude Code compacts reactively and finishes; the refused calls are in
+//! no row but in `stats.calls_dropped`, failed on the harness's side.
 //!
 //! The CLIs come from `cargo xtask harnesses` (`POLAR_HARNESS_DIR`, else
 //! `.polar-cache/harnesses`).
@@ -49,7 +54,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use polar_capture::log::LogProblem;
 use polar_capture::read_log;
 use polar_chat::Role;
-use polar_record::CompletionRecord;
+use polar_record::{CallStatus, CompletionRecord};
 use polar_tests::docker::{self, Engine};
 use polar_tests::{
     SessionRun, harness_dir, polar_bin, sandbox_tempdir, session_run, write_config, write_file,
@@ -78,19 +83,21 @@ turns = [
 ]
 "#;
 
-/// [`STEPS_SCRIPT`] for a Codex session whose context fills: with two tool
-/// results the mock reports a nearly full context (more than Codex's
-/// auto-compaction threshold for its 272k window), so it compacts once
+/// [`STEPS_SCRIPT`] for a session whose context fills: with `fills_after`
+/// tool results since the last summary the mock reports `context_tokens`
+/// prompt tokens. For Codex, 262,000 after two is more than its
+/// auto-compaction threshold for its 272k window, so it compacts once
 /// (server-side: a `compaction_trigger` request), after the third step, and
-/// goes on from the summary to the fourth.
-fn compact_script() -> String {
+/// goes on from the summary to the fourth. Past [`MOCK_MAX_MODEL_LEN`] the
+/// mock refuses the request instead (what Claude Code compacts on).
+fn compact_script(fills_after: u32, context_tokens: u32) -> String {
     let turns = STEPS_SCRIPT
         .split_once("turns = [")
         .map(|(_, t)| t)
         .unwrap_or_default();
     format!(
-        "final_text = \"done\"\n\n[[sessions]]\nid = \"e2e-codex-compact\"\n\
-         step_by = \"tool_results\"\ncontext_fills_after = 2\ncontext_tokens = 262000\n\
+        "final_text = \"done\"\n\n[[sessions]]\nid = \"*\"\n\
+         step_by = \"tool_results\"\ncontext_fills_after = {fills_after}\ncontext_tokens = {context_tokens}\n\
          turns = [{turns}"
     )
 }
@@ -105,15 +112,17 @@ enum Scenario {
     Demo,
     /// [`STEPS_SCRIPT`]: four shell steps, then "done".
     Steps,
-    /// [`compact_script`]: the same, with a context that fills.
-    Compact,
+    /// [`compact_script`]: the same, with a context that fills after this
+    /// many tool results to this many tokens (the usage the backend
+    /// reports; at or past the mock's context length, its refusal).
+    Compact(u32, u32),
 }
 
 impl Scenario {
     fn instruction(self) -> &'static str {
         match self {
             Self::Demo => INSTRUCTION,
-            Self::Steps | Self::Compact => STEPS_INSTRUCTION,
+            Self::Steps | Self::Compact(..) => STEPS_INSTRUCTION,
         }
     }
 
@@ -122,9 +131,28 @@ impl Scenario {
         match self {
             Self::Demo => "",
             Self::Steps => "-steps",
-            Self::Compact => "-compact",
+            Self::Compact(..) => "-compact",
         }
     }
+}
+
+/// The mock's context length: a [`Scenario::Compact`] filled at or past it
+/// is refused as over the context.
+const MOCK_MAX_MODEL_LEN: u32 = 262_144;
+
+/// The calls the export left out (`stats.calls_dropped`), with their
+/// reasons.
+fn dropped_calls(rows: &[Value]) -> BTreeMap<String, String> {
+    let stats = rows.first().map_or(Value::Null, |r| match &r["stats"] {
+        Value::String(s) => serde_json::from_str(s).unwrap_or_default(),
+        other => other.clone(),
+    });
+    stats["calls_dropped"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| Some((d["call_id"].as_str()?.to_owned(), d["reason"].to_string())))
+        .collect()
 }
 
 /// `polar mock-backend` on a free loopback port; killed on drop.
@@ -142,7 +170,7 @@ impl Mock {
         cmd
             // Qwen Code's first prompt alone is ~40k of the mock's tokens.
             .args(["mock-backend", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--max-model-len", "262144"]);
+            .args(["--max-model-len", &MOCK_MAX_MODEL_LEN.to_string()]);
         if let Some(script) = script {
             cmd.arg("--script").arg(script).arg("--record-served");
         }
@@ -223,7 +251,7 @@ fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> 
                 Err(e) => problems.push(format!("no polar-demo.txt ({e})")),
             }
         }
-        Scenario::Steps | Scenario::Compact => problems.extend(task_check(&run.workspace())),
+        Scenario::Steps | Scenario::Compact(..) => problems.extend(task_check(&run.workspace())),
     }
     let log = run.outcome["capture_log"].as_str().unwrap_or_default();
     // Read as the agent and `polar export` read logs: a call's request part
@@ -248,14 +276,39 @@ fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> 
     if calls.is_empty() {
         problems.push(format!("no captured call in {log}"));
     }
-    for (i, c) in calls.iter().enumerate() {
-        let ids = |ids: &Option<Vec<u32>>| ids.as_ref().is_some_and(|a| !a.is_empty());
-        if !ids(&c.prompt_token_ids) || !ids(&c.response_token_ids) {
-            problems.push(format!("call {i} lacks token ids: {:?}", c.status));
-        }
-    }
     match exported_rows(Path::new(log)) {
         Ok(rows) => {
+            // A call the backend refused (a prompt over the context, which
+            // makes a harness compact) is in no row but counted in the
+            // stats with its reason; every other call is in a row.
+            let dropped = dropped_calls(&rows);
+            let (refused, calls): (Vec<CompletionRecord>, Vec<CompletionRecord>) = calls
+                .into_iter()
+                .partition(|c| dropped.contains_key(c.call_id.as_str()));
+            for c in &refused {
+                let reason = &dropped[c.call_id.as_str()];
+                if !matches!(c.status, CallStatus::Failed { .. }) || c.response_token_ids.is_some()
+                {
+                    problems.push(format!(
+                        "call {} generated tokens but was dropped ({reason})",
+                        c.call_id
+                    ));
+                }
+            }
+            let overflows = matches!(scenario, Scenario::Compact(_, t) if t >= MOCK_MAX_MODEL_LEN);
+            if overflows == refused.is_empty() {
+                problems.push(format!(
+                    "{} call(s) refused for their context, {} expected",
+                    refused.len(),
+                    if overflows { "some" } else { "none" }
+                ));
+            }
+            for (i, c) in calls.iter().enumerate() {
+                let ids = |ids: &Option<Vec<u32>>| ids.as_ref().is_some_and(|a| !a.is_empty());
+                if !ids(&c.prompt_token_ids) || !ids(&c.response_token_ids) {
+                    problems.push(format!("call {i} lacks token ids: {:?}", c.status));
+                }
+            }
             let structured: Vec<&str> = calls
                 .iter()
                 .filter(|c| c.request.response_format.is_some())
@@ -559,7 +612,7 @@ fn row_problems(calls: &[CompletionRecord], rows: &[Value], scenario: Scenario) 
             )),
         }
     }
-    if scenario == Scenario::Compact {
+    if matches!(scenario, Scenario::Compact(..)) {
         problems.extend(compaction_problems(rows));
         return problems;
     }
@@ -661,7 +714,11 @@ fn run_all(
     let script = match scenario {
         Scenario::Demo => None,
         Scenario::Steps => Some(write_file(tmp.path(), "script.toml", STEPS_SCRIPT)?),
-        Scenario::Compact => Some(write_file(tmp.path(), "script.toml", &compact_script())?),
+        Scenario::Compact(fills_after, tokens) => Some(write_file(
+            tmp.path(),
+            "script.toml",
+            &compact_script(fills_after, tokens),
+        )?),
     };
     let mock = Mock::start(script.as_deref().map(Path::new))?;
     let extra = docker.map(|e| e.sandbox_table("")).unwrap_or_default();
@@ -713,7 +770,7 @@ fn run_all(
     }
     let served = match scenario {
         Scenario::Demo => BTreeMap::new(),
-        Scenario::Steps | Scenario::Compact => mock.served()?,
+        Scenario::Steps | Scenario::Compact(..) => mock.served()?,
     };
     let mut problems = Vec::new();
     for (h, session, run) in &runs {
@@ -796,5 +853,11 @@ fn six_unmodified_harnesses_do_a_four_step_task_and_every_served_call_is_capture
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn codex_compacts_a_full_context_server_side_and_finishes_with_every_segment_labelled() -> Result<()>
 {
-    run_all(&["codex"], false, None, Scenario::Compact)
+    run_all(&["codex"], false, None, Scenario::Compact(2, 262_000))
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn claude_code_compacts_a_full_context_and_finishes_with_every_segment_labelled() -> Result<()> {
+    run_all(&["claude_code"], false, None, Scenario::Compact(3, 300_000))
 }

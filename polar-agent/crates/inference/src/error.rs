@@ -145,6 +145,19 @@ impl InferenceError {
         }
     }
 
+    /// The backend's refusal of a request over the model's context (an
+    /// HTTP 400, 413 or 422 whose text says so), if this is one.
+    pub fn context_overflow(&self) -> Option<crate::ContextOverflow> {
+        match self {
+            Self::Status {
+                status: 400 | 413 | 422,
+                body,
+                ..
+            } => crate::context_overflow(body),
+            _ => None,
+        }
+    }
+
     /// Whether this is a timeout.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Self::Timeout { .. })

@@ -53,7 +53,11 @@
 //! conversation holds `context_fills_after` tool results after its last
 //! progress note, replies report `context_tokens` prompt tokens in their
 //! usage (the ids stay the real ones), so that a harness that compacts on a
-//! nearly full context does.
+//! nearly full context does; a summary request is never filled. With
+//! `context_tokens` at or past the mock's `--max-model-len` the request is
+//! refused instead, with vLLM's 400 for a prompt over the context, so that
+//! a harness that compacts only when its provider says the prompt is too
+//! long (Claude Code without a configured window) does.
 //!
 //! ```toml
 //! [[sessions]]
@@ -385,9 +389,12 @@ fn final_plan(script: &Script) -> Plan {
 
 /// The plan of a `tool_results` session: the turn its progress reached.
 fn progress_plan(script: &Script, entry: &SessionScript, facts: &PromptFacts) -> Plan {
+    // A summary request (what a harness sends to compact) is not filled:
+    // the harness sends it to make room.
+    let summary = facts.tools.is_empty() || facts.summary_request;
     let full = entry
         .context_fills_after
-        .filter(|&n| facts.fresh_tool_results >= n)
+        .filter(|&n| facts.fresh_tool_results >= n && !summary)
         .and(entry.context_tokens);
     let mut plan = progress_turn(script, entry, facts);
     plan.usage_prompt_tokens = full;

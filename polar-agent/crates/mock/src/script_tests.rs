@@ -197,19 +197,19 @@ fn progress_notes_are_read_from_the_last_one() {
     assert_eq!(progress_note(&format!("{PROGRESS_NOTE}x")), None);
 }
 
-#[tokio::test]
-async fn a_context_that_fills_reports_its_tokens_until_a_summary() {
-    let script = load(
-        r#"
+/// A script whose context fills after two tool results.
+const FILLS: &str = r#"
 [[sessions]]
 id = "*"
 step_by = "tool_results"
 context_fills_after = 2
 context_tokens = 5000
 turns = [{ tool_calls = [{ shell = "one" }] }, { tool_calls = [{ shell = "two" }] }, { tool_calls = [{ shell = "three" }] }]
-"#,
-    )
-    .await;
+"#;
+
+#[tokio::test]
+async fn a_context_that_fills_reports_its_tokens_until_a_summary() {
+    let script = load(FILLS).await;
     let mock = start(MockConfig {
         script: Some(script),
         ..MockConfig::default()
@@ -234,18 +234,40 @@ turns = [{ tool_calls = [{ shell = "one" }] }, { tool_calls = [{ shell = "two" }
     assert_eq!(reported, real);
     let (reported, _, said) = usage(body(2, true, &[])).await;
     assert_eq!((reported, said.as_str()), (5000, "three"));
-    // The harness asks for a summary (tools still offered): the progress
-    // note, and the full context is still reported.
+    // The harness asks for a summary (tools still offered, a system note
+    // after the ask, as Claude Code sends it): the progress note, and the
+    // summary request itself is not filled.
     let ask = json!({"role": "user", "content": "Summarize the conversation so far."});
-    let (reported, _, said) = usage(body(2, true, &[ask])).await;
+    let note = json!({"role": "system", "content": "Deferred tools are available."});
+    let (reported, real, said) = usage(body(2, true, &[ask, note])).await;
     assert_eq!(
         (reported, said),
-        (5000, format!("Steps done: 2. {PROGRESS_NOTE}2"))
+        (real, format!("Steps done: 2. {PROGRESS_NOTE}2"))
     );
     // After the compaction the context is small again.
     let summary = json!({"role": "user", "content": format!("Summary: {PROGRESS_NOTE}2")});
     let (reported, real, said) = usage(body(0, true, &[summary])).await;
     assert_eq!((reported, said.as_str()), (real, "three"));
+    mock.stop().await;
+
+    // Filled past the model's context: refused as vLLM refuses a prompt
+    // that long.
+    let mock = start(MockConfig {
+        script: Some(load(&FILLS.replace("5000", "40000")).await),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("{}/v1/chat/completions", mock.url());
+    let (status, _, _) = request(Method::POST, &url, Some(&body(1, true, &[])), &[]).await;
+    assert_eq!(status, 200);
+    let (status, _, bytes) = request(Method::POST, &url, Some(&body(2, true, &[])), &[]).await;
+    let text = String::from_utf8_lossy(&bytes);
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("This model's maximum context length is 32768 tokens. However, your request has 40000 input tokens."),
+        "{text}"
+    );
     mock.stop().await;
 
     let dir = tempfile::tempdir().unwrap();

@@ -204,6 +204,15 @@ impl State {
             Ok(p) => p,
             Err(e) => return Err(error_response(StatusCode::BAD_REQUEST, &e.to_string())),
         };
+        if let Some(prompt) = plan.usage_prompt_tokens.filter(|&p| p >= max_len) {
+            // A context the script filled past the model's: refused as
+            // vLLM refuses a prompt that long.
+            let e = MockError::ContextOverflow {
+                max: max_len,
+                prompt,
+            };
+            return Err(error_response(StatusCode::BAD_REQUEST, &e.to_string()));
+        }
         if self.cfg.down_after_fault
             && (plan.disconnect_after.is_some() || plan.abort_after.is_some())
         {

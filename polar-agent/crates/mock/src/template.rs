@@ -351,9 +351,10 @@ pub struct PromptFacts {
     /// The tool results after the last progress note (all of them without
     /// one).
     pub fresh_tool_results: usize,
-    /// Whether the request asks for a summary: its last message is a user
-    /// message mentioning one ("summary", "summarize") after tool results
-    /// (a harness compacting its context).
+    /// Whether the request asks for a summary: its last message but system
+    /// notes is a user message mentioning one ("summary", "summarize")
+    /// after tool results (a harness compacting its context; Claude Code
+    /// may append a system note after its request).
     pub summary_request: bool,
 }
 
@@ -366,7 +367,8 @@ impl PromptFacts {
             progress.see(m.role == Role::Tool, &content_text(m));
         }
         let summary_request = messages
-            .last()
+            .iter()
+            .rfind(|m| m.role != Role::System)
             .is_some_and(|m| m.role == Role::User && asks_for_summary(&content_text(m)))
             && messages.iter().any(|m| m.role == Role::Tool);
         Self {
@@ -396,7 +398,7 @@ impl PromptFacts {
             let body = body.split("<|im_end|>").next().unwrap_or_default();
             progress.see(role == "tool", body);
             tool_results |= role == "tool";
-            if closed {
+            if closed && role != "system" {
                 // (The generation prompt is the one block left open.)
                 facts.summary_request = role == "user" && tool_results && asks_for_summary(body);
             }

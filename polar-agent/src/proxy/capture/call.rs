@@ -206,7 +206,9 @@ async fn fail_early(
     // recorded on the harness's side: the policy's doing, not a fault of
     // the infrastructure (the backend error counters still count it).
     let side = match err.kind {
-        ErrorKind::InvalidRequest | ErrorKind::TooLarge => Side::Harness,
+        ErrorKind::InvalidRequest | ErrorKind::TooLarge | ErrorKind::ContextOverflow { .. } => {
+            Side::Harness
+        }
         _ => err.side,
     };
     let record = draft.finish(

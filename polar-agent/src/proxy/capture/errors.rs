@@ -26,11 +26,29 @@ pub fn count_backend(log: &polar_capture::SessionLog, err: &ProviderError) {
 /// finish (the backend stopped generating: paused for a weight update,
 /// aborted) as the API's own overload (503; 529 for Anthropic, see
 /// [`ErrorKind::status`]), a request the backend refused (400/413/422,
-/// e.g. a prompt over the context) 400, anything else 502. Every backend
+/// a prompt over the context, told in each API's words) 400, anything
+/// else 502. Every backend
 /// failure but a refused request is answered with a status all six
 /// harness CLIs retry.
 pub fn provider_error(e: &InferenceError) -> ProviderError {
     let backend = |kind, message: String| ProviderError::new(Side::Backend, kind, message);
+    if let Some(o) = e.context_overflow() {
+        let asked = o
+            .completion
+            .map(|c| format!(" + {c} to generate"))
+            .unwrap_or_default();
+        return backend(
+            ErrorKind::ContextOverflow {
+                prompt: o.prompt,
+                completion: o.completion,
+                max: o.max,
+            },
+            format!(
+                "the request does not fit the model's context: {} prompt tokens{asked}, {} at most",
+                o.prompt, o.max
+            ),
+        );
+    }
     match e {
         InferenceError::Config { backend: b, .. } => ProviderError::new(
             Side::Agent,

@@ -754,7 +754,7 @@ impl StreamEncoder for Encoder {
 fn error_type(kind: super::ErrorKind) -> &'static str {
     use super::ErrorKind as K;
     match kind {
-        K::InvalidRequest | K::Unsupported => "invalid_request_error",
+        K::InvalidRequest | K::Unsupported | K::ContextOverflow { .. } => "invalid_request_error",
         K::TooLarge => "request_too_large",
         K::NotFound => "not_found_error",
         K::Overloaded => "overloaded_error",
@@ -763,13 +763,34 @@ fn error_type(kind: super::ErrorKind) -> &'static str {
     }
 }
 
+/// Anthropic's own words for a request over the context: Claude Code
+/// compacts on "prompt is too long: P tokens > M maximum" and lowers
+/// `max_tokens` on "input length and `max_tokens` exceed context limit".
+fn overflow_message(prompt: u32, completion: Option<u32>, max: u32) -> String {
+    match completion {
+        Some(c) if prompt < max => format!(
+            "input length and `max_tokens` exceed context limit: {prompt} + {c} > {max}, \
+             decrease input length or `max_tokens` and try again"
+        ),
+        _ => format!("prompt is too long: {prompt} tokens > {max} maximum"),
+    }
+}
+
 /// Status and `{"type":"error","error":{"type","message"}}` body.
 pub fn error_body(err: &ProviderError) -> (u16, Value) {
+    let message = match err.kind {
+        super::ErrorKind::ContextOverflow {
+            prompt,
+            completion,
+            max,
+        } => overflow_message(prompt, completion, max),
+        _ => err.message.clone(),
+    };
     (
         err.kind.status(Api::AnthropicMessages),
         json!({
             "type": "error",
-            "error": {"type": error_type(err.kind), "message": err.message},
+            "error": {"type": error_type(err.kind), "message": message},
         }),
     )
 }

@@ -807,9 +807,10 @@ impl StreamEncoder for Encoder {
 /// Google's canonical status name for a kind.
 fn status_name(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidRequest | ErrorKind::Unsupported | ErrorKind::TooLarge => {
-            "INVALID_ARGUMENT"
-        }
+        ErrorKind::InvalidRequest
+        | ErrorKind::Unsupported
+        | ErrorKind::TooLarge
+        | ErrorKind::ContextOverflow { .. } => "INVALID_ARGUMENT",
         ErrorKind::NotFound => "NOT_FOUND",
         ErrorKind::Overloaded | ErrorKind::BackendUnavailable => "UNAVAILABLE",
         ErrorKind::BackendTimeout => "DEADLINE_EXCEEDED",
@@ -817,12 +818,19 @@ fn status_name(kind: ErrorKind) -> &'static str {
     }
 }
 
-/// Status and `{"error":{"code","message","status"}}` body.
+/// Status and `{"error":{"code","message","status"}}` body; a request
+/// over the context in the Gemini API's own words.
 pub fn error_body(err: &ProviderError) -> (u16, Value) {
     let status = err.kind.status(Api::Gemini);
+    let message = match err.kind {
+        ErrorKind::ContextOverflow { prompt, max, .. } => format!(
+            "The input token count ({prompt}) exceeds the maximum number of tokens allowed ({max})."
+        ),
+        _ => err.message.clone(),
+    };
     (
         status,
-        json!({"error": {"code": status, "message": err.message, "status": status_name(err.kind)}}),
+        json!({"error": {"code": status, "message": message, "status": status_name(err.kind)}}),
     )
 }
 

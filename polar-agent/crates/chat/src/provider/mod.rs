@@ -66,6 +66,18 @@ pub enum ErrorKind {
     /// The request is larger than allowed (413).
     #[error("request too large")]
     TooLarge,
+    /// The backend refused the request because it does not fit the
+    /// model's context (400): answered in the words each API's servers use,
+    /// the ones its harnesses compact (or shrink `max_tokens`) on.
+    #[error("context overflow")]
+    ContextOverflow {
+        /// The prompt's tokens.
+        prompt: u32,
+        /// The completion tokens asked for, when the backend said.
+        completion: Option<u32>,
+        /// The model's context length.
+        max: u32,
+    },
     /// The request asks for something the proxy cannot do (400).
     #[error("unsupported")]
     Unsupported,
@@ -101,7 +113,7 @@ impl ErrorKind {
     /// too slow 504 (5xx: retried by all six CLIs).
     pub fn status(self, api: Api) -> u16 {
         match self {
-            Self::InvalidRequest | Self::Unsupported => 400,
+            Self::InvalidRequest | Self::Unsupported | Self::ContextOverflow { .. } => 400,
             Self::TooLarge => 413,
             Self::NotFound => 404,
             Self::BackendUnavailable | Self::BackendError => 502,

@@ -494,7 +494,9 @@ pub(crate) fn openai_error_type(kind: ErrorKind) -> (&'static str, &'static str)
     match kind {
         ErrorKind::InvalidRequest => ("invalid_request_error", "invalid_request"),
         ErrorKind::Unsupported => ("invalid_request_error", "unsupported"),
-        ErrorKind::TooLarge => ("invalid_request_error", "context_length_exceeded"),
+        ErrorKind::TooLarge | ErrorKind::ContextOverflow { .. } => {
+            ("invalid_request_error", "context_length_exceeded")
+        }
         ErrorKind::NotFound => ("invalid_request_error", "model_not_found"),
         ErrorKind::Overloaded => ("rate_limit_error", "server_is_overloaded"),
         ErrorKind::BackendUnavailable => ("server_error", "backend_unavailable"),
@@ -504,10 +506,28 @@ pub(crate) fn openai_error_type(kind: ErrorKind) -> (&'static str, &'static str)
     }
 }
 
-/// The OpenAI error body `{"error":{"message","type","param","code"}}`.
+/// The OpenAI error body `{"error":{"message","type","param","code"}}`; a
+/// request over the context in OpenAI's own words.
 pub(crate) fn openai_error_value(err: &ProviderError) -> Value {
     let (ty, code) = openai_error_type(err.kind);
-    json!({"error": {"message": err.message, "type": ty, "param": null, "code": code}})
+    let message = match err.kind {
+        ErrorKind::ContextOverflow {
+            prompt,
+            completion: Some(c),
+            max,
+        } => format!(
+            "This model's maximum context length is {max} tokens. However, you requested {} \
+             tokens ({prompt} in the messages, {c} in the completion). Please reduce the \
+             length of the messages or completion.",
+            u64::from(prompt) + u64::from(c)
+        ),
+        ErrorKind::ContextOverflow { prompt, max, .. } => format!(
+            "This model's maximum context length is {max} tokens. However, your messages \
+             resulted in {prompt} tokens. Please reduce the length of the messages."
+        ),
+        _ => err.message.clone(),
+    };
+    json!({"error": {"message": message, "type": ty, "param": null, "code": code}})
 }
 
 /// Status and OpenAI error body.

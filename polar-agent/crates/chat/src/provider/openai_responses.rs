@@ -1125,7 +1125,7 @@ impl StreamEncoder for Encoder {
 fn stream_error_code(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::Overloaded => "server_is_overloaded",
-        ErrorKind::TooLarge => "context_length_exceeded",
+        ErrorKind::TooLarge | ErrorKind::ContextOverflow { .. } => "context_length_exceeded",
         ErrorKind::InvalidRequest | ErrorKind::Unsupported | ErrorKind::NotFound => {
             openai_error_type(kind).1
         }

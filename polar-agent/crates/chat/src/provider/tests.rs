@@ -178,6 +178,14 @@ fn statuses_per_kind() {
     for (kind, want) in [
         (K::InvalidRequest, 400),
         (K::Unsupported, 400),
+        (
+            K::ContextOverflow {
+                prompt: 2,
+                completion: None,
+                max: 1,
+            },
+            400,
+        ),
         (K::TooLarge, 413),
         (K::NotFound, 404),
         (K::BackendUnavailable, 502),
@@ -210,6 +218,74 @@ fn statuses_per_kind() {
         assert_eq!(status, 504);
         assert!(body.to_string().contains("slow"));
     }
+}
+
+/// A request over the context is told in the words each API's servers use,
+/// the ones its harnesses act on: Claude Code compacts on Anthropic's
+/// "prompt is too long: P tokens > M maximum" (and lowers `max_tokens` on
+/// "input length and `max_tokens` exceed context limit"), OpenAI clients
+/// look for the code `context_length_exceeded`.
+#[test]
+fn context_overflow_in_each_apis_words() {
+    let over = |completion| {
+        ProviderError::new(
+            Side::Backend,
+            ErrorKind::ContextOverflow {
+                prompt: 300_000,
+                completion,
+                max: 262_144,
+            },
+            "the request does not fit",
+        )
+    };
+    let cases = [
+        (
+            Api::AnthropicMessages,
+            "/error/message",
+            "prompt is too long: 300000 tokens > 262144 maximum",
+        ),
+        (
+            Api::OpenaiChat,
+            "/error/message",
+            "This model's maximum context length is 262144 tokens. However, your messages resulted in 300000 tokens. Please reduce the length of the messages.",
+        ),
+        (
+            Api::OpenaiResponses,
+            "/error/code",
+            "context_length_exceeded",
+        ),
+        (
+            Api::Gemini,
+            "/error/message",
+            "The input token count (300000) exceeds the maximum number of tokens allowed (262144).",
+        ),
+    ];
+    for (api, pointer, want) in cases {
+        let (status, body) = error_response(api, &over(None));
+        assert_eq!(status, 400, "{api:?}");
+        assert_eq!(body.pointer(pointer), Some(&json!(want)), "{api:?}: {body}");
+    }
+    let fits = ProviderError::new(
+        Side::Backend,
+        ErrorKind::ContextOverflow {
+            prompt: 3_500,
+            completion: Some(1_000),
+            max: 4_096,
+        },
+        "max_tokens too large",
+    );
+    let (_, body) = error_response(Api::AnthropicMessages, &fits);
+    assert_eq!(
+        body["error"]["message"],
+        "input length and `max_tokens` exceed context limit: 3500 + 1000 > 4096, decrease input length or `max_tokens` and try again"
+    );
+    let (_, body) = error_response(Api::OpenaiChat, &fits);
+    assert!(
+        body["error"]["message"].as_str().is_some_and(|m| m
+            .contains("you requested 4500 tokens (3500 in the messages, 1000 in the completion)")),
+        "{body}"
+    );
+    assert_eq!(body["error"]["code"], "context_length_exceeded");
 }
 
 #[test]
