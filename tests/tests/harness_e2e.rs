@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_capture::log::LogProblem;
 use polar_capture::read_log;
-use polar_chat::Role;
+use polar_chat::{ResponseFormat, Role};
 use polar_record::{CallStatus, CompletionRecord};
 use polar_tests::docker::{self, Engine};
 use polar_tests::{
@@ -139,6 +139,43 @@ impl Scenario {
 /// The mock's context length: a [`Scenario::Compact`] filled at or past it
 /// is refused as over the context.
 const MOCK_MAX_MODEL_LEN: u32 = 262_144;
+
+/// What is wrong with the replies to calls that asked for structured
+/// output: each must be a JSON object, holding the schema's required
+/// top-level properties (the backend's constrained decoding, which the mock
+/// does as vLLM's guided decoding would).
+fn structured_problems(calls: &[CompletionRecord]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for c in calls {
+        let Some(format) = &c.request.response_format else {
+            continue;
+        };
+        let text = c
+            .response
+            .as_ref()
+            .map(|r| r.message.joined_text())
+            .unwrap_or_default();
+        let Ok(Value::Object(reply)) = serde_json::from_str::<Value>(&text) else {
+            problems.push(format!(
+                "call {} asked for {format:?} but its reply is no JSON object: {text:?}",
+                c.call_id
+            ));
+            continue;
+        };
+        if let ResponseFormat::JsonSchema { schema, .. } = format {
+            let required = schema["required"].as_array().into_iter().flatten();
+            for key in required.filter_map(Value::as_str) {
+                if !reply.contains_key(key) {
+                    problems.push(format!(
+                        "call {}: reply {text:?} lacks the schema's required {key:?}",
+                        c.call_id
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
 
 /// The calls the export left out (`stats.calls_dropped`), with their
 /// reasons.
@@ -324,6 +361,7 @@ fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> 
                 structured.len()
             );
             problems.extend(recipe_problems(&rows, &structured, scenario.instruction()));
+            problems.extend(structured_problems(&calls));
             if scenario != Scenario::Demo {
                 problems.extend(served_problems(&calls, served));
                 problems.extend(row_problems(&calls, &rows, scenario));
