@@ -178,7 +178,11 @@ fn message(m: &Message) -> Value {
     } else {
         out.insert("content".into(), content);
     }
-    if let Some(r) = &m.reasoning {
+    // Reasoning without text (Gemini CLI's `thoughtSignature` sentinel on
+    // a turn that had no thought) is no reasoning to the backend: an empty
+    // `reasoning_content` would make a template that tests for the key
+    // render an empty think block the model never generated.
+    if let Some(r) = m.reasoning.as_ref().filter(|r| !r.text.is_empty()) {
         out.insert("reasoning_content".into(), json!(r.text));
     }
     if !m.tool_calls.is_empty() {
@@ -376,6 +380,36 @@ mod tests {
             body["tool_choice"],
             json!({"type": "function", "function": {"name": "bash"}})
         );
+    }
+
+    /// Gemini CLI sends `thoughtSignature` on a function call whose turn had
+    /// no thought: reasoning without text, never sent as an empty
+    /// `reasoning_content` (a template testing for the key would render a
+    /// think block the model never generated, and the next prompt would
+    /// not continue the last reply).
+    #[test]
+    fn reasoning_without_text_is_not_sent() {
+        let cfg = BackendConfig::new(
+            "b",
+            Dialect::Vllm,
+            vec!["http://127.0.0.1:1".into()],
+            "served",
+        );
+        let mut req = conversation();
+        for m in &mut req.messages {
+            if let Some(r) = &mut m.reasoning {
+                r.text.clear();
+                r.signature = Some("skip_thought_signature_validator".into());
+            }
+        }
+        let body = chat_body(&cfg, &req, SamplingMode::Train);
+        let messages = body["messages"].as_array().unwrap();
+        assert!(
+            messages
+                .iter()
+                .all(|m| m.get("reasoning_content").is_none())
+        );
+        assert!(messages.iter().any(|m| m.get("tool_calls").is_some()));
     }
 
     #[test]

@@ -106,10 +106,12 @@ pub fn render_prompt(
                     StripReasoning::All => true,
                     StripReasoning::BeforeLastUser => last_user.is_some_and(|u| i < u),
                 };
+                // Empty reasoning renders nothing, as Qwen3's template
+                // tests `reasoning_content` for truth.
                 let reasoning = m
                     .reasoning
                     .as_ref()
-                    .filter(|_| !strip)
+                    .filter(|r| !strip && !r.text.is_empty())
                     .map(|r| r.text.as_str());
                 let calls: Vec<(&str, &str)> = m
                     .tool_calls

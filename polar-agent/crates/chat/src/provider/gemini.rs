@@ -321,6 +321,12 @@ fn parse_sampling(obj: Json<'_>, extra: &mut Map<String, Value>) -> Sampling {
     sampling
 }
 
+/// The `Type` enum of Google's SDKs, as schemas carry it: upper-case
+/// names of JSON Schema's types.
+const SDK_TYPES: &[&str] = &[
+    "STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL",
+];
+
 /// OpenAPI-style schema types (`OBJECT`, `STRING`) lowercased, recursively.
 fn lower_types(v: Json<'_>) -> Value {
     if let Some(members) = v.as_object() {
@@ -328,7 +334,9 @@ fn lower_types(v: Json<'_>) -> Value {
             members
                 .map(|(k, v)| {
                     let lowered = match v.as_str() {
-                        Some(s) if k == "type" => Value::String(s.to_ascii_lowercase()),
+                        Some(s) if k == "type" && SDK_TYPES.contains(&s.as_ref()) => {
+                            Value::String(s.to_ascii_lowercase())
+                        }
                         _ => lower_types(v),
                     };
                     (k.into_owned(), lowered)

@@ -161,7 +161,9 @@ pub const GEMINI_KEYS: &[&str] = &[
 
 /// Gemini `generationConfig`: `responseMimeType` `application/json` (JSON
 /// mode), with `responseJsonSchema` (JSON Schema) or `responseSchema` (the
-/// OpenAPI subset, whose upper-case types `lower` turns into JSON Schema's).
+/// OpenAPI subset), whose upper-case types (`OBJECT`, `STRING`, ...: the
+/// `Type` enum of Google's SDKs, which Gemini CLI's router call also puts
+/// in its `responseJsonSchema`) `lower` turns into JSON Schema's.
 pub fn gemini(
     gc: Option<Json<'_>>,
     lower: fn(Json<'_>) -> Value,
@@ -177,7 +179,10 @@ pub fn gemini(
     ]);
     let openapi = get(&["responseSchema", "response_schema"]);
     let schema_v = match (json_schema_v, openapi) {
-        (Some(s), _) => Some(schema(s, "generationConfig.responseJsonSchema")?),
+        (Some(s), _) => Some(match lower(s) {
+            v @ Value::Object(_) => v,
+            _ => schema(s, "generationConfig.responseJsonSchema")?,
+        }),
         (None, Some(s)) => Some(match lower(s) {
             v @ Value::Object(_) => v,
             _ => {
@@ -331,6 +336,12 @@ mod tests {
         assert_eq!(
             read(json!({"response_mime_type": "application/json",
                         "responseSchema": {"type": "OBJECT", "properties": {"title": {"type": "STRING"}}}})),
+            Ok(Some(schema_of(DEFAULT_SCHEMA_NAME)))
+        );
+        // Gemini CLI's router: SDK types in a JSON Schema.
+        assert_eq!(
+            read(json!({"responseMimeType": "application/json",
+                        "responseJsonSchema": {"type": "OBJECT", "properties": {"title": {"type": "STRING"}}}})),
             Ok(Some(schema_of(DEFAULT_SCHEMA_NAME)))
         );
         assert!(read(json!({"responseMimeType": "text/x.enum", "responseSchema": {"type": "STRING", "enum": ["a"]}})).is_err());
