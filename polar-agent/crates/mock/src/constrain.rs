@@ -28,7 +28,9 @@
 
 use serde_json::{Map, Value, json};
 
+use super::Dialect;
 use super::MockError;
+use super::forced::Forced;
 use super::script::Plan;
 use polar_chat::Tool;
 
@@ -160,9 +162,15 @@ impl Constraint {
     /// Filters a policy's plan by the tool choice: `none` drops every call
     /// (answering `done` when nothing else is left), `required` and a named
     /// tool add a call when the plan has none (arguments generated from the
-    /// tool's parameter schema), a named tool keeps only its calls, and
-    /// `parallel_tool_calls: false` keeps the first.
-    pub fn apply_tools(&self, plan: &mut Plan, tools: &[Tool]) -> Result<(), MockError> {
+    /// tool's parameter schema) and mark the plan forced (its calls are
+    /// generated as bare JSON, its text dropped), a named tool keeps only
+    /// its first call, and `parallel_tool_calls: false` keeps the first.
+    pub fn apply_tools(
+        &self,
+        plan: &mut Plan,
+        tools: &[Tool],
+        dialect: Dialect,
+    ) -> Result<(), MockError> {
         match &self.tool_choice {
             ToolChoice::Auto => {}
             ToolChoice::None => {
@@ -177,6 +185,7 @@ impl Constraint {
                 {
                     plan.tool_calls.push(forced_call(tool)?);
                 }
+                plan.forced = Some(Forced::Array);
             }
             ToolChoice::Named(name) => {
                 plan.tool_calls.retain(|(n, _)| n == name);
@@ -185,6 +194,11 @@ impl Constraint {
                 {
                     plan.tool_calls.push(forced_call(tool)?);
                 }
+                plan.tool_calls.truncate(1);
+                plan.forced = Some(match dialect {
+                    Dialect::Vllm => Forced::Arguments,
+                    Dialect::Sglang => Forced::Array,
+                });
             }
         }
         if self.single_call {
@@ -585,7 +599,7 @@ mod tests {
                 tool_calls: calls.clone(),
                 ..Plan::default()
             };
-            c.apply_tools(&mut p, &tools).unwrap();
+            c.apply_tools(&mut p, &tools, Dialect::Vllm).unwrap();
             p
         };
         let none = parse(json!({"tool_choice": "none"})).unwrap();
@@ -600,7 +614,9 @@ mod tests {
         assert_eq!(plan(&single).tool_calls, vec![calls[0].clone()]);
         let required = parse(json!({"tool_choice": "required"})).unwrap();
         let mut empty = Plan::default();
-        required.apply_tools(&mut empty, &tools).unwrap();
+        required
+            .apply_tools(&mut empty, &tools, Dialect::Vllm)
+            .unwrap();
         assert_eq!(
             empty.tool_calls,
             vec![(
@@ -609,7 +625,9 @@ mod tests {
             )]
         );
         let mut empty = Plan::default();
-        named.apply_tools(&mut empty, &tools).unwrap();
+        named
+            .apply_tools(&mut empty, &tools, Dialect::Vllm)
+            .unwrap();
         assert_eq!(
             empty.tool_calls,
             vec![("read".to_owned(), "{\"path\":\"polar path\"}".to_owned())]

@@ -603,3 +603,80 @@ async fn tool_choice_over_http() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     m.stop().await;
 }
+
+/// A forced tool call is generated as the backend's constrained decoding
+/// makes it, not in the template's markup: vLLM (`serving_chat.py`) has a
+/// named tool choice generate the arguments object alone, reported with
+/// finish `stop`, and `required` an array of `{"name", "parameters"}`;
+/// SGLang (`get_json_schema_constraint`) the array for both. Streamed, the
+/// arguments arrive as the call's deltas, the same as whole.
+#[tokio::test]
+async fn forced_tool_calls_are_generated_as_constrained_json() {
+    let named = json!({"type": "function", "function": {"name": "bash"}});
+    let array = r#"[{"name":"bash","parameters":{"command":"echo polar > polar-demo.txt"}}]"#;
+    let args = r#"{"command":"echo polar > polar-demo.txt"}"#;
+    for (dialect, choice, text, finish) in [
+        (Dialect::Vllm, named.clone(), args, "stop"),
+        (Dialect::Vllm, json!("required"), array, "tool_calls"),
+        (Dialect::Sglang, named.clone(), array, "tool_calls"),
+    ] {
+        let m = mock(dialect).await;
+        let mut b = body(dialect, true);
+        b["tool_choice"] = choice.clone();
+        let (status, v) = post(&m, "/v1/chat/completions", &b).await;
+        assert_eq!(status, StatusCode::OK, "{v}");
+        let c = &v["choices"][0];
+        let generated: Vec<u32> = match dialect {
+            Dialect::Vllm => ids(&c["token_ids"]),
+            Dialect::Sglang => c["meta_info"]["output_token_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t[1].as_u64().unwrap() as u32)
+                .collect(),
+        };
+        let generated = tokenizer::decode(&generated).unwrap();
+        assert_eq!(
+            generated,
+            format!("{text}<|im_end|>"),
+            "{dialect:?} {choice}"
+        );
+        assert_eq!(c["finish_reason"], finish, "{dialect:?} {choice}");
+        let call = &c["message"]["tool_calls"][0]["function"];
+        assert_eq!(
+            (call["name"].as_str(), call["arguments"].as_str()),
+            (Some("bash"), Some(args))
+        );
+        assert!(
+            c["message"]["content"].as_str().is_none_or(str::is_empty),
+            "{c}"
+        );
+        b["stream"] = json!(true);
+        if let Some(o) = b.as_object_mut() {
+            // (SGLang refuses prompt ids and meta info with a stream.)
+            o.remove("return_prompt_token_ids");
+            o.remove("return_meta_info");
+        }
+        let (_, _, bytes) = request(
+            Method::POST,
+            &format!("{}/v1/chat/completions", m.url()),
+            Some(&b),
+            &[],
+        )
+        .await;
+        let streamed: String = std::str::from_utf8(&bytes)
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|d| *d != "[DONE]")
+            .filter_map(|d| {
+                let v: Value = serde_json::from_str(d).unwrap();
+                v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(streamed, args, "{dialect:?} {choice}");
+        m.stop().await;
+    }
+}

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::ops::Range;
 
+use super::forced::{self, Forced};
 use super::script::Plan;
 use super::template::{self, Channel, ParsedOutput};
 use super::tokenizer;
@@ -74,7 +75,14 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
         .iter()
         .map(|(n, a)| (n.as_str(), a.as_str()))
         .collect();
-    let mut full = template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls);
+    let forced = plan
+        .forced
+        .filter(|_| !plan.tool_calls.is_empty())
+        .map(|f| (f, forced::body(f, plan.think.as_deref(), &plan.tool_calls)));
+    let mut full = match &forced {
+        Some((_, body)) => body.text.clone(),
+        None => template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls),
+    };
     if !plan.force_length {
         full.push_str("<|im_end|>");
     }
@@ -90,12 +98,16 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     }
     let end = tokens.last().map_or(0, |(_, s)| s.end);
     full.truncate(end);
-    let parsed = template::parse_output(&full);
+    let parsed = match &forced {
+        Some((f, body)) => forced::parse(body, *f, &full),
+        None => template::parse_output(&full),
+    };
     let finish = if plan.abort_after.is_some() {
         Finish::Abort
     } else if plan.force_length || truncated {
         Finish::Length
-    } else if parsed.tool_calls.is_empty() {
+    } else if parsed.tool_calls.is_empty() || matches!(forced, Some((Forced::Arguments, _))) {
+        // vLLM reports a named tool choice's call with `stop`.
         Finish::Stop
     } else {
         Finish::ToolCalls

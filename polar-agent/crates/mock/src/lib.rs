@@ -40,6 +40,7 @@
 mod body;
 pub mod constrain;
 mod emit;
+pub mod forced;
 mod generate;
 pub mod judge;
 pub mod openai;

@@ -238,6 +238,10 @@ pub struct Plan {
     pub delay: Option<Duration>,
     /// The prompt tokens to report in the usage instead of the real count.
     pub usage_prompt_tokens: Option<usize>,
+    /// The tool choice that forces the calls, when one does: they are
+    /// generated as guided decoding makes them (bare JSON, see
+    /// [`crate::forced`]).
+    pub forced: Option<crate::forced::Forced>,
 }
 
 impl Script {
@@ -455,6 +459,7 @@ fn plan_of(turn: &Turn, tools: &[Tool]) -> Plan {
         abort_after: turn.abort_after.map(|n| n as usize),
         delay: turn.delay_ms.map(Duration::from_millis),
         usage_prompt_tokens: None,
+        forced: None,
     }
 }
 

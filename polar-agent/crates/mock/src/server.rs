@@ -276,7 +276,8 @@ impl State {
             resume::is_retry(req.headers),
         );
         if plan.error.is_none() {
-            req.constraint.apply_tools(&mut plan, &req.facts.tools)?;
+            req.constraint
+                .apply_tools(&mut plan, &req.facts.tools, self.cfg.dialect)?;
         }
         Ok((plan, done))
     }
