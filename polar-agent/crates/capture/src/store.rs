@@ -89,7 +89,10 @@ fn history_entry(record: &CompletionRecord) -> Option<(String, Conversation)> {
 /// the sync), on the blocking thread that wrote it: it must be quick and
 /// must not block.
 #[derive(Clone)]
-pub struct CallHook(Arc<dyn Fn(&SessionId, &CompletionRecord) + Send + Sync>);
+pub struct CallHook(Arc<CallFn>);
+
+/// What a [`CallHook`] calls.
+type CallFn = dyn Fn(&SessionId, &CompletionRecord) + Send + Sync;
 
 impl CallHook {
     /// A hook calling `f`.
