@@ -23,7 +23,7 @@
 //   7. a 200,000-token trace (a node played by this script hands the server
 //      its result) opens and scrolls end to end within the bounds below,
 //      its colouring checked where it scrolls; the times go to
-//      POLAR_MEASUREMENTS (BENCHMARKS.md quotes them).
+//      POLAR_MEASUREMENTS, per browser (BENCHMARKS.md quotes them).
 // The first browser's screenshots go to POLAR_SCREENSHOTS. Every wait is
 // bounded.
 

@@ -13,7 +13,8 @@
 //! `tests/dashboard/dashboard.test.mjs`, says what it checks; it writes
 //! its screenshots to `target/polar-dashboard/screenshots/` (or the
 //! directory in `POLAR_DASHBOARD_SCREENSHOTS`, such as `docs/dashboard`
-//! to refresh the ones docs/DASHBOARD.md shows) and its measurements to
+//! to refresh the ones docs/DASHBOARD.md shows; the first browser's) and
+//! its measurements, per browser, to
 //! `target/polar-dashboard/measurements.json`.
 
 use std::path::{Path, PathBuf};
