@@ -195,3 +195,33 @@ async fn a_running_session_s_calls_are_published_and_shown_until_its_result() {
     node.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reports_at_most_the_bound_of_a_session_s_calls() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let mut stream = EventStream::connect(&server.url(), TOKEN, "task_id=live")
+        .await
+        .unwrap();
+    let work = Calling::default();
+    let node = node_a_reporting(&server, work.clone(), Progress::Running).await;
+    c.submit(&task("live", 1)).await.unwrap();
+    task_until(&c, "live", "running", Duration::from_secs(10), |v| {
+        v.counts.running == 1
+    })
+    .await;
+    let n = MAX_LIVE_CALLS as u64 + 40;
+    work.calls.lock().unwrap().extend((0..n).map(call));
+    let (_, calls) = next_calls(&mut stream).await;
+    assert_eq!(calls.len(), MAX_LIVE_CALLS, "one report, cut at the bound");
+    assert_eq!(calls[0], call(0));
+    // The rest is never reported: no second report within three ticks.
+    let more = tokio::time::timeout(Duration::from_secs(3), next_calls(&mut stream)).await;
+    assert!(more.is_err(), "calls past the bound were reported");
+    assert_eq!(sample(&c).await["live_calls_total"], MAX_LIVE_CALLS);
+    work.release.cancel();
+    finished(&c, "live", Duration::from_secs(10)).await;
+    node.stop().await;
+    server.shutdown().await;
+}
