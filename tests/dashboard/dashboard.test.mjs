@@ -1,14 +1,19 @@
-// The dashboard in a real browser (`cargo xtask test`, step "dashboard in
-// chromium"; xtask/src/dashboard.rs starts the stack and sets the
-// environment): Debian's Chromium, headless, driven by playwright-core's
-// Node client, against a mock backend, a rollout server and a gateway node
-// on loopback. It checks, in order:
+// The dashboard in real browsers (`cargo xtask test`, step "dashboard in
+// chromium and firefox"; xtask/src/dashboard.rs starts the stack and sets
+// the environment): each browser of POLAR_BROWSERS in turn, headless
+// (Debian's chromium driven by playwright-core, Debian's firefox-esr by
+// puppeteer-core over WebDriver BiDi: driver.mjs), against a mock backend,
+// a rollout server and a gateway node on loopback. Each runs every check,
+// in order:
 //   1. the token is asked for once and kept in sessionStorage, never in a
 //      URL; a viewer token shows no control;
 //   2. the overview follows a task of the mini agent to its end live (the
 //      event stream; the page is never reloaded) with its node's pools;
-//   3. the task page lists the samples, and its filters work;
-//   4. a session's timeline has one row per call its result lists, and its
+//   3. the task page lists the samples, and its filters work; a running
+//      session's timeline shows its calls live, as they end (the event
+//      stream's `calls` events), then the result's list;
+//   4. a session's timeline has one row per call its result lists, each
+//      with its queue (received to sent) apart from its TTFT, and its
 //      trajectory's colouring matches the loss mask of the exported file
 //      (read from disk here, not from the server) for every token;
 //   5. the logprob heat (each trained token's step from its exported
@@ -18,14 +23,14 @@
 //   7. a 200,000-token trace (a node played by this script hands the server
 //      its result) opens and scrolls end to end within the bounds below,
 //      its colouring checked where it scrolls; the times go to
-//      POLAR_MEASUREMENTS (BENCHMARKS.md quotes them).
-// Screenshots go to POLAR_SCREENSHOTS. Every wait is bounded.
+//      POLAR_MEASUREMENTS, per browser (BENCHMARKS.md quotes them).
+// The first browser's screenshots go to POLAR_SCREENSHOTS. Every wait is
+// bounded.
 
-import { createRequire } from "node:module";
-import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync, mkdirSync } from "node:fs";
+import { readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
 import { createServer } from "node:http";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { launch } from "./driver.mjs";
 
 const env = (k) => {
   const v = process.env[k];
@@ -40,8 +45,12 @@ const FAKE = env("POLAR_FAKE_NODE_ID");
 const FAKE_TOKEN = env("POLAR_FAKE_NODE_TOKEN");
 const EXPORT = env("POLAR_EXPORT_DIR");
 const SHOTS = env("POLAR_SCREENSHOTS");
-const require = createRequire(join(env("POLAR_PLAYWRIGHT_MODULES"), "x.js"));
-const { chromium } = require("playwright-core");
+const MODULES = env("POLAR_DASHBOARD_MODULES");
+/** The browsers, in order, and each one's executable; the first takes the screenshots. */
+const BROWSERS = env("POLAR_BROWSERS").split(",").map((kind) => ({
+  kind,
+  executable: env(`POLAR_${kind.toUpperCase()}`),
+}));
 
 /** The bounds this test states (generous: a shared 2-core machine). */
 const BIG_TOKENS = 200000;
@@ -49,6 +58,8 @@ const BIG_OPEN_LIMIT_MS = 30000;
 const BIG_SCROLL_LIMIT_MS = 60000;
 const BIG_SCROLL_STEPS = 60;
 const TASK_LIMIT_MS = 240000;
+/** How long the live task's harness sleeps after its last call. */
+const LIVE_SLEEP_SECS = 12;
 
 const measurements = {};
 const log = (...a) => console.log("[dashboard]", ...a);
@@ -77,7 +88,7 @@ async function until(what, limitMs, f) {
   }
 }
 
-function submitMiniAgent(taskId, n) {
+function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py") {
   return rest("/v1/tasks", {
     method: "POST",
     body: {
@@ -86,7 +97,7 @@ function submitMiniAgent(taskId, n) {
       num_samples: n,
       timeout_secs: 180,
       runtime: { prepare: [{ upload: { from: env("POLAR_MINI_AGENT"), to: "mini_agent.py" } }] },
-      agent: { harness: "shell", options: { command: "python3 /workspace/mini_agent.py" } },
+      agent: { harness: "shell", options: { command } },
       builder: { kind: "prefix_merging" },
       evaluator: { kind: "command", options: { command: "test -s polar-demo.txt" } },
       metadata: { group_id: taskId, policy_version: "w-1" },
@@ -104,7 +115,9 @@ function exportedRows(taskId, session) {
 
 /** Every rendered token cell in the trajectory's grid: [index, class]. */
 async function renderedCells(page, scope = "#trajectory") {
-  return page.$$eval(`${scope} .tokscroll .tok[data-i]`, (els) => els.map((e) => [Number(e.dataset.i), e.className]));
+  // One string across the wire: WebDriver BiDi serializes nested arrays
+  // value by value, which costs Firefox seconds per scroll step.
+  return JSON.parse(await page.$$eval(`${scope} .tokscroll .tok[data-i]`, (els) => JSON.stringify(els.map((e) => [Number(e.dataset.i), e.className]))));
 }
 
 /** The kind the exported row says token i of trace `row` has. */
@@ -161,14 +174,16 @@ async function fakeNode() {
   });
   await new Promise((r) => server.listen(0, "127.0.0.1", r));
   const address = `http://127.0.0.1:${server.address().port}`;
+  // A new instance per browser's run: the server takes it as a restart.
+  const instance = `fake-${process.pid}-${Date.now()}`;
   const node = { assignments, address, server };
   await rest("/v1/nodes/register", {
     token: FAKE_TOKEN,
     method: "POST",
-    body: { node_id: FAKE, address, instance: `fake-${process.pid}`, capacity: { max_sessions: 1 }, labels: { played_by: "dashboard test" } },
+    body: { node_id: FAKE, address, instance, capacity: { max_sessions: 1 }, labels: { played_by: "dashboard test" } },
   });
   node.beat = setInterval(() => {
-    rest(`/v1/nodes/${FAKE}/heartbeat`, { token: FAKE_TOKEN, method: "POST", body: { instance: `fake-${process.pid}`, active: assignments.length ? 1 : 0 } }).catch(() => {});
+    rest(`/v1/nodes/${FAKE}/heartbeat`, { token: FAKE_TOKEN, method: "POST", body: { instance, active: assignments.length ? 1 : 0 } }).catch(() => {});
   }, 500);
   return node;
 }
@@ -232,18 +247,16 @@ function bigRow(taskId, session) {
   };
 }
 
-async function main() {
-  const profile = mkdtempSync(join(tmpdir(), "polar-dashboard-chromium-"));
-  const context = await chromium.launchPersistentContext(profile, {
-    executablePath: env("POLAR_CHROMIUM"),
-    headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-    viewport: { width: 1440, height: 900 },
-  });
+/** Every check, in the browser `kind`; screenshots only if `shots`. */
+async function run({ kind, executable }, shots) {
+  const started = Date.now();
+  for (const k of Object.keys(measurements)) delete measurements[k];
+  const browser = await launch(kind, { executable, modules: MODULES });
+  const page = browser.page;
+  const shot = (what, name, opts = {}) => (shots ? what.screenshot({ ...opts, path: join(SHOTS, name) }) : null);
   const requests = [];
   let fake = null;
   try {
-    const page = context.pages()[0] || (await context.newPage());
     page.on("request", (r) => requests.push(r.url()));
     const pageErrors = [];
     page.on("pageerror", (e) => pageErrors.push(e.message));
@@ -271,13 +284,13 @@ async function main() {
       const pool = document.querySelector(`tr[data-node="${node}"] td.pool[title^="running: "]`);
       return pool && !pool.title.startsWith("running: 0 ");
     }, NODE, { timeout: 60000 }).catch(() => log("the RUNNING pool was never seen busy"));
-    await page.screenshot({ path: join(SHOTS, "overview-running.png") });
+    await shot(page, "overview-running.png");
     await page.waitForSelector(`tr[data-task="${taskId}"][data-status="completed"]`, { timeout: TASK_LIMIT_MS });
     check(await page.evaluate(() => window.__sameDocument === true), "the overview updated without a reload");
     check((await page.textContent("#live")) === "live", "the event stream is live");
     const mean = await page.$eval(`tr[data-task="${taskId}"] td.reward`, (td) => td.textContent);
     check(mean === "1.000", `mean reward 1.000 shown (got ${mean})`);
-    await page.screenshot({ path: join(SHOTS, "overview.png") });
+    await shot(page, "overview.png");
     log("overview followed", taskId, "to completed");
 
     // 3. The task page and its filters.
@@ -292,7 +305,30 @@ async function main() {
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 0, null, { timeout: 5000 });
     await page.fill("#reward-min", "1");
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 6, null, { timeout: 5000 });
-    await page.screenshot({ path: join(SHOTS, "task.png") });
+    await shot(page, "task.png");
+
+    // 3b. A running session's timeline, live: its calls show as they end,
+    //     before the session does (the harness sleeps after its last
+    //     call), and the result's list replaces them, without a reload.
+    const liveTask = `dash-live-${Date.now()}`;
+    await submitMiniAgent(liveTask, 1, `python3 /workspace/mini_agent.py && sleep ${LIVE_SLEEP_SECS}`);
+    await page.evaluate((t) => { location.hash = `#/session/${t}/0`; }, liveTask);
+    await page.waitForSelector('#timeline[data-live="true"] .tl-row[data-seq]', { timeout: TASK_LIMIT_MS });
+    const running = await rest(`/v1/tasks/${liveTask}/samples/0`, { token: VIEWER });
+    check(running.state === "running" && !running.result, `the session still runs while its calls show (${running.state})`);
+    check(running.live_calls.length >= 1 && running.live_calls_total === running.live_calls.length, "the server lists the calls reported so far");
+    const liveIds = await page.$$eval("#timeline .tl-row[data-seq]", (els) => els.map((e) => e.dataset.seq));
+    check(liveIds.length <= running.live_calls.length, `no more rows (${liveIds.length}) than calls reported (${running.live_calls.length})`);
+    await shot(page, "timeline-live.png");
+    await page.waitForSelector('#timeline[data-live="false"] .tl-row[data-seq]', { timeout: TASK_LIMIT_MS });
+    const ended = await rest(`/v1/tasks/${liveTask}/samples/0`, { token: VIEWER });
+    const endedCalls = ended.result.stats.calls;
+    check(running.live_calls.every((c) => endedCalls.some((d) => d.call_id === c.call_id && d.seq === c.seq && d.finished_ms === c.finished_ms)), "each live call is in the result's list, the same");
+    await page.waitForFunction((k) => document.querySelectorAll("#timeline .tl-row[data-seq]").length === k, endedCalls.length, { timeout: 15000 });
+    check(await page.evaluate(() => window.__sameDocument === true), "the live timeline updated without a reload");
+    log(`live timeline: ${liveIds.length} calls shown while ${liveTask} ran, ${endedCalls.length} in its result`);
+    await page.evaluate((t) => { location.hash = `#/task/${t}`; }, taskId);
+    await page.waitForSelector("tr[data-sample]", { timeout: 15000 });
 
     // 4. A session: timeline and trajectory, the colouring against the export.
     const session = `${taskId}-s0`;
@@ -302,6 +338,13 @@ async function main() {
     await page.click(`tr[data-sample="0"] a`);
     await page.waitForSelector("#timeline .tl-row[data-seq]", { timeout: 15000 });
     check((await page.$$("#timeline .tl-row[data-seq]")).length === calls.length, "one timeline row per call");
+    // The wait in the agent before the call left for its replica is its
+    // own bar, apart from the time to first token.
+    for (const c of calls) {
+      check(Number.isInteger(c.sent_ms) && c.received_ms <= c.sent_ms && c.sent_ms <= c.finished_ms && (c.first_token_ms == null || c.sent_ms <= c.first_token_ms), `call ${c.seq}: received ${c.received_ms} <= sent ${c.sent_ms} <= first token ${c.first_token_ms} / finished ${c.finished_ms}`);
+    }
+    check((await page.$$("#timeline .tl-row[data-seq] .tl-queue")).length === calls.length, "a queue bar per call");
+    check((await page.$$("#timeline .tl-row[data-seq] .tl-ttft")).length === calls.filter((c) => c.first_token_ms != null).length, "a time-to-first-token bar per streamed call");
     await page.waitForSelector("#trajectory[data-loaded-ms] .tokscroll .tok", { timeout: 30000 });
     const rows = exportedRows(taskId, session);
     check(rows.length >= 1, "the session exported a trace");
@@ -314,9 +357,9 @@ async function main() {
     }
     await page.click("#trajectory .tok.kt");
     await page.waitForSelector("#token-detail .msg", { timeout: 5000 });
-    await page.screenshot({ path: join(SHOTS, "session.png"), fullPage: true });
+    await shot(page, "session.png", { fullPage: true });
     const traj = await page.$("#trajectory");
-    await traj.screenshot({ path: join(SHOTS, "trajectory.png") });
+    await shot(traj, "trajectory.png");
 
     // 5. Logprob heat, per_request view, side by side.
     await page.click("#mode-logprob");
@@ -334,7 +377,7 @@ async function main() {
       }
       check(heated > 0, "trained tokens in view with their heat");
     }
-    await traj.screenshot({ path: join(SHOTS, "trajectory-logprob.png") });
+    await shot(traj, "trajectory-logprob.png");
     await page.click("#mode-mask");
     const spans = rows.reduce((a, r) => a + r.trace_metadata.spans.length, 0);
     await page.click("#view-calls");
@@ -349,11 +392,11 @@ async function main() {
         check(cls.includes(i < start ? "kp" : "kt"), `per_request call 1, token ${i}: ${cls}`);
       }
     }
-    await traj.screenshot({ path: join(SHOTS, "trajectory-per-request.png") });
+    await shot(traj, "trajectory-per-request.png");
     await page.goto(`${SERVER}/ui#/compare/${taskId}/0/1`);
     await page.waitForSelector('.compare-col[data-sample="1"] .tokscroll .tok', { timeout: 30000 });
     await page.waitForSelector('.compare-col[data-sample="0"] .tokscroll .tok', { timeout: 30000 });
-    await page.screenshot({ path: join(SHOTS, "compare.png") });
+    await shot(page, "compare.png");
     check(await page.evaluate(() => sessionStorage.getItem("polar.rollout.token") !== null), "the token survived a navigation in the tab");
 
     // 6. A trainer token: pause and resume reach the node.
@@ -366,7 +409,7 @@ async function main() {
     await page.waitForSelector("#pause", { timeout: 15000 });
     await page.click("#pause");
     await page.waitForFunction(() => document.querySelector("#gen-state").textContent.startsWith("paused"), null, { timeout: 15000 });
-    await page.screenshot({ path: join(SHOTS, "overview-paused.png") });
+    await shot(page, "overview-paused.png");
     await page.fill("#policy-version", "w-2");
     await page.click("#resume");
     await page.waitForFunction(() => document.querySelector("#gen-state").textContent === "generating" && document.querySelector("#policy").textContent === "w-2", null, { timeout: 15000 });
@@ -386,7 +429,7 @@ async function main() {
     const t0 = 1790000000000;
     const bigCalls = big.trace_metadata.spans.map((s, k) => ({
       call_id: `big-call-${k}`, seq: k, api: "openai_chat", model: "default", received_ms: t0 + k * 2000,
-      first_token_ms: t0 + k * 2000 + 150, finished_ms: t0 + k * 2000 + 1500, finish_reason: k === 99 ? "stop" : "tool_calls",
+      sent_ms: t0 + k * 2000 + 40, first_token_ms: t0 + k * 2000 + 150, finished_ms: t0 + k * 2000 + 1500, finish_reason: k === 99 ? "stop" : "tool_calls",
       prompt_tokens: 2000 + s.response_start, response_tokens: s.response_len, status: k === 40 ? "failed" : "completed",
       side: k === 40 ? "backend" : null, error: k === 40 ? "backend answered 503" : null, retry_of: k === 41 ? 40 : null,
     }));
@@ -407,7 +450,9 @@ async function main() {
     check((await page.$$("#timeline .tl-row.failed")).length === 1 && (await page.$$("#timeline .tl-row.retry")).length === 1, "the failed call and its retry are marked");
     const scrolled = Date.now();
     const frames = [];
+    const phase = { jump: 0, wait: 0, cells: 0 };
     for (let s = 0; s <= BIG_SCROLL_STEPS; s++) {
+      let p0 = Date.now();
       // The jump and the two frames after it, timed in the page: the scroll
       // event's redraw runs in the first.
       const [want, frameMs] = await page.$eval("#trajectory .tokscroll", async (el, f) => {
@@ -417,21 +462,27 @@ async function main() {
         return [el.scrollTop, performance.now() - t];
       }, s / BIG_SCROLL_STEPS);
       frames.push(frameMs);
+      phase.jump += Date.now() - p0;
+      p0 = Date.now();
       await page.waitForFunction((top) => {
         const el = document.querySelector("#trajectory .tokscroll");
         const win = el.querySelector(".tokwin");
         const t = parseFloat(win.style.top);
         return t <= top && t + win.offsetHeight >= top + el.clientHeight - 22;
       }, want, { timeout: 10000 });
+      phase.wait += Date.now() - p0;
+      p0 = Date.now();
       const seen = await renderedCells(page);
+      phase.cells += Date.now() - p0;
       check(seen.length > 0, `cells rendered at step ${s}`);
       for (const [i, cls] of seen) check(cls.includes(expectedKind(big, i)), `200k trace token ${i}: ${cls}`);
     }
     const scrollMs = Date.now() - scrolled;
+    log(`${kind}: the jumps' time in the driver: jump ${phase.jump} ms, wait for the rows ${phase.wait} ms, read the cells ${phase.cells} ms`);
     frames.sort((x, y) => x - y);
     await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop = el.scrollHeight / 2; });
     await page.waitForTimeout(100);
-    await (await page.$("#trajectory")).screenshot({ path: join(SHOTS, "trajectory-200k.png") });
+    await shot(await page.$("#trajectory"), "trajectory-200k.png");
     // The splice is marked where the template re-rendered the turn.
     const spliceAt = big.trace_metadata.spans[5].join.diverged_at;
     await page.$eval("#trajectory .tokscroll", (el, i) => {
@@ -444,10 +495,10 @@ async function main() {
     await page.waitForSelector("#break-banner", { timeout: 5000 });
     const banner = await page.textContent("#break-banner");
     check(banner.startsWith("Compaction starts here") && banner.includes("shares 120 tokens with segment 0"), `the compaction banner: ${banner}`);
-    await (await page.$("#trajectory")).screenshot({ path: join(SHOTS, "trajectory-compaction.png") });
+    await shot(await page.$("#trajectory"), "trajectory-compaction.png");
     // The first calls of the 100-call timeline (the rest is the same).
     await page.$eval("#timeline", (el) => { el.style.maxHeight = "860px"; el.style.overflow = "hidden"; el.scrollIntoView(); });
-    await (await page.$("#timeline")).screenshot({ path: join(SHOTS, "timeline-200k.png") });
+    await shot(await page.$("#timeline"), "timeline-200k.png");
     measurements.big_trace_tokens = BIG_TOKENS;
     measurements.big_trace_file_bytes = readFileSync(bigFile).length;
     measurements.big_trace_open_ms = openMs;
@@ -467,16 +518,23 @@ async function main() {
       check(u.startsWith(SERVER) || u.startsWith("data:"), `request to this server only: ${u}`);
       check(!u.includes(VIEWER) && !u.includes(TRAINER), `no token in a URL: ${u}`);
     }
-    if (process.env.POLAR_MEASUREMENTS) writeFileSync(process.env.POLAR_MEASUREMENTS, JSON.stringify(measurements, null, 2));
-    log(`all checks passed (${requests.length} requests, all to ${SERVER})`);
+    log(`${kind}: all checks passed in ${Date.now() - started} ms (${requests.length} requests, all to ${SERVER})`);
   } finally {
     if (fake) {
       clearInterval(fake.beat);
-      fake.server.close();
+      await new Promise((r) => fake.server.close(r));
     }
-    await context.close();
-    rmSync(profile, { recursive: true, force: true });
+    await browser.close();
   }
+}
+
+async function main() {
+  const all = {};
+  for (const [k, b] of BROWSERS.entries()) {
+    await run(b, k === 0);
+    all[b.kind] = { ...measurements };
+  }
+  if (process.env.POLAR_MEASUREMENTS) writeFileSync(process.env.POLAR_MEASUREMENTS, JSON.stringify(all, null, 2));
 }
 
 main().catch((e) => {

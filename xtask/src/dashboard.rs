@@ -1,15 +1,20 @@
 //! The dashboard's browser tests (a step of `cargo xtask test`, with root):
-//! Debian's `chromium` (installed by the set-up) driven by playwright-core's
-//! Node client (pinned in `tests/dashboard/package.json` and its lock file,
-//! installed under `.polar-cache/dashboard-tests/`; `npx playwright
-//! install` is never used: the browser is the system's), against a stack
+//! Debian's `chromium` driven by playwright-core's Node client, then
+//! Debian's `firefox-esr` driven by puppeteer-core over WebDriver BiDi
+//! (both browsers installed by the set-up; both clients pinned in
+//! `tests/dashboard/package.json` and its lock file, installed under
+//! `.polar-cache/dashboard-tests/`; `npx playwright install` is never used
+//! and puppeteer downloads nothing: the browsers are the system's;
+//! `tests/dashboard/driver.mjs` puts both behind one page interface, so
+//! the checks are written once), against a stack
 //! like the demo's on loopback: the mock inference server, a rollout
 //! server with a viewer token and `[rollout.dashboard] export_roots`, and
 //! one gateway node, all from `target/debug/polar`. The script,
 //! `tests/dashboard/dashboard.test.mjs`, says what it checks; it writes
 //! its screenshots to `target/polar-dashboard/screenshots/` (or the
 //! directory in `POLAR_DASHBOARD_SCREENSHOTS`, such as `docs/dashboard`
-//! to refresh the ones docs/DASHBOARD.md shows) and its measurements to
+//! to refresh the ones docs/DASHBOARD.md shows; the first browser's) and
+//! its measurements, per browser, to
 //! `target/polar-dashboard/measurements.json`.
 
 use std::path::{Path, PathBuf};
@@ -30,12 +35,19 @@ const NODE_ID: &str = "dash-node";
 /// A node the script plays itself, to hand the server a result naming a
 /// 200,000-token trace it wrote.
 const FAKE_NODE_ID: &str = "dash-fake-node";
-/// The system's browser (Debian's `chromium`).
-const CHROMIUM: &str = "/usr/bin/chromium";
-/// playwright-core runs on Node 20 and later.
+/// The system's browsers (Debian's `chromium` and `firefox-esr`), in the
+/// order the test runs them (the first takes the screenshots).
+const BROWSERS: [(&str, &str); 2] = [
+    ("chromium", "/usr/bin/chromium"),
+    ("firefox", "/usr/bin/firefox-esr"),
+];
+/// The Debian packages of [`BROWSERS`].
+const BROWSER_PACKAGES: [&str; 2] = ["chromium", "firefox-esr"];
+/// playwright-core and puppeteer-core 24 run on Node 20 and later.
 const NODE_MAJOR: u32 = 20;
 
-/// Installs playwright-core from the pinned manifest and lock file (once:
+/// Installs playwright-core and puppeteer-core from the pinned manifest
+/// and lock file (once:
 /// a stamp makes a second run a no-op); returns its `node_modules`.
 pub fn install() -> Result<PathBuf> {
     let root = workspace_root()?;
@@ -45,7 +57,7 @@ pub fn install() -> Result<PathBuf> {
             .with_context(|| format!("reading tests/dashboard/{name}"))
     };
     let inst = Install {
-        what: "playwright-core",
+        what: "playwright-core and puppeteer-core",
         dir: root.join(".polar-cache/dashboard-tests"),
         manifest: read("package.json")?,
         lock: read("package-lock.json")?,
@@ -58,12 +70,12 @@ pub fn install() -> Result<PathBuf> {
     Ok(inst.dir.join("node_modules"))
 }
 
-/// `cargo xtask dashboard`: Chromium, the debug build, then [`run`].
+/// `cargo xtask dashboard`: the browsers, the debug build, then [`run`].
 pub fn run_alone() -> Result<()> {
     if !crate::cmd::is_root()? {
         anyhow::bail!("the dashboard's browser tests start a gateway, which needs root");
     }
-    crate::setup::apt_packages(&["chromium"])?;
+    crate::setup::apt_packages(&BROWSER_PACKAGES)?;
     Cmd::new("cargo")?.args(["build", "--bin", "polar"]).run()?;
     run()
 }
@@ -113,10 +125,15 @@ pub fn run() -> Result<()> {
         None => dir.join("screenshots"),
     };
     std::fs::create_dir_all(&shots)?;
-    let result = Cmd::new("node")?
+    let mut test = Cmd::new("node")?;
+    test = test
         .arg(root.join("tests/dashboard/dashboard.test.mjs"))
-        .env("POLAR_PLAYWRIGHT_MODULES", &modules)
-        .env("POLAR_CHROMIUM", CHROMIUM)
+        .env("POLAR_DASHBOARD_MODULES", &modules)
+        .env("POLAR_BROWSERS", BROWSERS.map(|(kind, _)| kind).join(","));
+    for (kind, path) in BROWSERS {
+        test = test.env(&format!("POLAR_{}", kind.to_uppercase()), path);
+    }
+    let result = test
         .env("POLAR_SERVER", format!("http://127.0.0.1:{server_port}"))
         .env("POLAR_TRAINER_TOKEN", TRAINER_TOKEN)
         .env("POLAR_VIEWER_TOKEN", VIEWER_TOKEN)

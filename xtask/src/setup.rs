@@ -58,8 +58,9 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     ("slurm-wlm", Scope::All),
     ("munge", Scope::All),
     // The dashboard's browser tests (`crate::dashboard`): Debian's Chromium,
-    // driven by playwright-core.
+    // driven by playwright-core, and Firefox ESR, by puppeteer-core.
     ("chromium", Scope::All),
+    ("firefox-esr", Scope::All),
 ];
 
 /// bpf-linker must be this minor version, built against LLVM 22, the LLVM of

@@ -127,7 +127,7 @@ pub fn run(args: TestArgs) -> Result<()> {
             },
         ),
         (
-            "dashboard in chromium",
+            "dashboard in chromium and firefox",
             Step::Dashboard {
                 privileged: !args.unprivileged,
             },

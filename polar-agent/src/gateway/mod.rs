@@ -21,11 +21,14 @@
 //!   transcript it reads;
 //! - `verdict`: what a finished session amounts to (pure); `timeline`: the
 //!   calls of a session as the result's `stats.calls` lists them (pure);
+//!   `live`: the running sessions' calls as they end, reported with their
+//!   progress (the dashboard's live timeline);
 //! - `sim`: simulated work (sleeps) for tests and benchmarks.
 
 mod attempts;
 pub mod config;
 pub mod judge;
+mod live;
 pub mod retention;
 mod timeline;
 mod verdict;

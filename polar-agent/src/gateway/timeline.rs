@@ -1,10 +1,12 @@
 //! A session's model calls as the dashboard's timeline shows them: one
-//! small entry per call (when it arrived, its first token, its end; its
+//! small entry per call (when it arrived, left for its replica, its first
+//! token, its end; its
 //! API, model, finish reason, token counts, outcome; which earlier call it
 //! retried), built from the capture log in POSTRUN and sent in the
 //! result's `stats.calls` (the rollout server keeps it with the sample:
 //! the node's capture log is removed once the session is exported).
-//! Pure: records in, JSON out. At most [`MAX_CALLS`] entries
+//! The same entries go out live, one per call as it ends ([`entry`],
+//! `live`). Pure: records in, JSON out. At most [`MAX_CALLS`] entries
 //! (`stats.calls_total` says how many there were), error texts cut to
 //! [`MAX_ERROR_CHARS`], so a result stays small.
 
@@ -30,36 +32,44 @@ pub fn calls(records: &[CompletionRecord]) -> (Vec<Value>, usize) {
             .rev()
             .find(|p| p.request == r.request)
             .map(|p| p.seq);
-        let (status, side, error) = match &r.status {
-            CallStatus::Completed => ("completed", None, None),
-            CallStatus::Failed { side, error } => (
-                "failed",
-                Some(side.clone()),
-                Some(error.chars().take(MAX_ERROR_CHARS).collect::<String>()),
-            ),
-        };
-        out.push(json!({
-            "call_id": r.call_id,
-            "seq": r.seq,
-            "api": r.native_request.api,
-            "model": r.request.model,
-            "served_model": r.backend.served_model,
-            "backend": r.backend.name,
-            "received_ms": r.timings.received_ms,
-            "first_token_ms": r.timings.first_token_ms,
-            "finished_ms": r.timings.finished_ms,
-            "finish_reason": r.finish_reason.as_ref().map(finish_name),
-            "prompt_tokens": r.prompt_token_ids.as_ref().map(Vec::len),
-            "response_tokens": r.response_token_ids.as_ref().map(Vec::len),
-            "token_ids_missing": r.token_ids_missing,
-            "status": status,
-            "side": side,
-            "error": error,
-            "retry_of": retry_of,
-            "policy_version": r.policy_version,
-        }));
+        out.push(entry(r, retry_of));
     }
     (out, records.len())
+}
+
+/// The timeline entry of one call; `retry_of`: the earlier call it sent
+/// again, when known (the live timeline does not look: its entries are
+/// superseded by the result's).
+pub fn entry(r: &CompletionRecord, retry_of: Option<u64>) -> Value {
+    let (status, side, error) = match &r.status {
+        CallStatus::Completed => ("completed", None, None),
+        CallStatus::Failed { side, error } => (
+            "failed",
+            Some(side.clone()),
+            Some(error.chars().take(MAX_ERROR_CHARS).collect::<String>()),
+        ),
+    };
+    json!({
+        "call_id": r.call_id,
+        "seq": r.seq,
+        "api": r.native_request.api,
+        "model": r.request.model,
+        "served_model": r.backend.served_model,
+        "backend": r.backend.name,
+        "received_ms": r.timings.received_ms,
+        "sent_ms": r.timings.sent_ms,
+        "first_token_ms": r.timings.first_token_ms,
+        "finished_ms": r.timings.finished_ms,
+        "finish_reason": r.finish_reason.as_ref().map(finish_name),
+        "prompt_tokens": r.prompt_token_ids.as_ref().map(Vec::len),
+        "response_tokens": r.response_token_ids.as_ref().map(Vec::len),
+        "token_ids_missing": r.token_ids_missing,
+        "status": status,
+        "side": side,
+        "error": error,
+        "retry_of": retry_of,
+        "policy_version": r.policy_version,
+    })
 }
 
 fn finish_name(f: &FinishReason) -> String {
@@ -85,8 +95,9 @@ mod tests {
                "prompt_token_ids":[1,2,3],"response_token_ids":[4,5],"response_logprobs":[-0.1,-0.2],
                "token_ids_missing":false,"finish_reason":"tool_calls",
                "backend":{{"name":"local","replica":"http://127.0.0.1:1","served_model":"default"}},
-               "timings":{{"received_ms":{r},"first_token_ms":{f},"finished_ms":{e}}},"status":"completed"}}"#,
+               "timings":{{"received_ms":{r},"sent_ms":{q},"first_token_ms":{f},"finished_ms":{e}}},"status":"completed"}}"#,
             r = 1000 + seq * 100,
+            q = 1004 + seq * 100,
             f = 1010 + seq * 100,
             e = 1050 + seq * 100,
         );
@@ -111,6 +122,7 @@ mod tests {
         assert_eq!(calls[0]["api"], "openai_chat");
         assert_eq!(calls[0]["model"], "m");
         assert_eq!(calls[0]["received_ms"], 1000);
+        assert_eq!(calls[0]["sent_ms"], 1004);
         assert_eq!(calls[0]["first_token_ms"], 1010);
         assert_eq!(calls[0]["finished_ms"], 1050);
         assert_eq!(calls[0]["finish_reason"], "tool_calls");

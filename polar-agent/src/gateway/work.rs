@@ -36,6 +36,7 @@ use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::judge::{JudgeClients, transcript};
+use super::live::LiveCalls;
 use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
@@ -43,7 +44,7 @@ use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
 use crate::runtime::plan::{Phase, StepEnd};
-use polar_capture::SessionInfo;
+use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
     CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, SessionFacts,
 };
@@ -79,6 +80,8 @@ pub struct HarnessWork {
     installs: Mutex<HashMap<String, Option<Install>>>,
     retention: Retention,
     judges: Arc<JudgeClients>,
+    /// The running sessions' calls as they end (the live timeline).
+    live_calls: Arc<LiveCalls>,
 }
 
 impl HarnessWork {
@@ -94,7 +97,16 @@ impl HarnessWork {
         policy: Policy,
         retention: Retention,
     ) -> Self {
+        let live_calls = Arc::new(LiveCalls::default());
+        if let Some(c) = &parts.capture {
+            let l = Arc::clone(&live_calls);
+            let hook = CallHook::new(move |session, record| l.ended(session, record));
+            if c.store().set_call_hook(hook).is_err() {
+                tracing::warn!("the capture store has a call hook already: no live timeline");
+            }
+        }
         Self {
+            live_calls,
             judges: Arc::new(JudgeClients::new(&parts.config.backends)),
             parts,
             redirect,
@@ -254,6 +266,7 @@ impl Work for HarnessWork {
     }
 
     async fn run(&self, _job: &Arc<Job>, s: &mut Session, stop: CancellationToken) -> Ran {
+        self.live_calls.start(s.prepared.session());
         let timeout = s.agent_timeout;
         s.prepared.run_main(Some(timeout), &stop).await.end.clone()
     }
@@ -274,10 +287,19 @@ impl Work for HarnessWork {
         self.parts.registry.set_policy_version(version);
     }
 
+    fn calls_since(&self, job: &Job, from: usize) -> Vec<Value> {
+        match job.assignment.session_id.parse::<SessionId>() {
+            Ok(sid) => self.live_calls.since(&sid, from),
+            Err(_) => Vec::new(),
+        }
+    }
+
     async fn postrun(&self, job: &Arc<Job>, s: Option<Session>, reached: Reached<Ran>) -> Report {
         let Some(mut s) = s else {
             return never_prepared(reached);
         };
+        // The result lists the calls from here on.
+        self.live_calls.forget(s.prepared.session());
         let never = CancellationToken::new();
         let mut ended = Ended::of(&reached, s.prepared.steps());
         if !ended.cancelled {

@@ -546,6 +546,11 @@ pub fn check_tokens(backend: &BackendConfig, record: &CompletionRecord) {
     assert!(text.contains(&resp.message.joined_text()), "{text}");
     assert!(record.finish_reason.is_some());
     assert_eq!(record.backend.served_model, "polar-mock");
-    assert!(record.timings.first_token_ms.is_some());
-    assert!(record.timings.finished_ms >= record.timings.received_ms);
+    let t = record.timings;
+    let first = t.first_token_ms.expect("a first token time");
+    // The call left the agent for its replica after it arrived and before
+    // its first token.
+    let sent = t.sent_ms.expect("a send time");
+    assert!(t.received_ms <= sent && sent <= first, "{t:?}");
+    assert!(t.finished_ms >= t.received_ms);
 }

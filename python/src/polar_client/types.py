@@ -128,11 +128,13 @@ class Submitted:
 
 @dataclass(frozen=True)
 class Event:
-    """One frame of ``GET /v1/events``: ``type`` is ``task``, ``session``
-    or ``node``; ``data`` is its JSON (``task_id``, ``status``, ``counts``
-    for a task; ``session_id``, ``task_id``, ``sample_index``, ``state``
-    and the state's fields for a session; ``node_id``, ``health`` for a
-    node)."""
+    """One frame of ``GET /v1/events``: ``type`` is ``task``, ``session``,
+    ``calls`` or ``node``; ``data`` is its JSON (``task_id``, ``status``,
+    ``counts`` for a task; ``session_id``, ``task_id``, ``sample_index``,
+    ``state`` and the state's fields for a session; ``session_id``,
+    ``task_id``, ``sample_index``, ``attempt`` and ``calls``, the model
+    calls of a running session that just ended, for calls; ``node_id``,
+    ``health`` for a node)."""
 
     id: int
     type: str

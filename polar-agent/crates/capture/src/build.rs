@@ -101,6 +101,7 @@ impl Draft {
         };
         let token_ids_missing =
             tokens.prompt_token_ids.is_none() || tokens.response_token_ids.is_none();
+        let sent_ms = timings.as_ref().map(|t| epoch_ms(t.started_at + t.paused));
         let first_token_ms = timings.as_ref().and_then(|t| {
             t.first_token
                 .map(|ft| epoch_ms(t.started_at + t.paused + ft))
@@ -135,6 +136,7 @@ impl Draft {
             backend,
             timings: Timings {
                 received_ms: self.received_ms,
+                sent_ms,
                 first_token_ms,
                 finished_ms: epoch_ms(SystemTime::now()),
             },

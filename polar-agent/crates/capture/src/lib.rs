@@ -40,5 +40,5 @@ pub mod tokens_json;
 pub use log::{Durability, LogError, LogProblem, parse_calls, parse_log, read_log};
 pub use session::{INSTRUCTION_KEY, POLICY_VERSION_KEY, SessionInfo, SessionRegistry};
 pub use stats::CaptureStats;
-pub use store::{CaptureStore, SessionLog};
+pub use store::{CallHook, CaptureStore, SessionLog};
 pub use sync::GroupCommit;

@@ -1,6 +1,6 @@
 //! The log reader (torn tails, malformed lines with positions), appending,
-//! a request part written ahead and its completion, and the store's rebuild
-//! after a restart. The join of two-part records is tested in
+//! a request part written ahead and its completion, the store's rebuild
+//! after a restart, and its call hook. The join of two-part records is tested in
 //! `lines_tests.rs`.
 
 use std::sync::Arc;
@@ -295,4 +295,43 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
         &problems[..],
         [LogProblem::Unfinished { line: 3, .. }]
     ));
+}
+
+#[tokio::test]
+async fn the_call_hook_sees_each_record_once_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CaptureStore::new(
+        dir.path(),
+        Durability::Process,
+        Arc::new(SessionRegistry::new()),
+    );
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = Arc::clone(&seen);
+    let hook = crate::CallHook::new(move |session, record| {
+        s2.lock()
+            .unwrap()
+            .push((session.to_string(), record.seq, record.call_id.clone()));
+    });
+    store.set_call_hook(hook.clone()).unwrap();
+    assert!(store.set_call_hook(hook).is_err(), "one hook only");
+    for (sid, seq) in [("s-a", 0), ("s-b", 0), ("s-a", 1)] {
+        let log = store.session(&sid.parse().unwrap()).await.unwrap();
+        log.append(
+            record(seq, Api::OpenaiChat, "x"),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+        // By the time the append returns, the hook saw the record.
+        assert_eq!(seen.lock().unwrap().last().unwrap().0, sid);
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.iter()
+            .map(|(s, q, _)| (s.as_str(), *q))
+            .collect::<Vec<_>>(),
+        [("s-a", 0), ("s-b", 0), ("s-a", 1)]
+    );
+    assert_eq!(seen[0].2, record(0, Api::OpenaiChat, "x").call_id);
 }

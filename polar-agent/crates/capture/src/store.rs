@@ -6,6 +6,9 @@
 //! back to continue its `seq` numbering and to rebuild its Responses-API
 //! history (from the records, a completion joined with its request part).
 //!
+//! A [`CallHook`] set on the store sees each record as its call ends
+//! (the gateway's live timeline).
+//!
 //! The history ([`SessionLog::conversation`]) maps the public id of each
 //! completed OpenAI Responses reply (`resp_...`) to the conversation that
 //! reply ends, for `previous_response_id`. It holds the
@@ -14,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use serde_json::json;
 use tokio::sync::{OnceCell, oneshot};
@@ -82,6 +85,28 @@ fn history_entry(record: &CompletionRecord) -> Option<(String, Conversation)> {
     ))
 }
 
+/// What sees each record once its call's last line is written (before
+/// the sync), on the blocking thread that wrote it: it must be quick and
+/// must not block.
+#[derive(Clone)]
+pub struct CallHook(Arc<CallFn>);
+
+/// What a [`CallHook`] calls.
+type CallFn = dyn Fn(&SessionId, &CompletionRecord) + Send + Sync;
+
+impl CallHook {
+    /// A hook calling `f`.
+    pub fn new(f: impl Fn(&SessionId, &CompletionRecord) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for CallHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallHook")
+    }
+}
+
 /// One session's open log.
 #[derive(Debug)]
 pub struct SessionLog {
@@ -91,6 +116,7 @@ pub struct SessionLog {
     next_seq: AtomicU64,
     responses: Mutex<ResponseIndex>,
     stats: Arc<CaptureStats>,
+    hook: Arc<OnceLock<CallHook>>,
 }
 
 impl SessionLog {
@@ -142,11 +168,16 @@ impl SessionLog {
         tokens: ReplyTokensJson,
     ) -> Result<(), LogError> {
         let file = Arc::clone(&self.file);
+        let hook = self.hook.get().cloned();
+        let session = self.session.clone();
         let (done, written) = oneshot::channel();
         let task = tokio::task::spawn_blocking(move || {
             let appended = encode_end(&record, &parts, &tokens)
                 .and_then(|line| file.append_line(&line))
                 .map(|written| (written, Tally::of(&record), history_entry(&record)));
+            if let (Ok(_), Some(hook)) = (&appended, hook) {
+                (hook.0)(&session, &record);
+            }
             // The caller may have gone (its task cancelled): nothing to tell.
             let _ = done.send(appended);
             drop((record, parts, tokens));
@@ -188,6 +219,7 @@ pub struct CaptureStore {
     registry: Arc<SessionRegistry>,
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
     stats: Arc<CaptureStats>,
+    hook: Arc<OnceLock<CallHook>>,
 }
 
 impl CaptureStore {
@@ -200,7 +232,14 @@ impl CaptureStore {
             registry,
             open: Mutex::new(HashMap::new()),
             stats: Arc::default(),
+            hook: Arc::default(),
         }
+    }
+
+    /// Sets the hook that sees every session's records as their calls end
+    /// (once; a second hook is refused and returned).
+    pub fn set_call_hook(&self, hook: CallHook) -> Result<(), CallHook> {
+        self.hook.set(hook)
     }
 
     /// A [`Durability::Power`] store whose logs are synced by `commit`.
@@ -263,8 +302,8 @@ impl CaptureStore {
             let commit = self.group_commit()?;
             let id = session.clone();
             let info = self.registry.get(session).unwrap_or_default();
-            let stats = Arc::clone(&self.stats);
-            tokio::task::spawn_blocking(move || open_session(&root, id, &info, commit, stats))
+            let shared = (Arc::clone(&self.stats), Arc::clone(&self.hook));
+            tokio::task::spawn_blocking(move || open_session(&root, id, &info, commit, shared))
                 .await
                 .map_err(|e| LogError::Task(e.to_string()))?
                 .map(Arc::new)
@@ -284,7 +323,7 @@ fn open_session(
     session: SessionId,
     info: &SessionInfo,
     commit: Option<GroupCommit>,
-    stats: Arc<CaptureStats>,
+    (stats, hook): (Arc<CaptureStats>, Arc<OnceLock<CallHook>>),
 ) -> Result<SessionLog, LogError> {
     let dir = root.join(session.as_str());
     let fresh = !dir.exists();
@@ -318,6 +357,7 @@ fn open_session(
         next_seq: AtomicU64::new(next),
         responses: Mutex::new(index),
         stats,
+        hook,
     })
 }
 

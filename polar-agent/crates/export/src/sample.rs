@@ -311,6 +311,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
             weight_version: Some("step-100".into()),
         },
         timings: Timings {
+            sent_ms: Some(started + 20),
             received_ms: started,
             first_token_ms: Some(started + 100),
             finished_ms: started + 1_500,

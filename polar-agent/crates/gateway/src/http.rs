@@ -84,7 +84,7 @@ impl<W: Work> Inner<W> {
             "address": self.address,
             "server": self.opts.server_url,
             "instance": self.instance,
-            "draining": self.draining.load(Ordering::Relaxed),
+            "draining": self.is_draining(),
             "paused": self.stages.paused(),
             "max_sessions": self.opts.max_sessions,
             "pools": {"init": l.init, "ready_buffer": l.ready_buffer, "running": l.running, "postrun": l.postrun},

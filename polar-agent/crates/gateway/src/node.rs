@@ -3,7 +3,8 @@
 //! a server restart), heartbeat with the load of each stage and the
 //! sessions held (the server answers with cancellations), accept pushed
 //! assignments up to `max_sessions`, take cancellations, report each
-//! session's stage and its result (retried with backoff until the server
+//! session's stage (with the calls that ended meanwhile, for a live
+//! timeline) and its result (retried with backoff until the server
 //! takes it or refuses it for good), drain. Its HTTP routes and views are
 //! in `http.rs`.
 
@@ -25,9 +26,12 @@ use polar_rollout_api::http::{Body, error, json};
 use polar_rollout_api::serve::ServeLimits;
 use polar_rollout_api::tls::TlsConfigs;
 use polar_rollout_api::{
-    API_VERSION, Heartbeat, NodeCapacity, NodeRegistration, SessionAssignment, SessionProgress,
-    SessionResult,
+    API_VERSION, Heartbeat, MAX_LIVE_CALLS, NodeCapacity, NodeRegistration, SessionAssignment,
+    SessionProgress, SessionResult,
 };
+
+/// How often a running session's new calls are reported.
+const LIVE_CALLS_EVERY: Duration = Duration::from_secs(1);
 
 /// How long a starting node keeps trying to reach its server.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(60);
@@ -150,6 +154,10 @@ pub(super) struct Inner<W: Work> {
     /// Sessions whose task has not ended (held, or reporting its result).
     pub(super) live: AtomicU64,
     pub(super) draining: AtomicBool,
+    /// The server asks it to drain (its heartbeat replies say so until the
+    /// server lifts it: then the node takes sessions again, unless it is
+    /// stopping itself, `draining`).
+    pub(super) server_drain: AtomicBool,
     /// The policy version the last resume named (sent in heartbeats).
     pub(super) policy_version: Mutex<Option<String>>,
     /// Sessions' lifetimes (stopped at once by [`Node::kill`]).
@@ -231,6 +239,7 @@ impl<W: Work> Node<W> {
             finished: AtomicU64::new(0),
             live: AtomicU64::new(0),
             draining: AtomicBool::new(false),
+            server_drain: AtomicBool::new(false),
             policy_version: Mutex::new(None),
             tasks: Tasks::new(),
             extra_metrics: Mutex::new(None),
@@ -443,13 +452,18 @@ impl<W: Work> Inner<W> {
         }
     }
 
+    /// Whether it takes no new session: it stops, or the server drains it.
+    pub(super) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed) || self.server_drain.load(Ordering::Relaxed)
+    }
+
     fn heartbeat_body(&self) -> Heartbeat {
         let sessions: Vec<String> = lock(&self.held).keys().cloned().collect();
         Heartbeat {
             instance: Some(self.instance.clone()),
             active: u32::try_from(sessions.len()).unwrap_or(u32::MAX),
             stages: self.stages.loads(),
-            draining: self.draining.load(Ordering::Relaxed),
+            draining: self.is_draining(),
             sessions: Some(sessions),
             paused: self.stages.paused(),
             policy_version: lock(&self.policy_version).clone(),
@@ -467,8 +481,12 @@ impl<W: Work> Inner<W> {
                     tracing::info!(session = %c.session_id, reason = %c.reason, "server cancelled a session");
                     self.cancel_local(&c.session_id, None);
                 }
-                if reply.drain && !self.draining.swap(true, Ordering::Relaxed) {
-                    tracing::info!("the server drains this node");
+                if reply.drain != self.server_drain.swap(reply.drain, Ordering::Relaxed) {
+                    if reply.drain {
+                        tracing::info!("the server drains this node");
+                    } else {
+                        tracing::info!("the server no longer drains this node");
+                    }
                 }
             }
             Err(e) if e.status() == Some(StatusCode::NOT_FOUND) => {
@@ -505,7 +523,7 @@ impl<W: Work> Inner<W> {
     }
 
     pub(super) fn accept_assignment(self: &Arc<Self>, a: SessionAssignment) -> Response<Body> {
-        if self.draining.load(Ordering::Relaxed) {
+        if self.is_draining() {
             return error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "draining",
@@ -578,16 +596,39 @@ impl<W: Work> Inner<W> {
     async fn run(self: Arc<Self>, job: Arc<Job>) {
         let sid = job.assignment.session_id.clone();
         // Stages are reported in order, by one task per session, and the
-        // result after them.
+        // result after them; while the session runs, the calls that ended
+        // since the last report are reported every LIVE_CALLS_EVERY (the
+        // dashboard's live timeline), up to MAX_LIVE_CALLS.
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Stage>();
         let reporter = {
             let (me, j) = (Arc::clone(&self), Arc::clone(&job));
             let killed = self.tasks.shutdown_token();
             tokio::spawn(async move {
-                while let Some(stage) = rx.recv().await {
+                let mut tick = tokio::time::interval(LIVE_CALLS_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let (mut running, mut sent) = (false, 0usize);
+                loop {
+                    let (stage, calls) = tokio::select! {
+                        s = rx.recv() => match s {
+                            Some(stage) => (stage, Vec::new()),
+                            None => return,
+                        },
+                        _ = tick.tick(), if running && sent < MAX_LIVE_CALLS => {
+                            let mut calls = me.work.calls_since(&j, sent);
+                            calls.truncate(MAX_LIVE_CALLS - sent);
+                            if calls.is_empty() {
+                                continue;
+                            }
+                            sent += calls.len();
+                            (Stage::Running, calls)
+                        }
+                    };
+                    if calls.is_empty() {
+                        running = stage == Stage::Running;
+                    }
                     tokio::select! {
                         () = killed.cancelled() => return,
-                        () = me.progress(&j, stage) => {}
+                        () = me.progress(&j, stage, calls) => {}
                     }
                 }
             })
@@ -616,11 +657,12 @@ impl<W: Work> Inner<W> {
         }
     }
 
-    async fn progress(&self, job: &Job, stage: Stage) {
+    async fn progress(&self, job: &Job, stage: Stage, calls: Vec<serde_json::Value>) {
         let p = SessionProgress {
             node_id: self.opts.node_id.clone(),
             attempt: job.assignment.attempt,
             stage: stage.as_str().into(),
+            calls,
         };
         if let Err(e) = self.client().progress(&job.assignment.session_id, &p).await {
             tracing::debug!(session = %job.assignment.session_id, error = %e, "progress not delivered");

@@ -273,6 +273,14 @@ pub trait Work: Send + Sync + 'static {
         let _ = version;
     }
 
+    /// The calls of `job`'s session that ended while it runs, after the
+    /// first `from` (the timeline entries the node reports live, at most
+    /// `MAX_LIVE_CALLS` per session). None by default.
+    fn calls_since(&self, job: &Job, from: usize) -> Vec<serde_json::Value> {
+        let _ = (job, from);
+        Vec::new()
+    }
+
     /// POSTRUN: evaluate, build, tear down; the report.
     fn postrun(
         &self,

@@ -54,6 +54,13 @@ pub enum CallStatus {
 pub struct Timings {
     /// The request arrived at the agent.
     pub received_ms: u64,
+    /// The request left the agent for its replica: `sent_ms - received_ms`
+    /// is the call's wait in the agent (a paused generation, reading and
+    /// normalizing the request), apart from the backend's time to first
+    /// token after it. Absent in records written before this field and in
+    /// calls that never reached a backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_ms: Option<u64>,
     /// The first token reached the agent (streams).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_token_ms: Option<u64>,

@@ -13,8 +13,8 @@ use serde::de::DeserializeOwned;
 
 use super::http::{HttpClient, bearer_value, client, default_client, join};
 use polar_rollout_types::{
-    ErrorBody, Heartbeat, HeartbeatReply, NodeList, NodeRegistration, RegisterReply, ServerStatus,
-    SessionProgress, SessionResult, SubmitReply, TaskList, TaskStatus, TaskView,
+    DrainReply, ErrorBody, Heartbeat, HeartbeatReply, NodeList, NodeRegistration, RegisterReply,
+    ServerStatus, SessionProgress, SessionResult, SubmitReply, TaskList, TaskStatus, TaskView,
 };
 
 /// Largest reply read.
@@ -263,7 +263,7 @@ impl RolloutClient {
     }
 
     /// `POST /v1/nodes/{id}/drain`.
-    pub async fn drain(&self, node_id: &str, draining: bool) -> Result<NodeList, ClientError> {
+    pub async fn drain(&self, node_id: &str, draining: bool) -> Result<DrainReply, ClientError> {
         self.call(
             Method::POST,
             &format!("/v1/nodes/{node_id}/drain"),

@@ -30,6 +30,20 @@ pub enum Event {
         #[serde(flatten)]
         state: SessionState,
     },
+    /// Model calls of a running session completed (reported by its node
+    /// as they end; the result's `stats.calls` supersedes them).
+    Calls {
+        /// The session.
+        session_id: String,
+        /// Its task.
+        task_id: String,
+        /// Its position in the task.
+        sample_index: u32,
+        /// The dispatch.
+        attempt: u32,
+        /// The new calls, in order.
+        calls: Vec<serde_json::Value>,
+    },
     /// A node registered or changed health.
     Node {
         /// The node.
@@ -40,11 +54,12 @@ pub enum Event {
 }
 
 impl Event {
-    /// The SSE event name (`task`, `session`, `node`).
+    /// The SSE event name (`task`, `session`, `calls`, `node`).
     pub fn name(&self) -> &'static str {
         match self {
             Self::Task { .. } => "task",
             Self::Session { .. } => "session",
+            Self::Calls { .. } => "calls",
             Self::Node { .. } => "node",
         }
     }

@@ -402,6 +402,15 @@ pub struct SampleView {
     /// (the last [`MAX_ENDED_ATTEMPTS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ended_attempts: Vec<AttemptEnd>,
+    /// While it runs, the calls its dispatch reported so far (the first
+    /// [`MAX_LIVE_CALLS`]), as the result's `stats.calls` lists them; in
+    /// `GET /v1/tasks/{id}/samples/{i}` only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live_calls: Vec<serde_json::Value>,
+    /// How many calls it reported (more than `live_calls` holds past the
+    /// bound).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_calls_total: Option<usize>,
 }
 
 /// Ended attempts kept per session.

@@ -134,6 +134,17 @@ pub struct DrainRequest {
     pub draining: bool,
 }
 
+/// `POST /v1/nodes/{id}/drain` reply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainReply {
+    /// [`crate::API_VERSION`].
+    pub version: u32,
+    /// The node.
+    pub node_id: String,
+    /// Whether it is now drained.
+    pub draining: bool,
+}
+
 fn yes() -> bool {
     true
 }
@@ -267,9 +278,18 @@ pub struct SessionProgress {
     /// The dispatch.
     pub attempt: u32,
     /// The stage the session entered (`init`, `ready`, `running`,
-    /// `postrun`).
+    /// `postrun`), or is in when it reports calls.
     pub stage: String,
+    /// Model calls that completed since the node's last report, as the
+    /// result's `stats.calls` lists them (the dashboard's live timeline;
+    /// at most [`MAX_LIVE_CALLS`] per report).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<Value>,
 }
+
+/// The most calls one progress report carries, and the most a server keeps
+/// per running session.
+pub const MAX_LIVE_CALLS: usize = 512;
 
 /// `POST /v1/sessions/{id}/result`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -200,6 +200,21 @@ pub struct Session {
     /// Why earlier dispatches ended (the last [`MAX_ENDED_ATTEMPTS`]).
     pub ended: Vec<AttemptEnd>,
     enqueued_at: Instant,
+    /// The calls its running dispatch reported so far (in memory only:
+    /// the result's `stats.calls` supersedes them).
+    live: LiveCalls,
+}
+
+/// The calls a running dispatch reported (at most
+/// [`polar_rollout_api::MAX_LIVE_CALLS`]).
+#[derive(Clone, Debug, Default)]
+pub struct LiveCalls {
+    /// The dispatch they are of.
+    pub attempt: u32,
+    /// The calls, in the order reported.
+    pub calls: Vec<serde_json::Value>,
+    /// How many were reported (those past the bound are counted only).
+    pub total: usize,
 }
 
 /// Queue order: priority (higher first), submission, index.
@@ -359,6 +374,7 @@ impl Scheduler {
                     retries: 0,
                     ended: Vec::new(),
                     enqueued_at: now,
+                    live: LiveCalls::default(),
                 },
             );
             session_ids.push(sid);
@@ -526,6 +542,13 @@ impl Scheduler {
             t.counts.apply(&state, 1);
         }
         s.state = state;
+        // Live calls belong to one running dispatch.
+        if s.state
+            .assignment()
+            .is_none_or(|(_, a)| a != s.live.attempt)
+        {
+            s.live = LiveCalls::default();
+        }
         self.out.ops.push(Op::Session {
             session_id: sid.to_owned(),
             task_id: s.task_id.clone(),

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -26,8 +26,8 @@ use polar_rollout_api::serve::PeerCert;
 use polar_rollout_api::sse;
 use polar_rollout_api::validate::{self, ValidationError};
 use polar_rollout_api::{
-    API_VERSION, DrainRequest, Heartbeat, NodeList, NodeRegistration, ServerStatus,
-    SessionProgress, SessionResult, TaskList, TaskRequest, TaskStatus,
+    API_VERSION, DrainReply, DrainRequest, Heartbeat, MAX_LIVE_CALLS, NodeList, NodeRegistration,
+    ServerStatus, SessionProgress, SessionResult, TaskList, TaskRequest, TaskStatus,
 };
 
 /// Who may call a route.
@@ -476,7 +476,17 @@ async fn call<B: RequestBody>(
         Endpoint::Progress => {
             let p: SessionProgress = body(core, req).await?;
             caller.may_speak_for(&p.node_id)?;
-            core.apply(|s, _, _| s.progress(id, &p)).await??;
+            if p.calls.len() > MAX_LIVE_CALLS || !p.calls.iter().all(Value::is_object) {
+                return Err(ApiError::Invalid(ValidationError {
+                    field: "calls".into(),
+                    reason: format!("at most {MAX_LIVE_CALLS} objects per report"),
+                }));
+            }
+            // Live calls are published, not committed: the result's list
+            // supersedes them.
+            if let Some(ev) = core.apply(|s, _, _| s.progress(id, &p)).await?? {
+                core.hub.publish(vec![ev]);
+            }
             Ok(json(StatusCode::OK, &json!({"version": API_VERSION})))
         }
         Endpoint::Result => {
@@ -612,7 +622,11 @@ async fn drain<B: RequestBody>(
     }
     Ok(json(
         StatusCode::OK,
-        &json!({"version": API_VERSION, "node_id": id, "draining": d.draining}),
+        &DrainReply {
+            version: API_VERSION,
+            node_id: id.to_owned(),
+            draining: d.draining,
+        },
     ))
 }
 
@@ -718,7 +732,8 @@ fn events<B>(core: &Arc<Core>, req: &Request<B>) -> Response<Body> {
         let keep = |n: &super::events::Numbered| match (&task_filter, &n.event) {
             (None, _) => true,
             (Some(t), super::events::Event::Task { task_id, .. })
-            | (Some(t), super::events::Event::Session { task_id, .. }) => t == task_id,
+            | (Some(t), super::events::Event::Session { task_id, .. })
+            | (Some(t), super::events::Event::Calls { task_id, .. }) => t == task_id,
             (Some(_), super::events::Event::Node { .. }) => false,
         };
         if !tx

@@ -32,7 +32,8 @@ export function overview(root, ctx) {
     if (!timer) timer = setTimeout(refresh, 250);
   };
   refresh();
-  const stop = followEvents({ onEvent: refreshSoon, onState: ctx.setLive });
+  // A running session's calls change nothing shown here.
+  const stop = followEvents({ onEvent: (e) => e.type !== "calls" && refreshSoon(), onState: ctx.setLive });
   const tick = setInterval(refreshSoon, 2000);
   return () => {
     stopped = true;

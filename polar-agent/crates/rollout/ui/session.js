@@ -1,11 +1,16 @@
 // A sample's page: its outcome (status, reward, attempts, node, timings per
 // stage, tokens, the evaluator's output, the exported file), the timeline
-// of its model calls, and its exported trajectory.
+// of its model calls (while it runs, live: the calls its node reported so
+// far, then each `calls` event's; once done, the result's list), and its
+// exported trajectory.
 
 import { api, followEvents } from "./api.js";
 import { h, mount, badge, fmtReward, fmtInt, pre, seg, stagesText } from "./dom.js";
 import { timeline } from "./timeline.js";
 import { trajectoryViewer } from "./trajectory.js";
+
+/** The most calls the server keeps per running session (MAX_LIVE_CALLS). */
+const MAX_LIVE_CALLS = 512;
 
 export function sessionPage(root, ctx, taskId, index) {
   ctx.crumbs(h("a", { href: "#/" }, "Overview"), h("a", { href: `#/task/${seg(taskId)}` }, taskId), h("span", `sample ${index}`));
@@ -17,6 +22,9 @@ export function sessionPage(root, ctx, taskId, index) {
   let shownDone = false;
   let viewer = null;
   let timer = null;
+  // While it runs: its dispatch, the calls reported so far, how many.
+  let live = null;
+  const drawLive = () => timeline(tl, live.calls, live.total, false, true);
   const load = async () => {
     timer = null;
     let s;
@@ -29,7 +37,14 @@ export function sessionPage(root, ctx, taskId, index) {
     if (stopped) return;
     renderHead(head, s);
     const stats = (s.result && s.result.stats) || {};
-    timeline(tl, stats.calls || [], stats.calls_total, s.state === "done");
+    if (s.result || s.state === "done") {
+      live = null;
+      timeline(tl, stats.calls || [], stats.calls_total, true);
+    } else {
+      const calls = s.live_calls || [];
+      live = { attempt: s.attempt, calls, total: s.live_calls_total || calls.length, seen: new Set(calls.map((c) => c.call_id)) };
+      drawLive();
+    }
     if (s.state === "done" && !shownDone) {
       shownDone = true;
       viewer = trajectoryViewer(traj, taskId, index);
@@ -39,7 +54,20 @@ export function sessionPage(root, ctx, taskId, index) {
   };
   load();
   const stop = followEvents({ taskId, onEvent: (e) => {
-    if (e.type === "session" && e.sample_index === index && !timer) timer = setTimeout(load, 200);
+    if (e.sample_index !== index) return;
+    if (e.type === "calls") {
+      if (!live || e.attempt !== live.attempt) {
+        if (!timer) timer = setTimeout(load, 200);
+        return;
+      }
+      for (const c of e.calls) {
+        if (live.seen.has(c.call_id)) continue;
+        live.seen.add(c.call_id);
+        live.total++;
+        if (live.calls.length < MAX_LIVE_CALLS) live.calls.push(c);
+      }
+      drawLive();
+    } else if (e.type === "session" && !timer) timer = setTimeout(load, 200);
   }, onState: ctx.setLive });
   return () => {
     stopped = true;

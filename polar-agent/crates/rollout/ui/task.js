@@ -49,7 +49,7 @@ export function taskPage(root, ctx, taskId) {
     }
   }
   load();
-  const stop = followEvents({ taskId, onEvent: () => { if (!timer) timer = setTimeout(load, 200); }, onState: ctx.setLive });
+  const stop = followEvents({ taskId, onEvent: (e) => { if (e.type !== "calls" && !timer) timer = setTimeout(load, 200); }, onState: ctx.setLive });
   return () => {
     stopped = true;
     stop();

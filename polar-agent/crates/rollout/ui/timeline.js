@@ -1,17 +1,25 @@
 // The session timeline: each model call on one time axis, from the
-// result's `stats.calls` (the gateway lists them from its capture log).
-// A call's bar runs from its arrival at the agent to its end: the part
-// before the first token (TTFT, which includes any wait in the agent's
-// queue: the record has no separate queue time) and the generation after
-// it. The gap between one call's end and the next call's arrival is the
+// result's `stats.calls` (the gateway lists them from its capture log),
+// or, while the session runs, from the calls its node reported so far.
+// A call's bar runs from its arrival at the agent to its end: its wait in
+// the agent before it left for its replica (queue: a paused generation,
+// reading and normalizing the request; `sent_ms`), the backend's time to
+// first token after that (TTFT), and the generation after it. Records
+// without `sent_ms` (written before it) draw one bar from the arrival to
+// the first token, queue included. The gap between one call's end and the next call's arrival is the
 // harness's own time (tools, thinking), drawn on the axis. Failed calls
 // and retries (the same request sent again) are marked.
 
 import { h, mount, fmtMs, fmtInt } from "./dom.js";
 
-export function timeline(el, calls, total, done) {
+/**
+ * Draws `calls` (of `total`) in `el`. `done`: the session ended (the
+ * result's list); `running`: the calls its node reported so far, live.
+ */
+export function timeline(el, calls, total, done, running = false) {
+  el.dataset.live = running ? "true" : "false";
   if (!calls.length) {
-    mount(el, h("h2", "Timeline"), h("p.muted", done ? "This session made no model call (or its node reported none)." : "The calls are listed when the session ends."));
+    mount(el, h("h2", "Timeline"), h("p.muted", done ? "This session made no model call (or its node reported none)." : running ? "Running: no model call has ended yet." : "The calls are listed when the session ends."));
     return;
   }
   const t0 = Math.min(...calls.map((c) => c.received_ms));
@@ -35,12 +43,17 @@ export function timeline(el, calls, total, done) {
   const axis = h("div.tl-axis", gaps.map(([a, b]) => place(h("div.tl-gap", { title: `tool / harness time ${fmtMs(b - a)}` }), a, b)));
   const rows = calls.map((c) => {
     const first = c.first_token_ms || null;
-    const bar = h("div.tl-track",
-      first
-        ? [place(h("div.tl-ttft", { title: `time to first token ${fmtMs(first - c.received_ms)}` }), c.received_ms, first),
-           place(h("div.tl-gen", { title: `generation ${fmtMs(c.finished_ms - first)}` }), first, c.finished_ms)]
-        : place(h("div.tl-gen", { title: `call ${fmtMs(c.finished_ms - c.received_ms)} (no first-token time: not streamed)` }), c.received_ms, c.finished_ms),
-    );
+    const sent = c.sent_ms || null;
+    const start = sent || c.received_ms;
+    const parts = [];
+    if (sent) parts.push(place(h("div.tl-queue", { title: `queue in the agent ${fmtMs(sent - c.received_ms)}` }), c.received_ms, sent));
+    if (first) {
+      parts.push(place(h("div.tl-ttft", { title: `time to first token ${fmtMs(first - start)}${sent ? "" : " (queue included)"}` }), start, first));
+      parts.push(place(h("div.tl-gen", { title: `generation ${fmtMs(c.finished_ms - first)}` }), first, c.finished_ms));
+    } else {
+      parts.push(place(h("div.tl-gen", { title: `call ${fmtMs(c.finished_ms - start)} (no first-token time: not streamed)` }), start, c.finished_ms));
+    }
+    const bar = h("div.tl-track", parts);
     const failed = c.status === "failed";
     return h("div.tl-row", { class: `tl-row${failed ? " failed" : ""}${c.retry_of !== null && c.retry_of !== undefined ? " retry" : ""}`, dataset: { seq: c.seq, status: c.status } },
       h("div.tl-label",
@@ -49,7 +62,8 @@ export function timeline(el, calls, total, done) {
         c.retry_of !== null && c.retry_of !== undefined ? h("span.badge.s-retry", `retry of #${c.retry_of}`) : null,
         h("div.small.muted",
           `${c.finish_reason || "–"} · ${fmtInt(c.prompt_tokens)} prompt + ${fmtInt(c.response_tokens)} response tokens · `,
-          `TTFT ${first ? fmtMs(first - c.received_ms) : "–"} · total ${fmtMs(c.finished_ms - c.received_ms)}`,
+          sent ? `queue ${fmtMs(sent - c.received_ms)} · ` : "",
+          `TTFT ${first ? fmtMs(first - start) : "–"} · total ${fmtMs(c.finished_ms - c.received_ms)}`,
           c.token_ids_missing ? " · token ids missing" : "",
           failed && c.error ? ` · ${c.error}` : ""),
       ),
@@ -57,8 +71,8 @@ export function timeline(el, calls, total, done) {
     );
   });
   mount(el,
-    h("h2", `Timeline (${calls.length}${total && total > calls.length ? ` of ${total}` : ""} calls, ${fmtMs(span)})`),
-    h("p.legend", h("span.key.tl-ttft"), " time to first token (queue included) ", h("span.key.tl-gen"), " generation ", h("span.key.tl-gap"), " tool / harness time between calls ", h("span.key.failed"), " failed call"),
+    h("h2", `Timeline (${calls.length}${total && total > calls.length ? ` of ${total}` : ""} calls, ${fmtMs(span)})`, running ? h("span.badge.s-running#timeline-live", "live") : null),
+    h("p.legend", h("span.key.tl-queue"), " queue in the agent ", h("span.key.tl-ttft"), " time to first token ", h("span.key.tl-gen"), " generation ", h("span.key.tl-gap"), " tool / harness time between calls ", h("span.key.failed"), " failed call"),
     h("div.tl", h("div.tl-row.axis", h("div.tl-label", "harness"), axis), rows),
   );
 }

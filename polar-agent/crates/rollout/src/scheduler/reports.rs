@@ -3,9 +3,11 @@
 
 use std::time::Instant;
 
-use super::{CancelOrder, Node, ReportError, Scheduler, task_op};
+use super::{CancelOrder, LiveCalls, Node, ReportError, Scheduler, task_op};
+use crate::events::Event;
 use polar_rollout_types::{
-    CallbackView, CancelNotice, SampleStatus, SessionProgress, SessionResult, SessionState,
+    CallbackView, CancelNotice, MAX_LIVE_CALLS, SampleStatus, SessionProgress, SessionResult,
+    SessionState,
 };
 
 impl Scheduler {
@@ -26,11 +28,18 @@ impl Scheduler {
         }
     }
 
-    /// A gateway reports a session's stage.
-    pub fn progress(&mut self, sid: &str, p: &SessionProgress) -> Result<(), ReportError> {
+    /// A gateway reports a session's stage, and the calls that completed
+    /// since its last report: kept with the running dispatch (at most
+    /// [`MAX_LIVE_CALLS`], those past it counted) and returned as the
+    /// event to publish (not committed: live calls are not stored).
+    pub fn progress(
+        &mut self,
+        sid: &str,
+        p: &SessionProgress,
+    ) -> Result<Option<Event>, ReportError> {
         self.check_current(sid, &p.node_id, p.attempt)?;
         let Some(s) = self.sessions.get(sid) else {
-            return Ok(());
+            return Ok(None);
         };
         let deadline_unix_ms = match &s.state {
             SessionState::Dispatched {
@@ -39,7 +48,7 @@ impl Scheduler {
             | SessionState::Running {
                 deadline_unix_ms, ..
             } => *deadline_unix_ms,
-            _ => return Ok(()),
+            _ => return Ok(None),
         };
         let next = SessionState::Running {
             node: p.node_id.clone(),
@@ -50,7 +59,28 @@ impl Scheduler {
         if next != s.state {
             self.set_state(sid, next);
         }
-        Ok(())
+        if p.calls.is_empty() {
+            return Ok(None);
+        }
+        let Some(s) = self.sessions.get_mut(sid) else {
+            return Ok(None);
+        };
+        if s.live.attempt != p.attempt {
+            s.live = LiveCalls {
+                attempt: p.attempt,
+                ..LiveCalls::default()
+            };
+        }
+        let room = MAX_LIVE_CALLS.saturating_sub(s.live.calls.len());
+        s.live.calls.extend(p.calls.iter().take(room).cloned());
+        s.live.total += p.calls.len();
+        Ok(Some(Event::Calls {
+            session_id: sid.to_owned(),
+            task_id: s.task_id.clone(),
+            sample_index: s.index,
+            attempt: p.attempt,
+            calls: p.calls.clone(),
+        }))
     }
 
     /// A gateway reports a session's result.

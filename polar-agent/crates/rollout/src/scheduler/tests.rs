@@ -275,6 +275,7 @@ fn a_push_whose_answer_was_lost_after_the_node_reported_it_running_stands() {
         node_id: "a".into(),
         attempt: 1,
         stage: "running".into(),
+        calls: Vec::new(),
     };
     s.progress("t-s0", &running).unwrap();
     // The node died while answering both pushes.

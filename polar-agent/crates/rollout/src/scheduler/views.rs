@@ -61,7 +61,13 @@ impl Scheduler {
         if index >= t.request.num_samples {
             return None;
         }
-        let view = self.sample_of(task_id, index)?;
+        let mut view = self.sample_of(task_id, index)?;
+        if let Some(s) = self.sessions.get(&view.session_id)
+            && s.live.total > 0
+        {
+            view.live_calls = s.live.calls.clone();
+            view.live_calls_total = Some(s.live.total);
+        }
         Some((
             view,
             t.group_id.clone(),
@@ -79,6 +85,8 @@ impl Scheduler {
             retries: s.retries,
             state: s.state.clone(),
             ended_attempts: s.ended.clone(),
+            live_calls: Vec::new(),
+            live_calls_total: None,
         })
     }
 
@@ -276,6 +284,7 @@ impl Scheduler {
                     retries: ss.retries,
                     ended: ss.ended,
                     enqueued_at: now,
+                    live: super::LiveCalls::default(),
                 },
             );
         }

@@ -527,3 +527,41 @@ async fn acknowledged_sessions_are_forgotten_by_the_gateway_and_expired_by_the_s
     server.shutdown().await;
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_the_server_drained_takes_sessions_again_once_the_drain_is_lifted() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let gw = gateway(gw_config(&server, "node-a")).await;
+    let node_says = |draining: bool| {
+        let c = c.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let nodes = c.nodes().await.unwrap().nodes;
+                if nodes
+                    .iter()
+                    .any(|n| n.node_id == "node-a" && n.last_heartbeat.draining == draining)
+                {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the node's heartbeat never said draining = {draining}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let reply = c.drain("node-a", true).await.unwrap();
+    assert!(reply.draining && reply.node_id == "node-a", "{reply:?}");
+    node_says(true).await;
+    c.drain("node-a", false).await.unwrap();
+    node_says(false).await;
+    c.submit(&task("after-drain", 2)).await.unwrap();
+    let v = finished(&c, "after-drain", Duration::from_secs(10)).await;
+    assert_completed(&v, 2);
+    gw.stop().await;
+    server.shutdown().await;
+}

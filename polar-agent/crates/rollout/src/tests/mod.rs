@@ -9,6 +9,9 @@
 //! - `api`: bad input (400/409/401/404), callbacks, the event stream;
 //! - `routes`: the route table and the API without sockets (404, 405,
 //!   percent-decoding);
+//! - `live`: a running session's calls reported by the real node, kept
+//!   bounded, published as `calls` events and shown with the sample until
+//!   its result;
 //! - `ui`: the dashboard's files, read-only tokens, the sample and
 //!   exported-trajectory endpoints, pause and resume forwarded to a node;
 //! - `tls`: HTTPS with the cluster CA's certificates (trainer, gateway,
@@ -20,6 +23,7 @@ mod attempts;
 mod commit;
 mod dispatch;
 mod failures;
+mod live;
 mod routes;
 mod tls;
 mod ui;
@@ -144,6 +148,15 @@ pub(crate) async fn gateway(cfg: SimGatewayConfig) -> SimGateway {
 /// a worker per session in every stage, heartbeats every 50 ms, no
 /// progress reports.
 pub(crate) async fn node_a<W: Work>(server: &RolloutServer, work: W) -> Node<W> {
+    node_a_reporting(server, work, Progress::None).await
+}
+
+/// [`node_a`] reporting `progress`.
+pub(crate) async fn node_a_reporting<W: Work>(
+    server: &RolloutServer,
+    work: W,
+    progress: Progress,
+) -> Node<W> {
     let opts = NodeOptions {
         node_id: "node-a".into(),
         server_url: server.url(),
@@ -152,7 +165,7 @@ pub(crate) async fn node_a<W: Work>(server: &RolloutServer, work: W) -> Node<W> 
         advertise: None,
         max_sessions: 4,
         heartbeat_interval: Duration::from_millis(50),
-        progress: Progress::None,
+        progress,
         labels: Default::default(),
         limits: Default::default(),
         tls: None,
