@@ -4,7 +4,8 @@
 //! `/v1/completions`, SGLang `/generate`), and the harness gets one
 //! well-formed reply with the same text and tool calls as a call that
 //! never failed; the record holds both parts' ids and logprobs (the same as
-//! the unfaulted call's), marked `resumed` with both replicas. A fault
+//! the unfaulted call's), marked `resumed` with both replicas. Faults in the
+//! reasoning, the text and a tool call's arguments, in both dialects. A fault
 //! before any output is sent again, whole. When every replica is down the
 //! harness gets a retryable error and the call is recorded as failed.
 #![allow(
@@ -356,9 +357,8 @@ async fn vllm_cuts_are_resumed_in_reasoning_text_and_tool_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_aborts_are_resumed() {
-    // Before the tool call: the mock streams a generation aborted inside
-    // one as its whole parse of the cut text (the call's raw text as answer
-    // text), which no streaming server does and nothing could continue.
+    // In the reasoning and in the text (inside a tool call's arguments:
+    // `aborts_inside_a_tool_calls_arguments_are_resumed`).
     for at in [12, 35] {
         let records = resumed_like_unfaulted(
             Dialect::Vllm,
@@ -373,6 +373,27 @@ async fn vllm_aborts_are_resumed() {
             let resumed = r.resumed.unwrap();
             assert_eq!(resumed.part_tokens[0], at);
             assert!(resumed.faults[0].contains("aborted"), "{resumed:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborts_inside_a_tool_calls_arguments_are_resumed() {
+    // After 80 generated tokens: inside the shell call's arguments whatever
+    // the API names the tool (they begin after 63 to 69 tokens, end after
+    // 84 or more). A streamed vLLM reply had sent the call's head and part
+    // of its arguments (as vLLM's streaming tool parser does); SGLang's
+    // whole reply had sent nothing.
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        let name = format!("{}argabort", dialect.as_str());
+        let fault = Turn {
+            abort_after: Some(80),
+            ..turn()
+        };
+        for r in resumed_like_unfaulted(dialect, &name, fault).await {
+            let resumed = r.resumed.unwrap();
+            assert_eq!(resumed.part_tokens[0], 80, "{dialect:?}: {resumed:?}");
+            assert!(resumed.faults[0].contains("abort"), "{resumed:?}");
         }
     }
 }

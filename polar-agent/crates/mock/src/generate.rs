@@ -58,8 +58,16 @@ pub struct Generation {
     pub spans: Vec<Range<usize>>,
     /// The logprob of each token.
     pub logprobs: Vec<f32>,
-    /// The text parsed into reasoning, content and tool calls.
+    /// The text parsed into reasoning, content and tool calls (what a
+    /// whole reply carries).
     pub parsed: ParsedOutput,
+    /// What a streamed reply's deltas follow, when not `parsed`: the parse
+    /// of the whole turn a scripted abort cut short, so that an abort
+    /// inside a tool call streams the call's head and the part of its
+    /// arguments generated, as vLLM's and SGLang's streaming tool parsers
+    /// do (a whole reply's parse of the cut text has no call: its raw text
+    /// is answer text).
+    pub streamed: Option<ParsedOutput>,
     /// Why generation stopped.
     pub finish: Finish,
     /// Cut the connection after this many tokens.
@@ -81,6 +89,7 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     let mut tokens = tokenizer::encode_with_spans(&full);
     let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));
     let truncated = tokens.len() > limit;
+    let streamed = (plan.abort_after.is_some() && truncated).then(|| template::parse_output(&full));
     tokens.truncate(limit);
     while let Some((_, span)) = tokens.last() {
         if full.is_char_boundary(span.end) {
@@ -114,8 +123,17 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
         spans,
         logprobs,
         parsed,
+        streamed,
         finish,
         disconnect_after: plan.disconnect_after,
+    }
+}
+
+impl Generation {
+    /// The parse a streamed reply's deltas follow (see
+    /// [`Generation::streamed`]).
+    pub fn streamed(&self) -> &ParsedOutput {
+        self.streamed.as_ref().unwrap_or(&self.parsed)
     }
 }
 
@@ -183,7 +201,7 @@ impl<'a> DeltaSplitter<'a> {
         let bytes = g.text.as_bytes();
         let mut delta = Delta::default();
         for span in &g.spans[tokens] {
-            for (channel, seg) in &g.parsed.spans {
+            for (channel, seg) in &g.streamed().spans {
                 let (a, b) = (span.start.max(seg.start), span.end.min(seg.end));
                 if a >= b {
                     continue;

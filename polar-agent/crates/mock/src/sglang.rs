@@ -182,7 +182,7 @@ pub async fn chat(
         Err(resp) => return Ok(resp),
     };
     let top = if req.logprobs { req.top_logprobs } else { 0 };
-    let id = format!("{:032x}", adm.number);
+    let id = adm.reply_id(32);
     // Both reply kinds name the request's model (`model=request.model`).
     let model = req
         .body
@@ -260,7 +260,7 @@ pub async fn generate(
         Err(resp) => return Ok(resp),
     };
     let logprobs = openai::flag(&req, "return_logprob");
-    let id = format!("{:032x}", adm.number);
+    let id = adm.reply_id(32);
     let reply_of = |g: &Generation, upto: usize, meta: Value| json!({"text": visible_text(g, 0..upto), "output_ids": g.ids[..upto], "meta_info": meta});
     let meta = meta_info(&adm, &id, logprobs);
     if !openai::flag(&req, "stream") {

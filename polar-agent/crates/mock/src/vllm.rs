@@ -31,7 +31,7 @@ pub async fn chat(
     };
     let with_ids = req.flag("return_token_ids");
     let top = if req.logprobs { req.top_logprobs } else { 0 };
-    let id = format!("chatcmpl-{:016x}", adm.number);
+    let id = format!("chatcmpl-{}", adm.reply_id(16));
     let model = adm.cfg().served_model.clone();
     let field = adm.cfg().reasoning_field.as_str();
     let created = now_secs();
@@ -129,7 +129,7 @@ pub fn chat_delta(g: &Generation, d: &Delta, reasoning_field: &str, call_ids: &[
     let mut calls: Vec<Value> = Vec::new();
     for &n in &d.tool_starts {
         let name = g
-            .parsed
+            .streamed()
             .tool_calls
             .get(n)
             .map(|c| c.name.as_str())
@@ -191,7 +191,7 @@ pub async fn completions(
     let logprobs = req.get("logprobs").and_then(Value::as_u64).is_some();
     let with_ids = openai::flag(&req, "return_token_ids");
     let stream = openai::flag(&req, "stream");
-    let id = format!("cmpl-{:016x}", adm.number);
+    let id = format!("cmpl-{}", adm.reply_id(16));
     let head = json!({"id": id, "object": "text_completion", "created": now_secs(), "model": adm.cfg().served_model});
     if !stream {
         let g = &adm.generation;
