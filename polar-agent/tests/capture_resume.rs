@@ -399,6 +399,55 @@ async fn aborts_inside_a_tool_calls_arguments_are_resumed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_a_server_re_serialized_are_resumed_from_the_models_text() {
+    // The replicas send tool call arguments as vLLM's hermes parser does,
+    // re-serialized the way `json.dumps` writes them; the model wrote them
+    // compact. A cut inside them (80 ids) is resumed from the model's own
+    // text: the harness gets the same arguments, as JSON, and the record
+    // the unfaulted call's ids and logprobs.
+    let dumps = |turn: Turn| MockConfig {
+        script: Some(script(turn)),
+        json_dumps_arguments: true,
+        ..MockConfig::default()
+    };
+    let plain = mock::start(dumps(turn())).await.unwrap();
+    let agent = TestAgent::start(&backend(Dialect::Vllm, &[plain.url()])).await;
+    let mut reference = Vec::new();
+    for (h, stream, session, reply) in one_call_each(&agent, "dumps").await {
+        let r = only_record(&agent, &session);
+        let sent = &r.response.as_ref().unwrap().message.tool_calls[0].arguments;
+        assert!(sent.contains("\": \""), "{h:?}: {sent}");
+        reference.push((visible(h, &reply, stream), r));
+    }
+    agent.stop().await;
+    plain.stop().await;
+    let cut = Turn {
+        disconnect_after: Some(80),
+        ..turn()
+    };
+    let (a, b) = (
+        mock::start(dumps(cut.clone())).await.unwrap(),
+        mock::start(dumps(cut)).await.unwrap(),
+    );
+    let agent = TestAgent::start(&backend(Dialect::Vllm, &[a.url(), b.url()])).await;
+    let calls = one_call_each(&agent, "dumpscut").await;
+    for ((h, stream, session, reply), (seen, plain)) in calls.into_iter().zip(reference) {
+        let what = format!("{h:?} stream={stream}");
+        h.check_reply(&reply, stream);
+        assert_eq!(visible(h, &reply, stream), seen, "{what}");
+        let r = only_record(&agent, &session);
+        assert_eq!(r.status, CallStatus::Completed, "{what}");
+        assert_eq!(r.response_token_ids, plain.response_token_ids, "{what}");
+        assert_eq!(r.response_logprobs, plain.response_logprobs, "{what}");
+        let resumed = r.resumed.unwrap();
+        assert_eq!(resumed.part_tokens[0], 80, "{what}: {resumed:?}");
+    }
+    agent.stop().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_aborts_are_resumed_and_cuts_sent_again() {
     // An abort after tokens: resumed through /generate with input_ids.
     for r in resumed_like_unfaulted(

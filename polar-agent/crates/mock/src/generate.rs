@@ -173,6 +173,51 @@ pub struct Delta {
     pub tool_args: Vec<(usize, String)>,
 }
 
+/// Where a scan of JSON text stands (inside a string, after a backslash),
+/// to write it as Python's `json.dumps` does.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JsonScan {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonScan {
+    /// `piece`, the next part of the compact JSON text scanned so far,
+    /// with items separated as `json.dumps` separates them (`", "`,
+    /// `": "`): the way vLLM's `hermes` and SGLang's tool parsers send the
+    /// arguments they parsed, whatever the model's spacing.
+    pub fn dumps_style(&mut self, piece: &str) -> String {
+        let mut out = String::with_capacity(piece.len() + 8);
+        for c in piece.chars() {
+            out.push(c);
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if c == '\\' {
+                    self.escaped = true;
+                } else if c == '"' {
+                    self.in_string = false;
+                }
+            } else if c == '"' {
+                self.in_string = true;
+            } else if matches!(c, ',' | ':') {
+                out.push(' ');
+            }
+        }
+        out
+    }
+}
+
+/// A tool call's arguments as a reply sends them: the model's text, or
+/// (`dumps`) as `json.dumps` writes them ([`JsonScan::dumps_style`]).
+pub fn arguments_as_sent(arguments: &str, dumps: bool) -> String {
+    if dumps {
+        JsonScan::default().dumps_style(arguments)
+    } else {
+        arguments.to_owned()
+    }
+}
+
 /// Cuts a generation into per-chunk deltas, holding back incomplete UTF-8.
 #[derive(Debug)]
 pub struct DeltaSplitter<'a> {
@@ -181,6 +226,9 @@ pub struct DeltaSplitter<'a> {
     content: Vec<u8>,
     args: Vec<(usize, Vec<u8>)>,
     started: BTreeSet<usize>,
+    /// Per tool call: its arguments' scan, when they are sent as
+    /// `json.dumps` writes them.
+    dumps: Option<Vec<(usize, JsonScan)>>,
 }
 
 impl<'a> DeltaSplitter<'a> {
@@ -192,7 +240,14 @@ impl<'a> DeltaSplitter<'a> {
             content: Vec::new(),
             args: Vec::new(),
             started: BTreeSet::new(),
+            dumps: None,
         }
+    }
+
+    /// Sends tool call arguments as `json.dumps` writes them (`on`).
+    pub fn json_dumps_arguments(mut self, on: bool) -> Self {
+        self.dumps = on.then(Vec::new);
+        self
     }
 
     /// The delta of tokens `tokens` (indices into the generation).
@@ -225,7 +280,17 @@ impl<'a> DeltaSplitter<'a> {
         delta.reasoning = take_utf8(&mut self.reasoning);
         delta.content = take_utf8(&mut self.content);
         for (n, buf) in &mut self.args {
-            let text = take_utf8(buf);
+            let mut text = take_utf8(buf);
+            if let Some(scans) = &mut self.dumps {
+                let i = match scans.iter().position(|(m, _)| m == n) {
+                    Some(i) => i,
+                    None => {
+                        scans.push((*n, JsonScan::default()));
+                        scans.len() - 1
+                    }
+                };
+                text = scans[i].1.dumps_style(&text);
+            }
             if !text.is_empty() {
                 delta.tool_args.push((*n, text));
             }

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use super::body::RespBody;
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
-use super::generate::{Delta, Generation};
+use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
 use super::template::PromptFacts;
@@ -76,7 +76,7 @@ fn whole_chat(
         .iter()
         .zip(call_ids)
         .enumerate()
-        .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": arguments_as_sent(&c.arguments, adm.cfg().json_dumps_arguments)}}))
         .collect();
     let tool_calls = !calls.is_empty();
     let matched = if g.finish.sglang_type() == "stop" && !tool_calls {

@@ -751,3 +751,30 @@ fn an_abort_inside_a_tool_call_streams_its_head_and_the_arguments_generated() {
         "{args:?}"
     );
 }
+
+#[test]
+fn arguments_can_be_sent_as_json_dumps_writes_them() {
+    use super::generate::{DeltaSplitter, arguments_as_sent, generate};
+    let args = r#"{"a":"x, y: \"z\"","n":[1,2],"o":{"k":null}}"#;
+    let dumped = arguments_as_sent(args, true);
+    assert_eq!(
+        dumped,
+        r#"{"a": "x, y: \"z\"", "n": [1, 2], "o": {"k": null}}"#
+    );
+    assert_eq!(arguments_as_sent(args, false), args);
+    // Streamed token by token: the same text.
+    let g = generate(
+        Vec::new(),
+        &super::script::Plan {
+            tool_calls: vec![("f".into(), args.into())],
+            ..super::script::Plan::default()
+        },
+        1000,
+    );
+    let mut splitter = DeltaSplitter::new(&g).json_dumps_arguments(true);
+    let streamed: String = (0..g.ids.len())
+        .flat_map(|i| splitter.chunk(i..i + 1).tool_args)
+        .map(|(_, a)| a)
+        .collect();
+    assert_eq!(streamed, dumped);
+}

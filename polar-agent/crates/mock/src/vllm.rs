@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::body::{RespBody, json_response};
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
-use super::generate::{Delta, Generation};
+use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai::{self, ChatIn};
 use super::server::{GenRequest, State, now_secs};
 use super::template::PromptFacts;
@@ -38,6 +38,7 @@ pub async fn chat(
     if !req.stream {
         let g = &adm.generation;
         let p = &g.parsed;
+        let dumps = adm.cfg().json_dumps_arguments;
         // vLLM's `ChatMessage` (`vllm/entrypoints/openai/protocol.py`;
         // `entrypoints/openai/chat_completion/protocol.py` in newer
         // releases): every field serialized, `reasoning` copied into the
@@ -57,7 +58,7 @@ pub async fn chat(
             .tool_calls
             .iter()
             .zip(&call_ids)
-            .map(|(c, id)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .map(|(c, id)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": arguments_as_sent(&c.arguments, dumps)}}))
             .collect();
         message.insert("tool_calls".into(), Value::Array(calls));
         let mut choice = json!({
