@@ -29,6 +29,9 @@
 //! `--record-served`: every generation served, with its session, prompt
 //! ids, generated ids and logprobs, so a test can compare what was captured
 //! with what was served). Every reply carries the header `x-weight-version`.
+//! With `--json-dumps-arguments`, chat replies send tool call arguments as
+//! vLLM's `hermes` tool parser does, re-serialized (`json.dumps` spacing),
+//! not as the model's text has them.
 //!
 //! Layering: above `polar-chat`, `polar-json`, `polar-io` and
 //! `polar-inference` (for the dialect names); it builds and tests without
