@@ -4,7 +4,8 @@
 //! `/v1/completions`, SGLang `/generate`), and the harness gets one
 //! well-formed reply with the same text and tool calls as a call that
 //! never failed; the record holds both parts' ids and logprobs (the same as
-//! the unfaulted call's), marked `resumed` with both replicas. A fault
+//! the unfaulted call's), marked `resumed` with both replicas. Faults in the
+//! reasoning, the text and a tool call's arguments, in both dialects. A fault
 //! before any output is sent again, whole. When every replica is down the
 //! harness gets a retryable error and the call is recorded as failed.
 #![allow(
@@ -356,9 +357,8 @@ async fn vllm_cuts_are_resumed_in_reasoning_text_and_tool_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_aborts_are_resumed() {
-    // Before the tool call: the mock streams a generation aborted inside
-    // one as its whole parse of the cut text (the call's raw text as answer
-    // text), which no streaming server does and nothing could continue.
+    // In the reasoning and in the text (inside a tool call's arguments:
+    // `aborts_inside_a_tool_calls_arguments_are_resumed`).
     for at in [12, 35] {
         let records = resumed_like_unfaulted(
             Dialect::Vllm,
@@ -375,6 +375,76 @@ async fn vllm_aborts_are_resumed() {
             assert!(resumed.faults[0].contains("aborted"), "{resumed:?}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborts_inside_a_tool_calls_arguments_are_resumed() {
+    // After 80 generated tokens: inside the shell call's arguments whatever
+    // the API names the tool (they begin after 63 to 69 tokens, end after
+    // 84 or more). A streamed vLLM reply had sent the call's head and part
+    // of its arguments (as vLLM's streaming tool parser does); SGLang's
+    // whole reply had sent nothing.
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        let name = format!("{}argabort", dialect.as_str());
+        let fault = Turn {
+            abort_after: Some(80),
+            ..turn()
+        };
+        for r in resumed_like_unfaulted(dialect, &name, fault).await {
+            let resumed = r.resumed.unwrap();
+            assert_eq!(resumed.part_tokens[0], 80, "{dialect:?}: {resumed:?}");
+            assert!(resumed.faults[0].contains("abort"), "{resumed:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arguments_a_server_re_serialized_are_resumed_from_the_models_text() {
+    // The replicas send tool call arguments as vLLM's hermes parser does,
+    // re-serialized the way `json.dumps` writes them; the model wrote them
+    // compact. A cut inside them (80 ids) is resumed from the model's own
+    // text: the harness gets the same arguments, as JSON, and the record
+    // the unfaulted call's ids and logprobs.
+    let dumps = |turn: Turn| MockConfig {
+        script: Some(script(turn)),
+        json_dumps_arguments: true,
+        ..MockConfig::default()
+    };
+    let plain = mock::start(dumps(turn())).await.unwrap();
+    let agent = TestAgent::start(&backend(Dialect::Vllm, &[plain.url()])).await;
+    let mut reference = Vec::new();
+    for (h, stream, session, reply) in one_call_each(&agent, "dumps").await {
+        let r = only_record(&agent, &session);
+        let sent = &r.response.as_ref().unwrap().message.tool_calls[0].arguments;
+        assert!(sent.contains("\": \""), "{h:?}: {sent}");
+        reference.push((visible(h, &reply, stream), r));
+    }
+    agent.stop().await;
+    plain.stop().await;
+    let cut = Turn {
+        disconnect_after: Some(80),
+        ..turn()
+    };
+    let (a, b) = (
+        mock::start(dumps(cut.clone())).await.unwrap(),
+        mock::start(dumps(cut)).await.unwrap(),
+    );
+    let agent = TestAgent::start(&backend(Dialect::Vllm, &[a.url(), b.url()])).await;
+    let calls = one_call_each(&agent, "dumpscut").await;
+    for ((h, stream, session, reply), (seen, plain)) in calls.into_iter().zip(reference) {
+        let what = format!("{h:?} stream={stream}");
+        h.check_reply(&reply, stream);
+        assert_eq!(visible(h, &reply, stream), seen, "{what}");
+        let r = only_record(&agent, &session);
+        assert_eq!(r.status, CallStatus::Completed, "{what}");
+        assert_eq!(r.response_token_ids, plain.response_token_ids, "{what}");
+        assert_eq!(r.response_logprobs, plain.response_logprobs, "{what}");
+        let resumed = r.resumed.unwrap();
+        assert_eq!(resumed.part_tokens[0], 80, "{what}: {resumed:?}");
+    }
+    agent.stop().await;
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 //! `polar-probe` binaries, running `polar sandbox run` and reading its JSON
 //! log events, and looking at the kernel (BPF programs, cgroups, network
 //! namespaces) to check that nothing is left behind; loopback servers for
-//! the proxy tests ([`servers`]).
+//! the proxy tests ([`servers`]); the real harness CLIs' sessions against
+//! the mock backend, with their checks ([`harness`]).
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -14,6 +15,7 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 pub mod docker;
+pub mod harness;
 pub mod proxy;
 pub mod servers;
 

@@ -5,7 +5,9 @@
 //! replica when one could not be reached, and also when one took it but
 //! failed before its reply began (a reset, HTTP 429 or 5xx): no output of
 //! it reached anyone, so sending it again is safe (each replica is tried
-//! once; the later attempts carry `x-polar-attempt`). A replica that is
+//! once; the later attempts carry `x-polar-attempt`; the call's record
+//! tells them as parts with no ids, [`crate::stream::failover::Resumption`]).
+//! A replica that is
 //! too slow to answer is not tried again (the harness's own clock runs),
 //! nor a request a replica refused (4xx but 429). Failures after the reply
 //! began are the stream's ([`crate::stream::failover`]). A request that
@@ -104,6 +106,8 @@ impl Client {
         let mut last = String::from("no replica");
         // The last failure of a replica that took the request.
         let mut reached: Option<InferenceError> = None;
+        // Each replica that took the request and failed, with its fault.
+        let mut failed: Vec<(String, String)> = Vec::new();
         for replica in self.pool.order(session) {
             attempts += 1;
             let base = self.pool.url(replica).to_owned();
@@ -139,11 +143,13 @@ impl Client {
                 Ok(Err(e)) => {
                     self.pool.note_failure(replica);
                     tracing::warn!(backend = %backend, replica = %base, error = %e, "replica failed before its reply began, trying the next one");
-                    reached = Some(InferenceError::Disconnected {
+                    let err = InferenceError::Disconnected {
                         backend: backend.clone(),
-                        replica: base,
+                        replica: base.clone(),
                         reason: error_chain(&e),
-                    });
+                    };
+                    failed.push((base, err.to_string()));
+                    reached = Some(err);
                     continue;
                 }
                 Ok(Ok(resp)) => resp,
@@ -166,6 +172,7 @@ impl Client {
                 };
                 if status.as_u16() == 429 || status.is_server_error() {
                     tracing::warn!(backend = %backend, error = %err, "replica failed before its reply began, trying the next one");
+                    failed.push((self.pool.url(replica).to_owned(), err.to_string()));
                     reached = Some(err);
                     continue;
                 }
@@ -180,7 +187,8 @@ impl Client {
                 weight_version,
                 attempts,
             };
-            let failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
+            let mut failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
+            failover.note_sent_again(&failed, &info.replica);
             return Ok(ChatStream::new(StreamParts {
                 info,
                 body: resp.into_body(),

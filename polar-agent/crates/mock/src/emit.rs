@@ -46,7 +46,7 @@ pub fn stream(adm: Admitted, frame: Frame, mut chunk: ChunkFn) -> Response<RespB
         let cut = g.disconnect_after.map(|d| d.min(n));
         let limit = cut.unwrap_or(n);
         let per = cfg.tokens_per_chunk.max(1);
-        let mut splitter = DeltaSplitter::new(g);
+        let mut splitter = DeltaSplitter::new(g).json_dumps_arguments(cfg.json_dumps_arguments);
         let mut i = 0;
         loop {
             let j = (i + per).min(limit);

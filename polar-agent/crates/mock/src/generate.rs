@@ -59,8 +59,16 @@ pub struct Generation {
     pub spans: Vec<Range<usize>>,
     /// The logprob of each token.
     pub logprobs: Vec<f32>,
-    /// The text parsed into reasoning, content and tool calls.
+    /// The text parsed into reasoning, content and tool calls (what a
+    /// whole reply carries).
     pub parsed: ParsedOutput,
+    /// What a streamed reply's deltas follow, when not `parsed`: the parse
+    /// of the whole turn a scripted abort cut short, so that an abort
+    /// inside a tool call streams the call's head and the part of its
+    /// arguments generated, as vLLM's and SGLang's streaming tool parsers
+    /// do (a whole reply's parse of the cut text has no call: its raw text
+    /// is answer text).
+    pub streamed: Option<ParsedOutput>,
     /// Why generation stopped.
     pub finish: Finish,
     /// Cut the connection after this many tokens.
@@ -89,6 +97,7 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     let mut tokens = tokenizer::encode_with_spans(&full);
     let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));
     let truncated = tokens.len() > limit;
+    let streamed = (plan.abort_after.is_some() && truncated).then(|| template::parse_output(&full));
     tokens.truncate(limit);
     while let Some((_, span)) = tokens.last() {
         if full.is_char_boundary(span.end) {
@@ -126,8 +135,17 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
         spans,
         logprobs,
         parsed,
+        streamed,
         finish,
         disconnect_after: plan.disconnect_after,
+    }
+}
+
+impl Generation {
+    /// The parse a streamed reply's deltas follow (see
+    /// [`Generation::streamed`]).
+    pub fn streamed(&self) -> &ParsedOutput {
+        self.streamed.as_ref().unwrap_or(&self.parsed)
     }
 }
 
@@ -167,6 +185,51 @@ pub struct Delta {
     pub tool_args: Vec<(usize, String)>,
 }
 
+/// Where a scan of JSON text stands (inside a string, after a backslash),
+/// to write it as Python's `json.dumps` does.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JsonScan {
+    in_string: bool,
+    escaped: bool,
+}
+
+impl JsonScan {
+    /// `piece`, the next part of the compact JSON text scanned so far,
+    /// with items separated as `json.dumps` separates them (`", "`,
+    /// `": "`): the way vLLM's `hermes` and SGLang's tool parsers send the
+    /// arguments they parsed, whatever the model's spacing.
+    pub fn dumps_style(&mut self, piece: &str) -> String {
+        let mut out = String::with_capacity(piece.len() + 8);
+        for c in piece.chars() {
+            out.push(c);
+            if self.in_string {
+                if self.escaped {
+                    self.escaped = false;
+                } else if c == '\\' {
+                    self.escaped = true;
+                } else if c == '"' {
+                    self.in_string = false;
+                }
+            } else if c == '"' {
+                self.in_string = true;
+            } else if matches!(c, ',' | ':') {
+                out.push(' ');
+            }
+        }
+        out
+    }
+}
+
+/// A tool call's arguments as a reply sends them: the model's text, or
+/// (`dumps`) as `json.dumps` writes them ([`JsonScan::dumps_style`]).
+pub fn arguments_as_sent(arguments: &str, dumps: bool) -> String {
+    if dumps {
+        JsonScan::default().dumps_style(arguments)
+    } else {
+        arguments.to_owned()
+    }
+}
+
 /// Cuts a generation into per-chunk deltas, holding back incomplete UTF-8.
 #[derive(Debug)]
 pub struct DeltaSplitter<'a> {
@@ -175,6 +238,9 @@ pub struct DeltaSplitter<'a> {
     content: Vec<u8>,
     args: Vec<(usize, Vec<u8>)>,
     started: BTreeSet<usize>,
+    /// Per tool call: its arguments' scan, when they are sent as
+    /// `json.dumps` writes them.
+    dumps: Option<Vec<(usize, JsonScan)>>,
 }
 
 impl<'a> DeltaSplitter<'a> {
@@ -186,7 +252,14 @@ impl<'a> DeltaSplitter<'a> {
             content: Vec::new(),
             args: Vec::new(),
             started: BTreeSet::new(),
+            dumps: None,
         }
+    }
+
+    /// Sends tool call arguments as `json.dumps` writes them (`on`).
+    pub fn json_dumps_arguments(mut self, on: bool) -> Self {
+        self.dumps = on.then(Vec::new);
+        self
     }
 
     /// The delta of tokens `tokens` (indices into the generation).
@@ -195,7 +268,7 @@ impl<'a> DeltaSplitter<'a> {
         let bytes = g.text.as_bytes();
         let mut delta = Delta::default();
         for span in &g.spans[tokens] {
-            for (channel, seg) in &g.parsed.spans {
+            for (channel, seg) in &g.streamed().spans {
                 let (a, b) = (span.start.max(seg.start), span.end.min(seg.end));
                 if a >= b {
                     continue;
@@ -219,7 +292,17 @@ impl<'a> DeltaSplitter<'a> {
         delta.reasoning = take_utf8(&mut self.reasoning);
         delta.content = take_utf8(&mut self.content);
         for (n, buf) in &mut self.args {
-            let text = take_utf8(buf);
+            let mut text = take_utf8(buf);
+            if let Some(scans) = &mut self.dumps {
+                let i = match scans.iter().position(|(m, _)| m == n) {
+                    Some(i) => i,
+                    None => {
+                        scans.push((*n, JsonScan::default()));
+                        scans.len() - 1
+                    }
+                };
+                text = scans[i].1.dumps_style(&text);
+            }
             if !text.is_empty() {
                 delta.tool_args.push((*n, text));
             }

@@ -29,6 +29,9 @@
 //! `--record-served`: every generation served, with its session, prompt
 //! ids, generated ids and logprobs, so a test can compare what was captured
 //! with what was served). Every reply carries the header `x-weight-version`.
+//! With `--json-dumps-arguments`, chat replies send tool call arguments as
+//! vLLM's `hermes` tool parser does, re-serialized (`json.dumps` spacing),
+//! not as the model's text has them.
 //!
 //! Layering: above `polar-chat`, `polar-json`, `polar-io` and
 //! `polar-inference` (for the dialect names); it builds and tests without
@@ -125,6 +128,11 @@ pub struct MockConfig {
     /// After the first request a scripted cut or abort hits, answer every
     /// request with 503, as a replica that died.
     pub down_after_fault: bool,
+    /// Send tool call arguments in chat replies as vLLM's `hermes` tool
+    /// parser does, re-serialized the way Python's `json.dumps` writes them
+    /// (`", "`, `": "` between items), not as the model wrote them (its
+    /// token ids, compact JSON, stay the same).
+    pub json_dumps_arguments: bool,
 }
 
 impl Default for MockConfig {
@@ -144,6 +152,7 @@ impl Default for MockConfig {
             tokens_per_chunk: 1,
             record_served: false,
             down_after_fault: false,
+            json_dumps_arguments: false,
         }
     }
 }
@@ -255,6 +264,10 @@ pub struct MockArgs {
     /// replica that died).
     #[arg(long)]
     pub down_after_fault: bool,
+    /// Send tool call arguments as vLLM's `hermes` tool parser does,
+    /// re-serialized as Python's `json.dumps` writes them.
+    #[arg(long)]
+    pub json_dumps_arguments: bool,
 }
 
 impl MockArgs {
@@ -298,6 +311,7 @@ impl MockArgs {
             tokens_per_chunk: self.tokens_per_chunk,
             record_served: self.record_served,
             down_after_fault: self.down_after_fault,
+            json_dumps_arguments: self.json_dumps_arguments,
         })
     }
 }

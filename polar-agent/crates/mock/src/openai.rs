@@ -312,9 +312,11 @@ pub async fn admit_chat(
         Ok(a) => a,
         Err(resp) => return Ok(Err(resp)),
     };
+    // A streamed reply may start a call its whole reply has not (an abort
+    // inside it).
     let call_ids = adm
         .generation
-        .parsed
+        .streamed()
         .tool_calls
         .iter()
         .map(|_| adm.call_id())

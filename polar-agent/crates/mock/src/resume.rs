@@ -106,6 +106,8 @@ pub fn generate_from(
     Generation {
         prompt_ids,
         parsed: template::parse_output(&text),
+        // Continuations are token-in requests, streamed as raw text.
+        streamed: None,
         text,
         ids: whole.ids[done..].to_vec(),
         spans: whole.spans[done..]

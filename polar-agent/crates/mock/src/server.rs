@@ -67,6 +67,11 @@ pub struct State {
     served: Mutex<Served>,
     /// Set once a scripted fault hit with `down_after_fault`.
     down: AtomicBool,
+    /// This server's mark in the ids it makes up (replies, tool calls), so
+    /// that replicas never hand out the same ones (real servers' are
+    /// random): a harness whose conversation went through two replicas
+    /// would take a second `call_1` for the first one again.
+    tag: u32,
     /// Counters.
     pub metrics: Metrics,
     /// Tasks feeding streamed bodies.
@@ -102,9 +107,17 @@ impl Admitted {
         &self.state.cfg
     }
 
-    /// A fresh tool call id, `call_<n>`.
+    /// A fresh tool call id, `call_<tag><n>`, unique across servers.
     pub fn call_id(&self) -> String {
-        format!("call_{}", self.state.calls.fetch_add(1, Ordering::Relaxed))
+        let n = self.state.calls.fetch_add(1, Ordering::Relaxed);
+        format!("call_{:08x}{n}", self.state.tag)
+    }
+
+    /// The reply's id: `hex_len` hex digits (at least 8), this server's tag
+    /// and the request number.
+    pub fn reply_id(&self, hex_len: usize) -> String {
+        let width = hex_len.saturating_sub(8);
+        format!("{:08x}{:0width$x}", self.state.tag, self.number)
     }
 
     /// The current weight version.
@@ -159,6 +172,7 @@ impl State {
             cache: Mutex::default(),
             served: Mutex::default(),
             down: AtomicBool::new(false),
+            tag: instance_tag(),
             metrics: Metrics::default(),
             tasks: TaskTracker::new(),
         }
@@ -344,6 +358,17 @@ pub fn session_key(
         ),
     };
     format!("h-{h:016x}")
+}
+
+/// A tag telling this server from others (time, process, a counter).
+fn instance_tag() -> u32 {
+    static STARTED: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let seed =
+        nanos ^ (u64::from(std::process::id()) << 32) ^ STARTED.fetch_add(1, Ordering::Relaxed);
+    mix(seed) as u32
 }
 
 /// Seconds since the epoch, for `created`.

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 use super::body::RespBody;
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
-use super::generate::{Delta, Generation};
+use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
 use super::template::PromptFacts;
@@ -76,7 +76,7 @@ fn whole_chat(
         .iter()
         .zip(call_ids)
         .enumerate()
-        .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .map(|(i, (c, id))| json!({"id": id, "index": i, "type": "function", "function": {"name": c.name, "arguments": arguments_as_sent(&c.arguments, adm.cfg().json_dumps_arguments)}}))
         .collect();
     let tool_calls = !calls.is_empty();
     let matched = if g.finish.sglang_type() == "stop" && !tool_calls {
@@ -182,7 +182,7 @@ pub async fn chat(
         Err(resp) => return Ok(resp),
     };
     let top = if req.logprobs { req.top_logprobs } else { 0 };
-    let id = format!("{:032x}", adm.number);
+    let id = adm.reply_id(32);
     // Both reply kinds name the request's model (`model=request.model`).
     let model = req
         .body
@@ -260,7 +260,7 @@ pub async fn generate(
         Err(resp) => return Ok(resp),
     };
     let logprobs = openai::flag(&req, "return_logprob");
-    let id = format!("{:032x}", adm.number);
+    let id = adm.reply_id(32);
     let reply_of = |g: &Generation, upto: usize, meta: Value| json!({"text": visible_text(g, 0..upto), "output_ids": g.ids[..upto], "meta_info": meta});
     let meta = meta_info(&adm, &id, logprobs);
     if !openai::flag(&req, "stream") {

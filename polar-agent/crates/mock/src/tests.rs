@@ -98,6 +98,19 @@ async fn vllm_chat_streams_ids_per_chunk() {
         json!({"command": DEMO_COMMAND}).to_string()
     );
     assert!(call["id"].as_str().unwrap().starts_with("call_"));
+    // Another server (a replica) makes up other ids, as real ones do.
+    let other = start(MockConfig::default()).await.unwrap();
+    let (_, again) = post(
+        &format!("{}/v1/chat/completions", other.url()),
+        &chat_body(false),
+    )
+    .await;
+    assert_ne!(
+        again["choices"][0]["message"]["tool_calls"][0]["id"],
+        call["id"]
+    );
+    assert_ne!(again["id"], whole["id"]);
+    other.stop().await;
     let response_ids = ids(&choice["token_ids"]);
     assert_eq!(
         response_ids.len(),
@@ -690,4 +703,78 @@ async fn run_refuses_non_loopback() {
     let cli = Cli::try_parse_from(["polar", "--listen", "0.0.0.0:8000"]).unwrap();
     let r = run(&cli.mock, tokio_util::sync::CancellationToken::new()).await;
     assert!(matches!(r, Err(MockError::NotLoopback(_))));
+}
+
+#[test]
+fn an_abort_inside_a_tool_call_streams_its_head_and_the_arguments_generated() {
+    use super::generate::{DeltaSplitter, Finish, generate};
+    let plan = super::script::Plan {
+        text: "Writing it.".into(),
+        tool_calls: vec![("bash".into(), r#"{"command":"echo hi > a.txt"}"#.into())],
+        ..super::script::Plan::default()
+    };
+    let whole = generate(Vec::new(), &plan, 1000);
+    let args_at = whole.text.find("\"arguments\": ").unwrap() + "\"arguments\": ".len();
+    // The first token past the arguments' first five bytes.
+    let at = whole
+        .spans
+        .iter()
+        .position(|s| s.start >= args_at + 5)
+        .unwrap();
+    let aborted = generate(
+        Vec::new(),
+        &super::script::Plan {
+            abort_after: Some(at),
+            ..plan
+        },
+        1000,
+    );
+    assert_eq!(aborted.finish, Finish::Abort);
+    assert_eq!(aborted.ids, whole.ids[..at]);
+    // A whole reply: the cut text has no call (vLLM's and SGLang's
+    // non-streaming tool parsers find none in it).
+    assert!(aborted.parsed.tool_calls.is_empty());
+    // Streamed: the text, the call's head, the arguments generated.
+    let mut splitter = DeltaSplitter::new(&aborted);
+    let (mut content, mut starts, mut args) = (String::new(), Vec::new(), String::new());
+    for i in 0..at {
+        let d = splitter.chunk(i..i + 1);
+        content.push_str(&d.content);
+        starts.extend(d.tool_starts);
+        args.extend(d.tool_args.into_iter().map(|(_, a)| a));
+    }
+    assert_eq!(content.trim_end(), "Writing it.");
+    assert_eq!(starts, [0]);
+    assert_eq!(aborted.streamed().tool_calls[0].name, "bash");
+    assert!(
+        args.len() >= 5 && r#"{"command":"echo hi > a.txt"}"#.starts_with(&args),
+        "{args:?}"
+    );
+}
+
+#[test]
+fn arguments_can_be_sent_as_json_dumps_writes_them() {
+    use super::generate::{DeltaSplitter, arguments_as_sent, generate};
+    let args = r#"{"a":"x, y: \"z\"","n":[1,2],"o":{"k":null}}"#;
+    let dumped = arguments_as_sent(args, true);
+    assert_eq!(
+        dumped,
+        r#"{"a": "x, y: \"z\"", "n": [1, 2], "o": {"k": null}}"#
+    );
+    assert_eq!(arguments_as_sent(args, false), args);
+    // Streamed token by token: the same text.
+    let g = generate(
+        Vec::new(),
+        &super::script::Plan {
+            tool_calls: vec![("f".into(), args.into())],
+            ..super::script::Plan::default()
+        },
+        1000,
+    );
+    let mut splitter = DeltaSplitter::new(&g).json_dumps_arguments(true);
+    let streamed: String = (0..g.ids.len())
+        .flat_map(|i| splitter.chunk(i..i + 1).tool_args)
+        .map(|(_, a)| a)
+        .collect();
+    assert_eq!(streamed, dumped);
 }

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use super::body::{RespBody, json_response};
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
-use super::generate::{Delta, Generation};
+use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai::{self, ChatIn};
 use super::server::{GenRequest, State, now_secs};
 use super::template::PromptFacts;
@@ -31,13 +31,14 @@ pub async fn chat(
     };
     let with_ids = req.flag("return_token_ids");
     let top = if req.logprobs { req.top_logprobs } else { 0 };
-    let id = format!("chatcmpl-{:016x}", adm.number);
+    let id = format!("chatcmpl-{}", adm.reply_id(16));
     let model = adm.cfg().served_model.clone();
     let field = adm.cfg().reasoning_field.as_str();
     let created = now_secs();
     if !req.stream {
         let g = &adm.generation;
         let p = &g.parsed;
+        let dumps = adm.cfg().json_dumps_arguments;
         // vLLM's `ChatMessage` (`vllm/entrypoints/openai/protocol.py`;
         // `entrypoints/openai/chat_completion/protocol.py` in newer
         // releases): every field serialized, `reasoning` copied into the
@@ -57,7 +58,7 @@ pub async fn chat(
             .tool_calls
             .iter()
             .zip(&call_ids)
-            .map(|(c, id)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+            .map(|(c, id)| json!({"id": id, "type": "function", "function": {"name": c.name, "arguments": arguments_as_sent(&c.arguments, dumps)}}))
             .collect();
         message.insert("tool_calls".into(), Value::Array(calls));
         let mut choice = json!({
@@ -129,7 +130,7 @@ pub fn chat_delta(g: &Generation, d: &Delta, reasoning_field: &str, call_ids: &[
     let mut calls: Vec<Value> = Vec::new();
     for &n in &d.tool_starts {
         let name = g
-            .parsed
+            .streamed()
             .tool_calls
             .get(n)
             .map(|c| c.name.as_str())
@@ -191,7 +192,7 @@ pub async fn completions(
     let logprobs = req.get("logprobs").and_then(Value::as_u64).is_some();
     let with_ids = openai::flag(&req, "return_token_ids");
     let stream = openai::flag(&req, "stream");
-    let id = format!("cmpl-{:016x}", adm.number);
+    let id = format!("cmpl-{}", adm.reply_id(16));
     let head = json!({"id": id, "object": "text_completion", "created": now_secs(), "model": adm.cfg().served_model});
     if !stream {
         let g = &adm.generation;

@@ -84,9 +84,10 @@ pub struct BackendInfo {
     pub weight_version: Option<String>,
 }
 
-/// A reply that went on after its backend failed mid-generation: it was
-/// resumed from the tokens generated so far, on the same or another
-/// replica, and the harness got one reply. Its token ids and logprobs are
+/// A reply that went on after its backend failed: resumed from the tokens
+/// generated so far, or sent again whole (a part with no ids: a replica
+/// that failed before its reply began, or before any output), on the same
+/// or another replica, and the harness got one reply. Its token ids and logprobs are
 /// those of every part, in order, in the record's `response_token_ids` and
 /// `response_logprobs`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

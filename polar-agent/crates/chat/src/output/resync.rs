@@ -10,6 +10,16 @@
 //! inconsistent is ever yielded. Every field is compared in the order a
 //! reply carries them (reasoning, text, tool calls): a field that is
 //! behind holds back the later ones.
+//!
+//! A tool call's arguments are compared as JSON text without the
+//! whitespace outside its strings ([`compare_arguments`]): a server's
+//! streaming tool parser may have sent them re-serialized (vLLM's `hermes`
+//! parser sends the first part as Python's `json.dumps` writes it, `", "`
+//! and `": "` between items, whatever spacing the model generated), and
+//! what goes beyond is then the raw output's own text, so the harness gets
+//! the same JSON value. Strings are compared byte for byte: arguments
+//! whose strings the server wrote with other escapes than the model (a
+//! `\u00e9` for `é`, a `\/` for `/`) still diverge.
 
 use super::{OutputError, ParsedCall, ParsedOutput};
 use crate::{FinishReason, StreamEvent};
@@ -47,6 +57,57 @@ fn compare(
         parsed.len(),
         if parsed_final { ", final" } else { "" }
     )))
+}
+
+/// `t`, JSON text possibly cut short, without the whitespace outside its
+/// strings; and for each byte kept, the offset in `t` just after the
+/// character it belongs to.
+fn compact_json(t: &str) -> (String, Vec<usize>) {
+    let mut out = String::with_capacity(t.len());
+    let mut ends = Vec::with_capacity(t.len());
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in t.char_indices() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if matches!(c, ' ' | '\t' | '\n' | '\r') {
+            continue;
+        } else if c == '"' {
+            in_string = true;
+        }
+        out.push(c);
+        ends.extend(std::iter::repeat_n(i + c.len_utf8(), c.len_utf8()));
+    }
+    (out, ends)
+}
+
+/// [`compare`] for a tool call's arguments: as they are, else as JSON text
+/// without the whitespace outside strings (see the module docs); what the
+/// parse has more is then its own text after the part that was sent.
+fn compare_arguments(
+    sent: &str,
+    parsed: &str,
+    parsed_final: bool,
+) -> Result<Standing, OutputError> {
+    const WHAT: &str = "tool call arguments";
+    if let Ok(standing) = compare(sent, parsed, parsed_final, WHAT) {
+        return Ok(standing);
+    }
+    let (sent_c, _) = compact_json(sent);
+    let (parsed_c, ends) = compact_json(parsed);
+    if parsed_c.starts_with(&sent_c) {
+        let offset = sent_c.len().checked_sub(1).map_or(0, |last| ends[last]);
+        return Ok(Standing::Ahead(parsed[offset..].to_owned()));
+    }
+    if !parsed_final && sent_c.starts_with(&parsed_c) {
+        return Ok(Standing::Behind);
+    }
+    compare(sent, parsed, parsed_final, WHAT)
 }
 
 impl Resync {
@@ -142,8 +203,7 @@ impl Resync {
                     was.name, call.name
                 )));
             }
-            let what = "tool call arguments";
-            match compare(&was.arguments, &call.arguments, call.done || finished, what)? {
+            match compare_arguments(&was.arguments, &call.arguments, call.done || finished)? {
                 Standing::Behind => return Ok(out),
                 Standing::Ahead(more) if !more.is_empty() => {
                     out.push(StreamEvent::ToolCallDelta {

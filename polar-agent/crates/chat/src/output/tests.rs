@@ -291,6 +291,76 @@ fn resync_refuses_what_disagrees() {
     assert!(r.step(&parse_all("text"), true).is_err());
 }
 
+#[test]
+fn resync_goes_on_from_arguments_a_server_re_serialized() {
+    // vLLM's hermes parser streamed the arguments' first part as
+    // `json.dumps` writes it; the model wrote them compact.
+    let sent = |args: &str| {
+        let mut r = Resync::new();
+        r.observe(&StreamEvent::ToolCallStart {
+            index: 0,
+            id: "c".into(),
+            name: "bash".into(),
+        });
+        r.observe(&StreamEvent::ToolCallDelta {
+            index: 0,
+            arguments: args.into(),
+        });
+        r
+    };
+    let with = |args: &str, done: bool| ParsedOutput {
+        calls: vec![ParsedCall {
+            done,
+            ..call("bash", args)
+        }],
+        ..ParsedOutput::default()
+    };
+    let r = sent(r#"{"command": "echo h"#);
+    // The parse behind (and agreeing): wait.
+    assert_eq!(
+        r.step(&with(r#"{"command":"ec"#, false), false).unwrap(),
+        vec![]
+    );
+    // Ahead: the rest of the model's own text.
+    let raw = r#"{"command":"echo hi", "timeout":5}"#;
+    assert_eq!(
+        r.step(&with(raw, true), true).unwrap(),
+        vec![StreamEvent::ToolCallDelta {
+            index: 0,
+            arguments: r#"i", "timeout":5}"#.into()
+        }]
+    );
+    // Sent up to a separator's space: the model's text after the comma.
+    let r = sent("{\"command\": \"echo hi\", ");
+    assert_eq!(
+        r.step(&with(raw, true), true).unwrap(),
+        vec![StreamEvent::ToolCallDelta {
+            index: 0,
+            arguments: r#" "timeout":5}"#.into()
+        }]
+    );
+    // Whitespace inside a string, other escapes, other values: refused.
+    for other in [
+        r#"{"command":"echo  hi"}"#,
+        r#"{"command":"echo h\u0069"}"#,
+        r#"{"command":"echo ho"}"#,
+    ] {
+        assert!(
+            matches!(
+                sent(r#"{"command": "echo hi"#).step(&with(other, true), true),
+                Err(OutputError::Diverged(_))
+            ),
+            "{other}"
+        );
+    }
+    // Behind at the end of the output: refused.
+    assert!(
+        sent(r#"{"command": "echo hi"#)
+            .step(&with(r#"{"command":"ec"#, false), true)
+            .is_err()
+    );
+}
+
 fn piece() -> impl Strategy<Value = String> {
     prop::collection::vec(
         prop::sample::select(vec![

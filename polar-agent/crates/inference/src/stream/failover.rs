@@ -197,6 +197,29 @@ impl Failover {
         }
     }
 
+    /// Notes the replicas that took the request and failed before their
+    /// reply began (each with its fault), the request having then been
+    /// sent again, whole, to `replica`: parts that kept no ids.
+    pub(crate) fn note_sent_again(&mut self, failed: &[(String, String)], replica: &str) {
+        if failed.is_empty() {
+            return;
+        }
+        let parts = failed.len() + 1;
+        self.resumed = Some(Resumption {
+            replicas: failed
+                .iter()
+                .map(|(r, _)| r.clone())
+                .chain([replica.to_owned()])
+                .collect(),
+            part_tokens: vec![0; parts],
+            weight_versions: vec![String::new(); parts],
+            faults: failed
+                .iter()
+                .map(|(_, f)| f.chars().take(MAX_FAULT).collect())
+                .collect(),
+        });
+    }
+
     /// Notes an event the consumer got.
     pub(super) fn observe(&mut self, event: &StreamEvent) {
         if !matches!(event, StreamEvent::Start { .. }) {

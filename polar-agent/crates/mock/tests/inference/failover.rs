@@ -1,12 +1,13 @@
 //! Failover inside a call, client against mock replicas: a fault before
-//! any output sends the request again; a cut or an abort after output
+//! any output (an error status before the reply too) sends the request
+//! again, and the call tells the replica that failed; a cut or an abort after output
 //! resumes the generation token-in on the other replica, and what the
 //! stream yields, with its token data, is what an unfaulted call yields.
 
 use polar_chat::output::OutputFormat;
 use polar_chat::{ChatResponse, StreamEvent};
 use polar_inference::*;
-use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
+use polar_mock::script::{Script, ScriptedCall, ScriptedError, SessionScript, Turn};
 use polar_mock::{self as mock, MockConfig, MockHandle, tokenizer};
 
 use super::{backend, drain, mock_with, request};
@@ -174,6 +175,40 @@ async fn the_parts_are_told() {
     assert_eq!(s.backend().replica, resumed.replicas[1]);
     for m in m {
         m.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn an_error_status_before_the_reply_is_sent_again_and_told() {
+    for (dialect, status) in [(Dialect::Vllm, 503), (Dialect::Sglang, 500)] {
+        let fault = Turn {
+            error: Some(ScriptedError {
+                status,
+                message: None,
+            }),
+            ..turn()
+        };
+        let m = replicas(dialect, &fault, 2).await;
+        let urls: Vec<String> = m.iter().map(MockHandle::url).collect();
+        let client = Client::new(with_parser(backend(dialect, urls.clone()))).unwrap();
+        let mut s = client.chat("s", &request(true)).await.unwrap();
+        let (events, err) = drain(&mut s).await;
+        assert!(err.is_none(), "{dialect:?}: {err:?}");
+        assert!(matches!(events.last(), Some(StreamEvent::Finish { .. })));
+        // The record tells the replica that failed: a part with no ids.
+        let resumed = s.resumed().unwrap();
+        assert_eq!(resumed.replicas.len(), 2, "{resumed:?}");
+        assert_ne!(resumed.replicas[0], resumed.replicas[1]);
+        assert_eq!(s.backend().replica, resumed.replicas[1]);
+        assert_eq!(resumed.part_tokens[0], 0);
+        assert_eq!(resumed.part_tokens[1] as usize, s.response_tokens().0.len());
+        assert!(
+            resumed.faults[0].contains(&status.to_string()),
+            "{resumed:?}"
+        );
+        for m in m {
+            m.stop().await;
+        }
     }
 }
 
