@@ -97,7 +97,9 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     let mut tokens = tokenizer::encode_with_spans(&full);
     let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));
     let truncated = tokens.len() > limit;
-    let streamed = (plan.abort_after.is_some() && truncated).then(|| template::parse_output(&full));
+    // (A forced call's cut generation is parsed as far as it got anyway.)
+    let streamed = (forced.is_none() && plan.abort_after.is_some() && truncated)
+        .then(|| template::parse_output(&full));
     tokens.truncate(limit);
     while let Some((_, span)) = tokens.last() {
         if full.is_char_boundary(span.end) {
