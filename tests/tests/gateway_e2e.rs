@@ -480,11 +480,7 @@ fn check_results(t: &TaskView, export: &Path) -> Result<Vec<String>> {
         ensure!(Path::new(uri).is_file(), "{uri} missing");
         ensure!(uri.starts_with(&export.display().to_string()), "{uri}");
         let jsonl = Path::new(uri).with_extension("jsonl");
-        let text = std::fs::read_to_string(&jsonl)?;
-        let rows: Vec<serde_json::Value> = text
-            .lines()
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()?;
+        let rows = jsonl_rows(&jsonl)?;
         ensure!(!rows.is_empty(), "{} is empty", jsonl.display());
         for r in &rows {
             ensure!(
@@ -890,8 +886,40 @@ async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
         bail!("{t:#?}");
     };
     ensure!(result.reward == Some(0.0), "{result:?}");
+    // A reward file that scores the main chain's traces apart: the sample's
+    // reward is the outcome, each main row carries the main chain's own.
+    f.submit_with(
+        "roles",
+        1,
+        0,
+        serde_json::json!({"kind": "command", "options": {
+            "command": "echo '{\"reward\": 1.0, \"trace_rewards\": {\"main\": 0.25, \"side\": 0}}' > $POLAR_REWARD_FILE",
+            "reward": "file",
+        }}),
+    )
+    .await?;
+    let t = f.wait_finished("roles", Duration::from_secs(240)).await?;
+    let SessionState::Done { result, .. } = &t.samples[0].state else {
+        bail!("{t:#?}");
+    };
+    ensure!(result.reward == Some(1.0), "{result:?}");
+    let uri = result.trajectory_uri.as_deref().context("no trajectory")?;
+    let rows = jsonl_rows(&Path::new(uri).with_extension("jsonl"))?;
+    ensure!(rows.iter().any(|r| r["chain_role"] == "main"), "{rows:?}");
+    for r in &rows {
+        let want = if r["chain_role"] == "main" { 0.25 } else { 1.0 };
+        ensure!(r["reward"] == want, "{r}");
+    }
     f.stop_gateways()?;
     Ok(())
+}
+
+/// The rows of a JSONL export file.
+fn jsonl_rows(path: &Path) -> Result<Vec<serde_json::Value>> {
+    Ok(std::fs::read_to_string(path)?
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?)
 }
 
 /// The rollout server here has no policy, so these reach the node, which

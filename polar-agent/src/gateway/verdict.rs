@@ -210,6 +210,7 @@ mod tests {
             usable,
             detail: serde_json::Value::Null,
             error: error.map(str::to_owned),
+            role_rewards: Default::default(),
         }
     }
 

@@ -491,6 +491,16 @@ impl HarnessWork {
         if let Some(r) = evaluation.and_then(|e| e.reward) {
             fields.insert("reward".into(), r.into());
         }
+        if let Some(rewards) = evaluation
+            .and_then(rewards_of)
+            .filter(|r| matches!(r, Rewards::ByRole { .. }))
+        {
+            // `polar export` of the session applies them as the node did.
+            fields.insert(
+                "rewards".into(),
+                serde_json::to_value(rewards).map_err(|e| e.to_string())?,
+            );
+        }
         if let Some(e) = evaluation {
             fields.insert("evaluation".into(), e.detail.clone());
         }
@@ -534,7 +544,7 @@ impl HarnessWork {
                 .sum(),
             calls: log.records.len() as u64,
         };
-        let rewards = evaluation.and_then(|e| e.reward).map(Rewards::Outcome);
+        let rewards = evaluation.and_then(rewards_of);
         let traj = polar_export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
             .map_err(|e| e.to_string())?;
         let files = self
@@ -544,6 +554,24 @@ impl HarnessWork {
             .map_err(|e| e.to_string())?;
         Ok((files.first().map(|f| f.location.clone()), tokens))
     }
+}
+
+/// The rewards an evaluation gives the trajectory: its outcome reward,
+/// with the rewards of the chain roles it scored apart (roles the
+/// evaluator checked are the export's `chain_role` names).
+fn rewards_of(e: &Evaluation) -> Option<Rewards> {
+    let outcome = e.reward?;
+    if e.role_rewards.is_empty() {
+        return Some(Rewards::Outcome(outcome));
+    }
+    let roles = e
+        .role_rewards
+        .iter()
+        .filter_map(|(role, r)| {
+            Some((serde_json::from_value(Value::from(role.as_str())).ok()?, *r))
+        })
+        .collect();
+    Some(Rewards::ByRole { outcome, roles })
 }
 
 impl HarnessWork {
@@ -557,12 +585,7 @@ impl HarnessWork {
         facts: &SessionFacts,
         inputs: &JudgeInputs<'_>,
     ) -> Evaluation {
-        let failed = |error: String| Evaluation {
-            reward: None,
-            usable: false,
-            detail: Value::Null,
-            error: Some(error),
-        };
+        let failed = |error: String| Evaluation::failed(error, Value::Null);
         let fresh = match prepare(&self.parts, &self.redirect, run, &job.stop).await {
             Ok(p) => p,
             Err(e) => return failed(format!("the fresh sandbox did not open: {}", chain(&e))),

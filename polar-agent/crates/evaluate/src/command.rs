@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 
 use super::options::{RawRun, RunOptions, parse_raw, relative_path, tail};
 use super::workspace;
-use super::{CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts};
+use super::{CHAIN_ROLES, CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts};
 
 /// The reward file when `reward = "file"` names none.
 pub const DEFAULT_REWARD_FILE: &str = ".polar/reward";
@@ -136,9 +136,12 @@ impl CommandEvaluator {
         let read =
             workspace::blocking(move || workspace::read(&workspace, &path, MAX_REWARD_FILE)).await;
         match read.and_then(|bytes| parse_reward(&bytes)) {
-            Ok((reward, fields)) => {
-                detail["file"] = Value::Object(fields);
-                Evaluation::scored(facts, reward, detail)
+            Ok(file) => {
+                detail["file"] = Value::Object(file.fields);
+                Evaluation {
+                    role_rewards: file.roles,
+                    ..Evaluation::scored(facts, file.reward, detail)
+                }
             }
             Err(e) => Evaluation::failed(
                 format!("reward file {e} (the command exited with {code})"),
@@ -181,9 +184,22 @@ impl CommandEvaluator {
     }
 }
 
+/// What a reward file says.
+#[derive(Debug, PartialEq)]
+pub(super) struct RewardFile {
+    /// The reward.
+    reward: f64,
+    /// Its other fields (for the detail).
+    fields: Map<String, Value>,
+    /// The rewards of the traces of these chain roles.
+    roles: BTreeMap<String, f64>,
+}
+
 /// A reward file's content: a number, or a JSON object with a numeric
-/// `reward` (its other fields returned).
-pub(super) fn parse_reward(bytes: &[u8]) -> Result<(f64, Map<String, Value>), String> {
+/// `reward` (its other fields returned) and optionally `trace_rewards`, an
+/// object giving the traces of some chain roles (`main`, `sub_agent`,
+/// `side`) a reward of their own.
+pub(super) fn parse_reward(bytes: &[u8]) -> Result<RewardFile, String> {
     let text = std::str::from_utf8(bytes)
         .map_err(|_| "is not UTF-8".to_owned())?
         .trim();
@@ -198,7 +214,11 @@ pub(super) fn parse_reward(bytes: &[u8]) -> Result<(f64, Map<String, Value>), St
         }
     };
     if let Ok(x) = text.parse::<f64>() {
-        return finite(x).map(|x| (x, Map::new()));
+        return finite(x).map(|reward| RewardFile {
+            reward,
+            fields: Map::new(),
+            roles: BTreeMap::new(),
+        });
     }
     let garbled = || {
         format!(
@@ -208,10 +228,39 @@ pub(super) fn parse_reward(bytes: &[u8]) -> Result<(f64, Map<String, Value>), St
     };
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(mut fields)) => {
-            match fields.remove("reward").as_ref().and_then(Value::as_f64) {
-                Some(x) => finite(x).map(|x| (x, fields)),
-                None => Err(garbled()),
-            }
+            let reward = match fields.remove("reward").as_ref().and_then(Value::as_f64) {
+                Some(x) => finite(x)?,
+                None => return Err(garbled()),
+            };
+            let roles = match fields.remove("trace_rewards") {
+                None => BTreeMap::new(),
+                Some(Value::Object(m)) => m
+                    .into_iter()
+                    .map(|(role, r)| {
+                        if !CHAIN_ROLES.contains(&role.as_str()) {
+                            return Err(format!(
+                                "names trace role {:?} in trace_rewards: one of {}",
+                                tail(&role, 40),
+                                CHAIN_ROLES.join(", ")
+                            ));
+                        }
+                        let x = r.as_f64().ok_or_else(|| {
+                            format!("holds a trace reward for {role} that is not a number")
+                        })?;
+                        Ok((role, finite(x)?))
+                    })
+                    .collect::<Result<_, String>>()?,
+                Some(_) => {
+                    return Err(
+                        "holds trace_rewards that is not an object of role: reward".to_owned()
+                    );
+                }
+            };
+            Ok(RewardFile {
+                reward,
+                fields,
+                roles,
+            })
         }
         _ => Err(garbled()),
     }
@@ -241,12 +290,21 @@ mod tests {
 
     #[test]
     fn reward_files_hold_a_number_or_an_object() {
-        assert_eq!(parse_reward(b" 0.25\n").unwrap().0, 0.25);
-        assert_eq!(parse_reward(b"1").unwrap().0, 1.0);
-        let (r, fields) = parse_reward(br#"{"reward": 0.5, "passed": 3, "note": "ok"}"#).unwrap();
-        assert_eq!(r, 0.5);
-        assert_eq!(fields.get("passed"), Some(&json!(3)));
-        assert!(!fields.contains_key("reward"));
+        assert_eq!(parse_reward(b" 0.25\n").unwrap().reward, 0.25);
+        assert_eq!(parse_reward(b"1").unwrap().reward, 1.0);
+        let f = parse_reward(br#"{"reward": 0.5, "passed": 3, "note": "ok"}"#).unwrap();
+        assert_eq!(f.reward, 0.5);
+        assert_eq!(f.fields.get("passed"), Some(&json!(3)));
+        assert!(!f.fields.contains_key("reward"));
+        assert!(f.roles.is_empty());
+        let f = parse_reward(br#"{"reward": 1, "trace_rewards": {"sub_agent": 0.25, "side": 0}}"#)
+            .unwrap();
+        assert_eq!(f.reward, 1.0);
+        assert!(f.fields.is_empty());
+        assert_eq!(
+            f.roles,
+            BTreeMap::from([("side".to_owned(), 0.0), ("sub_agent".to_owned(), 0.25)])
+        );
     }
 
     #[test]
@@ -260,6 +318,15 @@ mod tests {
             (b"yes", "expected a number"),
             (br#"{"score": 1}"#, "expected a number"),
             (br#"{"reward": "1"}"#, "expected a number"),
+            (
+                br#"{"reward": 1, "trace_rewards": {"helper": 1}}"#,
+                "trace role \"helper\"",
+            ),
+            (
+                br#"{"reward": 1, "trace_rewards": {"side": "1"}}"#,
+                "not a number",
+            ),
+            (br#"{"reward": 1, "trace_rewards": [1]}"#, "not an object"),
             (b"[1]", "expected a number"),
             (b"\xff\xfe", "not UTF-8"),
         ] {

@@ -15,6 +15,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet};
+
 use serde_json::{Map, Value, json};
 
 use super::judge::JudgeInputs;
@@ -108,10 +110,14 @@ impl Composite {
         let mut total = 0.0;
         let mut usable = true;
         let mut missing = Vec::new();
+        let mut parts = Vec::new();
         for (i, (e, w)) in self.parts.iter().enumerate() {
             let r = part(e, facts, runner, judge).await;
             match r.reward {
-                Some(x) => sum += w * x,
+                Some(x) => {
+                    sum += w * x;
+                    parts.push((*w, x, r.role_rewards.clone()));
+                }
                 None => missing.push(format!(
                     "evaluators[{i}] ({}): {}",
                     e.kind(),
@@ -141,8 +147,25 @@ impl Composite {
             usable: usable && facts.ran_to_end(),
             detail,
             error: None,
+            role_rewards: role_rewards(&parts, total),
         }
     }
+}
+
+/// The weighted rewards of the roles any part scored apart: each part
+/// counts with its reward for the role, else its outcome reward.
+fn role_rewards(parts: &[(f64, f64, BTreeMap<String, f64>)], total: f64) -> BTreeMap<String, f64> {
+    let roles: BTreeSet<&String> = parts.iter().flat_map(|(_, _, r)| r.keys()).collect();
+    roles
+        .into_iter()
+        .map(|role| {
+            let sum: f64 = parts
+                .iter()
+                .map(|(w, outcome, r)| w * r.get(role).copied().unwrap_or(*outcome))
+                .sum();
+            (role.clone(), sum / total)
+        })
+        .collect()
 }
 
 /// One part's evaluation, boxed: a composite's future holds its parts'.
@@ -153,4 +176,24 @@ fn part<'a>(
     judge: Option<&'a JudgeInputs<'a>>,
 ) -> Pin<Box<dyn Future<Output = Evaluation> + Send + 'a>> {
     Box::pin(e.evaluate_with(facts, runner, judge))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A part that scored a role apart counts with that reward for it; the
+    /// others with their outcome.
+    #[test]
+    fn role_rewards_are_weighted_like_the_outcome() {
+        let parts = [
+            (3.0, 1.0, BTreeMap::from([("main".to_owned(), 0.5)])),
+            (1.0, 0.0, BTreeMap::new()),
+        ];
+        assert_eq!(
+            role_rewards(&parts, 4.0),
+            BTreeMap::from([("main".to_owned(), 1.5 / 4.0)])
+        );
+        assert!(role_rewards(&parts[1..], 1.0).is_empty());
+    }
 }

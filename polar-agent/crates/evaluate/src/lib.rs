@@ -120,6 +120,7 @@ mod workspace;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -203,7 +204,15 @@ pub struct Evaluation {
     /// Why the session could not be evaluated, or why it scored as it did
     /// without evidence (a timeout, a patch that does not apply).
     pub error: Option<String>,
+    /// The rewards of the traces of some chain roles (`main`, `sub_agent`,
+    /// `side`), when the evaluator scored them apart (a reward file's
+    /// `trace_rewards`); the traces of the other roles get `reward`.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub role_rewards: BTreeMap<String, f64>,
 }
+
+/// The chain roles a trace reward may name (the export's `chain_role`).
+pub const CHAIN_ROLES: [&str; 3] = ["main", "sub_agent", "side"];
 
 impl Evaluation {
     /// A reward; usable when the harness ran to its end.
@@ -213,6 +222,7 @@ impl Evaluation {
             usable: facts.ran_to_end(),
             detail,
             error: None,
+            role_rewards: BTreeMap::new(),
         }
     }
 
@@ -226,12 +236,13 @@ impl Evaluation {
     }
 
     /// No reward: the session could not be evaluated.
-    fn failed(error: String, detail: Value) -> Self {
+    pub fn failed(error: String, detail: Value) -> Self {
         Self {
             reward: None,
             usable: false,
             detail,
             error: Some(error),
+            role_rewards: BTreeMap::new(),
         }
     }
 }

@@ -3,15 +3,21 @@
 //! `session_failed`, and `infra_fault` or `evaluator_fault` when the
 //! backend, Polar or the evaluator ended it), the GRPO group, the policy
 //! versions the records ran under and the weight versions the backend
-//! reported, and rewards (one outcome reward copied to every trace, or
-//! one reward per trace).
+//! reported, and rewards (one outcome reward copied to every trace, one
+//! reward per trace, or an outcome reward with rewards for the traces of
+//! some chain roles, as an evaluator that scores a sub-agent's or a side
+//! call's work apart gives them).
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use polar_record::CompletionRecord;
 
 use super::trace_buf::{call_policy_version, push_distinct};
-use super::types::{EndedBy, Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus};
+use super::types::{
+    ChainRole, EndedBy, Label, SessionMeta, SessionOutcome, Trajectory, TrajectoryStatus,
+};
 
 /// Rewards to apply.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -22,6 +28,15 @@ pub enum Rewards {
     Outcome(f64),
     /// One reward per trace, in the order of `Trajectory::traces`.
     PerTrace(Vec<f64>),
+    /// The session's outcome reward (the trajectory's, and every trace's
+    /// whose role `roles` does not name) and the reward of every trace of
+    /// each role named.
+    ByRole {
+        /// The outcome reward.
+        outcome: f64,
+        /// The rewards of the traces of these roles.
+        roles: BTreeMap<ChainRole, f64>,
+    },
 }
 
 /// Why rewards could not be applied.
@@ -75,6 +90,21 @@ pub fn apply_rewards(traj: &mut Trajectory, rewards: &Rewards) -> Result<(), Rew
             }
             for (t, r) in traj.traces.iter_mut().zip(rs) {
                 t.reward = Some(*r);
+            }
+        }
+        Rewards::ByRole { outcome, roles } => {
+            if let Some(value) = std::iter::once(outcome)
+                .chain(roles.values())
+                .find(|r| !r.is_finite())
+            {
+                return Err(RewardError::NotFinite {
+                    index: None,
+                    value: *value,
+                });
+            }
+            traj.metadata.reward = Some(*outcome);
+            for t in &mut traj.traces {
+                t.reward = Some(roles.get(&t.role).copied().unwrap_or(*outcome));
             }
         }
     }

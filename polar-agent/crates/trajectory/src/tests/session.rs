@@ -2,8 +2,8 @@
 
 use super::kit::{Convo, Render, Sim, Turn, meta};
 use crate::{
-    Builder, EndedBy, Label, RewardError, Rewards, SCHEMA_VERSION, SessionOutcome, Trajectory,
-    TrajectoryStatus, apply_rewards, build, check,
+    Builder, ChainRole, EndedBy, Label, RewardError, Rewards, SCHEMA_VERSION, SessionOutcome,
+    Trajectory, TrajectoryStatus, apply_rewards, build, check,
 };
 
 fn two_chains() -> Sim {
@@ -63,6 +63,27 @@ fn completed_session_metadata_and_outcome_reward() {
     );
     let rewards: Vec<_> = traj.traces.iter().map(|t| t.reward).collect();
     assert_eq!(rewards, [Some(0.5), Some(-1.0)]);
+
+    // The outcome for the main chain, the sub-agent's own for its trace.
+    let by_role = Rewards::ByRole {
+        outcome: 1.0,
+        roles: [(ChainRole::SubAgent, 0.25), (ChainRole::Side, 0.0)].into(),
+    };
+    assert_eq!(apply_rewards(&mut traj, &by_role), Ok(()));
+    let rewards: Vec<_> = traj.traces.iter().map(|t| (t.role, t.reward)).collect();
+    assert_eq!(
+        rewards,
+        [
+            (ChainRole::Main, Some(1.0)),
+            (ChainRole::SubAgent, Some(0.25))
+        ]
+    );
+    assert_eq!(traj.metadata.reward, Some(1.0));
+    // As the gateway writes it in session.json.
+    assert_eq!(
+        serde_json::to_value(&by_role).unwrap(),
+        serde_json::json!({"kind": "by_role", "value": {"outcome": 1.0, "roles": {"sub_agent": 0.25, "side": 0.0}}})
+    );
 }
 
 #[test]
@@ -84,6 +105,14 @@ fn bad_rewards_change_nothing() {
     assert!(matches!(
         apply_rewards(&mut traj, &Rewards::PerTrace(vec![0.0, f64::INFINITY])),
         Err(RewardError::NotFinite { index: Some(1), .. })
+    ));
+    let by_role = Rewards::ByRole {
+        outcome: 1.0,
+        roles: [(ChainRole::Side, f64::NAN)].into(),
+    };
+    assert!(matches!(
+        apply_rewards(&mut traj, &by_role),
+        Err(RewardError::NotFinite { index: None, .. })
     ));
     assert_eq!(traj, before);
 }
