@@ -85,6 +85,31 @@ fn ids(v: &Value) -> Vec<u32> {
         .collect()
 }
 
+/// The text a streamed chat reply of `body` carries at `pointer` of its
+/// chunks' first delta, joined.
+async fn streamed(m: &MockHandle, body: &Value, pointer: &str) -> String {
+    let (_, _, bytes) = request(
+        Method::POST,
+        &format!("{}/v1/chat/completions", m.url()),
+        Some(body),
+        &[],
+    )
+    .await;
+    std::str::from_utf8(&bytes)
+        .unwrap()
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["delta"]
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
 /// A whole chat reply of `dialect` (with tools: the built-in policy's call).
 async fn whole(dialect: Dialect, with_tools: bool) -> Value {
     let m = mock(dialect).await;
@@ -520,25 +545,7 @@ async fn response_format_makes_the_reply_schema_valid_json() {
     b["stream"] = json!(true);
     b["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "t",
         "schema": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]}}});
-    let (_, _, bytes) = request(
-        Method::POST,
-        &format!("{}/v1/chat/completions", m.url()),
-        Some(&b),
-        &[],
-    )
-    .await;
-    let text: String = std::str::from_utf8(&bytes)
-        .unwrap()
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .filter_map(|d| {
-            let v: Value = serde_json::from_str(d).unwrap();
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_owned)
-        })
-        .collect();
+    let text = streamed(&m, &b, "/content").await;
     assert_eq!(text, "{\"title\":\"polar title\"}");
     m.stop().await;
 }
@@ -657,26 +664,8 @@ async fn forced_tool_calls_are_generated_as_constrained_json() {
             o.remove("return_prompt_token_ids");
             o.remove("return_meta_info");
         }
-        let (_, _, bytes) = request(
-            Method::POST,
-            &format!("{}/v1/chat/completions", m.url()),
-            Some(&b),
-            &[],
-        )
-        .await;
-        let streamed: String = std::str::from_utf8(&bytes)
-            .unwrap()
-            .split("\n\n")
-            .filter_map(|e| e.strip_prefix("data: "))
-            .filter(|d| *d != "[DONE]")
-            .filter_map(|d| {
-                let v: Value = serde_json::from_str(d).unwrap();
-                v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
-                    .as_str()
-                    .map(str::to_owned)
-            })
-            .collect();
-        assert_eq!(streamed, args, "{dialect:?} {choice}");
+        let text = streamed(&m, &b, "/tool_calls/0/function/arguments").await;
+        assert_eq!(text, args, "{dialect:?} {choice}");
         m.stop().await;
     }
 }

@@ -95,6 +95,42 @@ async fn next_calls(stream: &mut EventStream) -> (u32, Vec<Value>) {
         .expect("a calls event within 10 s")
 }
 
+/// A server, its client and event stream, and a node with [`Calling`]
+/// work running task `live`'s one session.
+struct Live {
+    _env: Env,
+    server: RolloutServer,
+    c: RolloutClient,
+    stream: EventStream,
+    work: Calling,
+    node: Node<Calling>,
+}
+
+/// [`Live`], once the session runs.
+async fn running(progress: Progress) -> Live {
+    let env = env();
+    let server = start(&env.cfg).await;
+    let c = client(&server);
+    let stream = EventStream::connect(&server.url(), TOKEN, "task_id=live")
+        .await
+        .unwrap();
+    let work = Calling::default();
+    let node = node_a_reporting(&server, work.clone(), progress).await;
+    c.submit(&task("live", 1)).await.unwrap();
+    task_until(&c, "live", "running", Duration::from_secs(10), |v| {
+        v.counts.running == 1
+    })
+    .await;
+    Live {
+        _env: env,
+        server,
+        c,
+        stream,
+        work,
+        node,
+    }
+}
+
 async fn sample(c: &RolloutClient) -> Value {
     let (code, body) = c
         .raw(Method::GET, "/v1/tasks/live/samples/0", None)
@@ -106,19 +142,14 @@ async fn sample(c: &RolloutClient) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_session_s_calls_are_published_and_shown_until_its_result() {
-    let e = env();
-    let server = start(&e.cfg).await;
-    let c = client(&server);
-    let mut stream = EventStream::connect(&server.url(), TOKEN, "task_id=live")
-        .await
-        .unwrap();
-    let work = Calling::default();
-    let node = node_a_reporting(&server, work.clone(), Progress::All).await;
-    c.submit(&task("live", 1)).await.unwrap();
-    task_until(&c, "live", "running", Duration::from_secs(10), |v| {
-        v.counts.running == 1
-    })
-    .await;
+    let Live {
+        _env,
+        server,
+        c,
+        mut stream,
+        work,
+        node,
+    } = running(Progress::All).await;
 
     // Two calls end: one report with both.
     work.calls.lock().unwrap().extend([call(0), call(1)]);
@@ -198,19 +229,14 @@ async fn a_running_session_s_calls_are_published_and_shown_until_its_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_reports_at_most_the_bound_of_a_session_s_calls() {
-    let e = env();
-    let server = start(&e.cfg).await;
-    let c = client(&server);
-    let mut stream = EventStream::connect(&server.url(), TOKEN, "task_id=live")
-        .await
-        .unwrap();
-    let work = Calling::default();
-    let node = node_a_reporting(&server, work.clone(), Progress::Running).await;
-    c.submit(&task("live", 1)).await.unwrap();
-    task_until(&c, "live", "running", Duration::from_secs(10), |v| {
-        v.counts.running == 1
-    })
-    .await;
+    let Live {
+        _env,
+        server,
+        c,
+        mut stream,
+        work,
+        node,
+    } = running(Progress::Running).await;
     let n = MAX_LIVE_CALLS as u64 + 40;
     work.calls.lock().unwrap().extend((0..n).map(call));
     let (_, calls) = next_calls(&mut stream).await;
