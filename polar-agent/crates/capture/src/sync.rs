@@ -2,12 +2,13 @@
 //! durable ([`GroupCommit`]), shared by every session of a store, over the
 //! node-wide journal ([`super::journal`]).
 //!
-//! A call's line is written by its own task to its session's log and then
-//! to the journal (see [`super::log::LogFile`]); the task then registers
-//! the journal position after its frame and waits, without holding a
-//! thread, until a sync of the journal that began after its write has
-//! returned. The thread takes every registration pending at once, syncs
-//! the journal once, answers them, and starts over: the calls that end
+//! A call's line is written by its own task to its session's log and its
+//! frame buffered for the journal (see [`super::log::LogFile`]); the task
+//! then registers the journal position after its frame and waits, without
+//! holding a thread, until the thread has written and synced it. The
+//! thread takes every registration pending at once, writes the buffered
+//! frames with one `write`, syncs the journal once, answers them, and
+//! starts over: the calls that end
 //! while a round runs share the next round's sync, whatever their session
 //! (one `fdatasync` per round, not one per session's file).
 //!
@@ -50,6 +51,8 @@ struct State {
     pending: Vec<Waiter>,
     /// Logs of ended sessions, to sync.
     retire: Vec<u64>,
+    /// The journal's buffer is past `FLUSH_BYTES`: write it.
+    flush: bool,
     closed: bool,
     /// Tests: stop at once, as the agent's process would on a power loss.
     #[cfg(test)]
@@ -127,7 +130,13 @@ impl GroupCommit {
         prefix: &[u8],
         line: &[u8],
     ) -> io::Result<u64> {
-        self.0.0.journal.append(log_id, log, prefix, line)
+        let shared = &self.0.0;
+        let (pos, full) = shared.journal.append(log_id, log, prefix, line)?;
+        if full {
+            lock(&shared.state).flush = true;
+            shared.wake.notify_one();
+        }
+        Ok(pos)
     }
 
     /// Registers journal position `pos` (already written); the answer
@@ -180,7 +189,11 @@ fn run(shared: &Shared) {
     loop {
         let closed = {
             let mut state = lock(&shared.state);
-            while state.pending.is_empty() && state.retire.is_empty() && !state.closed {
+            while state.pending.is_empty()
+                && state.retire.is_empty()
+                && !state.flush
+                && !state.closed
+            {
                 #[cfg(test)]
                 if state.crash {
                     break;
@@ -198,9 +211,11 @@ fn run(shared: &Shared) {
             }
             std::mem::swap(&mut round, &mut state.pending);
             std::mem::swap(&mut retire, &mut state.retire);
-            state.closed && round.is_empty()
+            let flush = std::mem::take(&mut state.flush);
+            (state.closed && round.is_empty(), flush)
         };
-        if !round.is_empty() {
+        let (closed, flush) = closed;
+        if !round.is_empty() || flush {
             sync_round(shared, &mut round);
         }
         if !retire.is_empty() {
