@@ -357,7 +357,7 @@ impl LogFile {
     }
 
     /// Appends one encoded line (ending with its newline) with a single
-    /// write, then its frame to the journal (when there is one); it is not
+    /// write, then buffers its frame for the journal (when there is one); it is not
     /// durable before [`LogFile::durable`] says so. After a write that
     /// failed part way, the next line starts with a newline, so only the
     /// broken line is lost. Blocking.
