@@ -228,12 +228,20 @@ fn stage_work() {
         response_logprobs: Some((0..200).map(|i| -0.01 * i as f32).collect()),
     };
     let dir = tempfile::tempdir().unwrap();
-    // `process` durability (written, not synced), and `power` (synced by
-    // the syncing thread, alone here).
-    let commit = GroupCommit::start().unwrap();
+    // `process` durability (written, not synced), and `power` (the line
+    // journaled too, the journal synced by the syncing thread, alone here).
+    let commit = GroupCommit::start(
+        &dir.path().join(polar_capture::JOURNAL_DIR),
+        polar_capture::DEFAULT_JOURNAL_BYTES,
+    )
+    .unwrap();
     let nosync = Arc::new(LogFile::open(&dir.path().join("a.jsonl"), None).unwrap().0);
+    let journaled = polar_capture::log::Journaled {
+        commit,
+        session: "bench".parse().unwrap(),
+    };
     let sync = Arc::new(
-        LogFile::open(&dir.path().join("b.jsonl"), Some(commit))
+        LogFile::open(&dir.path().join("b.jsonl"), Some(journaled))
             .unwrap()
             .0,
     );

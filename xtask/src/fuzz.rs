@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd::{Cmd, workspace_root};
 use crate::setup;
 
-/// Seconds each target runs in `cargo xtask test` (14 targets: under three
+/// Seconds each target runs in `cargo xtask test` (15 targets: about three
 /// minutes with the build, on two cores).
 pub const TEST_SECS: u64 = 8;
 

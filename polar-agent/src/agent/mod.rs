@@ -58,6 +58,9 @@ pub enum AgentError {
     /// The pipeline could not be set up.
     #[error(transparent)]
     Pipeline(#[from] CaptureError),
+    /// The capture journal could not be replayed into the session logs.
+    #[error("replaying the capture journal: {0}")]
+    CaptureJournal(#[from] polar_capture::LogError),
     /// The state directory is unsafe to use.
     #[error(transparent)]
     StateDir(#[from] StateDirError),
@@ -183,11 +186,23 @@ impl AgentParts {
     pub fn build(config: Config) -> Result<Self, AgentError> {
         let tasks = Tasks::new();
         let registry = Arc::new(SessionRegistry::new());
-        let store = Arc::new(CaptureStore::new(
+        // Before anything reads the logs: what a crash or a power loss
+        // took from them is put back from the journal (in a state
+        // directory found safe to use).
+        check_state_dir(&config.agent.state_dir)?;
+        let (store, replayed) = CaptureStore::open(
             &config.agent.state_dir,
             config.agent.capture_durability,
+            config.agent.capture_journal_bytes,
             Arc::clone(&registry),
-        ));
+        )?;
+        if replayed.restored > 0 {
+            tracing::warn!(
+                lines = replayed.restored,
+                "capture logs: lines lost by a crash or a power loss restored from the journal"
+            );
+        }
+        let store = Arc::new(store);
         let capture = Arc::new(Capture::from_config(&config, store, tasks.clone())?);
         let pipeline: Arc<dyn ModelPipeline> = Arc::clone(&capture) as Arc<dyn ModelPipeline>;
         let mut parts = Self::with_pipeline(config, pipeline)?;

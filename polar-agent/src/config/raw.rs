@@ -58,6 +58,8 @@ pub struct RawAgent {
     pub log_format: Option<LogFormat>,
     /// `capture_durability`: `power` or `process`.
     pub capture_durability: Option<polar_capture::Durability>,
+    /// `capture_journal_bytes`: the capture journal's segment size.
+    pub capture_journal_bytes: Option<u64>,
 }
 
 /// `[sandbox]`.

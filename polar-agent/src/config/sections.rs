@@ -33,6 +33,9 @@ pub struct AgentConfig {
     /// What a captured call's record survives once the harness may see its
     /// reply complete.
     pub capture_durability: polar_capture::Durability,
+    /// `power` mode: the size at which the capture journal's segment is
+    /// rotated (its session logs synced, the segment removed).
+    pub capture_journal_bytes: u64,
 }
 
 impl Default for AgentConfig {
@@ -41,6 +44,7 @@ impl Default for AgentConfig {
             state_dir: PathBuf::from(defaults::STATE_DIR),
             log_format: LogFormat::default(),
             capture_durability: polar_capture::Durability::default(),
+            capture_journal_bytes: polar_capture::DEFAULT_JOURNAL_BYTES,
         }
     }
 }
@@ -253,10 +257,19 @@ pub(crate) fn validate_agent(raw: &RawAgent) -> Result<AgentConfig, ConfigError>
             check_state_dir(dir).map_err(|why| ConfigError::invalid(key.key("state_dir"), why))?
         }
     };
+    let capture_journal_bytes = in_range(
+        &key.key("capture_journal_bytes"),
+        raw.capture_journal_bytes
+            .unwrap_or(polar_capture::DEFAULT_JOURNAL_BYTES),
+        1 << 20,
+        1 << 36,
+        " bytes",
+    )?;
     Ok(AgentConfig {
         state_dir,
         log_format: raw.log_format.unwrap_or_default(),
         capture_durability: raw.capture_durability.unwrap_or_default(),
+        capture_journal_bytes,
     })
 }
 
@@ -499,6 +512,7 @@ mod tests {
                 state_dir: Some(bad.into()),
                 log_format: None,
                 capture_durability: None,
+                capture_journal_bytes: None,
             };
             assert!(
                 message(validate_agent(&raw)).starts_with("agent.state_dir: "),
@@ -509,12 +523,19 @@ mod tests {
             state_dir: Some("/srv//polar/./state/".into()),
             log_format: Some(LogFormat::Json),
             capture_durability: Some(polar_capture::Durability::Process),
+            capture_journal_bytes: Some(8 << 20),
         };
         let Ok(agent) = validate_agent(&raw) else {
             panic!("valid");
         };
         assert_eq!(agent.state_dir, PathBuf::from("/srv/polar/state"));
         assert_eq!(agent.capture_durability, polar_capture::Durability::Process);
+        assert_eq!(agent.capture_journal_bytes, 8 << 20);
+        let small = RawAgent {
+            capture_journal_bytes: Some(4096),
+            ..raw
+        };
+        assert!(message(validate_agent(&small)).starts_with("agent.capture_journal_bytes: "));
     }
 
     #[test]

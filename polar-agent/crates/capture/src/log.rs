@@ -20,13 +20,18 @@
 //! written with one `write` call. A call's whole record or completion is
 //! then made durable per the store's [`Durability`] before the caller may
 //! send the last byte of the reply: with [`Durability::Power`] (the
-//! default) a `fdatasync` begun after the write has returned (group commit,
-//! [`super::sync`]: the calls that end together share their syncs), so a
-//! power loss loses at most the calls in flight, whose replies the harness
-//! never saw complete; with [`Durability::Process`] the write alone (in the
-//! kernel's page cache: the agent's crash or SIGKILL loses nothing the
-//! harness saw complete, a power loss may). A request part is only written:
-//! the sync of its call's completion, later in the same file, covers it.
+//! default) the line is also appended, as a frame naming the log and the
+//! line's offset, to the node-wide journal ([`super::journal`]), and the
+//! caller waits for a `fdatasync` of the journal begun after that write
+//! (group commit, [`super::sync`]: one sync per round, however many
+//! sessions end together); the log itself is synced off the calls' path,
+//! and the start-up replay ([`super::replay`]) restores from the journal
+//! what a power loss took from it. So a power loss loses at most the calls
+//! in flight, whose replies the harness never saw complete. With
+//! [`Durability::Process`] the write alone (in the kernel's page cache:
+//! the agent's crash or SIGKILL loses nothing the harness saw complete, a
+//! power loss may). A request part is only written (and journaled): the
+//! sync of its call's completion, later in the journal, covers it.
 //!
 //! Reading ([`read_log`], [`parse_calls`], [`parse_log`]), streaming, for
 //! the agent and `polar export` alike: never panics; one record per whole
@@ -44,12 +49,15 @@
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::oneshot;
 
+use super::frame::{self, FileKey};
 use super::lines::{Joiner, LogLine, parse_line};
-use super::sync::{GroupCommit, SyncResult, WriteCount};
+use super::sync::{GroupCommit, SyncResult};
+use polar_ids::SessionId;
 use polar_record::CompletionRecord;
 
 /// Name of the record file inside a session directory.
@@ -254,32 +262,56 @@ pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, LogError> {
     Ok(line)
 }
 
-/// A line written to a [`LogFile`], to wait on with [`LogFile::durable`].
+/// A line written to a [`LogFile`], to wait on with [`LogFile::durable`]:
+/// the journal's position after its frame (0 without a journal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use = "a written line is not durable until `LogFile::durable` says so"]
 pub struct Written(pub(crate) u64);
+
+/// Numbers the open logs (the journal's list of logs to sync).
+static LOG_IDS: AtomicU64 = AtomicU64::new(1);
+
+/// A log's lines also go to the journal ([`Durability::Power`]).
+#[derive(Debug)]
+pub struct Journaled {
+    /// The syncing thread and its journal.
+    pub commit: GroupCommit,
+    /// The session whose log it is (the frames name it).
+    pub session: SessionId,
+}
+
+/// What the writer knows of the file, held while writing.
+#[derive(Debug)]
+struct WriteState {
+    /// The file's length: where the next line starts.
+    len: u64,
+    /// A write failed part way, leaving a line without its newline that
+    /// the next write must end first.
+    broken: bool,
+}
 
 /// An open log, appended to with one write per line; shared by the calls
 /// of a session (writes are serialized, syncs shared: [`super::sync`]).
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
-    pub(crate) file: File,
-    /// The syncing thread; `None`: lines are written, not synced
+    pub(crate) file: Arc<File>,
+    /// The journal; `None`: lines are written, not synced
     /// ([`Durability::Process`]).
-    commit: Option<GroupCommit>,
-    pub(crate) count: WriteCount,
-    /// Held while writing; true when a write failed part way, leaving a
-    /// line without its newline that the next write must end first.
-    writing: Mutex<bool>,
+    journal: Option<Journaled>,
+    /// The file's identity, as the journal's frames name it.
+    key: FileKey,
+    /// This open log's number.
+    id: u64,
+    writing: Mutex<WriteState>,
 }
 
 impl LogFile {
     /// Opens (creating) the log at `path` for appending, after cutting off a
-    /// torn last line; its lines are synced by `commit` when there is one.
+    /// torn last line; its lines also go to `journal` when there is one.
     /// Returns the file and the bytes it held before, for rebuilding state.
     /// Blocking.
-    pub fn open(path: &Path, commit: Option<GroupCommit>) -> Result<(Self, Vec<u8>), LogError> {
+    pub fn open(path: &Path, journal: Option<Journaled>) -> Result<(Self, Vec<u8>), LogError> {
         let mut file = OpenOptions::new()
             .create(true)
             .read(true)
@@ -307,43 +339,62 @@ impl LogFile {
         }
         file.seek(SeekFrom::End(0))
             .map_err(|e| LogError::io("seeking", path, e))?;
+        let key = FileKey::of(&file).map_err(|e| LogError::io("inspecting", path, e))?;
         Ok((
             Self {
                 path: path.to_owned(),
-                file,
-                commit,
-                count: WriteCount::default(),
-                writing: Mutex::new(false),
+                file: Arc::new(file),
+                journal,
+                key,
+                id: LOG_IDS.fetch_add(1, Ordering::Relaxed),
+                writing: Mutex::new(WriteState {
+                    len: bytes.len() as u64,
+                    broken: false,
+                }),
             },
             bytes,
         ))
     }
 
     /// Appends one encoded line (ending with its newline) with a single
-    /// write; it is not durable before [`LogFile::durable`] says so. After a
-    /// write that failed part way, the next line starts with a newline, so
-    /// only the broken line is lost. Blocking.
+    /// write, then buffers its frame for the journal (when there is one); it is not
+    /// durable before [`LogFile::durable`] says so. After a write that
+    /// failed part way, the next line starts with a newline, so only the
+    /// broken line is lost. Blocking.
     pub fn append_line(&self, line: &[u8]) -> Result<Written, LogError> {
-        let mut broken = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
         let mended;
-        let bytes = if *broken {
+        let bytes = if state.broken {
             mended = [b"\n".as_slice(), line].concat();
             &mended[..]
         } else {
             line
         };
-        if let Err(e) = (&self.file).write_all(bytes) {
-            *broken = true;
+        let offset = state.len;
+        if let Err(e) = (&*self.file).write_all(bytes) {
+            state.broken = true;
+            // Where the next line starts: after what did land.
+            state.len = self.file.metadata().map_or(offset, |m| m.len());
             return Err(LogError::io("appending to", &self.path, e));
         }
-        *broken = false;
-        Ok(Written(self.count.wrote()))
+        state.broken = false;
+        state.len = offset + bytes.len() as u64;
+        let Some(j) = &self.journal else {
+            return Ok(Written(0));
+        };
+        // Still under the log's lock: the journal's frames of a log follow
+        // its order.
+        let prefix = frame::encode_prefix(&j.session, self.key, offset, bytes);
+        j.commit
+            .append(self.id, &self.file, &prefix, bytes)
+            .map(Written)
+            .map_err(|e| LogError::io("appending to the capture journal for", &self.path, e))
     }
 
     /// Waits, without holding a thread, until `written` is as durable as
-    /// the log's [`Durability`] promises: covered by a sync that returned,
-    /// or written at all.
-    pub async fn durable(self: &Arc<Self>, written: Written) -> Result<(), LogError> {
+    /// the log's [`Durability`] promises: covered by a sync of the journal
+    /// that returned, or written at all.
+    pub async fn durable(&self, written: Written) -> Result<(), LogError> {
         match self.register(written) {
             None => Ok(()),
             Some(rx) => self.answer(rx.await),
@@ -351,18 +402,23 @@ impl LogFile {
     }
 
     /// [`LogFile::durable`] for a blocking thread.
-    pub fn durable_blocking(self: &Arc<Self>, written: Written) -> Result<(), LogError> {
+    pub fn durable_blocking(&self, written: Written) -> Result<(), LogError> {
         match self.register(written) {
             None => Ok(()),
             Some(rx) => self.answer(rx.blocking_recv()),
         }
     }
 
-    pub(crate) fn register(
-        self: &Arc<Self>,
-        written: Written,
-    ) -> Option<oneshot::Receiver<SyncResult>> {
-        self.commit.as_ref()?.register(Arc::clone(self), written.0)
+    pub(crate) fn register(&self, written: Written) -> Option<oneshot::Receiver<SyncResult>> {
+        self.journal.as_ref()?.commit.register(written.0)
+    }
+
+    /// Asks for the log to be synced off the calls' path (its session
+    /// ended): the journal then need not keep its lines.
+    pub fn retire(&self) {
+        if let Some(j) = &self.journal {
+            j.commit.retire(self.id);
+        }
     }
 
     fn answer(
@@ -372,7 +428,7 @@ impl LogFile {
         match answer {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(LogError::io(
-                "syncing",
+                "syncing the capture journal for",
                 &self.path,
                 std::io::Error::new(e.kind(), e.to_string()),
             )),

@@ -163,7 +163,14 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
     let registry = Arc::new(SessionRegistry::new());
     let s: SessionId = "s-1".parse().unwrap();
     registry.register(&s, SessionInfo::task("t-1"));
-    let store = CaptureStore::new(dir.path(), Durability::Power, Arc::clone(&registry));
+    let store = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        crate::DEFAULT_JOURNAL_BYTES,
+        Arc::clone(&registry),
+    )
+    .unwrap()
+    .0;
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 0);
     assert_eq!(log.next_seq(), 1);
@@ -202,7 +209,14 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
         .open(&calls)
         .unwrap();
     std::io::Write::write_all(&mut f, b"{\"torn").unwrap();
-    let store = CaptureStore::new(dir.path(), Durability::Power, registry);
+    let store = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        crate::DEFAULT_JOURNAL_BYTES,
+        registry,
+    )
+    .unwrap()
+    .0;
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 2);
     assert_eq!(log.conversation("resp_r0").unwrap(), conv);
@@ -221,7 +235,14 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     let dir = tempfile::tempdir().unwrap();
     let registry = Arc::new(SessionRegistry::new());
     let s: SessionId = "s-1".parse().unwrap();
-    let store = CaptureStore::new(dir.path(), Durability::Power, Arc::clone(&registry));
+    let store = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        crate::DEFAULT_JOURNAL_BYTES,
+        Arc::clone(&registry),
+    )
+    .unwrap()
+    .0;
     let log = store.session(&s).await.unwrap();
     let want = record(log.next_seq(), Api::OpenaiResponses, "first");
     let mut draft = Draft {
@@ -282,7 +303,14 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
 
     // A restart rebuilds the history from the joined record.
     drop(log);
-    let store = CaptureStore::new(dir.path(), Durability::Power, registry);
+    let store = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        crate::DEFAULT_JOURNAL_BYTES,
+        registry,
+    )
+    .unwrap()
+    .0;
     let log = store.session(&s).await.unwrap();
     assert_eq!(log.next_seq(), 1, "the unfinished call is not a record");
     assert_eq!(
@@ -300,11 +328,13 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
 #[tokio::test]
 async fn the_call_hook_sees_each_record_once_it_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let store = CaptureStore::new(
+    let (store, _) = CaptureStore::open(
         dir.path(),
         Durability::Process,
+        crate::DEFAULT_JOURNAL_BYTES,
         Arc::new(SessionRegistry::new()),
-    );
+    )
+    .unwrap();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let s2 = Arc::clone(&seen);
     let hook = crate::CallHook::new(move |session, record| {

@@ -3,8 +3,8 @@
 //! (vLLM sends the prompt token ids with it), [`RequestPartWrite::start`]
 //! spawns a task that waits for the requests' serialization
 //! ([`EarlyEncoding`]), serializes the prompt ids, and appends the part
-//! (one write, synced) on a blocking thread; the reply's events go on
-//! meanwhile. At the call's end [`RequestPartWrite::finish`] waits for the
+//! (one write, journaled in `power` mode, not synced) on a blocking
+//! thread; the reply's events go on meanwhile. At the call's end [`RequestPartWrite::finish`] waits for the
 //! task if it still runs and says whether only the completion is left to
 //! write, or the whole record (the part could not be written).
 
@@ -94,7 +94,7 @@ impl RequestPartWrite {
     }
 }
 
-/// Appends the part; `Ok(true)` once it is in the log (and synced),
+/// Appends the part; `Ok(true)` once it is in the log,
 /// `Ok(false)` when the requests were not serialized. Blocking.
 fn write_part(
     log: &SessionLog,

@@ -24,7 +24,9 @@ use tokio::sync::{OnceCell, oneshot};
 
 use super::build::now_ms;
 use super::encode::{RecordParts, encode_end};
-use super::log::{CALLS_FILE, Durability, LogError, LogFile, parse_log, sync_dir};
+use super::journal::JOURNAL_DIR;
+use super::log::{CALLS_FILE, Durability, Journaled, LogError, LogFile, parse_log, sync_dir};
+use super::replay::{Replayed, recover};
 use super::session::{SessionInfo, SessionRegistry};
 use super::stats::{CaptureStats, Tally};
 use super::sync::GroupCommit;
@@ -213,8 +215,12 @@ impl SessionLog {
 #[derive(Debug)]
 pub struct CaptureStore {
     root: PathBuf,
+    state_dir: PathBuf,
     durability: Durability,
-    /// The syncing thread ([`Durability::Power`]), started on first use.
+    /// Segment size of the journal (`agent.capture_journal_bytes`).
+    journal_bytes: u64,
+    /// The syncing thread and its journal ([`Durability::Power`]), started
+    /// on first use.
     commit: Mutex<Option<GroupCommit>>,
     registry: Arc<SessionRegistry>,
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
@@ -223,17 +229,29 @@ pub struct CaptureStore {
 }
 
 impl CaptureStore {
-    /// A store under `<state_dir>/sessions` (created on first use).
-    pub fn new(state_dir: &Path, durability: Durability, registry: Arc<SessionRegistry>) -> Self {
-        Self {
+    /// The store under `<state_dir>/sessions`, after replaying into the
+    /// logs what a journal left by an earlier run holds
+    /// ([`super::replay`]; in either mode: the earlier run may have used
+    /// the other). Blocking.
+    pub fn open(
+        state_dir: &Path,
+        durability: Durability,
+        journal_bytes: u64,
+        registry: Arc<SessionRegistry>,
+    ) -> Result<(Self, Replayed), LogError> {
+        let replayed = recover(state_dir)?;
+        let store = Self {
             root: state_dir.join(SESSIONS_DIR),
+            state_dir: state_dir.to_owned(),
             durability,
+            journal_bytes,
             commit: Mutex::new(None),
             registry,
             open: Mutex::new(HashMap::new()),
             stats: Arc::default(),
             hook: Arc::default(),
-        }
+        };
+        Ok((store, replayed))
     }
 
     /// Sets the hook that sees every session's records as their calls end
@@ -242,16 +260,21 @@ impl CaptureStore {
         self.hook.set(hook)
     }
 
-    /// A [`Durability::Power`] store whose logs are synced by `commit`.
+    /// A [`Durability::Power`] store whose journal (of segments of
+    /// `journal_bytes`) is synced with `sync`, and its syncing thread.
     #[cfg(test)]
-    pub(crate) fn with_commit(
+    pub(crate) fn with_sync(
         state_dir: &Path,
-        commit: GroupCommit,
+        journal_bytes: u64,
+        sync: super::journal::SyncFn,
         registry: Arc<SessionRegistry>,
-    ) -> Self {
-        let store = Self::new(state_dir, Durability::Power, registry);
-        *lock(&store.commit) = Some(commit);
-        store
+    ) -> (Self, GroupCommit) {
+        let (store, _) = Self::open(state_dir, Durability::Power, journal_bytes, registry)
+            .unwrap_or_else(|e| panic!("opening the store: {e}"));
+        let commit = GroupCommit::start_with(&store.journal_dir(), journal_bytes, sync)
+            .unwrap_or_else(|e| panic!("starting the syncing thread: {e}"));
+        *lock(&store.commit) = Some(commit.clone());
+        (store, commit)
     }
 
     /// What the store's records survive once their replies are released.
@@ -269,9 +292,14 @@ impl CaptureStore {
         if let Some(commit) = &*slot {
             return Ok(Some(commit.clone()));
         }
-        let commit = GroupCommit::start()?;
+        let commit = GroupCommit::start(&self.journal_dir(), self.journal_bytes)?;
         *slot = Some(commit.clone());
         Ok(Some(commit))
+    }
+
+    /// The journal's directory.
+    pub fn journal_dir(&self) -> PathBuf {
+        self.state_dir.join(JOURNAL_DIR)
     }
 
     /// Counters of the records appended since the store was made.
@@ -312,9 +340,14 @@ impl CaptureStore {
         .cloned()
     }
 
-    /// Closes `session`'s log (the next call reopens and rebuilds it).
+    /// Closes `session`'s log (the next call reopens and rebuilds it); in
+    /// [`Durability::Power`] the syncing thread syncs it, off the calls'
+    /// path, so the journal need not keep its lines.
     pub fn close(&self, session: &SessionId) {
-        lock(&self.open).remove(session);
+        let cell = lock(&self.open).remove(session);
+        if let Some(log) = cell.as_ref().and_then(|c| c.get()) {
+            log.file.retire();
+        }
     }
 }
 
@@ -330,7 +363,11 @@ fn open_session(
     std::fs::create_dir_all(&dir).map_err(|e| LogError::io("creating", &dir, e))?;
     write_session_file(&dir, &session, info)?;
     let path = dir.join(CALLS_FILE);
-    let (file, bytes) = LogFile::open(&path, commit)?;
+    let journal = commit.map(|commit| Journaled {
+        commit,
+        session: session.clone(),
+    });
+    let (file, bytes) = LogFile::open(&path, journal)?;
     sync_dir(&dir)?;
     if fresh {
         sync_dir(root)?;

@@ -1,82 +1,64 @@
 //! Group commit: the syncing thread that makes the capture logs' lines
-//! durable ([`GroupCommit`]), shared by every session of a store.
+//! durable ([`GroupCommit`]), shared by every session of a store, over the
+//! node-wide journal ([`super::journal`]).
 //!
-//! A call's line is written by its own task (one `write`, see
-//! [`super::log::LogFile`]); the task then registers with the syncing
-//! thread and waits, without holding a thread, until a `fdatasync` of its
-//! file that began after its write has returned. The thread takes every
-//! registration pending at once, syncs each file they name once, answers
-//! them, and starts over: the calls that end while a round runs share the
-//! next round's syncs, whatever their session. A sync covers every line
-//! written to its file before it began (each file counts its writes; a
-//! registration whose line an earlier sync already covered is answered
-//! without another). The files of one round are synced side by side, by
-//! up to 16 threads: the file system commits their journal entries
-//! together and the device flushes once for them (synced one after the
-//! other, each file paid a flush of its own: slower at 64 sessions than a
-//! sync per call on threads of their own).
+//! A call's line is written by its own task to its session's log and its
+//! frame buffered for the journal (see [`super::log::LogFile`]); the task
+//! then registers the journal position after its frame and waits, without
+//! holding a thread, until the thread has written and synced it. The
+//! thread takes every registration pending at once, writes the buffered
+//! frames with one `write`, syncs the journal once, answers them, and
+//! starts over: the calls that end
+//! while a round runs share the next round's sync, whatever their session
+//! (one `fdatasync` per round, not one per session's file).
 //!
-//! Threads, not io_uring: not measured (no io_uring crate is in the
-//! dependency tree); BENCHMARKS.md ("Capture log durability") has the
-//! figures of this design. The thread ends when the store and every
-//! log that shares it are gone.
+//! Off the calls' path the same thread syncs session logs: those of the
+//! sessions that ended ([`GroupCommit::retire`]), those of a segment it
+//! rotates ([`super::journal::Journal::rotate`]), and all of them when the
+//! last handle goes (the store closed: the journal is then removed). Logs
+//! are synced side by side, by up to 16 threads: the file system commits
+//! their journal entries together and the device flushes once for them.
 //!
-//! A failed sync fails the registrations of its round for that file (their
-//! calls end with the API's error: their records may or may not be on
-//! disk); later lines are covered by later syncs only.
+//! A failed sync of the journal fails the registrations of its round
+//! (their calls end with the API's error: their records may or may not be
+//! on disk); later lines are covered by later syncs only.
 
 use std::fs::File;
 use std::io;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::log::{LogError, LogFile};
+use super::journal::{Journal, Retired, SyncFn, Touched};
+use super::log::LogError;
 
 /// What a syncing round tells a waiting line.
 pub(crate) type SyncResult = Result<(), Arc<io::Error>>;
-
-/// The sync operation: `File::sync_data` (tests put a recording one in).
-type SyncFn = fn(&File) -> io::Result<()>;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The writes made to one file and how far they are durable.
-#[derive(Debug, Default)]
-pub(crate) struct WriteCount {
-    /// Lines written so far (each numbered, from 1, when written).
-    written: AtomicU64,
-    /// Every line numbered up to this was written before a sync that
-    /// returned successfully.
-    durable: AtomicU64,
-}
-
-impl WriteCount {
-    /// Numbers a line just written (call under the file's write lock, so
-    /// numbers follow the file's order).
-    pub(crate) fn wrote(&self) -> u64 {
-        self.written.fetch_add(1, Ordering::AcqRel) + 1
-    }
-
-    /// Whether line `n` is known durable.
-    pub(crate) fn is_durable(&self, n: u64) -> bool {
-        self.durable.load(Ordering::Acquire) >= n
-    }
-}
-
 struct Waiter {
-    target: Arc<LogFile>,
-    line: u64,
+    pos: u64,
     answer: oneshot::Sender<SyncResult>,
 }
 
 #[derive(Default)]
 struct State {
     pending: Vec<Waiter>,
+    /// Logs of ended sessions, to sync.
+    retire: Vec<u64>,
+    /// The journal's buffer is past `FLUSH_BYTES`: write it.
+    flush: bool,
     closed: bool,
+    /// Tests: stop at once, as the agent's process would on a power loss.
+    #[cfg(test)]
+    crash: bool,
+    #[cfg(test)]
+    stopped: bool,
 }
 
 struct Shared {
@@ -84,6 +66,7 @@ struct Shared {
     wake: Condvar,
     syncs: AtomicU64,
     sync: SyncFn,
+    journal: Journal,
 }
 
 /// Ends the thread when the last [`GroupCommit`] handle goes.
@@ -96,7 +79,7 @@ impl Drop for Handle {
     }
 }
 
-/// A handle on the syncing thread; clones share it.
+/// A handle on the syncing thread and its journal; clones share them.
 #[derive(Clone)]
 pub struct GroupCommit(Arc<Handle>);
 
@@ -109,150 +92,226 @@ impl std::fmt::Debug for GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts the syncing thread.
-    pub fn start() -> Result<Self, LogError> {
-        Self::start_with(File::sync_data)
+    /// Opens a journal in `dir` (segments rotated at `limit` bytes) and
+    /// starts the syncing thread. Blocking.
+    pub fn start(dir: &Path, limit: u64) -> Result<Self, LogError> {
+        Self::start_with(dir, limit, File::sync_data)
     }
 
-    /// Starts the syncing thread with `sync` as its sync operation.
-    pub(crate) fn start_with(sync: SyncFn) -> Result<Self, LogError> {
+    /// [`GroupCommit::start`] with `sync` as the sync operation.
+    pub(crate) fn start_with(dir: &Path, limit: u64, sync: SyncFn) -> Result<Self, LogError> {
         let shared = Arc::new(Shared {
             state: Mutex::default(),
             wake: Condvar::new(),
             syncs: AtomicU64::new(0),
             sync,
+            journal: Journal::open(dir, limit)?,
         });
         let thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("polar-capture-sync".into())
             .spawn(move || run(&thread))
-            .map_err(|e| {
-                LogError::io(
-                    "starting the capture log's syncing thread for",
-                    std::path::Path::new("the state directory"),
-                    e,
-                )
-            })?;
+            .map_err(|e| LogError::io("starting the capture log's syncing thread for", dir, e))?;
         Ok(Self(Arc::new(Handle(shared))))
     }
 
-    /// The syncs made so far (one per file per round).
+    /// The syncs of the journal made so far by rounds (one per round).
     pub fn syncs(&self) -> u64 {
         self.0.0.syncs.load(Ordering::Relaxed)
     }
 
-    /// Registers line `line` of `target` (already written); the answer
+    /// Appends the frame of a line just written to the log `log_id` (its
+    /// file `log`): `prefix` then `line`. Returns the position to wait
+    /// for. Blocking.
+    pub(crate) fn append(
+        &self,
+        log_id: u64,
+        log: &Arc<File>,
+        prefix: &[u8],
+        line: &[u8],
+    ) -> io::Result<u64> {
+        let shared = &self.0.0;
+        let (pos, full) = shared.journal.append(log_id, log, prefix, line)?;
+        if full {
+            lock(&shared.state).flush = true;
+            shared.wake.notify_one();
+        }
+        Ok(pos)
+    }
+
+    /// Registers journal position `pos` (already written); the answer
     /// comes once a sync covering it has returned. `None` when it is
     /// already durable.
-    pub(crate) fn register(
-        &self,
-        target: Arc<LogFile>,
-        line: u64,
-    ) -> Option<oneshot::Receiver<SyncResult>> {
-        if target.count.is_durable(line) {
+    pub(crate) fn register(&self, pos: u64) -> Option<oneshot::Receiver<SyncResult>> {
+        let shared = &self.0.0;
+        if shared.journal.is_durable(pos) {
             return None;
         }
         let (answer, rx) = oneshot::channel();
-        let shared = &self.0.0;
-        lock(&shared.state).pending.push(Waiter {
-            target,
-            line,
-            answer,
-        });
+        lock(&shared.state).pending.push(Waiter { pos, answer });
         shared.wake.notify_one();
         Some(rx)
     }
+
+    /// Asks the thread to sync the log `log_id` (its session ended), off
+    /// the calls' path.
+    pub(crate) fn retire(&self, log_id: u64) {
+        let shared = &self.0.0;
+        lock(&shared.state).retire.push(log_id);
+        shared.wake.notify_one();
+    }
 }
 
-/// The thread: one round after another until closed with nothing pending.
+#[cfg(test)]
+impl GroupCommit {
+    /// Stops the thread where it is, as a power loss would: nothing more
+    /// is synced or removed.
+    pub(crate) fn crash(&self) {
+        let shared = &self.0.0;
+        let mut state = lock(&shared.state);
+        state.crash = true;
+        shared.wake.notify_all();
+        while !state.stopped {
+            state = shared
+                .wake
+                .wait(state)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// The thread: one round after another until closed with nothing pending,
+/// then every log synced and the journal removed.
 fn run(shared: &Shared) {
     let mut round = Vec::new();
+    let mut retire = Vec::new();
+    let mut kept: Vec<Retired> = Vec::new();
     loop {
-        {
+        let closed = {
             let mut state = lock(&shared.state);
-            while state.pending.is_empty() && !state.closed {
+            while state.pending.is_empty()
+                && state.retire.is_empty()
+                && !state.flush
+                && !state.closed
+            {
+                #[cfg(test)]
+                if state.crash {
+                    break;
+                }
                 state = shared
                     .wake
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
             }
-            if state.pending.is_empty() {
+            #[cfg(test)]
+            if state.crash {
+                state.stopped = true;
+                shared.wake.notify_all();
                 return;
             }
             std::mem::swap(&mut round, &mut state.pending);
+            std::mem::swap(&mut retire, &mut state.retire);
+            let flush = std::mem::take(&mut state.flush);
+            (state.closed && round.is_empty(), flush)
+        };
+        let (closed, flush) = closed;
+        if !round.is_empty() || flush {
+            sync_round(shared, &mut round);
         }
-        sync_round(shared, &mut round);
+        if !retire.is_empty() {
+            let touched = shared.journal.take_touched(&retire);
+            retire.clear();
+            let failed = sync_logs(shared.sync, touched);
+            shared.journal.put_back(failed);
+        }
+        if closed {
+            kept.push(shared.journal.close());
+            finish_retired(shared, &mut kept);
+            return;
+        }
+        if shared.journal.wants_rotation() {
+            match shared.journal.rotate(shared.sync) {
+                Ok(old) => kept.push(old),
+                Err(e) => tracing::error!(error = %e, "rotating the capture journal failed"),
+            }
+            finish_retired(shared, &mut kept);
+        }
     }
 }
 
-/// Most threads syncing one round's files at once.
-const SYNC_THREADS: usize = 16;
-
-/// Syncs each file of `round` once and answers its waiters: the files of
-/// a round are synced side by side (up to [`SYNC_THREADS`] at once), so the
-/// file system commits their journal entries together and the device
-/// flushes once for them, not once per file.
+/// Syncs the journal once and answers the round's waiters.
 fn sync_round(shared: &Shared, round: &mut Vec<Waiter>) {
-    round.sort_by_key(|w| Arc::as_ptr(&w.target) as usize);
-    let mut groups: Vec<Vec<Waiter>> = Vec::new();
+    let result = match shared.journal.sync(shared.sync) {
+        Ok(synced) => {
+            shared.syncs.fetch_add(u64::from(synced), Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(Arc::new(e)),
+    };
     for w in round.drain(..) {
-        match groups.last_mut() {
-            Some(g) if Arc::ptr_eq(&g[0].target, &w.target) => g.push(w),
-            _ => groups.push(vec![w]),
+        let answer = match &result {
+            Ok(()) if shared.journal.is_durable(w.pos) => Ok(()),
+            Ok(()) => Err(Arc::new(io::Error::other(
+                "the capture journal's sync did not cover the line",
+            ))),
+            Err(e) => Err(Arc::clone(e)),
+        };
+        // A waiter that went away (its call cancelled) needs no answer.
+        let _ = w.answer.send(answer);
+    }
+}
+
+/// Syncs the logs of retired segments and removes each segment whose logs
+/// are all synced; the others are kept for the next try.
+fn finish_retired(shared: &Shared, kept: &mut Vec<Retired>) {
+    for mut old in std::mem::take(kept) {
+        old.touched = sync_logs(shared.sync, std::mem::take(&mut old.touched));
+        if !old.touched.is_empty() {
+            tracing::error!(segment = %old.path.display(), logs = old.touched.len(), "capture logs failed to sync; their journal segment is kept");
+            kept.push(old);
+            continue;
+        }
+        if let Err(e) = shared.journal.remove(&old.path) {
+            tracing::warn!(error = %e, "removing a replayed-out capture journal segment");
         }
     }
-    if groups.len() == 1 {
-        groups.into_iter().for_each(|g| sync_group(shared, g));
-        return;
-    }
-    let per_thread = groups.len().div_ceil(SYNC_THREADS);
+}
+
+/// Most threads syncing logs at once.
+const SYNC_THREADS: usize = 16;
+
+/// Syncs `logs` side by side (up to [`SYNC_THREADS`] at once); returns
+/// those whose sync failed.
+fn sync_logs(sync: SyncFn, logs: Touched) -> Touched {
+    let mut logs: Vec<(u64, Arc<File>)> = logs.into_iter().collect();
+    let per_thread = logs.len().div_ceil(SYNC_THREADS).max(1);
     let mut chunks = Vec::new();
-    while !groups.is_empty() {
-        let rest = groups.split_off(groups.len().saturating_sub(per_thread));
-        chunks.push(rest);
+    while !logs.is_empty() {
+        chunks.push(logs.split_off(logs.len().saturating_sub(per_thread)));
     }
+    let failed = Mutex::new(Touched::new());
     std::thread::scope(|scope| {
         for chunk in chunks {
-            let work = move || chunk.into_iter().for_each(|g| sync_group(shared, g));
-            // Without a thread its waiters are dropped unanswered: their
-            // calls fail (the syncing thread's error), none is released.
-            let spawned = std::thread::Builder::new()
+            let failed = &failed;
+            let ours: Vec<_> = chunk.iter().map(|(id, f)| (*id, Arc::clone(f))).collect();
+            let work = move || {
+                for (id, file) in chunk {
+                    if let Err(e) = sync(&file) {
+                        tracing::error!(error = %e, "syncing a capture log failed");
+                        lock(failed).insert(id, file);
+                    }
+                }
+            };
+            if let Err(e) = std::thread::Builder::new()
                 .name("polar-capture-sync".into())
-                .spawn_scoped(scope, work);
-            if let Err(e) = spawned {
-                tracing::error!(error = %e, "no thread to sync capture logs; their calls fail");
+                .spawn_scoped(scope, work)
+            {
+                tracing::error!(error = %e, "no thread to sync capture logs; tried later");
+                lock(failed).extend(ours);
             }
         }
     });
-}
-
-/// Syncs one file for its waiters (unless an earlier sync covered them all)
-/// and answers them.
-fn sync_group(shared: &Shared, group: Vec<Waiter>) {
-    let Some(first) = group.first() else {
-        return;
-    };
-    let target = Arc::clone(&first.target);
-    let count = &target.count;
-    let result = if group.iter().all(|w| count.is_durable(w.line)) {
-        Ok(())
-    } else {
-        // Every line numbered up to `upto` is written: the sync that
-        // begins now covers them.
-        let upto = count.written.load(Ordering::Acquire);
-        shared.syncs.fetch_add(1, Ordering::Relaxed);
-        match (shared.sync)(&target.file) {
-            Ok(()) => {
-                count.durable.fetch_max(upto, Ordering::AcqRel);
-                Ok(())
-            }
-            Err(e) => Err(Arc::new(e)),
-        }
-    };
-    for w in group {
-        // A waiter that went away (its call cancelled) needs no answer.
-        let _ = w.answer.send(result.clone());
-    }
+    failed.into_inner().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -1,94 +1,241 @@
-//! Group commit: a simulated power loss keeps every record whose append
-//! returned (the moment its reply's last bytes are released), lines that
-//! end together share their syncs, a failed sync fails its calls, and
-//! `process` mode writes without syncing.
+//! Group commit over the journal: a simulated power loss at any moment,
+//! replayed at the next start, keeps every record whose append returned
+//! (the moment its reply's last bytes are released) exactly once; lines
+//! that end together share one sync of the journal whatever their file; a
+//! failed sync fails its calls; `process` mode writes without syncing.
 //!
 //! The power-loss simulation: the syncing thread's sync operation is
-//! replaced by one that notes the file's length before it calls the real
-//! `fdatasync`; what a power loss leaves of a file is its bytes up to the
-//! longest length noted by a sync that returned (the page cache holding the
-//! rest is lost).
+//! replaced by one that notes the file's length (by inode and birth time)
+//! before it calls the real `fdatasync`. At the moment of the loss, under
+//! the same lock (no sync is noted meanwhile), the test notes which calls
+//! were released and what each file holds; after the run it puts back in
+//! place (same inodes) what a power loss leaves: each session log cut at an
+//! arbitrary point between its last sync and its end (or to zero, never
+//! synced), each journal segment at its last sync.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::MetadataExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::*;
-use crate::log::Written;
+use crate::encode::{PartPrompt, RecordParts, encode_two_parts};
+use crate::frame::FileKey;
+use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, segments};
 use crate::log::tests::record;
-use crate::log::{CALLS_FILE, Durability, read_log};
+use crate::log::{CALLS_FILE, Durability, LogFile, read_log};
 use crate::store::CaptureStore;
-use crate::{LogError, SessionRegistry, parse_log};
+use crate::{LogError, LogProblem, SessionRegistry};
 use polar_chat::Api;
 use polar_ids::SessionId;
 
-/// Per inode, the longest length a returned sync covered.
-static DURABLE: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
+/// Per file, the longest length a returned sync covered.
+static DURABLE: Mutex<BTreeMap<(u64, u64), u64>> = Mutex::new(BTreeMap::new());
+
+fn key(file: &File) -> (u64, u64) {
+    let k = FileKey::of(file).unwrap();
+    (k.ino, k.birth)
+}
 
 fn recording_sync(file: &File) -> io::Result<()> {
-    let before = file.metadata()?;
-    file.sync_data()?;
     let mut durable = lock(&DURABLE);
-    let len = durable.entry(before.ino()).or_default();
-    *len = (*len).max(before.len());
+    let before = file.metadata()?.len();
+    file.sync_data()?;
+    let len = durable.entry(key(file)).or_default();
+    *len = (*len).max(before);
     Ok(())
 }
 
-/// What a power loss now would leave of the file at `path`.
-fn after_power_loss(path: &Path) -> Vec<u8> {
-    let ino = std::fs::metadata(path).unwrap().ino();
-    let len = lock(&DURABLE).get(&ino).copied().unwrap_or(0);
-    let mut bytes = std::fs::read(path).unwrap();
-    bytes.truncate(usize::try_from(len).unwrap());
-    bytes
+/// What a power loss leaves of each file: its path and bytes.
+struct Snapshot {
+    released: Vec<String>,
+    logs: Vec<(PathBuf, Vec<u8>)>,
+    journal: Vec<(PathBuf, Vec<u8>)>,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn every_released_record_survives_a_simulated_power_loss() {
+/// The files as a power loss now would leave them (see the module doc).
+fn power_loss(
+    state: &Path,
+    released: &Mutex<Vec<String>>,
+    pick: &mut impl FnMut(u64, u64) -> u64,
+) -> Snapshot {
+    let durable = lock(&DURABLE);
+    let released = lock(released).clone();
+    // `None`: the file was removed meanwhile (a journal segment whose
+    // logs were synced, and noted, first).
+    let kept = |path: &Path, pick: &mut dyn FnMut(u64, u64) -> u64| {
+        let mut file = File::open(path).ok()?;
+        let d = durable.get(&key(&file)).copied().unwrap_or(0);
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes).unwrap();
+        let cut = pick(d, bytes.len() as u64);
+        bytes.truncate(usize::try_from(cut).unwrap());
+        Some(bytes)
+    };
+    let mut logs = Vec::new();
+    for entry in std::fs::read_dir(state.join("sessions")).unwrap() {
+        let path = entry.unwrap().path().join(CALLS_FILE);
+        let bytes = kept(&path, pick).unwrap();
+        logs.push((path, bytes));
+    }
+    let mut journal = Vec::new();
+    for (_, path) in segments(&state.join(JOURNAL_DIR)).unwrap() {
+        if let Some(bytes) = kept(&path, &mut |d, _| d) {
+            journal.push((path, bytes));
+        }
+    }
+    Snapshot {
+        released,
+        logs,
+        journal,
+    }
+}
+
+/// Puts `snap` in place: the logs rewritten in their own inodes, the
+/// journal's segments as they were.
+fn restore(state: &Path, snap: &Snapshot) {
+    for (path, bytes) in &snap.logs {
+        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.set_len(0).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, bytes, 0).unwrap();
+    }
+    for (_, path) in segments(&state.join(JOURNAL_DIR)).unwrap() {
+        std::fs::remove_file(path).unwrap();
+    }
+    for (path, bytes) in &snap.journal {
+        std::fs::write(path, bytes).unwrap();
+    }
+}
+
+/// Sessions each with writers ending calls (half as a request part and a
+/// completion, half whole), a journal rotated every `journal_bytes`; a
+/// power loss once `loss_after` calls were released; the restarted store
+/// holds each released call exactly once.
+async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
     const SESSIONS: usize = 8;
-    const WRITERS: usize = 4;
-    const CALLS: u64 = 6;
+    const WRITERS: usize = 3;
+    const CALLS: u64 = 8;
     let dir = tempfile::tempdir().unwrap();
-    let commit = GroupCommit::start_with(recording_sync).unwrap();
-    let store = Arc::new(CaptureStore::with_commit(
+    let (store, commit) = CaptureStore::with_sync(
         dir.path(),
-        commit.clone(),
+        journal_bytes,
+        recording_sync,
         Arc::new(SessionRegistry::new()),
-    ));
+    );
+    let store = Arc::new(store);
+    let released = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
+    let mut logs = Vec::new();
     for s in 0..SESSIONS {
         let session: SessionId = format!("s-{s}").parse().unwrap();
         let log = store.session(&session).await.unwrap();
+        logs.push(Arc::clone(&log));
         for w in 0..WRITERS {
             let log = Arc::clone(&log);
+            let released = Arc::clone(&released);
             tasks.push(tokio::spawn(async move {
                 for c in 0..CALLS {
-                    let r = record(w as u64 * CALLS + c, Api::OpenaiChat, "x");
+                    let mut r = record(w as u64 * CALLS + c, Api::OpenaiChat, "x");
+                    r.call_id = format!("{}-{}", log.session(), r.call_id);
+                    r.session_id = log.session().to_string();
                     let call_id = r.call_id.clone();
-                    log.append(r, Default::default(), Default::default())
-                        .await
-                        .unwrap();
-                    // Released: a power loss now must keep it.
-                    let (kept, _) = parse_log(&after_power_loss(&log.calls_path()));
-                    assert!(
-                        kept.iter().any(|k| k.call_id == call_id),
-                        "{call_id} of {} released before it was durable",
-                        log.session()
-                    );
+                    let parts = if c % 2 == 0 {
+                        let (part, _) = encode_two_parts(&r).unwrap();
+                        log.append_request_part(&part).unwrap();
+                        RecordParts::InRequestPart(PartPrompt::Same)
+                    } else {
+                        RecordParts::default()
+                    };
+                    log.append(r, parts, Default::default()).await.unwrap();
+                    lock(&released).push(call_id);
                 }
             }));
         }
     }
+    // The power loss, at a moment of the run.
+    let state = dir.path().to_owned();
+    let watched = Arc::clone(&released);
+    let loss = std::thread::spawn(move || {
+        while lock(&watched).len() < loss_after {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut n = seed;
+        let mut pick = move |d: u64, len: u64| {
+            // An arbitrary point from the last sync to the end.
+            n = n
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            d + (n >> 33) % (len - d + 1)
+        };
+        power_loss(&state, &watched, &mut pick)
+    });
     for t in tasks {
         t.await.unwrap();
     }
-    let appends = (SESSIONS * WRITERS) as u64 * CALLS;
-    assert_eq!(store.stats().completed(), appends);
-    assert!(commit.syncs() <= appends, "{} syncs", commit.syncs());
+    let snap = loss.join().unwrap();
+    assert!(snap.released.len() >= loss_after);
+    // The agent's process is gone: nothing more is synced or removed.
+    commit.crash();
+    std::mem::forget(logs);
+    std::mem::forget(store);
+    std::mem::forget(commit);
+    restore(dir.path(), &snap);
+
+    let (store, replayed) = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        DEFAULT_JOURNAL_BYTES,
+        Arc::new(SessionRegistry::new()),
+    )
+    .unwrap();
+    assert!(
+        segments(&store.journal_dir()).unwrap().is_empty(),
+        "the journal replayed is removed"
+    );
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (path, _) in &snap.logs {
+        let (records, problems) = read_log(path).unwrap();
+        assert!(
+            problems.iter().all(|p| matches!(
+                p,
+                LogProblem::TornTail { .. } | LogProblem::Unfinished { .. }
+            )),
+            "{problems:?} ({replayed:?})"
+        );
+        for r in records {
+            *seen.entry(r.call_id).or_default() += 1;
+        }
+    }
+    for call in &snap.released {
+        assert_eq!(
+            seen.get(call),
+            Some(&1),
+            "released {call} after the power loss ({replayed:?})"
+        );
+    }
+    assert!(
+        seen.values().all(|&n| n == 1),
+        "a call recorded twice: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_released_record_survives_a_simulated_power_loss_mid_run() {
+    // Segments of 8 KiB: rotated (logs synced, segments removed) many
+    // times before and after the loss.
+    power_loss_scenario(90, 8 << 10, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_released_record_survives_a_simulated_power_loss_at_the_end() {
+    power_loss_scenario(8 * 3 * 8, DEFAULT_JOURNAL_BYTES, 7).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_power_loss_right_after_the_first_calls_loses_none_of_them() {
+    power_loss_scenario(5, 8 << 10, 3).await;
 }
 
 /// Syncs entered; each waits for the gate.
@@ -101,19 +248,37 @@ fn gated_sync(file: &File) -> io::Result<()> {
     file.sync_data()
 }
 
+fn journaled(commit: &GroupCommit, session: &str) -> Option<crate::log::Journaled> {
+    Some(crate::log::Journaled {
+        commit: commit.clone(),
+        session: session.parse().unwrap(),
+    })
+}
+
 #[test]
-fn lines_that_end_together_share_their_syncs() {
+fn lines_that_end_together_share_one_sync_of_the_journal() {
     let dir = tempfile::tempdir().unwrap();
     let gate = lock(&GATE);
-    let commit = GroupCommit::start_with(gated_sync).unwrap();
+    let commit = GroupCommit::start_with(
+        &dir.path().join(JOURNAL_DIR),
+        DEFAULT_JOURNAL_BYTES,
+        gated_sync,
+    )
+    .unwrap();
     let open = |name: &str| {
-        let (file, _) = LogFile::open(&dir.path().join(name), Some(commit.clone())).unwrap();
+        let (file, _) = LogFile::open(
+            &dir.path().join(format!("{name}.jsonl")),
+            journaled(&commit, name),
+        )
+        .unwrap();
         Arc::new(file)
     };
-    let (x, y) = (open("x.jsonl"), open("y.jsonl"));
+    let logs: Vec<_> = (0..8).map(|i| open(&format!("s-{i}"))).collect();
     let line = b"{}\n";
     // A first line's sync starts and is held at the gate...
-    let first = x.register(x.append_line(line).unwrap()).unwrap();
+    let first = logs[0]
+        .register(logs[0].append_line(line).unwrap())
+        .unwrap();
     for _ in 0..10_000 {
         if ENTERED.load(Ordering::SeqCst) == 1 {
             break;
@@ -121,11 +286,14 @@ fn lines_that_end_together_share_their_syncs() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(ENTERED.load(Ordering::SeqCst), 1);
-    // ...while 20 more lines, in two files, end.
+    // ...while 40 more lines, in eight files, end.
     let mut waiting = Vec::new();
-    for file in [&x, &y] {
-        for _ in 0..10 {
-            waiting.push(file.register(file.append_line(line).unwrap()).unwrap());
+    let mut last = None;
+    for log in &logs {
+        for _ in 0..5 {
+            let written = log.append_line(line).unwrap();
+            last = Some(written);
+            waiting.push(log.register(written).unwrap());
         }
     }
     drop(gate);
@@ -133,11 +301,12 @@ fn lines_that_end_together_share_their_syncs() {
     for w in waiting {
         assert!(matches!(w.blocking_recv(), Ok(Ok(()))));
     }
-    // One sync for the first line, then one per file for the other 20.
-    assert_eq!(commit.syncs(), 3);
-    // A line the last syncs covered needs none.
-    assert!(x.register(Written(11)).is_none());
-    assert!(x.register(Written(12)).is_some());
+    // One sync for the first line, one for the other 40 in eight files.
+    assert_eq!(commit.syncs(), 2);
+    // A line the last sync covered needs none.
+    assert!(logs[3].register(last.unwrap()).is_none());
+    let next = logs[3].append_line(line).unwrap();
+    assert!(logs[3].register(next).is_some());
 }
 
 fn failing_sync(_: &File) -> io::Result<()> {
@@ -147,8 +316,12 @@ fn failing_sync(_: &File) -> io::Result<()> {
 #[tokio::test]
 async fn a_failed_sync_fails_its_calls_uncounted() {
     let dir = tempfile::tempdir().unwrap();
-    let commit = GroupCommit::start_with(failing_sync).unwrap();
-    let store = CaptureStore::with_commit(dir.path(), commit, Arc::new(SessionRegistry::new()));
+    let (store, _commit) = CaptureStore::with_sync(
+        dir.path(),
+        DEFAULT_JOURNAL_BYTES,
+        failing_sync,
+        Arc::new(SessionRegistry::new()),
+    );
     let log = store.session(&"s-1".parse().unwrap()).await.unwrap();
     let err = log
         .append(
@@ -159,20 +332,56 @@ async fn a_failed_sync_fails_its_calls_uncounted() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, LogError::Io { action: "syncing", source, .. } if source.to_string().contains("injected")),
+        matches!(&err, LogError::Io { source, .. } if source.to_string().contains("injected")),
         "{err}"
     );
     assert_eq!(store.stats().completed(), 0);
 }
 
 #[tokio::test]
+async fn a_closed_store_syncs_its_logs_and_removes_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _) = CaptureStore::open(
+        dir.path(),
+        Durability::Power,
+        DEFAULT_JOURNAL_BYTES,
+        Arc::new(SessionRegistry::new()),
+    )
+    .unwrap();
+    let s: SessionId = "s-1".parse().unwrap();
+    let log = store.session(&s).await.unwrap();
+    log.append(
+        record(0, Api::OpenaiChat, "x"),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(segments(&store.journal_dir()).unwrap().len(), 1);
+    let journal = store.journal_dir();
+    store.close(&s);
+    drop((log, store));
+    for _ in 0..10_000 {
+        if segments(&journal).unwrap().is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(segments(&journal).unwrap().is_empty());
+    let (records, _) = read_log(&dir.path().join("sessions/s-1").join(CALLS_FILE)).unwrap();
+    assert_eq!(records.len(), 1);
+}
+
+#[tokio::test]
 async fn process_mode_writes_without_a_syncing_thread() {
     let dir = tempfile::tempdir().unwrap();
-    let store = CaptureStore::new(
+    let (store, _) = CaptureStore::open(
         dir.path(),
         Durability::Process,
+        DEFAULT_JOURNAL_BYTES,
         Arc::new(SessionRegistry::new()),
-    );
+    )
+    .unwrap();
     assert!(store.group_commit().unwrap().is_none());
     let s: SessionId = "s-1".parse().unwrap();
     let log = store.session(&s).await.unwrap();
@@ -183,9 +392,10 @@ async fn process_mode_writes_without_a_syncing_thread() {
     )
     .await
     .unwrap();
-    // In the file (the page cache outlives the agent's process).
+    // In the file (the page cache outlives the agent's process); no journal.
     let (records, problems) = read_log(&store.session_dir(&s).join(CALLS_FILE)).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(records.len(), 1);
     assert_eq!(store.stats().completed(), 1);
+    assert!(!store.journal_dir().exists());
 }
