@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use object_store::path::Path as ObjectPath;
 use futures_util::StreamExt as _;
+use object_store::path::Path as ObjectPath;
 use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
 
 use super::dest::S3Options;

@@ -336,16 +336,55 @@ async fn s3_exports_outside_the_s3_roots_are_refused_unfetched() {
     assert_completed(&v, 7);
     let viewer = RolloutClient::new(server.url(), Some(VIEWER.into()));
     for (i, want_code, want_status, want) in [
-        (0, "not_readable", StatusCode::NOT_FOUND, "outside [rollout.dashboard] s3_roots"),
-        (1, "not_readable", StatusCode::NOT_FOUND, "a `..` segment in the key"),
-        (2, "not_readable", StatusCode::NOT_FOUND, "outside [rollout.dashboard] s3_roots"),
-        (3, "not_readable", StatusCode::NOT_FOUND, "outside [rollout.dashboard] s3_roots"),
-        (4, "not_readable", StatusCode::NOT_FOUND, "an empty segment in the key"),
-        (5, "not_readable", StatusCode::NOT_FOUND, "not a .parquet or .jsonl"),
-        (6, "export_store", StatusCode::BAD_GATEWAY, "the object store failed"),
+        (
+            0,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            1,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "a `..` segment in the key",
+        ),
+        (
+            2,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            3,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            4,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "an empty segment in the key",
+        ),
+        (
+            5,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "not a .parquet or .jsonl",
+        ),
+        (
+            6,
+            "export_store",
+            StatusCode::BAD_GATEWAY,
+            "the object store failed",
+        ),
     ] {
         let (code, body) = viewer
-            .raw(Method::GET, &format!("/v1/tasks/t1/samples/{i}/trajectory"), None)
+            .raw(
+                Method::GET,
+                &format!("/v1/tasks/t1/samples/{i}/trajectory"),
+                None,
+            )
             .await
             .unwrap();
         let t: Value = serde_json::from_slice(&body).unwrap();
@@ -361,21 +400,24 @@ async fn s3_exports_outside_the_s3_roots_are_refused_unfetched() {
     server.shutdown().await;
     // Bad roots stop the start, naming the key.
     for (text, key) in [
-        ("s3_roots = [\"s3://rollouts/a/../b\"]", "rollout.dashboard.s3_roots[0]"),
+        (
+            "s3_roots = [\"s3://rollouts/a/../b\"]",
+            "rollout.dashboard.s3_roots[0]",
+        ),
         ("s3_roots = [\"/srv/x\"]", "rollout.dashboard.s3_roots[0]"),
-        ("[rollout.dashboard.s3]\nendpoint = \"ftp://x\"", "rollout.dashboard.s3.endpoint"),
+        (
+            "[rollout.dashboard.s3]\nendpoint = \"ftp://x\"",
+            "rollout.dashboard.s3.endpoint",
+        ),
     ] {
         let e = RolloutConfig::from_toml(&format!("[rollout.dashboard]\n{text}\n"), None)
             .unwrap_err()
             .to_string();
         assert!(e.starts_with(key), "{text}: {e}");
     }
-    let e = RolloutConfig::from_toml(
-        "[rollout.dashboard.s3]\naccess_key_id = \"k\"\n",
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let e = RolloutConfig::from_toml("[rollout.dashboard.s3]\naccess_key_id = \"k\"\n", None)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("access_key_id"), "{e}");
 }
 

@@ -371,8 +371,8 @@ mod tests {
 
     #[test]
     fn only_plain_keys_beneath_an_s3_root_are_located() {
-        let settings = crate::ui::settings::DashboardSettings::from_raw(
-            &crate::ui::settings::RawDashboard {
+        let settings =
+            crate::ui::settings::DashboardSettings::from_raw(&crate::ui::settings::RawDashboard {
                 s3_roots: Some(vec!["s3://rollouts/runs".into(), "s3://whole".into()]),
                 s3: Some(crate::ui::settings::RawDashboardS3 {
                     endpoint: Some("http://127.0.0.1:1".into()),
@@ -380,17 +380,24 @@ mod tests {
                     allow_http: None,
                 }),
                 ..Default::default()
-            },
-        )
-        .unwrap();
+            })
+            .unwrap();
         let roots = &settings.s3_roots;
         let (root, key, f) = locate_s3("s3://rollouts/runs/task=t/t-s0.parquet", roots).unwrap();
-        assert_eq!((root.bucket.as_str(), key.as_str()), ("rollouts", "runs/task=t/t-s0.parquet"));
+        assert_eq!(
+            (root.bucket.as_str(), key.as_str()),
+            ("rollouts", "runs/task=t/t-s0.parquet")
+        );
         assert_eq!(f, FileFormat::Parquet);
         let (root, key, f) = locate_s3("s3://whole/a/b.jsonl", roots).unwrap();
-        assert_eq!((root.bucket.as_str(), key.as_str(), f), ("whole", "a/b.jsonl", FileFormat::Jsonl));
+        assert_eq!(
+            (root.bucket.as_str(), key.as_str(), f),
+            ("whole", "a/b.jsonl", FileFormat::Jsonl)
+        );
         let err = |uri: &str| locate_s3(uri, roots).unwrap_err().to_string();
-        assert!(err("s3://rollouts/runsX/t.jsonl").contains("outside [rollout.dashboard] s3_roots"));
+        assert!(
+            err("s3://rollouts/runsX/t.jsonl").contains("outside [rollout.dashboard] s3_roots")
+        );
         assert!(err("s3://rollouts/other/t.jsonl").contains("outside"));
         assert!(err("s3://rollouts/runs.jsonl").contains("outside"));
         assert!(err("s3://elsewhere/runs/t.jsonl").contains("outside"));
@@ -401,7 +408,12 @@ mod tests {
         assert!(err("s3://rollouts").contains("no object key"));
         assert!(err("s3://Rollouts/runs/t.jsonl").contains("bucket name"));
         assert!(err("s3://rollouts/runs/t.json").contains("not a .parquet or .jsonl"));
-        assert!(locate_s3("s3://rollouts/runs/t.jsonl", &[]).unwrap_err().to_string().contains("reads no s3:// export"));
+        assert!(
+            locate_s3("s3://rollouts/runs/t.jsonl", &[])
+                .unwrap_err()
+                .to_string()
+                .contains("reads no s3:// export")
+        );
     }
 
     #[test]

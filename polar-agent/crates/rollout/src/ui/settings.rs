@@ -75,7 +75,8 @@ pub struct DashboardSettings {
     /// Buckets and key prefixes the exported objects may be read beneath;
     /// empty: no `s3://` export is read.
     pub s3_roots: Vec<S3Root>,
-    /// The store of `s3_roots` (no credentials: the environment's).
+    /// The store of `s3_roots` (from the file: no credentials, the
+    /// environment's).
     pub s3: S3Options,
 }
 
@@ -131,21 +132,38 @@ impl DashboardSettings {
             }
             out.s3.allow_http = s3.allow_http.unwrap_or(false);
         }
-        for (i, root) in raw.s3_roots.iter().flatten().enumerate() {
+        let s3 = out.s3.clone();
+        out.set_s3_roots(raw.s3_roots.as_deref().unwrap_or_default(), s3)?;
+        Ok(out)
+    }
+
+    /// Sets `s3_roots` (`s3://bucket/prefix` each) and their store's
+    /// options. The configuration file gives no credentials (the
+    /// environment does); a program embedding the server may. An error is
+    /// `(key under dashboard, why)`.
+    pub fn set_s3_roots(
+        &mut self,
+        roots: &[String],
+        s3: S3Options,
+    ) -> Result<(), (String, String)> {
+        let mut checked = Vec::with_capacity(roots.len());
+        for (i, root) in roots.iter().enumerate() {
             let key = || format!("s3_roots[{i}]");
             let Some(rest) = root.strip_prefix("s3://") else {
                 return Err((key(), format!("{root}: not an s3://bucket/prefix URL")));
             };
             let (bucket, prefix) = super::exports::split_s3(rest.trim_end_matches('/'), true)
                 .map_err(|why| (key(), format!("{root}: {why}")))?;
-            let reader = ObjectReader::s3(bucket, &out.s3).map_err(|e| (key(), e.to_string()))?;
-            out.s3_roots.push(S3Root {
+            let reader = ObjectReader::s3(bucket, &s3).map_err(|e| (key(), e.to_string()))?;
+            checked.push(S3Root {
                 bucket: bucket.to_owned(),
                 prefix: prefix.to_owned(),
                 reader,
             });
         }
-        Ok(out)
+        self.s3_roots = checked;
+        self.s3 = s3;
+        Ok(())
     }
 }
 
@@ -212,6 +230,9 @@ mod tests {
         if let Some(s3) = &mut r.s3 {
             s3.endpoint = Some("127.0.0.1:9000".into());
         }
-        assert_eq!(DashboardSettings::from_raw(&r).unwrap_err().0, "s3.endpoint");
+        assert_eq!(
+            DashboardSettings::from_raw(&r).unwrap_err().0,
+            "s3.endpoint"
+        );
     }
 }
