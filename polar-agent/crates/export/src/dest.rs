@@ -61,6 +61,12 @@ impl S3Options {
     /// environment value is an error here, an unreachable store only at
     /// the first request.
     pub fn store(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+        Ok(Arc::new(self.builder(bucket).build()?))
+    }
+
+    /// The builder behind [`S3Options::store`], for a client with other
+    /// retry settings.
+    pub(crate) fn builder(&self, bucket: &str) -> AmazonS3Builder {
         let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
         if let Some(endpoint) = &self.endpoint {
             b = b.with_endpoint(endpoint);
@@ -83,7 +89,7 @@ impl S3Options {
         if let Some(t) = &self.session_token {
             b = b.with_token(t);
         }
-        Ok(Arc::new(b.build()?))
+        b
     }
 }
 

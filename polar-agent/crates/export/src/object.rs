@@ -11,7 +11,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures_util::StreamExt as _;
 use object_store::path::Path as ObjectPath;
-use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutPayload, WriteMultipart};
+use object_store::{
+    GetOptions, ObjectStore, ObjectStoreExt as _, PutPayload, RetryConfig, WriteMultipart,
+};
 
 use super::dest::S3Options;
 use super::error::ExportError;
@@ -114,6 +116,16 @@ impl ObjectFile {
     }
 }
 
+/// Retries of a read: two, within 10 seconds (object_store's default is
+/// ten within three minutes, right for an export nobody waits on).
+fn read_retry() -> RetryConfig {
+    RetryConfig {
+        max_retries: 2,
+        retry_timeout: std::time::Duration::from_secs(10),
+        ..RetryConfig::default()
+    }
+}
+
 /// What a bounded read found.
 #[derive(Debug)]
 pub enum BoundedRead {
@@ -144,15 +156,20 @@ impl std::fmt::Debug for ObjectReader {
 }
 
 impl ObjectReader {
-    /// A reader of S3 bucket `bucket` ([`S3Options::store`]; nothing is
-    /// sent yet).
+    /// A reader of S3 bucket `bucket`, configured as [`S3Options::store`]
+    /// (nothing is sent yet). Someone waits on the answer: a failing store
+    /// is retried briefly (`read_retry`), not for the export's minutes.
     pub fn s3(bucket: &str, s3: &S3Options) -> Result<Self, ExportError> {
-        let store = s3.store(bucket).map_err(|e| ExportError::Destination {
-            destination: format!("s3://{bucket}"),
-            why: e.to_string(),
-        })?;
+        let store = s3
+            .builder(bucket)
+            .with_retry(read_retry())
+            .build()
+            .map_err(|e| ExportError::Destination {
+                destination: format!("s3://{bucket}"),
+                why: e.to_string(),
+            })?;
         Ok(Self {
-            store,
+            store: Arc::new(store),
             bucket: bucket.to_owned(),
         })
     }
