@@ -314,6 +314,17 @@ async fn s3_exports_outside_the_s3_roots_are_refused_unfetched() {
          [rollout.dashboard.s3]\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\n"
     );
     e.cfg.dashboard = RolloutConfig::from_toml(&text, None).unwrap().dashboard;
+    // Credentials given here, not taken from the environment: without any,
+    // the client would ask the cloud's instance metadata address.
+    let s3 = polar_export::S3Options {
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        ..e.cfg.dashboard.s3.clone()
+    };
+    e.cfg
+        .dashboard
+        .set_s3_roots(&["s3://rollouts/runs".to_owned()], s3)
+        .unwrap();
     let uris = [
         "s3://rollouts/other/t1-s0.jsonl",
         "s3://rollouts/runs/../secret/t1-s1.jsonl",
