@@ -91,6 +91,7 @@ const TABLES: &[&str] = &[
     "rollout.callback",
     "rollout.tls",
     "rollout.dashboard",
+    "rollout.dashboard.s3",
     "harness.NAME",
 ];
 

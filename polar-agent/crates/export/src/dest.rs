@@ -55,6 +55,44 @@ impl std::fmt::Debug for S3Options {
     }
 }
 
+impl S3Options {
+    /// A client of `bucket` with these options; what they leave out comes
+    /// from the `AWS_*` environment. Nothing is sent: a bad option or
+    /// environment value is an error here, an unreachable store only at
+    /// the first request.
+    pub fn store(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, object_store::Error> {
+        Ok(Arc::new(self.builder(bucket).build()?))
+    }
+
+    /// The builder behind [`S3Options::store`], for a client with other
+    /// retry settings.
+    pub(crate) fn builder(&self, bucket: &str) -> AmazonS3Builder {
+        let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(endpoint) = &self.endpoint {
+            b = b.with_endpoint(endpoint);
+            if is_loopback_http(endpoint) {
+                b = b.with_allow_http(true);
+            }
+        }
+        if self.allow_http {
+            b = b.with_allow_http(true);
+        }
+        if let Some(r) = &self.region {
+            b = b.with_region(r);
+        }
+        if let Some(k) = &self.access_key_id {
+            b = b.with_access_key_id(k);
+        }
+        if let Some(k) = &self.secret_access_key {
+            b = b.with_secret_access_key(k);
+        }
+        if let Some(t) = &self.session_token {
+            b = b.with_token(t);
+        }
+        b
+    }
+}
+
 /// Whether `url` is `http://` to a loopback host.
 fn is_loopback_http(url: &str) -> bool {
     let Some(rest) = url.strip_prefix("http://") else {
@@ -128,31 +166,9 @@ impl Destination {
         if !prefix.is_empty() {
             ObjectPath::parse(&prefix).map_err(|e| bad(&e.to_string()))?;
         }
-        let mut b = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if let Some(endpoint) = &s3.endpoint {
-            b = b.with_endpoint(endpoint);
-            if is_loopback_http(endpoint) {
-                b = b.with_allow_http(true);
-            }
-        }
-        if s3.allow_http {
-            b = b.with_allow_http(true);
-        }
-        if let Some(r) = &s3.region {
-            b = b.with_region(r);
-        }
-        if let Some(k) = &s3.access_key_id {
-            b = b.with_access_key_id(k);
-        }
-        if let Some(k) = &s3.secret_access_key {
-            b = b.with_secret_access_key(k);
-        }
-        if let Some(t) = &s3.session_token {
-            b = b.with_token(t);
-        }
-        let store = b.build().map_err(|e| bad(&e.to_string()))?;
+        let store = s3.store(bucket).map_err(|e| bad(&e.to_string()))?;
         Ok(Self::Object {
-            store: Arc::new(store),
+            store,
             prefix,
             url: spec.to_owned(),
         })

@@ -8,7 +8,8 @@
 //! Layout: `schema` (columns and version), `row` (one trace as a row, and
 //! back), `batch` (rows to Arrow), `format` (streaming JSONL and Parquet
 //! encoders, readers), `partition` (file names), `local` and `object`
-//! (atomic files and objects), `dest` (destinations), `writer` (the
+//! (atomic files and objects; bounded reads of one object), `dest`
+//! (destinations), `writer` (the
 //! [`Exporter`]), `rebuild` (records to a checked trajectory), `source`
 //! (session logs), `cli` (`polar export`).
 //!

@@ -30,6 +30,11 @@
 //! [rollout.dashboard]               # optional: what /ui may read besides the API
 //! export_roots = ["/srv/polar/trajectories"] # exported files are read beneath these only
 //! max_file_bytes = 268435456
+//! s3_roots = ["s3://rollouts/runs"] # and exported objects beneath these (AWS_* credentials)
+//! [rollout.dashboard.s3]            # the store of s3_roots
+//! endpoint = "http://127.0.0.1:9000"
+//! region = "us-east-1"
+//! allow_http = false
 //! ```
 //!
 //! Identities: trainer tokens, node tokens and the gateway token are

@@ -234,10 +234,15 @@ impl ApiError {
                 use crate::ui::exports::ExportReadError as X;
                 let (status, code) = match e {
                     X::NoFile(_) | X::Missing { .. } => (StatusCode::NOT_FOUND, "not_found"),
-                    X::NoRoots | X::NotLocal(_) | X::Outside(_) | X::Format(_) => {
-                        (StatusCode::NOT_FOUND, "not_readable")
-                    }
+                    X::NoRoots
+                    | X::NotLocal(_)
+                    | X::Outside(_)
+                    | X::Format(_)
+                    | X::NoS3Roots(_)
+                    | X::BadS3 { .. }
+                    | X::OutsideS3(_) => (StatusCode::NOT_FOUND, "not_readable"),
                     X::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+                    X::Store { .. } => (StatusCode::BAD_GATEWAY, "export_store"),
                     X::Decode { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "unreadable_export"),
                 };
                 error(status, code, None, &msg)

@@ -269,7 +269,7 @@ async fn samples_and_their_exported_trajectories_are_read_beneath_the_roots_only
         t["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("not a local path"),
+            .contains("this server reads no s3:// export"),
         "{t}"
     );
     for (path, want) in [
@@ -296,6 +296,140 @@ async fn samples_and_their_exported_trajectories_are_read_beneath_the_roots_only
         .await
         .unwrap();
     assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE, "{body:?}");
+}
+
+/// The `s3://` URIs a node may report that are refused before anything is
+/// sent (the store here is a loopback port nothing listens on, so a URI
+/// that passed would fail as a store error, 502); the real read, and an
+/// object over the size limit, are tested against moto in
+/// polar-agent/tests/export/dashboard_s3.rs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_exports_outside_the_s3_roots_are_refused_unfetched() {
+    let mut e = env_with_viewer();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let text = format!(
+        "[rollout.dashboard]\ns3_roots = [\"s3://rollouts/runs\"]\n\
+         [rollout.dashboard.s3]\nendpoint = \"{endpoint}\"\nregion = \"us-east-1\"\n"
+    );
+    e.cfg.dashboard = RolloutConfig::from_toml(&text, None).unwrap().dashboard;
+    // Credentials given here, not taken from the environment: without any,
+    // the client would ask the cloud's instance metadata address.
+    let s3 = polar_export::S3Options {
+        access_key_id: Some("testing".into()),
+        secret_access_key: Some("testing".into()),
+        ..e.cfg.dashboard.s3.clone()
+    };
+    e.cfg
+        .dashboard
+        .set_s3_roots(&["s3://rollouts/runs".to_owned()], s3)
+        .unwrap();
+    let uris = [
+        "s3://rollouts/other/t1-s0.jsonl",
+        "s3://rollouts/runs/../secret/t1-s1.jsonl",
+        "s3://elsewhere/runs/t1-s2.jsonl",
+        "s3://rollouts/runsX/t1-s3.jsonl",
+        "s3://rollouts/runs//t1-s4.jsonl",
+        "s3://rollouts/runs/t1-s5.csv",
+        "s3://rollouts/runs/task=t1/t1-s6.jsonl",
+    ];
+    let server = start(&e.cfg).await;
+    let mut g = gw_config(&server, "node-a");
+    g.outcome = Arc::new(move |a| SimOutcome {
+        trajectory_uri: Some(uris[a.sample_index as usize].to_owned()),
+        ..default_outcome(a)
+    });
+    let gw = gateway(g).await;
+    let c = client(&server);
+    c.submit(&task("t1", 7)).await.unwrap();
+    let v = finished(&c, "t1", Duration::from_secs(30)).await;
+    assert_completed(&v, 7);
+    let viewer = RolloutClient::new(server.url(), Some(VIEWER.into()));
+    for (i, want_code, want_status, want) in [
+        (
+            0,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            1,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "a `..` segment in the key",
+        ),
+        (
+            2,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            3,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "outside [rollout.dashboard] s3_roots",
+        ),
+        (
+            4,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "an empty segment in the key",
+        ),
+        (
+            5,
+            "not_readable",
+            StatusCode::NOT_FOUND,
+            "not a .parquet or .jsonl",
+        ),
+        (
+            6,
+            "export_store",
+            StatusCode::BAD_GATEWAY,
+            "the object store failed",
+        ),
+    ] {
+        let (code, body) = viewer
+            .raw(
+                Method::GET,
+                &format!("/v1/tasks/t1/samples/{i}/trajectory"),
+                None,
+            )
+            .await
+            .unwrap();
+        let t: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            (code, t["error"]["code"].as_str()),
+            (want_status, Some(want_code)),
+            "{i}: {t}"
+        );
+        let msg = t["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(want), "{i}: {msg}");
+    }
+    drop(gw);
+    server.shutdown().await;
+    // Bad roots stop the start, naming the key.
+    for (text, key) in [
+        (
+            "s3_roots = [\"s3://rollouts/a/../b\"]",
+            "rollout.dashboard.s3_roots[0]",
+        ),
+        ("s3_roots = [\"/srv/x\"]", "rollout.dashboard.s3_roots[0]"),
+        (
+            "[rollout.dashboard.s3]\nendpoint = \"ftp://x\"",
+            "rollout.dashboard.s3.endpoint",
+        ),
+    ] {
+        let e = RolloutConfig::from_toml(&format!("[rollout.dashboard]\n{text}\n"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(key), "{text}: {e}");
+    }
+    let e = RolloutConfig::from_toml("[rollout.dashboard.s3]\naccess_key_id = \"k\"\n", None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("access_key_id"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,12 +6,18 @@
 //! (`polar_io::beneath`: no symlink followed, no `..` out), a regular file
 //! of at most `max_file_bytes`, decoded with the export crate's own readers
 //! (Parquet or JSONL by extension), and cut to the rows of the sample's own
-//! session (a batch file holds several). A URI that names anything else
-//! (`s3://`, a path outside the roots) is refused, never fetched: the
-//! server reads no location a node or a task chose.
+//! session (a batch file holds several). An `s3://bucket/key` URI is read
+//! only when it is beneath one of `[rollout.dashboard] s3_roots` (same
+//! bucket, the key below the root's prefix at a `/`, no empty, `.` or `..`
+//! segment), with the client the operator configured (the server's own
+//! credentials): a HEAD first, refused over `max_file_bytes`, then a GET
+//! bounded by it (`polar_export::object::ObjectReader`). A URI that names
+//! anything else (another scheme, a path or key outside the roots) is
+//! refused, never fetched: the server reads no location a node or a task
+//! chose.
 //!
-//! Everything here blocks (file I/O, decoding): the caller runs it with
-//! `spawn_blocking`.
+//! Local reads and decoding block: the caller runs them with
+//! `spawn_blocking`; [`fetch_s3`] is async (object_store on the runtime).
 
 use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
@@ -20,7 +26,10 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use polar_export::Row;
+use polar_export::object::BoundedRead;
 use polar_io::beneath::{Dir, STRICT, open_how};
+
+use super::settings::S3Root;
 
 /// Why an exported file was not read.
 #[derive(Debug, thiserror::Error)]
@@ -34,14 +43,40 @@ pub enum ExportReadError {
          directories the gateways export to"
     )]
     NoRoots,
-    /// The URI is not a local absolute path (`s3://...`, `sim://...`).
+    /// The URI is neither a local absolute path nor `s3://` (`sim://...`).
     #[error(
-        "{0}: not a local path; the dashboard reads files beneath [rollout.dashboard] export_roots only"
+        "{0}: not a local path; the dashboard reads files beneath [rollout.dashboard] export_roots \
+         and objects beneath s3_roots only"
     )]
     NotLocal(String),
     /// The path is outside every export root.
     #[error("{0}: outside [rollout.dashboard] export_roots")]
     Outside(String),
+    /// An `s3://` URI, and the server has no S3 roots.
+    #[error(
+        "{0}: this server reads no s3:// export: set [rollout.dashboard] s3_roots to where the \
+         gateways export"
+    )]
+    NoS3Roots(String),
+    /// An `s3://` URI that is not a plain bucket and key.
+    #[error("{uri}: {reason}")]
+    BadS3 {
+        /// The URI.
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The object is outside every S3 root.
+    #[error("{0}: outside [rollout.dashboard] s3_roots")]
+    OutsideS3(String),
+    /// The store failed or refused (unreachable, credentials, ...).
+    #[error("{path}: the object store failed: {reason}")]
+    Store {
+        /// The object.
+        path: String,
+        /// Why.
+        reason: String,
+    },
     /// Neither `.parquet` nor `.jsonl`.
     #[error("{0}: not a .parquet or .jsonl export")]
     Format(String),
@@ -178,19 +213,133 @@ pub fn read_session_rows(
         });
     }
     let read = bytes.len() as u64;
+    let rows = decode_session_rows(uri, format, bytes::Bytes::from(bytes), session)?;
+    Ok((format, read, rows))
+}
+
+/// Decodes an exported file (`bytes`, from `uri`) and keeps the rows of
+/// `session`. Blocks (decoding).
+pub fn decode_session_rows(
+    uri: &str,
+    format: FileFormat,
+    bytes: bytes::Bytes,
+    session: &str,
+) -> Result<Vec<Row<'static>>, ExportReadError> {
     let rows = match format {
-        FileFormat::Parquet => polar_export::read_parquet(bytes::Bytes::from(bytes)),
+        FileFormat::Parquet => polar_export::read_parquet(bytes),
         FileFormat::Jsonl => polar_export::read_jsonl(&bytes),
     }
     .map_err(|e| ExportReadError::Decode {
         path: uri.to_owned(),
         reason: e.to_string(),
     })?;
-    let rows = rows
+    Ok(rows
         .into_iter()
         .filter(|r| r.session_id == session)
-        .collect();
-    Ok((format, read, rows))
+        .collect())
+}
+
+/// Splits `bucket/key` (an `s3://` URL without its scheme) strictly: a
+/// bucket of 3 to 63 lowercase letters, digits, `.` and `-` (starting and
+/// ending with a letter or digit); a key of non-empty segments, none `.`
+/// or `..`, without control characters. An empty key only if
+/// `empty_key` (a root: the whole bucket). Pure.
+pub fn split_s3(rest: &str, empty_key: bool) -> Result<(&str, &str), String> {
+    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !(3..=63).contains(&bucket.len())
+        || !bucket
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '.' || c == '-')
+        || !edge(bucket.chars().next())
+        || !edge(bucket.chars().last())
+    {
+        return Err(format!(
+            "{bucket:?}: not an S3 bucket name (3 to 63 of a-z, 0-9, `.`, `-`)"
+        ));
+    }
+    if key.is_empty() {
+        return if empty_key {
+            Ok((bucket, key))
+        } else {
+            Err("no object key".into())
+        };
+    }
+    for segment in key.split('/') {
+        match segment {
+            "" => return Err("an empty segment in the key".into()),
+            "." | ".." => return Err(format!("a `{segment}` segment in the key")),
+            s if s.chars().any(char::is_control) => {
+                return Err("a control character in the key".into());
+            }
+            _ => {}
+        }
+    }
+    Ok((bucket, key))
+}
+
+/// Where the `s3://` URI `uri` is: the root it is beneath, its key and its
+/// format. Pure: nothing is sent.
+pub fn locate_s3<'a>(
+    uri: &str,
+    roots: &'a [S3Root],
+) -> Result<(&'a S3Root, String, FileFormat), ExportReadError> {
+    let Some(rest) = uri.strip_prefix("s3://") else {
+        return Err(ExportReadError::NotLocal(uri.to_owned()));
+    };
+    if roots.is_empty() {
+        return Err(ExportReadError::NoS3Roots(uri.to_owned()));
+    }
+    let (bucket, key) = split_s3(rest, false).map_err(|reason| ExportReadError::BadS3 {
+        uri: uri.to_owned(),
+        reason,
+    })?;
+    let format = match key.rsplit_once('.').map(|(_, ext)| ext) {
+        Some("parquet") => FileFormat::Parquet,
+        Some("jsonl") => FileFormat::Jsonl,
+        _ => return Err(ExportReadError::Format(uri.to_owned())),
+    };
+    let beneath = |root: &S3Root| {
+        root.bucket == bucket
+            && (root.prefix.is_empty()
+                || key
+                    .strip_prefix(root.prefix.as_str())
+                    .is_some_and(|rest| rest.starts_with('/')))
+    };
+    match roots.iter().find(|r| beneath(r)) {
+        Some(root) => Ok((root, key.to_owned(), format)),
+        None => Err(ExportReadError::OutsideS3(uri.to_owned())),
+    }
+}
+
+/// Fetches the object `uri` names (see the module doc): its format and
+/// its bytes, at most `max_bytes`.
+pub async fn fetch_s3(
+    uri: &str,
+    roots: &[S3Root],
+    max_bytes: u64,
+) -> Result<(FileFormat, bytes::Bytes), ExportReadError> {
+    let (root, key, format) = locate_s3(uri, roots)?;
+    let read = root
+        .reader
+        .read(&key, max_bytes)
+        .await
+        .map_err(|e| ExportReadError::Store {
+            path: uri.to_owned(),
+            reason: e.to_string(),
+        })?;
+    match read {
+        BoundedRead::Whole(bytes) => Ok((format, bytes)),
+        BoundedRead::NotFound => Err(ExportReadError::Missing {
+            path: uri.to_owned(),
+            reason: "no such object".into(),
+        }),
+        BoundedRead::TooLarge(size) => Err(ExportReadError::TooLarge {
+            path: uri.to_owned(),
+            size,
+            max: max_bytes,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -218,6 +367,53 @@ mod tests {
         assert!(err("/etc/shadow.jsonl", &roots).contains("outside"));
         assert!(err("/srv/exports/t.json", &roots).contains("not a .parquet or .jsonl"));
         assert!(err("/srv/exports.jsonl", &roots).contains("outside"));
+    }
+
+    #[test]
+    fn only_plain_keys_beneath_an_s3_root_are_located() {
+        let settings =
+            crate::ui::settings::DashboardSettings::from_raw(&crate::ui::settings::RawDashboard {
+                s3_roots: Some(vec!["s3://rollouts/runs".into(), "s3://whole".into()]),
+                s3: Some(crate::ui::settings::RawDashboardS3 {
+                    endpoint: Some("http://127.0.0.1:1".into()),
+                    region: Some("us-east-1".into()),
+                    allow_http: None,
+                }),
+                ..Default::default()
+            })
+            .unwrap();
+        let roots = &settings.s3_roots;
+        let (root, key, f) = locate_s3("s3://rollouts/runs/task=t/t-s0.parquet", roots).unwrap();
+        assert_eq!(
+            (root.bucket.as_str(), key.as_str()),
+            ("rollouts", "runs/task=t/t-s0.parquet")
+        );
+        assert_eq!(f, FileFormat::Parquet);
+        let (root, key, f) = locate_s3("s3://whole/a/b.jsonl", roots).unwrap();
+        assert_eq!(
+            (root.bucket.as_str(), key.as_str(), f),
+            ("whole", "a/b.jsonl", FileFormat::Jsonl)
+        );
+        let err = |uri: &str| locate_s3(uri, roots).unwrap_err().to_string();
+        assert!(
+            err("s3://rollouts/runsX/t.jsonl").contains("outside [rollout.dashboard] s3_roots")
+        );
+        assert!(err("s3://rollouts/other/t.jsonl").contains("outside"));
+        assert!(err("s3://rollouts/runs.jsonl").contains("outside"));
+        assert!(err("s3://elsewhere/runs/t.jsonl").contains("outside"));
+        assert!(err("s3://rollouts/runs/../t.jsonl").contains("`..` segment"));
+        assert!(err("s3://rollouts/runs/./t.jsonl").contains("`.` segment"));
+        assert!(err("s3://rollouts/runs//t.jsonl").contains("empty segment"));
+        assert!(err("s3://rollouts/runs/t\n.jsonl").contains("control character"));
+        assert!(err("s3://rollouts").contains("no object key"));
+        assert!(err("s3://Rollouts/runs/t.jsonl").contains("bucket name"));
+        assert!(err("s3://rollouts/runs/t.json").contains("not a .parquet or .jsonl"));
+        assert!(
+            locate_s3("s3://rollouts/runs/t.jsonl", &[])
+                .unwrap_err()
+                .to_string()
+                .contains("reads no s3:// export")
+        );
     }
 
     #[test]

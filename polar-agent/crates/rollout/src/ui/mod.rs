@@ -3,7 +3,7 @@
 //! the token is (`GET /v1/whoami`), one sample in full (`GET
 //! /v1/tasks/{id}/samples/{index}`) and its exported trajectory (`GET
 //! /v1/tasks/{id}/samples/{index}/trajectory`, read by `exports` beneath
-//! the operator's `[rollout.dashboard] export_roots`); `settings` is
+//! the operator's `[rollout.dashboard] export_roots` or `s3_roots`); `settings` is
 //! `[rollout.dashboard]`. The pages (plain JavaScript modules and CSS, no
 //! build step) live in `polar-agent/crates/rollout/ui/`; docs/DASHBOARD.md
 //! shows them.
@@ -110,16 +110,26 @@ pub async fn trajectory(
     let Some(uri) = uri else {
         return Err(ApiError::Export(ExportReadError::NoFile(view.session_id)));
     };
-    let settings = core.cfg.dashboard.clone();
+    let settings = &core.cfg.dashboard;
+    // An object is fetched here, on the runtime; a local file is read
+    // (and everything decoded) on the blocking pool.
+    let fetched = if uri.starts_with("s3://") {
+        Some(exports::fetch_s3(&uri, &settings.s3_roots, settings.max_file_bytes).await?)
+    } else {
+        None
+    };
+    let (roots, max) = (settings.export_roots.clone(), settings.max_file_bytes);
     let session = view.session_id.clone();
     let task = task.to_owned();
     let body = tokio::task::spawn_blocking(move || {
-        let (format, file_bytes, rows) = exports::read_session_rows(
-            &uri,
-            &session,
-            &settings.export_roots,
-            settings.max_file_bytes,
-        )?;
+        let (format, file_bytes, rows) = match fetched {
+            Some((format, bytes)) => {
+                let n = bytes.len() as u64;
+                let rows = exports::decode_session_rows(&uri, format, bytes, &session)?;
+                (format, n, rows)
+            }
+            None => exports::read_session_rows(&uri, &session, &roots, max)?,
+        };
         // Encoded here too: a 200,000-token trace is megabytes of JSON.
         let reply = TrajectoryReply {
             version: API_VERSION,

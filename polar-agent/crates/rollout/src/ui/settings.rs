@@ -1,12 +1,17 @@
 //! `[rollout.dashboard]`: what the dashboard may read besides the server's
 //! own state. The exported trajectory files a sample names
 //! (`result.trajectory_uri`, written by a gateway) are read only beneath
-//! `export_roots`, which the operator sets; nothing a task spec, a gateway
-//! or a sandbox says widens them.
+//! `export_roots` (local directories) and `s3_roots` (`s3://bucket/prefix`,
+//! with the store's `[rollout.dashboard.s3]` settings and the server's own
+//! `AWS_*` credentials), which the operator sets; nothing a task spec, a
+//! gateway or a sandbox says widens them.
 
 use std::path::{Component, PathBuf};
 
 use serde::Deserialize;
+
+use polar_export::S3Options;
+use polar_export::object::ObjectReader;
 
 /// The largest exported file read by default (256 MiB).
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 << 20;
@@ -19,7 +24,45 @@ pub struct RawDashboard {
     pub export_roots: Option<Vec<PathBuf>>,
     /// The largest exported file read.
     pub max_file_bytes: Option<u64>,
+    /// `s3://bucket/prefix` URLs the exported objects may be read beneath.
+    pub s3_roots: Option<Vec<String>>,
+    /// The S3-compatible store of `s3_roots`.
+    pub s3: Option<RawDashboardS3>,
 }
+
+/// `[rollout.dashboard.s3]` as written: where the store is, never
+/// credentials (those come from the server's `AWS_*` environment).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDashboardS3 {
+    /// Endpoint URL of a non-AWS store.
+    pub endpoint: Option<String>,
+    /// Region.
+    pub region: Option<String>,
+    /// Plain HTTP (implied for a loopback endpoint).
+    pub allow_http: Option<bool>,
+}
+
+/// One of `s3_roots`, checked, with its bucket's client.
+#[derive(Debug, Clone)]
+pub struct S3Root {
+    /// The bucket.
+    pub bucket: String,
+    /// The key prefix (no leading or trailing `/`; empty: the whole
+    /// bucket).
+    pub prefix: String,
+    /// Reads the bucket.
+    pub reader: ObjectReader,
+}
+
+impl PartialEq for S3Root {
+    fn eq(&self, other: &Self) -> bool {
+        // The client is made from the bucket and the settings' `s3`.
+        (&self.bucket, &self.prefix) == (&other.bucket, &other.prefix)
+    }
+}
+
+impl Eq for S3Root {}
 
 /// The dashboard's settings, checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +72,12 @@ pub struct DashboardSettings {
     pub export_roots: Vec<PathBuf>,
     /// The largest exported file read.
     pub max_file_bytes: u64,
+    /// Buckets and key prefixes the exported objects may be read beneath;
+    /// empty: no `s3://` export is read.
+    pub s3_roots: Vec<S3Root>,
+    /// The store of `s3_roots` (from the file: no credentials, the
+    /// environment's).
+    pub s3: S3Options,
 }
 
 impl Default for DashboardSettings {
@@ -36,6 +85,8 @@ impl Default for DashboardSettings {
         Self {
             export_roots: Vec::new(),
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            s3_roots: Vec::new(),
+            s3: S3Options::default(),
         }
     }
 }
@@ -63,7 +114,56 @@ impl DashboardSettings {
             }
             out.max_file_bytes = n;
         }
+        if let Some(s3) = &raw.s3 {
+            if let Some(e) = &s3.endpoint {
+                if !(e.starts_with("http://") || e.starts_with("https://")) {
+                    return Err((
+                        "s3.endpoint".into(),
+                        format!("{e}: not an http:// or https:// URL"),
+                    ));
+                }
+                out.s3.endpoint = Some(e.clone());
+            }
+            if let Some(r) = &s3.region {
+                if r.is_empty() {
+                    return Err(("s3.region".into(), "empty".into()));
+                }
+                out.s3.region = Some(r.clone());
+            }
+            out.s3.allow_http = s3.allow_http.unwrap_or(false);
+        }
+        let s3 = out.s3.clone();
+        out.set_s3_roots(raw.s3_roots.as_deref().unwrap_or_default(), s3)?;
         Ok(out)
+    }
+
+    /// Sets `s3_roots` (`s3://bucket/prefix` each) and their store's
+    /// options. The configuration file gives no credentials (the
+    /// environment does); a program embedding the server may. An error is
+    /// `(key under dashboard, why)`.
+    pub fn set_s3_roots(
+        &mut self,
+        roots: &[String],
+        s3: S3Options,
+    ) -> Result<(), (String, String)> {
+        let mut checked = Vec::with_capacity(roots.len());
+        for (i, root) in roots.iter().enumerate() {
+            let key = || format!("s3_roots[{i}]");
+            let Some(rest) = root.strip_prefix("s3://") else {
+                return Err((key(), format!("{root}: not an s3://bucket/prefix URL")));
+            };
+            let (bucket, prefix) = super::exports::split_s3(rest.trim_end_matches('/'), true)
+                .map_err(|why| (key(), format!("{root}: {why}")))?;
+            let reader = ObjectReader::s3(bucket, &s3).map_err(|e| (key(), e.to_string()))?;
+            checked.push(S3Root {
+                bucket: bucket.to_owned(),
+                prefix: prefix.to_owned(),
+                reader,
+            });
+        }
+        self.s3_roots = checked;
+        self.s3 = s3;
+        Ok(())
     }
 }
 
@@ -75,7 +175,7 @@ mod tests {
     fn roots_are_absolute_and_plain() {
         let raw = |roots: &[&str]| RawDashboard {
             export_roots: Some(roots.iter().map(PathBuf::from).collect()),
-            max_file_bytes: None,
+            ..RawDashboard::default()
         };
         let ok = DashboardSettings::from_raw(&raw(&["/srv/a", "/mnt/b/"])).unwrap();
         assert_eq!(ok.export_roots.len(), 2);
@@ -85,10 +185,54 @@ mod tests {
         let e = DashboardSettings::from_raw(&raw(&["/srv/../etc"])).unwrap_err();
         assert!(e.1.contains("no `.` or `..`"), "{e:?}");
         let e = DashboardSettings::from_raw(&RawDashboard {
-            export_roots: None,
             max_file_bytes: Some(10),
+            ..RawDashboard::default()
         })
         .unwrap_err();
         assert_eq!(e.0, "max_file_bytes");
+    }
+
+    #[test]
+    fn s3_roots_are_buckets_and_plain_prefixes() {
+        let raw = |roots: &[&str]| RawDashboard {
+            s3_roots: Some(roots.iter().map(|r| (*r).to_owned()).collect()),
+            s3: Some(RawDashboardS3 {
+                endpoint: Some("http://127.0.0.1:9000".into()),
+                region: Some("us-east-1".into()),
+                allow_http: None,
+            }),
+            ..RawDashboard::default()
+        };
+        let ok = DashboardSettings::from_raw(&raw(&["s3://rollouts/runs/", "s3://other"])).unwrap();
+        let roots: Vec<_> = ok
+            .s3_roots
+            .iter()
+            .map(|r| (r.bucket.as_str(), r.prefix.as_str(), r.reader.bucket()))
+            .collect();
+        assert_eq!(
+            roots,
+            [("rollouts", "runs", "rollouts"), ("other", "", "other")]
+        );
+        assert_eq!(ok.s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        assert_eq!(ok.s3.access_key_id, None);
+        for (bad, why) in [
+            ("/srv/x", "not an s3://bucket/prefix URL"),
+            ("s3://", "bucket"),
+            ("s3://Rollouts/x", "bucket"),
+            ("s3://rollouts/a/../b", "`..`"),
+            ("s3://rollouts/a//b", "empty segment"),
+        ] {
+            let e = DashboardSettings::from_raw(&raw(&["s3://ok-bucket", bad])).unwrap_err();
+            assert_eq!(e.0, "s3_roots[1]", "{bad}");
+            assert!(e.1.contains(why), "{bad}: {e:?}");
+        }
+        let mut r = raw(&["s3://rollouts"]);
+        if let Some(s3) = &mut r.s3 {
+            s3.endpoint = Some("127.0.0.1:9000".into());
+        }
+        assert_eq!(
+            DashboardSettings::from_raw(&r).unwrap_err().0,
+            "s3.endpoint"
+        );
     }
 }
