@@ -9,62 +9,24 @@
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result, ensure};
-use futures_util::TryStreamExt as _;
-use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt as _};
 use polar_export::S3Options;
 use polar_rollout::ui::exports::{self, ExportReadError, FileFormat};
 use polar_rollout::ui::settings::DashboardSettings;
 
-use crate::fixture;
-use crate::moto::Moto;
-
-const KEY: &str = "testing";
-const REGION: &str = "us-east-1";
+use crate::moto::{KEY, Moto, REGION, list};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_reads_exports_beneath_its_s3_roots() -> Result<()> {
     let moto = Moto::start()?;
     moto.create_bucket("rollouts")?;
-    let state = tempfile::tempdir()?;
-    fixture::write_state_dir(state.path())?;
-    let state_arg = state.path().display().to_string();
+    moto.export_fixture("s3://rollouts/runs/1")?;
     let endpoint = moto.endpoint();
-    let args = [
-        "--state-dir",
-        state_arg.as_str(),
-        "--out",
-        "s3://rollouts/runs/1",
-        "--s3-endpoint",
-        endpoint.as_str(),
-        "--format",
-        "both",
-    ];
-    let env = [
-        ("AWS_ACCESS_KEY_ID", KEY),
-        ("AWS_SECRET_ACCESS_KEY", KEY),
-        ("AWS_REGION", REGION),
-    ];
-    let summary = tokio::task::block_in_place(|| fixture::polar_export(&args, &env))?;
-    ensure!(summary["sessions"] == 6, "{summary}");
 
     // What the test reads directly, to compare with.
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(&endpoint)
-            .with_allow_http(true)
-            .with_bucket_name("rollouts")
-            .with_region(REGION)
-            .with_access_key_id(KEY)
-            .with_secret_access_key(KEY)
-            .build()?,
-    );
-    let names: Vec<String> = store
-        .list(None)
-        .map_ok(|m| m.location.to_string())
-        .try_collect()
-        .await?;
+    let store = moto.client("rollouts")?;
+    let names = list(&store).await?;
     ensure!(names.len() == 12, "{names:?}");
 
     let mut settings = DashboardSettings::default();

@@ -7,7 +7,17 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures_util::TryStreamExt as _;
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+
+/// The test credentials and region moto accepts.
+pub const KEY: &str = "testing";
+/// See [`KEY`].
+pub const REGION: &str = "us-east-1";
 
 /// Longest wait for the server to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -93,4 +103,60 @@ impl Drop for Moto {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+impl Moto {
+    /// A client of `bucket` on this server.
+    pub fn client(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
+        Ok(Arc::new(
+            AmazonS3Builder::new()
+                .with_endpoint(self.endpoint())
+                .with_allow_http(true)
+                .with_bucket_name(bucket)
+                .with_region(REGION)
+                .with_access_key_id(KEY)
+                .with_secret_access_key(KEY)
+                .build()?,
+        ))
+    }
+
+    /// `polar export` of the fixture's state directory to `out` (an
+    /// `s3://` URL on this server), both formats, credentials from the
+    /// environment; its summary, after checking it exported the fixture's
+    /// six sessions.
+    pub fn export_fixture(&self, out: &str) -> Result<serde_json::Value> {
+        let state = tempfile::tempdir()?;
+        crate::fixture::write_state_dir(state.path())?;
+        let state_arg = state.path().display().to_string();
+        let endpoint = self.endpoint();
+        let args = [
+            "--state-dir",
+            state_arg.as_str(),
+            "--out",
+            out,
+            "--s3-endpoint",
+            endpoint.as_str(),
+            "--format",
+            "both",
+        ];
+        let env = [
+            ("AWS_ACCESS_KEY_ID", KEY),
+            ("AWS_SECRET_ACCESS_KEY", KEY),
+            ("AWS_REGION", REGION),
+        ];
+        let summary = tokio::task::block_in_place(|| crate::fixture::polar_export(&args, &env))?;
+        ensure!(summary["sessions"] == 6, "{summary}");
+        Ok(summary)
+    }
+}
+
+/// The names of the objects in `store`, sorted.
+pub async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<String>> {
+    let mut names: Vec<String> = store
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await?;
+    names.sort();
+    Ok(names)
 }

@@ -7,70 +7,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::{Result, ensure};
-use futures_util::TryStreamExt as _;
-use object_store::aws::AmazonS3Builder;
+use object_store::ObjectStoreExt as _;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt as _};
 use polar_export::object::{ObjectFile, PART_SIZE};
 use polar_export::{Destination, S3Options};
 use polar_trajectory::Builder;
 
 use crate::fixture;
-use crate::moto::Moto;
-
-const KEY: &str = "testing";
-const REGION: &str = "us-east-1";
-
-fn client(moto: &Moto, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
-    Ok(Arc::new(
-        AmazonS3Builder::new()
-            .with_endpoint(moto.endpoint())
-            .with_allow_http(true)
-            .with_bucket_name(bucket)
-            .with_region(REGION)
-            .with_access_key_id(KEY)
-            .with_secret_access_key(KEY)
-            .build()?,
-    ))
-}
-
-async fn list(store: &Arc<dyn ObjectStore>) -> Result<Vec<String>> {
-    let mut names: Vec<String> = store
-        .list(None)
-        .map_ok(|m| m.location.to_string())
-        .try_collect()
-        .await?;
-    names.sort();
-    Ok(names)
-}
+use crate::moto::{KEY, Moto, REGION, list};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polar_export_to_s3_compatible_storage() -> Result<()> {
     let moto = Moto::start()?;
     moto.create_bucket("rollouts")?;
-    let state = tempfile::tempdir()?;
-    fixture::write_state_dir(state.path())?;
-    let state_arg = state.path().display().to_string();
-    let endpoint = moto.endpoint();
-    let args = [
-        "--state-dir",
-        state_arg.as_str(),
-        "--out",
-        "s3://rollouts/runs/1",
-        "--s3-endpoint",
-        endpoint.as_str(),
-        "--format",
-        "both",
-    ];
-    let env = [
-        ("AWS_ACCESS_KEY_ID", KEY),
-        ("AWS_SECRET_ACCESS_KEY", KEY),
-        ("AWS_REGION", REGION),
-    ];
-    let summary = tokio::task::block_in_place(|| fixture::polar_export(&args, &env))?;
-    ensure!(summary["sessions"] == 6, "{summary}");
+    let summary = moto.export_fixture("s3://rollouts/runs/1")?;
 
-    let store = client(&moto, "rollouts")?;
+    let store = moto.client("rollouts")?;
     let names = list(&store).await?;
     ensure!(names.len() == 12, "{names:?}");
     ensure!(
@@ -125,7 +77,7 @@ async fn multipart_objects_are_invisible_until_complete() -> Result<()> {
     let Destination::Object { store, .. } = dest else {
         anyhow::bail!("not an object destination");
     };
-    let reader = client(&moto, "parts")?;
+    let reader = moto.client("parts")?;
     let chunk: Vec<u8> = (0..PART_SIZE / 2).map(|i| (i % 251) as u8).collect();
 
     let mut file = ObjectFile::create(Arc::clone(&store), ObjectPath::from("x/big.bin"));

@@ -350,6 +350,32 @@ fn assemble_folds_a_stream() {
     assert_eq!(assemble(&[]).finish_reason, FinishReason::Abort);
 }
 
+/// Found by the `request_gemini` fuzz target: a sampling value written as
+/// many digits (`topP` 0.00000000004000…095) read back one ULP off
+/// (4.0000000000000004e-11) from the record's JSON, because serde_json's
+/// default float parser is not correctly rounded; the workspace enables
+/// its `float_roundtrip`, so a record reads back as it was written.
+#[test]
+fn a_request_reads_back_from_its_json_bit_for_bit() {
+    let body = br#"{"contents": [{"role": "user", "parts": [{"text": "x"}]}],
+        "generationConfig": {"temperature": 1, "topK": 64,
+        "topP": 0.0000000000400000000000000000000000000000000000000000000000000000000000000000095}}"#;
+    let doc = polar_json::Doc::parse(body).unwrap();
+    let call = ModelCall {
+        api: Api::Gemini,
+        framing: Framing::Json,
+        path_model: Some("gemini-2.5-pro".into()),
+    };
+    let parsed = parse_request(&call, doc.root()).unwrap();
+    let back: ChatRequest =
+        serde_json::from_slice(&serde_json::to_vec(&parsed.request).unwrap()).unwrap();
+    assert_eq!(back, parsed.request);
+    assert_eq!(
+        back.sampling.top_p.map(f64::to_bits),
+        Some(4e-11_f64.to_bits())
+    );
+}
+
 #[test]
 fn history_prepends_stored_conversation() {
     let mut instr_old = Message::text(Role::System, "old instructions");
