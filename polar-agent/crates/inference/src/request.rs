@@ -178,12 +178,8 @@ fn message(m: &Message) -> Value {
     } else {
         out.insert("content".into(), content);
     }
-    // Reasoning without text (Gemini CLI's `thoughtSignature` sentinel on
-    // a turn that had no thought) is no reasoning to the backend: an empty
-    // `reasoning_content` would make a template that tests for the key
-    // render an empty think block the model never generated.
-    if let Some(r) = m.reasoning.as_ref().filter(|r| !r.text.is_empty()) {
-        out.insert("reasoning_content".into(), json!(r.text));
+    if let Some(text) = sent_reasoning(m) {
+        out.insert("reasoning_content".into(), json!(text));
     }
     if !m.tool_calls.is_empty() {
         let calls = m
@@ -240,6 +236,18 @@ fn content(parts: &[Part]) -> Value {
             })
             .collect(),
     )
+}
+
+/// The reasoning of `m` the backend is sent as `reasoning_content`: none
+/// without text (Gemini CLI's `thoughtSignature` sentinel on a turn that
+/// had no thought), since an empty `reasoning_content` makes a template
+/// that tests for the key render an empty think block the model never
+/// generated.
+pub(crate) fn sent_reasoning(m: &Message) -> Option<&str> {
+    m.reasoning
+        .as_ref()
+        .map(|r| r.text.as_str())
+        .filter(|t| !t.is_empty())
 }
 
 #[cfg(test)]

@@ -135,9 +135,9 @@ fn message(out: &mut Vec<u8>, m: &Message) {
     } else {
         parts(out, &m.content);
     }
-    if let Some(r) = &m.reasoning {
+    if let Some(text) = crate::request::sent_reasoning(m) {
         key(out, false, "reasoning_content");
-        write_str(out, &r.text);
+        write_str(out, text);
     }
     if !m.tool_calls.is_empty() {
         key(out, false, "tool_calls");
