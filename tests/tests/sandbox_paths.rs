@@ -362,6 +362,31 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
     // This process owns it: a start-up leaves it alone.
     let live = quota::reclaim_stale(&sandboxes);
     ensure!(live.released.is_empty(), "{live:?}");
+    // Neither does it take a running agent's release between its unmount
+    // and its rename (its copy names it), nor a tmpfs whose owner file is
+    // not written yet: agents sharing a state directory start and end
+    // while the others' sessions run.
+    let midway = sandboxes.join("midway");
+    std::fs::create_dir(&midway)?;
+    std::fs::create_dir(sandboxes.join(".midway.persist"))?;
+    std::fs::write(sandboxes.join(".midway.persist/f"), "copied")?;
+    let me = std::fs::read_to_string(root.join(quota::OWNER_FILE))?;
+    std::fs::write(sandboxes.join(".midway.persist").join(quota::OWNER_FILE), &me)?;
+    let mounting = sandboxes.join("mounting");
+    ensure!(quota::mount(&mounting, 1 << 20)?);
+    std::fs::remove_file(mounting.join(quota::OWNER_FILE))?;
+    let live = quota::reclaim_stale(&sandboxes);
+    ensure!(
+        live == quota::Reclaimed::default(),
+        "a live release or mount was taken: {live:?}"
+    );
+    ensure!(std::fs::read_dir(&midway)?.next().is_none());
+    ensure!(sandboxes.join(".midway.persist/f").exists());
+    ensure!(quota::is_mount_point(&mounting)?);
+    ensure!(quota::discard(&mounting));
+    std::fs::remove_dir(&mounting)?;
+    std::fs::remove_dir_all(sandboxes.join(".midway.persist"))?;
+    std::fs::remove_dir(&midway)?;
     // Its agent "died".
     std::fs::write(root.join(quota::OWNER_FILE), "999999999 1\n")?;
     // And another release was cut short after its unmount.

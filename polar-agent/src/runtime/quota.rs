@@ -32,7 +32,12 @@
 //! and else by the next agent that starts on the state directory
 //! ([`reclaim_stale`] both): each mounted session directory records its agent
 //! (pid and start time) in a root-only file, and one whose agent is gone is
-//! released; a release cut short by a crash is finished.
+//! released; a release cut short by a crash is finished. Several agents
+//! may share a state directory (concurrent `polar sandbox run`s do), so a
+//! release under way is never taken by another: the tmpfs keeps its owner
+//! file until it is unmounted, the disk copy names its releasing agent
+//! until it takes the session's path, and a tmpfs whose owner file is not
+//! written yet (a mount under way) is left alone.
 //!
 //! Everything here blocks; async callers use `spawn_blocking`.
 
@@ -250,13 +255,22 @@ pub fn release(root: &Path) -> Result<bool, QuotaError> {
     fs::create_dir(&persist).map_err(io_err("create", &persist))?;
     fs::set_permissions(&persist, fs::Permissions::from_mode(0o711))
         .map_err(io_err("chmod", &persist))?;
+    // The copy names this process until it takes the session's path, and
+    // the tmpfs keeps its owner file until it is unmounted: another agent
+    // starting on the same state directory (or a sibling's guardian) never
+    // takes a release that is under way for one whose agent is gone.
+    write_owner(&persist)?;
     let src = Dir::open_root(root).map_err(io_err("open", root))?;
-    let _ = src.remove(OsStr::new(OWNER_FILE));
     let dst = Dir::open_root(&persist).map_err(io_err("open", &persist))?;
     let mut replaced = Vec::new();
-    let bytes = src
-        .copy_tree(&dst, None, Path::new(""), &mut replaced)
-        .map_err(io_err("copying to disk", root))?;
+    let mut bytes = 0;
+    for name in src.names().map_err(io_err("read", root))? {
+        if name != OWNER_FILE {
+            bytes += src
+                .copy_entry(&name, &dst, &name, None, Path::new(&name), &mut replaced)
+                .map_err(io_err("copying to disk", root))?;
+        }
+    }
     drop(src);
     umount2(root, MntFlags::MNT_DETACH).map_err(|source| QuotaError::Mount {
         op: "unmounting",
@@ -276,7 +290,12 @@ fn finish_release(root: &Path, persist: &Path) -> Result<(), QuotaError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err("remove", root)(e)),
     }
-    fs::rename(persist, root).map_err(io_err("rename", persist))
+    fs::rename(persist, root).map_err(io_err("rename", persist))?;
+    match fs::remove_file(root.join(OWNER_FILE)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err("remove", &root.join(OWNER_FILE))(e)),
+    }
 }
 
 /// What [`reclaim_stale`] did.
@@ -313,6 +332,11 @@ pub fn reclaim_stale(sandboxes: &Path) -> Reclaimed {
                 // The copy was cut short: the release below starts over.
                 continue;
             }
+            if owner_alive(&persist) {
+                // A running agent's release, between its unmount and its
+                // rename.
+                continue;
+            }
             let empty = fs::read_dir(&root).map_or(true, |mut d| d.next().is_none());
             if empty {
                 match finish_release(&root, &persist) {
@@ -329,7 +353,10 @@ pub fn reclaim_stale(sandboxes: &Path) -> Reclaimed {
             continue;
         }
         let root = sandboxes.join(name);
-        if !is_mount_point(&root).unwrap_or(false) || owner_alive(&root) {
+        // A tmpfs without an owner file is a mount under way (its agent
+        // writes the file right after mounting): left alone.
+        let owner_known = root.join(OWNER_FILE).exists();
+        if !is_mount_point(&root).unwrap_or(false) || !owner_known || owner_alive(&root) {
             continue;
         }
         match release(&root) {
