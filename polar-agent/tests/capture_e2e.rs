@@ -384,6 +384,55 @@ async fn token_counts_equal_the_prompt_of_the_real_call() {
     }
 }
 
+/// A count goes where a chat request would: past a replica that answers
+/// 503 (overloaded, restarting) to the next one, still the backend's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_go_past_an_overloaded_replica() {
+    let mock = mock_default().await;
+    let overloaded = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let bad = format!("http://{}", overloaded.local_addr().unwrap());
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = hits.clone();
+    let server = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        while let Ok((mut conn, _)) = overloaded.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut buf = vec![0u8; 64 << 10];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn
+                .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 10\r\nconnection: close\r\n\r\noverloaded")
+                .await;
+        }
+    });
+    let toml = backend_toml("mock", &mock.url(), 5000).replace(
+        &format!("[\"{}\"]", mock.url()),
+        &format!("[\"{bad}\", \"{}\"]", mock.url()),
+    );
+    let agent = TestAgent::start(&toml).await;
+    for i in 0..8 {
+        let s = format!("count-past-{i}");
+        agent.session(&s, "t");
+        let count = send(request(
+            agent.addr,
+            &s,
+            Method::POST,
+            "/v1/messages/count_tokens",
+            &[("anthropic-version", "2023-06-01")],
+            Bytes::from(Harness::Claude.fixture().to_string()),
+        ))
+        .await;
+        assert_eq!(count.status, StatusCode::OK, "{}", count.text());
+        assert_eq!(count.headers["x-polar-token-count"], "backend", "{s}");
+    }
+    assert!(
+        hits.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "no session's count tried the overloaded replica first"
+    );
+    agent.stop().await;
+    server.abort();
+    mock.stop().await;
+}
+
 /// A backend that cannot count (here an SGLang backend whose server has no
 /// `/v1/tokenize`) leaves the estimate, labelled as one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,18 +102,134 @@ impl Client {
         let streaming = streams_upstream(self.cfg.dialect);
         let timeout = self.cfg.request_timeout();
         let backend = self.cfg.name.clone();
+        let Reached {
+            replica,
+            base,
+            resp,
+            attempts,
+            failed,
+        } = self
+            .reach(session, |base| {
+                chat_request(base, session, &body, streaming, &backend)
+            })
+            .await?;
+        let head = started.elapsed();
+        let weight_version = resp
+            .headers()
+            .get("x-weight-version")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        admission.bind(replica);
+        let info = BackendInfo {
+            backend: backend.clone(),
+            dialect: self.cfg.dialect,
+            replica: base,
+            served_model: self.cfg.map_model(&req.model).to_owned(),
+            weight_version,
+            attempts,
+        };
+        let mut failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
+        failover.note_sent_again(&failed, &info.replica);
+        Ok(ChatStream::new(StreamParts {
+            info,
+            body: resp.into_body(),
+            streaming,
+            model: req.model.clone(),
+            timeout,
+            started,
+            timings: Timings {
+                started_at,
+                paused,
+                head: Some(head),
+                first_token: None,
+                finished: None,
+            },
+            pool: self.pool.clone(),
+            replica,
+            admission,
+            failover: Some(Box::new(failover)),
+        }))
+    }
+}
+
+impl Client {
+    /// The prompt tokens of `req` as the backend's tokenizer and served
+    /// chat template count them (see [`crate::tokenize`]), from the
+    /// session's replica (the next one as a chat request would go there,
+    /// [`Client::reach`]).
+    /// Not a generation: it is not held while the pool is paused.
+    pub async fn count_tokens(
+        &self,
+        session: &str,
+        req: &ChatRequest,
+    ) -> Result<u64, InferenceError> {
+        let body = Bytes::from(tokenize_body(&self.cfg, req).to_string());
+        let path = tokenize_path(self.cfg.dialect);
+        let timeout = self.cfg.request_timeout();
+        let backend = self.cfg.name.clone();
+        let Reached { base, resp, .. } = self
+            .reach(session, |base| {
+                post_json(base, path, session, &body, &backend)
+            })
+            .await?;
+        let read = tokio::time::timeout(
+            timeout,
+            Limited::new(resp.into_body(), MAX_TOKENIZE_BODY).collect(),
+        )
+        .await;
+        let bytes = match read {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) => {
+                return Err(InferenceError::StreamCut {
+                    backend,
+                    replica: base,
+                    events: 0,
+                    reason: format!("tokenize answer: {e}"),
+                });
+            }
+            Err(_) => {
+                return Err(InferenceError::Timeout {
+                    backend,
+                    replica: base,
+                    timeout,
+                    waiting_for: "reply body",
+                    events: 0,
+                });
+            }
+        };
+        parse_count(&bytes).map_err(|reason| InferenceError::Malformed {
+            backend,
+            replica: base,
+            reason,
+        })
+    }
+
+    /// The reply head of the first of `session`'s replicas (best first)
+    /// that answers the request `make` builds for its base URL with a
+    /// success: the next replica is tried when one cannot be reached, or
+    /// took the request and failed before its reply began (a reset, HTTP
+    /// 429 or 5xx); a replica too slow to answer, or one refusing the
+    /// request (4xx but 429), ends the call. Each try is counted in the
+    /// pool's health figures; tries after one a replica took carry
+    /// `x-polar-attempt`.
+    async fn reach(
+        &self,
+        session: &str,
+        make: impl Fn(&str) -> Result<Request<Full<Bytes>>, InferenceError>,
+    ) -> Result<Reached, InferenceError> {
+        let timeout = self.cfg.request_timeout();
+        let backend = &self.cfg.name;
         let mut attempts = 0;
         let mut last = String::from("no replica");
         // The last failure of a replica that took the request.
         let mut reached: Option<InferenceError> = None;
-        // Each replica that took the request and failed, with its fault.
         let mut failed: Vec<(String, String)> = Vec::new();
         for replica in self.pool.order(session) {
             attempts += 1;
             let base = self.pool.url(replica).to_owned();
-            let mut request = chat_request(&base, session, &body, streaming, &backend)?;
+            let mut request = make(&base)?;
             if reached.is_some()
-                && let Ok(v) = HeaderValue::from_str(&(attempts).to_string())
+                && let Ok(v) = HeaderValue::from_str(&attempts.to_string())
             {
                 request.headers_mut().insert(ATTEMPT_HEADER, v);
             }
@@ -127,7 +243,7 @@ impl Client {
                 Err(_) => {
                     self.pool.note_failure(replica);
                     return Err(InferenceError::Timeout {
-                        backend,
+                        backend: backend.clone(),
                         replica: base,
                         timeout,
                         waiting_for: "reply head",
@@ -154,159 +270,52 @@ impl Client {
                 }
                 Ok(Ok(resp)) => resp,
             };
-            let head = started.elapsed();
             let status = resp.status();
-            let weight_version = resp
-                .headers()
-                .get("x-weight-version")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
             if !status.is_success() {
                 self.pool.note_failure(replica);
-                let body = error_body(resp.into_body(), timeout).await;
                 let err = InferenceError::Status {
                     backend: backend.clone(),
-                    replica: base,
+                    replica: base.clone(),
                     status: status.as_u16(),
-                    body,
+                    body: error_body(resp.into_body(), timeout).await,
                 };
                 if status.as_u16() == 429 || status.is_server_error() {
                     tracing::warn!(backend = %backend, error = %err, "replica failed before its reply began, trying the next one");
-                    failed.push((self.pool.url(replica).to_owned(), err.to_string()));
+                    failed.push((base, err.to_string()));
                     reached = Some(err);
                     continue;
                 }
                 return Err(err);
             }
-            admission.bind(replica);
-            let info = BackendInfo {
-                backend: backend.clone(),
-                dialect: self.cfg.dialect,
-                replica: base,
-                served_model: self.cfg.map_model(&req.model).to_owned(),
-                weight_version,
-                attempts,
-            };
-            let mut failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
-            failover.note_sent_again(&failed, &info.replica);
-            return Ok(ChatStream::new(StreamParts {
-                info,
-                body: resp.into_body(),
-                streaming,
-                model: req.model.clone(),
-                timeout,
-                started,
-                timings: Timings {
-                    started_at,
-                    paused,
-                    head: Some(head),
-                    first_token: None,
-                    finished: None,
-                },
-                pool: self.pool.clone(),
+            return Ok(Reached {
                 replica,
-                admission,
-                failover: Some(Box::new(failover)),
-            }));
+                base,
+                resp,
+                attempts,
+                failed,
+            });
         }
         Err(reached.unwrap_or(InferenceError::Unreachable {
-            backend,
+            backend: backend.clone(),
             attempts,
             last,
         }))
     }
 }
 
-impl Client {
-    /// The prompt tokens of `req` as the backend's tokenizer and served
-    /// chat template count them (see [`crate::tokenize`]), from the
-    /// session's replica (the next one only when it cannot be reached).
-    /// Not a generation: it is not held while the pool is paused.
-    pub async fn count_tokens(
-        &self,
-        session: &str,
-        req: &ChatRequest,
-    ) -> Result<u64, InferenceError> {
-        let body = Bytes::from(tokenize_body(&self.cfg, req).to_string());
-        let path = tokenize_path(self.cfg.dialect);
-        let timeout = self.cfg.request_timeout();
-        let backend = self.cfg.name.clone();
-        let mut attempts = 0;
-        let mut last = String::from("no replica");
-        for replica in self.pool.order(session) {
-            attempts += 1;
-            let base = self.pool.url(replica).to_owned();
-            let request = post_json(&base, path, session, &body, &backend)?;
-            let result = tokio::time::timeout(timeout, self.pool.http().request(request)).await;
-            let resp = match result {
-                Err(_) => {
-                    return Err(InferenceError::Timeout {
-                        backend,
-                        replica: base,
-                        timeout,
-                        waiting_for: "reply head",
-                        events: 0,
-                    });
-                }
-                Ok(Err(e)) if e.is_connect() => {
-                    last = format!("{base}: {}", error_chain(&e));
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    return Err(InferenceError::Disconnected {
-                        backend,
-                        replica: base,
-                        reason: error_chain(&e),
-                    });
-                }
-                Ok(Ok(resp)) => resp,
-            };
-            let status = resp.status();
-            if !status.is_success() {
-                return Err(InferenceError::Status {
-                    backend,
-                    replica: base,
-                    status: status.as_u16(),
-                    body: error_body(resp.into_body(), timeout).await,
-                });
-            }
-            let read = tokio::time::timeout(
-                timeout,
-                Limited::new(resp.into_body(), MAX_TOKENIZE_BODY).collect(),
-            )
-            .await;
-            let bytes = match read {
-                Ok(Ok(collected)) => collected.to_bytes(),
-                Ok(Err(e)) => {
-                    return Err(InferenceError::StreamCut {
-                        backend,
-                        replica: base,
-                        events: 0,
-                        reason: format!("tokenize answer: {e}"),
-                    });
-                }
-                Err(_) => {
-                    return Err(InferenceError::Timeout {
-                        backend,
-                        replica: base,
-                        timeout,
-                        waiting_for: "reply body",
-                        events: 0,
-                    });
-                }
-            };
-            return parse_count(&bytes).map_err(|reason| InferenceError::Malformed {
-                backend,
-                replica: base,
-                reason,
-            });
-        }
-        Err(InferenceError::Unreachable {
-            backend,
-            attempts,
-            last,
-        })
-    }
+/// A replica that answered with a success ([`Client::reach`]).
+struct Reached {
+    /// Its index in the pool.
+    replica: usize,
+    /// Its base URL.
+    base: String,
+    /// Its reply head (and body to come).
+    resp: http::Response<hyper::body::Incoming>,
+    /// How many replicas were tried, this one included.
+    attempts: usize,
+    /// Each replica that took the request and failed before its reply
+    /// began, with its fault.
+    failed: Vec<(String, String)>,
 }
 
 /// What in `req` needs constrained decoding (structured output, a
@@ -356,28 +365,16 @@ pub(crate) fn chat_request(
     streaming: bool,
     backend: &str,
 ) -> Result<Request<Full<Bytes>>, InferenceError> {
-    Request::builder()
-        .method(Method::POST)
-        .uri(format!("{base}/v1/chat/completions"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(
-            header::ACCEPT,
-            if streaming {
-                "text/event-stream"
-            } else {
-                "application/json"
-            },
-        )
-        .header(
-            SESSION_HEADER,
-            HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
-        )
-        .body(Full::new(body.clone()))
-        .map_err(|e| InferenceError::Config {
-            backend: backend.to_owned(),
-            key: "replicas".into(),
-            reason: format!("{base}: cannot build a request: {e}"),
-        })
+    let mut request = post_json(base, "/v1/chat/completions", session, body, backend)?;
+    request.headers_mut().insert(
+        header::ACCEPT,
+        HeaderValue::from_static(if streaming {
+            "text/event-stream"
+        } else {
+            "application/json"
+        }),
+    );
+    Ok(request)
 }
 
 /// The start of an error reply's body (at most 64 KiB, what arrives within
