@@ -40,7 +40,25 @@ const MINI_SUBMIT: &str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT";
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn mini_swe_agent_does_the_four_step_task_and_submits_with_every_served_call_captured_exactly()
 -> Result<()> {
-    run_all(&["mini_swe_agent"], false, None, Scenario::Submit(MINI_SUBMIT))
+    run_all(
+        &["mini_swe_agent"],
+        false,
+        None,
+        Scenario::Submit(MINI_SUBMIT),
+    )
+}
+
+/// The same in base-URL mode: `OPENAI_BASE_URL` points LiteLLM at the
+/// agent's base-URL listener, and the session's key attributes its calls.
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn mini_swe_agent_in_base_url_mode_is_captured_by_its_session_key() -> Result<()> {
+    run_all(
+        &["mini_swe_agent"],
+        true,
+        None,
+        Scenario::Submit(MINI_SUBMIT),
+    )
 }
 
 /// Aider's session: its own id in the mock's script.
@@ -50,8 +68,7 @@ const AIDER_INSTRUCTION: &str = "calc.py must define add(a, b) returning a + b."
 /// `AIDER_TEST_CMD`, with `AIDER_AUTO_TEST`, from the runtime spec's
 /// environment). `-B`: no bytecode cache, which a fix of the same size made
 /// within the same second as the first check would leave stale.
-const AIDER_CHECK: &str =
-    "python3 -B -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'";
+const AIDER_CHECK: &str = "python3 -B -c 'import calc; assert calc.add(2, 3) == 5, calc.add(2, 3)'";
 /// What the failing check prints, which Aider sends back to the model.
 const AIDER_FAILED: &str = "AssertionError: -1";
 
@@ -117,9 +134,7 @@ async fn aider_edits_fails_its_check_fixes_and_every_call_is_captured_exactly() 
             "environment = {{ AIDER_TEST_CMD = {}, AIDER_AUTO_TEST = \"true\" }}\n",
             serde_json::Value::from(AIDER_CHECK)
         ),
-    )?
-    .display()
-    .to_string();
+    )?;
     let run = tokio::task::spawn_blocking(move || {
         session_run(
             &[
@@ -190,7 +205,11 @@ async fn aider_edits_fails_its_check_fixes_and_every_call_is_captured_exactly() 
         .iter()
         .map(|r| {
             (
-                format!("{}/{}", r["chain_role"], r["segment_kind"]),
+                format!(
+                    "{}/{}",
+                    r["chain_role"].as_str().unwrap_or_default(),
+                    r["segment_kind"].as_str().unwrap_or_default()
+                ),
                 r["break_reason"].to_string(),
                 r["call_ids"].as_array().map_or(0, Vec::len),
             )

@@ -74,9 +74,7 @@ pub fn installed_version(
             ),
         });
     }
-    let code = format!(
-        "import importlib.metadata as m; print({dist:?}, m.version({dist:?}))"
-    );
+    let code = format!("import importlib.metadata as m; print({dist:?}, m.version({dist:?}))");
     super::first_line_of(&python, &["-c".to_owned(), code], timeout)
 }
 
@@ -236,10 +234,7 @@ mod tests {
         };
         for h in [HarnessName::MiniSweAgent, HarnessName::Aider] {
             let s = setup(&h.into(), "x", &b, &[]);
-            assert_eq!(
-                env(&s, "OPENAI_BASE_URL"),
-                Some("http://127.0.0.1:8787/v1")
-            );
+            assert_eq!(env(&s, "OPENAI_BASE_URL"), Some("http://127.0.0.1:8787/v1"));
             assert_eq!(env(&s, "OPENAI_API_KEY"), Some("polar-k"));
         }
         assert_eq!(venv(HarnessName::Aider), Some(("aider", "aider-chat")));
@@ -268,7 +263,10 @@ mod tests {
         std::os::unix::fs::symlink(&script, elsewhere.join("mini")).unwrap();
         let venv = venv.canonicalize().unwrap();
         let i = crate::harness::install_at(script, "x".into());
-        assert_eq!(i.read_only, vec![prefix.canonicalize().unwrap(), venv.clone()]);
+        assert_eq!(
+            i.read_only,
+            vec![prefix.canonicalize().unwrap(), venv.clone()]
+        );
         let i = crate::harness::install_at(elsewhere.join("mini"), "x".into());
         assert!(i.read_only.contains(&venv), "{:?}", i.read_only);
         // No interpreter beside it: not an environment's script.

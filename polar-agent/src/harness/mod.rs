@@ -225,7 +225,10 @@ pub fn check_installed(
         .map(|(v, _)| litellm::venv_bin_dirs(v))
         .unwrap_or_default();
     searched.extend(dirs.iter().cloned());
-    let found = searched.iter().map(|d| d.join(binary)).find(|p| p.is_file());
+    let found = searched
+        .iter()
+        .map(|d| d.join(binary))
+        .find(|p| p.is_file());
     let Some(path) = found else {
         return Err(HarnessError::NotInstalled {
             harness: harness.to_string(),
