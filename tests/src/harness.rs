@@ -79,8 +79,9 @@ const STEPS: [(&str, &str); 4] = [
 /// conversation's progress (its tool results): one shell call per tool
 /// result so far, then "done". `id` is the session entry's id, `extra` its
 /// other fields (TOML lines), `faults` each turn's extra fields (a scripted
-/// fault, TOML inline-table fields), `last` a shell command the model runs
-/// after the four steps, before "done" (empty: none).
+/// fault, TOML inline-table fields), `last` a tool call the model makes
+/// after the four steps, before "done" (a TOML inline table in the script's
+/// form; empty: none).
 fn steps_script(id: &str, extra: &str, faults: [&str; 4], last: &str) -> String {
     let mut turns: Vec<String> = STEPS
         .iter()
@@ -96,9 +97,8 @@ fn steps_script(id: &str, extra: &str, faults: [&str; 4], last: &str) -> String 
         })
         .collect();
     if !last.is_empty() {
-        let shell = toml_string(last);
         turns.push(format!(
-            "  {{ text = \"Submitting.\", tool_calls = [{{ shell = {shell} }}] }},\n"
+            "  {{ text = \"Submitting.\", tool_calls = [{last}] }},\n"
         ));
     }
     format!(
@@ -194,9 +194,10 @@ pub enum Scenario {
     Demo,
     /// [`steps_script`]: four shell steps, then "done".
     Steps,
-    /// The four steps, then this shell command, with which the harness
-    /// ends its session (mini-swe-agent ends only on its submit command;
-    /// a plain answer is a format error to it).
+    /// The four steps, then this tool call (a TOML inline table in the
+    /// mock's script form), with which the harness ends its session
+    /// (mini-swe-agent ends only on its submit command, OpenHands on its
+    /// `finish` tool; a plain answer is a format error to the first).
     Submit(&'static str),
     /// [`compact_script`]: the same, with a context that fills after this
     /// many tool results to this many tokens (the usage the backend

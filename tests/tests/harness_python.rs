@@ -34,7 +34,10 @@ use polar_tests::harness::{
 use polar_tests::{sandbox_tempdir, session_run, write_config, write_file};
 
 /// mini-swe-agent's way to end a session: its submit command, run alone.
-const MINI_SUBMIT: &str = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT";
+const MINI_SUBMIT: &str = r#"{ shell = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" }"#;
+/// OpenHands' way to end a session: its `finish` tool.
+const OPENHANDS_FINISH: &str =
+    r#"{ name = "finish", arguments = { message = "The check passes." } }"#;
 
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
@@ -58,6 +61,20 @@ fn mini_swe_agent_in_base_url_mode_is_captured_by_its_session_key() -> Result<()
         true,
         None,
         Scenario::Submit(MINI_SUBMIT),
+    )
+}
+
+/// OpenHands' default agent does the four-step task with its `terminal`
+/// tool, then calls `finish`; asserted as for mini-swe-agent.
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn openhands_does_the_four_step_task_and_finishes_with_every_served_call_captured_exactly()
+-> Result<()> {
+    run_all(
+        &["openhands"],
+        false,
+        None,
+        Scenario::Submit(OPENHANDS_FINISH),
     )
 }
 

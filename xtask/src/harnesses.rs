@@ -11,7 +11,7 @@
 //! `npm install` (not `npm ci`, which refuses lock files whose optional
 //! platform packages were left out) follows the lock file.
 //!
-//! The Python harness presets (mini-swe-agent, Aider) are not npm packages: each
+//! The Python harness presets (mini-swe-agent, Aider, OpenHands) are not npm packages: each
 //! has a virtual environment of its own under `.polar-cache/venvs/`, made
 //! from its lock file in `python/requirements/` ([`python::HARNESSES`])
 //! while npm installs the six.

@@ -4,7 +4,7 @@
 //! its test tools; `verl.txt`, `skyrl.txt`, `nemo-gym.txt`: a trainer and
 //! what it pulls in, for its bridge's tests), under
 //! `.polar-cache/venvs/<name>`; and one per Python harness preset
-//! (`mini-swe-agent.txt`, `aider.txt`: the harness and what it runs with, for the
+//! (`mini-swe-agent.txt`, `aider.txt`, `openhands.txt`: the harness and what it runs with, for the
 //! sandboxes; [`HARNESSES`], made by `cargo xtask harnesses`), made with the interpreter the lock file
 //! needs (the `python3` on `PATH`, or a Python 3.12 for the trainers that
 //! require it: `python3.12` on `PATH`, else pyenv's, which this kind of
@@ -74,9 +74,16 @@ pub const AIDER: Venv = Venv {
     python: None,
 };
 
+/// openhands-sdk and openhands-tools 1.58.2 (Python 3.12 or newer), the
+/// `openhands` preset's environment.
+pub const OPENHANDS: Venv = Venv {
+    name: "openhands",
+    python: Some("3.12"),
+};
+
 /// The environments of the Python harness presets, which `cargo xtask
 /// harnesses` makes with the npm CLIs.
-pub const HARNESSES: [Venv; 2] = [MINI_SWE_AGENT, AIDER];
+pub const HARNESSES: [Venv; 3] = [MINI_SWE_AGENT, AIDER, OPENHANDS];
 
 const STAMP: &str = ".polar-installed";
 

@@ -1,5 +1,6 @@
 //! The presets of the Python harnesses that reach the model through
-//! LiteLLM: mini-swe-agent and Aider. Each runs from a virtual environment
+//! LiteLLM: mini-swe-agent, Aider and OpenHands (its SDK's default agent,
+//! run by `openhands_run.py`, which the preset writes into HOME). Each runs from a virtual environment
 //! of its own (`.polar-cache/venvs/<venv>`, made by `cargo xtask
 //! harnesses` from `python/requirements/<venv>.txt`), is named an OpenAI
 //! model (`openai/polar-model`), which LiteLLM sends to OpenAI Chat at
@@ -36,6 +37,7 @@ pub fn venv(h: HarnessName) -> Option<(&'static str, &'static str)> {
     match h {
         HarnessName::MiniSweAgent => Some(("mini-swe-agent", "mini-swe-agent")),
         HarnessName::Aider => Some(("aider", "aider-chat")),
+        HarnessName::Openhands => Some(("openhands", "openhands-sdk")),
         _ => None,
     }
 }
@@ -63,8 +65,20 @@ pub fn installed_version(
     dist: &str,
     timeout: Duration,
 ) -> Result<String, HarnessError> {
+    // The environment's interpreter: beside the binary as found (which may
+    // itself be the environment's `bin/python`, a link out of it), else
+    // beside the file it links to.
     let real = std::fs::canonicalize(binary).unwrap_or_else(|_| binary.to_owned());
-    let python = real.with_file_name("python");
+    let in_venv = |p: &Path| {
+        p.parent()
+            .and_then(Path::parent)
+            .is_some_and(|v| v.join("pyvenv.cfg").is_file())
+    };
+    let script = [binary, real.as_path()]
+        .into_iter()
+        .find(|p| in_venv(p))
+        .unwrap_or(real.as_path());
+    let python = script.with_file_name("python");
     if !python.is_file() {
         return Err(HarnessError::Broken {
             binary: binary.to_owned(),
@@ -143,6 +157,29 @@ pub fn mini_swe_agent(i: String, mode: &Mode) -> Setup {
         ],
         env,
         files: Vec::new(),
+    }
+}
+
+/// Where the OpenHands runner is written, under HOME.
+pub const OPENHANDS_RUNNER: &str = ".polar/openhands_run.py";
+
+/// OpenHands: the SDK's default agent in CLI mode (terminal, file editor,
+/// task tracker; no browser) run by a small runner Polar writes into HOME
+/// (the SDK ships no program), on the instruction, until the agent calls
+/// its `finish` tool. Every action runs without confirmation (the SDK's
+/// default policy).
+pub fn openhands(mode: &Mode) -> Setup {
+    Setup {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("exec python \"$HOME/{OPENHANDS_RUNNER}\" \"$POLAR_INSTRUCTION\""),
+        ],
+        env: litellm_env(mode),
+        files: vec![(
+            PathBuf::from(OPENHANDS_RUNNER),
+            include_str!("openhands_run.py").to_owned(),
+        )],
     }
 }
 
@@ -232,7 +269,16 @@ mod tests {
             url: "http://127.0.0.1:8787".into(),
             key: "polar-k".into(),
         };
-        for h in [HarnessName::MiniSweAgent, HarnessName::Aider] {
+        let o = setup(&HarnessName::Openhands.into(), "do it", &t, &[]);
+        assert_eq!(o.argv[0], "sh");
+        assert!(o.argv[2].contains(OPENHANDS_RUNNER), "{:?}", o.argv);
+        assert!(o.files[0].1.contains("get_default_agent"));
+        assert_eq!(env(&o, "POLAR_INSTRUCTION"), Some("do it"));
+        for h in [
+            HarnessName::MiniSweAgent,
+            HarnessName::Aider,
+            HarnessName::Openhands,
+        ] {
             let s = setup(&h.into(), "x", &b, &[]);
             assert_eq!(env(&s, "OPENAI_BASE_URL"), Some("http://127.0.0.1:8787/v1"));
             assert_eq!(env(&s, "OPENAI_API_KEY"), Some("polar-k"));

@@ -66,6 +66,7 @@ fn preset(harness: HarnessName, instruction: &str, mode: &Mode, command: &[Strin
         HarnessName::Pi => pi(i, mode),
         HarnessName::MiniSweAgent => super::litellm::mini_swe_agent(i, mode),
         HarnessName::Aider => super::litellm::aider(i, mode),
+        HarnessName::Openhands => super::litellm::openhands(mode),
         HarnessName::Shell => Setup {
             argv: if command.is_empty() {
                 vec!["sh".into(), "-c".into(), i]
