@@ -17,7 +17,8 @@
 //! response ids and logprobs, and every record is one the mock served;
 //! every call is in exactly one exported row with loss 1 exactly on the
 //! generated tokens; the main chain saw the four tool results and is one
-//! trace.
+//! trace. OpenHands' default agent does the same task with its `terminal`
+//! tool and ends with its `finish` tool.
 //!
 //! Aider runs the task of [`aider_edits_fails_its_check_fixes_and_every_call_is_captured_exactly`]
 //! in its own terms (edit blocks in its replies, its own test command).
