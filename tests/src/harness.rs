@@ -1,5 +1,7 @@
-//! Real harness CLIs' sessions, shared by `tests/harness_e2e.rs` and
-//! `tests/harness_faults.rs`: each CLI runs unmodified in a `native`
+//! Real harness CLIs' sessions, shared by `tests/harness_e2e.rs`,
+//! `tests/harness_faults.rs` and `tests/harness_python.rs` (which also
+//! checks a session of its own with [`served_problems`] and
+//! [`row_token_problems`]): each CLI runs unmodified in a `native`
 //! sandbox (or a docker container) with `polar sandbox run --harness NAME`,
 //! against `polar mock-backend` replicas on loopback, all of a run's CLIs
 //! at once; [`run_all`] then checks every session and fails with every

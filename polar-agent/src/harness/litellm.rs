@@ -1,14 +1,14 @@
 //! The presets of the Python harnesses that reach the model through
 //! LiteLLM: mini-swe-agent, Aider and OpenHands (its SDK's default agent,
-//! run by `openhands_run.py`, which the preset writes into HOME). Each runs from a virtual environment
-//! of its own (`.polar-cache/venvs/<venv>`, made by `cargo xtask
-//! harnesses` from `python/requirements/<venv>.txt`), is named an OpenAI
-//! model (`openai/polar-model`), which LiteLLM sends to OpenAI Chat at
-//! `api.openai.com` through the OpenAI SDK's httpx client: in transparent
-//! mode that endpoint is redirected and decrypted like any hard-coded one
-//! (httpx and LiteLLM trust `SSL_CERT_FILE`, which the sandbox sets to the
-//! agent's bundle); in base-URL mode `OPENAI_BASE_URL` points it at the
-//! agent. LiteLLM's model cost map is read from its own package
+//! run by `openhands_run.py`, which the preset writes into HOME). Each
+//! runs from a virtual environment of its own (`.polar-cache/venvs/<venv>`,
+//! made by `cargo xtask harnesses` from `python/requirements/<venv>.txt`)
+//! and is named an OpenAI model (`openai/polar-model`), which LiteLLM sends
+//! to OpenAI Chat at `api.openai.com` through the OpenAI SDK's httpx
+//! client: in transparent mode that endpoint is redirected and decrypted
+//! like any hard-coded one (httpx and LiteLLM trust `SSL_CERT_FILE`, which
+//! the sandbox sets to the agent's bundle); in base-URL mode
+//! `OPENAI_BASE_URL` points it at the agent. LiteLLM's model cost map is read from its own package
 //! (`LITELLM_LOCAL_MODEL_COST_MAP`), never fetched. Observed behaviour
 //! behind each choice: `docs/HARNESSES-MORE.md`.
 

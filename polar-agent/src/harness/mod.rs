@@ -6,8 +6,8 @@
 //!   and HOME files, in transparent and base-URL mode;
 //! - [`custom`]: the same for a configured harness, and its install check;
 //! - [`litellm`]: the presets of the Python harnesses (mini-swe-agent,
-//!   Aider, OpenHands), which reach the model through LiteLLM, and their virtual
-//!   environments;
+//!   Aider, OpenHands), which reach the model through LiteLLM, and their
+//!   virtual environments;
 //! - this file: the names, [`Harness`] (a preset or a configured one), the
 //!   modes, and the check that a harness is installed (where its binary
 //!   is, its version, what the sandbox must see of its installation);
