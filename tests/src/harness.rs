@@ -1,5 +1,7 @@
-//! Real harness CLIs' sessions, shared by `tests/harness_e2e.rs` and
-//! `tests/harness_faults.rs`: each CLI runs unmodified in a `native`
+//! Real harness CLIs' sessions, shared by `tests/harness_e2e.rs`,
+//! `tests/harness_faults.rs` and `tests/harness_python.rs` (which also
+//! checks a session of its own with [`served_problems`] and
+//! [`row_token_problems`]): each CLI runs unmodified in a `native`
 //! sandbox (or a docker container) with `polar sandbox run --harness NAME`,
 //! against `polar mock-backend` replicas on loopback, all of a run's CLIs
 //! at once; [`run_all`] then checks every session and fails with every
@@ -79,9 +81,11 @@ const STEPS: [(&str, &str); 4] = [
 /// conversation's progress (its tool results): one shell call per tool
 /// result so far, then "done". `id` is the session entry's id, `extra` its
 /// other fields (TOML lines), `faults` each turn's extra fields (a scripted
-/// fault, TOML inline-table fields).
-fn steps_script(id: &str, extra: &str, faults: [&str; 4]) -> String {
-    let turns: Vec<String> = STEPS
+/// fault, TOML inline-table fields), `last` a tool call the model makes
+/// after the four steps, before "done" (a TOML inline table in the script's
+/// form; empty: none).
+fn steps_script(id: &str, extra: &str, faults: [&str; 4], last: &str) -> String {
+    let mut turns: Vec<String> = STEPS
         .iter()
         .zip(faults)
         .map(|((text, shell), fault)| {
@@ -94,6 +98,11 @@ fn steps_script(id: &str, extra: &str, faults: [&str; 4]) -> String {
             format!("  {{ text = \"{text}\", tool_calls = [{{ shell = {shell} }}]{fault} }},\n")
         })
         .collect();
+    if !last.is_empty() {
+        turns.push(format!(
+            "  {{ text = \"Submitting.\", tool_calls = [{last}] }},\n"
+        ));
+    }
     format!(
         "final_text = \"done\"\n\n[[sessions]]\nid = \"{id}\"\n{extra}step_by = \"tool_results\"\nturns = [\n{}]\n",
         turns.concat()
@@ -118,6 +127,7 @@ fn compact_script(fills_after: u32, context_tokens: u32) -> String {
         "*",
         &format!("context_fills_after = {fills_after}\ncontext_tokens = {context_tokens}\n"),
         [""; 4],
+        "",
     )
 }
 
@@ -186,6 +196,11 @@ pub enum Scenario {
     Demo,
     /// [`steps_script`]: four shell steps, then "done".
     Steps,
+    /// The four steps, then this tool call (a TOML inline table in the
+    /// mock's script form), with which the harness ends its session
+    /// (mini-swe-agent ends only on its submit command, OpenHands on its
+    /// `finish` tool; a plain answer is a format error to the first).
+    Submit(&'static str),
     /// [`compact_script`]: the same, with a context that fills after this
     /// many tool results to this many tokens (the usage the backend
     /// reports; at or past [`MOCK_MAX_MODEL_LEN`], its refusal).
@@ -198,7 +213,9 @@ impl Scenario {
     fn instruction(self) -> &'static str {
         match self {
             Self::Demo => INSTRUCTION,
-            Self::Steps | Self::Compact(..) | Self::Faults(_) => STEPS_INSTRUCTION,
+            Self::Steps | Self::Submit(_) | Self::Compact(..) | Self::Faults(_) => {
+                STEPS_INSTRUCTION
+            }
         }
     }
 
@@ -206,7 +223,7 @@ impl Scenario {
     fn suffix(self) -> String {
         match self {
             Self::Demo => String::new(),
-            Self::Steps => "-steps".into(),
+            Self::Steps | Self::Submit(_) => "-steps".into(),
             Self::Compact(..) => "-compact".into(),
             Self::Faults(f) => format!("-{}", f.name),
         }
@@ -216,12 +233,14 @@ impl Scenario {
     fn script(self) -> Option<String> {
         match self {
             Self::Demo => None,
-            Self::Steps => Some(steps_script("*", "", [""; 4])),
+            Self::Steps => Some(steps_script("*", "", [""; 4], "")),
+            Self::Submit(last) => Some(steps_script("*", "", [""; 4], last)),
             Self::Compact(fills_after, tokens) => Some(compact_script(fills_after, tokens)),
             Self::Faults(f) => Some(steps_script(
                 "*",
                 "",
                 f.steps.map(|s| s.map_or("", |s| s.script)),
+                "",
             )),
         }
     }
@@ -268,25 +287,31 @@ impl Mock {
 
     /// What the mock served (`GET /served`), by session.
     fn served(&self) -> Result<BTreeMap<String, Vec<Value>>> {
-        let addr = self.url.trim_start_matches("http://");
-        let mut s = std::net::TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        s.write_all(b"GET /served HTTP/1.1\r\nHost: mock\r\nConnection: close\r\n\r\n")?;
-        let mut reply = Vec::new();
-        s.read_to_end(&mut reply)?;
-        let text = String::from_utf8(reply)?;
-        let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
-        ensure!(head.starts_with("HTTP/1.1 200"), "GET /served: {head}");
-        let v: Value = serde_json::from_str(body)?;
-        ensure!(v["dropped"] == 0, "the mock dropped served generations");
-        let mut by = BTreeMap::<String, Vec<Value>>::new();
-        for g in v["served"].as_array().context("no served list")? {
-            by.entry(g["session"].as_str().unwrap_or_default().to_owned())
-                .or_default()
-                .push(g.clone());
-        }
-        Ok(by)
+        served_by(&self.url)
     }
+}
+
+/// What the mock at `url` (`http://HOST:PORT`, started with
+/// `--record-served`) served (`GET /served`), by session.
+pub fn served_by(url: &str) -> Result<BTreeMap<String, Vec<Value>>> {
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(b"GET /served HTTP/1.1\r\nHost: mock\r\nConnection: close\r\n\r\n")?;
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply)?;
+    let text = String::from_utf8(reply)?;
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP head")?;
+    ensure!(head.starts_with("HTTP/1.1 200"), "GET /served: {head}");
+    let v: Value = serde_json::from_str(body)?;
+    ensure!(v["dropped"] == 0, "the mock dropped served generations");
+    let mut by = BTreeMap::<String, Vec<Value>>::new();
+    for g in v["served"].as_array().context("no served list")? {
+        by.entry(g["session"].as_str().unwrap_or_default().to_owned())
+            .or_default()
+            .push(g.clone());
+    }
+    Ok(by)
 }
 
 impl Drop for Mock {
@@ -341,7 +366,7 @@ fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> 
                 Err(e) => problems.push(format!("no polar-demo.txt ({e})")),
             }
         }
-        Scenario::Steps | Scenario::Compact(..) | Scenario::Faults(_) => {
+        Scenario::Steps | Scenario::Submit(_) | Scenario::Compact(..) | Scenario::Faults(_) => {
             problems.extend(task_check(&run.workspace()));
         }
     }
@@ -525,7 +550,7 @@ fn down_problems(name: &str, run: &SessionRun) -> Vec<String> {
 
 /// The session's rows as `polar export` writes them (JSONL,
 /// `prefix_merging`), from the session directory holding `log`.
-fn exported_rows(log: &Path) -> Result<Vec<serde_json::Value>> {
+pub fn exported_rows(log: &Path) -> Result<Vec<serde_json::Value>> {
     let session = log.parent().context("capture log without a directory")?;
     let out = tempfile::tempdir()?;
     let export = Command::new(polar_bin()?)
@@ -649,7 +674,7 @@ fn f32_list(v: &Value) -> Vec<f32> {
 /// prompted with the call's prompt and the parts before it, its ids (up to
 /// where the mock cut it) being the part's (a part with no ids, a request
 /// sent again whole, may have been answered with nothing or not at all).
-fn served_problems(calls: &[CompletionRecord], served: &[Value]) -> Vec<String> {
+pub fn served_problems(calls: &[CompletionRecord], served: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     if served.is_empty() {
         problems.push("the mock served nothing for this session".into());
@@ -729,13 +754,60 @@ fn served_problems(calls: &[CompletionRecord], served: &[Value]) -> Vec<String> 
     problems
 }
 
-/// What is wrong with the exported rows against the records: every call is
-/// in exactly one row; each row's tokens are its last call's prompt and
-/// response, with loss 1 exactly on the merged calls' generated tokens and
-/// their logprobs there; the main chain went through the four steps; calls
-/// offering no tools or asking for structured output are `side`.
+/// What is wrong with the exported rows against the records:
+/// [`row_token_problems`]; then, for a compacted session, its segments
+/// ([`compaction_problems`]), else the main chain went through the four
+/// steps (as one trace for the unfaulted tasks).
 fn row_problems(calls: &[CompletionRecord], rows: &[Value], scenario: Scenario) -> Vec<String> {
+    let mut problems = row_token_problems(calls, rows);
+    if matches!(scenario, Scenario::Compact(..)) {
+        problems.extend(compaction_problems(rows));
+        return problems;
+    }
+    let by_id: BTreeMap<&str, &CompletionRecord> =
+        calls.iter().map(|c| (c.call_id.as_str(), c)).collect();
+    // The main chain's last call saw the four steps' results.
+    let main_last = rows
+        .iter()
+        .filter(|r| r["chain_role"] == "main")
+        .filter_map(|r| r["call_ids"].as_array()?.last()?.as_str())
+        .filter_map(|c| by_id.get(c))
+        .map(|c| {
+            c.request
+                .messages
+                .iter()
+                .filter(|m| m.role == Role::Tool)
+                .count()
+        })
+        .max();
+    match main_last {
+        Some(n) if n >= 4 => {}
+        n => problems.push(format!("the main chain saw {n:?} tool results, not 4")),
+    }
+    // Each prompt continues the last reply token for token, so the main
+    // chain is one trace: no break (a template mismatch would be one).
+    let main: Vec<String> = rows
+        .iter()
+        .filter(|r| r["chain_role"] == "main")
+        .map(|r| format!("{}/{}", r["segment_kind"], r["break_reason"]))
+        .collect();
+    if matches!(scenario, Scenario::Steps | Scenario::Submit(_)) && main.len() != 1 {
+        problems.push(format!(
+            "the main chain is {} segments: {main:?}",
+            main.len()
+        ));
+    }
+    problems
+}
+
+/// What is wrong with the exported rows against the records, whatever the
+/// task: every call is in exactly one row; each row's tokens are its last
+/// call's prompt and response, with loss 1 exactly on the merged calls'
+/// generated tokens and their logprobs there; calls offering no tools (in a
+/// session that offers some) or asking for structured output are `side`.
+pub fn row_token_problems(calls: &[CompletionRecord], rows: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
+    let session_offers_tools = calls.iter().any(|c| !c.request.tools.is_empty());
     let by_id: BTreeMap<&str, &CompletionRecord> =
         calls.iter().map(|c| (c.call_id.as_str(), c)).collect();
     let mut seen = BTreeMap::<String, usize>::new();
@@ -812,9 +884,10 @@ fn row_problems(calls: &[CompletionRecord], rows: &[Value], scenario: Scenario) 
         if bits(&logprobs) != bits(&want_lp) {
             problems.push(format!("row {id}: logprobs differ from the calls' own"));
         }
-        let side_call = merged
-            .iter()
-            .any(|c| c.request.response_format.is_some() || c.request.tools.is_empty());
+        let side_call = merged.iter().any(|c| {
+            c.request.response_format.is_some()
+                || (session_offers_tools && c.request.tools.is_empty())
+        });
         let summary = r["segment_kind"] == "compaction_summary";
         let labels = r["labels"].to_string();
         if side_call && !summary && (r["chain_role"] != "side" || !labels.contains("\"side\"")) {
@@ -833,41 +906,6 @@ fn row_problems(calls: &[CompletionRecord], rows: &[Value], scenario: Scenario) 
                 n.copied().unwrap_or(0)
             )),
         }
-    }
-    if matches!(scenario, Scenario::Compact(..)) {
-        problems.extend(compaction_problems(rows));
-        return problems;
-    }
-    // The main chain's last call saw the four steps' results.
-    let main_last = rows
-        .iter()
-        .filter(|r| r["chain_role"] == "main")
-        .filter_map(|r| r["call_ids"].as_array()?.last()?.as_str())
-        .filter_map(|c| by_id.get(c))
-        .map(|c| {
-            c.request
-                .messages
-                .iter()
-                .filter(|m| m.role == Role::Tool)
-                .count()
-        })
-        .max();
-    match main_last {
-        Some(n) if n >= 4 => {}
-        n => problems.push(format!("the main chain saw {n:?} tool results, not 4")),
-    }
-    // Each prompt continues the last reply token for token, so the main
-    // chain is one trace: no break (a template mismatch would be one).
-    let main: Vec<String> = rows
-        .iter()
-        .filter(|r| r["chain_role"] == "main")
-        .map(|r| format!("{}/{}", r["segment_kind"], r["break_reason"]))
-        .collect();
-    if scenario == Scenario::Steps && main.len() != 1 {
-        problems.push(format!(
-            "the main chain is {} segments: {main:?}",
-            main.len()
-        ));
     }
     problems
 }

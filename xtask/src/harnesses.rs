@@ -10,6 +10,11 @@
 //! from makes a second run a no-op, and any change to either reinstalls.
 //! `npm install` (not `npm ci`, which refuses lock files whose optional
 //! platform packages were left out) follows the lock file.
+//!
+//! The Python harness presets (mini-swe-agent, Aider, OpenHands) are not npm packages: each
+//! has a virtual environment of its own under `.polar-cache/venvs/`, made
+//! from its lock file in `python/requirements/` ([`python::HARNESSES`])
+//! while npm installs the six.
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +22,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde_json::{Map, Value, json};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::setup;
+use crate::{python, setup};
 
 /// The binaries the six CLIs install.
 pub const BINARIES: [&str; 6] = ["codex", "claude", "gemini", "qwen", "opencode", "pi"];
@@ -119,8 +124,24 @@ fn all_six() -> Result<Install<'static>> {
     })
 }
 
-/// Installs the six CLIs if they are missing or out of date; returns where.
+/// Installs the six CLIs if they are missing or out of date, and makes
+/// the Python harness presets' environments ([`python::HARNESSES`]) at the
+/// same time (npm and pip each wait on the registry most of the time);
+/// returns where the CLIs are.
 pub fn run() -> Result<PathBuf> {
+    std::thread::scope(|s| {
+        let venvs = s.spawn(|| python::HARNESSES.iter().try_for_each(|v| v.ensure()));
+        let six = npm_six();
+        let venvs = venvs
+            .join()
+            .map_err(|_| anyhow!("making the Python harnesses' environments panicked"))?;
+        venvs.context("making the Python harnesses' environments")?;
+        six
+    })
+}
+
+/// Installs the six CLIs if they are missing or out of date; returns where.
+fn npm_six() -> Result<PathBuf> {
     let six = all_six()?;
     if six.is_current() {
         report(six.what, "present");

@@ -40,7 +40,8 @@ enum Task {
     /// bpf-linker, cargo-deny, the Python client's test environments.
     Setup,
     /// Install the six harness CLIs (versions pinned in harnesses/) into
-    /// .polar-cache/harnesses, unless already there.
+    /// .polar-cache/harnesses, and the Python harness presets' virtual
+    /// environments into .polar-cache/venvs, unless already there.
     Harnesses,
     /// Set up, then build the release `polar` binary.
     Build,

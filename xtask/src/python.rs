@@ -3,7 +3,9 @@
 //! `python/requirements/` (`client.txt`: the package's dependencies and
 //! its test tools; `verl.txt`, `skyrl.txt`, `nemo-gym.txt`: a trainer and
 //! what it pulls in, for its bridge's tests), under
-//! `.polar-cache/venvs/<name>`, made with the interpreter the lock file
+//! `.polar-cache/venvs/<name>`; and one per Python harness preset
+//! (`mini-swe-agent.txt`, `aider.txt`, `openhands.txt`: the harness and what it runs with, for the
+//! sandboxes; [`HARNESSES`], made by `cargo xtask harnesses`), made with the interpreter the lock file
 //! needs (the `python3` on `PATH`, or a Python 3.12 for the trainers that
 //! require it: `python3.12` on `PATH`, else pyenv's, which this kind of
 //! machine ships) and filled by pip from PyPI at the lock file's exact
@@ -58,6 +60,30 @@ pub const NEMO_GYM: Venv = Venv {
 
 /// Every environment `cargo xtask setup` makes.
 pub const ALL: [Venv; 4] = [CLIENT, VERL, SKYRL, NEMO_GYM];
+
+/// mini-swe-agent 2.4.6 (Python >= 3.10), the `mini_swe_agent` preset's
+/// environment (its `bin/mini` runs in the sandboxes).
+pub const MINI_SWE_AGENT: Venv = Venv {
+    name: "mini-swe-agent",
+    python: None,
+};
+
+/// Aider 0.86.2 (Python 3.10 to 3.12), the `aider` preset's environment.
+pub const AIDER: Venv = Venv {
+    name: "aider",
+    python: None,
+};
+
+/// openhands-sdk and openhands-tools 1.58.2 (Python 3.12 or newer), the
+/// `openhands` preset's environment.
+pub const OPENHANDS: Venv = Venv {
+    name: "openhands",
+    python: Some("3.12"),
+};
+
+/// The environments of the Python harness presets, which `cargo xtask
+/// harnesses` makes with the npm CLIs.
+pub const HARNESSES: [Venv; 3] = [MINI_SWE_AGENT, AIDER, OPENHANDS];
 
 const STAMP: &str = ".polar-installed";
 

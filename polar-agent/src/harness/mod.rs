@@ -5,6 +5,9 @@
 //! - [`presets`]: each preset's non-interactive command line, variables
 //!   and HOME files, in transparent and base-URL mode;
 //! - [`custom`]: the same for a configured harness, and its install check;
+//! - [`litellm`]: the presets of the Python harnesses (mini-swe-agent,
+//!   Aider, OpenHands), which reach the model through LiteLLM, and their
+//!   virtual environments;
 //! - this file: the names, [`Harness`] (a preset or a configured one), the
 //!   modes, and the check that a harness is installed (where its binary
 //!   is, its version, what the sandbox must see of its installation);
@@ -13,6 +16,7 @@
 
 pub mod base_url;
 pub mod custom;
+pub mod litellm;
 pub mod presets;
 pub mod run;
 
@@ -215,19 +219,31 @@ pub fn check_installed(
     let Some(binary) = harness.binary() else {
         return Ok(None);
     };
-    let found = dirs.iter().map(|d| d.join(binary)).find(|p| p.is_file());
+    // A Python preset's own environment first.
+    let venv = litellm::venv(harness);
+    let mut searched: Vec<PathBuf> = venv
+        .map(|(v, _)| litellm::venv_bin_dirs(v))
+        .unwrap_or_default();
+    searched.extend(dirs.iter().cloned());
+    let found = searched
+        .iter()
+        .map(|d| d.join(binary))
+        .find(|p| p.is_file());
     let Some(path) = found else {
         return Err(HarnessError::NotInstalled {
             harness: harness.to_string(),
             binary: binary.to_owned(),
-            searched: dirs
+            searched: searched
                 .iter()
                 .map(|d| d.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", "),
         });
     };
-    let version = first_line_of(&path, &["--version".to_owned()], timeout)?;
+    let version = match venv {
+        Some((_, dist)) => litellm::installed_version(&path, dist, timeout)?,
+        None => first_line_of(&path, &["--version".to_owned()], timeout)?,
+    };
     Ok(Some(install_at(path, version)))
 }
 
@@ -260,10 +276,19 @@ pub(crate) fn install_at(path: PathBuf, version: String) -> Install {
         }
     }
     // A virtual environment's bin/X runs its interpreter from bin/ and its
-    // packages from lib/: the sandbox needs the whole environment.
-    if let Some(venv) = bin_dir.parent().filter(|v| v.join("pyvenv.cfg").is_file()) {
-        read_only.retain(|d| d != &bin_dir);
+    // packages from lib/: the sandbox needs the whole environment, and the
+    // Python installation it was made from (its `home`), unless that is
+    // the system's own.
+    let venv = [bin_dir.parent(), real.parent().and_then(Path::parent)]
+        .into_iter()
+        .flatten()
+        .find(|v| v.join("pyvenv.cfg").is_file());
+    if let Some(venv) = venv {
+        if bin_dir.parent() == Some(venv) {
+            read_only.retain(|d| d != &bin_dir);
+        }
         read_only.push(venv.to_owned());
+        read_only.extend(litellm::python_prefix(venv));
     }
     read_only.sort();
     read_only.dedup();

@@ -2,7 +2,8 @@
 //! with tool use approved, the files written into its HOME and its
 //! variables, in transparent mode (it keeps its hard-coded endpoint) and in
 //! base-URL mode (pointed at the agent with a per-session key). Observed
-//! behaviour behind each choice: HARNESSES.md in the shared docs.
+//! behaviour behind each choice: HARNESSES.md in the shared docs. The
+//! Python harnesses' presets are in [`super::litellm`].
 
 use std::path::PathBuf;
 
@@ -63,6 +64,9 @@ fn preset(harness: HarnessName, instruction: &str, mode: &Mode, command: &[Strin
         HarnessName::QwenCode => qwen_code(i, mode),
         HarnessName::Opencode => opencode(i, mode),
         HarnessName::Pi => pi(i, mode),
+        HarnessName::MiniSweAgent => super::litellm::mini_swe_agent(i, mode),
+        HarnessName::Aider => super::litellm::aider(i, mode),
+        HarnessName::Openhands => super::litellm::openhands(mode),
         HarnessName::Shell => Setup {
             argv: if command.is_empty() {
                 vec!["sh".into(), "-c".into(), i]

@@ -10,7 +10,7 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, \
-     shell, or custom:NAME for a harness the node's configuration defines"
+     mini_swe_agent, aider, openhands, shell, or custom:NAME for a harness the node's configuration defines"
 )]
 pub struct UnknownHarness(pub String);
 
@@ -29,19 +29,28 @@ pub enum HarnessName {
     Opencode,
     /// pi (`@mariozechner/pi-coding-agent`).
     Pi,
+    /// mini-swe-agent (PyPI `mini-swe-agent`).
+    MiniSweAgent,
+    /// Aider (PyPI `aider-chat`).
+    Aider,
+    /// OpenHands' default agent (PyPI `openhands-sdk`, `openhands-tools`).
+    Openhands,
     /// A custom command.
     Shell,
 }
 
 impl HarnessName {
     /// Every preset.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 10] = [
         Self::Codex,
         Self::ClaudeCode,
         Self::GeminiCli,
         Self::QwenCode,
         Self::Opencode,
         Self::Pi,
+        Self::MiniSweAgent,
+        Self::Aider,
+        Self::Openhands,
         Self::Shell,
     ];
 
@@ -54,6 +63,9 @@ impl HarnessName {
             Self::QwenCode => "qwen_code",
             Self::Opencode => "opencode",
             Self::Pi => "pi",
+            Self::MiniSweAgent => "mini_swe_agent",
+            Self::Aider => "aider",
+            Self::Openhands => "openhands",
             Self::Shell => "shell",
         }
     }
@@ -67,6 +79,11 @@ impl HarnessName {
             Self::QwenCode => Some("qwen"),
             Self::Opencode => Some("opencode"),
             Self::Pi => Some("pi"),
+            Self::MiniSweAgent => Some("mini"),
+            Self::Aider => Some("aider"),
+            // The SDK has no program: its environment's interpreter runs
+            // the preset's runner.
+            Self::Openhands => Some("python"),
             Self::Shell => None,
         }
     }
@@ -75,7 +92,8 @@ impl HarnessName {
     /// Each one keeps its hard-coded endpoint, which a built-in model route
     /// covers (Qwen Code's openai auth without a base URL goes to DashScope,
     /// itself a model route; opencode and pi are given an Anthropic model on
-    /// their command line).
+    /// their command line; mini-swe-agent, Aider and OpenHands are given an OpenAI
+    /// model, which LiteLLM sends to `api.openai.com`).
     pub fn default_mode(self) -> ModeKind {
         ModeKind::Transparent
     }

@@ -1,0 +1,322 @@
+//! The presets of the Python harnesses that reach the model through
+//! LiteLLM: mini-swe-agent, Aider and OpenHands (its SDK's default agent,
+//! run by `openhands_run.py`, which the preset writes into HOME). Each
+//! runs from a virtual environment of its own (`.polar-cache/venvs/<venv>`,
+//! made by `cargo xtask harnesses` from `python/requirements/<venv>.txt`)
+//! and is named an OpenAI model (`openai/polar-model`), which LiteLLM sends
+//! to OpenAI Chat at `api.openai.com` through the OpenAI SDK's httpx
+//! client: in transparent mode that endpoint is redirected and decrypted
+//! like any hard-coded one (httpx and LiteLLM trust `SSL_CERT_FILE`, which
+//! the sandbox sets to the agent's bundle); in base-URL mode
+//! `OPENAI_BASE_URL` points it at the agent. LiteLLM's model cost map is read from its own package
+//! (`LITELLM_LOCAL_MODEL_COST_MAP`), never fetched. Observed behaviour
+//! behind each choice: `docs/HARNESSES-MORE.md`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::custom::SANDBOX_KEY;
+use super::presets::{OPENAI_MODEL, Setup};
+use super::{HarnessError, HarnessName, Mode};
+
+/// The context window Aider is told the model has (it sizes its chat
+/// history summaries by it).
+pub const AIDER_CONTEXT_TOKENS: u32 = 131_072;
+/// The longest reply Aider is told the model writes.
+pub const AIDER_OUTPUT_TOKENS: u32 = 32_768;
+
+/// The model LiteLLM is named: OpenAI's provider, Polar's model name.
+pub fn litellm_model() -> String {
+    format!("openai/{OPENAI_MODEL}")
+}
+
+/// The virtual environment of a Python preset (its directory name under
+/// `.polar-cache/venvs`) and the distribution whose version the install
+/// check reads; `None` for the other presets.
+pub fn venv(h: HarnessName) -> Option<(&'static str, &'static str)> {
+    match h {
+        HarnessName::MiniSweAgent => Some(("mini-swe-agent", "mini-swe-agent")),
+        HarnessName::Aider => Some(("aider", "aider-chat")),
+        HarnessName::Openhands => Some(("openhands", "openhands-sdk")),
+        _ => None,
+    }
+}
+
+/// Where a Python preset's environment `venv` is looked for: `bin/` of
+/// `.polar-cache/venvs/<venv>` in the current directory or its nearest
+/// ancestor holding one.
+pub fn venv_bin_dirs(venv: &str) -> Vec<PathBuf> {
+    let Ok(cwd) = std::env::current_dir() else {
+        return Vec::new();
+    };
+    cwd.ancestors()
+        .map(|a| a.join(".polar-cache/venvs").join(venv).join("bin"))
+        .find(|d| d.is_dir())
+        .into_iter()
+        .collect()
+}
+
+/// `DIST VERSION` as the interpreter beside `binary` (its environment's
+/// `bin/python`) reads it from the distribution's metadata: a check that
+/// neither starts the harness nor writes anything (mini-swe-agent has no
+/// `--version`, and its `--help` makes its configuration directory).
+pub fn installed_version(
+    binary: &Path,
+    dist: &str,
+    timeout: Duration,
+) -> Result<String, HarnessError> {
+    // The environment's interpreter: beside the binary as found (which may
+    // itself be the environment's `bin/python`, a link out of it), else
+    // beside the file it links to.
+    let real = std::fs::canonicalize(binary).unwrap_or_else(|_| binary.to_owned());
+    let in_venv = |p: &Path| {
+        p.parent()
+            .and_then(Path::parent)
+            .is_some_and(|v| v.join("pyvenv.cfg").is_file())
+    };
+    let script = [binary, real.as_path()]
+        .into_iter()
+        .find(|p| in_venv(p))
+        .unwrap_or(real.as_path());
+    let python = script.with_file_name("python");
+    if !python.is_file() {
+        return Err(HarnessError::Broken {
+            binary: binary.to_owned(),
+            why: format!(
+                "no Python interpreter beside it ({}): not a virtual environment's script",
+                python.display()
+            ),
+        });
+    }
+    let code = format!("import importlib.metadata as m; print({dist:?}, m.version({dist:?}))");
+    super::first_line_of(&python, &["-c".to_owned(), code], timeout)
+}
+
+/// The prefix of the Python installation the virtual environment `venv`
+/// was made from (the parent of `home` in its `pyvenv.cfg`), which its
+/// `bin/python` links into and the sandbox must see too; `None` for the
+/// system's own (`/usr`, `/usr/local`: always visible, and never to be
+/// bound into a container's root).
+pub fn python_prefix(venv: &Path) -> Option<PathBuf> {
+    let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).ok()?;
+    let home = cfg.lines().find_map(|l| {
+        let (k, v) = l.split_once('=')?;
+        (k.trim() == "home").then(|| PathBuf::from(v.trim()))
+    })?;
+    let prefix = std::fs::canonicalize(home.parent()?).ok()?;
+    let system = ["/", "/usr", "/usr/local"].map(Path::new);
+    (!system.contains(&prefix.as_path())).then_some(prefix)
+}
+
+fn kv(k: &str, v: &str) -> (String, String) {
+    (k.to_owned(), v.to_owned())
+}
+
+/// The variables LiteLLM needs in `mode`: the key (a placeholder in
+/// transparent mode) and, in base-URL mode, the agent's URL.
+fn litellm_env(mode: &Mode) -> Vec<(String, String)> {
+    let mut env = vec![
+        // The cost map ships in the package; the default fetches it from
+        // raw.githubusercontent.com at import.
+        kv("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
+    ];
+    match mode {
+        Mode::Transparent => env.push(kv("OPENAI_API_KEY", SANDBOX_KEY)),
+        Mode::BaseUrl { url, key } => {
+            env.push(kv("OPENAI_API_KEY", key));
+            env.push(kv("OPENAI_BASE_URL", &format!("{url}/v1")));
+            env.push(kv("OPENAI_API_BASE", &format!("{url}/v1")));
+        }
+    }
+    env
+}
+
+/// mini-swe-agent: `mini` with every command approved (`-y`), ending when
+/// the model runs `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` (no prompt
+/// after it: `--exit-immediately`), no cost limit (`-l 0`: the backend's
+/// model has no price). `MSWEA_CONFIGURED` skips its first-run set-up
+/// wizard, `MSWEA_COST_TRACKING=ignore_errors` its refusal of a model
+/// without a price.
+pub fn mini_swe_agent(i: String, mode: &Mode) -> Setup {
+    let mut env = vec![
+        kv("MSWEA_CONFIGURED", "true"),
+        kv("MSWEA_COST_TRACKING", "ignore_errors"),
+    ];
+    env.extend(litellm_env(mode));
+    Setup {
+        argv: vec![
+            "mini".into(),
+            "-y".into(),
+            "--exit-immediately".into(),
+            "-m".into(),
+            litellm_model(),
+            "-l".into(),
+            "0".into(),
+            "-t".into(),
+            i,
+        ],
+        env,
+        files: Vec::new(),
+    }
+}
+
+/// Where the OpenHands runner is written, under HOME.
+pub const OPENHANDS_RUNNER: &str = ".polar/openhands_run.py";
+
+/// OpenHands: the SDK's default agent in CLI mode (terminal, file editor,
+/// task tracker; no browser) run by a small runner Polar writes into HOME
+/// (the SDK ships no program), on the instruction, until the agent calls
+/// its `finish` tool. Every action runs without confirmation (the SDK's
+/// default policy).
+pub fn openhands(mode: &Mode) -> Setup {
+    Setup {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("exec python \"$HOME/{OPENHANDS_RUNNER}\" \"$POLAR_INSTRUCTION\""),
+        ],
+        env: litellm_env(mode),
+        files: vec![(
+            PathBuf::from(OPENHANDS_RUNNER),
+            include_str!("openhands_run.py").to_owned(),
+        )],
+    }
+}
+
+/// Aider: one request (`--message`), every question answered yes
+/// (`--yes-always`), no git (`--no-git`: the workspace need not be a
+/// repository, and no commit-message calls), no update check, analytics
+/// or release notes, its chat and input histories kept out of the
+/// workspace. A task's test command reaches it in Aider's own terms: a
+/// `.aider.conf.yml` in the workspace (`test-cmd`, `auto-test: true`) or
+/// `AIDER_TEST_CMD` and `AIDER_AUTO_TEST` in the runtime spec's
+/// environment.
+pub fn aider(i: String, mode: &Mode) -> Setup {
+    let env = litellm_env(mode);
+    let mut argv: Vec<String> = [
+        "aider",
+        "--model",
+        &litellm_model(),
+        "--yes-always",
+        "--no-git",
+        "--no-check-update",
+        "--no-show-release-notes",
+        "--analytics-disable",
+        "--no-show-model-warnings",
+        "--no-pretty",
+        "--no-fancy-input",
+        "--no-detect-urls",
+        "--chat-history-file",
+        "/dev/null",
+        "--input-history-file",
+        "/dev/null",
+        "--message",
+    ]
+    .map(String::from)
+    .to_vec();
+    argv.push(i);
+    // The model's metadata: without it Aider fetches LiteLLM's model list
+    // from raw.githubusercontent.com for a model it does not know, and
+    // warns about its unknown context window.
+    let metadata = serde_json::json!({ litellm_model(): {
+        "max_input_tokens": AIDER_CONTEXT_TOKENS,
+        "max_output_tokens": AIDER_OUTPUT_TOKENS,
+        "input_cost_per_token": 0,
+        "output_cost_per_token": 0,
+        "litellm_provider": "openai",
+        "mode": "chat",
+    }});
+    Setup {
+        argv,
+        env,
+        files: vec![(
+            PathBuf::from(".aider.model.metadata.json"),
+            metadata.to_string(),
+        )],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::harness::presets::setup;
+
+    fn env<'a>(s: &'a Setup, k: &str) -> Option<&'a str> {
+        s.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn python_presets_run_unattended_against_openai_or_the_agent() {
+        let t = Mode::Transparent;
+        let m = setup(&HarnessName::MiniSweAgent.into(), "do it", &t, &[]);
+        assert_eq!(
+            m.argv.join(" "),
+            "mini -y --exit-immediately -m openai/polar-model -l 0 -t do it"
+        );
+        assert_eq!(env(&m, "MSWEA_CONFIGURED"), Some("true"));
+        assert_eq!(env(&m, "LITELLM_LOCAL_MODEL_COST_MAP"), Some("True"));
+        assert_eq!(env(&m, "OPENAI_API_KEY"), Some(SANDBOX_KEY));
+        assert!(env(&m, "OPENAI_BASE_URL").is_none());
+        let a = setup(&HarnessName::Aider.into(), "do it", &t, &[]);
+        assert_eq!(a.argv[..3], ["aider", "--model", "openai/polar-model"]);
+        assert_eq!(a.argv[a.argv.len() - 2..], ["--message", "do it"]);
+        for flag in ["--yes-always", "--no-git", "--no-check-update"] {
+            assert!(a.argv.iter().any(|x| x == flag), "{flag}");
+        }
+        let meta: serde_json::Value = serde_json::from_str(&a.files[0].1).unwrap();
+        assert_eq!(meta["openai/polar-model"]["litellm_provider"], "openai");
+        let b = Mode::BaseUrl {
+            url: "http://127.0.0.1:8787".into(),
+            key: "polar-k".into(),
+        };
+        let o = setup(&HarnessName::Openhands.into(), "do it", &t, &[]);
+        assert_eq!(o.argv[0], "sh");
+        assert!(o.argv[2].contains(OPENHANDS_RUNNER), "{:?}", o.argv);
+        assert!(o.files[0].1.contains("get_default_agent"));
+        assert_eq!(env(&o, "POLAR_INSTRUCTION"), Some("do it"));
+        for h in [
+            HarnessName::MiniSweAgent,
+            HarnessName::Aider,
+            HarnessName::Openhands,
+        ] {
+            let s = setup(&h.into(), "x", &b, &[]);
+            assert_eq!(env(&s, "OPENAI_BASE_URL"), Some("http://127.0.0.1:8787/v1"));
+            assert_eq!(env(&s, "OPENAI_API_KEY"), Some("polar-k"));
+        }
+        assert_eq!(venv(HarnessName::Aider), Some(("aider", "aider-chat")));
+        assert_eq!(venv(HarnessName::Pi), None);
+    }
+
+    #[test]
+    fn a_venv_needs_its_python_installation_unless_it_is_the_systems() {
+        let tmp = tempfile::tempdir().unwrap();
+        let prefix = tmp.path().join("py/3.11");
+        std::fs::create_dir_all(prefix.join("bin")).unwrap();
+        let venv = tmp.path().join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        let cfg = |home: &Path| format!("home = {}\nversion = 3.11.7\n", home.display());
+        std::fs::write(venv.join("pyvenv.cfg"), cfg(&prefix.join("bin"))).unwrap();
+        assert_eq!(python_prefix(&venv), Some(prefix.canonicalize().unwrap()));
+        std::fs::write(venv.join("pyvenv.cfg"), cfg(Path::new("/usr/bin"))).unwrap();
+        assert_eq!(python_prefix(&venv), None);
+        // The whole environment and that installation are read-only in
+        // the sandbox, found through the script or a link to it.
+        std::fs::write(venv.join("pyvenv.cfg"), cfg(&prefix.join("bin"))).unwrap();
+        let script = venv.join("bin/mini");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let elsewhere = tmp.path().join("path");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::os::unix::fs::symlink(&script, elsewhere.join("mini")).unwrap();
+        let venv = venv.canonicalize().unwrap();
+        let i = crate::harness::install_at(script, "x".into());
+        assert_eq!(
+            i.read_only,
+            vec![prefix.canonicalize().unwrap(), venv.clone()]
+        );
+        let i = crate::harness::install_at(elsewhere.join("mini"), "x".into());
+        assert!(i.read_only.contains(&venv), "{:?}", i.read_only);
+        // No interpreter beside it: not an environment's script.
+        let e = installed_version(&elsewhere.join("mini"), "x", Duration::from_secs(5));
+        assert!(e.unwrap_err().to_string().contains("no Python interpreter"));
+    }
+}
