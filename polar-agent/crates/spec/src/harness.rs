@@ -10,7 +10,7 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, \
-     shell, or custom:NAME for a harness the node's configuration defines"
+     copilot, hermes, shell, or custom:NAME for a harness the node's configuration defines"
 )]
 pub struct UnknownHarness(pub String);
 
@@ -29,19 +29,26 @@ pub enum HarnessName {
     Opencode,
     /// pi (`@mariozechner/pi-coding-agent`).
     Pi,
+    /// GitHub Copilot CLI (`@github/copilot`).
+    Copilot,
+    /// Hermes Agent (PyPI `hermes-agent`, in a virtual environment of its
+    /// own).
+    Hermes,
     /// A custom command.
     Shell,
 }
 
 impl HarnessName {
     /// Every preset.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 9] = [
         Self::Codex,
         Self::ClaudeCode,
         Self::GeminiCli,
         Self::QwenCode,
         Self::Opencode,
         Self::Pi,
+        Self::Copilot,
+        Self::Hermes,
         Self::Shell,
     ];
 
@@ -54,6 +61,8 @@ impl HarnessName {
             Self::QwenCode => "qwen_code",
             Self::Opencode => "opencode",
             Self::Pi => "pi",
+            Self::Copilot => "copilot",
+            Self::Hermes => "hermes",
             Self::Shell => "shell",
         }
     }
@@ -67,7 +76,19 @@ impl HarnessName {
             Self::QwenCode => Some("qwen"),
             Self::Opencode => Some("opencode"),
             Self::Pi => Some("pi"),
+            Self::Copilot => Some("copilot"),
+            Self::Hermes => Some("hermes"),
             Self::Shell => None,
+        }
+    }
+
+    /// The virtual environment a Python harness is installed in
+    /// (`.polar-cache/venvs/NAME`, made by `cargo xtask harnesses`); `None`
+    /// for the npm-installed ones and the shell preset.
+    pub fn venv(self) -> Option<&'static str> {
+        match self {
+            Self::Hermes => Some("hermes"),
+            _ => None,
         }
     }
 
@@ -75,7 +96,9 @@ impl HarnessName {
     /// Each one keeps its hard-coded endpoint, which a built-in model route
     /// covers (Qwen Code's openai auth without a base URL goes to DashScope,
     /// itself a model route; opencode and pi are given an Anthropic model on
-    /// their command line).
+    /// their command line; Copilot CLI is given api.openai.com as its
+    /// bring-your-own-model provider, Hermes Agent DashScope as its
+    /// provider).
     pub fn default_mode(self) -> ModeKind {
         ModeKind::Transparent
     }
