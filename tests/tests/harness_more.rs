@@ -16,7 +16,9 @@
 //! equal prompt ids, response ids and logprobs, and every record is one the
 //! mock served; every captured call is in exactly one exported row, with
 //! loss 1 exactly on generated tokens; the main chain saw the four steps'
-//! results in one trace; calls offering no tools are `side` rows.
+//! results in one trace; calls offering no tools are `side` rows. The same
+//! in base-URL mode (Copilot CLI's provider URL, Hermes Agent's
+//! `DASHSCOPE_BASE_URL` the agent's, with the session's key).
 //!
 //! The CLIs come from `cargo xtask harnesses` (`POLAR_HARNESS_DIR`, else
 //! `.polar-cache/harnesses`, and `venvs/hermes` beside it).
@@ -30,4 +32,10 @@ use polar_tests::harness::{Scenario, run_all};
 fn copilot_and_hermes_do_a_four_step_task_and_every_served_call_is_captured_exactly() -> Result<()>
 {
     run_all(&["copilot", "hermes"], false, None, Scenario::Steps)
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn copilot_and_hermes_in_base_url_mode_are_captured_by_their_session_key() -> Result<()> {
+    run_all(&["copilot", "hermes"], true, None, Scenario::Steps)
 }
