@@ -19,8 +19,8 @@ pub const GEMINI_MODEL: &str = "gemini-2.5-pro";
 pub const OPENAI_MODEL: &str = "polar-model";
 /// The model Copilot CLI is given: one of its catalog's, so that its
 /// agent configuration (tools, limits) is the one it ships for it; spoken
-/// to over OpenAI Chat (Copilot CLI asks for Responses only for GPT-5
-/// models).
+/// to over OpenAI Chat, its provider's default wire API (its help advises
+/// Responses for GPT-5 models only).
 pub const COPILOT_MODEL: &str = "gpt-4.1";
 /// The model Hermes Agent is given on its DashScope provider.
 pub const HERMES_MODEL: &str = "qwen3-coder-plus";
