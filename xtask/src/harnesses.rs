@@ -1,8 +1,12 @@
-//! `cargo xtask harnesses`: installs the six harness CLIs the end-to-end
+//! `cargo xtask harnesses`: installs the harness CLIs the end-to-end
 //! tests run, from the npm registry, at the versions pinned in
 //! `harnesses/package.json` (with `harnesses/package-lock.json` for their
 //! dependencies): the one place their versions are set. The demo installs
-//! Claude Code alone ([`claude_code`]), from the same pins.
+//! Claude Code alone ([`claude_code`]), from the same pins. The Python
+//! harnesses ([`python::HARNESSES`]) each get a virtual environment of their own in
+//! `venvs/` beside the npm prefix, from their lock file in
+//! `python/requirements/` ([`crate::python`]), made while npm installs
+//! the CLIs.
 //!
 //! The six go to `.polar-cache/harnesses/` (git-ignored; `POLAR_HARNESS_DIR`
 //! overrides it), Claude Code alone to `.polar-cache/claude-code/`, reused
@@ -10,11 +14,6 @@
 //! from makes a second run a no-op, and any change to either reinstalls.
 //! `npm install` (not `npm ci`, which refuses lock files whose optional
 //! platform packages were left out) follows the lock file.
-//!
-//! The Python harness presets (mini-swe-agent, Aider, OpenHands) are not npm packages: each
-//! has a virtual environment of its own under `.polar-cache/venvs/`, made
-//! from its lock file in `python/requirements/` ([`python::HARNESSES`])
-//! while npm installs the six.
 
 use std::path::{Path, PathBuf};
 
@@ -24,8 +23,10 @@ use serde_json::{Map, Value, json};
 use crate::cmd::{Cmd, workspace_root};
 use crate::{python, setup};
 
-/// The binaries the six CLIs install.
-pub const BINARIES: [&str; 6] = ["codex", "claude", "gemini", "qwen", "opencode", "pi"];
+/// The binaries the npm-installed CLIs install.
+pub const BINARIES: [&str; 7] = [
+    "codex", "claude", "gemini", "qwen", "opencode", "pi", "copilot",
+];
 /// Claude Code's npm package and binary.
 const CLAUDE_PACKAGE: &str = "@anthropic-ai/claude-code";
 const CLAUDE_BINARY: &str = "claude";
@@ -124,24 +125,101 @@ fn all_six() -> Result<Install<'static>> {
     })
 }
 
-/// Installs the six CLIs if they are missing or out of date, and makes
-/// the Python harness presets' environments ([`python::HARNESSES`]) at the
-/// same time (npm and pip each wait on the registry most of the time);
-/// returns where the CLIs are.
+/// Installs the CLIs and the Python harnesses' environments if they are
+/// missing or out of date, the environments at the same time as the npm
+/// CLIs (npm and pip each wait on the registry most of the time); returns
+/// where the CLIs are.
 pub fn run() -> Result<PathBuf> {
+    let dir = install_dir()?;
     std::thread::scope(|s| {
-        let venvs = s.spawn(|| python::HARNESSES.iter().try_for_each(|v| v.ensure()));
-        let six = npm_six();
-        let venvs = venvs
+        let venvs = s.spawn(|| python_harnesses(&dir));
+        let npm = npm_harnesses().and_then(|npm| copilot_dist(&npm).map(|()| npm));
+        venvs
             .join()
-            .map_err(|_| anyhow!("making the Python harnesses' environments panicked"))?;
-        venvs.context("making the Python harnesses' environments")?;
-        six
+            .map_err(|_| anyhow!("making the Python harnesses' environments panicked"))?
+            .context("making the Python harnesses' environments")?;
+        npm
     })
 }
 
-/// Installs the six CLIs if they are missing or out of date; returns where.
-fn npm_six() -> Result<PathBuf> {
+/// Where Copilot CLI's JavaScript package is unpacked in the npm prefix
+/// (the agent's `harness::COPILOT_DIST`).
+const COPILOT_DIST: &str = "copilot-dist";
+
+/// The `version` of a `package.json`.
+fn package_version(path: &Path) -> Option<String> {
+    let v: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    v["version"].as_str().map(str::to_owned)
+}
+
+/// Unpacks Copilot CLI's JavaScript package, which its binary carries and
+/// otherwise unpacks into `~/.cache/copilot` (235 MB) on its first start in
+/// every session, once into `copilot-dist/` of the npm prefix `dir`: its
+/// loader runs it from there when `COPILOT_CLI_DIST_DIR` names it (the
+/// agent sets it when the copy is of the installed version). Unpacked by
+/// the binary itself (`copilot help providers` with a HOME and cache of
+/// its own, offline), so the copy is exactly what it would unpack.
+fn copilot_dist(dir: &Path) -> Result<()> {
+    let item = "copilot package";
+    let installed = package_version(&dir.join("node_modules/@github/copilot/package.json"))
+        .context("Copilot CLI is installed without a readable package.json")?;
+    let dist = dir.join(COPILOT_DIST);
+    if package_version(&dist.join("package.json")).as_ref() == Some(&installed)
+        && dist.join("index.js").is_file()
+    {
+        report(item, "present");
+        return Ok(());
+    }
+    let work = dir.join(format!("{COPILOT_DIST}.tmp"));
+    if work.exists() {
+        std::fs::remove_dir_all(&work)?;
+    }
+    let (home, cache) = (work.join("home"), work.join("cache"));
+    std::fs::create_dir_all(&home)?;
+    std::fs::create_dir_all(&cache)?;
+    let run = Cmd::new(dir.join("node_modules/.bin/copilot"))?
+        .args(["help", "providers"])
+        .env("HOME", &home)
+        .env("XDG_CACHE_HOME", &cache)
+        .env("COPILOT_OFFLINE", "true")
+        .env("COPILOT_AUTO_UPDATE", "false")
+        .capture(std::time::Duration::from_secs(300))?;
+    if !run.status.success() {
+        bail!(
+            "unpacking Copilot CLI's package failed: {}",
+            run.stderr.trim()
+        );
+    }
+    // cache/copilot/pkg/<platform>/<version>/
+    let unpacked = std::fs::read_dir(cache.join("copilot/pkg"))
+        .context("Copilot CLI unpacked no package")?
+        .filter_map(|e| e.ok().map(|e| e.path().join(&installed)))
+        .find(|p| p.join("index.js").is_file())
+        .ok_or_else(|| anyhow!("Copilot CLI unpacked no package of version {installed}"))?;
+    if dist.exists() {
+        std::fs::remove_dir_all(&dist)?;
+    }
+    std::fs::rename(&unpacked, &dist)?;
+    std::fs::remove_dir_all(&work)?;
+    report(item, &format!("unpacked ({installed})"));
+    Ok(())
+}
+
+/// Makes each Python harness's environment in `venvs/` beside the npm
+/// prefix `dir`.
+fn python_harnesses(dir: &Path) -> Result<()> {
+    let venvs = dir
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", dir.display()))?
+        .join("venvs");
+    for venv in python::HARNESSES {
+        venv.ensure_at(&venvs.join(venv.name))?;
+    }
+    Ok(())
+}
+
+/// Installs the npm-installed CLIs if they are missing or out of date.
+fn npm_harnesses() -> Result<PathBuf> {
     let six = all_six()?;
     if six.is_current() {
         report(six.what, "present");

@@ -31,7 +31,7 @@ pub struct Venv {
     /// The lock file's stem and the environment's directory name.
     pub name: &'static str,
     /// The Python it needs: `None` for the `python3` on `PATH`, else a
-    /// `major.minor` version.
+    /// `major.minor` version, or an interpreter's absolute path.
     pub python: Option<&'static str>,
 }
 
@@ -58,6 +58,16 @@ pub const NEMO_GYM: Venv = Venv {
     python: Some("3.12"),
 };
 
+/// Hermes Agent (`hermes-agent` 0.19.0, Python 3.11 or newer), the
+/// `hermes` preset's harness, made by `cargo xtask harnesses` beside the
+/// npm-installed CLIs ([`crate::harnesses`]). With Debian's interpreter:
+/// a sandbox user runs it, and pyenv's lives under `/root`, which only
+/// root may enter.
+pub const HERMES: Venv = Venv {
+    name: "hermes",
+    python: Some("/usr/bin/python3"),
+};
+
 /// Every environment `cargo xtask setup` makes.
 pub const ALL: [Venv; 4] = [CLIENT, VERL, SKYRL, NEMO_GYM];
 
@@ -82,8 +92,8 @@ pub const OPENHANDS: Venv = Venv {
 };
 
 /// The environments of the Python harness presets, which `cargo xtask
-/// harnesses` makes with the npm CLIs.
-pub const HARNESSES: [Venv; 3] = [MINI_SWE_AGENT, AIDER, OPENHANDS];
+/// harnesses` makes with the npm CLIs, in `venvs/` beside their prefix.
+pub const HARNESSES: [Venv; 4] = [MINI_SWE_AGENT, AIDER, OPENHANDS, HERMES];
 
 const STAMP: &str = ".polar-installed";
 
@@ -110,6 +120,11 @@ impl Venv {
 
     /// Makes the environment unless its stamp says it is up to date.
     pub fn ensure(self) -> Result<()> {
+        self.ensure_at(&self.dir()?)
+    }
+
+    /// [`Self::ensure`] with the environment at `dir`.
+    pub fn ensure_at(self, dir: &Path) -> Result<()> {
         let item = format!("venv {}", self.name);
         let lock = self.lock()?;
         let locked = std::fs::read_to_string(&lock)
@@ -120,25 +135,24 @@ impl Venv {
             .probe()
             .with_context(|| format!("{} is not runnable", interpreter.display()))?;
         let stamp = format!("{}\n{locked}", version.trim());
-        let dir = self.dir()?;
         if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) {
             report(&item, "present");
             return Ok(());
         }
         let started = Instant::now();
         if dir.exists() {
-            std::fs::remove_dir_all(&dir)
+            std::fs::remove_dir_all(dir)
                 .with_context(|| format!("removing the stale {}", dir.display()))?;
         }
         Cmd::new(&interpreter)?
             .args(["-m", "venv"])
-            .arg(&dir)
+            .arg(dir)
             .run()
             .context("could not make a virtual environment (python3 -m venv)")?;
         // A lock file is a whole `pip freeze`: nothing to resolve, and
         // dependencies a trainer declares but its tested path never imports
         // (skyrl-train's flash-attn, which builds against CUDA) stay out.
-        pip_install(&dir)?
+        pip_install(dir)?
             .arg("--requirement")
             .arg(&lock)
             .run()
@@ -149,7 +163,7 @@ impl Venv {
             &format!(
                 "installed in {} s ({})",
                 started.elapsed().as_secs(),
-                du(&dir)
+                du(dir)
             ),
         );
         Ok(())
@@ -160,6 +174,9 @@ impl Venv {
         let Some(version) = self.python else {
             return Ok(PathBuf::from("python3"));
         };
+        if version.starts_with('/') {
+            return Ok(PathBuf::from(version));
+        }
         let name = format!("python{version}");
         if Cmd::new(&name)?.arg("--version").probe().is_some() {
             return Ok(PathBuf::from(name));

@@ -65,8 +65,8 @@ pub struct SandboxRunArgs {
     #[arg(long, default_value_t = 1500)]
     pub read_timeout_ms: u64,
     /// Run this harness preset (codex, claude_code, gemini_cli, qwen_code,
-    /// opencode, pi, mini_swe_agent, aider, openhands, shell) on a runtime,
-    /// end to end.
+    /// opencode, pi, mini_swe_agent, aider, openhands, copilot, hermes,
+    /// shell) on a runtime, end to end.
     #[command(flatten)]
     pub harness: super::harness::HarnessArgs,
     /// The command and its arguments, after `--` (with `--harness shell`

@@ -30,32 +30,6 @@ pub fn litellm_model() -> String {
     format!("openai/{OPENAI_MODEL}")
 }
 
-/// The virtual environment of a Python preset (its directory name under
-/// `.polar-cache/venvs`) and the distribution whose version the install
-/// check reads; `None` for the other presets.
-pub fn venv(h: HarnessName) -> Option<(&'static str, &'static str)> {
-    match h {
-        HarnessName::MiniSweAgent => Some(("mini-swe-agent", "mini-swe-agent")),
-        HarnessName::Aider => Some(("aider", "aider-chat")),
-        HarnessName::Openhands => Some(("openhands", "openhands-sdk")),
-        _ => None,
-    }
-}
-
-/// Where a Python preset's environment `venv` is looked for: `bin/` of
-/// `.polar-cache/venvs/<venv>` in the current directory or its nearest
-/// ancestor holding one.
-pub fn venv_bin_dirs(venv: &str) -> Vec<PathBuf> {
-    let Ok(cwd) = std::env::current_dir() else {
-        return Vec::new();
-    };
-    cwd.ancestors()
-        .map(|a| a.join(".polar-cache/venvs").join(venv).join("bin"))
-        .find(|d| d.is_dir())
-        .into_iter()
-        .collect()
-}
-
 /// `DIST VERSION` as the interpreter beside `binary` (its environment's
 /// `bin/python`) reads it from the distribution's metadata: a check that
 /// neither starts the harness nor writes anything (mini-swe-agent has no
@@ -283,8 +257,9 @@ mod tests {
             assert_eq!(env(&s, "OPENAI_BASE_URL"), Some("http://127.0.0.1:8787/v1"));
             assert_eq!(env(&s, "OPENAI_API_KEY"), Some("polar-k"));
         }
-        assert_eq!(venv(HarnessName::Aider), Some(("aider", "aider-chat")));
-        assert_eq!(venv(HarnessName::Pi), None);
+        assert_eq!(HarnessName::Aider.venv(), Some("aider"));
+        assert_eq!(HarnessName::Aider.distribution(), Some("aider-chat"));
+        assert_eq!(HarnessName::Pi.venv(), None);
     }
 
     #[test]

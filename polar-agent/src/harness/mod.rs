@@ -184,27 +184,48 @@ pub struct Install {
     pub bin_dir: PathBuf,
     /// Directories the sandbox must see (read-only) for it to run.
     pub read_only: Vec<PathBuf>,
+    /// Variables the installation adds to the harness's own
+    /// ([`copilot_dist`]).
+    pub env: Vec<(String, String)>,
 }
 
-/// Where harness binaries are looked for: `$POLAR_HARNESS_DIR/node_modules/.bin`,
-/// `.polar-cache/harnesses/node_modules/.bin` below the current directory
-/// and its ancestors, then `PATH`.
+/// Where harness binaries are looked for: `$POLAR_HARNESS_DIR/node_modules/.bin`
+/// and the `bin/` of each Python harness's virtual environment beside it
+/// (`$POLAR_HARNESS_DIR/../venvs/NAME/bin`), the same under the first
+/// `.polar-cache/harnesses` below the current directory or one of its
+/// ancestors, then `PATH`.
 pub fn search_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os("POLAR_HARNESS_DIR") {
-        dirs.push(Path::new(&d).join("node_modules/.bin"));
+        dirs.extend(install_dirs(Path::new(&d)));
     }
     if let Ok(cwd) = std::env::current_dir() {
         for a in cwd.ancestors() {
-            let d = a.join(".polar-cache/harnesses/node_modules/.bin");
-            if d.is_dir() {
-                dirs.push(d);
+            let d = a.join(".polar-cache/harnesses");
+            if d.join("node_modules/.bin").is_dir() || a.join(".polar-cache/venvs").is_dir() {
+                dirs.extend(install_dirs(&d));
                 break;
             }
         }
     }
     if let Some(path) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&path));
+    }
+    dirs
+}
+
+/// The binary directories of the harnesses installed at `dir` (what `cargo
+/// xtask harnesses` fills): its npm prefix's `node_modules/.bin`, then each
+/// Python harness's virtual environment's `bin/` in `venvs/` beside it.
+fn install_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![dir.join("node_modules/.bin")];
+    if let Some(parent) = dir.parent() {
+        dirs.extend(
+            HarnessName::ALL
+                .iter()
+                .filter_map(|h| h.venv())
+                .map(|v| parent.join("venvs").join(v).join("bin")),
+        );
     }
     dirs
 }
@@ -219,12 +240,21 @@ pub fn check_installed(
     let Some(binary) = harness.binary() else {
         return Ok(None);
     };
-    // A Python preset's own environment first.
-    let venv = litellm::venv(harness);
-    let mut searched: Vec<PathBuf> = venv
-        .map(|(v, _)| litellm::venv_bin_dirs(v))
-        .unwrap_or_default();
-    searched.extend(dirs.iter().cloned());
+    // A Python preset in its own environment, never another's (`python`
+    // is in each of them).
+    let venv_of = |d: &Path| {
+        HarnessName::ALL
+            .iter()
+            .filter_map(|h| h.venv())
+            .find(|v| d.ends_with(Path::new("venvs").join(v).join("bin")))
+    };
+    let own = harness.venv();
+    let searched: Vec<PathBuf> = dirs
+        .iter()
+        .filter(|d| own.is_some() && venv_of(d) == own)
+        .chain(dirs.iter().filter(|d| venv_of(d).is_none()))
+        .cloned()
+        .collect();
     let found = searched
         .iter()
         .map(|d| d.join(binary))
@@ -240,11 +270,15 @@ pub fn check_installed(
                 .join(", "),
         });
     };
-    let version = match venv {
-        Some((_, dist)) => litellm::installed_version(&path, dist, timeout)?,
+    let version = match harness.distribution() {
+        Some(dist) => litellm::installed_version(&path, dist, timeout)?,
         None => first_line_of(&path, &["--version".to_owned()], timeout)?,
     };
-    Ok(Some(install_at(path, version)))
+    let mut install = install_at(path, version);
+    if harness == HarnessName::Copilot {
+        copilot_dist(&mut install);
+    }
+    Ok(Some(install))
 }
 
 /// The installation of the binary at `path`: its directory (first on the
@@ -297,6 +331,46 @@ pub(crate) fn install_at(path: PathBuf, version: String) -> Install {
         version,
         bin_dir,
         read_only,
+        env: Vec::new(),
+    }
+}
+
+/// Where `cargo xtask harnesses` unpacks Copilot CLI's JavaScript package,
+/// in the npm prefix.
+pub const COPILOT_DIST: &str = "copilot-dist";
+
+/// Copilot CLI's binary unpacks the JavaScript package it carries (235 MB)
+/// into `~/.cache/copilot` on its first start, so into every session's HOME
+/// and disk quota. `cargo xtask harnesses` unpacks it once into
+/// [`COPILOT_DIST`] beside `node_modules`; when that copy is there and of
+/// the installed version, the sandbox sees it read-only and
+/// `COPILOT_CLI_DIST_DIR` (read by the binary's loader) makes the binary
+/// run it instead of unpacking its own.
+fn copilot_dist(install: &mut Install) {
+    let Some(nm) = install
+        .read_only
+        .iter()
+        .find(|d| d.ends_with("node_modules"))
+    else {
+        return;
+    };
+    let dist = nm.with_file_name(COPILOT_DIST);
+    let version = |p: PathBuf| {
+        std::fs::read(p)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["version"].as_str().map(str::to_owned))
+    };
+    let installed = version(nm.join("@github/copilot/package.json"));
+    if installed.is_some()
+        && installed == version(dist.join("package.json"))
+        && dist.join("index.js").is_file()
+    {
+        install.env.push((
+            "COPILOT_CLI_DIST_DIR".to_owned(),
+            dist.display().to_string(),
+        ));
+        install.read_only.push(dist);
     }
 }
 
@@ -374,6 +448,49 @@ mod tests {
             HarnessName::ClaudeCode
         );
         assert!("cursor".parse::<HarnessName>().is_err());
+    }
+
+    #[test]
+    fn copilot_runs_its_unpacked_package_only_when_it_is_the_installed_version() {
+        let tmp = tempfile::tempdir().unwrap();
+        let nm = tmp.path().join("node_modules");
+        let pkg = nm.join("@github/copilot");
+        std::fs::create_dir_all(&pkg).unwrap();
+        std::fs::write(pkg.join("package.json"), r#"{"version": "1.0.102"}"#).unwrap();
+        let dist = tmp.path().join(COPILOT_DIST);
+        std::fs::create_dir_all(&dist).unwrap();
+        std::fs::write(dist.join("index.js"), "").unwrap();
+        let install = || Install {
+            binary: nm.join(".bin/copilot"),
+            version: "1.0.102".into(),
+            bin_dir: nm.join(".bin"),
+            read_only: vec![nm.clone()],
+            env: Vec::new(),
+        };
+        std::fs::write(dist.join("package.json"), r#"{"version": "1.0.101"}"#).unwrap();
+        let mut stale = install();
+        copilot_dist(&mut stale);
+        assert_eq!(stale, install());
+        std::fs::write(dist.join("package.json"), r#"{"version": "1.0.102"}"#).unwrap();
+        let mut current = install();
+        copilot_dist(&mut current);
+        assert_eq!(
+            current.env,
+            vec![(
+                "COPILOT_CLI_DIST_DIR".to_owned(),
+                dist.display().to_string()
+            )]
+        );
+        assert_eq!(current.read_only, vec![nm.clone(), dist]);
+    }
+
+    #[test]
+    fn python_harnesses_are_looked_for_in_their_venv_beside_the_npm_prefix() {
+        let dirs = install_dirs(Path::new("/c/harnesses"));
+        assert_eq!(dirs[0], Path::new("/c/harnesses/node_modules/.bin"));
+        assert!(dirs.contains(&PathBuf::from("/c/venvs/hermes/bin")));
+        assert_eq!(HarnessName::Hermes.venv(), Some("hermes"));
+        assert_eq!(HarnessName::Copilot.venv(), None);
     }
 
     #[test]

@@ -18,6 +18,13 @@ pub const ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
 pub const GEMINI_MODEL: &str = "gemini-2.5-pro";
 /// Model named in OpenAI-compatible set-ups (Qwen Code, base-URL mode).
 pub const OPENAI_MODEL: &str = "polar-model";
+/// The model Copilot CLI is given: one of its catalog's, so that its
+/// agent configuration (tools, limits) is the one it ships for it; spoken
+/// to over OpenAI Chat, its provider's default wire API (its help advises
+/// Responses for GPT-5 models only).
+pub const COPILOT_MODEL: &str = "gpt-4.1";
+/// The model Hermes Agent is given on its DashScope provider.
+pub const HERMES_MODEL: &str = "qwen3-coder-plus";
 
 /// A harness's command line, environment and HOME files for one session.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -67,6 +74,8 @@ fn preset(harness: HarnessName, instruction: &str, mode: &Mode, command: &[Strin
         HarnessName::MiniSweAgent => super::litellm::mini_swe_agent(i, mode),
         HarnessName::Aider => super::litellm::aider(i, mode),
         HarnessName::Openhands => super::litellm::openhands(mode),
+        HarnessName::Copilot => copilot(i, mode),
+        HarnessName::Hermes => hermes(i, mode),
         HarnessName::Shell => Setup {
             argv: if command.is_empty() {
                 vec!["sh".into(), "-c".into(), i]
@@ -267,6 +276,69 @@ fn pi(i: String, mode: &Mode) -> Setup {
     }
 }
 
+/// Copilot CLI with its bring-your-own-model provider (OpenAI Chat) and
+/// offline: no GitHub login, no call to GitHub's Copilot services, no
+/// telemetry, no update check. In transparent mode the provider is OpenAI's
+/// real endpoint, which the built-in routes intercept; Copilot CLI has no
+/// other way to reach a model without a GitHub token (HARNESSES-MORE.md).
+fn copilot(i: String, mode: &Mode) -> Setup {
+    let (base, key) = match mode {
+        Mode::Transparent => ("https://api.openai.com/v1".to_owned(), "sk-polar-sandbox"),
+        Mode::BaseUrl { url, key } => (format!("{url}/v1"), key.as_str()),
+    };
+    Setup {
+        argv: vec![
+            "copilot".into(),
+            "-p".into(),
+            i,
+            "--allow-all-tools".into(),
+            "--allow-all-paths".into(),
+            "--no-ask-user".into(),
+            "--no-auto-update".into(),
+            "--disable-client-telemetry".into(),
+        ],
+        env: vec![
+            kv("COPILOT_OFFLINE", "true"),
+            kv("COPILOT_AUTO_UPDATE", "false"),
+            kv("COPILOT_PROVIDER_TYPE", "openai"),
+            kv("COPILOT_PROVIDER_BASE_URL", &base),
+            kv("COPILOT_PROVIDER_API_KEY", key),
+            kv("COPILOT_MODEL", COPILOT_MODEL),
+        ],
+        files: Vec::new(),
+    }
+}
+
+/// Hermes Agent in one-shot mode (`-z`: approvals bypassed, only the final
+/// answer printed) on its DashScope provider (`alibaba`, OpenAI Chat at
+/// `dashscope-intl.aliyuncs.com`, a built-in model route), with its
+/// run-time package installs off (its environment is read-only in the
+/// sandbox).
+fn hermes(i: String, mode: &Mode) -> Setup {
+    let mut env = vec![kv("HERMES_DISABLE_LAZY_INSTALLS", "1")];
+    match mode {
+        Mode::Transparent => env.push(kv("DASHSCOPE_API_KEY", "sk-polar-sandbox")),
+        Mode::BaseUrl { url, key } => {
+            env.push(kv("DASHSCOPE_BASE_URL", &format!("{url}/v1")));
+            env.push(kv("DASHSCOPE_API_KEY", key));
+        }
+    }
+    Setup {
+        argv: vec![
+            "hermes".into(),
+            "-z".into(),
+            i,
+            "--provider".into(),
+            "alibaba".into(),
+            "-m".into(),
+            HERMES_MODEL.into(),
+            "--yolo".into(),
+        ],
+        env,
+        files: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +371,15 @@ mod tests {
         assert_eq!(
             line(HarnessName::Pi),
             "pi -p --model anthropic/claude-sonnet-4-5 do it"
+        );
+        assert_eq!(
+            line(HarnessName::Copilot),
+            "copilot -p do it --allow-all-tools --allow-all-paths --no-ask-user --no-auto-update \
+             --disable-client-telemetry"
+        );
+        assert_eq!(
+            line(HarnessName::Hermes),
+            "hermes -z do it --provider alibaba -m qwen3-coder-plus --yolo"
         );
         assert_eq!(line(HarnessName::Shell), "sh -c do it");
         assert_eq!(
@@ -363,5 +444,33 @@ mod tests {
             models["providers"]["polar"]["baseUrl"],
             "http://127.0.0.1:8787/v1"
         );
+        let c = setup(&HarnessName::Copilot.into(), "x", &m, &[]);
+        assert_eq!(
+            env(&c, "COPILOT_PROVIDER_BASE_URL"),
+            Some("http://127.0.0.1:8787/v1")
+        );
+        assert_eq!(env(&c, "COPILOT_PROVIDER_API_KEY"), Some("polar-k1"));
+        let h = setup(&HarnessName::Hermes.into(), "x", &m, &[]);
+        assert_eq!(
+            env(&h, "DASHSCOPE_BASE_URL"),
+            Some("http://127.0.0.1:8787/v1")
+        );
+        assert_eq!(env(&h, "DASHSCOPE_API_KEY"), Some("polar-k1"));
+    }
+
+    #[test]
+    fn copilot_and_hermes_keep_their_real_endpoints_in_transparent_mode() {
+        let t = Mode::Transparent;
+        let c = setup(&HarnessName::Copilot.into(), "x", &t, &[]);
+        assert_eq!(
+            env(&c, "COPILOT_PROVIDER_BASE_URL"),
+            Some("https://api.openai.com/v1")
+        );
+        assert_eq!(env(&c, "COPILOT_OFFLINE"), Some("true"));
+        assert_eq!(env(&c, "COPILOT_MODEL"), Some(COPILOT_MODEL));
+        let h = setup(&HarnessName::Hermes.into(), "x", &t, &[]);
+        assert!(env(&h, "DASHSCOPE_BASE_URL").is_none());
+        assert_eq!(env(&h, "HERMES_DISABLE_LAZY_INSTALLS"), Some("1"));
+        assert!(env(&h, "DASHSCOPE_API_KEY").is_some());
     }
 }

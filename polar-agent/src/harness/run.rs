@@ -271,10 +271,13 @@ async fn prepare_on(
     let handler = proxy_handler(parts, &mode);
     let session = open_sandbox(parts, redirect, &run, &handler)?;
     let path: Vec<PathBuf> = run.install.iter().map(|i| i.bin_dir.clone()).collect();
+    // The installation's own variables after the harness's.
+    let mut env = harness.env.clone();
+    env.extend(run.install.iter().flat_map(|i| i.env.iter().cloned()));
     let mut prepared = Prepared {
         main: MainCommand {
             argv: harness.argv.clone(),
-            env: harness.env.clone(),
+            env,
         },
         pre_binds: staged.binds,
         run,

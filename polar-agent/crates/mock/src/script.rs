@@ -73,8 +73,9 @@
 //!
 //! Without a script file the built-in policy answers: when tools are offered
 //! and no tool result follows the last user message, a call of the shell tool
-//! (a tool named bash, shell, exec_command, run_shell_command or Bash, else
-//! the first tool) running `echo polar > polar-demo.txt`, with the argument
+//! (a tool named bash, shell, exec_command, run_shell_command, Bash or
+//! terminal (Hermes Agent's), else the first tool) running
+//! `echo polar > polar-demo.txt`, with the argument
 //! named as the tool's schema names it (`command` or `cmd`; an array-typed
 //! `command` gets `["bash", "-lc", ...]`); otherwise the text "done".
 
@@ -465,7 +466,14 @@ fn plan_of(turn: &Turn, tools: &[Tool]) -> Plan {
 
 /// A call of the offered shell tool running `command`.
 pub fn shell_call(tools: &[Tool], command: &str) -> (String, String) {
-    const SHELLS: [&str; 5] = ["bash", "shell", "exec_command", "run_shell_command", "Bash"];
+    const SHELLS: [&str; 6] = [
+        "bash",
+        "shell",
+        "exec_command",
+        "run_shell_command",
+        "Bash",
+        "terminal",
+    ];
     let tool = tools
         .iter()
         .find(|t| SHELLS.contains(&t.name.as_str()))

@@ -4,9 +4,10 @@
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::{PROGRESS_NOTE, Script, progress_note};
+use super::{PROGRESS_NOTE, Script, progress_note, shell_call};
 use crate::tests::request;
 use crate::{MockConfig, start, tokenizer};
+use polar_chat::Tool;
 
 const STEPPED: &str = r#"
 final_text = "finished"
@@ -281,4 +282,19 @@ async fn a_context_that_fills_reports_its_tokens_until_a_summary() {
         Script::load(&path),
         Err(crate::MockError::ScriptInvalid { .. })
     ));
+}
+
+#[test]
+fn the_shell_tool_is_found_by_name_before_the_first_tool() {
+    // Hermes Agent offers its browser tools first and runs commands with
+    // `terminal {command}`.
+    let tools: Vec<Tool> = serde_json::from_value(json!([
+        {"name": "browser_back", "parameters": {"type": "object", "properties": {}}},
+        {"name": "terminal", "parameters": {"type": "object",
+            "properties": {"command": {"type": "string"}}}},
+    ]))
+    .unwrap();
+    let (name, args) = shell_call(&tools, "true");
+    assert_eq!(name, "terminal");
+    assert_eq!(args, r#"{"command":"true"}"#);
 }

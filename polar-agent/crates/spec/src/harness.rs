@@ -10,7 +10,8 @@ use std::str::FromStr;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown harness {0:?}; one of: codex, claude_code, gemini_cli, qwen_code, opencode, pi, \
-     mini_swe_agent, aider, openhands, shell, or custom:NAME for a harness the node's configuration defines"
+     mini_swe_agent, aider, openhands, copilot, hermes, shell, or custom:NAME for a harness the \
+     node's configuration defines"
 )]
 pub struct UnknownHarness(pub String);
 
@@ -35,13 +36,18 @@ pub enum HarnessName {
     Aider,
     /// OpenHands' default agent (PyPI `openhands-sdk`, `openhands-tools`).
     Openhands,
+    /// GitHub Copilot CLI (`@github/copilot`).
+    Copilot,
+    /// Hermes Agent (PyPI `hermes-agent`, in a virtual environment of its
+    /// own).
+    Hermes,
     /// A custom command.
     Shell,
 }
 
 impl HarnessName {
     /// Every preset.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::Codex,
         Self::ClaudeCode,
         Self::GeminiCli,
@@ -51,6 +57,8 @@ impl HarnessName {
         Self::MiniSweAgent,
         Self::Aider,
         Self::Openhands,
+        Self::Copilot,
+        Self::Hermes,
         Self::Shell,
     ];
 
@@ -66,6 +74,8 @@ impl HarnessName {
             Self::MiniSweAgent => "mini_swe_agent",
             Self::Aider => "aider",
             Self::Openhands => "openhands",
+            Self::Copilot => "copilot",
+            Self::Hermes => "hermes",
             Self::Shell => "shell",
         }
     }
@@ -84,7 +94,36 @@ impl HarnessName {
             // The SDK has no program: its environment's interpreter runs
             // the preset's runner.
             Self::Openhands => Some("python"),
+            Self::Copilot => Some("copilot"),
+            Self::Hermes => Some("hermes"),
             Self::Shell => None,
+        }
+    }
+
+    /// The virtual environment a Python harness is installed in
+    /// (`.polar-cache/venvs/NAME`, made by `cargo xtask harnesses`); `None`
+    /// for the npm-installed ones and the shell preset.
+    pub fn venv(self) -> Option<&'static str> {
+        match self {
+            Self::MiniSweAgent => Some("mini-swe-agent"),
+            Self::Aider => Some("aider"),
+            Self::Openhands => Some("openhands"),
+            Self::Hermes => Some("hermes"),
+            _ => None,
+        }
+    }
+
+    /// The Python distribution of a Python harness, whose version (read
+    /// from its environment's metadata) the install check reports: the
+    /// programs' own `--version` starts them (mini-swe-agent has none,
+    /// Hermes asks PyPI for updates and writes into HOME).
+    pub fn distribution(self) -> Option<&'static str> {
+        match self {
+            Self::MiniSweAgent => Some("mini-swe-agent"),
+            Self::Aider => Some("aider-chat"),
+            Self::Openhands => Some("openhands-sdk"),
+            Self::Hermes => Some("hermes-agent"),
+            _ => None,
         }
     }
 
@@ -92,8 +131,10 @@ impl HarnessName {
     /// Each one keeps its hard-coded endpoint, which a built-in model route
     /// covers (Qwen Code's openai auth without a base URL goes to DashScope,
     /// itself a model route; opencode and pi are given an Anthropic model on
-    /// their command line; mini-swe-agent, Aider and OpenHands are given an OpenAI
-    /// model, which LiteLLM sends to `api.openai.com`).
+    /// their command line; mini-swe-agent, Aider and OpenHands are given an
+    /// OpenAI model, which LiteLLM sends to `api.openai.com`; Copilot CLI is
+    /// given api.openai.com as its bring-your-own-model provider, Hermes
+    /// Agent DashScope as its provider).
     pub fn default_mode(self) -> ModeKind {
         ModeKind::Transparent
     }
