@@ -101,6 +101,19 @@ fn report(item: &str, state: &str) {
     eprintln!("setup: {item:<18} {state}");
 }
 
+/// Whether the environment at `dir` was made there: its scripts name its
+/// interpreter by the path it was made at (`pyvenv.cfg`'s `command`), so
+/// one made elsewhere and moved or reached through another path
+/// (a symbolic link to the cache) cannot run.
+fn made_at(dir: &Path) -> bool {
+    let Ok(cfg) = std::fs::read_to_string(dir.join("pyvenv.cfg")) else {
+        return false;
+    };
+    cfg.lines()
+        .filter_map(|l| l.strip_prefix("command = "))
+        .any(|c| c.ends_with(&format!(" {}", dir.display())))
+}
+
 impl Venv {
     /// The environment's directory.
     pub fn dir(self) -> Result<PathBuf> {
@@ -135,7 +148,7 @@ impl Venv {
             .probe()
             .with_context(|| format!("{} is not runnable", interpreter.display()))?;
         let stamp = format!("{}\n{locked}", version.trim());
-        if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) {
+        if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s == stamp) && made_at(dir) {
             report(&item, "present");
             return Ok(());
         }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use super::custom::SANDBOX_KEY;
 use super::presets::{OPENAI_MODEL, Setup};
-use super::{HarnessError, HarnessName, Mode};
+use super::{HarnessError, Mode};
 
 /// The context window Aider is told the model has (it sizes its chat
 /// history summaries by it).
@@ -213,6 +213,7 @@ pub fn aider(i: String, mode: &Mode) -> Setup {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::harness::HarnessName;
     use crate::harness::presets::setup;
 
     fn env<'a>(s: &'a Setup, k: &str) -> Option<&'a str> {
