@@ -371,7 +371,10 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
     std::fs::create_dir(sandboxes.join(".midway.persist"))?;
     std::fs::write(sandboxes.join(".midway.persist/f"), "copied")?;
     let me = std::fs::read_to_string(root.join(quota::OWNER_FILE))?;
-    std::fs::write(sandboxes.join(".midway.persist").join(quota::OWNER_FILE), &me)?;
+    std::fs::write(
+        sandboxes.join(".midway.persist").join(quota::OWNER_FILE),
+        &me,
+    )?;
     let mounting = sandboxes.join("mounting");
     ensure!(quota::mount(&mounting, 1 << 20)?);
     std::fs::remove_file(mounting.join(quota::OWNER_FILE))?;
