@@ -88,7 +88,8 @@ json.dump({
     "tokenizers": [t.decode(ids, skip_special_tokens=False) for ids in req["texts"]],
     "transformers": [f.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in req["texts"]],
     "transformers_pieces": f.convert_ids_to_tokens(list(range(req["ids"]))),
-    "specials": sorted(f.all_special_tokens),
+    "special_skipped": [t.decode([i], skip_special_tokens=True) for i in req["specials"]],
+    "special_kept": [t.decode([i], skip_special_tokens=False) for i in req["specials"]],
 }, sys.stdout)
 "#;
 
@@ -107,7 +108,8 @@ fn hugging_face_python_loads_the_mock_tokenizer_and_decodes_as_the_mock() -> Res
     );
     let texts = texts();
     let ids: Vec<Vec<u32>> = texts.iter().map(|t| encode(t)).collect();
-    let req = json!({"path": path, "texts": ids, "ids": VOCAB_SIZE + 16});
+    let specials: Vec<u32> = SPECIALS.iter().map(|(_, id)| *id).collect();
+    let req = json!({"path": path, "texts": ids, "ids": VOCAB_SIZE + 16, "specials": specials});
     let mut child = Command::new(&python)
         .args(["-c", SCRIPT])
         .stdin(Stdio::piped())
@@ -156,12 +158,17 @@ fn hugging_face_python_loads_the_mock_tokenizer_and_decodes_as_the_mock() -> Res
         "vocab size {} != {known}",
         got["vocab_size"]
     );
-    let mut specials: Vec<&str> = SPECIALS.iter().map(|(s, _)| *s).collect();
-    specials.sort_unstable();
+    // The specials are special tokens (skipped on request).
+    let contents: Vec<&str> = SPECIALS.iter().map(|(s, _)| *s).collect();
     ensure!(
-        got["specials"] == json!(specials),
-        "special tokens: {}",
-        got["specials"]
+        got["special_kept"] == json!(contents),
+        "specials: {}",
+        got["special_kept"]
+    );
+    ensure!(
+        got["special_skipped"] == json!(vec![""; SPECIALS.len()]),
+        "specials skipped: {}",
+        got["special_skipped"]
     );
 
     // Every text's ids decode as the mock decodes them.

@@ -100,15 +100,17 @@ impl RolloutServer {
         cfg.tls.check_listen("rollout.listen", cfg.listen)?;
         let tls = cfg.tls.configs()?;
         let mut dashboard = std::mem::take(&mut cfg.dashboard);
-        cfg.dashboard =
+        let loaded =
             tokio::task::spawn_blocking(move || dashboard.load_tokenizer().map(|()| dashboard))
-                .await
-                .map_err(|e| ("tokenizer".to_owned(), e.to_string()))
-                .and_then(|r| r)
-                .map_err(|(key, reason)| RolloutConfigError::Invalid {
-                    key: format!("rollout.dashboard.{key}"),
-                    reason,
-                })?;
+                .await;
+        cfg.dashboard = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => Err(("tokenizer".to_owned(), e.to_string())),
+        }
+        .map_err(|(key, reason)| RolloutConfigError::Invalid {
+            key: format!("rollout.dashboard.{key}"),
+            reason,
+        })?;
         let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)

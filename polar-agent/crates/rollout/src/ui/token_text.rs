@@ -210,7 +210,7 @@ impl TokenText {
             return Piece::Unknown { unknown: true };
         };
         if let Some(bytes) = self.raw_bytes(&token) {
-            return from_bytes(bytes);
+            return piece_of_bytes(bytes);
         }
         let Some(text) = self.in_context(id) else {
             return Piece::Unknown { unknown: true };
@@ -283,7 +283,7 @@ fn has_type(v: &serde_json::Value, ty: &str) -> bool {
 }
 
 /// A token's bytes as a piece: text when UTF-8, else its runs.
-fn from_bytes(bytes: Vec<u8>) -> Piece {
+fn piece_of_bytes(bytes: Vec<u8>) -> Piece {
     match String::from_utf8(bytes) {
         Ok(text) => Piece::Text {
             text,
@@ -357,7 +357,7 @@ mod tests {
             "post_processor":null,
             "decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
             "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":false,
-              "vocab":{"a":0,"ĠHello":1,"Ċ":2,"Ã":3,"Ã©":4,"âĤ":7,"é":8},"merges":[]}}"#,
+              "vocab":{"a":0,"ĠHello":1,"Ċ":2,"Ã":3,"Ã©":4,"<|im_end|>":5,"<think>":6,"âĤ":7,"é":8},"merges":[]}}"#,
         );
         assert_eq!(t.piece(1), text(" Hello"));
         assert_eq!(t.piece(2), text("\n"));
@@ -413,7 +413,7 @@ mod tests {
             "pre_tokenizer":null,"post_processor":null,
             "decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"▁"},"content":" "},{"type":"ByteFallback"},{"type":"Fuse"},{"type":"Strip","content":" ","start":1,"stop":0}]},
             "model":{"type":"BPE","dropout":null,"unk_token":"<unk>","continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":true,"byte_fallback":true,"ignore_merges":false,
-              "vocab":{"<unk>":0,"<s>":1,"▁a":2,"▁Hello":3,"<0x0A>":4,"<0xE2>":5,"llo":6,"▁":7,"a":8},"merges":[]}}"#,
+              "vocab":{"<unk>":0,"<s>":1,"▁a":2,"▁Hello":3,"<0x0A>":4,"<0xE2>":5,"llo":6,"▁":7,"a":8},"merges":["▁ a"]}}"#,
         );
         assert_eq!(t.anchor.as_ref().map(|a| a.0), Some(2));
         assert_eq!(t.piece(3), text(" Hello"));
