@@ -15,7 +15,11 @@
 //   4. a session's timeline has one row per call its result lists, each
 //      with its queue (received to sent) apart from its TTFT, and its
 //      trajectory's colouring matches the loss mask of the exported file
-//      (read from disk here, not from the server) for every token;
+//      (read from disk here, not from the server) for every token, and
+//      its token text (the server's tokenizer: the mock's own vocabulary,
+//      `polar mock-backend --write-tokenizer`) concatenated over each
+//      call's generated tokens, and over the whole trace, is what the mock
+//      decodes those ids to (its `/detokenize`);
 //   5. the logprob heat (each trained token's step from its exported
 //      logprob), the per_request view, two samples side by side;
 //   6. a trainer token's pause and resume (with a policy version) reach the
@@ -38,6 +42,7 @@ const env = (k) => {
   return v;
 };
 const SERVER = env("POLAR_SERVER");
+const MOCK = env("POLAR_MOCK");
 const TRAINER = env("POLAR_TRAINER_TOKEN");
 const VIEWER = env("POLAR_VIEWER_TOKEN");
 const NODE = env("POLAR_NODE_ID");
@@ -120,6 +125,33 @@ async function renderedCells(page, scope = "#trajectory") {
   return JSON.parse(await page.$$eval(`${scope} .tokscroll .tok[data-i]`, (els) => JSON.stringify(els.map((e) => [Number(e.dataset.i), e.className]))));
 }
 
+/**
+ * The bytes each rendered text cell stands for: [index, bytes | null (a
+ * cell without text)]. Text nodes and whitespace marks hold the token's
+ * exact text; a partial character's bytes are in data-bytes.
+ */
+async function renderedBytes(page, scope = "#trajectory") {
+  return JSON.parse(await page.$$eval(`${scope} .tokscroll .tok[data-i]`, (els) => {
+    const enc = new TextEncoder();
+    return JSON.stringify(els.map((e) => {
+      if (!e.classList.contains("tx") || e.classList.contains("unk")) return [Number(e.dataset.i), null];
+      const b = [];
+      for (const n of e.childNodes) {
+        if (n.nodeType === 1 && n.classList.contains("bytes")) b.push(...n.dataset.bytes.split(",").map(Number));
+        else b.push(...enc.encode(n.textContent));
+      }
+      return [Number(e.dataset.i), b];
+    }));
+  }));
+}
+
+/** What the mock decodes `ids` to. */
+async function mockDecode(ids) {
+  const resp = await fetch(`${MOCK}/detokenize`, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ tokens: ids }) });
+  check(resp.ok, `the mock's /detokenize: ${resp.status}`);
+  return (await resp.json()).prompt;
+}
+
 /** The kind the exported row says token i of trace `row` has. */
 function expectedKind(row, i) {
   const P = row.prompt_ids.length;
@@ -127,8 +159,8 @@ function expectedKind(row, i) {
   return row.loss_mask[i - P] === 1 ? "kt" : "kg";
 }
 
-/** Scrolls the grid from top to bottom; checks every token's colour. */
-async function checkMaskEverywhere(page, row) {
+/** Scrolls the grid from top to bottom; checks every token's colour; collects each cell's bytes into `bytes` (if given). */
+async function checkMaskEverywhere(page, row, bytes = null) {
   const n = row.prompt_ids.length + row.response_ids.length;
   const seen = new Uint8Array(n);
   await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop = 0; });
@@ -141,6 +173,7 @@ async function checkMaskEverywhere(page, row) {
       check(cls.includes(` ${"h"}`) === false || cls.includes("kt"), `token ${i}: heat on a trained token only`);
       seen[i] = 1;
     }
+    if (bytes) for (const [i, b] of await renderedBytes(page)) bytes[i] = b;
     const done = await page.$eval("#trajectory .tokscroll", (el) => {
       if (el.scrollTop + el.clientHeight >= el.scrollHeight - 1) return true;
       el.scrollTop += el.clientHeight - 22;
@@ -150,6 +183,7 @@ async function checkMaskEverywhere(page, row) {
   }
   await page.waitForTimeout(30);
   for (const [i] of await renderedCells(page)) seen[i] = 1;
+  if (bytes) for (const [i, b] of await renderedBytes(page)) bytes[i] = b;
   const missing = seen.indexOf(0);
   check(missing < 0, `every token was rendered once while scrolling (token ${missing} never was)`);
   return n;
@@ -348,8 +382,42 @@ async function run({ kind, executable }, shots) {
     await page.waitForSelector("#trajectory[data-loaded-ms] .tokscroll .tok", { timeout: 30000 });
     const rows = exportedRows(taskId, session);
     check(rows.length >= 1, "the session exported a trace");
-    const n = await checkMaskEverywhere(page, rows[0]);
+    const cellBytes = [];
+    const n = await checkMaskEverywhere(page, rows[0], cellBytes);
     log(`loss mask of ${session} trace 0 matches the export on all ${n} tokens`);
+    // The token text: every cell shows text, and the cells of each call's
+    // generated tokens (and of the whole trace) read as the mock decodes
+    // their ids.
+    {
+      const r0 = rows[0];
+      const P = r0.prompt_ids.length;
+      const all = r0.prompt_ids.concat(r0.response_ids);
+      const note = await page.textContent("#token-text-note");
+      check(note.includes("tokenizer.json"), `the page names the tokenizer: ${note}`);
+      const text = (from, to) => {
+        const b = [];
+        for (let i = from; i < to; i++) {
+          check(Array.isArray(cellBytes[i]), `token ${i} (id ${all[i]}) shows its text`);
+          b.push(...cellBytes[i]);
+        }
+        return new TextDecoder().decode(new Uint8Array(b));
+      };
+      let checked = 0;
+      for (const sp of r0.trace_metadata.spans) {
+        const from = P + sp.response_start;
+        const want = await mockDecode(r0.response_ids.slice(sp.response_start, sp.response_start + sp.response_len));
+        check(text(from, from + sp.response_len) === want, `call ${checked}'s generated tokens read ${JSON.stringify(want)}`);
+        checked++;
+      }
+      check(checked >= 1 && text(0, all.length) === (await mockDecode(all)), "the whole trace reads as the mock decodes it");
+      log(`token text of ${session} trace 0: ${checked} calls' generated tokens and all ${all.length} tokens read as the mock decodes them`);
+      // Ids on demand, text back.
+      await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop = 0; });
+      await page.click("#show-ids");
+      await page.waitForFunction((id) => { const t = document.querySelector('#trajectory .tok[data-i="0"]'); return t && !t.classList.contains("tx") && t.textContent === String(id); }, all[0], { timeout: 5000 });
+      await page.click("#show-text");
+      await page.waitForSelector('#trajectory .tok.tx[data-i="0"]', { timeout: 5000 });
+    }
     await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop = 0; });
     for (let guard = 0; guard < 1000 && !(await page.$("#trajectory .tok.kt")); guard++) {
       await page.$eval("#trajectory .tokscroll", (el) => { el.scrollTop += el.clientHeight / 2; });
@@ -357,6 +425,7 @@ async function run({ kind, executable }, shots) {
     }
     await page.click("#trajectory .tok.kt");
     await page.waitForSelector("#token-detail .msg", { timeout: 5000 });
+    check((await page.$$("#token-detail .toktext")).length === 1, "the clicked token's text in its detail");
     await shot(page, "session.png", { fullPage: true });
     const traj = await page.$("#trajectory");
     await shot(traj, "trajectory.png");
@@ -485,10 +554,7 @@ async function run({ kind, executable }, shots) {
     await shot(await page.$("#trajectory"), "trajectory-200k.png");
     // The splice is marked where the template re-rendered the turn.
     const spliceAt = big.trace_metadata.spans[5].join.diverged_at;
-    await page.$eval("#trajectory .tokscroll", (el, i) => {
-      const cols = el.querySelector(".tokrow").querySelectorAll(".tok").length;
-      el.scrollTop = Math.floor(i / cols) * 22;
-    }, spliceAt);
+    await page.$eval("#trajectory", (el, i) => { el.dispatchEvent(new CustomEvent("reveal", { detail: i })); }, spliceAt);
     await page.waitForSelector(`#trajectory .tok[data-i="${spliceAt}"].b-splice`, { timeout: 5000 });
     // The segment after the compaction says so.
     await page.click('#trajectory .traceitem[data-unit="1"]');

@@ -8,8 +8,10 @@
 //! `tests/dashboard/driver.mjs` puts both behind one page interface, so
 //! the checks are written once), against a stack
 //! like the demo's on loopback: the mock inference server, a rollout
-//! server with a viewer token and `[rollout.dashboard] export_roots`, and
-//! one gateway node, all from `target/debug/polar`. The script,
+//! server with a viewer token, `[rollout.dashboard] export_roots` and the
+//! mock's own vocabulary as its `tokenizer` (`polar mock-backend
+//! --write-tokenizer`, so that the viewer shows token text), and one
+//! gateway node, all from `target/debug/polar`. The script,
 //! `tests/dashboard/dashboard.test.mjs`, says what it checks; it writes
 //! its screenshots to `target/polar-dashboard/screenshots/` (or the
 //! directory in `POLAR_DASHBOARD_SCREENSHOTS`, such as `docs/dashboard`
@@ -91,6 +93,11 @@ pub fn run() -> Result<()> {
     // The sandboxes' user traverses it to the agent's trust bundle.
     set_mode(&dir, 0o711)?;
     let ports = free_ports()?;
+    // The mock's vocabulary as a tokenizer.json, for the server's token text.
+    Cmd::new(&polar)?
+        .args(["mock-backend", "--write-tokenizer"])
+        .arg(dir.join("tokenizer.json"))
+        .run()?;
     let config = dir.join("polar.toml");
     std::fs::write(&config, config_text(&dir, &root, ports))?;
     let [mock_port, server_port, gateway_port] = ports;
@@ -135,6 +142,7 @@ pub fn run() -> Result<()> {
     }
     let result = test
         .env("POLAR_SERVER", format!("http://127.0.0.1:{server_port}"))
+        .env("POLAR_MOCK", format!("http://127.0.0.1:{mock_port}"))
         .env("POLAR_TRAINER_TOKEN", TRAINER_TOKEN)
         .env("POLAR_VIEWER_TOKEN", VIEWER_TOKEN)
         .env("POLAR_NODE_ID", NODE_ID)
@@ -195,6 +203,7 @@ heartbeat_interval_ms = 500
 
 [rollout.dashboard]
 export_roots = ["{traj}"]
+tokenizer = "{tokenizer}"
 
 [gateway]
 server = "http://127.0.0.1:{server}"
@@ -216,5 +225,6 @@ upload_roots = ["{examples}"]
         state = dir.join("state").display(),
         db = dir.join("rollout.sqlite").display(),
         traj = dir.join("trajectories").display(),
+        tokenizer = dir.join("tokenizer.json").display(),
     )
 }

@@ -61,6 +61,12 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let [mock_port, server_port, gateway_port] = free_ports()?;
+    // The mock's vocabulary as a tokenizer.json: the dashboard shows each
+    // token's text with it.
+    Cmd::new(&polar)?
+        .args(["mock-backend", "--write-tokenizer"])
+        .arg(dir.join("tokenizer.json"))
+        .run()?;
     let config = dir.join("polar.toml");
     std::fs::write(
         &config,
@@ -171,6 +177,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         say(&format!(
             "\nThe stack keeps running. A trainer's loop against it (groups of samples, \
              group-relative advantages, a pause around each weight update):\n  {trainer}\n\
+             The dashboard, its trajectories with each token's text: {server_url}/ui \
+             (token {TRAINER_TOKEN}).\n\
              Press Enter to stop the stack."
         ));
         let mut line = String::new();
@@ -220,6 +228,12 @@ gateway_token = "{GATEWAY_TOKEN}"
 [rollout.node_tokens]
 demo-node = "{NODE_TOKEN}"
 
+# The dashboard (/ui): the exported trajectories, with each token's text
+# from the mock's vocabulary (`polar mock-backend --write-tokenizer`).
+[rollout.dashboard]
+export_roots = ["{traj}"]
+tokenizer = "{tokenizer}"
+
 [gateway]
 server = "http://127.0.0.1:{server}"
 node_id = "demo-node"
@@ -240,6 +254,7 @@ upload_roots = ["{examples}"]
         state = dir.join("state").display(),
         db = dir.join("rollout.sqlite").display(),
         traj = dir.join("trajectories").display(),
+        tokenizer = dir.join("tokenizer.json").display(),
     )
 }
 

@@ -329,6 +329,12 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Submit(args) => runtime()?.block_on(submit::submit(args)),
         Command::Status(args) => runtime()?.block_on(submit::status(args)),
         Command::Slurm(cmd) => runtime()?.block_on(slurm::run(cmd)),
+        Command::MockBackend(args) if args.write_tokenizer.is_some() => {
+            if let Some(path) = &args.write_tokenizer {
+                polar_mock::hf_tokenizer::write(path)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::MockBackend(args) => runtime()?.block_on(async {
             let token = CancellationToken::new();
             let stop = token.clone();

@@ -3,6 +3,8 @@
 //! and no weights.
 //!
 //! - [`tokenizer`]: deterministic, reversible ids with the ChatML specials;
+//!   [`hf_tokenizer`] writes its vocabulary as a Hugging Face
+//!   `tokenizer.json` (`--write-tokenizer PATH`);
 //! - [`template`]: the ChatML-like chat template, prefix-preserving unless
 //!   switched (`strip_reasoning`, `generation_glue`);
 //! - [`constrain`]: constrained decoding imitated (`response_format` JSON
@@ -45,6 +47,7 @@ pub mod constrain;
 mod emit;
 pub mod forced;
 mod generate;
+pub mod hf_tokenizer;
 pub mod judge;
 pub mod openai;
 pub mod resume;
@@ -268,6 +271,10 @@ pub struct MockArgs {
     /// re-serialized as Python's `json.dumps` writes them.
     #[arg(long)]
     pub json_dumps_arguments: bool,
+    /// Write the mock tokenizer's vocabulary as a Hugging Face
+    /// `tokenizer.json` to this file and exit (serves nothing).
+    #[arg(long, value_name = "PATH")]
+    pub write_tokenizer: Option<PathBuf>,
 }
 
 impl MockArgs {

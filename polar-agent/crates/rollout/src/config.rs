@@ -31,6 +31,7 @@
 //! export_roots = ["/srv/polar/trajectories"] # exported files are read beneath these only
 //! max_file_bytes = 268435456
 //! s3_roots = ["s3://rollouts/runs"] # and exported objects beneath these (AWS_* credentials)
+//! tokenizer = "/models/policy/tokenizer.json" # token text in the viewer (loaded at start)
 //! [rollout.dashboard.s3]            # the store of s3_roots
 //! endpoint = "http://127.0.0.1:9000"
 //! region = "us-east-1"

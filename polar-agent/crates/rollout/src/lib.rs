@@ -93,11 +93,24 @@ impl RolloutServer {
     /// picks one) and starts serving (HTTPS with `rollout.tls.cert_file`).
     /// Refused before anything is bound: bad identities, TLS files that do
     /// not load, plain HTTP on an address that is not loopback without
-    /// `rollout.tls.allow_plain_http`.
-    pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+    /// `rollout.tls.allow_plain_http`, a `[rollout.dashboard] tokenizer`
+    /// that does not load.
+    pub async fn start(mut cfg: RolloutConfig) -> Result<Self, RolloutError> {
         cfg.check_identities()?;
         cfg.tls.check_listen("rollout.listen", cfg.listen)?;
         let tls = cfg.tls.configs()?;
+        let mut dashboard = std::mem::take(&mut cfg.dashboard);
+        let loaded =
+            tokio::task::spawn_blocking(move || dashboard.load_tokenizer().map(|()| dashboard))
+                .await;
+        cfg.dashboard = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => Err(("tokenizer".to_owned(), e.to_string())),
+        }
+        .map_err(|(key, reason)| RolloutConfigError::Invalid {
+            key: format!("rollout.dashboard.{key}"),
+            reason,
+        })?;
         let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)

@@ -1,7 +1,16 @@
 // A virtualized grid of tokens: only the rows in view (and a few around)
 // exist in the DOM, so a 200,000-token trace scrolls like a short one.
-// Each token is a fixed-width cell showing its id (the export has token
-// ids, not text: nothing is detokenized here), coloured by its kind
+// Each token is a cell showing its text (from the server's tokenizer,
+// `pieces`: one per distinct id, decoded there; nothing is decoded or
+// guessed here) or, without one, its id. Cells are laid out like the text
+// they read as: each as wide as its text (at most MAX_CH characters, the
+// rest in the cell's tooltip and the detail panel), a row ending where the
+// row is full or a token holds a line break. The layout is computed from
+// the text alone (a monospace font: one width per character), so the
+// position of any token is known without the DOM. Whitespace is shown as
+// marks (CSS draws them; the cell's text stays the token's exact text);
+// bytes that are no character on their own (part of a multi-byte UTF-8
+// character) as hex, special tokens outlined. Cells are coloured by kind
 // (prompt, glue with loss 0, trained with loss 1) or, in the logprob mode,
 // trained tokens by their sampling probability (a heat scale in ten
 // steps). Boundaries (a call's glue, its generated tokens, a template
@@ -13,14 +22,59 @@ export const KIND_TRAINED = 2;
 
 const ROW_H = 22; // px, as .tokrow in style.css
 const OVERSCAN = 8;
+const MAX_CH = 24; // the widest cell, in characters
+const PAD = 6; // px of a cell beyond its text (padding and margin, style.css)
+const MARKS = { "\n": "↵", "\t": "⇥", "\r": "␍" };
+
+/** What a piece shows: [{text} | {ws, ch} | {hex, bytes}], its width in characters, whether it ends a line. */
+export function pieceView(piece) {
+  const runs = [];
+  let width = 0;
+  let nl = false;
+  const addText = (s) => {
+    let plain = "";
+    const flush = () => {
+      if (plain) runs.push({ text: plain });
+      plain = "";
+    };
+    for (const ch of s) {
+      const code = ch.codePointAt(0);
+      if (MARKS[ch] !== undefined) {
+        flush();
+        runs.push({ ws: MARKS[ch], ch });
+        if (ch === "\n") nl = true;
+      } else if (code < 0x20 || code === 0x7f) {
+        flush();
+        runs.push({ ws: `\\x${code.toString(16).padStart(2, "0")}`, ch });
+        width += 3;
+      } else {
+        plain += ch;
+      }
+      width += 1;
+    }
+    flush();
+  };
+  if (piece.parts) {
+    for (const p of piece.parts) {
+      if (p.bytes) {
+        const hex = p.bytes.map((b) => b.toString(16).toUpperCase().padStart(2, "0")).join(" ");
+        runs.push({ hex, bytes: p.bytes });
+        width += hex.length + 2;
+      } else addText(p.text);
+    }
+  } else addText(piece.text);
+  return { runs, width: Math.max(1, width), nl };
+}
 
 /**
  * seq: { ids, kind (Uint8Array of KIND_*), lp (Float32Array, NaN where
- * none) | null, marks: Map(index -> [{cls, title}]), length }
- * opts: { mode: "mask" | "logprob", onPick(index) }
+ * none) | null, marks: Map(index -> [{cls, title}]), length,
+ * pieces: {id: piece} | null (the server's token text) }
+ * opts: { mode: "mask" | "logprob", text: bool (show text when pieces), onPick(index) }
  */
 export function tokenGrid(container, seq, opts = {}) {
   let mode = opts.mode || "mask";
+  let showText = opts.text !== false && !!seq.pieces;
   let selected = -1;
   const scroll = document.createElement("div");
   scroll.className = "tokscroll";
@@ -33,27 +87,76 @@ export function tokenGrid(container, seq, opts = {}) {
   scroll.append(space);
   container.replaceChildren(scroll);
 
-  let cols = 1;
+  // One view per distinct id, made when first needed.
+  const views = new Map();
+  const viewOf = (id) => {
+    let v = views.get(id);
+    if (v === undefined) {
+      const p = seq.pieces[id];
+      v = p && !p.unknown ? { ...pieceView(p), piece: p } : { runs: null, width: String(id).length + 2, nl: false, piece: null };
+      views.set(id, v);
+    }
+    return v;
+  };
+
+  // rowStart[r]: the first token of row r; rowStart[rows] = length.
+  let rowStart = new Int32Array([0, seq.length]);
   let rows = 1;
   let drawn = [-1, -1];
+  let charW = 7;
+  let idW = 52;
   const measure = () => {
     const probe = document.createElement("span");
     probe.className = "tok";
-    probe.textContent = "0";
+    probe.style.width = "auto";
+    probe.textContent = "0".repeat(20);
     const row = document.createElement("div");
     row.className = "tokrow";
     const label = document.createElement("span");
     label.className = "tokidx";
     row.append(label, probe);
     win.append(row);
-    const cell = probe.getBoundingClientRect().width || 52;
+    charW = (probe.getBoundingClientRect().width || 140) / 20;
     const lab = label.getBoundingClientRect().width || 64;
     row.remove();
-    const avail = scroll.clientWidth - lab - 24;
-    cols = Math.max(4, Math.floor(avail / cell));
-    rows = Math.ceil(seq.length / cols);
+    idW = 52;
+    const avail = Math.max(200, scroll.clientWidth - lab - 24);
+    layout(avail);
     space.style.height = `${rows * ROW_H}px`;
     drawn = [-1, -1];
+  };
+  const cellW = (i) => {
+    if (!showText) return idW;
+    return Math.ceil(Math.min(MAX_CH, viewOf(seq.ids[i]).width) * charW) + PAD;
+  };
+  const layout = (avail) => {
+    const starts = [0];
+    let x = 0;
+    for (let i = 0; i < seq.length; i++) {
+      const w = cellW(i) + 1;
+      if (x > 0 && x + w > avail) {
+        starts.push(i);
+        x = 0;
+      }
+      x += w;
+      if (showText && viewOf(seq.ids[i]).nl && i + 1 < seq.length) {
+        starts.push(i + 1);
+        x = 0;
+      }
+    }
+    starts.push(seq.length);
+    rowStart = Int32Array.from(starts);
+    rows = Math.max(1, rowStart.length - 1);
+  };
+  const rowOf = (i) => {
+    let lo = 0;
+    let hi = rows - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (rowStart[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    return lo;
   };
 
   const cellClass = (i) => {
@@ -65,6 +168,41 @@ export function tokenGrid(container, seq, opts = {}) {
     }
     if (i === selected) c += " sel";
     return c;
+  };
+
+  const fill = (t, i) => {
+    const id = seq.ids[i];
+    if (!showText) {
+      t.textContent = String(id);
+      return;
+    }
+    const v = viewOf(id);
+    t.style.width = `${cellW(i)}px`;
+    t.classList.add("tx");
+    if (!v.runs) {
+      t.classList.add("unk");
+      t.textContent = String(id);
+      t.title = `id ${id}: not in the tokenizer's vocabulary`;
+      return;
+    }
+    if (v.piece.special) t.classList.add("sp");
+    if (v.piece.lossy) t.classList.add("lossy");
+    for (const r of v.runs) {
+      if (r.text !== undefined) t.append(r.text);
+      else {
+        const s = document.createElement("span");
+        if (r.ws !== undefined) {
+          s.className = "ws";
+          s.dataset.mark = r.ws;
+          s.textContent = r.ch;
+        } else {
+          s.className = "bytes";
+          s.dataset.hex = r.hex;
+          s.dataset.bytes = r.bytes.join(",");
+        }
+        t.append(s);
+      }
+    }
   };
 
   const draw = (force) => {
@@ -79,14 +217,13 @@ export function tokenGrid(container, seq, opts = {}) {
       row.className = "tokrow";
       const label = document.createElement("span");
       label.className = "tokidx";
-      label.textContent = String(r * cols);
+      label.textContent = String(rowStart[r]);
       row.append(label);
-      const end = Math.min(seq.length, (r + 1) * cols);
-      for (let i = r * cols; i < end; i++) {
+      for (let i = rowStart[r]; i < rowStart[r + 1]; i++) {
         const t = document.createElement("span");
         t.className = cellClass(i);
         t.dataset.i = String(i);
-        t.textContent = String(seq.ids[i]);
+        fill(t, i);
         const marks = seq.marks.get(i);
         if (marks) {
           for (const m of marks) t.classList.add(m.cls);
@@ -115,13 +252,14 @@ export function tokenGrid(container, seq, opts = {}) {
     draw(true);
     if (opts.onPick) opts.onPick(selected);
   });
-  const resize = new ResizeObserver(() => {
-    // Keep the token at the top in view when the width (columns) changes.
-    const top = Math.floor(scroll.scrollTop / ROW_H) * cols;
+  const relayout = () => {
+    // Keep the token at the top in view when the layout changes.
+    const top = rowStart[Math.min(rows - 1, Math.floor(scroll.scrollTop / ROW_H))];
     measure();
-    scroll.scrollTop = Math.floor(top / cols) * ROW_H;
+    scroll.scrollTop = rowOf(top) * ROW_H;
     draw(true);
-  });
+  };
+  const resize = new ResizeObserver(relayout);
   resize.observe(scroll);
   measure();
   draw(true);
@@ -132,11 +270,20 @@ export function tokenGrid(container, seq, opts = {}) {
       mode = m;
       draw(true);
     },
+    /** Text (when the server sent pieces) or ids. */
+    setText(on) {
+      showText = on && !!seq.pieces;
+      relayout();
+    },
     /** Scrolls so that token `i` is in view and selects it. */
     reveal(i) {
       selected = i;
-      scroll.scrollTop = Math.max(0, Math.floor(i / cols) * ROW_H - scroll.clientHeight / 3);
+      scroll.scrollTop = Math.max(0, rowOf(i) * ROW_H - scroll.clientHeight / 3);
       draw(true);
+    },
+    /** The piece of token `i` (null: no text for it). */
+    pieceAt(i) {
+      return seq.pieces ? seq.pieces[seq.ids[i]] || null : null;
     },
     destroy() {
       resize.disconnect();

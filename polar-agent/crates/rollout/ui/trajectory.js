@@ -13,6 +13,10 @@
 // from the spans. A spliced call's own prompt differs from the merged
 // prefix after `diverged_at` (its template re-rendered the previous
 // turn), which the per-request view marks instead of inventing tokens.
+//
+// Token text: the server sends each distinct id's text (`token_text`,
+// decoded with the operator's tokenizer.json); without a tokenizer it says
+// why and cells show ids. A toggle switches between text and ids.
 
 import { api } from "./api.js";
 import { h, mount, badge, fmtInt, fmtReward, pre, seg } from "./dom.js";
@@ -50,6 +54,9 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
     let view = builder === "prefix_merging" ? "merged" : "calls";
     let mode = "mask";
     let current = 0;
+    const tt = t.token_text || {};
+    const pieces = tt.pieces || null;
+    let text = !!pieces;
     const list = h("div.tracelist");
     const gridBox = h("div.gridbox");
     const info = h("div.traceinfo");
@@ -64,7 +71,10 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
         btn("per_request", "view-calls", () => setView("calls"), view === "calls")),
       h("span.group",
         btn("loss mask", "mode-mask", () => setMode("mask"), mode === "mask"),
-        btn("logprob heat", "mode-logprob", () => setMode("logprob"), mode === "logprob")));
+        btn("logprob heat", "mode-logprob", () => setMode("logprob"), mode === "logprob")),
+      h("span.group",
+        btn("text", "show-text", () => setText(true), text, !pieces, pieces ? null : tt.reason),
+        btn("ids", "show-ids", () => setText(false), !text)));
     const units = () => (view === "merged" ? rows.map((r, i) => ({ row: r, trace: i, call: null })) : perCall(rows));
     const drawList = () => {
       const us = units();
@@ -82,8 +92,9 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
       drawList();
       const u = units()[i];
       const s = view === "merged" ? mergedSeq(u.row) : callSeq(u);
+      s.pieces = pieces;
       if (grid) grid.destroy();
-      grid = tokenGrid(gridBox, s, { mode, onPick: (j) => showToken(detail, s, u, j) });
+      grid = tokenGrid(gridBox, s, { mode, text, onPick: (j) => showToken(detail, s, u, j) });
       mount(detail, h("p.muted", "Click a token to see its call and messages."));
       drawInfo(info, u, s, id);
     };
@@ -98,10 +109,18 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
       drawControls();
       if (grid) grid.setMode(m);
     };
+    const setText = (on) => {
+      text = on;
+      drawControls();
+      if (grid) grid.setText(on);
+    };
     mount(el,
       h("h2", "Trajectory"),
       h("p.small", `${builder} · ${rows.length} traces · file `, h("code", t.uri), ` (${t.format}, ${fmtInt(t.file_bytes)} bytes) · reward ${fmtReward(first.reward)} · status ${first.status}`),
-      h("p.small.muted", `calls ${st.calls ?? "–"} · chains ${st.chains ?? "–"} · segments ${st.segments ?? "–"} · breaks ${st.breaks ?? "–"} · retries superseded ${st.retries_superseded ?? "–"} · template mismatches ${st.template_mismatches_detected ?? "–"} (spliced ${st.template_mismatches_spliced ?? "–"}) · calls dropped ${(st.calls_dropped || []).length} · trained tokens ${fmtInt(st.loss_tokens)} · token text: ids only (the export has no text)`),
+      h("p.small.muted", `calls ${st.calls ?? "–"} · chains ${st.chains ?? "–"} · segments ${st.segments ?? "–"} · breaks ${st.breaks ?? "–"} · retries superseded ${st.retries_superseded ?? "–"} · template mismatches ${st.template_mismatches_detected ?? "–"} (spliced ${st.template_mismatches_spliced ?? "–"}) · calls dropped ${(st.calls_dropped || []).length} · trained tokens ${fmtInt(st.loss_tokens)}`),
+      pieces
+        ? h(`p.small.muted${id("token-text-note")}`, "Token text: each id decoded on its own with ", h("code", tt.tokenizer), " (the server's tokenizer); ↵ ⇥ mark line breaks and tabs, ‹hex› the bytes of a partial UTF-8 character, bold purple text special tokens.")
+        : h(`p.small.muted${id("token-text-note")}`, `Token text: ids only: ${tt.reason || "the server sent no token text"}.`),
       controls,
       h("p.legend", h("span.key.kp"), " prompt ", h("span.key.kg"), " glue (loss 0) ", h("span.key.kt"), " trained (loss 1) ", h("span.key.b-span"), " a call's generated tokens start ", h("span.key.b-glue"), " glue starts ", h("span.key.b-splice"), " template splice ", " · logprob heat: ", [0, 3, 6, 9].map((n) => h(`span.key.kt.h${n}`)), " low → high probability"),
       h("div.trajview", list, h("div.trajmain", info, gridBox, detail)),
@@ -227,6 +246,16 @@ function gridReveal(el, i) {
   el.dispatchEvent(new CustomEvent("reveal", { bubbles: true, detail: i }));
 }
 
+/** A token's text for the detail panel. */
+function pieceText(p) {
+  if (!p || p.unknown) return "not in the tokenizer's vocabulary";
+  if (p.parts) {
+    const shown = p.parts.map((x) => (x.bytes ? `<bytes ${x.bytes.map((b) => `0x${b.toString(16).toUpperCase().padStart(2, "0")}`).join(" ")}>` : JSON.stringify(x.text))).join(" ");
+    return `${shown} (part of a multi-byte UTF-8 character)`;
+  }
+  return `${JSON.stringify(p.text)}${p.special ? " (special token)" : ""}${p.lossy ? " (the decoder replaced bytes it could not name)" : ""}`;
+}
+
 function showToken(el, s, u, i) {
   const r = s.row;
   const k = s.spanOf[i];
@@ -234,7 +263,7 @@ function showToken(el, s, u, i) {
   const lp = s.lp && !Number.isNaN(s.lp[i]) ? s.lp[i] : null;
   const msgs = messagesOfCall(r, k);
   mount(el,
-    h("p", h("b", `token ${i}`), ` · id ${s.ids[i]} · ${kindName}`, lp !== null ? ` · logprob ${lp.toFixed(4)} (p ${Math.exp(lp).toFixed(3)})` : "",
+    h("p", h("b", `token ${i}`), ` · id ${s.ids[i]}`, s.pieces ? [" · text ", h("code.toktext", pieceText(s.pieces[s.ids[i]]))] : null, ` · ${kindName}`, lp !== null ? ` · logprob ${lp.toFixed(4)} (p ${Math.exp(lp).toFixed(3)})` : "",
       ` · ${i < s.prompt && k === 0 ? "prompt of call 0" : `call ${k}`} (${r.call_ids[k] || "?"})`),
     h("p.small.muted", msgs.note),
     msgs.items.map((m) => h("div.msg", h("div.msgrole", m.role, m.part ? ` (${m.part})` : ""), pre(messageText(m.message)))),

@@ -242,6 +242,14 @@ async fn samples_and_their_exported_trajectories_are_read_beneath_the_roots_only
     assert_eq!(t["uri"], file.display().to_string());
     assert_eq!(t["rows"].as_array().unwrap().len(), 1);
     assert_eq!(t["rows"][0]["loss_mask"], json!([1, 1, 0, 0, 1, 1]));
+    assert!(
+        t["token_text"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("set [rollout.dashboard] tokenizer"),
+        "{t}"
+    );
+    assert_eq!(t["token_text"].get("pieces"), None);
     assert_eq!(
         t["rows"][0]["trace_metadata"]["spans"][1]["join"]["kind"],
         "extend"
@@ -495,4 +503,108 @@ async fn pause_and_resume_reach_the_node_and_its_heartbeats_say_so() {
         .unwrap();
     assert_eq!(code, StatusCode::NOT_FOUND);
     drop(gw);
+}
+
+/// A byte-level tokenizer.json (GPT-2 / Qwen style) holding some of
+/// `export_line`'s ids: 1 " Hello", 2 a line break, 3 the first two bytes
+/// of "€", 10 "<|im_end|>" (special), 11 "world"; the others are not in it.
+const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,
+    "added_tokens":[{"id":10,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+    "normalizer":null,"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+    "post_processor":null,"decoder":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+    "model":{"type":"WordLevel","vocab":{"ĠHello":1,"Ċ":2,"âĤ":3,"<|im_end|>":10,"world":11,"a":12},"unk_token":"a"}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trajectory_carries_each_ids_text_from_the_configured_tokenizer() {
+    let mut e = env_with_viewer();
+    let root = e.dir.path().join("exports");
+    std::fs::create_dir_all(root.join("task=t1")).unwrap();
+    let file = root.join("task=t1/t1-s0.jsonl");
+    std::fs::write(&file, format!("{}\n", export_line("t1-s0", "t1"))).unwrap();
+    let tok = e.dir.path().join("tokenizer.json");
+    std::fs::write(&tok, TOKENIZER).unwrap();
+    let text = format!(
+        "[rollout.dashboard]\nexport_roots = [\"{}\"]\ntokenizer = \"{}\"\n",
+        root.display(),
+        tok.display()
+    );
+    e.cfg.dashboard = RolloutConfig::from_toml(&text, None).unwrap().dashboard;
+    let server = start(&e.cfg).await;
+    let mut g = gw_config(&server, "node-a");
+    let inside = file.display().to_string();
+    g.outcome = Arc::new(move |a| SimOutcome {
+        trajectory_uri: Some(inside.clone()),
+        ..default_outcome(a)
+    });
+    let gw = gateway(g).await;
+    let c = client(&server);
+    c.submit(&task("t1", 1)).await.unwrap();
+    let v = finished(&c, "t1", Duration::from_secs(30)).await;
+    assert_completed(&v, 1);
+    let viewer = RolloutClient::new(server.url(), Some(VIEWER.into()));
+    let (code, body) = viewer
+        .raw(Method::GET, "/v1/tasks/t1/samples/0/trajectory", None)
+        .await
+        .unwrap();
+    let t: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(code, StatusCode::OK, "{t}");
+    // Every distinct id of the trace, once: prompt [1, 2, 3], response
+    // [10, 11, 20, 21, 12, 13].
+    assert_eq!(
+        t["token_text"],
+        json!({
+            "tokenizer": "tokenizer.json",
+            "pieces": {
+                "1": {"text": " Hello"},
+                "2": {"text": "\n"},
+                "3": {"parts": [{"bytes": [0xE2, 0x82]}]},
+                "10": {"text": "<|im_end|>", "special": true},
+                "11": {"text": "world"},
+                "12": {"text": "a"},
+                "13": {"unknown": true},
+                "20": {"unknown": true},
+                "21": {"unknown": true},
+            },
+        })
+    );
+    drop(gw);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_missing_relative_or_broken_tokenizer_stops_the_start() {
+    let e = RolloutConfig::from_toml(
+        "[rollout.dashboard]\ntokenizer = \"tokenizer.json\"\n",
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("rollout.dashboard.tokenizer: tokenizer.json: must be absolute"),
+        "{e}"
+    );
+    let env = env();
+    let refused = |path: std::path::PathBuf| {
+        let mut cfg = env.cfg.clone();
+        let text = format!("[rollout.dashboard]\ntokenizer = \"{}\"\n", path.display());
+        cfg.dashboard = RolloutConfig::from_toml(&text, None).unwrap().dashboard;
+        async move {
+            crate::RolloutServer::start(cfg)
+                .await
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        }
+    };
+    let e = refused(env.dir.path().join("missing.json")).await;
+    assert!(
+        e.starts_with("rollout.dashboard.tokenizer: ") && e.contains("missing.json"),
+        "{e}"
+    );
+    let broken = env.dir.path().join("broken.json");
+    std::fs::write(&broken, "{\"model\": {\"type\": \"BPE\"}}").unwrap();
+    let e = refused(broken).await;
+    assert!(e.contains("not a Hugging Face tokenizer.json"), "{e}");
+    // Nothing was opened: the database is not there.
+    assert!(!env.cfg.database.exists());
 }

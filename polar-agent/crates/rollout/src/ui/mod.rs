@@ -17,6 +17,7 @@
 mod assets;
 pub mod exports;
 pub mod settings;
+pub mod token_text;
 
 use std::sync::Arc;
 
@@ -89,6 +90,49 @@ struct TrajectoryReply<'a> {
     format: &'static str,
     file_bytes: u64,
     rows: &'a [polar_export::Row<'static>],
+    token_text: TokenTexts,
+}
+
+/// The text of each distinct token id of the rows, or why there is none.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum TokenTexts {
+    /// From the configured tokenizer.
+    Decoded {
+        /// The tokenizer file's name (not its directory).
+        tokenizer: String,
+        /// Id (as a JSON key) to its piece.
+        pieces: std::collections::BTreeMap<u32, token_text::Piece>,
+    },
+    /// No tokenizer configured.
+    Missing {
+        /// Why (for the page).
+        reason: &'static str,
+    },
+}
+
+/// Decodes every distinct id of `rows` (blocks).
+fn token_texts(
+    tokenizer: Option<&token_text::TokenText>,
+    rows: &[polar_export::Row<'_>],
+) -> TokenTexts {
+    let Some(t) = tokenizer else {
+        return TokenTexts::Missing {
+            reason: "this server has no tokenizer: set [rollout.dashboard] tokenizer to the \
+                     policy's tokenizer.json to see token text",
+        };
+    };
+    let ids = rows
+        .iter()
+        .flat_map(|r| r.prompt_ids.iter().chain(r.response_ids.iter()).copied());
+    TokenTexts::Decoded {
+        tokenizer: t
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        pieces: t.pieces(ids),
+    }
 }
 
 /// `GET /v1/tasks/{id}/samples/{index}/trajectory`: the rows of the
@@ -119,6 +163,7 @@ pub async fn trajectory(
         None
     };
     let (roots, max) = (settings.export_roots.clone(), settings.max_file_bytes);
+    let tokenizer = settings.tokenizer.clone();
     let session = view.session_id.clone();
     let task = task.to_owned();
     let body = tokio::task::spawn_blocking(move || {
@@ -130,7 +175,9 @@ pub async fn trajectory(
             }
             None => exports::read_session_rows(&uri, &session, &roots, max)?,
         };
-        // Encoded here too: a 200,000-token trace is megabytes of JSON.
+        // Token text is decoded here (one decode per distinct id) and
+        // everything encoded: a 200,000-token trace is megabytes of JSON.
+        let token_text = token_texts(tokenizer.as_deref(), &rows);
         let reply = TrajectoryReply {
             version: API_VERSION,
             task_id: &task,
@@ -140,6 +187,7 @@ pub async fn trajectory(
             format: format.as_str(),
             file_bytes,
             rows: &rows,
+            token_text,
         };
         serde_json::to_vec(&reply).map_err(|e| ExportReadError::Decode {
             path: uri.clone(),

@@ -1,17 +1,25 @@
 //! `[rollout.dashboard]`: what the dashboard may read besides the server's
-//! own state. The exported trajectory files a sample names
+//! own state, and the tokenizer it shows token text with. The exported trajectory files a sample names
 //! (`result.trajectory_uri`, written by a gateway) are read only beneath
 //! `export_roots` (local directories) and `s3_roots` (`s3://bucket/prefix`,
 //! with the store's `[rollout.dashboard.s3]` settings and the server's own
 //! `AWS_*` credentials), which the operator sets; nothing a task spec, a
-//! gateway or a sandbox says widens them.
+//! gateway or a sandbox says widens them. `tokenizer` is the operator's
+//! Hugging Face `tokenizer.json` of the policy being trained: checked here
+//! (an absolute path), loaded by [`DashboardSettings::load_tokenizer`] when
+//! the server starts, before anything is bound or opened (a missing or
+//! broken file stops the start), and used to show each token's text
+//! (`token_text`).
 
 use std::path::{Component, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use polar_export::S3Options;
 use polar_export::object::ObjectReader;
+
+use super::token_text::TokenText;
 
 /// The largest exported file read by default (256 MiB).
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 << 20;
@@ -28,6 +36,8 @@ pub struct RawDashboard {
     pub s3_roots: Option<Vec<String>>,
     /// The S3-compatible store of `s3_roots`.
     pub s3: Option<RawDashboardS3>,
+    /// The policy's Hugging Face `tokenizer.json` (absolute).
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// `[rollout.dashboard.s3]` as written: where the store is, never
@@ -78,6 +88,10 @@ pub struct DashboardSettings {
     /// The store of `s3_roots` (from the file: no credentials, the
     /// environment's).
     pub s3: S3Options,
+    /// The policy's `tokenizer.json` (absolute); none: ids only.
+    pub tokenizer_file: Option<PathBuf>,
+    /// `tokenizer_file`, loaded ([`DashboardSettings::load_tokenizer`]).
+    pub tokenizer: Option<Arc<TokenText>>,
 }
 
 impl Default for DashboardSettings {
@@ -87,6 +101,8 @@ impl Default for DashboardSettings {
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             s3_roots: Vec::new(),
             s3: S3Options::default(),
+            tokenizer_file: None,
+            tokenizer: None,
         }
     }
 }
@@ -132,9 +148,28 @@ impl DashboardSettings {
             }
             out.s3.allow_http = s3.allow_http.unwrap_or(false);
         }
+        if let Some(path) = &raw.tokenizer {
+            if !path.is_absolute() {
+                return Err((
+                    "tokenizer".into(),
+                    format!("{}: must be absolute", path.display()),
+                ));
+            }
+            out.tokenizer_file = Some(path.clone());
+        }
         let s3 = out.s3.clone();
         out.set_s3_roots(raw.s3_roots.as_deref().unwrap_or_default(), s3)?;
         Ok(out)
+    }
+
+    /// Loads `tokenizer_file` (once; blocks: reads and parses it). An
+    /// error is `(key under dashboard, why)`.
+    pub fn load_tokenizer(&mut self) -> Result<(), (String, String)> {
+        if let (Some(path), None) = (&self.tokenizer_file, &self.tokenizer) {
+            let loaded = TokenText::load(path).map_err(|e| ("tokenizer".into(), e.to_string()))?;
+            self.tokenizer = Some(Arc::new(loaded));
+        }
+        Ok(())
     }
 
     /// Sets `s3_roots` (`s3://bucket/prefix` each) and their store's
