@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::custom::SANDBOX_KEY;
-use super::presets::{OPENAI_MODEL, Setup};
+use super::presets::{OPENAI_MODEL, Setup, kv};
 use super::{HarnessError, Mode};
 
 /// The context window Aider is told the model has (it sizes its chat
@@ -80,10 +80,6 @@ pub fn python_prefix(venv: &Path) -> Option<PathBuf> {
     let prefix = std::fs::canonicalize(home.parent()?).ok()?;
     let system = ["/", "/usr", "/usr/local"].map(Path::new);
     (!system.contains(&prefix.as_path())).then_some(prefix)
-}
-
-fn kv(k: &str, v: &str) -> (String, String) {
-    (k.to_owned(), v.to_owned())
 }
 
 /// The variables LiteLLM needs in `mode`: the key (a placeholder in

@@ -37,7 +37,7 @@ pub struct Setup {
     pub files: Vec<(PathBuf, String)>,
 }
 
-fn kv(k: &str, v: &str) -> (String, String) {
+pub(super) fn kv(k: &str, v: &str) -> (String, String) {
     (k.to_owned(), v.to_owned())
 }
 
