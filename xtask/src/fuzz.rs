@@ -4,8 +4,10 @@
 //! (seeds from the provider fixtures and the harnesses' request shapes,
 //! minimized with `cargo fuzz cmin`). New inputs go to a scratch corpus
 //! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
-//! corpora and minimizes those). `cargo xtask test` runs every target
-//! briefly ([`TEST_SECS`]).
+//! corpora and minimizes those). A target with a dictionary
+//! `fuzz/dicts/<target>.dict` (the tokens and field names its parser
+//! matches) runs with it. `cargo xtask test` runs every target briefly
+//! ([`TEST_SECS`]).
 //!
 //! A target that finds a crash fails the command, naming the input libFuzzer
 //! wrote to `fuzz/artifacts/<target>/`; the fix comes with a regression test
@@ -120,12 +122,16 @@ fn fuzz(targets: &[String], secs: u64) -> Result<()> {
             .with_context(|| format!("could not create {}", scratch.display()))?;
         let corpus = root.join("fuzz/corpus").join(t);
         eprintln!("==> fuzz: {t} for {secs} s");
-        nightly_cargo()?
+        let mut run = nightly_cargo()?
             .args(["fuzz", "run", "--debug-assertions", t])
             .arg(&scratch)
             .arg(&corpus)
-            .arg("--")
-            .arg(format!("-max_total_time={secs}"))
+            .arg("--");
+        let dict = root.join("fuzz/dicts").join(format!("{t}.dict"));
+        if dict.is_file() {
+            run = run.arg(format!("-dict={}", dict.display()));
+        }
+        run.arg(format!("-max_total_time={secs}"))
             .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
             .arg(format!("-timeout={INPUT_TIMEOUT_SECS}"))
             .arg("-print_final_stats=1")
