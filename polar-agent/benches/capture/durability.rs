@@ -3,11 +3,21 @@
 //! the mock called directly with the same body the agent sends it, in one
 //! run: the added latency p50/p99 at one connection (alternating calls),
 //! and the throughput at 64 connections spread over 64 sessions and over
-//! one session. Separate cores, as the proxy bench measures: the agent
-//! (`polar proxy`) on CPU 1, the mock and this client on CPU 0. With
-//! `CAPTURE_BENCH_BASE` set to the path of another `polar` binary (the one
-//! before group commit), its rows are measured in the same run too (its
-//! default: one `fdatasync` per call).
+//! one session.
+//!
+//! Throughput is measured on separate cores, as the proxy bench measures
+//! it: the agent (`polar proxy`) on CPU 1, the mock and this client on
+//! CPU 0. Latency is measured twice: with the agent on the mock's and the
+//! client's core too (the proxy bench's latency arrangement: at one
+//! connection nothing runs at once, and the figure is the agent's own), and
+//! on its own core, where each of the four hand-overs between the cores
+//! also waits for the other core to wake (in a virtual machine, a vCPU's
+//! wake-up).
+//!
+//! With `CAPTURE_BENCH_BASE` set to the path of another `polar` binary (an
+//! earlier build, to compare with), its rows are measured in the same run
+//! too: in its default mode, or in each of `CAPTURE_BENCH_BASE_MODES`
+//! (comma-separated `capture_durability` values).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -42,22 +52,15 @@ impl Drop for Pair {
     }
 }
 
-/// The mock on CPU 0 and `binary`'s `polar proxy` on CPU 1, its state
-/// directory on this machine's disk, with `durability` (`None`: the
+/// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu`, its
+/// state directory on this machine's disk, with `durability` (`None`: the
 /// binary's default, the key left out).
-fn start(binary: &str, durability: Option<&str>) -> Pair {
+fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Pair {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let mock_addr = free_port();
-    let mock = pinned(binary, 0)
-        .args(["mock-backend", "--listen", &mock_addr.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_listening(mock_addr);
+    let (mock, mock_addr) = mock_on(binary, 0);
     let mode = durability.map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
     let config = proxy_config(dir.path(), mock_addr, &mode);
-    let (agent, agent_addr) = spawn_proxy(pinned(binary, 1), &config, CONNECTIONS);
+    let (agent, agent_addr) = spawn_proxy(pinned(binary, agent_cpu), &config, CONNECTIONS);
     Pair {
         mock,
         agent,
@@ -65,6 +68,42 @@ fn start(binary: &str, durability: Option<&str>) -> Pair {
         agent_addr,
         _dir: dir,
     }
+}
+
+/// `polar mock-backend` on `cpu`, listening.
+fn mock_on(binary: &str, cpu: u32) -> (Child, SocketAddr) {
+    let addr = free_port();
+    let child = pinned(binary, cpu)
+        .args(["mock-backend", "--listen", &addr.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_listening(addr);
+    (child, addr)
+}
+
+/// What two hand-overs between the cores cost (the request to the other
+/// core, the reply back): the median of a direct call to a mock on CPU 1
+/// minus one to a mock on CPU 0 just before it, from this client on CPU 0.
+async fn handover_cost(direct: &Bytes) -> Duration {
+    let (mut near, near_addr) = mock_on(polar(), 0);
+    let (mut far, far_addr) = mock_on(polar(), 1);
+    let client = http_client();
+    let mut diff = Vec::new();
+    for i in 0..WARMUP + SAMPLES {
+        let path = "/v1/chat/completions";
+        let n = call(&client, post(near_addr, path, "b-0", &[], direct.clone())).await;
+        let f = call(&client, post(far_addr, path, "b-0", &[], direct.clone())).await;
+        if i >= WARMUP {
+            diff.push(f.saturating_sub(n));
+        }
+    }
+    for c in [&mut near, &mut far] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    stats(diff).p50
 }
 
 async fn call(client: &HttpClient, req: Request<Full<Bytes>>) -> Duration {
@@ -133,64 +172,51 @@ pub(super) async fn durability() {
     ));
     let through = Bytes::from(body.to_string());
 
-    let mut runs: Vec<(String, String, Option<&str>)> = vec![
-        ("power (default)".into(), polar().into(), Some("power")),
-        ("process".into(), polar().into(), Some("process")),
+    let mut runs: Vec<(String, String, Option<String>)> = vec![
+        (
+            "power (default)".into(),
+            polar().into(),
+            Some("power".into()),
+        ),
+        ("process".into(), polar().into(), Some("process".into())),
     ];
     if let Ok(base) = std::env::var("CAPTURE_BENCH_BASE") {
-        runs.insert(
-            0,
-            (
-                "before group commit (one fdatasync per call)".into(),
-                base,
-                None,
-            ),
-        );
+        let modes = std::env::var("CAPTURE_BENCH_BASE_MODES").unwrap_or_default();
+        let modes: Vec<&str> = modes.split(',').filter(|m| !m.is_empty()).collect();
+        if modes.is_empty() {
+            runs.insert(0, ("base binary, its default".into(), base, None));
+        } else {
+            for (i, m) in modes.into_iter().enumerate() {
+                runs.insert(
+                    i,
+                    (format!("base binary, {m}"), base.clone(), Some(m.into())),
+                );
+            }
+        }
     }
-    println!("\n### 4. Capture log durability, small non-streamed call, separate cores\n");
+    println!("\n### 4. Capture log durability, small non-streamed call\n");
     println!(
-        "OpenAI Chat, 1 message, 8 tokens, not streamed; the agent on CPU 1, the mock and the \
-         client on CPU 0; the state directory on this machine's disk. Latency: {SAMPLES} \
-         alternating calls each way on one connection after {WARMUP}. Throughput: \
+        "OpenAI Chat, 1 message, 8 tokens, not streamed; the mock and the client on CPU 0, the \
+         agent on CPU 0 too (shared core) or on CPU 1 (separate cores); the state directory on \
+         this machine's disk. Latency: {SAMPLES} alternating calls each way on one connection \
+         after {WARMUP}, added = through the agent minus direct. Throughput, separate cores: \
          {CONNECTIONS} connections for {THROUGHPUT_SECS} s.\n"
     );
     println!(
-        "| mode | direct p50 | added p50 | added p99 | direct calls/s | 64 sessions calls/s | 1 session calls/s |\n\
-         | --- | --- | --- | --- | --- | --- | --- |"
+        "Two hand-overs between the cores (a direct call to a mock on CPU 1 instead of CPU 0) \
+         add {} at p50; through the agent on its own core a call makes four.\n",
+        us(handover_cost(&direct).await)
+    );
+    println!(
+        "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | 1 session calls/s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for (name, binary, mode) in runs {
-        let pair = start(&binary, mode);
-        let client = http_client();
-        let (mut d, mut t) = (Vec::new(), Vec::new());
-        for i in 0..WARMUP + SAMPLES {
-            let dd = call(
-                &client,
-                post(
-                    pair.mock_addr,
-                    "/v1/chat/completions",
-                    "b-0",
-                    &[],
-                    direct.clone(),
-                ),
-            )
-            .await;
-            let tt = call(
-                &client,
-                post(
-                    pair.agent_addr,
-                    "/v1/chat/completions",
-                    "b-0",
-                    &[],
-                    through.clone(),
-                ),
-            )
-            .await;
-            if i >= WARMUP {
-                d.push(dd);
-                t.push(tt);
-            }
-        }
-        let (d, t) = (stats(d), stats(t));
+        let shared = start(&binary, mode.as_deref(), 0);
+        let (d, t) = latency(&shared, &direct, &through).await;
+        drop(shared);
+        let pair = start(&binary, mode.as_deref(), 1);
+        let (_, apart) = latency(&pair, &direct, &through).await;
         let direct_rate = throughput(pair.mock_addr, "/v1/chat/completions", &direct, |_| {
             "b-0".into()
         })
@@ -204,10 +230,48 @@ pub(super) async fn durability() {
         })
         .await;
         println!(
-            "| {name} | {} | {} | {} | {direct_rate:.0} | {spread:.0} | {one:.0} |",
+            "| {name} | {} | {} | {} | {} | {} | {direct_rate:.0} | {spread:.0} | {one:.0} |",
             us(d.p50),
-            us(t.p50.saturating_sub(d.p50)),
-            us(t.p99.saturating_sub(d.p99)),
+            us(t.p50),
+            us(t.p99),
+            us(apart.p50),
+            us(apart.p99),
         );
     }
+}
+
+/// Latency of the direct call, and what the agent adds to it: `SAMPLES`
+/// calls each way, alternating, on one keep-alive connection each, after
+/// `WARMUP`. The added p50 is the median of each through-the-agent call's
+/// latency minus the direct call's just before it (a pair shares the
+/// machine's moment, which on a shared virtual machine drifts by more than
+/// the agent adds); the added p99 is the p99 through the agent minus the
+/// direct p99.
+async fn latency(pair: &Pair, direct: &Bytes, through: &Bytes) -> (Stats, Stats) {
+    let client = http_client();
+    let (mut d, mut t, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..WARMUP + SAMPLES {
+        let path = "/v1/chat/completions";
+        let dd = call(
+            &client,
+            post(pair.mock_addr, path, "b-0", &[], direct.clone()),
+        )
+        .await;
+        let tt = call(
+            &client,
+            post(pair.agent_addr, path, "b-0", &[], through.clone()),
+        )
+        .await;
+        if i >= WARMUP {
+            d.push(dd);
+            t.push(tt);
+            diff.push(tt.saturating_sub(dd));
+        }
+    }
+    let (d, t, diff) = (stats(d), stats(t), stats(diff));
+    let added = Stats {
+        p50: diff.p50,
+        p99: t.p99.saturating_sub(d.p99),
+    };
+    (d, added)
 }
