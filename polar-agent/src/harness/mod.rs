@@ -5,9 +5,10 @@
 //! - [`presets`]: each preset's non-interactive command line, variables
 //!   and HOME files, in transparent and base-URL mode;
 //! - [`custom`]: the same for a configured harness, and its install check;
-//! - [`litellm`]: the presets of the Python harnesses (mini-swe-agent,
-//!   Aider, OpenHands), which reach the model through LiteLLM, and their
-//!   virtual environments;
+//! - [`litellm`]: the presets of the Python harnesses that reach the
+//!   model through LiteLLM (mini-swe-agent, Aider, OpenHands);
+//! - [`venv`]: the Python presets' virtual environments (the installed
+//!   version, the Python installation the sandbox must see);
 //! - this file: the names, [`Harness`] (a preset or a configured one), the
 //!   modes, and the check that a harness is installed (where its binary
 //!   is, its version, what the sandbox must see of its installation);
@@ -19,6 +20,7 @@ pub mod custom;
 pub mod litellm;
 pub mod presets;
 pub mod run;
+pub mod venv;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -271,7 +273,7 @@ pub fn check_installed(
         });
     };
     let version = match harness.distribution() {
-        Some(dist) => litellm::installed_version(&path, dist, timeout)?,
+        Some(dist) => venv::installed_version(&path, dist, timeout)?,
         None => first_line_of(&path, &["--version".to_owned()], timeout)?,
     };
     let mut install = install_at(path, version);
@@ -322,7 +324,7 @@ pub(crate) fn install_at(path: PathBuf, version: String) -> Install {
             read_only.retain(|d| d != &bin_dir);
         }
         read_only.push(venv.to_owned());
-        read_only.extend(litellm::python_prefix(venv));
+        read_only.extend(venv::python_prefix(venv));
     }
     read_only.sort();
     read_only.dedup();
