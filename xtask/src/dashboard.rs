@@ -20,13 +20,13 @@
 //! `target/polar-dashboard/measurements.json`.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{Daemon, LISTEN_WAIT, free_ports, listening, tail};
+use crate::daemon::{free_ports, tail};
 use crate::harnesses::{Install, node_and_npm};
+use crate::stack::{LOGS, Stack, TOKENIZER_FILE};
 
 const TRAINER_TOKEN: &str = "dash-trainer-token";
 const VIEWER_TOKEN: &str = "dash-viewer-token";
@@ -93,40 +93,10 @@ pub fn run() -> Result<()> {
     // The sandboxes' user traverses it to the agent's trust bundle.
     set_mode(&dir, 0o711)?;
     let ports = free_ports()?;
-    // The mock's vocabulary as a tokenizer.json, for the server's token text.
-    Cmd::new(&polar)?
-        .args(["mock-backend", "--write-tokenizer"])
-        .arg(dir.join("tokenizer.json"))
-        .run()?;
     let config = dir.join("polar.toml");
     std::fs::write(&config, config_text(&dir, &root, ports))?;
-    let [mock_port, server_port, gateway_port] = ports;
-    let mut mock = Daemon::start(
-        "mock inference server",
-        Cmd::new(&polar)?
-            .args(["mock-backend", "--listen"])
-            .arg(format!("127.0.0.1:{mock_port}"))
-            .args(["--served-model", "default"]),
-        &dir.join("mock-backend.log"),
-        LISTEN_WAIT,
-        listening(mock_port),
-    )?;
-    let mut server = Daemon::start(
-        "rollout server",
-        Cmd::new(&polar)?
-            .args(["rollout", "serve", "--config"])
-            .arg(&config),
-        &dir.join("rollout-server.log"),
-        LISTEN_WAIT,
-        listening(server_port),
-    )?;
-    let mut gateway = Daemon::start(
-        "gateway",
-        Cmd::new(&polar)?.args(["agent", "--config"]).arg(&config),
-        &dir.join("gateway.log"),
-        LISTEN_WAIT,
-        listening(gateway_port),
-    )?;
+    let [mock_port, server_port, _] = ports;
+    let stack = Stack::start(&polar, &dir, &config, ports, None)?;
     let shots = match std::env::var_os("POLAR_DASHBOARD_SCREENSHOTS") {
         Some(d) => root.join(d),
         None => dir.join("screenshots"),
@@ -154,14 +124,9 @@ pub fn run() -> Result<()> {
         .env("POLAR_MEASUREMENTS", dir.join("measurements.json"))
         .env("POLAR_WORK_DIR", &dir)
         .run();
-    gateway.stop(Duration::from_secs(30));
-    server.stop(Duration::from_secs(10));
-    mock.stop(Duration::from_secs(5));
+    stack.stop();
     if result.is_err() {
-        for (what, log) in [
-            ("rollout server", "rollout-server.log"),
-            ("gateway", "gateway.log"),
-        ] {
+        for (what, log) in &LOGS[1..] {
             eprintln!(
                 "--- {what} log (last lines) ---\n{}",
                 tail(&dir.join(log), 30)
@@ -225,6 +190,6 @@ upload_roots = ["{examples}"]
         state = dir.join("state").display(),
         db = dir.join("rollout.sqlite").display(),
         traj = dir.join("trajectories").display(),
-        tokenizer = dir.join("tokenizer.json").display(),
+        tokenizer = dir.join(TOKENIZER_FILE).display(),
     )
 }

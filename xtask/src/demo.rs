@@ -25,7 +25,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{Daemon, LISTEN_WAIT, free_ports, listening, tail};
+use crate::daemon::{free_ports, tail};
+use crate::stack::{Stack, TOKENIZER_FILE};
 use crate::{harnesses, release, setup};
 
 /// Bounds each task of the demo.
@@ -60,49 +61,11 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let dir = root.join("target/polar-demo");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let [mock_port, server_port, gateway_port] = free_ports()?;
-    // The mock's vocabulary as a tokenizer.json: the dashboard shows each
-    // token's text with it.
-    Cmd::new(&polar)?
-        .args(["mock-backend", "--write-tokenizer"])
-        .arg(dir.join("tokenizer.json"))
-        .run()?;
+    let ports = free_ports()?;
+    let [mock_port, server_port, gateway_port] = ports;
     let config = dir.join("polar.toml");
-    std::fs::write(
-        &config,
-        config_text(&dir, &root, mock_port, server_port, gateway_port),
-    )?;
-    let mut mock = Daemon::start(
-        "mock inference server",
-        Cmd::new(&polar)?
-            .args(["mock-backend", "--listen"])
-            .arg(format!("127.0.0.1:{mock_port}"))
-            .args(["--served-model", "default"]),
-        &dir.join("mock-backend.log"),
-        LISTEN_WAIT,
-        listening(mock_port),
-    )?;
-    let mut server = Daemon::start(
-        "rollout server",
-        Cmd::new(&polar)?
-            .args(["rollout", "serve", "--config"])
-            .arg(&config),
-        &dir.join("rollout-server.log"),
-        LISTEN_WAIT,
-        listening(server_port),
-    )?;
-    let mut gateway = Cmd::new(&polar)?.args(["agent", "--config"]).arg(&config);
-    if let Some(prefix) = &claude {
-        // Where the gateway finds the harness CLIs.
-        gateway = gateway.env("POLAR_HARNESS_DIR", prefix);
-    }
-    let mut gateway = Daemon::start(
-        "gateway",
-        gateway,
-        &dir.join("gateway.log"),
-        LISTEN_WAIT,
-        listening(gateway_port),
-    )?;
+    std::fs::write(&config, config_text(&dir, &root, ports))?;
+    let stack = Stack::start(&polar, &dir, &config, ports, claude.as_deref())?;
     say(&format!(
         "\nPolar demo\n\n\
          On loopback: a mock inference server (vLLM's token-id dialect) on port {mock_port},\n\
@@ -184,10 +147,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
     }
-    // A graceful stop: the gateway drains and detaches its eBPF programs.
-    gateway.stop(Duration::from_secs(30));
-    server.stop(Duration::from_secs(10));
-    mock.stop(Duration::from_secs(5));
+    stack.stop();
     if let Err(e) = result {
         say(&format!(
             "--- gateway log (last lines) ---\n{}",
@@ -207,7 +167,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-fn config_text(dir: &Path, root: &Path, mock: u16, server: u16, gateway: u16) -> String {
+fn config_text(dir: &Path, root: &Path, [mock, server, gateway]: [u16; 3]) -> String {
     format!(
         r#"# Written by `cargo xtask demo`.
 [agent]
@@ -254,7 +214,7 @@ upload_roots = ["{examples}"]
         state = dir.join("state").display(),
         db = dir.join("rollout.sqlite").display(),
         traj = dir.join("trajectories").display(),
-        tokenizer = dir.join("tokenizer.json").display(),
+        tokenizer = dir.join(TOKENIZER_FILE).display(),
     )
 }
 

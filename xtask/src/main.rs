@@ -17,6 +17,7 @@ mod python;
 mod release;
 mod setup;
 mod slurm;
+mod stack;
 mod test;
 
 use std::process::ExitCode;
