@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
 pub mod docker;
@@ -350,6 +350,18 @@ impl SessionRun {
     /// The exit code of `polar`.
     pub fn code(&self) -> Option<i32> {
         self.finished.output.status.code()
+    }
+
+    /// Fails unless `polar` exited 0, with its exit code and the main
+    /// step's logs ([`SessionRun::main_logs`]).
+    pub fn succeeded(&self) -> Result<()> {
+        ensure!(
+            self.code() == Some(0),
+            "exit {:?}\n{}",
+            self.code(),
+            self.main_logs()
+        );
+        Ok(())
     }
 
     /// The workspace on the host.

@@ -241,7 +241,7 @@ async fn a_harness_session_is_stamped_with_its_task_and_exported_under_it() -> R
         }
     })
     .await??;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let session_dir = tmp.path().join("state/sessions/task-stamp");
     let (records, problems) = read_log(&session_dir.join("calls.jsonl"))?;
     ensure!(problems.is_empty(), "{problems:?}");

@@ -109,12 +109,7 @@ async fn a_harness_defined_only_in_the_configuration_completes_a_multi_step_task
         )
     })
     .await??;
-    ensure!(
-        run.code() == Some(0),
-        "exit {:?}\n{}",
-        run.code(),
-        run.main_logs()
-    );
+    run.succeeded()?;
     ensure!(
         run.outcome["harness"] == "custom:pi-chat",
         "{}",

@@ -173,12 +173,7 @@ async fn aider_edits_fails_its_check_fixes_and_every_call_is_captured_exactly() 
         )
     })
     .await??;
-    ensure!(
-        run.code() == Some(0),
-        "exit {:?}\n{}",
-        run.code(),
-        run.main_logs()
-    );
+    run.succeeded()?;
     let calc = std::fs::read_to_string(run.workspace().join("calc.py"))
         .with_context(|| format!("no calc.py\n{}", run.main_logs()))?;
     ensure!(calc.contains("return a + b"), "calc.py: {calc:?}");

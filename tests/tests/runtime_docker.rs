@@ -160,7 +160,7 @@ fn hardened_session(engine: &docker::Engine, mock_url: &str) -> Result<()> {
         ],
         &["python3", "-c", PROBE, &port],
     )?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let dir = Path::new(run.outcome["sandbox_dir"].as_str().unwrap_or_default()).to_owned();
     let out = std::fs::read(dir.join("logs/main-0.out"))?;
     let facts: Value = json_lines(&out)

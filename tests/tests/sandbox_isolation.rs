@@ -198,7 +198,7 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
     );
     let _ = std::fs::remove_file(&secret);
     let run = run?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let sandbox_dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = pairs(&sandbox_dir.join("logs/main-0.out"));
     let expected_yes = ["write_workspace", "write_home", "write_tmp"];
@@ -413,7 +413,7 @@ run = "echo $POLAR_TIMEOUT_SECS $POLAR_DEADLINE > post-budget.txt; ls > post-ls.
         &["--config", &cfg, "--runtime", &spec, "--budget-secs", "60"],
         &["sh", "-c", "test -f prepared.txt && echo main > main.txt"],
     )?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let ws = run.workspace();
     ensure!(std::fs::read_to_string(ws.join("prepared.txt"))? == "from the task\nt1\n");
     ensure!(ws.join("main.txt").is_file());
@@ -623,7 +623,7 @@ fn a_process_over_its_memory_limit_is_killed_inside_the_sandbox() -> Result<()> 
             "python3 -c 'x = bytearray(1 << 30); print(len(x))'; echo \"python=$?\" > result.txt",
         ],
     )?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     ensure!(
         run.outcome["enforced"]["memory"] != "not_enforced",
         "{}",

@@ -100,7 +100,7 @@ run = "cat tests/test_hidden.py answer.txt > post.txt"
         &["--config", &cfg, "--runtime", &spec, "--budget-secs", "60"],
         &["sh", "-c", &hostile],
     )?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let ws = run.workspace();
     ensure!(
         hashes(&host)? == before,
@@ -289,7 +289,7 @@ head -c 1048576 /dev/zero > /workspace/kept && echo kept
         ],
         &["sh", "-c", script],
     )?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     let dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = std::fs::read_to_string(dir.join("logs/main-0.out"))?;
     ensure!(out.matches("No space left on device").count() >= 2, "{out}");
@@ -401,7 +401,7 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
     // path is not enough: the parts are built by a session run).
     let cfg = write_config(tmp.path(), "")?.display().to_string();
     let run = session_run(&["--config", &cfg, "--runtime", "/dev/null"], &["true"])?;
-    ensure!(run.code() == Some(0), "{}", run.main_logs());
+    run.succeeded()?;
     ensure!(!quota::is_mount_point(&root)?, "still mounted");
     ensure!(std::fs::read_to_string(root.join("workspace/kept"))? == "earlier");
     ensure!(std::fs::read_link(root.join("workspace/link"))? == Path::new("/etc/passwd"));
