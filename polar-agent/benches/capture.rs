@@ -496,21 +496,30 @@ fn first_line(child: &mut Child) -> String {
     line
 }
 
+/// A child process, killed and reaped when dropped (also when the bench
+/// panics half-way).
+struct Running(Child);
+
+impl Running {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The agent and the mock it calls (the agent stopped first).
 struct Servers {
-    mock: Child,
-    agent: Child,
+    agent: Running,
+    mock: Running,
     mock_addr: SocketAddr,
     agent_addr: SocketAddr,
     _dir: tempfile::TempDir,
-}
-
-impl Drop for Servers {
-    fn drop(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.mock.kill();
-        let _ = self.agent.wait();
-        let _ = self.mock.wait();
-    }
 }
 
 fn free_port() -> SocketAddr {
@@ -581,13 +590,13 @@ fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> S
         std::fs::write(&p, s).unwrap();
         cmd.arg("--script").arg(p);
     }
-    let mock = cmd.spawn().unwrap();
+    let mock = Running(cmd.spawn().unwrap());
     wait_listening(mock_addr);
     let config = proxy_config(dir.path(), mock_addr, "");
     let (agent, agent_addr) = spawn_proxy(Command::new(polar()), &config, sessions);
     Servers {
+        agent: Running(agent),
         mock,
-        agent,
         mock_addr,
         agent_addr,
         _dir: dir,

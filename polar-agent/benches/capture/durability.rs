@@ -35,35 +35,18 @@ fn pinned(binary: &str, cpu: u32) -> Command {
     cmd
 }
 
-struct Pair {
-    mock: Child,
-    agent: Child,
-    mock_addr: SocketAddr,
-    agent_addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Pair {
-    fn drop(&mut self) {
-        for c in [&mut self.agent, &mut self.mock] {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu`, its
 /// state directory on this machine's disk, with `durability` (`None`: the
 /// binary's default, the key left out).
-fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Pair {
+fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Servers {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (mock, mock_addr) = mock_on(binary, 0);
     let mode = durability.map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
     let config = proxy_config(dir.path(), mock_addr, &mode);
     let (agent, agent_addr) = spawn_proxy(pinned(binary, agent_cpu), &config, CONNECTIONS);
-    Pair {
+    Servers {
+        agent: Running(agent),
         mock,
-        agent,
         mock_addr,
         agent_addr,
         _dir: dir,
@@ -71,7 +54,7 @@ fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Pair {
 }
 
 /// `polar mock-backend` on `cpu`, listening.
-fn mock_on(binary: &str, cpu: u32) -> (Child, SocketAddr) {
+fn mock_on(binary: &str, cpu: u32) -> (Running, SocketAddr) {
     let addr = free_port();
     let child = pinned(binary, cpu)
         .args(["mock-backend", "--listen", &addr.to_string()])
@@ -80,15 +63,15 @@ fn mock_on(binary: &str, cpu: u32) -> (Child, SocketAddr) {
         .spawn()
         .unwrap();
     wait_listening(addr);
-    (child, addr)
+    (Running(child), addr)
 }
 
 /// What two hand-overs between the cores cost (the request to the other
 /// core, the reply back): the median of a direct call to a mock on CPU 1
 /// minus one to a mock on CPU 0 just before it, from this client on CPU 0.
 async fn handover_cost(direct: &Bytes) -> Duration {
-    let (mut near, near_addr) = mock_on(polar(), 0);
-    let (mut far, far_addr) = mock_on(polar(), 1);
+    let (_near, near_addr) = mock_on(polar(), 0);
+    let (_far, far_addr) = mock_on(polar(), 1);
     let client = http_client();
     let mut diff = Vec::new();
     for i in 0..WARMUP + SAMPLES {
@@ -98,10 +81,6 @@ async fn handover_cost(direct: &Bytes) -> Duration {
         if i >= WARMUP {
             diff.push(f.saturating_sub(n));
         }
-    }
-    for c in [&mut near, &mut far] {
-        let _ = c.kill();
-        let _ = c.wait();
     }
     stats(diff).p50
 }
@@ -172,28 +151,24 @@ pub(super) async fn durability() {
     ));
     let through = Bytes::from(body.to_string());
 
-    let mut runs: Vec<(String, String, Option<String>)> = vec![
-        (
-            "power (default)".into(),
-            polar().into(),
-            Some("power".into()),
-        ),
-        ("process".into(), polar().into(), Some("process".into())),
-    ];
+    // The base binary's rows first, then this build's.
+    let mut runs: Vec<(String, String, Option<String>)> = Vec::new();
     if let Ok(base) = std::env::var("CAPTURE_BENCH_BASE") {
         let modes = std::env::var("CAPTURE_BENCH_BASE_MODES").unwrap_or_default();
         let modes: Vec<&str> = modes.split(',').filter(|m| !m.is_empty()).collect();
         if modes.is_empty() {
-            runs.insert(0, ("base binary, its default".into(), base, None));
-        } else {
-            for (i, m) in modes.into_iter().enumerate() {
-                runs.insert(
-                    i,
-                    (format!("base binary, {m}"), base.clone(), Some(m.into())),
-                );
-            }
+            runs.push(("base binary, its default".into(), base.clone(), None));
+        }
+        for m in modes {
+            runs.push((format!("base binary, {m}"), base.clone(), Some(m.into())));
         }
     }
+    runs.push((
+        "power (default)".into(),
+        polar().into(),
+        Some("power".into()),
+    ));
+    runs.push(("process".into(), polar().into(), Some("process".into())));
     println!("\n### 4. Capture log durability, small non-streamed call\n");
     println!(
         "OpenAI Chat, 1 message, 8 tokens, not streamed; the mock and the client on CPU 0, the \
@@ -247,7 +222,7 @@ pub(super) async fn durability() {
 /// machine's moment, which on a shared virtual machine drifts by more than
 /// the agent adds); the added p99 is the p99 through the agent minus the
 /// direct p99.
-async fn latency(pair: &Pair, direct: &Bytes, through: &Bytes) -> (Stats, Stats) {
+async fn latency(pair: &Servers, direct: &Bytes, through: &Bytes) -> (Stats, Stats) {
     let client = http_client();
     let (mut d, mut t, mut diff) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..WARMUP + SAMPLES {
