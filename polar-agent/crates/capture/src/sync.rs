@@ -69,13 +69,25 @@ struct Shared {
     journal: Journal,
 }
 
-/// Ends the thread when the last [`GroupCommit`] handle goes.
-struct Handle(Arc<Shared>);
+/// Ends the thread when the last [`GroupCommit`] handle goes, and waits
+/// for it: the last round synced, the logs synced and the journal removed
+/// (a few syncs, once, when the store closes). A store opened again on the
+/// same state directory (an agent restarted in the same process) finds the
+/// journal gone, not being removed under its replay.
+struct Handle {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        lock(&self.0.state).closed = true;
-        self.0.wake.notify_one();
+        lock(&self.shared.state).closed = true;
+        self.shared.wake.notify_one();
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the capture log's syncing thread panicked");
+        }
     }
 }
 
@@ -108,16 +120,19 @@ impl GroupCommit {
             journal: Journal::open(dir, limit)?,
         });
         let thread = Arc::clone(&shared);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("polar-capture-sync".into())
             .spawn(move || run(&thread))
             .map_err(|e| LogError::io("starting the capture log's syncing thread for", dir, e))?;
-        Ok(Self(Arc::new(Handle(shared))))
+        Ok(Self(Arc::new(Handle {
+            shared,
+            thread: Some(thread),
+        })))
     }
 
     /// The syncs of the journal made so far by rounds (one per round).
     pub fn syncs(&self) -> u64 {
-        self.0.0.syncs.load(Ordering::Relaxed)
+        self.0.shared.syncs.load(Ordering::Relaxed)
     }
 
     /// Appends the frame of a line just written to the log `log_id` (its
@@ -130,7 +145,7 @@ impl GroupCommit {
         prefix: &[u8],
         line: &[u8],
     ) -> io::Result<u64> {
-        let shared = &self.0.0;
+        let shared = &self.0.shared;
         let (pos, full) = shared.journal.append(log_id, log, prefix, line)?;
         if full {
             lock(&shared.state).flush = true;
@@ -143,7 +158,7 @@ impl GroupCommit {
     /// comes once a sync covering it has returned. `None` when it is
     /// already durable.
     pub(crate) fn register(&self, pos: u64) -> Option<oneshot::Receiver<SyncResult>> {
-        let shared = &self.0.0;
+        let shared = &self.0.shared;
         if shared.journal.is_durable(pos) {
             return None;
         }
@@ -156,7 +171,7 @@ impl GroupCommit {
     /// Asks the thread to sync the log `log_id` (its session ended), off
     /// the calls' path.
     pub(crate) fn retire(&self, log_id: u64) {
-        let shared = &self.0.0;
+        let shared = &self.0.shared;
         lock(&shared.state).retire.push(log_id);
         shared.wake.notify_one();
     }
@@ -167,7 +182,7 @@ impl GroupCommit {
     /// Stops the thread where it is, as a power loss would: nothing more
     /// is synced or removed.
     pub(crate) fn crash(&self) {
-        let shared = &self.0.0;
+        let shared = &self.0.shared;
         let mut state = lock(&shared.state);
         state.crash = true;
         shared.wake.notify_all();
