@@ -730,7 +730,9 @@ fn line_kinds(agent: &TestAgent, session: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
     // vLLM streams with the prompt ids in its first chunk: the request part
-    // is written while it generates; the end adds the completion.
+    // of a big request is written while it generates; the end adds the
+    // completion. A small request (serialized on the spot) is written whole
+    // at the end: one write instead of two.
     let mock = mock::start(MockConfig {
         token_latency: Duration::from_millis(5),
         ..MockConfig::default()
@@ -739,21 +741,24 @@ async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
     .unwrap();
     let agent = TestAgent::start(&backend_toml("mock", &mock.url(), 5000)).await;
     let h = Harness::Claude;
+    let mut big = h.first_turn();
+    big["system"][0]["text"] =
+        json!("You are Claude Code. ".repeat(polar_capture::build::INLINE_REQUEST_BYTES / 20));
     for stream in [true, false] {
         let session = format!("parts-{stream}");
         agent.session(&session, "t");
-        for _ in 0..2 {
-            let reply = send(h.request(agent.addr, &session, h.first_turn(), stream)).await;
+        for body in [big.clone(), big.clone(), h.first_turn()] {
+            let reply = send(h.request(agent.addr, &session, body, stream)).await;
             h.check_reply(&reply, stream);
         }
         assert_eq!(
             line_kinds(&agent, &session),
-            ["request", "completion", "request", "completion"],
+            ["request", "completion", "request", "completion", "whole"],
             "stream {stream}"
         );
         let (records, problems) = agent.calls(&session);
         assert!(problems.is_empty(), "{problems:?}");
-        assert_eq!(records.len(), 2);
+        assert_eq!(records.len(), 3);
         for (k, r) in records.iter().enumerate() {
             assert_eq!(r.seq, k as u64);
             assert_eq!(r.native_request.api, h.api());

@@ -209,19 +209,63 @@ pub fn empty_request() -> ChatRequest {
     }
 }
 
-/// A draft's native and normalized requests on loan to a blocking task
-/// that serializes them while the backend generates
-/// ([`Draft::encode_early`], [`Draft::restore`]).
+/// A request is serialized on the calling task when its native body is at
+/// most this many bytes and nothing was added to its normalized form (no
+/// `previous_response_id` history): a few tens of microseconds, less than
+/// handing it to a blocking thread and back costs a busy core (two thread
+/// switches; BENCHMARKS.md, "Capture log durability"). Larger ones go to a
+/// blocking thread, off the async workers.
+pub const INLINE_REQUEST_BYTES: usize = 16 * 1024;
+
+/// Prompt ids serialized on the calling task: at most this many (about
+/// 24 KB of JSON), as for [`INLINE_REQUEST_BYTES`].
+pub const INLINE_PROMPT_IDS: usize = 4096;
+
+/// A draft's native and normalized requests on loan while they are
+/// serialized: already done (a small request), or by a blocking task while
+/// the backend generates ([`Draft::encode_early`], [`Draft::restore`]).
 #[derive(Debug)]
-pub struct EarlyEncoding(tokio::task::JoinHandle<(ChatRequest, PreEncoded)>);
+pub struct EarlyEncoding(Pending<(ChatRequest, PreEncoded)>);
+
+/// Work done on the calling task, or running on a blocking thread.
+#[derive(Debug)]
+enum Pending<T> {
+    Done(Box<T>),
+    Blocking(tokio::task::JoinHandle<T>),
+}
+
+impl<T: Send + 'static> Pending<T> {
+    /// Runs `work` here when `inline`, else on a blocking thread.
+    fn start(inline: bool, work: impl FnOnce() -> T + Send + 'static) -> Self {
+        if inline {
+            Self::Done(Box::new(work()))
+        } else {
+            Self::Blocking(tokio::task::spawn_blocking(work))
+        }
+    }
+
+    async fn finish(self) -> Result<T, tokio::task::JoinError> {
+        match self {
+            Self::Done(done) => Ok(*done),
+            Self::Blocking(task) => task.await,
+        }
+    }
+}
 
 type EncodedPrompt = Option<(IdsFingerprint, Box<serde_json::value::RawValue>)>;
 
 impl EarlyEncoding {
+    /// Whether the requests are serialized already (they were small): their
+    /// record is best written as one whole line when the call ends, a
+    /// request part ahead of it would only add a write.
+    pub fn is_done(&self) -> bool {
+        matches!(self.0, Pending::Done(_))
+    }
+
     /// The normalized request lent and the requests' serialized form;
     /// `None` if the task failed.
     pub async fn finish(self) -> Option<(ChatRequest, PreEncoded)> {
-        match self.0.await {
+        match self.0.finish().await {
             Ok(done) => Some(done),
             Err(e) => {
                 tracing::error!(error = %e, "serializing a record's requests failed; the normalized request is lost");
@@ -231,33 +275,37 @@ impl EarlyEncoding {
     }
 }
 
-/// Prompt token ids being serialized on a blocking task.
+/// Prompt token ids being serialized (on the calling task when there are
+/// at most [`INLINE_PROMPT_IDS`], else on a blocking thread).
 #[derive(Debug)]
-pub struct PromptEncoding(tokio::task::JoinHandle<EncodedPrompt>);
+pub struct PromptEncoding(Pending<EncodedPrompt>);
 
 impl PromptEncoding {
     /// Starts serializing `ids`.
     pub fn start(ids: Vec<u32>) -> Self {
-        Self(tokio::task::spawn_blocking(move || {
+        Self(Pending::start(ids.len() <= INLINE_PROMPT_IDS, move || {
             PreEncoded::prompt(&ids)
         }))
     }
 
     /// The serialized ids and their fingerprint (`None` if the task failed).
     pub async fn finish(self) -> EncodedPrompt {
-        self.0.await.ok().flatten()
+        self.0.finish().await.ok().flatten()
     }
 }
 
 impl Draft {
-    /// Serializes the native and normalized requests on a blocking task.
-    /// The normalized request is lent to it (the draft holds an empty one
-    /// until [`Draft::restore`]); the native one is shared (its body is the
-    /// request's bytes).
-    pub fn encode_early(&mut self) -> EarlyEncoding {
+    /// Serializes the native and normalized requests: here when they are
+    /// small ([`INLINE_REQUEST_BYTES`]; `history_added`: the normalized
+    /// request holds a `previous_response_id` conversation the native body
+    /// does not), else on a blocking task. The normalized request is lent
+    /// (the draft holds an empty one until [`Draft::restore`]); the native
+    /// one is shared (its body is the request's bytes).
+    pub fn encode_early(&mut self, history_added: bool) -> EarlyEncoding {
+        let inline = !history_added && self.native.body.as_bytes().len() <= INLINE_REQUEST_BYTES;
         let native = self.native.clone();
         let request = std::mem::replace(&mut self.request, empty_request());
-        EarlyEncoding(tokio::task::spawn_blocking(move || {
+        EarlyEncoding(Pending::start(inline, move || {
             let pre = PreEncoded::requests(&native, &request);
             (request, pre)
         }))
@@ -301,6 +349,46 @@ mod tests {
             },
             request: empty_request(),
             received_ms: 0,
+        }
+    }
+
+    /// Small requests and prompt ids are serialized on the calling task,
+    /// larger ones (or a request with history added) on a blocking thread;
+    /// both give the same bytes and lend the request back unchanged.
+    #[tokio::test]
+    async fn requests_and_prompts_serialize_the_same_here_or_on_a_blocking_thread() {
+        let body = |n: usize| polar_json::RawJson::from_value(&"x".repeat(n).into());
+        let cases = [
+            (body(10), false, true),
+            (body(INLINE_REQUEST_BYTES - 2), false, true),
+            (body(INLINE_REQUEST_BYTES - 1), false, false),
+            (body(10), true, false),
+        ];
+        for (native_body, history_added, inline) in cases {
+            let mut d = draft();
+            d.native.body = native_body;
+            d.request.model = "m".into();
+            let want_request = d.request.clone();
+            let want = PreEncoded::requests(&d.native, &d.request);
+            let early = d.encode_early(history_added);
+            assert_eq!(early.is_done(), inline);
+            let got = d.restore(early).await;
+            assert_eq!(d.request, want_request);
+            let text = |p: &PreEncoded| {
+                (
+                    p.native_request.as_ref().map(|r| r.get().to_owned()),
+                    p.request.as_ref().map(|r| r.get().to_owned()),
+                )
+            };
+            assert_eq!(text(&got), text(&want));
+        }
+        for (n, inline) in [(INLINE_PROMPT_IDS, true), (INLINE_PROMPT_IDS + 1, false)] {
+            let ids: Vec<u32> = (0..n as u32).collect();
+            let p = PromptEncoding::start(ids.clone());
+            assert_eq!(matches!(p.0, Pending::Done(_)), inline);
+            let (fp, raw) = p.finish().await.unwrap();
+            let (want_fp, want_raw) = PreEncoded::prompt(&ids).unwrap();
+            assert_eq!((fp, raw.get()), (want_fp, want_raw.get()));
         }
     }
 

@@ -255,7 +255,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
         request: want.request.clone(),
         received_ms: 0,
     };
-    let early = draft.encode_early();
+    let early = draft.encode_early(false);
     let part = RequestPartWrite::start(
         Arc::clone(&log),
         &draft,

@@ -130,6 +130,7 @@ async fn translate_and_answer(
         ..
     } = parsed;
     draft.request = request;
+    let history_added = previous_response_id.is_some();
     if let Some(prev) = previous_response_id {
         match log.conversation(&prev) {
             Some(prior) => {
@@ -173,7 +174,7 @@ async fn translate_and_answer(
             return fail_early(&log, draft, api, err, Some(backend_name), answered).await;
         }
     };
-    let early = draft.encode_early();
+    let early = draft.encode_early(history_added);
     let framing = opts.framing;
     let call = reply::Call {
         log,

@@ -13,16 +13,18 @@
 //!
 //! While the backend generates, the record's big parts are serialized on
 //! blocking threads (the requests from the start, the prompt ids from the
-//! first event) and appended to the log as the call's request part
+//! first event; small ones on the spot, [`polar_capture::build::INLINE_REQUEST_BYTES`])
+//! and, when they are big, appended to the log as the call's request part
 //! ([`RequestPartWrite`]), so the end of a reply waits only for the
 //! completion's few kilobytes: serialized, written, synced. A streamed
 //! reply's token ids and logprobs are serialized as they arrive, by the
 //! task sending the events ([`ReplyTokensJson`]), and its prompt ids are
 //! not compared with the part's at the end when the stream did not set
 //! them again ([`ChatStream::prompt_ids_version`]): the completion copies
-//! the one and leaves out the other. A reply that came whole from the
-//! backend (all its events at once) is recorded as one whole line at its
-//! end, like a call that failed before its first event.
+//! the one and leaves out the other. A call whose requests were small, or
+//! whose reply came whole from the backend (all its events at once), is
+//! recorded as one whole line at its end, like a call that failed before
+//! its first event.
 
 use std::sync::Arc;
 
@@ -87,8 +89,11 @@ impl Ahead {
 
     /// After the backend's first event: starts writing the request part
     /// with the prompt ids known now, unless the whole reply is already in
-    /// (the end is as near as the part's write: the record goes as one
-    /// line, its prompt ids serialized meanwhile).
+    /// (the end is as near as the part's write) or the requests were small
+    /// enough to be serialized already ([`EarlyEncoding::is_done`]: the end
+    /// writes a few kilobytes either way, and one write costs less than
+    /// two). Then the record goes as one line, its prompt ids serialized
+    /// meanwhile.
     fn first_event(self, log: &Arc<SessionLog>, draft: &Draft, stream: &ChatStream) -> Self {
         let Self::Early {
             early,
@@ -98,7 +103,7 @@ impl Ahead {
             return self;
         };
         let ids = stream.prompt_token_ids().map(<[u32]>::to_vec);
-        if stream.timings().finished.is_some() {
+        if stream.timings().finished.is_some() || early.is_done() {
             Self::Early {
                 early,
                 prompt: ids.map(PromptEncoding::start),
