@@ -4,7 +4,8 @@
 //! lines also go to the node-wide journal, `journal` in [`frame`]s, synced
 //! in groups by the syncing thread of `sync`, replayed into the logs at
 //! start-up by [`replay`]; its lines written by
-//! [`encode`], the call's request part while the backend generates by
+//! [`encode`], the calls' last lines on the store's writing thread
+//! (`writer`), the call's request part while the backend generates by
 //! [`part`], the reply's token data while it streams by [`tokens_json`],
 //! read and joined by [`lines`]), the store of all
 //! sessions' logs with their Responses-API history ([`store`]), the
@@ -43,6 +44,7 @@ mod stats;
 pub mod store;
 mod sync;
 pub mod tokens_json;
+mod writer;
 
 pub use journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR};
 pub use log::{Durability, LogError, LogProblem, parse_calls, parse_log, read_log};

@@ -280,6 +280,26 @@ pub struct Journaled {
     pub session: SessionId,
 }
 
+/// The error, if any, of the syncing thread's `answer` for a line of the
+/// log at `path`.
+fn sync_answer(
+    path: &Path,
+    answer: Result<SyncResult, oneshot::error::RecvError>,
+) -> Result<(), LogError> {
+    match answer {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(LogError::io(
+            "syncing the capture journal for",
+            path,
+            std::io::Error::new(e.kind(), e.to_string()),
+        )),
+        // The thread drops a round's answers only if it panicked.
+        Err(_) => Err(LogError::Task(
+            "the capture log's syncing thread ended".into(),
+        )),
+    }
+}
+
 /// What the writer knows of the file, held while writing.
 #[derive(Debug)]
 struct WriteState {
@@ -294,7 +314,7 @@ struct WriteState {
 /// of a session (writes are serialized, syncs shared: [`super::sync`]).
 #[derive(Debug)]
 pub struct LogFile {
-    path: PathBuf,
+    path: Arc<Path>,
     pub(crate) file: Arc<File>,
     /// The journal; `None`: lines are written, not synced
     /// ([`Durability::Process`]).
@@ -342,7 +362,7 @@ impl LogFile {
         let key = FileKey::of(&file).map_err(|e| LogError::io("inspecting", path, e))?;
         Ok((
             Self {
-                path: path.to_owned(),
+                path: path.into(),
                 file: Arc::new(file),
                 journal,
                 key,
@@ -397,7 +417,7 @@ impl LogFile {
     pub async fn durable(&self, written: Written) -> Result<(), LogError> {
         match self.register(written) {
             None => Ok(()),
-            Some(rx) => self.answer(rx.await),
+            Some(rx) => sync_answer(&self.path, rx.await),
         }
     }
 
@@ -405,7 +425,7 @@ impl LogFile {
     pub fn durable_blocking(&self, written: Written) -> Result<(), LogError> {
         match self.register(written) {
             None => Ok(()),
-            Some(rx) => self.answer(rx.blocking_recv()),
+            Some(rx) => sync_answer(&self.path, rx.blocking_recv()),
         }
     }
 
@@ -413,29 +433,28 @@ impl LogFile {
         self.journal.as_ref()?.commit.register(written.0)
     }
 
+    /// Calls `answer` once `written` is as durable as [`LogFile::durable`]
+    /// waits for: at once, or on the syncing thread (quick work only).
+    pub(crate) fn when_durable(
+        &self,
+        written: Written,
+        answer: impl FnOnce(Result<(), LogError>) + Send + 'static,
+    ) {
+        let Some(j) = &self.journal else {
+            return answer(Ok(()));
+        };
+        let path = Arc::clone(&self.path);
+        j.commit.on_durable(
+            written.0,
+            Box::new(move |result| answer(sync_answer(&path, Ok(result)))),
+        );
+    }
+
     /// Asks for the log to be synced off the calls' path (its session
     /// ended): the journal then need not keep its lines.
     pub fn retire(&self) {
         if let Some(j) = &self.journal {
             j.commit.retire(self.id);
-        }
-    }
-
-    fn answer(
-        &self,
-        answer: Result<SyncResult, oneshot::error::RecvError>,
-    ) -> Result<(), LogError> {
-        match answer {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(LogError::io(
-                "syncing the capture journal for",
-                &self.path,
-                std::io::Error::new(e.kind(), e.to_string()),
-            )),
-            // The thread drops a round's answers only if it panicked.
-            Err(_) => Err(LogError::Task(
-                "the capture log's syncing thread ended".into(),
-            )),
         }
     }
 

@@ -31,6 +31,7 @@ use super::session::{SessionInfo, SessionRegistry};
 use super::stats::{CaptureStats, Tally};
 use super::sync::GroupCommit;
 use super::tokens_json::ReplyTokensJson;
+use super::writer::LogWriter;
 use polar_chat::Api;
 use polar_chat::Message;
 use polar_chat::provider::{conversation_after, openai_responses};
@@ -88,7 +89,7 @@ fn history_entry(record: &CompletionRecord) -> Option<(String, Conversation)> {
 }
 
 /// What sees each record once its call's last line is written (before
-/// the sync), on the blocking thread that wrote it: it must be quick and
+/// the sync), on the store's writing thread: it must be quick and
 /// must not block.
 #[derive(Clone)]
 pub struct CallHook(Arc<CallFn>);
@@ -119,6 +120,7 @@ pub struct SessionLog {
     responses: Mutex<ResponseIndex>,
     stats: Arc<CaptureStats>,
     hook: Arc<OnceLock<CallHook>>,
+    writer: LogWriter,
 }
 
 impl SessionLog {
@@ -159,10 +161,11 @@ impl SessionLog {
     /// parts serialized ahead, and the reply's token data as `tokens`
     /// serialized it while the reply streamed). Only then is the record
     /// counted and added to the Responses history. Serialization and the
-    /// write run on a blocking thread, which lets go of the record after
-    /// the write (freeing its requests and prompt ids takes microseconds the
-    /// reply's last bytes need not wait for); no thread is held while the
-    /// sync runs.
+    /// write run on the store's writing thread ([`super::writer`]), which
+    /// hands the line to the syncing thread itself and lets go of the
+    /// record after (freeing its requests and prompt ids takes microseconds
+    /// the reply's last bytes need not wait for); the caller is woken once,
+    /// when the line is durable, and no thread is held while the sync runs.
     pub async fn append(
         &self,
         record: CompletionRecord,
@@ -172,29 +175,32 @@ impl SessionLog {
         let file = Arc::clone(&self.file);
         let hook = self.hook.get().cloned();
         let session = self.session.clone();
-        let (done, written) = oneshot::channel();
-        let task = tokio::task::spawn_blocking(move || {
-            let appended = encode_end(&record, &parts, &tokens)
-                .and_then(|line| file.append_line(&line))
-                .map(|written| (written, Tally::of(&record), history_entry(&record)));
-            if let (Ok(_), Some(hook)) = (&appended, hook) {
-                (hook.0)(&session, &record);
+        let (done, durable) = oneshot::channel();
+        self.writer.submit(move || {
+            let written =
+                encode_end(&record, &parts, &tokens).and_then(|line| file.append_line(&line));
+            match written {
+                Ok(written) => {
+                    if let Some(hook) = hook {
+                        (hook.0)(&session, &record);
+                    }
+                    let counted = (Tally::of(&record), history_entry(&record));
+                    // The caller may have gone (its task cancelled): nothing
+                    // to tell.
+                    file.when_durable(written, move |result| {
+                        let _ = done.send(result.map(|()| counted));
+                    });
+                }
+                Err(e) => {
+                    let _ = done.send(Err(e));
+                }
             }
-            // The caller may have gone (its task cancelled): nothing to tell.
-            let _ = done.send(appended);
             drop((record, parts, tokens));
         });
-        let (line, tally, entry) = match written.await {
-            Ok(appended) => appended?,
-            // The task ended without a word: it panicked or was cancelled.
-            Err(_) => {
-                let why = task.await.err().map(|e| e.to_string());
-                return Err(LogError::Task(
-                    why.unwrap_or_else(|| "it ended without an answer".into()),
-                ));
-            }
-        };
-        self.file.durable(line).await?;
+        // A dropped answer: the job panicked, or the syncing thread did.
+        let (tally, entry) = durable.await.map_err(|_| {
+            LogError::Task("the capture log's writer or syncing thread failed".into())
+        })??;
         self.stats.add(tally);
         if let Some((id, conversation)) = entry {
             lock(&self.responses).insert(id, conversation);
@@ -226,6 +232,8 @@ pub struct CaptureStore {
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
     stats: Arc<CaptureStats>,
     hook: Arc<OnceLock<CallHook>>,
+    /// The thread that writes the calls' last lines.
+    writer: LogWriter,
 }
 
 impl CaptureStore {
@@ -250,6 +258,7 @@ impl CaptureStore {
             open: Mutex::new(HashMap::new()),
             stats: Arc::default(),
             hook: Arc::default(),
+            writer: LogWriter::start()?,
         };
         Ok((store, replayed))
     }
@@ -330,7 +339,11 @@ impl CaptureStore {
             let commit = self.group_commit()?;
             let id = session.clone();
             let info = self.registry.get(session).unwrap_or_default();
-            let shared = (Arc::clone(&self.stats), Arc::clone(&self.hook));
+            let shared = Shared {
+                stats: Arc::clone(&self.stats),
+                hook: Arc::clone(&self.hook),
+                writer: self.writer.clone(),
+            };
             tokio::task::spawn_blocking(move || open_session(&root, id, &info, commit, shared))
                 .await
                 .map_err(|e| LogError::Task(e.to_string()))?
@@ -351,12 +364,23 @@ impl CaptureStore {
     }
 }
 
+/// What every session's log shares with the store.
+struct Shared {
+    stats: Arc<CaptureStats>,
+    hook: Arc<OnceLock<CallHook>>,
+    writer: LogWriter,
+}
+
 fn open_session(
     root: &Path,
     session: SessionId,
     info: &SessionInfo,
     commit: Option<GroupCommit>,
-    (stats, hook): (Arc<CaptureStats>, Arc<OnceLock<CallHook>>),
+    Shared {
+        stats,
+        hook,
+        writer,
+    }: Shared,
 ) -> Result<SessionLog, LogError> {
     let dir = root.join(session.as_str());
     let fresh = !dir.exists();
@@ -395,6 +419,7 @@ fn open_session(
         responses: Mutex::new(index),
         stats,
         hook,
+        writer,
     })
 }
 

@@ -41,9 +41,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What a waiting line is told, on the syncing thread: it must be quick.
+pub(crate) type Answer = Box<dyn FnOnce(SyncResult) + Send>;
+
 struct Waiter {
     pos: u64,
-    answer: oneshot::Sender<SyncResult>,
+    answer: Answer,
 }
 
 #[derive(Default)]
@@ -83,11 +86,21 @@ impl Drop for Handle {
     fn drop(&mut self) {
         lock(&self.shared.state).closed = true;
         self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("the capture log's syncing thread panicked");
+        if let Some(thread) = self.thread.take() {
+            join(thread, "syncing");
         }
+    }
+}
+
+/// Joins the store's `what` thread (syncing, writing) as its last handle
+/// goes; not from the thread itself, where a job or an answer let go of
+/// the last handle (it then ends on its own once its work is done).
+pub(crate) fn join(thread: std::thread::JoinHandle<()>, what: &str) {
+    if thread.thread().id() == std::thread::current().id() {
+        return;
+    }
+    if thread.join().is_err() {
+        tracing::error!("the capture log's {what} thread panicked");
     }
 }
 
@@ -158,14 +171,31 @@ impl GroupCommit {
     /// comes once a sync covering it has returned. `None` when it is
     /// already durable.
     pub(crate) fn register(&self, pos: u64) -> Option<oneshot::Receiver<SyncResult>> {
-        let shared = &self.0.shared;
-        if shared.journal.is_durable(pos) {
+        if self.0.shared.journal.is_durable(pos) {
             return None;
         }
-        let (answer, rx) = oneshot::channel();
+        let (tx, rx) = oneshot::channel();
+        self.on_durable(
+            pos,
+            Box::new(move |result| {
+                // The waiter may have gone (its call cancelled).
+                let _ = tx.send(result);
+            }),
+        );
+        Some(rx)
+    }
+
+    /// Calls `answer` once journal position `pos` (already written) is
+    /// durable: at once when it is, else on the syncing thread after the
+    /// sync covering it returned. `answer` must be quick and must not hold
+    /// a [`GroupCommit`] handle (the last one's drop joins the thread).
+    pub(crate) fn on_durable(&self, pos: u64, answer: Answer) {
+        let shared = &self.0.shared;
+        if shared.journal.is_durable(pos) {
+            return answer(Ok(()));
+        }
         lock(&shared.state).pending.push(Waiter { pos, answer });
         shared.wake.notify_one();
-        Some(rx)
     }
 
     /// Asks the thread to sync the log `log_id` (its session ended), off
@@ -271,8 +301,7 @@ fn sync_round(shared: &Shared, round: &mut Vec<Waiter>) {
             ))),
             Err(e) => Err(Arc::clone(e)),
         };
-        // A waiter that went away (its call cancelled) needs no answer.
-        let _ = w.answer.send(answer);
+        (w.answer)(answer);
     }
 }
 
