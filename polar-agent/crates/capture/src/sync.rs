@@ -57,6 +57,9 @@ struct State {
     /// The journal's buffer is past `FLUSH_BYTES`: write it.
     flush: bool,
     closed: bool,
+    /// The thread waits for work: what is added must wake it. A thread at
+    /// work finds what was added on its next look, with no system call.
+    asleep: bool,
     /// Tests: stop at once, as the agent's process would on a power loss.
     #[cfg(test)]
     crash: bool,
@@ -161,8 +164,9 @@ impl GroupCommit {
         let shared = &self.0.shared;
         let (pos, full) = shared.journal.append(log_id, log, prefix, line)?;
         if full {
-            lock(&shared.state).flush = true;
-            shared.wake.notify_one();
+            let mut state = lock(&shared.state);
+            state.flush = true;
+            wake(shared, state);
         }
         Ok(pos)
     }
@@ -194,15 +198,25 @@ impl GroupCommit {
         if shared.journal.is_durable(pos) {
             return answer(Ok(()));
         }
-        lock(&shared.state).pending.push(Waiter { pos, answer });
-        shared.wake.notify_one();
+        let mut state = lock(&shared.state);
+        state.pending.push(Waiter { pos, answer });
+        wake(shared, state);
     }
 
     /// Asks the thread to sync the log `log_id` (its session ended), off
     /// the calls' path.
     pub(crate) fn retire(&self, log_id: u64) {
         let shared = &self.0.shared;
-        lock(&shared.state).retire.push(log_id);
+        let mut state = lock(&shared.state);
+        state.retire.push(log_id);
+        wake(shared, state);
+    }
+}
+
+/// Wakes the thread after work was added to `state`, if it sleeps.
+fn wake(shared: &Shared, mut state: MutexGuard<'_, State>) {
+    if std::mem::take(&mut state.asleep) {
+        drop(state);
         shared.wake.notify_one();
     }
 }
@@ -243,11 +257,13 @@ fn run(shared: &Shared) {
                 if state.crash {
                     break;
                 }
+                state.asleep = true;
                 state = shared
                     .wake
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
             }
+            state.asleep = false;
             #[cfg(test)]
             if state.crash {
                 state.stopped = true;
