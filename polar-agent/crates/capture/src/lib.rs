@@ -44,6 +44,7 @@ mod stats;
 pub mod store;
 mod sync;
 pub mod tokens_json;
+mod worker;
 mod writer;
 
 pub use journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR};

@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 
 use super::journal::{Journal, Retired, SyncFn, Touched};
 use super::log::LogError;
+use super::worker::{Owned, Worker};
 
 /// What a syncing round tells a waiting line.
 pub(crate) type SyncResult = Result<(), Arc<io::Error>>;
@@ -75,41 +76,19 @@ struct Shared {
     journal: Journal,
 }
 
-/// Ends the thread when the last [`GroupCommit`] handle goes, and waits
-/// for it: the last round synced, the logs synced and the journal removed
-/// (a few syncs, once, when the store closes). A store opened again on the
-/// same state directory (an agent restarted in the same process) finds the
-/// journal gone, not being removed under its replay.
-struct Handle {
-    shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        lock(&self.shared.state).closed = true;
-        self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            join(thread, "syncing");
-        }
-    }
-}
-
-/// Joins the store's `what` thread (syncing, writing) as its last handle
-/// goes; not from the thread itself, where a job or an answer let go of
-/// the last handle (it then ends on its own once its work is done).
-pub(crate) fn join(thread: std::thread::JoinHandle<()>, what: &str) {
-    if thread.thread().id() == std::thread::current().id() {
-        return;
-    }
-    if thread.join().is_err() {
-        tracing::error!("the capture log's {what} thread panicked");
+impl Worker for Shared {
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.wake.notify_one();
     }
 }
 
 /// A handle on the syncing thread and its journal; clones share them.
+/// When the last goes, the thread's close is waited for: the last round
+/// synced, the logs synced and the journal removed (a few syncs, once,
+/// when the store closes).
 #[derive(Clone)]
-pub struct GroupCommit(Arc<Handle>);
+pub struct GroupCommit(Arc<Owned<Shared>>);
 
 impl std::fmt::Debug for GroupCommit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -128,22 +107,16 @@ impl GroupCommit {
 
     /// [`GroupCommit::start`] with `sync` as the sync operation.
     pub(crate) fn start_with(dir: &Path, limit: u64, sync: SyncFn) -> Result<Self, LogError> {
-        let shared = Arc::new(Shared {
+        let shared = Shared {
             state: Mutex::default(),
             wake: Condvar::new(),
             syncs: AtomicU64::new(0),
             sync,
             journal: Journal::open(dir, limit)?,
-        });
-        let thread = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("polar-capture-sync".into())
-            .spawn(move || run(&thread))
+        };
+        let owned = Owned::start(shared, "sync", run)
             .map_err(|e| LogError::io("starting the capture log's syncing thread for", dir, e))?;
-        Ok(Self(Arc::new(Handle {
-            shared,
-            thread: Some(thread),
-        })))
+        Ok(Self(Arc::new(owned)))
     }
 
     /// The syncs of the journal made so far by rounds (one per round).

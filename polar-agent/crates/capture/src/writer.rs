@@ -14,7 +14,7 @@
 //! while the backend generated, [`super::part`]), so one thread keeps up
 //! with many sessions; a job that panics is logged and its caller told
 //! (its answer channel dropped), the thread goes on. Dropping the last
-//! handle runs what is queued and joins the thread.
+//! handle runs what is queued and joins the thread ([`super::worker`]).
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use super::log::LogError;
+use super::worker::{Owned, Worker};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -45,26 +46,17 @@ struct Shared {
     wakeups: AtomicU64,
 }
 
-/// Closes the queue when the last [`LogWriter`] handle goes and joins the
-/// thread once it ran what was queued.
-struct Handle {
-    shared: Arc<Shared>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        lock(&self.shared.state).closed = true;
-        self.shared.wake.notify_one();
-        if let Some(thread) = self.thread.take() {
-            super::sync::join(thread, "writing");
-        }
+impl Worker for Shared {
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.wake.notify_one();
     }
 }
 
-/// A handle on a store's writing thread; clones share it.
+/// A handle on a store's writing thread; clones share it. When the last
+/// goes, the thread runs what is queued and is joined.
 #[derive(Clone)]
-pub(crate) struct LogWriter(Arc<Handle>);
+pub(crate) struct LogWriter(Arc<Owned<Shared>>);
 
 impl std::fmt::Debug for LogWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,18 +69,10 @@ impl std::fmt::Debug for LogWriter {
 impl LogWriter {
     /// Starts the thread.
     pub(crate) fn start() -> Result<Self, LogError> {
-        let shared = Arc::new(Shared::default());
-        let thread = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("polar-capture-write".into())
-            .spawn(move || run(&thread))
-            .map_err(|e| {
-                LogError::Task(format!("starting the capture log's writing thread: {e}"))
-            })?;
-        Ok(Self(Arc::new(Handle {
-            shared,
-            thread: Some(thread),
-        })))
+        let owned = Owned::start(Shared::default(), "write", run).map_err(|e| {
+            LogError::Task(format!("starting the capture log's writing thread: {e}"))
+        })?;
+        Ok(Self(Arc::new(owned)))
     }
 
     /// Queues `job`, run on the thread after the jobs queued before it.
