@@ -27,13 +27,13 @@ use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
 use super::journal::{Journal, Retired, SyncFn, Touched};
 use super::log::LogError;
-use super::worker::{Owned, Worker};
+use super::worker::{Bell, Owned, Sleeper, Worker};
 
 /// What a syncing round tells a waiting line.
 pub(crate) type SyncResult = Result<(), Arc<io::Error>>;
@@ -58,8 +58,7 @@ struct State {
     /// The journal's buffer is past `FLUSH_BYTES`: write it.
     flush: bool,
     closed: bool,
-    /// The thread waits for work: what is added must wake it. A thread at
-    /// work finds what was added on its next look, with no system call.
+    /// The thread sleeps on its [`Bell`].
     asleep: bool,
     /// Tests: stop at once, as the agent's process would on a power loss.
     #[cfg(test)]
@@ -70,16 +69,23 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    wake: Condvar,
+    wake: Bell,
     syncs: AtomicU64,
     sync: SyncFn,
     journal: Journal,
 }
 
+impl Sleeper for State {
+    fn asleep(&mut self) -> &mut bool {
+        &mut self.asleep
+    }
+}
+
 impl Worker for Shared {
     fn close(&self) {
-        lock(&self.state).closed = true;
-        self.wake.notify_one();
+        let mut state = lock(&self.state);
+        state.closed = true;
+        self.wake.ring(state);
     }
 }
 
@@ -109,7 +115,7 @@ impl GroupCommit {
     pub(crate) fn start_with(dir: &Path, limit: u64, sync: SyncFn) -> Result<Self, LogError> {
         let shared = Shared {
             state: Mutex::default(),
-            wake: Condvar::new(),
+            wake: Bell::default(),
             syncs: AtomicU64::new(0),
             sync,
             journal: Journal::open(dir, limit)?,
@@ -139,7 +145,7 @@ impl GroupCommit {
         if full {
             let mut state = lock(&shared.state);
             state.flush = true;
-            wake(shared, state);
+            shared.wake.ring(state);
         }
         Ok(pos)
     }
@@ -173,7 +179,7 @@ impl GroupCommit {
         }
         let mut state = lock(&shared.state);
         state.pending.push(Waiter { pos, answer });
-        wake(shared, state);
+        shared.wake.ring(state);
     }
 
     /// Asks the thread to sync the log `log_id` (its session ended), off
@@ -182,15 +188,7 @@ impl GroupCommit {
         let shared = &self.0.shared;
         let mut state = lock(&shared.state);
         state.retire.push(log_id);
-        wake(shared, state);
-    }
-}
-
-/// Wakes the thread after work was added to `state`, if it sleeps.
-fn wake(shared: &Shared, mut state: MutexGuard<'_, State>) {
-    if std::mem::take(&mut state.asleep) {
-        drop(state);
-        shared.wake.notify_one();
+        shared.wake.ring(state);
     }
 }
 
@@ -202,10 +200,11 @@ impl GroupCommit {
         let shared = &self.0.shared;
         let mut state = lock(&shared.state);
         state.crash = true;
-        shared.wake.notify_all();
+        shared.wake.condvar().notify_all();
         while !state.stopped {
             state = shared
                 .wake
+                .condvar()
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
         }
@@ -230,17 +229,12 @@ fn run(shared: &Shared) {
                 if state.crash {
                     break;
                 }
-                state.asleep = true;
-                state = shared
-                    .wake
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
+                state = shared.wake.sleep(state);
             }
-            state.asleep = false;
             #[cfg(test)]
             if state.crash {
                 state.stopped = true;
-                shared.wake.notify_all();
+                shared.wake.condvar().notify_all();
                 return;
             }
             std::mem::swap(&mut round, &mut state.pending);

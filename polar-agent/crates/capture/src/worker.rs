@@ -5,10 +5,48 @@
 //! thread's last work (lines written, syncs, the journal removed) is done
 //! when the store's drop returns. A store opened again on the same state
 //! directory (an agent restarted in the same process) never races the old
-//! one's close.
+//! one's close. Also the [`Bell`] such a thread sleeps on.
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+
+/// A thread's state, under its mutex, with the flag saying it sleeps.
+pub(crate) trait Sleeper {
+    /// Whether the thread waits on the [`Bell`] for work.
+    fn asleep(&mut self) -> &mut bool;
+}
+
+/// What a store thread sleeps on while it has no work: rung only while it
+/// sleeps (a `notify_one` is a `futex` call even when no one waits), since
+/// a thread at work finds what was added on its next look under the lock.
+#[derive(Default)]
+pub(crate) struct Bell(Condvar);
+
+impl Bell {
+    /// After work was added to `state`: wakes the thread if it sleeps.
+    pub(crate) fn ring<T: Sleeper>(&self, mut state: MutexGuard<'_, T>) {
+        if std::mem::take(state.asleep()) {
+            drop(state);
+            self.0.notify_one();
+        }
+    }
+
+    /// On the thread, with nothing to do: sleeps until rung (or woken
+    /// spuriously: look again, then sleep again).
+    pub(crate) fn sleep<'a, T: Sleeper>(&self, mut state: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+        *state.asleep() = true;
+        let mut state = self.0.wait(state).unwrap_or_else(PoisonError::into_inner);
+        *state.asleep() = false;
+        state
+    }
+
+    /// The condition variable itself (the tests' simulated power loss
+    /// waits on it for the thread to stop).
+    #[cfg(test)]
+    pub(crate) fn condvar(&self) -> &Condvar {
+        &self.0
+    }
+}
 
 /// State shared with a store thread.
 pub(crate) trait Worker: Send + Sync + 'static {

@@ -19,10 +19,10 @@
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::log::LogError;
-use super::worker::{Owned, Worker};
+use super::worker::{Bell, Owned, Sleeper, Worker};
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -33,7 +33,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
-    /// The thread waits on the condition variable: the next job wakes it.
+    /// The thread sleeps on its [`Bell`].
     asleep: bool,
     closed: bool,
 }
@@ -41,15 +41,22 @@ struct State {
 #[derive(Default)]
 struct Shared {
     state: Mutex<State>,
-    wake: Condvar,
+    wake: Bell,
     /// Times the thread was woken for jobs.
     wakeups: AtomicU64,
 }
 
+impl Sleeper for State {
+    fn asleep(&mut self) -> &mut bool {
+        &mut self.asleep
+    }
+}
+
 impl Worker for Shared {
     fn close(&self) {
-        lock(&self.state).closed = true;
-        self.wake.notify_one();
+        let mut state = lock(&self.state);
+        state.closed = true;
+        self.wake.ring(state);
     }
 }
 
@@ -82,11 +89,7 @@ impl LogWriter {
         let shared = &self.0.shared;
         let mut state = lock(&shared.state);
         state.jobs.push_back(Box::new(job));
-        if state.asleep {
-            state.asleep = false;
-            drop(state);
-            shared.wake.notify_one();
-        }
+        shared.wake.ring(state);
     }
 
     /// Times the thread was woken for jobs (a burst of jobs takes one).
@@ -103,14 +106,9 @@ fn run(shared: &Shared) {
             let mut state = lock(&shared.state);
             let mut waited = false;
             while state.jobs.is_empty() && !state.closed {
-                state.asleep = true;
                 waited = true;
-                state = shared
-                    .wake
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner);
+                state = shared.wake.sleep(state);
             }
-            state.asleep = false;
             if state.jobs.is_empty() {
                 return;
             }
