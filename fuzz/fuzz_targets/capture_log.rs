@@ -32,3 +32,5 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(again, records);
     assert_eq!(again_problems, problems);
 });
+
+polar_fuzz::json_mutator!(include_str!("../dicts/capture_log.dict"));

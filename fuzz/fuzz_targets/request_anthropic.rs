@@ -6,3 +6,5 @@ use libfuzzer_sys::fuzz_target;
 use polar_chat::Api;
 
 fuzz_target!(|data: &[u8]| polar_fuzz::check_request(Api::AnthropicMessages, data));
+
+polar_fuzz::json_mutator!(include_str!("../dicts/request_anthropic.dict"));

@@ -5,6 +5,8 @@
 //! crash input becomes a regression test in the crate that owns the
 //! parser.
 
+pub mod mutate;
+
 use arbitrary::Unstructured;
 use polar_chat::provider::{
     self, Framing, ModelCall, ProviderError, ReplyOptions, Side, StreamEncoder, parse_request,

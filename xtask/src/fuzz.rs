@@ -6,8 +6,9 @@
 //! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
 //! corpora and minimizes those). A target with a dictionary
 //! `fuzz/dicts/<target>.dict` (the tokens and field names its parser
-//! matches) runs with it. `cargo xtask test` runs every target briefly
-//! ([`TEST_SECS`]).
+//! matches) runs with it; the targets whose inputs are JSON also mutate
+//! them as JSON values with its words (`fuzz/src/mutate.rs`). `cargo
+//! xtask test` runs every target briefly ([`TEST_SECS`]).
 //!
 //! A target that finds a crash fails the command, naming the input libFuzzer
 //! wrote to `fuzz/artifacts/<target>/`; the fix comes with a regression test
