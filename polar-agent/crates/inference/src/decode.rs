@@ -1,11 +1,14 @@
 //! Backend replies to [`StreamEvent`]s and [`Tokens`]: a decoder for
 //! streamed OpenAI chunks with vLLM's token ids, and one for a whole reply
 //! (SGLang `return_meta_info`, also vLLM non-streaming). Token data is only
-//! ever copied from the reply, never recomputed.
+//! ever copied from the reply, never recomputed. Replies are read with
+//! `polar_json` (a tape over the text, no tree of maps and strings: this
+//! runs for every chunk of every call).
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
-use serde_json::Value;
+use polar_json::{Doc, Json, Kind};
 
 use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
 
@@ -105,11 +108,25 @@ impl TokenAcc {
     }
 }
 
-fn ids(v: &Value) -> Option<Vec<u32>> {
+fn ids(v: Json<'_>) -> Option<Vec<u32>> {
     v.as_array()?
-        .iter()
         .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
         .collect()
+}
+
+/// `v[a][b]...`, through objects.
+fn path<'d>(v: Json<'d>, keys: &[&str]) -> Option<Json<'d>> {
+    keys.iter().try_fold(v, |v, k| v.get(k))
+}
+
+/// The `n`th element of an array.
+fn nth(v: Json<'_>, n: usize) -> Option<Json<'_>> {
+    v.as_array()?.nth(n)
+}
+
+/// The string at `key`, borrowed when it has no escapes.
+fn str_at<'d>(v: Json<'d>, key: &str) -> Option<Cow<'d, str>> {
+    v.get(key)?.as_str()
 }
 
 fn finish_reason(s: &str) -> FinishReason {
@@ -123,26 +140,30 @@ fn finish_reason(s: &str) -> FinishReason {
     }
 }
 
-fn usage(v: &Value) -> Option<Usage> {
-    let u = v.get("usage").filter(|u| u.is_object())?;
-    let n = |k: &str| u.get(k).and_then(Value::as_u64).map(|x| x as u32);
+fn usage(v: Json<'_>) -> Option<Usage> {
+    let u = v.get("usage").filter(Json::is_object)?;
+    let n = |k: &str| u.get(k).and_then(|x| x.as_u64()).map(|x| x as u32);
     Some(Usage {
         prompt_tokens: n("prompt_tokens")?,
         completion_tokens: n("completion_tokens")?,
-        cached_tokens: u
-            .pointer("/prompt_tokens_details/cached_tokens")
-            .and_then(Value::as_u64)
+        cached_tokens: path(u, &["prompt_tokens_details", "cached_tokens"])
+            .and_then(|x| x.as_u64())
             .map(|x| x as u32),
     })
 }
 
-fn backend_error(v: &Value) -> Option<String> {
+fn backend_error(v: Json<'_>) -> Option<String> {
     let e = v.get("error")?;
-    Some(
-        e.get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| e.to_string(), str::to_owned),
-    )
+    Some(str_at(e, "message").map_or_else(|| e.to_compact_string(), Cow::into_owned))
+}
+
+/// Whether `v` is a non-empty string or array (output in a delta).
+fn has_output(v: Option<Json<'_>>) -> bool {
+    match v.map(|v| (v.kind(), v)) {
+        Some((Kind::String, v)) => v.str_literal().is_some_and(|(s, _)| !s.is_empty()),
+        Some((Kind::Array, v)) => v.as_array().is_some_and(|mut a| a.next().is_some()),
+        _ => false,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -204,21 +225,18 @@ impl ChunkDecoder {
         if data.trim() == "[DONE]" {
             return self.end(out);
         }
-        let v: Value = serde_json::from_str(data)
+        let doc = Doc::parse(data.as_bytes())
             .map_err(|e| DecodeError::Malformed(format!("chunk is not JSON: {e}")))?;
-        if let Some(message) = backend_error(&v) {
+        let v = doc.root();
+        if let Some(message) = backend_error(v) {
             return Err(DecodeError::Cut(format!(
                 "backend error in stream: {message}"
             )));
         }
         if !self.started {
             self.started = true;
-            self.response_id = v
-                .get("id")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            self.served_model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+            self.response_id = str_at(v, "id").unwrap_or_default().into_owned();
+            self.served_model = str_at(v, "model").map(Cow::into_owned);
             if let Some(p) = v.get("prompt_token_ids").and_then(ids) {
                 self.tokens.set_prompt(p);
             }
@@ -232,13 +250,13 @@ impl ChunkDecoder {
         {
             self.tokens.set_prompt(p);
         }
-        if let Some(u) = usage(&v) {
+        if let Some(u) = usage(v) {
             self.usage = Some(u);
         }
         let Some(choice) = v
             .get("choices")
-            .and_then(Value::as_array)
-            .and_then(|c| c.first())
+            .and_then(|c| c.as_array())
+            .and_then(|mut c| c.next())
         else {
             return Ok(());
         };
@@ -247,10 +265,10 @@ impl ChunkDecoder {
 
     fn on_choice(
         &mut self,
-        choice: &Value,
+        choice: Json<'_>,
         out: &mut VecDeque<StreamEvent>,
     ) -> Result<(), DecodeError> {
-        let delta = choice.get("delta").unwrap_or(&Value::Null);
+        let delta = choice.get("delta").unwrap_or_else(Json::null);
         if let Some(ids) = choice.get("token_ids").filter(|v| !v.is_null()) {
             let ids = self::ids(ids)
                 .ok_or_else(|| DecodeError::Malformed("`token_ids` is not a list of ids".into()))?;
@@ -259,23 +277,16 @@ impl ChunkDecoder {
         } else {
             let has_output = ["content", "reasoning", "reasoning_content", "tool_calls"]
                 .iter()
-                .any(|k| match delta.get(*k) {
-                    Some(Value::String(s)) => !s.is_empty(),
-                    Some(Value::Array(a)) => !a.is_empty(),
-                    _ => false,
-                });
+                .any(|k| has_output(delta.get(k)));
             if has_output {
                 self.tokens.ids_missing = true;
             }
         }
-        if let Some(content) = choice
-            .pointer("/logprobs/content")
-            .and_then(Value::as_array)
-        {
+        if let Some(content) = path(choice, &["logprobs", "content"]).and_then(|c| c.as_array()) {
             for entry in content {
                 let lp = entry
                     .get("logprob")
-                    .and_then(Value::as_f64)
+                    .and_then(|x| x.as_f64())
                     .ok_or_else(|| {
                         DecodeError::Malformed("logprob entry without `logprob`".into())
                     })?;
@@ -284,44 +295,40 @@ impl ChunkDecoder {
         }
         let reasoning = ["reasoning", "reasoning_content"]
             .iter()
-            .find_map(|k| delta.get(*k).and_then(Value::as_str))
+            .find_map(|k| str_at(delta, k))
             .filter(|s| !s.is_empty());
         if let Some(text) = reasoning {
             self.reasoning_open = true;
             out.push_back(StreamEvent::ReasoningDelta {
-                text: text.to_owned(),
+                text: text.into_owned(),
             });
         }
-        if let Some(text) = delta
-            .get("content")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-        {
+        if let Some(text) = str_at(delta, "content").filter(|s| !s.is_empty()) {
             self.close_reasoning(out);
             out.push_back(StreamEvent::TextDelta {
-                text: text.to_owned(),
+                text: text.into_owned(),
             });
         }
-        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+        if let Some(calls) = delta.get("tool_calls").and_then(|c| c.as_array()) {
             self.close_reasoning(out);
             for call in calls {
                 self.on_tool_delta(call, out)?;
             }
         }
-        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(finish_reason(reason));
+        if let Some(reason) = str_at(choice, "finish_reason") {
+            self.finish = Some(finish_reason(&reason));
         }
         Ok(())
     }
 
     fn on_tool_delta(
         &mut self,
-        call: &Value,
+        call: Json<'_>,
         out: &mut VecDeque<StreamEvent>,
     ) -> Result<(), DecodeError> {
         let index = call
             .get("index")
-            .and_then(Value::as_u64)
+            .and_then(|x| x.as_u64())
             .ok_or_else(|| DecodeError::Malformed("tool call delta without `index`".into()))?
             as usize;
         if index > 1024 {
@@ -333,22 +340,18 @@ impl ChunkDecoder {
             self.tools.resize_with(index + 1, ToolSlot::default);
         }
         let slot = &mut self.tools[index];
-        if let Some(id) = call
-            .get("id")
-            .and_then(Value::as_str)
+        if let Some(id) = str_at(call, "id").filter(|s| !s.is_empty()) {
+            slot.id.get_or_insert_with(|| id.into_owned());
+        }
+        let function = call.get("function");
+        if let Some(name) = function
+            .and_then(|f| str_at(f, "name"))
             .filter(|s| !s.is_empty())
         {
-            slot.id.get_or_insert_with(|| id.to_owned());
+            slot.name.get_or_insert_with(String::new).push_str(&name);
         }
-        if let Some(name) = call
-            .pointer("/function/name")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-        {
-            slot.name.get_or_insert_with(String::new).push_str(name);
-        }
-        if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
-            slot.pending_args.push_str(args);
+        if let Some(args) = function.and_then(|f| str_at(f, "arguments")) {
+            slot.pending_args.push_str(&args);
         }
         let rid = &self.response_id;
         Self::flush_tool(index, slot, rid, out);
@@ -439,42 +442,37 @@ pub(crate) struct Whole {
 /// `token_ids`, `meta_info.output_token_logprobs`) or vLLM (top-level
 /// `prompt_token_ids`, `choices[].token_ids`, `logprobs.content`).
 pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| DecodeError::Malformed(format!("reply is not JSON: {e}")))?;
-    if let Some(message) = backend_error(&v) {
+    let doc =
+        Doc::parse(body).map_err(|e| DecodeError::Malformed(format!("reply is not JSON: {e}")))?;
+    let v = doc.root();
+    if let Some(message) = backend_error(v) {
         return Err(DecodeError::Cut(format!("backend error: {message}")));
     }
     let choice = v
         .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|c| c.first())
+        .and_then(|c| c.as_array())
+        .and_then(|mut c| c.next())
         .ok_or_else(|| DecodeError::Malformed("reply without choices".into()))?;
     let meta = choice.get("meta_info").or_else(|| v.get("meta_info"));
-    let tokens = whole_tokens(&v, choice, meta);
-    let message = choice.get("message").unwrap_or(&Value::Null);
+    let tokens = whole_tokens(v, choice, meta);
+    let message = choice.get("message").unwrap_or_else(Json::null);
     let mut events = vec![StreamEvent::Start {
-        id: v
-            .get("id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
+        id: str_at(v, "id").unwrap_or_default().into_owned(),
         model: model.to_owned(),
         prompt_tokens: tokens.prompt.as_ref().map(|p| p.len() as u32),
     }];
     message_events(message, &mut events)?;
-    let reason = choice
-        .get("finish_reason")
-        .and_then(Value::as_str)
+    let reason = str_at(choice, "finish_reason")
         .ok_or_else(|| DecodeError::Malformed("reply without finish_reason".into()))?;
-    let mut usage = usage(&v).unwrap_or_else(|| tokens.usage_fallback());
+    let mut usage = usage(v).unwrap_or_else(|| tokens.usage_fallback());
     if usage.cached_tokens.is_none() {
         usage.cached_tokens = meta
             .and_then(|m| m.get("cached_tokens"))
-            .and_then(Value::as_u64)
+            .and_then(|x| x.as_u64())
             .map(|x| x as u32);
     }
     events.push(StreamEvent::Finish {
-        finish_reason: finish_reason(reason),
+        finish_reason: finish_reason(&reason),
         usage,
     });
     Ok(Whole {
@@ -482,10 +480,10 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
         tokens,
         weight_version: meta
             .and_then(|m| m.get("weight_version"))
-            .or_else(|| v.get("metadata").and_then(|m| m.get("weight_version")))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        served_model: v.get("model").and_then(Value::as_str).map(str::to_owned),
+            .or_else(|| path(v, &["metadata", "weight_version"]))
+            .and_then(|w| w.as_str())
+            .map(Cow::into_owned),
+        served_model: str_at(v, "model").map(Cow::into_owned),
     })
 }
 
@@ -493,7 +491,7 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
 /// `meta_info` `meta`): the prompt ids, the response ids from `token_ids`
 /// or else SGLang's `(logprob, id, _)` triples, and the logprobs from the
 /// triples or else vLLM's `logprobs.content`.
-fn whole_tokens(v: &Value, choice: &Value, meta: Option<&Value>) -> TokenAcc {
+fn whole_tokens(v: Json<'_>, choice: Json<'_>, meta: Option<Json<'_>>) -> TokenAcc {
     let mut tokens = TokenAcc::default();
     if let Some(p) = choice
         .get("prompt_token_ids")
@@ -504,16 +502,15 @@ fn whole_tokens(v: &Value, choice: &Value, meta: Option<&Value>) -> TokenAcc {
     }
     let triples = meta
         .and_then(|m| m.get("output_token_logprobs"))
-        .and_then(Value::as_array);
+        .and_then(|t| t.as_array());
     if let Some(r) = choice.get("token_ids").and_then(ids) {
         tokens.saw_ids = true;
         tokens.response = r;
     } else if let Some(t) = triples {
         let r: Option<Vec<u32>> = t
-            .iter()
             .map(|e| {
-                e.get(1)
-                    .and_then(Value::as_u64)
+                nth(e, 1)
+                    .and_then(|x| x.as_u64())
                     .and_then(|n| u32::try_from(n).ok())
             })
             .collect();
@@ -524,16 +521,12 @@ fn whole_tokens(v: &Value, choice: &Value, meta: Option<&Value>) -> TokenAcc {
     }
     if let Some(t) = triples {
         tokens.logprobs = t
-            .iter()
-            .filter_map(|e| e.get(0).and_then(Value::as_f64).map(|x| x as f32))
+            .filter_map(|e| nth(e, 0).and_then(|x| x.as_f64()).map(|x| x as f32))
             .collect();
-    } else if let Some(content) = choice
-        .pointer("/logprobs/content")
-        .and_then(Value::as_array)
+    } else if let Some(content) = path(choice, &["logprobs", "content"]).and_then(|c| c.as_array())
     {
         tokens.logprobs = content
-            .iter()
-            .filter_map(|e| e.get("logprob").and_then(Value::as_f64).map(|x| x as f32))
+            .filter_map(|e| e.get("logprob").and_then(|x| x.as_f64()).map(|x| x as f32))
             .collect();
     }
     tokens
@@ -541,47 +534,44 @@ fn whole_tokens(v: &Value, choice: &Value, meta: Option<&Value>) -> TokenAcc {
 
 /// The events of a whole reply's `message`: its reasoning, its text and
 /// its tool calls (each one start and, if it has arguments, one delta).
-fn message_events(message: &Value, events: &mut Vec<StreamEvent>) -> Result<(), DecodeError> {
+fn message_events(message: Json<'_>, events: &mut Vec<StreamEvent>) -> Result<(), DecodeError> {
     let reasoning = ["reasoning", "reasoning_content"]
         .iter()
-        .find_map(|k| message.get(*k).and_then(Value::as_str))
+        .find_map(|k| str_at(message, k))
         .filter(|s| !s.is_empty());
     if let Some(text) = reasoning {
         events.push(StreamEvent::ReasoningDelta {
-            text: text.to_owned(),
+            text: text.into_owned(),
         });
         events.push(StreamEvent::ReasoningDone { signature: None });
     }
-    if let Some(text) = message
-        .get("content")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-    {
+    if let Some(text) = str_at(message, "content").filter(|s| !s.is_empty()) {
         events.push(StreamEvent::TextDelta {
-            text: text.to_owned(),
+            text: text.into_owned(),
         });
     }
     for (i, call) in message
         .get("tool_calls")
-        .and_then(Value::as_array)
+        .and_then(|c| c.as_array())
         .into_iter()
         .flatten()
         .enumerate()
     {
-        let name = call
-            .pointer("/function/name")
-            .and_then(Value::as_str)
+        let function = call.get("function");
+        let name = function
+            .and_then(|f| str_at(f, "name"))
             .ok_or_else(|| DecodeError::Malformed("tool call without a name".into()))?;
-        let id = call.get("id").and_then(Value::as_str).unwrap_or_default();
-        let args = match call.pointer("/function/arguments") {
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => other.to_string(),
+        let id = str_at(call, "id").unwrap_or_default();
+        let args = match function.and_then(|f| f.get("arguments")) {
+            Some(a) => a
+                .as_str()
+                .map_or_else(|| a.to_compact_string(), Cow::into_owned),
             None => String::new(),
         };
         events.push(StreamEvent::ToolCallStart {
             index: i as u32,
-            id: id.to_owned(),
-            name: name.to_owned(),
+            id: id.into_owned(),
+            name: name.into_owned(),
         });
         if !args.is_empty() {
             events.push(StreamEvent::ToolCallDelta {

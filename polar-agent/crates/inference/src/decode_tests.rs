@@ -1,4 +1,4 @@
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 
@@ -222,4 +222,84 @@ fn whole_sglang_reply_with_top_level_metadata_weight_version() {
     both["weight_version"] = json!("w-8");
     let w = decode_whole(reply(both).as_bytes(), "m").unwrap();
     assert_eq!(w.weight_version.as_deref(), Some("w-8"));
+}
+
+/// What the reply's text spells: strings are unescaped (with or without
+/// escapes), a repeated key reads as its last occurrence (as
+/// `serde_json::Value` reads it), arguments that are not a string are
+/// passed on as their compact JSON, and an error without a message is
+/// shown as its compact JSON.
+#[test]
+fn escapes_repeated_keys_and_non_string_arguments_read_as_serde_json_reads_them() {
+    let mut d = ChunkDecoder::new("m");
+    let mut out = VecDeque::new();
+    let chunks = [
+        r#"{"id": "r\u0031", "id": "r\"2", "choices": [{"delta": {"content": "a\nb \u00e9\ud83d\ude00"}, "token_ids": [5]}]}"#,
+        r#"{"choices": [{"delta": {"content": ""}, "token_ids": [6], "finish_reason": "length", "finish_reason": "stop"}]}"#,
+        "[DONE]",
+    ];
+    for c in chunks {
+        d.on_data(c, &mut out).unwrap();
+    }
+    let events: Vec<StreamEvent> = out.into();
+    assert_eq!(
+        events,
+        vec![
+            StreamEvent::Start {
+                id: "r\"2".into(),
+                model: "m".into(),
+                prompt_tokens: None
+            },
+            StreamEvent::TextDelta {
+                text: "a\nb \u{e9}\u{1f600}".into()
+            },
+            StreamEvent::Finish {
+                finish_reason: FinishReason::Stop,
+                usage: Usage {
+                    prompt_tokens: 0,
+                    completion_tokens: 2,
+                    cached_tokens: None
+                }
+            },
+        ]
+    );
+    assert_eq!(d.tokens.tokens().response_token_ids, Some(vec![5, 6]));
+
+    let body = br#"{"id": "w", "choices": [{"message": {"content": null, "tool_calls": [
+        {"id": "c1", "function": {"name": "b\u0061sh", "arguments": {"cmd":  "ls",  "n": 1.50e1}}},
+        {"function": {"name": "ls"}}]}, "finish_reason": "tool_calls"}]}"#;
+    let w = decode_whole(body, "m").unwrap();
+    assert_eq!(
+        w.events[1..3],
+        [
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "c1".into(),
+                name: "bash".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: r#"{"cmd":"ls","n":15.0}"#.into()
+            },
+        ]
+    );
+    assert_eq!(
+        w.events[3],
+        StreamEvent::ToolCallStart {
+            index: 1,
+            id: String::new(),
+            name: "ls".into()
+        }
+    );
+
+    let err = ChunkDecoder::new("m").on_data(
+        r#"{"error": {"code": 500,  "type": "x"}}"#,
+        &mut VecDeque::new(),
+    );
+    assert_eq!(
+        err,
+        Err(DecodeError::Cut(
+            r#"backend error in stream: {"code":500,"type":"x"}"#.into()
+        ))
+    );
 }
