@@ -102,6 +102,30 @@ pub fn run(args: TestArgs) -> Result<()> {
                 "warnings",
             ])),
         ),
+        // The fuzz targets are a workspace of their own (nightly to run,
+        // but they check on stable), which the two steps above miss.
+        (
+            "format of fuzz/",
+            Step::run(Cmd::new("cargo")?.args([
+                "fmt",
+                "--manifest-path",
+                "fuzz/Cargo.toml",
+                "--",
+                "--check",
+            ])),
+        ),
+        (
+            "clippy of fuzz/",
+            Step::run(Cmd::new("cargo")?.args([
+                "clippy",
+                "--manifest-path",
+                "fuzz/Cargo.toml",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])),
+        ),
         ("crate layering", Step::Layers),
         (
             // Advisories are never checked: they need GitHub, which CI cannot reach.
