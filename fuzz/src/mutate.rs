@@ -78,12 +78,7 @@ pub fn mutate(data: &mut [u8], size: usize, max_size: usize, seed: u32, words: &
     if rng.random_ratio(1, 3) {
         return libfuzzer_sys::fuzzer_mutate(data, size, max_size);
     }
-    let input = Input::parse(&data[..size]);
-    let out = input.and_then(|mut input| {
-        let donor = input.random_subtree(&mut rng)?;
-        input.mutate(&mut rng, words, donor);
-        Some(input.to_bytes(&mut rng))
-    });
+    let out = Input::parse(&data[..size]).and_then(|input| mutated(input, None, &mut rng, words));
     match out {
         Some(out) if out.len() <= max_size => {
             data[..out.len()].copy_from_slice(&out);
@@ -98,19 +93,29 @@ pub fn mutate(data: &mut [u8], size: usize, max_size: usize, seed: u32, words: &
 /// returns its size, 0 (no input) when either is not JSON or it does not fit.
 pub fn crossover(data1: &[u8], data2: &[u8], out: &mut [u8], seed: u32, words: &Words) -> usize {
     let mut rng = SmallRng::seed_from_u64(seed.into());
-    let (Some(mut into), Some(from)) = (Input::parse(data1), Input::parse(data2)) else {
+    let (Some(into), Some(from)) = (Input::parse(data1), Input::parse(data2)) else {
         return 0;
     };
-    let Some(donor) = from.random_subtree(&mut rng) else {
-        return 0;
-    };
-    into.mutate(&mut rng, words, donor);
-    let bytes = into.to_bytes(&mut rng);
-    if bytes.len() > out.len() {
-        return 0;
+    match mutated(into, Some(&from), &mut rng, words) {
+        Some(bytes) if bytes.len() <= out.len() => {
+            out[..bytes.len()].copy_from_slice(&bytes);
+            bytes.len()
+        }
+        _ => 0,
     }
-    out[..bytes.len()].copy_from_slice(&bytes);
-    bytes.len()
+}
+
+/// `into` with one mutation, written out; the subtree it may copy in comes
+/// from `from` (from `into` itself when `None`).
+fn mutated(
+    mut into: Input,
+    from: Option<&Input>,
+    rng: &mut SmallRng,
+    words: &Words,
+) -> Option<Vec<u8>> {
+    let donor = from.unwrap_or(&into).random_subtree(rng)?;
+    into.mutate(rng, words, donor);
+    Some(into.to_bytes(rng))
 }
 
 /// An input read as JSON: one document, or lines of which at least one
