@@ -125,6 +125,7 @@ enum Input {
     Lines(Vec<Line>),
 }
 
+#[derive(Clone)]
 enum Line {
     Json(Value),
     /// Not JSON (a torn or broken line), kept as it was, without its `\n`.
@@ -175,11 +176,7 @@ impl Input {
                 let len = lines.len();
                 match rng.random_range(0..8) {
                     0 => {
-                        let i = rng.random_range(0..len);
-                        let copy = match &lines[i] {
-                            Line::Json(v) => Line::Json(v.clone()),
-                            Line::Raw(b) => Line::Raw(b.clone()),
-                        };
+                        let copy = lines[rng.random_range(0..len)].clone();
                         lines.insert(rng.random_range(0..=len), copy);
                     }
                     1 if len > 1 => {
