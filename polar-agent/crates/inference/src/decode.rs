@@ -124,11 +124,6 @@ fn nth(v: Json<'_>, n: usize) -> Option<Json<'_>> {
     v.as_array()?.nth(n)
 }
 
-/// The string at `key`, borrowed when it has no escapes.
-fn str_at<'d>(v: Json<'d>, key: &str) -> Option<Cow<'d, str>> {
-    v.get(key)?.as_str()
-}
-
 fn finish_reason(s: &str) -> FinishReason {
     match s {
         "stop" => FinishReason::Stop,
@@ -154,7 +149,10 @@ fn usage(v: Json<'_>) -> Option<Usage> {
 
 fn backend_error(v: Json<'_>) -> Option<String> {
     let e = v.get("error")?;
-    Some(str_at(e, "message").map_or_else(|| e.to_compact_string(), Cow::into_owned))
+    Some(
+        e.get_str("message")
+            .map_or_else(|| e.to_compact_string(), Cow::into_owned),
+    )
 }
 
 /// Whether `v` is a non-empty string or array (output in a delta).
@@ -235,8 +233,8 @@ impl ChunkDecoder {
         }
         if !self.started {
             self.started = true;
-            self.response_id = str_at(v, "id").unwrap_or_default().into_owned();
-            self.served_model = str_at(v, "model").map(Cow::into_owned);
+            self.response_id = v.get_str("id").unwrap_or_default().into_owned();
+            self.served_model = v.get_str("model").map(Cow::into_owned);
             if let Some(p) = v.get("prompt_token_ids").and_then(ids) {
                 self.tokens.set_prompt(p);
             }
@@ -295,7 +293,7 @@ impl ChunkDecoder {
         }
         let reasoning = ["reasoning", "reasoning_content"]
             .iter()
-            .find_map(|k| str_at(delta, k))
+            .find_map(|k| delta.get_str(k))
             .filter(|s| !s.is_empty());
         if let Some(text) = reasoning {
             self.reasoning_open = true;
@@ -303,7 +301,7 @@ impl ChunkDecoder {
                 text: text.into_owned(),
             });
         }
-        if let Some(text) = str_at(delta, "content").filter(|s| !s.is_empty()) {
+        if let Some(text) = delta.get_str("content").filter(|s| !s.is_empty()) {
             self.close_reasoning(out);
             out.push_back(StreamEvent::TextDelta {
                 text: text.into_owned(),
@@ -315,7 +313,7 @@ impl ChunkDecoder {
                 self.on_tool_delta(call, out)?;
             }
         }
-        if let Some(reason) = str_at(choice, "finish_reason") {
+        if let Some(reason) = choice.get_str("finish_reason") {
             self.finish = Some(finish_reason(&reason));
         }
         Ok(())
@@ -340,17 +338,17 @@ impl ChunkDecoder {
             self.tools.resize_with(index + 1, ToolSlot::default);
         }
         let slot = &mut self.tools[index];
-        if let Some(id) = str_at(call, "id").filter(|s| !s.is_empty()) {
+        if let Some(id) = call.get_str("id").filter(|s| !s.is_empty()) {
             slot.id.get_or_insert_with(|| id.into_owned());
         }
         let function = call.get("function");
         if let Some(name) = function
-            .and_then(|f| str_at(f, "name"))
+            .and_then(|f| f.get_str("name"))
             .filter(|s| !s.is_empty())
         {
             slot.name.get_or_insert_with(String::new).push_str(&name);
         }
-        if let Some(args) = function.and_then(|f| str_at(f, "arguments")) {
+        if let Some(args) = function.and_then(|f| f.get_str("arguments")) {
             slot.pending_args.push_str(&args);
         }
         let rid = &self.response_id;
@@ -457,12 +455,13 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
     let tokens = whole_tokens(v, choice, meta);
     let message = choice.get("message").unwrap_or_else(Json::null);
     let mut events = vec![StreamEvent::Start {
-        id: str_at(v, "id").unwrap_or_default().into_owned(),
+        id: v.get_str("id").unwrap_or_default().into_owned(),
         model: model.to_owned(),
         prompt_tokens: tokens.prompt.as_ref().map(|p| p.len() as u32),
     }];
     message_events(message, &mut events)?;
-    let reason = str_at(choice, "finish_reason")
+    let reason = choice
+        .get_str("finish_reason")
         .ok_or_else(|| DecodeError::Malformed("reply without finish_reason".into()))?;
     let mut usage = usage(v).unwrap_or_else(|| tokens.usage_fallback());
     if usage.cached_tokens.is_none() {
@@ -483,7 +482,7 @@ pub(crate) fn decode_whole(body: &[u8], model: &str) -> Result<Whole, DecodeErro
             .or_else(|| path(v, &["metadata", "weight_version"]))
             .and_then(|w| w.as_str())
             .map(Cow::into_owned),
-        served_model: str_at(v, "model").map(Cow::into_owned),
+        served_model: v.get_str("model").map(Cow::into_owned),
     })
 }
 
@@ -537,7 +536,7 @@ fn whole_tokens(v: Json<'_>, choice: Json<'_>, meta: Option<Json<'_>>) -> TokenA
 fn message_events(message: Json<'_>, events: &mut Vec<StreamEvent>) -> Result<(), DecodeError> {
     let reasoning = ["reasoning", "reasoning_content"]
         .iter()
-        .find_map(|k| str_at(message, k))
+        .find_map(|k| message.get_str(k))
         .filter(|s| !s.is_empty());
     if let Some(text) = reasoning {
         events.push(StreamEvent::ReasoningDelta {
@@ -545,7 +544,7 @@ fn message_events(message: Json<'_>, events: &mut Vec<StreamEvent>) -> Result<()
         });
         events.push(StreamEvent::ReasoningDone { signature: None });
     }
-    if let Some(text) = str_at(message, "content").filter(|s| !s.is_empty()) {
+    if let Some(text) = message.get_str("content").filter(|s| !s.is_empty()) {
         events.push(StreamEvent::TextDelta {
             text: text.into_owned(),
         });
@@ -559,9 +558,9 @@ fn message_events(message: Json<'_>, events: &mut Vec<StreamEvent>) -> Result<()
     {
         let function = call.get("function");
         let name = function
-            .and_then(|f| str_at(f, "name"))
+            .and_then(|f| f.get_str("name"))
             .ok_or_else(|| DecodeError::Malformed("tool call without a name".into()))?;
-        let id = str_at(call, "id").unwrap_or_default();
+        let id = call.get_str("id").unwrap_or_default();
         let args = match function.and_then(|f| f.get("arguments")) {
             Some(a) => a
                 .as_str()

@@ -738,6 +738,12 @@ impl<'d> Json<'d> {
         found
     }
 
+    /// The string value of `key`, unescaped (borrowed when it has no
+    /// escapes), if this is an object that has it and it is a string.
+    pub fn get_str(&self, key: &str) -> Option<Cow<'d, str>> {
+        self.get(key)?.as_str()
+    }
+
     /// The value as a `serde_json::Value`.
     pub fn to_value(&self) -> Value {
         match self.node().tag {

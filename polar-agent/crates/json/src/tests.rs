@@ -118,6 +118,11 @@ fn accessors_follow_serde_json_value() {
             want.and_then(Value::as_str),
             "{key}"
         );
+        assert_eq!(
+            r.get_str(key).as_deref(),
+            want.and_then(Value::as_str),
+            "{key}"
+        );
     }
     assert!(matches!(
         r.get("p").unwrap().as_str(),

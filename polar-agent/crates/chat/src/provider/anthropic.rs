@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::read::{
     array_field, body_object, bool_field, f64_field, field_is, function_tool, request_model, rest,
-    stop_list, str_field, string_field, text, text_field, u32_of,
+    stop_list, string_field, text, text_field, u32_of,
 };
 use super::{
     ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder, effective_finish,
@@ -166,7 +166,7 @@ fn parse_messages(
                 at()
             )));
         }
-        let role = str_field(m, "role").unwrap_or_default();
+        let role = m.get_str("role").unwrap_or_default();
         let content = m.get("content");
         let msg_extra = rest(m, &["role", "content"]);
         match role.as_ref() {
@@ -212,7 +212,7 @@ fn parse_tools(obj: Json<'_>, extra: &mut Map<String, Value>) -> Vec<Tool> {
         if !t.is_object() {
             continue;
         }
-        match (str_field(t, "name"), t.get("input_schema")) {
+        match (t.get_str("name"), t.get("input_schema")) {
             (Some(_), Some(schema)) => {
                 tools.push(function_tool(
                     t,
@@ -240,7 +240,7 @@ fn parse_tool_choice(obj: Json<'_>, extra: &mut Map<String, Value>) -> Option<To
     if bool_field(tc, "disable_parallel_tool_use") == Some(true) {
         extra.insert("parallel_tool_calls".into(), Value::Bool(false));
     }
-    match str_field(tc, "type").as_deref() {
+    match tc.get_str("type").as_deref() {
         Some("auto") => Some(ToolChoice::Auto),
         Some("any") => Some(ToolChoice::Required),
         Some("none") => Some(ToolChoice::None),
@@ -279,7 +279,7 @@ fn block_part(b: Json<'_>) -> (Part, Map<String, Value>) {
     if !b.is_object() {
         return other();
     }
-    match str_field(b, "type").as_deref() {
+    match b.get_str("type").as_deref() {
         Some("text") => (
             Part::Text {
                 text: text_field(b, "text").unwrap_or_default(),
@@ -289,7 +289,7 @@ fn block_part(b: Json<'_>) -> (Part, Map<String, Value>) {
         Some("image") => {
             let src = b.get("source").filter(|s| s.is_object());
             let src_field = |k: &str| src.and_then(|s| string_field(s, k));
-            let part = match src.and_then(|s| str_field(s, "type")).as_deref() {
+            let part = match src.and_then(|s| s.get_str("type")).as_deref() {
                 Some("base64") => Part::Image {
                     media_type: src_field("media_type"),
                     data: src_field("data"),
@@ -347,7 +347,7 @@ fn assistant_message(
                 at()
             )));
         }
-        match str_field(b, "type").as_deref() {
+        match b.get_str("type").as_deref() {
             Some("thinking") if msg.reasoning.is_none() => {
                 msg.reasoning = Some(Reasoning {
                     text: string_field(b, "thinking").unwrap_or_default(),

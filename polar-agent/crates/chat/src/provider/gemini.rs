@@ -34,7 +34,7 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::read::{
-    array_field, body_object, bool_field, field_is, rest, stop_list, str_field, string_field, text,
+    array_field, body_object, bool_field, field_is, rest, stop_list, string_field, text,
     text_field, u32_of,
 };
 use super::{
@@ -194,7 +194,7 @@ fn parse_contents<'d>(
         let parts = array_field(c, "parts");
         let turn_extra = rest(c, &["role", "parts"]);
         let start = messages.len();
-        match str_field(c, "role").as_deref() {
+        match c.get_str("role").as_deref() {
             Some("model") => {
                 let m = model_turn(turn, parts, &mut pending);
                 messages.push(m);
@@ -267,7 +267,7 @@ fn parse_declaration(d: Json<'_>) -> Tool {
 fn parse_tool_choice(obj: Json<'_>, extra: &mut Map<String, Value>) -> Option<ToolChoice> {
     let tc = get2(obj, "toolConfig", "tool_config")?;
     let fcc = get2(tc, "functionCallingConfig", "function_calling_config");
-    let mode = fcc.and_then(|f| str_field(f, "mode"));
+    let mode = fcc.and_then(|f| f.get_str("mode"));
     let allowed: Vec<Cow<'_, str>> = fcc
         .and_then(|f| get2(f, "allowedFunctionNames", "allowed_function_names"))
         .and_then(|a| a.as_array())
@@ -445,7 +445,7 @@ fn model_turn<'d>(
             push_indexed(&mut m.extra, "part_extra", k, fields);
         } else if bool_field(p, "thought") == Some(true) {
             let r = m.reasoning.get_or_insert_with(Reasoning::default);
-            if let Some(text) = str_field(p, "text") {
+            if let Some(text) = p.get_str("text") {
                 r.text.push_str(&text);
             }
             push_indexed(
@@ -503,7 +503,7 @@ fn user_turn<'d>(
             out.push(u);
         }
         let name = string_field(fr, "name").unwrap_or_default();
-        let id = match str_field(fr, "id") {
+        let id = match fr.get_str("id") {
             Some(id) => {
                 if let Some(c) = pending.iter_mut().find(|c| c.id == id) {
                     c.answered = true;

@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use super::read::{
     array_field, body_object, bool_field, f64_field, function_tool, request_model, rest, stop_list,
-    str_field, string_field, text, text_field, text_of, u32_of,
+    string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, StreamEncoder,
@@ -102,7 +102,7 @@ fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, Prov
     let mut tool_extra = Vec::new();
     for t in array_field(obj, "tools") {
         let f = t.get("function").filter(|f| f.is_object());
-        match (str_field(t, "type").as_deref(), f) {
+        match (t.get_str("type").as_deref(), f) {
             (Some("function") | None, Some(f)) if f.get("name").is_some() => {
                 tools.push(function_tool(
                     f,
@@ -183,7 +183,7 @@ fn parse_message(m: Json<'_>, at: &dyn Fn() -> String) -> Result<Message, Provid
             at()
         )));
     }
-    let role = match str_field(m, "role").as_deref() {
+    let role = match m.get_str("role").as_deref() {
         Some("system") => Role::System,
         Some("developer") => Role::Developer,
         Some("user") => Role::User,
@@ -215,7 +215,9 @@ fn parse_message(m: Json<'_>, at: &dyn Fn() -> String) -> Result<Message, Provid
     }
     msg.name = string_field(m, "name");
     msg.tool_call_id = string_field(m, "tool_call_id");
-    let reasoning = str_field(m, "reasoning_content").or_else(|| str_field(m, "reasoning"));
+    let reasoning = m
+        .get_str("reasoning_content")
+        .or_else(|| m.get_str("reasoning"));
     if let Some(text) = reasoning {
         msg.reasoning = Some(Reasoning {
             text: text.into_owned(),
@@ -253,7 +255,7 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
     if !p.is_object() {
         return other();
     }
-    match str_field(p, "type").as_deref() {
+    match p.get_str("type").as_deref() {
         Some("text" | "input_text") => (
             Part::Text {
                 text: text_field(p, "text").unwrap_or_default(),
@@ -263,7 +265,7 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
         Some("image_url") => {
             let iu = p.get("image_url");
             let url = iu
-                .and_then(|u| str_field(u, "url").or_else(|| u.as_str()))
+                .and_then(|u| u.get_str("url").or_else(|| u.as_str()))
                 .unwrap_or_default();
             let mut fields = rest(p, &["type", "image_url"]);
             if let Some(iu) = iu.filter(|iu| iu.is_object()) {

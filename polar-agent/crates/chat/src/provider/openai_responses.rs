@@ -36,7 +36,7 @@ use serde_json::{Map, Value, json};
 use super::openai_chat::openai_error_type;
 use super::read::{
     array_field, body_object, bool_field, f64_field, field_is, function_tool, request_model, rest,
-    str_field, string_field, text, text_field, text_of, u32_of,
+    string_field, text, text_field, text_of, u32_of,
 };
 use super::{
     ErrorKind, ModelCall, ParsedRequest, ProviderError, ReplyOptions, SOURCE_KEY, StreamEncoder,
@@ -309,7 +309,7 @@ fn parse_item(
             at()
         )));
     }
-    let ty = str_field(item, "type");
+    let ty = item.get_str("type");
     let ty = ty.as_deref();
     match ty {
         Some("message") | None if item.get("role").is_some() => {
@@ -340,7 +340,7 @@ fn parse_item(
             items.compaction_trigger = Some(i);
         }
         Some(compaction::ITEM) => {
-            let content = str_field(item, "encrypted_content");
+            let content = item.get_str("encrypted_content");
             match content.as_deref().and_then(compaction::decode) {
                 Some(summary) => items.push(compaction::summary_message(summary)),
                 None => push_list(
@@ -367,7 +367,7 @@ fn input_message(
     items: &mut Items,
     at: &dyn Fn() -> String,
 ) -> Result<(), ProviderError> {
-    let role = match str_field(item, "role").as_deref() {
+    let role = match item.get_str("role").as_deref() {
         Some("system") => Role::System,
         Some("developer") => Role::Developer,
         Some("user") => Role::User,
@@ -420,7 +420,7 @@ fn input_reasoning(i: usize, item: Json<'_>, items: &mut Items) {
         let t: Vec<_> = item
             .get(key)?
             .as_array()?
-            .filter_map(|p| str_field(p, "text"))
+            .filter_map(|p| p.get_str("text"))
             .collect();
         (!t.is_empty()).then(|| t.join("\n\n"))
     };
@@ -504,14 +504,14 @@ fn content_part(p: Json<'_>) -> (Part, Map<String, Value>) {
     if !p.is_object() {
         return other();
     }
-    match str_field(p, "type").as_deref() {
+    match p.get_str("type").as_deref() {
         Some("input_text" | "output_text" | "text" | "summary_text" | "reasoning_text") => (
             Part::Text {
                 text: text_field(p, "text").unwrap_or_default(),
             },
             rest(p, &["type", "text"]),
         ),
-        Some("input_image") => match str_field(p, "image_url") {
+        Some("input_image") => match p.get_str("image_url") {
             Some(url) => (image_from_url(&url), rest(p, &["type", "image_url"])),
             None => other(),
         },

@@ -26,14 +26,9 @@ pub(crate) fn rest(obj: Json<'_>, known: &[&str]) -> Map<String, Value> {
         .collect()
 }
 
-/// A string member of `obj`.
-pub(crate) fn str_field<'d>(obj: Json<'d>, key: &str) -> Option<Cow<'d, str>> {
-    obj.get(key)?.as_str()
-}
-
 /// A string member of `obj`, owned.
 pub(crate) fn string_field(obj: Json<'_>, key: &str) -> Option<String> {
-    str_field(obj, key).map(Cow::into_owned)
+    obj.get_str(key).map(Cow::into_owned)
 }
 
 /// A string as message text: escaped text is kept escaped ([`Text`]).
