@@ -132,6 +132,22 @@ enum Line {
     Raw(Vec<u8>),
 }
 
+impl Line {
+    fn json(&self) -> Option<&Value> {
+        match self {
+            Line::Json(v) => Some(v),
+            Line::Raw(_) => None,
+        }
+    }
+
+    fn json_mut(&mut self) -> Option<&mut Value> {
+        match self {
+            Line::Json(v) => Some(v),
+            Line::Raw(_) => None,
+        }
+    }
+}
+
 impl Input {
     fn parse(data: &[u8]) -> Option<Self> {
         if let Ok(v) = serde_json::from_slice(data) {
@@ -153,13 +169,7 @@ impl Input {
     fn docs(&self) -> Vec<&Value> {
         match self {
             Input::Doc(v) => vec![v],
-            Input::Lines(lines) => lines
-                .iter()
-                .filter_map(|l| match l {
-                    Line::Json(v) => Some(v),
-                    Line::Raw(_) => None,
-                })
-                .collect(),
+            Input::Lines(lines) => lines.iter().filter_map(Line::json).collect(),
         }
     }
 
@@ -184,13 +194,8 @@ impl Input {
                     }
                     2 if len > 1 => lines.swap(rng.random_range(0..len), rng.random_range(0..len)),
                     _ => {
-                        let mut docs: Vec<&mut Value> = lines
-                            .iter_mut()
-                            .filter_map(|l| match l {
-                                Line::Json(v) => Some(v),
-                                Line::Raw(_) => None,
-                            })
-                            .collect();
+                        let mut docs: Vec<&mut Value> =
+                            lines.iter_mut().filter_map(Line::json_mut).collect();
                         let i = rng.random_range(0..docs.len());
                         mutate_value(docs[i], rng, words, donor);
                     }
@@ -287,12 +292,7 @@ fn mutate_object(o: &mut Map<String, Value>, rng: &mut SmallRng, words: &Words, 
             let Some(key) = words.strings.choose(rng) else {
                 return;
             };
-            let value = if rng.random_bool(0.5) {
-                donor
-            } else {
-                scalar(rng, words)
-            };
-            o.insert(key.clone(), value);
+            o.insert(key.clone(), donor_or_scalar(donor, rng, words));
         }
         2 => {
             if let Some(key) = keys.choose(rng) {
@@ -310,12 +310,7 @@ fn mutate_object(o: &mut Map<String, Value>, rng: &mut SmallRng, words: &Words, 
         // A field's value replaced by the subtree or a scalar.
         _ => {
             if let Some(key) = keys.choose(rng) {
-                let value = if rng.random_bool(0.5) {
-                    donor
-                } else {
-                    scalar(rng, words)
-                };
-                o.insert(key.clone(), value);
+                o.insert(key.clone(), donor_or_scalar(donor, rng, words));
             }
         }
     }
@@ -334,6 +329,15 @@ fn mutate_array(a: &mut Vec<Value>, rng: &mut SmallRng, words: &Words, donor: Va
         2 if len > 1 => a.swap(rng.random_range(0..len), rng.random_range(0..len)),
         3 if len > 0 => a[rng.random_range(0..len)] = scalar(rng, words),
         _ => a.insert(rng.random_range(0..=len), donor),
+    }
+}
+
+/// The copied subtree or a scalar, one time in two each.
+fn donor_or_scalar(donor: Value, rng: &mut SmallRng, words: &Words) -> Value {
+    if rng.random_bool(0.5) {
+        donor
+    } else {
+        scalar(rng, words)
     }
 }
 
