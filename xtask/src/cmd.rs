@@ -9,6 +9,7 @@ use std::{
     ffi::{OsStr, OsString},
     io::Read,
     os::unix::fs::MetadataExt as _,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     thread,
@@ -103,6 +104,13 @@ impl Cmd {
     /// Leaves `key` out of the command's environment.
     pub fn env_remove(mut self, key: &str) -> Self {
         self.inner.env_remove(key);
+        self
+    }
+
+    /// Runs the command in a process group of its own, whose id is its
+    /// pid, so that it can be stopped with everything it started.
+    pub fn own_process_group(mut self) -> Self {
+        self.inner.process_group(0);
         self
     }
 

@@ -74,7 +74,7 @@ fn node() -> Result<(PathBuf, String)> {
 }
 
 /// The image's root file system as a tarball, built once and cached.
-fn image_tarball() -> Result<PathBuf> {
+pub fn image_tarball() -> Result<PathBuf> {
     let dir = cache_dir()?;
     let (node, node_version) = node()?;
     let tarball = dir.join(format!("bookworm-{RECIPE}-node-{node_version}.tar"));

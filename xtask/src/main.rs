@@ -4,6 +4,7 @@
 //! This file only parses the command line; each command lives in its own
 //! module and every external program runs through [`cmd::Cmd`].
 
+mod background;
 mod cmd;
 mod daemon;
 mod dashboard;
@@ -81,6 +82,15 @@ enum Task {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// What `cargo xtask test` installs in the background while it builds:
+    /// the Python environments, the harness CLIs, the Docker test image and
+    /// the browser clients.
+    #[command(name = background::SUBCOMMAND, hide = true)]
+    TestDownloads {
+        /// Only what the unprivileged tests need.
+        #[arg(long)]
+        unprivileged: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -95,6 +105,7 @@ fn main() -> ExitCode {
         Task::Demo(args) => demo::run(args),
         Task::Dashboard => dashboard::run_alone(),
         Task::Slurm { command } => slurm::run_with(&command),
+        Task::TestDownloads { unprivileged } => background::run(!unprivileged),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -75,22 +75,42 @@ const CARGO_FUZZ_VERSION: &str = "0.13";
 
 /// Checks every item `scope` needs and installs the missing ones.
 pub fn run(scope: Scope) -> Result<()> {
+    packages(scope)?;
+    tools(scope)?;
+    if scope >= Scope::All {
+        python_envs()?;
+    }
+    Ok(())
+}
+
+/// The Debian packages `scope` needs.
+pub fn packages(scope: Scope) -> Result<()> {
     let packages: Vec<&str> = APT_PACKAGES
         .iter()
         .filter(|(_, needed_from)| *needed_from <= scope)
         .map(|(pkg, _)| *pkg)
         .collect();
-    apt_packages(&packages)?;
+    apt_packages(&packages)
+}
+
+/// The Rust toolchains and cargo-installed tools `scope` needs (after
+/// [`packages`]: bpf-linker builds against Debian's LLVM).
+pub fn tools(scope: Scope) -> Result<()> {
     nightly_toolchain()?;
     rust_src()?;
     bpf_linker()?;
     if scope >= Scope::All {
         cargo_deny()?;
         cargo_fuzz()?;
-        // polar-client's tests, and its bridges' with their trainers.
-        for venv in python::ALL {
-            venv.ensure()?;
-        }
+    }
+    Ok(())
+}
+
+/// polar-client's environments: its tests', and its bridges' with their
+/// trainers (after [`packages`]: python3-venv).
+pub fn python_envs() -> Result<()> {
+    for venv in python::ALL {
+        venv.ensure()?;
     }
     Ok(())
 }

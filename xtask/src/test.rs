@@ -1,6 +1,12 @@
 //! `cargo xtask test`: everything CI checks, in order, stopping at the first
 //! failure with the name of the step.
 //!
+//! After the Debian packages, what only downloads (the Python
+//! environments, the harness CLIs, the Docker test image, the browser
+//! clients) installs in a second process ([`Background`]) while this one
+//! builds the cargo tools and runs the checks, builds and fuzz targets; the
+//! step before the tests waits for it.
+//!
 //! The layer check (`cargo xtask layers`) runs in-process right after
 //! clippy, before the long steps.
 //!
@@ -13,12 +19,13 @@
 //! `POLAR_TEST_DOCKER_IMAGE`) and the Slurm rollout tests
 //! (`POLAR_TEST_SLURM_CONF`). Before the tests, every fuzz target runs for
 //! a few seconds from its committed corpus ([`fuzz`]). The last step
-//! checks and tests the Python client (`python/`) in the environments
-//! `cargo xtask setup` made ([`python`]); then, with root, the dashboard
+//! checks and tests the Python client (`python/`) in its environments
+//! ([`python`]); then, with root, the dashboard
 //! in headless Chromium ([`dashboard`]).
 
 use anyhow::{Context as _, Result, bail};
 
+use crate::background::Background;
 use crate::cmd::{Cmd, is_root, workspace_root};
 use crate::{dashboard, docker, fuzz, harnesses, layers, python, setup, slurm};
 
@@ -38,6 +45,8 @@ enum Step {
     },
     /// Every fuzz target for a few seconds ([`fuzz::run_all`]).
     Fuzz,
+    /// Waiting for what installs in the background ([`Background`]).
+    Background(Background),
     /// The Python client's type check and tests ([`python_tests`]).
     Python {
         privileged: bool,
@@ -73,15 +82,16 @@ pub fn run(args: TestArgs) -> Result<()> {
              and make network namespaces); run as root, or pass --unprivileged to skip them"
         );
     }
-    setup::run(setup::Scope::All)?;
-    // The end-to-end tests run the real harness CLIs (privileged tests).
+    setup::packages(setup::Scope::All)?;
+    // Downloads, while the tools build and the checks run.
+    let downloads = Background::start(!args.unprivileged)?;
+    setup::tools(setup::Scope::All)?;
     let mut cargo_test = Cmd::new("cargo")?.arg("test");
     if !args.unprivileged {
-        let dir = harnesses::run()?;
-        cargo_test = cargo_test.env("POLAR_HARNESS_DIR", &dir);
-    }
-    if !args.unprivileged {
-        cargo_test = cargo_test.args(["--features", PRIVILEGED_FEATURE]);
+        // The end-to-end tests run the real harness CLIs.
+        cargo_test = cargo_test
+            .env("POLAR_HARNESS_DIR", harnesses::install_dir()?)
+            .args(["--features", PRIVILEGED_FEATURE]);
     }
     let steps = [
         (
@@ -137,6 +147,7 @@ pub fn run(args: TestArgs) -> Result<()> {
             Step::run(Cmd::new("cargo")?.args(["build", "--bin", "polar"])),
         ),
         ("fuzz targets", Step::Fuzz),
+        ("set-up in the background", Step::Background(downloads)),
         (
             "tests",
             Step::Tests {
@@ -201,6 +212,10 @@ pub fn run(args: TestArgs) -> Result<()> {
                     fuzz::TEST_SECS
                 );
                 fuzz::run_all(fuzz::TEST_SECS).with_context(failed)?;
+            }
+            Step::Background(downloads) => {
+                eprintln!("==> test step {number}/{total} ({name}): waiting for it");
+                downloads.wait().with_context(failed)?;
             }
             Step::Python { privileged } => {
                 eprintln!("==> test step {number}/{total} ({name}): mypy and pytest in python/");

@@ -1,0 +1,178 @@
+//! The part of `cargo xtask test`'s set-up that waits on registries and
+//! disks rather than on the CPU, made by a second xtask process while the
+//! first builds the cargo tools and runs the checks and builds:
+//! polar-client's Python environments ([`setup::python_envs`]) and, for
+//! the privileged tests, the harness CLIs with the Python harnesses'
+//! environments ([`harnesses::run`]), the Docker test image's root file
+//! system ([`docker::image_tarball`]) and the dashboard tests' browser
+//! clients ([`dashboard::install`]). On a fresh machine these take a
+//! quarter of an hour, nearly all of it downloading and unpacking; a
+//! second run finds them present in seconds.
+//!
+//! - [`Background::start`] runs `cargo xtask test-downloads` (hidden) in a
+//!   process group of its own, its output in [`LOG`]; [`Background::wait`]
+//!   waits for it before the tests, prints what it installed and fails
+//!   with its log's tail if it failed.
+//! - Dropping a [`Background`] that was not waited for (a step before the
+//!   tests failed) stops the whole group (pip, npm, debootstrap) by its
+//!   id. An interrupted `cargo xtask test` (Ctrl-C reaches only the
+//!   terminal's process group) leaves it to finish on its own.
+//! - [`run`] holds an exclusive lock on [`LOCK`] while it installs, so two
+//!   of them (one left by an interrupted run) never write to the same
+//!   directories at once: the second waits, then finds everything present.
+
+use std::fs::{File, TryLockError};
+use std::path::PathBuf;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::cmd::{Cmd, workspace_root};
+use crate::daemon::tail;
+use crate::{dashboard, docker, harnesses, setup};
+
+/// The background process's output, from the workspace root.
+const LOG: &str = "target/xtask/test-downloads.log";
+/// Held by the process that installs, from the workspace root.
+const LOCK: &str = ".polar-cache/test-downloads.lock";
+/// The subcommand (`main.rs`) that runs [`run`].
+pub const SUBCOMMAND: &str = "test-downloads";
+/// How long a stopped group has to exit after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(30);
+/// The prefixes of the one-line reports of the set-up's items.
+const REPORTS: [&str; 3] = ["setup: ", "harnesses: ", "docker: "];
+
+/// Installs what the tests need from the registries (`privileged`: also
+/// what only the privileged tests and the dashboard step use).
+pub fn run(privileged: bool) -> Result<()> {
+    let _lock = lock()?;
+    setup::python_envs()?;
+    if privileged {
+        harnesses::run()?;
+        docker::image_tarball()?;
+        dashboard::install()?;
+    }
+    Ok(())
+}
+
+/// Takes [`LOCK`], waiting for whoever holds it.
+fn lock() -> Result<File> {
+    let path = workspace_root()?.join(LOCK);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            eprintln!("setup: another set-up holds {}; waiting", path.display());
+            file.lock()
+                .with_context(|| format!("locking {}", path.display()))?;
+        }
+        Err(TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", path.display()));
+        }
+    }
+    Ok(file)
+}
+
+/// [`run`] in a process of its own.
+pub struct Background {
+    /// `None` once waited for.
+    child: Option<Child>,
+    log: PathBuf,
+    started: Instant,
+}
+
+impl Background {
+    /// Starts it (after the Debian packages: it needs python3-venv,
+    /// debootstrap and Node).
+    pub fn start(privileged: bool) -> Result<Self> {
+        let log = workspace_root()?.join(LOG);
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let exe = std::env::current_exe().context("cannot find the running xtask binary")?;
+        let mut cmd = Cmd::new(exe)?.arg(SUBCOMMAND);
+        if !privileged {
+            cmd = cmd.arg("--unprivileged");
+        }
+        let child = cmd.own_process_group().spawn(&log)?;
+        eprintln!(
+            "==> in the background (pid {}, log {LOG}): the Python environments{}",
+            child.id(),
+            if privileged {
+                ", the harness CLIs, the Docker test image and the browser clients"
+            } else {
+                ""
+            }
+        );
+        Ok(Self {
+            child: Some(child),
+            log,
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits for it to finish; prints its reports; fails if it failed.
+    pub fn wait(mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let waited = Instant::now();
+        let status = child.wait().context("waiting for the background set-up")?;
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        for line in text
+            .lines()
+            .filter(|l| REPORTS.iter().any(|p| l.starts_with(p)))
+        {
+            eprintln!("{line}");
+        }
+        if !status.success() {
+            bail!(
+                "the background set-up failed ({status}); the end of {LOG}:\n{}",
+                tail(&self.log, 40)
+            );
+        }
+        eprintln!(
+            "==> background set-up done after {} s (waited {} s for it)",
+            self.started.elapsed().as_secs(),
+            waited.elapsed().as_secs()
+        );
+        Ok(())
+    }
+}
+
+impl Drop for Background {
+    /// Stops the group if it still runs: SIGTERM, then SIGKILL if its
+    /// leader is still there after [`STOP_GRACE`].
+    fn drop(&mut self) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(None)) {
+            let group = child.id();
+            eprintln!("xtask: stopping the background set-up (process group {group})");
+            signal_group("TERM", group);
+            let until = Instant::now() + STOP_GRACE;
+            while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            // Only while its leader lives is the group's id surely still
+            // this group's.
+            if matches!(child.try_wait(), Ok(None)) {
+                signal_group("KILL", group);
+            }
+        }
+        let _ = child.wait();
+    }
+}
+
+/// Sends SIGsignal to process group `group` (best effort).
+fn signal_group(signal: &str, group: u32) {
+    let _ = Cmd::new("kill").map(|kill| {
+        kill.args([format!("-{signal}"), "--".into(), format!("-{group}")])
+            .probe()
+    });
+}
