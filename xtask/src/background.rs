@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::tail;
+use crate::daemon::{stop_group, tail};
 use crate::{dashboard, docker, harnesses, setup};
 
 /// The background process's output, from the workspace root.
@@ -145,34 +145,17 @@ impl Background {
 }
 
 impl Drop for Background {
-    /// Stops the group if it still runs: SIGTERM, then SIGKILL if its
-    /// leader is still there after [`STOP_GRACE`].
+    /// Stops the group if it still runs ([`stop_group`]).
     fn drop(&mut self) {
         let Some(child) = self.child.as_mut() else {
             return;
         };
         if matches!(child.try_wait(), Ok(None)) {
-            let group = child.id();
-            eprintln!("xtask: stopping the background set-up (process group {group})");
-            signal_group("TERM", group);
-            let until = Instant::now() + STOP_GRACE;
-            while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            // Only while its leader lives is the group's id surely still
-            // this group's.
-            if matches!(child.try_wait(), Ok(None)) {
-                signal_group("KILL", group);
-            }
+            eprintln!(
+                "xtask: stopping the background set-up (process group {})",
+                child.id()
+            );
+            stop_group(child, STOP_GRACE);
         }
-        let _ = child.wait();
     }
-}
-
-/// Sends SIGsignal to process group `group` (best effort).
-fn signal_group(signal: &str, group: u32) {
-    let _ = Cmd::new("kill").map(|kill| {
-        kill.args([format!("-{signal}"), "--".into(), format!("-{group}")])
-            .probe()
-    });
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask fuzz`: the coverage-guided fuzz targets of `fuzz/` (cargo
-//! fuzz, libFuzzer, nightly), one after the other, each for `--secs`
-//! seconds, starting from its committed corpus `fuzz/corpus/<target>/`
+//! fuzz, libFuzzer, nightly), one per core at a time (`--jobs`), each for
+//! `--secs` seconds with its output in `target/fuzz-logs/<target>.log`,
+//! starting from its committed corpus `fuzz/corpus/<target>/`
 //! (seeds from the provider fixtures and the harnesses' request shapes,
 //! minimized with `cargo fuzz cmin`). New inputs go to a scratch corpus
 //! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
@@ -14,15 +15,18 @@
 //! wrote to `fuzz/artifacts/<target>/`; the fix comes with a regression test
 //! in the crate that owns the parser (docs/SECURITY.md, "Fuzzing").
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::cmd::{Cmd, workspace_root};
+use crate::daemon::{stop_group, tail};
 use crate::setup;
 
-/// Seconds each target runs in `cargo xtask test` (15 targets: about three
-/// minutes with the build, on two cores).
+/// Seconds each target runs in `cargo xtask test` (15 targets, two at a
+/// time on two cores: about two minutes, with the corpora's loading).
 pub const TEST_SECS: u64 = 8;
 
 /// Memory one target may use (libFuzzer's `-rss_limit_mb`): a parser that
@@ -30,12 +34,21 @@ pub const TEST_SECS: u64 = 8;
 const RSS_LIMIT_MB: u32 = 2048;
 /// Longest one input may take, seconds (libFuzzer's `-timeout`).
 const INPUT_TIMEOUT_SECS: u32 = 10;
+/// Each target's output, from the workspace root.
+const LOGS: &str = "target/fuzz-logs";
+/// How often the runs are looked at.
+const POLL: Duration = Duration::from_millis(100);
+/// How long a stopped run has to end after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct FuzzArgs {
     /// Seconds to run each target.
     #[arg(long, default_value_t = 60)]
     secs: u64,
+    /// Targets to run at a time (default: one per core).
+    #[arg(long)]
+    jobs: Option<usize>,
     /// After the runs, fold the new inputs into fuzz/corpus/ and minimize
     /// it (`cargo fuzz cmin`).
     #[arg(long)]
@@ -58,7 +71,7 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         }
         args.targets
     };
-    fuzz(&chosen, args.secs)?;
+    fuzz(&chosen, args.secs, args.jobs.unwrap_or_else(cores))?;
     if args.cmin {
         for t in &chosen {
             minimize(t)?;
@@ -67,9 +80,15 @@ pub fn run(args: FuzzArgs) -> Result<()> {
     Ok(())
 }
 
-/// Every target for `secs` seconds (the tests' step; the tools are set up).
+/// Every target for `secs` seconds, as many at a time as there are
+/// cores (the tests' step; the tools are set up).
 pub fn run_all(secs: u64) -> Result<()> {
-    fuzz(&targets()?, secs)
+    fuzz(&targets()?, secs, cores())
+}
+
+/// The cores this process may use (1 if that cannot be told).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 /// `cargo +nightly`, without the variables `cargo xtask` (a `cargo run`)
@@ -111,41 +130,119 @@ fn targets() -> Result<Vec<String>> {
     Ok(list)
 }
 
-fn fuzz(targets: &[String], secs: u64) -> Result<()> {
-    let root = workspace_root()?;
-    eprintln!("==> fuzz: building the targets ({} to run)", targets.len());
-    nightly_cargo()?
-        .args(["fuzz", "build", "--debug-assertions"])
-        .run()?;
-    for t in targets {
-        let scratch = root.join("target/fuzz-corpus").join(t);
+/// One target's run: `cargo fuzz run` in a process group of its own (it
+/// starts the target's binary), its output in `log`; stopped with its
+/// group if dropped while it runs (another target failed, or xtask did).
+struct Run {
+    target: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Run {
+    fn start(target: &str, secs: u64) -> Result<Self> {
+        let root = workspace_root()?;
+        let scratch = root.join("target/fuzz-corpus").join(target);
         std::fs::create_dir_all(&scratch)
             .with_context(|| format!("could not create {}", scratch.display()))?;
-        let corpus = root.join("fuzz/corpus").join(t);
-        eprintln!("==> fuzz: {t} for {secs} s");
+        let corpus = root.join("fuzz/corpus").join(target);
+        let log = root.join(LOGS).join(format!("{target}.log"));
         let mut run = nightly_cargo()?
-            .args(["fuzz", "run", "--debug-assertions", t])
+            .args(["fuzz", "run", "--debug-assertions", target])
             .arg(&scratch)
             .arg(&corpus)
             .arg("--");
-        let dict = root.join("fuzz/dicts").join(format!("{t}.dict"));
+        let dict = root.join("fuzz/dicts").join(format!("{target}.dict"));
         if dict.is_file() {
             run = run.arg(format!("-dict={}", dict.display()));
         }
-        run.arg(format!("-max_total_time={secs}"))
+        let child = run
+            .arg(format!("-max_total_time={secs}"))
             .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
             .arg(format!("-timeout={INPUT_TIMEOUT_SECS}"))
             .arg("-print_final_stats=1")
-            .run()
-            .with_context(|| {
-                format!(
-                    "fuzz target {t} failed: its input is in fuzz/artifacts/{t}/; reproduce \
-                     with `cargo +nightly fuzz run {t} fuzz/artifacts/{t}/<file>`, fix it and \
-                     add the input as a regression test to the crate that owns the parser"
-                )
-            })?;
+            .own_process_group()
+            .spawn(&log)?;
+        eprintln!("==> fuzz: {target} for {secs} s (log {LOGS}/{target}.log)");
+        Ok(Self {
+            target: target.to_owned(),
+            child,
+            log,
+        })
     }
-    Ok(())
+
+    /// Whether it has ended, and if so how: `Some(Ok)` if it passed.
+    fn ended(&mut self) -> Result<Option<Result<()>>> {
+        let Some(status) = self.child.try_wait()? else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let t = &self.target;
+        if status.success() {
+            // libFuzzer's status when the corpus was loaded and when it
+            // stopped (`#<runs>\tINITED cov: ...`, `#<runs>\tDONE cov: ...`).
+            let status = |event: &str| {
+                text.lines()
+                    .find(|l| l.starts_with('#') && l.contains(&format!("\t{event} ")))
+            };
+            for line in [status("INITED"), status("DONE")].into_iter().flatten() {
+                eprintln!("    {t}: {line}");
+            }
+            return Ok(Some(Ok(())));
+        }
+        Ok(Some(Err(anyhow!(
+            "fuzz target {t} failed ({status}); the end of {LOGS}/{t}.log:\n{}\n\
+             its input is in fuzz/artifacts/{t}/; reproduce with `cargo +nightly fuzz run \
+             {t} fuzz/artifacts/{t}/<file>`, fix it and add the input as a regression test \
+             to the crate that owns the parser",
+            tail(&self.log, 40)
+        ))))
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        stop_group(&mut self.child, STOP_GRACE);
+    }
+}
+
+/// Builds the targets, then runs each for `secs` seconds, `jobs` at a
+/// time (a fuzzer keeps one core busy); after a failure no new one starts
+/// and those running are stopped.
+fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
+    eprintln!(
+        "==> fuzz: building the targets ({} to run, {jobs} at a time)",
+        targets.len()
+    );
+    nightly_cargo()?
+        .args(["fuzz", "build", "--debug-assertions"])
+        .run()?;
+    let logs = workspace_root()?.join(LOGS);
+    std::fs::create_dir_all(&logs)
+        .with_context(|| format!("could not create {}", logs.display()))?;
+    let mut queue = targets.iter();
+    let mut running: Vec<Run> = Vec::new();
+    loop {
+        while running.len() < jobs.max(1) {
+            let Some(t) = queue.next() else { break };
+            running.push(Run::start(t, secs)?);
+        }
+        if running.is_empty() {
+            return Ok(());
+        }
+        std::thread::sleep(POLL);
+        let mut i = 0;
+        while i < running.len() {
+            match running[i].ended()? {
+                None => i += 1,
+                Some(Ok(())) => {
+                    running.remove(i);
+                }
+                // `running` is dropped on the way out: the others stop.
+                Some(Err(e)) => return Err(e),
+            }
+        }
+    }
 }
 
 /// Folds the scratch corpus of `target` into `fuzz/corpus/<target>` and
