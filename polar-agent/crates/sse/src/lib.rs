@@ -2,7 +2,8 @@
 //! an incremental parser of `text/event-stream` bytes into [`SseEvent`]s
 //! (the inference client, the rollout event reader, the provider tests
 //! and fixtures all read SSE through it), and [`encode`], which frames one
-//! event.
+//! event (appended to a buffer: [`encode_into`]; with its data written
+//! straight into the buffer, such as compact JSON: [`encode_written`]).
 //!
 //! The parser follows the WHATWG EventSource rules ("Interpreting an event
 //! stream"): lines end in CRLF, LF or a bare CR (also when a CRLF is split
@@ -25,5 +26,5 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
-pub use encode::encode;
+pub use encode::{encode, encode_into, encode_written};
 pub use parse::{SseError, SseEvent, SseParser, parse_all};

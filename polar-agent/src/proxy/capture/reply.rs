@@ -225,7 +225,7 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
     let body = record
         .response
         .as_ref()
-        .map(|r| Bytes::from(provider::response_body(api, r, &opts).to_string()));
+        .map(|r| provider::response_body(api, r, &opts));
     if let Err(resp) = append(&log, record, parts, api).await {
         return resp;
     }

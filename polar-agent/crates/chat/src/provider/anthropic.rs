@@ -67,8 +67,8 @@ impl super::Protocol for Anthropic {
         parse_request(call, body)
     }
 
-    fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Value {
-        response_body(resp)
+    fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Bytes {
+        super::json_bytes(&response_body(resp))
     }
 
     fn encoder(_opts: &ReplyOptions) -> Encoder {
@@ -522,7 +522,7 @@ pub struct Encoder {
 }
 
 fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
-    out.extend_from_slice(&sse::encode_json(Some(name), data));
+    sse::write_json(out, Some(name), data);
 }
 
 impl Encoder {
@@ -740,7 +740,9 @@ impl StreamEncoder for Encoder {
         }
         self.done = true;
         let (_, body) = error_body(err);
-        sse::encode_json(Some("error"), &body)
+        let mut out = Vec::new();
+        sse::write_json(&mut out, Some("error"), &body);
+        Bytes::from(out)
     }
 
     fn is_done(&self) -> bool {

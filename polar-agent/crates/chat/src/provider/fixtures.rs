@@ -64,6 +64,12 @@ pub fn request(name: &str) -> Value {
     serde_json::from_slice(bytes).unwrap()
 }
 
+/// A complete (non-streamed) reply body read as JSON.
+pub fn reply_json(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("bad JSON {:?}: {e}", String::from_utf8_lossy(body)))
+}
+
 /// The events of an SSE body as (event name, JSON data); `[DONE]` is kept as
 /// the string "[DONE]".
 pub fn sse_json(bytes: &[u8]) -> Vec<(Option<String>, Value)> {

@@ -62,8 +62,8 @@ impl super::Protocol for Gemini {
         parse_request(call, body)
     }
 
-    fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Value {
-        response_body(resp)
+    fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Bytes {
+        super::json_bytes(&response_body(resp))
     }
 
     fn encoder(opts: &ReplyOptions) -> Encoder {
@@ -656,9 +656,9 @@ impl Encoder {
     fn write(&mut self, out: &mut Vec<u8>, v: &Value) {
         if self.array {
             out.extend_from_slice(if self.wrote { b",\r\n" } else { b"[" });
-            out.extend_from_slice(v.to_string().as_bytes());
+            super::write_json(out, v);
         } else {
-            out.extend_from_slice(&sse::encode_json(None, v));
+            sse::write_json(out, None, v);
         }
         self.wrote = true;
     }

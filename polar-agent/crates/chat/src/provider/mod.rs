@@ -38,6 +38,7 @@ mod fixtures;
 use std::fmt;
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Map, Value};
 
 use crate::Api;
@@ -491,7 +492,7 @@ pub trait Protocol {
     /// Parse a request body into the normalized model.
     fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, ProviderError>;
     /// The complete (non-streamed) reply body.
-    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value;
+    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Bytes;
     /// A stream encoder for one reply.
     fn encoder(opts: &ReplyOptions) -> Self::Encoder;
     /// Status and body reporting `err`.
@@ -539,7 +540,7 @@ pub fn parse_request(call: &ModelCall, body: Json<'_>) -> Result<ParsedRequest, 
 }
 
 /// The complete reply body in `api`'s shape.
-pub fn response_body(api: Api, resp: &ChatResponse, opts: &ReplyOptions) -> Value {
+pub fn response_body(api: Api, resp: &ChatResponse, opts: &ReplyOptions) -> Bytes {
     match api {
         Api::AnthropicMessages => anthropic::Anthropic::response_body(resp, opts),
         Api::OpenaiChat => openai_chat::OpenaiChat::response_body(resp, opts),
@@ -706,6 +707,24 @@ pub(crate) fn push_indexed(
 
 /// `id` with `prefix` (kept when it already has it); other characters than
 /// `[A-Za-z0-9_-]` are dropped so the result is safe in any API.
+/// Appends `value` as compact JSON to `out`. What is written here (the
+/// replies' own types, trees of JSON) always serializes; were something
+/// not to, `null` would stand in for it.
+pub(crate) fn write_json(out: &mut Vec<u8>, value: &impl Serialize) {
+    let start = out.len();
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.truncate(start);
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// `value` as compact JSON.
+pub(crate) fn json_bytes(value: &impl Serialize) -> Bytes {
+    let mut out = Vec::new();
+    write_json(&mut out, value);
+    Bytes::from(out)
+}
+
 pub(crate) fn prefixed_id(prefix: &str, id: &str) -> String {
     if id.starts_with(prefix) {
         return id.to_owned();

@@ -12,6 +12,7 @@
 //! `{"index": part index, ...fields}`.
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::read::{
@@ -69,7 +70,7 @@ impl super::Protocol for OpenaiChat {
         parse_request(call, body)
     }
 
-    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
+    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Bytes {
         response_body(resp, opts)
     }
 
@@ -290,66 +291,170 @@ pub fn finish_reason(reason: &FinishReason, has_tool_calls: bool) -> String {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
-    let mut v = json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens.saturating_add(u.completion_tokens),
-    });
-    if let (Some(c), Some(o)) = (u.cached_tokens, v.as_object_mut()) {
-        o.insert("prompt_tokens_details".into(), json!({"cached_tokens": c}));
+/// `usage` of a completion, and of the last chunk when asked for.
+#[derive(Serialize)]
+struct UsageOut {
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    total_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_tokens_details: Option<CachedTokens>,
+}
+
+#[derive(Serialize)]
+struct CachedTokens {
+    cached_tokens: u32,
+}
+
+impl UsageOut {
+    fn of(u: &Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens.saturating_add(u.completion_tokens),
+            prompt_tokens_details: u
+                .cached_tokens
+                .map(|cached_tokens| CachedTokens { cached_tokens }),
+        }
     }
-    v
+}
+
+/// A tool call: whole in a completion (`id`, `type`, `function.name` and
+/// `.arguments`); in a chunk, its start (with `index`, and empty
+/// arguments) or a piece of its arguments (`index` and
+/// `function.arguments` only).
+#[derive(Serialize)]
+struct CallOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionOut<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+/// A complete (non-streamed) reply, its fields in the order they are
+/// written.
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [CompletionChoice<'a>; 1],
+    usage: UsageOut,
+}
+
+#[derive(Serialize)]
+struct CompletionChoice<'a> {
+    index: u32,
+    message: MessageOut<'a>,
+    /// Always `null`.
+    logprobs: (),
+    finish_reason: String,
+}
+
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    role: &'static str,
+    /// `null` when the reply is only tool calls.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<CallOut<'a>>,
+}
+
+/// One streamed chunk.
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    /// Empty in the usage chunk.
+    choices: &'a [ChunkChoice<'a>],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<UsageOut>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    /// Always `null`.
+    logprobs: (),
+    finish_reason: Option<&'a str>,
+}
+
+/// A chunk's `delta`: what is set of it (`{}` in the finish chunk).
+#[derive(Default, Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[CallOut<'a>; 1]>,
+}
+
+impl<'a> Delta<'a> {
+    fn call(call: CallOut<'a>) -> Self {
+        Self {
+            tool_calls: Some([call]),
+            ..Self::default()
+        }
+    }
 }
 
 fn completion_id(id: &str) -> String {
     prefixed_id("chatcmpl-", id)
 }
 
-fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
+fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Bytes {
     let m = &resp.message;
     let text = m.joined_text();
-    let mut message = Map::new();
-    message.insert("role".into(), json!("assistant"));
-    message.insert(
-        "content".into(),
-        if text.is_empty() && !m.tool_calls.is_empty() {
-            Value::Null
-        } else {
-            Value::String(text)
-        },
-    );
-    if let Some(r) = &m.reasoning {
-        message.insert("reasoning_content".into(), json!(r.text));
-    }
-    if !m.tool_calls.is_empty() {
-        message.insert(
-            "tool_calls".into(),
-            m.tool_calls
-                .iter()
-                .map(|c| {
-                    json!({
-                        "id": c.id,
-                        "type": "function",
-                        "function": {"name": c.name, "arguments": c.arguments},
+    let completion = Completion {
+        id: completion_id(&resp.id),
+        object: "chat.completion",
+        created: opts.created,
+        model: &resp.model,
+        choices: [CompletionChoice {
+            index: 0,
+            message: MessageOut {
+                role: "assistant",
+                content: (!text.is_empty() || m.tool_calls.is_empty()).then_some(text),
+                reasoning_content: m.reasoning.as_ref().map(|r| r.text.as_str()),
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| CallOut {
+                        index: None,
+                        id: Some(&c.id),
+                        kind: Some("function"),
+                        function: FunctionOut {
+                            name: Some(&c.name),
+                            arguments: &c.arguments,
+                        },
                     })
-                })
-                .collect(),
-        );
-    }
-    json!({
-        "id": completion_id(&resp.id),
-        "object": "chat.completion",
-        "created": opts.created,
-        "model": resp.model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": null,
-            "finish_reason": finish_reason(&resp.finish_reason, !m.tool_calls.is_empty()),
+                    .collect(),
+            },
+            logprobs: (),
+            finish_reason: finish_reason(&resp.finish_reason, !m.tool_calls.is_empty()),
         }],
-        "usage": usage_json(&resp.usage),
-    })
+        usage: UsageOut::of(&resp.usage),
+    };
+    super::json_bytes(&completion)
 }
 
 // ---------------------------------------------------------------- stream encoder
@@ -382,20 +487,36 @@ impl Encoder {
         }
     }
 
-    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<String>) {
-        let data = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        out.extend_from_slice(&sse::encode_json(None, &data));
+    fn write(&self, out: &mut Vec<u8>, choices: &[ChunkChoice<'_>], usage: Option<UsageOut>) {
+        let chunk = Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        };
+        sse::write_json(out, None, &chunk);
+    }
+
+    fn chunk(&self, out: &mut Vec<u8>, delta: Delta<'_>, finish_reason: Option<&str>) {
+        let choice = ChunkChoice {
+            index: 0,
+            delta,
+            logprobs: (),
+            finish_reason,
+        };
+        self.write(out, &[choice], None);
     }
 
     fn start(&mut self, out: &mut Vec<u8>) {
         self.started = true;
-        self.chunk(out, json!({"role": "assistant", "content": ""}), None);
+        let delta = Delta {
+            role: Some("assistant"),
+            content: Some(""),
+            ..Delta::default()
+        };
+        self.chunk(out, delta, None);
     }
 }
 
@@ -419,34 +540,47 @@ impl StreamEncoder for Encoder {
         match ev {
             StreamEvent::Start { .. } | StreamEvent::ReasoningDone { .. } => {}
             StreamEvent::ReasoningDelta { text } if !text.is_empty() => {
-                self.chunk(&mut out, json!({"reasoning_content": text}), None);
+                let delta = Delta {
+                    reasoning_content: Some(text),
+                    ..Delta::default()
+                };
+                self.chunk(&mut out, delta, None);
             }
             StreamEvent::TextDelta { text } if !text.is_empty() => {
-                self.chunk(&mut out, json!({"content": text}), None);
+                let delta = Delta {
+                    content: Some(text),
+                    ..Delta::default()
+                };
+                self.chunk(&mut out, delta, None);
             }
             StreamEvent::ReasoningDelta { .. } | StreamEvent::TextDelta { .. } => {}
             StreamEvent::ToolCallStart { index, id, name } => {
                 if !self.calls.contains(index) {
                     self.calls.push(*index);
-                    self.chunk(
-                        &mut out,
-                        json!({"tool_calls": [{
-                            "index": index,
-                            "id": id,
-                            "type": "function",
-                            "function": {"name": name, "arguments": ""},
-                        }]}),
-                        None,
-                    );
+                    let call = CallOut {
+                        index: Some(*index),
+                        id: Some(id),
+                        kind: Some("function"),
+                        function: FunctionOut {
+                            name: Some(name),
+                            arguments: "",
+                        },
+                    };
+                    self.chunk(&mut out, Delta::call(call), None);
                 }
             }
             StreamEvent::ToolCallDelta { index, arguments } => {
                 if self.calls.contains(index) && !arguments.is_empty() {
-                    self.chunk(
-                        &mut out,
-                        json!({"tool_calls": [{"index": index, "function": {"arguments": arguments}}]}),
-                        None,
-                    );
+                    let call = CallOut {
+                        index: Some(*index),
+                        id: None,
+                        kind: None,
+                        function: FunctionOut {
+                            name: None,
+                            arguments,
+                        },
+                    };
+                    self.chunk(&mut out, Delta::call(call), None);
                 }
             }
             StreamEvent::Finish {
@@ -454,19 +588,11 @@ impl StreamEncoder for Encoder {
                 usage,
             } => {
                 let reason = finish_reason(reason, !self.calls.is_empty());
-                self.chunk(&mut out, json!({}), Some(reason));
+                self.chunk(&mut out, Delta::default(), Some(&reason));
                 if self.include_usage {
-                    let data = json!({
-                        "id": self.id,
-                        "object": "chat.completion.chunk",
-                        "created": self.created,
-                        "model": self.model,
-                        "choices": [],
-                        "usage": usage_json(usage),
-                    });
-                    out.extend_from_slice(&sse::encode_json(None, &data));
+                    self.write(&mut out, &[], Some(UsageOut::of(usage)));
                 }
-                out.extend_from_slice(&sse::encode(None, "[DONE]"));
+                sse::write(&mut out, None, "[DONE]");
                 self.done = true;
             }
         }
@@ -479,8 +605,9 @@ impl StreamEncoder for Encoder {
         }
         self.done = true;
         let (_, body) = error_body(err);
-        let mut out = sse::encode_json(None, &body).to_vec();
-        out.extend_from_slice(&sse::encode(None, "[DONE]"));
+        let mut out = Vec::new();
+        sse::write_json(&mut out, None, &body);
+        sse::write(&mut out, None, "[DONE]");
         Bytes::from(out)
     }
 

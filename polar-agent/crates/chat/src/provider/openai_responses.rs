@@ -79,8 +79,8 @@ impl super::Protocol for OpenaiResponses {
         parse_request(call, body)
     }
 
-    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
-        response_body(resp, opts)
+    fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Bytes {
+        super::json_bytes(&response_body(resp, opts))
     }
 
     fn encoder(opts: &ReplyOptions) -> Encoder {
@@ -832,7 +832,7 @@ impl Encoder {
             *o = with_type;
         }
         self.seq += 1;
-        out.extend_from_slice(&sse::encode_json(Some(ty), &data));
+        sse::write_json(out, Some(ty), &data);
     }
 
     fn snapshot(&self, status: &str, usage: Value, incomplete: Value, error: Value) -> Value {

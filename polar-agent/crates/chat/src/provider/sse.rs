@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use polar_sse::SseEvent;
+use serde::Serialize;
 use serde_json::Value;
 
 /// Encode one event. `data` may hold newlines: each line becomes a `data:`
@@ -12,9 +13,15 @@ pub fn encode(event: Option<&str>, data: &str) -> Bytes {
     Bytes::from(polar_sse::encode(event, data))
 }
 
-/// Encode one event whose data is a JSON value (compact, one line).
-pub fn encode_json(event: Option<&str>, value: &Value) -> Bytes {
-    encode(event, &value.to_string())
+/// [`encode`], appended to `out`.
+pub fn write(out: &mut Vec<u8>, event: Option<&str>, data: &str) {
+    polar_sse::encode_into(out, event, data);
+}
+
+/// Appends one event whose data is `value` as compact JSON (one line),
+/// serialized straight into `out`.
+pub fn write_json(out: &mut Vec<u8>, event: Option<&str>, value: &impl Serialize) {
+    polar_sse::encode_written(out, event, |out| super::write_json(out, value));
 }
 
 /// An event's data read as JSON.
@@ -42,8 +49,9 @@ mod tests {
             &b[..],
             b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
-        let b = encode_json(None, &serde_json::json!({"a": [1, 2]}));
-        assert_eq!(&b[..], b"data: {\"a\":[1,2]}\n\n");
+        let mut b = b"before\n\n".to_vec();
+        write_json(&mut b, None, &serde_json::json!({"a": [1, "x\ny"]}));
+        assert_eq!(&b[..], b"before\n\ndata: {\"a\":[1,\"x\\ny\"]}\n\n");
     }
 
     /// The framing (CRLF, comments, split input) is `polar-sse`'s test of

@@ -297,7 +297,7 @@ fn non_streamed_reply_matches_recording() {
     let rec: Value =
         serde_json::from_slice(fixtures::response("anthropic_text_nostream.body")).unwrap();
     let resp = crate::provider::assemble(&text_events("OK"));
-    let ours = Anthropic::response_body(&resp, &opts());
+    let ours = fixtures::reply_json(&Anthropic::response_body(&resp, &opts()));
     let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(keys(&ours), keys(&rec));
     assert_eq!(ours["content"], rec["content"]);
@@ -331,7 +331,7 @@ fn tool_ids_round_trip_across_turns() {
         usage: Usage::default(),
         tokens: Default::default(),
     };
-    let native = Anthropic::response_body(&resp, &opts());
+    let native = fixtures::reply_json(&Anthropic::response_body(&resp, &opts()));
     assert_eq!(native["id"], "msg_9");
     let results: Vec<Value> = native["content"]
         .as_array()
@@ -467,7 +467,7 @@ proptest! {
             }
             json!({"content": blocks})
         } else {
-            Anthropic::response_body(&r, &opts())
+            fixtures::reply_json(&Anthropic::response_body(&r, &opts()))
         };
         let next = json!({
             "model": "m", "max_tokens": 1,

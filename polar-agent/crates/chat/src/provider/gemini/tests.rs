@@ -267,7 +267,10 @@ fn non_streamed_reply_and_json_array_framing() {
         usage: usage(),
         tokens: Default::default(),
     };
-    assert_eq!(Gemini::response_body(&resp, &opts(Framing::Json)), rec);
+    assert_eq!(
+        fixtures::reply_json(&Gemini::response_body(&resp, &opts(Framing::Json))),
+        rec
+    );
 
     let array = encode_all(
         &mut Gemini::encoder(&opts(Framing::JsonArray)),
@@ -314,7 +317,7 @@ fn signature_and_thoughts_round_trip() {
         usage: usage(),
         tokens: Default::default(),
     };
-    let native = Gemini::response_body(&resp, &opts(Framing::Json));
+    let native = fixtures::reply_json(&Gemini::response_body(&resp, &opts(Framing::Json)));
     let parts = &native["candidates"][0]["content"]["parts"];
     assert_eq!(parts[0], json!({"text": "plan", "thought": true}));
     assert_eq!(parts[1]["thoughtSignature"], "sig");
@@ -411,7 +414,7 @@ proptest! {
             let parts: Vec<Value> = c.iter().flat_map(|c| c["candidates"][0]["content"]["parts"].as_array().unwrap().clone()).collect();
             json!({"role": "model", "parts": parts})
         } else {
-            Gemini::response_body(&r, &opts(Framing::Json))["candidates"][0]["content"].clone()
+            fixtures::reply_json(&Gemini::response_body(&r, &opts(Framing::Json)))["candidates"][0]["content"].clone()
         };
         let next = json!({"contents": [{"role": "user", "parts": [{"text": "q"}]}, content]});
         let back = parse(&next).messages.pop().unwrap();

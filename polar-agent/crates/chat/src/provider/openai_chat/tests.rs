@@ -266,7 +266,7 @@ fn non_streamed_reply_matches_recording() {
         usage: usage(),
         tokens: Default::default(),
     };
-    let ours = OpenaiChat::response_body(&resp, &opts(false));
+    let ours = fixtures::reply_json(&OpenaiChat::response_body(&resp, &opts(false)));
     assert_eq!(ours["object"], rec["object"]);
     assert_eq!(ours["created"], rec["created"]);
     assert_eq!(ours["choices"][0]["message"], rec["choices"][0]["message"]);
@@ -294,7 +294,7 @@ fn tool_ids_round_trip_across_turns() {
         usage: usage(),
         tokens: Default::default(),
     };
-    let native = OpenaiChat::response_body(&resp, &opts(false));
+    let native = fixtures::reply_json(&OpenaiChat::response_body(&resp, &opts(false)));
     assert_eq!(native["choices"][0]["finish_reason"], "tool_calls");
     let msg = native["choices"][0]["message"].clone();
     assert_eq!(msg["content"], Value::Null);
@@ -402,7 +402,7 @@ proptest! {
             }
             m
         } else {
-            OpenaiChat::response_body(&r, &opts(false))["choices"][0]["message"].clone()
+            fixtures::reply_json(&OpenaiChat::response_body(&r, &opts(false)))["choices"][0]["message"].clone()
         };
         let next = json!({"model": "m", "messages": [{"role": "user", "content": "q"}, msg]});
         let back = parse(&next).request.messages.pop().unwrap();

@@ -2,7 +2,7 @@ use serde_json::json;
 
 use super::super::OpenaiResponses;
 use super::*;
-use crate::provider::fixtures::sse_json;
+use crate::provider::fixtures::{self, sse_json};
 use crate::provider::{
     Framing, ModelCall, Protocol, ReplyOptions, encode_all, parse_request_value,
 };
@@ -135,7 +135,7 @@ fn the_reply_is_exactly_one_compaction_item_streamed_or_whole() {
         usage: usage(),
         tokens: Tokens::default(),
     };
-    let body = OpenaiResponses::response_body(&whole, &opts(true));
+    let body = fixtures::reply_json(&OpenaiResponses::response_body(&whole, &opts(true)));
     let output = body["output"].as_array().unwrap();
     assert_eq!(output.len(), 1);
     assert_eq!(output[0]["type"], ITEM);
@@ -144,7 +144,7 @@ fn the_reply_is_exactly_one_compaction_item_streamed_or_whole() {
         encode("The test fails in a.rs.")
     );
     // Without the trigger, the same reply is a message.
-    let body = OpenaiResponses::response_body(&whole, &opts(false));
+    let body = fixtures::reply_json(&OpenaiResponses::response_body(&whole, &opts(false)));
     assert_eq!(body["output"][0]["type"], "message");
 }
 

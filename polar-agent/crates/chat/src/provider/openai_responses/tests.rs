@@ -308,7 +308,7 @@ fn non_streamed_reply_matches_recording() {
         usage: usage(),
         tokens: Default::default(),
     };
-    let ours = OpenaiResponses::response_body(&resp, &opts());
+    let ours = fixtures::reply_json(&OpenaiResponses::response_body(&resp, &opts()));
     for k in rec.as_object().unwrap().keys() {
         assert!(ours.get(k).is_some(), "has {k}");
     }
@@ -342,7 +342,7 @@ fn tool_ids_round_trip_across_turns() {
         usage: usage(),
         tokens: Default::default(),
     };
-    let native = OpenaiResponses::response_body(&resp, &opts());
+    let native = fixtures::reply_json(&OpenaiResponses::response_body(&resp, &opts()));
     let mut input = vec![json!({"type": "message", "role": "user", "content": "go"})];
     input.extend(native["output"].as_array().unwrap().iter().cloned());
     for o in native["output"].as_array().unwrap() {
@@ -638,7 +638,7 @@ proptest! {
             let last = sse_json(&bytes).pop().unwrap().1;
             last["response"]["output"].clone()
         } else {
-            OpenaiResponses::response_body(&r, &opts())["output"].clone()
+            fixtures::reply_json(&OpenaiResponses::response_body(&r, &opts()))["output"].clone()
         };
         let mut input = vec![json!({"role": "user", "content": "q"})];
         input.extend(output.as_array().unwrap().iter().cloned());
@@ -671,7 +671,7 @@ fn replies_echo_the_requested_text_format() {
     };
     let echoed = json!({"type": "json_schema", "name": "title", "schema": schema, "strict": true});
     assert_eq!(
-        OpenaiResponses::response_body(&r, &o)["text"]["format"],
+        fixtures::reply_json(&OpenaiResponses::response_body(&r, &o))["text"]["format"],
         echoed
     );
     let bytes = encode_all(&mut OpenaiResponses::encoder(&o), &events_of(&r));
@@ -679,11 +679,11 @@ fn replies_echo_the_requested_text_format() {
     assert_eq!(last["response"]["text"]["format"], echoed);
     o.response_format = Some(crate::ResponseFormat::JsonObject);
     assert_eq!(
-        OpenaiResponses::response_body(&r, &o)["text"]["format"],
+        fixtures::reply_json(&OpenaiResponses::response_body(&r, &o))["text"]["format"],
         json!({"type": "json_object"})
     );
     assert_eq!(
-        OpenaiResponses::response_body(&r, &opts())["text"]["format"],
+        fixtures::reply_json(&OpenaiResponses::response_body(&r, &opts()))["text"]["format"],
         json!({"type": "text"})
     );
 }
