@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::read::{
@@ -68,7 +69,7 @@ impl super::Protocol for Anthropic {
     }
 
     fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Bytes {
-        super::json_bytes(&response_body(resp))
+        response_body(resp)
     }
 
     fn encoder(_opts: &ReplyOptions) -> Encoder {
@@ -453,51 +454,155 @@ pub fn stop_reason(reason: &FinishReason, has_tool_calls: bool) -> &'static str 
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
-    let cached = u.cached_tokens.unwrap_or(0);
-    json!({
-        "input_tokens": u.prompt_tokens.saturating_sub(cached),
-        "output_tokens": u.completion_tokens,
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    })
+/// `usage` of a message (in `message_start` with the prompt's tokens
+/// only) and of `message_delta`.
+#[derive(Serialize)]
+struct UsageOut {
+    input_tokens: u32,
+    output_tokens: u32,
+    cache_creation_input_tokens: u32,
+    cache_read_input_tokens: u32,
+}
+
+impl UsageOut {
+    fn of(u: &Usage) -> Self {
+        let cached = u.cached_tokens.unwrap_or(0);
+        Self {
+            input_tokens: u.prompt_tokens.saturating_sub(cached),
+            output_tokens: u.completion_tokens,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached,
+        }
+    }
 }
 
 fn message_id(id: &str) -> String {
     prefixed_id("msg_", id)
 }
 
-fn response_body(resp: &ChatResponse) -> Value {
+/// A message: the whole reply, or its head in `message_start`.
+#[derive(Serialize)]
+struct MessageOut<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<Block<'a>>,
+    /// `null` in `message_start`.
+    stop_reason: Option<&'static str>,
+    /// Always `null`.
+    stop_sequence: (),
+    usage: UsageOut,
+}
+
+/// A content block, whole in a reply, or as `content_block_start` opens it.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+    Text {
+        text: &'a str,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: Value,
+    },
+}
+
+/// A `content_block_delta`'s `delta`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum BlockDelta<'a> {
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: &'a str },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: &'a str },
+    #[serde(rename = "text_delta")]
+    Text { text: &'a str },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: &'a str },
+}
+
+/// `message_delta`'s `delta`.
+#[derive(Serialize)]
+struct StopOut {
+    stop_reason: &'static str,
+    /// Always `null`.
+    stop_sequence: (),
+}
+
+/// One streamed event; its `type` is also its SSE event name.
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum EventOut<'a> {
+    MessageStart {
+        message: MessageOut<'a>,
+    },
+    ContentBlockStart {
+        index: u32,
+        content_block: Block<'a>,
+    },
+    ContentBlockDelta {
+        index: u32,
+        delta: BlockDelta<'a>,
+    },
+    ContentBlockStop {
+        index: u32,
+    },
+    MessageDelta {
+        delta: StopOut,
+        usage: UsageOut,
+    },
+    MessageStop,
+}
+
+impl EventOut<'_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::MessageStart { .. } => "message_start",
+            Self::ContentBlockStart { .. } => "content_block_start",
+            Self::ContentBlockDelta { .. } => "content_block_delta",
+            Self::ContentBlockStop { .. } => "content_block_stop",
+            Self::MessageDelta { .. } => "message_delta",
+            Self::MessageStop => "message_stop",
+        }
+    }
+}
+
+fn response_body(resp: &ChatResponse) -> Bytes {
     let m = &resp.message;
     let mut content = Vec::new();
     if let Some(r) = &m.reasoning {
-        content.push(json!({
-            "type": "thinking",
-            "thinking": r.text,
-            "signature": r.signature.clone().unwrap_or_default(),
-        }));
+        content.push(Block::Thinking {
+            thinking: &r.text,
+            signature: r.signature.as_deref().unwrap_or_default(),
+        });
     }
     let text = m.joined_text();
     if !text.is_empty() {
-        content.push(json!({"type": "text", "text": text}));
+        content.push(Block::Text { text: &text });
     }
     for c in &m.tool_calls {
-        content.push(json!({
-            "type": "tool_use",
-            "id": c.id,
-            "name": c.name,
-            "input": super::arguments_object(&c.arguments),
-        }));
+        content.push(Block::ToolUse {
+            id: &c.id,
+            name: &c.name,
+            input: super::arguments_object(&c.arguments),
+        });
     }
-    json!({
-        "id": message_id(&resp.id),
-        "type": "message",
-        "role": "assistant",
-        "model": resp.model,
-        "content": content,
-        "stop_reason": stop_reason(&resp.finish_reason, !m.tool_calls.is_empty()),
-        "stop_sequence": null,
-        "usage": usage_json(&resp.usage),
+    super::json_bytes(&MessageOut {
+        id: message_id(&resp.id),
+        kind: "message",
+        role: "assistant",
+        model: &resp.model,
+        content,
+        stop_reason: Some(stop_reason(&resp.finish_reason, !m.tool_calls.is_empty())),
+        stop_sequence: (),
+        usage: UsageOut::of(&resp.usage),
     })
 }
 
@@ -521,63 +626,51 @@ pub struct Encoder {
     prompt_tokens: u32,
 }
 
-fn event(out: &mut Vec<u8>, name: &str, data: &Value) {
-    sse::write_json(out, Some(name), data);
+fn event(out: &mut Vec<u8>, event: &EventOut<'_>) {
+    sse::write_json(out, Some(event.name()), event);
 }
 
 impl Encoder {
     fn start(&mut self, out: &mut Vec<u8>, id: &str, model: &str, prompt: Option<u32>) {
         self.started = true;
         self.prompt_tokens = prompt.unwrap_or(0);
-        event(
-            out,
-            "message_start",
-            &json!({
-                "type": "message_start",
-                "message": {
-                    "id": message_id(id),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": null,
-                    "stop_sequence": null,
-                    "usage": {
-                        "input_tokens": self.prompt_tokens,
-                        "output_tokens": 0,
-                        "cache_creation_input_tokens": 0,
-                        "cache_read_input_tokens": 0,
-                    },
-                },
-            }),
-        );
+        let message = MessageOut {
+            id: message_id(id),
+            kind: "message",
+            role: "assistant",
+            model,
+            content: Vec::new(),
+            stop_reason: None,
+            stop_sequence: (),
+            usage: UsageOut {
+                input_tokens: self.prompt_tokens,
+                output_tokens: 0,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 0,
+            },
+        };
+        event(out, &EventOut::MessageStart { message });
     }
 
-    fn open(&mut self, out: &mut Vec<u8>, block: Value) -> u32 {
+    fn open(&mut self, out: &mut Vec<u8>, content_block: Block<'_>) -> u32 {
         let index = self.next_index;
         self.next_index += 1;
         event(
             out,
-            "content_block_start",
-            &json!({"type": "content_block_start", "index": index, "content_block": block}),
+            &EventOut::ContentBlockStart {
+                index,
+                content_block,
+            },
         );
         index
     }
 
     fn stop_block(out: &mut Vec<u8>, index: u32) {
-        event(
-            out,
-            "content_block_stop",
-            &json!({"type": "content_block_stop", "index": index}),
-        );
+        event(out, &EventOut::ContentBlockStop { index });
     }
 
-    fn delta(out: &mut Vec<u8>, index: u32, delta: Value) {
-        event(
-            out,
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-        );
+    fn delta(out: &mut Vec<u8>, index: u32, delta: BlockDelta<'_>) {
+        event(out, &EventOut::ContentBlockDelta { index, delta });
     }
 
     fn close_text_like(&mut self, out: &mut Vec<u8>) {
@@ -603,7 +696,10 @@ impl Encoder {
                 self.close_all(out);
                 let i = self.open(
                     out,
-                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                    Block::Thinking {
+                        thinking: "",
+                        signature: "",
+                    },
                 );
                 self.thinking = Some(i);
                 i
@@ -617,7 +713,7 @@ impl Encoder {
             Some(i) => i,
             None => {
                 self.close_all(out);
-                let i = self.open(out, json!({"type": "text", "text": ""}));
+                let i = self.open(out, Block::Text { text: "" });
                 self.text = Some(i);
                 i
             }
@@ -629,25 +725,22 @@ impl Encoder {
     /// none) and `message_stop`.
     fn finish(&mut self, out: &mut Vec<u8>, finish_reason: &FinishReason, usage: &Usage) {
         self.close_all(out);
-        let mut u = usage_json(usage);
-        if usage.prompt_tokens == 0
-            && let Some(o) = u.as_object_mut()
-        {
-            o.insert("input_tokens".into(), json!(self.prompt_tokens));
+        let mut usage_out = UsageOut::of(usage);
+        if usage.prompt_tokens == 0 {
+            usage_out.input_tokens = self.prompt_tokens;
         }
+        let delta = StopOut {
+            stop_reason: stop_reason(finish_reason, self.saw_tool),
+            stop_sequence: (),
+        };
         event(
             out,
-            "message_delta",
-            &json!({
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": stop_reason(finish_reason, self.saw_tool),
-                    "stop_sequence": null,
-                },
-                "usage": u,
-            }),
+            &EventOut::MessageDelta {
+                delta,
+                usage: usage_out,
+            },
         );
-        event(out, "message_stop", &json!({"type": "message_stop"}));
+        event(out, &EventOut::MessageStop);
         self.done = true;
     }
 }
@@ -677,22 +770,14 @@ impl StreamEncoder for Encoder {
             StreamEvent::ReasoningDelta { text } => {
                 let i = self.open_thinking(&mut out);
                 if !text.is_empty() {
-                    Self::delta(
-                        &mut out,
-                        i,
-                        json!({"type": "thinking_delta", "thinking": text}),
-                    );
+                    Self::delta(&mut out, i, BlockDelta::Thinking { thinking: text });
                 }
             }
             StreamEvent::ReasoningDone { signature } => {
                 if self.thinking.is_some() || signature.is_some() {
                     let i = self.open_thinking(&mut out);
                     if let Some(sig) = signature {
-                        Self::delta(
-                            &mut out,
-                            i,
-                            json!({"type": "signature_delta", "signature": sig}),
-                        );
+                        Self::delta(&mut out, i, BlockDelta::Signature { signature: sig });
                     }
                     self.thinking = None;
                     Self::stop_block(&mut out, i);
@@ -701,7 +786,7 @@ impl StreamEncoder for Encoder {
             StreamEvent::TextDelta { text } => {
                 if !text.is_empty() {
                     let i = self.open_text(&mut out);
-                    Self::delta(&mut out, i, json!({"type": "text_delta", "text": text}));
+                    Self::delta(&mut out, i, BlockDelta::Text { text });
                 }
             }
             StreamEvent::ToolCallStart { index, id, name } => {
@@ -709,7 +794,11 @@ impl StreamEncoder for Encoder {
                     self.close_text_like(&mut out);
                     let b = self.open(
                         &mut out,
-                        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                        Block::ToolUse {
+                            id,
+                            name,
+                            input: Value::Object(Map::new()),
+                        },
                     );
                     self.tools.push((*index, b));
                     self.saw_tool = true;
@@ -722,7 +811,9 @@ impl StreamEncoder for Encoder {
                     Self::delta(
                         &mut out,
                         *b,
-                        json!({"type": "input_json_delta", "partial_json": arguments}),
+                        BlockDelta::InputJson {
+                            partial_json: arguments,
+                        },
                     );
                 }
             }

@@ -31,6 +31,7 @@
 use std::borrow::Cow;
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::read::{
@@ -63,7 +64,7 @@ impl super::Protocol for Gemini {
     }
 
     fn response_body(resp: &ChatResponse, _opts: &ReplyOptions) -> Bytes {
-        super::json_bytes(&response_body(resp))
+        response_body(resp)
     }
 
     fn encoder(opts: &ReplyOptions) -> Encoder {
@@ -547,67 +548,148 @@ pub fn finish_reason(reason: &FinishReason) -> &'static str {
     }
 }
 
-fn usage_json(u: &Usage) -> Value {
-    let mut v = json!({
-        "promptTokenCount": u.prompt_tokens,
-        "candidatesTokenCount": u.completion_tokens,
-        "totalTokenCount": u.prompt_tokens.saturating_add(u.completion_tokens),
-    });
-    if let (Some(c), Some(o)) = (u.cached_tokens, v.as_object_mut()) {
-        o.insert("cachedContentTokenCount".into(), json!(c));
+/// `usageMetadata`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageOut {
+    prompt_token_count: u32,
+    candidates_token_count: u32,
+    total_token_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cached_content_token_count: Option<u32>,
+}
+
+impl UsageOut {
+    fn of(u: &Usage) -> Self {
+        Self {
+            prompt_token_count: u.prompt_tokens,
+            candidates_token_count: u.completion_tokens,
+            total_token_count: u.prompt_tokens.saturating_add(u.completion_tokens),
+            cached_content_token_count: u.cached_tokens,
+        }
     }
-    v
 }
 
-fn call_part(c: &ToolCall) -> Value {
-    json!({"functionCall": {"id": c.id, "name": c.name, "args": arguments_object(&c.arguments)}})
+/// A part: text, a thought (`thought: true`) or a function call, each
+/// with the reasoning's signature when it is the part that carries it.
+#[derive(Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PartOut<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    thought: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    function_call: Option<CallOut<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thought_signature: Option<&'a str>,
 }
 
-fn with_signature(part: &mut Value, sig: Option<String>) {
-    if let (Some(s), Some(o)) = (sig, part.as_object_mut()) {
-        o.insert("thoughtSignature".into(), json!(s));
+#[derive(Serialize)]
+struct CallOut<'a> {
+    id: &'a str,
+    name: &'a str,
+    args: Value,
+}
+
+impl<'a> PartOut<'a> {
+    fn text(text: &'a str, thought_signature: Option<&'a str>) -> Self {
+        Self {
+            text: Some(text),
+            thought_signature,
+            ..Self::default()
+        }
+    }
+
+    fn thought(text: &'a str) -> Self {
+        Self {
+            text: Some(text),
+            thought: true,
+            ..Self::default()
+        }
+    }
+
+    fn call(c: &'a ToolCall) -> Self {
+        Self {
+            function_call: Some(CallOut {
+                id: &c.id,
+                name: &c.name,
+                args: arguments_object(&c.arguments),
+            }),
+            ..Self::default()
+        }
     }
 }
 
-fn candidate(parts: Vec<Value>, finish: Option<&str>) -> Value {
-    let mut c = json!({"content": {"role": "model", "parts": parts}, "index": 0});
-    if let (Some(f), Some(o)) = (finish, c.as_object_mut()) {
-        o.insert("finishReason".into(), json!(f));
-    }
-    c
+/// A `GenerateContentResponse`: the whole reply, or one streamed chunk
+/// (`usageMetadata` on the last only).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseOut<'a> {
+    candidates: [CandidateOut<'a>; 1],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_metadata: Option<UsageOut>,
+    model_version: &'a str,
+    response_id: &'a str,
 }
 
-fn response_body(resp: &ChatResponse) -> Value {
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CandidateOut<'a> {
+    content: ContentOut<'a>,
+    index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ContentOut<'a> {
+    role: &'static str,
+    parts: Vec<PartOut<'a>>,
+}
+
+impl<'a> CandidateOut<'a> {
+    fn new(parts: Vec<PartOut<'a>>, finish_reason: Option<&'static str>) -> Self {
+        Self {
+            content: ContentOut {
+                role: "model",
+                parts,
+            },
+            index: 0,
+            finish_reason,
+        }
+    }
+}
+
+fn response_body(resp: &ChatResponse) -> Bytes {
     let m = &resp.message;
-    let mut sig = m.reasoning.as_ref().and_then(|r| r.signature.clone());
+    let mut sig = m.reasoning.as_ref().and_then(|r| r.signature.as_deref());
     let mut thought = m
         .reasoning
         .as_ref()
         .filter(|r| !r.text.is_empty())
-        .map(|r| json!({"text": r.text, "thought": true}));
+        .map(|r| PartOut::thought(&r.text));
     let text = m.joined_text();
-    let mut text_part = (!text.is_empty()).then(|| json!({"text": text}));
-    let mut calls: Vec<Value> = m.tool_calls.iter().map(call_part).collect();
+    let mut text_part = (!text.is_empty()).then(|| PartOut::text(&text, None));
+    let mut calls: Vec<PartOut<'_>> = m.tool_calls.iter().map(PartOut::call).collect();
     // The signature goes on the first call, else the text, else the thought.
     if let Some(first) = calls.first_mut() {
-        with_signature(first, sig.take());
+        first.thought_signature = sig.take();
     } else if let Some(t) = text_part.as_mut() {
-        with_signature(t, sig.take());
+        t.thought_signature = sig.take();
     } else if let Some(t) = thought.as_mut() {
-        with_signature(t, sig.take());
+        t.thought_signature = sig.take();
     }
-    let mut parts: Vec<Value> = thought.into_iter().chain(text_part).chain(calls).collect();
+    let mut parts: Vec<PartOut<'_>> = thought.into_iter().chain(text_part).chain(calls).collect();
     if parts.is_empty() {
-        let mut p = json!({"text": ""});
-        with_signature(&mut p, sig);
-        parts.push(p);
+        parts.push(PartOut::text("", sig));
     }
     let reason = effective_finish(&resp.finish_reason, !m.tool_calls.is_empty());
-    json!({
-        "candidates": [candidate(parts, Some(finish_reason(&reason)))],
-        "usageMetadata": usage_json(&resp.usage),
-        "modelVersion": resp.model,
-        "responseId": resp.id,
+    super::json_bytes(&ResponseOut {
+        candidates: [CandidateOut::new(parts, Some(finish_reason(&reason)))],
+        usage_metadata: Some(UsageOut::of(&resp.usage)),
+        model_version: &resp.model,
+        response_id: &resp.id,
     })
 }
 
@@ -617,6 +699,15 @@ fn response_body(resp: &ChatResponse) -> Value {
 struct BufferedCall {
     index: u32,
     call: ToolCall,
+}
+
+/// The parts of `calls`, the signature on the first.
+fn call_parts<'a>(calls: &'a [BufferedCall], sig: Option<&'a str>) -> Vec<PartOut<'a>> {
+    let mut parts: Vec<PartOut<'_>> = calls.iter().map(|c| PartOut::call(&c.call)).collect();
+    if let Some(first) = parts.first_mut() {
+        first.thought_signature = sig;
+    }
+    parts
 }
 
 /// Streams a reply as Gemini chunks (`data: {GenerateContentResponse}` per
@@ -653,14 +744,16 @@ impl Encoder {
         }
     }
 
-    fn write(&mut self, out: &mut Vec<u8>, v: &Value) {
-        if self.array {
-            out.extend_from_slice(if self.wrote { b",\r\n" } else { b"[" });
+    /// Writes one chunk (or the error) framed as asked: an SSE event, or
+    /// the next element of the array.
+    fn write(array: bool, wrote: &mut bool, out: &mut Vec<u8>, v: &impl Serialize) {
+        if array {
+            out.extend_from_slice(if *wrote { b",\r\n" } else { b"[" });
             super::write_json(out, v);
         } else {
             sse::write_json(out, None, v);
         }
-        self.wrote = true;
+        *wrote = true;
     }
 
     fn close_array(&self, out: &mut Vec<u8>) {
@@ -672,35 +765,36 @@ impl Encoder {
     fn chunk(
         &mut self,
         out: &mut Vec<u8>,
-        parts: Vec<Value>,
-        finish: Option<&str>,
-        usage: Option<Value>,
+        parts: Vec<PartOut<'_>>,
+        finish: Option<&'static str>,
+        usage: Option<UsageOut>,
     ) {
-        let mut v = json!({"candidates": [candidate(parts, finish)]});
-        if let Some(o) = v.as_object_mut() {
-            if let Some(u) = usage {
-                o.insert("usageMetadata".into(), u);
-            }
-            o.insert("modelVersion".into(), json!(self.model));
-            o.insert("responseId".into(), json!(self.id));
-        }
-        self.write(out, &v);
+        let chunk = ResponseOut {
+            candidates: [CandidateOut::new(parts, finish)],
+            usage_metadata: usage,
+            model_version: &self.model,
+            response_id: &self.id,
+        };
+        Self::write(self.array, &mut self.wrote, out, &chunk);
     }
 
-    fn call_parts(&mut self) -> Vec<Value> {
+    /// The buffered calls in their order, and the signature that goes on
+    /// the first (taken only when there is one).
+    fn take_calls(&mut self) -> (Vec<BufferedCall>, Option<String>) {
         let mut calls = std::mem::take(&mut self.calls);
         calls.sort_by_key(|c| c.index);
-        let mut parts: Vec<Value> = calls.iter().map(|c| call_part(&c.call)).collect();
-        if let Some(first) = parts.first_mut() {
-            with_signature(first, self.signature.take());
-        }
-        parts
+        let sig = if calls.is_empty() {
+            None
+        } else {
+            self.signature.take()
+        };
+        (calls, sig)
     }
 
     fn flush_calls(&mut self, out: &mut Vec<u8>) {
-        let parts = self.call_parts();
-        if !parts.is_empty() {
-            self.chunk(out, parts, None, None);
+        let (calls, sig) = self.take_calls();
+        if !calls.is_empty() {
+            self.chunk(out, call_parts(&calls, sig.as_deref()), None, None);
         }
     }
 }
@@ -726,12 +820,7 @@ impl StreamEncoder for Encoder {
             StreamEvent::ReasoningDelta { text } => {
                 if !text.is_empty() {
                     self.flush_calls(&mut out);
-                    self.chunk(
-                        &mut out,
-                        vec![json!({"text": text, "thought": true})],
-                        None,
-                        None,
-                    );
+                    self.chunk(&mut out, vec![PartOut::thought(text)], None, None);
                 }
             }
             StreamEvent::ReasoningDone { signature } => {
@@ -742,8 +831,8 @@ impl StreamEncoder for Encoder {
             StreamEvent::TextDelta { text } => {
                 if !text.is_empty() {
                     self.flush_calls(&mut out);
-                    let mut part = json!({"text": text});
-                    with_signature(&mut part, self.signature.take());
+                    let sig = self.signature.take();
+                    let part = PartOut::text(text, sig.as_deref());
                     self.chunk(&mut out, vec![part], None, None);
                 }
             }
@@ -769,11 +858,15 @@ impl StreamEncoder for Encoder {
                 finish_reason: reason,
                 usage,
             } => {
-                let mut parts = self.call_parts();
+                let (calls, call_sig) = self.take_calls();
+                let last_sig = if calls.is_empty() {
+                    self.signature.take()
+                } else {
+                    None
+                };
+                let mut parts = call_parts(&calls, call_sig.as_deref());
                 if parts.is_empty() {
-                    let mut p = json!({"text": ""});
-                    with_signature(&mut p, self.signature.take());
-                    parts.push(p);
+                    parts.push(PartOut::text("", last_sig.as_deref()));
                 }
                 let reason = effective_finish(reason, !self.seen_calls.is_empty());
                 let mut usage = *usage;
@@ -784,7 +877,7 @@ impl StreamEncoder for Encoder {
                     &mut out,
                     parts,
                     Some(finish_reason(&reason)),
-                    Some(usage_json(&usage)),
+                    Some(UsageOut::of(&usage)),
                 );
                 self.close_array(&mut out);
                 self.done = true;
@@ -800,7 +893,7 @@ impl StreamEncoder for Encoder {
         self.done = true;
         let mut out = Vec::new();
         let (_, body) = error_body(err);
-        self.write(&mut out, &body);
+        Self::write(self.array, &mut self.wrote, &mut out, &body);
         self.close_array(&mut out);
         Bytes::from(out)
     }
