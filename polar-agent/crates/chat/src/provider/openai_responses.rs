@@ -31,6 +31,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use super::openai_chat::openai_error_type;
@@ -716,6 +717,44 @@ fn response_body(resp: &ChatResponse, opts: &ReplyOptions) -> Value {
 
 // ---------------------------------------------------------------- stream encoder
 
+/// One streamed event: its `type` (also its SSE event name), its data's
+/// fields, and its `sequence_number`, counted by `seq`.
+fn emit(out: &mut Vec<u8>, seq: &mut u64, ty: &str, data: &impl Serialize) {
+    let event = EventOut {
+        kind: ty,
+        data,
+        sequence_number: *seq,
+    };
+    *seq += 1;
+    sse::write_json(out, Some(ty), &event);
+}
+
+#[derive(Serialize)]
+struct EventOut<'a, T> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(flatten)]
+    data: T,
+    sequence_number: u64,
+}
+
+/// The data of the events that carry a piece of text or arguments (one
+/// per token): `response.output_text.delta` (with `content_index` and an
+/// empty `logprobs`), `response.reasoning_summary_text.delta` (with
+/// `summary_index`), `response.function_call_arguments.delta`.
+#[derive(Serialize)]
+struct Delta<'a> {
+    item_id: &'a str,
+    output_index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    summary_index: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_index: Option<u32>,
+    delta: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<[(); 0]>,
+}
+
 #[derive(Debug)]
 struct OpenItem {
     output_index: u32,
@@ -823,16 +862,8 @@ impl Encoder {
         }
     }
 
-    fn emit(&mut self, out: &mut Vec<u8>, ty: &str, mut data: Value) {
-        if let Some(o) = data.as_object_mut() {
-            let mut with_type = Map::new();
-            with_type.insert("type".into(), json!(ty));
-            with_type.append(o);
-            with_type.insert("sequence_number".into(), json!(self.seq));
-            *o = with_type;
-        }
-        self.seq += 1;
-        sse::write_json(out, Some(ty), &data);
+    fn emit(&mut self, out: &mut Vec<u8>, ty: &str, data: Value) {
+        emit(out, &mut self.seq, ty, &data);
     }
 
     fn snapshot(&self, status: &str, usage: Value, incomplete: Value, error: Value) -> Value {
@@ -991,8 +1022,15 @@ impl Encoder {
         }
         if let Some(m) = self.message.as_mut() {
             m.text.push_str(text);
-            let data = json!({"item_id": m.id, "output_index": m.output_index, "content_index": 0, "delta": text, "logprobs": []});
-            self.emit(out, "response.output_text.delta", data);
+            let data = Delta {
+                item_id: &m.id,
+                output_index: m.output_index,
+                summary_index: None,
+                content_index: Some(0),
+                delta: text,
+                logprobs: Some([]),
+            };
+            emit(out, &mut self.seq, "response.output_text.delta", &data);
         }
     }
 
@@ -1065,8 +1103,16 @@ impl StreamEncoder for Encoder {
                     && !text.is_empty()
                 {
                     r.text.push_str(text);
-                    let data = json!({"item_id": r.id, "output_index": r.output_index, "summary_index": 0, "delta": text});
-                    self.emit(&mut out, "response.reasoning_summary_text.delta", data);
+                    let data = Delta {
+                        item_id: &r.id,
+                        output_index: r.output_index,
+                        summary_index: Some(0),
+                        content_index: None,
+                        delta: text,
+                        logprobs: None,
+                    };
+                    let ty = "response.reasoning_summary_text.delta";
+                    emit(&mut out, &mut self.seq, ty, &data);
                 }
             }
             StreamEvent::ReasoningDone { signature } => {
@@ -1090,8 +1136,16 @@ impl StreamEncoder for Encoder {
                     && !arguments.is_empty()
                 {
                     c.arguments.push_str(arguments);
-                    let data = json!({"item_id": c.id, "output_index": c.output_index, "delta": arguments});
-                    self.emit(&mut out, "response.function_call_arguments.delta", data);
+                    let data = Delta {
+                        item_id: &c.id,
+                        output_index: c.output_index,
+                        summary_index: None,
+                        content_index: None,
+                        delta: arguments,
+                        logprobs: None,
+                    };
+                    let ty = "response.function_call_arguments.delta";
+                    emit(&mut out, &mut self.seq, ty, &data);
                 }
             }
             StreamEvent::Finish {
