@@ -210,6 +210,7 @@ impl Drop for Run {
 /// time (a fuzzer keeps one core busy); after a failure no new one starts
 /// and those running are stopped.
 fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
+    let jobs = jobs.clamp(1, targets.len().max(1));
     eprintln!(
         "==> fuzz: building the targets ({} to run, {jobs} at a time)",
         targets.len()
@@ -223,7 +224,7 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
     let mut queue = targets.iter();
     let mut running: Vec<Run> = Vec::new();
     loop {
-        while running.len() < jobs.max(1) {
+        while running.len() < jobs {
             let Some(t) = queue.next() else { break };
             running.push(Run::start(t, secs)?);
         }
