@@ -26,7 +26,8 @@ use crate::daemon::{stop_group, tail};
 use crate::setup;
 
 /// Seconds each target runs in `cargo xtask test` (15 targets, two at a
-/// time on two cores: about two minutes, with the corpora's loading).
+/// time on two cores: three and a half minutes with the corpora's loading,
+/// against five one after the other).
 pub const TEST_SECS: u64 = 8;
 
 /// Memory one target may use (libFuzzer's `-rss_limit_mb`): a parser that
