@@ -705,8 +705,6 @@ pub(crate) fn push_indexed(
     }
 }
 
-/// `id` with `prefix` (kept when it already has it); other characters than
-/// `[A-Za-z0-9_-]` are dropped so the result is safe in any API.
 /// Appends `value` as compact JSON to `out`. What is written here (the
 /// replies' own types, trees of JSON) always serializes; were something
 /// not to, `null` would stand in for it.
@@ -725,6 +723,8 @@ pub(crate) fn json_bytes(value: &impl Serialize) -> Bytes {
     Bytes::from(out)
 }
 
+/// `id` with `prefix` (kept when it already has it); other characters than
+/// `[A-Za-z0-9_-]` are dropped so the result is safe in any API.
 pub(crate) fn prefixed_id(prefix: &str, id: &str) -> String {
     if id.starts_with(prefix) {
         return id.to_owned();
