@@ -9,8 +9,9 @@
 //!   was, and `polar_proxy_session_mismatch_total` counted each attempt.
 //! - One sandbox flooding the base-URL address with thousands of
 //!   connections, each a request with a large body sent slowly (HTTP/1
-//!   requests in flight are the session's streams), does not
-//!   stop a second session's calls: every one succeeds, each in under
+//!   requests in flight are the session's streams), then with more
+//!   keep-alive connections at once than its share, does not stop a
+//!   second session's calls: every one succeeds, each in under
 //!   10 s; the flood's excess gets the cap errors (429 naming the cap, or
 //!   the connection closed); the agent's peak memory stays under its body
 //!   budget plus a stated baseline. The second session's latency alone and
@@ -253,16 +254,20 @@ const BUDGET: u64 = 64 << 20;
 const BASELINE_ALLOWANCE: u64 = 160 << 20;
 
 /// Waves of connections to the base-URL address, at least three and then
-/// until `/workspace/stop` (or 90 s): each connection declares a 4 MiB body, sends three quarters
-/// of it, holds, then sends the rest; its status (or how it ended) is
-/// counted into `/workspace/flood.json`.
+/// until `/workspace/stop` (or 90 s): each connection declares a 4 MiB
+/// body, sends three quarters of it, holds, then sends the rest. Then 100
+/// connections at once, each a small complete request left open for 3 s
+/// after its reply (so the session's connection cap is reached however fast
+/// the agent refuses the waves' bodies). Each status (or how the connection
+/// ended) is counted into `/workspace/flood.json`.
 const FLOOD_PY: &str = r#"
 import asyncio, collections, json, os, resource, time, urllib.parse
 u = urllib.parse.urlparse(os.environ["POLAR_BASE_URL"])
 KEY = os.environ["POLAR_API_KEY"]
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-WAVE = min(600, hard - 64)
+WAVE = min(600, hard - 256)
+HOLD = 100
 BODY = 4 << 20
 seen = collections.Counter()
 async def one():
@@ -293,6 +298,40 @@ async def one():
         seen["read:" + type(e).__name__] += 1
     sender.cancel()
     w.close()
+async def hold():
+    # A small complete request, its whole reply read, then the connection
+    # left open and idle for 3 s as a keep-alive client leaves it: it keeps
+    # its place among the session's connections however fast the agent
+    # answers. One over the cap is closed without a reply.
+    try:
+        r, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), 10)
+    except Exception as e:
+        seen["hold:connect:" + type(e).__name__] += 1
+        return
+    w.write(("POST /v1/chat/completions HTTP/1.1\r\nhost: polar\r\ncontent-type: application/json\r\n"
+             f"authorization: Bearer {KEY}\r\ncontent-length: 2\r\n\r\n{{}}").encode())
+    try:
+        line = await asyncio.wait_for(r.readline(), 30)
+        if not line:
+            raise ConnectionResetError
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+        length = [int(h.split(b":")[1]) for h in head.lower().split(b"\r\n")
+                  if h.startswith(b"content-length:")]
+        if length:
+            await asyncio.wait_for(r.readexactly(length[0]), 5)
+        else:
+            await asyncio.wait_for(r.readuntil(b"\r\n0\r\n\r\n"), 5)
+        await asyncio.sleep(3)
+        try:
+            closed = await asyncio.wait_for(r.read(1), 0.2) == b""
+        except asyncio.TimeoutError:
+            closed = False
+        seen["hold:" + line.split()[1].decode() + (":closed" if closed else ":kept")] += 1
+    except ConnectionResetError:
+        seen["hold:refused"] += 1
+    except Exception as e:
+        seen["hold:read:" + type(e).__name__] += 1
+    w.close()
 async def main():
     end = time.monotonic() + 90
     waves = 0
@@ -303,6 +342,9 @@ async def main():
             open("/workspace/started", "w").write("1\n")
         await wave
         waves += 1
+    # Then more connections at once than the session may hold, each kept
+    # open: those over the cap are closed after the admission wait.
+    await asyncio.gather(*(hold() for _ in range(HOLD)))
     seen["waves"] = waves
     seen["per_wave"] = WAVE
     open("/workspace/flood.json", "w").write(json.dumps(seen) + "\n")
@@ -416,6 +458,10 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     ensure!(
         n("429") > 0 && n("names_cap") > 0,
         "the flood got no 429 naming a cap: {seen}"
+    );
+    ensure!(
+        n("hold:refused") > 0,
+        "no connection of the 100 held open was refused: {seen}"
     );
     ensure!(
         refused(Cap::SessionConnections) > 0
