@@ -18,7 +18,7 @@
 //! whose trigger item tells the trajectory builder it is a compaction
 //! summary (`polar-trajectory` labels it `compaction_summary`).
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::{Message, Role};
 
@@ -60,11 +60,6 @@ pub fn summary_message(summary: &str) -> Message {
     let mut m = Message::text(Role::User, summary);
     m.extra.insert(SOURCE_KEY.into(), json!(ITEM));
     m
-}
-
-/// The compaction output item.
-pub fn item(id: &str, summary: &str) -> Value {
-    json!({"type": ITEM, "id": id, "encrypted_content": encode(summary)})
 }
 
 #[cfg(test)]

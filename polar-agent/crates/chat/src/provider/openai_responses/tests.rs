@@ -3,7 +3,8 @@ use serde_json::json;
 
 use super::*;
 use crate::provider::fixtures::{self, sse_json, strategies};
-use crate::provider::{Framing, Protocol, Side, encode_all, events_of};
+use crate::provider::{ErrorKind, Framing, Protocol, Side, StreamEncoder, encode_all, events_of};
+use crate::{FinishReason, StreamEvent, Usage};
 
 fn call() -> ModelCall {
     ModelCall {
