@@ -15,21 +15,21 @@
 //!   with its log's tail if it failed.
 //! - Dropping a [`Background`] that was not waited for (a step before the
 //!   tests failed) stops the whole group (pip, npm, debootstrap) by its
-//!   id. An interrupted `cargo xtask test` (Ctrl-C reaches only the
-//!   terminal's process group) leaves it to finish on its own.
+//!   id, and so does an interrupted `cargo xtask test`
+//!   ([`crate::group::forward_interrupts`]).
 //! - [`run`] holds an exclusive lock on [`LOCK`] while it installs, so two
 //!   of them (one left by an interrupted run) never write to the same
 //!   directories at once: the second waits, then finds everything present.
 
 use std::fs::{File, TryLockError};
 use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{stop_group, tail};
+use crate::daemon::tail;
+use crate::group::Group;
 use crate::{dashboard, docker, harnesses, setup};
 
 /// The background process's output, from the workspace root.
@@ -80,7 +80,7 @@ fn lock() -> Result<File> {
 /// [`run`] in a process of its own.
 pub struct Background {
     /// `None` once waited for.
-    child: Option<Child>,
+    group: Option<Group>,
     log: PathBuf,
     started: Instant,
 }
@@ -98,10 +98,10 @@ impl Background {
         if !privileged {
             cmd = cmd.arg("--unprivileged");
         }
-        let child = cmd.own_process_group().spawn(&log)?;
+        let group = Group::spawn(cmd, &log, STOP_GRACE)?;
         eprintln!(
             "==> in the background (pid {}, log {LOG}): the Python environments{}",
-            child.id(),
+            group.id(),
             if privileged {
                 ", the harness CLIs, the Docker test image and the browser clients"
             } else {
@@ -109,7 +109,7 @@ impl Background {
             }
         );
         Ok(Self {
-            child: Some(child),
+            group: Some(group),
             log,
             started: Instant::now(),
         })
@@ -117,11 +117,11 @@ impl Background {
 
     /// Waits for it to finish; prints its reports; fails if it failed.
     pub fn wait(mut self) -> Result<()> {
-        let Some(mut child) = self.child.take() else {
+        let Some(mut group) = self.group.take() else {
             return Ok(());
         };
         let waited = Instant::now();
-        let status = child.wait().context("waiting for the background set-up")?;
+        let status = group.wait().context("waiting for the background set-up")?;
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         for line in text
             .lines()
@@ -145,17 +145,17 @@ impl Background {
 }
 
 impl Drop for Background {
-    /// Stops the group if it still runs ([`stop_group`]).
+    /// Stops the group if it still runs.
     fn drop(&mut self) {
-        let Some(child) = self.child.as_mut() else {
+        let Some(group) = self.group.as_mut() else {
             return;
         };
-        if matches!(child.try_wait(), Ok(None)) {
+        if matches!(group.try_wait(), Ok(None)) {
             eprintln!(
                 "xtask: stopping the background set-up (process group {})",
-                child.id()
+                group.id()
             );
-            stop_group(child, STOP_GRACE);
+            group.stop();
         }
     }
 }

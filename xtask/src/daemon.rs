@@ -90,31 +90,6 @@ pub fn terminate(pid: u32) {
     let _ = Cmd::new("kill").map(|kill| kill.args(["-TERM", &pid.to_string()]).probe());
 }
 
-/// Stops `leader`, started in a process group of its own
-/// ([`Cmd::own_process_group`]), with everything in its group: SIGTERM to
-/// the group, then SIGKILL if the leader is still there after `grace`
-/// (only while it lives is the group's id surely still this group's).
-pub fn stop_group(leader: &mut Child, grace: Duration) {
-    let group = leader.id();
-    let signal = |name: &str| {
-        let _ = Cmd::new("kill").map(|kill| {
-            kill.args([format!("-{name}"), "--".into(), format!("-{group}")])
-                .probe()
-        });
-    };
-    if matches!(leader.try_wait(), Ok(None)) {
-        signal("TERM");
-        let until = Instant::now() + grace;
-        while Instant::now() < until && matches!(leader.try_wait(), Ok(None)) {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        if matches!(leader.try_wait(), Ok(None)) {
-            signal("KILL");
-        }
-    }
-    let _ = leader.wait();
-}
-
 /// The last `lines` lines of the file at `path`.
 pub fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();

@@ -3,7 +3,8 @@
 //! `--secs` seconds with its output in `target/fuzz-logs/<target>.log`,
 //! starting from its committed corpus `fuzz/corpus/<target>/`
 //! (seeds from the provider fixtures and the harnesses' request shapes,
-//! minimized with `cargo fuzz cmin`). New inputs go to a scratch corpus
+//! minimized with `cargo fuzz cmin`) and, for the capture-log targets, the
+//! valid logs of `fuzz/seeds/capture_log/`, never minimized. New inputs go to a scratch corpus
 //! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
 //! corpora and minimizes those). A target with a dictionary
 //! `fuzz/dicts/<target>.dict` (the tokens and field names its parser
@@ -16,13 +17,13 @@
 //! in the crate that owns the parser (docs/SECURITY.md, "Fuzzing").
 
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::daemon::{stop_group, tail};
+use crate::daemon::tail;
+use crate::group::Group;
 use crate::setup;
 
 /// Seconds each target runs in `cargo xtask test` (15 targets, two at a
@@ -37,6 +38,17 @@ const RSS_LIMIT_MB: u32 = 2048;
 const INPUT_TIMEOUT_SECS: u32 = 10;
 /// Each target's output, from the workspace root.
 const LOGS: &str = "target/fuzz-logs";
+/// The targets whose inputs are capture logs: they also start from the
+/// hand-kept valid logs of `fuzz/seeds/capture_log/` (one call per file,
+/// whole or as its two parts, and one session's log), which `cmin` never
+/// touches, so a change of the log's format cannot drop them unnoticed
+/// (`polar-capture`'s `fuzz_seeds` test keeps them valid); and they may
+/// grow inputs to [`CAPTURE_LOG_MAX_LEN`].
+const CAPTURE_LOG_TARGETS: [&str; 2] = ["capture_log", "capture_log_roundtrip"];
+/// libFuzzer's `-max_len` for [`CAPTURE_LOG_TARGETS`]: its default, 4096
+/// bytes, cuts a log before its second call, and cut the session's log
+/// (26 KiB) before its first completion.
+const CAPTURE_LOG_MAX_LEN: usize = 32 << 10;
 /// How often the runs are looked at.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a stopped run has to end after SIGTERM.
@@ -136,7 +148,7 @@ fn targets() -> Result<Vec<String>> {
 /// group if dropped while it runs (another target failed, or xtask did).
 struct Run {
     target: String,
-    child: Child,
+    group: Group,
     log: PathBuf,
 }
 
@@ -151,30 +163,36 @@ impl Run {
         let mut run = nightly_cargo()?
             .args(["fuzz", "run", "--debug-assertions", target])
             .arg(&scratch)
-            .arg(&corpus)
-            .arg("--");
+            .arg(&corpus);
+        if CAPTURE_LOG_TARGETS.contains(&target) {
+            run = run
+                .arg(root.join("fuzz/seeds/capture_log"))
+                .arg("--")
+                .arg(format!("-max_len={CAPTURE_LOG_MAX_LEN}"));
+        } else {
+            run = run.arg("--");
+        }
         let dict = root.join("fuzz/dicts").join(format!("{target}.dict"));
         if dict.is_file() {
             run = run.arg(format!("-dict={}", dict.display()));
         }
-        let child = run
+        let run = run
             .arg(format!("-max_total_time={secs}"))
             .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
             .arg(format!("-timeout={INPUT_TIMEOUT_SECS}"))
-            .arg("-print_final_stats=1")
-            .own_process_group()
-            .spawn(&log)?;
+            .arg("-print_final_stats=1");
+        let group = Group::spawn(run, &log, STOP_GRACE)?;
         eprintln!("==> fuzz: {target} for {secs} s (log {LOGS}/{target}.log)");
         Ok(Self {
             target: target.to_owned(),
-            child,
+            group,
             log,
         })
     }
 
     /// Whether it has ended, and if so how: `Some(Ok)` if it passed.
     fn ended(&mut self) -> Result<Option<Result<()>>> {
-        let Some(status) = self.child.try_wait()? else {
+        let Some(status) = self.group.try_wait()? else {
             return Ok(None);
         };
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -198,12 +216,6 @@ impl Run {
              to the crate that owns the parser",
             tail(&self.log, 40)
         ))))
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        stop_group(&mut self.child, STOP_GRACE);
     }
 }
 

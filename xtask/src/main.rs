@@ -12,6 +12,7 @@ mod demo;
 mod dist;
 mod docker;
 mod fuzz;
+mod group;
 mod harnesses;
 mod layers;
 mod python;
@@ -94,7 +95,8 @@ enum Task {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().task {
+    let task = Cli::parse().task;
+    let result = group::forward_interrupts().and_then(|()| match task {
         Task::Setup => setup::run(setup::Scope::All),
         Task::Harnesses => harnesses::run().map(|_| ()),
         Task::Build => release::run(),
@@ -106,7 +108,7 @@ fn main() -> ExitCode {
         Task::Dashboard => dashboard::run_alone(),
         Task::Slurm { command } => slurm::run_with(&command),
         Task::TestDownloads { unprivileged } => background::run(!unprivileged),
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
