@@ -49,6 +49,11 @@ const CAPTURE_LOG_TARGETS: [&str; 2] = ["capture_log", "capture_log_roundtrip"];
 /// bytes, cuts a log before its second call, and cut the session's log
 /// (26 KiB) before its first completion.
 const CAPTURE_LOG_MAX_LEN: usize = 32 << 10;
+/// Where a target's coverage report goes, from the workspace root.
+const COVERAGE_REPORTS: &str = "target/fuzz-coverage";
+/// The sources a coverage report leaves out: the dependencies', the
+/// standard library's, the fuzz targets' own and generated code.
+const NOT_POLAR: &str = r"(/\.cargo/registry/|/\.rustup/|^/rustc/|/fuzz/|/target/)";
 /// How often the runs are looked at.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a stopped run has to end after SIGTERM.
@@ -66,6 +71,12 @@ pub struct FuzzArgs {
     /// it (`cargo fuzz cmin`).
     #[arg(long)]
     cmin: bool,
+    /// Instead of fuzzing, run each target once over its corpus (and
+    /// seeds) with coverage instrumentation and report, per source file of
+    /// Polar's that it reaches, the lines it ran (`cargo fuzz coverage`,
+    /// `llvm-cov`); the whole report goes to target/fuzz-coverage/.
+    #[arg(long, conflicts_with = "cmin")]
+    coverage: bool,
     /// Targets to run (default: all of `cargo fuzz list`).
     targets: Vec<String>,
 }
@@ -84,6 +95,13 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         }
         args.targets
     };
+    if args.coverage {
+        setup::llvm_tools()?;
+        for t in &chosen {
+            coverage(t)?;
+        }
+        return Ok(());
+    }
     fuzz(&chosen, args.secs, args.jobs.unwrap_or_else(cores))?;
     if args.cmin {
         for t in &chosen {
@@ -164,9 +182,9 @@ impl Run {
             .args(["fuzz", "run", "--debug-assertions", target])
             .arg(&scratch)
             .arg(&corpus);
-        if CAPTURE_LOG_TARGETS.contains(&target) {
+        if let Some(seeds) = seeds(&root, target) {
             run = run
-                .arg(root.join("fuzz/seeds/capture_log"))
+                .arg(seeds)
                 .arg("--")
                 .arg(format!("-max_len={CAPTURE_LOG_MAX_LEN}"));
         } else {
@@ -257,6 +275,111 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
             }
         }
     }
+}
+
+/// The hand-kept seeds `target` also starts from, if any (see
+/// [`CAPTURE_LOG_TARGETS`]).
+fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
+    CAPTURE_LOG_TARGETS
+        .contains(&target)
+        .then(|| root.join("fuzz/seeds/capture_log"))
+}
+
+/// Runs `target` over its committed corpus and seeds with coverage
+/// instrumentation, writes `llvm-cov`'s report on Polar's sources to
+/// [`COVERAGE_REPORTS`] and prints its rows for the files the target ran
+/// any line of, with their total.
+fn coverage(target: &str) -> Result<()> {
+    let root = workspace_root()?;
+    let dir = root.join(COVERAGE_REPORTS);
+    std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
+    let log = dir.join(format!("{target}.log"));
+    eprintln!(
+        "==> fuzz: coverage of {target} over its corpus (log {COVERAGE_REPORTS}/{target}.log)"
+    );
+    let mut cmd = nightly_cargo()?
+        .args(["fuzz", "coverage", target])
+        .arg(root.join("fuzz/corpus").join(target));
+    if let Some(seeds) = seeds(&root, target) {
+        cmd = cmd.arg(seeds);
+    }
+    let status = Group::spawn(cmd, &log, STOP_GRACE)?.wait()?;
+    if !status.success() {
+        bail!(
+            "`cargo fuzz coverage {target}` failed ({status}):\n{}",
+            tail(&log, 30)
+        );
+    }
+    let rustc = |arg: &str| -> Result<String> {
+        Cmd::new("rustc")?
+            .args(["+nightly", arg])
+            .probe()
+            .context("`rustc +nightly` failed")
+    };
+    let sysroot = rustc("--print=sysroot")?;
+    let host = rustc("-vV")?
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .context("`rustc -vV` names no host")?;
+    let tools = Path::new(sysroot.trim())
+        .join("lib/rustlib")
+        .join(&host)
+        .join("bin");
+    let binary = root
+        .join("target")
+        .join(&host)
+        .join("coverage")
+        .join(&host)
+        .join("release")
+        .join(target);
+    let profile = root
+        .join("fuzz/coverage")
+        .join(target)
+        .join("coverage.profdata");
+    let summary = Cmd::new(tools.join("llvm-cov"))?
+        .args(["export", "-summary-only"])
+        .arg(&binary)
+        .arg(format!("-instr-profile={}", profile.display()))
+        .arg(format!("-ignore-filename-regex={NOT_POLAR}"))
+        .probe()
+        .with_context(|| format!("`llvm-cov export` on {} failed", binary.display()))?;
+    let path = dir.join(format!("{target}.json"));
+    std::fs::write(&path, &summary)
+        .with_context(|| format!("could not write {}", path.display()))?;
+    let summary: serde_json::Value =
+        serde_json::from_str(&summary).context("reading llvm-cov's summary")?;
+    let files = summary["data"][0]["files"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut reached: Vec<(String, u64, u64)> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = &f["summary"]["lines"];
+            let (count, covered) = (lines["count"].as_u64()?, lines["covered"].as_u64()?);
+            let name = f["filename"].as_str()?;
+            let name = Path::new(name)
+                .strip_prefix(&root)
+                .map_or(name.into(), |p| p.display().to_string());
+            (covered > 0).then_some((name, covered, count))
+        })
+        .collect();
+    reached.sort();
+    eprintln!("    {target}: lines run / lines, per source file of Polar's it reaches:");
+    for (name, covered, count) in &reached {
+        eprintln!("      {covered:>5} / {count:<5} {name}");
+    }
+    let covered: u64 = reached.iter().map(|r| r.1).sum();
+    let count: u64 = reached.iter().map(|r| r.2).sum();
+    eprintln!(
+        "    {target}: {covered} of {count} lines in those files ({:.1}%); llvm-cov's summary: {COVERAGE_REPORTS}/{target}.json",
+        if count == 0 {
+            0.0
+        } else {
+            100.0 * covered as f64 / count as f64
+        }
+    );
+    Ok(())
 }
 
 /// Folds the scratch corpus of `target` into `fuzz/corpus/<target>` and

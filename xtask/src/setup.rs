@@ -191,22 +191,31 @@ fn nightly_toolchain() -> Result<()> {
 }
 
 fn rust_src() -> Result<()> {
+    nightly_component("rust-src")
+}
+
+/// The nightly toolchain's llvm-cov and llvm-profdata, for `cargo xtask
+/// fuzz --coverage`.
+pub fn llvm_tools() -> Result<()> {
+    nightly_toolchain()?;
+    nightly_component("llvm-tools")
+}
+
+/// Adds the component `name` to the nightly toolchain if it is missing.
+fn nightly_component(name: &str) -> Result<()> {
     let installed = Cmd::new("rustup")?
         .args(["component", "list", "--toolchain", "nightly", "--installed"])
         .probe()
         .unwrap_or_default();
-    if installed
-        .lines()
-        .any(|line| line.trim().starts_with("rust-src"))
-    {
-        report("nightly rust-src", "present");
+    if installed.lines().any(|line| line.trim().starts_with(name)) {
+        report(&format!("nightly {name}"), "present");
         return Ok(());
     }
     Cmd::new("rustup")?
-        .args(["component", "add", "rust-src", "--toolchain", "nightly"])
+        .args(["component", "add", name, "--toolchain", "nightly"])
         .run()
-        .context("could not add rust-src to the nightly toolchain")?;
-    report("nightly rust-src", "installed");
+        .with_context(|| format!("could not add {name} to the nightly toolchain"))?;
+    report(&format!("nightly {name}"), "installed");
     Ok(())
 }
 
