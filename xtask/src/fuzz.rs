@@ -3,8 +3,8 @@
 //! `--secs` seconds with its output in `target/fuzz-logs/<target>.log`,
 //! starting from its committed corpus `fuzz/corpus/<target>/`
 //! (seeds from the provider fixtures and the harnesses' request shapes,
-//! minimized with `cargo fuzz cmin`) and, for the capture-log targets, the
-//! valid logs of `fuzz/seeds/capture_log/`, never minimized. New inputs go to a scratch corpus
+//! minimized with `cargo fuzz cmin`) and its hand-kept seeds in
+//! `fuzz/seeds/`, never minimized. New inputs go to a scratch corpus
 //! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
 //! corpora and minimizes those). A target with a dictionary
 //! `fuzz/dicts/<target>.dict` (the tokens and field names its parser
@@ -38,12 +38,9 @@ const RSS_LIMIT_MB: u32 = 2048;
 const INPUT_TIMEOUT_SECS: u32 = 10;
 /// Each target's output, from the workspace root.
 const LOGS: &str = "target/fuzz-logs";
-/// The targets whose inputs are capture logs: they also start from the
-/// hand-kept valid logs of `fuzz/seeds/capture_log/` (one call per file,
-/// whole or as its two parts, and one session's log), which `cmin` never
-/// touches, so a change of the log's format cannot drop them unnoticed
-/// (`polar-capture`'s `fuzz_seeds` test keeps them valid); and they may
-/// grow inputs to [`CAPTURE_LOG_MAX_LEN`].
+/// The targets whose inputs are capture logs: they share the seeds of
+/// `fuzz/seeds/capture_log/` (see [`seeds`]) and may grow inputs to
+/// [`CAPTURE_LOG_MAX_LEN`].
 const CAPTURE_LOG_TARGETS: [&str; 2] = ["capture_log", "capture_log_roundtrip"];
 /// libFuzzer's `-max_len` for [`CAPTURE_LOG_TARGETS`]: its default, 4096
 /// bytes, cuts a log before its second call, and cut the session's log
@@ -183,12 +180,11 @@ impl Run {
             .arg(&scratch)
             .arg(&corpus);
         if let Some(seeds) = seeds(&root, target) {
-            run = run
-                .arg(seeds)
-                .arg("--")
-                .arg(format!("-max_len={CAPTURE_LOG_MAX_LEN}"));
-        } else {
-            run = run.arg("--");
+            run = run.arg(seeds);
+        }
+        run = run.arg("--");
+        if CAPTURE_LOG_TARGETS.contains(&target) {
+            run = run.arg(format!("-max_len={CAPTURE_LOG_MAX_LEN}"));
         }
         let dict = root.join("fuzz/dicts").join(format!("{target}.dict"));
         if dict.is_file() {
@@ -277,12 +273,20 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
     }
 }
 
-/// The hand-kept seeds `target` also starts from, if any (see
-/// [`CAPTURE_LOG_TARGETS`]).
+/// The hand-kept seeds `target` also starts from, if it has any:
+/// `fuzz/seeds/<target>/` (`capture_log/` for [`CAPTURE_LOG_TARGETS`]).
+/// They are inputs the minimized corpora did not reach (valid capture logs,
+/// one call per file, whole or as its two parts, and one session's log;
+/// the provider requests' structured outputs, ...), kept apart because
+/// `cmin` never touches them, so a change of a format cannot drop them
+/// unnoticed: the owning crates' `fuzz_seeds` tests keep them valid.
 fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
-    CAPTURE_LOG_TARGETS
-        .contains(&target)
-        .then(|| root.join("fuzz/seeds/capture_log"))
+    let name = if CAPTURE_LOG_TARGETS.contains(&target) {
+        "capture_log"
+    } else {
+        target
+    };
+    Some(root.join("fuzz/seeds").join(name)).filter(|dir| dir.is_dir())
 }
 
 /// Runs `target` over its committed corpus and seeds with coverage
