@@ -1,8 +1,10 @@
 //! The four APIs' stream encoders (writers) read back by the SSE reader:
-//! any sequence of stream events, in any API and framing, encodes to a
-//! stream that parses whole (SSE: every event's data JSON or `[DONE]`;
-//! a Gemini JSON array: one JSON array), and the error event after any
-//! prefix too. See `polar_fuzz::check_stream`.
+//! any sequence of stream events, in any API, framing and reply options
+//! (structured output, compaction), encodes to a stream that parses whole
+//! (SSE: every event's data JSON or `[DONE]`; a Gemini JSON array: one
+//! JSON array), and the error event after any prefix too; the complete
+//! body of the same reply is one JSON object. See
+//! `polar_fuzz::check_stream`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -11,7 +11,7 @@ use arbitrary::Unstructured;
 use polar_chat::provider::{
     self, Framing, ModelCall, ProviderError, ReplyOptions, Side, StreamEncoder, parse_request,
 };
-use polar_chat::{Api, ChatRequest, FinishReason, StreamEvent, Usage};
+use polar_chat::{Api, ChatRequest, FinishReason, ResponseFormat, StreamEvent, Usage, assemble};
 use polar_json::Doc;
 use serde_json::Value;
 
@@ -108,9 +108,11 @@ fn check_framed(framing: Framing, bytes: &[u8]) {
 }
 
 /// Stream events from `data` (a `Start`, then any deltas and tool calls,
-/// then a `Finish`, as the backend client gives them) encoded in an API and framing `data` chooses: the bytes are a
-/// well-formed stream, and so are those of a stream ended by the API's
-/// error event instead.
+/// then a `Finish`, as the backend client gives them) encoded in an API,
+/// framing and reply options (structured output, compaction) `data`
+/// chooses: the bytes are a well-formed stream, and so are those of a
+/// stream ended by the API's error event instead; the reply the events
+/// make, written as a complete body, is one JSON object.
 pub fn check_stream(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(api) = u.choose(&[
@@ -126,12 +128,24 @@ pub fn check_stream(data: &[u8]) {
     } else {
         Framing::Sse
     };
+    // The options added after the corpus was made come from the input's
+    // last byte, so the corpus's inputs still read as the same events.
+    let last = data.last().copied().unwrap_or(0);
     let opts = ReplyOptions {
         created: u.arbitrary().unwrap_or(0),
         include_usage: u.arbitrary().unwrap_or(false),
         framing,
-        response_format: None,
-        compaction: false,
+        response_format: match (last >> 1) & 3 {
+            2 => Some(ResponseFormat::JsonObject),
+            3 => Some(ResponseFormat::JsonSchema {
+                name: "answer".into(),
+                schema: serde_json::json!({"type": "object", "required": ["a"]}),
+                strict: (last & 8 != 0).then_some(true),
+            }),
+            _ => None,
+        },
+        // A compaction reply (the Responses API's; the others ignore it).
+        compaction: last & 1 == 1,
     };
     let mut events = vec![StreamEvent::Start {
         id: text(&mut u),
@@ -160,6 +174,11 @@ pub fn check_stream(data: &[u8]) {
     let mut enc = provider::encoder(*api, &opts);
     let whole = provider::encode_all(&mut enc, &events);
     check_framed(framing, &whole);
+
+    // The same reply as the complete (non-streamed) body: one JSON object.
+    let body = provider::response_body(*api, &assemble(&events), &opts);
+    let body: Value = serde_json::from_slice(&body).expect("a reply body is JSON");
+    assert!(body.is_object(), "{body}");
 
     // Cut before the end and ended with the API's error event.
     let cut = events.len() / 2;
