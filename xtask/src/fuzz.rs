@@ -46,15 +46,10 @@ const CAPTURE_LOG_TARGETS: [&str; 2] = ["capture_log", "capture_log_roundtrip"];
 /// bytes, cuts a log before its second call, and cut the session's log
 /// (26 KiB) before its first completion.
 const CAPTURE_LOG_MAX_LEN: usize = 32 << 10;
-/// Where a target's coverage report goes, from the workspace root.
-const COVERAGE_REPORTS: &str = "target/fuzz-coverage";
-/// The sources a coverage report leaves out: the dependencies', the
-/// standard library's, the fuzz targets' own and generated code.
-const NOT_POLAR: &str = r"(/\.cargo/registry/|/\.rustup/|^/rustc/|/fuzz/|/target/)";
 /// How often the runs are looked at.
 const POLL: Duration = Duration::from_millis(100);
 /// How long a stopped run has to end after SIGTERM.
-const STOP_GRACE: Duration = Duration::from_secs(10);
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, clap::Args)]
 pub struct FuzzArgs {
@@ -95,7 +90,7 @@ pub fn run(args: FuzzArgs) -> Result<()> {
     if args.coverage {
         setup::llvm_tools()?;
         for t in &chosen {
-            coverage(t)?;
+            crate::fuzz_coverage::report(t)?;
         }
         return Ok(());
     }
@@ -123,7 +118,7 @@ fn cores() -> usize {
 /// was given (`CARGO`, `CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...; the
 /// toolchain's): the fuzz build sees the environment a shell gives it, so
 /// runs from a shell and from xtask do not rebuild each other's crates.
-fn nightly_cargo() -> Result<Cmd> {
+pub fn nightly_cargo() -> Result<Cmd> {
     let mut cmd = Cmd::new("cargo")?.arg("+nightly");
     for (key, _) in std::env::vars_os() {
         let Some(key) = key.to_str() else { continue };
@@ -280,110 +275,13 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
 /// the provider requests' structured outputs, ...), kept apart because
 /// `cmin` never touches them, so a change of a format cannot drop them
 /// unnoticed: the owning crates' `fuzz_seeds` tests keep them valid.
-fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
+pub fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
     let name = if CAPTURE_LOG_TARGETS.contains(&target) {
         "capture_log"
     } else {
         target
     };
     Some(root.join("fuzz/seeds").join(name)).filter(|dir| dir.is_dir())
-}
-
-/// Runs `target` over its committed corpus and seeds with coverage
-/// instrumentation, writes `llvm-cov`'s report on Polar's sources to
-/// [`COVERAGE_REPORTS`] and prints its rows for the files the target ran
-/// any line of, with their total.
-fn coverage(target: &str) -> Result<()> {
-    let root = workspace_root()?;
-    let dir = root.join(COVERAGE_REPORTS);
-    std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
-    let log = dir.join(format!("{target}.log"));
-    eprintln!(
-        "==> fuzz: coverage of {target} over its corpus (log {COVERAGE_REPORTS}/{target}.log)"
-    );
-    let mut cmd = nightly_cargo()?
-        .args(["fuzz", "coverage", target])
-        .arg(root.join("fuzz/corpus").join(target));
-    if let Some(seeds) = seeds(&root, target) {
-        cmd = cmd.arg(seeds);
-    }
-    let status = Group::spawn(cmd, &log, STOP_GRACE)?.wait()?;
-    if !status.success() {
-        bail!(
-            "`cargo fuzz coverage {target}` failed ({status}):\n{}",
-            tail(&log, 30)
-        );
-    }
-    let rustc = |arg: &str| -> Result<String> {
-        Cmd::new("rustc")?
-            .args(["+nightly", arg])
-            .probe()
-            .context("`rustc +nightly` failed")
-    };
-    let sysroot = rustc("--print=sysroot")?;
-    let host = rustc("-vV")?
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
-        .context("`rustc -vV` names no host")?;
-    let tools = Path::new(sysroot.trim())
-        .join("lib/rustlib")
-        .join(&host)
-        .join("bin");
-    let binary = root
-        .join("target")
-        .join(&host)
-        .join("coverage")
-        .join(&host)
-        .join("release")
-        .join(target);
-    let profile = root
-        .join("fuzz/coverage")
-        .join(target)
-        .join("coverage.profdata");
-    let summary = Cmd::new(tools.join("llvm-cov"))?
-        .args(["export", "-summary-only"])
-        .arg(&binary)
-        .arg(format!("-instr-profile={}", profile.display()))
-        .arg(format!("-ignore-filename-regex={NOT_POLAR}"))
-        .probe()
-        .with_context(|| format!("`llvm-cov export` on {} failed", binary.display()))?;
-    let path = dir.join(format!("{target}.json"));
-    std::fs::write(&path, &summary)
-        .with_context(|| format!("could not write {}", path.display()))?;
-    let summary: serde_json::Value =
-        serde_json::from_str(&summary).context("reading llvm-cov's summary")?;
-    let files = summary["data"][0]["files"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let mut reached: Vec<(String, u64, u64)> = files
-        .iter()
-        .filter_map(|f| {
-            let lines = &f["summary"]["lines"];
-            let (count, covered) = (lines["count"].as_u64()?, lines["covered"].as_u64()?);
-            let name = f["filename"].as_str()?;
-            let name = Path::new(name)
-                .strip_prefix(&root)
-                .map_or(name.into(), |p| p.display().to_string());
-            (covered > 0).then_some((name, covered, count))
-        })
-        .collect();
-    reached.sort();
-    eprintln!("    {target}: lines run / lines, per source file of Polar's it reaches:");
-    for (name, covered, count) in &reached {
-        eprintln!("      {covered:>5} / {count:<5} {name}");
-    }
-    let covered: u64 = reached.iter().map(|r| r.1).sum();
-    let count: u64 = reached.iter().map(|r| r.2).sum();
-    eprintln!(
-        "    {target}: {covered} of {count} lines in those files ({:.1}%); llvm-cov's summary: {COVERAGE_REPORTS}/{target}.json",
-        if count == 0 {
-            0.0
-        } else {
-            100.0 * covered as f64 / count as f64
-        }
-    );
-    Ok(())
 }
 
 /// Folds the scratch corpus of `target` into `fuzz/corpus/<target>` and

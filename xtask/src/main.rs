@@ -12,6 +12,7 @@ mod demo;
 mod dist;
 mod docker;
 mod fuzz;
+mod fuzz_coverage;
 mod group;
 mod harnesses;
 mod layers;
