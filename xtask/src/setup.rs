@@ -97,7 +97,7 @@ pub fn packages(scope: Scope) -> Result<()> {
 /// [`packages`]: bpf-linker builds against Debian's LLVM).
 pub fn tools(scope: Scope) -> Result<()> {
     nightly_toolchain()?;
-    rust_src()?;
+    nightly_component("rust-src")?;
     bpf_linker()?;
     if scope >= Scope::All {
         cargo_deny()?;
@@ -188,10 +188,6 @@ fn nightly_toolchain() -> Result<()> {
         .context("could not install the nightly toolchain")?;
     report("rust nightly", "installed");
     Ok(())
-}
-
-fn rust_src() -> Result<()> {
-    nightly_component("rust-src")
 }
 
 /// The nightly toolchain's llvm-cov and llvm-profdata, for `cargo xtask
