@@ -246,6 +246,7 @@ c own -H "Authorization: Bearer $POLAR_API_KEY"
 /// `proxy.max_body_bytes` etc. for the flood test: small enough that the
 /// flood hits every cap quickly.
 const BODY_MAX: u64 = 4 << 20;
+const SESSION_CONNECTIONS: u64 = 64;
 const SESSION_BODY: u64 = 32 << 20;
 const BUDGET: u64 = 64 << 20;
 /// What the agent process may hold besides request bodies during the flood:
@@ -270,16 +271,21 @@ WAVE = min(600, hard - 256)
 HOLD = 100
 BODY = 4 << 20
 seen = collections.Counter()
-async def one():
+def head(length):
+    return ("POST /v1/chat/completions HTTP/1.1\r\nhost: polar\r\ncontent-type: application/json\r\n"
+            f"authorization: Bearer {KEY}\r\ncontent-length: {length}\r\n\r\n").encode()
+async def connect(tag):
     try:
-        r, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), 10)
+        return await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), 10)
     except Exception as e:
-        seen["connect:" + type(e).__name__] += 1
+        seen[tag + "connect:" + type(e).__name__] += 1
+        return None
+async def one():
+    if not (rw := await connect("")):
         return
-    head = ("POST /v1/chat/completions HTTP/1.1\r\nhost: polar\r\ncontent-type: application/json\r\n"
-            f"authorization: Bearer {KEY}\r\ncontent-length: {BODY}\r\n\r\n")
+    r, w = rw
     async def send():
-        w.write(head.encode())
+        w.write(head(BODY))
         chunk = b" " * (256 << 10)
         for _ in range(12):
             w.write(chunk); await w.drain()
@@ -303,19 +309,16 @@ async def hold():
     # left open and idle for 3 s as a keep-alive client leaves it: it keeps
     # its place among the session's connections however fast the agent
     # answers. One over the cap is closed without a reply.
-    try:
-        r, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port), 10)
-    except Exception as e:
-        seen["hold:connect:" + type(e).__name__] += 1
+    if not (rw := await connect("hold:")):
         return
-    w.write(("POST /v1/chat/completions HTTP/1.1\r\nhost: polar\r\ncontent-type: application/json\r\n"
-             f"authorization: Bearer {KEY}\r\ncontent-length: 2\r\n\r\n{{}}").encode())
+    r, w = rw
+    w.write(head(2) + b"{}")
     try:
         line = await asyncio.wait_for(r.readline(), 30)
         if not line:
             raise ConnectionResetError
-        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
-        length = [int(h.split(b":")[1]) for h in head.lower().split(b"\r\n")
+        fields = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+        length = [int(h.split(b":")[1]) for h in fields.lower().split(b"\r\n")
                   if h.startswith(b"content-length:")]
         if length:
             await asyncio.wait_for(r.readexactly(length[0]), 5)
@@ -401,7 +404,7 @@ fn report(text: &str) {
 async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays_in_budget()
 -> Result<()> {
     let node = Node::start(&format!(
-        "max_body_bytes = {BODY_MAX}\nmax_session_connections = 64\nmax_session_streams = 32\n\
+        "max_body_bytes = {BODY_MAX}\nmax_session_connections = {SESSION_CONNECTIONS}\nmax_session_streams = 32\n\
          max_session_body_bytes = {SESSION_BODY}\nbody_budget_bytes = {BUDGET}\nadmission_wait_ms = 500\n"
     ))
     .await?;
@@ -468,8 +471,8 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
         .filter_map(|(_, v)| v.as_u64())
         .sum();
     ensure!(
-        n("hold:refused") > 0 && kept > 0 && kept <= 64,
-        "of the 100 held connections {kept} were kept open (cap 64): {seen}"
+        n("hold:refused") > 0 && kept > 0 && kept <= SESSION_CONNECTIONS,
+        "of the 100 held connections {kept} were kept open (cap {SESSION_CONNECTIONS}): {seen}"
     );
     ensure!(
         refused(Cap::SessionConnections) > 0
