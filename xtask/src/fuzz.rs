@@ -88,11 +88,7 @@ pub fn run(args: FuzzArgs) -> Result<()> {
         args.targets
     };
     if args.coverage {
-        setup::llvm_tools()?;
-        for t in &chosen {
-            crate::fuzz_coverage::report(t)?;
-        }
-        return Ok(());
+        return crate::fuzz_coverage::run(&chosen);
     }
     fuzz(&chosen, args.secs, args.jobs.unwrap_or_else(cores))?;
     if args.cmin {

@@ -16,6 +16,7 @@ use crate::cmd::{Cmd, workspace_root};
 use crate::daemon::tail;
 use crate::fuzz::{STOP_GRACE, nightly_cargo, seeds};
 use crate::group::Group;
+use crate::setup;
 
 /// Where a target's report goes, from the workspace root.
 const COVERAGE_REPORTS: &str = "target/fuzz-coverage";
@@ -23,11 +24,36 @@ const COVERAGE_REPORTS: &str = "target/fuzz-coverage";
 /// library's, the fuzz targets' own and generated code.
 const NOT_POLAR: &str = r"(/\.cargo/registry/|/\.rustup/|^/rustc/|/fuzz/|/target/)";
 
+/// [`report`] for each of `targets`, the nightly toolchain's `llvm-cov`
+/// and host looked up once.
+pub fn run(targets: &[String]) -> Result<()> {
+    setup::llvm_tools()?;
+    let rustc = |arg: &str| -> Result<String> {
+        Cmd::new("rustc")?
+            .args(["+nightly", arg])
+            .probe()
+            .context("`rustc +nightly` failed")
+    };
+    let sysroot = rustc("--print=sysroot")?;
+    let host = rustc("-vV")?
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .context("`rustc -vV` names no host")?;
+    let llvm_cov = Path::new(sysroot.trim())
+        .join("lib/rustlib")
+        .join(&host)
+        .join("bin/llvm-cov");
+    for t in targets {
+        report(t, &llvm_cov, &host)?;
+    }
+    Ok(())
+}
+
 /// Runs `target` over its committed corpus and seeds with coverage
-/// instrumentation, writes `llvm-cov`'s report on Polar's sources to
-/// [`COVERAGE_REPORTS`] and prints its rows for the files the target ran
-/// any line of, with their total.
-pub fn report(target: &str) -> Result<()> {
+/// instrumentation (built for `host`), writes `llvm-cov`'s report on
+/// Polar's sources to [`COVERAGE_REPORTS`] and prints its rows for the
+/// files the target ran any line of, with their total.
+fn report(target: &str, llvm_cov: &Path, host: &str) -> Result<()> {
     let root = workspace_root()?;
     let dir = root.join(COVERAGE_REPORTS);
     std::fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
@@ -48,33 +74,18 @@ pub fn report(target: &str) -> Result<()> {
             tail(&log, 30)
         );
     }
-    let rustc = |arg: &str| -> Result<String> {
-        Cmd::new("rustc")?
-            .args(["+nightly", arg])
-            .probe()
-            .context("`rustc +nightly` failed")
-    };
-    let sysroot = rustc("--print=sysroot")?;
-    let host = rustc("-vV")?
-        .lines()
-        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
-        .context("`rustc -vV` names no host")?;
-    let tools = Path::new(sysroot.trim())
-        .join("lib/rustlib")
-        .join(&host)
-        .join("bin");
     let binary = root
         .join("target")
-        .join(&host)
+        .join(host)
         .join("coverage")
-        .join(&host)
+        .join(host)
         .join("release")
         .join(target);
     let profile = root
         .join("fuzz/coverage")
         .join(target)
         .join("coverage.profdata");
-    let summary = Cmd::new(tools.join("llvm-cov"))?
+    let summary = Cmd::new(llvm_cov)?
         .args(["export", "-summary-only"])
         .arg(&binary)
         .arg(format!("-instr-profile={}", profile.display()))
