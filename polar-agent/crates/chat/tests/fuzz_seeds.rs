@@ -1,17 +1,25 @@
-//! The request fuzz targets' hand-kept seeds (`fuzz/seeds/request_<api>/`:
-//! the request shapes the minimized corpora had not reached, structured
-//! outputs first) are requests today's parsers accept, each with what it
-//! was written for. A change that makes one a refusal fails here, instead
-//! of leaving the fuzzers on the parser's error path for it.
+//! The `polar-chat` fuzz targets' hand-kept seeds are inputs today's
+//! parsers accept, each with what it was written for: the request targets'
+//! (`fuzz/seeds/request_<api>/`: the request shapes the minimized corpora
+//! had not reached, structured outputs first) and `output_parser`'s (model
+//! outputs: reasoning, text and tool calls). A change that makes one a
+//! refusal fails here, instead of leaving the fuzzers on the parser's error
+//! path for it.
 
 use std::path::Path;
 
 use polar_chat::Api;
+use polar_chat::output::{OutputFormat, OutputParser};
 use polar_chat::provider::{Framing, ModelCall, parse_request};
+
+fn seeds_dir(target: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../fuzz/seeds")
+        .join(target)
+}
 
 #[test]
 fn every_request_seed_parses_into_what_it_was_written_for() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../fuzz/seeds");
     let mut seeds = 0;
     for (dir, api) in [
         ("request_openai_chat", Api::OpenaiChat),
@@ -24,7 +32,7 @@ fn every_request_seed_parses_into_what_it_was_written_for() {
             framing: Framing::Json,
             path_model: (api == Api::Gemini).then(|| "gemini-2.5-pro".to_owned()),
         };
-        for entry in std::fs::read_dir(root.join(dir)).expect("a seed directory") {
+        for entry in std::fs::read_dir(seeds_dir(dir)).expect("a seed directory") {
             let path = entry.expect("a directory entry").path();
             let name = path
                 .file_name()
@@ -47,4 +55,35 @@ fn every_request_seed_parses_into_what_it_was_written_for() {
         }
     }
     assert!(seeds >= 11, "{seeds} seeds");
+}
+
+/// `output_parser`'s seeds (a byte choosing the pieces, then a model's
+/// output) parse whole with no error, and between them have reasoning,
+/// text and complete tool calls with arguments.
+#[test]
+fn every_output_seed_parses() {
+    let (mut seeds, mut reasoning, mut text, mut calls) = (0, 0, 0, 0);
+    for entry in std::fs::read_dir(seeds_dir("output_parser")).expect("a seed directory") {
+        let path = entry.expect("a directory entry").path();
+        let data = std::fs::read(&path).expect("a seed");
+        let output = std::str::from_utf8(&data[1..]).expect("a seed is UTF-8 after its first byte");
+        let mut parser = OutputParser::new(OutputFormat::Qwen3);
+        let parsed = parser
+            .push(output)
+            .and_then(|()| parser.finish())
+            .map(|()| parser.parsed().clone())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        reasoning += usize::from(!parsed.reasoning.is_empty());
+        text += usize::from(!parsed.content.is_empty());
+        calls += parsed
+            .calls
+            .iter()
+            .filter(|c| c.done && c.arguments.len() > 2)
+            .count();
+        seeds += 1;
+    }
+    assert!(
+        seeds >= 6 && reasoning >= 3 && text >= 4 && calls >= 5,
+        "{seeds} seeds: {reasoning} with reasoning, {text} with text, {calls} tool calls"
+    );
 }
