@@ -9,10 +9,15 @@
 //! whole text gives, the same parse or the same error; and `Resync`,
 //! stepped after every piece with each event it yields noted as sent,
 //! never finds the parse diverging from what it sent and ends having sent
-//! all of it.
+//! all of it. Nor does it when the tool calls' arguments sent halfway were
+//! re-serialized by the server (without the whitespace outside strings, as
+//! vLLM's `hermes` parser may send them): it goes on from the output's own
+//! text, and the harness ends with the same arguments but for that
+//! whitespace.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use polar_chat::StreamEvent;
 use polar_chat::output::resync::Resync;
 use polar_chat::output::{OutputError, OutputFormat, OutputParser, ParsedOutput};
 
@@ -26,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let mut parser = OutputParser::new(OutputFormat::Qwen3);
     let mut resync = Resync::new();
     let mut was = ParsedOutput::default();
+    let mut halfway = None;
     let (mut at, mut n) = (0, 0u32);
     let pieces = loop {
         if at == text.len() {
@@ -44,6 +50,9 @@ fuzz_target!(|data: &[u8]| {
         grows(&was, parser.parsed());
         was = parser.parsed().clone();
         step(&mut resync, parser.parsed(), parser.is_finished());
+        if halfway.is_none() && 2 * at >= text.len() {
+            halfway = Some(was.clone());
+        }
     };
     let pieces = pieces.map(|()| parser.parsed().clone());
     assert_eq!(pieces, whole, "in pieces, then whole");
@@ -60,8 +69,61 @@ fuzz_target!(|data: &[u8]| {
                 .collect()
         };
         assert_eq!(calls(sent), calls(&done));
+        if let Some(halfway) = halfway {
+            resumes_after_reserialized(&halfway, &done);
+        }
     }
 });
+
+/// A server sent the replies' events up to `halfway` (not finished), its
+/// tool call arguments re-serialized; the output then parsed to `done`.
+fn resumes_after_reserialized(halfway: &ParsedOutput, done: &ParsedOutput) {
+    let mut resync = Resync::new();
+    let events = resync
+        .step(halfway, false)
+        .unwrap_or_else(|e| panic!("a first step diverged: {e}"));
+    for e in events {
+        resync.observe(&match e {
+            StreamEvent::ToolCallDelta { index, arguments } => StreamEvent::ToolCallDelta {
+                index,
+                arguments: compact(&arguments),
+            },
+            other => other,
+        });
+    }
+    step(&mut resync, done, true);
+    let sent = &resync.sent().calls;
+    assert_eq!(sent.len(), done.calls.len());
+    for (s, d) in sent.iter().zip(&done.calls) {
+        assert_eq!(
+            compact(&s.arguments),
+            compact(&d.arguments),
+            "{s:?} for {d:?}"
+        );
+    }
+}
+
+/// JSON text, possibly cut short, without the whitespace outside its
+/// strings (written here apart from `Resync`'s own, to check it).
+fn compact(json: &str) -> String {
+    let (mut in_string, mut escaped) = (false, false);
+    json.chars()
+        .filter(|&c| {
+            if in_string {
+                if escaped {
+                    escaped = false;
+                } else {
+                    escaped = c == '\\';
+                    in_string = c != '"';
+                }
+                true
+            } else {
+                in_string = c == '"';
+                !matches!(c, ' ' | '\t' | '\n' | '\r')
+            }
+        })
+        .collect()
+}
 
 fn parse_whole(text: &str) -> Result<ParsedOutput, OutputError> {
     let mut parser = OutputParser::new(OutputFormat::Qwen3);
