@@ -40,31 +40,33 @@ fuzz_target!(|data: &[u8]| {
             seq: r.seq,
             session_id: r.session_id.clone(),
         };
-        for tokens in [ReplyTokensJson::default(), streamed(&r, piece)] {
-            for prompt in prompts {
-                let mut pre = PreEncoded::requests(&r.native_request, &r.request);
-                pre.prompt_token_ids = prompt.and_then(PreEncoded::prompt);
-                let line =
-                    encode_end(&r, &RecordParts::Whole(pre), &tokens).expect("a record serializes");
+        let tokens = [ReplyTokensJson::default(), streamed(&r, piece)];
+        let pre = PreEncoded::requests(&r.native_request, &r.request);
+        for prompt in prompts {
+            let ahead = RecordParts::Whole(PreEncoded {
+                prompt_token_ids: prompt.and_then(PreEncoded::prompt),
+                ..PreEncoded::requests(&r.native_request, &r.request)
+            });
+            let part = encode_request_part(&head, &pre, prompt)
+                .expect("a record serializes")
+                .expect("its requests were serialized");
+            let in_part = || RecordParts::InRequestPart(prompt.map(<[u32]>::to_vec).into());
+            let parts = in_part();
+            // The part's ids known to be the record's.
+            let unchanged = (prompt == own).then(|| in_part().prompt_unchanged());
+            for tokens in &tokens {
+                let line = encode_end(&r, &ahead, tokens).expect("a record serializes");
                 assert!(
                     line == whole,
                     "prompt ids serialized ahead: {prompt:?}\n{}\n{}",
                     String::from_utf8_lossy(&line),
                     String::from_utf8_lossy(&whole)
                 );
-            }
-            let pre = PreEncoded::requests(&r.native_request, &r.request);
-            for prompt in prompts {
-                let part = encode_request_part(&head, &pre, prompt)
-                    .expect("a record serializes")
-                    .expect("its requests were serialized");
-                let parts = RecordParts::InRequestPart(prompt.map(<[u32]>::to_vec).into());
-                let end = encode_end(&r, &parts, &tokens).expect("a record serializes");
-                reads_back(&r, &[part, end.clone()].concat());
-                if prompt == own {
-                    let unchanged = encode_end(&r, &parts.prompt_unchanged(), &tokens)
-                        .expect("a record serializes");
-                    assert_eq!(unchanged, end, "the part's ids known to be the record's");
+                let end = encode_end(&r, &parts, tokens).expect("a record serializes");
+                reads_back(&r, &[&part[..], &end].concat());
+                if let Some(unchanged) = &unchanged {
+                    let same = encode_end(&r, unchanged, tokens).expect("a record serializes");
+                    assert_eq!(same, end, "the part's ids known to be the record's");
                 }
             }
         }

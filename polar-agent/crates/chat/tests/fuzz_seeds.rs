@@ -6,13 +6,13 @@
 //! refusal fails here, instead of leaving the fuzzers on the parser's error
 //! path for it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use polar_chat::Api;
 use polar_chat::output::{OutputFormat, OutputParser};
 use polar_chat::provider::{Framing, ModelCall, parse_request};
 
-fn seeds_dir(target: &str) -> std::path::PathBuf {
+fn seeds_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../fuzz/seeds")
         .join(target)
@@ -66,7 +66,8 @@ fn every_output_seed_parses() {
     for entry in std::fs::read_dir(seeds_dir("output_parser")).expect("a seed directory") {
         let path = entry.expect("a directory entry").path();
         let data = std::fs::read(&path).expect("a seed");
-        let output = std::str::from_utf8(&data[1..]).expect("a seed is UTF-8 after its first byte");
+        let (_, output) = data.split_first().expect("a seed is not empty");
+        let output = std::str::from_utf8(output).expect("a seed is UTF-8 after its first byte");
         let mut parser = OutputParser::new(OutputFormat::Qwen3);
         let parsed = parser
             .push(output)
