@@ -1015,7 +1015,9 @@ fn compaction_problems(rows: &[Value]) -> Vec<String> {
 
 /// One `run_all` at a time: each already runs its harnesses at once, and
 /// more on this machine's few cores make the CLIs too slow to start
-/// (`gemini --version` alone can take 30 s under load).
+/// (`gemini --version` alone can take 30 s under load). This holds within
+/// one test process (`cargo test`); across the processes cargo-nextest
+/// runs, the `harness-clis` test group of `.config/nextest.toml` does.
 static ONE_RUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs the harnesses at once (in native sandboxes, or in docker

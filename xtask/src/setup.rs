@@ -5,9 +5,9 @@
 //! changes nothing and takes seconds. One line per item says whether it was
 //! already present or has just been installed. `cargo xtask demo` installs
 //! only what building and running the demo takes ([`Scope::Demo`]); every
-//! other command everything ([`Scope::All`]), cargo-deny, cargo-fuzz, the tools only
-//! the tests call and the Python client's environments ([`python`])
-//! included.
+//! other command everything ([`Scope::All`]), cargo-deny, cargo-fuzz,
+//! cargo-nextest, the tools only the tests call and the Python client's
+//! environments ([`python`]) included.
 
 use anyhow::{Context as _, Result, bail};
 
@@ -20,8 +20,9 @@ pub enum Scope {
     /// Building `polar` (LLVM 22, nightly + rust-src, bpf-linker) and
     /// running the demo (bubblewrap, python3, kill).
     Demo,
-    /// Everything, for the tests too: cargo-deny, cargo-fuzz, the tools
-    /// they call and the Python environments of `python/`.
+    /// Everything, for the tests too: cargo-deny, cargo-fuzz,
+    /// cargo-nextest, the tools they call and the Python environments of
+    /// `python/`.
     All,
 }
 
@@ -72,6 +73,8 @@ const LLVM_22_PREFIX: &str = "/usr/lib/llvm-22";
 const CARGO_DENY_VERSION: &str = "0.20";
 /// cargo-fuzz, run with the nightly toolchain.
 const CARGO_FUZZ_VERSION: &str = "0.13";
+/// cargo-nextest 0.9 (test groups and priorities, `.config/nextest.toml`).
+const CARGO_NEXTEST_VERSION: &str = "0.9";
 
 /// Checks every item `scope` needs and installs the missing ones.
 pub fn run(scope: Scope) -> Result<()> {
@@ -102,6 +105,7 @@ pub fn tools(scope: Scope) -> Result<()> {
     if scope >= Scope::All {
         cargo_deny()?;
         cargo_fuzz()?;
+        cargo_nextest()?;
     }
     Ok(())
 }
@@ -266,45 +270,44 @@ pub fn fuzz_tools() -> Result<()> {
 /// cargo-fuzz, for the fuzz targets (`cargo xtask fuzz`, and the tests'
 /// short runs).
 fn cargo_fuzz() -> Result<()> {
-    let wanted = format!("{CARGO_FUZZ_VERSION}.");
+    cargo_tool("fuzz", CARGO_FUZZ_VERSION)
+}
+
+/// cargo-deny, for the dependency policy step of the tests.
+fn cargo_deny() -> Result<()> {
+    cargo_tool("deny", CARGO_DENY_VERSION)
+}
+
+/// cargo-nextest, which runs the tests (`.config/nextest.toml`).
+fn cargo_nextest() -> Result<()> {
+    cargo_tool("nextest", CARGO_NEXTEST_VERSION)
+}
+
+/// The cargo subcommand `cargo <sub>` (crate `cargo-<sub>`) at `version`
+/// (a major.minor prefix), built with `cargo install --locked` if it is
+/// missing or another version.
+fn cargo_tool(sub: &str, version: &str) -> Result<()> {
+    let krate = format!("cargo-{sub}");
+    let wanted = format!("{version}.");
     let present = Cmd::new("cargo")?
-        .args(["fuzz", "--version"])
+        .args([sub, "--version"])
         .probe()
-        // `cargo-fuzz 0.13.2`
+        // `cargo-fuzz 0.13.2`, `cargo-nextest 0.9.143 (<commit> <date>)`
         .is_some_and(|out| {
             out.split_whitespace()
                 .nth(1)
                 .is_some_and(|v| v.starts_with(&wanted))
         });
     if present {
-        report("cargo-fuzz", "present");
+        report(&krate, "present");
         return Ok(());
     }
     Cmd::new("cargo")?
-        .args(["install", "cargo-fuzz", "--version"])
-        .arg(format!("~{CARGO_FUZZ_VERSION}"))
+        .args(["install", &krate, "--version"])
+        .arg(format!("~{version}"))
         .arg("--locked")
         .run()
-        .context("could not install cargo-fuzz")?;
-    report("cargo-fuzz", "installed");
-    Ok(())
-}
-
-fn cargo_deny() -> Result<()> {
-    if Cmd::new("cargo")?
-        .args(["deny", "--version"])
-        .probe()
-        .is_some()
-    {
-        report("cargo-deny", "present");
-        return Ok(());
-    }
-    Cmd::new("cargo")?
-        .args(["install", "cargo-deny", "--version"])
-        .arg(format!("~{CARGO_DENY_VERSION}"))
-        .arg("--locked")
-        .run()
-        .context("could not install cargo-deny")?;
-    report("cargo-deny", "installed");
+        .with_context(|| format!("could not install {krate}"))?;
+    report(&krate, "installed");
     Ok(())
 }

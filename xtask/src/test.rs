@@ -11,17 +11,23 @@
 //! clippy, before the long steps.
 //!
 //! The end-to-end tests run the `polar` binary from `target/debug`, so it is
-//! built before `cargo test`. The privileged tests (real cgroups, eBPF and
-//! network namespaces) need root; `--unprivileged` leaves them out. With
-//! them, a private Docker engine ([`docker::Engine`]) and a Slurm test
-//! cluster ([`slurm::Cluster`]) run for the length of the test step, for
-//! the docker runtime's tests (`POLAR_TEST_DOCKER_HOST`,
-//! `POLAR_TEST_DOCKER_IMAGE`) and the Slurm rollout tests
-//! (`POLAR_TEST_SLURM_CONF`). Before the tests, every fuzz target runs for
-//! a few seconds from its committed corpus ([`fuzz`]). The last step
-//! checks and tests the Python client (`python/`) in its environments
-//! ([`python`]); then, with root, the dashboard
-//! in headless Chromium ([`dashboard`]).
+//! built before the tests (`cargo nextest run`, the tests of every test
+//! binary side by side, `.config/nextest.toml`; then `cargo test --doc`).
+//! The privileged tests (real cgroups, eBPF and network namespaces) need
+//! root; `--unprivileged` leaves them out. With them, a private Docker
+//! engine ([`docker::Engine`]) and a Slurm test cluster
+//! ([`slurm::Cluster`]) run for the length of the test step, for the docker
+//! runtime's tests (`POLAR_TEST_DOCKER_HOST`, `POLAR_TEST_DOCKER_IMAGE`) and
+//! the Slurm rollout tests (`POLAR_TEST_SLURM_CONF`). Before the tests,
+//! every fuzz target runs for a few seconds from its committed corpus
+//! ([`fuzz`]). The last steps check and test the Python client (`python/`)
+//! in its environments ([`python`]); then, with root, the dashboard in
+//! headless Chromium and Firefox ([`dashboard`]).
+//!
+//! Each step's time is printed when it ends, and the whole run's, so CI's
+//! log shows where the time goes.
+
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -68,13 +74,14 @@ pub struct TestArgs {
     /// Leave out the privileged tests (for runs without root).
     #[arg(long)]
     unprivileged: bool,
-    /// Extra arguments for `cargo test`, e.g. a test name filter or
-    /// `-- --nocapture`.
+    /// Extra arguments for `cargo nextest run`, e.g. a test name filter or
+    /// `--no-capture`.
     #[arg(last = true)]
     cargo_test_args: Vec<String>,
 }
 
 pub fn run(args: TestArgs) -> Result<()> {
+    let started = Instant::now();
     // Checked before anything is installed or built.
     if !args.unprivileged && !is_root()? {
         bail!(
@@ -86,12 +93,18 @@ pub fn run(args: TestArgs) -> Result<()> {
     // Downloads, while the tools build and the checks run.
     let downloads = Background::start(!args.unprivileged)?;
     setup::tools(setup::Scope::All)?;
-    let mut cargo_test = Cmd::new("cargo")?.arg("test");
+    // The tests of every test binary side by side, each in a process of its
+    // own (`.config/nextest.toml`: their groups and priorities).
+    let mut cargo_test = Cmd::new("cargo")?.args(["nextest", "run"]);
+    // cargo-nextest runs no doc tests: `cargo test --doc` does.
+    let mut doc_tests = Cmd::new("cargo")?.args(["test", "--doc"]);
     if !args.unprivileged {
         // The end-to-end tests run the real harness CLIs.
         cargo_test = cargo_test
             .env("POLAR_HARNESS_DIR", harnesses::install_dir()?)
             .args(["--features", PRIVILEGED_FEATURE]);
+        // The same features, so nothing builds again.
+        doc_tests = doc_tests.args(["--features", PRIVILEGED_FEATURE]);
     }
     let steps = [
         (
@@ -155,6 +168,7 @@ pub fn run(args: TestArgs) -> Result<()> {
                 services: !args.unprivileged,
             },
         ),
+        ("doc tests", Step::run(doc_tests)),
         (
             "python client",
             Step::Python {
@@ -169,9 +183,14 @@ pub fn run(args: TestArgs) -> Result<()> {
         ),
     ];
 
+    eprintln!(
+        "==> set-up (Debian packages, cargo tools) took {}",
+        minutes(started.elapsed())
+    );
     let total = steps.len();
     for (index, (name, step)) in steps.into_iter().enumerate() {
         let number = index + 1;
+        let step_started = Instant::now();
         let failed = || format!("test step {number}/{total} ({name}) failed");
         match step {
             Step::Run(cmd) => {
@@ -234,9 +253,23 @@ pub fn run(args: TestArgs) -> Result<()> {
                 }
             }
         }
+        eprintln!(
+            "==> test step {number}/{total} ({name}) took {}",
+            minutes(step_started.elapsed())
+        );
     }
-    eprintln!("==> all {total} test steps passed");
+    eprintln!(
+        "==> all {total} test steps passed in {}, installs included",
+        minutes(started.elapsed())
+    );
     Ok(())
+}
+
+/// A duration as minutes and seconds, for the steps' timings (CI's log
+/// shows where the suite's time goes).
+fn minutes(d: Duration) -> String {
+    let secs = d.as_secs();
+    format!("{}m{:02}s", secs / 60, secs % 60)
 }
 
 /// Longest a single Python test may run (pytest-timeout).

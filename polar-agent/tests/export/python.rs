@@ -7,6 +7,9 @@ use std::sync::Mutex;
 
 use anyhow::{Context as _, Result, bail};
 
+/// One install at a time within a test process (`cargo test`); across the
+/// processes cargo-nextest runs, the `system-python` test group of
+/// `.config/nextest.toml`.
 static INSTALL: Mutex<()> = Mutex::new(());
 
 fn python(args: &[&str]) -> Result<Output> {
