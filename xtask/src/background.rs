@@ -5,9 +5,10 @@
 //! the privileged tests, the harness CLIs with the Python harnesses'
 //! environments ([`harnesses::run`]), the Docker test image's root file
 //! system ([`docker::image_tarball`]) and the dashboard tests' browser
-//! clients ([`dashboard::install`]). On a fresh machine these take a
-//! quarter of an hour, nearly all of it downloading and unpacking; a
-//! second run finds them present in seconds.
+//! clients ([`dashboard::install`]). On a fresh machine these take 20 to
+//! 35 minutes, nearly all of it downloading and unpacking, about as long
+//! as the builds beside them; a second run finds them present (97 s in
+//! one run).
 //!
 //! - [`Background::start`] runs `cargo xtask test-downloads` (hidden) in a
 //!   process group of its own, its output in [`LOG`]; [`Background::wait`]
