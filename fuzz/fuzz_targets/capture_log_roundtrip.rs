@@ -45,7 +45,7 @@ fuzz_target!(|data: &[u8]| {
         for prompt in prompts {
             let ahead = RecordParts::Whole(PreEncoded {
                 prompt_token_ids: prompt.and_then(PreEncoded::prompt),
-                ..PreEncoded::requests(&r.native_request, &r.request)
+                ..pre.clone()
             });
             let part = encode_request_part(&head, &pre, prompt)
                 .expect("a record serializes")

@@ -28,7 +28,7 @@ use polar_record::{
 
 /// Parts of a record already serialized. A part that is absent is
 /// serialized from the record when the line is written.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct PreEncoded {
     /// `native_request`.
     pub native_request: Option<Box<RawValue>>,
