@@ -409,12 +409,19 @@ async fn token_counts_go_past_an_overloaded_replica() {
         &format!("[\"{bad}\", \"{}\"]", mock.url()),
     );
     let agent = TestAgent::start(&toml).await;
-    for i in 0..8 {
-        let s = format!("count-past-{i}");
-        agent.session(&s, "t");
+    // Rendezvous hashing over ports picked at random: choose the sessions
+    // whose first replica is the overloaded one, so that every run tries it.
+    let pool = polar_inference::Pool::new(&agent.config.backends[0]).unwrap();
+    let names = (0..).map(|i| format!("count-past-{i}"));
+    let ranks_bad_first = |s: &String| pool.pick(s).as_deref() == Some(bad.as_str());
+    let mut sessions: Vec<String> = names.clone().filter(ranks_bad_first).take(4).collect();
+    let first_tries = sessions.len();
+    sessions.extend(names.filter(|s| !ranks_bad_first(s)).take(2));
+    for s in &sessions {
+        agent.session(s, "t");
         let count = send(request(
             agent.addr,
-            &s,
+            s,
             Method::POST,
             "/v1/messages/count_tokens",
             &[("anthropic-version", "2023-06-01")],
@@ -424,9 +431,10 @@ async fn token_counts_go_past_an_overloaded_replica() {
         assert_eq!(count.status, StatusCode::OK, "{}", count.text());
         assert_eq!(count.headers["x-polar-token-count"], "backend", "{s}");
     }
-    assert!(
-        hits.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "no session's count tried the overloaded replica first"
+    assert_eq!(
+        hits.load(std::sync::atomic::Ordering::Relaxed),
+        first_tries,
+        "each count whose session ranks the overloaded replica first tries it once, the others never"
     );
     agent.stop().await;
     server.abort();
