@@ -236,8 +236,53 @@ pub fn netns_of(pid: i32) -> Result<String> {
         .into_owned())
 }
 
+/// A network namespace held open, so that it stays the one its inode
+/// number names: the kernel gives a freed namespace's number to the next
+/// namespace made, and the suite's tests make them side by side, so a
+/// number read once may name another test's sandbox a moment later.
+pub struct Netns {
+    /// `net:[INODE]`, as `netns_of` prints it.
+    pub id: String,
+    _held: std::fs::File,
+}
+
+impl Netns {
+    /// The network namespace `pid` is in now, held.
+    pub fn of(pid: i32) -> Result<Self> {
+        let held = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .with_context(|| format!("network namespace of {pid}"))?;
+        Self::held(held)
+    }
+
+    /// The namespace named `id`, held through a process in it now.
+    pub fn find(id: &str) -> Result<Self> {
+        for pid in pids_in_netns(id) {
+            if let Ok(ns) = Self::of(pid)
+                && ns.id == id
+            {
+                return Ok(ns);
+            }
+        }
+        bail!("no process is in {id}")
+    }
+
+    fn held(held: std::fs::File) -> Result<Self> {
+        use std::os::fd::AsRawFd as _;
+        // What was opened, not what the process is in by now.
+        let id = std::fs::read_link(format!("/proc/self/fd/{}", held.as_raw_fd()))?
+            .to_string_lossy()
+            .into_owned();
+        Ok(Self { id, _held: held })
+    }
+
+    /// The processes in this namespace.
+    pub fn processes(&self) -> Vec<i32> {
+        pids_in_netns(&self.id)
+    }
+}
+
 /// Processes whose network namespace is `ns` (as `netns_of` prints it).
-pub fn processes_in_netns(ns: &str) -> Vec<i32> {
+fn pids_in_netns(ns: &str) -> Vec<i32> {
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::{Result, ensure};
 use nix::sys::signal::Signal;
 use polar_tests::{
-    Running, alive, bpf_program_exists, bpf_programs_of, eventually, netns_of, probe_bin,
-    processes_in_netns, sandbox_run,
+    Netns, Running, alive, bpf_program_exists, bpf_programs_of, eventually, netns_of, probe_bin,
+    sandbox_run,
 };
 
 fn probe() -> Result<String> {
@@ -174,7 +174,7 @@ struct Snapshot {
     programs: std::collections::BTreeSet<u64>,
     cgroup: String,
     sandboxed: i32,
-    netns: String,
+    netns: Netns,
     /// The session's directory (the default state directory's).
     session_dir: std::path::PathBuf,
 }
@@ -189,7 +189,7 @@ fn start_long_sandbox() -> Result<(Running, Snapshot)> {
     let snap = Snapshot {
         programs,
         cgroup: attached["cgroup"].as_str().unwrap_or_default().to_owned(),
-        netns: netns_of(sandboxed)?,
+        netns: Netns::of(sandboxed)?,
         sandboxed,
         session_dir: polar_agent::runtime::steps::sandboxes_dir(
             &polar_agent::config::Config::default().agent.state_dir,
@@ -202,7 +202,7 @@ fn start_long_sandbox() -> Result<(Running, Snapshot)> {
         snap.cgroup
     );
     ensure!(
-        netns_of(std::process::id() as i32)? != snap.netns,
+        netns_of(std::process::id() as i32)? != snap.netns.id,
         "sandbox shares our netns"
     );
     Ok((run, snap))
@@ -226,8 +226,7 @@ fn check_nothing_left(snap: &Snapshot) -> Result<()> {
         ensure!(!bpf_program_exists(*id)?, "program {id} still loaded");
     }
     ensure!(
-        eventually(Duration::from_secs(5), || processes_in_netns(&snap.netns)
-            .is_empty()),
+        eventually(Duration::from_secs(5), || snap.netns.processes().is_empty()),
         "processes left in the sandbox namespace"
     );
     // Its disk quota (a tmpfs over the session's directory) is released,

@@ -27,8 +27,7 @@ use polar_mock::{self as mock, MockConfig};
 use polar_tests::docker::{self, cgroups_at};
 use polar_tests::servers::Banner;
 use polar_tests::{
-    Running, eventually, json_lines, processes_in_netns, sandbox_tempdir, session_run,
-    write_config, write_file,
+    Netns, Running, eventually, json_lines, sandbox_tempdir, session_run, write_config, write_file,
 };
 use serde_json::Value;
 
@@ -55,7 +54,6 @@ facts = {
     "no_new_privs": status["NoNewPrivs"].strip(),
     "seccomp": status["Seccomp"].strip(),
     "cgroup": [l for l in open("/proc/self/cgroup").read().splitlines() if l.startswith("0::")][0],
-    "netns": os.readlink("/proc/self/ns/net"),
     "pid1": open("/proc/1/comm").read().strip(),
     "write_root": attempt(lambda: open("/polar-escape", "w")),
     "write_usr": attempt(lambda: open("/usr/polar-escape", "w")),
@@ -99,25 +97,33 @@ fn cgroup_rel(line: &str) -> &str {
 }
 
 /// Nothing of the container is left: no container of the session, none of
-/// its cgroups (the container's and the session's, v2 and v1), no process
-/// in its network namespace.
-fn nothing_left(engine: &docker::Engine, session: &str, cgroup: &str, netns: &str) -> Result<()> {
+/// its cgroups (the container's and the session's, v2 and v1) and, when
+/// the test could hold its network namespace while it ran, no process in
+/// that.
+fn nothing_left(
+    engine: &docker::Engine,
+    session: &str,
+    cgroup: &str,
+    netns: Option<&Netns>,
+) -> Result<()> {
     let session_cgroup = Path::new(cgroup)
         .parent()
         .context("no parent cgroup")?
         .display()
         .to_string();
+    let in_netns = || netns.map(Netns::processes).unwrap_or_default();
     let gone = eventually(Duration::from_secs(60), || {
         engine.containers_of(session).is_ok_and(|c| c.is_empty())
             && cgroups_at(&session_cgroup).is_ok_and(|c| c.is_empty())
-            && processes_in_netns(netns).is_empty()
+            && in_netns().is_empty()
     });
     ensure!(
         gone,
-        "left behind: containers {:?}, cgroups {:?}, processes in {netns}: {:?}",
+        "left behind: containers {:?}, cgroups {:?}, processes in {:?}: {:?}",
         engine.containers_of(session)?,
         cgroups_at(&session_cgroup)?,
-        processes_in_netns(netns)
+        netns.map(|n| &n.id),
+        in_netns()
     );
     Ok(())
 }
@@ -207,7 +213,12 @@ fn hardened_session(engine: &docker::Engine, mock_url: &str) -> Result<()> {
         "no token ids: {:?}",
         calls[0]
     );
-    nothing_left(engine, session, &rel, &f("netns"))
+    // The container has exited before the test could hold its network
+    // namespace, whose number the kernel may have given to another test's
+    // sandbox since; its processes died with its PID namespace's init
+    // (`docker-init`, above). The budget and SIGKILL tests check the
+    // namespace, held while the container runs.
+    nothing_left(engine, session, &rel, None)
 }
 
 /// Starts a session whose container sleeps after writing its cgroup and
@@ -217,7 +228,7 @@ fn sleeping_session(
     engine: &docker::Engine,
     session: &str,
     budget: &str,
-) -> Result<(Running, String, String)> {
+) -> Result<(Running, String, Netns)> {
     let cfg = config(dir, engine, "http://127.0.0.1:9")?;
     let spec = write_file(dir, "rt.toml", &engine.spec("[limits]\npids = 64\n"))?;
     let running = Running::start(
@@ -249,11 +260,9 @@ fn sleeping_session(
         engine.containers_of(session)?.len() == 1,
         "no container of {session}"
     );
-    Ok((
-        running,
-        cgroup_rel(cgroup.trim()).to_owned(),
-        netns.trim().to_owned(),
-    ))
+    // Held while the container sleeps in it.
+    let netns = Netns::find(netns.trim())?;
+    Ok((running, cgroup_rel(cgroup.trim()).to_owned(), netns))
 }
 
 #[test]
@@ -266,7 +275,7 @@ fn the_budget_kill_ends_the_container_and_leaves_nothing() -> Result<()> {
     let status = running.wait_exit(Duration::from_secs(90))?;
     // 124: the budget ran out.
     ensure!(status.code() == Some(124), "polar exited with {status}");
-    nothing_left(&engine, session, &cgroup, &netns)
+    nothing_left(&engine, session, &cgroup, Some(&netns))
 }
 
 #[test]
@@ -279,7 +288,7 @@ fn a_sigkilled_agent_leaves_no_container_cgroup_or_namespace() -> Result<()> {
     running.signal(nix::sys::signal::Signal::SIGKILL)?;
     // The guardian kills the agent's cgroup subtree, the container's
     // processes with it; the engine removes the container (`--rm`).
-    let left = nothing_left(&engine, session, &cgroup, &netns);
+    let left = nothing_left(&engine, session, &cgroup, Some(&netns));
     drop(running);
     // The killed agent's disk quota (a tmpfs the next agent on this state
     // directory would release): not the test's to leave mounted.
