@@ -230,11 +230,7 @@ fn stage_work() {
     let dir = tempfile::tempdir().unwrap();
     // `process` durability (written, not synced), and `power` (the line
     // journaled too, the journal synced by the syncing thread, alone here).
-    let commit = GroupCommit::start(
-        &dir.path().join(polar_capture::JOURNAL_DIR),
-        polar_capture::DEFAULT_JOURNAL_BYTES,
-    )
-    .unwrap();
+    let commit = GroupCommit::start(dir.path(), polar_capture::DEFAULT_JOURNAL_BYTES).unwrap();
     let nosync = Arc::new(LogFile::open(&dir.path().join("a.jsonl"), None).unwrap().0);
     let journaled = polar_capture::log::Journaled {
         commit,

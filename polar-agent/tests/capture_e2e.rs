@@ -796,3 +796,43 @@ async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
     agent.stop().await;
     mock.stop().await;
 }
+
+/// Two agents on one state directory (`polar sandbox run`s side by side):
+/// the second's start-up replay leaves the first's live journal alone,
+/// both capture every call, and each clean stop removes its own journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_on_one_state_directory_journal_apart() {
+    let mock = mock_default().await;
+    let toml = backend_toml("mock", &mock.url(), 5000);
+    let first = TestAgent::start(&toml).await;
+    let call = |agent: &TestAgent, s: &str| {
+        agent.session(s, "t");
+        send(Harness::Claude.request(agent.addr, s, Harness::Claude.fixture(), false))
+    };
+    assert_eq!(call(&first, "one-a").await.status, StatusCode::OK);
+    let second = TestAgent::start_in(std::sync::Arc::clone(&first.state), &toml).await;
+    for (agent, s) in [(&second, "two-a"), (&first, "one-b"), (&second, "two-b")] {
+        let reply = call(agent, s).await;
+        assert_eq!(reply.status, StatusCode::OK, "{s}: {}", reply.text());
+    }
+    let journals = |state: &std::path::Path| -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(state.join(polar_capture::JOURNAL_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_dir())
+            .collect()
+    };
+    assert_eq!(journals(first.state.path()).len(), 2, "one journal each");
+    let backend = first.backend().clone();
+    let state = first.stop().await;
+    assert_eq!(journals(state.path()).len(), 1);
+    second.stop().await;
+    assert_eq!(journals(state.path()), Vec::<std::path::PathBuf>::new());
+    for s in ["one-a", "one-b", "two-a", "two-b"] {
+        let (records, problems) = calls_in(state.path(), s);
+        assert!(problems.is_empty(), "{s}: {problems:?}");
+        assert_eq!(records.len(), 1, "{s}");
+        check_tokens(&backend, &records[0]);
+    }
+    mock.stop().await;
+}

@@ -1,4 +1,4 @@
-//! The node-wide capture journal (`agent.capture_durability = "power"`):
+//! The agent's capture journal (`agent.capture_durability = "power"`):
 //! every line written to a session's log is also appended, as a
 //! [`super::frame`], to one journal file, and a syncing round
 //! ([`super::sync`]) makes a round's lines durable with ONE `fdatasync`
@@ -9,9 +9,11 @@
 //! replay ([`super::replay`]) restores from the journal every line a log
 //! lacks.
 //!
-//! Layout: `<state_dir>/capture-journal/<segment number, 16 hex
-//! digits>.pcj`. The journal is a list of segments; frames go to the
-//! newest. Positions are counted in bytes across segments since the
+//! Layout: `<state_dir>/capture-journal/<owner>/<segment number, 16 hex
+//! digits>.pcj`, where `<owner>` is the store's own directory, locked for
+//! its life ([`super::owners`]: agents sharing a state directory each
+//! journal apart, and replay only what a gone agent left). The journal is
+//! a list of segments; frames go to the newest. Positions are counted in bytes across segments since the
 //! journal was opened ([`Journal::append`] returns the position after a
 //! frame).
 //!
@@ -45,6 +47,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::frame::MAX_FRAME;
 use super::log::{LogError, sync_dir};
+use super::owners::OwnJournal;
 
 /// The journal's directory, under the state directory.
 pub const JOURNAL_DIR: &str = "capture-journal";
@@ -127,6 +130,8 @@ pub(crate) struct Retired {
 /// thread's) and how far it is durable.
 pub(crate) struct Journal {
     dir: PathBuf,
+    /// The directory's ownership, until the clean close removes it.
+    own: Mutex<Option<OwnJournal>>,
     limit: u64,
     buffer: Mutex<Buffer>,
     current: Mutex<Segment>,
@@ -135,21 +140,15 @@ pub(crate) struct Journal {
 }
 
 impl Journal {
-    /// Opens a fresh segment in `dir` (created if needed), numbered after
-    /// any segment already there (the start-up replay removes those it
-    /// replayed). Blocking.
-    pub(crate) fn open(dir: &Path, limit: u64) -> Result<Self, LogError> {
-        std::fs::create_dir_all(dir).map_err(|e| LogError::io("creating", dir, e))?;
-        let seq = segments(dir)
-            .map_err(|e| LogError::io("listing", dir, e))?
-            .last()
-            .map_or(0, |(seq, _)| seq + 1);
-        let file = create_segment(dir, seq)?;
-        if let Some(parent) = dir.parent() {
-            sync_dir(parent)?;
-        }
+    /// Opens the first segment in the store's own, new, directory.
+    /// Blocking.
+    pub(crate) fn open(own: OwnJournal, limit: u64) -> Result<Self, LogError> {
+        let dir = own.dir().to_owned();
+        let seq = 0;
+        let file = create_segment(&dir, seq)?;
         Ok(Self {
-            dir: dir.to_owned(),
+            dir,
+            own: Mutex::new(Some(own)),
             limit: limit.max(1),
             buffer: Mutex::default(),
             current: Mutex::new(Segment {
@@ -322,6 +321,29 @@ impl Journal {
             path: segment_path(&self.dir, seg.seq),
             touched,
         }
+    }
+
+    /// Removes the journal's directory, every segment removed: the end
+    /// of a clean close.
+    pub(crate) fn remove_dir(&self) -> Result<(), LogError> {
+        match lock(&self.own).take() {
+            Some(own) => own.remove(),
+            None => Ok(()),
+        }
+    }
+
+    /// Lets go of the directory's lock, as the process's end would (tests:
+    /// a crash, the journal left for the next store to replay).
+    #[cfg(test)]
+    pub(crate) fn abandon(&self) {
+        if let Some(own) = lock(&self.own).as_mut() {
+            own.abandon();
+        }
+    }
+
+    /// The directory of the segments.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Removes a retired segment whose logs are synced.

@@ -1,8 +1,9 @@
 //! Capture of model calls: how the record of each call (`polar-record`) is
 //! built from a call's parts ([`build`]), the
 //! durable per-session log it is appended to ([`log`]; in `power` mode its
-//! lines also go to the node-wide journal, `journal` in [`frame`]s, synced
-//! in groups by the syncing thread of `sync`, replayed into the logs at
+//! lines also go to the agent's journal, `journal` in [`frame`]s, synced
+//! in groups by the syncing thread of `sync`, each agent's journal apart
+//! and locked (`owners`), what a gone agent left replayed into the logs at
 //! start-up by [`replay`]; its lines written by
 //! [`encode`], the calls' last lines on the store's writing thread
 //! (`writer`), the call's request part while the backend generates by
@@ -19,8 +20,11 @@
 //! sessions/<session id>/calls.jsonl    one CompletionRecord per call: a whole
 //!                                      line, or a request part and, later,
 //!                                      the call's completion
-//! capture-journal/<segment>.pcj        power mode: every line written to a
-//!                                      log since its last sync, as frames
+//! capture-journal/lock                 power mode: taken to make, replay
+//!                                      or remove an agent's journal
+//! capture-journal/<owner>/lock         held by the agent writing the journal
+//! capture-journal/<owner>/<seg>.pcj    every line the agent wrote to a log
+//!                                      since its last sync, as frames
 //! ```
 //!
 //! Layering: above `polar-record` (the record itself), `polar-chat`,
@@ -37,6 +41,7 @@ pub mod frame;
 mod journal;
 mod lines;
 pub mod log;
+mod owners;
 pub mod part;
 pub mod replay;
 mod session;

@@ -21,7 +21,7 @@
 //! then made durable per the store's [`Durability`] before the caller may
 //! send the last byte of the reply: with [`Durability::Power`] (the
 //! default) the line is also appended, as a frame naming the log and the
-//! line's offset, to the node-wide journal ([`super::journal`]), and the
+//! line's offset, to the agent's journal ([`super::journal`]), and the
 //! caller waits for a `fdatasync` of the journal begun after that write
 //! (group commit, [`super::sync`]: one sync per round, however many
 //! sessions end together); the log itself is synced off the calls' path,

@@ -1,9 +1,10 @@
-//! The start-up replay of the capture journal ([`super::journal`]): after
-//! a crash or a power loss, every line the journal holds that its session's
-//! log lacks is written back to the log, at the offset it was first
-//! written at, before anything reads the logs ([`recover`], run by
-//! [`super::store::CaptureStore::open`]); then the logs are synced and the
-//! journal removed.
+//! The start-up replay of the capture journals ([`super::journal`]) that
+//! agents gone left behind (`owners`: not a live agent's, sharing the state
+//! directory): after a crash or a power loss, every line such a journal
+//! holds that its session's log lacks is written back to the log, at the
+//! offset it was first written at, before anything reads the logs
+//! (`recover`, run by [`super::store::CaptureStore::open`]); then the logs
+//! are synced and the journals removed.
 //!
 //! Each frame names its session, the log file (inode and birth time) and
 //! the line's offset, so replaying is idempotent and puts each line in
@@ -31,8 +32,9 @@ use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
 use super::frame::{FileKey, Frame, FrameEnd, FrameReader};
-use super::journal::{JOURNAL_DIR, segments};
+use super::journal::segments;
 use super::log::{CALLS_FILE, LogError, sync_dir};
+use super::owners::RootLock;
 use super::store::SESSIONS_DIR;
 use polar_ids::SessionId;
 use polar_io::beneath::{Dir, STRICT, open_how};
@@ -62,15 +64,20 @@ struct Target {
     changed: bool,
 }
 
-/// Replays the journal under `state_dir` into the session logs, syncs the
-/// logs it changed, and removes the journal. Blocking.
-pub fn recover(state_dir: &Path) -> Result<Replayed, LogError> {
-    let dir = state_dir.join(JOURNAL_DIR);
-    let found = segments(&dir).map_err(|e| LogError::io("listing", &dir, e))?;
-    let mut done = Replayed::default();
-    if found.is_empty() {
-        return Ok(done);
+/// Replays the journals left under `state_dir` (found under `root`, the
+/// journals' root, locked) into the session logs, syncs the logs it
+/// changed, and removes the journals. Blocking.
+pub(crate) fn recover(state_dir: &Path, root: &RootLock) -> Result<Replayed, LogError> {
+    let left = root.left()?;
+    let mut found = Vec::new();
+    let mut emptied = Vec::new();
+    for journal in &left {
+        let dir = &journal.dir;
+        let segments = segments(dir).map_err(|e| LogError::io("listing", dir, e))?;
+        emptied.push(!segments.is_empty());
+        found.extend(segments);
     }
+    let mut done = Replayed::default();
     let sessions_path = state_dir.join(SESSIONS_DIR);
     let sessions = match Dir::open_root(&sessions_path) {
         Ok(d) => Some(d),
@@ -115,7 +122,15 @@ pub fn recover(state_dir: &Path) -> Result<Replayed, LogError> {
     for (_, path) in &found {
         std::fs::remove_file(path).map_err(|e| LogError::io("removing", path, e))?;
     }
-    sync_dir(&dir)?;
+    for (journal, emptied) in left.into_iter().zip(emptied) {
+        if emptied {
+            sync_dir(&journal.dir)?;
+        }
+        root.remove(journal)?;
+    }
+    if found.is_empty() {
+        return Ok(done);
+    }
     tracing::info!(
         segments = done.segments,
         frames = done.frames,

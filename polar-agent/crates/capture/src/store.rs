@@ -15,6 +15,7 @@
 //! [`RESPONSE_HISTORY`] most recent replies of the session.
 
 use std::collections::{HashMap, VecDeque};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -24,8 +25,9 @@ use tokio::sync::{OnceCell, oneshot};
 
 use super::build::now_ms;
 use super::encode::{RecordParts, encode_end};
-use super::journal::JOURNAL_DIR;
+use super::journal::{JOURNAL_DIR, SyncFn};
 use super::log::{CALLS_FILE, Durability, Journaled, LogError, LogFile, parse_log, sync_dir};
+use super::owners::RootLock;
 use super::replay::{Replayed, recover};
 use super::session::{SessionInfo, SessionRegistry};
 use super::stats::{CaptureStats, Tally};
@@ -221,13 +223,9 @@ impl SessionLog {
 #[derive(Debug)]
 pub struct CaptureStore {
     root: PathBuf,
-    state_dir: PathBuf,
     durability: Durability,
-    /// Segment size of the journal (`agent.capture_journal_bytes`).
-    journal_bytes: u64,
-    /// The syncing thread and its journal ([`Durability::Power`]), started
-    /// on first use.
-    commit: Mutex<Option<GroupCommit>>,
+    /// The syncing thread and its journal ([`Durability::Power`]).
+    commit: Option<GroupCommit>,
     registry: Arc<SessionRegistry>,
     open: Mutex<HashMap<SessionId, Arc<OnceCell<Arc<SessionLog>>>>>,
     stats: Arc<CaptureStats>,
@@ -238,22 +236,58 @@ pub struct CaptureStore {
 
 impl CaptureStore {
     /// The store under `<state_dir>/sessions`, after replaying into the
-    /// logs what a journal left by an earlier run holds
-    /// ([`super::replay`]; in either mode: the earlier run may have used
-    /// the other). Blocking.
+    /// logs what the journals left by agents gone hold ([`super::replay`];
+    /// in either mode: an earlier run may have used the other); in
+    /// [`Durability::Power`], with its own journal (segments of
+    /// `journal_bytes`) and syncing thread. Blocking: waits while another
+    /// agent on `state_dir` replays.
     pub fn open(
         state_dir: &Path,
         durability: Durability,
         journal_bytes: u64,
         registry: Arc<SessionRegistry>,
     ) -> Result<(Self, Replayed), LogError> {
-        let replayed = recover(state_dir)?;
-        let store = Self {
-            root: state_dir.join(SESSIONS_DIR),
-            state_dir: state_dir.to_owned(),
+        Self::open_with(
+            state_dir,
             durability,
             journal_bytes,
-            commit: Mutex::new(None),
+            File::sync_data,
+            registry,
+        )
+    }
+
+    /// [`CaptureStore::open`] with `sync` as the journal's sync operation.
+    pub(crate) fn open_with(
+        state_dir: &Path,
+        durability: Durability,
+        journal_bytes: u64,
+        sync: SyncFn,
+        registry: Arc<SessionRegistry>,
+    ) -> Result<(Self, Replayed), LogError> {
+        let journals = state_dir.join(JOURNAL_DIR);
+        // The replay and the making of this store's journal under one hold
+        // of the journals' lock.
+        let root = match durability {
+            Durability::Power => Some(RootLock::take(&journals)?),
+            Durability::Process => RootLock::take_existing(&journals)?,
+        };
+        let replayed = match &root {
+            Some(root) => recover(state_dir, root)?,
+            None => Replayed::default(),
+        };
+        let commit = match (&root, durability) {
+            (Some(root), Durability::Power) => Some(GroupCommit::start_with(
+                root.make_own()?,
+                journal_bytes,
+                sync,
+            )?),
+            _ => None,
+        };
+        drop(root);
+        let store = Self {
+            root: state_dir.join(SESSIONS_DIR),
+            durability,
+            commit,
             registry,
             open: Mutex::new(HashMap::new()),
             stats: Arc::default(),
@@ -269,46 +303,14 @@ impl CaptureStore {
         self.hook.set(hook)
     }
 
-    /// A [`Durability::Power`] store whose journal (of segments of
-    /// `journal_bytes`) is synced with `sync`, and its syncing thread.
-    #[cfg(test)]
-    pub(crate) fn with_sync(
-        state_dir: &Path,
-        journal_bytes: u64,
-        sync: super::journal::SyncFn,
-        registry: Arc<SessionRegistry>,
-    ) -> (Self, GroupCommit) {
-        let (store, _) = Self::open(state_dir, Durability::Power, journal_bytes, registry)
-            .unwrap_or_else(|e| panic!("opening the store: {e}"));
-        let commit = GroupCommit::start_with(&store.journal_dir(), journal_bytes, sync)
-            .unwrap_or_else(|e| panic!("starting the syncing thread: {e}"));
-        *lock(&store.commit) = Some(commit.clone());
-        (store, commit)
-    }
-
     /// What the store's records survive once their replies are released.
     pub fn durability(&self) -> Durability {
         self.durability
     }
 
-    /// The syncing thread, started on first use; `None` in
-    /// [`Durability::Process`].
-    pub fn group_commit(&self) -> Result<Option<GroupCommit>, LogError> {
-        if self.durability == Durability::Process {
-            return Ok(None);
-        }
-        let mut slot = lock(&self.commit);
-        if let Some(commit) = &*slot {
-            return Ok(Some(commit.clone()));
-        }
-        let commit = GroupCommit::start(&self.journal_dir(), self.journal_bytes)?;
-        *slot = Some(commit.clone());
-        Ok(Some(commit))
-    }
-
-    /// The journal's directory.
-    pub fn journal_dir(&self) -> PathBuf {
-        self.state_dir.join(JOURNAL_DIR)
+    /// The syncing thread; `None` in [`Durability::Process`].
+    pub fn group_commit(&self) -> Option<&GroupCommit> {
+        self.commit.as_ref()
     }
 
     /// Counters of the records appended since the store was made.
@@ -336,7 +338,7 @@ impl CaptureStore {
         let cell = Arc::clone(lock(&self.open).entry(session.clone()).or_default());
         cell.get_or_try_init(|| async {
             let root = self.root.clone();
-            let commit = self.group_commit()?;
+            let commit = self.commit.clone();
             let id = session.clone();
             let info = self.registry.get(session).unwrap_or_default();
             let shared = Shared {

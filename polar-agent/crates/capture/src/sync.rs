@@ -1,6 +1,6 @@
 //! Group commit: the syncing thread that makes the capture logs' lines
 //! durable ([`GroupCommit`]), shared by every session of a store, over the
-//! node-wide journal ([`super::journal`]).
+//! agent's journal ([`super::journal`]).
 //!
 //! A call's line is written by its own task to its session's log and its
 //! frame buffered for the journal (see [`super::log::LogFile`]); the task
@@ -15,7 +15,8 @@
 //! Off the calls' path the same thread syncs session logs: those of the
 //! sessions that ended ([`GroupCommit::retire`]), those of a segment it
 //! rotates ([`super::journal::Journal::rotate`]), and all of them when the
-//! last handle goes (the store closed: the journal is then removed). Logs
+//! last handle goes (the store closed: the journal, its directory with it,
+//! is then removed). Logs
 //! are synced side by side, by up to 16 threads: the file system commits
 //! their journal entries together and the device flushes once for them.
 //!
@@ -31,8 +32,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
 
-use super::journal::{Journal, Retired, SyncFn, Touched};
+use super::journal::{JOURNAL_DIR, Journal, Retired, SyncFn, Touched};
 use super::log::LogError;
+use super::owners::{OwnJournal, RootLock};
 use super::worker::{Bell, Owned, Sleeper, Worker};
 
 /// What a syncing round tells a waiting line.
@@ -105,24 +107,36 @@ impl std::fmt::Debug for GroupCommit {
 }
 
 impl GroupCommit {
-    /// Opens a journal in `dir` (segments rotated at `limit` bytes) and
-    /// starts the syncing thread. Blocking.
-    pub fn start(dir: &Path, limit: u64) -> Result<Self, LogError> {
-        Self::start_with(dir, limit, File::sync_data)
+    /// Opens a journal of its own under `state_dir` (segments rotated at
+    /// `limit` bytes) and starts the syncing thread. What other journals
+    /// there hold is not replayed: [`super::CaptureStore::open`] does
+    /// that. Blocking.
+    pub fn start(state_dir: &Path, limit: u64) -> Result<Self, LogError> {
+        let own = RootLock::take(&state_dir.join(JOURNAL_DIR))?.make_own()?;
+        Self::start_with(own, limit, File::sync_data)
     }
 
-    /// [`GroupCommit::start`] with `sync` as the sync operation.
-    pub(crate) fn start_with(dir: &Path, limit: u64, sync: SyncFn) -> Result<Self, LogError> {
+    /// Opens a journal in the store's own directory `own` (segments
+    /// rotated at `limit` bytes) and starts the syncing thread, with
+    /// `sync` as the sync operation. Blocking.
+    pub(crate) fn start_with(own: OwnJournal, limit: u64, sync: SyncFn) -> Result<Self, LogError> {
+        let journal = Journal::open(own, limit)?;
+        let dir = journal.dir().to_owned();
         let shared = Shared {
             state: Mutex::default(),
             wake: Bell::default(),
             syncs: AtomicU64::new(0),
             sync,
-            journal: Journal::open(dir, limit)?,
+            journal,
         };
         let owned = Owned::start(shared, "sync", run)
-            .map_err(|e| LogError::io("starting the capture log's syncing thread for", dir, e))?;
+            .map_err(|e| LogError::io("starting the capture log's syncing thread for", &dir, e))?;
         Ok(Self(Arc::new(owned)))
+    }
+
+    /// The directory of the journal's segments.
+    pub fn journal_dir(&self) -> &Path {
+        self.0.shared.journal.dir()
     }
 
     /// The syncs of the journal made so far by rounds (one per round).
@@ -195,7 +209,8 @@ impl GroupCommit {
 #[cfg(test)]
 impl GroupCommit {
     /// Stops the thread where it is, as a power loss would: nothing more
-    /// is synced or removed.
+    /// is synced or removed, and the journal's lock is let go, as the
+    /// process's end would.
     pub(crate) fn crash(&self) {
         let shared = &self.0.shared;
         let mut state = lock(&shared.state);
@@ -208,6 +223,7 @@ impl GroupCommit {
                 .wait(state)
                 .unwrap_or_else(PoisonError::into_inner);
         }
+        shared.journal.abandon();
     }
 }
 
@@ -255,6 +271,13 @@ fn run(shared: &Shared) {
         if closed {
             kept.push(shared.journal.close());
             finish_retired(shared, &mut kept);
+            // A segment kept (its logs failed to sync) stays, locked until
+            // the process ends, then replayed by the next agent.
+            if kept.is_empty()
+                && let Err(e) = shared.journal.remove_dir()
+            {
+                tracing::warn!(error = %e, "removing the capture journal's directory");
+            }
             return;
         }
         if shared.journal.wants_rotation() {

@@ -23,11 +23,12 @@ use std::time::Duration;
 use super::*;
 use crate::encode::{PartPrompt, RecordParts, encode_two_parts};
 use crate::frame::FileKey;
-use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, segments};
+use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, SyncFn, segments};
 use crate::log::tests::record;
 use crate::log::{CALLS_FILE, Durability, LogFile, read_log};
+use crate::owners::RootLock;
 use crate::store::CaptureStore;
-use crate::{LogError, LogProblem, SessionRegistry};
+use crate::{LogError, LogProblem, Replayed, SessionRegistry};
 use polar_chat::Api;
 use polar_ids::SessionId;
 
@@ -48,6 +49,32 @@ fn recording_sync(file: &File) -> io::Result<()> {
     Ok(())
 }
 
+/// A [`Durability::Power`] store under `state` whose journal (of segments
+/// of `journal_bytes`) is synced with `sync`, and its syncing thread.
+fn power_store(state: &Path, journal_bytes: u64, sync: SyncFn) -> (CaptureStore, GroupCommit) {
+    let (store, _) = CaptureStore::open_with(
+        state,
+        Durability::Power,
+        journal_bytes,
+        sync,
+        Arc::new(SessionRegistry::new()),
+    )
+    .unwrap_or_else(|e| panic!("opening the store: {e}"));
+    let commit = store.group_commit().unwrap().clone();
+    (store, commit)
+}
+
+/// The journal directories under `state`.
+fn journals(state: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(state.join(JOURNAL_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
 /// What a power loss leaves of each file: its path and bytes.
 struct Snapshot {
     released: Vec<String>,
@@ -58,6 +85,7 @@ struct Snapshot {
 /// The files as a power loss now would leave them (see the module doc).
 fn power_loss(
     state: &Path,
+    journal_dir: &Path,
     released: &Mutex<Vec<String>>,
     pick: &mut impl FnMut(u64, u64) -> u64,
 ) -> Snapshot {
@@ -81,7 +109,7 @@ fn power_loss(
         logs.push((path, bytes));
     }
     let mut journal = Vec::new();
-    for (_, path) in segments(&state.join(JOURNAL_DIR)).unwrap() {
+    for (_, path) in segments(journal_dir).unwrap() {
         if let Some(bytes) = kept(&path, &mut |d, _| d) {
             journal.push((path, bytes));
         }
@@ -94,14 +122,14 @@ fn power_loss(
 }
 
 /// Puts `snap` in place: the logs rewritten in their own inodes, the
-/// journal's segments as they were.
-fn restore(state: &Path, snap: &Snapshot) {
+/// journal's segments (in `journal_dir`) as they were.
+fn restore(journal_dir: &Path, snap: &Snapshot) {
     for (path, bytes) in &snap.logs {
         let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
         f.set_len(0).unwrap();
         std::os::unix::fs::FileExt::write_all_at(&f, bytes, 0).unwrap();
     }
-    for (_, path) in segments(&state.join(JOURNAL_DIR)).unwrap() {
+    for (_, path) in segments(journal_dir).unwrap() {
         std::fs::remove_file(path).unwrap();
     }
     for (path, bytes) in &snap.journal {
@@ -118,12 +146,8 @@ async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
     const WRITERS: usize = 3;
     const CALLS: u64 = 8;
     let dir = tempfile::tempdir().unwrap();
-    let (store, commit) = CaptureStore::with_sync(
-        dir.path(),
-        journal_bytes,
-        recording_sync,
-        Arc::new(SessionRegistry::new()),
-    );
+    let (store, commit) = power_store(dir.path(), journal_bytes, recording_sync);
+    let journal_dir = commit.journal_dir().to_owned();
     let store = Arc::new(store);
     let released = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -156,6 +180,7 @@ async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
     }
     // The power loss, at a moment of the run.
     let state = dir.path().to_owned();
+    let journal = journal_dir.clone();
     let watched = Arc::clone(&released);
     let loss = std::thread::spawn(move || {
         while lock(&watched).len() < loss_after {
@@ -169,7 +194,7 @@ async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
                 .wrapping_add(1_442_695_040_888_963_407);
             d + (n >> 33) % (len - d + 1)
         };
-        power_loss(&state, &watched, &mut pick)
+        power_loss(&state, &journal, &watched, &mut pick)
     });
     for t in tasks {
         t.await.unwrap();
@@ -181,7 +206,7 @@ async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
     std::mem::forget(logs);
     std::mem::forget(store);
     std::mem::forget(commit);
-    restore(dir.path(), &snap);
+    restore(&journal_dir, &snap);
 
     let (store, replayed) = CaptureStore::open(
         dir.path(),
@@ -190,9 +215,11 @@ async fn power_loss_scenario(loss_after: usize, journal_bytes: u64, seed: u64) {
         Arc::new(SessionRegistry::new()),
     )
     .unwrap();
-    assert!(
-        segments(&store.journal_dir()).unwrap().is_empty(),
-        "the journal replayed is removed"
+    assert!(!journal_dir.exists(), "the journal replayed is removed");
+    assert_eq!(
+        journals(dir.path()),
+        [store.group_commit().unwrap().journal_dir().to_owned()],
+        "only the new store's journal is left"
     );
     let mut seen: HashMap<String, usize> = HashMap::new();
     for (path, _) in &snap.logs {
@@ -259,12 +286,11 @@ fn journaled(commit: &GroupCommit, session: &str) -> Option<crate::log::Journale
 fn lines_that_end_together_share_one_sync_of_the_journal() {
     let dir = tempfile::tempdir().unwrap();
     let gate = lock(&GATE);
-    let commit = GroupCommit::start_with(
-        &dir.path().join(JOURNAL_DIR),
-        DEFAULT_JOURNAL_BYTES,
-        gated_sync,
-    )
-    .unwrap();
+    let own = RootLock::take(&dir.path().join(JOURNAL_DIR))
+        .unwrap()
+        .make_own()
+        .unwrap();
+    let commit = GroupCommit::start_with(own, DEFAULT_JOURNAL_BYTES, gated_sync).unwrap();
     let open = |name: &str| {
         let (file, _) = LogFile::open(
             &dir.path().join(format!("{name}.jsonl")),
@@ -316,12 +342,7 @@ fn failing_sync(_: &File) -> io::Result<()> {
 #[tokio::test]
 async fn a_failed_sync_fails_its_calls_uncounted() {
     let dir = tempfile::tempdir().unwrap();
-    let (store, _commit) = CaptureStore::with_sync(
-        dir.path(),
-        DEFAULT_JOURNAL_BYTES,
-        failing_sync,
-        Arc::new(SessionRegistry::new()),
-    );
+    let (store, _commit) = power_store(dir.path(), DEFAULT_JOURNAL_BYTES, failing_sync);
     let log = store.session(&"s-1".parse().unwrap()).await.unwrap();
     let err = log
         .append(
@@ -357,12 +378,16 @@ async fn a_closed_store_syncs_its_logs_and_removes_the_journal() {
     )
     .await
     .unwrap();
-    assert_eq!(segments(&store.journal_dir()).unwrap().len(), 1);
-    let journal = store.journal_dir();
+    let journal = store.group_commit().unwrap().journal_dir().to_owned();
+    assert_eq!(segments(&journal).unwrap().len(), 1);
     store.close(&s);
     // Dropping the last handle waits for the syncing thread's close.
     drop((log, store));
-    assert!(segments(&journal).unwrap().is_empty());
+    assert!(
+        !journal.exists(),
+        "the journal and its directory are removed"
+    );
+    assert!(journals(dir.path()).is_empty());
     let (records, _) = read_log(&dir.path().join("sessions/s-1").join(CALLS_FILE)).unwrap();
     assert_eq!(records.len(), 1);
 }
@@ -377,7 +402,7 @@ async fn process_mode_writes_without_a_syncing_thread() {
         Arc::new(SessionRegistry::new()),
     )
     .unwrap();
-    assert!(store.group_commit().unwrap().is_none());
+    assert!(store.group_commit().is_none());
     let s: SessionId = "s-1".parse().unwrap();
     let log = store.session(&s).await.unwrap();
     log.append(
@@ -392,5 +417,56 @@ async fn process_mode_writes_without_a_syncing_thread() {
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(records.len(), 1);
     assert_eq!(store.stats().completed(), 1);
-    assert!(!store.journal_dir().exists());
+    assert!(!dir.path().join(JOURNAL_DIR).exists());
+}
+
+#[tokio::test]
+async fn agents_sharing_a_state_directory_each_keep_their_own_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let open = || {
+        CaptureStore::open(
+            dir.path(),
+            Durability::Power,
+            DEFAULT_JOURNAL_BYTES,
+            Arc::new(SessionRegistry::new()),
+        )
+        .unwrap()
+    };
+    let (first, _) = open();
+    let a: SessionId = "s-a".parse().unwrap();
+    let log_a = first.session(&a).await.unwrap();
+    let append = |log: Arc<crate::store::SessionLog>, n: u64| async move {
+        log.append(
+            record(n, Api::OpenaiChat, "x"),
+            Default::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    };
+    append(Arc::clone(&log_a), 0).await;
+    let first_journal = first.group_commit().unwrap().journal_dir().to_owned();
+    // A second agent starts on the same state directory: the first's
+    // journal is live, neither replayed nor removed.
+    let (second, replayed) = open();
+    assert_eq!(replayed, Replayed::default());
+    assert_eq!(segments(&first_journal).unwrap().len(), 1);
+    let second_journal = second.group_commit().unwrap().journal_dir().to_owned();
+    assert_ne!(first_journal, second_journal);
+    let b: SessionId = "s-b".parse().unwrap();
+    append(second.session(&b).await.unwrap(), 0).await;
+    append(Arc::clone(&log_a), 1).await;
+    // Each clean close removes its own journal only.
+    first.close(&a);
+    drop((log_a, first));
+    assert_eq!(journals(dir.path()), [second_journal]);
+    second.close(&b);
+    drop(second);
+    assert!(journals(dir.path()).is_empty());
+    for (s, n) in [("s-a", 2), ("s-b", 1)] {
+        let (records, problems) =
+            read_log(&dir.path().join("sessions").join(s).join(CALLS_FILE)).unwrap();
+        assert!(problems.is_empty(), "{problems:?}");
+        assert_eq!(records.len(), n, "{s}");
+    }
 }
