@@ -13,9 +13,9 @@
 //! digits>.pcj`, where `<owner>` is the store's own directory, locked for
 //! its life ([`super::owners`]: agents sharing a state directory each
 //! journal apart, and replay only what a gone agent left). The journal is
-//! a list of segments; frames go to the newest. Positions are counted in bytes across segments since the
-//! journal was opened ([`Journal::append`] returns the position after a
-//! frame).
+//! a list of segments; frames go to the newest. Positions are counted in
+//! bytes across segments since the journal was opened ([`Journal::append`]
+//! returns the position after a frame).
 //!
 //! The calls never write the journal's file: [`Journal::append`] copies the
 //! frame into a buffer, and the syncing thread, at each round, writes the

@@ -16,9 +16,9 @@
 //! sessions that ended ([`GroupCommit::retire`]), those of a segment it
 //! rotates ([`super::journal::Journal::rotate`]), and all of them when the
 //! last handle goes (the store closed: the journal, its directory with it,
-//! is then removed). Logs
-//! are synced side by side, by up to 16 threads: the file system commits
-//! their journal entries together and the device flushes once for them.
+//! is then removed). Logs are synced side by side, by up to 16 threads:
+//! the file system commits their journal entries together and the device
+//! flushes once for them.
 //!
 //! A failed sync of the journal fails the registrations of its round
 //! (their calls end with the API's error: their records may or may not be
