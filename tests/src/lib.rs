@@ -249,9 +249,14 @@ pub struct Netns {
 impl Netns {
     /// The network namespace `pid` is in now, held.
     pub fn of(pid: i32) -> Result<Self> {
+        use std::os::fd::AsRawFd as _;
         let held = std::fs::File::open(format!("/proc/{pid}/ns/net"))
             .with_context(|| format!("network namespace of {pid}"))?;
-        Self::held(held)
+        // What was opened, not what the process is in by now.
+        let id = std::fs::read_link(format!("/proc/self/fd/{}", held.as_raw_fd()))?
+            .to_string_lossy()
+            .into_owned();
+        Ok(Self { id, _held: held })
     }
 
     /// The namespace named `id`, held through a process in it now.
@@ -264,15 +269,6 @@ impl Netns {
             }
         }
         bail!("no process is in {id}")
-    }
-
-    fn held(held: std::fs::File) -> Result<Self> {
-        use std::os::fd::AsRawFd as _;
-        // What was opened, not what the process is in by now.
-        let id = std::fs::read_link(format!("/proc/self/fd/{}", held.as_raw_fd()))?
-            .to_string_lossy()
-            .into_owned();
-        Ok(Self { id, _held: held })
     }
 
     /// The processes in this namespace.

@@ -53,24 +53,31 @@ pub(crate) struct OwnJournal {
     lock: Option<Flock<File>>,
 }
 
-/// Opens `path` (made if missing) and locks it exclusively; waits for the
-/// lock unless `wait` is false, then `Ok(None)` if another has it.
-fn lock_file(path: &Path, create: bool, wait: bool) -> io::Result<Option<Flock<File>>> {
+/// Opens `path` (made if missing when `create`) for an exclusive lock
+/// taken with `arg`.
+fn flock(path: &Path, create: bool, arg: FlockArg) -> io::Result<Flock<File>> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(create)
         .truncate(false)
         .open(path)?;
-    let arg = if wait {
-        FlockArg::LockExclusive
-    } else {
-        FlockArg::LockExclusiveNonblock
-    };
-    match Flock::lock(file, arg) {
+    Flock::lock(file, arg).map_err(|(_, e)| io::Error::from(e))
+}
+
+/// Opens `path` (made if missing) and locks it exclusively, waiting while
+/// another holds it. Blocking.
+fn lock_file(path: &Path) -> Result<Flock<File>, LogError> {
+    flock(path, true, FlockArg::LockExclusive).map_err(|e| LogError::io("locking", path, e))
+}
+
+/// Locks the existing `path` exclusively if no one holds it: `Ok(None)`
+/// if another does.
+fn try_lock_file(path: &Path) -> io::Result<Option<Flock<File>>> {
+    match flock(path, false, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),
-        Err((_, Errno::EWOULDBLOCK)) if !wait => Ok(None),
-        Err((_, e)) => Err(io::Error::from(e)),
+        Err(e) if e.raw_os_error() == Some(Errno::EWOULDBLOCK as i32) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 
@@ -79,13 +86,9 @@ impl RootLock {
     /// another agent holds it. Blocking.
     pub(crate) fn take(root: &Path) -> Result<Self, LogError> {
         std::fs::create_dir_all(root).map_err(|e| LogError::io("creating", root, e))?;
-        let path = root.join(LOCK_FILE);
-        let lock = lock_file(&path, true, true)
-            .map_err(|e| LogError::io("locking", &path, e))?
-            .ok_or_else(|| LogError::io("locking", &path, Errno::EWOULDBLOCK.into()))?;
         Ok(Self {
             root: root.to_owned(),
-            _lock: lock,
+            _lock: lock_file(&root.join(LOCK_FILE))?,
         })
     }
 
@@ -122,7 +125,7 @@ impl RootLock {
         }];
         for dir in dirs {
             let path = dir.join(LOCK_FILE);
-            match lock_file(&path, false, false) {
+            match try_lock_file(&path) {
                 Ok(Some(lock)) => left.push(Left {
                     dir,
                     _lock: Some(lock),
@@ -157,10 +160,8 @@ impl RootLock {
         let name = format!("{}-{started:x}", std::process::id());
         let dir = self.root.join(name);
         std::fs::create_dir(&dir).map_err(|e| LogError::io("creating", &dir, e))?;
-        let path = dir.join(LOCK_FILE);
-        let lock = lock_file(&path, true, false)
-            .map_err(|e| LogError::io("locking", &path, e))?
-            .ok_or_else(|| LogError::io("locking", &path, Errno::EWOULDBLOCK.into()))?;
+        // Made under the root's lock: no other agent can hold it.
+        let lock = lock_file(&dir.join(LOCK_FILE))?;
         sync_dir(&dir)?;
         sync_dir(&self.root)?;
         Ok(OwnJournal {

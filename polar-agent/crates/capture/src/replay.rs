@@ -68,14 +68,11 @@ struct Target {
 /// journals' root, locked) into the session logs, syncs the logs it
 /// changed, and removes the journals. Blocking.
 pub(crate) fn recover(state_dir: &Path, root: &RootLock) -> Result<Replayed, LogError> {
-    let left = root.left()?;
-    let mut found = Vec::new();
-    let mut emptied = Vec::new();
-    for journal in &left {
+    let mut left = Vec::new();
+    for journal in root.left()? {
         let dir = &journal.dir;
-        let segments = segments(dir).map_err(|e| LogError::io("listing", dir, e))?;
-        emptied.push(!segments.is_empty());
-        found.extend(segments);
+        let found = segments(dir).map_err(|e| LogError::io("listing", dir, e))?;
+        left.push((journal, found));
     }
     let mut done = Replayed::default();
     let sessions_path = state_dir.join(SESSIONS_DIR);
@@ -85,7 +82,7 @@ pub(crate) fn recover(state_dir: &Path, root: &RootLock) -> Result<Replayed, Log
         Err(e) => return Err(LogError::io("opening", &sessions_path, e)),
     };
     let mut targets: HashMap<SessionId, Option<Target>> = HashMap::new();
-    for (_, path) in &found {
+    for (_, path) in left.iter().flat_map(|(_, found)| found) {
         let file = File::open(path).map_err(|e| LogError::io("opening", path, e))?;
         let mut frames = FrameReader::new(BufReader::with_capacity(1 << 20, file));
         for frame in frames.by_ref() {
@@ -119,16 +116,16 @@ pub(crate) fn recover(state_dir: &Path, root: &RootLock) -> Result<Replayed, Log
             })?;
         }
     }
-    for (_, path) in &found {
-        std::fs::remove_file(path).map_err(|e| LogError::io("removing", path, e))?;
-    }
-    for (journal, emptied) in left.into_iter().zip(emptied) {
-        if emptied {
+    for (journal, found) in left {
+        for (_, path) in &found {
+            std::fs::remove_file(path).map_err(|e| LogError::io("removing", path, e))?;
+        }
+        if !found.is_empty() {
             sync_dir(&journal.dir)?;
         }
         root.remove(journal)?;
     }
-    if found.is_empty() {
+    if done.segments == 0 {
         return Ok(done);
     }
     tracing::info!(
