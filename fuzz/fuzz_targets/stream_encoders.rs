@@ -2,8 +2,9 @@
 //! any sequence of stream events, in any API, framing and reply options
 //! (structured output, compaction), encodes to a stream that parses whole
 //! (SSE: every event's data JSON or `[DONE]`; a Gemini JSON array: one
-//! JSON array), and the error event after any prefix too; the complete
-//! body of the same reply is one JSON object. See
+//! JSON array), and so does any prefix of it ended by the error event of
+//! any error (kind and message); the complete body of the same reply, and
+//! the error's body, are each one JSON object. See
 //! `polar_fuzz::check_stream`.
 #![no_main]
 

@@ -9,10 +9,11 @@ pub mod mutate;
 
 use arbitrary::Unstructured;
 use polar_chat::provider::{
-    self, Framing, ModelCall, ProviderError, ReplyOptions, Side, StreamEncoder, parse_request,
+    self, Detected, Framing, ModelCall, ProviderError, ReplyOptions, Side, StreamEncoder, detect,
+    parse_request,
 };
 use polar_chat::{Api, ChatRequest, FinishReason, ResponseFormat, StreamEvent, Usage, assemble};
-use polar_json::Doc;
+use polar_json::{Doc, Json};
 use serde_json::Value;
 
 /// A request body of `api` from the sandbox: the parser never panics; a
@@ -29,19 +30,80 @@ pub fn check_request(api: Api, data: &[u8]) {
             framing,
             path_model: (api == Api::Gemini).then(|| "gemini-2.5-pro".to_owned()),
         };
-        match parse_request(&call, doc.root()) {
-            Ok(parsed) => {
-                let text = serde_json::to_vec(&parsed.request).expect("a request serializes");
-                let back: ChatRequest =
-                    serde_json::from_slice(&text).expect("a serialized request reads back");
-                assert_eq!(back, parsed.request);
-            }
-            Err(ProviderError { side, message, .. }) => {
-                assert_eq!(side, Side::Harness, "{message}");
-                assert!(!message.is_empty());
-            }
+        check_parsed(&call, doc.root());
+    }
+}
+
+/// `call`'s parser on `body`: a body it refuses is the harness's fault,
+/// with a message; the normalized request reads back equal from the text
+/// the capture log holds.
+fn check_parsed(call: &ModelCall, body: Json<'_>) {
+    match parse_request(call, body) {
+        Ok(parsed) => {
+            let text = serde_json::to_vec(&parsed.request).expect("a request serializes");
+            let back: ChatRequest =
+                serde_json::from_slice(&text).expect("a serialized request reads back");
+            assert_eq!(back, parsed.request);
+        }
+        Err(ProviderError { side, message, .. }) => {
+            assert_eq!(side, Side::Harness, "{message}");
+            assert!(!message.is_empty());
         }
     }
+}
+
+/// A request as the proxy has it once hyper has read its head, from
+/// `data` as text (the seeds are readable requests): `METHOD PATH`, then
+/// `name: value` lines, an empty line and the body. Its classification
+/// (`provider::detect`, done for every request a sandbox sends) is the
+/// same with the body read by `polar_json` and by `serde_json`; what the
+/// head alone says, which the proxy's early errors speak, the body never
+/// contradicts; a model call's framing and model fit its API; and the
+/// parser detection picks, with the model the path names, holds
+/// [`check_request`]'s properties.
+pub fn check_detect(data: &[u8]) {
+    let (head, body) = match data.windows(2).position(|w| w == b"\n\n") {
+        Some(end) => (&data[..end], &data[end + 2..]),
+        None => (data, &[][..]),
+    };
+    let head = String::from_utf8_lossy(head);
+    let mut lines = head.split('\n');
+    let (method, path) = lines
+        .next()
+        .and_then(|line| line.split_once(' '))
+        .unwrap_or(("POST", "/"));
+    let headers: Vec<(&str, &str)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim(), value.trim()))
+        .collect();
+    let doc = Doc::parse(body).ok();
+    let root = doc.as_ref().map_or_else(Json::null, Doc::root);
+    let detected = detect(method, path, headers.as_slice(), &root);
+
+    if let (Some(_), Ok(value)) = (&doc, serde_json::from_slice::<Value>(body)) {
+        assert_eq!(detect(method, path, headers.as_slice(), &value), detected);
+    }
+    let early = detect(method, path, headers.as_slice(), &Value::Null);
+    let Detected::Model(call) = detected else {
+        assert!(
+            !matches!(early, Detected::Model(_)),
+            "the head says {early:?}, the body makes it a side call"
+        );
+        return;
+    };
+    if let Detected::Model(early) = early {
+        assert_eq!((early.api, &early.path_model), (call.api, &call.path_model));
+    }
+    if call.framing == Framing::JsonArray || call.path_model.is_some() {
+        assert_eq!(call.api, Api::Gemini, "{call:?}");
+    }
+    if let Some(model) = &call.path_model {
+        assert!(
+            path.contains(model.as_str()),
+            "{model:?} is not in {path:?}"
+        );
+    }
+    check_parsed(&call, root);
 }
 
 fn text(u: &mut Unstructured<'_>) -> String {
@@ -111,8 +173,9 @@ fn check_framed(framing: Framing, bytes: &[u8]) {
 /// then a `Finish`, as the backend client gives them) encoded in an API,
 /// framing and reply options (structured output, compaction) `data`
 /// chooses: the bytes are a well-formed stream, and so are those of a
-/// stream ended by the API's error event instead; the reply the events
-/// make, written as a complete body, is one JSON object.
+/// stream cut anywhere and ended by the API's error event (of any kind and
+/// message) instead; the reply the events make, written as a complete
+/// body, and the error's body are each one JSON object.
 pub fn check_stream(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let Ok(api) = u.choose(&[
@@ -180,17 +243,53 @@ pub fn check_stream(data: &[u8]) {
     let body: Value = serde_json::from_slice(&body).expect("a reply body is JSON");
     assert!(body.is_object(), "{body}");
 
-    // Cut before the end and ended with the API's error event.
-    let cut = events.len() / 2;
-    let mut enc = provider::encoder(*api, &opts);
-    let mut bytes = provider::encode_all(&mut enc, &events[..cut]).to_vec();
-    if !enc.is_done() {
+    // Cut before the end and ended with the API's error event. Where and
+    // with which error come from what the events left of the input; an
+    // input with nothing left (as the corpus's first inputs were made) is
+    // cut in the middle by a backend error.
+    let (cut, err) = if u.is_empty() {
         let err = ProviderError::new(
             Side::Backend,
             provider::ErrorKind::BackendError,
             "the backend failed",
         );
+        (events.len() / 2, err)
+    } else {
+        let cut = u.int_in_range(0..=events.len()).unwrap_or(0);
+        (cut, provider_error(&mut u))
+    };
+    let mut enc = provider::encoder(*api, &opts);
+    let mut bytes = provider::encode_all(&mut enc, &events[..cut]).to_vec();
+    if !enc.is_done() {
         bytes.extend_from_slice(&enc.error(&err));
     }
     check_framed(framing, &bytes);
+    // The same error before any stream: one JSON object, with the status
+    // the error's kind has in the API.
+    let (status, body) = provider::error_response(*api, &err);
+    assert_eq!(status, err.kind.status(*api));
+    assert!(body.is_object(), "{body}");
+}
+
+/// An error of any kind, its message any text: a backend's words and a
+/// request's field names reach the harness in it.
+fn provider_error(u: &mut Unstructured<'_>) -> ProviderError {
+    use provider::ErrorKind as K;
+    let kind = match u.int_in_range(0u8..=9).unwrap_or(0) {
+        0 => K::InvalidRequest,
+        1 => K::TooLarge,
+        2 => K::ContextOverflow {
+            prompt: u.arbitrary().unwrap_or(0),
+            completion: u.arbitrary().unwrap_or(None),
+            max: u.arbitrary().unwrap_or(0),
+        },
+        3 => K::Unsupported,
+        4 => K::NotFound,
+        5 => K::BackendUnavailable,
+        6 => K::BackendTimeout,
+        7 => K::BackendError,
+        8 => K::Overloaded,
+        _ => K::Internal,
+    };
+    ProviderError::new(Side::Backend, kind, text(u))
 }
