@@ -26,9 +26,9 @@ use crate::daemon::tail;
 use crate::group::Group;
 use crate::setup;
 
-/// Seconds each target runs in `cargo xtask test` (16 targets, two at a
-/// time on two cores: three and a half minutes with the corpora's loading,
-/// against five one after the other).
+/// Seconds each target runs in `cargo xtask test` (17 targets, two at a
+/// time on two cores: about three and a half minutes with the corpora's
+/// loading, against five one after the other).
 pub const TEST_SECS: u64 = 8;
 
 /// Memory one target may use (libFuzzer's `-rss_limit_mb`): a parser that
@@ -174,8 +174,8 @@ impl Run {
             run = run.arg(seeds);
         }
         run = run.arg("--");
-        if CAPTURE_LOG_TARGETS.contains(&target) {
-            run = run.arg(format!("-max_len={CAPTURE_LOG_MAX_LEN}"));
+        if let Some(max_len) = max_len(target) {
+            run = run.arg(max_len);
         }
         let dict = root.join("fuzz/dicts").join(format!("{target}.dict"));
         if dict.is_file() {
@@ -278,6 +278,13 @@ pub fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
         target
     };
     Some(root.join("fuzz/seeds").join(name)).filter(|dir| dir.is_dir())
+}
+
+/// The `-max_len` `target` runs with, if not libFuzzer's default.
+pub fn max_len(target: &str) -> Option<String> {
+    CAPTURE_LOG_TARGETS
+        .contains(&target)
+        .then(|| format!("-max_len={CAPTURE_LOG_MAX_LEN}"))
 }
 
 /// Folds the scratch corpus of `target` into `fuzz/corpus/<target>` and
