@@ -1,16 +1,17 @@
 //! The `polar-chat` fuzz targets' hand-kept seeds are inputs today's
 //! parsers accept, each with what it was written for: the request targets'
 //! (`fuzz/seeds/request_<api>/`: the request shapes the minimized corpora
-//! had not reached, structured outputs first) and `output_parser`'s (model
+//! had not reached: structured outputs, image parts, Gemini's tool choices
+//! and thoughts) and `output_parser`'s (model
 //! outputs: reasoning, text and tool calls). A change that makes one a
 //! refusal fails here, instead of leaving the fuzzers on the parser's error
 //! path for it.
 
 use std::path::{Path, PathBuf};
 
-use polar_chat::Api;
 use polar_chat::output::{OutputFormat, OutputParser};
 use polar_chat::provider::{Framing, ModelCall, parse_request};
+use polar_chat::{Api, Part};
 
 fn seeds_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -51,10 +52,31 @@ fn every_request_seed_parses_into_what_it_was_written_for() {
             if name.starts_with("compaction-") {
                 assert!(parsed.compaction, "{dir}/{name}: not read as a compaction");
             }
+            let messages = &parsed.request.messages;
+            if name.starts_with("image-") {
+                let images = messages
+                    .iter()
+                    .flat_map(|m| &m.content)
+                    .filter(|p| matches!(p, Part::Image { .. }))
+                    .count();
+                assert!(images >= 2, "{dir}/{name}: {images} images read");
+            }
+            if name.contains("tool-choice") {
+                assert!(
+                    parsed.request.tool_choice.is_some(),
+                    "{dir}/{name}: no tool choice read"
+                );
+            }
+            if name.contains("thoughts") {
+                assert!(
+                    messages.iter().any(|m| m.reasoning.is_some()),
+                    "{dir}/{name}: no reasoning read"
+                );
+            }
             seeds += 1;
         }
     }
-    assert!(seeds >= 11, "{seeds} seeds");
+    assert!(seeds >= 19, "{seeds} seeds");
 }
 
 /// `output_parser`'s seeds (a byte choosing the pieces, then a model's
