@@ -13,6 +13,7 @@ use polar_chat::provider::{
     parse_request,
 };
 use polar_chat::{Api, ChatRequest, FinishReason, ResponseFormat, StreamEvent, Usage, assemble};
+use polar_evaluate::{Parser, TestOutcomes};
 use polar_json::{Doc, Json};
 use serde_json::Value;
 
@@ -292,4 +293,39 @@ fn provider_error(u: &mut Unstructured<'_>) -> ProviderError {
         _ => K::Internal,
     };
     ProviderError::new(Side::Backend, kind, text(u))
+}
+
+/// A test command's output, any text (the command runs the policy's code
+/// in the sandbox), read by the `test_output` evaluator's `pytest` and
+/// `unittest` parsers: never a panic; every test reported by a trimmed,
+/// non-empty name that is its own canonical name (what a `fail_to_pass`
+/// or `pass_to_pass` entry is matched by, so every test the output reports
+/// can be named in a spec); and `pytest`, which reads each line alone,
+/// reports for the whole output what it reports for its two parts split
+/// at the line break nearest the middle, each test with the worse of its
+/// two statuses.
+pub fn check_test_output(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    for parser in [Parser::Pytest, Parser::Unittest] {
+        for name in parser.parse(&text).keys() {
+            assert!(!name.is_empty() && name.trim() == name, "{name:?}");
+            assert_eq!(&parser.canonical_name(name), name);
+        }
+    }
+    let middle = text.len() / 2;
+    let Some(at) = text
+        .bytes()
+        .enumerate()
+        .filter(|(_, b)| *b == b'\n')
+        .map(|(i, _)| i)
+        .min_by_key(|i| i.abs_diff(middle))
+    else {
+        return;
+    };
+    let mut parts: TestOutcomes = Parser::Pytest.parse(&text[..at]);
+    for (name, status) in Parser::Pytest.parse(&text[at + 1..]) {
+        let kept = parts.entry(name).or_insert(status);
+        *kept = (*kept).max(status);
+    }
+    assert_eq!(Parser::Pytest.parse(&text), parts);
 }
