@@ -13,6 +13,7 @@ use polar_chat::provider::{
     parse_request,
 };
 use polar_chat::{Api, ChatRequest, FinishReason, ResponseFormat, StreamEvent, Usage, assemble};
+use polar_evaluate::judge::{self, Criterion};
 use polar_evaluate::{Parser, TestOutcomes};
 use polar_json::{Doc, Json};
 use serde_json::Value;
@@ -328,4 +329,41 @@ pub fn check_test_output(data: &[u8]) {
         *kept = (*kept).max(status);
     }
     assert_eq!(Parser::Pytest.parse(&text), parts);
+}
+
+/// An `llm_judge` evaluator's answer, any text (the judge reads the
+/// policy's diff and transcript, which may steer what it writes), read
+/// against a rubric of three weighted criteria: never a panic; an answer
+/// read gives every criterion a score in 0 to 10, in the rubric's order,
+/// and a reward that is their weighted mean in 0 to 1.
+pub fn check_judge_answer(data: &[u8]) {
+    let answer = String::from_utf8_lossy(data);
+    let rubric: Vec<Criterion> = [("correctness", 3.0), ("tests", 1.0), ("style", 0.5)]
+        .into_iter()
+        .map(|(name, weight)| Criterion {
+            name: name.to_owned(),
+            description: String::new(),
+            weight,
+        })
+        .collect();
+    let Ok(scored) = judge::score(&rubric, &answer) else {
+        return;
+    };
+    assert_eq!(scored.scores.len(), rubric.len());
+    assert!(
+        scored
+            .scores
+            .iter()
+            .all(|s| (0.0..=judge::MAX_SCORE).contains(s)),
+        "{scored:?}"
+    );
+    assert!((0.0..=1.0).contains(&scored.reward), "{scored:?}");
+    let total: f64 = rubric.iter().map(|c| c.weight).sum();
+    let mean: f64 = rubric
+        .iter()
+        .zip(&scored.scores)
+        .map(|(c, s)| c.weight * s)
+        .sum::<f64>()
+        / (total * judge::MAX_SCORE);
+    assert!((scored.reward - mean).abs() < 1e-12, "{scored:?}");
 }

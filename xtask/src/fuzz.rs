@@ -26,7 +26,7 @@ use crate::daemon::tail;
 use crate::group::Group;
 use crate::setup;
 
-/// Seconds each target runs in `cargo xtask test` (17 targets, two at a
+/// Seconds each target runs in `cargo xtask test` (19 targets, two at a
 /// time on two cores: about three and a half minutes with the corpora's
 /// loading, against five one after the other).
 pub const TEST_SECS: u64 = 8;

@@ -417,10 +417,14 @@ pub struct Scored {
 /// block), a score in 0..10 for every criterion.
 pub fn score(rubric: &[Criterion], answer: &str) -> Result<Scored, String> {
     let text = answer.rsplit("</think>").next().unwrap_or(answer);
-    let (Some(start), Some(end)) = (text.find('{'), text.rfind('}')) else {
+    // From the first `{` to the last `}` after it (a `}` may come first).
+    let Some(object) = text
+        .find('{')
+        .and_then(|start| Some(&text[start..=start + text[start..].rfind('}')?]))
+    else {
         return Err("the judge's answer holds no JSON object".into());
     };
-    let v: Value = serde_json::from_str(&text[start..=end])
+    let v: Value = serde_json::from_str(object)
         .map_err(|e| format!("the judge's answer is not one JSON object: {e}"))?;
     let scores = v
         .get("scores")

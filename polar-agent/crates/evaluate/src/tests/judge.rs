@@ -131,6 +131,9 @@ async fn without_a_judge_or_an_answer_there_is_no_reward() {
         "{\"scores\": {\"a\": 11}}",
         "{\"scores\": {\"a\": \"ten\"}}",
         "{\"rationale\": \"x\"}",
+        // A closing brace before the only opening one.
+        "} {",
+        "the scores: } then {",
     ] {
         assert!(score(&rubric, bad).is_err(), "{bad}");
     }
