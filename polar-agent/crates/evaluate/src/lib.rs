@@ -122,10 +122,12 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -365,18 +367,40 @@ impl Evaluator {
 
     /// [`Evaluator::evaluate`] with a judge model and what it reads (an
     /// `llm_judge` without them gives no reward).
+    ///
+    /// The evaluators read what the policy left (test output, reward
+    /// files, a judge's answer its work may steer): a panic one of them
+    /// hits (a bug) ends this evaluation as failed, with no reward and an
+    /// unusable sample, rather than unwinding through the caller, whose
+    /// session still has a sandbox to tear down and a result to report.
     pub async fn evaluate_with(
         &self,
         facts: &SessionFacts,
         runner: &dyn CommandRunner,
         judge: Option<&JudgeInputs<'_>>,
     ) -> Evaluation {
-        match self {
-            Self::SessionCompleted(s) => s.evaluate(facts),
-            Self::Command(c) => c.evaluate(facts, runner).await,
-            Self::TestOutput(t) => t.evaluate(facts, runner).await,
-            Self::LlmJudge(j) => j.evaluate(facts, runner, judge).await,
-            Self::Composite(c) => c.evaluate(facts, runner, judge).await,
+        let scored = async {
+            match self {
+                Self::SessionCompleted(s) => s.evaluate(facts),
+                Self::Command(c) => c.evaluate(facts, runner).await,
+                Self::TestOutput(t) => t.evaluate(facts, runner).await,
+                Self::LlmJudge(j) => j.evaluate(facts, runner, judge).await,
+                Self::Composite(c) => c.evaluate(facts, runner, judge).await,
+            }
+        };
+        match AssertUnwindSafe(scored).catch_unwind().await {
+            Ok(evaluation) => evaluation,
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("no message");
+                Evaluation::failed(
+                    format!("{}: the evaluator panicked (a bug): {why}", self.kind()),
+                    Value::Object(serde_json::Map::new()),
+                )
+            }
         }
     }
 }

@@ -60,6 +60,47 @@ impl CommandRunner for BrokenRunner {
     }
 }
 
+/// A runner that hits a bug.
+struct PanickingRunner;
+
+impl CommandRunner for PanickingRunner {
+    fn run<'a>(&'a self, _: Vec<String>, _: Vec<(String, String)>, _: Duration) -> RunFuture<'a> {
+        Box::pin(async { panic!("a bug in the runner") })
+    }
+}
+
+#[tokio::test]
+async fn an_evaluator_that_panics_fails_its_evaluation_and_nothing_else() {
+    let ws = tempfile::tempdir().unwrap();
+    let e = evaluator("command", serde_json::json!({"command": ["true"]}));
+    let got = e.evaluate(&facts(ws.path()), &PanickingRunner).await;
+    assert_eq!(got.reward, None, "{got:?}");
+    assert!(!got.usable, "{got:?}");
+    let error = got.error.unwrap_or_default();
+    assert!(
+        error.starts_with("command: the evaluator panicked (a bug): a bug in the runner"),
+        "{error}"
+    );
+    // Within a composite the panic fails the part; the composite goes on
+    // to report.
+    let c = evaluator(
+        "composite",
+        serde_json::json!({"evaluators": [
+            {"kind": "session_completed", "options": {}},
+            {"kind": "command", "options": {"command": ["true"]}},
+        ]}),
+    );
+    let got = c.evaluate(&facts(ws.path()), &PanickingRunner).await;
+    assert_eq!(got.reward, None, "{got:?}");
+    assert!(!got.usable, "{got:?}");
+    assert_eq!(got.detail["parts"][0]["reward"], 1.0, "{got:?}");
+    let error = got.error.unwrap_or_default();
+    assert!(
+        error.contains("evaluators[1] (command): command: the evaluator panicked"),
+        "{error}"
+    );
+}
+
 #[test]
 fn evaluate_futures_are_send() {
     fn send<T: Send>(_: &T) {}
