@@ -122,12 +122,10 @@ mod tests;
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
-use futures_util::FutureExt as _;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -388,19 +386,12 @@ impl Evaluator {
                 Self::Composite(c) => c.evaluate(facts, runner, judge).await,
             }
         };
-        match AssertUnwindSafe(scored).catch_unwind().await {
+        match polar_io::tasks::caught(scored).await {
             Ok(evaluation) => evaluation,
-            Err(panic) => {
-                let why = panic
-                    .downcast_ref::<&str>()
-                    .copied()
-                    .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                    .unwrap_or("no message");
-                Evaluation::failed(
-                    format!("{}: the evaluator panicked (a bug): {why}", self.kind()),
-                    Value::Object(serde_json::Map::new()),
-                )
-            }
+            Err(why) => Evaluation::failed(
+                format!("{}: the evaluator panicked (a bug): {why}", self.kind()),
+                Value::Object(serde_json::Map::new()),
+            ),
         }
     }
 }

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 use crate::stages::{Job, Report, Stage, Stages, Work};
-use polar_io::tasks::Tasks;
+use polar_io::tasks::{Tasks, caught};
 use polar_rollout_api::client::{ClientError, RolloutClient};
 use polar_rollout_api::http::{Body, error, json};
 use polar_rollout_api::serve::ServeLimits;
@@ -634,14 +634,29 @@ impl<W: Work> Inner<W> {
             })
         };
         let progress = self.opts.progress;
-        let report = self
-            .stages
-            .run(&self.work, &job, move |stage| {
-                if progress.reports(stage) {
-                    let _ = tx.send(stage);
-                }
+        let stages = self.stages.run(&self.work, &job, move |stage| {
+            if progress.reports(stage) {
+                let _ = tx.send(stage);
+            }
+        });
+        // A panic in the session's work (a bug) ends this session only: its
+        // slot is freed below as after any end, and the server is told the
+        // node failed it, to run it again within its retry limit.
+        let report = caught(stages).await.unwrap_or_else(|why| {
+            tracing::error!(session = %sid, panic = %why, "the session's work panicked");
+            Some(Report {
+                status: polar_rollout_api::SampleStatus::Error,
+                reward: None,
+                trajectory_uri: None,
+                tokens: Default::default(),
+                error: Some(format!(
+                    "the gateway's work for this session panicked (a bug): {why}"
+                )),
+                stats: Default::default(),
+                retry: true,
+                infra_fault: true,
             })
-            .await;
+        });
         job.ended.cancel();
         // The work is done: the slot is free while the result is reported.
         {

@@ -10,7 +10,8 @@
 //! - [`beneath`]: files beneath a directory a sandbox controls, written
 //!   and read without following what it planted (`openat2`);
 //! - [`auth`]: constant-time comparison of tokens and keys;
-//! - [`tasks`]: the one place background tasks are spawned;
+//! - [`tasks`]: the one place background tasks are spawned, and a
+//!   future's panic caught as an error ([`tasks::caught`]);
 //! - [`chain`]: an error with its causes, on one line.
 //!
 //! This crate sits below every other Polar crate that does I/O: it must not

@@ -2,8 +2,9 @@
 //! the node that still holds an older one (the server was told the old one
 //! failed, and this is its only node) stops the old attempt and starts
 //! only once the old one is torn down; an older attempt than the one held
-//! is refused (409); the server records why attempt 1 ended. The node is
-//! the real gateway node with scripted work that logs its steps.
+//! is refused (409); the server records why attempt 1 ended. A session
+//! whose work panics on the node is run again and frees its slot. The node
+//! is the real gateway node with scripted work.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -122,6 +123,65 @@ async fn a_newer_attempt_starts_after_the_old_one_is_torn_down() {
         s0.ended_attempts[0].reason.contains("forced re-dispatch"),
         "{s0:?}"
     );
+    node.stop().await;
+    server.shutdown().await;
+}
+
+/// Panics in RUNNING on a session's first attempt; completes later ones.
+struct PanicsOnce;
+
+impl Work for PanicsOnce {
+    type Prepared = ();
+    type Ran = ();
+
+    async fn init(&self, _job: &Arc<Job>, _stop: CancellationToken) -> Result<(), InitError> {
+        Ok(())
+    }
+
+    async fn run(&self, job: &Arc<Job>, _p: &mut (), _stop: CancellationToken) {
+        assert!(job.assignment.attempt > 1, "a bug in the work");
+    }
+
+    async fn postrun(&self, _job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
+        Report {
+            status: SampleStatus::Completed,
+            reward: Some(1.0),
+            trajectory_uri: None,
+            tokens: Default::default(),
+            error: None,
+            stats: Default::default(),
+            retry: false,
+            infra_fault: false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_whose_work_panics_is_run_again_and_frees_its_slot() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let node = node_a(&server, PanicsOnce).await;
+    let c = client(&server);
+    // More samples than the node's 4 slots: a slot a panic kept would
+    // leave the task unfinished.
+    c.submit(&task("p", 6)).await.unwrap();
+    let v = finished(&c, "p", Duration::from_secs(20)).await;
+    assert_completed(&v, 6);
+    for s in &v.samples {
+        assert_eq!(s.state.assignment(), None, "{s:?}");
+        assert_eq!(s.ended_attempts.len(), 1, "{s:?}");
+        let reason = &s.ended_attempts[0].reason;
+        assert!(
+            reason.contains(
+                "the gateway's work for this session panicked (a bug): a bug in the work"
+            ),
+            "{s:?}"
+        );
+    }
+    until("the node holds nothing", Duration::from_secs(5), || {
+        node.holding() == 0
+    })
+    .await;
     node.stop().await;
     server.shutdown().await;
 }
