@@ -49,16 +49,7 @@ impl Work for Logged {
     async fn postrun(&self, job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.log("down", job);
-        Report {
-            status: SampleStatus::Cancelled,
-            reward: None,
-            trajectory_uri: None,
-            tokens: Default::default(),
-            error: None,
-            stats: Default::default(),
-            retry: false,
-            infra_fault: false,
-        }
+        report(SampleStatus::Cancelled, None)
     }
 }
 
@@ -143,16 +134,7 @@ impl Work for PanicsOnce {
     }
 
     async fn postrun(&self, _job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
-        Report {
-            status: SampleStatus::Completed,
-            reward: Some(1.0),
-            trajectory_uri: None,
-            tokens: Default::default(),
-            error: None,
-            stats: Default::default(),
-            retry: false,
-            infra_fault: false,
-        }
+        report(SampleStatus::Completed, Some(1.0))
     }
 }
 

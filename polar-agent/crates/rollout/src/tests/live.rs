@@ -53,14 +53,8 @@ impl Work for Calling {
         stats.insert("calls_total".into(), calls.len().into());
         stats.insert("calls".into(), calls.into());
         Report {
-            status: SampleStatus::Completed,
-            reward: Some(1.0),
-            trajectory_uri: None,
-            tokens: Default::default(),
-            error: None,
             stats,
-            retry: false,
-            infra_fault: false,
+            ..report(SampleStatus::Completed, Some(1.0))
         }
     }
 }
