@@ -233,9 +233,7 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
         "==> fuzz: building the targets ({} to run, {jobs} at a time)",
         targets.len()
     );
-    nightly_cargo()?
-        .args(["fuzz", "build", "--debug-assertions"])
-        .run()?;
+    build()?;
     let logs = workspace_root()?.join(LOGS);
     std::fs::create_dir_all(&logs)
         .with_context(|| format!("could not create {}", logs.display()))?;
@@ -278,6 +276,14 @@ pub fn seeds(root: &Path, target: &str) -> Option<PathBuf> {
         target
     };
     Some(root.join("fuzz/seeds").join(name)).filter(|dir| dir.is_dir())
+}
+
+/// Builds every target as `cargo xtask fuzz` runs it (libFuzzer,
+/// AddressSanitizer, debug assertions).
+pub fn build() -> Result<()> {
+    nightly_cargo()?
+        .args(["fuzz", "build", "--debug-assertions"])
+        .run()
 }
 
 /// The `-max_len` `target` runs with, if not libFuzzer's default.

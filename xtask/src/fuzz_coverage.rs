@@ -47,9 +47,7 @@ pub fn run(targets: &[String]) -> Result<()> {
         .join("lib/rustlib")
         .join(&host)
         .join("bin/llvm-cov");
-    nightly_cargo()?
-        .args(["fuzz", "build", "--debug-assertions"])
-        .run()?;
+    crate::fuzz::build()?;
     for t in targets {
         report(t, &llvm_cov, &host)?;
         edges(t, &host)?;
