@@ -237,11 +237,16 @@ impl Venv {
 
 /// `pip install` in the environment `dir`, quiet, never asking, and never
 /// resolving dependencies: a lock file lists them all.
+///
+/// Without pip's cache: the stamped environments are the cache, and pip's
+/// copy of every wheel (the trainers' CUDA builds of torch among them) would
+/// take gigabytes more of a fresh machine's disk for nothing.
 fn pip_install(dir: &Path) -> Result<Cmd> {
     Ok(Cmd::new(dir.join("bin/python"))?.args([
         "-m",
         "pip",
         "--disable-pip-version-check",
+        "--no-cache-dir",
         "install",
         "--quiet",
         "--no-input",

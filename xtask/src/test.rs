@@ -24,8 +24,13 @@
 //! in its environments ([`python`]); then, with root, the dashboard in
 //! headless Chromium and Firefox ([`dashboard`]).
 //!
-//! Each step's time is printed when it ends, and the whole run's, so CI's
-//! log shows where the time goes.
+//! Each step's time and the disk space left are printed when it ends, and
+//! the whole run's time, so CI's log shows where the time and the space go.
+//!
+//! Every build here runs without incremental state (`CARGO_INCREMENTAL=0`):
+//! on a fresh clone, which is what CI runs, nothing would reuse it, and it
+//! is 3 of the 8 GB the builds would leave (`BENCHMARKS.md`, "Disk: what a
+//! whole test run leaves").
 
 use std::time::{Duration, Instant};
 
@@ -95,9 +100,9 @@ pub fn run(args: TestArgs) -> Result<()> {
     setup::tools(setup::Scope::All)?;
     // The tests of every test binary side by side, each in a process of its
     // own (`.config/nextest.toml`: their groups and priorities).
-    let mut cargo_test = Cmd::new("cargo")?.args(["nextest", "run"]);
+    let mut cargo_test = cargo()?.args(["nextest", "run"]);
     // cargo-nextest runs no doc tests: `cargo test --doc` does.
-    let mut doc_tests = Cmd::new("cargo")?.args(["test", "--doc"]);
+    let mut doc_tests = cargo()?.args(["test", "--doc"]);
     if !args.unprivileged {
         // The end-to-end tests run the real harness CLIs.
         cargo_test = cargo_test
@@ -109,13 +114,13 @@ pub fn run(args: TestArgs) -> Result<()> {
     let steps = [
         (
             "format",
-            Step::run(Cmd::new("cargo")?.args(["fmt", "--all", "--", "--check"])),
+            Step::run(cargo()?.args(["fmt", "--all", "--", "--check"])),
         ),
         (
             // With the privileged tests compiled in: without the feature they
             // build with dead code and unused imports allowed.
             "clippy",
-            Step::run(Cmd::new("cargo")?.args([
+            Step::run(cargo()?.args([
                 "clippy",
                 "--all-targets",
                 "--features",
@@ -129,7 +134,7 @@ pub fn run(args: TestArgs) -> Result<()> {
         // but they check on stable), which the two steps above miss.
         (
             "format of fuzz/",
-            Step::run(Cmd::new("cargo")?.args([
+            Step::run(cargo()?.args([
                 "fmt",
                 "--manifest-path",
                 "fuzz/Cargo.toml",
@@ -139,7 +144,7 @@ pub fn run(args: TestArgs) -> Result<()> {
         ),
         (
             "clippy of fuzz/",
-            Step::run(Cmd::new("cargo")?.args([
+            Step::run(cargo()?.args([
                 "clippy",
                 "--manifest-path",
                 "fuzz/Cargo.toml",
@@ -153,11 +158,11 @@ pub fn run(args: TestArgs) -> Result<()> {
         (
             // Advisories are never checked: they need GitHub, which CI cannot reach.
             "dependency policy",
-            Step::run(Cmd::new("cargo")?.args(["deny", "check", "bans", "licenses", "sources"])),
+            Step::run(cargo()?.args(["deny", "check", "bans", "licenses", "sources"])),
         ),
         (
             "debug build of polar",
-            Step::run(Cmd::new("cargo")?.args(["build", "--bin", "polar"])),
+            Step::run(cargo()?.args(["build", "--bin", "polar"])),
         ),
         ("fuzz targets", Step::Fuzz),
         ("set-up in the background", Step::Background(downloads)),
@@ -184,14 +189,20 @@ pub fn run(args: TestArgs) -> Result<()> {
     ];
 
     eprintln!(
-        "==> set-up (Debian packages, cargo tools) took {}",
-        minutes(started.elapsed())
+        "==> set-up (Debian packages, cargo tools) took {}; {}",
+        minutes(started.elapsed()),
+        disk_left()
     );
     let total = steps.len();
     for (index, (name, step)) in steps.into_iter().enumerate() {
         let number = index + 1;
         let step_started = Instant::now();
-        let failed = || format!("test step {number}/{total} ({name}) failed");
+        let failed = || {
+            format!(
+                "test step {number}/{total} ({name}) failed; {}",
+                disk_left()
+            )
+        };
         match step {
             Step::Run(cmd) => {
                 eprintln!("==> test step {number}/{total} ({name}): {}", cmd.shown());
@@ -254,8 +265,9 @@ pub fn run(args: TestArgs) -> Result<()> {
             }
         }
         eprintln!(
-            "==> test step {number}/{total} ({name}) took {}",
-            minutes(step_started.elapsed())
+            "==> test step {number}/{total} ({name}) took {}; {}",
+            minutes(step_started.elapsed()),
+            disk_left()
         );
     }
     eprintln!(
@@ -263,6 +275,27 @@ pub fn run(args: TestArgs) -> Result<()> {
         minutes(started.elapsed())
     );
     Ok(())
+}
+
+/// `cargo`, for the suite's builds: without incremental state (the
+/// module's documentation says why).
+fn cargo() -> Result<Cmd> {
+    Ok(Cmd::new("cargo")?.env("CARGO_INCREMENTAL", "0"))
+}
+
+/// The space left on the working tree's file system, as `df` prints it,
+/// for the steps' log lines: a run that fills the disk says so.
+fn disk_left() -> String {
+    let left = Cmd::new("df")
+        .ok()
+        .and_then(|c| c.args(["-Ph", "."]).probe());
+    match left
+        .as_deref()
+        .and_then(|out| out.lines().nth(1)?.split_whitespace().nth(3))
+    {
+        Some(size) => format!("{size} left on the disk"),
+        None => "disk space unknown (df failed)".into(),
+    }
 }
 
 /// A duration as minutes and seconds, for the steps' timings (CI's log
