@@ -360,14 +360,9 @@ impl<W: Work> Node<W> {
         }
         for job in &left {
             let report = Report {
-                status: polar_rollout_api::SampleStatus::Error,
-                reward: None,
-                trajectory_uri: None,
-                tokens: Default::default(),
                 error: Some("the gateway stopped (drain grace over)".into()),
-                stats: Default::default(),
                 retry: true,
-                infra_fault: false,
+                ..Report::new(polar_rollout_api::SampleStatus::Error)
             };
             inner.deliver(job, &report).await;
             job.stop.cancel();
@@ -645,16 +640,12 @@ impl<W: Work> Inner<W> {
         let report = caught(stages).await.unwrap_or_else(|why| {
             tracing::error!(session = %sid, panic = %why, "the session's work panicked");
             Some(Report {
-                status: polar_rollout_api::SampleStatus::Error,
-                reward: None,
-                trajectory_uri: None,
-                tokens: Default::default(),
                 error: Some(format!(
                     "the gateway's work for this session panicked (a bug): {why}"
                 )),
-                stats: Default::default(),
                 retry: true,
                 infra_fault: true,
+                ..Report::new(polar_rollout_api::SampleStatus::Error)
             })
         });
         job.ended.cancel();

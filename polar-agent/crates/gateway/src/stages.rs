@@ -234,6 +234,24 @@ pub struct Report {
     pub infra_fault: bool,
 }
 
+impl Report {
+    /// A report of `status` and nothing else: no reward, trajectory,
+    /// tokens, error or stats, not to be run again. The fields that differ
+    /// are set over it (`Report { reward, ..Report::new(status) }`).
+    pub fn new(status: SampleStatus) -> Self {
+        Self {
+            status,
+            reward: None,
+            trajectory_uri: None,
+            tokens: Default::default(),
+            error: None,
+            stats: Default::default(),
+            retry: false,
+            infra_fault: false,
+        }
+    }
+}
+
 /// What each stage does.
 pub trait Work: Send + Sync + 'static {
     /// A prepared session.

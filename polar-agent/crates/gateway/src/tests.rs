@@ -74,14 +74,8 @@ impl Work for Counting {
             status.as_str()
         ));
         Report {
-            status,
             reward: Some(1.0),
-            trajectory_uri: None,
-            tokens: Default::default(),
-            error: None,
-            stats: Default::default(),
-            retry: false,
-            infra_fault: false,
+            ..Report::new(status)
         }
     }
 }

@@ -49,7 +49,7 @@ impl Work for Logged {
     async fn postrun(&self, job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
         tokio::time::sleep(Duration::from_millis(300)).await;
         self.log("down", job);
-        report(SampleStatus::Cancelled, None)
+        Report::new(SampleStatus::Cancelled)
     }
 }
 
@@ -134,7 +134,10 @@ impl Work for PanicsOnce {
     }
 
     async fn postrun(&self, _job: &Arc<Job>, _p: Option<()>, _r: Reached<()>) -> Report {
-        report(SampleStatus::Completed, Some(1.0))
+        Report {
+            reward: Some(1.0),
+            ..Report::new(SampleStatus::Completed)
+        }
     }
 }
 

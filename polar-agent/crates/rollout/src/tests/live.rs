@@ -54,7 +54,8 @@ impl Work for Calling {
         stats.insert("calls".into(), calls.into());
         Report {
             stats,
-            ..report(SampleStatus::Completed, Some(1.0))
+            reward: Some(1.0),
+            ..Report::new(SampleStatus::Completed)
         }
     }
 }

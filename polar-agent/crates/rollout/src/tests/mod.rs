@@ -43,11 +43,11 @@ use tokio::net::TcpListener;
 
 use super::{RolloutConfig, RolloutServer};
 use polar_gateway::sim::{SimGateway, SimGatewayConfig};
-use polar_gateway::stages::{Report, StageLimits, Stages, Work};
+use polar_gateway::stages::{StageLimits, Stages, Work};
 use polar_gateway::{Node, NodeOptions, Progress};
 use polar_rollout_api::RolloutClient;
 use polar_rollout_api::http::{full, read_body};
-use polar_rollout_api::{SampleStatus, TaskStatus, TaskView};
+use polar_rollout_api::{TaskStatus, TaskView};
 
 pub(crate) const TOKEN: &str = "trainer-token-1";
 /// node-a's token.
@@ -184,20 +184,6 @@ pub(crate) async fn node_a_reporting<W: Work>(
     )
     .await
     .unwrap()
-}
-
-/// What scripted work reports: `status` and `reward`, nothing else.
-pub(crate) fn report(status: SampleStatus, reward: Option<f64>) -> Report {
-    Report {
-        status,
-        reward,
-        trajectory_uri: None,
-        tokens: Default::default(),
-        error: None,
-        stats: Default::default(),
-        retry: false,
-        infra_fault: false,
-    }
 }
 
 pub(crate) fn task(id: &str, n: u32) -> Value {
