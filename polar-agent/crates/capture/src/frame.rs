@@ -19,8 +19,13 @@
 //! holds (a length is read through `Read::take`); it stops at the first
 //! frame that is cut short, has a wrong magic, a length over
 //! [`MAX_FRAME`], a wrong checksum or a malformed body, and says where
-//! ([`FrameEnd`]). Nothing after a bad frame is trusted: a journal is
-//! appended to in order, so what follows a torn frame was never durable.
+//! ([`FrameEnd`]). Zeros from where a header would start to the input's
+//! end are not a frame: they are the space the journal wrote ahead of its
+//! frames, and end them cleanly (bytes after such zeros are a torn tail:
+//! a later page of the last round's written before a power loss, an
+//! earlier one not).
+//! Nothing after a bad frame is trusted: a journal is written in order,
+//! so what follows a torn frame was never durable.
 
 use std::io::{self, Read};
 
@@ -111,7 +116,8 @@ pub fn encode(session: &SessionId, key: FileKey, offset: u64, line: &[u8]) -> Ve
 /// Where and why reading frames stopped.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrameEnd {
-    /// The input ended between frames.
+    /// The input ended between frames, or only zeros follow the last one
+    /// (the space a segment was filled ahead with, [`super::journal`]).
     Clean,
     /// The frame at `offset` is cut short, or not a frame (`why`):
     /// everything from it on is ignored.
@@ -154,8 +160,12 @@ impl<R: Read> FrameReader<R> {
     fn read_frame(&mut self) -> io::Result<Result<Option<Frame>, &'static str>> {
         let mut header = [0u8; HEADER];
         let got = read_full(&mut self.input, &mut header)?;
-        if got == 0 {
-            return Ok(Ok(None));
+        if header[..got].iter().all(|b| *b == 0) {
+            return Ok(if zeros_to_the_end(&mut self.input)? {
+                Ok(None)
+            } else {
+                Err("bytes after zeros")
+            });
         }
         if got < HEADER {
             return Ok(Err("torn header"));
@@ -209,6 +219,19 @@ impl<R: Read> Iterator for FrameReader<R> {
                 self.end = Some(stop("read error"));
                 None
             }
+        }
+    }
+}
+
+/// Whether the rest of the input is zeros (read to its end, or to the
+/// first byte that is not).
+fn zeros_to_the_end(input: &mut impl Read) -> io::Result<bool> {
+    let mut buf = [0u8; 8192];
+    loop {
+        match read_full(input, &mut buf)? {
+            0 => return Ok(true),
+            n if buf[..n].iter().any(|b| *b != 0) => return Ok(false),
+            _ => {}
         }
     }
 }
@@ -305,6 +328,45 @@ mod tests {
             let (got, end) = frames(&[bad, bytes.clone()].concat());
             assert!(got.is_empty(), "flip at {flip}");
             assert!(matches!(end, FrameEnd::Bad { offset: 0, .. }));
+        }
+    }
+
+    #[test]
+    fn zeros_after_the_frames_end_them_cleanly() {
+        let (f, bytes) = sample();
+        for zeros in [1, HEADER - 1, HEADER, 4096] {
+            let input = [bytes.clone(), vec![0; zeros]].concat();
+            let (got, end) = frames(&input);
+            assert_eq!(got, vec![f.clone()], "{zeros} zeros");
+            assert_eq!(end, FrameEnd::Clean);
+        }
+        // A header that is not all zeros is read as one.
+        let at = bytes.len() as u64;
+        let mut input = [bytes.clone(), vec![0; HEADER]].concat();
+        input[bytes.len() + HEADER - 1] = 1;
+        let (_, end) = frames(&input);
+        assert_eq!(
+            end,
+            FrameEnd::Bad {
+                offset: at,
+                why: "no frame magic"
+            }
+        );
+        // Bytes after zeros (a later page written, an earlier one not):
+        // torn where the zeros begin.
+        for gap in [HEADER, 8192, 20_000] {
+            let mut input = [bytes.clone(), vec![0; gap], bytes.clone()].concat();
+            let (got, end) = frames(&input);
+            assert_eq!(got, vec![f.clone()], "gap {gap}");
+            assert_eq!(
+                end,
+                FrameEnd::Bad {
+                    offset: at,
+                    why: "bytes after zeros"
+                }
+            );
+            input.truncate(bytes.len() + gap + 1);
+            assert!(matches!(frames(&input).1, FrameEnd::Bad { .. }));
         }
     }
 

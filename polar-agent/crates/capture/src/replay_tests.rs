@@ -1,7 +1,8 @@
 //! The journals' replay: a lost or torn tail is restored, lines present
 //! are left alone (replaying twice changes nothing), frames of another
 //! file or beyond a log's end are skipped, a symlinked session directory
-//! is never written through, and a torn journal tail ends its segment.
+//! is never written through, and a torn journal tail ends its segment (the
+//! zeros written ahead of the frames do, untorn).
 //! Only the journals of agents gone are replayed and removed: a live
 //! agent's (its lock held) is left alone; a journal without its lock file
 //! and one in the layout before owners (segments in the root) are
@@ -147,6 +148,25 @@ fn a_torn_journal_tail_ends_its_segment() {
     let done = replay(state.path());
     assert_eq!((done.restored, done.torn), (3, 1));
     assert_eq!(log_of(state.path()), [A, B, C].concat());
+}
+
+#[test]
+fn the_zeros_written_ahead_of_a_segment_s_frames_are_not_a_torn_tail() {
+    let (state, key) = state_with_log(b"");
+    journal(state.path(), key, &[0; 5000]);
+    let done = replay(state.path());
+    assert_eq!((done.restored, done.torn), (3, 0));
+    assert_eq!(log_of(state.path()), [A, B, C].concat());
+    // A frame cut short by them is torn.
+    let (state, key) = state_with_log(b"");
+    let s = "s-1".parse().unwrap();
+    let mut torn = encode(&s, key, 100, b"{\"d\":4}\n");
+    let n = torn.len();
+    torn[n - 3..].fill(0);
+    torn.extend_from_slice(&[0; 100]);
+    journal(state.path(), key, &torn);
+    let done = replay(state.path());
+    assert_eq!((done.restored, done.torn), (3, 1));
 }
 
 #[test]

@@ -5,25 +5,30 @@
 //! failed sync fails its calls; `process` mode writes without syncing.
 //!
 //! The power-loss simulation: the syncing thread's sync operation is
-//! replaced by one that notes the file's length (by inode and birth time)
-//! before it calls the real `fdatasync`. At the moment of the loss, under
-//! the same lock (no sync is noted meanwhile), the test notes which calls
-//! were released and what each file holds; after the run it puts back in
-//! place (same inodes) what a power loss leaves: each session log cut at an
-//! arbitrary point between its last sync and its end (or to zero, never
-//! synced), each journal segment at its last sync.
+//! replaced by one that notes, by inode and birth time, how far the file
+//! is written before it calls the real `fdatasync` (a log's length, the
+//! end of a journal segment's frames: the zeros written ahead of them are
+//! not a line). At the moment of the loss, under the same lock (no sync is
+//! noted meanwhile), the test notes which calls were released and what
+//! each file holds; after the run it puts back in place (same inodes) what
+//! a power loss leaves: each session log cut at an arbitrary point between
+//! its last sync and its end (or to zero, never synced), each journal
+//! segment zeroed from the end of its frames at its last sync (none of
+//! the frames written since: the journal's worst case; how torn frames
+//! read is `frame`'s and `replay`'s tests' business).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io;
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::*;
 use crate::encode::{PartPrompt, RecordParts, encode_two_parts};
-use crate::frame::FileKey;
-use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, SyncFn, segments};
+use crate::frame::{FileKey, FrameReader, MAGIC};
+use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, SyncFn, ZERO_AHEAD, segments};
 use crate::log::tests::record;
 use crate::log::{CALLS_FILE, Durability, LogFile, read_log};
 use crate::owners::RootLock;
@@ -42,11 +47,24 @@ fn key(file: &File) -> (u64, u64) {
 
 fn recording_sync(file: &File) -> io::Result<()> {
     let mut durable = lock(&DURABLE);
-    let before = file.metadata()?.len();
+    let before = written_end(file)?;
     file.sync_data()?;
     let len = durable.entry(key(file)).or_default();
     *len = (*len).max(before);
     Ok(())
+}
+
+/// How far `file` is written: the end of a journal segment's frames, a
+/// log's length.
+fn written_end(file: &File) -> io::Result<u64> {
+    // Read through a descriptor of its own: the journal's is write-only.
+    let bytes = std::fs::read(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    if !bytes.starts_with(&MAGIC) {
+        return Ok(bytes.len() as u64);
+    }
+    let mut frames = FrameReader::new(&bytes[..]);
+    frames.by_ref().for_each(drop);
+    Ok(frames.offset())
 }
 
 /// A [`Durability::Power`] store under `state` whose journal (of segments
@@ -99,18 +117,19 @@ fn power_loss(
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut file, &mut bytes).unwrap();
         let cut = pick(d, bytes.len() as u64);
-        bytes.truncate(usize::try_from(cut).unwrap());
-        Some(bytes)
+        Some((bytes, usize::try_from(cut).unwrap()))
     };
     let mut logs = Vec::new();
     for entry in std::fs::read_dir(state.join("sessions")).unwrap() {
         let path = entry.unwrap().path().join(CALLS_FILE);
-        let bytes = kept(&path, pick).unwrap();
+        let (mut bytes, cut) = kept(&path, pick).unwrap();
+        bytes.truncate(cut);
         logs.push((path, bytes));
     }
     let mut journal = Vec::new();
     for (_, path) in segments(journal_dir).unwrap() {
-        if let Some(bytes) = kept(&path, &mut |d, _| d) {
+        if let Some((mut bytes, cut)) = kept(&path, &mut |d, _| d) {
+            bytes[cut..].fill(0);
             journal.push((path, bytes));
         }
     }
@@ -333,6 +352,46 @@ fn lines_that_end_together_share_one_sync_of_the_journal() {
     assert!(logs[3].register(last.unwrap()).is_none());
     let next = logs[3].append_line(line).unwrap();
     assert!(logs[3].register(next).is_some());
+}
+
+/// The lengths of a journal's one segment and of its frames.
+fn segment_lengths(commit: &GroupCommit) -> (u64, u64) {
+    let found = segments(commit.journal_dir()).unwrap();
+    assert_eq!(found.len(), 1);
+    let bytes = std::fs::read(&found[0].1).unwrap();
+    let mut frames = FrameReader::new(&bytes[..]);
+    frames.by_ref().for_each(drop);
+    (bytes.len() as u64, frames.offset())
+}
+
+#[test]
+fn a_round_writes_zeros_ahead_that_later_rounds_write_over() {
+    for limit in [DEFAULT_JOURNAL_BYTES, 8 << 10] {
+        let dir = tempfile::tempdir().unwrap();
+        let own = RootLock::take(&dir.path().join(JOURNAL_DIR))
+            .unwrap()
+            .make_own()
+            .unwrap();
+        let commit = GroupCommit::start_with(own, limit, File::sync_data).unwrap();
+        let (log, _) =
+            LogFile::open(&dir.path().join("s-1.jsonl"), journaled(&commit, "s-1")).unwrap();
+        let durable = |line: &[u8]| {
+            let written = log.append_line(line).unwrap();
+            let rx = log.register(written).unwrap();
+            assert!(matches!(rx.blocking_recv(), Ok(Ok(()))));
+        };
+        durable(b"{\"a\":1}\n");
+        let (len, frames) = segment_lengths(&commit);
+        assert_eq!(len, (frames + ZERO_AHEAD).min(limit), "limit {limit}");
+        // The next rounds write within the zeros: the file keeps its size.
+        for _ in 0..10 {
+            durable(b"{\"b\":2}\n");
+        }
+        let (again, more) = segment_lengths(&commit);
+        assert_eq!(again, len, "limit {limit}");
+        assert!(more > frames);
+        assert_eq!(commit.syncs(), 11);
+    }
 }
 
 fn failing_sync(_: &File) -> io::Result<()> {
