@@ -31,7 +31,7 @@
 //! [`ZERO_AHEAD`] further (not past `agent.capture_journal_bytes`), so
 //! the next rounds write over blocks the file already has. Their
 //! `fdatasync` then writes the data alone, not the file's size and block
-//! map too (on ext4 one device write fewer per sync: measured here, 35 to
+//! map too (on ext4 one device write fewer per sync: measured here, 30 to
 //! 40% off the sync's time, BENCHMARKS.md). The reader takes zeros where a
 //! frame's header would be for the end of the frames ([`super::frame`]).
 //!
