@@ -241,8 +241,8 @@ impl Journal {
             seg.filled = seg.filled.min(at);
             return Err(e);
         }
-        seg.filled = seg.filled.max(to);
-        if to == seg.filled {
+        if to >= seg.filled {
+            seg.filled = to;
             // Best effort: the frames are written; without the zeros the
             // next rounds' syncs write the file's size too.
             let ahead = (to + ZERO_AHEAD).min(self.limit.max(to));

@@ -62,9 +62,14 @@ fn written_end(file: &File) -> io::Result<u64> {
     if !bytes.starts_with(&MAGIC) {
         return Ok(bytes.len() as u64);
     }
-    let mut frames = FrameReader::new(&bytes[..]);
+    Ok(frames_end(&bytes))
+}
+
+/// Where the frames at the start of `bytes` end.
+fn frames_end(bytes: &[u8]) -> u64 {
+    let mut frames = FrameReader::new(bytes);
     frames.by_ref().for_each(drop);
-    Ok(frames.offset())
+    frames.offset()
 }
 
 /// A [`Durability::Power`] store under `state` whose journal (of segments
@@ -359,9 +364,7 @@ fn segment_lengths(commit: &GroupCommit) -> (u64, u64) {
     let found = segments(commit.journal_dir()).unwrap();
     assert_eq!(found.len(), 1);
     let bytes = std::fs::read(&found[0].1).unwrap();
-    let mut frames = FrameReader::new(&bytes[..]);
-    frames.by_ref().for_each(drop);
-    (bytes.len() as u64, frames.offset())
+    (bytes.len() as u64, frames_end(&bytes))
 }
 
 #[test]
