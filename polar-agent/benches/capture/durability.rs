@@ -14,6 +14,14 @@
 //! also waits for the other core to wake (in a virtual machine, a vCPU's
 //! wake-up).
 //!
+//! `CAPTURE_BENCH_STATE_DIR` puts the agents' state directories on another
+//! file system (by default they are in the target's temporary directory).
+//!
+//! At 64 sessions the agent's CPU time per call (user and system, all its
+//! threads, from `/proc`) is reported too: throughput there is bounded by
+//! the agent's one core, and this figure moves less than calls/s when the
+//! virtual machine's speed drifts.
+//!
 //! With `CAPTURE_BENCH_BASE` set to the path of another `polar` binary (an
 //! earlier build, to compare with), its rows are measured in the same run
 //! too: in its default mode, or in each of `CAPTURE_BENCH_BASE_MODES`
@@ -36,10 +44,10 @@ fn pinned(binary: &str, cpu: u32) -> Command {
 }
 
 /// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu`, its
-/// state directory on this machine's disk, with `durability` (`None`: the
+/// state directory under [`state_parent`], with `durability` (`None`: the
 /// binary's default, the key left out).
 fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Servers {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tempfile::tempdir_in(state_parent()).unwrap();
     let (mock, mock_addr) = mock_on(binary, 0);
     let mode = durability.map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
     let config = proxy_config(dir.path(), mock_addr, &mode);
@@ -51,6 +59,13 @@ fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Servers {
         agent_addr,
         _dir: dir,
     }
+}
+
+/// Where the agents' state directories go: `CAPTURE_BENCH_STATE_DIR` (a
+/// directory on the file system to measure), else the target's temporary
+/// directory, on this machine's disk.
+fn state_parent() -> String {
+    std::env::var("CAPTURE_BENCH_STATE_DIR").unwrap_or_else(|_| env!("CARGO_TARGET_TMPDIR").into())
 }
 
 /// `polar mock-backend` on `cpu`, listening.
@@ -93,14 +108,24 @@ async fn call(client: &HttpClient, req: Request<Full<Bytes>>) -> Duration {
     t.elapsed()
 }
 
+/// What a throughput window measured.
+struct Rate {
+    calls_per_s: f64,
+    /// The CPU time (user and system, every thread) the measured process
+    /// spent per call in the window.
+    cpu_per_call: Duration,
+}
+
 /// Calls per second over `THROUGHPUT_SECS` with `CONNECTIONS` tasks, each
-/// on a connection of its own, task `i` in session `session(i)`.
+/// on a connection of its own, task `i` in session `session(i)`, and the
+/// CPU time per call of the process `pid` serving them.
 async fn throughput(
     addr: SocketAddr,
+    pid: u32,
     path: &'static str,
     body: &Bytes,
     session: impl Fn(usize) -> String,
-) -> f64 {
+) -> Rate {
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
@@ -122,10 +147,13 @@ async fn throughput(
     }
     // Warm-up, then the measured window.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let start = (done.load(Ordering::Relaxed), Instant::now());
+    let start = (done.load(Ordering::Relaxed), Instant::now(), cpu_time(pid));
     tokio::time::sleep(Duration::from_secs(THROUGHPUT_SECS)).await;
     let n = done.load(Ordering::Relaxed) - start.0;
-    let rate = n as f64 / start.1.elapsed().as_secs_f64();
+    let rate = Rate {
+        calls_per_s: n as f64 / start.1.elapsed().as_secs_f64(),
+        cpu_per_call: (cpu_time(pid) - start.2) / u32::try_from(n.max(1)).unwrap(),
+    };
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
@@ -172,10 +200,11 @@ pub(super) async fn durability() {
     println!("\n### 4. Capture log durability, small non-streamed call\n");
     println!(
         "OpenAI Chat, 1 message, 8 tokens, not streamed; the mock and the client on CPU 0, the \
-         agent on CPU 0 too (shared core) or on CPU 1 (separate cores); the state directory on \
-         this machine's disk. Latency: {SAMPLES} alternating calls each way on one connection \
+         agent on CPU 0 too (shared core) or on CPU 1 (separate cores); the state directories in \
+         {}. Latency: {SAMPLES} alternating calls each way on one connection \
          after {WARMUP}, added = through the agent minus direct. Throughput, separate cores: \
-         {CONNECTIONS} connections for {THROUGHPUT_SECS} s.\n"
+         {CONNECTIONS} connections for {THROUGHPUT_SECS} s.\n",
+        state_parent()
     );
     println!(
         "Two hand-overs between the cores (a direct call to a mock on CPU 1 instead of CPU 0) \
@@ -183,8 +212,8 @@ pub(super) async fn durability() {
         us(handover_cost(&direct).await)
     );
     println!(
-        "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | 1 session calls/s |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | agent CPU per call, 64 sessions | 1 session calls/s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for (name, binary, mode) in runs {
         let shared = start(&binary, mode.as_deref(), 0);
@@ -192,25 +221,22 @@ pub(super) async fn durability() {
         drop(shared);
         let pair = start(&binary, mode.as_deref(), 1);
         let (_, apart) = latency(&pair, &direct, &through).await;
-        let direct_rate = throughput(pair.mock_addr, "/v1/chat/completions", &direct, |_| {
-            "b-0".into()
-        })
-        .await;
-        let spread = throughput(pair.agent_addr, "/v1/chat/completions", &through, |i| {
-            format!("b-{i}")
-        })
-        .await;
-        let one = throughput(pair.agent_addr, "/v1/chat/completions", &through, |_| {
-            "b-0".into()
-        })
-        .await;
+        let path = "/v1/chat/completions";
+        let (mock, agent) = (pair.mock.id(), pair.agent.id());
+        let direct_rate = throughput(pair.mock_addr, mock, path, &direct, |_| "b-0".into()).await;
+        let spread = throughput(pair.agent_addr, agent, path, &through, |i| format!("b-{i}")).await;
+        let one = throughput(pair.agent_addr, agent, path, &through, |_| "b-0".into()).await;
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {direct_rate:.0} | {spread:.0} | {one:.0} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} |",
             us(d.p50),
             us(t.p50),
             us(t.p99),
             us(apart.p50),
             us(apart.p99),
+            direct_rate.calls_per_s,
+            spread.calls_per_s,
+            us(spread.cpu_per_call),
+            one.calls_per_s,
         );
     }
 }
