@@ -22,6 +22,10 @@
 //! the agent's one core, and this figure moves less than calls/s when the
 //! virtual machine's speed drifts.
 //!
+//! A last row has the agent forward every call unchanged to the mock,
+//! nothing translated or captured: the floor of the proxy path, under any
+//! durability mode.
+//!
 //! With `CAPTURE_BENCH_BASE` set to the path of another `polar` binary (an
 //! earlier build, to compare with), its rows are measured in the same run
 //! too: in its default mode, or in each of `CAPTURE_BENCH_BASE_MODES`
@@ -43,14 +47,44 @@ fn pinned(binary: &str, cpu: u32) -> Command {
     cmd
 }
 
-/// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu`, its
-/// state directory under [`state_parent`], with `durability` (`None`: the
-/// binary's default, the key left out).
-fn start(binary: &str, durability: Option<&str>, agent_cpu: u32) -> Servers {
+/// What the agent under test does with a call.
+enum Role {
+    /// Translates it, sends it to the mock and captures it, in this
+    /// `capture_durability` mode (`None`: the binary's default, the key
+    /// left out).
+    Capture(Option<String>),
+    /// Forwards it unchanged to the mock (a model route with an `upstream`
+    /// and no backend): nothing translated or captured. The floor of the
+    /// proxy path, under any capture.
+    Forward,
+}
+
+/// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu` in
+/// `role`, its state directory under [`state_parent`].
+fn start(binary: &str, role: &Role, agent_cpu: u32) -> Servers {
     let dir = tempfile::tempdir_in(state_parent()).unwrap();
     let (mock, mock_addr) = mock_on(binary, 0);
-    let mode = durability.map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
-    let config = proxy_config(dir.path(), mock_addr, &mode);
+    let config = match role {
+        Role::Capture(mode) => {
+            let mode = mode
+                .as_ref()
+                .map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
+            proxy_config(dir.path(), mock_addr, &mode)
+        }
+        Role::Forward => {
+            let config = dir.path().join("polar.toml");
+            std::fs::write(
+                &config,
+                format!(
+                    "backend = []\n[agent]\nstate_dir = \"{}\"\n[[route]]\nhost = \"mock.example\"\n\
+                     action = \"model\"\nprovider = \"openai\"\nupstream = \"http://{mock_addr}\"\n",
+                    dir.path().display()
+                ),
+            )
+            .unwrap();
+            config
+        }
+    };
     let (agent, agent_addr) = spawn_proxy(pinned(binary, agent_cpu), &config, CONNECTIONS);
     Servers {
         agent: Running(agent),
@@ -180,23 +214,42 @@ pub(super) async fn durability() {
     let through = Bytes::from(body.to_string());
 
     // The base binary's rows first, then this build's.
-    let mut runs: Vec<(String, String, Option<String>)> = Vec::new();
+    let mut runs: Vec<(String, String, Role)> = Vec::new();
     if let Ok(base) = std::env::var("CAPTURE_BENCH_BASE") {
         let modes = std::env::var("CAPTURE_BENCH_BASE_MODES").unwrap_or_default();
         let modes: Vec<&str> = modes.split(',').filter(|m| !m.is_empty()).collect();
         if modes.is_empty() {
-            runs.push(("base binary, its default".into(), base.clone(), None));
+            runs.push((
+                "base binary, its default".into(),
+                base.clone(),
+                Role::Capture(None),
+            ));
         }
         for m in modes {
-            runs.push((format!("base binary, {m}"), base.clone(), Some(m.into())));
+            runs.push((
+                format!("base binary, {m}"),
+                base.clone(),
+                Role::Capture(Some(m.into())),
+            ));
         }
     }
+    for mode in ["power", "process"] {
+        let name = if mode == "power" {
+            "power (default)"
+        } else {
+            mode
+        };
+        runs.push((
+            name.into(),
+            polar().into(),
+            Role::Capture(Some(mode.into())),
+        ));
+    }
     runs.push((
-        "power (default)".into(),
+        "forwarding only, nothing captured".into(),
         polar().into(),
-        Some("power".into()),
+        Role::Forward,
     ));
-    runs.push(("process".into(), polar().into(), Some("process".into())));
     println!("\n### 4. Capture log durability, small non-streamed call\n");
     println!(
         "OpenAI Chat, 1 message, 8 tokens, not streamed; the mock and the client on CPU 0, the \
@@ -215,17 +268,23 @@ pub(super) async fn durability() {
         "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | agent CPU per call, 64 sessions | 1 session calls/s |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
-    for (name, binary, mode) in runs {
-        let shared = start(&binary, mode.as_deref(), 0);
-        let (d, t) = latency(&shared, &direct, &through).await;
+    for (name, binary, role) in runs {
+        // A forwarded call reaches the mock as it was sent: the mock's own
+        // body.
+        let through = match role {
+            Role::Capture(_) => &through,
+            Role::Forward => &direct,
+        };
+        let shared = start(&binary, &role, 0);
+        let (d, t) = latency(&shared, &direct, through).await;
         drop(shared);
-        let pair = start(&binary, mode.as_deref(), 1);
-        let (_, apart) = latency(&pair, &direct, &through).await;
+        let pair = start(&binary, &role, 1);
+        let (_, apart) = latency(&pair, &direct, through).await;
         let path = "/v1/chat/completions";
         let (mock, agent) = (pair.mock.id(), pair.agent.id());
         let direct_rate = throughput(pair.mock_addr, mock, path, &direct, |_| "b-0".into()).await;
-        let spread = throughput(pair.agent_addr, agent, path, &through, |i| format!("b-{i}")).await;
-        let one = throughput(pair.agent_addr, agent, path, &through, |_| "b-0".into()).await;
+        let spread = throughput(pair.agent_addr, agent, path, through, |i| format!("b-{i}")).await;
+        let one = throughput(pair.agent_addr, agent, path, through, |_| "b-0".into()).await;
         println!(
             "| {name} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} |",
             us(d.p50),
