@@ -233,12 +233,7 @@ pub(super) async fn durability() {
             ));
         }
     }
-    for mode in ["power", "process"] {
-        let name = if mode == "power" {
-            "power (default)"
-        } else {
-            mode
-        };
+    for (name, mode) in [("power (default)", "power"), ("process", "process")] {
         runs.push((
             name.into(),
             polar().into(),
