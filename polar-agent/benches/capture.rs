@@ -21,8 +21,9 @@
 //!    `agent.capture_durability` mode's added latency and throughput on
 //!    separate cores.
 //!
-//! Both servers are the release `polar` binary in child processes; the
-//! client is this process. Set `CAPTURE_BENCH_ONLY` to a comma-separated
+//! Both servers are the release `polar` binary in child processes (but for
+//! part 4's bare forwarder, this bench binary re-run); the client is this
+//! process. Set `CAPTURE_BENCH_ONLY` to a comma-separated
 //! list of `stage`, `ttft`, `concurrent`, `durability` to run only those
 //! parts.
 #![allow(
@@ -563,14 +564,18 @@ fn spawn_proxy(mut cmd: Command, config: &Path, sessions: usize) -> (Child, Sock
         cmd.args(["--session", &format!("b-{i}")]);
     }
     let mut agent = cmd.spawn().unwrap();
-    let line = first_line(&mut agent);
-    let addr = line
+    let addr = listening_on(&mut agent);
+    (agent, addr)
+}
+
+/// The address in a server child's first line, `listening on ADDR`.
+fn listening_on(child: &mut Child) -> SocketAddr {
+    first_line(child)
         .trim()
         .strip_prefix("listening on ")
         .unwrap()
         .parse()
-        .unwrap();
-    (agent, addr)
+        .unwrap()
 }
 
 fn start_servers(mock_args: &[&str], sessions: usize, script: Option<&str>) -> Servers {
@@ -883,6 +888,10 @@ async fn concurrent() {
 }
 
 fn main() {
+    if let Ok(upstream) = std::env::var(durability::BARE_UPSTREAM) {
+        durability::bare_forwarder(upstream.parse().unwrap());
+        return;
+    }
     let only = std::env::var("CAPTURE_BENCH_ONLY").unwrap_or_default();
     let run = |part: &str| only.is_empty() || only.split(',').any(|p| p == part);
     if std::env::args().any(|a| a == "--list") {

@@ -20,11 +20,16 @@
 //! At 64 sessions the agent's CPU time per call (user and system, all its
 //! threads, from `/proc`) is reported too: throughput there is bounded by
 //! the agent's one core, and this figure moves less than calls/s when the
-//! virtual machine's speed drifts.
+//! virtual machine's speed drifts. So is how busy each of the two cores
+//! was (from `/proc/stat`): a row is bound by the agent's core or by the
+//! one the mock and the client share, whichever is near 100%.
 //!
-//! A last row has the agent forward every call unchanged to the mock,
-//! nothing translated or captured: the floor of the proxy path, under any
-//! durability mode.
+//! A row has the agent forward every call unchanged to the mock, nothing
+//! translated or captured: the floor of the proxy path, under any
+//! durability mode. A last row has this bench binary itself forward them
+//! ([`bare_forwarder`]: hyper's HTTP/1 server and the agent's pooled
+//! client, no Polar code between them): the floor of any proxy on the
+//! HTTP stack the agent is built on.
 //!
 //! With `CAPTURE_BENCH_BASE` set to the path of another `polar` binary (an
 //! earlier build, to compare with), its rows are measured in the same run
@@ -57,19 +62,24 @@ enum Role {
     /// and no backend): nothing translated or captured. The floor of the
     /// proxy path, under any capture.
     Forward,
+    /// This bench binary as a [`bare_forwarder`] to the mock: no Polar
+    /// code between hyper's server and client.
+    Bare,
 }
 
-/// The mock on CPU 0 and `binary`'s `polar proxy` on `agent_cpu` in
-/// `role`, its state directory under [`state_parent`].
+/// The mock on CPU 0 and, on `agent_cpu`, `binary`'s `polar proxy` in
+/// `role` (its state directory under [`state_parent`]) or this binary as a
+/// [`bare_forwarder`].
 fn start(binary: &str, role: &Role, agent_cpu: u32) -> Servers {
     let dir = tempfile::tempdir_in(state_parent()).unwrap();
     let (mock, mock_addr) = mock_on(binary, 0);
-    let config = match role {
+    let proxy = |config: &Path| spawn_proxy(pinned(binary, agent_cpu), config, CONNECTIONS);
+    let (agent, agent_addr) = match role {
         Role::Capture(mode) => {
             let mode = mode
                 .as_ref()
                 .map_or(String::new(), |m| format!("capture_durability = \"{m}\"\n"));
-            proxy_config(dir.path(), mock_addr, &mode)
+            proxy(&proxy_config(dir.path(), mock_addr, &mode))
         }
         Role::Forward => {
             let config = dir.path().join("polar.toml");
@@ -82,10 +92,20 @@ fn start(binary: &str, role: &Role, agent_cpu: u32) -> Servers {
                 ),
             )
             .unwrap();
-            config
+            proxy(&config)
+        }
+        Role::Bare => {
+            let exe = std::env::current_exe().unwrap();
+            let mut agent = pinned(exe.to_str().unwrap(), agent_cpu)
+                .env(BARE_UPSTREAM, mock_addr.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let addr = listening_on(&mut agent);
+            (agent, addr)
         }
     };
-    let (agent, agent_addr) = spawn_proxy(pinned(binary, agent_cpu), &config, CONNECTIONS);
     Servers {
         agent: Running(agent),
         mock,
@@ -148,6 +168,30 @@ struct Rate {
     /// The CPU time (user and system, every thread) the measured process
     /// spent per call in the window.
     cpu_per_call: Duration,
+    /// How busy CPU 0 (the mock and the client) and CPU 1 were in the
+    /// window, 0 to 1: the row is bound by whichever is near 1.
+    busy: [f64; 2],
+}
+
+/// Busy and total time (in clock ticks, since boot) of CPUs 0 and 1, from
+/// `/proc/stat` (busy: everything but idle and I/O wait).
+fn core_ticks() -> [(u64, u64); 2] {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    [0, 1].map(|cpu| {
+        let line = stat
+            .lines()
+            .find(|l| l.starts_with(&format!("cpu{cpu} ")))
+            .unwrap();
+        let t: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is
+        // already in user).
+        let total: u64 = t.iter().take(8).sum();
+        (total - t[3] - t[4], total)
+    })
 }
 
 /// Calls per second over `THROUGHPUT_SECS` with `CONNECTIONS` tasks, each
@@ -182,11 +226,16 @@ async fn throughput(
     // Warm-up, then the measured window.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let start = (done.load(Ordering::Relaxed), Instant::now(), cpu_time(pid));
+    let ticks = core_ticks();
     tokio::time::sleep(Duration::from_secs(THROUGHPUT_SECS)).await;
     let n = done.load(Ordering::Relaxed) - start.0;
     let rate = Rate {
         calls_per_s: n as f64 / start.1.elapsed().as_secs_f64(),
         cpu_per_call: (cpu_time(pid) - start.2) / u32::try_from(n.max(1)).unwrap(),
+        busy: {
+            let end = core_ticks();
+            [0, 1].map(|c| (end[c].0 - ticks[c].0) as f64 / (end[c].1 - ticks[c].1).max(1) as f64)
+        },
     };
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
@@ -245,6 +294,12 @@ pub(super) async fn durability() {
         polar().into(),
         Role::Forward,
     ));
+    runs.push((
+        "bare hyper forwarder, no Polar code".into(),
+        // The mock's binary: the forwarder is this one.
+        polar().into(),
+        Role::Bare,
+    ));
     println!("\n### 4. Capture log durability, small non-streamed call\n");
     println!(
         "OpenAI Chat, 1 message, 8 tokens, not streamed; the mock and the client on CPU 0, the \
@@ -260,15 +315,15 @@ pub(super) async fn durability() {
         us(handover_cost(&direct).await)
     );
     println!(
-        "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | agent CPU per call, 64 sessions | 1 session calls/s |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| mode | direct p50 | added p50, shared core | added p99, shared core | added p50, separate cores | added p99, separate cores | direct calls/s | 64 sessions calls/s | agent CPU per call, 64 sessions | CPU 0 / CPU 1 busy, 64 sessions | 1 session calls/s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for (name, binary, role) in runs {
         // A forwarded call reaches the mock as it was sent: the mock's own
         // body.
         let through = match role {
             Role::Capture(_) => &through,
-            Role::Forward => &direct,
+            Role::Forward | Role::Bare => &direct,
         };
         let shared = start(&binary, &role, 0);
         let (d, t) = latency(&shared, &direct, through).await;
@@ -281,7 +336,7 @@ pub(super) async fn durability() {
         let spread = throughput(pair.agent_addr, agent, path, through, |i| format!("b-{i}")).await;
         let one = throughput(pair.agent_addr, agent, path, through, |_| "b-0".into()).await;
         println!(
-            "| {name} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0} |",
+            "| {name} | {} | {} | {} | {} | {} | {:.0} | {:.0} | {} | {:.0}% / {:.0}% | {:.0} |",
             us(d.p50),
             us(t.p50),
             us(t.p99),
@@ -290,6 +345,8 @@ pub(super) async fn durability() {
             direct_rate.calls_per_s,
             spread.calls_per_s,
             us(spread.cpu_per_call),
+            spread.busy[0] * 100.0,
+            spread.busy[1] * 100.0,
             one.calls_per_s,
         );
     }
@@ -329,4 +386,46 @@ async fn latency(pair: &Servers, direct: &Bytes, through: &Bytes) -> (Stats, Sta
         p99: t.p99.saturating_sub(d.p99),
     };
     (d, added)
+}
+
+/// The variable that makes this bench binary a [`bare_forwarder`] to the
+/// address it holds.
+pub(super) const BARE_UPSTREAM: &str = "CAPTURE_BENCH_BARE_UPSTREAM";
+
+/// Forwards every request to `upstream` and streams its reply back, with
+/// hyper's HTTP/1 server (on the runtime the agent's CLI builds) and the
+/// agent's pooled HTTP client, nothing between them; prints `listening on
+/// ADDR` and serves until killed.
+pub(super) fn bare_forwarder(upstream: SocketAddr) {
+    use hyper::body::Incoming;
+    use hyper_util::rt::TokioIo;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("listening on {}", listener.local_addr().unwrap());
+        let client: HttpClient<Incoming> =
+            polar_io::http::client(&ClientOptions::new().pool_max_idle_per_host(2000));
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let forward = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                    let client = client.clone();
+                    async move {
+                        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                        *req.uri_mut() = format!("http://{upstream}{path}").parse().unwrap();
+                        client.request(req).await
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), forward)
+                    .await;
+            });
+        }
+    });
 }
