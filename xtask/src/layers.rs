@@ -137,6 +137,7 @@ pub const LAYERS: &[Layer] = &[
     row("polar-metrics", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
     row("polar-record", Class::Pure, &["polar-chat", "polar-json"]),
+    row("polar-faithful", Class::Pure, &[]),
     row(
         "polar-trajectory",
         Class::Pure,

@@ -1,0 +1,29 @@
+//! Token-faithful prompts: Polar renders a call's prompt with the model's
+//! own chat template and tokenizer and keeps, per session and chain, the
+//! exact ids the model saw and generated, so that a call that continues a
+//! chain is sent as those ids plus the ids of the new messages only. The
+//! sample a chain makes is then one sequence the model saw as it is, with
+//! no re-rendered history in it (a server that renders the template
+//! itself re-renders the history differently from what was generated:
+//! reasoning dropped by position, whitespace merged into one token, tool
+//! arguments re-serialized).
+//!
+//! - [`vllm`]: vLLM's rules for the conversation a chat body's messages
+//!   are to the template (what the server would have rendered);
+//! - [`render`]: what this needs of the model's files ([`Renderer`]);
+//! - [`chains`]: the session's chains, the prompt of a call
+//!   ([`Chains::prompt`]) and how it was built ([`Origin`]).
+//!
+//! Pure: no I/O; the model's files are `polar-template`'s, the calls the
+//! inference client's. Tests: unit and property tests here, with a small
+//! ChatML renderer, and with the real templates in `polar-template`'s.
+
+pub mod chains;
+pub mod render;
+pub mod vllm;
+
+#[cfg(test)]
+mod tests;
+
+pub use chains::{Chains, Fresh, Origin, Prompt, same_reply};
+pub use render::{Conversation, RenderFailure, Renderer};
