@@ -136,8 +136,13 @@ pub const LAYERS: &[Layer] = &[
     row("polar-wire", Class::Pure, &[]),
     row("polar-metrics", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
-    row("polar-record", Class::Pure, &["polar-chat", "polar-json"]),
-    row("polar-faithful", Class::Pure, &[]),
+    row("polar-template", Class::Pure, &[]),
+    row("polar-faithful", Class::Pure, &["polar-template"]),
+    row(
+        "polar-record",
+        Class::Pure,
+        &["polar-chat", "polar-json", "polar-faithful"],
+    ),
     row(
         "polar-trajectory",
         Class::Pure,
@@ -153,7 +158,14 @@ pub const LAYERS: &[Layer] = &[
     row(
         "polar-inference",
         Class::Io,
-        &["polar-chat", "polar-json", "polar-sse", "polar-io"],
+        &[
+            "polar-chat",
+            "polar-json",
+            "polar-sse",
+            "polar-io",
+            "polar-faithful",
+            "polar-template",
+        ],
     ),
     row(
         "polar-mock",

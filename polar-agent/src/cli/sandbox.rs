@@ -237,7 +237,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     parts.sessions.unregister(&session);
     tasks.drain(Duration::from_secs(2)).await;
     if let Some(c) = &parts.capture {
-        c.store().close(&session);
+        c.end_session(&session);
         tracing::info!(session = %session, log = %c.store().session_dir(&session).display(), "capture log");
     }
     parts.registry.unregister(&session);

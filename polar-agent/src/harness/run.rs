@@ -99,7 +99,7 @@ pub fn capture_log(state_dir: &std::path::Path, session: &SessionId) -> PathBuf 
 fn end_capture(parts: &AgentParts, session: &SessionId) {
     parts.sessions.unregister(session);
     if let Some(c) = &parts.capture {
-        c.store().close(session);
+        c.end_session(session);
     }
     parts.registry.unregister(session);
 }

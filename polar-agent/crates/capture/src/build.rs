@@ -112,6 +112,7 @@ impl Draft {
                 replica: b.replica,
                 served_model: b.served_model,
                 weight_version: b.weight_version,
+                serving: b.serving,
             },
             None => BackendInfo {
                 name: backend_name.unwrap_or_default(),

@@ -309,6 +309,7 @@ fn call(rng: &mut Rng, agent: &mut Agent, c: &CallCtx<'_>) -> CompletionRecord {
             replica: "http://127.0.0.1:8000".into(),
             served_model: "policy".into(),
             weight_version: Some("step-100".into()),
+            serving: None,
         },
         timings: Timings {
             sent_ms: Some(started + 20),

@@ -28,13 +28,13 @@
 
 use std::collections::VecDeque;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::render::{Conversation, RenderFailure, Renderer};
 
 /// How a prompt was built.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Origin {
     /// It extends call `call`'s ids: `kept` ids as that call had them
@@ -61,7 +61,7 @@ pub enum Origin {
 
 /// Why a prompt was rendered whole rather than extending a chain (told
 /// against the session's latest call).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "why", rename_all = "snake_case")]
 pub enum Fresh {
     /// The session's first call.
@@ -110,6 +110,48 @@ pub enum Fresh {
         /// The call.
         call: u64,
     },
+}
+
+/// How a call's prompt reached the backend (recorded with the call).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Serving {
+    /// Polar rendered the prompt and sent its ids token-in.
+    TokenIn {
+        /// How the ids were built.
+        prompt: Origin,
+    },
+    /// The backend's chat endpoint rendered it: a backend without the
+    /// model's files, or a request whose output is constrained (the
+    /// token-in endpoints do not share the chat endpoint's guided
+    /// decoding), which `reason` tells.
+    ChatEndpoint {
+        /// Why, on a backend with the model's files.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+}
+
+/// A call's conversation, owned: what [`Chains::finish`] keeps.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Asked {
+    /// vLLM's conversation messages.
+    pub messages: Vec<Value>,
+    /// The tools, `None` when there are none.
+    pub tools: Option<Vec<Value>>,
+    /// The template arguments.
+    pub kwargs: Map<String, Value>,
+}
+
+impl Asked {
+    /// The conversation as a template gets it.
+    pub fn conversation(&self) -> Conversation<'_> {
+        Conversation {
+            messages: &self.messages,
+            tools: self.tools.as_deref(),
+            kwargs: &self.kwargs,
+        }
+    }
 }
 
 /// A call's prompt ids and how they were built.
@@ -255,23 +297,38 @@ pub fn same_reply(echoed: &Value, served: &Value) -> bool {
         })
 }
 
-/// The messages with every assistant message's reasoning removed: both
-/// renderings a bridge compares are made of them, so that a template that
-/// keeps or drops reasoning by position renders the history alike in both.
-fn without_reasoning(messages: &[Value]) -> Vec<Value> {
-    messages
+/// `m` without reasoning when it is the model's: both renderings a bridge
+/// compares are made of such messages, so that a template that keeps or
+/// drops reasoning by position renders the history alike in both.
+fn without_reasoning(m: &Value) -> Value {
+    let mut m = m.clone();
+    if role(&m) == Some("assistant")
+        && let Some(o) = m.as_object_mut()
+    {
+        o.remove("reasoning");
+        o.remove("reasoning_content");
+    }
+    m
+}
+
+/// The messages a bridge renders for `messages`, whose message `n` is the
+/// reply: the leading system messages, the first user message before the
+/// reply, the reply and what follows it. What the template writes after
+/// the reply depends on these alone in the templates of the model families
+/// tested (the differential tests compare it with the whole
+/// conversation's), and rendering them costs the same however long the
+/// conversation grew. Returns them and where the reply is among them.
+fn window(messages: &[Value], n: usize) -> (Vec<Value>, usize) {
+    let lead = messages[..n]
         .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if role(&m) == Some("assistant")
-                && let Some(o) = m.as_object_mut()
-            {
-                o.remove("reasoning");
-                o.remove("reasoning_content");
-            }
-            m
-        })
-        .collect()
+        .take_while(|m| matches!(role(m), Some("system" | "developer")))
+        .count();
+    let first_user = (lead..n).find(|&i| role(&messages[i]) == Some("user"));
+    let mut out: Vec<Value> = messages[..lead].iter().map(without_reasoning).collect();
+    out.extend(first_user.map(|i| without_reasoning(&messages[i])));
+    let at = out.len();
+    out.extend(messages[n..].iter().map(without_reasoning));
+    (out, at)
 }
 
 /// Why a bridge could not be built.
@@ -289,7 +346,7 @@ fn bridge(
     conv: &Conversation<'_>,
     n: usize,
 ) -> Result<Vec<u32>, BridgeError> {
-    let messages = without_reasoning(conv.messages);
+    let (messages, n) = window(conv.messages, n);
     let before = Conversation {
         messages: &messages[..=n],
         ..*conv
@@ -398,7 +455,7 @@ impl Chains {
     pub fn finish(
         &mut self,
         r: &dyn Renderer,
-        conv: &Conversation<'_>,
+        conv: Asked,
         prompt: Prompt,
         response: &[u32],
         reply: Value,
@@ -418,9 +475,9 @@ impl Chains {
         let ended = response.last().is_some_and(|id| r.stop_ids().contains(id));
         self.calls.push_back(Call {
             number,
-            messages: conv.messages.to_vec(),
-            tools: conv.tools.map(<[Value]>::to_vec),
-            kwargs: conv.kwargs.clone(),
+            messages: conv.messages,
+            tools: conv.tools,
+            kwargs: conv.kwargs,
             ids,
             prompt_len,
             reply,

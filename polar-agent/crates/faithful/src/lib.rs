@@ -12,7 +12,8 @@
 //!   are to the template (what the server would have rendered);
 //! - [`render`]: what this needs of the model's files ([`Renderer`]);
 //! - [`chains`]: the session's chains, the prompt of a call
-//!   ([`Chains::prompt`]) and how it was built ([`Origin`]).
+//!   ([`Chains::prompt`]), how it was built ([`Origin`]) and how a call
+//!   reached the backend ([`Serving`], recorded with each call).
 //!
 //! Pure: no I/O; the model's files are `polar-template`'s, the calls the
 //! inference client's. Tests: unit and property tests here, with a small
@@ -25,5 +26,5 @@ pub mod vllm;
 #[cfg(test)]
 mod tests;
 
-pub use chains::{Chains, Fresh, Origin, Prompt, same_reply};
+pub use chains::{Asked, Chains, Fresh, Origin, Prompt, Serving, same_reply};
 pub use render::{Conversation, RenderFailure, Renderer};

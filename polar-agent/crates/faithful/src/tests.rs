@@ -109,6 +109,14 @@ fn decode(r: &ChatMl, ids: &[u32]) -> String {
     ids.iter().filter_map(|&id| r.token_text(id)).collect()
 }
 
+fn asked(c: &Conversation<'_>) -> Asked {
+    Asked {
+        messages: c.messages.to_vec(),
+        tools: c.tools.map(<[Value]>::to_vec),
+        kwargs: c.kwargs.clone(),
+    }
+}
+
 fn conv<'a>(
     messages: &'a [Value],
     tools: Option<&'a [Value]>,
@@ -161,7 +169,7 @@ fn a_continuation_is_the_earlier_ids_then_the_new_messages_only() {
     let (generated, reply) = generate(&r, "look first", "", Some(("call_1", json!({"cmd": "ls"}))));
     let mut seen = p.ids.clone();
     seen.extend_from_slice(&generated);
-    assert_eq!(chains.finish(&r, &c, p, &generated, reply), 0);
+    assert_eq!(chains.finish(&r, asked(&c), p, &generated, reply), 0);
 
     // The harness echoes the reply with "\n\n" as its text, without its
     // reasoning, and with the arguments re-serialized; then a tool result.
@@ -192,7 +200,7 @@ fn a_continuation_is_the_earlier_ids_then_the_new_messages_only() {
     assert!(!served.starts_with(&seen));
     assert!(decode(&r, &p.ids).contains("<think>\nlook first\n</think>"));
     let (generated, reply) = generate(&r, "done", "All fixed.", None);
-    chains.finish(&r, &c, p, &generated, reply);
+    chains.finish(&r, asked(&c), p, &generated, reply);
     assert_eq!(chains.len(), 1, "a chain keeps its latest call only");
 }
 
@@ -205,13 +213,19 @@ fn retries_new_conversations_and_edits_are_told_apart() {
     let p = chains.prompt(&r, &conv(&main, None, &kw)).unwrap();
     let first = p.ids.clone();
     let (generated, reply) = generate(&r, "r", "step", None);
-    chains.finish(&r, &conv(&main, None, &kw), p, &generated, reply.clone());
+    chains.finish(
+        &r,
+        asked(&conv(&main, None, &kw)),
+        p,
+        &generated,
+        reply.clone(),
+    );
 
     // A retry of the same messages: the same prompt.
     let p = chains.prompt(&r, &conv(&main, None, &kw)).unwrap();
     assert_eq!(p.origin, Origin::Repeats { call: 0 });
     assert_eq!(p.ids, first);
-    chains.finish(&r, &conv(&main, None, &kw), p, &generated, reply);
+    chains.finish(&r, asked(&conv(&main, None, &kw)), p, &generated, reply);
 
     // A sub-agent: a new conversation, a chain of its own.
     let sub = vec![json!({"role": "user", "content": "sub task"})];
@@ -226,7 +240,7 @@ fn retries_new_conversations_and_edits_are_told_apart() {
         }
     );
     let (sub_generated, sreply) = generate(&r, "s", "sub done", None);
-    chains.finish(&r, &conv(&sub, None, &kw), p, &sub_generated, sreply);
+    chains.finish(&r, asked(&conv(&sub, None, &kw)), p, &sub_generated, sreply);
     assert_eq!(chains.len(), 2);
 
     // The main chain goes on past the sub-agent's call.
@@ -298,7 +312,7 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
     let p = chains.prompt(&r, &conv(&msgs, None, &kw)).unwrap();
     let (mut generated, reply) = generate(&r, "r", "a", None);
     generated.pop(); // no end-of-turn token: cut by its length
-    chains.finish(&r, &conv(&msgs, None, &kw), p, &generated, reply);
+    chains.finish(&r, asked(&conv(&msgs, None, &kw)), p, &generated, reply);
     let p = chains.prompt(&r, &conv(&next, None, &kw)).unwrap();
     assert_eq!(
         p.origin,
@@ -311,7 +325,7 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
     let mut chains = Chains::new();
     let p = chains.prompt(&r, &conv(&msgs, None, &kw)).unwrap();
     let (generated, reply) = generate(&r, "r", "a", None);
-    chains.finish(&r, &conv(&msgs, None, &kw), p, &generated, reply);
+    chains.finish(&r, asked(&conv(&msgs, None, &kw)), p, &generated, reply);
     let p = chains.prompt(&r, &conv(&next, None, &kw)).unwrap();
     assert_eq!(
         p.origin,
@@ -396,7 +410,7 @@ proptest! {
             let (generated, reply) = generate(&r, &reasoning, &text, call.then(|| (id.as_str(), args.clone())));
             seen = p.ids.clone();
             seen.extend_from_slice(&generated);
-            chains.finish(&r, &c, p, &generated, reply);
+            chains.finish(&r, asked(&c), p, &generated, reply);
             let mut echoed = json!({"role": "assistant", "content": text.trim()});
             if call {
                 echoed["tool_calls"] = json!([{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]);

@@ -22,14 +22,16 @@ use http::{HeaderValue, Method, Request, header};
 use http_body_util::{BodyExt, Full, Limited};
 use tracing::Instrument;
 
+use super::faithful::Faithful;
 use super::pool::Pool;
 use super::request::streams_upstream;
-use super::stream::failover::{ATTEMPT_HEADER, Failover};
+use super::stream::failover::{ATTEMPT_HEADER, Failover, Resend};
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
 use super::tokenize::{parse_count, tokenize_body, tokenize_path};
 use super::wire::chat_body_bytes;
 use super::{BackendConfig, InferenceError, SamplingMode};
 use polar_chat::{ChatRequest, ToolChoice};
+use polar_faithful::Serving;
 
 /// The header naming the session, sent to the backend (the mock keys its
 /// script on it; vLLM and SGLang ignore it).
@@ -45,17 +47,34 @@ const MAX_TOKENIZE_BODY: usize = 64 << 20;
 pub struct Client {
     cfg: Arc<BackendConfig>,
     pool: Pool,
+    faithful: Option<Arc<Faithful>>,
 }
 
 impl Client {
     /// A client for `cfg` (validated). Health checks start with
     /// [`Pool::spawn_health_checks`].
+    /// With `model_dir` set, the model's files are loaded and checked here
+    /// (file I/O: call it at start, not on an async worker's hot path).
     pub fn new(cfg: BackendConfig) -> Result<Self, InferenceError> {
         let pool = Pool::new(&cfg)?;
+        let faithful = Faithful::load(&cfg)?.map(Arc::new);
         Ok(Self {
             cfg: Arc::new(cfg),
             pool,
+            faithful,
         })
+    }
+
+    /// Token-faithful serving's state, with `model_dir` set.
+    pub fn faithful(&self) -> Option<&Faithful> {
+        self.faithful.as_deref()
+    }
+
+    /// Forgets what the client keeps of `session` (its chains).
+    pub fn end_session(&self, session: &str) {
+        if let Some(f) = &self.faithful {
+            f.end_session(session);
+        }
     }
 
     /// The backend's settings.
@@ -93,6 +112,11 @@ impl Client {
                 feature,
             });
         }
+        if let Some(f) = &self.faithful {
+            if needs_constrained_decoding(req).is_none() {
+                return self.chat_token_in(session, req, mode, f.clone()).await;
+            }
+        }
         let started_at = SystemTime::now();
         let waiting = Instant::now();
         let mut admission = self.pool.admit().await;
@@ -127,8 +151,15 @@ impl Client {
             served_model: self.cfg.map_model(&req.model).to_owned(),
             weight_version,
             attempts,
+            serving: Some(Serving::ChatEndpoint {
+                reason: self
+                    .faithful
+                    .is_some()
+                    .then(|| "constrained output: the chat endpoint's guided decoding".to_owned()),
+            }),
         };
-        let mut failover = Failover::new(&self.cfg, session, &body, streaming, req, mode);
+        let resend = Resend::Chat { body, streaming };
+        let mut failover = Failover::new(&self.cfg, session, resend, req, mode);
         failover.note_sent_again(&failed, &info.replica);
         Ok(ChatStream::new(StreamParts {
             info,
@@ -212,7 +243,7 @@ impl Client {
     /// request (4xx but 429), ends the call. Each try is counted in the
     /// pool's health figures; tries after one a replica took carry
     /// `x-polar-attempt`.
-    async fn reach(
+    pub(crate) async fn reach(
         &self,
         session: &str,
         make: impl Fn(&str) -> Result<Request<Full<Bytes>>, InferenceError>,
@@ -304,18 +335,18 @@ impl Client {
 }
 
 /// A replica that answered with a success ([`Client::reach`]).
-struct Reached {
+pub(crate) struct Reached {
     /// Its index in the pool.
-    replica: usize,
+    pub(crate) replica: usize,
     /// Its base URL.
-    base: String,
+    pub(crate) base: String,
     /// Its reply head (and body to come).
-    resp: http::Response<hyper::body::Incoming>,
+    pub(crate) resp: http::Response<hyper::body::Incoming>,
     /// How many replicas were tried, this one included.
-    attempts: usize,
+    pub(crate) attempts: usize,
     /// Each replica that took the request and failed before its reply
     /// began, with its fault.
-    failed: Vec<(String, String)>,
+    pub(crate) failed: Vec<(String, String)>,
 }
 
 /// What in `req` needs constrained decoding (structured output, a

@@ -15,6 +15,8 @@
 //! constrained_decoding = true           # JSON schema / JSON mode / required or named tool choice
 //! output_parser = "qwen3"               # the model's output format: lets a reply go on
 //!                                       # on another replica after a mid-stream fault
+//! model_dir = "/models/Qwen3-8B"        # the model's own files: Polar renders prompts and
+//!                                       # sends token ids (token-faithful serving)
 //!
 //! [sampling]
 //! mode = "train"                        # which overrides apply: train or eval
@@ -23,6 +25,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -148,6 +151,20 @@ pub struct BackendConfig {
     /// itself; without it such a fault is answered with a retryable error.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_parser: Option<OutputFormat>,
+    /// The model's own files: the directory vLLM or SGLang loads
+    /// (`tokenizer.json`, `tokenizer_config.json` or `chat_template.jinja`,
+    /// `generation_config.json`, `config.json`). With them every prompt is
+    /// rendered by Polar and sent as token ids, and a call that continues
+    /// one of the session's chains is sent as the exact ids the model saw
+    /// and generated plus those of its new messages (token-faithful
+    /// serving, [`crate::faithful`]); needs `output_parser`. Loaded and
+    /// checked when the client is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_dir: Option<PathBuf>,
+    /// Which named template of `tokenizer_config.json` to render with
+    /// (`tool_use`, ...), when it holds several; `default` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_name: Option<String>,
 }
 
 fn default_true() -> bool {
@@ -182,6 +199,8 @@ impl BackendConfig {
             health_check_interval_ms: default_health_check_interval_ms(),
             constrained_decoding: true,
             output_parser: None,
+            model_dir: None,
+            chat_template_name: None,
         }
     }
 
@@ -222,6 +241,20 @@ impl BackendConfig {
         }
         if self.replicas.is_empty() {
             return Err(bad("replicas", "give at least one replica URL".into()));
+        }
+        if self.model_dir.is_some() && self.output_parser.is_none() {
+            return Err(bad(
+                "output_parser",
+                "model_dir sends prompts as token ids, whose raw output Polar parses: \
+                 name the model's output format"
+                    .into(),
+            ));
+        }
+        if self.chat_template_name.is_some() && self.model_dir.is_none() {
+            return Err(bad(
+                "chat_template_name",
+                "names a template of model_dir's files: set model_dir".into(),
+            ));
         }
         for (i, url) in self.replicas.iter().enumerate() {
             super::pool::parse_base(url).map_err(|why| bad(&format!("replicas[{i}]"), why))?;

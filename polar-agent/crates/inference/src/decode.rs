@@ -77,6 +77,13 @@ impl TokenAcc {
         self.logprobs.extend_from_slice(logprobs);
     }
 
+    /// The token data of a call sent token-in: its prompt ids are the ids
+    /// sent, its response ids those the backend returns.
+    pub(crate) fn start_token_in(&mut self, prompt: Vec<u32>) {
+        self.set_prompt(prompt);
+        self.saw_ids = true;
+    }
+
     /// Sets the prompt ids.
     fn set_prompt(&mut self, ids: Vec<u32>) {
         self.prompt = Some(ids);

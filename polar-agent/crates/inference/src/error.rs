@@ -111,6 +111,36 @@ pub enum InferenceError {
         /// What the request asked for.
         feature: &'static str,
     },
+    /// The model's chat template cannot render the request (it raised,
+    /// or the request holds content a text model cannot take, such as an
+    /// image): the harness's side, refused before anything is sent.
+    #[error("backend {backend}: the model's chat template cannot render the request: {reason}")]
+    Unrenderable {
+        /// Backend name.
+        backend: String,
+        /// Why.
+        reason: String,
+    },
+    /// The model's tokenizer failed on a rendered prompt: the node's model
+    /// files are at fault.
+    #[error("backend {backend}: the model's tokenizer failed: {reason}")]
+    Tokenizer {
+        /// Backend name.
+        backend: String,
+        /// Why.
+        reason: String,
+    },
+    /// A prompt Polar rendered does not fit the model's context (refused
+    /// before anything is sent).
+    #[error("backend {backend}: the prompt has {prompt} tokens, the model's context holds {max}")]
+    PromptTooLong {
+        /// Backend name.
+        backend: String,
+        /// The prompt's tokens.
+        prompt: u32,
+        /// The model's context length.
+        max: u32,
+    },
     /// The reply could not be understood.
     #[error("backend {backend} ({replica}): malformed reply: {reason}")]
     Malformed {
@@ -128,14 +158,24 @@ impl InferenceError {
     pub fn reached_backend(&self) -> bool {
         !matches!(
             self,
-            Self::Config { .. } | Self::Unreachable { .. } | Self::Unsupported { .. }
+            Self::Config { .. }
+                | Self::Unreachable { .. }
+                | Self::Unsupported { .. }
+                | Self::Unrenderable { .. }
+                | Self::Tokenizer { .. }
+                | Self::PromptTooLong { .. }
         )
     }
 
     /// The replica that answered or was reached, when one was.
     pub fn replica(&self) -> Option<&str> {
         match self {
-            Self::Config { .. } | Self::Unreachable { .. } | Self::Unsupported { .. } => None,
+            Self::Config { .. }
+            | Self::Unreachable { .. }
+            | Self::Unsupported { .. }
+            | Self::Unrenderable { .. }
+            | Self::Tokenizer { .. }
+            | Self::PromptTooLong { .. } => None,
             Self::Status { replica, .. }
             | Self::Timeout { replica, .. }
             | Self::Disconnected { replica, .. }
@@ -154,6 +194,11 @@ impl InferenceError {
                 body,
                 ..
             } => crate::context_overflow(body),
+            Self::PromptTooLong { prompt, max, .. } => Some(crate::ContextOverflow {
+                prompt: *prompt,
+                completion: None,
+                max: *max,
+            }),
             _ => None,
         }
     }

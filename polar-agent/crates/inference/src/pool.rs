@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Full, Limited};
 use polar_io::http::ClientOptions;
 use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::{Notify, watch};
 
 use super::{BackendConfig, InferenceError};
@@ -48,6 +49,8 @@ struct Replica {
     connect_failures: AtomicU64,
     failures: AtomicU64,
     in_flight: AtomicUsize,
+    /// The served model's context length (`GET /v1/models`), 0 until known.
+    model_len: AtomicU64,
 }
 
 /// Counters of one replica.
@@ -157,6 +160,7 @@ impl Pool {
                     connect_failures: AtomicU64::new(0),
                     failures: AtomicU64::new(0),
                     in_flight: AtomicUsize::new(0),
+                    model_len: AtomicU64::new(0),
                 }
             })
             .collect();
@@ -187,6 +191,40 @@ impl Pool {
 
     pub(crate) fn url(&self, replica: usize) -> &str {
         &self.inner.replicas[replica].url
+    }
+
+    /// How many ids `replica`'s context holds: the served model's
+    /// `max_model_len` in `GET /v1/models` (vLLM's and SGLang's model
+    /// cards), asked once per replica; `None` when it cannot say.
+    pub(crate) async fn context_len(
+        &self,
+        replica: usize,
+        served: &str,
+        timeout: Duration,
+    ) -> Option<u64> {
+        let r = &self.inner.replicas[replica];
+        let known = r.model_len.load(Ordering::Relaxed);
+        if known > 0 {
+            return Some(known);
+        }
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(format!("{}/v1/models", r.url))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let resp = tokio::time::timeout(timeout, self.inner.http.request(req))
+            .await
+            .ok()?
+            .ok()
+            .filter(|resp| resp.status().is_success())?;
+        let read = tokio::time::timeout(timeout, Limited::new(resp.into_body(), 1 << 20).collect())
+            .await
+            .ok()?
+            .ok()?
+            .to_bytes();
+        let n = served_model_len(&serde_json::from_slice(&read).ok()?, served)?;
+        r.model_len.store(n, Ordering::Relaxed);
+        Some(n)
     }
 
     pub(crate) fn http(&self) -> &Http {
@@ -384,4 +422,38 @@ fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)
+}
+
+/// The `max_model_len` of `served` in a `GET /v1/models` answer (the
+/// first model's when none has that id).
+fn served_model_len(models: &Value, served: &str) -> Option<u64> {
+    let data = models.get("data")?.as_array()?;
+    data.iter()
+        .find(|m| m.get("id").and_then(Value::as_str) == Some(served))
+        .or_else(|| data.first())?
+        .get("max_model_len")?
+        .as_u64()
+        .filter(|&n| n > 0)
+}
+
+#[cfg(test)]
+mod model_card_tests {
+    use serde_json::json;
+
+    use super::served_model_len;
+
+    #[test]
+    fn the_served_models_context_is_read_from_its_model_card() {
+        let models = json!({"object": "list", "data": [
+            {"id": "other", "max_model_len": 1024},
+            {"id": "served", "max_model_len": 32768},
+        ]});
+        assert_eq!(served_model_len(&models, "served"), Some(32768));
+        assert_eq!(served_model_len(&models, "unknown"), Some(1024));
+        assert_eq!(served_model_len(&json!({"data": []}), "served"), None);
+        assert_eq!(
+            served_model_len(&json!({"data": [{"id": "served"}]}), "served"),
+            None
+        );
+    }
 }

@@ -162,7 +162,7 @@ fn sampling(
     }
 }
 
-fn message(m: &Message) -> Value {
+pub(crate) fn message(m: &Message) -> Value {
     let role = match m.role {
         Role::System | Role::Developer => "system",
         Role::User => "user",

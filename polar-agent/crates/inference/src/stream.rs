@@ -18,9 +18,12 @@ use serde::Serialize;
 
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
 use super::pool::{Admission, Pool};
+use super::token_in::FaithfulEnd;
 use super::{Dialect, InferenceError};
 use failover::{Continuing, Failover, Resumption};
+use polar_chat::output::OutputFormat;
 use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
+use polar_faithful::Serving;
 
 /// Which backend answered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -38,6 +41,9 @@ pub struct BackendInfo {
     pub weight_version: Option<String>,
     /// Replicas tried (1 unless earlier ones were unreachable).
     pub attempts: usize,
+    /// How the prompt was rendered and sent (`None` in what a failed
+    /// call's record says of a replica that answered it).
+    pub serving: Option<Serving>,
 }
 
 /// When things happened, relative to the call.
@@ -78,6 +84,7 @@ pub struct ChatStream {
     replica: usize,
     admission: Admission,
     failover: Option<Box<Failover>>,
+    faithful: Option<Box<FaithfulEnd>>,
 }
 
 impl std::fmt::Debug for ChatStream {
@@ -139,6 +146,40 @@ impl ChatStream {
             replica: p.replica,
             admission: p.admission,
             failover: p.failover,
+            faithful: None,
+        }
+    }
+
+    /// The stream of a token-in call on the prompt `ids` (token-faithful
+    /// serving): its raw output parsed as `format`, `start` yielded first,
+    /// `end` told the reply once it finished.
+    pub(crate) fn token_in(
+        p: StreamParts,
+        ids: Vec<u32>,
+        format: OutputFormat,
+        start: StreamEvent,
+        end: FaithfulEnd,
+    ) -> Self {
+        let dialect = p.info.dialect;
+        let body = Continuing::new(p.body, dialect, format, ids.len() as u32);
+        let mut decoder = ChunkDecoder::new(&p.model);
+        decoder.tokens.start_token_in(ids);
+        Self {
+            info: p.info,
+            decoder,
+            model: p.model,
+            source: Source::Resumed(Box::new(body)),
+            whole_tokens: None,
+            pending: VecDeque::from([start]),
+            yielded: 0,
+            timeout: p.timeout,
+            started: p.started,
+            timings: p.timings,
+            pool: p.pool,
+            replica: p.replica,
+            admission: p.admission,
+            failover: p.failover,
+            faithful: Some(Box::new(end)),
         }
     }
 
@@ -174,6 +215,14 @@ impl ChatStream {
                         continue;
                     }
                     f.observe(&event);
+                }
+                if let Some(end) = self.faithful.as_deref_mut() {
+                    end.observe(&event);
+                }
+                if matches!(event, StreamEvent::Finish { .. })
+                    && let Some(end) = self.faithful.take()
+                {
+                    end.finish(self.token_acc().response().0);
                 }
                 self.yielded += 1;
                 return Some(Ok(event));

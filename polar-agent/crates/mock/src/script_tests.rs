@@ -118,7 +118,7 @@ async fn a_stepped_script_follows_the_conversation_not_the_request_count() {
     let (status, _, bytes) = request(
         Method::POST,
         &format!("{}/v1/completions", mock.url()),
-        Some(&json!({"prompt": tokenizer::encode(&prompt)})),
+        Some(&json!({"prompt": tokenizer::encode(&prompt), "max_tokens": 200})),
         &[("x-polar-session", "s")],
     )
     .await;

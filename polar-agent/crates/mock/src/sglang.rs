@@ -224,6 +224,10 @@ pub async fn chat(
     Ok(emit::stream(adm, frame, Box::new(chunk)))
 }
 
+/// What SGLang's `/generate` generates at most when `sampling_params` sets
+/// no `max_new_tokens` (`SamplingParams`, `python/sglang/srt/sampling/sampling_params.py`).
+pub const GENERATE_DEFAULT_MAX_NEW_TOKENS: usize = 128;
+
 /// `POST /generate`.
 pub async fn generate(
     state: &Arc<State>,
@@ -249,10 +253,13 @@ pub async fn generate(
         user: None,
         facts: PromptFacts::sniff(&tokenizer::decode(&prompt_ids)?),
         prompt_ids,
-        max_tokens: sampling
-            .and_then(|s| s.get("max_new_tokens"))
-            .and_then(Value::as_u64)
-            .map(|n| n as usize),
+        // SGLang's `SamplingParams.max_new_tokens` defaults to 128.
+        max_tokens: Some(
+            sampling
+                .and_then(|s| s.get("max_new_tokens"))
+                .and_then(Value::as_u64)
+                .map_or(GENERATE_DEFAULT_MAX_NEW_TOKENS, |n| n as usize),
+        ),
         constraint: Constraint::default(),
     };
     let adm = match state.admit(gen_req).await {

@@ -154,6 +154,10 @@ fn non_empty(s: &str) -> Value {
     if s.is_empty() { Value::Null } else { json!(s) }
 }
 
+/// What vLLM's `/v1/completions` generates at most when a request sets no
+/// `max_tokens` (`CompletionRequest`, `vllm/entrypoints/openai/protocol.py`).
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: usize = 16;
+
 /// `POST /v1/completions`: `prompt` as token ids (or text), raw, no template.
 pub async fn completions(
     state: &Arc<State>,
@@ -179,10 +183,13 @@ pub async fn completions(
         user: req.get("user").and_then(Value::as_str),
         facts,
         prompt_ids,
-        max_tokens: req
-            .get("max_tokens")
-            .and_then(Value::as_u64)
-            .map(|n| n as usize),
+        // vLLM's `CompletionRequest.max_tokens` defaults to 16, not to
+        // what is left of the context (as the chat endpoint's does).
+        max_tokens: Some(
+            req.get("max_tokens")
+                .and_then(Value::as_u64)
+                .map_or(COMPLETIONS_DEFAULT_MAX_TOKENS, |n| n as usize),
+        ),
         constraint: Constraint::default(),
     };
     let adm = match state.admit(gen_req).await {

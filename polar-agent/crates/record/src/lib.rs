@@ -82,6 +82,12 @@ pub struct BackendInfo {
     /// `metadata.weight_version`, an `x-weight-version` header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
+    /// How the prompt reached the backend: rendered by Polar and sent as
+    /// token ids (and how those were built), or rendered by the backend's
+    /// chat endpoint. Absent in records older than token-faithful serving
+    /// and for calls that never reached a backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<polar_faithful::Serving>,
 }
 
 /// A reply that went on after its backend failed: resumed from the tokens

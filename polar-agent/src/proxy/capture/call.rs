@@ -170,6 +170,7 @@ async fn translate_and_answer(
                 served_model: cfg.map_model(&draft.request.model).to_owned(),
                 weight_version: None,
                 attempts: 1,
+                serving: None,
             });
             return fail_early(&log, draft, api, err, Some(backend_name), answered).await;
         }

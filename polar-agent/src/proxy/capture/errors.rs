@@ -111,6 +111,21 @@ pub fn provider_error(e: &InferenceError) -> ProviderError {
             ErrorKind::BackendError,
             format!("inference backend {b} sent a malformed reply"),
         ),
+        InferenceError::Unrenderable { reason, .. } => ProviderError::new(
+            Side::Harness,
+            ErrorKind::InvalidRequest,
+            format!("the model's chat template cannot render this request: {reason}"),
+        ),
+        InferenceError::Tokenizer { backend: b, .. } => ProviderError::new(
+            Side::Agent,
+            ErrorKind::Internal,
+            format!("the tokenizer of backend {b}'s model failed"),
+        ),
+        // Told above, as a context overflow.
+        InferenceError::PromptTooLong { backend: b, .. } => backend(
+            ErrorKind::InvalidRequest,
+            format!("the prompt does not fit backend {b}'s model"),
+        ),
     }
 }
 

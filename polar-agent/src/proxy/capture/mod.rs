@@ -135,6 +135,15 @@ impl Capture {
         }
     }
 
+    /// Ends `session`'s capture: its log closed, and what the backends'
+    /// clients keep of it (token-faithful chains) dropped.
+    pub fn end_session(&self, session: &SessionId) {
+        self.store.close(session);
+        for c in self.backends.values() {
+            c.end_session(session.as_str());
+        }
+    }
+
     /// The capture store.
     pub fn store(&self) -> &Arc<CaptureStore> {
         &self.store

@@ -11,8 +11,10 @@
 //!   ([`BackendConfig::output_parser`]): the generation is resumed from its
 //!   tokens through the token-in endpoint (vLLM `/v1/completions` with the
 //!   prompt ids and the generated ids as the prompt, SGLang `/generate`
-//!   with them as `input_ids`), with the same sampling and what is left of
-//!   `max_tokens`. The raw text of the ids so far (`/detokenize`) and of the
+//!   with them as `input_ids`), with the same sampling and an explicit
+//!   length: what is left of `max_tokens`, within what is left of the
+//!   replica's context (its `max_model_len`, `GET /v1/models`); never the
+//!   endpoints' own defaults (16 and 128 tokens). The raw text of the ids so far (`/detokenize`) and of the
 //!   continuation is parsed here ([`polar_chat::output`]) and only what goes
 //!   beyond what was yielded is yielded ([`Resync`]); output that does not
 //!   continue it ends the stream with the fault instead. A whole reply
@@ -106,16 +108,47 @@ impl ResumeBase {
         self.max_tokens.map(|m| m.saturating_sub(generated as u64))
     }
 
-    /// The vLLM `/v1/completions` body resuming after `generated` of the
-    /// ids in `input` (the prompt ids, then the generated ids).
-    pub(crate) fn vllm_body(&self, input: &[u32], generated: usize) -> Value {
+    /// The `max_tokens` of a resumption after `generated` of the ids in an
+    /// `input` of `input_len` ids, on a replica whose context holds
+    /// `model_len` ids (`None`: it did not say): what is left of the
+    /// harness's `max_tokens`, within what is left of the context. Always
+    /// explicit: a token-in request without one stops at 16 tokens (vLLM's
+    /// `/v1/completions`) or 128 (SGLang's `/generate`).
+    pub(crate) fn max_tokens(
+        &self,
+        generated: usize,
+        input_len: usize,
+        model_len: Option<u64>,
+    ) -> Result<u64, String> {
+        let context_left = model_len.map(|m| m.saturating_sub(input_len as u64));
+        let left = match (self.left(generated), context_left) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => {
+                return Err("the request sets no max_tokens and the replica reports no \
+                            max_model_len (GET /v1/models), so the resumption's length \
+                            cannot be set"
+                    .into());
+            }
+        };
+        if left == 0 {
+            return Err("max_tokens or the model's context was reached".into());
+        }
+        Ok(left)
+    }
+
+    /// The vLLM `/v1/completions` body resuming with the ids in `input`
+    /// (the prompt ids, then the generated ids), generating at most
+    /// `max_tokens`.
+    pub(crate) fn vllm_body(&self, input: &[u32], max_tokens: u64) -> Value {
         let mut body = Map::new();
         body.insert("model".into(), self.model.clone());
         body.insert("prompt".into(), json!(input));
         body.extend(self.sampling.clone());
-        if let Some(left) = self.left(generated) {
-            body.insert("max_tokens".into(), json!(left));
-        }
+        body.insert("max_tokens".into(), json!(max_tokens));
+        // The raw output, markup tokens included: Polar parses it.
+        body.insert("skip_special_tokens".into(), json!(false));
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
         body.insert("return_token_ids".into(), json!(true));
@@ -123,13 +156,25 @@ impl ResumeBase {
         Value::Object(body)
     }
 
-    /// The SGLang `/generate` body resuming after `generated` of the ids in
-    /// `input`.
-    pub(crate) fn sglang_body(&self, input: &[u32], generated: usize) -> Value {
-        let mut sampling = self.sampling.clone();
-        if let Some(left) = self.left(generated) {
-            sampling.insert("max_new_tokens".into(), json!(left));
+    /// The body of a token-in call of `dialect` on the ids in `input`.
+    pub(crate) fn body(&self, dialect: Dialect, input: &[u32], max_tokens: u64) -> Value {
+        match dialect {
+            Dialect::Vllm => self.vllm_body(input, max_tokens),
+            Dialect::Sglang => self.sglang_body(input, max_tokens),
         }
+    }
+
+    /// The output format the raw text is parsed with.
+    pub(crate) fn format(&self) -> OutputFormat {
+        self.format
+    }
+
+    /// The SGLang `/generate` body resuming with the ids in `input`,
+    /// generating at most `max_tokens`.
+    pub(crate) fn sglang_body(&self, input: &[u32], max_tokens: u64) -> Value {
+        let mut sampling = self.sampling.clone();
+        sampling.insert("max_new_tokens".into(), json!(max_tokens));
+        sampling.insert("skip_special_tokens".into(), json!(false));
         json!({
             "input_ids": input,
             "sampling_params": sampling,
@@ -139,12 +184,30 @@ impl ResumeBase {
     }
 }
 
+/// What a call that failed before any output is sent again as.
+#[derive(Debug)]
+pub(crate) enum Resend {
+    /// Its chat body, to the chat endpoint.
+    Chat {
+        /// The body.
+        body: Bytes,
+        /// Whether it streams.
+        streaming: bool,
+    },
+    /// Its token-in body (token-faithful serving).
+    TokenIn {
+        /// The body.
+        body: Bytes,
+        /// Its prompt's length.
+        prompt_len: u32,
+    },
+}
+
 /// A call's failover state, kept by its [`ChatStream`].
 #[derive(Debug)]
 pub(crate) struct Failover {
     session: String,
-    chat_body: Bytes,
-    streaming: bool,
+    resend: Resend,
     resume: Option<ResumeBase>,
     resync: Resync,
     output_sent: bool,
@@ -155,20 +218,18 @@ pub(crate) struct Failover {
 }
 
 impl Failover {
-    /// The state of a call of `req` (whose chat body is `chat_body`).
+    /// The state of a call of `req`, sent again as `resend`.
     pub(crate) fn new(
         cfg: &BackendConfig,
         session: &str,
-        chat_body: &Bytes,
-        streaming: bool,
+        resend: Resend,
         req: &ChatRequest,
         mode: SamplingMode,
     ) -> Self {
         Self {
             resume: ResumeBase::new(cfg, req, mode),
             session: session.to_owned(),
-            chat_body: chat_body.clone(),
-            streaming,
+            resend,
             resync: Resync::new(),
             output_sent: false,
             left: cfg.replicas.len().max(2),
@@ -291,13 +352,58 @@ fn resumable(e: &InferenceError) -> bool {
     }
 }
 
-/// A resumed generation being read.
+/// The `POST` of a token-in `body` of `dialect` to `base` (vLLM
+/// `/v1/completions`, streamed; SGLang `/generate`, whole).
+pub(crate) fn token_in_request(
+    dialect: Dialect,
+    base: &str,
+    session: &str,
+    body: &Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let (path, accept) = match dialect {
+        Dialect::Vllm => ("/v1/completions", "text/event-stream"),
+        Dialect::Sglang => ("/generate", "application/json"),
+    };
+    Request::builder()
+        .method(Method::POST)
+        .uri(format!("{base}{path}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, accept)
+        .header(
+            SESSION_HEADER,
+            HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
+        )
+        .body(Full::new(body.clone()))
+        .map_err(|e| format!("{base}: cannot build a request: {e}"))
+}
+
+/// A token-in generation being read (resumed, or sent token-in from the
+/// start).
 pub(super) struct Continuing {
     body: hyper::body::Incoming,
     sse: Option<SseParser>,
     parser: OutputParser,
     prompt_len: u32,
     finished: bool,
+}
+
+impl Continuing {
+    /// The reply `body` of a token-in call of `dialect` whose prompt has
+    /// `prompt_len` ids, its text parsed as `format`.
+    pub(super) fn new(
+        body: hyper::body::Incoming,
+        dialect: Dialect,
+        format: OutputFormat,
+        prompt_len: u32,
+    ) -> Self {
+        Self {
+            body,
+            sse: (dialect == Dialect::Vllm).then(SseParser::default),
+            parser: OutputParser::new(format),
+            prompt_len,
+            finished: false,
+        }
+    }
 }
 
 impl ChatStream {
@@ -349,26 +455,52 @@ impl ChatStream {
         let Some(f) = self.failover.as_deref() else {
             return Err("no failover".into());
         };
-        let (session, body, streaming) = (f.session.clone(), f.chat_body.clone(), f.streaming);
+        let session = f.session.clone();
+        let format = f.resume.as_ref().map(ResumeBase::format);
         let attempt = f.attempt;
         let backend = self.info.backend.clone();
+        let dialect = self.info.dialect;
         let mut last = String::from("no replica");
         for replica in self.failover_order(&session) {
             let base = self.pool.url(replica).to_owned();
-            let mut req = chat_request(&base, &session, &body, streaming, &backend)
-                .map_err(|e| e.to_string())?;
+            let Some(f) = self.failover.as_deref() else {
+                return Err("no failover".into());
+            };
+            let mut req = match &f.resend {
+                Resend::Chat { body, streaming } => {
+                    chat_request(&base, &session, body, *streaming, &backend)
+                        .map_err(|e| e.to_string())?
+                }
+                Resend::TokenIn { body, .. } => token_in_request(dialect, &base, &session, body)?,
+            };
             mark_attempt(req.headers_mut(), attempt);
             match self.send(replica, req).await {
                 Ok(resp) => {
                     let ended = (self.info.replica.clone(), self.info.weight_version.clone());
                     self.switch_to(replica, &base, &resp);
                     let resp = resp.into_body();
-                    self.source = if streaming {
-                        Source::Sse(resp, SseParser::default())
-                    } else {
-                        Source::Whole(resp)
+                    let Some(f) = self.failover.as_deref() else {
+                        return Err("no failover".into());
                     };
-                    self.decoder = ChunkDecoder::new(&self.model);
+                    match (&f.resend, format) {
+                        (Resend::Chat { streaming, .. }, _) => {
+                            self.source = if *streaming {
+                                Source::Sse(resp, SseParser::default())
+                            } else {
+                                Source::Whole(resp)
+                            };
+                            self.decoder = ChunkDecoder::new(&self.model);
+                        }
+                        (Resend::TokenIn { prompt_len, .. }, Some(format)) => {
+                            let prompt_len = *prompt_len;
+                            self.source = Source::Resumed(Box::new(Continuing::new(
+                                resp, dialect, format, prompt_len,
+                            )));
+                        }
+                        (Resend::TokenIn { .. }, None) => {
+                            return Err("a token-in call names no output format".into());
+                        }
+                    }
                     self.whole_tokens = None;
                     if let Some(f) = self.failover.as_deref_mut() {
                         f.skip_start = self.yielded > 0;
@@ -403,14 +535,21 @@ impl ChatStream {
         }
         let mut input = prompt.clone();
         input.extend_from_slice(&generated);
-        let body = match self.info.dialect {
-            Dialect::Vllm => base.vllm_body(&input, generated.len()),
-            Dialect::Sglang => base.sglang_body(&input, generated.len()),
-        };
-        let body = Bytes::from(body.to_string());
         let mut last = String::from("no replica");
         for replica in self.failover_order(&session) {
             let url = self.pool.url(replica).to_owned();
+            let model_len = self
+                .pool
+                .context_len(replica, &self.info.served_model, self.timeout)
+                .await;
+            let max_tokens = match base.max_tokens(generated.len(), input.len(), model_len) {
+                Ok(n) => n,
+                Err(why) => {
+                    last = format!("{url}: {why}");
+                    continue;
+                }
+            };
+            let body = Bytes::from(base.body(self.info.dialect, &input, max_tokens).to_string());
             let text = match self.detokenize(replica, &generated).await {
                 Ok(t) => t,
                 Err(why) => {
@@ -430,19 +569,21 @@ impl ChatStream {
                 None => return Err("no failover".into()),
             }
             .map_err(|e| e.to_string())?;
-            let req = self.token_in_request(&url, &session, &body, attempt)?;
+            let mut req = token_in_request(self.info.dialect, &url, &session, &body)?;
+            mark_attempt(req.headers_mut(), attempt);
             match self.send(replica, req).await {
                 Ok(resp) => {
                     let ended = (self.info.replica.clone(), self.info.weight_version.clone());
                     self.switch_to(replica, &url, &resp);
                     self.pending.extend(events);
-                    self.source = Source::Resumed(Box::new(Continuing {
-                        body: resp.into_body(),
-                        sse: (self.info.dialect == Dialect::Vllm).then(SseParser::default),
-                        parser,
-                        prompt_len: prompt.len() as u32,
-                        finished: false,
-                    }));
+                    let mut cont = Continuing::new(
+                        resp.into_body(),
+                        self.info.dialect,
+                        base.format,
+                        prompt.len() as u32,
+                    );
+                    cont.parser = parser;
+                    self.source = Source::Resumed(Box::new(cont));
                     if let Some(f) = self.failover.as_deref_mut() {
                         let ended = (ended.0.as_str(), ended.1.as_deref());
                         f.note_part(ended, &url, fault, generated.len());
@@ -471,32 +612,6 @@ impl ChatStream {
             .get("x-weight-version")
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-    }
-
-    fn token_in_request(
-        &self,
-        base: &str,
-        session: &str,
-        body: &Bytes,
-        attempt: usize,
-    ) -> Result<Request<Full<Bytes>>, String> {
-        let (path, accept) = match self.info.dialect {
-            Dialect::Vllm => ("/v1/completions", "text/event-stream"),
-            Dialect::Sglang => ("/generate", "application/json"),
-        };
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{base}{path}"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(header::ACCEPT, accept)
-            .header(
-                SESSION_HEADER,
-                HeaderValue::from_str(session).unwrap_or(HeaderValue::from_static("invalid")),
-            )
-            .body(Full::new(body.clone()))
-            .map_err(|e| format!("{base}: cannot build a request: {e}"))?;
-        mark_attempt(req.headers_mut(), attempt);
-        Ok(req)
     }
 
     /// Sends `req` to `replica`: the reply once its head says 2xx.
@@ -713,14 +828,15 @@ mod tests {
     #[test]
     fn vllm_resumes_through_completions_with_the_same_sampling() {
         let base = ResumeBase::new(&cfg(Dialect::Vllm), &request(), SamplingMode::Train).unwrap();
-        let body = base.vllm_body(&[1, 2, 3, 40, 41], 2);
+        let max_tokens = base.max_tokens(2, 5, None).unwrap();
+        let body = base.vllm_body(&[1, 2, 3, 40, 41], max_tokens);
         assert_eq!(
             body,
             json!({
                 "model": "served", "prompt": [1, 2, 3, 40, 41],
                 "temperature": 1.0, "top_k": -1, "stop": ["END"], "max_tokens": 98,
                 "stream": true, "stream_options": {"include_usage": true},
-                "return_token_ids": true, "logprobs": 0,
+                "return_token_ids": true, "logprobs": 0, "skip_special_tokens": false,
             })
         );
     }
@@ -728,16 +844,35 @@ mod tests {
     #[test]
     fn sglang_resumes_through_generate_with_input_ids() {
         let base = ResumeBase::new(&cfg(Dialect::Sglang), &request(), SamplingMode::Train).unwrap();
-        let body = base.sglang_body(&[1, 2, 3, 40], 1);
+        let max_tokens = base.max_tokens(1, 4, Some(1000)).unwrap();
+        let body = base.sglang_body(&[1, 2, 3, 40], max_tokens);
         assert_eq!(
             body,
             json!({
                 "input_ids": [1, 2, 3, 40],
-                "sampling_params": {"temperature": 1.0, "top_k": -1, "stop": ["END"], "max_new_tokens": 99},
+                "sampling_params": {"temperature": 1.0, "top_k": -1, "stop": ["END"], "max_new_tokens": 99, "skip_special_tokens": false},
                 "return_logprob": true, "stream": false,
             })
         );
         assert_eq!(base.left(100), Some(0));
+    }
+
+    #[test]
+    fn a_resumption_always_sets_its_length() {
+        let mut req = request();
+        req.sampling.max_tokens = None;
+        let base = ResumeBase::new(&cfg(Dialect::Vllm), &req, SamplingMode::Train).unwrap();
+        // Without the harness's max_tokens: what is left of the context.
+        assert_eq!(base.max_tokens(10, 500, Some(4096)), Ok(3596));
+        assert_eq!(base.vllm_body(&[1], 3596)["max_tokens"], json!(3596));
+        // Neither known: refused, never the endpoint's 16-token default.
+        let err = base.max_tokens(10, 500, None).unwrap_err();
+        assert!(err.contains("max_model_len"), "{err}");
+        assert!(base.max_tokens(0, 4096, Some(4096)).is_err());
+        // The harness's, within the context.
+        let base = ResumeBase::new(&cfg(Dialect::Vllm), &request(), SamplingMode::Train).unwrap();
+        assert_eq!(base.max_tokens(2, 10, Some(50)), Ok(40));
+        assert_eq!(base.max_tokens(2, 10, Some(4096)), Ok(98));
     }
 
     #[test]
@@ -786,14 +921,11 @@ mod tests {
     #[test]
     fn parts_count_their_own_tokens() {
         let c = cfg(Dialect::Vllm);
-        let mut f = Failover::new(
-            &c,
-            "s",
-            &Bytes::new(),
-            true,
-            &request(),
-            SamplingMode::Train,
-        );
+        let resend = Resend::Chat {
+            body: Bytes::new(),
+            streaming: true,
+        };
+        let mut f = Failover::new(&c, "s", resend, &request(), SamplingMode::Train);
         let fault = InferenceError::Aborted {
             backend: "b".into(),
             replica: "a".into(),

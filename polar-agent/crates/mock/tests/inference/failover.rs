@@ -146,6 +146,51 @@ async fn a_fault_mid_reply_is_resumed_into_the_unfaulted_reply() {
 }
 
 #[tokio::test]
+async fn a_resumption_without_the_harness_max_tokens_generates_the_whole_rest() {
+    // The token-in endpoints stop at their own defaults (vLLM's
+    // /v1/completions 16 tokens, SGLang's /generate 128) when a request
+    // sets no length: the resumption must set what is left of the context.
+    let long = Turn {
+        text: Some("word ".repeat(300)),
+        ..Turn::default()
+    };
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        let m = replicas(dialect, &long, 1).await;
+        let client = Client::new(with_parser(backend(dialect, vec![m[0].url()]))).unwrap();
+        let plain = client.chat("s", &request(true)).await.unwrap().collect().await.unwrap();
+        let total = plain.response.usage.completion_tokens;
+        assert!(total > 200, "{dialect:?}: a reply longer than both defaults ({total})");
+        for m in m {
+            m.stop().await;
+        }
+        // SGLang replies come whole: a cut loses them, an abort keeps its
+        // ids, which are resumed from.
+        let fault = match dialect {
+            Dialect::Vllm => Turn {
+                disconnect_after: Some(5),
+                ..long.clone()
+            },
+            Dialect::Sglang => Turn {
+                abort_after: Some(5),
+                ..long.clone()
+            },
+        };
+        let m = replicas(dialect, &fault, 2).await;
+        let urls: Vec<String> = m.iter().map(MockHandle::url).collect();
+        let client = Client::new(with_parser(backend(dialect, urls))).unwrap();
+        let mut req = request(true);
+        req.sampling.max_tokens = None;
+        let done = client.chat("s", &req).await.unwrap().collect().await.unwrap();
+        assert_eq!(done.response.usage.completion_tokens, total, "{dialect:?}");
+        assert_eq!(done.response.finish_reason, plain.response.finish_reason, "{dialect:?}");
+        assert_eq!(parts(&done.response), parts(&plain.response), "{dialect:?}");
+        for m in m {
+            m.stop().await;
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_parts_are_told() {
     let m = replicas(
         Dialect::Vllm,

@@ -251,6 +251,7 @@ impl Sim {
                 replica: "http://127.0.0.1:1".into(),
                 served_model: "m".into(),
                 weight_version: Some("v1".into()),
+                serving: None,
             },
             timings: Timings::default(),
             resumed: None,

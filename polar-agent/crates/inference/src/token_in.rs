@@ -1,0 +1,212 @@
+//! A call served token-faithfully ([`crate::faithful`]): the prompt
+//! rendered and tokenized here (off the async workers), checked against the
+//! model's context, sent to the token-in endpoint with an explicit length,
+//! and read as a [`ChatStream`] whose raw output the backend's
+//! `output_parser` parses; at the reply's end the session's chain is
+//! extended ([`FaithfulEnd`]).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use rand::Rng as _;
+
+use polar_chat::{ChatRequest, StreamEvent};
+use polar_faithful::{Asked, Prompt, RenderFailure};
+
+use super::client::{Client, Reached};
+use super::faithful::Faithful;
+use super::request::chat_body;
+use super::stream::failover::{Failover, Resend, ResumeBase, token_in_request};
+use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
+use super::{Dialect, InferenceError, SamplingMode};
+use polar_faithful::Serving;
+
+/// What ends a token-faithful call: the session's chain extended with its
+/// reply, once the stream yielded its `Finish`.
+pub(crate) struct FaithfulEnd {
+    faithful: Arc<Faithful>,
+    session: String,
+    conv: Asked,
+    prompt: Prompt,
+    events: Vec<StreamEvent>,
+}
+
+impl FaithfulEnd {
+    /// Notes an event the consumer got.
+    pub(crate) fn observe(&mut self, event: &StreamEvent) {
+        self.events.push(event.clone());
+    }
+
+    /// The reply ended with `response` ids: the chain goes on from it.
+    pub(crate) fn finish(self, response: &[u32]) {
+        let reply = polar_chat::assemble(&self.events).message;
+        self.faithful
+            .finish(&self.session, self.conv, self.prompt, response, &reply);
+    }
+}
+
+impl Client {
+    /// Calls the backend token-in with the prompt Polar renders (`f`'s
+    /// model and the session's chains).
+    pub(crate) async fn chat_token_in(
+        &self,
+        session: &str,
+        req: &ChatRequest,
+        mode: SamplingMode,
+        f: Arc<Faithful>,
+    ) -> Result<ChatStream, InferenceError> {
+        let cfg = self.config();
+        let backend = cfg.name.clone();
+        let base = ResumeBase::new(cfg, req, mode).ok_or_else(|| InferenceError::Config {
+            backend: backend.clone(),
+            key: "output_parser".into(),
+            reason: "model_dir sends prompts as token ids: name the model's output format".into(),
+        })?;
+        let conv = f
+            .conversation(&chat_body(cfg, req, mode))
+            .map_err(|reason| InferenceError::Unrenderable {
+                backend: backend.clone(),
+                reason,
+            })?;
+        let started_at = SystemTime::now();
+        let waiting = Instant::now();
+        let mut admission = self.pool().admit().await;
+        let paused = waiting.elapsed();
+        let started = Instant::now();
+        // Rendering and tokenizing a long conversation is CPU work.
+        let (renderer, who) = (f.clone(), session.to_owned());
+        let (conv, prompt) = tokio::task::spawn_blocking(move || {
+            let prompt = renderer.prompt(&who, &conv);
+            (conv, prompt)
+        })
+        .await
+        .map_err(|e| InferenceError::Tokenizer {
+            backend: backend.clone(),
+            reason: format!("rendering the prompt stopped: {e}"),
+        })?;
+        let prompt = prompt.map_err(|e| match e {
+            RenderFailure::Template(reason) => InferenceError::Unrenderable {
+                backend: backend.clone(),
+                reason,
+            },
+            RenderFailure::Tokenizer(reason) => InferenceError::Tokenizer {
+                backend: backend.clone(),
+                reason,
+            },
+        })?;
+        let served_model = cfg.map_model(&req.model).to_owned();
+        let timeout = cfg.request_timeout();
+        let context = match (f.context_len(), self.pool().order(session).first()) {
+            (Some(n), _) => Some(n),
+            (None, Some(&replica)) => {
+                self.pool()
+                    .context_len(replica, &served_model, timeout)
+                    .await
+            }
+            (None, None) => None,
+        };
+        let prompt_len = prompt.ids.len();
+        if let Some(max) = context
+            && prompt_len as u64 >= max
+        {
+            return Err(InferenceError::PromptTooLong {
+                backend,
+                prompt: u32::try_from(prompt_len).unwrap_or(u32::MAX),
+                max: u32::try_from(max).unwrap_or(u32::MAX),
+            });
+        }
+        let max_tokens =
+            base.max_tokens(0, prompt_len, context)
+                .map_err(|why| InferenceError::Config {
+                    backend: backend.clone(),
+                    key: "max_tokens_clamp".into(),
+                    reason: format!(
+                        "{why}; set max_tokens_clamp, or give model_dir a config.json with \
+                         max_position_embeddings"
+                    ),
+                })?;
+        let dialect = cfg.dialect;
+        let body = Bytes::from(base.body(dialect, &prompt.ids, max_tokens).to_string());
+        let Reached {
+            replica,
+            base: url,
+            resp,
+            attempts,
+            failed,
+        } = self
+            .reach(session, |b| {
+                token_in_request(dialect, b, session, &body).map_err(|reason| {
+                    InferenceError::Config {
+                        backend: backend.clone(),
+                        key: "replicas".into(),
+                        reason,
+                    }
+                })
+            })
+            .await?;
+        let head = started.elapsed();
+        let weight_version = resp
+            .headers()
+            .get("x-weight-version")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        admission.bind(replica);
+        let info = BackendInfo {
+            backend,
+            dialect,
+            replica: url,
+            served_model,
+            weight_version,
+            attempts,
+            serving: Some(Serving::TokenIn {
+                prompt: prompt.origin.clone(),
+            }),
+        };
+        let format = base.format();
+        let resend = Resend::TokenIn {
+            body: body.clone(),
+            prompt_len: prompt_len as u32,
+        };
+        let mut failover = Failover::new(cfg, session, resend, req, mode);
+        failover.note_sent_again(&failed, &info.replica);
+        let start = StreamEvent::Start {
+            id: format!("chatcmpl-{:032x}", rand::rng().random::<u128>()),
+            model: req.model.clone(),
+            prompt_tokens: Some(prompt_len as u32),
+        };
+        let ids = prompt.ids.clone();
+        let end = FaithfulEnd {
+            faithful: f,
+            session: session.to_owned(),
+            conv,
+            prompt,
+            events: Vec::new(),
+        };
+        Ok(ChatStream::token_in(
+            StreamParts {
+                info,
+                body: resp.into_body(),
+                streaming: dialect == Dialect::Vllm,
+                model: req.model.clone(),
+                timeout,
+                started,
+                timings: Timings {
+                    started_at,
+                    paused,
+                    head: Some(head),
+                    first_token: None,
+                    finished: None,
+                },
+                pool: self.pool().clone(),
+                replica,
+                admission,
+                failover: Some(Box::new(failover)),
+            },
+            ids,
+            format,
+            start,
+            end,
+        ))
+    }
+}
