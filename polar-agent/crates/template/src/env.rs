@@ -1,6 +1,7 @@
 //! The Jinja environment transformers renders chat templates in
 //! (`_compile_jinja_template` in `transformers/utils/chat_template_utils.py`),
 //! rebuilt on minijinja: `trim_blocks` and `lstrip_blocks`, loop controls,
+//! the `{% generation %}` tag (rendered as its body),
 //! no auto-escaping, a trailing newline of the template dropped; the globals
 //! `raise_exception`, `strftime_now`, `namespace` and `dict`; Jinja2's `iterable`, `sequence` and `number`
 //! tests; Hugging
@@ -65,8 +66,55 @@ pub fn compile(source: String) -> Result<Environment<'static>, Error> {
     });
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
-    env.add_template_owned(TEMPLATE_NAME, source)?;
+    env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))?;
     Ok(env)
+}
+
+/// The template with transformers' `{% generation %}` ... `{%
+/// endgeneration %}` (its `AssistantTracker` extension, which marks the
+/// assistant's tokens and renders its body unchanged) as `{% if true %}`
+/// ... `{% endif %}`: still block tags, so `trim_blocks`, `lstrip_blocks`
+/// and `-` whitespace control act on them as on the originals.
+pub fn without_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(end) = tag.find("%}") else {
+            out.push_str(tag);
+            return out;
+        };
+        let inner = &tag[2..end];
+        let (open, body) = match inner.strip_prefix(['-', '+']) {
+            Some(body) => (&inner[..1], body),
+            None => ("", inner),
+        };
+        let (body, close) = match body.strip_suffix(['-', '+']) {
+            Some(b) => (b, &body[b.len()..]),
+            None => (body, ""),
+        };
+        let replaced = match body.trim() {
+            "generation" => Some("if true"),
+            "endgeneration" => Some("endif"),
+            _ => None,
+        };
+        match replaced {
+            Some(word) => {
+                out.push_str("{%");
+                out.push_str(open);
+                out.push(' ');
+                out.push_str(word);
+                out.push(' ');
+                out.push_str(close);
+                out.push_str("%}");
+            }
+            None => out.push_str(&tag[..end + 2]),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `raise_exception(message)`: fails the render with the template's message.
@@ -152,4 +200,23 @@ fn strftime_now(format: String) -> Result<String, Error> {
         time::OffsetDateTime::now_utc(),
         &format,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_tags_become_plain_blocks() {
+        assert_eq!(
+            without_generation_tags(
+                "a{%- generation -%}b{% endgeneration %}c{{ x }}{% if y %}{%+endgeneration-%}"
+            ),
+            "a{%- if true -%}b{% endif %}c{{ x }}{% if y %}{%+ endif -%}"
+        );
+        assert_eq!(
+            without_generation_tags("{% raw %}x{% end"),
+            "{% raw %}x{% end"
+        );
+    }
 }

@@ -1,7 +1,5 @@
 //! Bad model files and bad conversations: each refused with an error that
-//! names the file and key (or the message and part), never a panic; and
-//! the Hugging Face environment's features a template may use, checked on
-//! small templates against the real Qwen3 tokenizer.
+//! names the file and key (or the message and part), never a panic.
 
 #![allow(
     clippy::unwrap_used,
@@ -16,33 +14,11 @@ use std::path::Path;
 use polar_template::{LoadError, Model, ModelFiles, RenderError, RenderInput};
 use serde_json::{Map, Value, json};
 
-/// A model directory in a temporary directory: Qwen3's real tokenizer
-/// files, with `edit` applied to the config and `template` (if any) as
-/// `chat_template.jinja`.
 fn model_dir(
     edit: impl FnOnce(&mut Map<String, Value>),
     template: Option<&str>,
 ) -> tempfile::TempDir {
-    let real = support::model_dir("qwen3");
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        real.join("tokenizer.json"),
-        dir.path().join("tokenizer.json"),
-    )
-    .unwrap();
-    let mut config: Map<String, Value> =
-        serde_json::from_slice(&std::fs::read(real.join("tokenizer_config.json")).unwrap())
-            .unwrap();
-    edit(&mut config);
-    std::fs::write(
-        dir.path().join("tokenizer_config.json"),
-        serde_json::to_vec(&config).unwrap(),
-    )
-    .unwrap();
-    if let Some(t) = template {
-        std::fs::write(dir.path().join("chat_template.jinja"), t).unwrap();
-    }
-    dir
+    support::custom_model(edit, template)
 }
 
 fn load(dir: &Path) -> Result<Model, LoadError> {
@@ -278,44 +254,4 @@ fn bad_conversations_are_refused_clearly() {
         matches!(&err, RenderError::ReservedName(n) if n == "messages"),
         "{err}"
     );
-}
-
-/// Hugging Face's environment: `tojson` with its arguments, Python's
-/// printing and methods, loop controls, namespaces, `strftime_now`,
-/// whitespace control, special tokens and extra variables.
-#[test]
-fn the_hugging_face_environment() {
-    let template = r#"{{ bos_token }}|{{ eos_token }}|{{ tools | tojson }}|{{ tools[0] | tojson(indent=2) }}|{{ {"b": 1, "a": [1.0, none, true]} | tojson(separators=(",", ":"), sort_keys=true) }}
-{% for m in messages %}
-    {% if loop.index0 == 2 %}{% break %}{% endif %}
-    {% if m.role == 'system' %}{% continue %}{% endif %}
-    [{{ m.content.strip().upper() }}|{{ m.content.split(' ') }}|{{ m.get('missing', 'dflt') }}|{{ m.items() | list | length }}]
-{% endfor %}
-{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}|{{ none }}|{{ true }}|{{ 1.0 }}|{{ [1, 'a'] }}|{{ extra }}|{{ strftime_now('%Y') | length }}|{{ tools is none }}"#;
-    let dir = model_dir(
-        |c| drop(c.insert("bos_token".into(), json!("<|endoftext|>"))),
-        Some(template),
-    );
-    let model = load(dir.path()).unwrap();
-    let messages = [
-        json!({"role": "system", "content": "s"}),
-        json!({"role": "user", "content": " hello wörld "}),
-        json!({"role": "user", "content": "never"}),
-    ];
-    let tools = [
-        json!({"type": "function", "function": {"name": "f", "description": "é \"q\"", "parameters": {}}}),
-    ];
-    let mut kwargs = Map::new();
-    kwargs.insert("extra".into(), json!("X"));
-    let out = model
-        .render(&RenderInput {
-            messages: &messages,
-            tools: Some(&tools),
-            documents: None,
-            add_generation_prompt: false,
-            kwargs: &kwargs,
-        })
-        .unwrap();
-    let want = "<|endoftext|>|<|im_end|>|[{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": \"é \\\"q\\\"\", \"parameters\": {}}}]|{\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"f\",\n    \"description\": \"é \\\"q\\\"\",\n    \"parameters\": {}\n  }\n}|{\"a\":[1.0,null,true],\"b\":1}\n    [HELLO WÖRLD|['', 'hello', 'wörld', '']|dflt|2]\n3|None|True|1.0|[1, 'a']|X|4|False";
-    assert_eq!(out, want);
 }

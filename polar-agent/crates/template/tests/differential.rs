@@ -157,7 +157,7 @@ fn gptoss_agrees_with_transformers() {
 fn long_session_agrees_and_is_timed() {
     let dir = support::model_dir("qwen3");
     let model = Model::load(&ModelFiles::from_dir(&dir)).unwrap();
-    let case = cases::long_session(160);
+    let case = cases::long_session(64);
     let started = Instant::now();
     let text = model.render(&input(&case)).unwrap();
     let rendered = started.elapsed();
@@ -172,7 +172,7 @@ fn long_session_agrees_and_is_timed() {
         total
     );
     assert!(
-        ids.len() > 50_000,
+        ids.len() > 90_000,
         "the long session has only {} tokens",
         ids.len()
     );

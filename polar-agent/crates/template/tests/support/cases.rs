@@ -393,7 +393,7 @@ pub fn cases(family: &str, seed: u64, n: usize) -> Vec<Case> {
         .collect()
 }
 
-/// A long agentic session: `turns` tool rounds of about 600 tokens each.
+/// A long agentic session: `turns` tool rounds of about 1,600 tokens each.
 pub fn long_session(turns: usize) -> Case {
     let mut rng = Rng::new(7);
     let tools = tool_pool();

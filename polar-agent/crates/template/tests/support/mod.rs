@@ -49,6 +49,35 @@ pub fn python() -> PathBuf {
     python
 }
 
+/// A model directory in a temporary directory: Qwen3's real tokenizer
+/// files, with `edit` applied to the config and `template` (if any) as
+/// `chat_template.jinja`.
+pub fn custom_model(
+    edit: impl FnOnce(&mut serde_json::Map<String, Value>),
+    template: Option<&str>,
+) -> tempfile::TempDir {
+    let real = model_dir("qwen3");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        real.join("tokenizer.json"),
+        dir.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let mut config: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(real.join("tokenizer_config.json")).unwrap())
+            .unwrap();
+    edit(&mut config);
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    if let Some(t) = template {
+        std::fs::write(dir.path().join("chat_template.jinja"), t).unwrap();
+    }
+    dir
+}
+
 /// transformers' result for each case: `{"text", "ids"}` or `{"error"}`.
 pub fn reference(model: &Path, cases: &[Value]) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
