@@ -16,17 +16,14 @@ use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
 
 use crate::python::{JsonFormat, json_dumps, py_str};
 
-/// The name the chat template is compiled under.
-pub const TEMPLATE_NAME: &str = "chat_template";
-
 /// The message of a template's `raise_exception(...)`, kept as the source
 /// of the render error so the caller can tell it from an engine error.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Raised(pub String);
 
-/// An environment holding `source` compiled as [`TEMPLATE_NAME`].
-pub fn compile(source: String) -> Result<Environment<'static>, Error> {
+/// Hugging Face's environment, without templates.
+pub fn environment() -> Result<Environment<'static>, Error> {
     let mut env = Environment::new();
     env.set_syntax(
         SyntaxConfig::builder()
@@ -66,8 +63,12 @@ pub fn compile(source: String) -> Result<Environment<'static>, Error> {
     });
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
-    env.add_template_owned(TEMPLATE_NAME, without_generation_tags(&source))?;
     Ok(env)
+}
+
+/// Compiles `source` into `env` as `name`.
+pub fn add(env: &mut Environment<'static>, name: String, source: &str) -> Result<(), Error> {
+    env.add_template_owned(name, without_generation_tags(source))
 }
 
 /// The template with transformers' `{% generation %}` ... `{%

@@ -7,7 +7,7 @@
 use minijinja::Environment;
 use tokenizers::Tokenizer;
 
-use crate::env::{Raised, TEMPLATE_NAME};
+use crate::env::Raised;
 use crate::input::{RenderError, RenderInput, context};
 
 /// Why text and ids could not be converted.
@@ -38,6 +38,10 @@ pub enum PromptError {
 /// A model's chat template and tokenizer, loaded by [`Model::load`].
 pub struct Model {
     env: Environment<'static>,
+    /// The template used without tools (or always, when one was named).
+    default: String,
+    /// The template used with tools, if the model has a `tool_use` one.
+    tool_use: Option<String>,
     tokenizer: Tokenizer,
     special_tokens: Vec<(String, String)>,
     stop_ids: Vec<u32>,
@@ -57,6 +61,7 @@ impl std::fmt::Debug for Model {
 impl Model {
     pub(crate) fn new(
         env: Environment<'static>,
+        (default, tool_use): (String, Option<String>),
         tokenizer: Tokenizer,
         special_tokens: Vec<(String, String)>,
         stop_ids: Vec<u32>,
@@ -64,6 +69,8 @@ impl Model {
     ) -> Self {
         Self {
             env,
+            default,
+            tool_use,
             tokenizer,
             special_tokens,
             stop_ids,
@@ -74,9 +81,13 @@ impl Model {
     /// The prompt text for `input`.
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, RenderError> {
         let ctx = context(input, &self.special_tokens)?;
+        let name = match (&self.tool_use, input.tools) {
+            (Some(tool_use), Some(_)) => tool_use,
+            _ => &self.default,
+        };
         let template = self
             .env
-            .get_template(TEMPLATE_NAME)
+            .get_template(name)
             .map_err(|e| template_error(&e))?;
         template.render(ctx).map_err(|e| template_error(&e))
     }
