@@ -167,6 +167,12 @@ impl Model {
             Some(path) => context_len(path, &files::read_object(path)?)?,
             None => None,
         };
+        let clean_up_spaces = flag(&config, "clean_up_tokenization_spaces")
+            && (!matches!(tokenizer.get_model(), tokenizers::ModelWrapper::BPE(_))
+                || flag(
+                    &config,
+                    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+                ));
         Ok(Self::new(
             env,
             (templates.default, templates.tool_use),
@@ -174,6 +180,7 @@ impl Model {
             special_tokens,
             stop_ids,
             context_len,
+            clean_up_spaces,
         ))
     }
 }
@@ -321,6 +328,11 @@ pub fn control_tokens(template: &str) -> Vec<&str> {
         }
     }
     out
+}
+
+/// A boolean key, `false` when absent or not a boolean.
+fn flag(config: &Map<String, Value>, key: &str) -> bool {
+    config.get(key).and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// `eos_token_id` of `generation_config.json`: an id or a list of ids.

@@ -46,6 +46,10 @@ pub struct Model {
     special_tokens: Vec<(String, String)>,
     stop_ids: Vec<u32>,
     context_len: Option<u32>,
+    /// Whether decoding removes spaces before punctuation
+    /// (`clean_up_tokenization_spaces`, which transformers ignores for BPE
+    /// tokenizers unless told to corrupt their output anyway).
+    clean_up_spaces: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -66,6 +70,7 @@ impl Model {
         special_tokens: Vec<(String, String)>,
         stop_ids: Vec<u32>,
         context_len: Option<u32>,
+        clean_up_spaces: bool,
     ) -> Self {
         Self {
             env,
@@ -75,6 +80,7 @@ impl Model {
             special_tokens,
             stop_ids,
             context_len,
+            clean_up_spaces,
         }
     }
 
@@ -107,11 +113,18 @@ impl Model {
             .map_err(|e| TokenizeError::Encode(e.to_string()))
     }
 
-    /// The text of `ids`; `skip_special` leaves special tokens out.
+    /// The text of `ids`, as transformers' `decode` gives it;
+    /// `skip_special` leaves special tokens out.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizeError> {
-        self.tokenizer
+        let text = self
+            .tokenizer
             .decode(ids, skip_special)
-            .map_err(|e| TokenizeError::Decode(e.to_string()))
+            .map_err(|e| TokenizeError::Decode(e.to_string()))?;
+        Ok(if self.clean_up_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
     }
 
     /// The id of a token (`<|im_end|>`), if the vocabulary has it.
@@ -142,6 +155,20 @@ impl Model {
     }
 }
 
+/// transformers' `clean_up_tokenization`.
+fn clean_up_tokenization(text: &str) -> String {
+    text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}
+
 fn template_error(e: &minijinja::Error) -> RenderError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
@@ -155,5 +182,18 @@ fn template_error(e: &minijinja::Error) -> RenderError {
     RenderError::Template {
         line: e.line(),
         reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_up_is_transformers() {
+        assert_eq!(
+            clean_up_tokenization("I do n't know , it 's here . Is it ? Yes !"),
+            "I don't know, it's here. Is it? Yes!"
+        );
     }
 }

@@ -5,7 +5,8 @@ Usage: reference.py MODEL_DIR CASES_JSON OUT_JSON
 
 CASES_JSON is a list of {"messages", "tools", "documents",
 "add_generation_prompt", "kwargs"}; OUT_JSON gets, per case, {"text",
-"ids"} or {"error": "<exception type>: <message>"}. Offline: the tokenizer
+"ids", "decoded", "decoded_skip"} (the ids decoded with and without special
+tokens) or {"error": "<exception type>: <message>"}. Offline: the tokenizer
 and template are read from MODEL_DIR only.
 """
 
@@ -32,7 +33,13 @@ def render(tokenizer, case):
         ids = tokenizer.apply_chat_template(case["messages"], tokenize=True, return_dict=False, **kwargs)
     except Exception as e:  # the template's refusal is a result to compare
         return {"error": f"{type(e).__name__}: {e}"}
-    return {"text": text, "ids": list(ids)}
+    ids = list(ids)
+    return {
+        "text": text,
+        "ids": ids,
+        "decoded": tokenizer.decode(ids),
+        "decoded_skip": tokenizer.decode(ids, skip_special_tokens=True),
+    }
 
 
 def main():
