@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
-use crate::harnesses::Install;
+use crate::harnesses::{self, Install};
 use crate::python::Venv;
 
 /// The reference environment.
@@ -132,6 +132,8 @@ pub fn run() -> Result<PathBuf> {
     if npm.is_current() {
         report("tokenizers", "present");
     } else {
+        // Files only, no code to run: any Node with npm (Debian's 18 too).
+        harnesses::node_and_npm(18)?;
         npm.npm_install()?;
     }
     let dir = install_dir()?;
