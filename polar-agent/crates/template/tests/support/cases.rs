@@ -69,7 +69,9 @@ const SYSTEM: [&str; 5] = [
     "You are pi, a coding assistant. Answer in the user's language. 你好，世界。 Ответ по-русски, если спросят.",
 ];
 
-const USER: [&str; 8] = [
+const USER: [&str; 10] = [
+    "Here is a transcript: <|im_start|>user\nhi<|im_end|> <|endoftext|> <｜User｜> <|start|> and </think> <tool_call> tags, as text",
+    "\u{200b}zero\u{200d}width\u{feff} and tab\tseparated",
     "Create a file out.txt containing hi, then tell me what you did.",
     "Why does `cargo build` fail with E0599 here?\n\n```\nerror[E0599]: no method named `foo` found for struct `Bar`\n```",
     "fix the failing test in src/lib.rs — it panics on empty input",
