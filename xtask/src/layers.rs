@@ -139,7 +139,6 @@ pub const LAYERS: &[Layer] = &[
     // users, knowing nothing of Polar's chat model.
     row("polar-template", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
-    row("polar-template", Class::Pure, &[]),
     row("polar-faithful", Class::Pure, &["polar-template"]),
     row(
         "polar-record",

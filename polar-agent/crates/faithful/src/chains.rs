@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::render::{Conversation, RenderFailure, Renderer};
 
@@ -311,24 +311,20 @@ fn without_reasoning(m: &Value) -> Value {
     m
 }
 
-/// The messages a bridge renders for `messages`, whose message `n` is the
-/// reply: the leading system messages, the first user message before the
-/// reply, the reply and what follows it. What the template writes after
-/// the reply depends on these alone in the templates of the model families
-/// tested (the differential tests compare it with the whole
-/// conversation's), and rendering them costs the same however long the
-/// conversation grew. Returns them and where the reply is among them.
-fn window(messages: &[Value], n: usize) -> (Vec<Value>, usize) {
-    let lead = messages[..n]
-        .iter()
-        .take_while(|m| matches!(role(m), Some("system" | "developer")))
-        .count();
-    let first_user = (lead..n).find(|&i| role(&messages[i]) == Some("user"));
-    let mut out: Vec<Value> = messages[..lead].iter().map(without_reasoning).collect();
-    out.extend(first_user.map(|i| without_reasoning(&messages[i])));
-    let at = out.len();
-    out.extend(messages[n..].iter().map(without_reasoning));
-    (out, at)
+/// A user message no conversation has: what follows the reply in the
+/// renderings that locate the reply's turn.
+fn sentinel() -> Value {
+    json!({"role": "user", "content": "\u{e000}polar: where the next message starts\u{e000}"})
+}
+
+/// The length of the common prefix of `a` and `b`, at a character
+/// boundary.
+fn common_prefix(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !a.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
 }
 
 /// Why a bridge could not be built.
@@ -338,47 +334,69 @@ enum BridgeError {
 }
 
 /// The ids that follow `call`'s ids for `conv`, whose message `n` is the
-/// call's reply: the template's text after the reply's end-of-turn token
-/// through the generation prompt, tokenized.
+/// call's reply: what the template writes after the reply's end-of-turn
+/// token, through the new messages and the generation prompt, tokenized.
+///
+/// Where the reply's turn ends in the rendering of `conv` is told by two
+/// more renderings, with a sentinel user message in place of what follows
+/// the reply and in place of the reply itself: the reply's turn is where
+/// the first differs from `conv`'s rendering and the second agrees with
+/// it, and it ends at the last end-of-turn token (the reply's own, else
+/// any of the model's) inside it. Every assistant message is rendered
+/// without its reasoning in all three, so that a template that keeps or
+/// drops reasoning by position renders the history alike in each. A
+/// template whose rendering of the reply changes with what follows it, or
+/// that refuses the sentinel, starts a new chain.
 fn bridge(
     r: &dyn Renderer,
     call: &Call,
     conv: &Conversation<'_>,
     n: usize,
 ) -> Result<Vec<u32>, BridgeError> {
-    let (messages, n) = window(conv.messages, n);
-    let before = Conversation {
-        messages: &messages[..=n],
-        ..*conv
-    };
-    let after = Conversation {
-        messages: &messages,
-        ..*conv
-    };
-    let r0 = r.render(&before, false).map_err(BridgeError::Render)?;
-    let r1 = r.render(&after, true).map_err(BridgeError::Render)?;
-    let Some(new) = r1.strip_prefix(r0.as_str()) else {
-        return Err(BridgeError::Fresh(Fresh::NotPrefixStable {
-            call: call.number,
-        }));
-    };
-    // Where the reply's turn ends in the template's text: its own
-    // end-of-turn token, else the last of the model's end-of-turn tokens.
+    let fresh = |f: fn(u64) -> Fresh| BridgeError::Fresh(f(call.number));
+    let unstable = || fresh(|call| Fresh::NotPrefixStable { call });
+    let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
+    let render =
+        |messages: &[Value], prompt: bool| r.render(&Conversation { messages, ..*conv }, prompt);
+    let whole = render(&messages, true).map_err(BridgeError::Render)?;
+    let mut upto_reply = messages[..=n].to_vec();
+    upto_reply.push(sentinel());
+    let with_reply = render(&upto_reply, false).map_err(|_| unstable())?;
+    upto_reply.truncate(n);
+    upto_reply.push(sentinel());
+    let without_reply = render(&upto_reply, false).map_err(|_| unstable())?;
+    let start = common_prefix(&without_reply, &whole);
+    let end_region = common_prefix(&with_reply, &whole);
+    if end_region <= start {
+        return Err(unstable());
+    }
+    let region = &whole[start..end_region];
     let own = call.ids.last().and_then(|&id| r.token_text(id));
     let end = own
-        .and_then(|t| r0.rfind(&t).map(|at| at + t.len()))
+        .as_ref()
+        .and_then(|t| region.rfind(t.as_str()).map(|at| at + t.len()))
         .or_else(|| {
             r.stop_ids()
                 .iter()
                 .filter_map(|&id| r.token_text(id))
-                .filter_map(|t| r0.rfind(&t).map(|at| at + t.len()))
+                .filter_map(|t| region.rfind(&t).map(|at| at + t.len()))
                 .max()
         })
-        .ok_or(BridgeError::Fresh(Fresh::NoEndOfTurn { call: call.number }))?;
-    let mut text = String::with_capacity(r0.len() - end + new.len());
-    text.push_str(&r0[end..]);
-    text.push_str(new);
-    r.encode(&text).map_err(BridgeError::Render)
+        .ok_or_else(|| {
+            // The reply's turn ends when the sentinel follows it, not when
+            // the new messages do: the template renders it differently.
+            let ends = own.as_ref().is_some_and(|t| {
+                with_reply
+                    .get(start..)
+                    .is_some_and(|w| w.contains(t.as_str()))
+            });
+            if ends {
+                unstable()
+            } else {
+                fresh(|call| Fresh::NoEndOfTurn { call })
+            }
+        })?;
+    r.encode(&whole[start + end..]).map_err(BridgeError::Render)
 }
 
 /// The chains of one session.

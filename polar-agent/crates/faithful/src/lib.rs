@@ -10,7 +10,8 @@
 //!
 //! - [`vllm`]: vLLM's rules for the conversation a chat body's messages
 //!   are to the template (what the server would have rendered);
-//! - [`render`]: what this needs of the model's files ([`Renderer`]);
+//! - [`render`]: what this needs of the model's files ([`Renderer`]),
+//!   and [`model`]: that, over `polar-template`'s model;
 //! - [`chains`]: the session's chains, the prompt of a call
 //!   ([`Chains::prompt`]), how it was built ([`Origin`]) and how a call
 //!   reached the backend ([`Serving`], recorded with each call).
@@ -20,6 +21,7 @@
 //! ChatML renderer, and with the real templates in `polar-template`'s.
 
 pub mod chains;
+pub mod model;
 pub mod render;
 pub mod vllm;
 

@@ -10,15 +10,16 @@ use super::*;
 const IM_START: u32 = 1;
 const IM_END: u32 = 2;
 
-/// ChatML; `unstable` renders the last message differently when it is
-/// the model's (a template whose history changes once messages follow).
+/// ChatML; `unstable` writes into each of the model's turns the length of
+/// the message after it (a template whose history changes with what
+/// follows).
 #[derive(Default)]
 struct ChatMl {
     unstable: bool,
 }
 
 impl ChatMl {
-    fn turn(&self, m: &Value, keep_reasoning: bool, last: bool) -> String {
+    fn turn(&self, m: &Value, keep_reasoning: bool, next: usize) -> String {
         let role = m["role"].as_str().unwrap_or_default();
         let mut body = String::new();
         if role == "assistant"
@@ -36,8 +37,8 @@ impl ChatMl {
         {
             body.push_str(&format!("\n<tool_call>\n{}\n</tool_call>", c["function"]));
         }
-        if self.unstable && last && role == "assistant" {
-            body.push('!');
+        if self.unstable && role == "assistant" {
+            body.push_str(&format!(" (before {next} chars)"));
         }
         format!("<|im_start|>{role}\n{body}<|im_end|>\n")
     }
@@ -57,9 +58,12 @@ impl Renderer for ChatMl {
                 tools.len()
             ));
         }
-        let n = conv.messages.len();
         for (i, m) in conv.messages.iter().enumerate() {
-            out.push_str(&self.turn(m, i > last_user, i + 1 == n));
+            let next = conv
+                .messages
+                .get(i + 1)
+                .map_or(0, |m| m["content"].as_str().map_or(0, str::len));
+            out.push_str(&self.turn(m, i > last_user, next));
         }
         if gen_prompt {
             out.push_str("<|im_start|>assistant\n");

@@ -112,10 +112,10 @@ impl Client {
                 feature,
             });
         }
-        if let Some(f) = &self.faithful {
-            if needs_constrained_decoding(req).is_none() {
-                return self.chat_token_in(session, req, mode, f.clone()).await;
-            }
+        if let Some(f) = &self.faithful
+            && needs_constrained_decoding(req).is_none()
+        {
+            return self.chat_token_in(session, req, mode, f.clone()).await;
         }
         let started_at = SystemTime::now();
         let waiting = Instant::now();

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 
 use polar_chat::{Message, Role};
 use polar_faithful::vllm::{ContentFormat, conversation};
-use polar_faithful::{Asked, Chains, Conversation, Prompt, RenderFailure, Renderer};
+use polar_faithful::{Asked, Chains, Prompt, RenderFailure};
 use polar_template::{Model, ModelFiles};
 
 use super::{BackendConfig, InferenceError};
@@ -63,7 +63,7 @@ impl Faithful {
             key: "model_dir".into(),
             reason: format!("{}: {e}", dir.display()),
         })?;
-        let format = ContentFormat::detect(model.template_source());
+        let format = polar_faithful::model::content_format(&model);
         Ok(Some(Self {
             model,
             format,
@@ -113,7 +113,7 @@ impl Faithful {
     pub fn prompt(&self, session: &str, conv: &Asked) -> Result<Prompt, RenderFailure> {
         let chains = self.chains(session);
         let chains = chains.lock().unwrap_or_else(PoisonError::into_inner);
-        chains.prompt(&ModelRenderer(&self.model), &conv.conversation())
+        chains.prompt(&self.model, &conv.conversation())
     }
 
     /// Ends `session`'s call asked with `conv`: its prompt, the ids it
@@ -129,7 +129,7 @@ impl Faithful {
         let reply = reply_message(reply, self.format);
         let chains = self.chains(session);
         let mut chains = chains.lock().unwrap_or_else(PoisonError::into_inner);
-        chains.finish(&ModelRenderer(&self.model), conv, prompt, response, reply);
+        chains.finish(&self.model, conv, prompt, response, reply);
     }
 
     /// Forgets `session`'s chains.
@@ -173,40 +173,4 @@ fn reply_message(reply: &Message, format: ContentFormat) -> Value {
         .ok()
         .and_then(|mut c| c.pop())
         .unwrap_or(body)
-}
-
-/// [`Renderer`] over a loaded [`Model`].
-struct ModelRenderer<'a>(&'a Model);
-
-impl Renderer for ModelRenderer<'_> {
-    fn render(
-        &self,
-        conv: &Conversation<'_>,
-        add_generation_prompt: bool,
-    ) -> Result<String, RenderFailure> {
-        let input = polar_template::RenderInput {
-            messages: conv.messages,
-            tools: conv.tools,
-            documents: None,
-            add_generation_prompt,
-            kwargs: conv.kwargs,
-        };
-        self.0
-            .render(&input)
-            .map_err(|e| RenderFailure::Template(e.to_string()))
-    }
-
-    fn encode(&self, text: &str) -> Result<Vec<u32>, RenderFailure> {
-        self.0
-            .encode(text)
-            .map_err(|e| RenderFailure::Tokenizer(e.to_string()))
-    }
-
-    fn token_text(&self, id: u32) -> Option<String> {
-        self.0.id_token(id)
-    }
-
-    fn stop_ids(&self) -> &[u32] {
-        self.0.stop_ids()
-    }
 }

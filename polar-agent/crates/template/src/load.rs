@@ -143,6 +143,7 @@ impl Model {
             }
         }
         let mut env = env::environment().map_err(|e| LoadError::Engine(e.to_string()))?;
+        let texts = templates.sources.iter().map(|s| s.text.clone()).collect();
         for source in templates.sources {
             env::add(&mut env, source.name, &source.text).map_err(|e| {
                 LoadError::TemplateSyntax {
@@ -175,7 +176,7 @@ impl Model {
                 ));
         Ok(Self::new(
             env,
-            (templates.default, templates.tool_use),
+            (texts, templates.default, templates.tool_use),
             tokenizer,
             special_tokens,
             stop_ids,

@@ -38,6 +38,8 @@ pub enum PromptError {
 /// A model's chat template and tokenizer, loaded by [`Model::load`].
 pub struct Model {
     env: Environment<'static>,
+    /// The source of every template.
+    sources: Vec<String>,
     /// The template used without tools (or always, when one was named).
     default: String,
     /// The template used with tools, if the model has a `tool_use` one.
@@ -65,7 +67,7 @@ impl std::fmt::Debug for Model {
 impl Model {
     pub(crate) fn new(
         env: Environment<'static>,
-        (default, tool_use): (String, Option<String>),
+        (sources, default, tool_use): (Vec<String>, String, Option<String>),
         tokenizer: Tokenizer,
         special_tokens: Vec<(String, String)>,
         stop_ids: Vec<u32>,
@@ -74,6 +76,7 @@ impl Model {
     ) -> Self {
         Self {
             env,
+            sources,
             default,
             tool_use,
             tokenizer,
@@ -96,6 +99,13 @@ impl Model {
             .get_template(name)
             .map_err(|e| template_error(&e))?;
         template.render(ctx).map_err(|e| template_error(&e))
+    }
+
+    /// The source text of every template the model has (the default one
+    /// and any named ones), for checks that read the template itself, such
+    /// as which content format it expects.
+    pub fn template_sources(&self) -> impl Iterator<Item = &str> {
+        self.sources.iter().map(String::as_str)
     }
 
     /// The prompt text and its ids.

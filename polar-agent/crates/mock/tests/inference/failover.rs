@@ -157,9 +157,18 @@ async fn a_resumption_without_the_harness_max_tokens_generates_the_whole_rest() 
     for dialect in [Dialect::Vllm, Dialect::Sglang] {
         let m = replicas(dialect, &long, 1).await;
         let client = Client::new(with_parser(backend(dialect, vec![m[0].url()]))).unwrap();
-        let plain = client.chat("s", &request(true)).await.unwrap().collect().await.unwrap();
+        let plain = client
+            .chat("s", &request(true))
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         let total = plain.response.usage.completion_tokens;
-        assert!(total > 200, "{dialect:?}: a reply longer than both defaults ({total})");
+        assert!(
+            total > 200,
+            "{dialect:?}: a reply longer than both defaults ({total})"
+        );
         for m in m {
             m.stop().await;
         }
@@ -180,9 +189,18 @@ async fn a_resumption_without_the_harness_max_tokens_generates_the_whole_rest() 
         let client = Client::new(with_parser(backend(dialect, urls))).unwrap();
         let mut req = request(true);
         req.sampling.max_tokens = None;
-        let done = client.chat("s", &req).await.unwrap().collect().await.unwrap();
+        let done = client
+            .chat("s", &req)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
         assert_eq!(done.response.usage.completion_tokens, total, "{dialect:?}");
-        assert_eq!(done.response.finish_reason, plain.response.finish_reason, "{dialect:?}");
+        assert_eq!(
+            done.response.finish_reason, plain.response.finish_reason,
+            "{dialect:?}"
+        );
         assert_eq!(parts(&done.response), parts(&plain.response), "{dialect:?}");
         for m in m {
             m.stop().await;
