@@ -1,8 +1,136 @@
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 use super::resync::Resync;
 use super::*;
 use crate::{FinishReason, StreamEvent, Usage};
+
+mod deepseek_v3;
+mod glm45;
+mod gpt_oss;
+mod llama3_json;
+mod qwen3_coder;
+
+/// `text` parsed whole in `format` with `options`.
+pub(super) fn parse_with(
+    format: OutputFormat,
+    options: &OutputOptions,
+    text: &str,
+) -> ParsedOutput {
+    let mut p = OutputParser::with_options(format, options);
+    p.push(text).unwrap();
+    p.finish().unwrap();
+    p.parsed().clone()
+}
+
+/// Cut at `cuts` (moved to character boundaries), `full` parses by
+/// prefixes to the parse of the whole; and a reply cut at `fault`, its
+/// events sent, is completed by [`Resync`] into the same reply.
+pub(super) fn check_pieces(
+    format: OutputFormat,
+    options: &OutputOptions,
+    full: &str,
+    cuts: &[prop::sample::Index],
+    fault: prop::sample::Index,
+) -> Result<(), TestCaseError> {
+    let whole = parse_with(format, options, full);
+    let mut bounds: Vec<usize> = cuts.iter().map(|i| i.index(full.len() + 1)).collect();
+    bounds.push(full.len());
+    bounds.sort_unstable();
+    let mut p = OutputParser::with_options(format, options);
+    let mut at = 0;
+    for b in bounds {
+        let mut b = b;
+        while !full.is_char_boundary(b) {
+            b += 1;
+        }
+        if b < at {
+            continue;
+        }
+        p.push(&full[at..b]).unwrap();
+        at = b;
+        let now = p.parsed();
+        prop_assert!(
+            whole.reasoning.starts_with(&now.reasoning),
+            "{now:?} / {whole:?}"
+        );
+        prop_assert!(
+            whole.content.starts_with(&now.content),
+            "{now:?} / {whole:?}"
+        );
+        prop_assert!(now.calls.len() <= whole.calls.len());
+        for (a, w) in now.calls.iter().zip(&whole.calls) {
+            prop_assert_eq!(&a.name, &w.name);
+            prop_assert!(w.arguments.starts_with(&a.arguments), "{a:?} / {w:?}");
+            prop_assert!(!a.done || a == w);
+        }
+    }
+    p.finish().unwrap();
+    prop_assert_eq!(p.parsed(), &whole);
+
+    let mut cut = fault.index(full.len() + 1);
+    while !full.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let mut first = OutputParser::with_options(format, options);
+    first.push(&full[..cut]).unwrap();
+    let sent = events_of(first.parsed());
+    let mut r = Resync::new();
+    for ev in &sent {
+        r.observe(ev);
+    }
+    let mut again = OutputParser::with_options(format, options);
+    again.push(&full[..cut]).unwrap();
+    let mut all = sent.clone();
+    all.extend(step(&mut r, again.parsed(), false));
+    again.push(&full[cut..]).unwrap();
+    again.finish().unwrap();
+    all.extend(step(&mut r, again.parsed(), true));
+    all.push(finish());
+    let mut straight = events_of(&whole);
+    straight.push(finish());
+    let (a, b) = (crate::assemble(&all), crate::assemble(&straight));
+    prop_assert_eq!(&a.message.content, &b.message.content);
+    let reasoning = |m: &crate::Message| m.reasoning.as_ref().map(|r| r.text.clone());
+    prop_assert_eq!(reasoning(&a.message), reasoning(&b.message));
+    let names = |m: &crate::Message| {
+        m.tool_calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect::<Vec<_>>()
+    };
+    prop_assert_eq!(names(&a.message), names(&b.message));
+    Ok(())
+}
+
+/// Text pieces that look like markup of every format.
+pub(super) fn markup_piece(extra: &'static [&'static str]) -> impl Strategy<Value = String> {
+    let mut atoms = vec![
+        "a",
+        "b c",
+        "\n",
+        " ",
+        "{",
+        "}",
+        "\"",
+        ":",
+        ",",
+        ";",
+        "é",
+        "<",
+        ">",
+        "/",
+        "|",
+        "=",
+        "`",
+        "think",
+        "tool_call",
+        "<think>",
+        "</think>",
+    ];
+    atoms.extend_from_slice(extra);
+    prop::collection::vec(prop::sample::select(atoms), 0..14).prop_map(|v| v.concat())
+}
 
 /// An assistant turn in the format (as the mock backend's template
 /// renders it), ending with the end-of-turn marker.
@@ -407,53 +535,6 @@ proptest! {
         prop_assume!(calls.iter().all(|(_, a)| !a.contains("</tool_call>")));
         let calls: Vec<(&str, &str)> = calls.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
         let full = render(think.as_deref(), &text, &calls);
-        let whole = parse_all(&full);
-        let mut bounds: Vec<usize> = cuts.iter().map(|i| i.index(full.len() + 1)).collect();
-        bounds.push(full.len());
-        bounds.sort_unstable();
-        let mut p = OutputParser::new(OutputFormat::Qwen3);
-        let mut at = 0;
-        for b in bounds {
-            let mut b = b;
-            while !full.is_char_boundary(b) { b += 1; }
-            if b < at { continue; }
-            p.push(&full[at..b]).unwrap();
-            at = b;
-            let now = p.parsed();
-            prop_assert!(whole.reasoning.starts_with(&now.reasoning));
-            prop_assert!(whole.content.starts_with(&now.content));
-            prop_assert!(now.calls.len() <= whole.calls.len());
-            for (a, w) in now.calls.iter().zip(&whole.calls) {
-                prop_assert_eq!(&a.name, &w.name);
-                prop_assert!(w.arguments.starts_with(&a.arguments));
-            }
-        }
-        p.finish().unwrap();
-        prop_assert_eq!(p.parsed(), &whole);
-
-        // The fault: the first part's events, then the resumed parse.
-        let mut cut = fault.index(full.len() + 1);
-        while !full.is_char_boundary(cut) { cut += 1; }
-        let mut first = OutputParser::new(OutputFormat::Qwen3);
-        first.push(&full[..cut]).unwrap();
-        let sent = events_of(first.parsed());
-        let mut r = Resync::new();
-        for ev in &sent { r.observe(ev); }
-        let mut again = OutputParser::new(OutputFormat::Qwen3);
-        again.push(&full[..cut]).unwrap();
-        let mut all = sent.clone();
-        all.extend(step(&mut r, again.parsed(), false));
-        again.push(&full[cut..]).unwrap();
-        again.finish().unwrap();
-        all.extend(step(&mut r, again.parsed(), true));
-        all.push(finish());
-        let mut straight = events_of(&whole);
-        straight.push(finish());
-        let (a, b) = (crate::assemble(&all), crate::assemble(&straight));
-        prop_assert_eq!(&a.message.content, &b.message.content);
-        let reasoning = |m: &crate::Message| m.reasoning.as_ref().map(|r| r.text.clone());
-        prop_assert_eq!(reasoning(&a.message), reasoning(&b.message));
-        let names = |m: &crate::Message| m.tool_calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
-        prop_assert_eq!(names(&a.message), names(&b.message));
+        check_pieces(OutputFormat::Qwen3, &OutputOptions::default(), &full, &cuts, fault)?;
     }
 }
