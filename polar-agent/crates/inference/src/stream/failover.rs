@@ -34,7 +34,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use polar_chat::output::resync::Resync;
-use polar_chat::output::{OutputFormat, OutputParser};
+use polar_chat::output::{OutputFormat, OutputOptions, OutputParser};
 use polar_chat::{ChatRequest, FinishReason, StreamEvent, ToolChoice, Usage};
 use polar_sse::SseParser;
 
@@ -56,6 +56,8 @@ const MAX_FAULT: usize = 500;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ResumeBase {
     format: OutputFormat,
+    /// What the parser needs of the request (its tools' schemas).
+    options: OutputOptions,
     model: Value,
     sampling: Map<String, Value>,
     max_tokens: Option<u64>,
@@ -94,6 +96,7 @@ impl ResumeBase {
         }
         Some(Self {
             format,
+            options: OutputOptions::with_tools(&req.tools),
             model: body.get("model").cloned().unwrap_or(Value::Null),
             sampling,
             max_tokens: body.get("max_tokens").and_then(Value::as_u64),
@@ -120,6 +123,9 @@ impl ResumeBase {
         body.insert("stream_options".into(), json!({"include_usage": true}));
         body.insert("return_token_ids".into(), json!(true));
         body.insert("logprobs".into(), json!(0));
+        if self.format.markup_is_special() {
+            body.insert("skip_special_tokens".into(), json!(false));
+        }
         Value::Object(body)
     }
 
@@ -129,6 +135,9 @@ impl ResumeBase {
         let mut sampling = self.sampling.clone();
         if let Some(left) = self.left(generated) {
             sampling.insert("max_new_tokens".into(), json!(left));
+        }
+        if self.format.markup_is_special() {
+            sampling.insert("skip_special_tokens".into(), json!(false));
         }
         json!({
             "input_ids": input,
@@ -421,7 +430,7 @@ impl ChatStream {
             if text.ends_with('\u{FFFD}') {
                 return Err("the generated ids end inside a character".into());
             }
-            let mut parser = OutputParser::new(base.format);
+            let mut parser = OutputParser::with_options(base.format, &base.options);
             parser
                 .push(&text)
                 .map_err(|e| format!("the output so far does not parse: {e}"))?;
@@ -738,6 +747,23 @@ mod tests {
             })
         );
         assert_eq!(base.left(100), Some(0));
+    }
+
+    #[test]
+    fn formats_made_of_special_tokens_keep_them_in_the_text() {
+        for (dialect, format) in [
+            (Dialect::Vllm, OutputFormat::GptOss),
+            (Dialect::Sglang, OutputFormat::Llama3Json),
+        ] {
+            let mut cfg = cfg(dialect);
+            cfg.output_parser = Some(format);
+            let base = ResumeBase::new(&cfg, &request(), SamplingMode::Train).unwrap();
+            let body = match dialect {
+                Dialect::Vllm => base.vllm_body(&[1, 2], 1),
+                Dialect::Sglang => base.sglang_body(&[1, 2], 1)["sampling_params"].clone(),
+            };
+            assert_eq!(body["skip_special_tokens"], json!(false), "{format:?}");
+        }
     }
 
     #[test]
