@@ -132,15 +132,16 @@ impl Glm45 {
             }
             let pending =
                 after.is_empty() || may_become(after, CALL_CLOSE) || may_become(after, KEY_OPEN);
-            if f.fin {
-                *f.pos = f.text.len();
+            if after.is_empty() {
+                *f.pos += ws;
                 return false;
             }
-            if pending {
+            if pending && !f.fin {
                 return false;
             }
             // Stray text inside the call: skipped up to the next tag.
-            let skip = after[1..].find('<').map_or(after.len(), |i| i + 1);
+            let first = after.chars().next().map_or(1, char::len_utf8);
+            let skip = after[first..].find('<').map_or(after.len(), |i| i + first);
             *f.pos += ws + skip;
         }
     }

@@ -176,6 +176,7 @@ impl Qwen3Coder {
             }
             if after.starts_with(CALL_CLOSE) {
                 // `</function>` left out: the call ends all the same.
+                *f.pos += ws;
                 self.close_call(f);
                 return Ok(true);
             }
@@ -189,15 +190,16 @@ impl Qwen3Coder {
                 || [FUNCTION_CLOSE, PARAM_OPEN, CALL_CLOSE]
                     .iter()
                     .any(|m| may_become(after, m));
+            if after.is_empty() {
+                *f.pos += ws;
+                return Ok(false);
+            }
             if pending && !f.fin {
                 return Ok(false);
             }
-            if f.fin {
-                *f.pos = f.text.len();
-                return Ok(false);
-            }
             // Stray text inside the function: skipped up to the next tag.
-            let skip = after[1..].find('<').map_or(after.len(), |i| i + 1);
+            let first = after.chars().next().map_or(1, char::len_utf8);
+            let skip = after[first..].find('<').map_or(after.len(), |i| i + first);
             *f.pos += ws + skip;
         }
     }

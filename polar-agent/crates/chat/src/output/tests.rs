@@ -538,3 +538,89 @@ proptest! {
         check_pieces(OutputFormat::Qwen3, &OutputOptions::default(), &full, &cuts, fault)?;
     }
 }
+
+/// Markup atoms of every format, for hostile text.
+const EVERY_MARKUP: &[&str] = &[
+    "<think>",
+    "</think>",
+    "\n",
+    " ",
+    "a",
+    "é",
+    "{",
+    "}",
+    "[",
+    "]",
+    "\"",
+    ":",
+    ",",
+    ";",
+    "`",
+    "```json\n",
+    "<tool_call>",
+    "</tool_call>",
+    "<function=f>",
+    "</function>",
+    "<parameter=p>",
+    "</parameter>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "{\"name\": \"f\", \"parameters\": ",
+    "{\"name\": \"f\", \"arguments\": ",
+    "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "function",
+    "<|start|>assistant",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "commentary",
+    " to=functions.f",
+    "<|constrain|>json",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|im_end|>",
+    "<|return|>",
+    "<|eot_id|>",
+    "<|user|>",
+    "<｜end▁of▁sentence｜>",
+    "<",
+    "|",
+    "｜",
+    "▁",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// Any text, in any format but `qwen3` (which refuses malformed
+    /// calls): it parses without an error, in pieces as whole, the parse
+    /// only growing, and a reply cut anywhere is completed by Resync.
+    #[test]
+    fn any_text_parses_in_every_format(
+        atoms in prop::collection::vec(prop::sample::select(EVERY_MARKUP), 0..40),
+        format in prop::sample::select(&OutputFormat::ALL[1..]),
+        open in any::<bool>(),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        fault in any::<prop::sample::Index>(),
+    ) {
+        let text = atoms.concat();
+        let options = OutputOptions { reasoning_open: open, ..OutputOptions::default() };
+        check_pieces(format, &options, &text, &cuts, fault)?;
+    }
+}
+
+#[test]
+fn every_format_has_its_name() {
+    for format in OutputFormat::ALL {
+        let json = serde_json::to_string(&format).unwrap();
+        assert_eq!(json, format!("\"{}\"", format.as_str()));
+        assert_eq!(serde_json::from_str::<OutputFormat>(&json).unwrap(), format);
+    }
+}
