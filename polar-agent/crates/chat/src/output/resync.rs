@@ -11,6 +11,11 @@
 //! reply carries them (reasoning, text, tool calls): a field that is
 //! behind holds back the later ones.
 //!
+//! Whitespace the harness got at the end of the text that the parse reads
+//! as markup before a tool call (the newline between text and call, which
+//! vLLM's parsers keep in the text) is taken as sent: the parse then has
+//! no more text to send.
+//!
 //! A tool call's arguments are compared as JSON text without the
 //! whitespace outside its strings ([`compare_arguments`]): a server's
 //! streaming tool parser may have sent them re-serialized (vLLM's `hermes`
@@ -174,7 +179,19 @@ impl Resync {
         if !sent.reasoning_done && !parsed.reasoning.is_empty() {
             out.push(StreamEvent::ReasoningDone { signature: None });
         }
-        match compare(&sent.content, &parsed.content, finished, "text")? {
+        // A server that kept the whitespace before a tool call in the text
+        // (vLLM's parsers do) sent what this parse reads as markup.
+        let kept_markup = !parsed.calls.is_empty()
+            && sent
+                .content
+                .strip_prefix(parsed.content.as_str())
+                .is_some_and(|ws| !ws.is_empty() && ws.trim().is_empty());
+        let content = if kept_markup {
+            Standing::Ahead(String::new())
+        } else {
+            compare(&sent.content, &parsed.content, finished, "text")?
+        };
+        match content {
             Standing::Behind => return Ok(out),
             Standing::Ahead(more) if !more.is_empty() => {
                 out.push(StreamEvent::TextDelta { text: more });

@@ -420,6 +420,39 @@ fn resync_refuses_what_disagrees() {
 }
 
 #[test]
+fn resync_takes_whitespace_a_server_kept_before_a_call_as_sent() {
+    // vLLM's `hermes` parser sent the newline before `<tool_call>` as text.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::TextDelta {
+        text: "Listing.\n".into(),
+    });
+    let parsed = parse_all(&render(None, "Listing.", &[("ls", "{}")]));
+    assert_eq!(parsed.content, "Listing.");
+    assert_eq!(
+        r.step(&parsed, true).unwrap(),
+        vec![
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "-call-0".into(),
+                name: "ls".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{}".into()
+            },
+        ]
+    );
+    // Without a call it is text the output does not have.
+    assert!(r.step(&parse_all("Listing."), true).is_err());
+    // Other text is not.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::TextDelta {
+        text: "Listing.\nx".into(),
+    });
+    assert!(r.step(&parsed, true).is_err());
+}
+
+#[test]
 fn resync_goes_on_from_arguments_a_server_re_serialized() {
     // vLLM's hermes parser streamed the arguments' first part as
     // `json.dumps` writes it; the model wrote them compact.
