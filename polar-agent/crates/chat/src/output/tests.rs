@@ -657,3 +657,32 @@ fn every_format_has_its_name() {
         assert_eq!(serde_json::from_str::<OutputFormat>(&json).unwrap(), format);
     }
 }
+
+#[test]
+fn a_prompt_that_opened_the_reasoning_starts_the_output_in_it() {
+    let open = OutputOptions {
+        reasoning_open: true,
+        ..OutputOptions::default()
+    };
+    // Qwen3 thinking templates end the generation prompt with `<think>\n`.
+    for format in [OutputFormat::Qwen3, OutputFormat::Qwen3Coder] {
+        let p = parse_with(format, &open, "weigh\nit\n</think>\n\nDone.<|im_end|>");
+        assert_eq!(
+            (p.reasoning.as_str(), p.content.as_str()),
+            ("weigh\nit", "Done.")
+        );
+        let p = parse_with(format, &open, "cut short");
+        assert_eq!(
+            (p.reasoning.as_str(), p.content.as_str()),
+            ("cut short", "")
+        );
+    }
+    let p = parse_with(OutputFormat::Glm45, &open, "weigh</think>\nDone.");
+    assert_eq!(
+        (p.reasoning.as_str(), p.content.as_str()),
+        ("weigh", "Done.")
+    );
+    // The formats without a reasoning block ignore it.
+    let p = parse_with(OutputFormat::Llama3Json, &open, "Hi.");
+    assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("", "Hi."));
+}
