@@ -12,7 +12,8 @@
 //!   tokens through the token-in endpoint (vLLM `/v1/completions` with the
 //!   prompt ids and the generated ids as the prompt, SGLang `/generate`
 //!   with them as `input_ids`), with the same sampling and what is left of
-//!   `max_tokens`. The raw text of the ids so far (`/detokenize`) and of the
+//!   `max_tokens` (and `skip_special_tokens = false` for a format whose
+//!   markup is special tokens, so the continuation's text keeps it). The raw text of the ids so far (`/detokenize`) and of the
 //!   continuation is parsed here ([`polar_chat::output`]) and only what goes
 //!   beyond what was yielded is yielded ([`Resync`]); output that does not
 //!   continue it ends the stream with the fault instead. A whole reply
