@@ -450,6 +450,25 @@ fn resync_takes_whitespace_a_server_kept_before_a_call_as_sent() {
         text: "Listing.\nx".into(),
     });
     assert!(r.step(&parsed, true).is_err());
+    // The newlines after `</think>`, kept too, then the rest of the text.
+    let parsed = parse_all(&render(Some("r"), "Listing.", &[("ls", "{}")]));
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::ReasoningDelta { text: "r".into() });
+    r.observe(&StreamEvent::ReasoningDone { signature: None });
+    r.observe(&StreamEvent::TextDelta {
+        text: "\n\nList".into(),
+    });
+    let mut partial = parsed.clone();
+    partial.content = "Li".into();
+    partial.calls.clear();
+    assert_eq!(r.step(&partial, false).unwrap(), vec![], "behind: wait");
+    assert_eq!(
+        r.step(&parsed, true).unwrap()[0],
+        StreamEvent::TextDelta {
+            text: "ing.".into()
+        }
+    );
+    assert_eq!(r.step(&parsed, true).unwrap().len(), 3);
 }
 
 #[test]
