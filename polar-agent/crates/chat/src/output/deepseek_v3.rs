@@ -15,7 +15,7 @@
 //! nothing either). Text after the calls block is text. Markup that is not
 //! a call before its name is read stays text.
 
-use super::scan::{Sink, Think, ThinkMarkup, held, may_become, text_until};
+use super::scan::{Sink, Think, ThinkMarkup, find_first_after, held, may_become, text_until};
 use super::{Feed, OutputError, ParsedCall};
 
 const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
@@ -152,7 +152,8 @@ impl DeepseekV3 {
             }
             t2.strip_suffix('\n').unwrap_or(t2).len()
         };
-        match rest.find(CALL_END) {
+        // The tag cannot begin inside the arguments taken so far.
+        match find_first_after(rest, &[CALL_END], call.arguments.len()).map(|(i, _)| i) {
             Some(i) => {
                 let args = &rest[..strip_fence(&rest[..i])];
                 if let Some(more) = args.get(call.arguments.len()..) {

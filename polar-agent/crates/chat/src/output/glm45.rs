@@ -17,7 +17,7 @@
 //! name is not followed by a newline, `<arg_key>` or `</tool_call>` stays
 //! text.
 
-use super::scan::{Sink, Think, ThinkMarkup, find_first, may_become, text_until};
+use super::scan::{Sink, Think, ThinkMarkup, find_first, find_first_after, may_become, text_until};
 use super::typed_args::ArgsWriter;
 use super::{Feed, OutputError, ParsedCall, ToolSchemas};
 
@@ -56,6 +56,8 @@ pub(super) struct Glm45 {
     think: Think,
     tools: ToolSchemas,
     args: ArgsWriter,
+    /// Bytes of the open value searched for its end.
+    scanned: usize,
 }
 
 impl Glm45 {
@@ -65,6 +67,7 @@ impl Glm45 {
             think: Think::new(THINK, open),
             tools,
             args: ArgsWriter::default(),
+            scanned: 0,
         }
     }
 
@@ -171,11 +174,15 @@ impl Glm45 {
             return Some(());
         }
         let value_text = &at_value[VALUE_OPEN.len()..];
-        let (v, close) = match value_text.find(VALUE_CLOSE) {
-            Some(v) => (v, VALUE_CLOSE.len()),
+        let (v, close) = match find_first_after(value_text, &[VALUE_CLOSE], self.scanned) {
+            Some((v, _)) => (v, VALUE_CLOSE.len()),
             None if f.fin => (value_text.len(), 0),
-            None => return None,
+            None => {
+                self.scanned = value_text.len();
+                return None;
+            }
         };
+        self.scanned = 0;
         let value = value_text[..v].trim();
         let Some(call) = f.out.calls.last_mut() else {
             *f.pos = f.text.len();

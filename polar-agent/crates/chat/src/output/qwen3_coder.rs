@@ -18,7 +18,7 @@
 //! text parses back to what the template rendered. A `<tool_call>` not
 //! followed by `<function=NAME>` stays text.
 
-use super::scan::{Sink, Think, ThinkMarkup, find_first, may_become, text_until};
+use super::scan::{Sink, Think, ThinkMarkup, find_first_after, may_become, text_until};
 use super::typed_args::ArgsWriter;
 use super::{Feed, OutputError, ParsedCall, ToolSchemas};
 
@@ -67,6 +67,8 @@ pub(super) struct Qwen3Coder {
     think: Think,
     tools: ToolSchemas,
     args: ArgsWriter,
+    /// Bytes of the open parameter's value searched for its end.
+    scanned: usize,
 }
 
 impl Qwen3Coder {
@@ -76,6 +78,7 @@ impl Qwen3Coder {
             think: Think::new(QWEN_THINK, open),
             tools,
             args: ArgsWriter::default(),
+            scanned: 0,
         }
     }
 
@@ -216,13 +219,17 @@ impl Qwen3Coder {
         };
         let name = rest[..gt].trim();
         let body = &rest[gt + 1..];
-        let end = find_first(body, &[PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE]);
-        let (value, used) = match end {
+        let ends = [PARAM_CLOSE, PARAM_OPEN, FUNCTION_CLOSE];
+        let (value, used) = match find_first_after(body, &ends, self.scanned) {
             Some((i, 0)) => (&body[..i], i + PARAM_CLOSE.len()),
             Some((i, _)) => (&body[..i], i),
             None if f.fin => (body, body.len()),
-            None => return Ok(false),
+            None => {
+                self.scanned = body.len();
+                return Ok(false);
+            }
         };
+        self.scanned = 0;
         let value = value.strip_prefix('\n').unwrap_or(value);
         let value = value.strip_suffix('\n').unwrap_or(value);
         let Some(call) = f.out.calls.last_mut() else {

@@ -28,6 +28,23 @@ pub(super) fn find_first(text: &str, markers: &[&str]) -> Option<(usize, usize)>
         .min()
 }
 
+/// [`find_first`] in `text` of which the first `scanned` bytes were
+/// searched already (no marker began there that ended before its end):
+/// only the rest is searched, so a long block read piece by piece is
+/// searched once, not once per piece.
+pub(super) fn find_first_after(
+    text: &str,
+    markers: &[&str],
+    scanned: usize,
+) -> Option<(usize, usize)> {
+    let longest = markers.iter().map(|m| m.len()).max().unwrap_or(0);
+    let mut from = scanned.saturating_sub(longest).min(text.len());
+    while !text.is_char_boundary(from) {
+        from -= 1;
+    }
+    find_first(&text[from..], markers).map(|(at, which)| (from + at, which))
+}
+
 /// Whether `rest` may still become `whole` (it is a proper start of it).
 pub(super) fn may_become(rest: &str, whole: &str) -> bool {
     rest.len() < whole.len() && whole.starts_with(rest)
