@@ -13,8 +13,10 @@
 //! any recipient: the name is the recipient without `functions.`) is a
 //! tool call whose arguments are the body as written, `final` and a
 //! `commentary` without recipient (a preamble) are text. Several
-//! reasoning or text messages are joined with a newline (as vLLM joins
-//! them). The reasoning is done at the first message of another kind.
+//! reasoning or text messages are joined with a newline. The reasoning is
+//! done at the first message of another kind. What openai-harmony's own
+//! renderer writes for a turn parses back to it
+//! (`tests/fixtures/output/gptoss.json`).
 //!
 //! Harmony is parsed here as text, not through the `openai-harmony`
 //! crate: that crate parses token ids with its own vocabulary, which its
