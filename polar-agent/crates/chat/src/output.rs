@@ -1,8 +1,7 @@
 //! Model output formats: the raw text a model generates, as a token-in
 //! endpoint returns it (vLLM `/v1/completions`, SGLang `/generate`),
 //! parsed into reasoning, answer text and tool calls the way the backends'
-//! chat endpoints parse it server-side (vLLM's `qwen3` reasoning parser and
-//! `hermes` tool parser, SGLang's `qwen3`/`qwen25` parsers).
+//! chat endpoints parse it server-side.
 //!
 //! [`OutputParser`] is incremental: text is pushed as it arrives and what
 //! it says so far is [`OutputParser::parsed`], which only grows. Text that
@@ -12,18 +11,38 @@
 //! resumption of a reply after a backend fault ([`resync`]) feeds it the
 //! text generated before the fault, then the continuation's.
 //!
-//! Supported formats ([`OutputFormat`]):
-//! - `qwen3` (ChatML / Hermes: Qwen2.5, Qwen3, QwQ and the mock backend's
-//!   template): `<think>\n{reasoning}\n</think>\n\n{content}` then tool
-//!   calls, each `<tool_call>\n{"name": N, "arguments": A}\n</tool_call>`,
-//!   separated by newlines; `<|im_end|>` ends the output.
+//! Supported formats ([`OutputFormat`]), one file each:
+//! - `qwen3` ([`qwen3`]): ChatML / Hermes `<think>` and `<tool_call>` JSON;
+//! - `qwen3_coder` ([`qwen3_coder`]): Qwen3-Coder's XML tool calls, their
+//!   parameters typed by the request's tool schemas;
+//! - `deepseek_v3` ([`deepseek_v3`]): DeepSeek V3 / V3.1 / R1;
+//! - `llama3_json` ([`llama3_json`]): Llama 3.1 / 3.3 JSON tool calls;
+//! - `gpt_oss` ([`gpt_oss`]): gpt-oss Harmony channels;
+//! - `glm45` ([`glm45`]): GLM-4.5 / 4.6 `<arg_key>`/`<arg_value>` calls.
+//!
+//! What a format needs besides the text is in [`OutputOptions`]: the
+//! request's tools (the XML formats type parameter values by their JSON
+//! schema) and whether the prompt already opened the reasoning block.
+//! Markup that turns out malformed before a tool call is known (its name
+//! read) is kept as answer text, never dropped.
 
+pub mod deepseek_v3;
+pub mod glm45;
+pub mod gpt_oss;
+pub mod llama3_json;
+pub mod qwen3;
+pub mod qwen3_coder;
 pub mod resync;
+mod scan;
+mod typed_args;
 
 #[cfg(test)]
 mod tests;
 
 use serde::{Deserialize, Serialize};
+
+use crate::Tool;
+pub use typed_args::ToolSchemas;
 
 /// The text format of a model's raw output.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -33,13 +52,87 @@ pub enum OutputFormat {
     /// and `<tool_call>` JSON blocks. `hermes` is accepted as its name too.
     #[serde(alias = "hermes")]
     Qwen3,
+    /// Qwen3-Coder: ChatML with `<tool_call><function=NAME><parameter=P>`
+    /// XML blocks (vLLM's `qwen3_coder` tool parser).
+    Qwen3Coder,
+    /// DeepSeek V3, V3.1 and R1: `<｜tool▁calls▁begin｜>` blocks, `<think>`
+    /// reasoning (vLLM's `deepseek_v3`/`deepseek_v31` tool parsers and
+    /// `deepseek_r1` reasoning parser).
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
+    /// Llama 3.1 / 3.3: `{"name": ..., "parameters": ...}` tool calls,
+    /// optionally after `<|python_tag|>` (vLLM's `llama3_json`).
+    #[serde(rename = "llama3_json")]
+    Llama3Json,
+    /// gpt-oss Harmony: `analysis`, `commentary` and `final` channels.
+    GptOss,
+    /// GLM-4.5 / 4.6: `<think>` and `<tool_call>NAME<arg_key>..` blocks
+    /// (vLLM's `glm45` tool and reasoning parsers).
+    Glm45,
 }
 
 impl OutputFormat {
+    /// Every format, in the order the docs list them.
+    pub const ALL: [Self; 6] = [
+        Self::Qwen3,
+        Self::Qwen3Coder,
+        Self::DeepseekV3,
+        Self::Llama3Json,
+        Self::GptOss,
+        Self::Glm45,
+    ];
+
     /// The configuration name.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Coder => "qwen3_coder",
+            Self::DeepseekV3 => "deepseek_v3",
+            Self::Llama3Json => "llama3_json",
+            Self::GptOss => "gpt_oss",
+            Self::Glm45 => "glm45",
+        }
+    }
+
+    /// Whether the format's markup is made of special tokens (gpt-oss's
+    /// Harmony tokens, Llama's `<|python_tag|>`), which detokenizers drop
+    /// unless told to keep them (vLLM's and SGLang's
+    /// `skip_special_tokens = false`).
+    pub fn markup_is_special(self) -> bool {
+        matches!(self, Self::GptOss | Self::Llama3Json)
+    }
+
+    /// The texts that end the model's turn (what follows is ignored).
+    fn end_markers(self) -> &'static [&'static str] {
+        match self {
+            Self::Qwen3 | Self::Qwen3Coder => &["<|im_end|>", "<|endoftext|>"],
+            Self::DeepseekV3 => &["<｜end▁of▁sentence｜>"],
+            Self::Llama3Json => &["<|eot_id|>", "<|eom_id|>", "<|end_of_text|>"],
+            Self::GptOss => &["<|return|>", "<|endoftext|>"],
+            Self::Glm45 => &["<|user|>", "<|observation|>", "<|endoftext|>"],
+        }
+    }
+}
+
+/// What a format needs to know besides the output's text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OutputOptions {
+    /// The request's tools: `qwen3_coder` and `glm45` type parameter values
+    /// by their schemas (the others ignore them).
+    pub tools: ToolSchemas,
+    /// The prompt ended inside a reasoning block (a generation prompt that
+    /// opens `<think>`: DeepSeek-R1 and V3.1 thinking mode, Qwen3 thinking
+    /// templates): the output starts as reasoning. `llama3_json` and
+    /// `gpt_oss` ignore it.
+    pub reasoning_open: bool,
+}
+
+impl OutputOptions {
+    /// Options with the schemas of `tools`.
+    pub fn with_tools(tools: &[Tool]) -> Self {
+        Self {
+            tools: ToolSchemas::of(tools),
+            reasoning_open: false,
         }
     }
 }
@@ -73,7 +166,7 @@ pub struct ParsedOutput {
 /// Why an output cannot be parsed, or resumed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum OutputError {
-    /// A `<tool_call>` block is not `{"name": ..., "arguments": ...}`.
+    /// A tool call block is not what its format says.
     #[error("malformed tool call at byte {at}: {why}")]
     MalformedCall {
         /// Where the block's content begins.
@@ -87,24 +180,43 @@ pub enum OutputError {
     Diverged(String),
 }
 
-const THINK_OPEN: &str = "<think>";
-const THINK_CLOSE: &str = "\n</think>";
-const CALL_OPEN: &str = "<tool_call>";
-const CALL_OPEN_NL: &str = "\n<tool_call>";
-const CALL_CLOSE: &str = "</tool_call>";
-const END_MARKERS: [&str; 2] = ["<|im_end|>", "<|endoftext|>"];
+/// The text a format's state machine reads: `text[*pos..]` is unread,
+/// `fin` says no more will come.
+pub(crate) struct Feed<'a> {
+    text: &'a str,
+    pos: &'a mut usize,
+    fin: bool,
+    out: &'a mut ParsedOutput,
+}
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    Start,
-    ThinkNewline,
-    Reasoning,
-    AfterThink,
-    Content,
-    CallHead,
-    CallArgs,
-    AfterCall,
-    End,
+impl<'a> Feed<'a> {
+    fn rest(&self) -> &'a str {
+        &self.text[*self.pos..]
+    }
+}
+
+/// One format's state.
+#[derive(Clone, Debug)]
+enum Machine {
+    Qwen3(qwen3::Qwen3),
+    Qwen3Coder(qwen3_coder::Qwen3Coder),
+    DeepseekV3(deepseek_v3::DeepseekV3),
+    Llama3Json(llama3_json::Llama3Json),
+    GptOss(gpt_oss::GptOss),
+    Glm45(glm45::Glm45),
+}
+
+impl Machine {
+    fn advance(&mut self, f: &mut Feed<'_>) -> Result<(), OutputError> {
+        match self {
+            Self::Qwen3(m) => m.advance(f),
+            Self::Qwen3Coder(m) => m.advance(f),
+            Self::DeepseekV3(m) => m.advance(f),
+            Self::Llama3Json(m) => m.advance(f),
+            Self::GptOss(m) => m.advance(f),
+            Self::Glm45(m) => m.advance(f),
+        }
+    }
 }
 
 /// An incremental parser of one output (see the module docs).
@@ -114,22 +226,39 @@ pub struct OutputParser {
     text: String,
     pending: String,
     pos: usize,
-    state: State,
     finished: bool,
     out: ParsedOutput,
+    machine: Machine,
 }
 
 impl OutputParser {
-    /// A parser of an output in `format`.
+    /// A parser of an output in `format`, with no tools and the reasoning
+    /// block not opened by the prompt.
     pub fn new(format: OutputFormat) -> Self {
+        Self::with_options(format, &OutputOptions::default())
+    }
+
+    /// A parser of an output in `format` for a request with `options`.
+    pub fn with_options(format: OutputFormat, options: &OutputOptions) -> Self {
+        let open = options.reasoning_open;
+        let machine = match format {
+            OutputFormat::Qwen3 => Machine::Qwen3(qwen3::Qwen3::new(open)),
+            OutputFormat::Qwen3Coder => {
+                Machine::Qwen3Coder(qwen3_coder::Qwen3Coder::new(open, options.tools.clone()))
+            }
+            OutputFormat::DeepseekV3 => Machine::DeepseekV3(deepseek_v3::DeepseekV3::new(open)),
+            OutputFormat::Llama3Json => Machine::Llama3Json(llama3_json::Llama3Json::default()),
+            OutputFormat::GptOss => Machine::GptOss(gpt_oss::GptOss::default()),
+            OutputFormat::Glm45 => Machine::Glm45(glm45::Glm45::new(open, options.tools.clone())),
+        };
         Self {
             format,
             text: String::new(),
             pending: String::new(),
             pos: 0,
-            state: State::Start,
             finished: false,
             out: ParsedOutput::default(),
+            machine,
         }
     }
 
@@ -145,22 +274,14 @@ impl OutputParser {
             return Ok(());
         }
         self.pending.push_str(text);
-        let marker = END_MARKERS
-            .iter()
-            .filter_map(|m| self.pending.find(m))
-            .min();
-        if let Some(at) = marker {
+        let markers = self.format.end_markers();
+        if let Some((at, _)) = scan::find_first(&self.pending, markers) {
             self.pending.truncate(at);
             return self.finish();
         }
         // A marker's beginning stays out of the text until it is known not
         // to be one.
-        let hold = END_MARKERS
-            .iter()
-            .map(|m| held(&self.pending, m))
-            .max()
-            .unwrap_or(0);
-        let take = self.pending.len() - hold;
+        let take = self.pending.len() - scan::held_any(&self.pending, markers);
         self.text.push_str(&self.pending[..take]);
         self.pending.drain(..take);
         self.advance()
@@ -190,262 +311,12 @@ impl OutputParser {
     }
 
     fn advance(&mut self) -> Result<(), OutputError> {
-        loop {
-            let rest = &self.text[self.pos..];
-            let fin = self.finished;
-            match self.state {
-                State::Start => {
-                    if rest.starts_with(THINK_OPEN) {
-                        self.pos += THINK_OPEN.len();
-                        self.state = State::ThinkNewline;
-                    } else if !fin && THINK_OPEN.starts_with(rest) {
-                        return Ok(());
-                    } else {
-                        self.state = State::Content;
-                    }
-                }
-                State::ThinkNewline => {
-                    if rest.starts_with('\n') {
-                        self.pos += 1;
-                    } else if rest.is_empty() && !fin {
-                        return Ok(());
-                    }
-                    self.state = State::Reasoning;
-                }
-                State::Reasoning => match rest.find(&THINK_CLOSE[1..]) {
-                    Some(i) => {
-                        let text = &rest[..i];
-                        let text = text.strip_suffix('\n').unwrap_or(text);
-                        self.out.reasoning.push_str(text);
-                        self.out.reasoning_done = true;
-                        self.pos += i + THINK_CLOSE.len() - 1;
-                        self.state = State::AfterThink;
-                    }
-                    None => {
-                        let keep = if fin {
-                            rest.len()
-                        } else {
-                            rest.len() - held(rest, THINK_CLOSE).max(held(rest, &THINK_CLOSE[1..]))
-                        };
-                        self.out.reasoning.push_str(&rest[..keep]);
-                        self.pos += keep;
-                        if !fin {
-                            return Ok(());
-                        }
-                        self.state = State::End;
-                    }
-                },
-                State::AfterThink => {
-                    let newlines = rest.bytes().take(2).take_while(|&b| b == b'\n').count();
-                    if newlines < 2 && newlines == rest.len() && !fin {
-                        return Ok(());
-                    }
-                    self.pos += newlines;
-                    self.state = State::Content;
-                }
-                State::Content => match rest.find(CALL_OPEN) {
-                    Some(i) => {
-                        let text = &rest[..i];
-                        let text = text.strip_suffix('\n').unwrap_or(text);
-                        self.out.content.push_str(text);
-                        self.pos += i + CALL_OPEN.len();
-                        self.state = State::CallHead;
-                    }
-                    None => {
-                        let keep = if fin {
-                            rest.len()
-                        } else {
-                            rest.len() - held(rest, CALL_OPEN_NL).max(held(rest, CALL_OPEN))
-                        };
-                        self.out.content.push_str(&rest[..keep]);
-                        self.pos += keep;
-                        if !fin {
-                            return Ok(());
-                        }
-                        self.state = State::End;
-                    }
-                },
-                State::CallHead => match call_head(rest) {
-                    Ok(Some((name, used))) => {
-                        self.out.calls.push(ParsedCall {
-                            name,
-                            arguments: String::new(),
-                            done: false,
-                        });
-                        self.pos += used;
-                        self.state = State::CallArgs;
-                    }
-                    Ok(None) if !fin => return Ok(()),
-                    Ok(None) => {
-                        return Err(OutputError::MalformedCall {
-                            at: self.pos,
-                            why: "the output ended inside the call's name",
-                        });
-                    }
-                    Err(why) => return Err(OutputError::MalformedCall { at: self.pos, why }),
-                },
-                State::CallArgs => {
-                    if !self.call_args()? {
-                        return Ok(());
-                    }
-                }
-                State::AfterCall => {
-                    if let Some(open) = [CALL_OPEN_NL, CALL_OPEN]
-                        .into_iter()
-                        .find(|o| rest.starts_with(o))
-                    {
-                        self.pos += open.len();
-                        self.state = State::CallHead;
-                    } else if !fin
-                        && (CALL_OPEN_NL.starts_with(rest) || CALL_OPEN.starts_with(rest))
-                    {
-                        return Ok(());
-                    } else {
-                        self.state = State::Content;
-                    }
-                }
-                State::End => return Ok(()),
-            }
-        }
-    }
-
-    /// The arguments of the open call: up to its closing tag, or as far
-    /// as cannot be the closing `}` and tag (then `false`: more text is
-    /// needed).
-    fn call_args(&mut self) -> Result<bool, OutputError> {
-        let rest = &self.text[self.pos..];
-        let Some(call) = self.out.calls.last_mut() else {
-            self.state = State::Content;
-            return Ok(true);
+        let mut feed = Feed {
+            text: &self.text,
+            pos: &mut self.pos,
+            fin: self.finished,
+            out: &mut self.out,
         };
-        // The tag cannot begin inside the arguments taken so far.
-        let scanned = call.arguments.len();
-        match rest[scanned..].find(CALL_CLOSE).map(|i| scanned + i) {
-            Some(i) => {
-                let Some(args) = rest[..i].trim_end().strip_suffix('}') else {
-                    return Err(OutputError::MalformedCall {
-                        at: self.pos,
-                        why: "no `}` before `</tool_call>`",
-                    });
-                };
-                let Some(more) = args.get(call.arguments.len()..) else {
-                    return Err(OutputError::MalformedCall {
-                        at: self.pos,
-                        why: "the arguments end inside a character",
-                    });
-                };
-                call.arguments.push_str(more);
-                call.done = true;
-                self.pos += i + CALL_CLOSE.len();
-                self.state = State::AfterCall;
-                Ok(true)
-            }
-            None if self.finished => {
-                let more = rest.get(call.arguments.len()..).unwrap_or_default();
-                call.arguments.push_str(more);
-                self.state = State::End;
-                Ok(true)
-            }
-            None => {
-                let safe = &rest[..rest.len() - held(rest, CALL_CLOSE)];
-                let safe = safe.trim_end();
-                let safe = safe.strip_suffix('}').unwrap_or(safe).trim_end();
-                if safe.len() > call.arguments.len() {
-                    call.arguments.push_str(&safe[call.arguments.len()..]);
-                }
-                // The call's text stays unconsumed until its end: the held
-                // tail is looked at again with the next text.
-                Ok(false)
-            }
-        }
-    }
-}
-
-/// The length of the longest end of `text` that is a proper start of
-/// `marker` (text that may become the marker with what comes next).
-fn held(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| text.ends_with(&marker[..n]))
-        .unwrap_or(0)
-}
-
-/// Reads `\n{"name": "<name>", "arguments": ` (whitespace free) at the
-/// start of a call: the name and the bytes read, `None` when the text ends
-/// before, an error when it is something else.
-fn call_head(text: &str) -> Result<Option<(String, usize)>, &'static str> {
-    let mut c = Cursor { text, at: 0 };
-    for expect in ["{", "\"name\"", ":"] {
-        c.ws();
-        if !c.expect(expect)? {
-            return Ok(None);
-        }
-    }
-    c.ws();
-    let Some(name) = c.string()? else {
-        return Ok(None);
-    };
-    for expect in [",", "\"arguments\"", ":"] {
-        c.ws();
-        if !c.expect(expect)? {
-            return Ok(None);
-        }
-    }
-    c.ws();
-    if c.at == text.len() {
-        return Ok(None);
-    }
-    Ok(Some((name, c.at)))
-}
-
-struct Cursor<'a> {
-    text: &'a str,
-    at: usize,
-}
-
-impl Cursor<'_> {
-    fn ws(&mut self) {
-        let rest = &self.text[self.at..];
-        self.at += rest.len() - rest.trim_start().len();
-    }
-
-    /// `Ok(true)` when `token` is next (and is read), `Ok(false)` when the
-    /// text ends inside it.
-    fn expect(&mut self, token: &str) -> Result<bool, &'static str> {
-        let rest = &self.text[self.at..];
-        if rest.starts_with(token) {
-            self.at += token.len();
-            Ok(true)
-        } else if token.starts_with(rest) {
-            Ok(false)
-        } else {
-            Err("not `{\"name\": ..., \"arguments\": ...}`")
-        }
-    }
-
-    /// A JSON string, decoded; `None` when the text ends inside it.
-    fn string(&mut self) -> Result<Option<String>, &'static str> {
-        let rest = &self.text[self.at..];
-        if rest.is_empty() {
-            return Ok(None);
-        }
-        if !rest.starts_with('"') {
-            return Err("the name is not a JSON string");
-        }
-        let mut escaped = false;
-        for (i, b) in rest.bytes().enumerate().skip(1) {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => {
-                    let name: String = serde_json::from_str(&rest[..=i])
-                        .map_err(|_| "the name is not a valid JSON string")?;
-                    self.at += i + 1;
-                    return Ok(Some(name));
-                }
-                _ => {}
-            }
-        }
-        Ok(None)
+        self.machine.advance(&mut feed)
     }
 }

@@ -13,8 +13,9 @@
 //! connect_timeout_ms = 2000
 //! health_check_interval_ms = 5000
 //! constrained_decoding = true           # JSON schema / JSON mode / required or named tool choice
-//! output_parser = "qwen3"               # the model's output format: lets a reply go on
-//!                                       # on another replica after a mid-stream fault
+//! output_parser = "qwen3"               # the model's output format (qwen3, qwen3_coder,
+//!                                       # deepseek_v3, llama3_json, gpt_oss, glm45): lets a
+//!                                       # reply go on on another replica after a mid-stream fault
 //! model_dir = "/models/Qwen3-8B"        # the model's own files: Polar renders prompts and
 //!                                       # sends token ids (token-faithful serving)
 //!
@@ -144,7 +145,8 @@ pub struct BackendConfig {
     #[serde(default = "default_true")]
     pub constrained_decoding: bool,
     /// The format of the model's raw output (`qwen3`, also named
-    /// `hermes`: `<think>` reasoning and `<tool_call>` JSON blocks). With
+    /// `hermes`, `qwen3_coder`, `deepseek_v3`, `llama3_json`, `gpt_oss`,
+    /// `glm45`: see [`OutputFormat`]). With
     /// it, a reply whose replica fails after output reached the harness is
     /// resumed from its tokens through the token-in endpoint (vLLM
     /// `/v1/completions`, SGLang `/generate`), whose raw text Polar parses
@@ -315,7 +317,14 @@ mod tests {
             "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\noutput_parser = \"llama3\"",
         )
         .unwrap_err();
-        assert!(unknown.to_string().contains("qwen3"), "{unknown}");
+        for name in OutputFormat::ALL.map(OutputFormat::as_str) {
+            assert!(unknown.to_string().contains(name), "{unknown}");
+            let cfg: BackendConfig = toml::from_str(&format!(
+                "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\noutput_parser = \"{name}\""
+            ))
+            .unwrap();
+            assert_eq!(cfg.output_parser.map(OutputFormat::as_str), Some(name));
+        }
         assert!(
             toml::from_str::<BackendConfig>(
                 "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nbogus = 1"

@@ -21,7 +21,7 @@ use super::pool::{Admission, Pool};
 use super::token_in::FaithfulEnd;
 use super::{Dialect, InferenceError};
 use failover::{Continuing, Failover, Resumption};
-use polar_chat::output::OutputFormat;
+use polar_chat::output::OutputParser;
 use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
 use polar_faithful::Serving;
 
@@ -151,17 +151,17 @@ impl ChatStream {
     }
 
     /// The stream of a token-in call on the prompt `ids` (token-faithful
-    /// serving): its raw output parsed as `format`, `start` yielded first,
+    /// serving): its raw output parsed by `parser`, `start` yielded first,
     /// `end` told the reply once it finished.
     pub(crate) fn token_in(
         p: StreamParts,
         ids: Vec<u32>,
-        format: OutputFormat,
+        parser: OutputParser,
         start: StreamEvent,
         end: FaithfulEnd,
     ) -> Self {
         let dialect = p.info.dialect;
-        let body = Continuing::new(p.body, dialect, format, ids.len() as u32);
+        let body = Continuing::new(p.body, dialect, parser, ids.len() as u32);
         let mut decoder = ChunkDecoder::new(&p.model);
         decoder.tokens.start_token_in(ids);
         Self {

@@ -163,12 +163,20 @@ impl Client {
                 prompt: prompt.origin.clone(),
             }),
         };
-        let format = base.format();
+        // A generation prompt that opens the reasoning block (Qwen3 and
+        // DeepSeek thinking templates): the output starts as reasoning.
+        let tail = &prompt.ids[prompt_len.saturating_sub(4)..];
+        let open = f
+            .decode(tail)
+            .is_ok_and(|t| t.trim_end().ends_with("<think>"));
+        let base = base.reasoning_open(open);
+        let parser = base.parser();
         let resend = Resend::TokenIn {
             body: body.clone(),
             prompt_len: prompt_len as u32,
         };
         let mut failover = Failover::new(cfg, session, resend, req, mode);
+        failover.set_reasoning_open(open);
         failover.note_sent_again(&failed, &info.replica);
         let start = StreamEvent::Start {
             id: format!("chatcmpl-{:032x}", rand::rng().random::<u128>()),
@@ -204,7 +212,7 @@ impl Client {
                 failover: Some(Box::new(failover)),
             },
             ids,
-            format,
+            parser,
             start,
             end,
         ))

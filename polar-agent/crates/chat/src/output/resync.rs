@@ -11,6 +11,12 @@
 //! reply carries them (reasoning, text, tool calls): a field that is
 //! behind holds back the later ones.
 //!
+//! Whitespace the harness got that the parse reads as markup is taken as
+//! sent: at the start of the text (the newlines after `</think>`) and, once
+//! the parse has a tool call, at its end (the newline between the text and
+//! the call). vLLM's parsers keep both in the text; Polar's read them as
+//! markup so that a turn parses back to what the template rendered.
+//!
 //! A tool call's arguments are compared as JSON text without the
 //! whitespace outside its strings ([`compare_arguments`]): a server's
 //! streaming tool parser may have sent them re-serialized (vLLM's `hermes`
@@ -110,6 +116,33 @@ fn compare_arguments(
     compare(sent, parsed, parsed_final, WHAT)
 }
 
+/// [`compare`] for the text, with the whitespace a server kept where the
+/// parse reads markup taken as sent (see the module docs): at the start
+/// (after `</think>`) and, once the parse has a tool call, at the end.
+fn compare_text(
+    sent: &str,
+    parsed: &ParsedOutput,
+    finished: bool,
+) -> Result<Standing, OutputError> {
+    let text = parsed.content.as_str();
+    let lead = sent.len() - sent.trim_start().len();
+    let starts = (0..=lead).filter(|&w| sent.is_char_boundary(w));
+    for w in starts {
+        let sent = &sent[w..];
+        let kept_before_call = !parsed.calls.is_empty()
+            && sent
+                .strip_prefix(text)
+                .is_some_and(|ws| !ws.is_empty() && ws.trim().is_empty());
+        if kept_before_call {
+            return Ok(Standing::Ahead(String::new()));
+        }
+        if let Ok(standing) = compare(sent, text, finished, "text") {
+            return Ok(standing);
+        }
+    }
+    compare(sent, text, finished, "text")
+}
+
 impl Resync {
     /// Nothing sent yet.
     pub fn new() -> Self {
@@ -174,7 +207,8 @@ impl Resync {
         if !sent.reasoning_done && !parsed.reasoning.is_empty() {
             out.push(StreamEvent::ReasoningDone { signature: None });
         }
-        match compare(&sent.content, &parsed.content, finished, "text")? {
+        let content = compare_text(&sent.content, parsed, finished)?;
+        match content {
             Standing::Behind => return Ok(out),
             Standing::Ahead(more) if !more.is_empty() => {
                 out.push(StreamEvent::TextDelta { text: more });

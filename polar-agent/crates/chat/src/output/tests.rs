@@ -1,8 +1,136 @@
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 
 use super::resync::Resync;
 use super::*;
 use crate::{FinishReason, StreamEvent, Usage};
+
+mod deepseek_v3;
+mod glm45;
+mod gpt_oss;
+mod llama3_json;
+mod qwen3_coder;
+
+/// `text` parsed whole in `format` with `options`.
+pub(super) fn parse_with(
+    format: OutputFormat,
+    options: &OutputOptions,
+    text: &str,
+) -> ParsedOutput {
+    let mut p = OutputParser::with_options(format, options);
+    p.push(text).unwrap();
+    p.finish().unwrap();
+    p.parsed().clone()
+}
+
+/// Cut at `cuts` (moved to character boundaries), `full` parses by
+/// prefixes to the parse of the whole; and a reply cut at `fault`, its
+/// events sent, is completed by [`Resync`] into the same reply.
+pub(super) fn check_pieces(
+    format: OutputFormat,
+    options: &OutputOptions,
+    full: &str,
+    cuts: &[prop::sample::Index],
+    fault: prop::sample::Index,
+) -> Result<(), TestCaseError> {
+    let whole = parse_with(format, options, full);
+    let mut bounds: Vec<usize> = cuts.iter().map(|i| i.index(full.len() + 1)).collect();
+    bounds.push(full.len());
+    bounds.sort_unstable();
+    let mut p = OutputParser::with_options(format, options);
+    let mut at = 0;
+    for b in bounds {
+        let mut b = b;
+        while !full.is_char_boundary(b) {
+            b += 1;
+        }
+        if b < at {
+            continue;
+        }
+        p.push(&full[at..b]).unwrap();
+        at = b;
+        let now = p.parsed();
+        prop_assert!(
+            whole.reasoning.starts_with(&now.reasoning),
+            "{now:?} / {whole:?}"
+        );
+        prop_assert!(
+            whole.content.starts_with(&now.content),
+            "{now:?} / {whole:?}"
+        );
+        prop_assert!(now.calls.len() <= whole.calls.len());
+        for (a, w) in now.calls.iter().zip(&whole.calls) {
+            prop_assert_eq!(&a.name, &w.name);
+            prop_assert!(w.arguments.starts_with(&a.arguments), "{a:?} / {w:?}");
+            prop_assert!(!a.done || a == w);
+        }
+    }
+    p.finish().unwrap();
+    prop_assert_eq!(p.parsed(), &whole);
+
+    let mut cut = fault.index(full.len() + 1);
+    while !full.is_char_boundary(cut) {
+        cut += 1;
+    }
+    let mut first = OutputParser::with_options(format, options);
+    first.push(&full[..cut]).unwrap();
+    let sent = events_of(first.parsed());
+    let mut r = Resync::new();
+    for ev in &sent {
+        r.observe(ev);
+    }
+    let mut again = OutputParser::with_options(format, options);
+    again.push(&full[..cut]).unwrap();
+    let mut all = sent.clone();
+    all.extend(step(&mut r, again.parsed(), false));
+    again.push(&full[cut..]).unwrap();
+    again.finish().unwrap();
+    all.extend(step(&mut r, again.parsed(), true));
+    all.push(finish());
+    let mut straight = events_of(&whole);
+    straight.push(finish());
+    let (a, b) = (crate::assemble(&all), crate::assemble(&straight));
+    prop_assert_eq!(&a.message.content, &b.message.content);
+    let reasoning = |m: &crate::Message| m.reasoning.as_ref().map(|r| r.text.clone());
+    prop_assert_eq!(reasoning(&a.message), reasoning(&b.message));
+    let names = |m: &crate::Message| {
+        m.tool_calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect::<Vec<_>>()
+    };
+    prop_assert_eq!(names(&a.message), names(&b.message));
+    Ok(())
+}
+
+/// Text pieces that look like markup of every format.
+pub(super) fn markup_piece(extra: &'static [&'static str]) -> impl Strategy<Value = String> {
+    let mut atoms = vec![
+        "a",
+        "b c",
+        "\n",
+        " ",
+        "{",
+        "}",
+        "\"",
+        ":",
+        ",",
+        ";",
+        "é",
+        "<",
+        ">",
+        "/",
+        "|",
+        "=",
+        "`",
+        "think",
+        "tool_call",
+        "<think>",
+        "</think>",
+    ];
+    atoms.extend_from_slice(extra);
+    prop::collection::vec(prop::sample::select(atoms), 0..14).prop_map(|v| v.concat())
+}
 
 /// An assistant turn in the format (as the mock backend's template
 /// renders it), ending with the end-of-turn marker.
@@ -292,6 +420,58 @@ fn resync_refuses_what_disagrees() {
 }
 
 #[test]
+fn resync_takes_whitespace_a_server_kept_before_a_call_as_sent() {
+    // vLLM's `hermes` parser sent the newline before `<tool_call>` as text.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::TextDelta {
+        text: "Listing.\n".into(),
+    });
+    let parsed = parse_all(&render(None, "Listing.", &[("ls", "{}")]));
+    assert_eq!(parsed.content, "Listing.");
+    assert_eq!(
+        r.step(&parsed, true).unwrap(),
+        vec![
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "-call-0".into(),
+                name: "ls".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{}".into()
+            },
+        ]
+    );
+    // Without a call it is text the output does not have.
+    assert!(r.step(&parse_all("Listing."), true).is_err());
+    // Other text is not.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::TextDelta {
+        text: "Listing.\nx".into(),
+    });
+    assert!(r.step(&parsed, true).is_err());
+    // The newlines after `</think>`, kept too, then the rest of the text.
+    let parsed = parse_all(&render(Some("r"), "Listing.", &[("ls", "{}")]));
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::ReasoningDelta { text: "r".into() });
+    r.observe(&StreamEvent::ReasoningDone { signature: None });
+    r.observe(&StreamEvent::TextDelta {
+        text: "\n\nList".into(),
+    });
+    let mut partial = parsed.clone();
+    partial.content = "Li".into();
+    partial.calls.clear();
+    assert_eq!(r.step(&partial, false).unwrap(), vec![], "behind: wait");
+    assert_eq!(
+        r.step(&parsed, true).unwrap()[0],
+        StreamEvent::TextDelta {
+            text: "ing.".into()
+        }
+    );
+    assert_eq!(r.step(&parsed, true).unwrap().len(), 3);
+}
+
+#[test]
 fn resync_goes_on_from_arguments_a_server_re_serialized() {
     // vLLM's hermes parser streamed the arguments' first part as
     // `json.dumps` writes it; the model wrote them compact.
@@ -407,53 +587,121 @@ proptest! {
         prop_assume!(calls.iter().all(|(_, a)| !a.contains("</tool_call>")));
         let calls: Vec<(&str, &str)> = calls.iter().map(|(n, a)| (n.as_str(), a.as_str())).collect();
         let full = render(think.as_deref(), &text, &calls);
-        let whole = parse_all(&full);
-        let mut bounds: Vec<usize> = cuts.iter().map(|i| i.index(full.len() + 1)).collect();
-        bounds.push(full.len());
-        bounds.sort_unstable();
-        let mut p = OutputParser::new(OutputFormat::Qwen3);
-        let mut at = 0;
-        for b in bounds {
-            let mut b = b;
-            while !full.is_char_boundary(b) { b += 1; }
-            if b < at { continue; }
-            p.push(&full[at..b]).unwrap();
-            at = b;
-            let now = p.parsed();
-            prop_assert!(whole.reasoning.starts_with(&now.reasoning));
-            prop_assert!(whole.content.starts_with(&now.content));
-            prop_assert!(now.calls.len() <= whole.calls.len());
-            for (a, w) in now.calls.iter().zip(&whole.calls) {
-                prop_assert_eq!(&a.name, &w.name);
-                prop_assert!(w.arguments.starts_with(&a.arguments));
-            }
-        }
-        p.finish().unwrap();
-        prop_assert_eq!(p.parsed(), &whole);
-
-        // The fault: the first part's events, then the resumed parse.
-        let mut cut = fault.index(full.len() + 1);
-        while !full.is_char_boundary(cut) { cut += 1; }
-        let mut first = OutputParser::new(OutputFormat::Qwen3);
-        first.push(&full[..cut]).unwrap();
-        let sent = events_of(first.parsed());
-        let mut r = Resync::new();
-        for ev in &sent { r.observe(ev); }
-        let mut again = OutputParser::new(OutputFormat::Qwen3);
-        again.push(&full[..cut]).unwrap();
-        let mut all = sent.clone();
-        all.extend(step(&mut r, again.parsed(), false));
-        again.push(&full[cut..]).unwrap();
-        again.finish().unwrap();
-        all.extend(step(&mut r, again.parsed(), true));
-        all.push(finish());
-        let mut straight = events_of(&whole);
-        straight.push(finish());
-        let (a, b) = (crate::assemble(&all), crate::assemble(&straight));
-        prop_assert_eq!(&a.message.content, &b.message.content);
-        let reasoning = |m: &crate::Message| m.reasoning.as_ref().map(|r| r.text.clone());
-        prop_assert_eq!(reasoning(&a.message), reasoning(&b.message));
-        let names = |m: &crate::Message| m.tool_calls.iter().map(|c| (c.name.clone(), c.arguments.clone())).collect::<Vec<_>>();
-        prop_assert_eq!(names(&a.message), names(&b.message));
+        check_pieces(OutputFormat::Qwen3, &OutputOptions::default(), &full, &cuts, fault)?;
     }
+}
+
+/// Markup atoms of every format, for hostile text.
+const EVERY_MARKUP: &[&str] = &[
+    "<think>",
+    "</think>",
+    "\n",
+    " ",
+    "a",
+    "é",
+    "{",
+    "}",
+    "[",
+    "]",
+    "\"",
+    ":",
+    ",",
+    ";",
+    "`",
+    "```json\n",
+    "<tool_call>",
+    "</tool_call>",
+    "<function=f>",
+    "</function>",
+    "<parameter=p>",
+    "</parameter>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "{\"name\": \"f\", \"parameters\": ",
+    "{\"name\": \"f\", \"arguments\": ",
+    "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "function",
+    "<|start|>assistant",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "commentary",
+    " to=functions.f",
+    "<|constrain|>json",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|im_end|>",
+    "<|return|>",
+    "<|eot_id|>",
+    "<|user|>",
+    "<｜end▁of▁sentence｜>",
+    "<",
+    "|",
+    "｜",
+    "▁",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    /// Any text, in any format but `qwen3` (which refuses malformed
+    /// calls): it parses without an error, in pieces as whole, the parse
+    /// only growing, and a reply cut anywhere is completed by Resync.
+    #[test]
+    fn any_text_parses_in_every_format(
+        atoms in prop::collection::vec(prop::sample::select(EVERY_MARKUP), 0..40),
+        format in prop::sample::select(&OutputFormat::ALL[1..]),
+        open in any::<bool>(),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+        fault in any::<prop::sample::Index>(),
+    ) {
+        let text = atoms.concat();
+        let options = OutputOptions { reasoning_open: open, ..OutputOptions::default() };
+        check_pieces(format, &options, &text, &cuts, fault)?;
+    }
+}
+
+#[test]
+fn every_format_has_its_name() {
+    for format in OutputFormat::ALL {
+        let json = serde_json::to_string(&format).unwrap();
+        assert_eq!(json, format!("\"{}\"", format.as_str()));
+        assert_eq!(serde_json::from_str::<OutputFormat>(&json).unwrap(), format);
+    }
+}
+
+#[test]
+fn a_prompt_that_opened_the_reasoning_starts_the_output_in_it() {
+    let open = OutputOptions {
+        reasoning_open: true,
+        ..OutputOptions::default()
+    };
+    // Qwen3 thinking templates end the generation prompt with `<think>\n`.
+    for format in [OutputFormat::Qwen3, OutputFormat::Qwen3Coder] {
+        let p = parse_with(format, &open, "weigh\nit\n</think>\n\nDone.<|im_end|>");
+        assert_eq!(
+            (p.reasoning.as_str(), p.content.as_str()),
+            ("weigh\nit", "Done.")
+        );
+        let p = parse_with(format, &open, "cut short");
+        assert_eq!(
+            (p.reasoning.as_str(), p.content.as_str()),
+            ("cut short", "")
+        );
+    }
+    let p = parse_with(OutputFormat::Glm45, &open, "weigh</think>\nDone.");
+    assert_eq!(
+        (p.reasoning.as_str(), p.content.as_str()),
+        ("weigh", "Done.")
+    );
+    // The formats without a reasoning block ignore it.
+    let p = parse_with(OutputFormat::Llama3Json, &open, "Hi.");
+    assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("", "Hi."));
 }

@@ -14,7 +14,9 @@
 //!   with them as `input_ids`), with the same sampling and an explicit
 //!   length: what is left of `max_tokens`, within what is left of the
 //!   replica's context (its `max_model_len`, `GET /v1/models`); never the
-//!   endpoints' own defaults (16 and 128 tokens). The raw text of the ids so far (`/detokenize`) and of the
+//!   endpoints' own defaults (16 and 128 tokens); `skip_special_tokens =
+//!   false` for a format whose markup is special tokens, so the
+//!   continuation's text keeps it. The raw text of the ids so far (`/detokenize`) and of the
 //!   continuation is parsed here ([`polar_chat::output`]) and only what goes
 //!   beyond what was yielded is yielded ([`Resync`]); output that does not
 //!   continue it ends the stream with the fault instead. A whole reply
@@ -36,7 +38,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use polar_chat::output::resync::Resync;
-use polar_chat::output::{OutputFormat, OutputParser};
+use polar_chat::output::{OutputFormat, OutputOptions, OutputParser};
 use polar_chat::{ChatRequest, FinishReason, StreamEvent, ToolChoice, Usage};
 use polar_sse::SseParser;
 
@@ -58,6 +60,8 @@ const MAX_FAULT: usize = 500;
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ResumeBase {
     format: OutputFormat,
+    /// What the parser needs of the request (its tools' schemas).
+    options: OutputOptions,
     model: Value,
     sampling: Map<String, Value>,
     max_tokens: Option<u64>,
@@ -96,6 +100,7 @@ impl ResumeBase {
         }
         Some(Self {
             format,
+            options: OutputOptions::with_tools(&req.tools),
             model: body.get("model").cloned().unwrap_or(Value::Null),
             sampling,
             max_tokens: body.get("max_tokens").and_then(Value::as_u64),
@@ -147,12 +152,13 @@ impl ResumeBase {
         body.insert("prompt".into(), json!(input));
         body.extend(self.sampling.clone());
         body.insert("max_tokens".into(), json!(max_tokens));
-        // The raw output, markup tokens included: Polar parses it.
-        body.insert("skip_special_tokens".into(), json!(false));
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
         body.insert("return_token_ids".into(), json!(true));
         body.insert("logprobs".into(), json!(0));
+        if self.format.markup_is_special() {
+            body.insert("skip_special_tokens".into(), json!(false));
+        }
         Value::Object(body)
     }
 
@@ -164,9 +170,16 @@ impl ResumeBase {
         }
     }
 
-    /// The output format the raw text is parsed with.
-    pub(crate) fn format(&self) -> OutputFormat {
-        self.format
+    /// A parser of the raw output, with the request's tool schemas.
+    pub(crate) fn parser(&self) -> OutputParser {
+        OutputParser::with_options(self.format, &self.options)
+    }
+
+    /// The same, for a prompt that ends inside a reasoning block (its
+    /// generation prompt opened `<think>`): the output starts as reasoning.
+    pub(crate) fn reasoning_open(mut self, open: bool) -> Self {
+        self.options.reasoning_open = open;
+        self
     }
 
     /// The SGLang `/generate` body resuming with the ids in `input`,
@@ -174,7 +187,9 @@ impl ResumeBase {
     pub(crate) fn sglang_body(&self, input: &[u32], max_tokens: u64) -> Value {
         let mut sampling = self.sampling.clone();
         sampling.insert("max_new_tokens".into(), json!(max_tokens));
-        sampling.insert("skip_special_tokens".into(), json!(false));
+        if self.format.markup_is_special() {
+            sampling.insert("skip_special_tokens".into(), json!(false));
+        }
         json!({
             "input_ids": input,
             "sampling_params": sampling,
@@ -237,6 +252,12 @@ impl Failover {
             skip_start: false,
             resumed: None,
         }
+    }
+
+    /// The call's prompt ends inside a reasoning block: a resumed or
+    /// resent generation's output starts as reasoning too.
+    pub(crate) fn set_reasoning_open(&mut self, open: bool) {
+        self.resume = self.resume.take().map(|b| b.reasoning_open(open));
     }
 
     /// A whole reply that ends with an `abort` finish keeps only its
@@ -389,17 +410,17 @@ pub(super) struct Continuing {
 
 impl Continuing {
     /// The reply `body` of a token-in call of `dialect` whose prompt has
-    /// `prompt_len` ids, its text parsed as `format`.
+    /// `prompt_len` ids, its text parsed by `parser`.
     pub(super) fn new(
         body: hyper::body::Incoming,
         dialect: Dialect,
-        format: OutputFormat,
+        parser: OutputParser,
         prompt_len: u32,
     ) -> Self {
         Self {
             body,
             sse: (dialect == Dialect::Vllm).then(SseParser::default),
-            parser: OutputParser::new(format),
+            parser,
             prompt_len,
             finished: false,
         }
@@ -456,7 +477,7 @@ impl ChatStream {
             return Err("no failover".into());
         };
         let session = f.session.clone();
-        let format = f.resume.as_ref().map(ResumeBase::format);
+        let resume = f.resume.clone();
         let attempt = f.attempt;
         let backend = self.info.backend.clone();
         let dialect = self.info.dialect;
@@ -482,7 +503,7 @@ impl ChatStream {
                     let Some(f) = self.failover.as_deref() else {
                         return Err("no failover".into());
                     };
-                    match (&f.resend, format) {
+                    match (&f.resend, &resume) {
                         (Resend::Chat { streaming, .. }, _) => {
                             self.source = if *streaming {
                                 Source::Sse(resp, SseParser::default())
@@ -491,10 +512,13 @@ impl ChatStream {
                             };
                             self.decoder = ChunkDecoder::new(&self.model);
                         }
-                        (Resend::TokenIn { prompt_len, .. }, Some(format)) => {
+                        (Resend::TokenIn { prompt_len, .. }, Some(resume)) => {
                             let prompt_len = *prompt_len;
                             self.source = Source::Resumed(Box::new(Continuing::new(
-                                resp, dialect, format, prompt_len,
+                                resp,
+                                dialect,
+                                resume.parser(),
+                                prompt_len,
                             )));
                         }
                         (Resend::TokenIn { .. }, None) => {
@@ -560,7 +584,7 @@ impl ChatStream {
             if text.ends_with('\u{FFFD}') {
                 return Err("the generated ids end inside a character".into());
             }
-            let mut parser = OutputParser::new(base.format);
+            let mut parser = base.parser();
             parser
                 .push(&text)
                 .map_err(|e| format!("the output so far does not parse: {e}"))?;
@@ -576,14 +600,12 @@ impl ChatStream {
                     let ended = (self.info.replica.clone(), self.info.weight_version.clone());
                     self.switch_to(replica, &url, &resp);
                     self.pending.extend(events);
-                    let mut cont = Continuing::new(
+                    self.source = Source::Resumed(Box::new(Continuing::new(
                         resp.into_body(),
                         self.info.dialect,
-                        base.format,
+                        parser,
                         prompt.len() as u32,
-                    );
-                    cont.parser = parser;
-                    self.source = Source::Resumed(Box::new(cont));
+                    )));
                     if let Some(f) = self.failover.as_deref_mut() {
                         let ended = (ended.0.as_str(), ended.1.as_deref());
                         f.note_part(ended, &url, fault, generated.len());
@@ -836,7 +858,7 @@ mod tests {
                 "model": "served", "prompt": [1, 2, 3, 40, 41],
                 "temperature": 1.0, "top_k": -1, "stop": ["END"], "max_tokens": 98,
                 "stream": true, "stream_options": {"include_usage": true},
-                "return_token_ids": true, "logprobs": 0, "skip_special_tokens": false,
+                "return_token_ids": true, "logprobs": 0,
             })
         );
     }
@@ -850,7 +872,7 @@ mod tests {
             body,
             json!({
                 "input_ids": [1, 2, 3, 40],
-                "sampling_params": {"temperature": 1.0, "top_k": -1, "stop": ["END"], "max_new_tokens": 99, "skip_special_tokens": false},
+                "sampling_params": {"temperature": 1.0, "top_k": -1, "stop": ["END"], "max_new_tokens": 99},
                 "return_logprob": true, "stream": false,
             })
         );
@@ -873,6 +895,23 @@ mod tests {
         let base = ResumeBase::new(&cfg(Dialect::Vllm), &request(), SamplingMode::Train).unwrap();
         assert_eq!(base.max_tokens(2, 10, Some(50)), Ok(40));
         assert_eq!(base.max_tokens(2, 10, Some(4096)), Ok(98));
+    }
+
+    #[test]
+    fn formats_made_of_special_tokens_keep_them_in_the_text() {
+        for (dialect, format) in [
+            (Dialect::Vllm, OutputFormat::GptOss),
+            (Dialect::Sglang, OutputFormat::Llama3Json),
+        ] {
+            let mut cfg = cfg(dialect);
+            cfg.output_parser = Some(format);
+            let base = ResumeBase::new(&cfg, &request(), SamplingMode::Train).unwrap();
+            let body = match dialect {
+                Dialect::Vllm => base.vllm_body(&[1, 2], 1),
+                Dialect::Sglang => base.sglang_body(&[1, 2], 1)["sampling_params"].clone(),
+            };
+            assert_eq!(body["skip_special_tokens"], json!(false), "{format:?}");
+        }
     }
 
     #[test]
