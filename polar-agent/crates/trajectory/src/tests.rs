@@ -5,6 +5,7 @@ mod checker;
 mod compaction;
 pub(crate) mod kit;
 mod props;
+mod qwen3_drift;
 mod retry_splices;
 mod roles;
 mod scenarios;
