@@ -22,6 +22,7 @@ use polar_mock::{Dialect, tokenizer};
 use polar_record::CompletionRecord;
 use polar_trajectory::{
     BreakReason, ChainId, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink,
+    SpliceShape,
 };
 use serde_json::json;
 
@@ -358,7 +359,8 @@ async fn call_cut_inside_reasoning_is_spliced_under_a_stripping_template() {
         t.spans[1].join,
         Join::Splice {
             diverged_at: d,
-            resumed_from: d
+            resumed_from: d,
+            shape: Some(SpliceShape::StrippedReasoning),
         }
     );
     assert!(t.spans[0].truncated);
