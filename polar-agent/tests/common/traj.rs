@@ -349,10 +349,15 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
     }
 }
 
-/// `base` with the token totals of `traj`'s traces, counted here.
+/// `base` with the token totals of `traj`'s traces and their spans'
+/// off-policy context counts (checked call by call by [`assert_merged`]),
+/// counted here.
 pub fn with_tokens(traj: &Trajectory, base: ReconstructionStats) -> ReconstructionStats {
     let t = &traj.traces;
+    let spans = || t.iter().flat_map(|t| &t.spans);
     ReconstructionStats {
+        off_policy_joins: spans().filter(|s| s.off_policy_context_tokens > 0).count(),
+        off_policy_context_tokens: spans().map(|s| s.off_policy_context_tokens).sum(),
         prompt_tokens: t.iter().map(|t| t.prompt_ids.len()).sum(),
         response_tokens: t.iter().map(|t| t.response_ids.len()).sum(),
         loss_tokens: t
