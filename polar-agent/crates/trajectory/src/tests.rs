@@ -9,4 +9,5 @@ mod qwen3_drift;
 mod retry_splices;
 mod roles;
 mod scenarios;
+mod serde_compat;
 mod session;
