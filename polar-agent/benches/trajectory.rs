@@ -154,6 +154,7 @@ fn merging() -> Builder {
         template: Some(TemplateInfo {
             end_of_turn: vec![IM_END],
             think: vec![THINK, END_THINK],
+            whitespace: Vec::new(),
         }),
         ..PrefixMergingOptions::default()
     })

@@ -90,6 +90,7 @@ async fn run_case(session: &str, switches: Option<Value>, mismatch: bool, think:
     let template = TemplateInfo {
         end_of_turn: vec![tokenizer::IM_END, tokenizer::ENDOFTEXT],
         think: vec![tokenizer::THINK, tokenizer::THINK_END],
+        whitespace: Vec::new(),
     };
     let builder = Builder::PrefixMerging(PrefixMergingOptions {
         template: Some(template),

@@ -21,7 +21,7 @@ use polar_mock::script::{ScriptedError, Turn};
 use polar_record::{CallStatus, CompletionRecord};
 use polar_trajectory::{
     ChainId, DropReason, DroppedCall, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind,
-    SegmentLink,
+    SegmentLink, SpliceCounts,
 };
 use serde_json::json;
 
@@ -236,6 +236,10 @@ async fn retry_under_a_stripping_template_keeps_the_reply_the_harness_used() {
             retries_superseded: 1,
             template_mismatches_detected: 3,
             template_mismatches_spliced: 2,
+            template_splices_by_shape: SpliceCounts {
+                stripped_reasoning: 2,
+                ..SpliceCounts::default()
+            },
             ..ReconstructionStats::default()
         };
         assert_eq!(traj.stats, with_tokens(&traj, want), "{session}");

@@ -22,6 +22,7 @@ use polar_mock::{Dialect, tokenizer};
 use polar_record::CompletionRecord;
 use polar_trajectory::{
     BreakReason, ChainId, Join, Label, ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink,
+    SpliceCounts, SpliceShape,
 };
 use serde_json::json;
 
@@ -265,6 +266,10 @@ async fn sub_agents(session: &str, strip: bool) {
         calls_merged: 3,
         template_mismatches_detected: mismatches,
         template_mismatches_spliced: mismatches,
+        template_splices_by_shape: SpliceCounts {
+            stripped_reasoning: mismatches,
+            ..SpliceCounts::default()
+        },
         ..ReconstructionStats::default()
     };
     assert_eq!(traj.stats, with_tokens(&traj, want), "{session}");
@@ -358,7 +363,8 @@ async fn call_cut_inside_reasoning_is_spliced_under_a_stripping_template() {
         t.spans[1].join,
         Join::Splice {
             diverged_at: d,
-            resumed_from: d
+            resumed_from: d,
+            shape: Some(SpliceShape::StrippedReasoning),
         }
     );
     assert!(t.spans[0].truncated);
@@ -370,6 +376,10 @@ async fn call_cut_inside_reasoning_is_spliced_under_a_stripping_template() {
         calls_merged: 1,
         template_mismatches_detected: 1,
         template_mismatches_spliced: 1,
+        template_splices_by_shape: SpliceCounts {
+            stripped_reasoning: 1,
+            ..SpliceCounts::default()
+        },
         truncated_calls: 1,
         ..ReconstructionStats::default()
     };

@@ -511,12 +511,17 @@ pub fn second_turn(h: Harness, mut first: Value, reply: &Value) -> Value {
 }
 
 /// The prompt ids the mock computes for a record's normalized request: the
-/// request as the inference client sends it, read back by the mock, rendered
+/// request as the inference client sends it, read back by the mock (earlier
+/// reasoning from the field the dialect's server reads), rendered
 /// by its template (with the tools the backend's dialect renders) and
 /// tokenized.
 pub fn expected_prompt_ids(backend: &BackendConfig, record: &CompletionRecord) -> Vec<u32> {
     let body = chat_body(backend, &record.request, SamplingMode::Train);
-    let parsed = ChatIn::parse(body.to_string().as_bytes()).unwrap();
+    let parsed = ChatIn::parse(
+        body.to_string().as_bytes(),
+        polar_mock::HistoryReasoning::default_for(backend.dialect),
+    )
+    .unwrap();
     tokenizer::encode(&render_prompt(
         &parsed.messages,
         &parsed.template_tools(backend.dialect),

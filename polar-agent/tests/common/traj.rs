@@ -12,7 +12,8 @@ use polar_mock::{self as mock, Dialect, MockConfig, MockHandle, tokenizer};
 use polar_record::CompletionRecord;
 use polar_trajectory::{
     self, Builder, CallSpan, DropReason, DroppedCall, Join, PrefixMergingOptions,
-    ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, TemplateInfo, Trace, Trajectory,
+    ReconstructionStats, RetryPolicy, SessionMeta, SessionOutcome, SpliceShape, TemplateInfo,
+    Trace, Trajectory,
 };
 use serde_json::{Value, json};
 
@@ -156,6 +157,7 @@ pub fn template() -> TemplateInfo {
     TemplateInfo {
         end_of_turn: vec![tokenizer::IM_END, tokenizer::ENDOFTEXT],
         think: vec![tokenizer::THINK, tokenizer::THINK_END],
+        whitespace: Vec::new(),
     }
 }
 
@@ -242,10 +244,42 @@ pub fn join_of(prev: &CompletionRecord, next: &CompletionRecord) -> Join {
     let d = common_prefix(p, &before);
     let eot = p[d..].iter().position(|&t| t == tokenizer::IM_END).unwrap();
     let own = usize::from(response(prev).last() == Some(&tokenizer::IM_END));
+    // The mock template's mismatches: think glue of the generation prompt
+    // left out of the history, or reasoning stripped from it.
+    let shape = if d < prompt(prev).len() {
+        SpliceShape::GenerationGlue
+    } else {
+        SpliceShape::StrippedReasoning
+    };
     Join::Splice {
         diverged_at: d,
         resumed_from: d + eot + own,
+        shape: Some(shape),
     }
+}
+
+/// How many context tokens a splice join of `next` onto `prev` makes
+/// differ: `prev`'s sequence from the divergence on and `next`'s
+/// re-rendering of it (its prompt from the divergence to where the glue
+/// resumes), each less their longest common suffix; the longer rest.
+fn splice_off_policy(prev: &CompletionRecord, next: &CompletionRecord, join: Join) -> usize {
+    let Join::Splice {
+        diverged_at,
+        resumed_from,
+        ..
+    } = join
+    else {
+        return 0;
+    };
+    let kept = &seq(prev)[diverged_at..];
+    let rerendered = &prompt(next)[diverged_at..resumed_from];
+    let common = kept
+        .iter()
+        .rev()
+        .zip(rerendered.iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    (kept.len() - common).max(rerendered.len() - common)
 }
 
 /// Checks that `trace` is exactly `calls` merged: the first call's prompt,
@@ -259,11 +293,15 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
     assert_eq!(trace.call_ids, ids);
     assert_eq!(trace.prompt_ids, prompt(calls[0]));
     let (mut ids, mut mask, mut lps, mut spans) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut off_policy = 0;
     for (i, r) in calls.iter().enumerate() {
         let join = match i {
             0 => Join::First,
             _ => join_of(calls[i - 1], r),
         };
+        if i > 0 {
+            off_policy += splice_off_policy(calls[i - 1], r, join);
+        }
         let glue = match join {
             Join::First => &[][..],
             Join::Extend => &prompt(r)[seq(calls[i - 1]).len()..],
@@ -282,6 +320,7 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
                 .clone()
                 .or_else(|| r.backend.weight_version.clone()),
             weight_version: r.backend.weight_version.clone(),
+            off_policy_context_tokens: off_policy,
         });
         ids.extend_from_slice(response(r));
         mask.extend(repeat_n(1u8, response(r).len()));
@@ -291,6 +330,13 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
     assert_eq!(trace.loss_mask, mask);
     assert_eq!(trace.response_logprobs.as_deref(), Some(&lps[..]));
     assert_eq!(trace.spans, spans);
+    assert_eq!(
+        trace.metadata.off_policy_context_tokens,
+        spans
+            .iter()
+            .map(|s| s.off_policy_context_tokens)
+            .sum::<usize>()
+    );
     if spans.iter().all(|s| !matches!(s.join, Join::Splice { .. })) {
         let mut all = trace.prompt_ids.clone();
         all.extend(&trace.response_ids);
@@ -303,10 +349,15 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
     }
 }
 
-/// `base` with the token totals of `traj`'s traces, counted here.
+/// `base` with the token totals of `traj`'s traces and their spans'
+/// off-policy context counts (checked call by call by [`assert_merged`]),
+/// counted here.
 pub fn with_tokens(traj: &Trajectory, base: ReconstructionStats) -> ReconstructionStats {
     let t = &traj.traces;
+    let spans = || t.iter().flat_map(|t| &t.spans);
     ReconstructionStats {
+        off_policy_joins: spans().filter(|s| s.off_policy_context_tokens > 0).count(),
+        off_policy_context_tokens: spans().map(|s| s.off_policy_context_tokens).sum(),
         prompt_tokens: t.iter().map(|t| t.prompt_ids.len()).sum(),
         response_tokens: t.iter().map(|t| t.response_ids.len()).sum(),
         loss_tokens: t

@@ -55,6 +55,7 @@ EXPECTED = {
     "trace_metadata": pa.string(),
     "trajectory_metadata": pa.string(),
     "stats": pa.string(),
+    "off_policy_context_tokens": pa.uint32(),
 }
 
 # pyarrow: every file has exactly the documented columns and types.

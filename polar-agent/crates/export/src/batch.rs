@@ -95,6 +95,7 @@ struct ColumnBuilders {
     trace_metadata: StringBuilder,
     trajectory_metadata: StringBuilder,
     stats: StringBuilder,
+    off_policy_context_tokens: UInt32Builder,
 }
 
 impl ColumnBuilders {
@@ -152,6 +153,7 @@ impl ColumnBuilders {
             trace_metadata: strings(),
             trajectory_metadata: strings(),
             stats: strings(),
+            off_policy_context_tokens: UInt32Builder::with_capacity(n),
         }
     }
 
@@ -173,6 +175,8 @@ impl ColumnBuilders {
         self.builder.append_value(&row.builder);
         self.trace_index.append_value(row.trace_index);
         self.chain.append_value(row.chain);
+        self.off_policy_context_tokens
+            .append_option(row.off_policy_context_tokens);
         self.chain_role
             .append_value(chain_role_name(row.chain_role));
         self.segment.append_value(row.segment);
@@ -248,6 +252,7 @@ impl ColumnBuilders {
             Arc::new(self.trace_metadata.finish()),
             Arc::new(self.trajectory_metadata.finish()),
             Arc::new(self.stats.finish()),
+            Arc::new(self.off_policy_context_tokens.finish()),
         ]
     }
 }
@@ -394,6 +399,7 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
     let trace_metadata = c.string("trace_metadata")?;
     let trajectory_metadata = c.string("trajectory_metadata")?;
     let stats = c.string("stats")?;
+    let off_policy = c.added::<UInt32Array>("off_policy_context_tokens")?;
 
     let owned = |s: Option<&str>| s.map(|s| Cow::Owned(s.to_owned()));
     let mut out = Vec::with_capacity(batch.num_rows());
@@ -444,6 +450,7 @@ pub fn batch_rows(batch: &RecordBatch) -> Result<Vec<Row<'static>>, ExportError>
             trace_metadata: extras,
             trajectory_metadata: Cow::Owned(trajectory_metadata.json(i)?),
             stats: Cow::Owned(stats.json(i)?),
+            off_policy_context_tokens: off_policy.and_then(|a| (!a.is_null(i)).then(|| a.value(i))),
         });
     }
     Ok(out)

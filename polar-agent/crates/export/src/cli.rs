@@ -97,6 +97,11 @@ pub struct ExportArgs {
     /// prefix_merging: reasoning delimiter token ids (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "IDS")]
     pub think_ids: Vec<u32>,
+    /// prefix_merging: ids of whitespace-only tokens (newline runs,
+    /// comma-separated), for splicing echoed whitespace that merged with the
+    /// template's newline.
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    pub whitespace_ids: Vec<u32>,
     /// The builder as JSON (e.g. `{"kind":"prefix_merging","splice":false}`);
     /// replaces --builder and its options.
     #[arg(long, value_name = "JSON")]
@@ -136,6 +141,7 @@ impl ExportArgs {
             retries: RetriesArg::Keep,
             end_of_turn_ids: Vec::new(),
             think_ids: Vec::new(),
+            whitespace_ids: Vec::new(),
             builder_json: None,
             sessions_per_file: 1,
             compression: ParquetCompression::Snappy,
@@ -155,12 +161,16 @@ impl ExportArgs {
         Ok(match self.builder {
             BuilderArg::PerRequest => Builder::PerRequest,
             BuilderArg::PrefixMerging => {
-                let template = if self.end_of_turn_ids.is_empty() && self.think_ids.is_empty() {
+                let template = if self.end_of_turn_ids.is_empty()
+                    && self.think_ids.is_empty()
+                    && self.whitespace_ids.is_empty()
+                {
                     None
                 } else {
                     let t = TemplateInfo {
                         end_of_turn: self.end_of_turn_ids.clone(),
                         think: self.think_ids.clone(),
+                        whitespace: self.whitespace_ids.clone(),
                     };
                     t.validate()
                         .map_err(|e| ExportError::Usage(format!("template token ids: {e}")))?;

@@ -92,6 +92,11 @@ pub struct Row<'a> {
     pub trajectory_metadata: Cow<'a, TrajectoryMetadata>,
     /// The trajectory's reconstruction statistics.
     pub stats: Cow<'a, ReconstructionStats>,
+    /// Tokens of the trace's context that differ from the prompts its calls
+    /// saw, summed over its calls (`trace_metadata.off_policy_context_tokens`;
+    /// null in files written before the column existed).
+    #[serde(default)]
+    pub off_policy_context_tokens: Option<u32>,
 }
 
 /// The `trace_metadata` column: what a trace carries beyond the flat
@@ -109,6 +114,9 @@ pub struct TraceExtras<'a> {
     /// Distinct weight versions the backend reported for them.
     #[serde(default, skip_serializing_if = "<[String]>::is_empty")]
     pub weight_versions: Cow<'a, [String]>,
+    /// The spans' off-policy context tokens, summed.
+    #[serde(default)]
+    pub off_policy_context_tokens: usize,
     /// Anything else attached to the trace.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Cow<'a, Map<String, Value>>,
@@ -153,10 +161,14 @@ pub fn rows(traj: &Trajectory) -> impl Iterator<Item = Row<'_>> {
                 previous: t.previous,
                 policy_versions: Cow::Borrowed(&t.metadata.policy_versions),
                 weight_versions: Cow::Borrowed(&t.metadata.weight_versions),
+                off_policy_context_tokens: t.metadata.off_policy_context_tokens,
                 extra: Cow::Borrowed(&t.metadata.extra),
             },
             trajectory_metadata: Cow::Borrowed(md),
             stats: Cow::Borrowed(&traj.stats),
+            off_policy_context_tokens: Some(
+                u32::try_from(t.metadata.off_policy_context_tokens).unwrap_or(u32::MAX),
+            ),
         }
     })
 }
@@ -299,6 +311,7 @@ impl Row<'_> {
             metadata: TraceMetadata {
                 policy_versions: self.trace_metadata.policy_versions.to_vec(),
                 weight_versions: self.trace_metadata.weight_versions.to_vec(),
+                off_policy_context_tokens: self.trace_metadata.off_policy_context_tokens,
                 extra: self.trace_metadata.extra.clone().into_owned(),
             },
         })

@@ -39,6 +39,7 @@ pub fn template() -> TemplateInfo {
     TemplateInfo {
         end_of_turn: vec![IM_END],
         think: vec![THINK, END_THINK],
+        whitespace: Vec::new(),
     }
 }
 

@@ -124,6 +124,9 @@ pub const COLUMNS: &[Column] = &[
     col("trace_metadata", ColumnType::Json, false),
     col("trajectory_metadata", ColumnType::Json, false),
     col("stats", ColumnType::Json, false),
+    // Nullable only so that adding it kept the layout version (null in
+    // files written before it existed).
+    col("off_policy_context_tokens", ColumnType::UInt32, true),
 ];
 
 /// Flat string columns worth dictionary-encoding in Parquet (few distinct

@@ -627,3 +627,71 @@ fn the_attempt_column_round_trips_and_is_null_when_absent() {
     let rows = read_jsonl(line.to_string().as_bytes()).unwrap();
     assert_eq!(rows[0].attempt, None);
 }
+
+/// The off-policy context count is a column (the trace's sum, from its
+/// spans in `trace_metadata`), round-trips through both formats, and is
+/// null in files written before the column existed, whose rows still
+/// rebuild the same trajectories.
+#[test]
+fn the_off_policy_column_round_trips_and_is_null_when_absent() {
+    let mut trajs = sample_trajectories(&builders()[1]);
+    let t = trajs[0]
+        .traces
+        .iter_mut()
+        .find(|t| t.spans.len() >= 3)
+        .expect("a trace of three calls or more");
+    // As after a splice at the second call: each later call carries it.
+    for s in &mut t.spans[1..] {
+        s.off_policy_context_tokens = 7;
+    }
+    t.metadata.off_policy_context_tokens = 7 * (t.spans.len() - 1);
+    let (sum, joins) = (t.metadata.off_policy_context_tokens, t.spans.len() - 1);
+    trajs[0].stats.off_policy_context_tokens = sum;
+    trajs[0].stats.off_policy_joins = joins;
+    let expected: Vec<Option<u32>> = trajs
+        .iter()
+        .flat_map(|t| &t.traces)
+        .map(|t| Some(u32::try_from(t.metadata.off_policy_context_tokens).unwrap()))
+        .collect();
+    assert!(expected.contains(&Some(u32::try_from(sum).unwrap())));
+    assert!(expected.contains(&Some(0)));
+
+    let parquet = bytes::Bytes::from(encode(Format::Parquet, &trajs));
+    let jsonl = encode(Format::Jsonl, &trajs);
+    for rows in [
+        read_parquet(parquet.clone()).unwrap(),
+        read_jsonl(&jsonl).unwrap(),
+    ] {
+        let got: Vec<Option<u32>> = rows.iter().map(|r| r.off_policy_context_tokens).collect();
+        assert_eq!(got, expected);
+        assert_eq!(trajectories(rows).unwrap(), trajs);
+    }
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(parquet).unwrap();
+    let field = reader
+        .schema()
+        .field_with_name("off_policy_context_tokens")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (field.data_type(), field.is_nullable()),
+        (&DataType::UInt32, true)
+    );
+    let line: serde_json::Value =
+        serde_json::from_slice(jsonl.split(|&b| b == b'\n').next().unwrap()).unwrap();
+    assert_eq!(
+        line["trace_metadata"]["off_policy_context_tokens"],
+        line["off_policy_context_tokens"]
+    );
+
+    // Written before the column existed.
+    let mut old = super::record_batch(&trajs[0]).unwrap();
+    old.remove_column(old.schema().index_of("off_policy_context_tokens").unwrap());
+    let props = super::format::writer_properties(ParquetCompression::Snappy);
+    let mut w =
+        parquet::arrow::ArrowWriter::try_new(Vec::new(), old.schema(), Some(props)).unwrap();
+    w.write(&old).unwrap();
+    let rows = read_parquet(w.into_inner().unwrap().into()).unwrap();
+    assert!(!rows.is_empty() && rows.iter().all(|r| r.off_policy_context_tokens.is_none()));
+    assert_eq!(trajectories(rows).unwrap(), trajs[..1]);
+}

@@ -18,6 +18,8 @@
 //!                                       # reply go on on another replica after a mid-stream fault
 //! model_dir = "/models/Qwen3-8B"        # the model's own files: Polar renders prompts and
 //!                                       # sends token ids (token-faithful serving)
+//! reasoning_field = "reasoning"         # where an earlier assistant turn's reasoning goes
+//!                                       # (default: the field the dialect's server reads)
 //!
 //! [sampling]
 //! mode = "train"                        # which overrides apply: train or eval
@@ -50,6 +52,50 @@ impl Dialect {
         match self {
             Self::Vllm => "vllm",
             Self::Sglang => "sglang",
+        }
+    }
+}
+
+/// The field of an assistant message that carries its earlier reasoning in
+/// the chat body Polar sends: what the server hands the chat template as the
+/// turn's reasoning (a template such as Qwen3's re-renders the think block
+/// from it). A server ignores fields it does not read, so the wrong one
+/// drops the reasoning from the prompt it renders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningField {
+    /// `reasoning`: what vLLM reads (`vllm/entrypoints/chat_utils.py`,
+    /// `_parse_chat_message_content`, which hands it to the template as
+    /// both `reasoning` and `reasoning_content`); releases whose request
+    /// validator renames `reasoning_content` read that too.
+    Reasoning,
+    /// `reasoning_content`: what SGLang reads
+    /// (`ChatCompletionMessageGenericParam.reasoning_content` in
+    /// `python/sglang/srt/entrypoints/openai/protocol.py`; other fields are
+    /// dropped when the request is parsed).
+    ReasoningContent,
+    /// Both fields, with the same text (a server of unknown version).
+    Both,
+    /// Neither: earlier reasoning is never sent back.
+    None,
+}
+
+impl ReasoningField {
+    /// The field the dialect's server reads.
+    pub fn default_for(dialect: Dialect) -> Self {
+        match dialect {
+            Dialect::Vllm => Self::Reasoning,
+            Dialect::Sglang => Self::ReasoningContent,
+        }
+    }
+
+    /// The JSON keys written, in order.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            Self::Reasoning => &["reasoning"],
+            Self::ReasoningContent => &["reasoning_content"],
+            Self::Both => &["reasoning", "reasoning_content"],
+            Self::None => &[],
         }
     }
 }
@@ -167,6 +213,11 @@ pub struct BackendConfig {
     /// (`tool_use`, ...), when it holds several; `default` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_name: Option<String>,
+    /// Where an assistant message's earlier reasoning goes in the chat body
+    /// ([`ReasoningField`]); unset: the field the dialect's server reads
+    /// (see [`BackendConfig::reasoning_field`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_field: Option<ReasoningField>,
 }
 
 fn default_true() -> bool {
@@ -203,7 +254,15 @@ impl BackendConfig {
             output_parser: None,
             model_dir: None,
             chat_template_name: None,
+            reasoning_field: None,
         }
+    }
+
+    /// The field earlier reasoning is sent in: the configured one, else the
+    /// one the dialect's server reads.
+    pub fn reasoning_field(&self) -> ReasoningField {
+        self.reasoning_field
+            .unwrap_or_else(|| ReasoningField::default_for(self.dialect))
     }
 
     /// The served name for a harness model name.
@@ -313,6 +372,7 @@ mod tests {
         );
         assert_eq!(cfg.request_timeout(), Duration::from_secs(600));
         assert_eq!(cfg.output_parser, Some(OutputFormat::Qwen3));
+        assert_eq!(cfg.reasoning_field(), ReasoningField::ReasoningContent);
         let unknown = toml::from_str::<BackendConfig>(
             "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\noutput_parser = \"llama3\"",
         )
@@ -330,6 +390,44 @@ mod tests {
                 "name = \"x\"\ndialect = \"vllm\"\nreplicas = []\nserved_model = \"m\"\nbogus = 1"
             )
             .is_err()
+        );
+    }
+
+    /// The reasoning field defaults to the one the dialect's server reads;
+    /// each setting parses; anything else is refused with the choices.
+    #[test]
+    fn reasoning_field_defaults_per_dialect_and_parses() {
+        let base = "name = \"x\"\nreplicas = [\"http://127.0.0.1:1\"]\nserved_model = \"m\"\n";
+        for (dialect, want) in [
+            ("vllm", ReasoningField::Reasoning),
+            ("sglang", ReasoningField::ReasoningContent),
+        ] {
+            let cfg: BackendConfig =
+                toml::from_str(&format!("{base}dialect = \"{dialect}\"")).unwrap();
+            assert_eq!(cfg.reasoning_field, None);
+            assert_eq!(cfg.reasoning_field(), want, "{dialect}");
+        }
+        for (value, want) in [
+            ("reasoning", ReasoningField::Reasoning),
+            ("reasoning_content", ReasoningField::ReasoningContent),
+            ("both", ReasoningField::Both),
+            ("none", ReasoningField::None),
+        ] {
+            let cfg: BackendConfig = toml::from_str(&format!(
+                "{base}dialect = \"sglang\"\nreasoning_field = \"{value}\""
+            ))
+            .unwrap();
+            cfg.validate().unwrap();
+            assert_eq!(cfg.reasoning_field(), want);
+        }
+        let bad = toml::from_str::<BackendConfig>(&format!(
+            "{base}dialect = \"vllm\"\nreasoning_field = \"thinking\""
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            bad.contains("reasoning_field") && bad.contains("reasoning_content"),
+            "{bad}"
         );
     }
 

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use polar_chat::{Message, Role};
 use polar_faithful::vllm::{ContentFormat, conversation};
@@ -161,14 +161,9 @@ fn reply_message(reply: &Message, format: ContentFormat) -> Value {
     m.content.clone_from(&reply.content);
     m.reasoning.clone_from(&reply.reasoning);
     m.tool_calls.clone_from(&reply.tool_calls);
-    let mut body = super::request::message(&m);
-    // The chat body carries reasoning in the field the backend reads; the
-    // chain compares it by text whatever its name.
-    if let (Some(o), Some(r)) = (body.as_object_mut(), &reply.reasoning)
-        && !r.text.is_empty()
-    {
-        o.insert("reasoning".into(), json!(r.text));
-    }
+    // In the field vLLM reads (the chain compares reasoning by its text,
+    // whichever field the harness's next request carries it in).
+    let body = super::request::message(&m, super::ReasoningField::Reasoning);
     conversation(std::slice::from_ref(&body), format)
         .ok()
         .and_then(|mut c| c.pop())

@@ -37,7 +37,9 @@ pub mod tokenize;
 pub mod wire;
 
 pub use client::{Client, needs_constrained_decoding};
-pub use config::{BackendConfig, Dialect, SamplingMode, SamplingOverrides, SamplingPolicy};
+pub use config::{
+    BackendConfig, Dialect, ReasoningField, SamplingMode, SamplingOverrides, SamplingPolicy,
+};
 pub use error::InferenceError;
 pub use faithful::Faithful;
 pub use overflow::{ContextOverflow, context_overflow};

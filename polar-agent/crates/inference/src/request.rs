@@ -1,12 +1,13 @@
 //! The normalized request as the backend's OpenAI-chat JSON: messages with
-//! tool calls, tool results and reasoning (`reasoning_content`), tools as
+//! tool calls, tool results and earlier reasoning (in the field the server
+//! reads, [`BackendConfig::reasoning_field`]), tools as
 //! functions, sampling with the policy applied and `max_tokens` clamped, the
 //! model name mapped, structured output as `response_format` (both
 //! dialects' constrained decoding), and the dialect's token-id flags.
 
 use serde_json::{Map, Value, json};
 
-use super::{BackendConfig, Dialect, SamplingMode};
+use super::{BackendConfig, Dialect, ReasoningField, SamplingMode};
 use polar_chat::{ChatRequest, Message, Part, ResponseFormat, Role, ToolChoice};
 
 /// Fields of `ChatRequest::extra` passed on to the backend as they are
@@ -48,8 +49,9 @@ pub(super) fn body_with(
     let tree = conversation == Conversation::Tree;
     let mut body = Map::new();
     body.insert("model".into(), json!(cfg.map_model(&req.model)));
+    let reasoning = cfg.reasoning_field();
     let messages = if tree {
-        Value::Array(req.messages.iter().map(message).collect())
+        Value::Array(req.messages.iter().map(|m| message(m, reasoning)).collect())
     } else {
         Value::Null
     };
@@ -162,7 +164,7 @@ fn sampling(
     }
 }
 
-pub(crate) fn message(m: &Message) -> Value {
+pub(crate) fn message(m: &Message, reasoning: ReasoningField) -> Value {
     let role = match m.role {
         Role::System | Role::Developer => "system",
         Role::User => "user",
@@ -179,7 +181,9 @@ pub(crate) fn message(m: &Message) -> Value {
         out.insert("content".into(), content);
     }
     if let Some(text) = sent_reasoning(m) {
-        out.insert("reasoning_content".into(), json!(text));
+        for key in reasoning.keys() {
+            out.insert((*key).into(), json!(text));
+        }
     }
     if !m.tool_calls.is_empty() {
         let calls = m
@@ -238,11 +242,11 @@ fn content(parts: &[Part]) -> Value {
     )
 }
 
-/// The reasoning of `m` the backend is sent as `reasoning_content`: none
-/// without text (Gemini CLI's `thoughtSignature` sentinel on a turn that
-/// had no thought), since an empty `reasoning_content` makes a template
-/// that tests for the key render an empty think block the model never
-/// generated.
+/// The reasoning of `m` the backend is sent (in the configured field):
+/// none without text (Gemini CLI's `thoughtSignature` sentinel on a turn
+/// that had no thought), since an empty `reasoning_content` makes a
+/// template that tests for the key render an empty think block the model
+/// never generated.
 pub(crate) fn sent_reasoning(m: &Message) -> Option<&str> {
     m.reasoning
         .as_ref()
@@ -371,7 +375,8 @@ mod tests {
             json!({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,AAA"}})
         );
         assert_eq!(m[2]["content"], Value::Null);
-        assert_eq!(m[2]["reasoning_content"], "think");
+        assert_eq!(m[2]["reasoning"], "think", "vLLM reads `reasoning`");
+        assert!(m[2].get("reasoning_content").is_none());
         assert_eq!(
             m[2]["tool_calls"][0],
             json!({"id": "call_9", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}})
@@ -415,9 +420,55 @@ mod tests {
         assert!(
             messages
                 .iter()
-                .all(|m| m.get("reasoning_content").is_none())
+                .all(|m| m.get("reasoning_content").is_none() && m.get("reasoning").is_none())
         );
         assert!(messages.iter().any(|m| m.get("tool_calls").is_some()));
+    }
+
+    /// Earlier reasoning goes in the field the backend's setting names (by
+    /// default the one its dialect's server reads), in the tree and in the
+    /// bytes alike; `none` sends none; other messages carry no field.
+    #[test]
+    fn reasoning_goes_in_the_configured_field() {
+        for (dialect, setting, want) in [
+            (Dialect::Vllm, None, &["reasoning"][..]),
+            (Dialect::Sglang, None, &["reasoning_content"][..]),
+            (
+                Dialect::Vllm,
+                Some(ReasoningField::ReasoningContent),
+                &["reasoning_content"][..],
+            ),
+            (
+                Dialect::Sglang,
+                Some(ReasoningField::Reasoning),
+                &["reasoning"][..],
+            ),
+            (
+                Dialect::Vllm,
+                Some(ReasoningField::Both),
+                &["reasoning", "reasoning_content"][..],
+            ),
+            (Dialect::Sglang, Some(ReasoningField::None), &[][..]),
+        ] {
+            let mut cfg = BackendConfig::new("b", dialect, vec!["http://127.0.0.1:1".into()], "m");
+            cfg.reasoning_field = setting;
+            let req = conversation();
+            let tree = chat_body(&cfg, &req, SamplingMode::Train);
+            let bytes = crate::wire::chat_body_bytes(&cfg, &req, SamplingMode::Train);
+            let parsed: Value = serde_json::from_slice(&bytes).unwrap();
+            for body in [&tree, &parsed] {
+                let m = body["messages"].as_array().unwrap();
+                for key in ["reasoning", "reasoning_content"] {
+                    let sent: Vec<usize> =
+                        (0..m.len()).filter(|&i| m[i].get(key).is_some()).collect();
+                    let expected: Vec<usize> = if want.contains(&key) { vec![2] } else { vec![] };
+                    assert_eq!(sent, expected, "{dialect:?} {setting:?} {key}");
+                }
+                for key in want {
+                    assert_eq!(m[2][*key], "think");
+                }
+            }
+        }
     }
 
     #[test]

@@ -11,13 +11,14 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::request::{Conversation, body_with};
-use super::{BackendConfig, SamplingMode};
+use super::{BackendConfig, ReasoningField, SamplingMode};
 use polar_chat::{ChatRequest, Message, Part, Role, Text, Tool, ToolCall};
 use polar_json::write_str;
 
 /// The body of `POST /v1/chat/completions` for `req`, as bytes.
 pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Vec<u8> {
     let shell = body_with(cfg, req, mode, Conversation::Placeholders);
+    let reasoning = cfg.reasoning_field();
     let text: usize = req
         .messages
         .iter()
@@ -37,7 +38,7 @@ pub fn chat_body_bytes(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMod
             write_str(&mut out, k);
             out.push(b':');
             match k.as_str() {
-                "messages" => array(&mut out, &req.messages, message),
+                "messages" => array(&mut out, &req.messages, |out, m| message(out, m, reasoning)),
                 "tools" => tools(&mut out, &req.tools),
                 _ => value(&mut out, v),
             }
@@ -105,7 +106,7 @@ fn text_only(parts: &[Part]) -> bool {
 }
 
 /// One message as `request::message` renders it.
-fn message(out: &mut Vec<u8>, m: &Message) {
+fn message(out: &mut Vec<u8>, m: &Message, reasoning: ReasoningField) {
     let role = match m.role {
         Role::System | Role::Developer => "system",
         Role::User => "user",
@@ -136,8 +137,10 @@ fn message(out: &mut Vec<u8>, m: &Message) {
         parts(out, &m.content);
     }
     if let Some(text) = crate::request::sent_reasoning(m) {
-        key(out, false, "reasoning_content");
-        write_str(out, text);
+        for k in reasoning.keys() {
+            key(out, false, k);
+            write_str(out, text);
+        }
     }
     if !m.tool_calls.is_empty() {
         key(out, false, "tool_calls");
@@ -268,8 +271,14 @@ mod tests {
         };
         odd.messages.extend([a, multi, mixed, tool, empty]);
         reqs.push(odd);
-        for dialect in [Dialect::Vllm, Dialect::Sglang] {
-            let cfg = BackendConfig::new("b", dialect, vec![], "served");
+        for (dialect, field) in [
+            (Dialect::Vllm, None),
+            (Dialect::Sglang, None),
+            (Dialect::Vllm, Some(ReasoningField::Both)),
+            (Dialect::Sglang, Some(ReasoningField::None)),
+        ] {
+            let mut cfg = BackendConfig::new("b", dialect, vec![], "served");
+            cfg.reasoning_field = field;
             for (i, r) in reqs.iter().enumerate() {
                 for mode in [SamplingMode::Train, SamplingMode::Eval] {
                     assert_eq!(

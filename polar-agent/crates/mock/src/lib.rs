@@ -97,6 +97,44 @@ impl ReasoningField {
     }
 }
 
+/// Which field of a request's assistant message the server reads the turn's
+/// earlier reasoning from (the one its chat template re-renders); the mock
+/// reads it as the server it stands in for does, so a client sending it in
+/// another field sees the reasoning dropped from the prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum HistoryReasoning {
+    /// `reasoning` only: vLLM's `_parse_chat_message_content`
+    /// (`vllm/entrypoints/chat_utils.py`) in releases without the request
+    /// validator that renames `reasoning_content` (the vLLM default).
+    Reasoning,
+    /// `reasoning_content` only: SGLang's
+    /// `ChatCompletionMessageGenericParam` (the SGLang default).
+    ReasoningContent,
+    /// `reasoning`, else `reasoning_content`: vLLM releases whose
+    /// `ChatCompletionRequest._normalize_messages_before` renames the
+    /// deprecated field.
+    Either,
+}
+
+impl HistoryReasoning {
+    /// What the dialect's server reads.
+    pub fn default_for(dialect: Dialect) -> Self {
+        match dialect {
+            Dialect::Vllm => Self::Reasoning,
+            Dialect::Sglang => Self::ReasoningContent,
+        }
+    }
+
+    /// The keys read, in order of precedence.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            Self::Reasoning => &["reasoning"],
+            Self::ReasoningContent => &["reasoning_content"],
+            Self::Either => &["reasoning", "reasoning_content"],
+        }
+    }
+}
+
 /// The mock's settings (no CLI types: tests and benches build it directly).
 #[derive(Clone, Debug)]
 pub struct MockConfig {
@@ -123,6 +161,10 @@ pub struct MockConfig {
     pub weight_version: String,
     /// Reasoning field of vLLM replies.
     pub reasoning_field: ReasoningField,
+    /// Where requests' assistant messages carry earlier reasoning; `None`:
+    /// where the dialect's server reads it
+    /// ([`HistoryReasoning::default_for`]).
+    pub history_reasoning: Option<HistoryReasoning>,
     /// Generated tokens per streamed chunk (at least 1).
     pub tokens_per_chunk: usize,
     /// Keep every generation served for `GET /served` (tests: memory grows
@@ -136,6 +178,14 @@ pub struct MockConfig {
     /// (`", "`, `": "` between items), not as the model wrote them (its
     /// token ids, compact JSON, stay the same).
     pub json_dumps_arguments: bool,
+}
+
+impl MockConfig {
+    /// Where requests carry earlier reasoning, resolved for the dialect.
+    pub fn history_reasoning(&self) -> HistoryReasoning {
+        self.history_reasoning
+            .unwrap_or_else(|| HistoryReasoning::default_for(self.dialect))
+    }
 }
 
 impl Default for MockConfig {
@@ -152,6 +202,7 @@ impl Default for MockConfig {
             max_model_len: 32_768,
             weight_version: "0".to_owned(),
             reasoning_field: ReasoningField::default(),
+            history_reasoning: None,
             tokens_per_chunk: 1,
             record_served: false,
             down_after_fault: false,
@@ -256,6 +307,11 @@ pub struct MockArgs {
     /// Report reasoning as `reasoning_content` (older vLLM).
     #[arg(long)]
     pub legacy_reasoning_field: bool,
+    /// The request field earlier reasoning is read from (default: the
+    /// dialect's server's: `reasoning` for vLLM, `reasoning-content` for
+    /// SGLang).
+    #[arg(long, value_enum)]
+    pub history_reasoning: Option<HistoryReasoning>,
     /// Generated tokens per streamed chunk.
     #[arg(long, default_value_t = 1)]
     pub tokens_per_chunk: usize,
@@ -315,6 +371,7 @@ impl MockArgs {
             } else {
                 ReasoningField::Reasoning
             },
+            history_reasoning: self.history_reasoning,
             tokens_per_chunk: self.tokens_per_chunk,
             record_served: self.record_served,
             down_after_fault: self.down_after_fault,

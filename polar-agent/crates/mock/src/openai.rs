@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 
 use super::constrain::{Constraint, ToolChoice};
 use super::template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
-use super::{Dialect, MockError};
+use super::{Dialect, HistoryReasoning, MockError};
 use polar_chat::{Message, Part, Reasoning, Role, Tool, ToolCall};
 
 /// The header carrying per-request template switches.
@@ -51,8 +51,9 @@ pub struct ChatIn {
 }
 
 impl ChatIn {
-    /// Parses a request body.
-    pub fn parse(body: &[u8]) -> Result<Self, MockError> {
+    /// Parses a request body, reading assistant messages' earlier reasoning
+    /// from the field(s) `reasoning` names.
+    pub fn parse(body: &[u8], reasoning: HistoryReasoning) -> Result<Self, MockError> {
         let body: Map<String, Value> = serde_json::from_slice(body)
             .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
         let messages = body
@@ -60,7 +61,7 @@ impl ChatIn {
             .and_then(Value::as_array)
             .ok_or_else(|| MockError::BadRequest("`messages` must be an array".into()))?
             .iter()
-            .map(message)
+            .map(|m| message(m, reasoning))
             .collect::<Result<Vec<_>, _>>()?;
         let tools: Vec<Tool> = body
             .get("tools")
@@ -195,7 +196,7 @@ fn apply(opts: &mut TemplateOptions, v: &Value) -> Result<(), MockError> {
     Ok(())
 }
 
-fn message(v: &Value) -> Result<Message, MockError> {
+fn message(v: &Value, reasoning: HistoryReasoning) -> Result<Message, MockError> {
     let role = match v.get("role").and_then(Value::as_str) {
         Some("system") => Role::System,
         Some("developer") => Role::Developer,
@@ -216,7 +217,8 @@ fn message(v: &Value) -> Result<Message, MockError> {
         Some(Value::Array(parts)) => parts.iter().map(part).collect(),
         _ => Vec::new(),
     };
-    m.reasoning = ["reasoning_content", "reasoning"]
+    m.reasoning = reasoning
+        .keys()
         .iter()
         .find_map(|k| v.get(*k).and_then(Value::as_str))
         .map(|text| Reasoning {
@@ -297,7 +299,7 @@ pub async fn admit_chat(
     Result<(ChatIn, super::server::Admitted, Vec<String>), http::Response<super::body::RespBody>>,
     super::MockError,
 > {
-    let req = ChatIn::parse(body)?;
+    let req = ChatIn::parse(body, state.cfg.history_reasoning())?;
     let prompt = req.prompt(&state.cfg, headers, true)?;
     let tools = req.template_tools(state.cfg.dialect);
     let gen_req = super::server::GenRequest {

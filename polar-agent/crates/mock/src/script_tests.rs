@@ -108,7 +108,11 @@ async fn a_stepped_script_follows_the_conversation_not_the_request_count() {
     assert_eq!(ask(compacted).await, "finished");
 
     // The token-in endpoint sniffs the same progress from the prompt text.
-    let parsed = crate::openai::ChatIn::parse(body(2, true, &[]).to_string().as_bytes()).unwrap();
+    let parsed = crate::openai::ChatIn::parse(
+        body(2, true, &[]).to_string().as_bytes(),
+        crate::HistoryReasoning::Either,
+    )
+    .unwrap();
     let prompt = crate::template::render_prompt(
         &parsed.messages,
         &parsed.tools,

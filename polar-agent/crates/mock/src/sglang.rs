@@ -144,7 +144,7 @@ pub fn tokenize(
             json!({"tokens": lists, "count": counts, "max_model_len": max})
         }
         (None, Some(_)) => {
-            let chat = openai::ChatIn::parse(body)?;
+            let chat = openai::ChatIn::parse(body, state.cfg.history_reasoning())?;
             let ids = tokenizer::encode(&chat.prompt(&state.cfg, headers, true)?);
             json!({"tokens": ids, "count": ids.len(), "max_model_len": max})
         }

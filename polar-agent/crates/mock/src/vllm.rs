@@ -289,7 +289,7 @@ pub fn tokenize(
     let ids = if let Some(prompt) = req.get("prompt").and_then(Value::as_str) {
         tokenizer::encode(prompt)
     } else {
-        let chat = ChatIn::parse(body)?;
+        let chat = ChatIn::parse(body, state.cfg.history_reasoning())?;
         let add = req
             .get("add_generation_prompt")
             .and_then(Value::as_bool)

@@ -21,11 +21,17 @@
 //! 4. Every record's call is in exactly one trace or listed once as dropped,
 //!    with a reason; traces hold no unknown call.
 //! 5. The statistics count the records and the traces.
+//! 6. Each span's `off_policy_context_tokens` is 0 for the first call,
+//!    the previous span's after an `Extend`, and after a `Splice` the
+//!    previous span's plus what the splice left of the earlier turn (see
+//!    `off_policy`); the trace's metadata and the statistics hold their
+//!    sums.
 
 use std::collections::HashMap;
 
 use polar_record::CompletionRecord;
 
+use super::off_policy::splice_drift;
 use super::types::{Join, Trace, Trajectory};
 
 /// A broken invariant.
@@ -133,6 +139,17 @@ pub fn check(traj: &Trajectory, records: &[CompletionRecord]) -> Result<(), Inva
     {
         return Err(InvariantViolation::Missing(r.call_id.clone()));
     }
+    let off_policy: usize = traj
+        .traces
+        .iter()
+        .map(|t| t.metadata.off_policy_context_tokens)
+        .sum();
+    if traj.stats.off_policy_context_tokens != off_policy {
+        return Err(InvariantViolation::Stats(format!(
+            "{} off-policy context tokens counted, the traces hold {off_policy}",
+            traj.stats.off_policy_context_tokens
+        )));
+    }
     if traj.stats.calls != records.len() || traj.stats.segments != traj.traces.len() {
         return Err(InvariantViolation::Stats(format!(
             "{} calls and {} segments counted for {} records and {} traces",
@@ -188,6 +205,7 @@ fn check_trace(
     let mut any_without_logprobs = false;
     let mut spliced = false;
     let mut prev: Option<&CompletionRecord> = None;
+    let mut off_policy = 0;
     for (id, span) in trace.call_ids.iter().zip(&trace.spans) {
         let rec = by_id
             .get(id.as_str())
@@ -213,6 +231,7 @@ fn check_trace(
         spliced |= matches!(span.join, Join::Splice { .. });
         call.check_join(span.join, prev)?;
         call.check_trace_prefix(spliced)?;
+        off_policy = call.check_off_policy(span, prev, off_policy)?;
         offset = end;
         prev = Some(rec);
     }
@@ -220,6 +239,17 @@ fn check_trace(
         return Err(spans_err(format!(
             "{} tokens after the last call",
             n - offset
+        )));
+    }
+    let sum: usize = trace
+        .spans
+        .iter()
+        .map(|s| s.off_policy_context_tokens)
+        .sum();
+    if trace.metadata.off_policy_context_tokens != sum {
+        return Err(spans_err(format!(
+            "metadata counts {} off-policy context tokens, the spans {sum}",
+            trace.metadata.off_policy_context_tokens
         )));
     }
     if trace.response_logprobs.is_none() && !any_without_logprobs {
@@ -356,6 +386,7 @@ impl PlacedCall<'_> {
                 Join::Splice {
                     diverged_at: d,
                     resumed_from: k,
+                    ..
                 },
                 Some(p),
             ) => {
@@ -378,6 +409,38 @@ impl PlacedCall<'_> {
             _ => return Err(self.join_err("first call of the trace is not the first span")),
         }
         Ok(())
+    }
+
+    /// Invariant 6 for this call: its span's off-policy context count,
+    /// given the previous span's (`before`); returns it.
+    fn check_off_policy(
+        &self,
+        span: &super::types::CallSpan,
+        prev: Option<&CompletionRecord>,
+        before: usize,
+    ) -> Result<usize, InvariantViolation> {
+        let want = match (span.join, prev) {
+            (
+                Join::Splice {
+                    diverged_at,
+                    resumed_from,
+                    ..
+                },
+                Some(p),
+            ) => {
+                let (pp, pr) = ids(p);
+                before + splice_drift(pp, pr, ids(self.rec).0, diverged_at, resumed_from)
+            }
+            (Join::First, _) => 0,
+            _ => before,
+        };
+        if span.off_policy_context_tokens != want {
+            return Err(self.join_err(&format!(
+                "{} off-policy context tokens recorded, {want} follow from the joins",
+                span.off_policy_context_tokens
+            )));
+        }
+        Ok(want)
     }
 
     /// Invariant 3, checked directly: up to the first splice (`spliced`:

@@ -7,7 +7,8 @@
 //! Layout: `types` (the serialized model), `stats`, `options`, `template`
 //! (special token ids), `attribution` (the infrastructure fault that
 //! ended a session, from its records), `calls` (usable records),
-//! `trace_buf` (assembly of one trace), the two builders, `roles` (main,
+//! `trace_buf` (assembly of one trace), `off_policy` (how far a spliced
+//! trace's context is from what the model saw), the two builders, `roles` (main,
 //! sub-agent or side chain), `rewards`, `check`.
 //!
 //! Pure: above `polar-record`, `polar-chat` and `polar-json` only, never an
@@ -18,6 +19,7 @@
 mod attribution;
 mod calls;
 pub mod check;
+mod off_policy;
 mod options;
 mod per_request;
 mod prefix_merging;
@@ -35,12 +37,12 @@ pub use attribution::{Fault, ending_fault};
 pub use check::{InvariantViolation, check};
 pub use options::{Builder, PrefixMergingOptions, RetryPolicy};
 pub use rewards::{RewardError, Rewards, apply_rewards};
-pub use stats::{DropReason, DroppedCall, ReconstructionStats};
+pub use stats::{DropReason, DroppedCall, ReconstructionStats, SpliceCounts};
 pub use template::{TemplateError, TemplateInfo, TemplateTokens};
 pub use types::{
     BreakReason, CallSpan, ChainId, ChainRole, EndedBy, Join, Label, SCHEMA_VERSION, SegmentKind,
-    SegmentLink, SessionMeta, SessionOutcome, Trace, TraceMetadata, Trajectory, TrajectoryMetadata,
-    TrajectoryStatus,
+    SegmentLink, SessionMeta, SessionOutcome, SpliceShape, Trace, TraceMetadata, Trajectory,
+    TrajectoryMetadata, TrajectoryStatus,
 };
 
 use polar_record::CompletionRecord;

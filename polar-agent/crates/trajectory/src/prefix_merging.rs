@@ -31,7 +31,8 @@
 //!   are (see `roles`). A sibling that is extended on its own forks a new
 //!   chain labelled `forked`.
 //! - **Template mismatches** (history re-rendered without the reasoning the
-//!   model generated, or think glue only in the generation prompt): detected
+//!   model generated, think glue only in the generation prompt, echoed
+//!   whitespace merged with the template's newline): detected
 //!   and counted (`template_mismatches_detected`). With the template's
 //!   [`TemplateInfo`](super::template::TemplateInfo) and splicing on, a call
 //!   is spliced onto the earlier call `B` whose sequence `S = P_B + R_B` it
@@ -39,7 +40,10 @@
 //!   token; either `d < |P_B|`, `P_B[d]` is a think token and `P_B[d..]` has
 //!   no end-of-turn token (generation-only glue), or `d >= |P_B|` and
 //!   `R_B[d - |P_B|..]` holds a think token (reasoning stripped from
-//!   history, usually `d == |P_B|`); and the new prompt has an end-of-turn
+//!   history, usually `d == |P_B|`), or `d >= |P_B| - 1` and `S[d]` and
+//!   `P_C[d]` are both whitespace tokens (whitespace content the harness
+//!   echoed merged with the template's newline, one token before `R_B`
+//!   began or after `</think>`); and the new prompt has an end-of-turn
 //!   token at some `k >= d` (the re-rendered turn is closed). Retried
 //!   replies to one prompt all fit that shape; the splice goes onto the one
 //!   whose end (answer, tool calls) the re-rendered turn `P_C[d..k]` shows
@@ -47,10 +51,12 @@
 //!   goes on, after `R_B` as generated (loss 1), with the new prompt from
 //!   `k + 1` (from `k` when `R_B` has no end-of-turn token of its own, as
 //!   after a length cut), loss 0, then the new response (loss 1); the join
-//!   is recorded as `Join::Splice { diverged_at: d, resumed_from }`. Every
-//!   loss-1 token is one the model generated, with its logprob, but a call
-//!   after a splice saw the template's re-rendering of the earlier turns
-//!   where the trace holds what was generated. Otherwise (ids unknown,
+//!   is recorded as `Join::Splice { diverged_at: d, resumed_from, shape }`
+//!   and counted by shape (`template_splices_by_shape`). Every loss-1
+//!   token is one the model generated, with its logprob, but a call after a
+//!   splice saw the template's re-rendering of the earlier turns where the
+//!   trace holds what was generated: each span says by how many tokens
+//!   (`off_policy_context_tokens`, see `off_policy`). Otherwise (ids unknown,
 //!   splicing off, or the shape above not met, e.g. a re-serialized tool
 //!   call or a rewrite of an older turn), a divergence inside the earlier
 //!   call's last turn or at a think token (without ids: inside its response

@@ -29,6 +29,10 @@ pub struct ReconstructionStats {
     pub template_mismatches_detected: usize,
     /// Joins made by a template splice.
     pub template_mismatches_spliced: usize,
+    /// The splices by the mismatch they bridged (absent in files written
+    /// before it existed).
+    #[serde(default)]
+    pub template_splices_by_shape: SpliceCounts,
     /// Calls kept although cut by the token limit.
     pub truncated_calls: usize,
     /// Tokens of all traces' `prompt_ids`.
@@ -47,6 +51,28 @@ pub struct ReconstructionStats {
     /// on both sides of a weight update (`resumed.weight_versions`).
     #[serde(default)]
     pub resumed_calls: usize,
+    /// Joins whose call saw a prompt other than the trace's context before
+    /// its response (spans with `off_policy_context_tokens > 0`: a splice,
+    /// and every later call of its trace).
+    #[serde(default)]
+    pub off_policy_joins: usize,
+    /// The traces' `off_policy_context_tokens`, summed.
+    #[serde(default)]
+    pub off_policy_context_tokens: usize,
+}
+
+/// Template splices counted by [`SpliceShape`](super::types::SpliceShape).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpliceCounts {
+    /// Think glue of the generation prompt left out of the history.
+    #[serde(default)]
+    pub generation_glue: usize,
+    /// Reasoning dropped or rewritten in the history.
+    #[serde(default)]
+    pub stripped_reasoning: usize,
+    /// Echoed whitespace merged with the template's newline.
+    #[serde(default)]
+    pub whitespace_merge: usize,
 }
 
 impl ReconstructionStats {
@@ -93,7 +119,7 @@ impl ReconstructionStats {
     /// Fills the counts that follow from the delivered traces: chains,
     /// segments, merged calls, truncated calls, splices and token totals.
     pub(crate) fn tally(&mut self, traces: &[super::types::Trace]) {
-        use super::types::{Join, Label};
+        use super::types::{Join, Label, SpliceShape};
         let mut chains: Vec<_> = traces.iter().map(|t| t.chain).collect();
         chains.sort_unstable();
         chains.dedup();
@@ -108,6 +134,28 @@ impl ReconstructionStats {
             .flat_map(|t| &t.spans)
             .filter(|s| matches!(s.join, Join::Splice { .. }))
             .count();
+        self.template_splices_by_shape = SpliceCounts::default();
+        for span in traces.iter().flat_map(|t| &t.spans) {
+            let Join::Splice { shape, .. } = span.join else {
+                continue;
+            };
+            let c = &mut self.template_splices_by_shape;
+            match shape {
+                Some(SpliceShape::GenerationGlue) => c.generation_glue += 1,
+                Some(SpliceShape::StrippedReasoning) => c.stripped_reasoning += 1,
+                Some(SpliceShape::WhitespaceMerge) => c.whitespace_merge += 1,
+                None => {}
+            }
+        }
+        self.off_policy_joins = traces
+            .iter()
+            .flat_map(|t| &t.spans)
+            .filter(|s| s.off_policy_context_tokens > 0)
+            .count();
+        self.off_policy_context_tokens = traces
+            .iter()
+            .map(|t| t.metadata.off_policy_context_tokens)
+            .sum();
         self.truncated_calls = traces
             .iter()
             .filter(|t| t.has_label(Label::Truncated))

@@ -6,6 +6,7 @@ use polar_chat::Message;
 use polar_record::CompletionRecord;
 
 use super::calls::Call;
+use super::off_policy::splice_drift;
 use super::types::{
     CallSpan, ChainId, ChainRole, Join, Label, SegmentKind, SegmentLink, Trace, TraceMetadata,
 };
@@ -40,6 +41,8 @@ pub(crate) struct TraceBuf<'a> {
     labels: Vec<Label>,
     policy_versions: Vec<String>,
     weight_versions: Vec<String>,
+    /// Tokens of the context so far that differ from what the last call saw.
+    off_policy: usize,
 }
 
 impl<'a> TraceBuf<'a> {
@@ -59,6 +62,7 @@ impl<'a> TraceBuf<'a> {
             labels: Vec::new(),
             policy_versions: Vec::new(),
             weight_versions: Vec::new(),
+            off_policy: 0,
         };
         buf.push(call, &[], Join::First);
         buf
@@ -66,6 +70,20 @@ impl<'a> TraceBuf<'a> {
 
     /// Appends `glue` (loss 0) and `call`'s response (loss 1).
     pub fn push(&mut self, call: Call<'a>, glue: &[u32], join: Join) {
+        if let Join::Splice {
+            diverged_at,
+            resumed_from,
+            ..
+        } = join
+        {
+            self.off_policy += splice_drift(
+                self.last.prompt,
+                self.last.response,
+                call.prompt,
+                diverged_at,
+                resumed_from,
+            );
+        }
         self.response_ids.extend_from_slice(glue);
         self.loss_mask.resize(self.response_ids.len(), 0);
         let response_start = self.response_ids.len();
@@ -91,6 +109,7 @@ impl<'a> TraceBuf<'a> {
             truncated: call.truncated(),
             policy_version,
             weight_version,
+            off_policy_context_tokens: self.off_policy,
         });
         if call.truncated() {
             self.labels.push(Label::Truncated);
@@ -124,6 +143,8 @@ impl<'a> TraceBuf<'a> {
         if let Some(reply) = &last_rec.response {
             response_messages.push(reply.message.clone());
         }
+        let off_policy_context_tokens =
+            self.spans.iter().map(|s| s.off_policy_context_tokens).sum();
         let mut trace = Trace {
             prompt_ids: self.first.prompt.to_vec(),
             response_ids: self.response_ids,
@@ -145,6 +166,7 @@ impl<'a> TraceBuf<'a> {
             metadata: TraceMetadata {
                 policy_versions: self.policy_versions,
                 weight_versions: self.weight_versions,
+                off_policy_context_tokens,
                 ..TraceMetadata::default()
             },
         };

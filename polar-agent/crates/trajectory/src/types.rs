@@ -125,6 +125,19 @@ pub struct CallSpan {
     /// The backend's own weight version for the call, when it reported one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version: Option<String>,
+    /// Tokens of the trace before this call's response (`prompt_ids` and
+    /// `response_ids[..response_start]`) that differ from the prompt the
+    /// backend saw for the call: 0 when the trace's context is that prompt
+    /// exactly; after a [`Join::Splice`], the earlier turn as generated
+    /// where the call saw the template's re-rendering of it (between where
+    /// the two leave each other and where they meet again, the longer of
+    /// the trace's stretch and the prompt's), carried on to every later
+    /// call of the trace.
+    /// The call's loss-1 tokens were generated in a context this far from
+    /// the trace's (off-policy by that much). 0 in files written before it
+    /// existed.
+    #[serde(default)]
+    pub off_policy_context_tokens: usize,
 }
 
 /// How a call joined its trace.
@@ -146,7 +159,45 @@ pub enum Join {
         diverged_at: usize,
         /// Index in this call's prompt where the glue starts.
         resumed_from: usize,
+        /// Which template mismatch was spliced (absent in files written
+        /// before it was recorded).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        shape: Option<SpliceShape>,
     },
+}
+
+/// The template mismatch a [`Join::Splice`] bridged: how the template's
+/// re-rendering of the previous assistant turn left what the model saw and
+/// generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpliceShape {
+    /// The generation prompt carried a think block (e.g.
+    /// `<think>\n\n</think>\n\n` with thinking off) that the history
+    /// rendering of the turn leaves out: the new prompt leaves the previous
+    /// one at a think token of its generation prompt.
+    GenerationGlue,
+    /// The history rendering dropped or rewrote the reasoning the model
+    /// generated: the new prompt leaves the previous sequence inside the
+    /// previous response, before a think token of it.
+    StrippedReasoning,
+    /// Whitespace the harness echoed back (vLLM's `hermes` tool parser
+    /// returns the `"\n\n"` before `<tool_call>` as content) merged with
+    /// the template's own newline into one BPE token: the new prompt leaves
+    /// the previous sequence at most one token before the previous response
+    /// began, at a whitespace token on both sides.
+    WhitespaceMerge,
+}
+
+impl SpliceShape {
+    /// The snake_case name (as serialized).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GenerationGlue => "generation_glue",
+            Self::StrippedReasoning => "stripped_reasoning",
+            Self::WhitespaceMerge => "whitespace_merge",
+        }
+    }
 }
 
 /// What a chain is, decided by what its calls are (not by their order):
@@ -265,6 +316,11 @@ pub struct TraceMetadata {
     /// in call order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub weight_versions: Vec<String>,
+    /// The sum of the spans' [`CallSpan::off_policy_context_tokens`]: 0
+    /// when every merged call's loss-1 tokens follow exactly the context
+    /// the backend saw (0 in files written before it existed).
+    #[serde(default)]
+    pub off_policy_context_tokens: usize,
     /// Anything else a later stage attaches.
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub extra: Map<String, Value>,

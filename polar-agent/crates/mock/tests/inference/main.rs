@@ -282,6 +282,133 @@ async fn multi_turn_prompts_extend_through_the_client() {
     mock.stop().await;
 }
 
+/// One thinking tool turn, then its reply sent back with its reasoning and
+/// a tool result: whether the second prompt extends the first prompt +
+/// response, i.e. whether the server's template got the reasoning back.
+async fn reasoning_kept(
+    dialect: Dialect,
+    server_reads: Option<mock::HistoryReasoning>,
+    field: Option<ReasoningField>,
+) -> bool {
+    let script = Script {
+        final_text: None,
+        sessions: vec![SessionScript {
+            id: "*".into(),
+            turns: vec![
+                thinking_tool_turn(),
+                Turn {
+                    text: Some("done".into()),
+                    ..Turn::default()
+                },
+            ],
+            ..SessionScript::default()
+        }],
+    };
+    let mock = mock::start(MockConfig {
+        dialect,
+        script: Some(script),
+        history_reasoning: server_reads,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let mut cfg = backend(dialect, vec![mock.url()]);
+    cfg.reasoning_field = field;
+    let client = Client::new(cfg).unwrap();
+    let mut req = request(false);
+    let first = client
+        .chat("s-r", &req)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let reply = first.response.message.clone();
+    assert!(reply.reasoning.as_ref().is_some_and(|r| !r.text.is_empty()));
+    let call = reply.tool_calls[0].clone();
+    req.messages.push(reply);
+    let mut result = Message::text(Role::Tool, "done");
+    result.tool_call_id = Some(call.id);
+    req.messages.push(result);
+    let second = client
+        .chat("s-r", &req)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    mock.stop().await;
+    let t1 = first.response.tokens;
+    let earlier: Vec<u32> = t1
+        .prompt_token_ids
+        .unwrap()
+        .into_iter()
+        .chain(t1.response_token_ids.unwrap())
+        .collect();
+    second
+        .response
+        .tokens
+        .prompt_token_ids
+        .unwrap()
+        .starts_with(&earlier)
+}
+
+/// Earlier reasoning reaches the server's template only in the field the
+/// server reads: with the default setting (per dialect) and with a setting
+/// naming that field the next prompt extends the last one; a setting naming
+/// the other field, or none, loses the reasoning (the mock reads requests
+/// as the real server does, so a wrong setting shows).
+#[tokio::test]
+async fn earlier_reasoning_is_kept_only_in_the_field_the_server_reads() {
+    use mock::HistoryReasoning as Reads;
+    for (dialect, reads, field, kept) in [
+        (Dialect::Vllm, None, None, true),
+        (Dialect::Sglang, None, None, true),
+        (Dialect::Vllm, None, Some(ReasoningField::Reasoning), true),
+        (
+            Dialect::Vllm,
+            None,
+            Some(ReasoningField::ReasoningContent),
+            false,
+        ),
+        (Dialect::Vllm, None, Some(ReasoningField::Both), true),
+        (Dialect::Vllm, None, Some(ReasoningField::None), false),
+        (
+            Dialect::Sglang,
+            None,
+            Some(ReasoningField::ReasoningContent),
+            true,
+        ),
+        (
+            Dialect::Sglang,
+            None,
+            Some(ReasoningField::Reasoning),
+            false,
+        ),
+        (Dialect::Sglang, None, Some(ReasoningField::Both), true),
+        (Dialect::Sglang, None, Some(ReasoningField::None), false),
+        // vLLM renaming the deprecated field takes either.
+        (
+            Dialect::Vllm,
+            Some(Reads::Either),
+            Some(ReasoningField::ReasoningContent),
+            true,
+        ),
+        (
+            Dialect::Vllm,
+            Some(Reads::Either),
+            Some(ReasoningField::None),
+            false,
+        ),
+    ] {
+        assert_eq!(
+            reasoning_kept(dialect, reads, field).await,
+            kept,
+            "{dialect:?}, server reads {reads:?}, sent as {field:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn mid_stream_disconnect_is_a_distinct_error_after_the_events() {
     for dialect in [Dialect::Vllm, Dialect::Sglang] {

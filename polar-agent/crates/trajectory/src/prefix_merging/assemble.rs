@@ -552,12 +552,14 @@ fn build_trace<'a>(calls: &[Call<'a>], matched: &[Matched], path: &[CallIx]) -> 
             Attach::Splice {
                 diverged_at,
                 resumed_from,
+                shape,
                 ..
             } => (
                 call.prompt.get(resumed_from..).unwrap_or_default(),
                 Join::Splice {
                     diverged_at,
                     resumed_from,
+                    shape: Some(shape),
                 },
             ),
             Attach::Extend { parent } => (

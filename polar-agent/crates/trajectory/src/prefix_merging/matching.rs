@@ -17,6 +17,7 @@
 use crate::calls::Call;
 use crate::options::PrefixMergingOptions;
 use crate::template::TemplateInfo;
+use crate::types::SpliceShape;
 
 use super::quote::{common_prefix_with, tail_quoted};
 use super::tree::{CallIx, PrefixTree, Walk};
@@ -37,6 +38,7 @@ pub(super) enum Attach {
         parent: CallIx,
         diverged_at: usize,
         resumed_from: usize,
+        shape: SpliceShape,
     },
 }
 
@@ -121,6 +123,7 @@ fn decide(
                 parent: splice.parent,
                 diverged_at: splice.diverged_at,
                 resumed_from: splice.resumed_from,
+                shape: splice.shape,
             }
         } else {
             Attach::Root(RootInfo {
@@ -184,6 +187,7 @@ struct Splice {
     parent: CallIx,
     diverged_at: usize,
     resumed_from: usize,
+    shape: SpliceShape,
 }
 
 /// The deepest splice the prompt allows, deeper than `extension_depth`.
@@ -209,10 +213,13 @@ fn find_splice(
         let best = candidates
             .iter()
             .filter_map(|&b| {
-                splice_rule(&calls[b], branch.depth, prompt, tpl).map(|resumed_from| Splice {
-                    parent: b,
-                    diverged_at: branch.depth,
-                    resumed_from,
+                splice_rule(&calls[b], branch.depth, prompt, tpl).map(|(resumed_from, shape)| {
+                    Splice {
+                        parent: b,
+                        diverged_at: branch.depth,
+                        resumed_from,
+                        shape,
+                    }
                 })
             })
             .max_by_key(|s| {
@@ -234,7 +241,8 @@ fn find_splice(
 ///
 /// - `R_B` is one turn: it holds no end-of-turn token except as its last
 ///   token;
-/// - the divergence has one of the two template shapes:
+/// - the divergence has one of the three template shapes
+///   ([`SpliceShape`]):
 ///   - generation-only glue: `d < n`, `P_B[d]` is a think token and
 ///     `P_B[d..n]` holds no end-of-turn token (the generation prompt carried
 ///     a think block, e.g. `<think>\n\n</think>\n\n`, that the history
@@ -242,35 +250,64 @@ fn find_splice(
 ///   - stripped reasoning: `n <= d < |S|` and `R_B[d - n..]` holds a think
 ///     token (the history rendering dropped or rewrote the reasoning the
 ///     model generated; usually `d == n`);
+///   - whitespace merge: `n - 1 <= d < |S|`, and `S[d]` and `P_C[d]` are
+///     both whitespace tokens (the harness echoed the whitespace content a
+///     tool parser returned before a tool call, e.g. `"\n\n"`, and the
+///     template's newline after `assistant`, or after `</think>`, merged
+///     with it and with the newline before `<tool_call>` into one token:
+///     Qwen3 renders `assistant\n` + `"\n\n"` + `"\n"` as `assistant` +
+///     one four-newline token where the model saw `\n` and began its
+///     response);
 /// - `P_C` holds an end-of-turn token at some `k >= d`: the re-rendered turn
 ///   `P_C[d..k]` is closed (it is not compared with `R_B`: reasoning and
 ///   whitespace differ by design).
 ///
 /// The glue appended after `R_B` in the trace is then `P_C[k + 1..]` when
 /// `R_B` ends with an end-of-turn token, else `P_C[k..]` (the template's
-/// token closes the cut turn). Returns that start index.
+/// token closes the cut turn). Returns that start index and the shape.
 pub(super) fn splice_rule(
     b: &Call<'_>,
     d: usize,
     prompt: &[u32],
     tpl: &TemplateInfo,
-) -> Option<usize> {
-    let n = b.prompt.len();
+) -> Option<(usize, SpliceShape)> {
     let r = b.response;
     let eot = |t: &u32| tpl.is_end_of_turn(*t);
     if r.split_last().is_some_and(|(_, head)| head.iter().any(eot)) {
         return None;
     }
-    let shape = if d < n {
-        tpl.is_think(b.prompt[d]) && !b.prompt[d..].iter().any(eot)
-    } else {
-        d < n + r.len() && r[d - n..].iter().any(|&t| tpl.is_think(t))
-    };
-    if !shape {
-        return None;
-    }
+    let shape = divergence_shape(b, d, prompt, tpl)?;
     let k = d + tpl.find_end_of_turn(prompt.get(d..)?)?;
-    Some(if r.last().is_some_and(eot) { k + 1 } else { k })
+    Some((if r.last().is_some_and(eot) { k + 1 } else { k }, shape))
+}
+
+/// Which of the splicable shapes the divergence of `prompt` from `b`'s
+/// sequence at `d` has, if any (see [`splice_rule`]).
+fn divergence_shape(
+    b: &Call<'_>,
+    d: usize,
+    prompt: &[u32],
+    tpl: &TemplateInfo,
+) -> Option<SpliceShape> {
+    let n = b.prompt.len();
+    let r = b.response;
+    let at = |i: usize| {
+        b.prompt
+            .get(i)
+            .or_else(|| r.get(i.checked_sub(n)?))
+            .copied()
+    };
+    if d < n && tpl.is_think(b.prompt[d]) && !b.prompt[d..].iter().any(|&t| tpl.is_end_of_turn(t)) {
+        return Some(SpliceShape::GenerationGlue);
+    }
+    if d >= n && d < n + r.len() && r[d - n..].iter().any(|&t| tpl.is_think(t)) {
+        return Some(SpliceShape::StrippedReasoning);
+    }
+    let whitespace = |t: Option<u32>| t.is_some_and(|t| tpl.is_whitespace(t));
+    if d + 1 >= n && whitespace(at(d)) && whitespace(prompt.get(d).copied()) {
+        return Some(SpliceShape::WhitespaceMerge);
+    }
+    None
 }
 
 /// How much of `b`'s reply the new prompt's re-rendering of it shows: the

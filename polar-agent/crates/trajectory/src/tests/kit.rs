@@ -22,6 +22,10 @@ pub const USER: u32 = 7;
 pub const ASSISTANT: u32 = 8;
 pub const TOOL_RESP: u32 = 9;
 pub const END_TOOL_RESP: u32 = 10;
+/// Three newlines as one token (`"\n\n\n"`).
+pub const WS3: u32 = 12;
+/// Four newlines as one token (`"\n\n\n\n"`).
+pub const WS4: u32 = 13;
 /// Glue some templates put in the generation prompt only.
 pub const GLUE: [u32; 6] = [THINK, NL, NL, END_THINK, NL, NL];
 
@@ -42,6 +46,15 @@ pub fn template() -> TemplateInfo {
     TemplateInfo {
         end_of_turn: vec![IM_END],
         think: vec![THINK, END_THINK],
+        whitespace: Vec::new(),
+    }
+}
+
+/// [`template`] with the whitespace tokens, for [`Render::echo_whitespace`].
+pub fn template_ws() -> TemplateInfo {
+    TemplateInfo {
+        whitespace: vec![NL, WS3, WS4],
+        ..template()
     }
 }
 
@@ -95,6 +108,13 @@ pub struct Render {
     /// The generation prompt carries an empty think block (and the model
     /// then generates no reasoning); history never shows it.
     pub generation_glue: bool,
+    /// The harness echoes the whitespace between a turn's reasoning and
+    /// its content (what a tool parser returns as content, `"\n\n"`) and
+    /// the template merges it with its own newlines, as Qwen3's does: the
+    /// history shows `assistant` + [`WS4`] + content when the reasoning is
+    /// stripped, `assistant\n<think>..</think>` + [`WS3`] + content when it
+    /// is kept.
+    pub echo_whitespace: bool,
 }
 
 impl Render {
@@ -127,7 +147,15 @@ impl Render {
                     b.push(END_TOOL_RESP);
                     (USER, b)
                 }
-                Msg::Assistant(turn) => (ASSISTANT, self.history(turn)),
+                Msg::Assistant(turn) => {
+                    if let Some(echoed) = self.history_echoed(turn) {
+                        out.extend([IM_START, ASSISTANT]);
+                        out.extend(echoed);
+                        out.extend([IM_END, NL]);
+                        continue;
+                    }
+                    (ASSISTANT, self.history(turn))
+                }
             };
             out.extend([IM_START, role, NL]);
             out.extend(body);
@@ -138,6 +166,28 @@ impl Render {
             out.extend(GLUE);
         }
         out
+    }
+
+    /// With `echo_whitespace`, a whole (not cut) turn with reasoning as
+    /// history shows it after `assistant`, up to its closing IM_END.
+    fn history_echoed(&self, turn: &Turn) -> Option<Vec<u32>> {
+        if !self.echo_whitespace
+            || self.generation_glue
+            || turn.cut.is_some()
+            || turn.reasoning.is_empty()
+        {
+            return None;
+        }
+        let mut out = Vec::new();
+        if self.strip_reasoning {
+            out.push(WS4);
+        } else {
+            out.extend([NL, THINK]);
+            out.extend(&turn.reasoning);
+            out.extend([END_THINK, WS3]);
+        }
+        out.extend(&turn.content);
+        Some(out)
     }
 
     /// An assistant turn as history shows it (without the closing IM_END).

@@ -6,11 +6,16 @@
 
 use proptest::prelude::*;
 
-use super::kit::{Convo, Msg, Render, Sim, Turn, meta, template};
+use super::kit::{Convo, Msg, Render, Sim, Turn, meta, template, template_ws};
 use crate::{
-    Builder, DropReason, Label, PrefixMergingOptions, RetryPolicy, SegmentKind, Trajectory, build,
-    check,
+    Builder, DropReason, Join, Label, PrefixMergingOptions, RetryPolicy, SegmentKind, SpliceShape,
+    Trajectory, build, check,
 };
+
+/// Render variants: 0 plain, 1 reasoning stripped, 2 generation glue, 3
+/// echoed whitespace with reasoning stripped, 4 echoed whitespace with
+/// reasoning kept.
+const MODES: u8 = 5;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -202,14 +207,15 @@ fn simulate(render: Render, ops: &[Op]) -> Sim {
 
 fn render_of(mode: u8) -> Render {
     Render {
-        strip_reasoning: mode == 1,
+        strip_reasoning: mode == 1 || mode == 3,
         generation_glue: mode == 2,
+        echo_whitespace: mode >= 3,
     }
 }
 
 fn builders() -> Vec<Builder> {
     let mut out = Vec::new();
-    for tpl in [None, Some(template())] {
+    for tpl in [None, Some(template()), Some(template_ws())] {
         for splice in [true, false] {
             for retries in [RetryPolicy::KeepAsTrace, RetryPolicy::Drop] {
                 out.push(Builder::PrefixMerging(PrefixMergingOptions {
@@ -268,6 +274,54 @@ fn check_consistency(
     prop_assert_eq!(breaks.len(), s.breaks);
     prop_assert!(breaks.iter().all(|t| t.previous.is_some()));
     prop_assert!(s.template_mismatches_spliced <= s.template_mismatches_detected);
+    let by_shape = s.template_splices_by_shape;
+    prop_assert_eq!(
+        by_shape.generation_glue + by_shape.stripped_reasoning + by_shape.whitespace_merge,
+        s.template_mismatches_spliced
+    );
+    let spans: Vec<_> = traj.traces.iter().flat_map(|t| &t.spans).collect();
+    prop_assert_eq!(
+        s.off_policy_joins,
+        spans
+            .iter()
+            .filter(|x| x.off_policy_context_tokens > 0)
+            .count()
+    );
+    prop_assert_eq!(
+        s.off_policy_context_tokens,
+        spans
+            .iter()
+            .map(|x| x.off_policy_context_tokens)
+            .sum::<usize>()
+    );
+    for t in &traj.traces {
+        // Zero until the trace's first splice, positive from it on.
+        let first_splice = t
+            .spans
+            .iter()
+            .position(|x| matches!(x.join, Join::Splice { .. }))
+            .unwrap_or(t.spans.len());
+        prop_assert!(
+            t.spans[..first_splice]
+                .iter()
+                .all(|x| x.off_policy_context_tokens == 0)
+        );
+        prop_assert!(
+            t.spans[first_splice..]
+                .iter()
+                .all(|x| x.off_policy_context_tokens > 0)
+        );
+        prop_assert!(
+            t.spans
+                .windows(2)
+                .all(|w| w[0].off_policy_context_tokens <= w[1].off_policy_context_tokens)
+        );
+    }
+    if let Builder::PrefixMerging(o) = builder
+        && o.template.as_ref().is_some_and(|t| t.whitespace.is_empty())
+    {
+        prop_assert_eq!(by_shape.whitespace_merge, 0);
+    }
     if let Builder::PrefixMerging(o) = builder
         && (o.template.is_none() || !o.splice)
     {
@@ -284,7 +338,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(192))]
 
     #[test]
-    fn random_sessions_satisfy_the_invariants(mode in 0u8..3, ops in prop::collection::vec(op(), 1..40)) {
+    fn random_sessions_satisfy_the_invariants(mode in 0u8..MODES, ops in prop::collection::vec(op(), 1..40)) {
         let sim = simulate(render_of(mode), &ops);
         let per = build(&Builder::PerRequest, &sim.records, &meta());
         if let Err(e) = check(&per, &sim.records) {
@@ -305,7 +359,7 @@ proptest! {
     /// known.
     #[test]
     fn clean_interleaved_sessions_are_one_trace_per_conversation(
-        mode in 0u8..3,
+        mode in 0u8..MODES,
         convs in 1usize..4,
         steps in prop::collection::vec(
             (0usize..4, plain_words(0, 5), plain_words(0, 6), plain_words(0, 6), prop::option::weighted(0.2, 1usize..10)),
@@ -320,20 +374,54 @@ proptest! {
             })
             .collect();
         let mut used = vec![false; convs];
+        // Per conversation: its calls, and what each one's turn makes the
+        // context differ by when echoed whitespace is spliced (None: a
+        // turn cut by the token limit, whose splice is not of that shape).
+        let mut turns: Vec<Vec<(usize, Option<usize>)>> = vec![Vec::new(); convs];
         for (conv, reasoning, content, tool, cut) in steps {
             let k = conv % convs;
-            agents[k].step(&mut sim, Turn { reasoning, content, cut });
+            let drift = match (mode, cut, reasoning.len()) {
+                (_, Some(_), _) => None,
+                (3, None, r) if r > 0 => Some(r + 5),
+                (4, None, r) if r > 0 => Some(2),
+                _ => Some(0),
+            };
+            let i = agents[k].step(&mut sim, Turn { reasoning, content, cut });
+            turns[k].push((i, drift));
             agents[k].msgs.push(Msg::Tool(tool));
             used[k] = true;
         }
         let live = used.iter().filter(|&&u| u).count();
         let builder = Builder::PrefixMerging(PrefixMergingOptions {
-            template: Some(template()),
+            template: Some(template_ws()),
             ..PrefixMergingOptions::default()
         });
         let traj = build(&builder, &sim.records, &meta());
         if let Err(e) = check(&traj, &sim.records) {
             return Err(TestCaseError::fail(format!("{e}")));
+        }
+        // Echoed whitespace: each call after a turn with reasoning is a
+        // whitespace-merge splice, and the context differs by what every
+        // spliced turn before it left (r + 5 tokens with the reasoning
+        // stripped: the template's newline, the think block and the two
+        // newlines after it; 2 with it kept: the two newlines the model
+        // generated after `</think>`, where the template wrote one token).
+        for calls in turns.iter().filter(|c| !c.is_empty()) {
+            if mode < 3 || calls.iter().any(|(_, d)| d.is_none()) {
+                continue;
+            }
+            let first = format!("c{}", calls[0].0);
+            let t = traj.traces.iter().find(|t| t.call_ids[0] == first).unwrap();
+            let mut want = 0;
+            for (j, (_, drift)) in calls.iter().enumerate() {
+                let span = &t.spans[j];
+                prop_assert_eq!(span.off_policy_context_tokens, want, "call {} of {:?}", j, calls);
+                if j > 0 && calls[j - 1].1 != Some(0) {
+                    let is_ws = matches!(span.join, Join::Splice { shape: Some(SpliceShape::WhitespaceMerge), .. });
+                    prop_assert!(is_ws, "{:?}", span.join);
+                }
+                want += drift.unwrap_or_default();
+            }
         }
         prop_assert_eq!(traj.traces.len(), live);
         prop_assert_eq!(traj.stats.chains, live);

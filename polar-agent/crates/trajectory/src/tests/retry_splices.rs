@@ -3,7 +3,9 @@
 //! the next prompt shows, whichever of the two came first.
 
 use super::kit::{Convo, IM_END, Render, Sim, Turn, meta, template};
-use crate::{Builder, ChainId, Join, Label, PrefixMergingOptions, SegmentKind, build, check};
+use crate::{
+    Builder, ChainId, Join, Label, PrefixMergingOptions, SegmentKind, SpliceShape, build, check,
+};
 
 fn splice_onto(sim: &Sim, prev: usize, next: usize) -> Join {
     let (p, q) = (sim.prompt(prev), sim.prompt(next));
@@ -13,6 +15,7 @@ fn splice_onto(sim: &Sim, prev: usize, next: usize) -> Join {
     Join::Splice {
         diverged_at: d,
         resumed_from: k + 1,
+        shape: Some(SpliceShape::StrippedReasoning),
     }
 }
 

@@ -2,12 +2,13 @@
 //! traces (ids, masks, logprobs, joins, labels, links) and statistics.
 
 use super::kit::{
-    ASSISTANT, Convo, END_TOOL_RESP, Expect, GLUE, IM_END, IM_START, Msg, NL, Render, Sim,
-    TOOL_RESP, Turn, USER, meta, template, tok,
+    ASSISTANT, Convo, END_THINK, END_TOOL_RESP, Expect, GLUE, IM_END, IM_START, Msg, NL, Render,
+    Sim, TOOL_RESP, Turn, USER, meta, template, tok,
 };
 use crate::{
     BreakReason, Builder, ChainId, DropReason, DroppedCall, Join, Label, PrefixMergingOptions,
-    ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink, Trace, Trajectory, build, check,
+    ReconstructionStats, RetryPolicy, SegmentKind, SegmentLink, SpliceCounts, SpliceShape, Trace,
+    Trajectory, build, check,
 };
 
 fn merging(template: bool) -> Builder {
@@ -564,6 +565,24 @@ fn assert_spliced(sim: &Sim, [a, b, d]: [usize; 3], glue_len: usize) {
     let t = &traj.traces[0];
     let mut want = Expect::default().generated(sim, a);
     let mut want_joins = vec![Join::First];
+    let mut want_off_policy = vec![0];
+    let (shape, shapes) = if glue_len > 0 {
+        (
+            SpliceShape::GenerationGlue,
+            SpliceCounts {
+                generation_glue: 2,
+                ..SpliceCounts::default()
+            },
+        )
+    } else {
+        (
+            SpliceShape::StrippedReasoning,
+            SpliceCounts {
+                stripped_reasoning: 2,
+                ..SpliceCounts::default()
+            },
+        )
+    };
     for (prev, cur) in [(a, b), (b, d)] {
         let diverged_at = sim.prompt(prev).len() - glue_len;
         // The new prompt re-renders the previous turn up to its IM_END.
@@ -572,10 +591,33 @@ fn assert_spliced(sim: &Sim, [a, b, d]: [usize; 3], glue_len: usize) {
         want_joins.push(Join::Splice {
             diverged_at,
             resumed_from: k + 1,
+            shape: Some(shape),
         });
+        // What the model saw differently: the glue its generation prompt
+        // had, or the think block and the two newlines after it.
+        let drift = match glue_len {
+            0 => {
+                3 + sim
+                    .response(prev)
+                    .iter()
+                    .position(|&t| t == END_THINK)
+                    .unwrap()
+            }
+            g => g,
+        };
+        want_off_policy.push(want_off_policy.last().unwrap() + drift);
     }
     assert_content(t, sim.prompt(a), &want);
     assert_eq!(joins(t), want_joins);
+    assert_eq!(
+        t.spans
+            .iter()
+            .map(|s| s.off_policy_context_tokens)
+            .collect::<Vec<_>>(),
+        want_off_policy
+    );
+    let off_policy: usize = want_off_policy.iter().sum();
+    assert_eq!(t.metadata.off_policy_context_tokens, off_policy);
     assert_eq!(t.labels, [Label::TemplateSpliced]);
     assert_eq!(
         traj.stats,
@@ -588,6 +630,9 @@ fn assert_spliced(sim: &Sim, [a, b, d]: [usize; 3], glue_len: usize) {
                 calls_merged: 2,
                 template_mismatches_detected: 2,
                 template_mismatches_spliced: 2,
+                template_splices_by_shape: shapes,
+                off_policy_joins: 2,
+                off_policy_context_tokens: off_policy,
                 ..ReconstructionStats::default()
             }
         )
@@ -728,6 +773,7 @@ fn cut_call_under_a_stripping_template_keeps_the_closing_token_as_glue() {
             Join::Splice {
                 diverged_at: sim.prompt(a).len(),
                 resumed_from: k,
+                shape: Some(SpliceShape::StrippedReasoning),
             }
         ]
     );
