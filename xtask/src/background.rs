@@ -1,7 +1,9 @@
 //! The part of `cargo xtask test`'s set-up that waits on registries and
 //! disks rather than on the CPU, made by a second xtask process while the
 //! first builds the cargo tools and runs the checks and builds:
-//! polar-client's Python environments ([`setup::python_envs`]) and, for
+//! polar-client's Python environments ([`setup::python_envs`]), the real
+//! tokenizers and chat templates with their reference environment
+//! ([`chat_models::run`]) and, for
 //! the privileged tests, the harness CLIs with the Python harnesses'
 //! environments ([`harnesses::run`]), the Docker test image's root file
 //! system ([`docker::image_tarball`]) and the dashboard tests' browser
@@ -31,7 +33,7 @@ use anyhow::{Context as _, Result, bail};
 use crate::cmd::{Cmd, workspace_root};
 use crate::daemon::tail;
 use crate::group::Group;
-use crate::{dashboard, docker, harnesses, setup};
+use crate::{chat_models, dashboard, docker, harnesses, setup};
 
 /// The background process's output, from the workspace root.
 const LOG: &str = "target/xtask/test-downloads.log";
@@ -49,6 +51,7 @@ const REPORTS: [&str; 3] = ["setup: ", "harnesses: ", "docker: "];
 pub fn run(privileged: bool) -> Result<()> {
     let _lock = lock()?;
     setup::python_envs()?;
+    chat_models::run()?;
     if privileged {
         harnesses::run()?;
         docker::image_tarball()?;
@@ -101,7 +104,7 @@ impl Background {
         }
         let group = Group::spawn(cmd, &log, STOP_GRACE)?;
         eprintln!(
-            "==> in the background (pid {}, log {LOG}): the Python environments{}",
+            "==> in the background (pid {}, log {LOG}): the Python environments, the chat models{}",
             group.id(),
             if privileged {
                 ", the harness CLIs, the Docker test image and the browser clients"

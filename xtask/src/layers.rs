@@ -135,6 +135,9 @@ pub const LAYERS: &[Layer] = &[
     row("polar-sse", Class::Pure, &[]),
     row("polar-wire", Class::Pure, &[]),
     row("polar-metrics", Class::Pure, &[]),
+    // A model's own chat template and tokenizer: a leaf, below polar-chat's
+    // users, knowing nothing of Polar's chat model.
+    row("polar-template", Class::Pure, &[]),
     row("polar-chat", Class::Pure, &["polar-json", "polar-sse"]),
     row("polar-record", Class::Pure, &["polar-chat", "polar-json"]),
     row("polar-faithful", Class::Pure, &[]),

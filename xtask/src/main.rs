@@ -5,6 +5,7 @@
 //! module and every external program runs through [`cmd::Cmd`].
 
 mod background;
+mod chat_models;
 mod cmd;
 mod daemon;
 mod dashboard;
@@ -47,6 +48,10 @@ enum Task {
     /// .polar-cache/harnesses, and the Python harness presets' virtual
     /// environments into .polar-cache/venvs, unless already there.
     Harnesses,
+    /// Install the real tokenizers and chat templates polar-template's
+    /// differential test renders with (.polar-cache/chat-models) and its
+    /// transformers reference environment (.polar-cache/venvs/chat-template).
+    ChatModels,
     /// Set up, then build the release `polar` binary.
     Build,
     /// Set up, build the release binary and lay out a self-contained
@@ -100,6 +105,7 @@ fn main() -> ExitCode {
     let result = group::forward_interrupts().and_then(|()| match task {
         Task::Setup => setup::run(setup::Scope::All),
         Task::Harnesses => harnesses::run().map(|_| ()),
+        Task::ChatModels => chat_models::run().map(|_| ()),
         Task::Build => release::run(),
         Task::Dist => dist::run(),
         Task::Test(args) => test::run(args),

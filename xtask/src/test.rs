@@ -38,7 +38,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::background::Background;
 use crate::cmd::{Cmd, is_root, workspace_root};
-use crate::{dashboard, docker, fuzz, harnesses, layers, python, setup, slurm};
+use crate::{chat_models, dashboard, docker, fuzz, harnesses, layers, python, setup, slurm};
 
 /// The feature of the `polar-tests` crate that turns on the root-only tests.
 const PRIVILEGED_FEATURE: &str = "polar-tests/privileged";
@@ -100,7 +100,12 @@ pub fn run(args: TestArgs) -> Result<()> {
     setup::tools(setup::Scope::All)?;
     // The tests of every test binary side by side, each in a process of its
     // own (`.config/nextest.toml`: their groups and priorities).
-    let mut cargo_test = cargo()?.args(["nextest", "run"]);
+    // polar-template's differential test: the real tokenizers and chat
+    // templates, and transformers to compare with (`chat_models`).
+    let mut cargo_test = cargo()?
+        .args(["nextest", "run"])
+        .env("POLAR_CHAT_MODELS_DIR", chat_models::install_dir()?)
+        .env("POLAR_TEMPLATE_PYTHON", chat_models::python()?);
     // cargo-nextest runs no doc tests: `cargo test --doc` does.
     let mut doc_tests = cargo()?.args(["test", "--doc"]);
     if !args.unprivileged {
