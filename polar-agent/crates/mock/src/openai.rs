@@ -2,8 +2,9 @@
 //! tools, and the fields that steer the mock (ids wanted, token limit,
 //! per-request template switches).
 //!
-//! Per-request template switches, in increasing precedence over the server
-//! flags:
+//! Per-request template switches of the mock's own template (a real
+//! model's template takes `chat_template_kwargs` only), in increasing
+//! precedence over the server flags:
 //! - `chat_template_kwargs: {"enable_thinking": false}` in the body sets the
 //!   generation glue to `<think>\n\n</think>\n\n` (as Qwen3 does);
 //! - the header `x-polar-mock-template` with a JSON object;
@@ -128,6 +129,35 @@ impl ChatIn {
             &opts,
             add_generation_prompt,
         ))
+    }
+}
+
+impl ChatIn {
+    /// The prompt ids of this conversation as the server renders them for
+    /// a generation: the real model's template and tokenizer when one is
+    /// served (the tools SGLang filters by the tool choice left out), else
+    /// the mock's (also what `/tokenize` counts).
+    pub fn prompt_ids(
+        &self,
+        cfg: &super::MockConfig,
+        headers: &HeaderMap,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, MockError> {
+        let Some(model) = &cfg.model else {
+            let text = self.prompt(cfg, headers, add_generation_prompt)?;
+            return Ok(super::tokenizer::encode(&text));
+        };
+        let filter = match (cfg.dialect, &self.constraint.tool_choice) {
+            (Dialect::Sglang, ToolChoice::None | ToolChoice::Named(_)) => Some(
+                self.template_tools(cfg.dialect)
+                    .into_iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        };
+        let (_, ids) = model.chat_prompt(&self.body, filter.as_deref(), add_generation_prompt)?;
+        Ok(ids)
     }
 }
 
@@ -298,13 +328,13 @@ pub async fn admit_chat(
     super::MockError,
 > {
     let req = ChatIn::parse(body)?;
-    let prompt = req.prompt(&state.cfg, headers, true)?;
+    let prompt_ids = req.prompt_ids(&state.cfg, headers, true)?;
     let tools = req.template_tools(state.cfg.dialect);
     let gen_req = super::server::GenRequest {
         headers,
         user: req.user.as_deref(),
         facts: super::template::PromptFacts::of_messages(&req.messages, &tools),
-        prompt_ids: super::tokenizer::encode(&prompt),
+        prompt_ids,
         max_tokens: req.max_tokens,
         constraint: req.constraint.clone(),
     };
