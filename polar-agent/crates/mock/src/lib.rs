@@ -16,6 +16,20 @@
 //! - [`server`], [`vllm`], [`sglang`]: the HTTP side;
 //! - [`resume`]: continuations of a turn (token-in requests that end
 //!   inside one), requests Polar sends again, a replica that goes down.
+//! - [`real`]: `--model-dir DIR`, a real model served as vLLM serves it:
+//!   the body's messages turned into vLLM's conversation
+//!   (`polar_faithful::vllm`), rendered by the model's own chat template
+//!   and tokenized by its tokenizer (`polar-template`), the scripted turn
+//!   written as the family writes it and parsed as vLLM's parsers for the
+//!   family parse it (Qwen3: `qwen3` reasoning, `hermes` tool calls, so a
+//!   call after reasoning has content `"\n\n"`), streamed and whole; the
+//!   token-in endpoints decode with the real tokenizer (raw text with
+//!   special tokens under `skip_special_tokens: false`) and default to
+//!   the real servers' token limits (vLLM completions 16, SGLang
+//!   `/generate` 128); `/tokenize`, `/detokenize` and `/v1/models`
+//!   (`max_model_len`: `config.json`'s, unless set lower) use the model's
+//!   files. The mock's template switches do not apply: the template is
+//!   the model's. [`codec`] is the one path both modes generate through.
 //!
 //! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
@@ -35,12 +49,16 @@
 //! vLLM's `hermes` tool parser does, re-serialized (`json.dumps` spacing),
 //! not as the model's text has them.
 //!
-//! Layering: above `polar-chat`, `polar-json`, `polar-io` and
-//! `polar-inference` (for the dialect names); it builds and tests without
+//! Layering: above `polar-chat`, `polar-json`, `polar-io`,
+//! `polar-inference` (for the dialect names), `polar-template` and
+//! `polar-faithful`; it builds and tests without
 //! the eBPF toolchain (checked by `cargo xtask layers`). Tests: `tests.rs`,
 //! `template_tests.rs`, `dialect_tests.rs` (each reply field against the
-//! real servers' protocol definitions), and `tests/inference/` (the
-//! inference client and pool against this server).
+//! real servers' protocol definitions), `real_tests.rs` (Qwen3's real
+//! files, from `cargo xtask chat-models`: prompt ids against
+//! `transformers`, the drift of an echoed reply, token-in continuation),
+//! and `tests/inference/` (the inference client and pool against this
+//! server).
 
 mod body;
 pub mod codec;

@@ -496,3 +496,65 @@ fn a_directory_without_a_known_family_is_refused_with_its_name() {
     let err = RealModel::load(dir.path()).unwrap_err();
     assert!(err.to_string().contains("no output format"), "{err}");
 }
+
+#[test]
+fn the_cli_loads_the_directory_and_derives_the_context_length() {
+    use clap::Parser;
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        mock: MockArgs,
+    }
+    let dir = qwen3_dir();
+    let parse = |extra: &[&str]| {
+        let mut argv = vec!["polar", "--model-dir", dir.to_str().unwrap()];
+        argv.extend(extra);
+        Cli::try_parse_from(argv).map(|c| c.mock)
+    };
+    let cfg = parse(&[]).unwrap().to_config().unwrap();
+    let model = cfg.model.as_ref().expect("the model is loaded");
+    assert_eq!(
+        cfg.max_model_len,
+        model.context_len().unwrap_or(32_768),
+        "the model's context length, else the mock's default"
+    );
+    assert_eq!(
+        parse(&["--max-model-len", "4096"])
+            .unwrap()
+            .to_config()
+            .unwrap()
+            .max_model_len,
+        4096
+    );
+    // The mock's own template switches make no sense with a real template.
+    assert!(parse(&["--no-think-glue"]).is_err());
+    assert!(parse(&["--strip-reasoning", "all"]).is_err());
+    // A directory that is not a model's is refused, naming the file.
+    let empty = tempfile::tempdir().unwrap();
+    let args = Cli::try_parse_from(["polar", "--model-dir", empty.path().to_str().unwrap()])
+        .unwrap()
+        .mock;
+    let err = args.to_config().unwrap_err().to_string();
+    assert!(err.contains("tokenizer.json"), "{err}");
+}
+
+#[tokio::test]
+async fn a_prompt_over_the_context_is_refused_and_the_server_serves_on() {
+    let mock = start(MockConfig {
+        model: Some(model()),
+        script: Some(script()),
+        max_model_len: 40,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("{}/v1/chat/completions", mock.url());
+    let long = json!({"messages": [{"role": "user", "content": "word ".repeat(100)}]});
+    let (status, _, bytes) = request(Method::POST, &url, Some(&long), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&bytes).contains("maximum context length is 40"));
+    let short = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5});
+    let reply = post(&url, &short).await;
+    assert_eq!(reply["choices"][0]["finish_reason"], "length");
+    mock.stop().await;
+}
