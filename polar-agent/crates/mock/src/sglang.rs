@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 
 use super::MockError;
 use super::body::RespBody;
+use super::codec::Codec;
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation, arguments_as_sent};
@@ -83,9 +84,17 @@ fn whole_chat(
     } else {
         Value::Null
     };
+    // With a real model, SGLang's tool detectors strip the text before the
+    // first call (`normal_text = text[:idx].strip()` in
+    // `python/sglang/srt/function_call/qwen25_detector.py`): no "\n\n".
+    let content = if tool_calls && matches!(g.codec, Codec::Real(_)) {
+        p.content.trim()
+    } else {
+        p.content.as_str()
+    };
     let mut choice = json!({
         "index": 0,
-        "message": {"role": "assistant", "content": p.content,
+        "message": {"role": "assistant", "content": content,
                     "reasoning_content": p.reasoning.as_deref().filter(|r| !r.is_empty()),
                     "tool_calls": if tool_calls { Value::Array(calls) } else { Value::Null }},
         "logprobs": if req.logprobs { emit::chat_logprobs(g, 0..g.ids.len(), top) } else { Value::Null },

@@ -16,6 +16,10 @@
 //!   them; the content is the text before the first `<tool_call>`
 //!   (`"\n\n"` after a reasoning block), text between and after calls is
 //!   dropped; a call that is not such JSON leaves all of it content.
+//!
+//! SGLang's `qwen3` reasoning detector splits the same way; its `qwen25`
+//! tool detector strips the text before the first call (`""` where vLLM
+//! has `"\n\n"`), which its chat reply applies (`crate::sglang`).
 
 use std::ops::Range;
 
