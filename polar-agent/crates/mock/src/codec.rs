@@ -109,10 +109,7 @@ impl Codec {
         let text = self.decode(prompt_ids, false)?;
         Ok(match self {
             Self::Mock { .. } => PromptFacts::sniff(&text),
-            Self::Real(m) => {
-                let (messages, tools) = m.family().read_prompt(&text);
-                PromptFacts::of_messages(&messages, &tools)
-            }
+            Self::Real(m) => m.facts(&text),
         })
     }
 

@@ -563,3 +563,54 @@ async fn a_prompt_over_the_context_is_refused_and_the_server_serves_on() {
     assert_eq!(reply["choices"][0]["finish_reason"], "length");
     mock.stop().await;
 }
+
+#[tokio::test]
+async fn chat_and_token_in_calls_of_one_conversation_are_one_session() {
+    // A `requests` script: each call of a session takes the next turn, so
+    // the second call gets the second turn only if both calls read the
+    // same first user message (the session key) from the prompt.
+    let turn = |text: &str| Turn {
+        text: Some(text.into()),
+        ..Turn::default()
+    };
+    let mock = start(MockConfig {
+        model: Some(model()),
+        script: Some(Script {
+            final_text: None,
+            sessions: vec![SessionScript {
+                id: "*".into(),
+                turns: vec![turn("first"), turn("second")],
+                ..SessionScript::default()
+            }],
+        }),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let body = json!({"messages": first_turn(), "return_token_ids": true});
+    let (status, _, bytes) = request(
+        Method::POST,
+        &format!("{}/v1/chat/completions", mock.url()),
+        Some(&body),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let reply: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(reply["choices"][0]["message"]["content"], "\n\nfirst");
+    let prompt = ids(&reply["prompt_token_ids"]);
+    let (status, _, bytes) = request(
+        Method::POST,
+        &format!("{}/v1/completions", mock.url()),
+        Some(&json!({"prompt": prompt, "max_tokens": 100})),
+        &[],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let out: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        out["choices"][0]["text"], "<think>\n\n</think>\n\nsecond",
+        "the same session's next turn"
+    );
+    mock.stop().await;
+}

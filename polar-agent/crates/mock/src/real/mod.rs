@@ -256,6 +256,13 @@ impl RealModel {
         Some((start, true))
     }
 
+    /// The script's facts of a prompt this model's template rendered (its
+    /// closed blocks read back as a conversation).
+    pub fn facts(&self, prompt: &str) -> crate::template::PromptFacts {
+        let (messages, tools) = self.family.read_prompt(prompt);
+        crate::template::PromptFacts::of_messages(&messages, &tools)
+    }
+
     /// The prompt of a chat body, as vLLM renders it: text and ids.
     /// `tools` are the tools the template gets (`None`: the body's).
     pub fn chat_prompt(

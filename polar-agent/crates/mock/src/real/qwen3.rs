@@ -38,6 +38,7 @@ const CALL_END: &str = "</tool_call>";
 const IM_START: &str = "<|im_start|>";
 const IM_END: &str = "<|im_end|>";
 const RESPONSE: &str = "<tool_response>\n";
+const TOOLS: &str = "# Tools\n\nYou may call one or more functions";
 const RESPONSE_END: &str = "\n</tool_response>";
 
 /// Qwen3 (ChatML turns, `<think>` reasoning, Hermes tool calls).
@@ -145,8 +146,13 @@ impl OutputFormat for Qwen3 {
             let (role, body) = body.split_once('\n').unwrap_or((body, ""));
             match role {
                 "system" => {
-                    let (system, tool_list) = match body.split_once("# Tools\n") {
-                        Some((s, rest)) => (s.strip_suffix("\n\n").unwrap_or(s), Some(rest)),
+                    // The template's tools section comes after the system
+                    // text (which may itself hold such a heading).
+                    let (system, tool_list) = match body.rfind(TOOLS) {
+                        Some(at) => (
+                            body[..at].strip_suffix("\n\n").unwrap_or(&body[..at]),
+                            Some(&body[at..]),
+                        ),
                         None => (body, None),
                     };
                     if let Some(list) = tool_list.and_then(|r| r.split_once("<tools>\n")) {
