@@ -59,6 +59,9 @@ pub enum LoadError {
         line: Option<usize>,
         reason: String,
     },
+    /// The template engine's settings were refused (a bug of this crate).
+    #[error("setting up the template engine failed: {0}")]
+    Engine(String),
     /// A special token of the config is not a token of the tokenizer.
     #[error("{}: `{key}` is {token:?}, which {tokenizer} has no token for", path.display(), tokenizer = tokenizer.display())]
     SpecialTokenMissing {
@@ -78,11 +81,23 @@ pub enum LoadError {
     },
 }
 
-/// Where the template came from, for errors.
+/// A template and where it came from, for errors.
 struct Source {
+    /// Its name in the environment (`default`, `tool_use`, ...).
+    name: String,
     path: PathBuf,
     key: String,
     text: String,
+}
+
+/// The model's templates and which of them a render uses.
+struct Templates {
+    sources: Vec<Source>,
+    /// The one used without tools, or always when named.
+    default: String,
+    /// The one used when tools are given (`tool_use`, unless a template
+    /// was named), as transformers' `get_chat_template` picks.
+    tool_use: Option<String>,
 }
 
 impl Model {
@@ -102,7 +117,7 @@ impl Model {
                 }
             })?;
         let config = files::read_object(&files.tokenizer_config)?;
-        let template = chat_template(files, &config)?;
+        let templates = chat_templates(files, &config)?;
         let special_tokens = special_tokens(&files.tokenizer_config, &config)?;
         for (key, token) in &special_tokens {
             if tokenizer.token_to_id(token).is_none() {
@@ -114,22 +129,30 @@ impl Model {
                 });
             }
         }
-        for token in control_tokens(&template.text) {
-            if tokenizer.token_to_id(token).is_none() {
+        for source in &templates.sources {
+            if let Some(token) = control_tokens(&source.text)
+                .into_iter()
+                .find(|t| tokenizer.token_to_id(t).is_none())
+            {
                 return Err(LoadError::TemplateTokenMissing {
-                    path: template.path,
-                    key: template.key,
+                    path: source.path.clone(),
+                    key: source.key.clone(),
                     token: token.to_owned(),
                     tokenizer: files.tokenizer.clone(),
                 });
             }
         }
-        let env = env::compile(template.text).map_err(|e| LoadError::TemplateSyntax {
-            path: template.path.clone(),
-            key: template.key.clone(),
-            line: e.line(),
-            reason: e.detail().map_or_else(|| e.to_string(), str::to_owned),
-        })?;
+        let mut env = env::environment().map_err(|e| LoadError::Engine(e.to_string()))?;
+        for source in templates.sources {
+            env::add(&mut env, source.name, &source.text).map_err(|e| {
+                LoadError::TemplateSyntax {
+                    path: source.path.clone(),
+                    key: source.key.clone(),
+                    line: e.line(),
+                    reason: e.detail().map_or_else(|| e.to_string(), str::to_owned),
+                }
+            })?;
+        }
         let mut stop_ids = match &files.generation_config {
             Some(path) => eos_ids(path, &files::read_object(path)?)?,
             None => Vec::new(),
@@ -144,26 +167,41 @@ impl Model {
             Some(path) => context_len(path, &files::read_object(path)?)?,
             None => None,
         };
+        let clean_up_spaces = flag(&config, "clean_up_tokenization_spaces")
+            && (!matches!(tokenizer.get_model(), tokenizers::ModelWrapper::BPE(_))
+                || flag(
+                    &config,
+                    "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output",
+                ));
         Ok(Self::new(
             env,
+            (templates.default, templates.tool_use),
             tokenizer,
             special_tokens,
             stop_ids,
             context_len,
+            clean_up_spaces,
         ))
     }
 }
 
-/// The template: `chat_template.jinja`, else the config's `chat_template`
-/// (a string, or a list of `{name, template}` of which the named one or
-/// `default`).
-fn chat_template(files: &ModelFiles, config: &Map<String, Value>) -> Result<Source, LoadError> {
+/// The templates: `chat_template.jinja`, else the config's
+/// `chat_template`, a string or a list of `{name, template}` (all compiled;
+/// the named one used, else `default`, and `tool_use` when tools are
+/// given).
+fn chat_templates(files: &ModelFiles, config: &Map<String, Value>) -> Result<Templates, LoadError> {
+    let single = |path: &Path, key: &str, text: String| Templates {
+        sources: vec![Source {
+            name: "default".into(),
+            path: path.to_owned(),
+            key: key.to_owned(),
+            text,
+        }],
+        default: "default".into(),
+        tool_use: None,
+    };
     if let Some(path) = &files.chat_template {
-        return Ok(Source {
-            path: path.clone(),
-            key: files::CHAT_TEMPLATE.into(),
-            text: files::read_text(path)?,
-        });
+        return Ok(single(path, files::CHAT_TEMPLATE, files::read_text(path)?));
     }
     let path = files.tokenizer_config.clone();
     let key_error = |reason: String| LoadError::Key {
@@ -173,14 +211,9 @@ fn chat_template(files: &ModelFiles, config: &Map<String, Value>) -> Result<Sour
     };
     match config.get("chat_template") {
         None | Some(Value::Null) => Err(LoadError::NoChatTemplate { path: path.clone() }),
-        Some(Value::String(text)) => Ok(Source {
-            path: path.clone(),
-            key: "chat_template".into(),
-            text: text.clone(),
-        }),
+        Some(Value::String(text)) => Ok(single(&path, "chat_template", text.clone())),
         Some(Value::Array(list)) => {
-            let wanted = files.template_name.as_deref().unwrap_or("default");
-            let mut names = Vec::new();
+            let mut sources = Vec::new();
             for (i, entry) in list.iter().enumerate() {
                 let name = entry.get("name").and_then(Value::as_str);
                 let text = entry.get("template").and_then(Value::as_str);
@@ -189,19 +222,29 @@ fn chat_template(files: &ModelFiles, config: &Map<String, Value>) -> Result<Sour
                         "entry {i} is not a {{\"name\": string, \"template\": string}} object"
                     )));
                 };
-                if name == wanted {
-                    return Ok(Source {
-                        path: path.clone(),
-                        key: format!("chat_template[{name}]"),
-                        text: text.to_owned(),
-                    });
-                }
-                names.push(name.to_owned());
+                sources.push(Source {
+                    name: name.to_owned(),
+                    path: path.clone(),
+                    key: format!("chat_template[{name}]"),
+                    text: text.to_owned(),
+                });
             }
-            Err(LoadError::NoSuchTemplate {
-                path: path.clone(),
-                name: wanted.to_owned(),
-                available: names.join(", "),
+            let has = |n: &str| sources.iter().any(|s| s.name == n);
+            let wanted = files.template_name.as_deref().unwrap_or("default");
+            if !has(wanted) {
+                let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+                return Err(LoadError::NoSuchTemplate {
+                    path: path.clone(),
+                    name: wanted.to_owned(),
+                    available: names.join(", "),
+                });
+            }
+            let tool_use =
+                (files.template_name.is_none() && has("tool_use")).then(|| "tool_use".to_owned());
+            Ok(Templates {
+                sources,
+                default: wanted.to_owned(),
+                tool_use,
             })
         }
         Some(other) => Err(key_error(format!(
@@ -285,6 +328,11 @@ pub fn control_tokens(template: &str) -> Vec<&str> {
         }
     }
     out
+}
+
+/// A boolean key, `false` when absent or not a boolean.
+fn flag(config: &Map<String, Value>, key: &str) -> bool {
+    config.get(key).and_then(Value::as_bool).unwrap_or(false)
 }
 
 /// `eos_token_id` of `generation_config.json`: an id or a list of ids.

@@ -7,7 +7,7 @@
 use minijinja::Environment;
 use tokenizers::Tokenizer;
 
-use crate::env::{Raised, TEMPLATE_NAME};
+use crate::env::Raised;
 use crate::input::{RenderError, RenderInput, context};
 
 /// Why text and ids could not be converted.
@@ -38,10 +38,18 @@ pub enum PromptError {
 /// A model's chat template and tokenizer, loaded by [`Model::load`].
 pub struct Model {
     env: Environment<'static>,
+    /// The template used without tools (or always, when one was named).
+    default: String,
+    /// The template used with tools, if the model has a `tool_use` one.
+    tool_use: Option<String>,
     tokenizer: Tokenizer,
     special_tokens: Vec<(String, String)>,
     stop_ids: Vec<u32>,
     context_len: Option<u32>,
+    /// Whether decoding removes spaces before punctuation
+    /// (`clean_up_tokenization_spaces`, which transformers ignores for BPE
+    /// tokenizers unless told to corrupt their output anyway).
+    clean_up_spaces: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -57,26 +65,35 @@ impl std::fmt::Debug for Model {
 impl Model {
     pub(crate) fn new(
         env: Environment<'static>,
+        (default, tool_use): (String, Option<String>),
         tokenizer: Tokenizer,
         special_tokens: Vec<(String, String)>,
         stop_ids: Vec<u32>,
         context_len: Option<u32>,
+        clean_up_spaces: bool,
     ) -> Self {
         Self {
             env,
+            default,
+            tool_use,
             tokenizer,
             special_tokens,
             stop_ids,
             context_len,
+            clean_up_spaces,
         }
     }
 
     /// The prompt text for `input`.
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, RenderError> {
         let ctx = context(input, &self.special_tokens)?;
+        let name = match (&self.tool_use, input.tools) {
+            (Some(tool_use), Some(_)) => tool_use,
+            _ => &self.default,
+        };
         let template = self
             .env
-            .get_template(TEMPLATE_NAME)
+            .get_template(name)
             .map_err(|e| template_error(&e))?;
         template.render(ctx).map_err(|e| template_error(&e))
     }
@@ -96,11 +113,18 @@ impl Model {
             .map_err(|e| TokenizeError::Encode(e.to_string()))
     }
 
-    /// The text of `ids`; `skip_special` leaves special tokens out.
+    /// The text of `ids`, as transformers' `decode` gives it;
+    /// `skip_special` leaves special tokens out.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, TokenizeError> {
-        self.tokenizer
+        let text = self
+            .tokenizer
             .decode(ids, skip_special)
-            .map_err(|e| TokenizeError::Decode(e.to_string()))
+            .map_err(|e| TokenizeError::Decode(e.to_string()))?;
+        Ok(if self.clean_up_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
     }
 
     /// The id of a token (`<|im_end|>`), if the vocabulary has it.
@@ -131,6 +155,20 @@ impl Model {
     }
 }
 
+/// transformers' `clean_up_tokenization`.
+fn clean_up_tokenization(text: &str) -> String {
+    text.replace(" .", ".")
+        .replace(" ?", "?")
+        .replace(" !", "!")
+        .replace(" ,", ",")
+        .replace(" ' ", "'")
+        .replace(" n't", "n't")
+        .replace(" 'm", "'m")
+        .replace(" 's", "'s")
+        .replace(" 've", "'ve")
+        .replace(" 're", "'re")
+}
+
 fn template_error(e: &minijinja::Error) -> RenderError {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
@@ -144,5 +182,18 @@ fn template_error(e: &minijinja::Error) -> RenderError {
     RenderError::Template {
         line: e.line(),
         reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clean_up_is_transformers() {
+        assert_eq!(
+            clean_up_tokenization("I do n't know , it 's here . Is it ? Yes !"),
+            "I don't know, it's here. Is it? Yes!"
+        );
     }
 }

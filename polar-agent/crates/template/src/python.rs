@@ -106,13 +106,37 @@ pub fn repr_str(out: &mut String, s: &str) {
                 out.push('\\');
                 out.push(c);
             }
-            c if (c as u32) < 0x20 || (0x7f..=0xa0).contains(&(c as u32)) => {
-                let _ = write!(out, "\\x{:02x}", c as u32);
+            c if !printable(c) => {
+                let n = c as u32;
+                let _ = match n {
+                    0..=0xff => write!(out, "\\x{n:02x}"),
+                    0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                    _ => write!(out, "\\U{n:08x}"),
+                };
             }
             c => out.push(c),
         }
     }
     out.push(quote);
+}
+
+/// Python's `str.isprintable` for one character: false for controls
+/// (Cc), format characters (Cf), separators other than the space (Zs, Zl,
+/// Zp) and private use (Co). Unassigned code points (Cn), which Python
+/// also escapes, are printed: telling them apart needs the Unicode
+/// database.
+fn printable(c: char) -> bool {
+    let n = c as u32;
+    if c == ' ' {
+        return true;
+    }
+    !matches!(n,
+        0x00..=0x1f | 0x7f..=0xa0 | 0xad
+        | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x890..=0x891 | 0x8e2 | 0x1680 | 0x180e
+        | 0x2000..=0x200f | 0x2028..=0x202f | 0x205f..=0x2064 | 0x2066..=0x206f | 0x3000
+        | 0xe000..=0xf8ff | 0xfeff | 0xfff9..=0xfffb
+        | 0x110bd | 0x110cd | 0x13430..=0x1343f | 0x1bca0..=0x1bca3 | 0x1d173..=0x1d17a
+        | 0xe0001 | 0xe0020..=0xe007f | 0xf0000..=0xffffd | 0x100000..=0x10fffd)
 }
 
 /// `repr(f)` for a Python float: the shortest digits that read back the
@@ -229,7 +253,15 @@ impl JsonWriter<'_> {
                 }
             }
             ValueKind::String => self.string(value.as_str().unwrap_or_default()),
-            ValueKind::Seq | ValueKind::Iterable => {
+            // Jinja2's `map`, `select`, `selectattr`, ... give generators,
+            // which `json.dumps` refuses; minijinja's give lazy iterables.
+            ValueKind::Iterable => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "Object of type generator is not JSON serializable",
+                ));
+            }
+            ValueKind::Seq => {
                 let items: Vec<Value> = value.try_iter()?.collect();
                 if items.is_empty() {
                     self.out.push_str("[]");
@@ -381,6 +413,10 @@ mod tests {
         assert_eq!(repr("a\nb\\"), r"'a\nb\\'");
         assert_eq!(repr("'\""), r#"'\'"'"#);
         assert_eq!(repr("it's"), r#""it's""#);
+        assert_eq!(
+            repr("\u{200b}a\u{a0}\u{1b}\u{feff}é\u{e0001}"),
+            r"'\u200ba\xa0\x1b\ufeffé\U000e0001'"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The differential test: for each real model (tokenizer and chat template
 //! as the model ships them), hundreds of seeded conversations rendered and
 //! tokenized by this crate and by `transformers.apply_chat_template`
-//! (`tests/reference.py`), compared byte for byte and id for id; a case the
+//! (`tests/reference.py`), compared byte for byte and id for id (and the
+//! ids decoded back, with and without special tokens); a case the
 //! real template refuses must be refused by both. Then one long agentic
 //! session, compared the same way, with the time this crate takes for it.
 
@@ -31,6 +32,25 @@ fn input(case: &Case) -> RenderInput<'_> {
         add_generation_prompt: case.add_generation_prompt,
         kwargs: &case.kwargs,
     }
+}
+
+/// Where decoding `ids` (with and without special tokens) differs from
+/// transformers' `decode`.
+fn decode_diff(model: &Model, ids: &[u32], theirs: &Value) -> Option<String> {
+    for (skip, key) in [(false, "decoded"), (true, "decoded_skip")] {
+        let want = theirs[key].as_str().unwrap_or_default();
+        match model.decode(ids, skip) {
+            Ok(got) if got == want => {}
+            Ok(got) => {
+                return Some(format!(
+                    "decoding (skip_special {skip}): {}",
+                    support::text_diff(&got, want)
+                ));
+            }
+            Err(e) => return Some(format!("decoding (skip_special {skip}) failed: {e}")),
+        }
+    }
+    None
 }
 
 /// Renders every case both ways; fails listing the first differences.
@@ -85,6 +105,8 @@ fn differential(name: &str, seed: u64) {
                     ));
                 } else if ours.ids != ids {
                     failures.push(format!("case {i}: {}", support::ids_diff(&ours.ids, &ids)));
+                } else if let Some(diff) = decode_diff(&model, &ours.ids, theirs) {
+                    failures.push(format!("case {i}: {diff}"));
                 } else {
                     equal += 1;
                 }
@@ -94,7 +116,7 @@ fn differential(name: &str, seed: u64) {
         }
     }
     eprintln!(
-        "{name}: {CASES} cases, {equal} equal (text and ids), {raised} refused by both, {} differ",
+        "{name}: {CASES} cases, {equal} equal (text, ids, decoded), {raised} refused by both, {} differ",
         failures.len()
     );
     for (reason, n) in &reasons {
@@ -211,4 +233,23 @@ fn image_parts_are_refused() {
         "{err:?}"
     );
     assert!(err.to_string().contains("image"), "{err}");
+}
+
+/// The ids generation stops at and the token lookups, on the real models
+/// (the values transformers reports as `eos_token_id`).
+#[test]
+fn stop_ids_and_tokens_of_real_models() {
+    for (name, eos, start) in [
+        ("qwen3", 151_645, ("<|im_start|>", 151_644)),
+        ("deepseek_v3", 1, ("<｜User｜>", 128_803)),
+        ("gptoss", 200_002, ("<|start|>", 200_006)),
+        ("llama3_1", 128_009, ("<|start_header_id|>", 128_006)),
+    ] {
+        let model = Model::load(&ModelFiles::from_dir(&support::model_dir(name))).unwrap();
+        assert_eq!(model.stop_ids(), [eos], "{name}");
+        assert_eq!(model.token_id(start.0), Some(start.1), "{name}");
+        assert_eq!(model.id_token(start.1).as_deref(), Some(start.0), "{name}");
+        assert_eq!(model.context_len(), None, "{name}: no config.json");
+        assert_eq!(model.token_id("<|no such token|>"), None, "{name}");
+    }
 }

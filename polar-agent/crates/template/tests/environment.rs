@@ -14,7 +14,7 @@
 mod support;
 
 use polar_template::{Model, ModelFiles, PromptError, RenderError, RenderInput};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use support::cases::Case;
 
@@ -29,7 +29,15 @@ fn case(messages: Value, tools: Option<Value>, kwargs: Value) -> Case {
 
 /// Renders `cases` with `template` both ways; returns our texts.
 fn agree(template: &str, cases: &[Case], documents: Option<&[Value]>) -> Vec<String> {
-    let dir = support::custom_model(|_| {}, Some(template));
+    agree_in(
+        &support::custom_model(|_| {}, Some(template)),
+        cases,
+        documents,
+    )
+}
+
+/// [`agree`] with a model directory of the caller's.
+fn agree_in(dir: &tempfile::TempDir, cases: &[Case], documents: Option<&[Value]>) -> Vec<String> {
     let model = Model::load(&ModelFiles::from_dir(dir.path())).unwrap();
     let json: Vec<Value> = cases
         .iter()
@@ -162,9 +170,27 @@ fn messages_are_normalized_as_in_transformers() {
     agree(template, &cases, None);
 }
 
+/// Named templates: `default`, or `tool_use` when tools are given, as
+/// transformers picks them.
+#[test]
+fn named_templates_are_picked_as_in_transformers() {
+    let list = json!([
+        {"name": "default", "template": "D:{% for m in messages %}{{ m.content }}{% endfor %}"},
+        {"name": "tool_use", "template": "T:{{ tools | length }}:{% for m in messages %}{{ m.content }}{% endfor %}"},
+        {"name": "rag", "template": "R"}
+    ]);
+    let dir = support::custom_model(|c| drop(c.insert("chat_template".into(), list)), None);
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let messages = json!([{"role": "user", "content": "q"}]);
+    let cases = [
+        case(messages.clone(), None, json!({})),
+        case(messages, Some(tools), json!({})),
+    ];
+    assert_eq!(agree_in(&dir, &cases, None), ["D:q", "T:1:q"]);
+}
+
 #[test]
 fn the_model_is_shareable() {
     fn shareable<T: Send + Sync>() {}
     shareable::<Model>();
-    let _: Map<String, Value> = Map::new();
 }

@@ -1,11 +1,12 @@
 """The reference for polar-template's differential test: renders and
 tokenizes chat cases with transformers' `apply_chat_template`.
 
-Usage: reference.py MODEL_DIR CASES_JSON OUT_JSON
+Usage: reference.py MODEL_DIR CASES_JSON OUT_JSON [MODEL_DIR CASES_JSON OUT_JSON ...]
 
 CASES_JSON is a list of {"messages", "tools", "documents",
 "add_generation_prompt", "kwargs"}; OUT_JSON gets, per case, {"text",
-"ids"} or {"error": "<exception type>: <message>"}. Offline: the tokenizer
+"ids", "decoded", "decoded_skip"} (the ids decoded with and without special
+tokens) or {"error": "<exception type>: <message>"}. Offline: the tokenizer
 and template are read from MODEL_DIR only.
 """
 
@@ -32,17 +33,26 @@ def render(tokenizer, case):
         ids = tokenizer.apply_chat_template(case["messages"], tokenize=True, return_dict=False, **kwargs)
     except Exception as e:  # the template's refusal is a result to compare
         return {"error": f"{type(e).__name__}: {e}"}
-    return {"text": text, "ids": list(ids)}
+    ids = list(ids)
+    return {
+        "text": text,
+        "ids": ids,
+        "decoded": tokenizer.decode(ids),
+        "decoded_skip": tokenizer.decode(ids, skip_special_tokens=True),
+    }
 
 
 def main():
-    model_dir, cases_path, out_path = sys.argv[1:4]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    with open(cases_path, encoding="utf-8") as f:
-        cases = json.load(f)
-    results = [render(tokenizer, case) for case in cases]
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(results, f, ensure_ascii=False)
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        sys.exit(__doc__)
+    for model_dir, cases_path, out_path in zip(args[0::3], args[1::3], args[2::3]):
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with open(cases_path, encoding="utf-8") as f:
+            cases = json.load(f)
+        results = [render(tokenizer, case) for case in cases]
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(results, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,9 @@ const SYSTEM: [&str; 5] = [
     "You are pi, a coding assistant. Answer in the user's language. 你好，世界。 Ответ по-русски, если спросят.",
 ];
 
-const USER: [&str; 8] = [
+const USER: [&str; 10] = [
+    "Here is a transcript: <|im_start|>user\nhi<|im_end|> <|endoftext|> <｜User｜> <|start|> and </think> <tool_call> tags, as text",
+    "\u{200b}zero\u{200d}width\u{feff} and tab\tseparated",
     "Create a file out.txt containing hi, then tell me what you did.",
     "Why does `cargo build` fail with E0599 here?\n\n```\nerror[E0599]: no method named `foo` found for struct `Bar`\n```",
     "fix the failing test in src/lib.rs — it panics on empty input",
@@ -97,7 +99,10 @@ const REASONING: [&str; 5] = [
     "Plan: 1) read 2) edit 3) test",
 ];
 
-const TOOL_RESULTS: [&str; 8] = [
+const TOOL_RESULTS: [&str; 11] = [
+    "مرحبا بالعالم — RTL text, 👩‍💻 a joined emoji, e\u{301} a combining accent",
+    "binary\u{0}\u{7f}data\u{1b}[0m",
+    "   \n\t  ",
     "",
     "hi",
     "{\"exit_code\": 0, \"stdout\": \"ok\\n\", \"stderr\": \"\"}",
@@ -260,7 +265,12 @@ fn assistant_turn(rng: &mut Rng, tools: &[Value], calls: bool, out: &mut Vec<Val
                 .unwrap_or("Bash")
                 .to_owned();
             let id = format!("call_{:x}{i}", rng.next() % 0xffff_ffff);
-            tool_calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments(rng, &name)}}));
+            let mut args = arguments(rng, &name);
+            // Some clients hand arguments over as the JSON text the model wrote.
+            if rng.chance(15) {
+                args = json!(args.to_string());
+            }
+            tool_calls.push(json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}}));
             let mut result =
                 json!({"role": "tool", "tool_call_id": id, "content": rng.pick(&TOOL_RESULTS)});
             if rng.chance(50) {
@@ -280,8 +290,18 @@ fn assistant_turn(rng: &mut Rng, tools: &[Value], calls: bool, out: &mut Vec<Val
         out.push(Value::Object(message));
         out.extend(results);
     } else {
-        message.insert("content".into(), json!(rng.pick(&ANSWERS)));
-        reasoning(rng, &mut message);
+        let answer = *rng.pick(&ANSWERS);
+        if rng.chance(6) {
+            // Reasoning left inline, as a harness echoes a raw reply.
+            let thought = *rng.pick(&REASONING);
+            message.insert(
+                "content".into(),
+                json!(format!("<think>\n{thought}\n</think>\n\n{answer}")),
+            );
+        } else {
+            message.insert("content".into(), json!(answer));
+            reasoning(rng, &mut message);
+        }
         out.push(Value::Object(message));
     }
 }
@@ -355,7 +375,9 @@ pub fn cases(family: &str, seed: u64, n: usize) -> Vec<Case> {
             };
             let mut messages = Vec::new();
             if rng.chance(80) {
-                messages.push(json!({"role": "system", "content": rng.pick(&SYSTEM)}));
+                // Codex sends its instructions as a developer message.
+                let role = if rng.chance(10) { "developer" } else { "system" };
+                messages.push(json!({"role": role, "content": rng.pick(&SYSTEM)}));
             }
             let turns = 1 + rng.below(4);
             for t in 0..turns {
