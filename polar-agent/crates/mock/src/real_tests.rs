@@ -183,7 +183,23 @@ async fn chat_prompt_ids_are_transformers_ids_for_the_same_conversation() {
     let mut later = history.clone();
     later.push(json!({"role": "assistant", "content": "Two files.", "reasoning": "Counted."}));
     later.push(json!({"role": "user", "content": "Now read a.txt."}));
+    // Two calls with text before them, their results as text parts, no
+    // system message.
+    let calls = json!([
+        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}},
+        {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": "{\"command\": \"cat a.txt\", \"timeout\": 5}"}}
+    ]);
+    let parallel = vec![
+        json!({"role": "user", "content": "Show me a.txt and the listing."}),
+        json!({"role": "assistant", "content": [{"type": "text", "text": "Both at once."}], "tool_calls": calls}),
+        json!({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "a.txt"}]}),
+        json!({"role": "tool", "tool_call_id": "c2", "content": "hello ü 🦀"}),
+        json!({"role": "assistant", "content": "It says hello.", "reasoning": ""}),
+        json!({"role": "user", "content": "<tool_response>\nnot a result\n</tool_response>"}),
+    ];
     let conversations = [
+        (parallel.clone(), true, json!({})),
+        (parallel, false, json!({"enable_thinking": false})),
         (first_turn(), true, json!({})),
         (first_turn(), false, json!({})),
         (first_turn(), true, json!({"enable_thinking": false})),
@@ -613,4 +629,84 @@ async fn chat_and_token_in_calls_of_one_conversation_are_one_session() {
         "the same session's next turn"
     );
     mock.stop().await;
+}
+
+#[test]
+fn streamed_deltas_add_up_to_the_whole_parse() {
+    use super::codec::Codec;
+    use super::generate::{DeltaSplitter, generate_with};
+    use super::script::Plan;
+    let codec = Codec::Real(model());
+    let model = model();
+    let prompt = model
+        .encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+        .unwrap();
+    let plan = Plan {
+        think: Some("Two things: ü and 🦀.".into()),
+        text: "Running both.".into(),
+        tool_calls: vec![
+            ("bash".into(), r#"{"command":"echo 🦀"}"#.into()),
+            ("read".into(), r#"{"path":"a.txt"}"#.into()),
+        ],
+        ..Plan::default()
+    };
+    let g = generate_with(&codec, prompt.clone(), &plan, 10_000);
+    assert_eq!(g.parsed.content, "\n\nRunning both.\n");
+    assert_eq!(
+        g.parsed.reasoning.as_deref(),
+        Some("\nTwo things: ü and 🦀.\n")
+    );
+    assert_eq!(
+        g.parsed.tool_calls[0].arguments,
+        r#"{"command": "echo 🦀"}"#
+    );
+    assert_eq!(g.ids, model.encode(&g.text).unwrap());
+    for per_chunk in [1, 3] {
+        let mut splitter = DeltaSplitter::new(&g);
+        let (mut reasoning, mut content) = (String::new(), String::new());
+        let mut args = vec![String::new(); 2];
+        let mut i = 0;
+        while i < g.ids.len() {
+            let j = (i + per_chunk).min(g.ids.len());
+            let d = splitter.chunk(i..j);
+            reasoning += &d.reasoning;
+            content += &d.content;
+            for (n, a) in d.tool_args {
+                args[n] += &a;
+            }
+            i = j;
+        }
+        assert_eq!(Some(reasoning), g.parsed.reasoning);
+        assert_eq!(content, g.parsed.content);
+        let whole: Vec<&str> = g
+            .parsed
+            .tool_calls
+            .iter()
+            .map(|c| c.arguments.as_str())
+            .collect();
+        assert_eq!(args, whole);
+    }
+    // Thinking off (the prompt ends with the empty reasoning block): no
+    // reasoning is written.
+    let mut off = prompt;
+    off.extend(model.encode("<think>\n\n</think>\n\n").unwrap());
+    let g = generate_with(&codec, off, &plan, 10_000);
+    assert!(
+        g.text.starts_with("Running both.\n<tool_call>"),
+        "{}",
+        g.text
+    );
+    assert_eq!(g.parsed.reasoning, None);
+    // A cut inside a character drops the whole character.
+    let g = generate_with(&codec, Vec::new(), &plan, 10_000);
+    for limit in 1..g.ids.len() {
+        let cut = generate_with(&codec, Vec::new(), &plan, limit);
+        assert!(g.text.starts_with(&cut.text));
+        assert_eq!(cut.ids, g.ids[..cut.ids.len()]);
+        assert_eq!(
+            model.decode(&cut.ids, false).unwrap(),
+            cut.text,
+            "limit {limit}"
+        );
+    }
 }
