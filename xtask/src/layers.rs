@@ -178,6 +178,8 @@ pub const LAYERS: &[Layer] = &[
             "polar-sse",
             "polar-io",
             "polar-inference",
+            "polar-faithful",
+            "polar-template",
         ],
     ),
     row(

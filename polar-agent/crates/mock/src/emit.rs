@@ -10,9 +10,9 @@ use http::{Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::body::{RespBody, channel, json_response, stream_response};
+use super::codec::Codec;
 use super::generate::{Delta, DeltaSplitter, Generation, logprob};
 use super::server::Admitted;
-use super::tokenizer;
 
 /// What surrounds the per-token chunks of a stream.
 #[derive(Debug, Default)]
@@ -126,24 +126,24 @@ pub fn chat_logprobs(g: &Generation, range: Range<usize>, top: usize) -> Value {
                     let alt = if k == 0 {
                         id
                     } else {
-                        (id + k as u32) % tokenizer::VOCAB_SIZE
+                        (id + k as u32) % g.codec.vocab_size()
                     };
                     let alt_lp = if k == 0 {
                         lp
                     } else {
                         lp.min(logprob(base + i, alt)) - k as f32
                     };
-                    entry(alt, alt_lp, Vec::new())
+                    entry(&g.codec, alt, alt_lp, Vec::new())
                 })
                 .collect();
-            entry(id, lp, tops)
+            entry(&g.codec, id, lp, tops)
         })
         .collect();
     json!({ "content": content })
 }
 
-fn entry(id: u32, lp: f32, top: Vec<Value>) -> Value {
-    let bytes = tokenizer::token_bytes(id).unwrap_or_default();
+fn entry(codec: &Codec, id: u32, lp: f32, top: Vec<Value>) -> Value {
+    let bytes = codec.token_bytes(id);
     json!({
         "token": String::from_utf8_lossy(&bytes),
         "logprob": lp,
@@ -158,7 +158,7 @@ pub fn sglang_logprobs(g: &Generation) -> Value {
         g.ids
             .iter()
             .zip(&g.logprobs)
-            .map(|(&id, &lp)| json!([lp, id, tokenizer::token_text(id).unwrap_or_default()]))
+            .map(|(&id, &lp)| json!([lp, id, g.codec.token_text(id)]))
             .collect(),
     )
 }

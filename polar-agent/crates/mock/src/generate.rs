@@ -1,15 +1,15 @@
-//! Turning a [`Plan`] into generated tokens: the assistant turn is rendered
-//! through the template, tokenized, cut at the token limit, given
+//! Turning a [`Plan`] into generated tokens: the assistant turn is written
+//! as the served model writes it ([`Codec`]), tokenized, cut at the token limit, given
 //! deterministic logprobs, and parsed back; [`DeltaSplitter`] then cuts it
 //! into the per-chunk deltas a streaming reply carries.
 
 use std::collections::BTreeSet;
 use std::ops::Range;
 
+use super::codec::Codec;
 use super::forced::{self, Forced};
 use super::script::Plan;
-use super::template::{self, Channel, ParsedOutput};
-use super::tokenizer;
+use super::template::{Channel, ParsedOutput};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,34 +73,57 @@ pub struct Generation {
     pub finish: Finish,
     /// Cut the connection after this many tokens.
     pub disconnect_after: Option<usize>,
+    /// What it was written and tokenized with (for token texts).
+    pub codec: Codec,
 }
 
-/// Generates the reply to `prompt_ids` following `plan`, at most
-/// `max_tokens` tokens (cut back to a whole character).
+/// Generates the reply to `prompt_ids` following `plan` with the mock's
+/// own template and tokenizer, at most `max_tokens` tokens.
+#[cfg(test)]
 pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generation {
-    let calls: Vec<(&str, &str)> = plan
-        .tool_calls
-        .iter()
-        .map(|(n, a)| (n.as_str(), a.as_str()))
-        .collect();
+    generate_with(
+        &Codec::Mock {
+            glue: String::new(),
+        },
+        prompt_ids,
+        plan,
+        max_tokens,
+    )
+}
+
+/// Generates the reply to `prompt_ids` following `plan`, written and
+/// tokenized with `codec`, at most `max_tokens` tokens (cut back to a whole
+/// character).
+pub fn generate_with(
+    codec: &Codec,
+    prompt_ids: Vec<u32>,
+    plan: &Plan,
+    max_tokens: usize,
+) -> Generation {
     let forced = plan
         .forced
         .filter(|_| !plan.tool_calls.is_empty())
         .map(|f| (f, forced::body(f, plan.think.as_deref(), &plan.tool_calls)));
     let mut full = match &forced {
         Some((_, body)) => body.text.clone(),
-        None => template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls),
+        None => codec.turn_text(plan, &prompt_ids),
     };
     if !plan.force_length {
-        full.push_str("<|im_end|>");
+        full.push_str(codec.end_of_turn());
     }
-    let mut tokens = tokenizer::encode_with_spans(&full);
+    let mut tokens = codec.encode_with_spans(&full);
     let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));
     let truncated = tokens.len() > limit;
     // (A forced call's cut generation is parsed as far as it got anyway.)
-    let streamed = (forced.is_none() && plan.abort_after.is_some() && truncated)
-        .then(|| template::parse_output(&full));
-    tokens.truncate(limit);
+    let streamed =
+        (forced.is_none() && plan.abort_after.is_some() && truncated).then(|| codec.parse(&full));
+    // A cut inside a character a later token finishes (its span is empty)
+    // drops the character's first token too.
+    let mut keep = limit.min(tokens.len());
+    while keep > 0 && keep < tokens.len() && tokens[keep].1.is_empty() {
+        keep -= 1;
+    }
+    tokens.truncate(keep);
     while let Some((_, span)) = tokens.last() {
         if full.is_char_boundary(span.end) {
             break;
@@ -111,7 +134,7 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
     full.truncate(end);
     let parsed = match &forced {
         Some((f, body)) => forced::parse(body, *f, &full),
-        None => template::parse_output(&full),
+        None => codec.parse(&full),
     };
     let finish = if plan.abort_after.is_some() {
         Finish::Abort
@@ -140,6 +163,7 @@ pub fn generate(prompt_ids: Vec<u32>, plan: &Plan, max_tokens: usize) -> Generat
         streamed,
         finish,
         disconnect_after: plan.disconnect_after,
+        codec: codec.clone(),
     }
 }
 

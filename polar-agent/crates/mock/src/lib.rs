@@ -16,6 +16,20 @@
 //! - [`server`], [`vllm`], [`sglang`]: the HTTP side;
 //! - [`resume`]: continuations of a turn (token-in requests that end
 //!   inside one), requests Polar sends again, a replica that goes down.
+//! - [`real`]: `--model-dir DIR`, a real model served as vLLM serves it:
+//!   the body's messages turned into vLLM's conversation
+//!   (`polar_faithful::vllm`), rendered by the model's own chat template
+//!   and tokenized by its tokenizer (`polar-template`), the scripted turn
+//!   written as the family writes it and parsed as vLLM's parsers for the
+//!   family parse it (Qwen3: `qwen3` reasoning, `hermes` tool calls, so a
+//!   call after reasoning has content `"\n\n"`), streamed and whole; the
+//!   token-in endpoints decode with the real tokenizer (raw text with
+//!   special tokens under `skip_special_tokens: false`) and default to
+//!   the real servers' token limits (vLLM completions 16, SGLang
+//!   `/generate` 128); `/tokenize`, `/detokenize` and `/v1/models`
+//!   (`max_model_len`: `config.json`'s, unless set lower) use the model's
+//!   files. The mock's template switches do not apply: the template is
+//!   the model's. [`codec`] is the one path both modes generate through.
 //!
 //! Endpoints (both dialects unless noted): `POST /v1/chat/completions`,
 //! `POST /v1/completions` (vLLM, `prompt` as ids or text), `POST /tokenize`
@@ -35,14 +49,19 @@
 //! vLLM's `hermes` tool parser does, re-serialized (`json.dumps` spacing),
 //! not as the model's text has them.
 //!
-//! Layering: above `polar-chat`, `polar-json`, `polar-io` and
-//! `polar-inference` (for the dialect names); it builds and tests without
+//! Layering: above `polar-chat`, `polar-json`, `polar-io`,
+//! `polar-inference` (for the dialect names), `polar-template` and
+//! `polar-faithful`; it builds and tests without
 //! the eBPF toolchain (checked by `cargo xtask layers`). Tests: `tests.rs`,
 //! `template_tests.rs`, `dialect_tests.rs` (each reply field against the
-//! real servers' protocol definitions), and `tests/inference/` (the
-//! inference client and pool against this server).
+//! real servers' protocol definitions), `real_tests.rs` (Qwen3's real
+//! files, from `cargo xtask chat-models`: prompt ids against
+//! `transformers`, the drift of an echoed reply, token-in continuation),
+//! and `tests/inference/` (the inference client and pool against this
+//! server).
 
 mod body;
+pub mod codec;
 pub mod constrain;
 mod emit;
 pub mod forced;
@@ -50,6 +69,7 @@ mod generate;
 pub mod hf_tokenizer;
 pub mod judge;
 pub mod openai;
+pub mod real;
 pub mod resume;
 pub mod script;
 mod server;
@@ -61,10 +81,13 @@ mod vllm;
 #[cfg(test)]
 mod dialect_tests;
 #[cfg(test)]
+mod real_tests;
+#[cfg(test)]
 mod tests;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -73,6 +96,7 @@ use tokio_util::sync::CancellationToken;
 pub use polar_inference::Dialect;
 pub use server::serve;
 
+use real::RealModel;
 use script::Script;
 use template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
 
@@ -176,8 +200,11 @@ pub struct MockConfig {
     /// Send tool call arguments in chat replies as vLLM's `hermes` tool
     /// parser does, re-serialized the way Python's `json.dumps` writes them
     /// (`", "`, `": "` between items), not as the model wrote them (its
-    /// token ids, compact JSON, stay the same).
+    /// token ids, compact JSON, stay the same). Implied with `model`.
     pub json_dumps_arguments: bool,
+    /// Serve this real model's template and tokenizer as vLLM serves the
+    /// model (see [`real`]); `None`: the mock's own.
+    pub model: Option<Arc<RealModel>>,
 }
 
 impl MockConfig {
@@ -207,6 +234,7 @@ impl Default for MockConfig {
             record_served: false,
             down_after_fault: false,
             json_dumps_arguments: false,
+            model: None,
         }
     }
 }
@@ -250,6 +278,9 @@ pub enum MockError {
     /// A request the mock cannot serve (answered with 400).
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The model directory cannot be served.
+    #[error(transparent)]
+    Model(#[from] real::RealError),
     /// The prompt is longer than the context (answered with 400).
     #[error(
         "This model's maximum context length is {max} tokens. However, your request has {prompt} input tokens."
@@ -289,9 +320,9 @@ pub struct MockArgs {
     /// Seed of the failure choice.
     #[arg(long, default_value_t = 0)]
     pub fail_seed: u64,
-    /// Context length.
-    #[arg(long, default_value_t = 32_768)]
-    pub max_model_len: usize,
+    /// Context length [default: the model's with --model-dir, else 32768].
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
     /// Weight version to report.
     #[arg(long, default_value = "0")]
     pub weight_version: String,
@@ -327,6 +358,15 @@ pub struct MockArgs {
     /// re-serialized as Python's `json.dumps` writes them.
     #[arg(long)]
     pub json_dumps_arguments: bool,
+    /// Serve a real model's chat template and tokenizer from this directory
+    /// (`tokenizer.json`, `tokenizer_config.json`, optional
+    /// `chat_template.jinja`, `generation_config.json`, `config.json`) as
+    /// vLLM serves that model: its request-to-conversation rules, the
+    /// family's reasoning and tool-call parsers (Qwen3 with Hermes tool
+    /// calls). The template switches (`--strip-reasoning`, glue) are the
+    /// real template's then.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["strip_reasoning", "generation_glue", "no_think_glue", "write_tokenizer"])]
+    pub model_dir: Option<PathBuf>,
     /// Write the mock tokenizer's vocabulary as a Hugging Face
     /// `tokenizer.json` to this file and exit (serves nothing).
     #[arg(long, value_name = "PATH")]
@@ -342,11 +382,18 @@ impl MockArgs {
                 self.fail_rate
             )));
         }
-        if self.tokens_per_chunk == 0 || self.max_model_len == 0 {
+        if self.tokens_per_chunk == 0 || self.max_model_len == Some(0) {
             return Err(MockError::InvalidSetting(
                 "--tokens-per-chunk and --max-model-len must be at least 1".into(),
             ));
         }
+        let model = self
+            .model_dir
+            .as_deref()
+            .map(RealModel::load)
+            .transpose()?
+            .map(Arc::new);
+        let max_model_len = max_model_len(self.max_model_len, model.as_deref())?;
         let glue = match (&self.generation_glue, self.no_think_glue) {
             (Some(g), _) => g.replace("\\n", "\n"),
             (None, true) => NO_THINK_GLUE.to_owned(),
@@ -364,7 +411,7 @@ impl MockArgs {
             ttft: Duration::from_millis(self.ttft_ms),
             fail_rate: self.fail_rate,
             fail_seed: self.fail_seed,
-            max_model_len: self.max_model_len,
+            max_model_len,
             weight_version: self.weight_version.clone(),
             reasoning_field: if self.legacy_reasoning_field {
                 ReasoningField::ReasoningContent
@@ -376,7 +423,22 @@ impl MockArgs {
             record_served: self.record_served,
             down_after_fault: self.down_after_fault,
             json_dumps_arguments: self.json_dumps_arguments,
+            model,
         })
+    }
+}
+
+/// The context length served: the setting, else the model's, else 32768;
+/// a setting over the model's is refused (as vLLM refuses it).
+fn max_model_len(setting: Option<usize>, model: Option<&RealModel>) -> Result<usize, MockError> {
+    let derived = model.and_then(RealModel::context_len);
+    match (setting, derived) {
+        (Some(s), Some(d)) if s > d => Err(MockError::InvalidSetting(format!(
+            "--max-model-len {s} is over the model's context length {d}"
+        ))),
+        (Some(s), _) => Ok(s),
+        (None, Some(d)) => Ok(d),
+        (None, None) => Ok(32_768),
     }
 }
 
@@ -400,7 +462,8 @@ pub async fn run(args: &MockArgs, shutdown: CancellationToken) -> Result<(), Moc
             addr: args.listen,
             source,
         })?;
-    tracing::info!(listen = %args.listen, dialect = ?cfg.dialect, model = %cfg.served_model, "mock backend listening");
+    tracing::info!(listen = %args.listen, dialect = ?cfg.dialect, model = %cfg.served_model,
+        model_dir = ?args.model_dir, "mock backend listening");
     serve(listener, cfg, shutdown).await;
     Ok(())
 }

@@ -2,8 +2,9 @@
 //! tools, and the fields that steer the mock (ids wanted, token limit,
 //! per-request template switches).
 //!
-//! Per-request template switches, in increasing precedence over the server
-//! flags:
+//! Per-request template switches of the mock's own template (a real
+//! model's template takes `chat_template_kwargs` only), in increasing
+//! precedence over the server flags:
 //! - `chat_template_kwargs: {"enable_thinking": false}` in the body sets the
 //!   generation glue to `<think>\n\n</think>\n\n` (as Qwen3 does);
 //! - the header `x-polar-mock-template` with a JSON object;
@@ -16,7 +17,7 @@ use http::HeaderMap;
 use serde_json::{Map, Value};
 
 use super::constrain::{Constraint, ToolChoice};
-use super::template::{NO_THINK_GLUE, StripReasoning, TemplateOptions};
+use super::template::{NO_THINK_GLUE, PromptFacts, StripReasoning, TemplateOptions};
 use super::{Dialect, HistoryReasoning, MockError};
 use polar_chat::{Message, Part, Reasoning, Role, Tool, ToolCall};
 
@@ -129,6 +130,56 @@ impl ChatIn {
             &opts,
             add_generation_prompt,
         ))
+    }
+}
+
+impl ChatIn {
+    /// The prompt ids of this conversation as the server renders them for
+    /// a generation (also what `/tokenize` counts).
+    pub fn prompt_ids(
+        &self,
+        cfg: &super::MockConfig,
+        headers: &HeaderMap,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, MockError> {
+        Ok(self.rendered(cfg, headers, add_generation_prompt)?.1)
+    }
+
+    /// The prompt of this conversation, text and ids: the real model's
+    /// template and tokenizer when one is served (the tools SGLang filters
+    /// by the tool choice left out), else the mock's.
+    pub fn rendered(
+        &self,
+        cfg: &super::MockConfig,
+        headers: &HeaderMap,
+        add_generation_prompt: bool,
+    ) -> Result<(String, Vec<u32>), MockError> {
+        let Some(model) = &cfg.model else {
+            let text = self.prompt(cfg, headers, add_generation_prompt)?;
+            let ids = super::tokenizer::encode(&text);
+            return Ok((text, ids));
+        };
+        let filter = match (cfg.dialect, &self.constraint.tool_choice) {
+            (Dialect::Sglang, ToolChoice::None | ToolChoice::Named(_)) => Some(
+                self.template_tools(cfg.dialect)
+                    .into_iter()
+                    .map(|t| t.name)
+                    .collect::<Vec<_>>(),
+            ),
+            _ => None,
+        };
+        model.chat_prompt(&self.body, filter.as_deref(), add_generation_prompt)
+    }
+
+    /// What the script needs of this conversation: from its messages with
+    /// the mock's template; from the rendered prompt with a real model's,
+    /// as a token-in request of the same prompt gets them (the same
+    /// session, the same turn).
+    pub fn facts(&self, cfg: &super::MockConfig, prompt: &str) -> PromptFacts {
+        match &cfg.model {
+            Some(model) => model.facts(prompt),
+            None => PromptFacts::of_messages(&self.messages, &self.template_tools(cfg.dialect)),
+        }
     }
 }
 
@@ -300,13 +351,12 @@ pub async fn admit_chat(
     super::MockError,
 > {
     let req = ChatIn::parse(body, state.cfg.history_reasoning())?;
-    let prompt = req.prompt(&state.cfg, headers, true)?;
-    let tools = req.template_tools(state.cfg.dialect);
+    let (prompt, prompt_ids) = req.rendered(&state.cfg, headers, true)?;
     let gen_req = super::server::GenRequest {
         headers,
         user: req.user.as_deref(),
-        facts: super::template::PromptFacts::of_messages(&req.messages, &tools),
-        prompt_ids: super::tokenizer::encode(&prompt),
+        facts: req.facts(&state.cfg, &prompt),
+        prompt_ids,
         max_tokens: req.max_tokens,
         constraint: req.constraint.clone(),
     };

@@ -22,9 +22,10 @@
 
 use http::HeaderMap;
 
-use super::generate::{Generation, generate};
+use super::codec::Codec;
+use super::generate::{Generation, generate_with};
 use super::script::{Plan, Policy};
-use super::template::{self, PromptFacts};
+use super::template::PromptFacts;
 use super::tokenizer;
 
 /// The header Polar numbers a call's later attempts with.
@@ -56,12 +57,19 @@ pub fn partial_turn<'a>(prompt_ids: &'a [u32], glue: &str) -> &'a [u32] {
     rest
 }
 
-/// The plan a continuation of `partial` follows: the first of `candidates`
-/// whose generation starts with it.
-pub fn continued_plan(candidates: Vec<Plan>, partial: &[u32], max_tokens: usize) -> Option<Plan> {
+/// The plan a continuation of `partial` (which follows `head`) follows:
+/// the first of `candidates` whose generation starts with it.
+pub fn continued_plan(
+    codec: &Codec,
+    candidates: Vec<Plan>,
+    head: &[u32],
+    partial: &[u32],
+    max_tokens: usize,
+) -> Option<Plan> {
     candidates.into_iter().find(|plan| {
-        let g = generate(
-            Vec::new(),
+        let g = generate_with(
+            codec,
+            head.to_vec(),
             &without_faults(plan),
             max_tokens.saturating_add(partial.len()),
         );
@@ -83,6 +91,7 @@ pub fn without_faults(plan: &Plan) -> Plan {
 /// `prompt_ids`: the same ids, logprobs and finish as the whole turn's;
 /// faults at or before `done` do not fire.
 pub fn generate_from(
+    codec: &Codec,
     prompt_ids: Vec<u32>,
     plan: &Plan,
     max_tokens: usize,
@@ -95,7 +104,8 @@ pub fn generate_from(
         whole_plan.abort_after = None;
     }
     let base = prompt_ids.len().saturating_sub(done);
-    let whole = generate(
+    let whole = generate_with(
+        codec,
         prompt_ids[..base].to_vec(),
         &whole_plan,
         max_tokens.saturating_add(done),
@@ -105,7 +115,7 @@ pub fn generate_from(
     let text = whole.text[offset..].to_owned();
     Generation {
         prompt_ids,
-        parsed: template::parse_output(&text),
+        parsed: codec.parse(&text),
         // Continuations are token-in requests, streamed as raw text.
         streamed: None,
         text,
@@ -120,23 +130,31 @@ pub fn generate_from(
             .disconnect_after
             .filter(|&n| n > done)
             .map(|n| n - done),
+        codec: codec.clone(),
     }
 }
 
 /// The plan of a request and the ids of its turn already generated (0
 /// unless it continues one): see the module docs.
 pub fn plan_of_request(
+    codec: &Codec,
     policy: &Policy,
     session: &str,
     facts: &PromptFacts,
     prompt_ids: &[u32],
-    glue: &str,
     max_tokens: usize,
     retry: bool,
 ) -> (Plan, usize) {
-    let partial = partial_turn(prompt_ids, glue);
+    let partial = codec.partial_turn(prompt_ids);
+    let head = &prompt_ids[..prompt_ids.len() - partial.len()];
     if !partial.is_empty()
-        && let Some(plan) = continued_plan(policy.turns_of(session, facts), partial, max_tokens)
+        && let Some(plan) = continued_plan(
+            codec,
+            policy.turns_of(session, facts),
+            head,
+            partial,
+            max_tokens,
+        )
     {
         let plan = if retry { without_faults(&plan) } else { plan };
         return (plan, partial.len());
@@ -150,6 +168,13 @@ pub fn plan_of_request(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generate::generate;
+
+    fn mock() -> Codec {
+        Codec::Mock {
+            glue: String::new(),
+        }
+    }
 
     fn plan() -> Plan {
         Plan {
@@ -169,7 +194,7 @@ mod tests {
             let mut input = prompt.clone();
             input.extend(&whole.ids[..done]);
             assert_eq!(partial_turn(&input, ""), &whole.ids[..done]);
-            let rest = generate_from(input, &plan(), 1000, done);
+            let rest = generate_from(&mock(), input, &plan(), 1000, done);
             assert_eq!(rest.ids, whole.ids[done..]);
             assert_eq!(rest.logprobs, whole.logprobs[done..]);
             assert_eq!(rest.finish, whole.finish);
@@ -180,10 +205,16 @@ mod tests {
             );
         }
         assert!(partial_turn(&prompt, "").is_empty());
-        let found = continued_plan(vec![Plan::default(), plan()], &whole.ids[..4], 1000);
+        let found = continued_plan(
+            &mock(),
+            vec![Plan::default(), plan()],
+            &[],
+            &whole.ids[..4],
+            1000,
+        );
         assert_eq!(found, Some(plan()));
         assert_eq!(
-            continued_plan(vec![Plan::default()], &whole.ids[..4], 1000),
+            continued_plan(&mock(), vec![Plan::default()], &[], &whole.ids[..4], 1000),
             None
         );
     }

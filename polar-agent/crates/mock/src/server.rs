@@ -24,8 +24,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::body::{RespBody, error_response, full, json_response};
+use super::codec::Codec;
 use super::constrain::Constraint;
-use super::generate::{Generation, generate, hash_bytes, mix};
+use super::generate::{Generation, generate_with, hash_bytes, mix};
 use super::openai::SESSION_HEADER;
 use super::script::{Plan, Policy};
 use super::template::PromptFacts;
@@ -67,6 +68,8 @@ pub struct State {
     served: Mutex<Served>,
     /// Set once a scripted fault hit with `down_after_fault`.
     down: AtomicBool,
+    /// What generations are written and tokenized with.
+    codec: Codec,
     /// This server's mark in the ids it makes up (replies, tool calls), so
     /// that replicas never hand out the same ones (real servers' are
     /// random): a harness whose conversation went through two replicas
@@ -157,13 +160,23 @@ pub struct GenRequest<'a> {
 }
 
 impl State {
-    fn new(cfg: MockConfig) -> Self {
+    fn new(mut cfg: MockConfig) -> Self {
+        // A real model's tool parser already sends arguments as
+        // `json.dumps` writes them.
+        cfg.json_dumps_arguments &= cfg.model.is_none();
         let policy = match &cfg.script {
             Some(s) => Policy::scripted(s.clone()),
             None => Policy::builtin(),
         };
+        let codec = match &cfg.model {
+            Some(m) => Codec::Real(Arc::clone(m)),
+            None => Codec::Mock {
+                glue: cfg.template.generation_glue.clone(),
+            },
+        };
         Self {
             weight_version: Mutex::new(cfg.weight_version.clone()),
+            codec,
             cfg,
             policy,
             paused: watch::channel(false).0,
@@ -176,6 +189,11 @@ impl State {
             metrics: Metrics::default(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    /// What generations are written and tokenized with.
+    pub fn codec(&self) -> &Codec {
+        &self.codec
     }
 
     fn weight_version(&self) -> String {
@@ -243,9 +261,9 @@ impl State {
             .prompt_tokens
             .fetch_add(prompt_len as u64, Ordering::Relaxed);
         let generation = if done > 0 {
-            resume::generate_from(req.prompt_ids, &plan, max_tokens, done)
+            resume::generate_from(&self.codec, req.prompt_ids, &plan, max_tokens, done)
         } else {
-            generate(req.prompt_ids, &plan, max_tokens)
+            generate_with(&self.codec, req.prompt_ids, &plan, max_tokens)
         };
         let cached_tokens = self.remember(&session, &generation);
         if self.cfg.record_served {
@@ -281,11 +299,11 @@ impl State {
             return Ok((plan, 0));
         }
         let (mut plan, done) = resume::plan_of_request(
+            &self.codec,
             &self.policy,
             session,
             &req.facts,
             &req.prompt_ids,
-            &self.cfg.template.generation_glue,
             max_tokens,
             resume::is_retry(req.headers),
         );
@@ -488,11 +506,11 @@ async fn route(state: &Arc<State>, req: Request<Incoming>) -> Response<RespBody>
             vllm::completions(state, &parts.headers, &body).await
         }
         (&Method::POST, "/tokenize", Dialect::Vllm) => vllm::tokenize(state, &parts.headers, &body),
-        (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(&body, "prompt"),
+        (&Method::POST, "/detokenize", Dialect::Vllm) => vllm::detokenize(state, &body, "prompt"),
         (&Method::POST, "/v1/tokenize" | "/tokenize", Dialect::Sglang) => {
             sglang::tokenize(state, &parts.headers, &body)
         }
-        (&Method::POST, "/detokenize", Dialect::Sglang) => vllm::detokenize(&body, "text"),
+        (&Method::POST, "/detokenize", Dialect::Sglang) => vllm::detokenize(state, &body, "text"),
         (&Method::POST, "/generate", Dialect::Sglang) => {
             sglang::generate(state, &parts.headers, &body).await
         }

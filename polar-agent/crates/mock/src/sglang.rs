@@ -16,22 +16,22 @@ use std::sync::Arc;
 use http::{HeaderMap, Response};
 use serde_json::{Map, Value, json};
 
+use super::MockError;
 use super::body::RespBody;
+use super::codec::Codec;
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai;
 use super::server::{Admitted, GenRequest, State, now_secs};
-use super::template::PromptFacts;
 use super::vllm::{chat_delta, visible_text};
-use super::{MockError, tokenizer};
 
 /// SGLang's `meta_info` of a generation.
 fn meta_info(adm: &Admitted, id: &str, logprobs: bool) -> Value {
     let g = &adm.generation;
     let mut finish = json!({"type": g.finish.sglang_type()});
     if g.finish.sglang_type() == "stop" {
-        finish["matched"] = json!(tokenizer::IM_END);
+        finish["matched"] = json!(g.codec.end_of_turn_id());
     }
     let mut meta = json!({
         "id": id, "finish_reason": finish,
@@ -80,13 +80,21 @@ fn whole_chat(
         .collect();
     let tool_calls = !calls.is_empty();
     let matched = if g.finish.sglang_type() == "stop" && !tool_calls {
-        json!(tokenizer::IM_END)
+        json!(g.codec.end_of_turn_id())
     } else {
         Value::Null
     };
+    // With a real model, SGLang's tool detectors strip the text before the
+    // first call (`normal_text = text[:idx].strip()` in
+    // `python/sglang/srt/function_call/qwen25_detector.py`): no "\n\n".
+    let content = if tool_calls && matches!(g.codec, Codec::Real(_)) {
+        p.content.trim()
+    } else {
+        p.content.as_str()
+    };
     let mut choice = json!({
         "index": 0,
-        "message": {"role": "assistant", "content": p.content,
+        "message": {"role": "assistant", "content": content,
                     "reasoning_content": p.reasoning.as_deref().filter(|r| !r.is_empty()),
                     "tool_calls": if tool_calls { Value::Array(calls) } else { Value::Null }},
         "logprobs": if req.logprobs { emit::chat_logprobs(g, 0..g.ids.len(), top) } else { Value::Null },
@@ -129,23 +137,28 @@ pub fn tokenize(
     let max = state.cfg.max_model_len;
     let reply = match (req.get("prompt"), req.get("messages")) {
         (Some(Value::String(text)), None) => {
-            let ids = tokenizer::encode(text);
+            let ids = state.codec().encode(text)?;
             json!({"tokens": ids, "count": ids.len(), "max_model_len": max})
         }
         (Some(Value::Array(texts)), None) => {
             let lists = texts
                 .iter()
-                .map(|t| t.as_str().map(tokenizer::encode))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    MockError::BadRequest("`prompt` must be a string or a list of strings".into())
-                })?;
+                .map(|t| {
+                    t.as_str()
+                        .ok_or_else(|| {
+                            MockError::BadRequest(
+                                "`prompt` must be a string or a list of strings".into(),
+                            )
+                        })
+                        .and_then(|t| state.codec().encode(t))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let counts: Vec<usize> = lists.iter().map(Vec::len).collect();
             json!({"tokens": lists, "count": counts, "max_model_len": max})
         }
         (None, Some(_)) => {
             let chat = openai::ChatIn::parse(body, state.cfg.history_reasoning())?;
-            let ids = tokenizer::encode(&chat.prompt(&state.cfg, headers, true)?);
+            let ids = chat.prompt_ids(&state.cfg, headers, true)?;
             json!({"tokens": ids, "count": ids.len(), "max_model_len": max})
         }
         _ => {
@@ -244,14 +257,14 @@ pub async fn generate(
             .ok_or_else(|| {
                 MockError::BadRequest("`input_ids` must be one list of token ids".into())
             })?,
-        (_, Some(Value::String(text))) => tokenizer::encode(text),
+        (_, Some(Value::String(text))) => state.codec().encode(text)?,
         _ => return Err(MockError::BadRequest("give `text` or `input_ids`".into())),
     };
     let sampling = req.get("sampling_params");
     let gen_req = GenRequest {
         headers,
         user: None,
-        facts: PromptFacts::sniff(&tokenizer::decode(&prompt_ids)?),
+        facts: state.codec().sniff(&prompt_ids)?,
         prompt_ids,
         // SGLang's `SamplingParams.max_new_tokens` defaults to 128.
         max_tokens: Some(
@@ -267,8 +280,12 @@ pub async fn generate(
         Err(resp) => return Ok(resp),
     };
     let logprobs = openai::flag(&req, "return_logprob");
+    let skip = sampling
+        .and_then(|s| s.get("skip_special_tokens"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     let id = adm.reply_id(32);
-    let reply_of = |g: &Generation, upto: usize, meta: Value| json!({"text": visible_text(g, 0..upto), "output_ids": g.ids[..upto], "meta_info": meta});
+    let reply_of = move |g: &Generation, upto: usize, meta: Value| json!({"text": visible_text(g, 0..upto, skip), "output_ids": g.ids[..upto], "meta_info": meta});
     let meta = meta_info(&adm, &id, logprobs);
     if !openai::flag(&req, "stream") {
         let reply = reply_of(&adm.generation, adm.generation.ids.len(), meta);

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use http::{HeaderMap, Response, StatusCode};
 use serde_json::{Map, Value, json};
 
+use super::MockError;
 use super::body::{RespBody, json_response};
+use super::codec::Codec;
 use super::constrain::Constraint;
 use super::emit::{self, Frame};
 use super::generate::{Delta, Generation, arguments_as_sent};
 use super::openai::{self, ChatIn};
 use super::server::{GenRequest, State, now_secs};
-use super::template::PromptFacts;
-use super::{MockError, tokenizer};
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(
@@ -166,8 +166,9 @@ pub async fn completions(
 ) -> Result<Response<RespBody>, MockError> {
     let req: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
+    let codec = state.codec();
     let prompt_ids = match req.get("prompt") {
-        Some(Value::String(text)) => tokenizer::encode(text),
+        Some(Value::String(text)) => codec.encode(text)?,
         Some(Value::Array(ids)) => ids
             .iter()
             .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
@@ -177,19 +178,20 @@ pub async fn completions(
             })?,
         _ => return Err(MockError::BadRequest("`prompt` is required".into())),
     };
-    let facts = PromptFacts::sniff(&tokenizer::decode(&prompt_ids)?);
+    let facts = codec.sniff(&prompt_ids)?;
+    // vLLM's `CompletionRequest.max_tokens` defaults to 16, not to what is
+    // left of the context (as the chat endpoint's does).
+    let max_tokens = Some(
+        req.get("max_tokens")
+            .and_then(Value::as_u64)
+            .map_or(COMPLETIONS_DEFAULT_MAX_TOKENS, |n| n as usize),
+    );
     let gen_req = GenRequest {
         headers,
         user: req.get("user").and_then(Value::as_str),
         facts,
         prompt_ids,
-        // vLLM's `CompletionRequest.max_tokens` defaults to 16, not to
-        // what is left of the context (as the chat endpoint's does).
-        max_tokens: Some(
-            req.get("max_tokens")
-                .and_then(Value::as_u64)
-                .map_or(COMPLETIONS_DEFAULT_MAX_TOKENS, |n| n as usize),
-        ),
+        max_tokens,
         constraint: Constraint::default(),
     };
     let adm = match state.admit(gen_req).await {
@@ -197,6 +199,10 @@ pub async fn completions(
         Err(resp) => return Ok(resp),
     };
     let logprobs = req.get("logprobs").and_then(Value::as_u64).is_some();
+    let skip = req
+        .get("skip_special_tokens")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     let with_ids = openai::flag(&req, "return_token_ids");
     let stream = openai::flag(&req, "stream");
     let id = format!("cmpl-{}", adm.reply_id(16));
@@ -204,7 +210,7 @@ pub async fn completions(
     if !stream {
         let g = &adm.generation;
         let mut choice = json!({
-            "index": 0, "text": visible_text(g, 0..g.ids.len()),
+            "index": 0, "text": visible_text(g, 0..g.ids.len(), skip),
             "logprobs": if logprobs { completion_logprobs(g, 0..g.ids.len()) } else { Value::Null },
             "finish_reason": g.finish.as_str(), "stop_reason": null,
         });
@@ -221,7 +227,7 @@ pub async fn completions(
     let chunk_head = head.clone();
     let chunk = move |g: &Generation, range: Range<usize>, _d: Delta, last: bool| {
         let mut choice = json!({
-            "index": 0, "text": visible_text(g, range.clone()),
+            "index": 0, "text": visible_text(g, range.clone(), skip),
             "logprobs": if logprobs { completion_logprobs(g, range.clone()) } else { Value::Null },
             "finish_reason": if last { Value::from(g.finish.as_str()) } else { Value::Null },
         });
@@ -255,20 +261,27 @@ pub async fn completions(
     Ok(emit::stream(adm, frame, Box::new(chunk)))
 }
 
-/// The text of tokens `range` without the end-of-turn token.
-pub fn visible_text(g: &Generation, range: Range<usize>) -> String {
-    let ids: Vec<u32> = g.ids[range]
-        .iter()
-        .copied()
-        .filter(|&id| id != tokenizer::IM_END && id != tokenizer::ENDOFTEXT)
-        .collect();
-    tokenizer::decode(&ids).unwrap_or_default()
+/// The text of tokens `range` without the end-of-turn token (and, for a
+/// real model with `skip_special`, without special tokens: vLLM's
+/// `skip_special_tokens`, on unless the request turns it off).
+pub fn visible_text(g: &Generation, range: Range<usize>, skip_special: bool) -> String {
+    let bytes = g.text.as_bytes();
+    let real = matches!(g.codec, Codec::Real(_));
+    let mut out = Vec::new();
+    for i in range {
+        let id = g.ids[i];
+        if g.codec.is_stop(id) || (real && skip_special && g.codec.is_special(id)) {
+            continue;
+        }
+        out.extend_from_slice(&bytes[g.spans[i].clone()]);
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn completion_logprobs(g: &Generation, range: Range<usize>) -> Value {
     let tokens: Vec<String> = g.ids[range.clone()]
         .iter()
-        .map(|&id| tokenizer::token_text(id).unwrap_or_default())
+        .map(|&id| g.codec.token_text(id))
         .collect();
     let offsets: Vec<usize> = g.spans[range.clone()].iter().map(|s| s.start).collect();
     json!({
@@ -287,14 +300,14 @@ pub fn tokenize(
     let req: Map<String, Value> = serde_json::from_slice(body)
         .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
     let ids = if let Some(prompt) = req.get("prompt").and_then(Value::as_str) {
-        tokenizer::encode(prompt)
+        state.codec().encode(prompt)?
     } else {
         let chat = ChatIn::parse(body, state.cfg.history_reasoning())?;
         let add = req
             .get("add_generation_prompt")
             .and_then(Value::as_bool)
             .unwrap_or(true);
-        tokenizer::encode(&chat.prompt(&state.cfg, headers, add)?)
+        chat.prompt_ids(&state.cfg, headers, add)?
     };
     Ok(json_response(
         StatusCode::OK,
@@ -304,7 +317,7 @@ pub fn tokenize(
 
 /// `POST /detokenize`: `{"tokens": [...]}`, answered with the text under
 /// `key` (vLLM's `prompt`, SGLang's `text`).
-pub fn detokenize(body: &[u8], key: &str) -> Result<Response<RespBody>, MockError> {
+pub fn detokenize(state: &State, body: &[u8], key: &str) -> Result<Response<RespBody>, MockError> {
     let req: Value = serde_json::from_slice(body)
         .map_err(|e| MockError::BadRequest(format!("invalid JSON body: {e}")))?;
     let ids: Vec<u32> = req
@@ -318,6 +331,6 @@ pub fn detokenize(body: &[u8], key: &str) -> Result<Response<RespBody>, MockErro
         .ok_or_else(|| MockError::BadRequest("`tokens` must be a list of token ids".into()))?;
     Ok(json_response(
         StatusCode::OK,
-        &json!({ key: tokenizer::decode(&ids)? }),
+        &json!({ key: state.codec().decode(&ids, false)? }),
     ))
 }

@@ -4,15 +4,17 @@
 //! the `{% generation %}` tag (rendered as its body),
 //! no auto-escaping, a trailing newline of the template dropped; the globals
 //! `raise_exception`, `strftime_now`, `namespace` and `dict`; Jinja2's `iterable`, `sequence` and `number`
-//! tests; Hugging
+//! tests; `map`, `select` and their kin giving generators; Hugging
 //! Face's `tojson` (`json.dumps` with `ensure_ascii=False`, the key order
 //! kept); Python's `str`/`dict`/`list` methods (minijinja-contrib's
 //! `pycompat`); and values printed as Python prints them (`None`, `True`,
 //! `['a']`), with `trim` and `string` taking any value as Jinja2's do.
 
 use minijinja::syntax::SyntaxConfig;
-use minijinja::value::{Kwargs, Rest, ValueKind};
-use minijinja::{AutoEscape, Environment, Error, ErrorKind, Value};
+use std::borrow::Cow;
+
+use minijinja::value::{Kwargs, Rest, ValueKind, ValueOrKwargs};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, State, Value, filters};
 
 use crate::python::{JsonFormat, json_dumps, py_str};
 
@@ -61,6 +63,48 @@ pub fn environment() -> Result<Environment<'static>, Error> {
     env.add_test("number", |v: Value| {
         matches!(v.kind(), ValueKind::Number | ValueKind::Bool)
     });
+    // Jinja2's `map`, `select`, `selectattr`, `reject` and `rejectattr`
+    // give generators: always true, of no length, refused by `tojson`.
+    env.add_filter(
+        "map",
+        |state: &mut State, value: Value, args: Rest<ValueOrKwargs>| {
+            filters::map(state, value, args).map(generator)
+        },
+    );
+    env.add_filter(
+        "select",
+        |state: &mut State, value: Value, test: Option<String>, args: Rest<ValueOrKwargs>| {
+            filters::select(state, value, test.map(Cow::Owned), args).map(generator)
+        },
+    );
+    env.add_filter(
+        "reject",
+        |state: &mut State, value: Value, test: Option<String>, args: Rest<ValueOrKwargs>| {
+            filters::reject(state, value, test.map(Cow::Owned), args).map(generator)
+        },
+    );
+    env.add_filter(
+        "selectattr",
+        |state: &mut State,
+         value: Value,
+         attr: String,
+         test: Option<String>,
+         args: Rest<ValueOrKwargs>| {
+            filters::selectattr(state, value, Cow::Owned(attr), test.map(Cow::Owned), args)
+                .map(generator)
+        },
+    );
+    env.add_filter(
+        "rejectattr",
+        |state: &mut State,
+         value: Value,
+         attr: String,
+         test: Option<String>,
+         args: Rest<ValueOrKwargs>| {
+            filters::rejectattr(state, value, Cow::Owned(attr), test.map(Cow::Owned), args)
+                .map(generator)
+        },
+    );
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     Ok(env)
@@ -116,6 +160,12 @@ pub fn without_generation_tags(source: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// A Python generator over `items`: iterable (more than once: minijinja
+/// may), of unknown length, so always true.
+fn generator(items: Vec<Value>) -> Value {
+    Value::make_iterable(move || items.clone().into_iter().filter(|_| true))
 }
 
 /// `raise_exception(message)`: fails the render with the template's message.

@@ -253,7 +253,15 @@ impl JsonWriter<'_> {
                 }
             }
             ValueKind::String => self.string(value.as_str().unwrap_or_default()),
-            ValueKind::Seq | ValueKind::Iterable => {
+            // Jinja2's `map`, `select`, `selectattr`, ... give generators,
+            // which `json.dumps` refuses; minijinja's give lazy iterables.
+            ValueKind::Iterable => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "Object of type generator is not JSON serializable",
+                ));
+            }
+            ValueKind::Seq => {
                 let items: Vec<Value> = value.try_iter()?.collect();
                 if items.is_empty() {
                     self.out.push_str("[]");

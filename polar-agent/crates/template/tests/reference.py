@@ -1,7 +1,7 @@
 """The reference for polar-template's differential test: renders and
 tokenizes chat cases with transformers' `apply_chat_template`.
 
-Usage: reference.py MODEL_DIR CASES_JSON OUT_JSON
+Usage: reference.py MODEL_DIR CASES_JSON OUT_JSON [MODEL_DIR CASES_JSON OUT_JSON ...]
 
 CASES_JSON is a list of {"messages", "tools", "documents",
 "add_generation_prompt", "kwargs"}; OUT_JSON gets, per case, {"text",
@@ -43,13 +43,16 @@ def render(tokenizer, case):
 
 
 def main():
-    model_dir, cases_path, out_path = sys.argv[1:4]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    with open(cases_path, encoding="utf-8") as f:
-        cases = json.load(f)
-    results = [render(tokenizer, case) for case in cases]
-    with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(results, f, ensure_ascii=False)
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        sys.exit(__doc__)
+    for model_dir, cases_path, out_path in zip(args[0::3], args[1::3], args[2::3]):
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        with open(cases_path, encoding="utf-8") as f:
+            cases = json.load(f)
+        results = [render(tokenizer, case) for case in cases]
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(results, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":
