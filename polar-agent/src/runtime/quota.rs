@@ -510,9 +510,17 @@ mod tests {
 
     #[test]
     fn the_workspace_is_copied_first_and_the_owner_file_never() {
-        let names = ["tmp", OWNER_FILE, "home", "logs", "extra", "workspace", CUT_FILE]
-            .map(OsString::from)
-            .to_vec();
+        let names = [
+            "tmp",
+            OWNER_FILE,
+            "home",
+            "logs",
+            "extra",
+            "workspace",
+            CUT_FILE,
+        ]
+        .map(OsString::from)
+        .to_vec();
         assert_eq!(
             copy_order(names),
             ["workspace", "logs", "home", "extra", "tmp"].map(OsString::from)
@@ -541,7 +549,12 @@ mod tests {
             .unwrap();
         let text = cut_report(&budget);
         assert!(text.len() <= BLOCK as usize, "{}", text.len());
-        assert!(text.starts_with("The copy of this sandbox's directory to disk stopped at its quota: 197 entries"), "{text}");
+        assert!(
+            text.starts_with(
+                "The copy of this sandbox's directory to disk stopped at its quota: 197 entries"
+            ),
+            "{text}"
+        );
         assert!(text.contains(": no inodes left\n"), "{text}");
         assert!(text.ends_with("(more not listed)\n"), "{text}");
     }

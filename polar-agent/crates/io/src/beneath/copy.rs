@@ -207,8 +207,15 @@ impl Dir {
         }
         let mut bytes = 0;
         for name in self.names()? {
-            bytes +=
-                self.copy_entry_within(&name, dest, &name, owner, &at.join(&name), replaced, budget)?;
+            bytes += self.copy_entry_within(
+                &name,
+                dest,
+                &name,
+                owner,
+                &at.join(&name),
+                replaced,
+                budget,
+            )?;
         }
         Ok(bytes)
     }
@@ -318,11 +325,11 @@ fn copy_sparse(src: &File, dst: &File, at: &Path, budget: &mut Budget) -> io::Re
     let mut stopped = None;
     'extents: while let Some((start, end)) = next_extent(src, off, size)? {
         extents += 1;
-        if extents > INLINE_EXTENTS && (extents - INLINE_EXTENTS) % EXTENTS_PER_BLOCK == 1 {
-            if let Err(why) = budget.take(BLOCK, 0) {
-                stopped = Some((start, why));
-                break;
-            }
+        let tree_block =
+            extents > INLINE_EXTENTS && (extents - INLINE_EXTENTS) % EXTENTS_PER_BLOCK == 1;
+        if tree_block && let Err(why) = budget.take(BLOCK, 0) {
+            stopped = Some((start, why));
+            break;
         }
         let mut pos = start;
         while pos < end {
@@ -414,7 +421,11 @@ mod tests {
         let len = fs::metadata(&big).unwrap().len();
         assert!(len <= 1 << 20 && len > 0, "{len}");
         assert!(used(&big) <= 1 << 20);
-        let cut = budget.cuts().iter().find(|c| c.path == Path::new("big")).unwrap();
+        let cut = budget
+            .cuts()
+            .iter()
+            .find(|c| c.path == Path::new("big"))
+            .unwrap();
         assert_eq!((cut.reason, cut.bytes), (CutReason::Bytes, (4 << 20) - len));
         assert!(budget.charged().0 <= 1 << 20);
     }
@@ -425,15 +436,22 @@ mod tests {
         for i in 0..50 {
             fs::write(src.join(format!("f{i:02}")), b"").unwrap();
         }
-        nix::unistd::mkfifo(&src.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .unwrap();
+        nix::unistd::mkfifo(
+            &src.join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
         let mut budget = Budget::new(1 << 30, 10);
         copy(&s, &d, &mut budget);
         assert_eq!(fs::read_dir(tmp.path().join("dst")).unwrap().count(), 10);
         assert_eq!(budget.cut_entries(), 41);
         assert!(budget.cuts().iter().any(|c| c.reason == CutReason::Special));
         assert_eq!(
-            budget.cuts().iter().filter(|c| c.reason == CutReason::Inodes).count(),
+            budget
+                .cuts()
+                .iter()
+                .filter(|c| c.reason == CutReason::Inodes)
+                .count(),
             40
         );
         assert_eq!(budget.charged().1, 10);
