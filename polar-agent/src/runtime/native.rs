@@ -147,22 +147,26 @@ pub fn bwrap_argv(
     // tmpfs mounts (`/dev`, `/run`, the hiding ones) are read-only.
     push(
         &mut a,
-        &[&"--bind", &layout.tmp, &"/dev/shm", &"--remount-ro", &"/dev"],
+        &[
+            &"--bind",
+            &layout.tmp,
+            &"/dev/shm",
+            &"--remount-ro",
+            &"/dev",
+        ],
     );
     push(&mut a, &[&"--tmpfs", &"/run", &"--remount-ro", &"/run"]);
+    // The hiding tmpfs mounts read-only at once: one below `/tmp` (a state
+    // directory there) is covered by the `/tmp` bind next, and no bind is
+    // ever made below one.
     for h in &layout.hide {
-        push(&mut a, &[&"--tmpfs", h]);
+        push(&mut a, &[&"--tmpfs", h, &"--remount-ro", h]);
     }
     for b in layout.binds() {
         let flag = if b.read_only { "--ro-bind" } else { "--bind" };
         push(&mut a, &[&flag, &b.source, &b.target]);
     }
-    // The hiding tmpfs mounts read-only once the binds below them (if any)
-    // have their mount points, and the new root itself (a tmpfs holding
-    // the mount points) too.
-    for h in &layout.hide {
-        push(&mut a, &[&"--remount-ro", h]);
-    }
+    // The new root itself (a tmpfs holding the mount points) read-only too.
     push(&mut a, &[&"--remount-ro", &"/"]);
     push(&mut a, &[&"--chdir", &layout.workdir]);
     a.push(os("--"));
@@ -243,7 +247,7 @@ mod tests {
         assert!(!a.contains("--ro-bind /tmp"), "{a}");
         assert!(a.contains(
             "--dev /dev --dir /sys --bind /state/sandboxes/s1/tmp /dev/shm --remount-ro /dev \
-             --tmpfs /run --remount-ro /run --tmpfs /state"
+             --tmpfs /run --remount-ro /run --tmpfs /state --remount-ro /state"
         ));
         assert!(!a.contains("--tmpfs /tmp"), "{a}");
         assert!(
@@ -259,7 +263,7 @@ mod tests {
             "{a}"
         );
         assert!(
-            a.ends_with("--remount-ro /state --remount-ro / --chdir /workspace -- codex exec"),
+            a.ends_with("--remount-ro / --chdir /workspace -- codex exec"),
             "{a}"
         );
         // The state dir is hidden before the trust files are bound back.
