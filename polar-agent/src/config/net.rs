@@ -23,7 +23,11 @@ fn bits(ip: IpAddr) -> (u128, u8) {
 
 /// The mask of a `prefix` within a `width`-bit address, as a `u128`.
 fn mask(prefix: u8, width: u8) -> u128 {
-    let all = if width == 128 { u128::MAX } else { (1u128 << width) - 1 };
+    let all = if width == 128 {
+        u128::MAX
+    } else {
+        (1u128 << width) - 1
+    };
     if prefix == 0 {
         0
     } else {
@@ -59,9 +63,9 @@ impl FromStr for IpNet {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let ip: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IP address or network (10.0.0.5, 10.1.0.0/16, 2001:db8::/32)"))?;
+        let ip: IpAddr = addr.parse().map_err(|_| {
+            format!("{s:?} is not an IP address or network (10.0.0.5, 10.1.0.0/16, 2001:db8::/32)")
+        })?;
         let ip = ip.to_canonical();
         let width = bits(ip).1;
         let prefix = match prefix {
@@ -73,7 +77,9 @@ impl FromStr for IpNet {
                 .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {width}"))?,
         };
         if prefix == 0 {
-            return Err(format!("{s:?}: a network of every address is not a list of addresses"));
+            return Err(format!(
+                "{s:?}: a network of every address is not a list of addresses"
+            ));
         }
         if bits(ip).0 & !mask(prefix, width) != 0 {
             return Err(format!("{s:?}: host bits are set after the /{prefix}"));

@@ -139,7 +139,11 @@ mod tests {
         assert!(!a.holds("x.example", ip("10.0.0.3"), t0));
         assert!(!a.holds("y.example", ip("10.0.0.1"), t0));
         // Kept at least MIN_KEEP, then gone.
-        assert!(a.holds("x.example", ip("10.0.0.1"), t0 + MIN_KEEP - Duration::from_secs(1)));
+        assert!(a.holds(
+            "x.example",
+            ip("10.0.0.1"),
+            t0 + MIN_KEEP - Duration::from_secs(1)
+        ));
         assert!(!a.holds("x.example", ip("10.0.0.1"), t0 + MIN_KEEP));
         // A rotated answer adds to what is held.
         a.record("x.example", &[ip("10.0.0.3")], t0 + Duration::from_secs(1));
@@ -154,7 +158,11 @@ mod tests {
         let a = Answers::new(60);
         let t0 = Instant::now();
         for i in 0..MAX_NAMES + 10 {
-            a.record(&format!("n{i}.example"), &[ip("10.0.0.1")], t0 + Duration::from_millis(i as u64));
+            a.record(
+                &format!("n{i}.example"),
+                &[ip("10.0.0.1")],
+                t0 + Duration::from_millis(i as u64),
+            );
         }
         assert_eq!(a.lock().len(), MAX_NAMES);
         let now = t0 + Duration::from_secs(1);

@@ -319,7 +319,10 @@ impl Proxy {
     ) -> Result<SocketAddr, &'static str> {
         let orig = conn.orig.ok_or("no original destination")?.0;
         if self.is_fake(orig.ip()) {
-            let host = plan.host.as_deref().ok_or("a fake address without a name")?;
+            let host = plan
+                .host
+                .as_deref()
+                .ok_or("a fake address without a name")?;
             let ip = self
                 .answers
                 .lookup(host)
@@ -392,7 +395,8 @@ impl Handler for Proxy {
                     tracing::warn!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "deny", reason = why, "connection refused");
                     if matches!(sniffed, Sniffed::Http { .. }) {
                         let mut stream = conn.stream;
-                        let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, REFUSED_HTTP).await;
+                        let _ =
+                            tokio::io::AsyncWriteExt::write_all(&mut stream, REFUSED_HTTP).await;
                     }
                 }
             },

@@ -281,25 +281,26 @@ pub fn docker_profile() -> serde_json::Value {
 fn docker_family_rules() -> Vec<serde_json::Value> {
     use serde_json::json;
     const LOW: u64 = 0xffff_ffff;
-    let arg = |index: u32, mask: u64, value: u64| {
-        json!({"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"})
-    };
-    let rule = |names: &[&str], errno: i32, args: Vec<serde_json::Value>| {
-        json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno, "args": args})
-    };
+    let arg = |index: u32, mask: u64, value: u64| json!({"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"});
+    let rule = |names: &[&str], errno: i32, args: Vec<serde_json::Value>| json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno, "args": args});
     let both = ["socket", "socketpair"];
     let allowed: Vec<u64> = FAMILIES.iter().map(|(_, f)| *f).collect();
     let mut out: Vec<serde_json::Value> = (0..64)
         .filter(|f| !allowed.contains(f))
         .map(|f| rule(&both, libc::EAFNOSUPPORT, vec![arg(0, LOW, f)]))
         .collect();
-    out.extend((6..32).map(|bit| rule(&both, libc::EAFNOSUPPORT, vec![arg(0, 1 << bit, 1 << bit)])));
+    out.extend(
+        (6..32).map(|bit| rule(&both, libc::EAFNOSUPPORT, vec![arg(0, 1 << bit, 1 << bit)])),
+    );
     debug_assert_eq!(NETLINK_ROUTE, 0);
     out.extend((0..32).map(|bit| {
         rule(
             &["socket"],
             libc::EPROTONOSUPPORT,
-            vec![arg(0, LOW, libc::AF_NETLINK as u64), arg(2, 1 << bit, 1 << bit)],
+            vec![
+                arg(0, LOW, libc::AF_NETLINK as u64),
+                arg(2, 1 << bit, 1 << bit),
+            ],
         )
     }));
     out
@@ -764,20 +765,34 @@ mod tests {
         for nr in [libc::SYS_socket, libc::SYS_socketpair] {
             for f in families() {
                 let stream = libc::SOCK_STREAM as u64;
-                let want = if allowed.contains(&f) { ALLOW } else { EAFNOSUPPORT };
+                let want = if allowed.contains(&f) {
+                    ALLOW
+                } else {
+                    EAFNOSUPPORT
+                };
                 assert_eq!(verdict(&Call::new(nr, &[f, stream, 0])), want, "{nr} {f}");
                 // Bits above the int the kernel reads change nothing.
                 let high = f | (7 << 32);
-                assert_eq!(verdict(&Call::new(nr, &[high, stream, 0])), want, "{nr} {high:#x}");
+                assert_eq!(
+                    verdict(&Call::new(nr, &[high, stream, 0])),
+                    want,
+                    "{nr} {high:#x}"
+                );
             }
         }
         let vsock = libc::AF_VSOCK as u64;
-        assert_eq!(verdict(&Call::new(libc::SYS_socket, &[vsock, 1, 0])), EAFNOSUPPORT);
+        assert_eq!(
+            verdict(&Call::new(libc::SYS_socket, &[vsock, 1, 0])),
+            EAFNOSUPPORT
+        );
         // Netlink: NETLINK_ROUTE only (the protocol's high bits ignored too).
         let nl = libc::AF_NETLINK as u64;
         let raw = libc::SOCK_RAW as u64;
         assert_eq!(verdict(&Call::new(libc::SYS_socket, &[nl, raw, 0])), ALLOW);
-        assert_eq!(verdict(&Call::new(libc::SYS_socket, &[nl, raw, 1 << 32])), ALLOW);
+        assert_eq!(
+            verdict(&Call::new(libc::SYS_socket, &[nl, raw, 1 << 32])),
+            ALLOW
+        );
         for proto in [4, 9, 15, 16, 31, 0xffff_ffff] {
             assert_eq!(
                 verdict(&Call::new(libc::SYS_socket, &[nl, raw, proto])),
