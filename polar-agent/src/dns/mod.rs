@@ -258,4 +258,42 @@ mod tests {
         assert_eq!(f.name_of(IpAddr::V4(a)).as_deref(), Some("c"));
         assert_ne!(f.assign("a"), c);
     }
+
+    /// A DNS question for `name` (type A).
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        for label in name.split('.') {
+            m.push(label.len() as u8);
+            m.extend_from_slice(label.as_bytes());
+        }
+        m.push(0);
+        m.extend_from_slice(&wire::TYPE_A.to_be_bytes());
+        m.extend_from_slice(&1u16.to_be_bytes());
+        m
+    }
+
+    /// Resolves every name with the host's resolver.
+    struct ResolveAll;
+
+    impl DnsPolicy for ResolveAll {
+        fn decide(&self, _name: &str) -> Resolution {
+            Resolution::Host
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_from_the_host_resolver_are_recorded_for_pass_routes() {
+        let answers = Arc::new(Answers::new(60));
+        let r = Resolver::new(Arc::new(FakeIps::default()), Arc::new(ResolveAll), 60)
+            .recording(Arc::clone(&answers));
+        assert!(r.answer(&query("localhost")).await.is_some());
+        let now = std::time::Instant::now();
+        assert!(answers.holds("localhost", IpAddr::V4(Ipv4Addr::LOCALHOST), now));
+        // Fake answers (model hosts) are not the name's addresses.
+        let fake = Resolver::new(Arc::new(FakeIps::default()), Arc::new(InterceptAll), 60)
+            .recording(Arc::clone(&answers));
+        assert!(fake.answer(&query("api.example")).await.is_some());
+        let ip = fake.fake_ips().assign("api.example");
+        assert!(!answers.holds("api.example", IpAddr::V4(ip), now));
+    }
 }
