@@ -49,6 +49,8 @@ upstream = "{o}"
 host = "pass.example"
 ports = [{pass_port}]
 action = "pass"
+# The name does not resolve on the node: the remote's address is listed.
+addresses = ["127.10.0.5"]
 "#,
             state = dir.join("state").display(),
             a = anthropic.url(),

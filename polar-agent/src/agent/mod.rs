@@ -239,11 +239,10 @@ impl AgentParts {
             config.dns.fake_range.network(),
             config.dns.fake_range.prefix(),
         ));
-        let resolver = Arc::new(Resolver::new(
-            fake,
-            Arc::new(RulesDns(rules.clone())),
-            config.dns.ttl_secs,
-        ));
+        let resolver = Arc::new(
+            Resolver::new(fake, Arc::new(RulesDns(rules.clone())), config.dns.ttl_secs)
+                .recording(Arc::clone(proxy.answers())),
+        );
         Ok(Self {
             config: Arc::new(config),
             rules,

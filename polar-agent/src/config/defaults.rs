@@ -101,6 +101,7 @@ pub fn builtin_routes(backend: &str) -> Vec<Route> {
                 backend: Some(Arc::clone(&backend)),
                 upstream: None,
             },
+            addresses: Vec::new(),
         })
         .collect()
 }

@@ -142,6 +142,9 @@ pub struct RawRoute {
     /// `backend`: name of the `[[backend]]` model calls go to, model routes
     /// only.
     pub backend: Option<String>,
+    /// `addresses`: addresses and networks a pass route may relay to
+    /// besides what its name resolves to, pass routes only.
+    pub addresses: Option<Vec<String>>,
     /// `name`: optional label.
     pub name: Option<String>,
 }

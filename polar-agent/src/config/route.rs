@@ -10,6 +10,7 @@ use serde::Deserialize;
 
 use super::error::{ConfigError, KeyPath};
 use super::host::HostPattern;
+use super::net::IpNet;
 use super::raw::RawRoute;
 use super::upstream::Upstream;
 
@@ -153,6 +154,9 @@ pub struct Route {
     pub ports: Vec<u16>,
     /// What it does.
     pub action: RouteAction,
+    /// Pass routes: addresses and networks a connection may be relayed to
+    /// besides those its name resolves to on the node (empty: only those).
+    pub addresses: Vec<IpNet>,
 }
 
 /// Validates `[[route]]` number `index` (key path `route[index]`) against
@@ -259,6 +263,34 @@ pub(crate) fn validate_route(
         ActionKind::Deny => RouteAction::Deny,
     };
 
+    let addresses = match (&raw.addresses, raw.action) {
+        (None, _) => Vec::new(),
+        (Some(_), ActionKind::Model | ActionKind::Deny) => {
+            return Err(invalid(
+                "addresses",
+                format!(
+                    "only allowed with action = \"pass\" (this route is \"{}\")",
+                    raw.action
+                ),
+            ));
+        }
+        (Some(list), ActionKind::Pass) => {
+            if list.is_empty() {
+                return Err(invalid(
+                    "addresses",
+                    "must list at least one address (leave it out for the name's own)".into(),
+                ));
+            }
+            list.iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    text.parse::<IpNet>()
+                        .map_err(|why| ConfigError::invalid(key.key("addresses").index(i), why))
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        }
+    };
+
     let name = match &raw.name {
         None => None,
         Some(name) => Some(Arc::from(
@@ -271,6 +303,7 @@ pub(crate) fn validate_route(
         host,
         ports,
         action,
+        addresses,
     })
 }
 
@@ -338,6 +371,7 @@ mod tests {
             provider: None,
             upstream: None,
             backend: None,
+            addresses: None,
             name: None,
         }
     }
@@ -456,6 +490,38 @@ mod tests {
             ..raw("a.example", ActionKind::Model)
         };
         assert!(error(0, &bad_upstream).starts_with("route[0].upstream: \"ftp://x\""));
+    }
+
+    #[test]
+    fn pass_addresses_are_checked() {
+        let listed = RawRoute {
+            addresses: Some(vec!["10.0.0.5".into(), "10.1.0.0/16".into()]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        let route = validate_route(0, &listed, BACKENDS).unwrap();
+        let shown: Vec<String> = route.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["10.0.0.5", "10.1.0.0/16"]);
+        let bad = RawRoute {
+            addresses: Some(vec!["10.0.0.5".into(), "10.0.0.1/8".into()]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert_eq!(
+            error(2, &bad),
+            "route[2].addresses[1]: \"10.0.0.1/8\": host bits are set after the /8"
+        );
+        let empty = RawRoute {
+            addresses: Some(vec![]),
+            ..raw("a.example", ActionKind::Pass)
+        };
+        assert!(error(0, &empty).starts_with("route[0].addresses: must list"));
+        let on_deny = RawRoute {
+            addresses: Some(vec!["10.0.0.5".into()]),
+            ..raw("a.example", ActionKind::Deny)
+        };
+        assert_eq!(
+            error(0, &on_deny),
+            "route[0].addresses: only allowed with action = \"pass\" (this route is \"deny\")"
+        );
     }
 
     #[test]

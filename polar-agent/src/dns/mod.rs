@@ -2,8 +2,13 @@
 //! is steered here by the eBPF programs, so no sandbox needs real DNS. Names
 //! the policy intercepts get a stable fake address from a loopback range (the
 //! agent maps it back to the name when the connection arrives); names the
-//! policy passes are resolved with the host's resolver; others get NXDOMAIN.
+//! policy passes are resolved with the host's resolver (and the answers
+//! recorded in [`Answers`], which bind pass routes to their names); others
+//! get NXDOMAIN.
 
+pub mod answers;
+
+pub use answers::Answers;
 pub use polar_wire::dns as wire;
 
 use std::collections::HashMap;
@@ -120,12 +125,25 @@ pub struct Resolver {
     fake: Arc<FakeIps>,
     policy: Arc<dyn DnsPolicy>,
     ttl: u32,
+    answers: Option<Arc<Answers>>,
 }
 
 impl Resolver {
     /// A resolver over a fake-address table and a policy.
     pub fn new(fake: Arc<FakeIps>, policy: Arc<dyn DnsPolicy>, ttl: u32) -> Self {
-        Self { fake, policy, ttl }
+        Self {
+            fake,
+            policy,
+            ttl,
+            answers: None,
+        }
+    }
+
+    /// Records every answer from the host's resolver in `answers` (the
+    /// proxy's, which binds pass routes to them).
+    pub fn recording(mut self, answers: Arc<Answers>) -> Self {
+        self.answers = Some(answers);
+        self
     }
 
     /// The fake-address table.
@@ -141,7 +159,18 @@ impl Resolver {
         let (rcode, records) = match self.policy.decide(&q.name) {
             Resolution::Fake => (Rcode::NoError, Records::V4(vec![self.fake.assign(&q.name)])),
             Resolution::NxDomain => (Rcode::NxDomain, Records::None),
-            Resolution::Host => host_lookup(&q.name, q.qtype).await,
+            Resolution::Host => {
+                let (rcode, records) = host_lookup(&q.name, q.qtype).await;
+                if let Some(answers) = &self.answers {
+                    let ips: Vec<IpAddr> = match &records {
+                        Records::V4(v4) => v4.iter().map(|a| IpAddr::V4(*a)).collect(),
+                        Records::V6(v6) => v6.iter().map(|a| IpAddr::V6(*a)).collect(),
+                        Records::None => Vec::new(),
+                    };
+                    answers.record(&q.name, &ips, std::time::Instant::now());
+                }
+                (rcode, records)
+            }
         };
         tracing::debug!(name = %q.name, qtype = q.qtype, ?rcode, "dns answer");
         Some(wire::build_response(&q, rcode, &records, self.ttl))
@@ -228,5 +257,43 @@ mod tests {
         assert_eq!(a, c, "a /30 has two usable addresses");
         assert_eq!(f.name_of(IpAddr::V4(a)).as_deref(), Some("c"));
         assert_ne!(f.assign("a"), c);
+    }
+
+    /// A DNS question for `name` (type A).
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+        for label in name.split('.') {
+            m.push(label.len() as u8);
+            m.extend_from_slice(label.as_bytes());
+        }
+        m.push(0);
+        m.extend_from_slice(&wire::TYPE_A.to_be_bytes());
+        m.extend_from_slice(&1u16.to_be_bytes());
+        m
+    }
+
+    /// Resolves every name with the host's resolver.
+    struct ResolveAll;
+
+    impl DnsPolicy for ResolveAll {
+        fn decide(&self, _name: &str) -> Resolution {
+            Resolution::Host
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_from_the_host_resolver_are_recorded_for_pass_routes() {
+        let answers = Arc::new(Answers::new(60));
+        let r = Resolver::new(Arc::new(FakeIps::default()), Arc::new(ResolveAll), 60)
+            .recording(Arc::clone(&answers));
+        assert!(r.answer(&query("localhost")).await.is_some());
+        let now = std::time::Instant::now();
+        assert!(answers.holds("localhost", IpAddr::V4(Ipv4Addr::LOCALHOST), now));
+        // Fake answers (model hosts) are not the name's addresses.
+        let fake = Resolver::new(Arc::new(FakeIps::default()), Arc::new(InterceptAll), 60)
+            .recording(Arc::clone(&answers));
+        assert!(fake.answer(&query("api.example")).await.is_some());
+        let ip = fake.fake_ips().assign("api.example");
+        assert!(!answers.holds("api.example", IpAddr::V4(ip), now));
     }
 }

@@ -4,7 +4,9 @@
 //!
 //! - `model`: TLS is terminated with a leaf from Polar's CA and HTTP/1.1 or
 //!   HTTP/2 is served; each request goes to the model pipeline;
-//! - `pass`: the raw bytes are relayed to the original destination;
+//! - `pass`: the raw bytes are relayed to the original destination, when
+//!   that is an address the route's name resolves to on the node or one
+//!   the route lists ([`bind`]); any other is refused and logged;
 //! - `deny`: the connection is closed and logged with its session.
 //!
 //! Every connection first takes its place under the fair shares
@@ -15,6 +17,7 @@
 //! the pipeline's business ([`pipeline::ModelPipeline`]).
 
 pub mod base_url;
+pub mod bind;
 pub mod body;
 pub mod capture;
 pub mod error;
@@ -35,6 +38,7 @@ use std::time::Duration;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
+use crate::dns::Answers;
 use crate::listener::{Accepted, Handler};
 use crate::tls::ServerConfigFactory;
 use polar_ids::SessionId;
@@ -100,6 +104,7 @@ pub struct Proxy {
     limits: HttpLimits,
     fake_range: Ipv4Cidr,
     shares: Arc<Shares>,
+    answers: Arc<Answers>,
     /// Counters.
     pub stats: Arc<ProxyStats>,
 }
@@ -110,6 +115,8 @@ struct Plan {
     host: Option<String>,
     tls: bool,
     decision: Decision,
+    /// Where a pass may go.
+    allowed: bind::Allowed,
 }
 
 impl Proxy {
@@ -143,8 +150,15 @@ impl Proxy {
             },
             fake_range: config.dns.fake_range,
             shares: Arc::new(Shares::new(ShareLimits::of(p), Arc::clone(&stats))),
+            answers: Arc::new(Answers::new(config.dns.ttl_secs)),
             stats,
         }
+    }
+
+    /// What the node's resolver answered for passed names: the DNS
+    /// responder records into it ([`crate::dns::Resolver::recording`]).
+    pub fn answers(&self) -> &Arc<Answers> {
+        &self.answers
     }
 
     /// The fair shares every connection and request goes through.
@@ -207,11 +221,14 @@ impl Proxy {
         let ip = orig.map(|o| o.ip()).filter(|ip| !self.is_fake(*ip));
         let port = orig.map_or(if tls { 443 } else { 80 }, |o| o.port());
         // One snapshot per connection: a reload does not change its decision.
-        let decision = self.rules.current().route(host.as_deref(), ip, port);
+        let rules = self.rules.current();
+        let decision = rules.route(host.as_deref(), ip, port);
+        let allowed = bind::allowed(&rules, &decision, host.as_deref());
         Plan {
             host,
             tls,
             decision,
+            allowed,
         }
     }
 
@@ -274,11 +291,7 @@ impl Proxy {
         }
     }
 
-    async fn pass(&self, conn: Accepted, prefix: bytes::Bytes, plan: &Plan) {
-        let Some(dst) = self.pass_destination(&conn, plan).await else {
-            tracing::warn!(session = ?conn.session, host = ?plan.host, "pass-through without a destination; closing");
-            return;
-        };
+    async fn pass(&self, conn: Accepted, prefix: bytes::Bytes, dst: SocketAddr) {
         let session = conn.session.clone();
         match relay::relay(
             Rewind::new(prefix, conn.stream),
@@ -295,20 +308,48 @@ impl Proxy {
         }
     }
 
-    /// Where a passed connection goes: its original destination, unless
-    /// that is a fake address (then the host is resolved on the host).
-    async fn pass_destination(&self, conn: &Accepted, plan: &Plan) -> Option<SocketAddr> {
-        let orig = conn.orig?.0;
-        if !self.is_fake(orig.ip()) {
-            return Some(orig);
+    /// Where a passed connection goes, or why it may not: its original
+    /// destination when the route allows it ([`bind`]); for a fake address
+    /// (a name the agent answers for), an address of the name, resolved on
+    /// the node.
+    async fn pass_destination(
+        &self,
+        conn: &Accepted,
+        plan: &Plan,
+    ) -> Result<SocketAddr, &'static str> {
+        let orig = conn.orig.ok_or("no original destination")?.0;
+        if self.is_fake(orig.ip()) {
+            let host = plan
+                .host
+                .as_deref()
+                .ok_or("a fake address without a name")?;
+            let ip = self
+                .answers
+                .lookup(host)
+                .await
+                .ok()
+                .and_then(|ips| ips.into_iter().next())
+                .ok_or("the name does not resolve on the node")?;
+            return Ok(SocketAddr::new(ip, orig.port()));
         }
-        let host = plan.host.as_deref()?;
-        tokio::net::lookup_host((host, orig.port()))
-            .await
-            .ok()?
-            .next()
+        if plan.allowed.listed(orig.ip()) {
+            return Ok(orig);
+        }
+        let Some(name) = plan.allowed.name() else {
+            return Err("the dialled address is not the route's");
+        };
+        if self.answers.resolves_to(name, orig.ip()).await {
+            Ok(orig)
+        } else {
+            Err("the dialled address is not one the route's name resolves to")
+        }
     }
 }
+
+/// What a plain-HTTP client gets for a pass it may not make.
+const REFUSED_HTTP: &[u8] = b"HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain\r\n\
+    content-length: 55\r\nconnection: close\r\n\r\n\
+    polar: this address is not one the route's name allows\n";
 
 impl Handler for Proxy {
     async fn handle(&self, mut conn: Accepted) {
@@ -343,11 +384,22 @@ impl Handler for Proxy {
                 tracing::info!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "model", "connection");
                 self.serve_model(conn, prefix, plan).await;
             }
-            (RouteAction::Pass, _) => {
-                self.stats.passed.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "pass", "connection");
-                self.pass(conn, prefix, &plan).await;
-            }
+            (RouteAction::Pass, _) => match self.pass_destination(&conn, &plan).await {
+                Ok(dst) => {
+                    self.stats.passed.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "pass", "connection");
+                    self.pass(conn, prefix, dst).await;
+                }
+                Err(why) => {
+                    self.stats.denied.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%session, orig_dst = %orig, host = ?plan.host, %rule, action = "deny", reason = why, "connection refused");
+                    if matches!(sniffed, Sniffed::Http { .. }) {
+                        let mut stream = conn.stream;
+                        let _ =
+                            tokio::io::AsyncWriteExt::write_all(&mut stream, REFUSED_HTTP).await;
+                    }
+                }
+            },
             (action, _) => {
                 self.stats.denied.fetch_add(1, Ordering::Relaxed);
                 let why = if matches!(action, RouteAction::Model { .. }) {

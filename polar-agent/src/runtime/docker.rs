@@ -27,7 +27,8 @@
 //! runtime's seccomp filter as a profile (`sandbox::seccomp::docker_profile`,
 //! written to `<state_dir>/docker/seccomp.json`), the sandbox user,
 //! `--read-only` root (the workspace, HOME and `/tmp` are binds on the
-//! session's disk quota), a private IPC namespace, the memory, process and
+//! session's disk quota, and so is `/dev/shm`: `--ipc none` is a private
+//! IPC namespace without the engine's tmpfs there), the memory, process and
 //! CPU limits of the spec or the node (`--memory` = `--memory-swap`,
 //! `--pids-limit`, `--cpus`), `--rm` (the engine removes a container
 //! whose processes were killed), no logs kept by the engine. Every bind
@@ -259,7 +260,7 @@ impl Docker {
             "--network",
             "none",
             "--ipc",
-            "private",
+            "none",
             "--init",
             "--cgroup-parent",
             cgroup_parent,
@@ -303,6 +304,15 @@ impl Docker {
             a.push("--mount".into());
             a.push(b.docker_mount()?);
         }
+        // `/dev/shm` is the session's `tmp/` (on its disk quota), not the
+        // engine's 64 MiB tmpfs (`--ipc none` mounts none).
+        let shm = super::Bind {
+            source: layout.tmp.clone(),
+            target: "/dev/shm".into(),
+            read_only: false,
+        };
+        a.push("--mount".into());
+        a.push(shm.docker_mount()?);
         a.push("--workdir".into());
         a.push(layout.workdir.clone().into());
         // The image is one argument after `--`-free options: one starting
@@ -409,7 +419,7 @@ mod tests {
         );
         assert!(
             a.starts_with(
-                "docker run -d --rm --name polar-s-1 --network none --ipc private --init \
+                "docker run -d --rm --name polar-s-1 --network none --ipc none --init \
                  --cgroup-parent /polar/agent-1-0/s-1 --log-driver none"
             ),
             "{a}"
@@ -439,7 +449,10 @@ mod tests {
             "{a}"
         );
         assert!(
-            a.ends_with("--workdir /workspace python:3.12 sleep infinity"),
+            a.ends_with(
+                "--mount type=bind,source=/s/tmp,target=/dev/shm \
+                 --workdir /workspace python:3.12 sleep infinity"
+            ),
             "{a}"
         );
     }

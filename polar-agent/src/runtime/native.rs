@@ -17,13 +17,14 @@
 //!   `no_new_privs`, and the agent's child sets it before exec too;
 //! - a fresh root holding each top-level entry of the host's root (or of
 //!   the spec's `rootfs`) read-only, except the ones in [`HIDDEN`], which
-//!   are not there at all (`/run` is an empty tmpfs; `/tmp` is the
-//!   session's `tmp/`, on its disk quota);
-//! - `/proc` of its own PID namespace, a minimal `/dev`, and an empty
+//!   are not there at all (`/run` is an empty read-only tmpfs; `/tmp` is
+//!   the session's `tmp/`, on its disk quota);
+//! - `/proc` of its own PID namespace, a minimal read-only `/dev` whose
+//!   `/dev/shm` is the session's `tmp/` too, and an empty
 //!   read-only `/sys` (the host's shows its devices, cgroups and kernel
 //!   tunables; none of the harness CLIs needs it);
 //! - the agent's state directory (CA key, other sessions' data) hidden
-//!   under an empty tmpfs;
+//!   under an empty read-only tmpfs;
 //! - Polar's CA bundle bound read-only at [`TRUST_DIR`] and over the
 //!   distribution bundle paths;
 //! - the writable workspace at the spec's `workdir` (default
@@ -140,11 +141,26 @@ pub fn bwrap_argv(
         &mut a,
         &[&"--proc", &"/proc", &"--dev", &"/dev", &"--dir", &"/sys"],
     );
-    // `/tmp` is bound from the session's `tmp/` with the workspace (on the
-    // session's disk quota), not a tmpfs of bwrap's own.
-    push(&mut a, &[&"--tmpfs", &"/run"]);
+    // Nothing writable outside the session's disk quota: `/tmp` is bound
+    // from the session's `tmp/` with the workspace, and so is `/dev/shm`
+    // (POSIX shared memory and semaphores are files there); bwrap's own
+    // tmpfs mounts (`/dev`, `/run`, the hiding ones) are read-only.
+    push(
+        &mut a,
+        &[
+            &"--bind",
+            &layout.tmp,
+            &"/dev/shm",
+            &"--remount-ro",
+            &"/dev",
+        ],
+    );
+    push(&mut a, &[&"--tmpfs", &"/run", &"--remount-ro", &"/run"]);
+    // The hiding tmpfs mounts read-only at once: one below `/tmp` (a state
+    // directory there) is covered by the `/tmp` bind next, and no bind is
+    // ever made below one.
     for h in &layout.hide {
-        push(&mut a, &[&"--tmpfs", h]);
+        push(&mut a, &[&"--tmpfs", h, &"--remount-ro", h]);
     }
     for b in layout.binds() {
         let flag = if b.read_only { "--ro-bind" } else { "--bind" };
@@ -229,7 +245,10 @@ mod tests {
         assert!(a.contains("--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin"));
         assert!(!a.contains("/root"), "{a}");
         assert!(!a.contains("--ro-bind /tmp"), "{a}");
-        assert!(a.contains("--tmpfs /run --tmpfs /state"));
+        assert!(a.contains(
+            "--dev /dev --dir /sys --bind /state/sandboxes/s1/tmp /dev/shm --remount-ro /dev \
+             --tmpfs /run --remount-ro /run --tmpfs /state --remount-ro /state"
+        ));
         assert!(!a.contains("--tmpfs /tmp"), "{a}");
         assert!(
             a.contains(

@@ -23,9 +23,15 @@
 //! workspace after the run, the evaluator reads it during post-run or in a
 //! fresh sandbox on the same directories, exports read only the capture
 //! log). So the tmpfs lives only while the session does: [`release`]
-//! copies its contents to a disk directory beside it (walked by
-//! descriptors, never following what the sandbox planted; at most the
-//! quota's bytes), unmounts the tmpfs and puts the copy at the same path.
+//! copies its contents to a disk directory beside it, unmounts the tmpfs
+//! and puts the copy at the same path. The copy is walked by descriptors,
+//! never following what the sandbox planted, leaves FIFOs, sockets and
+//! devices out, keeps sparse files sparse, and writes at most the tmpfs's
+//! size and inodes (each entry charged at what it can cost on a block file
+//! system, `polar_io::beneath::Budget`): the node's disk never holds more
+//! of a session than its quota. What did not fit is left out (the
+//! workspace is copied first, then the logs, HOME and the rest) and listed
+//! in [`CUT_FILE`] at the top of the session's directory.
 //! [`mount`] over a directory kept from an earlier attempt pulls its
 //! contents into the new tmpfs first. A crashed agent's mounts are released
 //! by its guardian (`polar __reap`) once the agent's processes are killed,
@@ -48,7 +54,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount as sys_mount, umount2};
-use polar_io::beneath::Dir;
+use polar_io::beneath::{BLOCK, Budget, Dir};
 
 /// One inode per this many bytes of quota (2 GiB: 262,144 files), at
 /// least [`MIN_INODES`]: a sandbox cannot make unbounded empty files, whose
@@ -229,6 +235,77 @@ pub fn mount(root: &Path, bytes: u64) -> Result<bool, QuotaError> {
     Ok(true)
 }
 
+/// The file a release writes in the session's directory when its copy to
+/// disk left something out (see [`cut_report`]).
+pub const CUT_FILE: &str = "disk-copy-cut.txt";
+
+/// The budget of the disk copy of the tmpfs at `root`: its size and its
+/// inodes (what the sandbox could hold), less the disk copy's own top
+/// directory and [`CUT_FILE`] (a block each, and their inodes). What the
+/// copy writes (charged as `polar_io::beneath::copy` describes) is then at
+/// most the quota.
+fn release_budget(root: &Path) -> Result<Budget, QuotaError> {
+    let st = nix::sys::statvfs::statvfs(root).map_err(|e| QuotaError::Io {
+        op: "statvfs",
+        path: root.to_owned(),
+        source: io::Error::from(e),
+    })?;
+    let bytes = st.blocks().saturating_mul(st.fragment_size());
+    let inodes = st.files();
+    Ok(Budget::new(
+        bytes.saturating_sub(2 * BLOCK),
+        inodes.saturating_sub(2),
+    ))
+}
+
+/// The order a release copies the session's top-level entries in, so
+/// that what a budget cut leaves out is the least useful: the workspace
+/// (what the evaluator and the operator read), the commands' logs, HOME,
+/// then the rest (`tmp/`, anything else) by name. The owner file is left
+/// out.
+fn copy_order(mut names: Vec<OsString>) -> Vec<OsString> {
+    let rank = |n: &OsString| match n.to_str() {
+        Some("workspace") => 0,
+        Some("logs") => 1,
+        Some("home") => 2,
+        _ => 3,
+    };
+    names.retain(|n| n != OWNER_FILE && n != CUT_FILE);
+    names.sort_by(|a, b| rank(a).cmp(&rank(b)).then_with(|| a.cmp(b)));
+    names
+}
+
+/// The text of [`CUT_FILE`]: how much was cut and the first entries, at
+/// most one block.
+fn cut_report(budget: &Budget) -> String {
+    use std::fmt::Write as _;
+    let (bytes, inodes) = budget.charged();
+    let mut out = format!(
+        "The copy of this sandbox's directory to disk stopped at its quota: \
+         {} entries left out or cut short; {bytes} bytes and {inodes} inodes \
+         written.\n",
+        budget.cut_entries()
+    );
+    for c in budget.cuts() {
+        let mut line = format!("{}: {}", c.path.display(), c.reason);
+        if c.bytes > 0 {
+            let _ = write!(line, ", {} bytes not copied", c.bytes);
+        }
+        let mut keep = line.len().min(300);
+        while !line.is_char_boundary(keep) {
+            keep -= 1;
+        }
+        line.truncate(keep);
+        if out.len() + line.len() + 40 > BLOCK as usize {
+            out.push_str("(more not listed)\n");
+            break;
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
 /// The disk copy of `root` during a release: `.<name>.persist` beside it.
 fn persist_path(root: &Path) -> PathBuf {
     let name = root.file_name().unwrap_or_default().to_string_lossy();
@@ -262,14 +339,40 @@ pub fn release(root: &Path) -> Result<bool, QuotaError> {
     write_owner(&persist)?;
     let src = Dir::open_root(root).map_err(io_err("open", root))?;
     let dst = Dir::open_root(&persist).map_err(io_err("open", &persist))?;
+    let mut budget = release_budget(root)?;
     let mut replaced = Vec::new();
     let mut bytes = 0;
-    for name in src.names().map_err(io_err("read", root))? {
-        if name != OWNER_FILE {
-            bytes += src
-                .copy_entry(&name, &dst, &name, None, Path::new(&name), &mut replaced)
-                .map_err(io_err("copying to disk", root))?;
-        }
+    for name in copy_order(src.names().map_err(io_err("read", root))?) {
+        bytes += src
+            .copy_entry_within(
+                &name,
+                &dst,
+                &name,
+                None,
+                Path::new(&name),
+                &mut replaced,
+                &mut budget,
+            )
+            .map_err(io_err("copying to disk", root))?;
+    }
+    if budget.cut_entries() > 0 {
+        let mut f = dst
+            .create_file(
+                OsStr::new(CUT_FILE),
+                0o644,
+                (0, 0),
+                Path::new(CUT_FILE),
+                &mut replaced,
+            )
+            .map_err(io_err("write", &persist.join(CUT_FILE)))?;
+        io::Write::write_all(&mut f, cut_report(&budget).as_bytes())
+            .map_err(io_err("write", &persist.join(CUT_FILE)))?;
+        tracing::warn!(
+            dir = %root.display(),
+            entries = budget.cut_entries(),
+            report = %persist.join(CUT_FILE).display(),
+            "the disk copy of a sandbox directory stopped at its quota"
+        );
     }
     drop(src);
     umount2(root, MntFlags::MNT_DETACH).map_err(|source| QuotaError::Mount {
@@ -403,5 +506,56 @@ mod tests {
             "size=2147483648,nr_inodes=262144,mode=0711"
         );
         assert_eq!(options(1 << 20), "size=1048576,nr_inodes=4096,mode=0711");
+    }
+
+    #[test]
+    fn the_workspace_is_copied_first_and_the_owner_file_never() {
+        let names = [
+            "tmp",
+            OWNER_FILE,
+            "home",
+            "logs",
+            "extra",
+            "workspace",
+            CUT_FILE,
+        ]
+        .map(OsString::from)
+        .to_vec();
+        assert_eq!(
+            copy_order(names),
+            ["workspace", "logs", "home", "extra", "tmp"].map(OsString::from)
+        );
+    }
+
+    #[test]
+    fn the_cut_report_fits_a_block_and_names_the_first_cuts() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir(&src).unwrap();
+        for i in 0..200 {
+            fs::write(src.join(format!("{}-{i}", "é".repeat(120))), "").unwrap();
+        }
+        fs::create_dir(dir.path().join("dst")).unwrap();
+        let mut budget = Budget::new(1 << 20, 3);
+        Dir::open_root(&src)
+            .unwrap()
+            .copy_tree_within(
+                &Dir::open_root(&dir.path().join("dst")).unwrap(),
+                None,
+                Path::new(""),
+                &mut Vec::new(),
+                &mut budget,
+            )
+            .unwrap();
+        let text = cut_report(&budget);
+        assert!(text.len() <= BLOCK as usize, "{}", text.len());
+        assert!(
+            text.starts_with(
+                "The copy of this sandbox's directory to disk stopped at its quota: 197 entries"
+            ),
+            "{text}"
+        );
+        assert!(text.contains(": no inodes left\n"), "{text}");
+        assert!(text.ends_with("(more not listed)\n"), "{text}");
     }
 }

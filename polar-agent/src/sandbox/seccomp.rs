@@ -27,6 +27,16 @@
 //! are untouched. `personality` other than the default (`PER_LINUX`) or
 //! the query `0xffffffff` (turning off ASLR helps an exploit).
 //!
+//! Socket address families are an allow-list ([`FAMILIES`]): `socket` and
+//! `socketpair` with any other family get `EAFNOSUPPORT` (what the kernel
+//! answers for a family it does not have, so programs that probe fall
+//! back), and a netlink socket of any protocol but `NETLINK_ROUTE` gets
+//! `EPROTONOSUPPORT`. The family and protocol are `int`s: only their low
+//! 32 bits are compared, as the kernel reads them. Why these four and
+//! nothing else (`AF_VSOCK` is not isolated by network namespaces; the
+//! rest are kernel attack surface no harness uses): docs/SECURITY.md,
+//! "Socket families".
+//!
 //! `clone3` gets `ENOSYS`: its flags are behind a pointer the filter cannot
 //! read, and `ENOSYS` is what makes glibc, musl and Go fall back to
 //! `clone`, which is checked.
@@ -141,6 +151,20 @@ pub const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWCGROUP as u64,
 ];
 
+/// The socket address families a sandbox may open: Unix sockets, IPv4,
+/// IPv6, and netlink (for `NETLINK_ROUTE` alone: glibc's `getaddrinfo`
+/// with `AI_ADDRCONFIG` and `getifaddrs`, which Node's and Python's
+/// interface listing use).
+pub const FAMILIES: &[(&str, u64)] = &[
+    ("AF_UNIX", libc::AF_UNIX as u64),
+    ("AF_INET", libc::AF_INET as u64),
+    ("AF_INET6", libc::AF_INET6 as u64),
+    ("AF_NETLINK", libc::AF_NETLINK as u64),
+];
+
+/// The one netlink protocol allowed: `NETLINK_ROUTE`.
+pub const NETLINK_ROUTE: u64 = libc::NETLINK_ROUTE as u64;
+
 /// `personality` values allowed: `PER_LINUX` and the query.
 const PERSONALITY_OK: [u64; 2] = [0, 0xffff_ffff];
 
@@ -194,8 +218,8 @@ pub fn eperm_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
     Ok(filter.try_into()?)
 }
 
-/// [`DENIED`], the namespace flags of `clone` and `unshare`, `personality`
-/// and `clone3` as a docker (runc, libseccomp) seccomp profile: everything
+/// [`DENIED`], the namespace flags of `clone` and `unshare`, `personality`,
+/// the socket families and `clone3` as a docker (runc, libseccomp) seccomp profile: everything
 /// else allowed, which docker's own profile would not be (the native
 /// runtime's threat model is the one both runtimes answer to).
 ///
@@ -233,6 +257,7 @@ pub fn docker_profile() -> serde_json::Value {
         rules.push(masked("personality", 0b11 << bit, 0b01 << bit));
         rules.push(masked("personality", 0b11 << bit, 0b10 << bit));
     }
+    rules.extend(docker_family_rules());
     rules.push(json!({
         "names": ["clone3"],
         "action": "SCMP_ACT_ERRNO",
@@ -245,12 +270,89 @@ pub fn docker_profile() -> serde_json::Value {
     })
 }
 
+/// The socket rules of [`docker_profile`]: [`family_program`] and
+/// [`netlink_program`] written with `SCMP_CMP_MASKED_EQ` alone (a
+/// libseccomp rule compares an argument once, so "none of four values"
+/// cannot be one rule). The low 32 bits of the family are refused when they
+/// equal a value below 64 outside [`FAMILIES`], or when any bit from 6 up is
+/// set (every value of 64 or more): together, every family but the allowed
+/// ones, whatever the kernel adds later. A netlink protocol is refused when
+/// any of its 32 bits is set (every protocol but `NETLINK_ROUTE`, 0).
+fn docker_family_rules() -> Vec<serde_json::Value> {
+    use serde_json::json;
+    const LOW: u64 = 0xffff_ffff;
+    let arg = |index: u32, mask: u64, value: u64| json!({"index": index, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"});
+    let rule = |names: &[&str], errno: i32, args: Vec<serde_json::Value>| json!({"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": errno, "args": args});
+    let both = ["socket", "socketpair"];
+    let allowed: Vec<u64> = FAMILIES.iter().map(|(_, f)| *f).collect();
+    let mut out: Vec<serde_json::Value> = (0..64)
+        .filter(|f| !allowed.contains(f))
+        .map(|f| rule(&both, libc::EAFNOSUPPORT, vec![arg(0, LOW, f)]))
+        .collect();
+    out.extend(
+        (6..32).map(|bit| rule(&both, libc::EAFNOSUPPORT, vec![arg(0, 1 << bit, 1 << bit)])),
+    );
+    debug_assert_eq!(NETLINK_ROUTE, 0);
+    out.extend((0..32).map(|bit| {
+        rule(
+            &["socket"],
+            libc::EPROTONOSUPPORT,
+            vec![
+                arg(0, LOW, libc::AF_NETLINK as u64),
+                arg(2, 1 << bit, 1 << bit),
+            ],
+        )
+    }));
+    out
+}
+
 /// The profile's architecture.
 #[cfg(target_arch = "x86_64")]
 const DOCKER_ARCH: &str = "SCMP_ARCH_X86_64";
 /// The profile's architecture.
 #[cfg(target_arch = "aarch64")]
 const DOCKER_ARCH: &str = "SCMP_ARCH_AARCH64";
+
+/// The `EAFNOSUPPORT` program: `socket` and `socketpair` with a family
+/// outside [`FAMILIES`].
+pub fn family_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
+    let outside = || -> Result<SeccompRule, SeccompError> {
+        let conds = FAMILIES
+            .iter()
+            .map(|(_, f)| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(SeccompRule::new(conds)?)
+    };
+    let rules = BTreeMap::from([
+        (libc::SYS_socket, vec![outside()?]),
+        (libc::SYS_socketpair, vec![outside()?]),
+    ]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EAFNOSUPPORT as u32),
+        arch,
+    )?;
+    Ok(filter.try_into()?)
+}
+
+/// The `EPROTONOSUPPORT` program: a netlink `socket` of any protocol but
+/// [`NETLINK_ROUTE`].
+pub fn netlink_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
+    let dword = |arg, op, v| SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, v);
+    let rule = SeccompRule::new(vec![
+        dword(0, SeccompCmpOp::Eq, libc::AF_NETLINK as u64)?,
+        dword(2, SeccompCmpOp::Ne, NETLINK_ROUTE)?,
+    ])?;
+    let rules = BTreeMap::from([(libc::SYS_socket, vec![rule])]);
+    let filter = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPROTONOSUPPORT as u32),
+        arch,
+    )?;
+    Ok(filter.try_into()?)
+}
 
 /// The `ENOSYS` program: `clone3`.
 pub fn enosys_program(arch: TargetArch) -> Result<BpfProgram, SeccompError> {
@@ -282,7 +384,12 @@ pub fn x32_guard() -> BpfProgram {
 
 /// Every program of the filter for `arch`, in the order they are loaded.
 pub fn programs(arch: TargetArch) -> Result<Vec<BpfProgram>, SeccompError> {
-    let mut out = vec![eperm_program(arch)?, enosys_program(arch)?];
+    let mut out = vec![
+        eperm_program(arch)?,
+        enosys_program(arch)?,
+        family_program(arch)?,
+        netlink_program(arch)?,
+    ];
     if arch == TargetArch::x86_64 {
         out.push(x32_guard());
     }
@@ -441,20 +548,26 @@ mod tests {
     /// Whether the docker profile denies `name` with argument 0 `arg0`
     /// (its rules read as libseccomp does: any matching deny wins).
     fn profile_denies(profile: &serde_json::Value, name: &str, arg0: u64) -> Option<i64> {
+        profile_denies_args(profile, name, &[arg0])
+    }
+
+    /// [`profile_denies`] with the arguments `args` (by index).
+    fn profile_denies_args(profile: &serde_json::Value, name: &str, args: &[u64]) -> Option<i64> {
         profile["syscalls"]
             .as_array()
             .unwrap()
             .iter()
             .find_map(|r| {
                 let named = r["names"].as_array().unwrap().iter().any(|n| n == name);
-                let args = r["args"].as_array().map_or(&[][..], Vec::as_slice);
-                let matches = args.iter().all(|a| {
-                    let (m, v) = (
+                let conds = r["args"].as_array().map_or(&[][..], Vec::as_slice);
+                let matches = conds.iter().all(|a| {
+                    let (i, m, v) = (
+                        a["index"].as_u64().unwrap() as usize,
                         a["value"].as_u64().unwrap(),
                         a["valueTwo"].as_u64().unwrap(),
                     );
                     assert_eq!(a["op"], "SCMP_CMP_MASKED_EQ");
-                    arg0 & m == v
+                    args.get(i).copied().unwrap_or(0) & m == v
                 });
                 (named && matches && r["action"] == "SCMP_ACT_ERRNO")
                     .then(|| r["errnoRet"].as_i64().unwrap())
@@ -610,7 +723,7 @@ mod tests {
         if ARCH == TargetArch::x86_64 {
             let x32_mount = i64::from(X32_SYSCALL_BIT) + libc::SYS_mount;
             assert_eq!(verdict(&Call::new(x32_mount, &[])), ENOSYS);
-            assert_eq!(programs(ARCH).unwrap().len(), 3);
+            assert_eq!(programs(ARCH).unwrap().len(), 5);
         }
         // Both architectures build.
         for arch in [TargetArch::x86_64, TargetArch::aarch64] {
@@ -634,5 +747,87 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read, to_bytes(&eperm_program(ARCH).unwrap()));
+    }
+
+    const EAFNOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | libc::EAFNOSUPPORT as u32;
+    const EPROTONOSUPPORT: u32 = libc::SECCOMP_RET_ERRNO | libc::EPROTONOSUPPORT as u32;
+
+    /// Every family the kernel defines (linux/socket.h, `AF_MAX` 46 in 6.x)
+    /// and values beyond it, with the type and protocol a caller would pass.
+    fn families() -> impl Iterator<Item = u64> {
+        (0..=70).chain([255, 256, 1 << 16, 0x7fff_ffff, 0xffff_ffff])
+    }
+
+    #[test]
+    fn only_unix_inet_inet6_and_route_netlink_sockets_are_allowed() {
+        let allowed: Vec<u64> = FAMILIES.iter().map(|(_, f)| *f).collect();
+        assert_eq!(allowed, [1, 2, 10, 16]);
+        for nr in [libc::SYS_socket, libc::SYS_socketpair] {
+            for f in families() {
+                let stream = libc::SOCK_STREAM as u64;
+                let want = if allowed.contains(&f) {
+                    ALLOW
+                } else {
+                    EAFNOSUPPORT
+                };
+                assert_eq!(verdict(&Call::new(nr, &[f, stream, 0])), want, "{nr} {f}");
+                // Bits above the int the kernel reads change nothing.
+                let high = f | (7 << 32);
+                assert_eq!(
+                    verdict(&Call::new(nr, &[high, stream, 0])),
+                    want,
+                    "{nr} {high:#x}"
+                );
+            }
+        }
+        let vsock = libc::AF_VSOCK as u64;
+        assert_eq!(
+            verdict(&Call::new(libc::SYS_socket, &[vsock, 1, 0])),
+            EAFNOSUPPORT
+        );
+        // Netlink: NETLINK_ROUTE only (the protocol's high bits ignored too).
+        let nl = libc::AF_NETLINK as u64;
+        let raw = libc::SOCK_RAW as u64;
+        assert_eq!(verdict(&Call::new(libc::SYS_socket, &[nl, raw, 0])), ALLOW);
+        assert_eq!(
+            verdict(&Call::new(libc::SYS_socket, &[nl, raw, 1 << 32])),
+            ALLOW
+        );
+        for proto in [4, 9, 15, 16, 31, 0xffff_ffff] {
+            assert_eq!(
+                verdict(&Call::new(libc::SYS_socket, &[nl, raw, proto])),
+                EPROTONOSUPPORT,
+                "netlink protocol {proto}"
+            );
+        }
+        // An INET socket's protocol is the kernel's business.
+        let inet = libc::AF_INET as u64;
+        assert_eq!(verdict(&Call::new(libc::SYS_socket, &[inet, 2, 17])), ALLOW);
+    }
+
+    #[test]
+    fn the_docker_profile_allows_the_same_families() {
+        let p = docker_profile();
+        let allowed: Vec<u64> = FAMILIES.iter().map(|(_, f)| *f).collect();
+        for name in ["socket", "socketpair"] {
+            for f in families() {
+                let native = verdict(&Call::new(libc::SYS_socket, &[f, 1, 0]));
+                let got = profile_denies_args(&p, name, &[f, 1, 0]);
+                let want = (!allowed.contains(&f)).then_some(i64::from(libc::EAFNOSUPPORT));
+                assert_eq!(got, want, "{name} {f}");
+                assert_eq!(got.is_some(), native != ALLOW, "{name} {f}");
+            }
+        }
+        let nl = libc::AF_NETLINK as u64;
+        assert_eq!(profile_denies_args(&p, "socket", &[nl, 3, 0]), None);
+        for proto in [4, 9, 16, 0xffff_ffff] {
+            assert_eq!(
+                profile_denies_args(&p, "socket", &[nl, 3, proto]),
+                Some(i64::from(libc::EPROTONOSUPPORT)),
+                "netlink protocol {proto}"
+            );
+        }
+        // Another family's protocol number is not netlink's.
+        assert_eq!(profile_denies_args(&p, "socket", &[2, 2, 17]), None);
     }
 }

@@ -15,6 +15,10 @@
 //! descriptor, never on a path string. What was replaced is reported to the
 //! caller (who logs it with the session).
 //!
+//! Copies of such a tree ([`Dir::copy_tree`], in `copy.rs`) read it the
+//! same way, keep sparse files sparse and stay within a [`Budget`] of bytes
+//! and inodes written.
+//!
 //! Readers that may follow symlinks staying inside (the evaluator) use
 //! [`open_how`] with their own resolve flags over the same [`Dir`].
 //!
@@ -484,72 +488,6 @@ impl Dir {
         }
         Ok(())
     }
-
-    /// Copies everything beneath `self` into `dest` (which exists): files
-    /// (their bytes and mode bits, without set-id bits), directories and
-    /// symlinks (as links); FIFOs, sockets and devices are left out. Each
-    /// copy is owned by `owner`, or by its source's owner when `None`.
-    /// Both sides are walked by descriptors with [`STRICT`], so a hostile
-    /// source is read without being followed, and what `dest` held in the
-    /// way is replaced (pushed on `replaced`). Returns the bytes copied.
-    pub fn copy_tree(
-        &self,
-        dest: &Dir,
-        owner: Option<Owner>,
-        at: &Path,
-        replaced: &mut Vec<PathBuf>,
-    ) -> io::Result<u64> {
-        if at.components().count() > MAX_DEPTH {
-            return Err(too_deep("copying"));
-        }
-        let mut bytes = 0;
-        for name in self.names()? {
-            bytes += self.copy_entry(&name, dest, &name, owner, &at.join(&name), replaced)?;
-        }
-        Ok(bytes)
-    }
-
-    /// Copies the entry `name` of `self` to `dest_name` in `dest` (see
-    /// [`Dir::copy_tree`]). Returns the bytes copied.
-    pub fn copy_entry(
-        &self,
-        name: &OsStr,
-        dest: &Dir,
-        dest_name: &OsStr,
-        owner: Option<Owner>,
-        at: &Path,
-        replaced: &mut Vec<PathBuf>,
-    ) -> io::Result<u64> {
-        let st = match fstatat(&self.fd, single(name)?, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(Errno::ENOENT) => return Ok(0),
-            Err(e) => return Err(err(e)),
-        };
-        let to = owner.unwrap_or((st.st_uid, st.st_gid));
-        let mode = st.st_mode & 0o1777;
-        match kind(&st) {
-            SFlag::S_IFDIR => {
-                let src = self.open_dir(Path::new(name))?;
-                let d = dest.make_dir(single(dest_name)?, to, at, replaced)?;
-                d.set_mode_and_owner(mode, to)?;
-                src.copy_tree(&d, owner, at, replaced)
-            }
-            SFlag::S_IFLNK => {
-                dest.symlink(&self.read_link(name)?, dest_name, to, at, replaced)?;
-                Ok(0)
-            }
-            SFlag::S_IFREG => {
-                let Some(mut src) = self.open_file(name)? else {
-                    return Ok(0);
-                };
-                let mut out = dest.create_file(dest_name, mode, to, at, replaced)?;
-                let n = io::copy(&mut src, &mut out)?;
-                set_mode_and_owner(&out, mode, to)?;
-                Ok(n)
-            }
-            _ => Ok(0),
-        }
-    }
 }
 
 /// Sets mode bits on an open descriptor (the umask does not apply).
@@ -572,6 +510,9 @@ fn set_mode_and_owner(fd: &impl AsFd, mode: u32, (uid, gid): Owner) -> io::Resul
     fchmod(fd, mode)?;
     fchown(fd, Some(Uid::from_raw(uid)), Some(Gid::from_raw(gid))).map_err(err)
 }
+
+mod copy;
+pub use copy::{BLOCK, Budget, Cut, CutReason, MAX_CUTS};
 
 #[cfg(test)]
 mod tests;

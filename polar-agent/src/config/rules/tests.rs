@@ -32,6 +32,7 @@ fn rule(host: &str, ports: &[u16], action: ActionKind) -> Route {
         host: pattern(host),
         ports: ports.to_vec(),
         action,
+        addresses: Vec::new(),
     }
 }
 
