@@ -17,6 +17,8 @@ use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use polar_io::beneath::{Dir, open_how};
 
+use super::Broken;
+
 /// Why a workspace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -161,15 +163,34 @@ pub fn remove(workspace: &Path, name: &str) -> Result<(), WorkspaceError> {
         .map_err(|e| open_error(workspace, Path::new(name), e))
 }
 
-/// Runs a workspace function on a blocking thread; the error as text.
-pub(super) async fn blocking<T, F>(f: F) -> Result<T, String>
+impl WorkspaceError {
+    /// Its cause: what the sandbox left (a file gone, unreadable or
+    /// leading out, a full quota) or the node's I/O.
+    pub fn cause(&self) -> Broken {
+        match self {
+            Self::NotFound { .. } | Self::NotRegular { .. } | Self::TooLarge { .. } => {
+                Broken::Unreadable
+            }
+            Self::Escapes { .. } => Broken::Escapes,
+            Self::Workspace { source, .. } => Broken::of_errno(*source).unwrap_or(Broken::NodeIo),
+            Self::Io { source, .. } => source
+                .raw_os_error()
+                .and_then(|n| Broken::of_errno(Errno::from_raw(n)))
+                .unwrap_or(Broken::NodeIo),
+        }
+    }
+}
+
+/// Runs a workspace function on a blocking thread; the error's cause and
+/// text.
+pub(super) async fn blocking<T, F>(f: F) -> Result<T, (Broken, String)>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 {
     match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("workspace access failed: {e}")),
+        Ok(result) => result.map_err(|e| (e.cause(), e.to_string())),
+        Err(e) => Err((Broken::Bug, format!("workspace access failed: {e}"))),
     }
 }
 
