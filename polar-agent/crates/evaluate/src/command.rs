@@ -137,18 +137,22 @@ impl CommandEvaluator {
         let workspace = facts.workspace.clone();
         let read =
             workspace::blocking(move || workspace::read(&workspace, &path, MAX_REWARD_FILE)).await;
+        // Missing or garbled: the task's command did not write it, unless
+        // what the sandbox left (a full quota) stopped it, as its output
+        // says (a policy printing that only turns its unusable sample into
+        // a 0.0).
+        let full = Broken::of_message(&output.stderr).filter(|c| *c == Broken::NoSpace);
+        let unwritten = |error: String, detail: Value| match full {
+            Some(cause) => Evaluation::broken(facts, cause, error, detail),
+            None => Evaluation::failed(error, detail),
+        };
         let bytes = match read {
             Ok(bytes) => bytes,
-            // Missing: the task's command did not write it, unless what the
-            // sandbox left (a full quota) stopped it.
             Err((Broken::Unreadable, e)) => {
-                let error = format!("reward file {e} (the command exited with {code})");
-                return match Broken::of_message(&output.stderr) {
-                    Some(Broken::NoSpace) => {
-                        Evaluation::broken(facts, Broken::NoSpace, error, detail)
-                    }
-                    _ => Evaluation::failed(error, detail),
-                };
+                return unwritten(
+                    format!("reward file {e} (the command exited with {code})"),
+                    detail,
+                );
             }
             Err((cause, e)) => {
                 return Evaluation::broken(
@@ -167,7 +171,7 @@ impl CommandEvaluator {
                     ..Evaluation::scored(facts, file.reward, detail)
                 }
             }
-            Err(e) => Evaluation::failed(
+            Err(e) => unwritten(
                 format!("reward file {e} (the command exited with {code})"),
                 detail,
             ),

@@ -295,7 +295,7 @@ impl Evaluation {
         };
         detail.insert(
             "broken".to_owned(),
-            serde_json::json!({"cause": cause, "side": cause.side()}),
+            serde_json::json!({"cause": cause, "side": cause.side(), "error": error}),
         );
         match cause.side() {
             Side::Policy => Self::scored_with(

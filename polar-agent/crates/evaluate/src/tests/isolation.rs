@@ -397,8 +397,11 @@ async fn leftovers_in_the_way_of_the_reward_file_are_the_policys_failure() {
             "{plant}: {out:#?}"
         );
         assert_eq!(
-            out.detail["broken"],
-            json!({"cause": cause, "side": "policy"}),
+            (
+                &out.detail["broken"]["cause"],
+                &out.detail["broken"]["side"]
+            ),
+            (&json!(cause), &json!("policy")),
             "{plant}"
         );
         assert!(

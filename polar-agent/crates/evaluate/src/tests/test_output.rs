@@ -254,8 +254,11 @@ async fn the_patch_can_come_from_a_workspace_file_but_not_from_outside() {
     let out = run(&evaluator("test_output", options), ws.path()).await;
     assert_eq!((out.reward, out.usable), (Some(0.0), true), "{out:#?}");
     assert_eq!(
-        out.detail["broken"],
-        json!({"cause": "unreadable", "side": "policy"})
+        (
+            &out.detail["broken"]["cause"],
+            &out.detail["broken"]["side"]
+        ),
+        (&json!("unreadable"), &json!("policy"))
     );
     assert!(out.error.unwrap().contains("eval/test.patch: not found"));
 }
