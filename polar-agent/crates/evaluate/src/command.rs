@@ -138,13 +138,20 @@ impl CommandEvaluator {
         let read =
             workspace::blocking(move || workspace::read(&workspace, &path, MAX_REWARD_FILE)).await;
         // Missing or garbled: the task's command did not write it, unless
-        // what the sandbox left (a full quota) stopped it, as its output
-        // says (a policy printing that only turns its unusable sample into
-        // a 0.0).
-        let full = Broken::of_message(&output.stderr).filter(|c| *c == Broken::NoSpace);
-        let unwritten = |error: String, detail: Value| match full {
-            Some(cause) => Evaluation::broken(facts, cause, error, detail),
-            None => Evaluation::failed(error, detail),
+        // what the sandbox left stopped it: the session's quota is full, or
+        // the command's output says so (a policy printing that only turns
+        // its unusable sample into a 0.0).
+        let ws = facts.workspace.clone();
+        let full = Broken::of_message(&output.stderr) == Some(Broken::NoSpace)
+            || workspace::blocking(move || workspace::quota_full(&ws))
+                .await
+                .unwrap_or(false);
+        let unwritten = |error: String, detail: Value| {
+            if full {
+                Evaluation::broken(facts, Broken::NoSpace, error, detail)
+            } else {
+                Evaluation::failed(error, detail)
+            }
         };
         let bytes = match read {
             Ok(bytes) => bytes,

@@ -163,6 +163,27 @@ pub fn remove(workspace: &Path, name: &str) -> Result<(), WorkspaceError> {
         .map_err(|e| open_error(workspace, Path::new(name), e))
 }
 
+/// Fewer free blocks or inodes than this on the quota count as none (what
+/// a filled quota has left once the evaluation's own files came and went).
+const NEARLY_FULL: u64 = 16;
+
+/// Whether `workspace` is on a session's disk quota (a tmpfs) that has
+/// (almost) no bytes or inodes left: what the sandbox wrote filled it. A
+/// workspace on the node's own disk is never "full" here (a full node disk
+/// is the node's).
+pub fn quota_full(workspace: &Path) -> Result<bool, WorkspaceError> {
+    let st = nix::sys::statfs::statfs(workspace).map_err(|e| WorkspaceError::Workspace {
+        workspace: workspace.to_owned(),
+        source: e,
+    })?;
+    if st.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return Ok(false);
+    }
+    // A tmpfs without an inode limit reports no files at all.
+    let inodes_out = st.files() > 0 && st.files_free() < NEARLY_FULL;
+    Ok(st.blocks_available() < NEARLY_FULL || inodes_out)
+}
+
 impl WorkspaceError {
     /// Its cause: what the sandbox left (a file gone, unreadable or
     /// leading out, a full quota) or the node's I/O.
@@ -256,6 +277,22 @@ mod tests {
         std::os::unix::fs::symlink("loop", w.path().join("loop")).unwrap();
         let err = read(w.path(), Path::new("loop"), 10).unwrap_err();
         assert!(matches!(err, WorkspaceError::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_workspace_on_the_nodes_disk_is_never_a_full_quota() {
+        let w = ws();
+        let on_tmpfs = nix::sys::statfs::statfs(w.path())
+            .unwrap()
+            .filesystem_type()
+            == nix::sys::statfs::TMPFS_MAGIC;
+        if !on_tmpfs {
+            assert!(!quota_full(w.path()).unwrap());
+        }
+        assert!(matches!(
+            quota_full(&w.path().join("gone")),
+            Err(WorkspaceError::Workspace { .. })
+        ));
     }
 
     #[test]
