@@ -18,6 +18,8 @@
 //! - a results directory the evaluator cannot write (`.polar` made
 //!   read-only), for a `command` evaluator with a reward file: scored 0.0,
 //!   `broken.cause = "unwritable"`, not an unscored error;
+//! - a workspace the evaluator cannot enter (`chmod 000` on its root):
+//!   scored 0.0, `broken.cause = "unwritable"`;
 //! - the session's disk quota filled: scored 0.0, `broken.cause =
 //!   "no_space"`.
 #![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
@@ -349,6 +351,15 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
             task(
                 "unwritable-results",
                 policy("mkdir -p .polar\nchmod 500 .polar\n! touch .polar/probe 2>/dev/null"),
+                json!({}),
+                reward_file_check(),
+            ),
+            Some("unwritable"),
+        ),
+        (
+            task(
+                "unreadable-workspace",
+                policy("chmod 000 /workspace\n! ls /workspace > /dev/null 2>&1"),
                 json!({}),
                 reward_file_check(),
             ),

@@ -19,7 +19,9 @@
 //! did the I/O, and from the message of a failed command or of the
 //! runtime's error (`(os error N)`, or the C library's text for the
 //! commands the evaluator runs in the sandbox, whose locale is `C.UTF-8`:
-//! [`Broken::of_message`]).
+//! [`Broken::of_message`]). No space is the policy's only when the
+//! session's own quota is full ([`confirmed`]): the node's disk filling up
+//! is the node's.
 
 use nix::errno::Errno;
 use serde::Serialize;
@@ -127,6 +129,21 @@ impl Broken {
             .filter_map(|(text, cause)| message.find(text).map(|at| (at, *cause)))
             .min_by_key(|(at, _)| *at)
             .map(|(_, cause)| cause)
+    }
+}
+
+/// `cause` as found, with [`Broken::NoSpace`] confirmed: it is the
+/// policy's only when the session's disk quota is what is full
+/// ([`crate::workspace::quota_full`]); a full disk without a quota is the
+/// node's ([`Broken::NodeIo`]).
+pub async fn confirmed(workspace: &std::path::Path, cause: Broken) -> Broken {
+    if cause != Broken::NoSpace {
+        return cause;
+    }
+    let ws = workspace.to_owned();
+    match tokio::task::spawn_blocking(move || crate::workspace::quota_full(&ws)).await {
+        Ok(Ok(true)) => Broken::NoSpace,
+        _ => Broken::NodeIo,
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::options::{RawRun, RunOptions, parse_raw, relative_path, tail};
 use super::workspace;
 use super::{
-    Broken, CHAIN_ROLES, CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts,
+    Broken, CHAIN_ROLES, CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts, broken,
 };
 
 /// The reward file when `reward = "file"` names none.
@@ -103,6 +103,7 @@ impl CommandEvaluator {
         let mut env = self.run.env.clone();
         if let RewardSource::File(path) = &self.reward {
             if let Err((cause, error)) = self.clear_reward_file(path, runner).await {
+                let cause = broken::confirmed(&facts.workspace, cause).await;
                 return Evaluation::broken(facts, cause, error, json!({"reward_source": "file"}));
             }
             env.push((REWARD_FILE_VAR.to_owned(), path.display().to_string()));
@@ -112,7 +113,9 @@ impl CommandEvaluator {
             .await
         {
             Ok(output) => output,
-            Err(e) => return Evaluation::not_run(facts, "running the command", e, json!({})),
+            Err(e) => {
+                return Evaluation::not_run(facts, "running the command", e, json!({})).await;
+            }
         };
         let mut detail = output_detail(&output);
         let source = match &self.reward {
@@ -138,14 +141,8 @@ impl CommandEvaluator {
         let read =
             workspace::blocking(move || workspace::read(&workspace, &path, MAX_REWARD_FILE)).await;
         // Missing or garbled: the task's command did not write it, unless
-        // what the sandbox left stopped it: the session's quota is full, or
-        // the command's output says so (a policy printing that only turns
-        // its unusable sample into a 0.0).
-        let ws = facts.workspace.clone();
-        let full = Broken::of_message(&output.stderr) == Some(Broken::NoSpace)
-            || workspace::blocking(move || workspace::quota_full(&ws))
-                .await
-                .unwrap_or(false);
+        // what the sandbox left stopped it: the session's quota is full.
+        let full = broken::confirmed(&facts.workspace, Broken::NoSpace).await == Broken::NoSpace;
         let unwritten = |error: String, detail: Value| {
             if full {
                 Evaluation::broken(facts, Broken::NoSpace, error, detail)
@@ -162,6 +159,7 @@ impl CommandEvaluator {
                 );
             }
             Err((cause, e)) => {
+                let cause = broken::confirmed(&facts.workspace, cause).await;
                 return Evaluation::broken(
                     facts,
                     cause,

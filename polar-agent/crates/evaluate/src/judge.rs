@@ -285,7 +285,8 @@ impl LlmJudge {
                     "llm_judge: the diff command could not run",
                     e,
                     Value::Null,
-                );
+                )
+                .await;
             }
         };
         let prompt = prompt(self, inputs.instruction, &diff, inputs.transcript);

@@ -312,9 +312,10 @@ impl Evaluation {
     }
 
     /// A command the runner could not run: [`Evaluation::broken`] with its
-    /// cause, the error prefixed with `what`.
-    pub fn not_run(facts: &SessionFacts, what: &str, e: RunError, detail: Value) -> Self {
-        Self::broken(facts, e.cause, format!("{what}: {}", e.message), detail)
+    /// cause ([`broken::confirmed`]), the error prefixed with `what`.
+    pub async fn not_run(facts: &SessionFacts, what: &str, e: RunError, detail: Value) -> Self {
+        let cause = broken::confirmed(&facts.workspace, e.cause).await;
+        Self::broken(facts, cause, format!("{what}: {}", e.message), detail)
     }
 
     /// No reward: the session could not be evaluated.

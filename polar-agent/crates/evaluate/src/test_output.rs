@@ -24,7 +24,7 @@ use super::command::{OUTPUT_TAIL, exit_text, output_detail};
 use super::options::{RawRun, RunOptions, parse_raw, relative_path, tail};
 use super::parse::{Parser, TestOutcomes, TestStatus};
 use super::workspace;
-use super::{Broken, CommandRunner, EvalError, Evaluation, SessionFacts};
+use super::{Broken, CommandRunner, EvalError, Evaluation, SessionFacts, broken};
 
 /// The largest test patch file read.
 const MAX_PATCH_FILE: u64 = 16 << 20;
@@ -180,7 +180,10 @@ impl TestOutput {
                     let error = format!("the test patch does not apply ({tool}): {message}");
                     return Evaluation::scored_with(facts, 0.0, detail, error);
                 }
-                Err((cause, error)) => return Evaluation::broken(facts, cause, error, detail),
+                Err((cause, error)) => {
+                    let cause = broken::confirmed(&facts.workspace, cause).await;
+                    return Evaluation::broken(facts, cause, error, detail);
+                }
             }
         }
         let output = match runner
@@ -192,7 +195,9 @@ impl TestOutput {
             .await
         {
             Ok(output) => output,
-            Err(e) => return Evaluation::not_run(facts, "running the test command", e, detail),
+            Err(e) => {
+                return Evaluation::not_run(facts, "running the test command", e, detail).await;
+            }
         };
         detail["command"] = output_detail(&output);
         let outcomes = self

@@ -437,6 +437,13 @@ impl CommandRunner for FailingRunner {
 #[tokio::test]
 async fn a_runners_error_keeps_its_side_in_every_evaluator() {
     let ws = tempfile::tempdir().unwrap();
+    assert_ne!(
+        nix::sys::statfs::statfs(ws.path())
+            .unwrap()
+            .filesystem_type(),
+        nix::sys::statfs::TMPFS_MAGIC,
+        "the test's temporary directory must not be a tmpfs (TMPDIR)"
+    );
     for (kind, options) in [
         ("command", json!({"command": "true"})),
         ("command", json!({"command": "true", "reward": "file"})),
@@ -446,15 +453,22 @@ async fn a_runners_error_keeps_its_side_in_every_evaluator() {
         ),
     ] {
         let e = evaluator(kind, options.clone());
-        let full = e
-            .evaluate(&facts(ws.path()), &FailingRunner(Broken::NoSpace))
+        let left = e
+            .evaluate(&facts(ws.path()), &FailingRunner(Broken::Unwritable))
             .await;
         assert_eq!(
-            (full.reward, full.usable),
+            (left.reward, left.usable),
             (Some(0.0), true),
-            "{options}: {full:#?}"
+            "{options}: {left:#?}"
         );
-        assert_eq!(full.detail["broken"]["side"], "policy", "{options}");
+        assert_eq!(left.detail["broken"]["side"], "policy", "{options}");
+        // No space where the workspace has no quota of its own (a tmpfs):
+        // the node's disk is full, not the session's.
+        let disk = e
+            .evaluate(&facts(ws.path()), &FailingRunner(Broken::NoSpace))
+            .await;
+        assert_eq!((disk.reward, disk.usable), (None, false), "{options}");
+        assert_eq!(disk.detail["broken"]["cause"], "node_io", "{options}");
         let node = e
             .evaluate(&facts(ws.path()), &FailingRunner(Broken::Runner))
             .await;
