@@ -480,3 +480,39 @@ async fn a_runners_error_keeps_its_side_in_every_evaluator() {
         assert_eq!(node.detail["broken"]["side"], "node", "{options}");
     }
 }
+
+#[tokio::test]
+async fn start_up_hooks_beside_the_tests_do_not_run() {
+    // `sitecustomize.py` and `usercustomize.py` in the workspace (the
+    // working directory of every evaluator command) are not on Python's
+    // path when `site` imports them, for `-c`, `-m` and a script alike.
+    let ws = tempfile::tempdir().unwrap();
+    for hook in ["sitecustomize.py", "usercustomize.py"] {
+        std::fs::write(ws.path().join(hook), "print('HOOKED')\n").unwrap();
+    }
+    std::fs::write(
+        ws.path().join("test_t.py"),
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_x(self):\n        pass\n",
+    )
+    .unwrap();
+    let runner = IsolatedRunner::new(ws.path());
+    for argv in [
+        vec!["python3", "-c", "print('ran')"],
+        vec!["python3", "-m", "unittest", "-v", "test_t"],
+        vec!["python3", "test_t.py"],
+    ] {
+        let out = runner
+            .run(
+                argv.iter().map(|s| (*s).to_owned()).collect(),
+                Vec::new(),
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.exit, Some(0), "{argv:?}: {out:?}");
+        assert!(
+            !out.stdout.contains("HOOKED") && !out.stderr.contains("HOOKED"),
+            "{argv:?}: {out:?}"
+        );
+    }
+}
