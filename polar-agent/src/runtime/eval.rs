@@ -197,5 +197,24 @@ mod tests {
             get(&env, "PYTHONPYCACHEPREFIX").as_deref(),
             Some("/tmp/.pycache")
         );
+
+        // A container's binds were made at its start: its commands are
+        // pointed at the directories through the session's /tmp.
+        let spec = polar_spec::runtime::RuntimeSpec::default();
+        let container = Runtime::Apptainer(super::super::apptainer::Apptainer::new(
+            &spec,
+            &"s-eval".parse().unwrap(),
+        ));
+        let (l, env) = e.isolate(&layout, &container);
+        assert_eq!(l, layout);
+        let home = e.in_sandbox.join("home").display().to_string();
+        let tmp = e.in_sandbox.join("tmp").display().to_string();
+        assert!(home.starts_with("/tmp/.polar-eval-"), "{home}");
+        assert_eq!(get(&env, "HOME"), Some(home));
+        assert_eq!(get(&env, "TMPDIR"), Some(tmp.clone()));
+        assert_eq!(
+            get(&env, "PYTHONPYCACHEPREFIX"),
+            Some(format!("{tmp}/.pycache"))
+        );
     }
 }
