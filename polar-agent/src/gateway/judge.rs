@@ -161,9 +161,15 @@ impl Judge for SessionJudge {
 
 /// Appends one JSON line to `path` (the agent's own state directory,
 /// which no sandbox sees) and syncs it.
+/// Appends `value` as a line of `path`, its directory (the agent's session
+/// directory, which a session without model calls has not made yet) made
+/// where missing.
 fn append_line(path: &std::path::Path, value: &Value) -> std::io::Result<()> {
     let mut line = serde_json::to_vec(value).map_err(std::io::Error::other)?;
     line.push(b'\n');
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -308,6 +308,54 @@ mod tests {
     }
 
     #[test]
+    fn what_the_sandbox_left_in_the_evaluations_way_is_the_policys_failure() {
+        use polar_evaluate::{Broken, SessionFacts, Side};
+        let facts = SessionFacts {
+            harness_exit: Some(0),
+            timed_out: false,
+            calls: 1,
+            failed_calls: 0,
+            workspace: "/w".into(),
+        };
+        for cause in [
+            Broken::NoSpace,
+            Broken::Unwritable,
+            Broken::NotADirectory,
+            Broken::Unreadable,
+            Broken::Escapes,
+            Broken::Runner,
+            Broken::ToolMissing,
+            Broken::NodeIo,
+            Broken::Bug,
+        ] {
+            let e = Evaluation::broken(&facts, cause, "why".into(), serde_json::Value::Null);
+            let v = verdict(&exited(0), Some(&e));
+            match cause.side() {
+                // Scored 0.0 and completed: the sample counts.
+                Side::Policy => {
+                    assert_eq!(e.reward, Some(0.0), "{cause:?}");
+                    assert_eq!(
+                        summary(&v),
+                        (SampleStatus::Completed, Some(EndedBy::Policy), false),
+                        "{cause:?}"
+                    );
+                    assert_eq!(e.detail["broken"]["cause"], cause.as_str());
+                }
+                // No reward: an error of the evaluation, as any fault of
+                // the node's.
+                Side::Node => {
+                    assert_eq!(e.reward, None, "{cause:?}");
+                    assert_eq!(
+                        summary(&v),
+                        (SampleStatus::Error, Some(EndedBy::Evaluator), false),
+                        "{cause:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_budget_ends_a_session_that_ran_out_of_time() {
         let e = Ended {
             timed_out: true,

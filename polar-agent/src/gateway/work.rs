@@ -43,10 +43,12 @@ use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
-use crate::runtime::plan::{Phase, StepEnd};
+use crate::runtime::eval::EvalDirs;
+use crate::runtime::plan::{Phase, Plan, StepEnd};
 use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
-    CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, SessionFacts,
+    Broken, CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, RunError,
+    SessionFacts,
 };
 use polar_export::Exporter;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
@@ -604,12 +606,18 @@ impl HarnessWork {
     }
 }
 
-/// Runs evaluator commands in a prepared session's sandbox.
+/// Runs evaluator commands in a prepared session's sandbox, each with the
+/// evaluation's own HOME and tmp (made at its first command,
+/// [`crate::runtime::eval`]) and the evaluator's variables.
 struct SandboxRunner<'a> {
     prepared: &'a Prepared,
     stop: &'a CancellationToken,
     count: std::sync::atomic::AtomicUsize,
+    isolated: tokio::sync::OnceCell<Result<Isolated, RunError>>,
 }
+
+/// The layout and the added variables of the evaluation's commands.
+type Isolated = (crate::runtime::Layout, Vec<(String, String)>);
 
 impl<'a> SandboxRunner<'a> {
     fn new(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
@@ -617,7 +625,47 @@ impl<'a> SandboxRunner<'a> {
             prepared,
             stop,
             count: std::sync::atomic::AtomicUsize::new(0),
+            isolated: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Makes the evaluation's directories (off the async workers). A quota
+    /// the sandbox filled is the policy's doing; anything else the node's.
+    async fn isolate(&self) -> Result<Isolated, RunError> {
+        let (dirs, user) = (self.prepared.dirs().clone(), self.prepared.user());
+        let made = tokio::task::spawn_blocking(move || EvalDirs::make(&dirs, user)).await;
+        match made {
+            Ok(Ok(e)) => Ok(self.prepared.isolate(&e)),
+            Ok(Err(e)) => {
+                let cause = match &e {
+                    crate::runtime::RuntimeError::Io { source, .. } => source
+                        .raw_os_error()
+                        .map(nix::errno::Errno::from_raw)
+                        .and_then(Broken::of_errno)
+                        .filter(|c| *c == Broken::NoSpace)
+                        .unwrap_or(Broken::NodeIo),
+                    _ => Broken::NodeIo,
+                };
+                Err(RunError {
+                    message: format!("making the evaluation's HOME and tmp: {}", chain(&e)),
+                    cause,
+                })
+            }
+            Err(e) => Err(RunError {
+                message: format!("making the evaluation's HOME and tmp: {e}"),
+                cause: Broken::Bug,
+            }),
+        }
+    }
+}
+
+/// The cause of a command the runtime could not run: a quota the sandbox
+/// filled (the command's log files could not be made) is the policy's
+/// doing; the rest is the runtime's.
+fn not_run_cause(error: &str, logs_made: bool) -> Broken {
+    match Broken::of_message(error) {
+        Some(Broken::NoSpace) if !logs_made => Broken::NoSpace,
+        _ => Broken::Runner,
     }
 }
 
@@ -640,16 +688,26 @@ impl CommandRunner for SandboxRunner<'_> {
         argv: Vec<String>,
         env: Vec<(String, String)>,
         timeout: Duration,
-    ) -> Pin<Box<dyn Future<Output = Result<CommandOutput, String>> + Send + 'b>> {
+    ) -> Pin<Box<dyn Future<Output = Result<CommandOutput, RunError>> + Send + 'b>> {
         Box::pin(async move {
+            let (layout, isolation) = self
+                .isolated
+                .get_or_init(|| self.isolate())
+                .await
+                .as_ref()
+                .map_err(Clone::clone)?;
             let deadline = tokio::time::Instant::now() + timeout;
             let index = self
                 .count
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let report = self
-                .prepared
-                .plan(deadline)
-                .run_command(Phase::Eval, index, &argv, &env, self.stop)
+            let mut all = isolation.clone();
+            all.extend(env);
+            let plan = Plan {
+                layout,
+                ..self.prepared.plan(deadline)
+            };
+            let report = plan
+                .run_command(Phase::Eval, index, &argv, &all, self.stop)
                 .await;
             let (out, err) = match &report.logs {
                 Some((o, e)) => (Some(o), Some(e)),
@@ -659,13 +717,38 @@ impl CommandRunner for SandboxRunner<'_> {
                 exit: match report.end {
                     StepEnd::Exited { code } => Some(code),
                     StepEnd::TimedOut | StepEnd::Stopped => None,
-                    StepEnd::Failed { error } => return Err(error),
-                    StepEnd::Skipped => return Err("not run".into()),
+                    StepEnd::Failed { error } => {
+                        return Err(RunError {
+                            cause: not_run_cause(&error, report.logs.is_some()),
+                            message: error,
+                        });
+                    }
+                    StepEnd::Skipped => return Err(RunError::runner("not run")),
                 },
                 stdout: read_capped(out, 4 << 20),
                 stderr: read_capped(err, 1 << 20),
             };
             Ok(output)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_not_run_is_the_policys_only_when_its_full_quota_kept_its_logs_from_being_made() {
+        let full = "create /s/logs/eval-0.out: No space left on device (os error 28)";
+        assert_eq!(not_run_cause(full, false), Broken::NoSpace);
+        // Once the logs were made, a failure is the runtime's.
+        assert_eq!(not_run_cause(full, true), Broken::Runner);
+        for other in [
+            "create /s/logs/eval-0.out: Permission denied (os error 13)",
+            "bwrap: execvp sh: No such file or directory",
+            "spawning bwrap: Resource temporarily unavailable (os error 11)",
+        ] {
+            assert_eq!(not_run_cause(other, false), Broken::Runner, "{other}");
+        }
     }
 }

@@ -469,6 +469,26 @@ impl Prepared {
         &self.dirs.workspace
     }
 
+    /// The session's directories on the host.
+    pub fn dirs(&self) -> &SandboxDirs {
+        &self.dirs
+    }
+
+    /// The layout and the added variables an evaluator command runs with
+    /// in this session's sandbox, on the evaluation's own directories
+    /// ([`crate::runtime::eval`]).
+    pub fn isolate(
+        &self,
+        eval: &crate::runtime::eval::EvalDirs,
+    ) -> (Layout, Vec<(String, String)>) {
+        eval.isolate(&self.layout, &self.runtime)
+    }
+
+    /// The sandbox user.
+    pub fn user(&self) -> (u32, u32) {
+        self.layout.user
+    }
+
     /// The same session again with nothing to run: a fresh sandbox on the
     /// same workspace and HOME (for an evaluator that wants one), with the
     /// runtime spec's prepare and post-run steps left out.

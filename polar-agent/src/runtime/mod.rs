@@ -8,6 +8,7 @@
 //! - [`steps`]: the session's directories, HOME files and uploads into the
 //!   workspace, written beneath directories the sandbox controls;
 //! - [`quota`]: the disk quota (a size-limited tmpfs per session);
+//! - [`eval`]: the HOME and tmp of one evaluation, made fresh for it;
 //! - [`oneshot`]: one command in the native runtime with the caller's
 //!   stdio (`polar sandbox run -- CMD`);
 //! - [`plan`]: a whole session — prepare steps, the main command, post-run
@@ -21,6 +22,7 @@
 
 pub mod apptainer;
 pub mod docker;
+pub mod eval;
 pub mod native;
 pub mod oneshot;
 pub mod plan;

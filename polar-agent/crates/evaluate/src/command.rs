@@ -10,7 +10,9 @@ use serde_json::{Map, Value, json};
 
 use super::options::{RawRun, RunOptions, parse_raw, relative_path, tail};
 use super::workspace;
-use super::{CHAIN_ROLES, CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts};
+use super::{
+    Broken, CHAIN_ROLES, CommandOutput, CommandRunner, EvalError, Evaluation, SessionFacts, broken,
+};
 
 /// The reward file when `reward = "file"` names none.
 pub const DEFAULT_REWARD_FILE: &str = ".polar/reward";
@@ -100,8 +102,9 @@ impl CommandEvaluator {
     ) -> Evaluation {
         let mut env = self.run.env.clone();
         if let RewardSource::File(path) = &self.reward {
-            if let Err(error) = self.clear_reward_file(path, runner).await {
-                return Evaluation::failed(error, json!({"reward_source": "file"}));
+            if let Err((cause, error)) = self.clear_reward_file(path, runner).await {
+                let cause = broken::confirmed(&facts.workspace, cause).await;
+                return Evaluation::broken(facts, cause, error, json!({"reward_source": "file"}));
             }
             env.push((REWARD_FILE_VAR.to_owned(), path.display().to_string()));
         }
@@ -110,7 +113,9 @@ impl CommandEvaluator {
             .await
         {
             Ok(output) => output,
-            Err(e) => return Evaluation::failed(format!("running the command: {e}"), json!({})),
+            Err(e) => {
+                return Evaluation::not_run(facts, "running the command", e, json!({})).await;
+            }
         };
         let mut detail = output_detail(&output);
         let source = match &self.reward {
@@ -135,7 +140,35 @@ impl CommandEvaluator {
         let workspace = facts.workspace.clone();
         let read =
             workspace::blocking(move || workspace::read(&workspace, &path, MAX_REWARD_FILE)).await;
-        match read.and_then(|bytes| parse_reward(&bytes)) {
+        // Missing or garbled: the task's command did not write it, unless
+        // what the sandbox left stopped it: the session's quota is full.
+        let full = broken::confirmed(&facts.workspace, Broken::NoSpace).await == Broken::NoSpace;
+        let unwritten = |error: String, detail: Value| {
+            if full {
+                Evaluation::broken(facts, Broken::NoSpace, error, detail)
+            } else {
+                Evaluation::failed(error, detail)
+            }
+        };
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err((Broken::Unreadable, e)) => {
+                return unwritten(
+                    format!("reward file {e} (the command exited with {code})"),
+                    detail,
+                );
+            }
+            Err((cause, e)) => {
+                let cause = broken::confirmed(&facts.workspace, cause).await;
+                return Evaluation::broken(
+                    facts,
+                    cause,
+                    format!("reward file {e} (the command exited with {code})"),
+                    detail,
+                );
+            }
+        };
+        match parse_reward(&bytes) {
             Ok(file) => {
                 detail["file"] = Value::Object(file.fields);
                 Evaluation {
@@ -143,7 +176,7 @@ impl CommandEvaluator {
                     ..Evaluation::scored(facts, file.reward, detail)
                 }
             }
-            Err(e) => Evaluation::failed(
+            Err(e) => unwritten(
                 format!("reward file {e} (the command exited with {code})"),
                 detail,
             ),
@@ -152,16 +185,20 @@ impl CommandEvaluator {
 
     /// Removes a reward file the harness may have left and creates its
     /// directory, in the sandbox (so symlinks resolve as the sandbox sees
-    /// them, never on the host).
+    /// them, never on the host), and checks that the command can write
+    /// there. `Err` has the cause: what the sandbox left in the way (a
+    /// directory where the file goes, a file where its directory goes, a
+    /// directory the command cannot write, a full quota) is the policy's.
     async fn clear_reward_file(
         &self,
         path: &std::path::Path,
         runner: &dyn CommandRunner,
-    ) -> Result<(), String> {
+    ) -> Result<(), (Broken, String)> {
         let argv = [
             "sh",
             "-c",
-            r#"rm -f -- "$1" && mkdir -p -- "$(dirname -- "$1")""#,
+            r#"d=$(dirname -- "$1") && rm -f -- "$1" && mkdir -p -- "$d" || exit 1
+[ -d "$d" ] && [ -w "$d" ] && [ -x "$d" ] || { echo "$d: Permission denied (the reward file's directory)" >&2; exit 1; }"#,
             "sh",
         ]
         .iter()
@@ -171,16 +208,25 @@ impl CommandEvaluator {
         let output = runner
             .run(argv, Vec::new(), self.run.timeout)
             .await
-            .map_err(|e| format!("clearing the reward file {}: {e}", path.display()))?;
-        match output.exit {
-            Some(0) => Ok(()),
-            exit => Err(format!(
+            .map_err(|e| {
+                let m = format!("clearing the reward file {}: {e}", path.display());
+                (e.cause, m)
+            })?;
+        let cause = match output.exit {
+            Some(0) => return Ok(()),
+            Some(126 | 127) => Broken::ToolMissing,
+            Some(_) => Broken::of_message(&output.stderr).unwrap_or(Broken::NodeIo),
+            None => Broken::NodeIo,
+        };
+        Err((
+            cause,
+            format!(
                 "clearing the reward file {} failed ({}): {}",
                 path.display(),
-                exit_text(exit),
+                exit_text(output.exit),
                 tail(output.stderr.trim(), OUTPUT_TAIL)
-            )),
-        }
+            ),
+        ))
     }
 }
 

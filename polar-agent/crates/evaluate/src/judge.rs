@@ -38,18 +38,24 @@ pub const JUDGE_MARKER: &str = "# Polar judge request";
 /// The highest score of a criterion.
 pub const MAX_SCORE: f64 = 10.0;
 /// The diff command run when the spec names none: `git diff` against
-/// `HEAD` plus the untracked files in a git work tree; otherwise every
-/// text file below the workspace as added (a workspace without history
-/// has no other baseline). Binary files are named, not printed.
-pub const DEFAULT_DIFF_SCRIPT: &str = r#"if command -v git >/dev/null 2>&1 && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git -c core.quotepath=off --no-pager diff --no-color --no-ext-diff HEAD -- . 2>/dev/null || git --no-pager diff --no-color --no-ext-diff -- .
-  git ls-files --others --exclude-standard | while IFS= read -r f; do git --no-pager diff --no-color --no-ext-diff --no-index -- /dev/null "$f"; done
+/// `HEAD` plus the untracked files when the workspace's top holds a git
+/// repository, run through [`crate::isolation::GIT_PRELUDE`] (a git
+/// directory of the evaluator's own: nothing the workspace's
+/// configuration, hooks or attributes name runs); otherwise every text
+/// file below the workspace as added (a workspace without history has no
+/// other baseline). Binary files are named, not printed.
+pub const DEFAULT_DIFF_SCRIPT: &str = concat!(
+    crate::isolation::git_prelude!(),
+    r#"if command -v git >/dev/null 2>&1 && polar_git_setup; then
+  polar_git -c core.quotepath=off diff --no-color --no-ext-diff --no-textconv HEAD -- . 2>/dev/null || polar_git diff --no-color --no-ext-diff --no-textconv -- .
+  polar_git ls-files --others --exclude-standard | while IFS= read -r f; do polar_git diff --no-color --no-ext-diff --no-textconv --no-index -- /dev/null "$f"; done
 else
   find . -path ./.git -prune -o -type f -print | LC_ALL=C sort | while IFS= read -r f; do
     if grep -Iq . "$f" 2>/dev/null || [ ! -s "$f" ]; then printf -- '--- /dev/null\n+++ b/%s\n' "${f#./}"; sed 's/^/+/' "$f"; else printf 'Binary file %s\n' "${f#./}"; fi
   done
 fi
-exit 0"#;
+exit 0"#
+);
 
 const DEFAULT_MAX_BYTES: usize = 32 * 1024;
 const DEFAULT_MAX_TOKENS: u32 = 1024;
@@ -274,10 +280,13 @@ impl LlmJudge {
                 );
             }
             Err(e) => {
-                return Evaluation::failed(
-                    format!("llm_judge: the diff command could not run: {e}"),
+                return Evaluation::not_run(
+                    facts,
+                    "llm_judge: the diff command could not run",
+                    e,
                     Value::Null,
-                );
+                )
+                .await;
             }
         };
         let prompt = prompt(self, inputs.instruction, &diff, inputs.transcript);

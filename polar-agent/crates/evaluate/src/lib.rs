@@ -16,7 +16,11 @@
 //!   `composite`;
 //! - [`parse`]: the test-output parsers (pure);
 //! - `workspace`: reading and writing files of the workspace from the host
-//!   without ever leaving it (openat2 `RESOLVE_BENEATH`).
+//!   without ever leaving it (openat2 `RESOLVE_BENEATH`);
+//! - [`broken`]: why an evaluation could not be made and whose doing that
+//!   is (the policy's: scored 0.0; the node's: no reward);
+//! - [`isolation`]: the environment every evaluator command gets and the
+//!   evaluators' `git`, which never reads the workspace's configuration.
 //!
 //! # Kinds and options
 //!
@@ -88,6 +92,20 @@
 //! `composite`: `evaluators`, an array of `{"kind", "options", "weight"}`;
 //! the reward is the weighted mean of the parts' (see [`composite`]).
 //!
+//! # What an evaluator command sees
+//!
+//! The runner gives every evaluation a HOME and a `/tmp` of its own, made
+//! fresh for it (never the sandbox's, also with `fresh = true`), and an
+//! environment built from an allowlist: the runtime's `PATH`, locale and
+//! trust variables, the task's declared environment (the runtime spec's
+//! and the evaluator's `env`), and [`isolation::env`] (no user site for
+//! Python, its bytecode cache apart, `git` without system or global
+//! configuration, hooks or fsmonitor). Nothing of the harness's
+//! environment (`PYTHONSTARTUP`, `PYTHONPATH`, `NODE_OPTIONS`,
+//! `LD_PRELOAD`, `BASH_ENV`, `GIT_*`...) reaches it. The evaluators' own
+//! `git` (applying a test patch, the judge's diff) runs on a git directory
+//! of the evaluator's own ([`isolation::GIT_PRELUDE`]).
+//!
 //! # Usable samples
 //!
 //! A sample is usable (counts as completed) when the harness ran to its end
@@ -98,18 +116,25 @@
 //! scores 0.0 (with `error` saying so: the model's code hung); a test patch
 //! that does not apply scores 0.0 (the model's changes conflict with it);
 //! test output without a single recognized test scores 0.0 (the model broke
-//! the test run). Outcomes that are not the model's doing give no reward and
-//! an unusable sample: the runner could not run a command, a patch tool is
-//! missing (exit 126/127), the reward file is missing, garbled or escapes
-//! the workspace, the test patch file cannot be read.
+//! the test run); an evaluation that what the sandbox left made impossible
+//! scores 0.0, with the cause in `error` and in the detail's `broken`
+//! ([`broken::Broken`]: a results directory the evaluator cannot write, a
+//! quota with no bytes or inodes left, a file where a directory is
+//! expected, a test patch file gone or unreadable, a path leading out of
+//! the workspace). Outcomes that are the node's give no reward and an
+//! unusable sample: the runner could not run a command, a tool is missing
+//! in the sandbox (exit 126/127), the reward file the task's command should
+//! have written is missing or garbled.
 //!
 //! Layering: above `polar-spec` (the evaluator spec it checks); no Polar
 //! crate with sandboxes or the proxy: commands run through the
 //! [`CommandRunner`] the caller gives. Tests: `tests/` (each kind, option
 //! validation, host commands) and `parse_tests`.
 
+pub mod broken;
 mod command;
 pub mod composite;
+pub mod isolation;
 pub mod judge;
 mod options;
 mod parse;
@@ -129,6 +154,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use broken::{Broken, Side};
 pub use command::{CommandEvaluator, RewardSource};
 pub use composite::Composite;
 pub use judge::{Judge, JudgeCall, JudgeFuture, JudgeInputs, JudgeReply, LlmJudge};
@@ -174,14 +200,37 @@ pub struct CommandOutput {
     pub stderr: String,
 }
 
+/// Why a [`CommandRunner`] could not run a command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RunError {
+    /// What went wrong.
+    pub message: String,
+    /// Its cause, which decides whose doing it is ([`Broken::Runner`] when
+    /// nothing the sandbox left explains it).
+    pub cause: Broken,
+}
+
+impl RunError {
+    /// The runtime could not run the command: the node's.
+    pub fn runner(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            cause: Broken::Runner,
+        }
+    }
+}
+
 /// The future a [`CommandRunner`] returns.
-pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<CommandOutput, String>> + Send + 'a>>;
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<CommandOutput, RunError>> + Send + 'a>>;
 
 /// Runs a command in a sandbox (the session's own, or a fresh one on the
-/// same workspace), with the workspace as its working directory, the given
-/// variables added to the sandbox's, and stdin empty. The command and all it
-/// started are killed at `timeout` (then `exit` is `None`). `Err` means the
-/// command could not be run at all, and says why.
+/// same workspace), with the workspace as its working directory, HOME and
+/// `/tmp` of the evaluation's own, an environment built from an allowlist
+/// with the given variables added (see "What an evaluator command sees" in
+/// the crate doc), and stdin empty. The command and all it started are
+/// killed at `timeout` (then `exit` is `None`). `Err` means the command
+/// could not be run at all, and says why and whose doing that is.
 pub trait CommandRunner: Send + Sync {
     /// Runs `argv` (`argv[0]` looked up in `PATH`).
     fn run<'a>(
@@ -233,6 +282,40 @@ impl Evaluation {
             error: Some(error),
             ..Self::scored(facts, reward, detail)
         }
+    }
+
+    /// An evaluation `cause` made impossible: scored 0.0 when the sandbox's
+    /// leftovers explain it (usable when the harness ran to its end), else
+    /// no reward; the cause in the detail's `broken` either way.
+    pub fn broken(facts: &SessionFacts, cause: Broken, error: String, detail: Value) -> Self {
+        let mut detail = match detail {
+            Value::Object(m) => m,
+            Value::Null => serde_json::Map::new(),
+            other => serde_json::Map::from_iter([("detail".to_owned(), other)]),
+        };
+        detail.insert(
+            "broken".to_owned(),
+            serde_json::json!({"cause": cause, "side": cause.side(), "error": error}),
+        );
+        match cause.side() {
+            Side::Policy => Self::scored_with(
+                facts,
+                0.0,
+                Value::Object(detail),
+                format!(
+                    "{error}; scored 0.0: what the sandbox left made the evaluation impossible ({})",
+                    cause.as_str()
+                ),
+            ),
+            Side::Node => Self::failed(error, Value::Object(detail)),
+        }
+    }
+
+    /// A command the runner could not run: [`Evaluation::broken`] with its
+    /// cause ([`broken::confirmed`]), the error prefixed with `what`.
+    pub async fn not_run(facts: &SessionFacts, what: &str, e: RunError, detail: Value) -> Self {
+        let cause = broken::confirmed(&facts.workspace, e.cause).await;
+        Self::broken(facts, cause, format!("{what}: {}", e.message), detail)
     }
 
     /// No reward: the session could not be evaluated.
@@ -388,7 +471,9 @@ impl Evaluator {
         };
         match polar_io::tasks::caught(scored).await {
             Ok(evaluation) => evaluation,
-            Err(why) => Evaluation::failed(
+            Err(why) => Evaluation::broken(
+                facts,
+                Broken::Bug,
                 format!("{}: the evaluator panicked (a bug): {why}", self.kind()),
                 Value::Object(serde_json::Map::new()),
             ),

@@ -4,10 +4,14 @@
 //!
 //! The patch is written by the host as a new file at the top of the
 //! workspace (created exclusively, never through a symlink), applied in the
-//! sandbox (`git apply -v` when the workspace has a `.git`, else `patch
-//! --batch --forward -p1`, through `sh` so that a missing tool is exit 127
-//! on every runtime) so the patched files get the sandbox's owner, and
-//! removed again.
+//! sandbox (`git apply -v` when the workspace has a `.git`, on a git
+//! directory of the evaluator's own so that nothing the workspace's git
+//! configuration or attributes name runs: [`crate::isolation`]; else
+//! `patch --batch --forward -p1`; through `sh` so that a missing tool is
+//! exit 127 on every runtime) so the patched files get the sandbox's owner,
+//! and removed again. A patch that cannot be written or read because of
+//! what the sandbox left (a full quota, a test patch file gone) is the
+//! policy's ([`crate::broken`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,7 +24,7 @@ use super::command::{OUTPUT_TAIL, exit_text, output_detail};
 use super::options::{RawRun, RunOptions, parse_raw, relative_path, tail};
 use super::parse::{Parser, TestOutcomes, TestStatus};
 use super::workspace;
-use super::{CommandRunner, EvalError, Evaluation, SessionFacts};
+use super::{Broken, CommandRunner, EvalError, Evaluation, SessionFacts, broken};
 
 /// The largest test patch file read.
 const MAX_PATCH_FILE: u64 = 16 << 20;
@@ -176,7 +180,10 @@ impl TestOutput {
                     let error = format!("the test patch does not apply ({tool}): {message}");
                     return Evaluation::scored_with(facts, 0.0, detail, error);
                 }
-                Err(error) => return Evaluation::failed(error, detail),
+                Err((cause, error)) => {
+                    let cause = broken::confirmed(&facts.workspace, cause).await;
+                    return Evaluation::broken(facts, cause, error, detail);
+                }
             }
         }
         let output = match runner
@@ -188,7 +195,9 @@ impl TestOutput {
             .await
         {
             Ok(output) => output,
-            Err(e) => return Evaluation::failed(format!("running the test command: {e}"), detail),
+            Err(e) => {
+                return Evaluation::not_run(facts, "running the test command", e, detail).await;
+            }
         };
         detail["command"] = output_detail(&output);
         let outcomes = self
@@ -214,13 +223,13 @@ impl TestOutput {
     }
 
     /// Writes the patch into the workspace, applies it in the sandbox,
-    /// removes it. `Err` is a failure that is not the model's doing.
+    /// removes it. `Err` is a failure to apply it at all, with its cause.
     async fn apply(
         &self,
         facts: &SessionFacts,
         runner: &dyn CommandRunner,
         source: &PatchSource,
-    ) -> Result<Applied, String> {
+    ) -> Result<Applied, (Broken, String)> {
         let name = format!(".polar-test-patch-{:016x}.diff", rand::random::<u64>());
         let ws = facts.workspace.clone();
         let (file, source) = (name.clone(), source.clone());
@@ -233,41 +242,49 @@ impl TestOutput {
             Ok(std::fs::symlink_metadata(ws.join(".git")).is_ok())
         })
         .await
-        .map_err(|e| format!("preparing the test patch: {e}"))?;
-        let (tool, program, command) = if is_git {
-            ("git apply", "git", "git apply -v")
+        .map_err(|(cause, e)| (cause, format!("preparing the test patch: {e}")))?;
+        let (tool, program) = if is_git {
+            ("git apply", "git")
         } else {
-            ("patch", "patch", "patch --batch --forward -p1 -i")
+            ("patch", "patch")
         };
-        // A missing tool is exit 127 whatever the runtime does with a failed
-        // exec (bwrap exits 1, like a conflict).
-        let script = format!(
-            "command -v {program} >/dev/null 2>&1 || \
-             {{ echo '{program}: not found in the sandbox' >&2; exit 127; }}; exec {command} \"$1\""
-        );
         let argv = vec![
             "sh".to_owned(),
             "-c".to_owned(),
-            script,
+            APPLY_SCRIPT.to_owned(),
             "sh".to_owned(),
             name.clone(),
+            program.to_owned(),
         ];
         let result = runner
             .run(argv, self.run.env.clone(), self.run.timeout)
             .await;
         let ws = facts.workspace.clone();
-        if let Err(e) = workspace::blocking(move || workspace::remove(&ws, &name)).await {
+        if let Err((_, e)) = workspace::blocking(move || workspace::remove(&ws, &name)).await {
             tracing::warn!(error = %e, "removing the test patch from the workspace");
         }
-        let output = result.map_err(|e| format!("applying the test patch with {tool}: {e}"))?;
+        let output = result.map_err(|e| {
+            let m = format!("applying the test patch with {tool}: {e}");
+            (e.cause, m)
+        })?;
         let stderr = output.stderr.trim();
         match output.exit {
             Some(0) => Ok(Applied::Yes(tool)),
-            exit @ (Some(126 | 127) | None) => Err(format!(
-                "applying the test patch: {tool} could not be run ({}): {}",
-                exit_text(exit),
-                tail(stderr, OUTPUT_TAIL)
-            )),
+            exit @ (Some(125..=127) | None) => {
+                let cause = match exit {
+                    Some(125) => Broken::of_message(stderr).unwrap_or(Broken::NodeIo),
+                    Some(_) => Broken::ToolMissing,
+                    None => Broken::NodeIo,
+                };
+                Err((
+                    cause,
+                    format!(
+                        "applying the test patch: {tool} could not be run ({}): {}",
+                        exit_text(exit),
+                        tail(stderr, OUTPUT_TAIL)
+                    ),
+                ))
+            }
             Some(_) => {
                 let text = if stderr.is_empty() {
                     output.stdout.trim()
@@ -352,6 +369,21 @@ impl TestOutput {
         resolved
     }
 }
+
+/// Applies the patch `$1` with `$2` (`git` or `patch`). A missing tool is
+/// exit 127 whatever the runtime does with a failed exec (bwrap exits 1,
+/// like a conflict); an evaluator's git directory that cannot be made (its
+/// tmp full) is exit 125.
+const APPLY_SCRIPT: &str = concat!(
+    crate::isolation::git_prelude!(),
+    r#"command -v "$2" >/dev/null 2>&1 || { echo "$2: not found in the sandbox" >&2; exit 127; }
+if [ "$2" = git ]; then
+  polar_git_setup
+  [ $? -le 1 ] || { echo "making the evaluator's git directory in ${TMPDIR:-/tmp} failed" >&2; exit 125; }
+  exec git -c core.hooksPath=/dev/null -c core.fsmonitor=false --no-pager apply -v "$1"
+fi
+exec patch --batch --forward -p1 -i "$1""#
+);
 
 /// A test patch must look like a unified diff.
 fn check_diff(diff: String) -> Result<String, EvalError> {

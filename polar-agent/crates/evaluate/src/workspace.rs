@@ -17,6 +17,8 @@ use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 use polar_io::beneath::{Dir, open_how};
 
+use super::Broken;
+
 /// Why a workspace file could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {
@@ -161,15 +163,55 @@ pub fn remove(workspace: &Path, name: &str) -> Result<(), WorkspaceError> {
         .map_err(|e| open_error(workspace, Path::new(name), e))
 }
 
-/// Runs a workspace function on a blocking thread; the error as text.
-pub(super) async fn blocking<T, F>(f: F) -> Result<T, String>
+/// Fewer free blocks or inodes than this on the quota count as none (what
+/// a filled quota has left once the evaluation's own files came and went).
+const NEARLY_FULL: u64 = 16;
+
+/// Whether `workspace` is on a session's disk quota (a tmpfs) that has
+/// (almost) no bytes or inodes left: what the sandbox wrote filled it. A
+/// workspace on the node's own disk is never "full" here (a full node disk
+/// is the node's).
+pub fn quota_full(workspace: &Path) -> Result<bool, WorkspaceError> {
+    let st = nix::sys::statfs::statfs(workspace).map_err(|e| WorkspaceError::Workspace {
+        workspace: workspace.to_owned(),
+        source: e,
+    })?;
+    if st.filesystem_type() != nix::sys::statfs::TMPFS_MAGIC {
+        return Ok(false);
+    }
+    // A tmpfs without an inode limit reports no files at all.
+    let inodes_out = st.files() > 0 && st.files_free() < NEARLY_FULL;
+    Ok(st.blocks_available() < NEARLY_FULL || inodes_out)
+}
+
+impl WorkspaceError {
+    /// Its cause: what the sandbox left (a file gone, unreadable or
+    /// leading out, a full quota) or the node's I/O.
+    pub fn cause(&self) -> Broken {
+        match self {
+            Self::NotFound { .. } | Self::NotRegular { .. } | Self::TooLarge { .. } => {
+                Broken::Unreadable
+            }
+            Self::Escapes { .. } => Broken::Escapes,
+            Self::Workspace { source, .. } => Broken::of_errno(*source).unwrap_or(Broken::NodeIo),
+            Self::Io { source, .. } => source
+                .raw_os_error()
+                .and_then(|n| Broken::of_errno(Errno::from_raw(n)))
+                .unwrap_or(Broken::NodeIo),
+        }
+    }
+}
+
+/// Runs a workspace function on a blocking thread; the error's cause and
+/// text.
+pub(super) async fn blocking<T, F>(f: F) -> Result<T, (Broken, String)>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, WorkspaceError> + Send + 'static,
 {
     match tokio::task::spawn_blocking(f).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(e) => Err(format!("workspace access failed: {e}")),
+        Ok(result) => result.map_err(|e| (e.cause(), e.to_string())),
+        Err(e) => Err((Broken::Bug, format!("workspace access failed: {e}"))),
     }
 }
 
@@ -235,6 +277,22 @@ mod tests {
         std::os::unix::fs::symlink("loop", w.path().join("loop")).unwrap();
         let err = read(w.path(), Path::new("loop"), 10).unwrap_err();
         assert!(matches!(err, WorkspaceError::Io { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_workspace_on_the_nodes_disk_is_never_a_full_quota() {
+        let w = ws();
+        let on_tmpfs = nix::sys::statfs::statfs(w.path())
+            .unwrap()
+            .filesystem_type()
+            == nix::sys::statfs::TMPFS_MAGIC;
+        if !on_tmpfs {
+            assert!(!quota_full(w.path()).unwrap());
+        }
+        assert!(matches!(
+            quota_full(&w.path().join("gone")),
+            Err(WorkspaceError::Workspace { .. })
+        ));
     }
 
     #[test]

@@ -136,7 +136,16 @@ async fn a_reward_file_symlinked_outside_the_workspace_is_refused() {
     let command = format!("ln -s {} .polar/reward", secret.display());
     let e = evaluator("command", json!({"command": command, "reward": "file"}));
     let out = run(&e, ws.path()).await;
-    assert_eq!((out.reward, out.usable), (None, false));
+    // The symlink is the policy's leftover (its code ran in the command):
+    // scored 0.0, labelled, never the file outside.
+    assert_eq!((out.reward, out.usable), (Some(0.0), true), "{out:#?}");
+    assert_eq!(
+        (
+            &out.detail["broken"]["cause"],
+            &out.detail["broken"]["side"]
+        ),
+        (&json!("escapes"), &json!("policy"))
+    );
     let error = out.error.unwrap();
     assert!(error.contains("resolves outside the workspace"), "{error}");
     assert!(error.contains(&secret.display().to_string()), "{error}");

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::{CommandOutput, CommandRunner, RunFuture};
+use super::super::{CommandOutput, CommandRunner, RunError, RunFuture};
 
 /// Runs commands on the host in `cwd`; remembers every argv.
 pub struct HostRunner {
@@ -30,7 +30,9 @@ impl CommandRunner for HostRunner {
     ) -> RunFuture<'a> {
         Box::pin(async move {
             self.seen.lock().unwrap().push(argv.clone());
-            let (program, args) = argv.split_first().ok_or("empty argv")?;
+            let (program, args) = argv
+                .split_first()
+                .ok_or_else(|| RunError::runner("empty argv"))?;
             let child = tokio::process::Command::new(program)
                 .args(args)
                 .envs(env)
@@ -41,7 +43,7 @@ impl CommandRunner for HostRunner {
                 .process_group(0)
                 .kill_on_drop(true)
                 .spawn()
-                .map_err(|e| format!("spawning {program}: {e}"))?;
+                .map_err(|e| RunError::runner(format!("spawning {program}: {e}")))?;
             let pgid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
             match tokio::time::timeout(timeout, child.wait_with_output()).await {
                 Ok(Ok(out)) => Ok(CommandOutput {
@@ -49,7 +51,7 @@ impl CommandRunner for HostRunner {
                     stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
                     stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
                 }),
-                Ok(Err(e)) => Err(format!("waiting for {program}: {e}")),
+                Ok(Err(e)) => Err(RunError::runner(format!("waiting for {program}: {e}"))),
                 Err(_) => {
                     if let Some(pgid) = pgid {
                         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);

@@ -4,6 +4,7 @@
 
 mod command;
 mod host;
+mod isolation;
 mod judge;
 mod session;
 mod test_output;
@@ -56,7 +57,7 @@ struct BrokenRunner;
 
 impl CommandRunner for BrokenRunner {
     fn run<'a>(&'a self, _: Vec<String>, _: Vec<(String, String)>, _: Duration) -> RunFuture<'a> {
-        Box::pin(async { Err("the sandbox is gone".to_owned()) })
+        Box::pin(async { Err(crate::RunError::runner("the sandbox is gone")) })
     }
 }
 

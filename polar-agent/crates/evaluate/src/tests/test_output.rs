@@ -239,8 +239,11 @@ async fn the_patch_can_come_from_a_workspace_file_but_not_from_outside() {
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("test.patch"), TEST_PATCH).unwrap();
     std::os::unix::fs::symlink(outside.path(), ws.path().join("eval")).unwrap();
+    // The workspace is the policy's: a test patch file it replaced by a
+    // way out, or removed, scores 0.0, labelled.
     let out = run(&evaluator("test_output", options.clone()), ws.path()).await;
-    assert_eq!((out.reward, out.usable), (None, false));
+    assert_eq!((out.reward, out.usable), (Some(0.0), true), "{out:#?}");
+    assert_eq!(out.detail["broken"]["cause"], "escapes");
     assert!(
         out.error
             .unwrap()
@@ -249,7 +252,14 @@ async fn the_patch_can_come_from_a_workspace_file_but_not_from_outside() {
 
     let ws = workspace(CALC_FIXED, true);
     let out = run(&evaluator("test_output", options), ws.path()).await;
-    assert_eq!((out.reward, out.usable), (None, false));
+    assert_eq!((out.reward, out.usable), (Some(0.0), true), "{out:#?}");
+    assert_eq!(
+        (
+            &out.detail["broken"]["cause"],
+            &out.detail["broken"]["side"]
+        ),
+        (&json!("unreadable"), &json!("policy"))
+    );
     assert!(out.error.unwrap().contains("eval/test.patch: not found"));
 }
 
@@ -351,10 +361,12 @@ async fn steps_run_through_the_runner_in_order() {
     assert_eq!(seen.len(), 2);
     assert_eq!(seen[0][..2], ["sh", "-c"]);
     assert!(
-        seen[0][2].ends_with("exec git apply -v \"$1\""),
+        seen[0][2].starts_with("polar_git_setup() {")
+            && seen[0][2].contains("--no-pager apply -v \"$1\""),
         "{:?}",
         seen[0]
     );
     assert!(seen[0][4].starts_with(".polar-test-patch-"));
+    assert_eq!(seen[0][5], "git");
     assert_eq!(seen[1], ["sh", "-c", "python3 -m unittest -v test_calc"]);
 }

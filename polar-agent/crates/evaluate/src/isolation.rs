@@ -1,0 +1,136 @@
+//! What keeps an evaluation out of reach of what the sandbox left: the
+//! variables every evaluator command gets ([`env`]) and the way the
+//! evaluators run `git` ([`GIT_PRELUDE`]).
+//!
+//! The runner gives each evaluation a HOME and a `/tmp` of its own, made
+//! fresh (the sandbox never saw them), and an environment built from an
+//! allowlist (the runtime's `PATH`, locale, trust variables, the task's
+//! declared environment; nothing of the harness's), to which these are
+//! added: Python without a user site (`PYTHONNOUSERSITE`) and with its
+//! bytecode cache in the evaluation's own tmp (`PYTHONPYCACHEPREFIX`: a
+//! `__pycache__` planted in the workspace is never read), and `git`
+//! without system or global configuration, attributes, hooks, fsmonitor,
+//! pager, replace objects or prompts, for every `git` an evaluator command
+//! runs.
+//!
+//! # git
+//!
+//! Overrides cannot tame a repository configuration the workspace wrote:
+//! `-c` and `GIT_CONFIG_*` win only for keys they name, while
+//! `filter.<driver>.clean` / `smudge` / `process` and
+//! `diff.<driver>.textconv` run programs under names the workspace's
+//! `.gitattributes` chooses, and `include.path` brings in more. So the
+//! evaluators never let git read the workspace's `.git/config` at all:
+//! [`GIT_PRELUDE`] defines `polar_git_setup`, which builds a git directory
+//! of the evaluator's own in its tmp (a configuration it writes, holding
+//! only the repository format and its extensions, read with `git config
+//! --file`, which follows no include; `HEAD`, refs, `packed-refs`, the
+//! index and `shallow` copied) and points `GIT_DIR` at it, with
+//! `GIT_OBJECT_DIRECTORY` at the workspace's object store (objects are data:
+//! reading them runs nothing) and `GIT_WORK_TREE` at the workspace. Its
+//! configuration names no driver, hook, pager, fsmonitor or helper, so
+//! whatever the attributes say, nothing runs; `polar_git` then adds
+//! `core.hooksPath=/dev/null`, `core.fsmonitor=false`, `--no-pager`
+//! besides, and the callers pass `--no-ext-diff --no-textconv` to diffs.
+//! Without a readable repository `polar_git_setup` returns 1 with a git
+//! directory over an empty object store (so `git apply` still works on the
+//! files, like `patch`, and never discovers the workspace's `.git`).
+//!
+//! Tests: `tests::isolation` (a workspace whose `.git/config`, included
+//! file and attributes try each way to run a program: the marker file must
+//! not appear, where plain `git` makes it).
+
+/// The variables added to every evaluator command's environment, with
+/// `tmp` the evaluation's own tmp directory as the command sees it.
+pub fn env(tmp: &str) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        ("PYTHONNOUSERSITE", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("GIT_CONFIG_NOSYSTEM", "1"),
+        ("GIT_CONFIG_GLOBAL", "/dev/null"),
+        ("GIT_ATTR_NOSYSTEM", "1"),
+        ("GIT_NO_REPLACE_OBJECTS", "1"),
+        ("GIT_TERMINAL_PROMPT", "0"),
+        ("GIT_PAGER", "cat"),
+        ("PAGER", "cat"),
+        ("GIT_CONFIG_COUNT", "3"),
+        ("GIT_CONFIG_KEY_0", "core.hooksPath"),
+        ("GIT_CONFIG_VALUE_0", "/dev/null"),
+        ("GIT_CONFIG_KEY_1", "core.fsmonitor"),
+        ("GIT_CONFIG_VALUE_1", "false"),
+        ("GIT_CONFIG_KEY_2", "core.attributesFile"),
+        ("GIT_CONFIG_VALUE_2", "/dev/null"),
+    ]
+    .iter()
+    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+    .collect();
+    env.push((
+        "PYTHONPYCACHEPREFIX".to_owned(),
+        format!("{}/.pycache", tmp.trim_end_matches('/')),
+    ));
+    env
+}
+
+/// The shell functions `polar_git_setup` and `polar_git` (see the module
+/// doc); a macro so that scripts can be `concat!`ed with it.
+macro_rules! git_prelude {
+    () => {
+        r#"polar_git_setup() {
+  polar_src=
+  if [ -d .git ]; then polar_src="$PWD/.git"
+  elif [ -f .git ]; then
+    polar_src=$(sed -n '1s/^gitdir: *//p' .git 2>/dev/null)
+    case "$polar_src" in ''|/*) ;; *) polar_src="$PWD/$polar_src" ;; esac
+  fi
+  polar_common="$polar_src"
+  if [ -n "$polar_src" ] && [ -f "$polar_src/commondir" ]; then
+    polar_c=$(head -n 1 "$polar_src/commondir")
+    case "$polar_c" in /*) polar_common="$polar_c" ;; *) polar_common="$polar_src/$polar_c" ;; esac
+  fi
+  polar_g=$(mktemp -d "${TMPDIR:-/tmp}/polar-git.XXXXXX") || return 2
+  mkdir -p "$polar_g/refs" "$polar_g/objects" || return 2
+  polar_repo=0
+  if [ -n "$polar_src" ] && [ -d "$polar_common/objects" ] && [ -f "$polar_src/HEAD" ] \
+     && cp "$polar_src/HEAD" "$polar_g/HEAD" 2>/dev/null; then
+    [ -d "$polar_common/refs" ] && cp -R "$polar_common/refs/." "$polar_g/refs/" 2>/dev/null
+    [ -d "$polar_common/reftable" ] && cp -R "$polar_common/reftable" "$polar_g/" 2>/dev/null
+    for polar_f in packed-refs shallow; do
+      [ -f "$polar_common/$polar_f" ] && cp "$polar_common/$polar_f" "$polar_g/" 2>/dev/null
+    done
+    for polar_f in "$polar_src"/index "$polar_src"/sharedindex.*; do
+      [ -f "$polar_f" ] && cp "$polar_f" "$polar_g/" 2>/dev/null
+    done
+    polar_format=$(git config --file "$polar_common/config" --get extensions.objectformat 2>/dev/null)
+    polar_refs=$(git config --file "$polar_common/config" --get extensions.refstorage 2>/dev/null)
+    GIT_OBJECT_DIRECTORY="$polar_common/objects"
+  else
+    printf 'ref: refs/heads/main\n' > "$polar_g/HEAD"
+    polar_format= polar_refs=
+    GIT_OBJECT_DIRECTORY="$polar_g/objects"
+    polar_repo=1
+  fi
+  {
+    printf '[core]\n\tbare = false\n'
+    if [ -n "$polar_format$polar_refs" ]; then
+      printf '\trepositoryformatversion = 1\n[extensions]\n'
+      [ -n "$polar_format" ] && printf '\tobjectformat = %s\n' "$polar_format"
+      [ -n "$polar_refs" ] && printf '\trefstorage = %s\n' "$polar_refs"
+    else
+      printf '\trepositoryformatversion = 0\n'
+    fi
+  } > "$polar_g/config" || return 2
+  GIT_DIR="$polar_g" GIT_WORK_TREE="$PWD"
+  export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
+  unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
+  return $polar_repo
+}
+polar_git() {
+  git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.pager=cat --no-pager "$@"
+}
+"#
+    };
+}
+pub(crate) use git_prelude;
+
+/// The shell text defining `polar_git_setup` and `polar_git`.
+pub const GIT_PRELUDE: &str = git_prelude!();

@@ -1,0 +1,518 @@
+//! The evaluators' `git` against a hostile repository: a workspace whose
+//! `.git/config` (and a file it includes, and the attributes) names a
+//! program for every way git runs one (pager, fsmonitor, hooks, external
+//! diff, textconv, clean/smudge/process filters, ssh, editor, askpass,
+//! gpg). Plain `git` in that workspace runs some of them (the control: the
+//! hostile configuration works); the judge's diff script and the
+//! `test_output` patch step run none, and still see and apply the change.
+//! Also: what the sandbox left in the way of the reward file, scored as
+//! the policy's failure, and a runner's error keeping its side.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::json;
+
+use super::super::isolation;
+use super::super::judge::DEFAULT_DIFF_SCRIPT;
+use super::super::{Broken, CommandRunner, RunError, RunFuture};
+use super::{HostRunner, evaluator, facts, run};
+
+/// Every way the configuration tries to run a program, each its own.
+const WAYS: [&str; 14] = [
+    "pager",
+    "fsmonitor",
+    "fsmonitor_included",
+    "hook",
+    "external",
+    "textconv",
+    "textconv_included",
+    "clean",
+    "smudge",
+    "process",
+    "ssh",
+    "editor",
+    "askpass",
+    "gpg",
+];
+
+struct Hostile {
+    ws: tempfile::TempDir,
+    /// Outside the workspace: the programs and the markers they leave.
+    aside: tempfile::TempDir,
+}
+
+impl Hostile {
+    fn marks(&self) -> PathBuf {
+        self.aside.path().join("marks")
+    }
+
+    /// The ways that ran since the marks were last cleared.
+    fn ran(&self) -> Vec<String> {
+        let mut ran: Vec<String> = std::fs::read_dir(self.marks())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        ran.sort();
+        ran
+    }
+
+    fn clear(&self) {
+        std::fs::remove_dir_all(self.marks()).unwrap();
+        std::fs::create_dir(self.marks()).unwrap();
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) {
+    let out = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+/// A repository with `calc.py` committed, then changed, an untracked
+/// `notes.txt`, and the hostile configuration written last.
+fn hostile() -> Hostile {
+    let ws = tempfile::tempdir().unwrap();
+    let aside = tempfile::tempdir().unwrap();
+    std::fs::create_dir(aside.path().join("marks")).unwrap();
+    let tool = |way: &str| {
+        let path = aside.path().join(format!("tool-{way}"));
+        std::fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\ntouch '{}/{way}'\ncat \"$@\" 2>/dev/null\nexit 0\n",
+                aside.path().join("marks").display()
+            ),
+        )
+        .unwrap();
+        Command::new("chmod")
+            .arg("755")
+            .arg(&path)
+            .status()
+            .unwrap();
+        path.display().to_string()
+    };
+    std::fs::write(
+        ws.path().join("calc.py"),
+        "def add(a, b):\n    return a - b\n",
+    )
+    .unwrap();
+    git(ws.path(), &["init", "-q"]);
+    git(ws.path(), &["add", "calc.py"]);
+    git(
+        ws.path(),
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "start",
+        ],
+    );
+    std::fs::write(
+        ws.path().join("calc.py"),
+        "def add(a, b):\n    return a + b\n",
+    )
+    .unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "a note\n").unwrap();
+    std::fs::write(
+        ws.path().join(".gitattributes"),
+        "*.py filter=x diff=x\n*.txt filter=y diff=x\n",
+    )
+    .unwrap();
+    let hooks = aside.path().join("hooks");
+    std::fs::create_dir(&hooks).unwrap();
+    for hook in ["pre-applypatch", "post-applypatch", "post-index-change"] {
+        std::os::unix::fs::symlink(tool("hook"), hooks.join(hook)).unwrap();
+    }
+    let included = aside.path().join("included.cfg");
+    std::fs::write(
+        &included,
+        format!(
+            "[core]\n\tfsmonitor = {}\n[diff \"x\"]\n\ttextconv = {}\n",
+            tool("fsmonitor_included"),
+            tool("textconv_included"),
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\
+         \tpager = {pager}\n\tfsmonitor = {fsmonitor}\n\thooksPath = {hooks}\n\
+         \tsshCommand = {ssh}\n\teditor = {editor}\n\taskPass = {askpass}\n\
+         [diff]\n\texternal = {external}\n\
+         [diff \"x\"]\n\ttextconv = {textconv}\n\
+         [filter \"x\"]\n\tclean = {clean}\n\tsmudge = {smudge}\n\trequired = true\n\
+         [filter \"y\"]\n\tprocess = {process}\n\
+         [gpg]\n\tprogram = {gpg}\n\
+         [include]\n\tpath = {included}\n",
+        pager = tool("pager"),
+        fsmonitor = tool("fsmonitor"),
+        hooks = hooks.display(),
+        ssh = tool("ssh"),
+        editor = tool("editor"),
+        askpass = tool("askpass"),
+        external = tool("external"),
+        textconv = tool("textconv"),
+        clean = tool("clean"),
+        smudge = tool("smudge"),
+        process = tool("process"),
+        gpg = tool("gpg"),
+        included = included.display(),
+    );
+    std::fs::write(ws.path().join(".git/config"), config).unwrap();
+    Hostile { ws, aside }
+}
+
+/// A host runner that adds the evaluator's variables, HOME and tmp, as
+/// the gateway's runner does.
+struct IsolatedRunner {
+    host: HostRunner,
+    home: tempfile::TempDir,
+    tmp: tempfile::TempDir,
+}
+
+impl IsolatedRunner {
+    fn new(cwd: &Path) -> Self {
+        Self {
+            host: HostRunner::new(cwd),
+            home: tempfile::tempdir().unwrap(),
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+}
+
+impl CommandRunner for IsolatedRunner {
+    fn run<'a>(
+        &'a self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        timeout: std::time::Duration,
+    ) -> RunFuture<'a> {
+        let tmp = self.tmp.path().display().to_string();
+        let mut all = isolation::env(&tmp);
+        all.push(("HOME".into(), self.home.path().display().to_string()));
+        all.push(("TMPDIR".into(), tmp));
+        all.extend(env);
+        self.host.run(argv, all, timeout)
+    }
+}
+
+#[test]
+fn plain_git_runs_what_the_hostile_configuration_names() {
+    // The control: without the evaluators' isolation the configuration
+    // does run programs, so the tests below can fail.
+    let h = hostile();
+    let out = Command::new("git")
+        .args(["diff", "HEAD"])
+        .current_dir(h.ws.path())
+        .output()
+        .unwrap();
+    let ran = h.ran();
+    for way in ["clean", "external", "fsmonitor_included", "smudge"] {
+        assert!(
+            ran.contains(&way.to_owned()),
+            "{way} did not run: {ran:?} {out:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_judges_diff_runs_nothing_the_workspace_configured() {
+    let h = hostile();
+    let runner = IsolatedRunner::new(h.ws.path());
+    let out = runner
+        .run(
+            vec!["sh".into(), "-c".into(), DEFAULT_DIFF_SCRIPT.into()],
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.ran(), Vec::<String>::new(), "{out:?}");
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert!(
+        out.stdout.contains("-    return a - b") && out.stdout.contains("+    return a + b"),
+        "{out:?}"
+    );
+    assert!(out.stdout.contains("+a note"), "{out:?}");
+    // Every way is named once in the configuration the test wrote.
+    let config = std::fs::read_to_string(h.ws.path().join(".git/config")).unwrap();
+    for way in WAYS {
+        assert!(
+            config.contains(&format!("tool-{way}"))
+                || std::fs::read_to_string(h.aside.path().join("included.cfg"))
+                    .unwrap()
+                    .contains(&format!("tool-{way}"))
+                || way == "hook",
+            "{way}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_test_patch_is_applied_without_running_what_the_workspace_configured() {
+    let h = hostile();
+    let patch = "\
+diff --git a/test_calc.py b/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/test_calc.py
+@@ -0,0 +1,9 @@
++import unittest
++import calc
++
++
++class TestCalc(unittest.TestCase):
++    def test_add(self):
++        self.assertEqual(calc.add(2, 3), 5)
++if __name__ == \"__main__\":
++    unittest.main()
+";
+    let e = evaluator(
+        "test_output",
+        json!({
+            "test_patch": patch,
+            "command": "python3 -m unittest -v test_calc",
+            "parser": "unittest",
+            "fail_to_pass": ["test_calc.TestCalc.test_add"],
+        }),
+    );
+    let runner = IsolatedRunner::new(h.ws.path());
+    let out = e.evaluate(&facts(h.ws.path()), &runner).await;
+    assert_eq!(h.ran(), Vec::<String>::new(), "{out:#?}");
+    assert_eq!(out.reward, Some(1.0), "{out:#?}");
+    assert_eq!(out.detail["patch"]["tool"], "git apply");
+    // The same patch with plain `git apply` runs the workspace's filters.
+    h.clear();
+    std::fs::remove_file(h.ws.path().join("test_calc.py")).unwrap();
+    std::fs::write(h.aside.path().join("p.diff"), patch).unwrap();
+    let _ = Command::new("git")
+        .arg("apply")
+        .arg(h.aside.path().join("p.diff"))
+        .current_dir(h.ws.path())
+        .output()
+        .unwrap();
+    let _ = Command::new("git")
+        .args(["status", "--short"])
+        .current_dir(h.ws.path())
+        .output()
+        .unwrap();
+    assert!(!h.ran().is_empty(), "the control ran nothing");
+}
+
+#[test]
+fn the_evaluators_variables_isolate_python_and_git() {
+    let env = isolation::env("/tmp/e/");
+    let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("PYTHONNOUSERSITE"), Some("1"));
+    assert_eq!(get("PYTHONPYCACHEPREFIX"), Some("/tmp/e/.pycache"));
+    assert_eq!(get("GIT_CONFIG_NOSYSTEM"), Some("1"));
+    assert_eq!(get("GIT_CONFIG_GLOBAL"), Some("/dev/null"));
+    assert_eq!(get("GIT_CONFIG_COUNT"), Some("3"));
+    assert_eq!(get("GIT_CONFIG_VALUE_0"), Some("/dev/null"));
+    for name in [
+        "PYTHONPATH",
+        "PYTHONSTARTUP",
+        "NODE_OPTIONS",
+        "LD_PRELOAD",
+        "BASH_ENV",
+    ] {
+        assert_eq!(get(name), None, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn python_in_an_evaluation_ignores_a_planted_pycache_and_user_site() {
+    // Bytecode the policy planted for a module of the workspace, claiming
+    // the source's size and mtime: plain Python runs it (the control), the
+    // evaluation's Python reads the source; and no user site.
+    let ws = tempfile::tempdir().unwrap();
+    let plant = "import os, py_compile\n\
+                 open('m.py', 'w').write(\"VALUE = 'planted'\\n\")\n\
+                 st = os.stat('m.py')\n\
+                 py_compile.compile('m.py')\n\
+                 open('m.py', 'w').write(\"VALUE = 'sourced'\\n\")\n\
+                 os.utime('m.py', ns=(st.st_atime_ns, st.st_mtime_ns))\n";
+    let status = Command::new("python3")
+        .args(["-c", plant])
+        .current_dir(ws.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let show = "import site, m; print(m.VALUE, site.ENABLE_USER_SITE)";
+    let plain = Command::new("python3")
+        .args(["-c", show])
+        .current_dir(ws.path())
+        .env_remove("PYTHONPYCACHEPREFIX")
+        .env_remove("PYTHONNOUSERSITE")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout).trim(),
+        "planted True",
+        "{plain:?}"
+    );
+    let runner = IsolatedRunner::new(ws.path());
+    let out = runner
+        .run(
+            vec!["python3".into(), "-c".into(), show.into()],
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.trim(), "sourced False", "{out:?}");
+}
+
+#[tokio::test]
+async fn leftovers_in_the_way_of_the_reward_file_are_the_policys_failure() {
+    // A file where the reward file's directory goes, a directory where
+    // the reward file goes: scored 0.0, labelled, usable.
+    for (plant, cause) in [
+        ("printf x > .polar", "not_a_directory"),
+        ("mkdir -p .polar/reward/x", "not_a_directory"),
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let status = Command::new("sh")
+            .args(["-c", plant])
+            .current_dir(ws.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let e = evaluator(
+            "command",
+            json!({"command": "echo 1 > \"$POLAR_REWARD_FILE\"", "reward": "file"}),
+        );
+        let out = run(&e, ws.path()).await;
+        assert_eq!(
+            (out.reward, out.usable),
+            (Some(0.0), true),
+            "{plant}: {out:#?}"
+        );
+        assert_eq!(
+            (
+                &out.detail["broken"]["cause"],
+                &out.detail["broken"]["side"]
+            ),
+            (&json!(cause), &json!("policy")),
+            "{plant}"
+        );
+        assert!(
+            out.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("scored 0.0"),
+            "{out:#?}"
+        );
+    }
+}
+
+/// A runner whose every command fails with `cause`.
+struct FailingRunner(Broken);
+
+impl CommandRunner for FailingRunner {
+    fn run<'a>(
+        &'a self,
+        _: Vec<String>,
+        _: Vec<(String, String)>,
+        _: std::time::Duration,
+    ) -> RunFuture<'a> {
+        let cause = self.0;
+        Box::pin(async move {
+            Err(RunError {
+                message: format!("create logs/eval-0.out: ({})", cause.as_str()),
+                cause,
+            })
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_runners_error_keeps_its_side_in_every_evaluator() {
+    let ws = tempfile::tempdir().unwrap();
+    assert_ne!(
+        nix::sys::statfs::statfs(ws.path())
+            .unwrap()
+            .filesystem_type(),
+        nix::sys::statfs::TMPFS_MAGIC,
+        "the test's temporary directory must not be a tmpfs (TMPDIR)"
+    );
+    for (kind, options) in [
+        ("command", json!({"command": "true"})),
+        ("command", json!({"command": "true", "reward": "file"})),
+        (
+            "test_output",
+            json!({"command": "true", "parser": "pytest"}),
+        ),
+    ] {
+        let e = evaluator(kind, options.clone());
+        let left = e
+            .evaluate(&facts(ws.path()), &FailingRunner(Broken::Unwritable))
+            .await;
+        assert_eq!(
+            (left.reward, left.usable),
+            (Some(0.0), true),
+            "{options}: {left:#?}"
+        );
+        assert_eq!(left.detail["broken"]["side"], "policy", "{options}");
+        // No space where the workspace has no quota of its own (a tmpfs):
+        // the node's disk is full, not the session's.
+        let disk = e
+            .evaluate(&facts(ws.path()), &FailingRunner(Broken::NoSpace))
+            .await;
+        assert_eq!((disk.reward, disk.usable), (None, false), "{options}");
+        assert_eq!(disk.detail["broken"]["cause"], "node_io", "{options}");
+        let node = e
+            .evaluate(&facts(ws.path()), &FailingRunner(Broken::Runner))
+            .await;
+        assert_eq!(
+            (node.reward, node.usable),
+            (None, false),
+            "{options}: {node:#?}"
+        );
+        assert_eq!(node.detail["broken"]["side"], "node", "{options}");
+    }
+}
+
+#[tokio::test]
+async fn start_up_hooks_beside_the_tests_do_not_run() {
+    // `sitecustomize.py` and `usercustomize.py` in the workspace (the
+    // working directory of every evaluator command) are not on Python's
+    // path when `site` imports them, for `-c`, `-m` and a script alike.
+    let ws = tempfile::tempdir().unwrap();
+    for hook in ["sitecustomize.py", "usercustomize.py"] {
+        std::fs::write(ws.path().join(hook), "print('HOOKED')\n").unwrap();
+    }
+    std::fs::write(
+        ws.path().join("test_t.py"),
+        "import unittest\n\nclass T(unittest.TestCase):\n    def test_x(self):\n        pass\n",
+    )
+    .unwrap();
+    let runner = IsolatedRunner::new(ws.path());
+    for argv in [
+        vec!["python3", "-c", "print('ran')"],
+        vec!["python3", "-m", "unittest", "-v", "test_t"],
+        vec!["python3", "test_t.py"],
+    ] {
+        let out = runner
+            .run(
+                argv.iter().map(|s| (*s).to_owned()).collect(),
+                Vec::new(),
+                std::time::Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.exit, Some(0), "{argv:?}: {out:?}");
+        assert!(
+            !out.stdout.contains("HOOKED") && !out.stderr.contains("HOOKED"),
+            "{argv:?}: {out:?}"
+        );
+    }
+}

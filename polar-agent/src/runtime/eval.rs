@@ -1,0 +1,220 @@
+//! The HOME and tmp of one evaluation: directories made fresh for it, which
+//! the sandbox never saw, so that nothing the harness left in its HOME or
+//! `/tmp` (an interpreter's start-up hook, a user site, a git or npm
+//! configuration) reaches the evaluator's commands, also with `fresh =
+//! true` (a fresh sandbox shares the session's directories).
+//!
+//! They are made by the agent (as root, beneath the session's directory:
+//! nothing planted is followed) under the session's tmp directory, at
+//! `.polar-eval-<random>/` (root's, mode 0711, so the sandbox user cannot
+//! rename or replace it in the sticky tmp), with `home/` and `tmp/` owned by
+//! the sandbox user; they count against the session's disk quota and go
+//! with its directories. A name the sandbox took already is never reused.
+//!
+//! How a command sees them ([`EvalDirs::isolate`]): the native runtime
+//! binds them at HOME and `/tmp` in place of the session's (each command is
+//! a new bubblewrap); the container runtimes, whose binds were made when
+//! the container started, get `HOME` and `TMPDIR` pointing at them through
+//! the session's `/tmp`. Every command also gets
+//! [`polar_evaluate::isolation::env`].
+
+use std::path::{Path, PathBuf};
+
+use super::steps::SandboxDirs;
+use super::{Layout, Runtime, RuntimeError, native};
+use polar_io::beneath::Dir;
+
+/// How many names are tried before giving up (each is 64 random bits: a
+/// name already there means the sandbox guessed it, or a bug).
+const TRIES: usize = 4;
+
+/// One evaluation's own HOME and tmp, on the host and in the sandbox.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvalDirs {
+    /// The host directory of HOME.
+    pub home: PathBuf,
+    /// The host directory of tmp.
+    pub tmp: PathBuf,
+    /// Their parent as the sandbox sees it through the session's `/tmp`
+    /// (`/tmp/.polar-eval-<random>`).
+    pub in_sandbox: PathBuf,
+}
+
+impl EvalDirs {
+    /// Makes them under `dirs`' tmp, HOME and tmp owned by `user`. Blocks.
+    pub fn make(dirs: &SandboxDirs, user: (u32, u32)) -> Result<Self, RuntimeError> {
+        let io = |op: &'static str, path: &Path| {
+            let path = path.to_owned();
+            move |source| RuntimeError::Io { op, path, source }
+        };
+        let root = Dir::open_root(&dirs.root).map_err(io("open", &dirs.root))?;
+        let tmp = root
+            .open_dir(Path::new("tmp"))
+            .map_err(io("open", &dirs.tmp))?;
+        for _ in 0..TRIES {
+            let name = format!(".polar-eval-{:016x}", rand::random::<u64>());
+            let path = dirs.tmp.join(&name);
+            match tmp.stat_at(name.as_ref()) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Ok(_) => {
+                    tracing::warn!(session = %dirs.session, path = %path.display(), "an evaluation directory's name was taken in the sandbox's tmp; another is drawn");
+                    continue;
+                }
+                Err(e) => return Err(io("stat", &path)(e)),
+            }
+            let mut replaced = Vec::new();
+            let parent = tmp
+                .make_dirs(Path::new(&name), (0, 0), &mut replaced)
+                .map_err(io("create", &path))?;
+            parent
+                .set_mode_and_owner(0o711, (0, 0))
+                .map_err(io("chmod", &path))?;
+            // Made just now by root: nothing of the sandbox's is in it.
+            for sub in ["home", "tmp"] {
+                let d = parent
+                    .make_dirs(Path::new(sub), (0, 0), &mut replaced)
+                    .map_err(io("create", &path.join(sub)))?;
+                d.set_mode_and_owner(0o700, user)
+                    .map_err(io("chmod", &path.join(sub)))?;
+            }
+            if !replaced.is_empty() {
+                return Err(io("create", &path)(std::io::Error::other(
+                    "the sandbox planted entries in a new evaluation directory",
+                )));
+            }
+            return Ok(Self {
+                home: path.join("home"),
+                tmp: path.join("tmp"),
+                in_sandbox: Path::new("/tmp").join(name),
+            });
+        }
+        Err(io("create", &dirs.tmp)(std::io::Error::other(
+            "every evaluation directory name drawn was taken",
+        )))
+    }
+
+    /// The layout an evaluator command runs with on `runtime`, and the
+    /// variables it gets on top of the runtime's (HOME and tmp as it sees
+    /// them, [`polar_evaluate::isolation::env`]).
+    pub fn isolate(&self, layout: &Layout, runtime: &Runtime) -> (Layout, Vec<(String, String)>) {
+        match runtime {
+            Runtime::Native { .. } => {
+                let layout = Layout {
+                    home: self.home.clone(),
+                    tmp: self.tmp.clone(),
+                    ..layout.clone()
+                };
+                let mut env = vec![
+                    ("HOME".to_owned(), native::HOME.to_owned()),
+                    ("TMPDIR".to_owned(), "/tmp".to_owned()),
+                ];
+                env.extend(polar_evaluate::isolation::env("/tmp"));
+                (layout, env)
+            }
+            Runtime::Docker(_) | Runtime::Apptainer(_) => {
+                let home = self.in_sandbox.join("home").display().to_string();
+                let tmp = self.in_sandbox.join("tmp").display().to_string();
+                let mut env = vec![
+                    ("HOME".to_owned(), home),
+                    ("TMPDIR".to_owned(), tmp.clone()),
+                ];
+                env.extend(polar_evaluate::isolation::env(&tmp));
+                (layout.clone(), env)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn dirs(state: &Path) -> SandboxDirs {
+        let d = SandboxDirs::of(state, &"s-eval".parse().unwrap());
+        d.create((65534, 65534), None).unwrap();
+        d
+    }
+
+    #[test]
+    fn each_evaluation_gets_fresh_directories_apart_from_the_sessions() {
+        let state = tempfile::tempdir().unwrap();
+        let d = dirs(state.path());
+        std::fs::write(d.home.join(".bashrc"), "planted").unwrap();
+        let a = EvalDirs::make(&d, (65534, 65534)).unwrap();
+        let b = EvalDirs::make(&d, (65534, 65534)).unwrap();
+        assert_ne!(a, b);
+        for e in [&a, &b] {
+            assert!(e.home.starts_with(&d.tmp) && e.tmp.starts_with(&d.tmp));
+            assert_eq!(std::fs::read_dir(&e.home).unwrap().count(), 0);
+            let parent = std::fs::metadata(e.home.parent().unwrap()).unwrap();
+            assert_eq!((parent.uid(), parent.mode() & 0o7777), (0, 0o711));
+            for sub in [&e.home, &e.tmp] {
+                let m = std::fs::metadata(sub).unwrap();
+                assert_eq!((m.uid(), m.mode() & 0o7777), (65534, 0o700));
+            }
+            let name = e.home.parent().unwrap().file_name().unwrap();
+            assert_eq!(e.in_sandbox, Path::new("/tmp").join(name));
+        }
+    }
+
+    #[test]
+    fn the_native_runtime_binds_them_and_containers_point_at_them() {
+        let state = tempfile::tempdir().unwrap();
+        let d = dirs(state.path());
+        let e = EvalDirs::make(&d, (65534, 65534)).unwrap();
+        let layout = Layout {
+            workspace: d.workspace.clone(),
+            home: d.home.clone(),
+            tmp: d.tmp.clone(),
+            workdir: PathBuf::from("/workspace"),
+            trust: None,
+            bundle_targets: Vec::new(),
+            hide: Vec::new(),
+            mounts: Vec::new(),
+            read_only: Vec::new(),
+            staged: Vec::new(),
+            user: (65534, 65534),
+        };
+        let native = Runtime::Native { root: Vec::new() };
+        let (l, env) = e.isolate(&layout, &native);
+        let binds = l.binds();
+        let at = |target: &str| {
+            binds
+                .iter()
+                .find(|b| b.target == Path::new(target))
+                .map(|b| b.source.clone())
+        };
+        assert_eq!(at(native::HOME), Some(e.home.clone()));
+        assert_eq!(at("/tmp"), Some(e.tmp.clone()));
+        assert_eq!(at("/workspace"), Some(d.workspace.clone()));
+        let get = |env: &[(String, String)], k: &str| {
+            env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        };
+        assert_eq!(get(&env, "HOME").as_deref(), Some(native::HOME));
+        assert_eq!(get(&env, "PYTHONNOUSERSITE").as_deref(), Some("1"));
+        assert_eq!(
+            get(&env, "PYTHONPYCACHEPREFIX").as_deref(),
+            Some("/tmp/.pycache")
+        );
+
+        // A container's binds were made at its start: its commands are
+        // pointed at the directories through the session's /tmp.
+        let spec = polar_spec::runtime::RuntimeSpec::default();
+        let container = Runtime::Apptainer(super::super::apptainer::Apptainer::new(
+            &spec,
+            &"s-eval".parse().unwrap(),
+        ));
+        let (l, env) = e.isolate(&layout, &container);
+        assert_eq!(l, layout);
+        let home = e.in_sandbox.join("home").display().to_string();
+        let tmp = e.in_sandbox.join("tmp").display().to_string();
+        assert!(home.starts_with("/tmp/.polar-eval-"), "{home}");
+        assert_eq!(get(&env, "HOME"), Some(home));
+        assert_eq!(get(&env, "TMPDIR"), Some(tmp.clone()));
+        assert_eq!(
+            get(&env, "PYTHONPYCACHEPREFIX"),
+            Some(format!("{tmp}/.pycache"))
+        );
+    }
+}

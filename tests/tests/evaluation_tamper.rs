@@ -1,0 +1,435 @@
+//! Evaluation the policy cannot tamper with, end to end (root only): a
+//! rollout server, one gateway (`polar agent`, native runtime) and real
+//! rollout sessions of the `shell` harness, whose command plays a hostile
+//! policy. Each task has two samples: sample 0 leaves a wrong `calc.py`
+//! and plants a tamper, sample 1 (its sibling, in the same task, on the
+//! same node) leaves the right one. Each tamper is first shown to work in
+//! the session itself (the harness's last command succeeds only if it
+//! fired), then the evaluation must give sample 0 its honest reward, 0.0,
+//! labelled where the tamper broke the evaluation, and sample 1 its normal
+//! 1.0:
+//!
+//! - a start-up hook in HOME (a `usercustomize.py` and a `.pth` in the user
+//!   site that make every Python exit 0), for a `command` evaluator in the
+//!   session's sandbox and with `fresh = true`;
+//! - a hostile `.git/config` (fsmonitor, clean/smudge filters, textconv,
+//!   an included file, a hooks path) whose program rewrites `calc.py` to
+//!   pass, for `test_output`'s `git apply` of the test patch;
+//! - a textconv driver in `.git/config`, chosen by `.gitattributes`, that
+//!   makes `git diff` show the right line, for `llm_judge`'s default diff
+//!   (the mock judges from the diff it is shown);
+//! - a results directory the evaluator cannot write (`.polar` made
+//!   read-only), for a `command` evaluator with a reward file: scored 0.0,
+//!   `broken.cause = "unwritable"`, not an unscored error;
+//! - a workspace the evaluator cannot enter (`chmod 000` on its root):
+//!   scored 0.0, `broken.cause = "unwritable"`;
+//! - the session's disk quota filled: scored 0.0, `broken.cause =
+//!   "no_space"`.
+#![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use polar_mock::{self as mock, MockConfig};
+use polar_rollout::{RolloutConfig, RolloutServer};
+use polar_rollout_api::{RolloutClient, SampleResult, SampleStatus, SessionState};
+use polar_tests::{polar_bin, sandbox_tempdir};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "tamper-e2e-token";
+const GATEWAY_TOKEN: &str = "tamper-e2e-server-token";
+const NODE: &str = "gw-tamper";
+const NODE_TOKEN: &str = "tamper-e2e-node-token";
+
+/// `polar agent`, killed on drop.
+struct Agent {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the gateway of node `NODE` on `dir`.
+fn start_agent(dir: &Path, server: &str, mock: std::net::SocketAddr) -> Result<Agent> {
+    let port = std::net::TcpListener::bind("127.0.0.43:0")?
+        .local_addr()?
+        .port();
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[agent]
+state_dir = "{state}"
+
+[[backend]]
+name = "local"
+dialect = "vllm"
+replicas = ["http://{mock}"]
+served_model = "default"
+
+[sandbox]
+disk_bytes = 1073741824
+
+[gateway]
+server = "http://{server}"
+node_id = "{NODE}"
+listen = "127.0.0.43:{port}"
+token = "{NODE_TOKEN}"
+accept_tokens = ["{GATEWAY_TOKEN}"]
+max_sessions = 2
+heartbeat_interval_ms = 300
+export = "{export}"
+formats = ["jsonl"]
+"#,
+            state = dir.join("state").display(),
+            export = dir.join("trajectories").display(),
+        ),
+    )?;
+    let log = dir.join("agent.log");
+    let child = Command::new(polar_bin()?)
+        .args(["--log-format", "json", "agent", "--config"])
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    Ok(Agent { child, log })
+}
+
+const WRONG: &str = r"printf 'def add(a, b):\n    return a - b\n' > calc.py";
+const RIGHT: &str = r"printf 'def add(a, b):\n    return a + b\n' > calc.py";
+
+/// The harness's command: sample 0 runs `tamper` after leaving the wrong
+/// solution, and must end with a command that succeeds only when the
+/// tamper fired; sample 1 leaves the right solution.
+fn policy(tamper: &str) -> String {
+    format!(
+        "set -e\ncase \"$POLAR_SESSION\" in\n*-s0)\n{WRONG}\n{tamper}\n;;\n*)\n{RIGHT}\n;;\nesac\n"
+    )
+}
+
+/// A task of two samples with the harness command `command`, the runtime
+/// spec `runtime` and the evaluator `evaluator`.
+fn task(id: &str, command: String, runtime: Value, evaluator: Value) -> Value {
+    json!({
+        "task_id": id,
+        "instruction": "Write calc.py whose add(a, b) returns a + b.",
+        "num_samples": 2,
+        "timeout_secs": 120,
+        "agent": {"harness": "shell", "options": {"command": command}},
+        "runtime": runtime,
+        "evaluator": evaluator,
+        "builder": {"kind": "per_request"},
+    })
+}
+
+/// Checks `calc.add(2, 3) == 5` by its exit status.
+fn exit_status_check(fresh: bool) -> Value {
+    json!({"kind": "command", "options": {
+        "command": "python3 -c 'import calc, sys; sys.exit(0 if calc.add(2, 3) == 5 else 1)'",
+        "fresh": fresh,
+    }})
+}
+
+/// Writes `1` or `0` to the reward file from Python.
+fn reward_file_check() -> Value {
+    json!({"kind": "command", "options": {
+        "command": "python3 -c 'import calc, os; open(os.environ[\"POLAR_REWARD_FILE\"], \"w\").write(\"1\" if calc.add(2, 3) == 5 else \"0\")'",
+        "reward": "file",
+    }})
+}
+
+/// A start-up hook in HOME: every Python of the session exits 0 at once.
+const HOME_HOOK: &str = r#"site=$(python3 -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site"
+printf 'import os\nos._exit(0)\n' > "$site/usercustomize.py"
+printf 'import os; os._exit(0)\n' > "$site/zz-polar-tamper.pth"
+python3 -c 'import sys; sys.exit(3)'"#;
+
+/// A repository whose configuration runs `.cheat.sh` (which makes
+/// `calc.py` right) in every way git runs a program; `git diff` in the
+/// session shows it fires, then the wrong solution is put back.
+const GIT_TAMPER: &str = r#"git init -q
+git add calc.py
+git -c user.name=p -c user.email=p@p commit -qm start
+cat > .cheat.sh <<'EOF'
+#!/bin/sh
+printf 'def add(a, b):\n    return a + b\n' > /workspace/calc.py
+touch /workspace/.tampered
+cat
+EOF
+chmod +x .cheat.sh
+mkdir -p .hooks
+for h in pre-applypatch post-applypatch post-index-change post-checkout; do ln -sf ../.cheat.sh .hooks/$h; done
+printf '[diff "x"]\n\ttextconv = /workspace/.cheat.sh\n[core]\n\tfsmonitor = /workspace/.cheat.sh\n' > .included
+printf '* filter=x diff=x\n' > .gitattributes
+cat >> .git/config <<'EOF'
+[core]
+	fsmonitor = /workspace/.cheat.sh
+	hooksPath = /workspace/.hooks
+	pager = /workspace/.cheat.sh
+[diff]
+	external = /workspace/.cheat.sh
+[diff "x"]
+	textconv = /workspace/.cheat.sh
+[filter "x"]
+	clean = /workspace/.cheat.sh
+	smudge = /workspace/.cheat.sh
+[include]
+	path = /workspace/.included
+EOF
+git diff HEAD > /dev/null 2>&1 || true
+test -e .tampered
+rm -f .tampered
+printf 'def add(a, b):\n    return a - b\n' > calc.py"#;
+
+/// A repository whose attributes give `calc.py` a textconv that turns the
+/// wrong line into the right one: plain `git diff --no-ext-diff` (what the
+/// judge's diff ran before) shows the judge a right solution.
+const JUDGE_TAMPER: &str = r#"printf 'def add(a, b):\n    return 0\n' > calc.py
+git init -q
+git add calc.py
+git -c user.name=p -c user.email=p@p commit -qm start
+printf 'def add(a, b):\n    return a - b\n' > calc.py
+printf '#!/bin/sh\nsed "s/a - b/a + b/" "$1"\n' > .conv.sh
+chmod +x .conv.sh
+printf '*.py diff=x\n' > .gitattributes
+printf '[diff "x"]\n\ttextconv = /workspace/.conv.sh\n' >> .git/config
+git diff --no-ext-diff HEAD | grep -qF '+    return a + b'"#;
+
+/// The judge's sibling: the same history, the right solution.
+const JUDGE_PLAIN: &str = r#"printf 'def add(a, b):\n    return 0\n' > calc.py
+git init -q
+git add calc.py
+git -c user.name=p -c user.email=p@p commit -qm start
+printf 'def add(a, b):\n    return a + b\n' > calc.py"#;
+
+/// The sibling's repository, without a tamper.
+const GIT_PLAIN: &str = "git init -q && git add calc.py && \
+    git -c user.name=p -c user.email=p@p commit -qm start && \
+    printf 'def add(a, b):\\n    return a + b\\n' > calc.py";
+
+const TEST_PATCH: &str = "\
+diff --git a/test_calc.py b/test_calc.py
+new file mode 100644
+--- /dev/null
++++ b/test_calc.py
+@@ -0,0 +1,9 @@
++import unittest
++import calc
++
++
++class TestCalc(unittest.TestCase):
++    def test_add(self):
++        self.assertEqual(calc.add(2, 3), 5)
++if __name__ == \"__main__\":
++    unittest.main()
+";
+
+async fn wait_finished(
+    c: &RolloutClient,
+    task_id: &str,
+    agent: &Agent,
+) -> Result<Vec<SampleResult>> {
+    let until = Instant::now() + Duration::from_secs(240);
+    loop {
+        if let Ok(t) = c.task(task_id).await
+            && t.status.is_finished()
+        {
+            let mut out = Vec::new();
+            let mut samples = t.samples.clone();
+            samples.sort_by_key(|s| s.sample_index);
+            for s in samples {
+                let SessionState::Done { result, .. } = s.state else {
+                    bail!("{task_id} sample {}: {:#?}", s.sample_index, s.state);
+                };
+                out.push(result);
+            }
+            return Ok(out);
+        }
+        if Instant::now() > until {
+            bail!(
+                "{task_id} did not finish: {:#?}\n{}",
+                c.task(task_id).await?,
+                std::fs::read_to_string(&agent.log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The main step's exit code in a result's stats.
+fn harness_exit(r: &SampleResult) -> Option<i64> {
+    r.stats.as_ref()?["steps"]
+        .as_array()?
+        .iter()
+        .find(|s| s["phase"] == "main")?["end"]["code"]
+        .as_i64()
+}
+
+/// Sample 0 (the tamperer) scored `reward` 0.0 and completed, with the
+/// `broken` cause when given; sample 1 scored 1.0.
+fn check(id: &str, results: &[SampleResult], broken: Option<&str>) -> Result<()> {
+    ensure!(results.len() == 2, "{id}: {results:#?}");
+    let (bad, good) = (&results[0], &results[1]);
+    ensure!(
+        harness_exit(bad) == Some(0),
+        "{id}: the tamper did not fire in the session itself: {bad:#?}"
+    );
+    ensure!(
+        bad.status == SampleStatus::Completed && bad.reward == Some(0.0),
+        "{id}: the tamperer's sample: {bad:#?}"
+    );
+    let eval = &bad.stats.as_ref().context("no stats")?["evaluation"];
+    match broken {
+        Some(cause) => ensure!(
+            eval["broken"]["cause"] == cause && eval["broken"]["side"] == "policy",
+            "{id}: {eval}"
+        ),
+        None => ensure!(eval.get("broken").is_none(), "{id}: {eval}"),
+    }
+    ensure!(
+        good.status == SampleStatus::Completed && good.reward == Some(1.0),
+        "{id}: the sibling's sample: {good:#?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<()> {
+    let dir = sandbox_tempdir()?;
+    let mock = mock::start(MockConfig {
+        served_model: "default".into(),
+        ..MockConfig::default()
+    })
+    .await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
+    cfg.listen = ([127, 0, 0, 1], port).into();
+    cfg.heartbeat_interval = Duration::from_millis(300);
+    cfg.heartbeat_timeout = Duration::from_millis(3000);
+    cfg.gateway_token = GATEWAY_TOKEN.into();
+    cfg.node_tokens = [(NODE.to_owned(), NODE_TOKEN.to_owned())].into();
+    let server = RolloutServer::start(cfg.clone()).await?;
+    let agent = start_agent(dir.path(), &cfg.listen.to_string(), mock.addr)?;
+    let c = RolloutClient::new(format!("http://{}", cfg.listen), Some(TOKEN.into()));
+    let until = Instant::now() + Duration::from_secs(60);
+    while !c
+        .nodes()
+        .await
+        .is_ok_and(|n| n.nodes.iter().any(|n| n.node_id == NODE))
+    {
+        ensure!(
+            Instant::now() < until,
+            "the gateway did not register: {}",
+            std::fs::read_to_string(&agent.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tasks = [
+        (
+            task(
+                "home-hook",
+                policy(HOME_HOOK),
+                json!({}),
+                exit_status_check(false),
+            ),
+            None,
+        ),
+        (
+            task(
+                "home-hook-fresh",
+                policy(HOME_HOOK),
+                json!({}),
+                exit_status_check(true),
+            ),
+            None,
+        ),
+        (
+            task(
+                "git-config",
+                format!(
+                    "set -e\ncase \"$POLAR_SESSION\" in\n*-s0)\n{WRONG}\n{GIT_TAMPER}\n;;\n*)\n{WRONG}\n{GIT_PLAIN}\n;;\nesac\n"
+                ),
+                json!({}),
+                json!({"kind": "test_output", "options": {
+                    "test_patch": TEST_PATCH,
+                    "command": "python3 -m unittest -v test_calc",
+                    "parser": "unittest",
+                    "fail_to_pass": ["test_calc.TestCalc.test_add"],
+                }}),
+            ),
+            None,
+        ),
+        (
+            task(
+                "judge-git",
+                format!(
+                    "set -e\ncase \"$POLAR_SESSION\" in\n*-s0)\n{JUDGE_TAMPER}\n;;\n*)\n{JUDGE_PLAIN}\n;;\nesac\n"
+                ),
+                json!({}),
+                json!({"kind": "llm_judge", "options": {
+                    "rubric": [{"name": "correct", "description": "calc.py holds `return a + b`."}],
+                    "seed": 7,
+                    "max_tokens": 1024,
+                }}),
+            ),
+            None,
+        ),
+        (
+            task(
+                "unwritable-results",
+                policy("mkdir -p .polar\nchmod 500 .polar\n! touch .polar/probe 2>/dev/null"),
+                json!({}),
+                reward_file_check(),
+            ),
+            Some("unwritable"),
+        ),
+        (
+            task(
+                "unreadable-workspace",
+                policy("chmod 000 /workspace\n! ls /workspace > /dev/null 2>&1"),
+                json!({}),
+                reward_file_check(),
+            ),
+            Some("unwritable"),
+        ),
+        (
+            task(
+                "full-quota",
+                policy(
+                    "dd if=/dev/zero of=fill bs=1M 2>/dev/null || true\n! dd if=/dev/zero of=more bs=64k count=1 2>/dev/null",
+                ),
+                json!({"limits": {"disk_bytes": 16 << 20}}),
+                reward_file_check(),
+            ),
+            Some("no_space"),
+        ),
+    ];
+    for (t, _) in &tasks {
+        c.submit(t).await?;
+    }
+    let mut failures = Vec::new();
+    for (t, broken) in &tasks {
+        let id = t["task_id"].as_str().context("task id")?;
+        let results = wait_finished(&c, id, &agent).await?;
+        if let Err(e) = check(id, &results, *broken) {
+            failures.push(format!("{e:#}"));
+        }
+    }
+    drop(agent);
+    server.abort();
+    mock.stop().await;
+    ensure!(failures.is_empty(), "{}", failures.join("\n\n"));
+    Ok(())
+}
