@@ -659,7 +659,9 @@ impl CommandRunner for SandboxRunner<'_> {
                 exit: match report.end {
                     StepEnd::Exited { code } => Some(code),
                     StepEnd::TimedOut | StepEnd::Stopped => None,
-                    StepEnd::Failed { error } => return Err(error),
+                    StepEnd::Failed { error } | StepEnd::NotStarted { error } => {
+                        return Err(error);
+                    }
                     StepEnd::Skipped => return Err("not run".into()),
                 },
                 stdout: read_capped(out, 4 << 20),

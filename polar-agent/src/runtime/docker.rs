@@ -365,7 +365,6 @@ mod tests {
                 ca: "/st/trust/polar-ca.pem".into(),
             }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
-            hide: vec![],
             mounts: vec![Mount {
                 source: "/data".into(),
                 target: "/data".into(),
@@ -373,6 +372,7 @@ mod tests {
             }],
             read_only: vec![],
             staged: vec![],
+            identity: None,
             user: (65534, 65534),
         }
     }
