@@ -82,6 +82,7 @@ print(json.dumps({
     "hosts": os.access("/etc/hosts", os.R_OK),
     "certs": os.path.isdir("/etc/ssl/certs"),
     "var_tmp": os.path.realpath("/var/tmp"),
+    "home": sorted(os.listdir("/home")),
 }))
 "#;
 
@@ -97,7 +98,6 @@ fn secrets(base: &Path, config: &Path, earlier: &Path) -> Vec<PathBuf> {
         base.join("rollout/rollout.db"),
         base.join("uploads/tests/test_hidden.py"),
         "/root".into(),
-        "/home".into(),
         "/srv".into(),
         "/var/lib".into(),
         "/etc/shadow".into(),
@@ -125,6 +125,8 @@ fn check_view(facts: &Value) -> Result<()> {
     );
     ensure!(facts["whoami"] == "polar", "{facts}");
     ensure!(facts["var_tmp"] == "/tmp", "{facts}");
+    // `/home` holds the sandbox's HOME and nothing of the host's.
+    ensure!(facts["home"] == serde_json::json!(["polar"]), "{facts}");
     let etc: Vec<&str> = facts["etc"]
         .as_array()
         .into_iter()

@@ -23,7 +23,6 @@ use crate::redirect::preflight;
 use crate::runtime::oneshot;
 use crate::runtime::steps::SandboxDirs;
 use crate::sandbox::session::Exec;
-use crate::sandbox::uids::UidLease;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
 use crate::tls::TrustFiles;
 use polar_capture::SessionInfo;
@@ -119,7 +118,7 @@ fn exec_for(
     session: &SessionId,
     config: &crate::config::Config,
     trust: Option<&TrustFiles>,
-) -> Result<(Exec, Option<(SandboxDirs, UidLease)>), CliError> {
+) -> Result<(Exec, Option<(SandboxDirs, oneshot::RunGuard)>), CliError> {
     if args.unconfined {
         {
             use std::io::Write as _;
@@ -147,7 +146,7 @@ fn exec_for(
         workspace = %shot.dirs.workspace.display(),
         "native sandbox"
     );
-    Ok((shot.exec, Some((shot.dirs, shot.uid))))
+    Ok((shot.exec, Some((shot.dirs, shot.guard))))
 }
 
 /// The run of `exec` with the node's default limits (`[sandbox]`).
@@ -188,7 +187,7 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
     // Inspecting keeps nothing: the session's directories go, their disk
     // quota discarded rather than copied to disk.
-    if let Some((dirs, _uid)) = dirs {
+    if let Some((dirs, _guard)) = dirs {
         tokio::task::spawn_blocking(move || dirs.remove())
             .await
             .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
@@ -226,7 +225,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     };
     let spec = spec(&args, session.clone(), exec, &parts.config);
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
-    if let Some((dirs, _uid)) = dirs {
+    if let Some((dirs, _guard)) = dirs {
         release_dirs(dirs).await;
     }
     parts.sessions.unregister(&session);

@@ -26,8 +26,17 @@ pub struct Oneshot {
     pub exec: Exec,
     /// The session's directories on the host (kept after the run).
     pub dirs: SandboxDirs,
-    /// The session's uid: keep it until the command ended.
-    pub uid: UidLease,
+    /// What must live until the command ended.
+    pub guard: RunGuard,
+}
+
+/// What must outlive a one-shot command: the session's uid lease, and the
+/// read end of bwrap's status pipe (closed early, bwrap would die of
+/// `SIGPIPE` writing its status).
+#[derive(Debug)]
+pub struct RunGuard {
+    _uid: UidLease,
+    _status: Option<std::fs::File>,
 }
 
 /// Leases the session a uid from `node`'s range, makes its directories
@@ -86,5 +95,12 @@ pub fn native(
     exec.clear_env = true;
     exec.user = Some(user);
     exec.cwd = Some(PathBuf::from("/"));
-    Ok(Oneshot { exec, dirs, uid })
+    Ok(Oneshot {
+        exec,
+        dirs,
+        guard: RunGuard {
+            _uid: uid,
+            _status: cmd.status,
+        },
+    })
 }

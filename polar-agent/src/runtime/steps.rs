@@ -390,6 +390,17 @@ mod tests {
             .unwrap();
         assert_eq!(fs::metadata(&p).unwrap().uid(), me.0);
         assert_eq!(fs::metadata(&dirs.workspace).unwrap().mode() & 0o777, 0o700);
+        // The session's passwd and group name its user, root's, read-only
+        // to it.
+        let passwd = dirs.identity.join("passwd");
+        let text = fs::read_to_string(&passwd).unwrap();
+        assert!(
+            text.contains(&format!("polar:x:{}:{}:", me.0, me.1)),
+            "{text}"
+        );
+        let m = fs::metadata(&passwd).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+        assert!(dirs.identity.join("group").is_file());
     }
 
     /// A session's directories after a hostile run: `tests -> outside`,
