@@ -126,6 +126,19 @@ fn exit_code(s: std::process::ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// A command ready to run in the sandbox ([`Plan::exec_for`]).
+#[derive(Debug)]
+pub struct SandboxedExec {
+    /// What the agent execs.
+    pub exec: Exec,
+    /// Its stdout and stderr files.
+    pub logs: (PathBuf, PathBuf),
+    /// The read end of bubblewrap's status pipe (native): keep it open
+    /// until the command ended (bwrap would die of `SIGPIPE` writing to
+    /// it), then [`super::native::started`] says whether it ran.
+    pub status: Option<File>,
+}
+
 /// How a command run through bubblewrap ended, from its exit status and
 /// bwrap's status pipe: exited, or never started (bwrap's message, from
 /// the end of `stderr`, which then only bwrap wrote). A command bwrap
@@ -182,14 +195,13 @@ impl Plan<'_> {
     }
 
     /// The [`Exec`] for `argv` in the sandbox (stdout and stderr to
-    /// `logs/<name>.out|.err`), and the read end of bubblewrap's status
-    /// pipe (native).
+    /// `logs/<name>.out|.err`).
     pub fn exec_for(
         &self,
         argv: &[String],
         extra_env: &[(String, String)],
         name: &str,
-    ) -> Result<(Exec, (PathBuf, PathBuf), Option<File>), RuntimeError> {
+    ) -> Result<SandboxedExec, RuntimeError> {
         let mut env = base_env(
             self.session.id(),
             self.spec,
@@ -219,7 +231,11 @@ impl Plan<'_> {
         if matches!(self.runtime, Runtime::Native { .. }) {
             exec.binds.clone_from(&self.pre_binds);
         }
-        Ok((exec, (out, err), cmd.status))
+        Ok(SandboxedExec {
+            exec,
+            logs: (out, err),
+            status: cmd.status,
+        })
     }
 
     /// Runs one command of `phase` in the sandbox (a step, the harness, an
@@ -243,7 +259,7 @@ impl Plan<'_> {
                 },
                 None,
             ),
-            Ok((exec, logs, status)) => match self.session.exec(exec, stop).await {
+            Ok(SandboxedExec { exec, logs, status }) => match self.session.exec(exec, stop).await {
                 Ok(ExecEnd::Exited(s)) => {
                     let end = match status {
                         Some(mut pipe) => exited_in_bwrap(s, &mut pipe, &logs.1).await,

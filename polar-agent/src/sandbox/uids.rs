@@ -125,9 +125,7 @@ const RESERVED: [u32; 3] = [0, 65534, 65535];
 impl UidRange {
     /// Its last id.
     pub fn last(&self) -> u32 {
-        self.first
-            .saturating_add(self.count.saturating_sub(1))
-            .min(u32::MAX)
+        self.first.saturating_add(self.count.saturating_sub(1))
     }
 
     /// Whether `id` is in it.
