@@ -13,6 +13,8 @@
 //!   `inotify_init` and full-size pipes working;
 //! - 24 sessions started and torn down at once (each mounting and
 //!   unmounting its disk quota) all start, within a bounded time.
+//! - a sandbox bwrap cannot build ends `not_started` (the node's fault),
+//!   never as the command's exit 1.
 //!
 //! The state directory lives under `/var/lib` (as the default
 //! `/var/lib/polar` does), not under `/tmp`, which is the sandbox's own.
@@ -397,5 +399,41 @@ fn many_sessions_start_and_end_at_once_and_every_one_starts() -> Result<()> {
             "session {i}: {text:?}"
         );
     }
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn a_sandbox_bwrap_cannot_build_is_not_started_rather_than_a_failed_command() -> Result<()> {
+    let base = VarLibDir::new()?;
+    let cfg = write_config(base.path(), "")?.display().to_string();
+    // A mount whose source the sandbox's uid cannot reach: bwrap, which
+    // builds the view as that uid, fails before the command exists.
+    let closed = base.path().join("closed");
+    std::fs::create_dir_all(closed.join("data"))?;
+    std::fs::set_permissions(&closed, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let spec = write_file(
+        base.path(),
+        "rt.toml",
+        &format!(
+            "[[mounts]]\nsource = \"{}\"\ntarget = \"/data\"\n",
+            closed.join("data").display()
+        ),
+    )?;
+    let run = session_run(
+        &["--config", &cfg, "--runtime", &spec, "--budget-secs", "60"],
+        &["true"],
+    )?;
+    let main = run.outcome["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["phase"] == "main")
+        .with_context(|| format!("no main step: {}", run.outcome))?;
+    ensure!(main["end"]["status"] == "not_started", "{main}");
+    let error = main["end"]["error"].as_str().unwrap_or_default();
+    ensure!(error.contains("bwrap"), "{main}");
+    // Not the command's exit: `polar sandbox run` says Polar failed.
+    ensure!(run.code() == Some(125), "exit {:?}", run.code());
     Ok(())
 }
