@@ -4,7 +4,9 @@
 //!    `polar_agent::harness::run::run` (one agent, redirect already
 //!    attached, as on a gateway node) to the first instruction of the
 //!    sandboxed program: `polar-probe started FILE`, which records the wall
-//!    clock first thing in `main`. 5 warm-up runs, then 40 measured.
+//!    clock first thing in `main`. 5 warm-up runs, then 40 measured. The
+//!    sandbox's view is the allowlist, so the probe's directory is a
+//!    read-only mount of the runtime spec (at [`PROBE_DIR`]).
 //! 2. 32 sandboxes at once on this node, each running `curl` against the
 //!    hard-coded `https://api.anthropic.com/v1/messages` with its session id
 //!    in the body: every reply must reach its own sandbox, and the upstream
@@ -34,6 +36,9 @@ fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
+/// Where the probe's directory appears in the sandbox.
+const PROBE_DIR: &str = "/polar-bench";
+
 fn shell(session: String, command: Vec<String>) -> Result<HarnessRun> {
     Ok(HarnessRun {
         harness: HarnessName::Shell.into(),
@@ -61,7 +66,13 @@ fn report(text: &str) {
     println!("{text}");
 }
 
-async fn latency(parts: &AgentParts, redirect: &Redirect, probe: &str) -> Result<()> {
+async fn latency(parts: &AgentParts, redirect: &Redirect, probe: &std::path::Path) -> Result<()> {
+    let dir = probe.parent().context("the probe has no directory")?;
+    let name = probe.file_name().context("the probe has no name")?;
+    let inside = std::path::Path::new(PROBE_DIR)
+        .join(name)
+        .display()
+        .to_string();
     let stop = CancellationToken::new();
     let (mut first, mut total) = (Vec::new(), Vec::new());
     for i in 0..45 {
@@ -71,10 +82,18 @@ async fn latency(parts: &AgentParts, redirect: &Redirect, probe: &str) -> Result
         let out = run(
             parts,
             redirect,
-            shell(
-                session,
-                vec![probe.to_owned(), "started".into(), "/workspace/t".into()],
-            )?,
+            {
+                let mut job = shell(
+                    session,
+                    vec![inside.clone(), "started".into(), "/workspace/t".into()],
+                )?;
+                job.spec.mounts.push(polar_spec::runtime::Mount {
+                    source: dir.to_owned(),
+                    target: PROBE_DIR.into(),
+                    read_only: true,
+                });
+                job
+            },
             &stop,
         )
         .await?;
@@ -194,7 +213,7 @@ fn main() -> Result<()> {
             sandboxes: None,
         })?);
         let probe: PathBuf = probe_bin()?;
-        latency(&parts, &redirect, &probe.display().to_string()).await?;
+        latency(&parts, &redirect, &probe).await?;
         concurrent(Arc::clone(&parts), Arc::clone(&redirect), &echo, 32).await?;
         drop(parts);
         Arc::try_unwrap(redirect)

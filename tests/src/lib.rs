@@ -361,6 +361,19 @@ pub fn write_config(dir: &Path, body: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A configuration (in a fresh directory, returned with it) whose native
+/// sandboxes are also shown the directory of the built binaries
+/// (`sandbox.view_dirs`), so that `polar-probe` runs in them: the sandbox's
+/// view is an allowlist, which holds nothing of the build tree otherwise.
+pub fn probe_config() -> Result<(tempfile::TempDir, String)> {
+    let dir = sandbox_tempdir()?;
+    let cfg = write_config(
+        dir.path(),
+        &format!("[sandbox]\nview_dirs = [\"{}\"]\n", bin_dir()?.display()),
+    )?;
+    Ok((dir, cfg.display().to_string()))
+}
+
 /// Writes `text` to `dir/name` (a runtime spec, a script) and returns the
 /// path as a command-line argument.
 pub fn write_file(dir: &Path, name: &str, text: &str) -> Result<String> {

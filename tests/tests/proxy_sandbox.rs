@@ -91,29 +91,27 @@ async fn unmodified_clients_reach_their_upstreams_pass_hosts_relay_and_denied_ho
     let anthropic = EchoUpstream::start("127.0.0.1:0", "anthropic-upstream").await?;
     let openai = EchoUpstream::start("127.0.0.1:0", "openai-upstream").await?;
     let remote = RemoteTls::start("127.10.0.5:0", "pass.example", "remote-token-7").await?;
-    // Where the sandbox can read it: its /tmp is its own.
-    let remote_pem =
-        std::path::PathBuf::from(format!("/var/tmp/polar-remote-{}.pem", std::process::id()));
-    std::fs::write(&remote_pem, &remote.cert_pem)?;
+    // Written by the script into the sandbox's own /tmp: nothing of the
+    // host's temporary directories is in its view.
+    let pem_text = remote.cert_pem.trim();
     let cfg = config(tmp.path(), &anthropic, &openai, remote.addr.port())?;
     let host_bundle_before = sha256(std::path::Path::new(HOST_BUNDLE))?;
     let port = remote.addr.port();
     let script = format!(
         r#"
 r() {{ label=$1; shift; out=$("$@" 2>&1); code=$?; echo "$label|$code|$(echo "$out" | tr '\n' ' ')"; }}
+printf '%s\n' '{pem_text}' > /tmp/remote.pem
 r curl_h1_anthropic curl -sS --http1.1 --max-time 20 https://api.anthropic.com/v1/messages -H 'content-type: application/json' -d '{{"model":"m","max_tokens":5,"messages":[]}}'
 r curl_h2_openai curl -sS --http2 --max-time 20 -w ' http_version=%{{http_version}}' https://api.openai.com/v1/chat/completions -d '{{"model":"m","messages":[]}}'
 r python_anthropic python3 -c 'import urllib.request; r=urllib.request.urlopen(urllib.request.Request("https://api.anthropic.com/v1/messages", data=b"{{}}", headers={{"content-type":"application/json"}}), timeout=20); print(r.read().decode())'
 r node_openai node -e 'fetch("https://api.openai.com/v1/chat/completions",{{method:"POST",body:"{{}}",headers:{{"content-type":"application/json"}}}}).then(r=>r.text()).then(t=>console.log(t)).catch(e=>{{console.log(String(e.cause||e));process.exit(3)}})'
-r pass curl -sS --max-time 20 --cacert {remote_pem} --resolve pass.example:{port}:127.10.0.5 https://pass.example:{port}/
+r pass curl -sS --max-time 20 --cacert /tmp/remote.pem --resolve pass.example:{port}:127.10.0.5 https://pass.example:{port}/
 r denied_name curl -sS --max-time 20 https://denied.example/
 r denied_addr curl -sS --max-time 20 --resolve denied.example:443:127.10.0.9 https://denied.example/
 r bundle_inside grep -c 'BEGIN CERTIFICATE' {HOST_BUNDLE}
 "#,
-        remote_pem = remote_pem.display(),
     );
     let ran = run_script(&cfg, &script);
-    let _ = std::fs::remove_file(&remote_pem);
     let (out, run) = ran?;
     let get = |k: &str| {
         out.get(k)

@@ -27,10 +27,13 @@ const TARGETS: &[&str] = &[
 
 fn check_captures(network: &str) -> Result<()> {
     let probe = probe()?;
+    let (_dir, cfg) = polar_tests::probe_config()?;
     let mut cmd = vec![probe.as_str(), "connect"];
     cmd.extend_from_slice(TARGETS);
     let run = sandbox_run(
         &[
+            "--config",
+            &cfg,
             "--inspect",
             "--network",
             network,
@@ -96,8 +99,12 @@ fn dns_goes_through_the_agent_and_quic_is_refused() -> Result<()> {
          {probe} dns [::1]:53 api.anthropic.com && \
          {probe} udp 127.10.0.1:443 && {probe} udp [::1]:443 && {probe} udp 127.10.0.9:9"
     );
+    let (_dir, cfg) = polar_tests::probe_config()?;
     for network in ["isolated", "host"] {
-        let run = sandbox_run(&["--inspect", "--network", network], &["sh", "-c", &script])?;
+        let run = sandbox_run(
+            &["--config", &cfg, "--inspect", "--network", network],
+            &["sh", "-c", &script],
+        )?;
         let stdout = String::from_utf8_lossy(&run.output.stdout);
         ensure!(
             run.output.status.success(),
@@ -153,7 +160,8 @@ fn dns_goes_through_the_agent_and_quic_is_refused() -> Result<()> {
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn servers_inside_an_isolated_sandbox_stay_reachable() -> Result<()> {
     let probe = probe()?;
-    let run = sandbox_run(&["--inspect"], &[&probe, "selfserve"])?;
+    let (_dir, cfg) = polar_tests::probe_config()?;
+    let run = sandbox_run(&["--config", &cfg, "--inspect"], &[&probe, "selfserve"])?;
     ensure!(
         run.reports.first().is_some_and(|r| r["ok"] == true),
         "{:?} {}",

@@ -174,7 +174,9 @@ fn hardened_session(engine: &docker::Engine, mock_url: &str) -> Result<()> {
         .next()
         .context("no facts printed")?;
     let f = |k: &str| facts[k].as_str().unwrap_or_default().to_owned();
-    ensure!(f("uid") == "65534", "{facts}");
+    // The session's own uid, from the node's default range.
+    let uid: u32 = f("uid").parse().unwrap_or(0);
+    ensure!((1_500_000_000..1_500_065_536).contains(&uid), "{facts}");
     ensure!(f("cap_eff") == "0000000000000000", "{facts}");
     ensure!(f("no_new_privs") == "1" && f("seccomp") == "2", "{facts}");
     ensure!(f("pid1") == "docker-init", "{facts}");

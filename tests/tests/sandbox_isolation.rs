@@ -152,8 +152,9 @@ fn a_sandbox_writes_only_its_workspace_home_and_tmp_and_reads_no_secret() -> Res
     let tmp = sandbox_tempdir()?;
     let cfg = write_config(tmp.path(), "")?;
     let state = tmp.path().join("state");
-    // Secrets: a root-only file in a tree the sandbox sees (/var/tmp), and
-    // another session's workspace file in the agent's state directory.
+    // Secrets: a root-only file in the host's /var/tmp (the sandbox's
+    // /var/tmp is its own /tmp), and another session's workspace file in
+    // the agent's state directory.
     let secret = PathBuf::from(format!("/var/tmp/polar-secret-{}", std::process::id()));
     std::fs::write(&secret, "TOPSECRET")?;
     std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
@@ -201,7 +202,13 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
     run.succeeded()?;
     let sandbox_dir = PathBuf::from(run.outcome["sandbox_dir"].as_str().unwrap_or_default());
     let out = pairs(&sandbox_dir.join("logs/main-0.out"));
-    let expected_yes = ["write_workspace", "write_home", "write_tmp"];
+    // `/var/tmp` is the session's `/tmp`, on its disk quota.
+    let expected_yes = [
+        "write_workspace",
+        "write_home",
+        "write_tmp",
+        "write_var_tmp",
+    ];
     ensure!(out.len() == 13, "{out:?} {}", run.main_logs());
     for (label, got) in &out {
         let want = if expected_yes.contains(&label.as_str()) {
@@ -222,6 +229,8 @@ r write_tmp sh -c 'echo ok > /tmp/private.txt'
         ensure!(!Path::new(p).exists(), "{p} appeared on the host");
     }
     ensure!(!Path::new(&host_marker).exists());
+    let marker_name = Path::new(&host_marker).file_name().unwrap_or_default();
+    ensure!(sandbox_dir.join("tmp").join(marker_name).is_file());
     ensure!(!repo.join("polar-test").exists());
     Ok(())
 }

@@ -64,6 +64,9 @@ pub enum AgentError {
     /// The state directory is unsafe to use.
     #[error(transparent)]
     StateDir(#[from] StateDirError),
+    /// The sandboxes' uid range holds the node's users or is too small.
+    #[error(transparent)]
+    Uids(#[from] crate::sandbox::uids::UidError),
     /// A reload changed the backends, which are read only at start.
     #[error(
         "reload refused: the [[backend]] list changed, and backends are set up only at start; \
@@ -190,6 +193,8 @@ impl AgentParts {
         // took from them is put back from the journal (in a state
         // directory found safe to use).
         check_state_dir(&config.agent.state_dir)?;
+        // Every sandbox runs as a uid of this range: none may be the node's.
+        config.sandbox.uids.check_node(1)?;
         let (store, replayed) = CaptureStore::open(
             &config.agent.state_dir,
             config.agent.capture_durability,

@@ -86,6 +86,12 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         },
     )?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
+    // A uid for each session the node holds at once.
+    config
+        .sandbox
+        .uids
+        .check_node(gw.max_sessions)
+        .map_err(crate::agent::AgentError::from)?;
     let parts = Arc::new(AgentParts::build(config)?);
     if let Some(c) = &parts.capture {
         c.spawn_health_checks();

@@ -8,7 +8,6 @@
 //! capability, confined by nothing but its network namespace and cgroup.
 
 use std::ffi::OsString;
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,10 +116,9 @@ namespace and cgroup are its own). Use it to debug, never for untrusted code.";
 fn exec_for(
     args: &SandboxRunArgs,
     session: &SessionId,
-    state_dir: &Path,
-    disk_bytes: u64,
+    config: &crate::config::Config,
     trust: Option<&TrustFiles>,
-) -> Result<(Exec, Option<SandboxDirs>), CliError> {
+) -> Result<(Exec, Option<(SandboxDirs, oneshot::RunGuard)>), CliError> {
     if args.unconfined {
         {
             use std::io::Write as _;
@@ -136,8 +134,11 @@ fn exec_for(
         return Ok((exec, None));
     }
     // Directories and the quota's mount: blocking, before the session.
+    let node = crate::runtime::Node::of(config);
+    let state_dir = &config.agent.state_dir;
+    let disk_bytes = config.sandbox.disk_bytes;
     let shot = tokio::task::block_in_place(|| {
-        oneshot::native(state_dir, disk_bytes, trust, session, &args.command)
+        oneshot::native(state_dir, disk_bytes, &node, trust, session, &args.command)
     })
     .map_err(crate::harness::HarnessError::from)?;
     tracing::info!(
@@ -145,7 +146,7 @@ fn exec_for(
         workspace = %shot.dirs.workspace.display(),
         "native sandbox"
     );
-    Ok((shot.exec, Some(shot.dirs)))
+    Ok((shot.exec, Some((shot.dirs, shot.guard))))
 }
 
 /// The run of `exec` with the node's default limits (`[sandbox]`).
@@ -180,14 +181,13 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     // Validate everything before anything is created.
     let config = args.config.load()?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
-    let state_dir = &config.agent.state_dir;
-    let (exec, dirs) = exec_for(&args, &session, state_dir, config.sandbox.disk_bytes, None)?;
+    let (exec, dirs) = exec_for(&args, &session, &config, None)?;
     let mut spec = spec(&args, session.clone(), exec, &config);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
     let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
     // Inspecting keeps nothing: the session's directories go, their disk
     // quota discarded rather than copied to disk.
-    if let Some(dirs) = dirs {
+    if let Some((dirs, _guard)) = dirs {
         tokio::task::spawn_blocking(move || dirs.remove())
             .await
             .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
@@ -214,13 +214,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .serve_base_url()
         .await
         .map_err(|e| CliError::Io("base-URL mode".into(), e))?;
-    let exec = exec_for(
-        &args,
-        &session,
-        &parts.config.agent.state_dir,
-        parts.config.sandbox.disk_bytes,
-        Some(&parts.trust),
-    );
+    let exec = exec_for(&args, &session, &parts.config, Some(&parts.trust));
     let (exec, dirs) = match exec {
         Ok(e) => e,
         Err(e) => {
@@ -231,7 +225,7 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     };
     let spec = spec(&args, session.clone(), exec, &parts.config);
     let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
-    if let Some(dirs) = dirs {
+    if let Some((dirs, _guard)) = dirs {
         release_dirs(dirs).await;
     }
     parts.sessions.unregister(&session);

@@ -75,6 +75,13 @@ pub struct RawSandbox {
     pub pids: Option<u32>,
     /// `docker_host`: the Docker engine of the docker runtime.
     pub docker_host: Option<String>,
+    /// `uid_first`: the first of the sandboxes' uids (one per session).
+    pub uid_first: Option<u32>,
+    /// `uid_count`: how many uids the sandboxes may take.
+    pub uid_count: Option<u32>,
+    /// `view_dirs`: host directories native sandboxes are shown read-only
+    /// besides the system's (`/opt`, ...).
+    pub view_dirs: Option<Vec<String>>,
 }
 
 /// `[proxy]`.

@@ -66,6 +66,12 @@ pub struct SandboxConfig {
     /// engine must run on this node: its containers join the session's
     /// cgroup and network namespace); `None` is the docker CLI's default.
     pub docker_host: Option<String>,
+    /// The sandboxes' uids, one leased per session
+    /// ([`crate::sandbox::uids`]).
+    pub uids: crate::sandbox::uids::UidRange,
+    /// Host directories native sandboxes are shown read-only at the same
+    /// path, besides the system's ([`crate::runtime::view`]).
+    pub view_dirs: Vec<PathBuf>,
 }
 
 impl SandboxConfig {
@@ -87,6 +93,8 @@ impl Default for SandboxConfig {
             memory_bytes: defaults::SANDBOX_MEMORY_BYTES,
             pids: defaults::SANDBOX_PIDS,
             docker_host: None,
+            uids: crate::sandbox::uids::UidRange::default(),
+            view_dirs: Vec::new(),
         }
     }
 }
@@ -119,11 +127,42 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
         .as_deref()
         .map(|h| docker_host(key.key("docker_host"), h))
         .transpose()?;
+    let uids = crate::sandbox::uids::UidRange {
+        first: raw.uid_first.unwrap_or(crate::sandbox::uids::DEFAULT_FIRST),
+        count: raw.uid_count.unwrap_or(crate::sandbox::uids::DEFAULT_COUNT),
+    };
+    if let Some(why) = uids.problem() {
+        return Err(ConfigError::invalid(
+            key.key("uid_first"),
+            format!(
+                "the range {}..={} (uid_first, uid_count) {why}",
+                uids.first,
+                uids.last()
+            ),
+        ));
+    }
+    let mut view_dirs = Vec::new();
+    for (i, d) in raw.view_dirs.iter().flatten().enumerate() {
+        let p = Path::new(d);
+        let plain = p.is_absolute()
+            && p.components().count() > 1
+            && p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+        if !plain {
+            return Err(ConfigError::invalid(
+                key.key("view_dirs").index(i),
+                format!("{d:?} is not an absolute path below `/` without `.` or `..`"),
+            ));
+        }
+        view_dirs.push(p.to_path_buf());
+    }
     Ok(SandboxConfig {
         disk_bytes,
         memory_bytes,
         pids,
         docker_host,
+        uids,
+        view_dirs,
     })
 }
 

@@ -75,7 +75,12 @@ impl Ended {
             cancelled: matches!(reached, Reached::Interrupted(Interrupt::Cancelled)),
             timed_out: matches!(reached, Reached::Interrupted(Interrupt::Budget))
                 || harness == Some(StepEnd::TimedOut),
-            start_failed: steps.iter().any(|r| r.phase == Phase::Start && !r.end.ok()),
+            // A runtime that did not start, or a sandbox bubblewrap could
+            // not build around a command: the node's fault.
+            start_failed: steps.iter().any(|r| {
+                (r.phase == Phase::Start && !r.end.ok())
+                    || matches!(r.end, StepEnd::NotStarted { .. })
+            }) || matches!(harness, Some(StepEnd::NotStarted { .. })),
             prepare_failed: steps
                 .iter()
                 .find(|r| r.phase == Phase::Prepare && !r.end.ok())
@@ -410,6 +415,43 @@ mod tests {
                 (SampleStatus::Error, Some(EndedBy::Polar), false)
             );
         }
+    }
+
+    #[test]
+    fn a_sandbox_that_did_not_start_is_the_nodes_fault_and_runs_again() {
+        let not_started = StepEnd::NotStarted {
+            error: "the sandbox did not start (1): bwrap: Can't bind mount".into(),
+        };
+        let step = |phase, end| StepReport {
+            phase,
+            index: 0,
+            what: "x".into(),
+            end,
+            elapsed_ms: 0,
+            logs: None,
+        };
+        // The harness's own sandbox, or a prepare step's.
+        for (phase, reached) in [
+            (Phase::Main, Reached::Ran(not_started.clone())),
+            (Phase::Prepare, Reached::Interrupted(Interrupt::Budget)),
+        ] {
+            let steps = [step(phase, not_started.clone())];
+            let mut e = Ended::of(&reached, &steps);
+            e.timed_out = false;
+            assert!(e.start_failed, "{phase:?}");
+            assert_eq!(
+                summary(&verdict(&e, Some(&ev(Some(0.0), true, None)))),
+                (SampleStatus::Error, Some(EndedBy::Polar), true)
+            );
+        }
+        // A command that exited 1 on its own stays the policy's.
+        let steps = [step(Phase::Main, StepEnd::Exited { code: 1 })];
+        let e = Ended::of(&Reached::Ran(StepEnd::Exited { code: 1 }), &steps);
+        assert!(!e.start_failed);
+        assert_eq!(
+            summary(&verdict(&e, Some(&ev(Some(0.0), true, None)))),
+            (SampleStatus::Completed, Some(EndedBy::Policy), false)
+        );
     }
 
     #[test]

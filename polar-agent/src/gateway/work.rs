@@ -723,6 +723,8 @@ impl CommandRunner for SandboxRunner<'_> {
                             message: error,
                         });
                     }
+                    // The sandbox never started: the node's fault.
+                    StepEnd::NotStarted { error } => return Err(RunError::runner(error)),
                     StepEnd::Skipped => return Err(RunError::runner("not run")),
                 },
                 stdout: read_capped(out, 4 << 20),

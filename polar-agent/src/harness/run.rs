@@ -25,10 +25,11 @@ use crate::agent::AgentParts;
 use crate::redirect::Redirect;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
 use crate::runtime::steps::SandboxDirs;
-use crate::runtime::{Layout, Runtime, SANDBOX_USER};
+use crate::runtime::{Layout, Runtime};
 use crate::sandbox::NetworkMode;
 use crate::sandbox::limits::Enforced;
 use crate::sandbox::session::{SandboxSession, SessionOptions};
+use crate::sandbox::uids::UidLease;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
 use polar_spec::runtime::{NetworkKind, RuntimeSpec};
@@ -113,6 +114,8 @@ pub struct Prepared {
     runtime: Runtime,
     dirs: SandboxDirs,
     layout: Layout,
+    /// The session's uid, leased until the session is dropped.
+    _uid: UidLease,
     pre_binds: Vec<(PathBuf, PathBuf)>,
     path: Vec<PathBuf>,
     session: SandboxSession,
@@ -150,24 +153,28 @@ pub async fn prepare(
 ) -> Result<Prepared, HarnessError> {
     let deadline = Instant::now() + run.budget;
     let state = &parts.config.agent.state_dir;
-    let user = SANDBOX_USER;
     let disk = run
         .spec
         .limits
         .disk_quota(parts.config.sandbox.disk_bytes)
         .map_err(crate::runtime::RuntimeError::from)?;
-    let runtime = {
+    let (runtime, uid) = {
         let (spec, session) = (run.spec.clone(), run.session.clone());
         let node = crate::runtime::Node::of(&parts.config);
-        // `docker info`, `bwrap --version`: off the async workers.
-        tokio::task::spawn_blocking(move || Runtime::for_spec(&spec, &session, &node))
-            .await
-            .map_err(|e| crate::runtime::RuntimeError::Io {
-                op: "check",
-                path: PathBuf::from("the session's runtime"),
-                source: std::io::Error::other(e),
-            })??
+        // `docker info`, `bwrap --version`, the uid's lease (a scan of
+        // `/proc`): off the async workers.
+        tokio::task::spawn_blocking(move || {
+            let uid = node.uids.lease(&session)?;
+            Ok::<_, crate::runtime::RuntimeError>((Runtime::for_spec(&spec, &session, &node)?, uid))
+        })
+        .await
+        .map_err(|e| crate::runtime::RuntimeError::Io {
+            op: "check",
+            path: PathBuf::from("the session's runtime"),
+            source: std::io::Error::other(e),
+        })??
     };
+    let user = uid.user();
     let dirs = SandboxDirs::of(state, &run.session);
     let mode = session_mode(parts, &run);
     let harness = setup(&run.harness, &run.instruction, &mode, &run.command);
@@ -180,6 +187,7 @@ pub async fn prepare(
         deadline,
         runtime,
         dirs.clone(),
+        uid,
         mode,
         harness,
     )
@@ -247,13 +255,13 @@ async fn prepare_on(
     deadline: Instant,
     runtime: Runtime,
     dirs: SandboxDirs,
+    uid: UidLease,
     mode: Mode,
     harness: super::presets::Setup,
 ) -> Result<Prepared, HarnessError> {
-    let state = &parts.config.agent.state_dir;
-    let user = SANDBOX_USER;
+    let user = uid.user();
     let bundle_targets = crate::runtime::bundle_targets(&runtime, &run.spec);
-    let staged = stage_read_only(&runtime, &run, &dirs)?;
+    let staged = stage_read_only(&runtime, &run, &dirs, user)?;
     let layout = Layout {
         workspace: dirs.workspace.clone(),
         home: dirs.home.clone(),
@@ -261,10 +269,10 @@ async fn prepare_on(
         workdir: run.spec.workdir.clone(),
         trust: Some(parts.trust.clone()),
         bundle_targets,
-        hide: vec![state.clone()],
         mounts: run.spec.mounts.clone(),
         read_only: staged.reachable.clone(),
         staged: staged.staged.clone(),
+        identity: matches!(runtime, Runtime::Native { .. }).then(|| dirs.identity.clone()),
         user,
     };
     begin_capture(parts, &run, &mode);
@@ -284,6 +292,7 @@ async fn prepare_on(
         runtime,
         dirs,
         layout,
+        _uid: uid,
         path,
         session,
         deadline,
@@ -325,6 +334,7 @@ fn stage_read_only(
     runtime: &Runtime,
     run: &HarnessRun,
     dirs: &SandboxDirs,
+    user: (u32, u32),
 ) -> Result<crate::runtime::steps::StagedDirs, HarnessError> {
     let wanted: Vec<PathBuf> = run
         .install
@@ -332,7 +342,7 @@ fn stage_read_only(
         .map(|i| i.read_only.clone())
         .unwrap_or_default();
     Ok(if matches!(runtime, Runtime::Native { .. }) {
-        crate::runtime::steps::stage(&wanted, &dirs.root, SANDBOX_USER)?
+        crate::runtime::steps::stage(&wanted, &dirs.root, user)?
     } else {
         crate::runtime::steps::StagedDirs {
             reachable: wanted,

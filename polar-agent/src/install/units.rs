@@ -38,11 +38,11 @@ pub const AGENT_CAPABILITIES: &[(&str, &str)] = &[
     ),
     (
         "CAP_SETUID",
-        "sandboxed commands drop to the sandbox user (uid 65534) before exec",
+        "sandboxed commands drop to their session's sandbox uid (sandbox.uid_first..) before exec",
     ),
     (
         "CAP_SETGID",
-        "sandboxed commands drop their groups and gid 65534 before exec",
+        "sandboxed commands drop their groups and take their session's gid before exec",
     ),
     (
         "CAP_CHOWN",

@@ -122,10 +122,10 @@ mod tests {
                 ca: "/st/trust/polar-ca.pem".into(),
             }),
             bundle_targets: vec![],
-            hide: vec![],
             mounts: vec![],
             read_only: vec!["/opt/h".into()],
             staged: vec![],
+            identity: None,
             user: (65534, 65534),
         }
     }

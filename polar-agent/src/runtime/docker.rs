@@ -375,7 +375,6 @@ mod tests {
                 ca: "/st/trust/polar-ca.pem".into(),
             }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
-            hide: vec![],
             mounts: vec![Mount {
                 source: "/data".into(),
                 target: "/data".into(),
@@ -383,6 +382,7 @@ mod tests {
             }],
             read_only: vec![],
             staged: vec![],
+            identity: None,
             user: (65534, 65534),
         }
     }

@@ -9,6 +9,8 @@
 //!   workspace, written beneath directories the sandbox controls;
 //! - [`quota`]: the disk quota (a size-limited tmpfs per session);
 //! - [`eval`]: the HOME and tmp of one evaluation, made fresh for it;
+//! - [`view`]: what a native sandbox sees of the node's file system (an
+//!   allowlist);
 //! - [`oneshot`]: one command in the native runtime with the caller's
 //!   stdio (`polar sandbox run -- CMD`);
 //! - [`plan`]: a whole session — prepare steps, the main command, post-run
@@ -28,6 +30,7 @@ pub mod oneshot;
 pub mod plan;
 pub mod quota;
 pub mod steps;
+pub mod view;
 
 use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -93,6 +96,18 @@ pub enum RuntimeError {
         /// What is wrong with it.
         why: &'static str,
     },
+    /// The sandbox's view cannot be built as asked (a bind source holding
+    /// other sessions' directories).
+    #[error("the sandbox cannot be shown {path}: {why}")]
+    View {
+        /// The source.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+    /// No sandbox uid could be leased.
+    #[error(transparent)]
+    Uid(#[from] crate::sandbox::uids::UidError),
     /// A runtime command (container start or stop) failed.
     #[error("{what} failed: {detail}")]
     Command {
@@ -173,8 +188,6 @@ pub struct Layout {
     pub trust: Option<TrustFiles>,
     /// Distribution bundle paths to cover with the trust bundle.
     pub bundle_targets: Vec<PathBuf>,
-    /// Host directories to hide (the agent's state directory).
-    pub hide: Vec<PathBuf>,
     /// The spec's mounts.
     pub mounts: Vec<Mount>,
     /// Host directories shown read-only at the same path (the harness
@@ -184,7 +197,12 @@ pub struct Layout {
     /// not reach on the host (a parent without `o+x`), bound by the agent's
     /// child at `staging` (see [`steps::stage`]) and shown at `target`.
     pub staged: Vec<(PathBuf, PathBuf)>,
-    /// The sandbox user.
+    /// The directory holding the session's `passwd` and `group`
+    /// ([`view::passwd`]), bound over the native sandbox's (none: the
+    /// image's own).
+    pub identity: Option<PathBuf>,
+    /// The sandbox user: the session's leased uid
+    /// ([`crate::sandbox::uids`]).
     pub user: (u32, u32),
 }
 
@@ -343,8 +361,11 @@ pub fn set_env(env: &mut Vec<(String, String)>, key: &str, value: String) {
 pub enum Runtime {
     /// bubblewrap on the host.
     Native {
-        /// The entries of the root to show.
-        root: Vec<RootEntry>,
+        /// What it shows of the node's file system.
+        view: view::View,
+        /// The agent's state directory: no bind source holds it, and none
+        /// is another session's ([`view::View::check`]).
+        state_dir: PathBuf,
     },
     /// A Docker container.
     Docker(docker::Docker),
@@ -359,6 +380,13 @@ pub struct Node {
     pub limits: polar_spec::runtime::Limits,
     /// The Docker engine.
     pub docker: docker::Engine,
+    /// Directories native sandboxes are shown besides the system's
+    /// (`sandbox.view_dirs`).
+    pub view_dirs: Vec<PathBuf>,
+    /// The agent's state directory.
+    pub state_dir: PathBuf,
+    /// The sandboxes' uids.
+    pub uids: crate::sandbox::uids::UidPool,
 }
 
 impl Node {
@@ -370,18 +398,26 @@ impl Node {
                 config.sandbox.docker_host.clone(),
                 &config.agent.state_dir,
             ),
+            view_dirs: config.sandbox.view_dirs.clone(),
+            state_dir: config.agent.state_dir.clone(),
+            uids: crate::sandbox::uids::UidPool::new(config.sandbox.uids),
         }
     }
 }
 
 impl Runtime {
-    /// The native runtime on `spec`'s root, checked to be usable here
-    /// (`bwrap --version` runs and the root is listed).
-    pub fn native(spec: &RuntimeSpec) -> Result<Self, RuntimeError> {
+    /// The native runtime on `spec`'s root (the node's allowlisted view,
+    /// or the spec's `rootfs`), checked to be usable here (`bwrap
+    /// --version` runs and the view is listed).
+    pub fn native(spec: &RuntimeSpec, node: &Node) -> Result<Self, RuntimeError> {
         check_program(RuntimeKind::Native, native::BWRAP, "--version")?;
-        let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
+        let view = match &spec.rootfs {
+            Some(root) => view::View::rootfs(root)?,
+            None => view::View::host(&node.view_dirs)?,
+        };
         Ok(Self::Native {
-            root: list_root(&root)?,
+            view,
+            state_dir: node.state_dir.clone(),
         })
     }
 
@@ -395,7 +431,7 @@ impl Runtime {
         node: &Node,
     ) -> Result<Self, RuntimeError> {
         match spec.kind {
-            RuntimeKind::Native => Self::native(spec),
+            RuntimeKind::Native => Self::native(spec, node),
             RuntimeKind::Docker => {
                 let d = docker::Docker::new(
                     spec,
@@ -423,21 +459,33 @@ impl Runtime {
         env: &[(String, String)],
     ) -> Result<RuntimeCommand, RuntimeError> {
         Ok(match self {
-            Self::Native { root } => {
-                let fds = crate::sandbox::seccomp::memfds()?;
+            Self::Native { view, state_dir } => {
+                view.check(layout, state_dir)?;
+                let mut fds = crate::sandbox::seccomp::memfds()?;
                 let numbers: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+                let (status, status_w) =
+                    native::status_pipe().map_err(|source| RuntimeError::Io {
+                        op: "create",
+                        path: PathBuf::from("bwrap's status pipe"),
+                        source,
+                    })?;
+                let argv = native::bwrap_argv(layout, view, &numbers, status_w.as_raw_fd(), argv);
+                fds.push(status_w);
                 RuntimeCommand {
-                    argv: native::bwrap_argv(layout, root, &numbers, argv),
+                    argv,
                     keep_fds: fds,
+                    status: Some(status),
                 }
             }
             Self::Docker(d) => RuntimeCommand {
                 argv: d.exec_argv(layout, argv, env),
                 keep_fds: Vec::new(),
+                status: None,
             },
             Self::Apptainer(a) => RuntimeCommand {
                 argv: a.exec_argv(layout, argv, env),
                 keep_fds: Vec::new(),
+                status: None,
             },
         })
     }
@@ -484,6 +532,9 @@ pub struct RuntimeCommand {
     pub argv: Vec<OsString>,
     /// Descriptors the command must inherit.
     pub keep_fds: Vec<OwnedFd>,
+    /// The read end of bubblewrap's status pipe (native): whether the
+    /// command was started at all ([`native::started`]).
+    pub status: Option<std::fs::File>,
 }
 
 /// Where the trust bundle is bound: every distribution's bundle path, or

@@ -1,8 +1,9 @@
 //! The `native` runtime: bubblewrap (`bwrap`) on the host.
 //!
 //! The agent's child joins the session's network namespace and cgroups,
-//! drops to the sandbox user (uid/gid 65534 by default) and execs `bwrap`,
-//! which (through an unprivileged user namespace) builds the sandbox:
+//! drops to the session's sandbox user (its leased uid, gid the same:
+//! [`crate::sandbox::uids`]) and execs `bwrap`, which (through an
+//! unprivileged user namespace) builds the sandbox:
 //!
 //! - its own mount, PID, IPC, UTS and cgroup namespaces (`--unshare-user
 //!   --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup`), never
@@ -15,16 +16,19 @@
 //!   [`crate::sandbox::seccomp`] (`--add-seccomp-fd`, loaded by bwrap
 //!   last, right before it execs the command); bwrap itself sets
 //!   `no_new_privs`, and the agent's child sets it before exec too;
-//! - a fresh root holding each top-level entry of the host's root (or of
-//!   the spec's `rootfs`) read-only, except the ones in [`HIDDEN`], which
-//!   are not there at all (`/run` is an empty read-only tmpfs; `/tmp` is
-//!   the session's `tmp/`, on its disk quota);
+//! - a fresh, empty root holding only the allowlisted [`View`]: the
+//!   system's directories read-only, a curated `/etc` with the session's
+//!   own `passwd` and `group`, the node's `sandbox.view_dirs` (or the
+//!   spec's `rootfs`), an empty `/var` with `/var/tmp` pointing at `/tmp`;
+//!   `/run` is an empty read-only tmpfs; `/tmp` is the session's `tmp/`, on its disk
+//!   quota;
 //! - `/proc` of its own PID namespace, a minimal read-only `/dev` whose
-//!   `/dev/shm` is the session's `tmp/` too, and an empty
-//!   read-only `/sys` (the host's shows its devices, cgroups and kernel
-//!   tunables; none of the harness CLIs needs it);
-//! - the agent's state directory (CA key, other sessions' data) hidden
-//!   under an empty read-only tmpfs;
+//!   `/dev/shm` is the session's `tmp/` too, and an empty read-only `/sys`
+//!   (the host's shows its devices, cgroups and kernel tunables; none of
+//!   the harness CLIs needs it);
+//! - nothing of the agent's state directory but the session's own
+//!   directories and the trust files ([`View::check`] refuses a view or
+//!   layout showing more);
 //! - Polar's CA bundle bound read-only at [`TRUST_DIR`] and over the
 //!   distribution bundle paths;
 //! - the writable workspace at the spec's `workdir` (default
@@ -32,29 +36,16 @@
 //! - the spec's mounts and the harness's read-only directories;
 //! - the new root itself remounted read-only.
 //!
-//! The sandbox user owns nothing of the host: root-owned files it can see
-//! are read-only to it, and files readable only by their owner are not
-//! readable.
+//! bwrap reports on a status pipe (`--json-status-fd`) the command's exit
+//! once it has been started; a bwrap that exits without that report never
+//! started the command ([`started`]): a start failure, the node's fault.
 
 use std::ffi::OsString;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use super::{Layout, RootEntry};
-
-/// Top-level entries of the host root the sandbox never sees.
-pub const HIDDEN: [&str; 11] = [
-    "proc",
-    "dev",
-    "sys",
-    "tmp",
-    "run",
-    "home",
-    "root",
-    "mnt",
-    "media",
-    "lost+found",
-    "workspace",
-];
+use super::Layout;
+use super::view::View;
 
 /// Where the trust files appear in every sandbox.
 pub const TRUST_DIR: &str = "/polar/trust";
@@ -95,18 +86,25 @@ impl AsRefOs for PathBuf {
     }
 }
 
+impl AsRefOs for String {
+    fn as_os(&self) -> OsString {
+        OsString::from(self)
+    }
+}
+
 /// The bwrap command line that runs `argv` in the sandbox `layout`
-/// describes. `root` lists the entries of the root to show (the host's or
-/// the rootfs's, from [`super::list_root`]). bwrap runs as the sandbox
-/// user, so every bind source's parent directories must let it pass
-/// (`o+x`; [`super::steps::SandboxDirs::create`] sees to the state
+/// describes, showing `view` of the node's file system. bwrap runs as the
+/// sandbox user, so every bind source's parent directories must let it
+/// pass (`o+x`; [`super::steps::SandboxDirs::create`] sees to the state
 /// directory). `seccomp_fds` are the descriptors bwrap reads the filter's
-/// programs from (inherited by it; [`crate::sandbox::seccomp::memfds`]).
+/// programs from (inherited by it; [`crate::sandbox::seccomp::memfds`]);
+/// `status_fd` the write end of its status pipe ([`status_pipe`]).
 /// Pure: no file is touched.
 pub fn bwrap_argv(
     layout: &Layout,
-    root: &[RootEntry],
+    view: &View,
     seccomp_fds: &[i32],
+    status_fd: i32,
     argv: &[String],
 ) -> Vec<OsString> {
     let mut a: Vec<OsString> = vec![os(BWRAP)];
@@ -126,16 +124,33 @@ pub fn bwrap_argv(
         a.push(os("--add-seccomp-fd"));
         a.push(os(fd.to_string()));
     }
-    push(&mut a, &[&"--hostname", &"polar"]);
-    for e in root {
-        if HIDDEN.contains(&e.name.as_str()) {
-            continue;
-        }
+    push(
+        &mut a,
+        &[
+            &"--json-status-fd",
+            &status_fd.to_string(),
+            &"--hostname",
+            &"polar",
+        ],
+    );
+    for e in &view.root {
         let dest = Path::new("/").join(&e.name);
         match &e.symlink {
             Some(target) => push(&mut a, &[&"--symlink", target, &dest]),
             None => push(&mut a, &[&"--ro-bind", &e.source, &dest]),
         }
+    }
+    for (source, target) in &view.etc {
+        push(&mut a, &[&"--ro-bind", source, target]);
+    }
+    if let Some(dir) = &layout.identity {
+        for name in ["passwd", "group"] {
+            let target = Path::new("/etc").join(name);
+            push(&mut a, &[&"--ro-bind", &dir.join(name), &target]);
+        }
+    }
+    for d in &view.extra {
+        push(&mut a, &[&"--ro-bind", d, d]);
     }
     push(
         &mut a,
@@ -144,7 +159,7 @@ pub fn bwrap_argv(
     // Nothing writable outside the session's disk quota: `/tmp` is bound
     // from the session's `tmp/` with the workspace, and so is `/dev/shm`
     // (POSIX shared memory and semaphores are files there); bwrap's own
-    // tmpfs mounts (`/dev`, `/run`, the hiding ones) are read-only.
+    // tmpfs mounts (`/dev`, `/run`) are read-only.
     push(
         &mut a,
         &[
@@ -156,11 +171,11 @@ pub fn bwrap_argv(
         ],
     );
     push(&mut a, &[&"--tmpfs", &"/run", &"--remount-ro", &"/run"]);
-    // The hiding tmpfs mounts read-only at once: one below `/tmp` (a state
-    // directory there) is covered by the `/tmp` bind next, and no bind is
-    // ever made below one.
-    for h in &layout.hide {
-        push(&mut a, &[&"--tmpfs", h, &"--remount-ro", h]);
+    if !view.root.iter().any(|e| e.name == "var") {
+        push(
+            &mut a,
+            &[&"--dir", &"/var", &"--symlink", &"../tmp", &"/var/tmp"],
+        );
     }
     for b in layout.binds() {
         let flag = if b.read_only { "--ro-bind" } else { "--bind" };
@@ -174,9 +189,47 @@ pub fn bwrap_argv(
     a
 }
 
+/// bwrap's status pipe: `(read end, write end)`, both close-on-exec (the
+/// write end is handed to bwrap alone, through the exec's kept
+/// descriptors; bwrap does not pass it to the command).
+pub fn status_pipe() -> std::io::Result<(std::fs::File, OwnedFd)> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+    // Only the agent's end is non-blocking: bwrap writes whole lines.
+    fcntl(&r, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(std::io::Error::from)?;
+    Ok((std::fs::File::from(r), w))
+}
+
+/// Whether bwrap started the command, from what it wrote on its status
+/// pipe once it exited: `{ "exit-code": N }` comes only after the command
+/// was exec'd. Pure.
+pub fn started(status: &str) -> bool {
+    status.lines().any(|l| {
+        serde_json::from_str::<serde_json::Value>(l)
+            .ok()
+            .is_some_and(|v| v.get("exit-code").is_some_and(serde_json::Value::is_i64))
+    })
+}
+
+/// Reads what bwrap wrote on its status pipe (the read end of
+/// [`status_pipe`]), once it exited: non-blocking, at most 64 KiB.
+pub fn read_status(pipe: &mut std::fs::File) -> String {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    let mut chunk = [0_u8; 4096];
+    while buf.len() < 64 << 10 {
+        match pipe.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => buf.extend_from_slice(chunk.get(..n).unwrap_or_default()),
+        }
+    }
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::RootEntry;
     use crate::tls::TrustFiles;
     use polar_spec::runtime::Mount;
 
@@ -191,7 +244,6 @@ mod tests {
                 ca: "/state/trust/polar-ca.pem".into(),
             }),
             bundle_targets: vec!["/etc/ssl/certs/ca-certificates.crt".into()],
-            hide: vec!["/state".into()],
             mounts: vec![Mount {
                 source: "/data".into(),
                 target: "/data".into(),
@@ -199,7 +251,26 @@ mod tests {
             }],
             read_only: vec!["/opt/harnesses".into()],
             staged: vec![],
-            user: (65534, 65534),
+            identity: Some("/state/sandboxes/s1/etc".into()),
+            user: (1_500_000_007, 1_500_000_007),
+        }
+    }
+
+    fn view() -> View {
+        View {
+            root: vec![
+                RootEntry::dir("/", "usr"),
+                RootEntry {
+                    name: "bin".into(),
+                    source: "/bin".into(),
+                    symlink: Some("usr/bin".into()),
+                },
+            ],
+            etc: vec![
+                ("/etc/hosts".into(), "/etc/hosts".into()),
+                ("/etc/ssl/certs".into(), "/etc/ssl/certs".into()),
+            ],
+            extra: vec![],
         }
     }
 
@@ -211,44 +282,53 @@ mod tests {
     }
 
     #[test]
-    fn builds_the_sandbox_from_the_host_root() {
-        let root = vec![
-            RootEntry::dir("/", "usr"),
-            RootEntry::dir("/", "etc"),
-            RootEntry::dir("/", "tmp"),
-            RootEntry::dir("/", "root"),
-            RootEntry::dir("/", "sys"),
-            RootEntry {
-                name: "bin".into(),
-                source: "/bin".into(),
-                symlink: Some("usr/bin".into()),
-            },
-        ];
+    fn builds_the_sandbox_from_the_allowlisted_view() {
         let a = text(&bwrap_argv(
             &layout(),
-            &root,
+            &view(),
             &[7, 9],
+            11,
             &["codex".into(), "exec".into()],
         ));
         assert!(
             a.starts_with(
                 "bwrap --unshare-user --disable-userns --unshare-pid --unshare-ipc \
                  --unshare-uts --unshare-cgroup --die-with-parent --new-session \
-                 --add-seccomp-fd 7 --add-seccomp-fd 9 "
+                 --add-seccomp-fd 7 --add-seccomp-fd 9 --json-status-fd 11 "
             ),
             "{a}"
         );
-        assert!(!a.contains("/sys /sys"), "{a}");
         assert!(a.contains("--proc /proc --dev /dev --dir /sys"), "{a}");
         assert!(!a.contains("--unshare-net"), "{a}");
         assert!(a.contains("--die-with-parent"));
-        assert!(a.contains("--ro-bind /usr /usr --ro-bind /etc /etc --symlink usr/bin /bin"));
-        assert!(!a.contains("/root"), "{a}");
-        assert!(!a.contains("--ro-bind /tmp"), "{a}");
-        assert!(a.contains(
-            "--dev /dev --dir /sys --bind /state/sandboxes/s1/tmp /dev/shm --remount-ro /dev \
-             --tmpfs /run --remount-ro /run --tmpfs /state --remount-ro /state"
-        ));
+        assert!(
+            a.contains(
+                "--ro-bind /usr /usr --symlink usr/bin /bin \
+                 --ro-bind /etc/hosts /etc/hosts --ro-bind /etc/ssl/certs /etc/ssl/certs \
+                 --ro-bind /state/sandboxes/s1/etc/passwd /etc/passwd \
+                 --ro-bind /state/sandboxes/s1/etc/group /etc/group"
+            ),
+            "{a}"
+        );
+        // Nothing of the host's root but the view: no /etc as a whole, no
+        // /root, /home, /var/lib, /srv, no state directory.
+        for absent in [
+            "--ro-bind /etc /etc",
+            "/root",
+            "/srv",
+            "/var/lib",
+            "--tmpfs /state",
+            "--ro-bind / ",
+        ] {
+            assert!(!a.contains(absent), "{absent} in {a}");
+        }
+        assert!(
+            a.contains(
+                "--dev /dev --dir /sys --bind /state/sandboxes/s1/tmp /dev/shm --remount-ro /dev \
+                 --tmpfs /run --remount-ro /run --dir /var --symlink ../tmp /var/tmp"
+            ),
+            "{a}"
+        );
         assert!(!a.contains("--tmpfs /tmp"), "{a}");
         assert!(
             a.contains(
@@ -266,9 +346,47 @@ mod tests {
             a.ends_with("--remount-ro / --chdir /workspace -- codex exec"),
             "{a}"
         );
-        // The state dir is hidden before the trust files are bound back.
-        let hide = a.find("--tmpfs /state").unwrap_or(usize::MAX);
-        let trust = a.find("/polar/trust/bundle.pem").unwrap_or(0);
-        assert!(hide < trust);
+        // The curated /etc comes before the trust bundle bound over it.
+        let etc = a
+            .find("/etc/ssl/certs /etc/ssl/certs")
+            .unwrap_or(usize::MAX);
+        let bundle = a.find("/etc/ssl/certs/ca-certificates.crt").unwrap_or(0);
+        assert!(etc < bundle);
+    }
+
+    #[test]
+    fn a_rootfs_keeps_its_own_var_and_etc() {
+        let v = View {
+            root: vec![
+                RootEntry::dir("/srv/rootfs", "etc"),
+                RootEntry::dir("/srv/rootfs", "var"),
+            ],
+            etc: vec![],
+            extra: vec![],
+        };
+        let a = text(&bwrap_argv(&layout(), &v, &[], 3, &["true".into()]));
+        assert!(a.contains("--ro-bind /srv/rootfs/etc /etc --ro-bind /srv/rootfs/var /var"));
+        assert!(!a.contains("--dir /var"), "{a}");
+    }
+
+    #[test]
+    fn a_command_is_started_only_when_bwrap_reported_its_exit() {
+        assert!(started(
+            "{ \"child-pid\": 5, \"mnt-namespace\": 4 }\n{ \"exit-code\": 3 }\n"
+        ));
+        assert!(!started("{ \"child-pid\": 5, \"mnt-namespace\": 4 }\n"));
+        assert!(!started(""));
+        assert!(!started("exit-code\n{\"exit-code\": \"0\"}"));
+    }
+
+    #[test]
+    fn the_status_pipe_reads_what_was_written_without_blocking() {
+        use std::io::Write as _;
+        let (mut r, w) = status_pipe().unwrap();
+        assert_eq!(read_status(&mut r), "");
+        let mut w = std::fs::File::from(w);
+        w.write_all(b"{ \"exit-code\": 0 }\n").unwrap();
+        drop(w);
+        assert!(started(&read_status(&mut r)));
     }
 }

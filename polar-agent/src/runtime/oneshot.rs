@@ -1,7 +1,8 @@
 //! One command in the native runtime with the caller's stdio: what
 //! `polar sandbox run -- CMD` runs by default. The same sandbox as a
 //! harness session on the default runtime spec (bubblewrap with the
-//! seccomp filter, the sandbox user, a read-only root, the session's
+//! seccomp filter, a uid leased for the session, the allowlisted
+//! read-only view of the node's file system, the session's
 //! workspace at `/workspace`, HOME at [`super::native::HOME`] and a
 //! private `/tmp` writable, the agent's state directory hidden, the trust
 //! files bound), only its stdin, stdout and stderr are the caller's rather
@@ -11,8 +12,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use super::steps::SandboxDirs;
-use super::{Layout, Runtime, RuntimeError, SANDBOX_USER, base_env, bundle_targets};
+use super::{Layout, Node, Runtime, RuntimeError, base_env, bundle_targets};
 use crate::sandbox::session::Exec;
+use crate::sandbox::uids::UidLease;
 use crate::tls::TrustFiles;
 use polar_ids::SessionId;
 use polar_spec::runtime::RuntimeSpec;
@@ -24,23 +26,37 @@ pub struct Oneshot {
     pub exec: Exec,
     /// The session's directories on the host (kept after the run).
     pub dirs: SandboxDirs,
+    /// What must live until the command ended.
+    pub guard: RunGuard,
 }
 
-/// Makes the session's directories under `state_dir`, on a disk quota of
-/// `disk_bytes` (release them with [`SandboxDirs::release`] once the
-/// command ended), and the [`Exec`] that runs `argv` in the native runtime
-/// there, with [`base_env`] (the trust variables point at the
-/// files bound from `trust`; none are bound without it). Blocks.
+/// What must outlive a one-shot command: the session's uid lease, and the
+/// read end of bwrap's status pipe (closed early, bwrap would die of
+/// `SIGPIPE` writing its status).
+#[derive(Debug)]
+pub struct RunGuard {
+    _uid: UidLease,
+    _status: Option<std::fs::File>,
+}
+
+/// Leases the session a uid from `node`'s range, makes its directories
+/// under `state_dir`, on a disk quota of `disk_bytes` (release them with
+/// [`SandboxDirs::release`] once the command ended), and the [`Exec`] that
+/// runs `argv` in the native runtime there, with [`base_env`] (the trust
+/// variables point at the files bound from `trust`; none are bound
+/// without it). Blocks.
 pub fn native(
     state_dir: &Path,
     disk_bytes: u64,
+    node: &Node,
     trust: Option<&TrustFiles>,
     session: &SessionId,
     argv: &[OsString],
 ) -> Result<Oneshot, RuntimeError> {
     let spec = RuntimeSpec::default();
-    let runtime = Runtime::native(&spec)?;
-    let user = SANDBOX_USER;
+    let runtime = Runtime::native(&spec, node)?;
+    let uid = node.uids.lease(session)?;
+    let user = uid.user();
     let dirs = SandboxDirs::of(state_dir, session);
     dirs.create(user, Some(disk_bytes))?;
     let layout = Layout {
@@ -54,10 +70,10 @@ pub fn native(
         } else {
             Vec::new()
         },
-        hide: vec![state_dir.to_owned()],
         mounts: Vec::new(),
         read_only: Vec::new(),
         staged: Vec::new(),
+        identity: Some(dirs.identity.clone()),
         user,
     };
     let mut full_env = base_env(session, &spec, &[], None);
@@ -79,5 +95,12 @@ pub fn native(
     exec.clear_env = true;
     exec.user = Some(user);
     exec.cwd = Some(PathBuf::from("/"));
-    Ok(Oneshot { exec, dirs })
+    Ok(Oneshot {
+        exec,
+        dirs,
+        guard: RunGuard {
+            _uid: uid,
+            _status: cmd.status,
+        },
+    })
 }

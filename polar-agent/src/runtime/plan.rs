@@ -55,6 +55,12 @@ pub enum StepEnd {
         /// Why.
         error: String,
     },
+    /// The sandbox could not be built around it (bubblewrap failed before
+    /// it exec'd the command): the node's fault, never the command's.
+    NotStarted {
+        /// bubblewrap's message.
+        error: String,
+    },
     /// Not run (an earlier step failed, or no budget was left).
     Skipped,
 }
@@ -120,6 +126,59 @@ fn exit_code(s: std::process::ExitStatus) -> i32 {
         .unwrap_or(1)
 }
 
+/// A command ready to run in the sandbox ([`Plan::exec_for`]).
+#[derive(Debug)]
+pub struct SandboxedExec {
+    /// What the agent execs.
+    pub exec: Exec,
+    /// Its stdout and stderr files.
+    pub logs: (PathBuf, PathBuf),
+    /// The read end of bubblewrap's status pipe (native): keep it open
+    /// until the command ended (bwrap would die of `SIGPIPE` writing to
+    /// it), then [`super::native::started`] says whether it ran.
+    pub status: Option<File>,
+}
+
+/// How a command run through bubblewrap ended, from its exit status and
+/// bwrap's status pipe: exited, or never started (bwrap's message, from
+/// the end of `stderr`, which then only bwrap wrote). A command bwrap
+/// could not find or exec (`execvp`) exited 127, as a shell's would: the
+/// sandbox was built, the command line is at fault.
+async fn exited_in_bwrap(s: std::process::ExitStatus, pipe: &mut File, stderr: &Path) -> StepEnd {
+    if super::native::started(&super::native::read_status(pipe)) {
+        return StepEnd::Exited { code: exit_code(s) };
+    }
+    let message = tail(stderr, 4096).await;
+    if message.lines().any(|l| l.starts_with("bwrap: execvp ")) {
+        return StepEnd::Exited { code: 127 };
+    }
+    StepEnd::NotStarted {
+        error: format!(
+            "the sandbox did not start ({}): {}",
+            exit_code(s),
+            message.trim()
+        ),
+    }
+}
+
+/// The last `max` bytes of `path`, lossily decoded ("" when unreadable).
+async fn tail(path: &Path, max: u64) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncSeekExt as _};
+    let Ok(mut f) = tokio::fs::File::open(path).await else {
+        return String::new();
+    };
+    let len = f.metadata().await.map(|m| m.len()).unwrap_or(0);
+    if f.seek(std::io::SeekFrom::Start(len.saturating_sub(max)))
+        .await
+        .is_err()
+    {
+        return String::new();
+    }
+    let mut buf = Vec::new();
+    let _ = f.take(max).read_to_end(&mut buf).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 impl Plan<'_> {
     fn log_files(&self, name: &str) -> Result<(PathBuf, PathBuf, File, File), RuntimeError> {
         let out = self.dirs.logs.join(format!("{name}.out"));
@@ -142,7 +201,7 @@ impl Plan<'_> {
         argv: &[String],
         extra_env: &[(String, String)],
         name: &str,
-    ) -> Result<(Exec, (PathBuf, PathBuf)), RuntimeError> {
+    ) -> Result<SandboxedExec, RuntimeError> {
         let mut env = base_env(
             self.session.id(),
             self.spec,
@@ -172,7 +231,11 @@ impl Plan<'_> {
         if matches!(self.runtime, Runtime::Native { .. }) {
             exec.binds.clone_from(&self.pre_binds);
         }
-        Ok((exec, (out, err)))
+        Ok(SandboxedExec {
+            exec,
+            logs: (out, err),
+            status: cmd.status,
+        })
     }
 
     /// Runs one command of `phase` in the sandbox (a step, the harness, an
@@ -196,8 +259,14 @@ impl Plan<'_> {
                 },
                 None,
             ),
-            Ok((exec, logs)) => match self.session.exec(exec, stop).await {
-                Ok(ExecEnd::Exited(s)) => (StepEnd::Exited { code: exit_code(s) }, Some(logs)),
+            Ok(SandboxedExec { exec, logs, status }) => match self.session.exec(exec, stop).await {
+                Ok(ExecEnd::Exited(s)) => {
+                    let end = match status {
+                        Some(mut pipe) => exited_in_bwrap(s, &mut pipe, &logs.1).await,
+                        None => StepEnd::Exited { code: exit_code(s) },
+                    };
+                    (end, Some(logs))
+                }
                 Ok(ExecEnd::TimedOut) => (StepEnd::TimedOut, Some(logs)),
                 Ok(ExecEnd::Stopped) => (StepEnd::Stopped, Some(logs)),
                 Err(e) => (

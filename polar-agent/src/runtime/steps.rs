@@ -1,6 +1,7 @@
 //! The host side of a session's directories: the per-session directory
 //! under `<state_dir>/sandboxes/<session>/` with `workspace/`, `home/`,
-//! `tmp/` (the sandbox's `/tmp`) and `logs/`, files written into HOME, and
+//! `tmp/` (the sandbox's `/tmp`), `logs/` and `etc/` (the session's
+//! `passwd` and `group`, naming its user), files written into HOME, and
 //! uploads into the workspace. What the sandbox may write is owned by the
 //! sandbox user.
 //!
@@ -42,6 +43,9 @@ pub struct SandboxDirs {
     pub tmp: PathBuf,
     /// Commands' stdout and stderr.
     pub logs: PathBuf,
+    /// The session's `passwd` and `group` (root's, read-only to the
+    /// sandbox: bound over its `/etc/passwd` and `/etc/group`).
+    pub identity: PathBuf,
 }
 
 fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + use<> {
@@ -78,6 +82,7 @@ impl SandboxDirs {
             home: root.join("home"),
             tmp: root.join("tmp"),
             logs: root.join("logs"),
+            identity: root.join("etc"),
             root,
         }
     }
@@ -117,6 +122,27 @@ impl SandboxDirs {
             .make_dirs(Path::new("logs"), (0, 0), &mut replaced)
             .map_err(io("create", &self.logs))?;
         logs.chown((0, 0)).map_err(io("chown", &self.logs))?;
+        let etc = root
+            .make_dirs(Path::new("etc"), (0, 0), &mut replaced)
+            .map_err(io("create", &self.identity))?;
+        etc.set_mode_and_owner(0o755, (0, 0))
+            .map_err(io("chmod", &self.identity))?;
+        for (name, text) in [
+            ("passwd", super::view::passwd(user)),
+            ("group", super::view::group(user)),
+        ] {
+            let path = self.identity.join(name);
+            let mut f = etc
+                .create_file(
+                    OsStr::new(name),
+                    0o644,
+                    (0, 0),
+                    &Path::new("etc").join(name),
+                    &mut replaced,
+                )
+                .map_err(io("create", &path))?;
+            f.write_all(text.as_bytes()).map_err(io("write", &path))?;
+        }
         for (name, mode) in WRITABLE {
             let path = self.root.join(name);
             // Made (or taken back, from an earlier attempt) as root's, its
@@ -364,6 +390,17 @@ mod tests {
             .unwrap();
         assert_eq!(fs::metadata(&p).unwrap().uid(), me.0);
         assert_eq!(fs::metadata(&dirs.workspace).unwrap().mode() & 0o777, 0o700);
+        // The session's passwd and group name its user, root's, read-only
+        // to it.
+        let passwd = dirs.identity.join("passwd");
+        let text = fs::read_to_string(&passwd).unwrap();
+        assert!(
+            text.contains(&format!("polar:x:{}:{}:", me.0, me.1)),
+            "{text}"
+        );
+        let m = fs::metadata(&passwd).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+        assert!(dirs.identity.join("group").is_file());
     }
 
     /// A session's directories after a hostile run: `tests -> outside`,

@@ -8,6 +8,7 @@ pub mod limits;
 pub mod process;
 pub mod seccomp;
 pub mod session;
+pub mod uids;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
