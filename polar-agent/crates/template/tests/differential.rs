@@ -246,7 +246,11 @@ fn stop_ids_and_tokens_of_real_models() {
     for (name, eos, start) in [
         ("qwen3", &[151_645, 151_643][..], ("<|im_start|>", 151_644)),
         ("deepseek_v3", &[1], ("<｜User｜>", 128_803)),
-        ("gptoss", &[200_002, 199_999, 200_012], ("<|start|>", 200_006)),
+        (
+            "gptoss",
+            &[200_002, 199_999, 200_012],
+            ("<|start|>", 200_006),
+        ),
         ("llama3_1", &[128_009], ("<|start_header_id|>", 128_006)),
     ] {
         let model = Model::load(&ModelFiles::from_dir(&support::model_dir(name))).unwrap();

@@ -21,6 +21,7 @@ use polar_mock::template::{TemplateOptions, render_prompt};
 use polar_mock::{self as mock, MockConfig, MockHandle, tokenizer};
 
 mod failover;
+mod faithful;
 mod pool;
 mod tokenize;
 

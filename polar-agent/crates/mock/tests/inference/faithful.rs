@@ -1,0 +1,230 @@
+//! Token-faithful serving (`model_dir`) against replicas serving Qwen3's
+//! real files as vLLM serves them (`--model-dir`, installed by `cargo
+//! xtask chat-models`): a session of tool calls whose replies are echoed
+//! back as a harness echoes them (the text the reply had, or "\n\n", no
+//! reasoning) is one chain, each prompt the last one's ids and generated
+//! ids plus the new messages' ids; the same session through the chat
+//! endpoint (the server renders the template) is not, as the real world
+//! shows.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use polar_chat::output::OutputFormat;
+use polar_chat::{ChatRequest, Message, Role, ToolCall};
+use polar_faithful::{Fresh, Origin, Serving};
+use polar_inference::*;
+use polar_mock::real::RealModel;
+use polar_mock::script::{Script, ScriptedCall, SessionScript, StepBy, Turn};
+use polar_mock::{self as mock, MockConfig, MockHandle};
+
+use super::{backend, request};
+
+fn qwen3_dir() -> PathBuf {
+    let dir = std::env::var_os("POLAR_CHAT_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../.polar-cache/chat-models")
+        })
+        .join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3's model files are missing from {}: install them with `cargo xtask chat-models`",
+        dir.display()
+    );
+    dir
+}
+
+/// Three tool calls with reasoning, then an answer.
+fn script() -> Script {
+    let call = |k: usize| Turn {
+        think: Some(format!("Step {k}: the listing tells me what to do next.")),
+        tool_calls: vec![ScriptedCall {
+            shell: Some(format!("ls -la src/{k}")),
+            ..ScriptedCall::default()
+        }],
+        ..Turn::default()
+    };
+    Script {
+        final_text: Some("All done: the test passes.".into()),
+        sessions: vec![SessionScript {
+            id: "*".into(),
+            step_by: StepBy::ToolResults,
+            turns: (0..3).map(call).collect(),
+            ..SessionScript::default()
+        }],
+    }
+}
+
+async fn replica(dialect: Dialect) -> MockHandle {
+    mock::start(MockConfig {
+        dialect,
+        model: Some(Arc::new(RealModel::load(&qwen3_dir()).unwrap())),
+        script: Some(script()),
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// What the harness sends back for a reply: its text (or "\n\n" when it
+/// had none, as vLLM's hermes parser returns it), its calls, no reasoning.
+fn echo(reply: &Message) -> Message {
+    let mut m = Message::new(Role::Assistant);
+    let text = reply.joined_text();
+    m.content = vec![polar_chat::Part::Text {
+        text: if text.is_empty() {
+            "\n\n".into()
+        } else {
+            text.into()
+        },
+    }];
+    m.tool_calls = reply.tool_calls.clone();
+    m
+}
+
+fn result(call: &ToolCall, k: usize) -> Message {
+    let mut m = Message::text(Role::Tool, format!("total {k}\nfile_{k}.rs"));
+    m.tool_call_id = Some(call.id.clone());
+    m
+}
+
+/// Runs the session; returns each call's prompt ids, response ids and how
+/// its prompt was served.
+async fn session(client: &Client) -> Vec<(Vec<u32>, Vec<u32>, Option<Serving>)> {
+    let mut req: ChatRequest = request(true);
+    let mut out = Vec::new();
+    for k in 0..4 {
+        let done = client
+            .chat("s", &req)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let tokens = done.response.tokens.clone();
+        out.push((
+            tokens.prompt_token_ids.unwrap(),
+            tokens.response_token_ids.unwrap(),
+            done.backend.serving.clone(),
+        ));
+        let reply = done.response.message;
+        if reply.tool_calls.is_empty() {
+            break;
+        }
+        req.messages.push(echo(&reply));
+        let call = reply.tool_calls[0].clone();
+        req.messages.push(result(&call, k));
+    }
+    out
+}
+
+fn faithful(url: String, dialect: Dialect) -> Client {
+    let mut cfg = backend(dialect, vec![url]);
+    cfg.output_parser = Some(OutputFormat::Qwen3);
+    cfg.model_dir = Some(qwen3_dir());
+    Client::new(cfg).unwrap()
+}
+
+#[tokio::test]
+async fn a_session_served_token_faithfully_is_one_chain() {
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        let m = replica(dialect).await;
+        let calls = session(&faithful(m.url(), dialect)).await;
+        assert_eq!(calls.len(), 4, "{dialect:?}: three calls then the answer");
+        assert_eq!(
+            calls[0].2,
+            Some(Serving::TokenIn {
+                prompt: Origin::Fresh {
+                    reason: Fresh::FirstCall
+                }
+            })
+        );
+        for k in 1..calls.len() {
+            let (before, generated) = (&calls[k - 1].0, &calls[k - 1].1);
+            let prompt = &calls[k].0;
+            let kept = before.len() + generated.len();
+            assert!(
+                prompt.len() > kept && prompt[..before.len()] == before[..],
+                "{dialect:?} call {k}: extends the last prompt"
+            );
+            assert_eq!(
+                &prompt[before.len()..kept],
+                generated.as_slice(),
+                "{dialect:?} call {k}: the model's own ids, reasoning included"
+            );
+            assert!(
+                matches!(calls[k].2, Some(Serving::TokenIn { prompt: Origin::Extends { call, kept: n, .. } }) if call == k as u64 - 1 && n == kept),
+                "{dialect:?} call {k}: {:?}",
+                calls[k].2
+            );
+        }
+        m.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn the_same_session_through_the_chat_endpoint_drifts() {
+    let m = replica(Dialect::Vllm).await;
+    let mut cfg = backend(Dialect::Vllm, vec![m.url()]);
+    cfg.output_parser = Some(OutputFormat::Qwen3);
+    let calls = session(&Client::new(cfg).unwrap()).await;
+    assert_eq!(calls.len(), 4);
+    for (k, pair) in calls.windows(2).enumerate() {
+        let (before, generated) = (&pair[0].0, &pair[0].1);
+        let seen: Vec<u32> = before.iter().chain(generated).copied().collect();
+        assert!(
+            !pair[1].0.starts_with(&seen),
+            "call {}: the server's rendering re-renders the history",
+            k + 1
+        );
+        assert_eq!(pair[1].2, Some(Serving::ChatEndpoint { reason: None }));
+    }
+    m.stop().await;
+}
+
+#[tokio::test]
+async fn what_the_template_or_the_context_cannot_take_is_refused_before_anything_is_sent() {
+    let m = replica(Dialect::Vllm).await;
+    let client = faithful(m.url(), Dialect::Vllm);
+    let mut req = request(false);
+    let mut img = Message::new(Role::User);
+    img.content = vec![polar_chat::Part::Image {
+        media_type: Some("image/png".into()),
+        data: Some("iVBORw0KGgo=".into()),
+        url: None,
+    }];
+    req.messages = vec![img];
+    let err = client.chat("s", &req).await.unwrap_err();
+    assert!(matches!(err, InferenceError::Unrenderable { .. }), "{err}");
+    assert!(err.to_string().contains("image"), "{err}");
+    // The backend serves on.
+    let done = client
+        .chat("s2", &request(true))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert!(!done.response.message.tool_calls.is_empty());
+    m.stop().await;
+
+    // A replica whose context the prompt does not fit (its max_model_len,
+    // GET /v1/models): refused with the figures, nothing generated.
+    let small = mock::start(MockConfig {
+        model: Some(Arc::new(RealModel::load(&qwen3_dir()).unwrap())),
+        script: Some(script()),
+        max_model_len: 64,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let err = faithful(small.url(), Dialect::Vllm)
+        .chat("s", &request(true))
+        .await
+        .unwrap_err();
+    let overflow = err.context_overflow().expect("a context overflow");
+    assert_eq!(overflow.max, 64, "{err}");
+    assert!(overflow.prompt_too_long(), "{err}");
+    small.stop().await;
+}
