@@ -170,13 +170,16 @@ mod tests {
             workdir: PathBuf::from("/workspace"),
             trust: None,
             bundle_targets: Vec::new(),
-            hide: Vec::new(),
             mounts: Vec::new(),
             read_only: Vec::new(),
             staged: Vec::new(),
+            identity: None,
             user: (65534, 65534),
         };
-        let native = Runtime::Native { root: Vec::new() };
+        let native = Runtime::Native {
+            view: crate::runtime::view::View::default(),
+            state_dir: state.path().to_owned(),
+        };
         let (l, env) = e.isolate(&layout, &native);
         let binds = l.binds();
         let at = |target: &str| {

@@ -11,9 +11,7 @@
 //!   text tokenized (what a fresh prompt, or a server, does).
 //!
 //! `cargo bench -p polar-faithful --bench prompt`; BENCHMARKS.md has the
-//! figures. The same conversations through `transformers`
-//! (`apply_chat_template(tokenize=True)`) are timed by
-//! `benches/transformers_prompt.py` in the reference environment.
+//! figures.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, reason = "a benchmark")]
 
