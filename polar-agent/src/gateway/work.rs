@@ -669,6 +669,18 @@ fn not_run_cause(error: &str, logs_made: bool) -> Broken {
     }
 }
 
+/// The cause of an evaluation command whose sandbox did not start: one
+/// that could not enter its working directory (the workspace, which the
+/// policy made unreadable or replaced) is the policy's doing; any other
+/// start failure is the node's.
+fn not_started_cause(error: &str) -> Broken {
+    if error.contains("Can't chdir to") {
+        Broken::of_message(error).unwrap_or(Broken::Runner)
+    } else {
+        Broken::Runner
+    }
+}
+
 /// The first `limit` bytes of a log file, lossily.
 fn read_capped(path: Option<&PathBuf>, limit: u64) -> String {
     use std::io::Read as _;
@@ -723,8 +735,12 @@ impl CommandRunner for SandboxRunner<'_> {
                             message: error,
                         });
                     }
-                    // The sandbox never started: the node's fault.
-                    StepEnd::NotStarted { error } => return Err(RunError::runner(error)),
+                    StepEnd::NotStarted { error } => {
+                        return Err(RunError {
+                            cause: not_started_cause(&error),
+                            message: error,
+                        });
+                    }
                     StepEnd::Skipped => return Err(RunError::runner("not run")),
                 },
                 stdout: read_capped(out, 4 << 20),
@@ -751,6 +767,22 @@ mod tests {
             "spawning bwrap: Resource temporarily unavailable (os error 11)",
         ] {
             assert_eq!(not_run_cause(other, false), Broken::Runner, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_sandbox_kept_out_of_its_workspace_is_the_policys_any_other_start_failure_the_nodes() {
+        let chdir = "bwrap: Can't chdir to /workspace: Permission denied";
+        assert_eq!(not_started_cause(chdir), Broken::Unwritable);
+        assert_eq!(
+            not_started_cause("bwrap: Can't chdir to /workspace: Not a directory"),
+            Broken::NotADirectory
+        );
+        for other in [
+            "bwrap: Can't bind mount /oldroot/state/x on /newroot/tools: No such file or directory",
+            "bwrap: Permission denied while setting up the mount namespace",
+        ] {
+            assert_eq!(not_started_cause(other), Broken::Runner, "{other}");
         }
     }
 }

@@ -272,7 +272,9 @@ async fn prepare_on(
         mounts: run.spec.mounts.clone(),
         read_only: staged.reachable.clone(),
         staged: staged.staged.clone(),
-        identity: matches!(runtime, Runtime::Native { .. }).then(|| dirs.identity.clone()),
+        // The image's own for apptainer (which runs as the caller).
+        identity: matches!(runtime, Runtime::Native { .. } | Runtime::Docker(_))
+            .then(|| dirs.identity.clone()),
         user,
     };
     begin_capture(parts, &run, &mode);

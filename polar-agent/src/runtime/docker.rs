@@ -313,6 +313,20 @@ impl Docker {
         };
         a.push("--mount".into());
         a.push(shm.docker_mount()?);
+        // The session's uid has no entry in the image's `/etc/passwd`
+        // (Node's `os.userInfo()` then fails): the session's own, naming
+        // it, over the image's.
+        if let Some(dir) = &layout.identity {
+            for name in ["passwd", "group"] {
+                let id = super::Bind {
+                    source: dir.join(name),
+                    target: std::path::Path::new("/etc").join(name),
+                    read_only: true,
+                };
+                a.push("--mount".into());
+                a.push(id.docker_mount()?);
+            }
+        }
         a.push("--workdir".into());
         a.push(layout.workdir.clone().into());
         // The image is one argument after `--`-free options: one starting
