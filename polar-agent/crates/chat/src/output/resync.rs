@@ -12,9 +12,10 @@
 //! behind holds back the later ones.
 //!
 //! Whitespace the harness got that the parse reads as markup is taken as
-//! sent: at the start of the text (the newlines after `</think>`) and, once
-//! the parse has a tool call, at its end (the newline between the text and
-//! the call). vLLM's parsers keep both in the text; Polar's read them as
+//! sent: the newline at the start and at the end of the reasoning (after
+//! `<think>`, before `</think>`), at the start of the text (the newlines
+//! after `</think>`) and, once the parse has a tool call, at its end (the
+//! newline between the text and the call). vLLM's parsers keep both in the text; Polar's read them as
 //! markup so that a turn parses back to what the template rendered.
 //!
 //! A tool call's arguments are compared as JSON text without the
@@ -143,6 +144,28 @@ fn compare_text(
     compare(sent, text, finished, "text")
 }
 
+/// `sent` reasoning against the parse's, taking as sent the newline a
+/// server keeps at its start (after `<think>`) and at its end (before
+/// `</think>`), which Polar's parsers read as markup.
+fn compare_reasoning(
+    sent: &str,
+    parsed: &str,
+    parsed_final: bool,
+) -> Result<Standing, OutputError> {
+    let sent = match sent.strip_prefix('\n') {
+        Some(rest) if !parsed.starts_with('\n') => rest,
+        _ => sent,
+    };
+    if parsed_final
+        && sent
+            .strip_prefix(parsed)
+            .is_some_and(|ws| !ws.is_empty() && ws.trim().is_empty())
+    {
+        return Ok(Standing::Ahead(String::new()));
+    }
+    compare(sent, parsed, parsed_final, "reasoning")
+}
+
 impl Resync {
     /// Nothing sent yet.
     pub fn new() -> Self {
@@ -189,12 +212,7 @@ impl Resync {
         let mut out = Vec::new();
         let sent = &self.sent;
         let reasoning_final = parsed.reasoning_done || finished;
-        match compare(
-            &sent.reasoning,
-            &parsed.reasoning,
-            reasoning_final,
-            "reasoning",
-        )? {
+        match compare_reasoning(&sent.reasoning, &parsed.reasoning, reasoning_final)? {
             Standing::Behind => return Ok(out),
             Standing::Ahead(more) if !more.is_empty() => {
                 out.push(StreamEvent::ReasoningDelta { text: more });

@@ -472,6 +472,46 @@ fn resync_takes_whitespace_a_server_kept_before_a_call_as_sent() {
 }
 
 #[test]
+fn resync_takes_the_newlines_a_server_kept_around_reasoning_as_sent() {
+    // vLLM's `qwen3` reasoning parser sends `<think>\n{r}\n</think>`'s
+    // reasoning with both newlines; Polar's parse has neither.
+    let parsed = parse_all(&render(Some("Look first."), "", &[("ls", "{}")]));
+    assert_eq!(parsed.reasoning, "Look first.");
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::ReasoningDelta {
+        text: "\nLook".into(),
+    });
+    let mut partial = parsed.clone();
+    partial.reasoning = "Lo".into();
+    partial.reasoning_done = false;
+    partial.calls.clear();
+    assert_eq!(r.step(&partial, false).unwrap(), vec![], "behind: wait");
+    assert_eq!(
+        r.step(&parsed, true).unwrap()[0],
+        StreamEvent::ReasoningDelta {
+            text: " first.".into()
+        }
+    );
+    // The whole reasoning sent, its closing newline too: nothing more of it.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::ReasoningDelta {
+        text: "\nLook first.\n".into(),
+    });
+    let events = r.step(&parsed, true).unwrap();
+    assert_eq!(events[0], StreamEvent::ReasoningDone { signature: None });
+    assert!(
+        matches!(events[1], StreamEvent::ToolCallStart { .. }),
+        "{events:?}"
+    );
+    // Other reasoning is not.
+    let mut r = Resync::new();
+    r.observe(&StreamEvent::ReasoningDelta {
+        text: "\nLeap".into(),
+    });
+    assert!(r.step(&parsed, true).is_err());
+}
+
+#[test]
 fn resync_goes_on_from_arguments_a_server_re_serialized() {
     // vLLM's hermes parser streamed the arguments' first part as
     // `json.dumps` writes it; the model wrote them compact.

@@ -23,6 +23,7 @@ use polar_mock::{self as mock, MockConfig, MockHandle, tokenizer};
 mod failover;
 mod faithful;
 mod pool;
+mod real;
 mod tokenize;
 
 pub(crate) fn backend(dialect: Dialect, urls: Vec<String>) -> BackendConfig {
