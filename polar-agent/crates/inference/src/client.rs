@@ -138,11 +138,7 @@ impl Client {
             })
             .await?;
         let head = started.elapsed();
-        let weight_version = resp
-            .headers()
-            .get("x-weight-version")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let weight_version = weight_version(resp.headers());
         admission.bind(replica);
         let info = BackendInfo {
             backend: backend.clone(),
@@ -347,6 +343,14 @@ pub(crate) struct Reached {
     /// Each replica that took the request and failed before its reply
     /// began, with its fault.
     pub(crate) failed: Vec<(String, String)>,
+}
+
+/// The weight version a reply's head names (`x-weight-version`), if any.
+pub(crate) fn weight_version(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get("x-weight-version")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// What in `req` needs constrained decoding (structured output, a

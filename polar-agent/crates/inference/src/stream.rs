@@ -126,11 +126,44 @@ pub(crate) struct StreamParts {
 
 impl ChatStream {
     pub(crate) fn new(p: StreamParts) -> Self {
-        let source = if p.streaming {
-            Source::Sse(p.body, SseParser::default())
-        } else {
-            Source::Whole(p.body)
-        };
+        let streaming = p.streaming;
+        Self::from_parts(p, |body, _| {
+            if streaming {
+                Source::Sse(body, SseParser::default())
+            } else {
+                Source::Whole(body)
+            }
+        })
+    }
+
+    /// The stream of a token-in call on the prompt `ids` (token-faithful
+    /// serving): its raw output parsed by `parser`, `start` yielded first,
+    /// `end` told the reply once it finished.
+    pub(crate) fn token_in(
+        p: StreamParts,
+        ids: Vec<u32>,
+        parser: OutputParser,
+        start: StreamEvent,
+        end: FaithfulEnd,
+    ) -> Self {
+        let prompt_len = ids.len() as u32;
+        let mut s = Self::from_parts(p, |body, info| {
+            Source::Resumed(Box::new(Continuing::new(
+                body,
+                info.dialect,
+                parser,
+                prompt_len,
+            )))
+        });
+        s.decoder.tokens.start_token_in(ids);
+        s.pending.push_back(start);
+        s.faithful = Some(Box::new(end));
+        s
+    }
+
+    /// The stream of `p`, its body read as `source` makes it.
+    fn from_parts(p: StreamParts, source: impl FnOnce(Incoming, &BackendInfo) -> Source) -> Self {
+        let source = source(p.body, &p.info);
         Self {
             info: p.info,
             decoder: ChunkDecoder::new(&p.model),
@@ -147,39 +180,6 @@ impl ChatStream {
             admission: p.admission,
             failover: p.failover,
             faithful: None,
-        }
-    }
-
-    /// The stream of a token-in call on the prompt `ids` (token-faithful
-    /// serving): its raw output parsed by `parser`, `start` yielded first,
-    /// `end` told the reply once it finished.
-    pub(crate) fn token_in(
-        p: StreamParts,
-        ids: Vec<u32>,
-        parser: OutputParser,
-        start: StreamEvent,
-        end: FaithfulEnd,
-    ) -> Self {
-        let dialect = p.info.dialect;
-        let body = Continuing::new(p.body, dialect, parser, ids.len() as u32);
-        let mut decoder = ChunkDecoder::new(&p.model);
-        decoder.tokens.start_token_in(ids);
-        Self {
-            info: p.info,
-            decoder,
-            model: p.model,
-            source: Source::Resumed(Box::new(body)),
-            whole_tokens: None,
-            pending: VecDeque::from([start]),
-            yielded: 0,
-            timeout: p.timeout,
-            started: p.started,
-            timings: p.timings,
-            pool: p.pool,
-            replica: p.replica,
-            admission: p.admission,
-            failover: p.failover,
-            faithful: Some(Box::new(end)),
         }
     }
 

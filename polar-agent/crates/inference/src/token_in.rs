@@ -14,7 +14,7 @@ use rand::Rng as _;
 use polar_chat::{ChatRequest, StreamEvent};
 use polar_faithful::{Asked, Prompt, RenderFailure};
 
-use super::client::{Client, Reached};
+use super::client::{Client, Reached, weight_version};
 use super::faithful::Faithful;
 use super::request::chat_body;
 use super::stream::failover::{Failover, Resend, ResumeBase, token_in_request};
@@ -146,11 +146,7 @@ impl Client {
             })
             .await?;
         let head = started.elapsed();
-        let weight_version = resp
-            .headers()
-            .get("x-weight-version")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let weight_version = weight_version(resp.headers());
         admission.bind(replica);
         let info = BackendInfo {
             backend,

@@ -42,7 +42,7 @@ use polar_chat::output::{OutputFormat, OutputOptions, OutputParser};
 use polar_chat::{ChatRequest, FinishReason, StreamEvent, ToolChoice, Usage};
 use polar_sse::SseParser;
 
-use super::super::client::{SESSION_HEADER, chat_request, error_body, error_chain};
+use super::super::client::{SESSION_HEADER, chat_request, error_body, error_chain, weight_version};
 use super::super::decode::{ChunkDecoder, DecodeError};
 use super::super::request::chat_body;
 use super::super::{BackendConfig, Dialect, InferenceError, SamplingMode};
@@ -629,11 +629,7 @@ impl ChatStream {
         self.admission.bind(replica);
         url.clone_into(&mut self.info.replica);
         self.info.attempts += 1;
-        self.info.weight_version = resp
-            .headers()
-            .get("x-weight-version")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        self.info.weight_version = weight_version(resp.headers());
     }
 
     /// Sends `req` to `replica`: the reply once its head says 2xx.

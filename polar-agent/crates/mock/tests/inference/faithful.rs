@@ -7,7 +7,6 @@
 //! endpoint (the server renders the template) is not, as the real world
 //! shows.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use polar_chat::output::OutputFormat;
@@ -18,22 +17,7 @@ use polar_mock::real::RealModel;
 use polar_mock::script::{Script, ScriptedCall, SessionScript, StepBy, Turn};
 use polar_mock::{self as mock, MockConfig, MockHandle};
 
-use super::{backend, request};
-
-fn qwen3_dir() -> PathBuf {
-    let dir = std::env::var_os("POLAR_CHAT_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../.polar-cache/chat-models")
-        })
-        .join("qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "Qwen3's model files are missing from {}: install them with `cargo xtask chat-models`",
-        dir.display()
-    );
-    dir
-}
+use super::{backend, qwen3_dir, request};
 
 /// Three tool calls with reasoning, then an answer.
 fn script() -> Script {

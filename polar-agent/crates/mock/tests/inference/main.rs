@@ -26,6 +26,24 @@ mod pool;
 mod real;
 mod tokenize;
 
+/// Qwen3's real files, as `cargo xtask chat-models` installs them
+/// (`POLAR_CHAT_MODELS_DIR`).
+pub(crate) fn qwen3_dir() -> std::path::PathBuf {
+    let dir = std::env::var_os("POLAR_CHAT_MODELS_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../../.polar-cache/chat-models")
+        })
+        .join("qwen3");
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "Qwen3's model files are missing from {}: install them with `cargo xtask chat-models`",
+        dir.display()
+    );
+    dir
+}
+
 pub(crate) fn backend(dialect: Dialect, urls: Vec<String>) -> BackendConfig {
     let mut cfg = BackendConfig::new("test", dialect, urls, "polar-mock");
     cfg.request_timeout_ms = 5_000;

@@ -3,7 +3,6 @@
 //! parser reads as the server's parsers do, and a reply cut mid-way
 //! resumed token-in into the unfaulted reply.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use polar_chat::output::OutputFormat;
@@ -12,21 +11,10 @@ use polar_mock::real::RealModel;
 use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
 use polar_mock::{self as mock, MockConfig, MockHandle};
 
-use super::{backend, request};
+use super::{backend, qwen3_dir, request};
 
 fn qwen3() -> Arc<RealModel> {
-    let dir = std::env::var_os("POLAR_CHAT_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../.polar-cache/chat-models")
-        })
-        .join("qwen3");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "Qwen3's model files are missing from {}: install them with `cargo xtask chat-models`",
-        dir.display()
-    );
-    Arc::new(RealModel::load(&dir).unwrap())
+    Arc::new(RealModel::load(&qwen3_dir()).unwrap())
 }
 
 fn turn() -> Turn {
