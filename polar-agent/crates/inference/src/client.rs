@@ -25,7 +25,7 @@ use tracing::Instrument;
 use super::faithful::Faithful;
 use super::pool::Pool;
 use super::request::streams_upstream;
-use super::stream::failover::{ATTEMPT_HEADER, Failover, Resend};
+use super::stream::failover::{ATTEMPT_HEADER, Failover, Resend, ResumeBase};
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
 use super::tokenize::{parse_count, tokenize_body, tokenize_path};
 use super::wire::chat_body_bytes;
@@ -63,11 +63,6 @@ impl Client {
             pool,
             faithful,
         })
-    }
-
-    /// Token-faithful serving's state, with `model_dir` set.
-    pub fn faithful(&self) -> Option<&Faithful> {
-        self.faithful.as_deref()
     }
 
     /// Forgets what the client keeps of `session` (its chains).
@@ -155,7 +150,8 @@ impl Client {
             }),
         };
         let resend = Resend::Chat { body, streaming };
-        let mut failover = Failover::new(&self.cfg, session, resend, req, mode);
+        let resume = ResumeBase::new(&self.cfg, req, mode);
+        let mut failover = Failover::new(&self.cfg, session, resend, resume);
         failover.note_sent_again(&failed, &info.replica);
         Ok(ChatStream::new(StreamParts {
             info,

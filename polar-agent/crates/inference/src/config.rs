@@ -205,7 +205,7 @@ pub struct BackendConfig {
     /// rendered by Polar and sent as token ids, and a call that continues
     /// one of the session's chains is sent as the exact ids the model saw
     /// and generated plus those of its new messages (token-faithful
-    /// serving, [`crate::faithful`]); needs `output_parser`. Loaded and
+    /// serving, `faithful`); needs `output_parser`. Loaded and
     /// checked when the client is made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_dir: Option<PathBuf>,

@@ -140,14 +140,6 @@ impl Faithful {
             .remove(session);
     }
 
-    /// The sessions with chains.
-    pub fn sessions(&self) -> usize {
-        self.sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
-    }
-
     /// The text of `ids`, special tokens included (for parsing output).
     pub fn decode(&self, ids: &[u32]) -> Result<String, String> {
         self.model.decode(ids, false).map_err(|e| e.to_string())

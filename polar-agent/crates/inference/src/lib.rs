@@ -11,12 +11,16 @@
 //! - [`stream`]: [`ChatStream`] of [`StreamEvent`](polar_chat::StreamEvent)s
 //!   with [`Tokens`](polar_chat::Tokens), timings and backend facts;
 //! - `decode`: reply parsing (the SSE framing is [`polar_sse`]).
+//! - `faithful` and `token_in`: with `model_dir`, prompts rendered here
+//!   with the model's own files and sent token-in, each session's chains
+//!   kept ([`polar_faithful`]).
 //!
 //! vLLM is called with `stream: true` and `return_token_ids`, so events reach
 //! the consumer as they are generated. SGLang returns ids only without
 //! streaming: its reply is read whole and its events replayed.
 //!
-//! Layering: above `polar-chat`, `polar-json`, `polar-sse` and `polar-io`;
+//! Layering: above `polar-chat`, `polar-json`, `polar-sse`, `polar-io`,
+//! `polar-template` and `polar-faithful`;
 //! it must not know capture, the proxy or the mock. Tests: the unit tests
 //! beside `decode`, `request`, `wire`, `config`; `tests/escaped_text.rs`;
 //! and the client against the real mock backend in `polar-mock`'s
@@ -27,7 +31,7 @@ mod client;
 mod config;
 mod decode;
 mod error;
-pub mod faithful;
+mod faithful;
 mod overflow;
 mod pool;
 pub mod request;
@@ -41,7 +45,6 @@ pub use config::{
     BackendConfig, Dialect, ReasoningField, SamplingMode, SamplingOverrides, SamplingPolicy,
 };
 pub use error::InferenceError;
-pub use faithful::Faithful;
 pub use overflow::{ContextOverflow, context_overflow};
 pub use polar_faithful::Serving;
 pub use pool::{Pool, PoolStats, ReplicaStats};

@@ -171,8 +171,7 @@ impl Client {
             body: body.clone(),
             prompt_len: prompt_len as u32,
         };
-        let mut failover = Failover::new(cfg, session, resend, req, mode);
-        failover.set_reasoning_open(open);
+        let mut failover = Failover::new(cfg, session, resend, Some(base));
         failover.note_sent_again(&failed, &info.replica);
         let start = StreamEvent::Start {
             id: format!("chatcmpl-{:032x}", rand::rng().random::<u128>()),

@@ -233,16 +233,16 @@ pub(crate) struct Failover {
 }
 
 impl Failover {
-    /// The state of a call of `req`, sent again as `resend`.
+    /// The state of a call sent again as `resend`, resumed token-in from
+    /// `resume` (`None`: it cannot be, [`ResumeBase::new`]).
     pub(crate) fn new(
         cfg: &BackendConfig,
         session: &str,
         resend: Resend,
-        req: &ChatRequest,
-        mode: SamplingMode,
+        resume: Option<ResumeBase>,
     ) -> Self {
         Self {
-            resume: ResumeBase::new(cfg, req, mode),
+            resume,
             session: session.to_owned(),
             resend,
             resync: Resync::new(),
@@ -252,12 +252,6 @@ impl Failover {
             skip_start: false,
             resumed: None,
         }
-    }
-
-    /// The call's prompt ends inside a reasoning block: a resumed or
-    /// resent generation's output starts as reasoning too.
-    pub(crate) fn set_reasoning_open(&mut self, open: bool) {
-        self.resume = self.resume.take().map(|b| b.reasoning_open(open));
     }
 
     /// A whole reply that ends with an `abort` finish keeps only its
@@ -960,7 +954,8 @@ mod tests {
             body: Bytes::new(),
             streaming: true,
         };
-        let mut f = Failover::new(&c, "s", resend, &request(), SamplingMode::Train);
+        let resume = ResumeBase::new(&c, &request(), SamplingMode::Train);
+        let mut f = Failover::new(&c, "s", resend, resume);
         let fault = InferenceError::Aborted {
             backend: "b".into(),
             replica: "a".into(),

@@ -25,11 +25,24 @@ fn turn() -> Turn {
 }
 
 async fn replicas(dialect: Dialect, turn: &Turn, n: usize) -> Vec<MockHandle> {
+    scripted(
+        &MockConfig {
+            dialect,
+            ..MockConfig::default()
+        },
+        turn,
+        n,
+    )
+    .await
+}
+
+/// `n` replicas configured as `base`, each scripted to answer every
+/// session with `turn`.
+pub(super) async fn scripted(base: &MockConfig, turn: &Turn, n: usize) -> Vec<MockHandle> {
     let mut out = Vec::new();
     for _ in 0..n {
         out.push(
             mock::start(MockConfig {
-                dialect,
                 script: Some(Script {
                     final_text: None,
                     sessions: vec![SessionScript {
@@ -38,7 +51,7 @@ async fn replicas(dialect: Dialect, turn: &Turn, n: usize) -> Vec<MockHandle> {
                         ..SessionScript::default()
                     }],
                 }),
-                ..MockConfig::default()
+                ..base.clone()
             })
             .await
             .unwrap(),

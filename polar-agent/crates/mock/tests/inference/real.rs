@@ -8,9 +8,10 @@ use std::sync::Arc;
 use polar_chat::output::OutputFormat;
 use polar_inference::*;
 use polar_mock::real::RealModel;
-use polar_mock::script::{Script, ScriptedCall, SessionScript, Turn};
-use polar_mock::{self as mock, MockConfig, MockHandle};
+use polar_mock::script::{ScriptedCall, Turn};
+use polar_mock::{MockConfig, MockHandle};
 
+use super::failover::scripted;
 use super::{backend, qwen3_dir, request};
 
 fn qwen3() -> Arc<RealModel> {
@@ -30,26 +31,11 @@ fn turn() -> Turn {
 }
 
 async fn replicas(model: &Arc<RealModel>, turn: &Turn, n: usize) -> Vec<MockHandle> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(
-            mock::start(MockConfig {
-                model: Some(Arc::clone(model)),
-                script: Some(Script {
-                    final_text: None,
-                    sessions: vec![SessionScript {
-                        id: "*".into(),
-                        turns: vec![turn.clone()],
-                        ..SessionScript::default()
-                    }],
-                }),
-                ..MockConfig::default()
-            })
-            .await
-            .unwrap(),
-        );
-    }
-    out
+    let base = MockConfig {
+        model: Some(Arc::clone(model)),
+        ..MockConfig::default()
+    };
+    scripted(&base, turn, n).await
 }
 
 #[tokio::test]
