@@ -124,4 +124,8 @@ def step(stack: Stack, trainer: RayPPOTrainer, global_step: int) -> list[pc.Trac
         assert rewards[i, r - 1].item() == t.reward == 1.0 and rewards[i].sum().item() == 1.0
         assert out["stop_reasons"][i] == t.finish_reason
     assert out["rollout_metrics"]["polar/sessions"] == n
+    # Every session's main chain whole in its one sample.
+    assert out["rollout_metrics"]["polar/split_sessions"] == 0
+    assert out["rollout_metrics"]["polar/untrained_tokens"] == 0
+    assert all(len(t.trace_metadata["spans"]) >= 2 for t in used)
     return used

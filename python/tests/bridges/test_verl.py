@@ -113,6 +113,10 @@ def check_output(out: DataProto, batch: DataProto, export: Path) -> list[pc.Trac
         # The GRPO group is verl's uid.
         assert t.group_id == batch.non_tensor_batch["uid"][i]
         assert out.non_tensor_batch["polar_chain_role"][i] == "main"
+        # The whole main chain, every call of it, in the one sample.
+        assert len(t.trace_metadata["spans"]) >= 2
+        assert out.non_tensor_batch["polar_chain_segments"][i] == 1
+        assert out.non_tensor_batch["polar_untrained_tokens"][i] == 0
     return traces
 
 

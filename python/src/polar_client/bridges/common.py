@@ -1,8 +1,10 @@
 """What the bridges share, without any trainer: the instruction of a chat
-prompt, and the trace a one-sequence-per-sample trainer trains on."""
+prompt, the trace a one-sequence-per-sample trainer trains on, and what of
+its chain such a trainer does not see."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import PolarError
@@ -30,3 +32,35 @@ def pick(traces: list[Trace]) -> tuple[Trace, list[Trace]]:
     main = [t for t in traces if t.chain_role == "main" and t.segment == 0]
     chosen = main[0] if main else traces[0]
     return chosen, [t for t in traces if t is not chosen]
+
+
+@dataclass(frozen=True)
+class ChainSplit:
+    """How much of the picked trace's chain the picked trace holds. With
+    token-faithful serving (docs/CONSUMERS.md) a main chain is one segment
+    (compaction aside) and ``segments`` is 1; on the server-rendered path a
+    real model's template can split it into one segment per call, and a
+    trainer taking one sequence per sample then trains on the first only."""
+
+    segments: int
+    """Segments of the chain (the picked one included; retries the harness
+    threw away are not segments)."""
+    untrained_tokens: int
+    """Generated tokens (``loss_mask`` 1s) of the chain's other segments."""
+
+    @property
+    def whole(self) -> bool:
+        return self.segments == 1
+
+
+def chain_split(chosen: Trace, others: list[Trace]) -> ChainSplit:
+    """The [`ChainSplit`] of ``chosen`` among its session's ``others``."""
+    rest = [
+        t
+        for t in others
+        if t.session_id == chosen.session_id
+        and t.chain == chosen.chain
+        and t.chain_role == chosen.chain_role
+        and "superseded_retry" not in t.labels
+    ]
+    return ChainSplit(1 + len(rest), sum(int(t.loss_mask.sum()) for t in rest))

@@ -53,7 +53,7 @@ from pydantic import ConfigDict
 from ..aio import AsyncClient
 from ..errors import PolarError
 from ..trajectories import Trace, load_task
-from .common import instruction_of, pick
+from .common import chain_split, instruction_of, pick
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):  # type: ignore[misc]
@@ -136,6 +136,7 @@ class PolarAgent(SimpleResponsesAPIAgent):  # type: ignore[misc]
             raise PolarError(f"{sample.session_id} ended {sample.state} without a trajectory: {sample.error}")
         traces = await asyncio.get_running_loop().run_in_executor(None, load_task, task)
         chosen, others = pick(traces)
+        split = chain_split(chosen, others)
         response = NeMoGymResponse(
             id=f"resp_{chosen.session_id}",
             created_at=float(int(time.time())),
@@ -150,6 +151,8 @@ class PolarAgent(SimpleResponsesAPIAgent):  # type: ignore[misc]
                 "polar_session_id": chosen.session_id,
                 "polar_policy_version": chosen.policy_version or "",
                 "polar_other_traces": ",".join(t.trace_id for t in others),
+                "polar_chain_segments": str(split.segments),
+                "polar_untrained_tokens": str(split.untrained_tokens),
             },
         )
         return PolarVerifyResponse(

@@ -23,8 +23,12 @@ entrypoint's ``get_generator``)::
     })
 
 A session can yield several traces; SkyRL takes one sequence per sample,
-so the generator returns the main chain's first segment (the others are
-counted in ``rollout_metrics["polar/other_traces"]``). Around SkyRL's
+so the generator returns the main chain's first segment (with
+token-faithful serving, the whole main chain; the others are counted in
+``rollout_metrics["polar/other_traces"]``). Sessions whose main chain has
+several segments are counted in ``rollout_metrics["polar/split_sessions"]``,
+the generated tokens left out in ``["polar/untrained_tokens"]``, and each
+is logged as a warning naming the session. Around SkyRL's
 weight sync, ``generator.weight_update(version)`` pauses generation on the
 gateways and resumes naming the new version, which the tasks the generator
 submits from then on carry too (``metadata.policy_version``), so every
@@ -34,6 +38,7 @@ trace says which weights it came from and stale ones can be filtered.
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -45,7 +50,9 @@ from ..client import Client
 from ..errors import PolarError
 from ..trajectories import Trace, load_task
 from ..types import Task
-from .common import instruction_of, pick
+from .common import chain_split, instruction_of, pick
+
+log = logging.getLogger(__name__)
 
 #: How long one batch may take by default.
 DEFAULT_WAIT = 3600.0
@@ -125,7 +132,7 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
             )
         loop = asyncio.get_running_loop()
         per_row: list[Trace | None] = [None] * len(prompts)
-        others = 0
+        others = split_sessions = untrained = 0
         for (key, rows), task in zip(groups.items(), tasks):
             # Reading Parquet blocks: off the event loop.
             traces = await loop.run_in_executor(None, load_task, task)
@@ -133,6 +140,17 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
                 chosen, rest = pick(_of_session(task, k, traces))
                 per_row[row] = chosen
                 others += len(rest)
+                split = chain_split(chosen, rest)
+                if not split.whole:
+                    split_sessions += 1
+                    untrained += split.untrained_tokens
+                    log.warning(
+                        "%s: the main chain has %d segments; SkyRL trains on the first, "
+                        "%d generated tokens of the others are left out",
+                        chosen.session_id,
+                        split.segments,
+                        split.untrained_tokens,
+                    )
         rows_out = [t for t in per_row if t is not None]
         logprobs = [t.logprobs for t in rows_out]
         return {
@@ -144,6 +162,8 @@ class PolarGenerator(GeneratorInterface):  # type: ignore[misc]
             "rollout_metrics": {
                 "polar/sessions": len(rows_out),
                 "polar/other_traces": others,
+                "polar/split_sessions": split_sessions,
+                "polar/untrained_tokens": untrained,
                 "polar/mean_reward": sum(float(t.reward or 0.0) for t in rows_out) / max(1, len(rows_out)),
             },
             "rollout_logprobs": None if any(lp is None for lp in logprobs) else [lp.tolist() for lp in logprobs if lp is not None],

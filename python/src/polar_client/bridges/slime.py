@@ -43,7 +43,7 @@ from ..aio import AsyncClient
 from ..errors import PolarError
 from ..trajectories import Trace, load_task
 from ..types import Task
-from .common import instruction_of, pick
+from .common import chain_split, instruction_of, pick
 
 
 def _settings() -> tuple[str, dict[str, Any], float]:
@@ -91,6 +91,7 @@ def fill(sample: Any, trace: Trace, others: list[Trace]) -> None:
     sample.status = Sample.Status.TRUNCATED if trace.finish_reason == "length" else Sample.Status.COMPLETED
     sample.weight_versions = list(trace.policy_versions)
     sample.session_id = trace.session_id
+    split = chain_split(trace, others)
     sample.metadata = {
         **(sample.metadata or {}),
         "polar": {
@@ -98,6 +99,8 @@ def fill(sample: Any, trace: Trace, others: list[Trace]) -> None:
             "chain_role": trace.chain_role,
             "labels": list(trace.labels),
             "other_traces": [t.trace_id for t in others],
+            "chain_segments": split.segments,
+            "untrained_tokens": split.untrained_tokens,
         },
     }
 

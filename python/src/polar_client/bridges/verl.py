@@ -23,9 +23,12 @@ the environment when not given)::
 
 A session can yield several traces (sub-agents, side calls, segments after
 a compaction); verl 0.9.1 takes one output per sample, so the loop returns
-the main chain's first segment and names the others in
-``extra_fields["polar_other_traces"]`` (the offline loader
-``polar_client.load_task`` returns them all). Generation is paused around a
+the main chain's first segment (with token-faithful serving, the whole main
+chain) and names the others in ``extra_fields["polar_other_traces"]`` (the
+offline loader ``polar_client.load_task`` returns them all). When the main
+chain has several segments the sample says so:
+``extra_fields["polar_chain_segments"]`` (1: the whole chain) and
+``["polar_untrained_tokens"]`` (generated tokens of the other segments). Generation is paused around a
 weight update with [`weight_update`], which resumes naming the new policy
 version; every trace says which version its tokens came from
 (``extra_fields["polar_policy_version"]``, per span in Polar's export).
@@ -50,7 +53,7 @@ from ..aio import AsyncClient
 from ..client import Client
 from ..errors import PolarError
 from ..trajectories import Trace, load_task
-from .common import instruction_of, pick
+from .common import chain_split, instruction_of, pick
 
 #: How long one sample may take by default (the task's own budget counts too).
 DEFAULT_WAIT = 3600.0
@@ -69,6 +72,7 @@ def output_of(trace: Trace, others: list[Trace], prompt_length: int, response_le
     if logprobs is not None:
         logprobs = logprobs[:response_length]
     spans = trace.trace_metadata.get("spans") or ()
+    split = chain_split(trace, others)
     return AgentLoopOutput(
         prompt_ids=prompt,
         response_ids=response,
@@ -86,6 +90,8 @@ def output_of(trace: Trace, others: list[Trace], prompt_length: int, response_le
             "polar_policy_version": trace.policy_version,
             "polar_truncated": truncated,
             "polar_other_traces": [t.trace_id for t in others],
+            "polar_chain_segments": split.segments,
+            "polar_untrained_tokens": split.untrained_tokens,
         },
     )
 
