@@ -4,6 +4,7 @@
 //! Panics are the findings: every check here asserts a property, and a
 //! crash input becomes a regression test in the crate that owns the
 //! parser.
+#![forbid(unsafe_code)]
 
 pub mod mutate;
 

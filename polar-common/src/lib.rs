@@ -6,6 +6,7 @@
 //! explicit padding fields, so both sides agree on the layout byte for byte. A
 //! size assertion per type keeps it so. With the `user` feature the types
 //! implement `aya::Pod` so the agent can use them as map keys and values.
+#![deny(unsafe_op_in_unsafe_fn)]
 #![no_std]
 
 /// `AF_INET`, as stored in [`SockAddr::family`].

@@ -219,6 +219,11 @@ impl Dst {
 /// Stores the four words of an IPv6 address, one 4-byte store each, so the
 /// compiler never turns them into stores through a computed context pointer
 /// (which the verifier rejects).
+///
+/// # Safety
+///
+/// `sa` must be the context of a program whose hook may write
+/// `user_ip6` (connect6, sendmsg6, getpeername6, recvmsg6).
 #[inline(always)]
 unsafe fn set_ip6(sa: &mut bpf_sock_addr, w: [u32; 4]) {
     // SAFETY: the caller holds a valid context.

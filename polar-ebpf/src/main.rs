@@ -16,6 +16,7 @@
 //!
 //! Sockets whose cgroup is not a registered session are refused outright
 //! (fail closed): the agent registers a session before moving a process in.
+#![deny(unsafe_op_in_unsafe_fn)]
 #![no_std]
 #![no_main]
 

@@ -4,6 +4,7 @@
 //! namespaces) to check that nothing is left behind; loopback servers for
 //! the proxy tests ([`servers`]); the real harness CLIs' sessions against
 //! the mock backend, with their checks ([`harness`]).
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};

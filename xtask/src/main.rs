@@ -3,6 +3,7 @@
 //!
 //! This file only parses the command line; each command lives in its own
 //! module and every external program runs through [`cmd::Cmd`].
+#![forbid(unsafe_code)]
 
 mod background;
 mod chat_models;

@@ -10,6 +10,7 @@
 //! hold-tls ADDR COUNT SNI CA_PEM` (idle TLS connections, likewise) |
 //! `polar-probe started FILE` (writes the wall-clock time it started, in
 //! nanoseconds since the epoch, first thing: the sandbox start benchmark).
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};

@@ -18,7 +18,7 @@
 //! `SOAK_SAMPLES` (samples per task, 64), `SOAK_IN_FLIGHT` (tasks at once,
 //! 8), `SOAK_RETENTION_SECS` (20), `SOAK_EVERY_SECS` (sampling, 5).
 //! Figures in BENCHMARKS.md ("Bounded state").
-
+#![forbid(unsafe_code)]
 #![expect(
     clippy::print_stdout,
     reason = "a measurement binary: it reports on stdout"

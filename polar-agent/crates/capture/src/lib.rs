@@ -34,6 +34,7 @@
 //! module (`log_tests`, `lines_tests`, `sync_tests` with the simulated power
 //! loss and journal replay, `replay_tests`, the encoders' byte-for-byte checks)
 //! and the agent's `capture_e2e`, `capture_failures`, `capture_kill`.
+#![forbid(unsafe_code)]
 
 pub mod build;
 pub mod encode;

@@ -16,6 +16,7 @@
 //! recorded-fixture tests in `provider/*/tests.rs` (fixtures in
 //! `tests/fixtures/providers/`); the backend-body checks of the same
 //! requests are `polar-inference`'s `tests/escaped_text.rs`.
+#![forbid(unsafe_code)]
 
 use std::sync::OnceLock;
 

@@ -130,6 +130,7 @@
 //! crate with sandboxes or the proxy: commands run through the
 //! [`CommandRunner`] the caller gives. Tests: `tests/` (each kind, option
 //! validation, host commands) and `parse_tests`.
+#![forbid(unsafe_code)]
 
 pub mod broken;
 mod command;

@@ -19,6 +19,7 @@
 //! export`'s configuration is resolved by the CLI). Tests: `tests.rs` and
 //! the agent's `tests/export/` (local, S3 against moto, pyarrow/datasets
 //! readers).
+#![deny(unsafe_op_in_unsafe_fn)]
 
 mod batch;
 pub mod cli;

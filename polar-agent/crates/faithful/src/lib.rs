@@ -19,6 +19,7 @@
 //! Pure: no I/O; the model's files are `polar-template`'s, the calls the
 //! inference client's. Tests: unit and property tests here, with a small
 //! ChatML renderer, and with the real templates in `polar-template`'s.
+#![forbid(unsafe_code)]
 
 pub mod chains;
 pub mod model;

@@ -13,6 +13,7 @@
 //! of sandboxes, eBPF or the proxy, so the rollout server tests against
 //! [`sim`] without the node agent. Tests: `tests` (the stages and node
 //! against scripted work).
+#![forbid(unsafe_code)]
 
 mod http;
 mod node;

@@ -3,6 +3,7 @@
 //!
 //! Pure, with `polar-common` (the kernel's address layout) as its only Polar
 //! dependency. Tests: the unit tests below.
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -26,6 +26,7 @@
 //! and the client against the real mock backend in `polar-mock`'s
 //! `tests/inference/` (the mock depends on this crate, so those tests live
 //! there).
+#![forbid(unsafe_code)]
 
 mod client;
 mod config;

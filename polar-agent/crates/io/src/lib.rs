@@ -16,6 +16,7 @@
 //!
 //! This crate sits below every other Polar crate that does I/O: it must not
 //! depend on `polar-agent` or on any other Polar crate.
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod beneath;

@@ -29,6 +29,7 @@
 //!
 //! Pure: no Polar crate, no I/O crate. Tests: `tests.rs` (property tests
 //! against serde_json on valid, random and mutated input).
+#![deny(unsafe_op_in_unsafe_fn)]
 
 use std::borrow::Cow;
 

@@ -4,6 +4,7 @@
 //! cumulative histogram with its rendering.
 //!
 //! Pure, no dependency at all. Tests: the unit tests below.
+#![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

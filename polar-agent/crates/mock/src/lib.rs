@@ -59,6 +59,7 @@
 //! `transformers`, the drift of an echoed reply, token-in continuation),
 //! and `tests/inference/` (the inference client and pool against this
 //! server).
+#![forbid(unsafe_code)]
 
 mod body;
 pub mod codec;

@@ -6,6 +6,7 @@
 //! Pure: above `polar-chat` and `polar-json` only, so the trajectory
 //! builders read records without the capture log's I/O. Tests: the log's
 //! round-trip tests in `polar-capture`.
+#![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};
 

@@ -11,6 +11,7 @@
 //! Below it: the spec types, the evaluators (for checking their options)
 //! and the I/O plumbing; never the node agent or the server. Tests: the
 //! unit tests of [`validate`], and the rollout server's API tests.
+#![forbid(unsafe_code)]
 
 pub mod client;
 pub mod http;

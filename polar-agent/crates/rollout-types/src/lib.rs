@@ -12,6 +12,7 @@
 //! Pure: above `polar-spec` and `polar-trajectory` (the builder a task
 //! names) only. Tests: `polar-rollout-api`'s validation tests and the
 //! rollout server's API tests.
+#![forbid(unsafe_code)]
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

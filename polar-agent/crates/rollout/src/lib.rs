@@ -23,6 +23,7 @@
 //! `polar-io`; the only crate with `rusqlite`. Tests: `tests/` (API,
 //! dispatch, failures, routes) and `scheduler/tests.rs`, against
 //! `polar-gateway`'s simulated gateway; benchmark: `benches/rollout.rs`.
+#![forbid(unsafe_code)]
 
 mod callback;
 pub mod config;

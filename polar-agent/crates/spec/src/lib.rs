@@ -7,6 +7,7 @@
 //! Pure: no I/O crate below it (the runtime spec reads its own file with
 //! `std::fs` alone; the node's policy canonicalises paths with it). Tests:
 //! the unit tests of [`runtime`] and [`policy`].
+#![forbid(unsafe_code)]
 
 pub mod harness;
 mod key_path;

@@ -19,6 +19,7 @@
 //! Pure: bytes in, events out. This crate must stay free of I/O: it depends
 //! on nothing but `std` and `thiserror` (no tokio, no HTTP, no JSON, no
 //! Polar crate).
+#![forbid(unsafe_code)]
 
 mod encode;
 mod parse;

@@ -15,6 +15,7 @@
 //! I/O crate (checked by `cargo xtask layers`). Tests: `tests/` (exact
 //! scenarios, property tests on a simulated renderer), and the real path in
 //! the agent's `trajectory_{capture,scenarios,retries}.rs`.
+#![forbid(unsafe_code)]
 
 mod attribution;
 mod calls;

@@ -13,6 +13,7 @@
 //!
 //! Layering: no workspace crate below it; the agent's listener, proxy,
 //! TLS and DNS modules use it.
+#![forbid(unsafe_code)]
 
 pub mod dns;
 pub mod gzip;
