@@ -55,6 +55,28 @@ fn child_path() -> OsString {
     env::join_paths(dirs).unwrap_or(current)
 }
 
+/// Whether `key` is one of the variables `cargo run` (or rustup's proxy in
+/// front of it) sets for the program it runs, which a cargo started from a
+/// shell does not have: `CARGO`, the package's and the target's
+/// (`CARGO_PKG_*`, `CARGO_MANIFEST_*`, `CARGO_CRATE_NAME`, ...), the
+/// toolchain's and the library path. The user's own settings
+/// (`CARGO_HOME`, `CARGO_TARGET_DIR`, `CARGO_PROFILE_*`, ...) stay.
+fn set_by_cargo_run(key: &str) -> bool {
+    matches!(
+        key,
+        "CARGO"
+            | "CARGO_CRATE_NAME"
+            | "CARGO_BIN_NAME"
+            | "CARGO_PRIMARY_PACKAGE"
+            | "CARGO_RUSTC_CURRENT_DIR"
+            | "RUSTUP_TOOLCHAIN"
+            | "RUSTC"
+            | "RUSTDOC"
+            | "LD_LIBRARY_PATH"
+    ) || key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_MANIFEST_")
+}
+
 /// What a finished command printed, and how it ended.
 pub struct Captured {
     pub status: ExitStatus,
@@ -81,6 +103,24 @@ impl Cmd {
         })
     }
 
+    /// `cargo`, with the environment a shell would give it: without the
+    /// variables `cargo run` set for xtask ([`set_by_cargo_run`]). Build
+    /// scripts such as ring's ask to rerun when `CARGO_PKG_NAME` or
+    /// `CARGO_MANIFEST_DIR` change, and cargo reads them from its own
+    /// environment: left in, they made every build xtask started and every
+    /// build from a shell rebuild ring, rustls and the agent for each other.
+    pub fn cargo() -> Result<Self> {
+        let mut cmd = Self::new("cargo")?;
+        for (key, _) in env::vars_os() {
+            if let Some(key) = key.to_str()
+                && set_by_cargo_run(key)
+            {
+                cmd.inner.env_remove(key);
+            }
+        }
+        Ok(cmd)
+    }
+
     pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
         self.shown.push(' ');
         self.shown.push_str(&quote(arg.as_ref()));
@@ -98,12 +138,6 @@ impl Cmd {
 
     pub fn env(mut self, key: &str, value: impl AsRef<OsStr>) -> Self {
         self.inner.env(key, value);
-        self
-    }
-
-    /// Leaves `key` out of the command's environment.
-    pub fn env_remove(mut self, key: &str) -> Self {
-        self.inner.env_remove(key);
         self
     }
 
@@ -230,6 +264,30 @@ fn quote(word: &OsStr) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cargo_children_see_a_shell_s_environment() {
+        for key in [
+            "CARGO",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_CRATE_NAME",
+            "RUSTUP_TOOLCHAIN",
+        ] {
+            assert!(set_by_cargo_run(key), "{key}");
+        }
+        for key in [
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_INCREMENTAL",
+            "CARGO_PROFILE_RELEASE_LTO",
+            "PATH",
+        ] {
+            assert!(!set_by_cargo_run(key), "{key}");
+        }
+    }
 
     #[test]
     fn quotes_only_what_a_shell_would_change() {

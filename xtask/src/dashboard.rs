@@ -78,7 +78,7 @@ pub fn run_alone() -> Result<()> {
         anyhow::bail!("the dashboard's browser tests start a gateway, which needs root");
     }
     crate::setup::apt_packages(&BROWSER_PACKAGES)?;
-    Cmd::new("cargo")?.args(["build", "--bin", "polar"]).run()?;
+    Cmd::cargo()?.args(["build", "--bin", "polar"]).run()?;
     run()
 }
 

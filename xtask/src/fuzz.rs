@@ -110,25 +110,10 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// `cargo +nightly`, without the variables `cargo xtask` (a `cargo run`)
-/// was given (`CARGO`, `CARGO_PKG_*`, `CARGO_MANIFEST_DIR`, ...; the
-/// toolchain's): the fuzz build sees the environment a shell gives it, so
-/// runs from a shell and from xtask do not rebuild each other's crates.
+/// `cargo +nightly`, with the environment a shell gives it
+/// ([`Cmd::cargo`]).
 pub fn nightly_cargo() -> Result<Cmd> {
-    let mut cmd = Cmd::new("cargo")?.arg("+nightly");
-    for (key, _) in std::env::vars_os() {
-        let Some(key) = key.to_str() else { continue };
-        let from_cargo = key.starts_with("CARGO") && key != "CARGO_HOME";
-        if from_cargo
-            || matches!(
-                key,
-                "RUSTUP_TOOLCHAIN" | "RUSTC" | "RUSTDOC" | "LD_LIBRARY_PATH"
-            )
-        {
-            cmd = cmd.env_remove(key);
-        }
-    }
-    Ok(cmd)
+    Ok(Cmd::cargo()?.arg("+nightly"))
 }
 
 /// The targets `fuzz/Cargo.toml` declares.

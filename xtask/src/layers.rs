@@ -338,7 +338,7 @@ pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"
 
 /// `cargo xtask layers [--write]`.
 pub fn run(write: bool) -> Result<()> {
-    let out = Cmd::new("cargo")?
+    let out = Cmd::cargo()?
         .args(["metadata", "--format-version", "1"])
         .capture(Duration::from_secs(600))?;
     if !out.status.success() {

@@ -19,7 +19,7 @@ pub fn run() -> Result<()> {
 
 /// `cargo build --release --bin polar`, without the set-up.
 pub fn build() -> Result<()> {
-    Cmd::new("cargo")?
+    Cmd::cargo()?
         .args(["build", "--release", "--bin", "polar"])
         .run()
         .context("the release build of polar failed")

@@ -242,7 +242,7 @@ fn bpf_linker() -> Result<()> {
         .map(|out| out.trim().to_owned())
         .filter(|prefix| !prefix.is_empty())
         .unwrap_or_else(|| LLVM_22_PREFIX.to_owned());
-    Cmd::new("cargo")?
+    Cmd::cargo()?
         .env("LLVM_PREFIX", &prefix)
         .env("LLVM_SYS_221_PREFIX", &prefix)
         .args(["install", "bpf-linker", "--version"])
@@ -289,7 +289,7 @@ fn cargo_nextest() -> Result<()> {
 fn cargo_tool(sub: &str, version: &str) -> Result<()> {
     let krate = format!("cargo-{sub}");
     let wanted = format!("{version}.");
-    let present = Cmd::new("cargo")?
+    let present = Cmd::cargo()?
         .args([sub, "--version"])
         .probe()
         // `cargo-fuzz 0.13.2`, `cargo-nextest 0.9.143 (<commit> <date>)`
@@ -302,7 +302,7 @@ fn cargo_tool(sub: &str, version: &str) -> Result<()> {
         report(&krate, "present");
         return Ok(());
     }
-    Cmd::new("cargo")?
+    Cmd::cargo()?
         .args(["install", &krate, "--version"])
         .arg(format!("~{version}"))
         .arg("--locked")

@@ -285,7 +285,7 @@ pub fn run(args: TestArgs) -> Result<()> {
 /// `cargo`, for the suite's builds: without incremental state (the
 /// module's documentation says why).
 fn cargo() -> Result<Cmd> {
-    Ok(Cmd::new("cargo")?.env("CARGO_INCREMENTAL", "0"))
+    Ok(Cmd::cargo()?.env("CARGO_INCREMENTAL", "0"))
 }
 
 /// The space left on the working tree's file system, as `df` prints it,
