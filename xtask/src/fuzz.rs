@@ -1,16 +1,19 @@
 //! `cargo xtask fuzz`: the coverage-guided fuzz targets of `fuzz/` (cargo
 //! fuzz, libFuzzer, nightly), one per core at a time (`--jobs`), each for
-//! `--secs` seconds with its output in `target/fuzz-logs/<target>.log`,
-//! starting from its committed corpus `fuzz/corpus/<target>/`
-//! (seeds from the provider fixtures and the harnesses' request shapes,
-//! minimized with `cargo fuzz cmin`) and its hand-kept seeds in
-//! `fuzz/seeds/`, never minimized. New inputs go to a scratch corpus
-//! under `target/fuzz-corpus/` (`--cmin` folds them into the committed
-//! corpora and minimizes those). A target with a dictionary
-//! `fuzz/dicts/<target>.dict` (the tokens and field names its parser
-//! matches) runs with it; the targets whose inputs are JSON also mutate
-//! them as JSON values with its words (`fuzz/src/mutate.rs`). `cargo
-//! xtask test` runs every target briefly ([`TEST_SECS`]).
+//! `--secs` seconds with its output in `target/fuzz-logs/<target>.log`.
+//!
+//! Each target starts from three corpora ([`corpora`]): its seed corpus in
+//! the repository, `fuzz/corpus/<target>/` (a set-cover minimization: the
+//! fewest inputs that reach every edge the grown corpus reached, a few
+//! hundred files at most), the grown corpus this machine has kept,
+//! `.polar-cache/fuzz-corpus/<target>/` (where libFuzzer writes what it
+//! finds; a fresh machine starts it empty and grows it again), and its
+//! hand-kept seeds in `fuzz/seeds/`, never minimized. `--cmin` folds the
+//! grown corpus into the seed corpus again ([`minimize`]). A target with a
+//! dictionary `fuzz/dicts/<target>.dict` (the tokens and field names its
+//! parser matches) runs with it; the targets whose inputs are JSON also
+//! mutate them as JSON values with its words (`fuzz/src/mutate.rs`).
+//! `cargo xtask test` runs every target briefly ([`TEST_SECS`]).
 //!
 //! A target that finds a crash fails the command, naming the input libFuzzer
 //! wrote to `fuzz/artifacts/<target>/`; the fix comes with a regression test
@@ -38,6 +41,10 @@ const RSS_LIMIT_MB: u32 = 2048;
 const INPUT_TIMEOUT_SECS: u32 = 10;
 /// Each target's output, from the workspace root.
 const LOGS: &str = "target/fuzz-logs";
+/// The seed corpora in the repository, from the workspace root.
+const SEED_CORPORA: &str = "fuzz/corpus";
+/// The grown corpora, outside the tree, from the workspace root.
+const GROWN_CORPORA: &str = ".polar-cache/fuzz-corpus";
 /// The targets whose inputs are capture logs: they share the seeds of
 /// `fuzz/seeds/capture_log/` (see [`seeds`]) and may grow inputs to
 /// [`CAPTURE_LOG_MAX_LEN`].
@@ -59,8 +66,9 @@ pub struct FuzzArgs {
     /// Targets to run at a time (default: one per core).
     #[arg(long)]
     jobs: Option<usize>,
-    /// After the runs, fold the new inputs into fuzz/corpus/ and minimize
-    /// it (`cargo fuzz cmin`).
+    /// After the runs, rebuild each seed corpus in fuzz/corpus/ from itself
+    /// and the grown corpus: the fewest inputs that reach every edge they
+    /// reach (libFuzzer's set-cover merge).
     #[arg(long)]
     cmin: bool,
     /// Instead of fuzzing, run each target once over its corpus (and
@@ -146,19 +154,12 @@ struct Run {
 impl Run {
     fn start(target: &str, secs: u64) -> Result<Self> {
         let root = workspace_root()?;
-        let scratch = root.join("target/fuzz-corpus").join(target);
-        std::fs::create_dir_all(&scratch)
-            .with_context(|| format!("could not create {}", scratch.display()))?;
-        let corpus = root.join("fuzz/corpus").join(target);
         let log = root.join(LOGS).join(format!("{target}.log"));
+        // libFuzzer writes new inputs into the first directory: the grown one.
         let mut run = nightly_cargo()?
             .args(["fuzz", "run", "--debug-assertions", target])
-            .arg(&scratch)
-            .arg(&corpus);
-        if let Some(seeds) = seeds(&root, target) {
-            run = run.arg(seeds);
-        }
-        run = run.arg("--");
+            .args(corpora(&root, target)?)
+            .arg("--");
         if let Some(max_len) = max_len(target) {
             run = run.arg(max_len);
         }
@@ -247,6 +248,18 @@ fn fuzz(targets: &[String], secs: u64, jobs: usize) -> Result<()> {
     }
 }
 
+/// The directories `target` runs over: its grown corpus (created if
+/// missing; first, so that libFuzzer writes new inputs there), its seed
+/// corpus and its hand-kept seeds ([`seeds`]).
+pub fn corpora(root: &Path, target: &str) -> Result<Vec<PathBuf>> {
+    let grown = root.join(GROWN_CORPORA).join(target);
+    std::fs::create_dir_all(&grown)
+        .with_context(|| format!("could not create {}", grown.display()))?;
+    let mut dirs = vec![grown, root.join(SEED_CORPORA).join(target)];
+    dirs.extend(seeds(root, target));
+    Ok(dirs)
+}
+
 /// The hand-kept seeds `target` also starts from, if it has any:
 /// `fuzz/seeds/<target>/` (`capture_log/` for [`CAPTURE_LOG_TARGETS`]).
 /// They are inputs the minimized corpora did not reach (valid capture logs,
@@ -278,30 +291,56 @@ pub fn max_len(target: &str) -> Option<String> {
         .then(|| format!("-max_len={CAPTURE_LOG_MAX_LEN}"))
 }
 
-/// Folds the scratch corpus of `target` into `fuzz/corpus/<target>` and
-/// minimizes it.
+/// Rebuilds the seed corpus of `target` from itself and its grown corpus:
+/// libFuzzer's set-cover merge over edge coverage (`-use_counters=0`: hit
+/// counts would keep an input per loop count) into a new directory, which
+/// then replaces `fuzz/corpus/<target>/`. The hand-kept seeds are left as
+/// they are.
 fn minimize(target: &str) -> Result<()> {
     let root = workspace_root()?;
-    let corpus = root.join("fuzz/corpus").join(target);
-    copy_new(&root.join("target/fuzz-corpus").join(target), &corpus)?;
-    nightly_cargo()?
-        .args(["fuzz", "cmin", "--debug-assertions", target])
-        .arg(&corpus)
-        .run()
-}
-
-fn copy_new(from: &Path, to: &Path) -> Result<()> {
-    let Ok(entries) = std::fs::read_dir(from) else {
-        return Ok(());
-    };
-    std::fs::create_dir_all(to).with_context(|| format!("could not create {}", to.display()))?;
-    for entry in entries {
-        let entry = entry?;
-        let dest = to.join(entry.file_name());
-        if !dest.exists() {
-            std::fs::copy(entry.path(), &dest)
-                .with_context(|| format!("could not copy {}", entry.path().display()))?;
-        }
+    let corpus = root.join(SEED_CORPORA).join(target);
+    let grown = root.join(GROWN_CORPORA).join(target);
+    let merged = root.join("target/fuzz-cmin").join(target);
+    if merged.exists() {
+        std::fs::remove_dir_all(&merged)
+            .with_context(|| format!("could not remove {}", merged.display()))?;
     }
+    std::fs::create_dir_all(&merged)
+        .with_context(|| format!("could not create {}", merged.display()))?;
+    let mut cmd = nightly_cargo()?
+        .args(["fuzz", "run", "--debug-assertions", target])
+        .arg(&merged)
+        .arg(&corpus);
+    if grown.is_dir() {
+        cmd = cmd.arg(&grown);
+    }
+    cmd = cmd.args(["--", "-set_cover_merge=1", "-use_counters=0"]);
+    if let Some(max_len) = max_len(target) {
+        cmd = cmd.arg(max_len);
+    }
+    cmd.arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
+        .arg(format!("-timeout={INPUT_TIMEOUT_SECS}"))
+        .run()?;
+    let kept = std::fs::read_dir(&merged)
+        .with_context(|| format!("could not read {}", merged.display()))?
+        .count();
+    if kept == 0 {
+        bail!(
+            "the set-cover merge of {target} kept no input; {} is left as it was",
+            corpus.display()
+        );
+    }
+    if corpus.exists() {
+        std::fs::remove_dir_all(&corpus)
+            .with_context(|| format!("could not remove {}", corpus.display()))?;
+    }
+    std::fs::rename(&merged, &corpus).with_context(|| {
+        format!(
+            "could not move {} to {}",
+            merged.display(),
+            corpus.display()
+        )
+    })?;
+    eprintln!("==> fuzz: {target}: the seed corpus now holds {kept} inputs");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask fuzz --coverage`: which of Polar's lines each fuzz target
 //! runs, and whose code the edges libFuzzer counts are in. The target runs
-//! once over its committed corpus and seeds with coverage instrumentation
+//! once over its corpora (seed, grown, hand-kept) with coverage instrumentation
 //! (`cargo fuzz coverage`), then the nightly toolchain's `llvm-cov`
 //! summarizes the lines per source file, leaving out the dependencies',
 //! the standard library's and the fuzz targets' own ([`NOT_POLAR`]). Edge
@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::cmd::{Cmd, workspace_root};
 use crate::daemon::tail;
-use crate::fuzz::{STOP_GRACE, max_len, nightly_cargo, seeds};
+use crate::fuzz::{STOP_GRACE, corpora, max_len, nightly_cargo};
 use crate::group::Group;
 use crate::setup;
 
@@ -55,7 +55,7 @@ pub fn run(targets: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs `target` over its committed corpus and seeds with coverage
+/// Runs `target` over its corpora ([`corpora`]) with coverage
 /// instrumentation (built for `host`), writes `llvm-cov`'s report on
 /// Polar's sources to [`COVERAGE_REPORTS`] and prints its rows for the
 /// files the target ran any line of, with their total.
@@ -67,12 +67,9 @@ fn report(target: &str, llvm_cov: &Path, host: &str) -> Result<()> {
     eprintln!(
         "==> fuzz: coverage of {target} over its corpus (log {COVERAGE_REPORTS}/{target}.log)"
     );
-    let mut cmd = nightly_cargo()?
+    let cmd = nightly_cargo()?
         .args(["fuzz", "coverage", target])
-        .arg(root.join("fuzz/corpus").join(target));
-    if let Some(seeds) = seeds(&root, target) {
-        cmd = cmd.arg(seeds);
-    }
+        .args(corpora(&root, target)?);
     let status = Group::spawn(cmd, &log, STOP_GRACE)?.wait()?;
     if !status.success() {
         bail!(
@@ -155,10 +152,7 @@ fn edges(target: &str, host: &str) -> Result<()> {
     if let Some(max_len) = max_len(target) {
         cmd = cmd.arg(max_len);
     }
-    cmd = cmd.arg(root.join("fuzz/corpus").join(target));
-    if let Some(seeds) = seeds(&root, target) {
-        cmd = cmd.arg(seeds);
-    }
+    cmd = cmd.args(corpora(&root, target)?);
     let status = Group::spawn(cmd, &log, STOP_GRACE)?.wait()?;
     if !status.success() {
         bail!(
