@@ -41,43 +41,13 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     let path = args.config.config.clone().ok_or_else(|| {
         CliError::Usage("polar agent needs --config FILE with a [gateway] table".into())
     })?;
-    let config = args.config.load()?;
-    let mut gw = GatewayConfig::load(&path)?.ok_or_else(|| {
-        CliError::Usage(format!(
-            "{}: no [gateway] table (the rollout server's URL, the node token...)",
-            path.display()
-        ))
-    })?;
-    gw.finish_tokens()?;
-    let tls = gw
-        .tls
-        .configs()
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
-            key: e.key,
-            reason: e.reason,
-        })?;
-    // No policy root may hold or be inside the node's secrets.
-    gw.policy
-        .check_protected(
-            &crate::gateway::config::policy_key(),
-            &[
-                ("state directory", config.agent.state_dir.as_path()),
-                ("config file", path.as_path()),
-            ],
-        )
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
-            key: e.key.to_string(),
-            reason: e.reason,
-        })?;
-    let export = gw.export.clone().unwrap_or_else(|| {
-        config
-            .agent
-            .state_dir
-            .join("trajectories")
-            .display()
-            .to_string()
-    });
-    let dest = Destination::parse(&export, &gw.s3)?;
+    let Checked {
+        config,
+        gw,
+        tls,
+        export,
+        dest,
+    } = check(&args.config, &path)?;
     let exporter = Exporter::new(
         dest,
         ExportOptions {
@@ -86,12 +56,6 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         },
     )?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
-    // A uid for each session the node holds at once.
-    config
-        .sandbox
-        .uids
-        .check_node(gw.max_sessions)
-        .map_err(crate::agent::AgentError::from)?;
     let parts = Arc::new(AgentParts::build(config)?);
     if let Some(c) = &parts.capture {
         c.spawn_health_checks();
@@ -177,6 +141,79 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     }
     shutdown(&parts, redirect).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// What `polar agent` reads and checks of its configuration before it
+/// creates anything.
+pub(crate) struct Checked {
+    /// The agent's tables.
+    pub config: crate::config::Config,
+    /// `[gateway]`, its token files read.
+    pub gw: GatewayConfig,
+    /// The gateway's TLS, its files loaded.
+    pub tls: polar_rollout_api::tls::TlsConfigs,
+    /// Where trajectories go, as written.
+    pub export: String,
+    /// Where trajectories go.
+    pub dest: Destination,
+}
+
+/// Every check of the file `polar agent` makes before it creates anything
+/// (`polar config check` runs this too): the agent's tables, `[gateway]`
+/// and its token and TLS files, the policy's roots against the node's
+/// secrets, the export destination, a uid for each session the node may
+/// hold at once.
+pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked, CliError> {
+    let config = args.load()?;
+    let mut gw = GatewayConfig::load(path)?.ok_or_else(|| {
+        CliError::Usage(format!(
+            "{}: no [gateway] table (the rollout server's URL, the node token...)",
+            path.display()
+        ))
+    })?;
+    gw.finish_tokens()?;
+    let tls = gw
+        .tls
+        .configs()
+        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+            key: e.key,
+            reason: e.reason,
+        })?;
+    // No policy root may hold or be inside the node's secrets.
+    gw.policy
+        .check_protected(
+            &crate::gateway::config::policy_key(),
+            &[
+                ("state directory", config.agent.state_dir.as_path()),
+                ("config file", path),
+            ],
+        )
+        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+            key: e.key.to_string(),
+            reason: e.reason,
+        })?;
+    let export = gw.export.clone().unwrap_or_else(|| {
+        config
+            .agent
+            .state_dir
+            .join("trajectories")
+            .display()
+            .to_string()
+    });
+    let dest = Destination::parse(&export, &gw.s3)?;
+    // A uid for each session the node holds at once.
+    config
+        .sandbox
+        .uids
+        .check_node(gw.max_sessions)
+        .map_err(crate::agent::AgentError::from)?;
+    Ok(Checked {
+        config,
+        gw,
+        tls,
+        export,
+        dest,
+    })
 }
 
 /// SIGHUP: the routing rules of the file, now; a file that does not

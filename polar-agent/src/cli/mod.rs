@@ -6,6 +6,7 @@
 
 mod agent;
 mod ca;
+mod check;
 mod harness;
 mod install;
 mod proxy;
@@ -125,7 +126,10 @@ pub enum SandboxCommand {
 /// `polar config ...`
 #[derive(Debug, Subcommand)]
 pub enum ConfigCommand {
-    /// Validate a configuration file and summarize it.
+    /// Check a configuration file exactly as every command that reads it
+    /// checks it at start (the node's tables; `[gateway]` as `polar agent`;
+    /// `[rollout]` as `polar rollout serve`, with the tokens of the
+    /// environment) and summarize it.
     Check {
         /// The file.
         file: PathBuf,
@@ -214,6 +218,17 @@ pub enum CliError {
     /// The `[gateway]` table is invalid.
     #[error(transparent)]
     Gateway(#[from] crate::gateway::GatewayConfigError),
+    /// `polar config check`: the file does not pass the checks `command`
+    /// makes at start.
+    #[error("{file}: not valid for {command}: {error}")]
+    NotValidFor {
+        /// The file checked.
+        file: String,
+        /// The command (or commands) whose checks refused it.
+        command: &'static str,
+        /// Why.
+        error: Box<CliError>,
+    },
     /// Running in a Slurm job failed.
     #[error(transparent)]
     Slurm(#[from] crate::slurm::SlurmError),
@@ -318,8 +333,8 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Config(ConfigCommand::Check { file }) => {
-            let summary = crate::config::check_file(&file)?;
-            std::io::Write::write_all(&mut std::io::stdout(), format!("{summary}\n").as_bytes())?;
+            let report = check::check(&file)?;
+            std::io::Write::write_all(&mut std::io::stdout(), report.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),

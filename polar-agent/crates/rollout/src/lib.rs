@@ -89,6 +89,26 @@ impl Drop for RolloutServer {
     }
 }
 
+/// Everything [`RolloutServer::start`] refuses before it binds anything
+/// (`polar config check` runs this too): bad identities, plain HTTP on an
+/// address that is not loopback without `rollout.tls.allow_plain_http`,
+/// TLS files that do not load, a `[rollout.dashboard] tokenizer` that does
+/// not load (loaded into `cfg`). Blocking: it reads files.
+pub fn preflight(
+    cfg: &mut RolloutConfig,
+) -> Result<polar_rollout_api::tls::TlsConfigs, RolloutError> {
+    cfg.check_identities()?;
+    cfg.tls.check_listen("rollout.listen", cfg.listen)?;
+    let tls = cfg.tls.configs()?;
+    cfg.dashboard
+        .load_tokenizer()
+        .map_err(|(key, reason)| RolloutConfigError::Invalid {
+            key: format!("rollout.dashboard.{key}"),
+            reason,
+        })?;
+    Ok(tls)
+}
+
 impl RolloutServer {
     /// Opens the database (restoring its state), binds `cfg.listen` (port 0
     /// picks one) and starts serving (HTTPS with `rollout.tls.cert_file`).
@@ -96,22 +116,22 @@ impl RolloutServer {
     /// not load, plain HTTP on an address that is not loopback without
     /// `rollout.tls.allow_plain_http`, a `[rollout.dashboard] tokenizer`
     /// that does not load.
-    pub async fn start(mut cfg: RolloutConfig) -> Result<Self, RolloutError> {
-        cfg.check_identities()?;
-        cfg.tls.check_listen("rollout.listen", cfg.listen)?;
-        let tls = cfg.tls.configs()?;
-        let mut dashboard = std::mem::take(&mut cfg.dashboard);
-        let loaded =
-            tokio::task::spawn_blocking(move || dashboard.load_tokenizer().map(|()| dashboard))
-                .await;
-        cfg.dashboard = match loaded {
-            Ok(loaded) => loaded,
-            Err(e) => Err(("tokenizer".to_owned(), e.to_string())),
-        }
-        .map_err(|(key, reason)| RolloutConfigError::Invalid {
-            key: format!("rollout.dashboard.{key}"),
-            reason,
-        })?;
+    pub async fn start(cfg: RolloutConfig) -> Result<Self, RolloutError> {
+        let checked = tokio::task::spawn_blocking(move || {
+            let mut cfg = cfg;
+            preflight(&mut cfg).map(|tls| (cfg, tls))
+        })
+        .await;
+        let (cfg, tls) = match checked {
+            Ok(checked) => checked?,
+            Err(e) => {
+                return Err(RolloutConfigError::Invalid {
+                    key: "rollout".to_owned(),
+                    reason: format!("the start-up checks did not finish: {e}"),
+                }
+                .into());
+            }
+        };
         let routes = server::routes()?;
         let listen = cfg.listen;
         let listener = TcpListener::bind(listen)
