@@ -41,7 +41,7 @@ impl Codec {
                 template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls)
             }
             Self::Real(m) => {
-                let thinking = m.open_turn(prompt_head).is_none_or(|(_, on)| on);
+                let thinking = m.open_turn(prompt_head).map(|(_, on)| on);
                 m.family().turn_text(
                     plan.think.as_deref(),
                     &plan.text,
@@ -52,11 +52,11 @@ impl Codec {
         }
     }
 
-    /// The end-of-turn token's text.
-    pub fn end_of_turn(&self) -> &'static str {
+    /// The text a planned turn ends with (its end-of-turn token).
+    pub fn end_of_turn(&self, plan: &Plan) -> &'static str {
         match self {
             Self::Mock { .. } => "<|im_end|>",
-            Self::Real(m) => m.family().end_of_turn(),
+            Self::Real(m) => m.family().turn_end(!plan.tool_calls.is_empty()),
         }
     }
 

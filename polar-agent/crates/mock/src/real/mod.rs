@@ -6,14 +6,19 @@
 //! (`polar_template::Model`, as `transformers.apply_chat_template`
 //! renders), and encoded with the model's tokenizer: these are the prompt
 //! ids. The scripted turn is written as the model writes it and read back
-//! as vLLM's parsers for the family read it ([`OutputFormat`]; Qwen3 with
-//! Hermes tool calls in [`qwen3`]), encoded with the same tokenizer, each
-//! id with the byte span of the text it stands for.
+//! as vLLM's parsers for the family read it ([`OutputFormat`]: Qwen3 with
+//! Hermes tool calls in [`qwen3`], DeepSeek-V3 and V3.1 in [`deepseek`],
+//! gpt-oss's Harmony in [`gpt_oss`]; the last two read back by
+//! `polar_chat::output`'s parsers, [`read`]), encoded with the same
+//! tokenizer, each id with the byte span of the text it stands for.
 //!
-//! A family is recognised by its template; other families plug in as
-//! another [`OutputFormat`].
+//! A family is recognised by its template's markup; other families plug
+//! in as another [`OutputFormat`].
 
+pub mod deepseek;
+pub mod gpt_oss;
 pub mod qwen3;
+pub mod read;
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -32,6 +37,12 @@ pub trait OutputFormat: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// The text the model ends a turn with (its end-of-turn token).
     fn end_of_turn(&self) -> &'static str;
+    /// The text the model ends a turn with, when the turn has tool calls
+    /// (`calls`) or not (gpt-oss ends a call with `<|call|>`).
+    fn turn_end(&self, calls: bool) -> &'static str {
+        let _ = calls;
+        self.end_of_turn()
+    }
     /// What the template renders before a generated turn.
     fn turn_head(&self) -> &'static str;
     /// What the generation prompt adds after [`Self::turn_head`] when
@@ -39,14 +50,15 @@ pub trait OutputFormat: Send + Sync + std::fmt::Debug {
     fn no_think_glue(&self) -> &'static str;
     /// The text of a turn (without the end-of-turn token) as the model
     /// writes it: `think` and `text`, then the calls (name, arguments JSON);
-    /// `thinking` is off when the generation prompt already closed the
-    /// reasoning.
+    /// `thinking` is whether the generation prompt left the reasoning open
+    /// (`Some(false)`: it closed it), `None` when the prompt does not end
+    /// with the turn head (DeepSeek's turns after tool results).
     fn turn_text(
         &self,
         think: Option<&str>,
         text: &str,
         calls: &[(String, String)],
-        thinking: bool,
+        thinking: Option<bool>,
     ) -> String;
     /// Generated text as the server's reasoning and tool parsers read it,
     /// every byte assigned to a channel.
@@ -72,7 +84,8 @@ pub enum RealError {
     /// No output format is known for the template's family.
     #[error(
         "model directory {dir}: no output format is known for its chat template \
-         (known: Qwen3 with Hermes tool calls: `<|im_start|>`, `<tool_call>`)"
+         (known: Qwen3 with Hermes tool calls: `<|im_start|>`, `<tool_call>`; \
+         DeepSeek-V3/V3.1: `<｜tool▁calls▁begin｜>`; gpt-oss: `<|start|>`, `<|channel|>`)"
     )]
     UnknownFamily {
         /// The directory.
@@ -122,6 +135,12 @@ impl RealModel {
         let family: Box<dyn OutputFormat> =
             if template.contains("<|im_start|>") && template.contains("<tool_call>") {
                 Box::new(qwen3::Qwen3)
+            } else if template.contains("<｜tool▁calls▁begin｜>") {
+                Box::new(deepseek::Deepseek {
+                    v31: template.contains("<think>"),
+                })
+            } else if template.contains("<|start|>") && template.contains("<|channel|>") {
+                Box::new(gpt_oss::GptOss)
             } else {
                 return Err(RealError::UnknownFamily {
                     dir: dir.to_owned(),
