@@ -4,7 +4,7 @@
 //! run only those): every CLI of [`SIX`] on the four-step task against
 //! `polar mock-backend --model-dir` serving Qwen3's real files,
 //! server-rendered and token-faithful; DeepSeek-V3.1 and gpt-oss with two
-//! CLIs each. Prints one Markdown row per session (BENCHMARKS.md,
+//! CLIs each. Prints (to stderr) one Markdown row per session (BENCHMARKS.md,
 //! "Token-faithful chains") and, after the table, what missed the
 //! token-faithful target. Needs `cargo build --bin polar`, `cargo xtask
 //! harnesses` and `cargo xtask chat-models` first.
@@ -65,14 +65,14 @@ fn main() -> Result<()> {
             );
         }
     }
-    println!("{TABLE_HEAD}");
+    eprintln!("{TABLE_HEAD}");
     for r in &rows {
-        println!("{r}");
+        eprintln!("{r}");
     }
     if !misses.is_empty() {
-        println!("\nMissed:");
+        eprintln!("\nMissed:");
         for m in &misses {
-            println!("- {m}");
+            eprintln!("- {m}");
         }
     }
     Ok(())
