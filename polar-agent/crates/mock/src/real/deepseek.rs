@@ -159,6 +159,14 @@ impl OutputFormat for Deepseek {
         if self.v31 { "<think></think>" } else { "" }
     }
 
+    fn headless_turn_after(&self) -> &'static [&'static str] {
+        if self.v31 {
+            &[OUTPUT_END]
+        } else {
+            &[OUTPUTS_END]
+        }
+    }
+
     fn turn_text(
         &self,
         think: Option<&str>,

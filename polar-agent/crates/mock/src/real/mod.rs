@@ -48,6 +48,11 @@ pub trait OutputFormat: Send + Sync + std::fmt::Debug {
     /// What the generation prompt adds after [`Self::turn_head`] when
     /// thinking is off (empty when the family has no such switch).
     fn no_think_glue(&self) -> &'static str;
+    /// Markup after which the model's turn starts with no turn head
+    /// (DeepSeek's templates add no generation prompt after tool results).
+    fn headless_turn_after(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The text of a turn (without the end-of-turn token) as the model
     /// writes it: `think` and `text`, then the calls (name, arguments JSON);
     /// `thinking` is whether the generation prompt left the reasoning open
@@ -115,6 +120,7 @@ pub struct RealModel {
     family: Box<dyn OutputFormat>,
     head: Vec<u32>,
     glue: Vec<u32>,
+    headless: Vec<Vec<u32>>,
     stop_ids: Vec<u32>,
 }
 
@@ -171,6 +177,11 @@ impl RealModel {
         };
         let head = encode(family.turn_head())?;
         let glue = encode(family.no_think_glue())?;
+        let headless = family
+            .headless_turn_after()
+            .iter()
+            .map(|m| encode(m))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             dir: dir.to_owned(),
             format: ContentFormat::detect(&template),
@@ -180,6 +191,7 @@ impl RealModel {
             family,
             head,
             glue,
+            headless,
             stop_ids,
         })
     }
@@ -255,6 +267,36 @@ impl RealModel {
     /// One token's text, as logprob entries show it.
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.decode(&[id], false).ok()
+    }
+
+    /// Where a turn left open at the end of `prompt_ids` may start, latest
+    /// first: after each turn head (and the generation prompt's empty
+    /// reasoning) or headless opener
+    /// ([`OutputFormat::headless_turn_after`]) since the last end-of-turn
+    /// token. Several, as a turn may hold the head itself (gpt-oss writes
+    /// `<|start|>assistant` between its messages): which one the generated
+    /// ids follow is told by what they are.
+    pub fn turn_starts(&self, prompt_ids: &[u32]) -> Vec<usize> {
+        let from = prompt_ids
+            .iter()
+            .rposition(|id| self.stop_ids.contains(id))
+            .map_or(0, |at| at + 1);
+        let mut starts = Vec::new();
+        for end in (from..=prompt_ids.len()).rev() {
+            let before = &prompt_ids[from..end];
+            if !self.head.is_empty() && before.ends_with(&self.head) {
+                let rest = &prompt_ids[end..];
+                let glued = !self.glue.is_empty() && rest.starts_with(&self.glue);
+                starts.push(if glued { end + self.glue.len() } else { end });
+            } else if self
+                .headless
+                .iter()
+                .any(|m| !m.is_empty() && before.ends_with(m))
+            {
+                starts.push(end);
+            }
+        }
+        starts
     }
 
     /// Where the turn left open at the end of `prompt_ids` starts (after the
