@@ -1,12 +1,13 @@
 //! Token-faithful chains measured with the real harness CLIs (root only;
-//! `cargo bench -p polar-tests --bench chains`, or with arguments after
-//! `--`: families `qwen3`, `deepseek_v3_1`, `gptoss` and harness names to
-//! run only those): every CLI of [`SIX`] on the four-step task against
-//! `polar mock-backend --model-dir` serving Qwen3's real files,
-//! server-rendered and token-faithful; DeepSeek-V3.1 and gpt-oss with two
-//! CLIs each. Prints (to stderr) one Markdown row per session (BENCHMARKS.md,
-//! "Token-faithful chains") and, after the table, what missed the
-//! token-faithful target. Needs `cargo build --bin polar`, `cargo xtask
+//! `cargo bench -p polar-tests --bench chains --profile dev`, or with
+//! arguments after `--`: families `qwen3`, `deepseek_v3_1`, `gptoss` and
+//! harness names to run only those): every CLI of [`SIX`] on the four-step
+//! task against `polar mock-backend --model-dir` serving Qwen3's real
+//! files, server-rendered and token-faithful; DeepSeek-V3.1 and gpt-oss
+//! with two CLIs each, both ways too. Prints (to stderr) one Markdown row
+//! per session (BENCHMARKS.md, "Token-faithful chains") and, after the
+//! table, what missed the token-faithful target. Needs `cargo build --bin
+//! polar` (the dev profile's, which `--profile dev` runs), `cargo xtask
 //! harnesses` and `cargo xtask chat-models` first.
 
 use anyhow::Result;
@@ -35,10 +36,6 @@ fn main() -> Result<()> {
             (true, _) => vec!["codex", "claude_code"],
         };
         for rendering in [Rendering::Server, Rendering::Faithful] {
-            if family != Family::Qwen3 && rendering == Rendering::Server && chosen.is_empty() {
-                // Only the token-faithful target is measured beyond Qwen3.
-                continue;
-            }
             let started = std::time::Instant::now();
             for m in measure(&harnesses, family, rendering)? {
                 let row = table_row(&m);
