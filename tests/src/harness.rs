@@ -196,6 +196,9 @@ pub enum Scenario {
     Demo,
     /// [`steps_script`]: four shell steps, then "done".
     Steps,
+    /// The same task, with every check of [`Scenario::Steps`] but the one
+    /// that the main chain is one trace (what [`crate::chains`] measures).
+    StepsMeasured,
     /// The four steps, then this tool call (a TOML inline table in the
     /// mock's script form), with which the harness ends its session
     /// (mini-swe-agent ends only on its submit command, OpenHands on its
@@ -213,9 +216,11 @@ impl Scenario {
     fn instruction(self) -> &'static str {
         match self {
             Self::Demo => INSTRUCTION,
-            Self::Steps | Self::Submit(_) | Self::Compact(..) | Self::Faults(_) => {
-                STEPS_INSTRUCTION
-            }
+            Self::Steps
+            | Self::StepsMeasured
+            | Self::Submit(_)
+            | Self::Compact(..)
+            | Self::Faults(_) => STEPS_INSTRUCTION,
         }
     }
 
@@ -223,7 +228,7 @@ impl Scenario {
     fn suffix(self) -> String {
         match self {
             Self::Demo => String::new(),
-            Self::Steps | Self::Submit(_) => "-steps".into(),
+            Self::Steps | Self::StepsMeasured | Self::Submit(_) => "-steps".into(),
             Self::Compact(..) => "-compact".into(),
             Self::Faults(f) => format!("-{}", f.name),
         }
@@ -233,7 +238,7 @@ impl Scenario {
     fn script(self) -> Option<String> {
         match self {
             Self::Demo => None,
-            Self::Steps => Some(steps_script("*", "", [""; 4], "")),
+            Self::Steps | Self::StepsMeasured => Some(steps_script("*", "", [""; 4], "")),
             Self::Submit(last) => Some(steps_script("*", "", [""; 4], last)),
             Self::Compact(fills_after, tokens) => Some(compact_script(fills_after, tokens)),
             Self::Faults(f) => Some(steps_script(
@@ -324,8 +329,15 @@ impl Drop for Mock {
 /// A configuration whose model routes (the built-in ones) are served by
 /// the mocks through the capture stage (and `extra` after it); with the
 /// model's `output_parser` for the fault scenarios (a reply cut after
-/// output reached the harness is resumed).
-fn config(dir: &Path, mocks: &[Mock], scenario: Scenario, extra: &str) -> Result<String> {
+/// output reached the harness is resumed) and `keys` (more of the
+/// backend's keys, TOML lines).
+fn config(
+    dir: &Path,
+    mocks: &[Mock],
+    scenario: Scenario,
+    keys: &str,
+    extra: &str,
+) -> Result<String> {
     let replicas: Vec<String> = mocks.iter().map(|m| format!("\"{}\"", m.url)).collect();
     let (dialect, parser) = match scenario {
         Scenario::Faults(f) => (f.dialect, "output_parser = \"qwen3\"\n"),
@@ -335,7 +347,7 @@ fn config(dir: &Path, mocks: &[Mock], scenario: Scenario, extra: &str) -> Result
         dir,
         &format!(
             "[[backend]]\nname = \"mock\"\ndialect = \"{dialect}\"\nreplicas = [{}]\n\
-             served_model = \"polar-mock\"\n{parser}\n{extra}",
+             served_model = \"polar-mock\"\n{parser}{keys}\n{extra}",
             replicas.join(", ")
         ),
     )?
@@ -345,7 +357,12 @@ fn config(dir: &Path, mocks: &[Mock], scenario: Scenario, extra: &str) -> Result
 
 /// What is wrong with one harness's session, if anything (`served`: what
 /// the mock served this session, for [`Scenario::Steps`]).
-fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> Vec<String> {
+pub(crate) fn check(
+    name: &str,
+    run: &SessionRun,
+    scenario: Scenario,
+    served: &[Value],
+) -> Vec<String> {
     if scenario.down() {
         let mut problems = down_problems(name, run);
         if !problems.is_empty() {
@@ -366,7 +383,11 @@ fn check(name: &str, run: &SessionRun, scenario: Scenario, served: &[Value]) -> 
                 Err(e) => problems.push(format!("no polar-demo.txt ({e})")),
             }
         }
-        Scenario::Steps | Scenario::Submit(_) | Scenario::Compact(..) | Scenario::Faults(_) => {
+        Scenario::Steps
+        | Scenario::StepsMeasured
+        | Scenario::Submit(_)
+        | Scenario::Compact(..)
+        | Scenario::Faults(_) => {
             problems.extend(task_check(&run.workspace()));
         }
     }
@@ -1020,6 +1041,42 @@ fn compaction_problems(rows: &[Value]) -> Vec<String> {
 /// runs, the `harness-clis` test group of `.config/nextest.toml` does.
 static ONE_RUN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// How a run's backend is set up beyond its scenario.
+#[derive(Clone, Debug, Default)]
+pub struct Backend {
+    /// More flags of `polar mock-backend` (e.g. `--model-dir DIR`).
+    pub mock_args: Vec<String>,
+    /// More keys of the `[[backend]]` table (TOML lines, each ending with
+    /// a newline).
+    pub keys: String,
+    /// Put in the session ids (`e2e-NAME-TAG...`), so that runs of
+    /// different set-ups are told apart.
+    pub tag: String,
+}
+
+/// The finished sessions of one [`run_sessions`], with the directory
+/// holding their state (removed when this is dropped).
+#[derive(Debug)]
+pub struct Sessions {
+    /// The sessions, in the harnesses' order.
+    pub list: Vec<Session>,
+    _dir: tempfile::TempDir,
+}
+
+/// One harness's finished session.
+#[derive(Debug)]
+pub struct Session {
+    /// The harness, as `--harness` names it.
+    pub harness: &'static str,
+    /// The session id.
+    pub id: String,
+    /// The run.
+    pub run: SessionRun,
+    /// What the mock served the session (`GET /served`; scripted
+    /// scenarios only).
+    pub served: Vec<Value>,
+}
+
 /// Runs the harnesses at once (in native sandboxes, or in docker
 /// containers of `docker`'s engine); fails with every problem of every
 /// harness.
@@ -1029,6 +1086,31 @@ pub fn run_all(
     docker: Option<&Engine>,
     scenario: Scenario,
 ) -> Result<()> {
+    let sessions = run_sessions(harnesses, base_url, docker, scenario, &Backend::default())?;
+    let mut problems = Vec::new();
+    for s in &sessions.list {
+        problems.extend(
+            check(s.harness, &s.run, scenario, &s.served)
+                .into_iter()
+                .map(|p| format!("{}: {p}", s.harness)),
+        );
+    }
+    if !problems.is_empty() {
+        bail!("{}", problems.join("\n"));
+    }
+    Ok(())
+}
+
+/// Runs the harnesses at once against mocks set up as `backend` says (in
+/// native sandboxes, or in docker containers of `docker`'s engine), and
+/// returns their sessions, unchecked.
+pub fn run_sessions(
+    harnesses: &[&'static str],
+    base_url: bool,
+    docker: Option<&Engine>,
+    scenario: Scenario,
+    backend: &Backend,
+) -> Result<Sessions> {
     let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let dir = harness_dir();
     ensure!(
@@ -1041,7 +1123,7 @@ pub fn run_all(
         .script()
         .map(|text| write_file(tmp.path(), "script.toml", &text))
         .transpose()?;
-    let mut args = Vec::new();
+    let mut args: Vec<&str> = backend.mock_args.iter().map(String::as_str).collect();
     let replicas = match scenario {
         Scenario::Faults(f) => {
             args.extend(["--dialect", f.dialect]);
@@ -1065,7 +1147,7 @@ pub fn run_all(
             .collect::<Result<Vec<_>>>()?;
         let dir = tmp.path().join(format!("set-{i}"));
         std::fs::create_dir(&dir)?;
-        cfgs.push(config(&dir, &set, scenario, &extra)?);
+        cfgs.push(config(&dir, &set, scenario, &backend.keys, &extra)?);
         mocks.extend(set);
     }
     let budget = match scenario {
@@ -1083,9 +1165,14 @@ pub fn run_all(
             let cfg = cfgs[i.min(sets - 1)].clone();
             let (spec, budget) = (spec.clone(), budget.clone());
             let h = *h;
+            let tag = if backend.tag.is_empty() {
+                String::new()
+            } else {
+                format!("-{}", backend.tag)
+            };
             std::thread::spawn(move || {
                 let session = format!(
-                    "e2e-{}{}{}{}",
+                    "e2e-{}{tag}{}{}{}",
                     h.replace(['_', ':'], "-"),
                     if base_url { "-b" } else { "" },
                     if spec.is_some() { "-d" } else { "" },
@@ -1128,17 +1215,14 @@ pub fn run_all(
             }
         }
     }
-    let mut problems = Vec::new();
-    for (h, session, run) in &runs {
-        let served = served.get(session).map_or(&[][..], Vec::as_slice);
-        problems.extend(
-            check(h, run, scenario, served)
-                .into_iter()
-                .map(|p| format!("{h}: {p}")),
-        );
-    }
-    if !problems.is_empty() {
-        bail!("{}", problems.join("\n"));
-    }
-    Ok(())
+    let list = runs
+        .into_iter()
+        .map(|(harness, id, run)| Session {
+            served: served.remove(&id).unwrap_or_default(),
+            harness,
+            id,
+            run,
+        })
+        .collect();
+    Ok(Sessions { list, _dir: tmp })
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
+pub mod chains;
 pub mod docker;
 pub mod harness;
 pub mod proxy;

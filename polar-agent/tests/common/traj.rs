@@ -321,6 +321,7 @@ pub fn assert_merged(trace: &Trace, calls: &[&CompletionRecord]) {
                 .or_else(|| r.backend.weight_version.clone()),
             weight_version: r.backend.weight_version.clone(),
             off_policy_context_tokens: off_policy,
+            serving: r.backend.serving.clone(),
         });
         ids.extend_from_slice(response(r));
         mask.extend(repeat_n(1u8, response(r).len()));

@@ -41,7 +41,7 @@ impl Codec {
                 template::render_assistant_body(plan.think.as_deref(), &plan.text, &calls)
             }
             Self::Real(m) => {
-                let thinking = m.open_turn(prompt_head).is_none_or(|(_, on)| on);
+                let thinking = m.open_turn(prompt_head).map(|(_, on)| on);
                 m.family().turn_text(
                     plan.think.as_deref(),
                     &plan.text,
@@ -52,11 +52,11 @@ impl Codec {
         }
     }
 
-    /// The end-of-turn token's text.
-    pub fn end_of_turn(&self) -> &'static str {
+    /// The text a planned turn ends with (its end-of-turn token).
+    pub fn end_of_turn(&self, plan: &Plan) -> &'static str {
         match self {
             Self::Mock { .. } => "<|im_end|>",
-            Self::Real(m) => m.family().end_of_turn(),
+            Self::Real(m) => m.family().turn_end(!plan.tool_calls.is_empty()),
         }
     }
 
@@ -93,15 +93,21 @@ impl Codec {
         }
     }
 
-    /// The generated ids at the end of `prompt_ids` (a turn left open), as
-    /// [`super::resume`] continues them.
-    pub fn partial_turn<'a>(&self, prompt_ids: &'a [u32]) -> &'a [u32] {
-        match self {
-            Self::Mock { glue } => super::resume::partial_turn(prompt_ids, glue),
+    /// The ids at the end of `prompt_ids` that may be a turn left open
+    /// (generated ids), as [`super::resume`] continues them: one
+    /// candidate for the mock's own template, each place a turn may start
+    /// for a real model's (latest first); none when the prompt ends with
+    /// the generation prompt.
+    pub fn partial_turns<'a>(&self, prompt_ids: &'a [u32]) -> Vec<&'a [u32]> {
+        let turns: Vec<&[u32]> = match self {
+            Self::Mock { glue } => vec![super::resume::partial_turn(prompt_ids, glue)],
             Self::Real(m) => m
-                .open_turn(prompt_ids)
-                .map_or(&[], |(start, _)| &prompt_ids[start..]),
-        }
+                .turn_starts(prompt_ids)
+                .into_iter()
+                .map(|start| &prompt_ids[start..])
+                .collect(),
+        };
+        turns.into_iter().filter(|t| !t.is_empty()).collect()
     }
 
     /// The script's facts of a token-in prompt, from its text.

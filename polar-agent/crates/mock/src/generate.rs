@@ -109,7 +109,7 @@ pub fn generate_with(
         None => codec.turn_text(plan, &prompt_ids),
     };
     if !plan.force_length {
-        full.push_str(codec.end_of_turn());
+        full.push_str(codec.end_of_turn(plan));
     }
     let mut tokens = codec.encode_with_spans(&full);
     let limit = plan.abort_after.map_or(max_tokens, |n| n.min(max_tokens));

@@ -145,19 +145,18 @@ pub fn plan_of_request(
     max_tokens: usize,
     retry: bool,
 ) -> (Plan, usize) {
-    let partial = codec.partial_turn(prompt_ids);
-    let head = &prompt_ids[..prompt_ids.len() - partial.len()];
-    if !partial.is_empty()
-        && let Some(plan) = continued_plan(
+    for partial in codec.partial_turns(prompt_ids) {
+        let head = &prompt_ids[..prompt_ids.len() - partial.len()];
+        if let Some(plan) = continued_plan(
             codec,
             policy.turns_of(session, facts),
             head,
             partial,
             max_tokens,
-        )
-    {
-        let plan = if retry { without_faults(&plan) } else { plan };
-        return (plan, partial.len());
+        ) {
+            let plan = if retry { without_faults(&plan) } else { plan };
+            return (plan, partial.len());
+        }
     }
     if retry {
         return (without_faults(&policy.repeat(session, facts)), 0);

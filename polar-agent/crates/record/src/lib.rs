@@ -11,6 +11,8 @@
 use serde::{Deserialize, Serialize};
 
 use polar_chat::{Api, ChatRequest, ChatResponse, FinishReason};
+/// How a call's prompt reached the backend ([`BackendInfo::serving`]).
+pub use polar_faithful::Serving;
 use polar_json::RawJson;
 
 /// Version of the record layout, stored in every record.

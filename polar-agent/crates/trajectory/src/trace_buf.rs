@@ -110,6 +110,7 @@ impl<'a> TraceBuf<'a> {
             policy_version,
             weight_version,
             off_policy_context_tokens: self.off_policy,
+            serving: call.record.backend.serving.clone(),
         });
         if call.truncated() {
             self.labels.push(Label::Truncated);

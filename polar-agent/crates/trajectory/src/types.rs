@@ -138,6 +138,14 @@ pub struct CallSpan {
     /// existed.
     #[serde(default)]
     pub off_policy_context_tokens: usize,
+    /// How the call's prompt reached the backend, as its record says
+    /// (`backend.serving`): rendered by Polar and sent as token ids
+    /// (`token_in`, with how the ids were built: extending an earlier
+    /// call's, or rendered whole and why), or rendered by the backend's
+    /// chat endpoint (`chat_endpoint`). Absent when the record does not
+    /// say (records older than token-faithful serving).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serving: Option<polar_record::Serving>,
 }
 
 /// How a call joined its trace.

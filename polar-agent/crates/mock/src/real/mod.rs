@@ -6,14 +6,19 @@
 //! (`polar_template::Model`, as `transformers.apply_chat_template`
 //! renders), and encoded with the model's tokenizer: these are the prompt
 //! ids. The scripted turn is written as the model writes it and read back
-//! as vLLM's parsers for the family read it ([`OutputFormat`]; Qwen3 with
-//! Hermes tool calls in [`qwen3`]), encoded with the same tokenizer, each
-//! id with the byte span of the text it stands for.
+//! as vLLM's parsers for the family read it ([`OutputFormat`]: Qwen3 with
+//! Hermes tool calls in [`qwen3`], DeepSeek-V3 and V3.1 in [`deepseek`],
+//! gpt-oss's Harmony in [`gpt_oss`]; the last two read back by
+//! `polar_chat::output`'s parsers, [`read`]), encoded with the same
+//! tokenizer, each id with the byte span of the text it stands for.
 //!
-//! A family is recognised by its template; other families plug in as
-//! another [`OutputFormat`].
+//! A family is recognised by its template's markup; other families plug
+//! in as another [`OutputFormat`].
 
+pub mod deepseek;
+pub mod gpt_oss;
 pub mod qwen3;
+pub mod read;
 
 use std::collections::HashSet;
 use std::ops::Range;
@@ -32,21 +37,33 @@ pub trait OutputFormat: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// The text the model ends a turn with (its end-of-turn token).
     fn end_of_turn(&self) -> &'static str;
+    /// The text the model ends a turn with, when the turn has tool calls
+    /// (`calls`) or not (gpt-oss ends a call with `<|call|>`).
+    fn turn_end(&self, calls: bool) -> &'static str {
+        let _ = calls;
+        self.end_of_turn()
+    }
     /// What the template renders before a generated turn.
     fn turn_head(&self) -> &'static str;
     /// What the generation prompt adds after [`Self::turn_head`] when
     /// thinking is off (empty when the family has no such switch).
     fn no_think_glue(&self) -> &'static str;
+    /// Markup after which the model's turn starts with no turn head
+    /// (DeepSeek's templates add no generation prompt after tool results).
+    fn headless_turn_after(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// The text of a turn (without the end-of-turn token) as the model
     /// writes it: `think` and `text`, then the calls (name, arguments JSON);
-    /// `thinking` is off when the generation prompt already closed the
-    /// reasoning.
+    /// `thinking` is whether the generation prompt left the reasoning open
+    /// (`Some(false)`: it closed it), `None` when the prompt does not end
+    /// with the turn head (DeepSeek's turns after tool results).
     fn turn_text(
         &self,
         think: Option<&str>,
         text: &str,
         calls: &[(String, String)],
-        thinking: bool,
+        thinking: Option<bool>,
     ) -> String;
     /// Generated text as the server's reasoning and tool parsers read it,
     /// every byte assigned to a channel.
@@ -72,7 +89,8 @@ pub enum RealError {
     /// No output format is known for the template's family.
     #[error(
         "model directory {dir}: no output format is known for its chat template \
-         (known: Qwen3 with Hermes tool calls: `<|im_start|>`, `<tool_call>`)"
+         (known: Qwen3 with Hermes tool calls: `<|im_start|>`, `<tool_call>`; \
+         DeepSeek-V3/V3.1: `<｜tool▁calls▁begin｜>`; gpt-oss: `<|start|>`, `<|channel|>`)"
     )]
     UnknownFamily {
         /// The directory.
@@ -102,6 +120,7 @@ pub struct RealModel {
     family: Box<dyn OutputFormat>,
     head: Vec<u32>,
     glue: Vec<u32>,
+    headless: Vec<Vec<u32>>,
     stop_ids: Vec<u32>,
 }
 
@@ -122,6 +141,12 @@ impl RealModel {
         let family: Box<dyn OutputFormat> =
             if template.contains("<|im_start|>") && template.contains("<tool_call>") {
                 Box::new(qwen3::Qwen3)
+            } else if template.contains("<｜tool▁calls▁begin｜>") {
+                Box::new(deepseek::Deepseek {
+                    v31: template.contains("<think>"),
+                })
+            } else if template.contains("<|start|>") && template.contains("<|channel|>") {
+                Box::new(gpt_oss::GptOss)
             } else {
                 return Err(RealError::UnknownFamily {
                     dir: dir.to_owned(),
@@ -152,6 +177,11 @@ impl RealModel {
         };
         let head = encode(family.turn_head())?;
         let glue = encode(family.no_think_glue())?;
+        let headless = family
+            .headless_turn_after()
+            .iter()
+            .map(|m| encode(m))
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             dir: dir.to_owned(),
             format: ContentFormat::detect(&template),
@@ -161,6 +191,7 @@ impl RealModel {
             family,
             head,
             glue,
+            headless,
             stop_ids,
         })
     }
@@ -236,6 +267,36 @@ impl RealModel {
     /// One token's text, as logprob entries show it.
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.decode(&[id], false).ok()
+    }
+
+    /// Where a turn left open at the end of `prompt_ids` may start, latest
+    /// first: after each turn head (and the generation prompt's empty
+    /// reasoning) or headless opener
+    /// ([`OutputFormat::headless_turn_after`]) since the last end-of-turn
+    /// token. Several, as a turn may hold the head itself (gpt-oss writes
+    /// `<|start|>assistant` between its messages): which one the generated
+    /// ids follow is told by what they are.
+    pub fn turn_starts(&self, prompt_ids: &[u32]) -> Vec<usize> {
+        let from = prompt_ids
+            .iter()
+            .rposition(|id| self.stop_ids.contains(id))
+            .map_or(0, |at| at + 1);
+        let mut starts = Vec::new();
+        for end in (from..=prompt_ids.len()).rev() {
+            let before = &prompt_ids[from..end];
+            if !self.head.is_empty() && before.ends_with(&self.head) {
+                let rest = &prompt_ids[end..];
+                let glued = !self.glue.is_empty() && rest.starts_with(&self.glue);
+                starts.push(if glued { end + self.glue.len() } else { end });
+            } else if self
+                .headless
+                .iter()
+                .any(|m| !m.is_empty() && before.ends_with(m))
+            {
+                starts.push(end);
+            }
+        }
+        starts
     }
 
     /// Where the turn left open at the end of `prompt_ids` starts (after the

@@ -77,10 +77,10 @@ impl OutputFormat for Qwen3 {
         think: Option<&str>,
         text: &str,
         calls: &[(String, String)],
-        thinking: bool,
+        thinking: Option<bool>,
     ) -> String {
         let mut out = String::new();
-        if thinking {
+        if thinking != Some(false) {
             out.push_str("<think>\n");
             out.push_str(think.unwrap_or_default());
             out.push_str("\n</think>\n\n");
@@ -241,7 +241,7 @@ fn tool_responses(body: &str) -> Option<Vec<String>> {
 }
 
 /// An assistant message from its parsed turn.
-fn assistant(p: &ParsedOutput) -> Message {
+pub(crate) fn assistant(p: &ParsedOutput) -> Message {
     let mut m = Message::text(Role::Assistant, "");
     m.content = vec![Part::Text {
         text: p.content.as_str().into(),
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn a_turn_reads_back_as_vllm_parses_it() {
-        let text = Qwen3.turn_text(Some("Let me look."), "", &calls(), true);
+        let text = Qwen3.turn_text(Some("Let me look."), "", &calls(), Some(true));
         assert_eq!(
             text,
             "<think>\nLet me look.\n</think>\n\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls -la\", \"n\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call>"
@@ -324,7 +324,7 @@ mod tests {
 
     #[test]
     fn text_before_calls_is_content_and_no_think_end_means_no_reasoning() {
-        let text = Qwen3.turn_text(None, "Listing.", &calls()[..1], false);
+        let text = Qwen3.turn_text(None, "Listing.", &calls()[..1], Some(false));
         let p = Qwen3.parse(&text);
         assert_eq!(p.reasoning, None);
         assert_eq!(p.content, "Listing.\n");

@@ -5,7 +5,10 @@
 //! reasoning) is one chain, each prompt the last one's ids and generated
 //! ids plus the new messages' ids; the same session through the chat
 //! endpoint (the server renders the template) is not, as the real world
-//! shows.
+//! shows. DeepSeek-V3.1's and gpt-oss's real files are served the same
+//! way (the mock writes their output formats): token-faithfully one chain;
+//! through the chat endpoint gpt-oss drifts, DeepSeek-V3.1 out of thinking
+//! mode does not.
 
 use std::sync::Arc;
 
@@ -17,7 +20,7 @@ use polar_mock::real::RealModel;
 use polar_mock::script::{Script, ScriptedCall, SessionScript, StepBy, Turn};
 use polar_mock::{self as mock, MockConfig, MockHandle};
 
-use super::{backend, qwen3_dir, request};
+use super::{backend, model_dir, qwen3_dir, request};
 
 /// Three tool calls with reasoning, then an answer.
 fn script() -> Script {
@@ -41,9 +44,13 @@ fn script() -> Script {
 }
 
 async fn replica(dialect: Dialect) -> MockHandle {
+    replica_of(dialect, &qwen3_dir()).await
+}
+
+async fn replica_of(dialect: Dialect, dir: &std::path::Path) -> MockHandle {
     mock::start(MockConfig {
         dialect,
-        model: Some(Arc::new(RealModel::load(&qwen3_dir()).unwrap())),
+        model: Some(Arc::new(RealModel::load(dir).unwrap())),
         script: Some(script()),
         ..MockConfig::default()
     })
@@ -52,12 +59,13 @@ async fn replica(dialect: Dialect) -> MockHandle {
 }
 
 /// What the harness sends back for a reply: its text (or "\n\n" when it
-/// had none, as vLLM's hermes parser returns it), its calls, no reasoning.
-fn echo(reply: &Message) -> Message {
+/// had none, as vLLM's hermes parser returns it for Qwen3), its calls, no
+/// reasoning.
+fn echo(reply: &Message, format: OutputFormat) -> Message {
     let mut m = Message::new(Role::Assistant);
     let text = reply.joined_text();
     m.content = vec![polar_chat::Part::Text {
-        text: if text.is_empty() {
+        text: if text.is_empty() && format == OutputFormat::Qwen3 {
             "\n\n".into()
         } else {
             text.into()
@@ -76,6 +84,14 @@ fn result(call: &ToolCall, k: usize) -> Message {
 /// Runs the session; returns each call's prompt ids, response ids and how
 /// its prompt was served.
 async fn session(client: &Client) -> Vec<(Vec<u32>, Vec<u32>, Option<Serving>)> {
+    session_in(client, OutputFormat::Qwen3).await
+}
+
+/// [`session`] of a model writing `format`.
+async fn session_in(
+    client: &Client,
+    format: OutputFormat,
+) -> Vec<(Vec<u32>, Vec<u32>, Option<Serving>)> {
     let mut req: ChatRequest = request(true);
     let mut out = Vec::new();
     for k in 0..4 {
@@ -96,7 +112,7 @@ async fn session(client: &Client) -> Vec<(Vec<u32>, Vec<u32>, Option<Serving>)> 
         if reply.tool_calls.is_empty() {
             break;
         }
-        req.messages.push(echo(&reply));
+        req.messages.push(echo(&reply, format));
         let call = reply.tool_calls[0].clone();
         req.messages.push(result(&call, k));
     }
@@ -124,25 +140,70 @@ async fn a_session_served_token_faithfully_is_one_chain() {
                 }
             })
         );
-        for k in 1..calls.len() {
-            let (before, generated) = (&calls[k - 1].0, &calls[k - 1].1);
-            let prompt = &calls[k].0;
-            let kept = before.len() + generated.len();
-            assert!(
-                prompt.len() > kept && prompt[..before.len()] == before[..],
-                "{dialect:?} call {k}: extends the last prompt"
-            );
-            assert_eq!(
-                &prompt[before.len()..kept],
-                generated.as_slice(),
-                "{dialect:?} call {k}: the model's own ids, reasoning included"
-            );
-            assert!(
-                matches!(calls[k].2, Some(Serving::TokenIn { prompt: Origin::Extends { call, kept: n, .. } }) if call == k as u64 - 1 && n == kept),
-                "{dialect:?} call {k}: {:?}",
-                calls[k].2
-            );
-        }
+        assert_one_chain(&calls, &format!("{dialect:?}"));
+        m.stop().await;
+    }
+}
+
+/// Each call after the first extends the last one's prompt and generated
+/// ids.
+fn assert_one_chain(calls: &[(Vec<u32>, Vec<u32>, Option<Serving>)], what: &str) {
+    for k in 1..calls.len() {
+        let (before, generated) = (&calls[k - 1].0, &calls[k - 1].1);
+        let prompt = &calls[k].0;
+        let kept = before.len() + generated.len();
+        assert!(
+            prompt.len() > kept && prompt[..before.len()] == before[..],
+            "{what} call {k}: extends the last prompt"
+        );
+        assert_eq!(
+            &prompt[before.len()..kept],
+            generated.as_slice(),
+            "{what} call {k}: the model's own ids, reasoning included"
+        );
+        assert!(
+            matches!(calls[k].2, Some(Serving::TokenIn { prompt: Origin::Extends { call, kept: n, .. } }) if call == k as u64 - 1 && n == kept),
+            "{what} call {k}: {:?}",
+            calls[k].2
+        );
+    }
+}
+
+#[tokio::test]
+async fn deepseek_v3_1_and_gpt_oss_sessions_are_one_chain_token_faithfully() {
+    let tmp = tempfile::tempdir().unwrap();
+    // DeepSeek's template lists no tools: the model card's tool section.
+    let deepseek = tmp.path().join("deepseek_v3_1");
+    polar_mock::real::deepseek::tool_model_dir(&model_dir("deepseek_v3_1"), &deepseek).unwrap();
+    for (name, dir, format) in [
+        ("deepseek_v3_1", deepseek, OutputFormat::DeepseekV3),
+        ("gptoss", model_dir("gptoss"), OutputFormat::GptOss),
+    ] {
+        let m = replica_of(Dialect::Vllm, &dir).await;
+        let mut cfg = backend(Dialect::Vllm, vec![m.url()]);
+        cfg.output_parser = Some(format);
+        // Server-rendered: the reply is read as vLLM's parsers read it.
+        let served = session_in(&Client::new(cfg.clone()).unwrap(), format).await;
+        assert_eq!(served.len(), 4, "{name}: three calls then the answer");
+        let drifted = served.windows(2).any(|pair| {
+            let seen: Vec<u32> = pair[0].0.iter().chain(&pair[0].1).copied().collect();
+            !pair[1].0.starts_with(&seen)
+        });
+        // gpt-oss's template writes a call's recipient before its channel
+        // (the model after it) and the text before a call as reasoning;
+        // DeepSeek-V3.1's, out of thinking mode, renders a turn of text
+        // and calls as the model wrote it (the arguments as `tojson`
+        // writes them), so its history does not drift here.
+        assert_eq!(
+            drifted,
+            format == OutputFormat::GptOss,
+            "{name}: whether the server's rendering re-renders the history"
+        );
+        // Token-faithful: one chain.
+        cfg.model_dir = Some(dir.clone());
+        let calls = session_in(&Client::new(cfg).unwrap(), format).await;
+        assert_eq!(calls.len(), 4, "{name}: three calls then the answer");
+        assert_one_chain(&calls, name);
         m.stop().await;
     }
 }

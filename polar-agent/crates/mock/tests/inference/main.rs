@@ -29,16 +29,22 @@ mod tokenize;
 /// Qwen3's real files, as `cargo xtask chat-models` installs them
 /// (`POLAR_CHAT_MODELS_DIR`).
 pub(crate) fn qwen3_dir() -> std::path::PathBuf {
+    model_dir("qwen3")
+}
+
+/// A model's real files (`qwen3`, `deepseek_v3_1`, `gptoss`, ...), as
+/// `cargo xtask chat-models` installs them (`POLAR_CHAT_MODELS_DIR`).
+pub(crate) fn model_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::var_os("POLAR_CHAT_MODELS_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("../../../.polar-cache/chat-models")
         })
-        .join("qwen3");
+        .join(name);
     assert!(
         dir.join("tokenizer.json").is_file(),
-        "Qwen3's model files are missing from {}: install them with `cargo xtask chat-models`",
+        "{name}'s model files are missing from {}: install them with `cargo xtask chat-models`",
         dir.display()
     );
     dir

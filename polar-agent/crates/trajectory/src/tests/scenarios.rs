@@ -852,3 +852,41 @@ fn records_out_of_order_are_taken_in_seq_order() {
     assert_eq!(a, b);
     assert!(check(&b, &shuffled).is_ok());
 }
+
+#[test]
+fn each_span_says_how_its_prompt_was_served() {
+    use polar_record::Serving;
+    let mut sim = Sim::new(Render::default());
+    let mut c = Convo::new("you are a coding agent", "fix the failing test");
+    let a = c.step(&mut sim, Turn::new("look first", "call read_file tests"));
+    c.tool("off by one");
+    let b = c.step(&mut sim, Turn::new("", "done"));
+    let serving = |v: serde_json::Value| -> Serving { serde_json::from_value(v).unwrap() };
+    let first = serving(serde_json::json!(
+        {"mode": "token_in", "prompt": {"kind": "fresh", "reason": {"why": "first_call"}}}
+    ));
+    let kept = seq_len(&sim, a);
+    let extends = serving(serde_json::json!({"mode": "token_in", "prompt": {
+        "kind": "extends", "call": 0, "kept": kept, "added": sim.prompt(b).len() - kept
+    }}));
+    sim.records[a].backend.serving = Some(first.clone());
+    sim.records[b].backend.serving = Some(extends.clone());
+    let traj = run(&merging(false), &sim);
+    assert_eq!(traj.traces.len(), 1);
+    let servings: Vec<Option<Serving>> = traj.traces[0]
+        .spans
+        .iter()
+        .map(|s| s.serving.clone())
+        .collect();
+    assert_eq!(servings, [Some(first), Some(extends)]);
+    let v = serde_json::to_value(&traj.traces[0].spans[1]).unwrap();
+    assert_eq!(v["serving"]["mode"], "token_in");
+    assert_eq!(v["serving"]["prompt"]["kind"], "extends");
+    // A record that does not say leaves the span without it.
+    let v = serde_json::to_value(crate::CallSpan {
+        serving: None,
+        ..traj.traces[0].spans[0].clone()
+    })
+    .unwrap();
+    assert!(v.get("serving").is_none());
+}
