@@ -13,6 +13,12 @@
 //! template renders for the earlier turns is not used: the model saw its
 //! own tokens there, and sees them again.
 //!
+//! The renderings a bridge compares are of a window of the conversation
+//! ([`crate::window`]) once the chain has shown that the template writes
+//! the same after the reply in a window as in the whole conversation, so
+//! that a call costs what its new messages cost to render and tokenize,
+//! not what the conversation does.
+//!
 //! A request that repeats a call's messages (a retry) gets that call's
 //! prompt again. Anything else is rendered whole and starts a chain, with
 //! the reason ([`Fresh`]): a first call, a new conversation (a sub-agent, a
@@ -32,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::render::{Conversation, RenderFailure, Renderer};
+use super::window::{Window, window};
 
 /// How a prompt was built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +168,9 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     /// How.
     pub origin: Origin,
+    /// Whether the chain's bridges render windows of the conversation
+    /// (what [`Chains::finish`] keeps for the call's chain).
+    pub window: Window,
 }
 
 /// A chain's latest call.
@@ -177,6 +187,8 @@ struct Call {
     reply: Value,
     /// Whether the response ended with an end-of-turn id.
     ended: bool,
+    /// Whether its chain's bridges render windows.
+    window: Window,
 }
 
 /// What a request is to a call.
@@ -328,6 +340,7 @@ fn common_prefix(a: &str, b: &str) -> usize {
 }
 
 /// Why a bridge could not be built.
+#[derive(Debug, PartialEq)]
 enum BridgeError {
     Fresh(Fresh),
     Render(RenderFailure),
@@ -347,18 +360,60 @@ enum BridgeError {
 /// drops reasoning by position renders the history alike in each. A
 /// template whose rendering of the reply changes with what follows it, or
 /// that refuses the sentinel, starts a new chain.
+///
+/// The renderings are of the conversation's [`window`] when the call's
+/// chain trusts windows ([`Window`]); the first window of a chain that
+/// leaves messages out is checked against the whole conversation, and the
+/// whole conversation's ids are the ones used until a window has given
+/// the same. Returns the ids and what the chain now knows of windows.
 fn bridge(
     r: &dyn Renderer,
     call: &Call,
     conv: &Conversation<'_>,
     n: usize,
+) -> (Result<Vec<u32>, BridgeError>, Window) {
+    let whole = || {
+        let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
+        bridge_over(r, call, conv, &messages, n)
+    };
+    let at = match (call.window, window(conv.messages, n)) {
+        (Window::Refuted, _) | (_, None) => return (whole(), call.window),
+        (_, Some(at)) => at,
+    };
+    let messages: Vec<Value> = at
+        .iter()
+        .map(|&i| without_reasoning(&conv.messages[i]))
+        .collect();
+    let reply = at.iter().position(|&i| i == n).unwrap_or(n);
+    let windowed = bridge_over(r, call, conv, &messages, reply);
+    match call.window {
+        Window::Trusted => (windowed, Window::Trusted),
+        _ => {
+            let whole = whole();
+            let verdict = if whole == windowed {
+                Window::Trusted
+            } else {
+                Window::Refuted
+            };
+            (whole, verdict)
+        }
+    }
+}
+
+/// [`bridge`] over `messages` (the conversation's, or a window of them,
+/// without reasoning), whose message `n` is the reply.
+fn bridge_over(
+    r: &dyn Renderer,
+    call: &Call,
+    conv: &Conversation<'_>,
+    messages: &[Value],
+    n: usize,
 ) -> Result<Vec<u32>, BridgeError> {
     let fresh = |f: fn(u64) -> Fresh| BridgeError::Fresh(f(call.number));
     let unstable = || fresh(|call| Fresh::NotPrefixStable { call });
-    let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
     let render =
         |messages: &[Value], prompt: bool| r.render(&Conversation { messages, ..*conv }, prompt);
-    let whole = render(&messages, true).map_err(BridgeError::Render)?;
+    let whole = render(messages, true).map_err(BridgeError::Render)?;
     let mut upto_reply = messages[..=n].to_vec();
     upto_reply.push(sentinel());
     let with_reply = render(&upto_reply, false).map_err(|_| unstable())?;
@@ -435,10 +490,11 @@ impl Chains {
                     return Ok(Prompt {
                         ids: call.ids[..call.prompt_len].to_vec(),
                         origin: Origin::Repeats { call: call.number },
+                        window: call.window,
                     });
                 }
                 Relation::Extends(n) => match bridge(r, call, conv, n) {
-                    Ok(added) => {
+                    (Ok(added), window) => {
                         let mut ids = Vec::with_capacity(call.ids.len() + added.len());
                         ids.extend_from_slice(&call.ids);
                         ids.extend_from_slice(&added);
@@ -449,10 +505,11 @@ impl Chains {
                                 kept: call.ids.len(),
                                 added: added.len(),
                             },
+                            window,
                         });
                     }
-                    Err(BridgeError::Render(e)) => return Err(e),
-                    Err(BridgeError::Fresh(f)) => note(f, n + 1),
+                    (Err(BridgeError::Render(e)), _) => return Err(e),
+                    (Err(BridgeError::Fresh(f)), _) => note(f, n + 1),
                 },
                 Relation::Not(f, depth) => note(f, depth),
             }
@@ -463,6 +520,7 @@ impl Chains {
             origin: Origin::Fresh {
                 reason: reason.map_or(Fresh::FirstCall, |(f, _)| f),
             },
+            window: Window::Unchecked,
         })
     }
 
@@ -500,6 +558,7 @@ impl Chains {
             prompt_len,
             reply,
             ended,
+            window: prompt.window,
         });
         while self.calls.len() > Self::CAPACITY {
             self.calls.pop_front();

@@ -12,10 +12,13 @@ const IM_END: u32 = 2;
 
 /// ChatML; `unstable` writes into each of the model's turns the length of
 /// the message after it (a template whose history changes with what
-/// follows).
+/// follows); `counting` writes into the generation prompt how many
+/// messages the conversation has (a template whose rendering after the
+/// reply depends on the whole conversation).
 #[derive(Default)]
 struct ChatMl {
     unstable: bool,
+    counting: bool,
 }
 
 impl ChatMl {
@@ -67,6 +70,9 @@ impl Renderer for ChatMl {
         }
         if gen_prompt {
             out.push_str("<|im_start|>assistant\n");
+            if self.counting {
+                out.push_str(&format!("(message {})", conv.messages.len()));
+            }
             if conv.kwargs.get("enable_thinking") == Some(&json!(false)) {
                 out.push_str("<think>\n\n</think>\n\n");
             }
@@ -325,7 +331,10 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
         }
     );
 
-    let r = ChatMl { unstable: true };
+    let r = ChatMl {
+        unstable: true,
+        ..ChatMl::default()
+    };
     let mut chains = Chains::new();
     let p = chains.prompt(&r, &conv(&msgs, None, &kw)).unwrap();
     let (generated, reply) = generate(&r, "r", "a", None);
@@ -341,6 +350,66 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
         p.ids,
         r.encode(&r.render(&conv(&next, None, &kw), true).unwrap())
             .unwrap()
+    );
+}
+
+/// A session of `turns` tool-call turns over `r`: each call's prompt and
+/// the prompt of a chain that renders the whole conversation for every
+/// call must be the same; returns what the chain knows of windows after
+/// each call.
+fn windows(r: &ChatMl, turns: usize) -> Vec<Window> {
+    let kw = Map::new();
+    let mut chains = Chains::new();
+    let mut whole_chains = Chains::new();
+    let mut msgs = vec![
+        json!({"role": "system", "content": "agent"}),
+        json!({"role": "user", "content": "task"}),
+    ];
+    let mut known = Vec::new();
+    for k in 0..turns {
+        let c = conv(&msgs, None, &kw);
+        let p = chains.prompt(r, &c).unwrap();
+        let mut w = whole_chains.prompt(r, &c).unwrap();
+        assert_eq!((&p.ids, &p.origin), (&w.ids, &w.origin), "turn {k}");
+        if k > 0 {
+            assert!(matches!(p.origin, Origin::Extends { .. }), "{:?}", p.origin);
+        }
+        w.window = Window::Refuted;
+        known.push(p.window);
+        let id = format!("call_{k}");
+        let args = json!({"cmd": format!("ls {k}")});
+        let (generated, reply) = generate(r, "why", "", Some((id.as_str(), args.clone())));
+        chains.finish(r, asked(&c), p, &generated, reply.clone());
+        whole_chains.finish(r, asked(&c), w, &generated, reply);
+        msgs.push(json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]}));
+        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
+        if k == 3 {
+            msgs.push(json!({"role": "user", "content": "a hint"}));
+        }
+    }
+    known
+}
+
+#[test]
+fn windows_are_trusted_once_they_give_the_whole_renderings_ids() {
+    use Window::{Refuted, Trusted, Unchecked};
+    // The first window that leaves messages out (the model's first turn)
+    // is that of the fourth call.
+    assert_eq!(
+        windows(&ChatMl::default(), 7),
+        [
+            Unchecked, Unchecked, Unchecked, Trusted, Trusted, Trusted, Trusted
+        ]
+    );
+    let counting = ChatMl {
+        counting: true,
+        ..ChatMl::default()
+    };
+    assert_eq!(
+        windows(&counting, 7),
+        [
+            Unchecked, Unchecked, Unchecked, Refuted, Refuted, Refuted, Refuted
+        ]
     );
 }
 
@@ -388,18 +457,22 @@ proptest! {
     /// messages, from the end of the reply's turn.
     #[test]
     fn every_call_of_a_chain_extends_the_one_before(
-        turns in prop::collection::vec((any::<bool>(), "[a-z ]{0,12}", "[a-z]{1,8}", any::<bool>()), 1..8),
+        turns in prop::collection::vec((any::<bool>(), "[a-z ]{0,12}", "[a-z]{1,8}", any::<bool>()), 1..12),
         thinking in any::<bool>(),
     ) {
         let r = ChatMl::default();
         let mut kw = Map::new();
         kw.insert("enable_thinking".into(), json!(thinking));
         let mut chains = Chains::new();
+        let mut whole_chains = Chains::new();
         let mut msgs = vec![json!({"role": "user", "content": "start"})];
         let mut seen: Vec<u32> = Vec::new();
         for (k, (call, text, reasoning, user_next)) in turns.into_iter().enumerate() {
             let c = conv(&msgs, None, &kw);
             let p = chains.prompt(&r, &c).unwrap();
+            let mut w = whole_chains.prompt(&r, &c).unwrap();
+            prop_assert_eq!((&p.ids, &p.origin), (&w.ids, &w.origin));
+            w.window = Window::Refuted;
             if k == 0 {
                 prop_assert_eq!(&p.origin, &Origin::Fresh { reason: Fresh::FirstCall });
             } else {
@@ -414,7 +487,8 @@ proptest! {
             let (generated, reply) = generate(&r, &reasoning, &text, call.then(|| (id.as_str(), args.clone())));
             seen = p.ids.clone();
             seen.extend_from_slice(&generated);
-            chains.finish(&r, asked(&c), p, &generated, reply);
+            chains.finish(&r, asked(&c), p, &generated, reply.clone());
+            whole_chains.finish(&r, asked(&c), w, &generated, reply);
             let mut echoed = json!({"role": "assistant", "content": text.trim()});
             if call {
                 echoed["tool_calls"] = json!([{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]);

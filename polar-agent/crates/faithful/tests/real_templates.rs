@@ -11,6 +11,11 @@
 //! conversation's rendering writes after the reply's end-of-turn token
 //! (found here with a marker in the reply's text, not as the bridge finds
 //! it).
+//!
+//! Every prompt is also the prompt of a chain that renders the whole
+//! conversation for every call, and by the end of each session the chain
+//! trusts windows of the conversation ([`Window::Trusted`]): the fast path
+//! gives the whole rendering's ids on every template.
 
 #![allow(
     clippy::unwrap_used,
@@ -22,7 +27,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value, json};
 
-use polar_faithful::{Asked, Chains, Conversation, Fresh, Origin, Renderer};
+use polar_faithful::{Asked, Chains, Conversation, Fresh, Origin, Renderer, Window};
 use polar_template::{Model, ModelFiles};
 
 const INSTALL: &str = "install them with `cargo xtask chat-models` (cargo xtask test does)";
@@ -134,8 +139,11 @@ impl Session {
 }
 
 /// Runs `turns` turns of an agentic session over `name`'s model, checking
-/// each call's prompt; returns how many calls extended the one before.
-fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize {
+/// each call's prompt, and each against the prompt of a chain that renders
+/// the whole conversation for every call (its windows refuted); returns
+/// how many calls extended the one before and what the chain knows of
+/// windows at the end.
+fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> (usize, Window) {
     let m = model(name);
     let mut s = Session {
         messages: vec![
@@ -146,13 +154,28 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         kwargs,
     };
     let mut chains = Chains::new();
+    let mut whole_chains = Chains::new();
     let mut seen: Vec<u32> = Vec::new();
     let mut extended = 0;
+    let mut window = Window::Unchecked;
     for k in 0..turns {
         let conv = s.conv();
         let prompt = chains
             .prompt(&m, &conv)
             .unwrap_or_else(|e| panic!("{name} turn {k}: {e}"));
+        let mut whole = whole_chains.prompt(&m, &conv).unwrap();
+        let expected = if k == 0 {
+            Window::Unchecked
+        } else {
+            Window::Refuted
+        };
+        assert_eq!(whole.window, expected, "{name} turn {k}");
+        assert_eq!(
+            (&prompt.ids, &prompt.origin),
+            (&whole.ids, &whole.origin),
+            "{name} turn {k}: a window's ids are the whole rendering's"
+        );
+        whole.window = Window::Refuted;
         if k == 0 {
             assert_eq!(
                 prompt.origin,
@@ -225,6 +248,8 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
             tools: Some(s.tools.clone()),
             kwargs: s.kwargs.clone(),
         };
+        whole_chains.finish(&m, asked.clone(), whole, &generated, reply.clone());
+        window = prompt.window;
         chains.finish(&m, asked, prompt, &generated, reply.clone());
         // The harness echoes it: whitespace-only text, no reasoning.
         let mut echoed = json!({"role": "assistant", "content": if last { reply["content"].clone() } else { json!("\n\n") }});
@@ -252,23 +277,29 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         prompt.origin
     );
     assert_eq!(&prompt.ids[..seen.len()], seen.as_slice());
-    extended + 1
+    let whole = whole_chains.prompt(&m, &s.conv()).unwrap();
+    assert_eq!(prompt.ids, whole.ids, "{name}: the last call");
+    assert_eq!(prompt.window, window, "{name}: known by the call before");
+    (extended + 1, prompt.window)
 }
 
 #[test]
 fn qwen3_sessions_are_one_chain_thinking_or_not() {
     for seed in 0..6 {
-        assert_eq!(run("qwen3", 6, Map::new(), seed), 6);
+        assert_eq!(run("qwen3", 6, Map::new(), seed), (6, Window::Trusted));
         let mut off = Map::new();
         off.insert("enable_thinking".into(), json!(false));
-        assert_eq!(run("qwen3", 4, off, seed), 4);
+        assert_eq!(run("qwen3", 4, off, seed), (4, Window::Trusted));
     }
 }
 
 #[test]
 fn deepseek_v3_sessions_are_one_chain() {
     for seed in 0..4 {
-        assert_eq!(run("deepseek_v3", 5, Map::new(), seed), 5);
+        assert_eq!(
+            run("deepseek_v3", 5, Map::new(), seed),
+            (5, Window::Trusted)
+        );
     }
 }
 
@@ -280,13 +311,13 @@ fn gpt_oss_sessions_are_one_chain() {
             "reasoning_effort".into(),
             json!(["low", "medium", "high"][seed as usize % 3]),
         );
-        assert_eq!(run("gptoss", 5, effort, seed), 5);
+        assert_eq!(run("gptoss", 5, effort, seed), (5, Window::Trusted));
     }
 }
 
 #[test]
 fn llama3_1_sessions_are_one_chain() {
     for seed in 0..4 {
-        assert_eq!(run("llama3_1", 5, Map::new(), seed), 5);
+        assert_eq!(run("llama3_1", 5, Map::new(), seed), (5, Window::Trusted));
     }
 }
