@@ -15,7 +15,8 @@
 //!
 //! The renderings a bridge compares are of a window of the conversation
 //! ([`crate::window`]) once the chain has shown that the template writes
-//! the same after the reply in a window as in the whole conversation, so
+//! the same after the reply in a window of that shape as in the whole
+//! conversation, so
 //! that a call costs what its new messages cost to render and tokenize,
 //! not what the conversation does.
 //!
@@ -38,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::render::{Conversation, RenderFailure, Renderer};
-use super::window::{Window, window};
+use super::window::{Windows, shape, window};
 
 /// How a prompt was built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -168,9 +169,10 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     /// How.
     pub origin: Origin,
-    /// Whether the chain's bridges render windows of the conversation
-    /// (what [`Chains::finish`] keeps for the call's chain).
-    pub window: Window,
+    /// What the call's chain knows of windows of the conversation (what
+    /// [`Chains::finish`] keeps for it; [`Windows::whole`] makes the chain
+    /// render the whole conversation for every call).
+    pub windows: Windows,
 }
 
 /// A chain's latest call.
@@ -187,8 +189,8 @@ struct Call {
     reply: Value,
     /// Whether the response ended with an end-of-turn id.
     ended: bool,
-    /// Whether its chain's bridges render windows.
-    window: Window,
+    /// What its chain knows of windows.
+    windows: Windows,
 }
 
 /// What a request is to a call.
@@ -362,23 +364,22 @@ enum BridgeError {
 /// that refuses the sentinel, starts a new chain.
 ///
 /// The renderings are of the conversation's [`window`] when the call's
-/// chain trusts windows ([`Window`]); the first window of a chain that
-/// leaves messages out is checked against the whole conversation, and the
-/// whole conversation's ids are the ones used until a window has given
-/// the same. Returns the ids and what the chain now knows of windows.
+/// chain has checked a window of its shape ([`Windows`]); a window of a
+/// new shape is checked against the whole conversation, whose ids are the
+/// ones used. Returns the ids and what the chain now knows of windows.
 fn bridge(
     r: &dyn Renderer,
     call: &Call,
     conv: &Conversation<'_>,
     n: usize,
-) -> (Result<Vec<u32>, BridgeError>, Window) {
+) -> (Result<Vec<u32>, BridgeError>, Windows) {
     let whole = || {
         let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
         bridge_over(r, call, conv, &messages, n)
     };
-    let at = match (call.window, window(conv.messages, n)) {
-        (Window::Refuted, _) | (_, None) => return (whole(), call.window),
-        (_, Some(at)) => at,
+    let at = match window(conv.messages, n) {
+        Some(at) if !call.windows.refuted() => at,
+        _ => return (whole(), call.windows.clone()),
     };
     let messages: Vec<Value> = at
         .iter()
@@ -386,18 +387,13 @@ fn bridge(
         .collect();
     let reply = at.iter().position(|&i| i == n).unwrap_or(n);
     let windowed = bridge_over(r, call, conv, &messages, reply);
-    match call.window {
-        Window::Trusted => (windowed, Window::Trusted),
-        _ => {
-            let whole = whole();
-            let verdict = if whole == windowed {
-                Window::Trusted
-            } else {
-                Window::Refuted
-            };
-            (whole, verdict)
-        }
+    let shape = shape(conv.messages, &at);
+    if call.windows.trusts(&shape) {
+        return (windowed, call.windows.clone());
     }
+    let whole = whole();
+    let windows = call.windows.checked(shape, whole == windowed);
+    (whole, windows)
 }
 
 /// [`bridge`] over `messages` (the conversation's, or a window of them,
@@ -490,11 +486,11 @@ impl Chains {
                     return Ok(Prompt {
                         ids: call.ids[..call.prompt_len].to_vec(),
                         origin: Origin::Repeats { call: call.number },
-                        window: call.window,
+                        windows: call.windows.clone(),
                     });
                 }
                 Relation::Extends(n) => match bridge(r, call, conv, n) {
-                    (Ok(added), window) => {
+                    (Ok(added), windows) => {
                         let mut ids = Vec::with_capacity(call.ids.len() + added.len());
                         ids.extend_from_slice(&call.ids);
                         ids.extend_from_slice(&added);
@@ -505,7 +501,7 @@ impl Chains {
                                 kept: call.ids.len(),
                                 added: added.len(),
                             },
-                            window,
+                            windows,
                         });
                     }
                     (Err(BridgeError::Render(e)), _) => return Err(e),
@@ -520,7 +516,7 @@ impl Chains {
             origin: Origin::Fresh {
                 reason: reason.map_or(Fresh::FirstCall, |(f, _)| f),
             },
-            window: Window::Unchecked,
+            windows: Windows::default(),
         })
     }
 
@@ -558,7 +554,7 @@ impl Chains {
             prompt_len,
             reply,
             ended,
-            window: prompt.window,
+            windows: prompt.windows,
         });
         while self.calls.len() > Self::CAPACITY {
             self.calls.pop_front();

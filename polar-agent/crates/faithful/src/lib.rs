@@ -13,8 +13,8 @@
 //! - [`render`]: what this needs of the model's files ([`Renderer`]),
 //!   and [`model`]: that, over `polar-template`'s model;
 //! - [`window`]: the messages a call's prompt renders once its chain
-//!   has shown the template renders them as it renders the whole
-//!   conversation ([`Window`]);
+//!   has shown the template renders windows of that shape as it renders
+//!   the whole conversation ([`Windows`]);
 //! - [`chains`]: the session's chains, the prompt of a call
 //!   ([`Chains::prompt`]), how it was built ([`Origin`]) and how a call
 //!   reached the backend ([`Serving`], recorded with each call).
@@ -34,4 +34,4 @@ mod tests;
 
 pub use chains::{Asked, Chains, Fresh, Origin, Prompt, Serving, same_reply};
 pub use render::{Conversation, RenderFailure, Renderer};
-pub use window::Window;
+pub use window::{Window, Windows};

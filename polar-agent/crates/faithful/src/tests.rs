@@ -14,11 +14,13 @@ const IM_END: u32 = 2;
 /// the message after it (a template whose history changes with what
 /// follows); `counting` writes into the generation prompt how many
 /// messages the conversation has (a template whose rendering after the
-/// reply depends on the whole conversation).
+/// reply depends on the whole conversation); `first_output` marks the
+/// conversation's first tool result (as DeepSeek-V3's template does).
 #[derive(Default)]
 struct ChatMl {
     unstable: bool,
     counting: bool,
+    first_output: bool,
 }
 
 impl ChatMl {
@@ -66,6 +68,12 @@ impl Renderer for ChatMl {
                 .messages
                 .get(i + 1)
                 .map_or(0, |m| m["content"].as_str().map_or(0, str::len));
+            if self.first_output
+                && m["role"] == "tool"
+                && !conv.messages[..i].iter().any(|m| m["role"] == "tool")
+            {
+                out.push_str("(outputs)");
+            }
             out.push_str(&self.turn(m, i > last_user, next));
         }
         if gen_prompt {
@@ -374,17 +382,22 @@ fn windows(r: &ChatMl, turns: usize) -> Vec<Window> {
         if k > 0 {
             assert!(matches!(p.origin, Origin::Extends { .. }), "{:?}", p.origin);
         }
-        w.window = Window::Refuted;
-        known.push(p.window);
+        w.windows = Windows::whole();
+        known.push(p.windows.state());
         let id = format!("call_{k}");
         let args = json!({"cmd": format!("ls {k}")});
-        let (generated, reply) = generate(r, "why", "", Some((id.as_str(), args.clone())));
+        // The model answers in text once, and is asked again.
+        let answers = k == 3;
+        let call = (!answers).then(|| (id.as_str(), args.clone()));
+        let (generated, reply) = generate(r, "why", "done", call);
         chains.finish(r, asked(&c), p, &generated, reply.clone());
         whole_chains.finish(r, asked(&c), w, &generated, reply);
-        msgs.push(json!({"role": "assistant", "content": "", "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]}));
-        msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
-        if k == 3 {
-            msgs.push(json!({"role": "user", "content": "a hint"}));
+        if answers {
+            msgs.push(json!({"role": "assistant", "content": "done"}));
+            msgs.push(json!({"role": "user", "content": "again"}));
+        } else {
+            msgs.push(json!({"role": "assistant", "content": "done", "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]}));
+            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
         }
     }
     known
@@ -409,6 +422,18 @@ fn windows_are_trusted_once_they_give_the_whole_renderings_ids() {
         windows(&counting, 7),
         [
             Unchecked, Unchecked, Unchecked, Refuted, Refuted, Refuted, Refuted
+        ]
+    );
+    // Windows of tool-call turns are right; the first one after the text
+    // answer leaves every earlier tool result out, and is not.
+    let first_output = ChatMl {
+        first_output: true,
+        ..ChatMl::default()
+    };
+    assert_eq!(
+        windows(&first_output, 7),
+        [
+            Unchecked, Unchecked, Unchecked, Trusted, Trusted, Refuted, Refuted
         ]
     );
 }
@@ -472,7 +497,7 @@ proptest! {
             let p = chains.prompt(&r, &c).unwrap();
             let mut w = whole_chains.prompt(&r, &c).unwrap();
             prop_assert_eq!((&p.ids, &p.origin), (&w.ids, &w.origin));
-            w.window = Window::Refuted;
+            w.windows = Windows::whole();
             if k == 0 {
                 prop_assert_eq!(&p.origin, &Origin::Fresh { reason: Fresh::FirstCall });
             } else {
