@@ -453,6 +453,24 @@ fn a_template_that_refuses_is_an_error_not_a_prompt() {
 }
 
 #[test]
+fn messages_are_the_same_whatever_their_keys_order() {
+    use crate::chains::same;
+    let a = json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1, "b": [2]}}}]});
+    let b = json!({"tool_calls": [{"function": {"arguments": {"b": [2], "a": 1}, "name": "f"}, "id": "c"}], "content": "x", "role": "assistant"});
+    assert!(same(&a, &a.clone()));
+    assert!(same(&a, &b));
+    for other in [
+        json!({"role": "assistant", "content": "y", "tool_calls": a["tool_calls"]}),
+        json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1, "b": [3]}}}]}),
+        json!({"role": "assistant", "content": "x"}),
+        json!({"role": "assistant", "content": "x", "tool_calls": [], "name": "n"}),
+    ] {
+        assert!(!same(&a, &other), "{other}");
+        assert!(!same(&other, &a), "{other}");
+    }
+}
+
+#[test]
 fn echoed_replies_match_however_the_harness_wrote_them() {
     let served = json!({"role": "assistant", "content": "", "reasoning_content": "why",
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": {"a": 1}}}]});

@@ -88,11 +88,37 @@ impl Windows {
     }
 }
 
+/// A message's role, named without allocating for the usual ones.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    None,
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Other(String),
+}
+
+impl Role {
+    fn of(m: &Value) -> Self {
+        match role(m) {
+            None => Self::None,
+            Some("system") => Self::System,
+            Some("developer") => Self::Developer,
+            Some("user") => Self::User,
+            Some("assistant") => Self::Assistant,
+            Some("tool") => Self::Tool,
+            Some(other) => Self::Other(other.to_owned()),
+        }
+    }
+}
+
 /// What a template can tell of a message without its text: its role,
 /// whether it has tool calls, and its content's type.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Kind {
-    role: Option<String>,
+    role: Role,
     calls: bool,
     content: &'static str,
 }
@@ -110,7 +136,7 @@ impl Kind {
             Some(_) => "parts",
         };
         Self {
-            role: role(m).map(str::to_owned),
+            role: Role::of(m),
             calls,
             content,
         }
