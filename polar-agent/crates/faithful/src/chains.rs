@@ -13,6 +13,13 @@
 //! template renders for the earlier turns is not used: the model saw its
 //! own tokens there, and sees them again.
 //!
+//! The renderings a bridge compares are of a window of the conversation
+//! ([`crate::window`]) once the chain has shown that the template writes
+//! the same after the reply in a window of that shape as in the whole
+//! conversation, so
+//! that a call costs what its new messages cost to render and tokenize,
+//! not what the conversation does.
+//!
 //! A request that repeats a call's messages (a retry) gets that call's
 //! prompt again. Anything else is rendered whole and starts a chain, with
 //! the reason ([`Fresh`]): a first call, a new conversation (a sub-agent, a
@@ -32,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
 use super::render::{Conversation, RenderFailure, Renderer};
+use super::window::{Windows, shape, window};
 
 /// How a prompt was built.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +169,10 @@ pub struct Prompt {
     pub ids: Vec<u32>,
     /// How.
     pub origin: Origin,
+    /// What the call's chain knows of windows of the conversation (what
+    /// [`Chains::finish`] keeps for it; [`Windows::whole`] makes the chain
+    /// render the whole conversation for every call).
+    pub windows: Windows,
 }
 
 /// A chain's latest call.
@@ -177,6 +189,8 @@ struct Call {
     reply: Value,
     /// Whether the response ended with an end-of-turn id.
     ended: bool,
+    /// What its chain knows of windows.
+    windows: Windows,
 }
 
 /// What a request is to a call.
@@ -194,7 +208,7 @@ impl Call {
         let call = self.number;
         let n = self.messages.len();
         let len = conv.messages.len();
-        if let Some(i) = (0..n.min(len)).find(|&i| conv.messages[i] != self.messages[i]) {
+        if let Some(i) = (0..n.min(len)).find(|&i| !same(&conv.messages[i], &self.messages[i])) {
             return Relation::Not(Fresh::HistoryDiffers { call, message: i }, i);
         }
         if len < n {
@@ -230,6 +244,27 @@ impl Call {
             return Relation::Not(Fresh::ReplyCut { call }, n + 1);
         }
         Relation::Extends(n)
+    }
+}
+
+/// `a == b`, told without hashing keys when the objects in both have the
+/// same keys in the same order (as the request's messages and the chain's,
+/// converted alike, do); objects whose keys differ in order are compared
+/// as maps.
+pub(crate) fn same(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && if x.keys().eq(y.keys()) {
+                    x.values().zip(y.values()).all(|(p, q)| same(p, q))
+                } else {
+                    x == y
+                }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| same(p, q))
+        }
+        _ => a == b,
     }
 }
 
@@ -328,6 +363,7 @@ fn common_prefix(a: &str, b: &str) -> usize {
 }
 
 /// Why a bridge could not be built.
+#[derive(Debug, PartialEq)]
 enum BridgeError {
     Fresh(Fresh),
     Render(RenderFailure),
@@ -347,18 +383,54 @@ enum BridgeError {
 /// drops reasoning by position renders the history alike in each. A
 /// template whose rendering of the reply changes with what follows it, or
 /// that refuses the sentinel, starts a new chain.
+///
+/// The renderings are of the conversation's [`window`] when the call's
+/// chain has checked a window of its shape ([`Windows`]); a window of a
+/// new shape is checked against the whole conversation, whose ids are the
+/// ones used. Returns the ids and what the chain now knows of windows.
 fn bridge(
     r: &dyn Renderer,
     call: &Call,
     conv: &Conversation<'_>,
     n: usize,
+) -> (Result<Vec<u32>, BridgeError>, Windows) {
+    let whole = || {
+        let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
+        bridge_over(r, call, conv, &messages, n)
+    };
+    let at = match window(conv.messages, n) {
+        Some(at) if !call.windows.refuted() => at,
+        _ => return (whole(), call.windows.clone()),
+    };
+    let messages: Vec<Value> = at
+        .iter()
+        .map(|&i| without_reasoning(&conv.messages[i]))
+        .collect();
+    let reply = at.iter().position(|&i| i == n).unwrap_or(n);
+    let windowed = bridge_over(r, call, conv, &messages, reply);
+    let shape = shape(conv.messages, &at);
+    if call.windows.trusts(&shape) {
+        return (windowed, call.windows.clone());
+    }
+    let whole = whole();
+    let windows = call.windows.checked(shape, whole == windowed);
+    (whole, windows)
+}
+
+/// [`bridge`] over `messages` (the conversation's, or a window of them,
+/// without reasoning), whose message `n` is the reply.
+fn bridge_over(
+    r: &dyn Renderer,
+    call: &Call,
+    conv: &Conversation<'_>,
+    messages: &[Value],
+    n: usize,
 ) -> Result<Vec<u32>, BridgeError> {
     let fresh = |f: fn(u64) -> Fresh| BridgeError::Fresh(f(call.number));
     let unstable = || fresh(|call| Fresh::NotPrefixStable { call });
-    let messages: Vec<Value> = conv.messages.iter().map(without_reasoning).collect();
     let render =
         |messages: &[Value], prompt: bool| r.render(&Conversation { messages, ..*conv }, prompt);
-    let whole = render(&messages, true).map_err(BridgeError::Render)?;
+    let whole = render(messages, true).map_err(BridgeError::Render)?;
     let mut upto_reply = messages[..=n].to_vec();
     upto_reply.push(sentinel());
     let with_reply = render(&upto_reply, false).map_err(|_| unstable())?;
@@ -435,10 +507,11 @@ impl Chains {
                     return Ok(Prompt {
                         ids: call.ids[..call.prompt_len].to_vec(),
                         origin: Origin::Repeats { call: call.number },
+                        windows: call.windows.clone(),
                     });
                 }
                 Relation::Extends(n) => match bridge(r, call, conv, n) {
-                    Ok(added) => {
+                    (Ok(added), windows) => {
                         let mut ids = Vec::with_capacity(call.ids.len() + added.len());
                         ids.extend_from_slice(&call.ids);
                         ids.extend_from_slice(&added);
@@ -449,10 +522,11 @@ impl Chains {
                                 kept: call.ids.len(),
                                 added: added.len(),
                             },
+                            windows,
                         });
                     }
-                    Err(BridgeError::Render(e)) => return Err(e),
-                    Err(BridgeError::Fresh(f)) => note(f, n + 1),
+                    (Err(BridgeError::Render(e)), _) => return Err(e),
+                    (Err(BridgeError::Fresh(f)), _) => note(f, n + 1),
                 },
                 Relation::Not(f, depth) => note(f, depth),
             }
@@ -463,6 +537,7 @@ impl Chains {
             origin: Origin::Fresh {
                 reason: reason.map_or(Fresh::FirstCall, |(f, _)| f),
             },
+            windows: Windows::default(),
         })
     }
 
@@ -500,6 +575,7 @@ impl Chains {
             prompt_len,
             reply,
             ended,
+            windows: prompt.windows,
         });
         while self.calls.len() > Self::CAPACITY {
             self.calls.pop_front();

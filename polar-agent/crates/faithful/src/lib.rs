@@ -12,6 +12,9 @@
 //!   are to the template (what the server would have rendered);
 //! - [`render`]: what this needs of the model's files ([`Renderer`]),
 //!   and [`model`]: that, over `polar-template`'s model;
+//! - [`window`]: the messages a call's prompt renders once its chain
+//!   has shown the template renders windows of that shape as it renders
+//!   the whole conversation ([`Windows`]);
 //! - [`chains`]: the session's chains, the prompt of a call
 //!   ([`Chains::prompt`]), how it was built ([`Origin`]) and how a call
 //!   reached the backend ([`Serving`], recorded with each call).
@@ -25,9 +28,11 @@ pub mod chains;
 pub mod model;
 pub mod render;
 pub mod vllm;
+pub mod window;
 
 #[cfg(test)]
 mod tests;
 
 pub use chains::{Asked, Chains, Fresh, Origin, Prompt, Serving, same_reply};
 pub use render::{Conversation, RenderFailure, Renderer};
+pub use window::{Window, Windows};

@@ -12,10 +12,15 @@ const IM_END: u32 = 2;
 
 /// ChatML; `unstable` writes into each of the model's turns the length of
 /// the message after it (a template whose history changes with what
-/// follows).
+/// follows); `counting` writes into the generation prompt how many
+/// messages the conversation has (a template whose rendering after the
+/// reply depends on the whole conversation); `first_output` marks the
+/// conversation's first tool result (as DeepSeek-V3's template does).
 #[derive(Default)]
 struct ChatMl {
     unstable: bool,
+    counting: bool,
+    first_output: bool,
 }
 
 impl ChatMl {
@@ -63,10 +68,19 @@ impl Renderer for ChatMl {
                 .messages
                 .get(i + 1)
                 .map_or(0, |m| m["content"].as_str().map_or(0, str::len));
+            if self.first_output
+                && m["role"] == "tool"
+                && !conv.messages[..i].iter().any(|m| m["role"] == "tool")
+            {
+                out.push_str("(outputs)");
+            }
             out.push_str(&self.turn(m, i > last_user, next));
         }
         if gen_prompt {
             out.push_str("<|im_start|>assistant\n");
+            if self.counting {
+                out.push_str(&format!("(message {})", conv.messages.len()));
+            }
             if conv.kwargs.get("enable_thinking") == Some(&json!(false)) {
                 out.push_str("<think>\n\n</think>\n\n");
             }
@@ -325,7 +339,10 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
         }
     );
 
-    let r = ChatMl { unstable: true };
+    let r = ChatMl {
+        unstable: true,
+        ..ChatMl::default()
+    };
     let mut chains = Chains::new();
     let p = chains.prompt(&r, &conv(&msgs, None, &kw)).unwrap();
     let (generated, reply) = generate(&r, "r", "a", None);
@@ -344,6 +361,83 @@ fn a_cut_reply_or_an_unstable_template_starts_a_new_chain() {
     );
 }
 
+/// A session of `turns` tool-call turns over `r`: each call's prompt and
+/// the prompt of a chain that renders the whole conversation for every
+/// call must be the same; returns what the chain knows of windows after
+/// each call.
+fn windows(r: &ChatMl, turns: usize) -> Vec<Window> {
+    let kw = Map::new();
+    let mut chains = Chains::new();
+    let mut whole_chains = Chains::new();
+    let mut msgs = vec![
+        json!({"role": "system", "content": "agent"}),
+        json!({"role": "user", "content": "task"}),
+    ];
+    let mut known = Vec::new();
+    for k in 0..turns {
+        let c = conv(&msgs, None, &kw);
+        let p = chains.prompt(r, &c).unwrap();
+        let mut w = whole_chains.prompt(r, &c).unwrap();
+        assert_eq!((&p.ids, &p.origin), (&w.ids, &w.origin), "turn {k}");
+        if k > 0 {
+            assert!(matches!(p.origin, Origin::Extends { .. }), "{:?}", p.origin);
+        }
+        w.windows = Windows::whole();
+        known.push(p.windows.state());
+        let id = format!("call_{k}");
+        let args = json!({"cmd": format!("ls {k}")});
+        // The model answers in text once, and is asked again.
+        let answers = k == 3;
+        let call = (!answers).then(|| (id.as_str(), args.clone()));
+        let (generated, reply) = generate(r, "why", "done", call);
+        chains.finish(r, asked(&c), p, &generated, reply.clone());
+        whole_chains.finish(r, asked(&c), w, &generated, reply);
+        if answers {
+            msgs.push(json!({"role": "assistant", "content": "done"}));
+            msgs.push(json!({"role": "user", "content": "again"}));
+        } else {
+            msgs.push(json!({"role": "assistant", "content": "done", "tool_calls": [{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]}));
+            msgs.push(json!({"role": "tool", "tool_call_id": id, "content": "ok"}));
+        }
+    }
+    known
+}
+
+#[test]
+fn windows_are_trusted_once_they_give_the_whole_renderings_ids() {
+    use Window::{Refuted, Trusted, Unchecked};
+    // The first window that leaves messages out (the model's first turn)
+    // is that of the fourth call.
+    assert_eq!(
+        windows(&ChatMl::default(), 7),
+        [
+            Unchecked, Unchecked, Unchecked, Trusted, Trusted, Trusted, Trusted
+        ]
+    );
+    let counting = ChatMl {
+        counting: true,
+        ..ChatMl::default()
+    };
+    assert_eq!(
+        windows(&counting, 7),
+        [
+            Unchecked, Unchecked, Unchecked, Refuted, Refuted, Refuted, Refuted
+        ]
+    );
+    // Windows of tool-call turns are right; the first one after the text
+    // answer leaves every earlier tool result out, and is not.
+    let first_output = ChatMl {
+        first_output: true,
+        ..ChatMl::default()
+    };
+    assert_eq!(
+        windows(&first_output, 7),
+        [
+            Unchecked, Unchecked, Unchecked, Trusted, Trusted, Refuted, Refuted
+        ]
+    );
+}
+
 #[test]
 fn a_template_that_refuses_is_an_error_not_a_prompt() {
     let r = ChatMl::default();
@@ -356,6 +450,24 @@ fn a_template_that_refuses_is_an_error_not_a_prompt() {
         matches!(err, RenderFailure::Template(ref m) if m.contains("No user query")),
         "{err}"
     );
+}
+
+#[test]
+fn messages_are_the_same_whatever_their_keys_order() {
+    use crate::chains::same;
+    let a = json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1, "b": [2]}}}]});
+    let b = json!({"tool_calls": [{"function": {"arguments": {"b": [2], "a": 1}, "name": "f"}, "id": "c"}], "content": "x", "role": "assistant"});
+    assert!(same(&a, &a.clone()));
+    assert!(same(&a, &b));
+    for other in [
+        json!({"role": "assistant", "content": "y", "tool_calls": a["tool_calls"]}),
+        json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1, "b": [3]}}}]}),
+        json!({"role": "assistant", "content": "x"}),
+        json!({"role": "assistant", "content": "x", "tool_calls": [], "name": "n"}),
+    ] {
+        assert!(!same(&a, &other), "{other}");
+        assert!(!same(&other, &a), "{other}");
+    }
 }
 
 #[test]
@@ -388,18 +500,22 @@ proptest! {
     /// messages, from the end of the reply's turn.
     #[test]
     fn every_call_of_a_chain_extends_the_one_before(
-        turns in prop::collection::vec((any::<bool>(), "[a-z ]{0,12}", "[a-z]{1,8}", any::<bool>()), 1..8),
+        turns in prop::collection::vec((any::<bool>(), "[a-z ]{0,12}", "[a-z]{1,8}", any::<bool>()), 1..12),
         thinking in any::<bool>(),
     ) {
         let r = ChatMl::default();
         let mut kw = Map::new();
         kw.insert("enable_thinking".into(), json!(thinking));
         let mut chains = Chains::new();
+        let mut whole_chains = Chains::new();
         let mut msgs = vec![json!({"role": "user", "content": "start"})];
         let mut seen: Vec<u32> = Vec::new();
         for (k, (call, text, reasoning, user_next)) in turns.into_iter().enumerate() {
             let c = conv(&msgs, None, &kw);
             let p = chains.prompt(&r, &c).unwrap();
+            let mut w = whole_chains.prompt(&r, &c).unwrap();
+            prop_assert_eq!((&p.ids, &p.origin), (&w.ids, &w.origin));
+            w.windows = Windows::whole();
             if k == 0 {
                 prop_assert_eq!(&p.origin, &Origin::Fresh { reason: Fresh::FirstCall });
             } else {
@@ -414,7 +530,8 @@ proptest! {
             let (generated, reply) = generate(&r, &reasoning, &text, call.then(|| (id.as_str(), args.clone())));
             seen = p.ids.clone();
             seen.extend_from_slice(&generated);
-            chains.finish(&r, asked(&c), p, &generated, reply);
+            chains.finish(&r, asked(&c), p, &generated, reply.clone());
+            whole_chains.finish(&r, asked(&c), w, &generated, reply);
             let mut echoed = json!({"role": "assistant", "content": text.trim()});
             if call {
                 echoed["tool_calls"] = json!([{"id": id, "type": "function", "function": {"name": "bash", "arguments": args}}]);

@@ -11,6 +11,11 @@
 //! conversation's rendering writes after the reply's end-of-turn token
 //! (found here with a marker in the reply's text, not as the bridge finds
 //! it).
+//!
+//! Every prompt is also the prompt of a chain that renders the whole
+//! conversation for every call, and by the end of each session the chain
+//! trusts windows of the conversation ([`Window::Trusted`]): the fast path
+//! gives the whole rendering's ids on every template.
 
 #![allow(
     clippy::unwrap_used,
@@ -22,7 +27,7 @@ use std::path::PathBuf;
 
 use serde_json::{Map, Value, json};
 
-use polar_faithful::{Asked, Chains, Conversation, Fresh, Origin, Renderer};
+use polar_faithful::{Asked, Chains, Conversation, Fresh, Origin, Renderer, Window, Windows};
 use polar_template::{Model, ModelFiles};
 
 const INSTALL: &str = "install them with `cargo xtask chat-models` (cargo xtask test does)";
@@ -134,8 +139,23 @@ impl Session {
 }
 
 /// Runs `turns` turns of an agentic session over `name`'s model, checking
-/// each call's prompt; returns how many calls extended the one before.
-fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize {
+/// each call's prompt, and each against the prompt of a chain that renders
+/// the whole conversation for every call (its windows refuted); returns
+/// how many calls extended the one before and what the chain knows of
+/// windows at the end.
+fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> (usize, Window) {
+    run_answering(name, turns, kwargs, seed, None)
+}
+
+/// [`run`], the model answering in text at turn `answers` too (and the
+/// user asking again), as it does at the last turn.
+fn run_answering(
+    name: &str,
+    turns: usize,
+    kwargs: Map<String, Value>,
+    seed: u64,
+    answers: Option<usize>,
+) -> (usize, Window) {
     let m = model(name);
     let mut s = Session {
         messages: vec![
@@ -146,6 +166,7 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         kwargs,
     };
     let mut chains = Chains::new();
+    let mut whole_chains = Chains::new();
     let mut seen: Vec<u32> = Vec::new();
     let mut extended = 0;
     for k in 0..turns {
@@ -153,6 +174,19 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         let prompt = chains
             .prompt(&m, &conv)
             .unwrap_or_else(|e| panic!("{name} turn {k}: {e}"));
+        let mut whole = whole_chains.prompt(&m, &conv).unwrap();
+        let expected = if k == 0 {
+            Window::Unchecked
+        } else {
+            Window::Refuted
+        };
+        assert_eq!(whole.windows.state(), expected, "{name} turn {k}");
+        assert_eq!(
+            (&prompt.ids, &prompt.origin),
+            (&whole.ids, &whole.origin),
+            "{name} turn {k}: a window's ids are the whole rendering's"
+        );
+        whole.windows = Windows::whole();
         if k == 0 {
             assert_eq!(
                 prompt.origin,
@@ -205,7 +239,7 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         }
         // The model thinks, then calls the tool (or answers, at the end).
         let id = format!("call_{seed}_{k}");
-        let last = k + 1 == turns;
+        let last = k + 1 == turns || answers == Some(k);
         let mut reply = json!({"role": "assistant", "content": if last { "Fixed: the test passes now." } else { "" },
             "reasoning_content": format!("Turn {k}: I should look at the files first."),
         });
@@ -225,6 +259,7 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
             tools: Some(s.tools.clone()),
             kwargs: s.kwargs.clone(),
         };
+        whole_chains.finish(&m, asked.clone(), whole, &generated, reply.clone());
         chains.finish(&m, asked, prompt, &generated, reply.clone());
         // The harness echoes it: whitespace-only text, no reasoning.
         let mut echoed = json!({"role": "assistant", "content": if last { reply["content"].clone() } else { json!("\n\n") }});
@@ -252,23 +287,46 @@ fn run(name: &str, turns: usize, kwargs: Map<String, Value>, seed: u64) -> usize
         prompt.origin
     );
     assert_eq!(&prompt.ids[..seen.len()], seen.as_slice());
-    extended + 1
+    let whole = whole_chains.prompt(&m, &s.conv()).unwrap();
+    assert_eq!(prompt.ids, whole.ids, "{name}: the last call");
+    (extended + 1, prompt.windows.state())
 }
 
 #[test]
 fn qwen3_sessions_are_one_chain_thinking_or_not() {
     for seed in 0..6 {
-        assert_eq!(run("qwen3", 6, Map::new(), seed), 6);
+        assert_eq!(run("qwen3", 6, Map::new(), seed), (6, Window::Trusted));
         let mut off = Map::new();
         off.insert("enable_thinking".into(), json!(false));
-        assert_eq!(run("qwen3", 4, off, seed), 4);
+        assert_eq!(run("qwen3", 4, off, seed), (4, Window::Trusted));
     }
 }
 
 #[test]
 fn deepseek_v3_sessions_are_one_chain() {
     for seed in 0..4 {
-        assert_eq!(run("deepseek_v3", 5, Map::new(), seed), 5);
+        assert_eq!(
+            run("deepseek_v3", 5, Map::new(), seed),
+            (5, Window::Trusted)
+        );
+    }
+}
+
+/// DeepSeek-V3's template writes the conversation's first tool result
+/// unlike the others: once a text answer has left every tool result out
+/// of the window, the window's ids differ from the whole rendering's, and
+/// the chain renders the whole conversation from then on.
+#[test]
+fn deepseek_v3_windows_that_leave_every_tool_result_out_are_refuted() {
+    for seed in 0..2 {
+        let (n, window) = run_answering("deepseek_v3", 7, Map::new(), seed, Some(3));
+        assert_eq!((n, window), (7, Window::Refuted));
+    }
+    // (gpt-oss ends a text answer with `<|return|>` and writes `<|end|>`
+    // in the history, which this test's marker cannot follow.)
+    for name in ["qwen3", "llama3_1"] {
+        let (n, window) = run_answering(name, 7, Map::new(), 0, Some(3));
+        assert_eq!((n, window), (7, Window::Trusted), "{name}");
     }
 }
 
@@ -280,13 +338,13 @@ fn gpt_oss_sessions_are_one_chain() {
             "reasoning_effort".into(),
             json!(["low", "medium", "high"][seed as usize % 3]),
         );
-        assert_eq!(run("gptoss", 5, effort, seed), 5);
+        assert_eq!(run("gptoss", 5, effort, seed), (5, Window::Trusted));
     }
 }
 
 #[test]
 fn llama3_1_sessions_are_one_chain() {
     for seed in 0..4 {
-        assert_eq!(run("llama3_1", 5, Map::new(), seed), 5);
+        assert_eq!(run("llama3_1", 5, Map::new(), seed), (5, Window::Trusted));
     }
 }
