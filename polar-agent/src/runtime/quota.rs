@@ -9,7 +9,7 @@
 //! output.
 //!
 //! Why a tmpfs and not a loop-mounted image (figures in BENCHMARKS.md,
-//! "Disk quota (issue 15)", from `tests/benches/disk_quota.sh`): mounting
+//! "Disk quota", from `tests/benches/disk_quota.sh`): mounting
 //! and unmounting a tmpfs takes well under a millisecond where an image
 //! needs a file, `mkfs` and a loop device (tens of milliseconds, a loop
 //! device per session, `e2fsprogs` on the node); writes go at memory speed;
