@@ -298,18 +298,18 @@ impl Plan<'_> {
     ) -> StepReport {
         match step {
             Step::Run { argv } => self.run_command(phase, index, argv, &[], stop).await,
-            Step::Upload { from, to } => {
+            Step::Upload { from, to, replace } => {
                 let started = StdInstant::now();
                 let end = if super::remaining(self.deadline).is_zero() {
                     StepEnd::TimedOut
                 } else {
                     // As root, beneath the workspace the sandbox had: off
                     // the async workers.
-                    let (from, to) = (from.clone(), to.clone());
+                    let (from, to, replace) = (from.clone(), to.clone(), *replace);
                     let workspace = self.layout.workspace.clone();
                     let (user, session) = (self.layout.user, self.session.id().clone());
                     let done = tokio::task::spawn_blocking(move || {
-                        upload(&from, &workspace, &to, user, &session)
+                        upload(&from, &workspace, &to, replace, user, &session)
                     })
                     .await;
                     match done {
