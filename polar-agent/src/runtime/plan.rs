@@ -277,6 +277,9 @@ impl Plan<'_> {
                 ),
             },
         };
+        if let Runtime::Docker(d) = self.runtime {
+            self.reap_leftovers(d).await;
+        }
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(session = %self.session.id(), ?phase, index, ?end, elapsed_ms, "step finished");
         StepReport {
@@ -286,6 +289,31 @@ impl Plan<'_> {
             end,
             elapsed_ms,
             logs,
+        }
+    }
+
+    /// Kills what the command that just ended left running in the
+    /// container ([`super::leftovers`]), as the native runtime's per-command
+    /// cgroup does; logged, never failing the step (a container that is
+    /// gone has nothing left).
+    async fn reap_leftovers(&self, d: &super::docker::Docker) {
+        let session = self.session.id();
+        let init = match d.init_pid().await {
+            Ok(pid) => pid,
+            Err(e) => {
+                tracing::debug!(%session, error = %e, "no container to reap");
+                return;
+            }
+        };
+        match tokio::task::spawn_blocking(move || super::leftovers::reap(init)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => {
+                tracing::info!(%session, killed = n, "killed what a command left running in its container");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%session, error = %e, "killing what a command left running in its container");
+            }
+            Err(e) => tracing::warn!(%session, error = %e, "the reaping task failed"),
         }
     }
 
