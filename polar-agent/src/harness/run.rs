@@ -493,7 +493,9 @@ impl Prepared {
         &self,
         eval: &crate::runtime::eval::EvalDirs,
     ) -> (Layout, Vec<(String, String)>) {
-        eval.isolate(&self.layout, &self.runtime)
+        let (layout, mut env) = eval.isolate(&self.layout, &self.runtime);
+        crate::runtime::eval::keep_spec_pythonpath(&mut env, &self.run.spec);
+        (layout, env)
     }
 
     /// The sandbox user.

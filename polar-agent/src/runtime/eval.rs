@@ -156,6 +156,20 @@ impl EvalDirs {
     }
 }
 
+/// The runtime spec's own `PYTHONPATH`, if it sets one, after the
+/// evaluation's Python directory in `env` (which would replace it): the
+/// task's paths stay, after Polar's `sitecustomize.py`.
+pub fn keep_spec_pythonpath(env: &mut [(String, String)], spec: &polar_spec::runtime::RuntimeSpec) {
+    let Some(task) = spec.environment.get("PYTHONPATH").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    for (k, v) in env.iter_mut() {
+        if k == "PYTHONPATH" {
+            *v = format!("{v}:{task}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,6 +258,18 @@ mod tests {
         assert_eq!(get(&env, "HOME").as_deref(), Some(native::HOME));
         assert_eq!(get(&env, "PYTHONNOUSERSITE").as_deref(), Some("1"));
         assert_eq!(get(&env, "PYTHONPATH").as_deref(), Some(PYTHON_DIR));
+        // A spec's own PYTHONPATH follows the evaluation's directory.
+        let mut with = env.clone();
+        let mut spec = polar_spec::runtime::RuntimeSpec::default();
+        keep_spec_pythonpath(&mut with, &spec);
+        assert_eq!(with, env);
+        spec.environment
+            .insert("PYTHONPATH".into(), "/workspace/src".into());
+        keep_spec_pythonpath(&mut with, &spec);
+        assert_eq!(
+            get(&with, "PYTHONPATH"),
+            Some(format!("{PYTHON_DIR}:/workspace/src"))
+        );
         assert_eq!(
             get(&env, "PYTHONPYCACHEPREFIX").as_deref(),
             Some("/tmp/.pycache")
