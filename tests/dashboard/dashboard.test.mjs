@@ -93,7 +93,7 @@ async function until(what, limitMs, f) {
   }
 }
 
-function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py") {
+function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py", evaluator = { kind: "command", options: { command: "test -s polar-demo.txt" } }) {
   return rest("/v1/tasks", {
     method: "POST",
     body: {
@@ -104,7 +104,7 @@ function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py"
       runtime: { prepare: [{ upload: { from: env("POLAR_MINI_AGENT"), to: "mini_agent.py" } }] },
       agent: { harness: "shell", options: { command } },
       builder: { kind: "prefix_merging" },
-      evaluator: { kind: "command", options: { command: "test -s polar-demo.txt" } },
+      evaluator,
       metadata: { group_id: taskId, policy_version: "w-1" },
     },
   });
@@ -340,6 +340,20 @@ async function run({ kind, executable }, shots) {
     await page.fill("#reward-min", "1");
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 6, null, { timeout: 5000 });
     await shot(page, "task.png");
+    check((await page.textContent("#usable")) === "6/6 usable", "the task page says 6/6 usable");
+    check((await page.$("#failures")) === null, "no failure list for a task without failures");
+
+    // 3a. A task whose evaluator never scores: failed (not completed), no
+    //     mean reward, its failures grouped with their reason.
+    const unscored = `dash-unscored-${Date.now()}`;
+    await submitMiniAgent(unscored, 2, undefined, { kind: "command", options: { command: "true", reward: "file" } });
+    await page.evaluate((t) => { location.hash = `#/task/${t}`; }, unscored);
+    await page.waitForSelector("#task-status .badge.s-failed", { timeout: TASK_LIMIT_MS });
+    check((await page.textContent("#usable")) === "0/2 usable", "the failed task says 0/2 usable");
+    check((await page.textContent("#mean-reward")) === "–", "no mean reward without a usable sample");
+    const failures = await page.$$eval("#failures li", (lis) => lis.map((li) => li.textContent));
+    check(failures.length === 1 && failures[0] === "error 2 samples: evaluation failed: reward file .polar/reward: not found in the workspace (the command exited with 0) (0, 1)",
+      `the failures grouped with their reason (got ${JSON.stringify(failures)})`);
 
     // 3b. A running session's timeline, live: its calls show as they end,
     //     before the session does (the harness sleeps after its last

@@ -15,8 +15,10 @@
 //! - the rollout server restarted mid-task: nothing is lost;
 //! - a backend that fails once (HTTP 503 mid-session: the agent exits):
 //!   the sample is run again and completes; one that stays down: run again
-//!   up to `max_retries`, then kept as an error of the backend, its
-//!   trajectory exported with `status = "error"` and `infra_fault`;
+//!   up to `max_retries`, then kept as an error of the backend without a
+//!   reward, its trajectory exported with `status = "error"` and
+//!   `infra_fault`, the task `partial`; `polar submit` of a task with no
+//!   usable sample exits 1 naming the failures;
 //! - assignments outside the node's `[gateway.policy]` (an upload source
 //!   outside its roots or through a symbolic link out of one, a mount, the
 //!   host network, a limit over its ceiling) are refused at INIT, naming
@@ -713,6 +715,16 @@ turns = [
   { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
 ]
+
+# A task whose every attempt meets the replica set down: no usable sample.
+[[sessions]]
+id = "down-s0"
+turns = [
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+]
 "#;
 
 /// The exported rows of a sample's trajectory (JSONL beside the Parquet).
@@ -782,7 +794,67 @@ async fn a_backend_fault_is_run_again_and_never_exported_as_completed() -> Resul
             v => v.clone(),
         };
         ensure!(md["ended_by"] == "backend", "{row}");
+        // Its evaluator made the file, yet the infrastructure ended it:
+        // no reward, in the result or in its rows.
+        ensure!(row["reward"].is_null(), "{row}");
     }
+    ensure!(r1.reward.is_none(), "{r1:?}");
+    // One of two usable: partial, the mean over the usable one only, the
+    // failure named.
+    ensure!(t.status == TaskStatus::Partial, "{t:#?}");
+    ensure!((t.counts.usable, t.requested) == (1, 2), "{t:#?}");
+    ensure!(t.mean_reward == Some(1.0), "{t:#?}");
+    ensure!(
+        t.failures.len() == 1
+            && t.failures[0].status == "error"
+            && t.failures[0].samples == [1]
+            && t.failures[0]
+                .error
+                .starts_with("the inference backend ended the session"),
+        "{:#?}",
+        t.failures
+    );
+    // `polar submit` of a task no sample of which is usable: exit 1, the
+    // failures grouped on stderr.
+    let file = f.dir.path().join("down.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "task_id": "down",
+            "instruction": "Create the file polar-demo.txt.",
+            "num_samples": 1,
+            "timeout_secs": 120,
+            "agent": {"harness": "shell", "options": {"command": "python3 /workspace/mini_agent.py"}},
+            "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
+            "evaluator": {"kind": "command", "options": {"command": "true"}},
+        })
+        .to_string(),
+    )?;
+    let out = Command::new(polar_bin()?)
+        .arg("submit")
+        .arg(&file)
+        .args([
+            "--server",
+            &f.server_url(),
+            "--token",
+            TOKEN,
+            "--poll-ms",
+            "100",
+        ])
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(out.status.code() == Some(1), "{stdout}\n{stderr}");
+    ensure!(
+        stdout.contains("0 of 1 requested samples usable\nunusable samples, by reason:\n  1 sample error: the inference backend ended the session"),
+        "{stdout}"
+    );
+    ensure!(
+        stderr.starts_with("task down ended failed: 0 of 1 requested samples usable\nunusable samples, by reason:\n  1 sample error: the inference backend ended the session: its last model call"),
+        "{stderr}"
+    );
     f.stop_gateways()?;
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! `polar submit TASK_FILE` and `polar status`: the rollout server from the
 //! trainer's side. `submit` sends a task (TOML or JSON), prints a progress
-//! line whenever the task's counts change, then a table of the samples.
+//! line whenever the task's counts change, then a table of the samples;
+//! it exits 0 when the task has usable samples (a `partial` task says so
+//! on stderr), 1 when it has none (the failures grouped on stderr), 2 when
+//! `--wait-secs` ran out first.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::CliError;
 use polar_rollout::config::TOKEN_ENV;
-use polar_rollout::report::{progress_line, results_table, status_text};
+use polar_rollout::report::{failures_text, progress_line, results_table, status_text};
 use polar_rollout_api::{RolloutClient, TaskStatus};
 
 /// Where the server is.
@@ -155,11 +158,40 @@ pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     } else {
         out(&results_table(&view))?;
     }
-    Ok(if view.status == TaskStatus::Completed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    Ok(match view.status {
+        TaskStatus::Completed => ExitCode::SUCCESS,
+        TaskStatus::Partial => {
+            eprintln!(
+                "task {} is partial: {} of {} requested samples usable (the others are listed above)",
+                view.task_id, view.counts.usable, view.requested
+            );
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("{}", unusable_summary(&view));
+            ExitCode::from(1)
+        }
     })
+}
+
+/// The one-paragraph reason a task gave nothing to train on.
+fn unusable_summary(v: &polar_rollout_api::TaskView) -> String {
+    let mut s = format!(
+        "task {} ended {}: {} of {} requested samples usable",
+        v.task_id,
+        v.status.as_str(),
+        v.counts.usable,
+        v.requested
+    );
+    if let Some(r) = &v.reason {
+        s.push_str(&format!(" ({r})"));
+    }
+    let groups = failures_text(v);
+    if !groups.is_empty() {
+        s.push('\n');
+        s.push_str(groups.trim_end());
+    }
+    s
 }
 
 /// Arguments of `polar status`.

@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from . import outcome
 from .errors import TrajectoryError
+from .outcome import Failures
 from .types import Task
 
 #: The export schema this reader understands.
@@ -176,10 +178,14 @@ def load(source: str | os.PathLike[str], *, task_id: str | None = None, s3: S3 |
     return traces
 
 
-def load_task(task: Task, *, s3: S3 | None = None) -> list[Trace]:
+def load_task(task: Task, *, s3: S3 | None = None, failures: Failures = "raise") -> list[Trace]:
     """The traces of a finished task's done samples, read from each
     sample's ``trajectory_uri`` (the attempt whose result the server
-    accepted), in sample order."""
+    accepted), in sample order. A task with no usable sample raises
+    [`TaskFailed`] with its failures grouped (``failures="warn"``: warns
+    and returns the traces of its failed samples, labelled; ``"ignore"``:
+    neither); one with fewer usable than requested warns."""
+    outcome.check(task, failures)
     out: list[Trace] = []
     for sample in task.samples:
         uri = sample.result.trajectory_uri if sample.result is not None else None

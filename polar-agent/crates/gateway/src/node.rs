@@ -426,6 +426,7 @@ impl<W: Work> Inner<W> {
                 .collect(),
             },
             labels: o.labels.clone(),
+            backends: self.work.backends(),
         }
     }
 
@@ -462,6 +463,7 @@ impl<W: Work> Inner<W> {
             sessions: Some(sessions),
             paused: self.stages.paused(),
             policy_version: lock(&self.policy_version).clone(),
+            backends: self.work.backends(),
         }
     }
 

@@ -30,7 +30,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use polar_rollout_api::{SampleStatus, SessionAssignment, StageLoad};
+use polar_rollout_api::{BackendHealth, SampleStatus, SessionAssignment, StageLoad};
 
 /// A stage of the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -282,6 +282,14 @@ pub trait Work: Send + Sync + 'static {
     /// calls in flight finish, new ones wait. Nothing by default.
     fn pause(&self, paused: bool) {
         let _ = paused;
+    }
+
+    /// The node's inference backends as its health checks see them, by
+    /// name (reported at registration and in every heartbeat: the server
+    /// sends no session while one has no healthy replica). None by
+    /// default.
+    fn backends(&self) -> BTreeMap<String, BackendHealth> {
+        BTreeMap::new()
     }
 
     /// A weight update finished: the calls of every session from now on

@@ -596,8 +596,10 @@ impl Scheduler {
         }
         let status = if t.cancelled {
             TaskStatus::Cancelled
-        } else if t.counts.done == 0 {
+        } else if t.counts.usable == 0 {
             TaskStatus::Failed
+        } else if t.counts.usable < t.request.requested() {
+            TaskStatus::Partial
         } else {
             TaskStatus::Completed
         };

@@ -99,7 +99,9 @@ function renderNodes(el, nodes) {
     });
     return h("tr", { dataset: { node: n.node_id } },
       h("td", h("b", n.node_id), h("div.small.muted", n.address)),
-      h("td", badge(n.health), hb.draining ? badge("draining") : null, hb.paused ? badge("paused") : null),
+      h("td", badge(n.health), hb.draining ? badge("draining") : null, hb.paused ? badge("paused") : null,
+        Object.entries(n.backends || {}).map(([name, b]) => h("div", { class: `small backend${b.healthy > 0 || b.replicas === 0 ? "" : " down"}`, dataset: { backend: name } },
+          `${name}: ${b.healthy}/${b.replicas} replicas healthy`))),
       h("td", `${n.assigned}/${n.capacity.max_sessions}`),
       pools,
       h("td", { class: n.last_heartbeat_ms_ago > 5000 ? "warn" : "" }, `${fmtMs(n.last_heartbeat_ms_ago)} ago`),
@@ -129,7 +131,7 @@ function renderTasks(el, tasks, status) {
       h("td", badge(t.status)),
       h("td", h("progress", { max: t.num_samples, value: ended }), h("span.small", ` ${ended}/${t.num_samples}`)),
       h("td.reward", fmtReward(t.mean_reward)),
-      h("td.small", `${c.pending} pending · ${c.dispatched + c.running} running · ${c.done} done (${c.usable} usable) · ${c.failed} failed · ${c.cancelled} cancelled`),
+      h("td.small", h("b", `${c.usable}/${t.requested} usable`), ` · ${c.pending} pending · ${c.dispatched + c.running} running · ${c.done} done · ${c.failed} failed · ${c.cancelled} cancelled`),
       h("td.small", t.policy_version || "–"),
       h("td.small", fmtTime(t.submitted_unix_ms)),
     );

@@ -184,10 +184,7 @@ impl Scheduler {
         {
             let waiting: Vec<String> = self.queue.values().cloned().collect();
             self.queue.clear();
-            let error = format!(
-                "no healthy node for {} ms",
-                self.limits.no_node_timeout.as_millis()
-            );
+            let error = self.no_node_error();
             for sid in waiting {
                 self.set_state(
                     &sid,
@@ -199,6 +196,33 @@ impl Scheduler {
                     self.check_finished(&task_id, wall_ms);
                 }
             }
+        }
+    }
+
+    /// Why pending sessions fail after `no_node_timeout`: no node at all,
+    /// or the nodes there are cannot reach an inference backend.
+    fn no_node_error(&self) -> String {
+        let ms = self.limits.no_node_timeout.as_millis();
+        let down: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.healthy)
+            .filter_map(|(id, n)| {
+                n.backend_down().map(|(b, h)| {
+                    format!(
+                        "node {id}: backend {b} has no healthy replica (0 of {})",
+                        h.replicas
+                    )
+                })
+            })
+            .collect();
+        if down.is_empty() {
+            format!("no healthy node for {ms} ms")
+        } else {
+            format!(
+                "no healthy node for {ms} ms; inference backend down: {}",
+                down.join("; ")
+            )
         }
     }
 

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::{QueueKey, Scheduler, Session, Task, queue_key};
 use polar_rollout_types::{
-    API_VERSION, CallbackState, CallbackView, NodeView, SampleView, SessionCounts, SessionKind,
-    SessionState, TaskRequest, TaskStatus, TaskView, session_id,
+    API_VERSION, CallbackState, CallbackView, FailureGroup, NodeView, SampleView, SessionCounts,
+    SessionKind, SessionState, TaskRequest, TaskStatus, TaskView, failure_groups, session_id,
 };
 
 /// A task as stored.
@@ -90,12 +90,14 @@ impl Scheduler {
         })
     }
 
-    /// The mean reward of the task's samples that have one.
+    /// The mean reward of the task's usable samples (a result stored
+    /// before rewards were kept for usable samples only may carry one).
     fn mean_reward(&self, task_id: &str, n: u32) -> Option<f64> {
         let (mut sum, mut count) = (0.0, 0u32);
         for i in 0..n {
             if let Some(SessionState::Done { result, .. }) =
                 self.sessions.get(&session_id(task_id, i)).map(|s| &s.state)
+                && result.status.is_usable()
                 && let Some(r) = result.reward
             {
                 sum += r;
@@ -103,6 +105,15 @@ impl Scheduler {
             }
         }
         (count > 0).then(|| sum / f64::from(count))
+    }
+
+    /// Why the task's unusable samples ended, grouped.
+    fn failures(&self, task_id: &str, n: u32) -> Vec<FailureGroup> {
+        failure_groups((0..n).filter_map(|i| {
+            self.sessions
+                .get(&session_id(task_id, i))
+                .map(|s| (i, &s.state))
+        }))
     }
 
     /// A task with or without its samples.
@@ -130,7 +141,9 @@ impl Scheduler {
             reason: t.reason.clone(),
             counts: t.counts,
             callback: t.callback.clone(),
+            requested: t.request.requested(),
             mean_reward: self.mean_reward(task_id, t.request.num_samples),
+            failures: self.failures(task_id, t.request.num_samples),
             samples,
         })
     }
@@ -181,6 +194,7 @@ impl Scheduler {
                     .unwrap_or(u64::MAX),
                     last_heartbeat: n.heartbeat.clone(),
                     labels: n.registration.labels.clone(),
+                    backends: n.backends().clone(),
                 }
             })
             .collect()
