@@ -13,6 +13,9 @@
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
 //! - the rollout server restarted mid-task: nothing is lost;
+//! - the node's only inference replica (a `polar mock-backend` process)
+//!   killed mid-task: the node is `backend_down`, nothing is dispatched
+//!   to it until the replica is back, then the task completes;
 //! - a backend that fails once (HTTP 503 mid-session: the agent exits):
 //!   the sample is run again and completes; one that stays down: run again
 //!   up to `max_retries`, then kept as an error of the backend without a
@@ -43,13 +46,14 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 14] = [
+const NODES: [&str; 15] = [
     "gw-a",
     "gw-b",
     "gw-c",
     "gw-e",
     "gw-f",
     "gw-hasty",
+    "gw-health",
     "gw-k1",
     "gw-k2",
     "gw-p",
@@ -79,6 +83,9 @@ struct Fixture {
     gateways: Vec<Gateway>,
     /// The cluster CA of a fixture over HTTPS.
     pki: Option<Pki>,
+    /// The replica the gateways started from now on use instead of the
+    /// in-process mock, with health checks every 200 ms.
+    replica: Option<String>,
 }
 
 /// A cluster CA made and used through `polar rollout ca`.
@@ -204,6 +211,7 @@ impl Fixture {
             server_cfg: cfg,
             gateways: Vec::new(),
             pki,
+            replica: None,
         })
     }
 
@@ -249,7 +257,10 @@ impl Fixture {
         let base = self.dir.path().join(node_id);
         std::fs::create_dir_all(&base)?;
         let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
-        let mock = self.mock.as_ref().context("no mock")?.addr;
+        let (mock, health) = match &self.replica {
+            Some(addr) => (addr.clone(), "\nhealth_check_interval_ms = 200"),
+            None => (self.mock.as_ref().context("no mock")?.addr.to_string(), ""),
+        };
         let config = base.join("agent.toml");
         let tls = match &self.pki {
             None => String::new(),
@@ -271,7 +282,7 @@ state_dir = "{state}"
 name = "local"
 dialect = "vllm"
 replicas = ["http://{mock}"]
-served_model = "default"
+served_model = "default"{health}
 
 [gateway]
 server = "{scheme}://{server}"
@@ -855,6 +866,148 @@ async fn a_backend_fault_is_run_again_and_never_exported_as_completed() -> Resul
         stderr.starts_with("task down ended failed: 0 of 1 requested samples usable\nunusable samples, by reason:\n  1 sample error: the inference backend ended the session: its last model call"),
         "{stderr}"
     );
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// A `polar mock-backend` process, killed by its pid when dropped.
+struct Replica(Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `polar mock-backend` as a process of its own on `addr`, ready.
+fn replica_process(addr: &str, log: &Path) -> Result<Replica> {
+    let mut child = Command::new(polar_bin()?)
+        .args([
+            "mock-backend",
+            "--listen",
+            addr,
+            "--served-model",
+            "default",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("mock-backend exited ({status})");
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("mock-backend does not listen on {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Replica(child))
+}
+
+/// Sessions dispatched so far, over every sample.
+fn dispatches(t: &TaskView) -> u32 {
+    t.samples.iter().map(|s| s.attempts).sum()
+}
+
+/// The node's only inference replica killed mid-task: the node reports
+/// its backend down, the server dispatches nothing to it meanwhile (the
+/// sessions the kill ended wait in the queue), `polar status` and
+/// `/metrics` say so; once the replica is back the task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_replica_killed_mid_task_holds_dispatch_until_it_is_back() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = f.dir.path().join("replica.log");
+    let replica = replica_process(&addr, &log)?;
+    f.replica = Some(addr.clone());
+    f.gateway("gw-health", "127.0.0.81").await?;
+    let c = f.client();
+    f.submit("health", 4, 2).await?;
+    // Mid-task: some session on the node.
+    let until = Instant::now() + Duration::from_secs(60);
+    while !c.task("health").await?.samples.iter().any(
+        |s| matches!(&s.state, SessionState::Running { stage: Some(st), .. } if st == "running"),
+    ) {
+        ensure!(Instant::now() < until, "no session ran: {}", f.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(replica.0.id())?),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    drop(replica);
+    // The node's health checks see it; its heartbeat tells the server.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let nodes = c.nodes().await?;
+        let n = nodes.nodes.iter().find(|n| n.node_id == "gw-health");
+        if n.is_some_and(|n| n.health == polar_rollout_api::NodeHealth::BackendDown) {
+            let b = n.and_then(|n| n.backends.get("local")).copied();
+            ensure!(
+                b == Some(polar_rollout_api::BackendHealth {
+                    replicas: 1,
+                    healthy: 0
+                }),
+                "{b:?}"
+            );
+            break;
+        }
+        ensure!(Instant::now() < until, "never backend_down: {nodes:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = Command::new(polar_bin()?)
+        .args(["status", "--server", &f.server_url(), "--token", TOKEN])
+        .output()?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        text.contains("gw-health http://127.0.0.81:")
+            && text.contains(" backend_down assigned ")
+            && text.contains("    backends: local 0/1 replicas healthy (DOWN)"),
+        "{text}"
+    );
+    let metrics = c
+        .raw(http::Method::GET, "/metrics", None)
+        .await
+        .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())?;
+    ensure!(
+        metrics.contains(
+            "polar_rollout_node_backend_healthy_replicas{node=\"gw-health\",backend=\"local\"} 0"
+        ) && metrics.contains("polar_rollout_nodes{health=\"backend_down\"} 1"),
+        "{metrics}"
+    );
+    // While it is down (several heartbeats and health checks), nothing is
+    // dispatched: the sessions the kill ended are back in the queue.
+    let before = dispatches(&c.task("health").await?);
+    let quiet = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < quiet {
+        let t = c.task("health").await?;
+        ensure!(
+            dispatches(&t) == before,
+            "dispatched while the backend was down: {t:#?}"
+        );
+        ensure!(!t.status.is_finished(), "{t:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = c.task("health").await?;
+    ensure!(
+        t.samples
+            .iter()
+            .any(|s| matches!(s.state, SessionState::Pending)),
+        "no session waits: {t:#?}"
+    );
+    // Back: the node takes sessions again and the task completes.
+    let _replica = replica_process(&addr, &log)?;
+    let t = f.wait_finished("health", Duration::from_secs(240)).await?;
+    check_results(&t, &f.export_dir())?;
+    ensure!(t.counts.usable == 4, "{t:#?}");
     f.stop_gateways()?;
     Ok(())
 }
