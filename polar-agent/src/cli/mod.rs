@@ -8,6 +8,7 @@ mod agent;
 mod ca;
 mod harness;
 mod install;
+mod probe;
 mod proxy;
 mod rollout;
 mod sandbox;
@@ -129,6 +130,10 @@ pub enum ConfigCommand {
     Check {
         /// The file.
         file: PathBuf,
+        /// Also ask every backend replica `GET /health` and say which
+        /// answered (exit 1 when a backend has no replica that did).
+        #[arg(long)]
+        probe: bool,
     },
 }
 
@@ -317,10 +322,22 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config(ConfigCommand::Check { file }) => {
+        Command::Config(ConfigCommand::Check { file, probe }) => {
             let summary = crate::config::check_file(&file)?;
             std::io::Write::write_all(&mut std::io::stdout(), format!("{summary}\n").as_bytes())?;
-            Ok(ExitCode::SUCCESS)
+            if !probe {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let config = crate::config::Config::load(&file)?;
+            let probes = runtime()?
+                .block_on(probe::probe(&config.backends))
+                .map_err(CliError::Usage)?;
+            std::io::Write::write_all(&mut std::io::stdout(), probe::report(&probes).as_bytes())?;
+            Ok(if probes.iter().all(probe::BackendProbe::is_up) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
         Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
