@@ -533,7 +533,9 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        text.contains("node gw-a at") && text.contains("finished 8, reported 8"),
+        text.contains("node gw-a at")
+            && text.contains("finished 8, reported 8")
+            && text.contains("\nbackends: local 1/1 replicas healthy\n"),
         "{text}"
     );
     let metrics = RolloutClient::new(url, Some(GATEWAY_TOKEN.into()))
@@ -971,6 +973,17 @@ async fn the_only_replica_killed_mid_task_holds_dispatch_until_it_is_back() -> R
         text.contains("gw-health http://127.0.0.81:")
             && text.contains(" backend_down assigned ")
             && text.contains("    backends: local 0/1 replicas healthy (DOWN)"),
+        "{text}"
+    );
+    let node_url = f.gateways[0].url.clone();
+    let status = Command::new(polar_bin()?)
+        .args(["status", "--node", &node_url, "--token", GATEWAY_TOKEN])
+        .output()?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        text.contains(
+            "\nbackends: local 0/1 replicas healthy (DOWN: the server sends this node no session)\n"
+        ),
         "{text}"
     );
     let metrics = c

@@ -251,6 +251,24 @@ pub fn node_text(v: &serde_json::Value) -> String {
         "sessions: {stages}; finished {}, reported {}",
         v["finished"], v["reported"]
     );
+    if let Some(backends) = v["backends"].as_object().filter(|b| !b.is_empty()) {
+        let text: Vec<String> = backends
+            .iter()
+            .map(|(name, b)| {
+                let (healthy, replicas) = (
+                    b["healthy"].as_u64().unwrap_or(0),
+                    b["replicas"].as_u64().unwrap_or(0),
+                );
+                let down = if healthy == 0 && replicas > 0 {
+                    " (DOWN: the server sends this node no session)"
+                } else {
+                    ""
+                };
+                format!("{name} {healthy}/{replicas} replicas healthy{down}")
+            })
+            .collect();
+        let _ = writeln!(t, "backends: {}", text.join(", "));
+    }
     for s in v["sessions"].as_array().into_iter().flatten() {
         let _ = writeln!(
             t,

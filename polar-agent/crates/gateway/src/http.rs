@@ -90,6 +90,7 @@ impl<W: Work> Inner<W> {
             "pools": {"init": l.init, "ready_buffer": l.ready_buffer, "running": l.running, "postrun": l.postrun},
             "by_stage": by_stage,
             "queues": self.stages.loads(),
+            "backends": self.work.backends(),
             "finished": self.finished.load(Ordering::Relaxed),
             "reported": self.reported.load(Ordering::Relaxed),
             "sessions": sessions,
