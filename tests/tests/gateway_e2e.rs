@@ -25,7 +25,8 @@
 //! - assignments outside the node's `[gateway.policy]` (an upload source
 //!   outside its roots or through a symbolic link out of one, a mount, the
 //!   host network, a limit over its ceiling) are refused at INIT, naming
-//!   the field, not retried, without a reward;
+//!   the field, not retried, without a reward; a harness the node does not
+//!   define fails at once when no other node can take it;
 //! - the control plane over HTTPS with certificates `polar rollout ca`
 //!   issued, mutual TLS on: a small rollout through a gateway; a client
 //!   (and `polar status`) trusting another CA refused; the gateway's and
@@ -1245,6 +1246,26 @@ async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<(
             "{id}: {result:?}"
         );
     }
+    // A harness this node does not define would fail here again: with no
+    // other node, the session fails at once with the node's reason.
+    let task = serde_json::json!({
+        "task_id": "p-unfit", "instruction": "x", "num_samples": 1, "timeout_secs": 60,
+        "agent": {"harness": "custom:not-on-this-node"},
+    });
+    f.client().submit(&task).await?;
+    let t = f.wait_finished("p-unfit", Duration::from_secs(60)).await?;
+    let s = &t.samples[0];
+    ensure!(t.status == TaskStatus::Failed, "{t:#?}");
+    ensure!(s.attempts == 1 && s.retries == 0, "dispatched again: {s:?}");
+    let SessionState::Failed { error } = &s.state else {
+        bail!("{t:#?}");
+    };
+    ensure!(
+        error.starts_with("node gw-p cannot run it: ")
+            && error.contains("not-on-this-node")
+            && error.ends_with(" (no other node to try)"),
+        "{error}"
+    );
     // Inside the policy: runs as before.
     f.submit("p-ok", 1, 0).await?;
     let t = f.wait_finished("p-ok", Duration::from_secs(120)).await?;

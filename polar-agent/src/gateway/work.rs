@@ -188,18 +188,20 @@ impl Work for HarnessWork {
             .map_err(|e| fail(e.to_string()))?;
         let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
         // A custom name this node does not define is the node's problem,
-        // as a harness not installed here: another node may define it.
+        // as a harness not installed here: another node may define it;
+        // this one would fail it again.
         let harness = Harness::resolve(&spec.harness, &self.parts.config)
-            .map_err(|e| InitError::new(InitFault::Node, e.to_string()))?;
+            .map_err(|e| InitError::new(InitFault::Unfit, e.to_string()))?;
         let session: SessionId = a
             .session_id
             .parse()
             .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
-        // Not installed here is the node's problem: another node may have it.
+        // Not installed here is the node's problem: another node may have
+        // it; this one would fail it again.
         let install = self
             .install(&harness)
             .await
-            .map_err(|e| InitError::new(InitFault::Node, e))?;
+            .map_err(|e| InitError::new(InitFault::Unfit, e))?;
         let mut metadata = Map::new();
         metadata.insert("sample_index".into(), a.sample_index.into());
         metadata.insert("attempt".into(), a.attempt.into());
@@ -258,7 +260,20 @@ impl Work for HarnessWork {
         }
         let prepared = prepare(&self.parts, &self.redirect, run, &stop)
             .await
-            .map_err(|e| InitError::new(InitFault::Node, chain(&e)))?;
+            .map_err(|e| {
+                // A runtime whose program this node lacks fails every time.
+                let fault = if matches!(
+                    e,
+                    crate::harness::HarnessError::Runtime(
+                        crate::runtime::RuntimeError::Unavailable { .. }
+                    )
+                ) {
+                    InitFault::Unfit
+                } else {
+                    InitFault::Node
+                };
+                InitError::new(fault, chain(&e))
+            })?;
         Ok(Session {
             prepared,
             live,
@@ -396,6 +411,7 @@ impl Work for HarnessWork {
             stats: Map::new(),
             retry: v.retry,
             infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
+            node_unfit: false,
         };
         report.stats.insert("steps".into(), Value::Array(steps));
         report.stats.insert("calls".into(), Value::Array(timeline));

@@ -692,6 +692,7 @@ impl<W: Work> Inner<W> {
             stats: Some(serde_json::Value::Object(r.stats.clone())),
             retry: r.retry,
             infra_fault: r.infra_fault,
+            node_unfit: r.node_unfit,
         };
         let mut wait = Duration::from_millis(20);
         let give_up = Instant::now() + Duration::from_secs(600);

@@ -370,6 +370,13 @@ pub struct SessionResult {
     /// at the limit this result is kept (`done`, not `failed`).
     #[serde(default)]
     pub infra_fault: bool,
+    /// With `retry`: this node cannot run the session and would fail it the
+    /// same way again (a harness neither defined nor installed there, a
+    /// runtime whose program it lacks). The server dispatches it to another
+    /// node only, and fails it at once, with this error, when no other
+    /// registered node is left to try. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_unfit: bool,
 }
 
 impl SessionResult {

@@ -93,6 +93,30 @@ impl Scheduler {
     ) -> Result<(), ReportError> {
         self.check_current(sid, &r.node_id, r.attempt)?;
         self.counters.results += 1;
+        if r.retry && r.node_unfit && r.status != SampleStatus::Completed {
+            // This node would fail it again: another node only, or it
+            // fails now with the node's reason.
+            let error = r.error.as_deref().unwrap_or("no reason given").to_owned();
+            let Some(s) = self.sessions.get_mut(sid) else {
+                return Ok(());
+            };
+            s.unfit.insert(r.node_id.clone(), error.clone());
+            let unfit = s.unfit.clone();
+            if self.another_node_for(&unfit) {
+                let reason = format!("node {} cannot run the session: {error}", r.node_id);
+                self.lose(sid, &reason, now, wall_ms);
+            } else {
+                if let Some(n) = self.nodes.get_mut(&r.node_id) {
+                    n.release(sid, now);
+                }
+                self.end_attempt(
+                    sid,
+                    &format!("node {} cannot run the session: {error}", r.node_id),
+                );
+                self.fail_unfit(sid, wall_ms);
+            }
+            return Ok(());
+        }
         if r.retry && r.status != SampleStatus::Completed {
             // An attempt the infrastructure ended is run again while the
             // retry limit allows, and kept (with its exported trajectory)

@@ -59,6 +59,7 @@ fn result(node: &str, attempt: u32, status: SampleStatus) -> SessionResult {
         stats: None,
         retry: false,
         infra_fault: false,
+        node_unfit: false,
     }
 }
 
@@ -481,6 +482,83 @@ fn sessions_no_node_can_take_fail_naming_the_backend_that_is_down() {
             if error == "no healthy node for 10000 ms; inference backend down: node a: backend policy has no healthy replica (0 of 1)"),
         "{:?}",
         v.samples[0].state
+    );
+}
+
+fn unfit(node: &str, attempt: u32, error: &str) -> SessionResult {
+    SessionResult {
+        retry: true,
+        node_unfit: true,
+        error: Some(error.into()),
+        reward: None,
+        ..result(node, attempt, SampleStatus::Error)
+    }
+}
+
+#[test]
+fn a_node_that_cannot_run_a_session_fails_it_at_once_when_it_is_the_only_one() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.result("t-s0", &unfit("a", 1, "harness x is not installed"), t0, 0)
+        .unwrap();
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Failed);
+    assert_eq!((v.samples[0].attempts, v.samples[0].retries), (1, 0));
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Failed { error }
+            if error == "node a cannot run it: harness x is not installed (no other node to try)"),
+        "{:?}",
+        v.samples[0].state
+    );
+    assert!(s.assigned_to("a").is_empty());
+    assert_eq!(s.queued(), 0);
+}
+
+#[test]
+fn a_node_that_cannot_run_a_session_never_gets_it_again() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.register(node("b", 1), t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    s.take_changes();
+    s.assign(0, 10);
+    let p = pushes(&mut s);
+    assert_eq!(p.len(), 2, "{p:?}");
+    let on_a = p
+        .iter()
+        .find(|(_, n)| n == "a")
+        .map(|(sid, _)| sid.clone())
+        .unwrap();
+    let on_b = p
+        .iter()
+        .find(|(_, n)| n == "b")
+        .map(|(sid, _)| sid.clone())
+        .unwrap();
+    s.result(&on_a, &unfit("a", 1, "runtime docker unavailable"), t0, 0)
+        .unwrap();
+    // b is full: the session waits rather than go back to a, which has room.
+    assert_eq!(s.assign(0, 10), 0);
+    assert_eq!(s.queued(), 1);
+    s.result(&on_b, &result("b", 1, SampleStatus::Completed), t0, 0)
+        .unwrap();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [(on_a.clone(), "b".to_owned())]);
+    // b cannot either: no node left, it fails naming both.
+    s.result(&on_a, &unfit("b", 2, "runtime docker unavailable"), t0, 0)
+        .unwrap();
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Partial);
+    let failed = v.samples.iter().find(|x| x.session_id == on_a).unwrap();
+    assert!(
+        matches!(&failed.state, SessionState::Failed { error }
+            if error == "node a cannot run it: runtime docker unavailable; node b cannot run it: runtime docker unavailable (no other node to try)"),
+        "{:?}",
+        failed.state
     );
 }
 

@@ -299,6 +299,7 @@ impl Scheduler {
                     ended: ss.ended,
                     enqueued_at: now,
                     live: super::LiveCalls::default(),
+                    unfit: BTreeMap::new(),
                 },
             );
         }
