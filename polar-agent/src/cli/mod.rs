@@ -195,6 +195,12 @@ pub enum CliError {
     /// A call to the rollout server failed.
     #[error(transparent)]
     RolloutClient(#[from] polar_rollout_api::ClientError),
+    /// The rollout server could not be reached (exit 5).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The rollout server refused the token (exit 4).
+    #[error("{0}")]
+    Auth(String),
     /// The task file does not parse.
     #[error("task file {0}")]
     TaskFile(String),
@@ -244,6 +250,8 @@ impl CliError {
                 ..
             })) if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Sandbox(SandboxError::Spawn(_)) => 126,
+            Self::Auth(_) => 4,
+            Self::Unreachable(_) => 5,
             _ => 125,
         }
     }

@@ -65,6 +65,36 @@ impl ServerArgs {
     fn client(&self) -> Result<RolloutClient, CliError> {
         self.client_of(&self.server)
     }
+
+    /// A failed call as what to do about it: the server not reached (the
+    /// URL and where it came from), the token refused (the server's
+    /// message names the token it needs), else as the server said.
+    fn failure(&self, e: polar_rollout_api::ClientError) -> CliError {
+        use polar_rollout_api::ClientError as E;
+        match e {
+            E::Transport { url, reason } => {
+                let hint = if self.server.starts_with("https://")
+                    && (reason.contains("InvalidContentType") || reason.contains("corrupt message"))
+                {
+                    "The server speaks plain HTTP, not HTTPS: use an http:// URL (or give the server [rollout.tls]).".to_owned()
+                } else {
+                    format!("Is it running and listening at {}?", self.server)
+                };
+                CliError::Unreachable(format!(
+                    "cannot reach the rollout server at {url} ({reason}). {hint} The URL comes from --server or POLAR_ROLLOUT_URL (default http://127.0.0.1:7070)."
+                ))
+            }
+            E::Status {
+                status: http::StatusCode::UNAUTHORIZED,
+                message,
+                ..
+            } => CliError::Auth(format!(
+                "the rollout server at {} refused the token: {message}. The token comes from --token or {TOKEN_ENV}.",
+                self.server
+            )),
+            other => CliError::RolloutClient(other),
+        }
+    }
 }
 
 /// Arguments of `polar submit`.
@@ -116,7 +146,7 @@ fn out(text: &str) -> Result<(), CliError> {
 pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     let task = load_task_file(&args.task_file)?;
     let c = args.server.client()?;
-    let reply = c.submit(&task).await?;
+    let reply = c.submit(&task).await.map_err(|e| args.server.failure(e))?;
     out(&format!(
         "submitted {} ({} samples) to {}\n",
         reply.task_id,
@@ -129,7 +159,10 @@ pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     let started = Instant::now();
     let mut last = String::new();
     let view = loop {
-        let v = c.task(&reply.task_id).await?;
+        let v = c
+            .task(&reply.task_id)
+            .await
+            .map_err(|e| args.server.failure(e))?;
         let line = progress_line(&v);
         if line != last {
             out(&format!(
@@ -300,9 +333,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     let c = args.server.client()?;
-    let s = c.status().await?;
+    let s = c.status().await.map_err(|e| args.server.failure(e))?;
     let mut text = status_text(&s, c.base());
-    let list = c.tasks(None).await?;
+    let list = c.tasks(None).await.map_err(|e| args.server.failure(e))?;
     let skip = list.tasks.len().saturating_sub(args.tasks);
     for t in &list.tasks[skip..] {
         text.push_str("  ");

@@ -47,7 +47,8 @@ class InvalidRequest(ApiError):
 
 
 class Unauthorized(ApiError):
-    """401: a missing or wrong bearer token."""
+    """401: a missing or wrong bearer token; the message names the token
+    the endpoint needs and what the one given is."""
 
 
 class Forbidden(ApiError):
