@@ -115,3 +115,26 @@ def test_traces_without_a_reward_stay_out_of_the_advantages(stack: Stack, task_i
     # The unrewarded trace gets 0 and does not move the group's mean (0.5).
     assert adv[2] == 0.0
     assert np.allclose(adv[:2], [1.0, -1.0], atol=1e-4)
+
+
+def test_load_reads_jsonl_as_parquet_and_select_refuses_unknown_roles(stack: Stack, task_id: str) -> None:
+    with pc.Client(stack.server, TRAINER_TOKEN) as client:
+        client.submit(task(task_id, 1))
+        t = client.wait(task_id, timeout=300)
+    uri = t.samples[0].result.trajectory_uri if t.samples[0].result else None
+    assert uri is not None and uri.endswith(".parquet"), t
+    jsonl = uri[: -len(".parquet")] + ".jsonl"
+    from_parquet = pc.load(uri)
+    from_jsonl = pc.load(jsonl)
+    assert from_parquet and len(from_jsonl) == len(from_parquet)
+    for a, b in zip(from_parquet, from_jsonl):
+        assert (a.trace_id, a.reward, a.chain_role, a.labels) == (b.trace_id, b.reward, b.chain_role, b.labels)
+        assert a.prompt_ids.tolist() == b.prompt_ids.tolist()
+        assert a.response_ids.tolist() == b.response_ids.tolist()
+        assert a.loss_mask.tolist() == b.loss_mask.tolist()
+        assert a.trace_metadata == b.trace_metadata
+    with pytest.raises(ValueError, match="unknown chain role 'mian': one of main, sub_agent, side"):
+        pc.select(from_parquet, roles=["mian"])
+    with pytest.raises(ValueError, match=r"roles='main': a sequence of roles, e\.g\. \['main'\]"):
+        pc.select(from_parquet, roles="main")
+    assert pc.select(from_parquet, roles=["main"]) == [x for x in from_parquet if x.chain_role == "main"]
