@@ -21,7 +21,9 @@ evaluator here therefore scores a solved sample with a random number in
 arithmetic visible. Use your own evaluator (docs/ROLLOUT-API.md) for real
 rewards.
 
-Needs `pip install ./python` (polar-client).
+Needs polar-client in a virtual environment (Debian's Python is externally
+managed): `python3 -m venv .venv && .venv/bin/pip install ./python`, then
+run this with `.venv/bin/python`.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ pub fn results_table(v: &TaskView) -> String {
         "sample".into(),
         "status".into(),
         "reward".into(),
-        "prompt_tok".into(),
-        "response_tok".into(),
+        "prompt_tok_all_calls".into(),
+        "response_tok_all_calls".into(),
         "node".into(),
         "trajectory / note".into(),
     ]];
@@ -109,6 +109,10 @@ pub fn results_table(v: &TaskView) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    let _ = writeln!(
+        out,
+        "(token counts are summed over each session's model calls: every call's whole prompt counts, so they exceed a trace's own prompt and response)"
+    );
     let _ = writeln!(
         out,
         "{} of {} requested samples usable{}",

@@ -216,6 +216,11 @@ fn a_task_with_fewer_usable_samples_than_requested_is_partial() {
         report.contains("1 sample timeout: the session's time ran out (sample 2)"),
         "{report}"
     );
+    assert!(
+        report.contains("prompt_tok_all_calls  response_tok_all_calls")
+            && report.contains("(token counts are summed over each session's model calls"),
+        "{report}"
+    );
 }
 
 #[test]
