@@ -324,6 +324,9 @@ async function run({ kind, executable }, shots) {
     check((await page.textContent("#live")) === "live", "the event stream is live");
     const mean = await page.$eval(`tr[data-task="${taskId}"] td.reward`, (td) => td.textContent);
     check(mean === "1.000", `mean reward 1.000 shown (got ${mean})`);
+    const grpo = await page.textContent("#grpo");
+    check(/without learning signal \(zero reward variance\)/.test(grpo) && grpo.includes("mean reward by policy version: w-1 1.000"), `the GRPO summary (got ${grpo})`);
+    check(Number((await page.textContent("#grpo-flat")).split(" ")[0]) >= 1, "the flat group is counted");
     await shot(page, "overview.png");
     log("overview followed", taskId, "to completed");
 
@@ -342,6 +345,9 @@ async function run({ kind, executable }, shots) {
     await shot(page, "task.png");
     check((await page.textContent("#usable")) === "6/6 usable", "the task page says 6/6 usable");
     check((await page.$("#failures")) === null, "no failure list for a task without failures");
+    // Every sample rewarded 1: zero spread, no learning signal.
+    check((await page.textContent("#reward-spread")) === " ± 0.000", "the reward spread is shown");
+    check((await page.$("#no-signal")) !== null, "a group without reward variance is marked");
 
     // 3a. A task whose evaluator never scores: failed (not completed), no
     //     mean reward, its failures grouped with their reason.
@@ -399,6 +405,14 @@ async function run({ kind, executable }, shots) {
     const cellBytes = [];
     const n = await checkMaskEverywhere(page, rows[0], cellBytes);
     log(`loss mask of ${session} trace 0 matches the export on all ${n} tokens`);
+    // Jump to the first trained token: the export's first mask-1 position.
+    {
+      const r0 = rows[0];
+      const first = r0.prompt_ids.length + r0.loss_mask.indexOf(1);
+      await page.click("#jump-trained");
+      const detail = await page.textContent("#token-detail");
+      check(detail.startsWith(`token ${first} · `) && detail.includes("trained (loss 1)"), `the jump shows the first trained token ${first}: ${detail.slice(0, 120)}`);
+    }
     // The token text: every cell shows text, and the cells of each call's
     // generated tokens (and of the whole trace) read as the mock decodes
     // their ids.

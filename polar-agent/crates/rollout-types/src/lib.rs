@@ -541,6 +541,11 @@ pub struct TaskView {
     /// The mean reward of the usable samples (none yet: absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_reward: Option<f64>,
+    /// The spread (population standard deviation) of the usable samples'
+    /// rewards (none yet: absent). 0 with two or more usable samples: the
+    /// group gives GRPO no learning signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_std: Option<f64>,
     /// Why the samples that are not usable ended, grouped by message, most
     /// frequent first (none: absent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

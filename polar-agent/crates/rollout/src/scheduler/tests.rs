@@ -206,6 +206,7 @@ fn a_task_with_fewer_usable_samples_than_requested_is_partial() {
     assert!(v.status.is_finished());
     assert_eq!((v.counts.done, v.counts.usable, v.requested), (3, 2, 3));
     assert_eq!(v.mean_reward, Some(0.5), "the timeout is out of the mean");
+    assert_eq!(v.reward_std, Some(0.5), "rewards 1 and 0");
     assert_eq!(v.failures[0].samples, [2]);
     let report = crate::report::results_table(&v);
     assert!(
