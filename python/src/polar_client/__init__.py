@@ -20,15 +20,17 @@ from .errors import (
     PolarError,
     ServerUnavailable,
     StorageUnavailable,
+    TaskFailed,
     TaskTimeout,
     TooLarge,
     TrajectoryError,
     Unauthorized,
+    UnusableSamples,
 )
 from .events import AsyncEventStream, EventStream
 from .grpo import advantages
 from .trajectories import S3, Trace, load, load_task, read_file, select
-from .types import Event, Node, Resumed, SampleResult, SampleView, Submitted, Task
+from .types import Event, FailureGroup, Node, Resumed, SampleResult, SampleView, Submitted, Task
 
 __all__ = [
     "ApiError",
@@ -38,6 +40,7 @@ __all__ = [
     "Conflict",
     "Event",
     "EventStream",
+    "FailureGroup",
     "Forbidden",
     "InvalidRequest",
     "Node",
@@ -51,11 +54,13 @@ __all__ = [
     "StorageUnavailable",
     "Submitted",
     "Task",
+    "TaskFailed",
     "TaskTimeout",
     "TooLarge",
     "Trace",
     "TrajectoryError",
     "Unauthorized",
+    "UnusableSamples",
     "advantages",
     "load",
     "load_task",

@@ -172,9 +172,11 @@ pub struct Api {
 /// Why a request failed: one place maps causes to statuses.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// Missing or wrong bearer token (401).
-    #[error("missing or wrong bearer token")]
-    Unauthorized,
+    /// Missing or wrong bearer token (401): which token the endpoint
+    /// needs, and what the one presented is, if anything (never the
+    /// token itself).
+    #[error("{0}")]
+    Unauthorized(String),
     /// A node's token used for another node (403).
     #[error("{0}")]
     Forbidden(String),
@@ -217,7 +219,7 @@ impl ApiError {
     fn response(&self) -> Response<Body> {
         let msg = self.to_string();
         match self {
-            Self::Unauthorized => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
+            Self::Unauthorized(_) => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
             Self::Forbidden(_) => error(StatusCode::FORBIDDEN, "forbidden", None, &msg),
             Self::Invalid(v) => error(
                 StatusCode::BAD_REQUEST,
@@ -349,7 +351,10 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
         return Ok(Caller::Anyone);
     }
     let Some(given) = bearer(req.headers()) else {
-        return Err(ApiError::Unauthorized);
+        return Err(ApiError::Unauthorized(format!(
+            "this endpoint needs {}; no bearer token was presented (Authorization: Bearer TOKEN)",
+            needs(role)
+        )));
     };
     let auth = core.auth();
     let trainer = token_ok(Some(given), &auth.tokens);
@@ -373,7 +378,34 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
             }
             Ok(Caller::Node(n))
         }
-        _ => Err(ApiError::Unauthorized),
+        (_, trainer, node) => {
+            let is = if trainer {
+                "a trainer token".to_owned()
+            } else if let Some(n) = node {
+                format!("the node token of {n:?}")
+            } else if token_ok(Some(given), &auth.viewer_tokens) {
+                "a viewer token (read-only)".to_owned()
+            } else if token_ok(Some(given), std::slice::from_ref(&auth.gateway_token)) {
+                "the gateway token (rollout.gateway_token: what this server presents to gateways, not a token it accepts)".to_owned()
+            } else {
+                "not a token this server accepts".to_owned()
+            };
+            Err(ApiError::Unauthorized(format!(
+                "this endpoint needs {}; the token presented is {is}",
+                needs(role)
+            )))
+        }
+    }
+}
+
+/// The token a route's role takes, for error messages.
+fn needs(role: Role) -> &'static str {
+    match role {
+        Role::Client => {
+            "a trainer token (rollout.tokens, POLAR_ROLLOUT_TOKEN), or a viewer token for GET"
+        }
+        Role::Node => "the node's own token (rollout.node_tokens)",
+        Role::Any | Role::Open => "a trainer token or a node's own token",
     }
 }
 
