@@ -21,9 +21,11 @@
 //! readers).
 
 mod batch;
+pub mod calls;
 pub mod cli;
 mod dest;
 mod error;
+pub mod exported;
 mod format;
 mod local;
 pub mod memory;
@@ -36,6 +38,8 @@ mod schema;
 pub mod source;
 mod writer;
 
+#[cfg(test)]
+mod exported_tests;
 #[cfg(test)]
 mod tests;
 
