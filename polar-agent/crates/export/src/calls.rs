@@ -28,8 +28,9 @@ pub const CALLS_SCHEMA_VERSION: u32 = 1;
 pub const CALLS_SUFFIX: &str = ".calls.jsonl.zst";
 /// zstd's frame magic number, as the first four bytes of a file.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
-/// zstd compression level: 3 (zstd's default) compresses a 200-call
-/// session about 13-fold at about 150 MB/s on one core (BENCHMARKS.md).
+/// zstd compression level: 3 (zstd's default) compresses a synthetic
+/// 200-call session 81-fold at about 180 MB/s of JSON (BENCHMARKS.md,
+/// "Calls files").
 pub const ZSTD_LEVEL: i32 = 3;
 
 /// Why a calls file could not be written or read.
