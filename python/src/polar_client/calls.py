@@ -201,6 +201,7 @@ def rederive(
     until: str | int | None = None,
     formats: str = "parquet",
     polar: str | os.PathLike[str] | None = None,
+    s3: S3 | None = None,
     extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Rebuilds trajectories from the calls files under ``source`` into
@@ -209,7 +210,8 @@ def rederive(
     False}``), through ``polar export --from``: the builders are the
     node's own. ``since``/``until``: RFC 3339 or Unix milliseconds.
     ``polar``: the binary (default: ``$POLAR_BIN``, else ``polar`` on the
-    ``PATH``). S3 credentials come from the ``AWS_*`` environment. Returns
+    ``PATH``). ``s3``: the store of an ``s3://`` source or destination
+    (what it leaves out comes from the ``AWS_*`` environment). Returns
     the export's summary; a session that could not be re-derived is listed
     in its ``sessions_failed`` and raises [`TrajectoryError`]."""
     binary = os.fspath(polar) if polar is not None else os.environ.get("POLAR_BIN") or shutil.which("polar")
@@ -226,8 +228,19 @@ def rederive(
         argv += ["--since", str(since)]
     if until is not None:
         argv += ["--until", str(until)]
+    env = dict(os.environ)
+    if s3 is not None:
+        # The endpoint as an option: plain HTTP is allowed for a loopback
+        # one only when named there.
+        if s3.endpoint:
+            argv += ["--s3-endpoint", s3.endpoint]
+        if s3.region:
+            argv += ["--s3-region", s3.region]
+        for key, value in (("AWS_ACCESS_KEY_ID", s3.access_key), ("AWS_SECRET_ACCESS_KEY", s3.secret_key)):
+            if value:
+                env[key] = value
     argv += list(extra_args)
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     try:
         summary: dict[str, Any] = json.loads(done.stdout)
     except ValueError:

@@ -15,7 +15,7 @@ import pytest
 
 import polar_client as pc
 from helpers import check_against_rows, check_done, jsonl_rows
-from stack import GATEWAY_TOKEN, TRAINER_TOKEN, Stack, task
+from stack import GATEWAY_TOKEN, S3_EXPORT, TRAINER_TOKEN, Moto, Stack, task
 
 
 def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, task_id: str) -> None:
@@ -52,6 +52,26 @@ def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, tas
     per_call = out / "per-request"
     pc.rederive(stack.export, per_call, builder="per_request", task_ids=[task_id])
     assert len(pc.load(per_call, task_id=task_id)) == sum(len(s.calls) for s in sessions)
+
+
+def test_calls_in_s3_are_loaded_and_rederived(s3_stack: Stack, moto: Moto, task_id: str) -> None:
+    # The gateway uploads each session's calls file beside its trajectory;
+    # both readers take them from the store with no node involved.
+    client = pc.Client(s3_stack.server, TRAINER_TOKEN, gateway_token=GATEWAY_TOKEN)
+    client.submit(task(task_id, 1))
+    t = client.wait(task_id, timeout=120)
+    check_done(t, 1)
+    s3 = moto.s3()
+    sessions = pc.load_calls(S3_EXPORT, task_id=task_id, s3=s3)
+    assert [s.session_id for s in sessions] == [t.samples[0].session_id]
+    assert sessions[0].calls and all(c.response is not None for c in sessions[0].calls)
+    result = t.samples[0].result
+    assert result is not None and result.stats is not None
+    assert result.stats["calls_uri"] == f"{S3_EXPORT}/task={task_id}/{t.samples[0].session_id}.calls.jsonl.zst"
+    out = Path(tempfile.mkdtemp(prefix="polar-rederive-s3-"))
+    summary = pc.rederive(S3_EXPORT, out, task_ids=[task_id], formats="both", s3=s3)
+    assert summary["sessions"] == 1
+    check_against_rows(pc.load(out, task_id=task_id), jsonl_rows(S3_EXPORT, task_id, s3))
 
 
 def calls_file(tmp: Path, header: dict[str, object], lines: list[bytes]) -> Path:
