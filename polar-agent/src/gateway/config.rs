@@ -592,6 +592,7 @@ mod tests {
         );
         assert_eq!(c.formats, vec![Format::Parquet, Format::Jsonl]);
         assert_eq!(c.export.as_deref(), Some("/mnt/shared/trajectories"));
+        assert!(c.export_calls);
         let policy: String = example
             .lines()
             .skip_while(|l| *l != "# [gateway.policy]")
