@@ -18,9 +18,9 @@
 use std::io::{BufRead as _, BufReader, Read, Write as _};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use polar_record::CompletionRecord;
+use polar_record::{CallStatus, CompletionRecord};
 
 /// Version of the calls file layout, in every file's header.
 pub const CALLS_SCHEMA_VERSION: u32 = 1;
@@ -322,6 +322,35 @@ fn header_of(file: &str, line: &[u8]) -> Result<CallsHeader, CallsError> {
         });
     }
     serde_json::from_value(value).map_err(|e| foreign(format!("is not a calls header: {e}")))
+}
+
+/// One call as the dashboard's session page shows it (the rollout
+/// server's calls endpoint): its outcome, model, backend, timings and
+/// token counts, the native request and the reply. Pure.
+pub fn view(r: &CompletionRecord) -> Value {
+    let (status, side, error) = match &r.status {
+        CallStatus::Completed => ("completed", None, None),
+        CallStatus::Failed { side, error } => ("failed", Some(side.as_str()), Some(error.as_str())),
+    };
+    json!({
+        "call_id": r.call_id,
+        "seq": r.seq,
+        "status": status,
+        "side": side,
+        "error": error,
+        "model": r.request.model,
+        "backend": r.backend.name,
+        "replica": r.backend.replica,
+        "weight_version": r.backend.weight_version,
+        "received_ms": r.timings.received_ms,
+        "finished_ms": r.timings.finished_ms,
+        "finish_reason": r.finish_reason,
+        "prompt_tokens": r.prompt_token_ids.as_ref().map(Vec::len),
+        "response_tokens": r.response_token_ids.as_ref().map(Vec::len),
+        "resumed": r.resumed,
+        "native_request": r.native_request,
+        "response": r.response,
+    })
 }
 
 /// The calls file's name for session `session` (escaped as the

@@ -138,3 +138,30 @@ fn names_are_escaped_like_the_trajectories() {
     assert_eq!(file_name("s-1"), "s-1.calls.jsonl.zst");
     assert_eq!(file_name("a/b"), "a%2Fb.calls.jsonl.zst");
 }
+
+#[test]
+fn a_call_shows_its_native_request_and_reply() {
+    let records = session(&SampleSpec::small(), 0).records;
+    let v = view(&records[0]);
+    assert_eq!(v["call_id"], records[0].call_id.as_str());
+    assert_eq!(v["status"], "completed");
+    assert_eq!(
+        v["native_request"]["path"],
+        records[0].native_request.path.as_str()
+    );
+    assert_eq!(
+        v["native_request"]["body"],
+        serde_json::to_value(&records[0].native_request.body).unwrap()
+    );
+    assert!(v["response"].is_object(), "{v}");
+    let mut failed = records[1].clone();
+    failed.status = polar_record::CallStatus::Failed {
+        side: "backend".into(),
+        error: "boom".into(),
+    };
+    let v = view(&failed);
+    assert_eq!(
+        (v["status"].as_str(), v["side"].as_str()),
+        (Some("failed"), Some("backend"))
+    );
+}

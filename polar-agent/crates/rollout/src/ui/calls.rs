@@ -6,8 +6,8 @@
 //! (`exports`: beneath `[rollout.dashboard] export_roots` or `s3_roots`,
 //! at most `max_file_bytes`), decoded with the export crate's reader (a
 //! truncated, foreign or newer file is refused, naming the file), and each
-//! call is shown by [`view`]: its outcome and timings, the native request
-//! (method, host, path, body as sent) and the reply.
+//! call is shown by `polar_export::calls::view`: its outcome and timings,
+//! the native request (method, host, path, body as sent) and the reply.
 
 use std::sync::Arc;
 
@@ -17,36 +17,8 @@ use super::exports::{self, ExportReadError, FileFormat};
 use super::index_of;
 use crate::core::Core;
 use crate::server::ApiError;
-use polar_export::calls::{ExportedCalls, decode_calls};
-use polar_record::{CallStatus, CompletionRecord};
+use polar_export::calls::{ExportedCalls, decode_calls, view};
 use polar_rollout_api::API_VERSION;
-
-/// One call as the session page shows it. Pure.
-pub fn view(r: &CompletionRecord) -> Value {
-    let (status, side, error) = match &r.status {
-        CallStatus::Completed => ("completed", None, None),
-        CallStatus::Failed { side, error } => ("failed", Some(side.as_str()), Some(error.as_str())),
-    };
-    json!({
-        "call_id": r.call_id,
-        "seq": r.seq,
-        "status": status,
-        "side": side,
-        "error": error,
-        "model": r.request.model,
-        "backend": r.backend.name,
-        "replica": r.backend.replica,
-        "weight_version": r.backend.weight_version,
-        "received_ms": r.timings.received_ms,
-        "finished_ms": r.timings.finished_ms,
-        "finish_reason": r.finish_reason,
-        "prompt_tokens": r.prompt_token_ids.as_ref().map(Vec::len),
-        "response_tokens": r.response_token_ids.as_ref().map(Vec::len),
-        "resumed": r.resumed,
-        "native_request": r.native_request,
-        "response": r.response,
-    })
-}
 
 /// The reply: the file, the session as its node recorded it, the calls.
 fn reply(task: &str, index: u32, uri: &str, bytes: u64, calls: &ExportedCalls) -> Value {
@@ -120,34 +92,4 @@ pub async fn calls(
         http::HeaderValue::from_static("application/json"),
     );
     Ok(resp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use polar_export::sample::{SampleSpec, session};
-
-    #[test]
-    fn a_call_shows_its_native_request_and_reply() {
-        let records = session(&SampleSpec::small(), 0).records;
-        let v = view(&records[0]);
-        assert_eq!(v["call_id"], records[0].call_id.as_str());
-        assert_eq!(v["status"], "completed");
-        assert_eq!(
-            v["native_request"]["path"],
-            records[0].native_request.path.as_str()
-        );
-        assert!(v["native_request"]["body"].is_object(), "{v}");
-        assert!(v["response"].is_object(), "{v}");
-        let mut failed = records[1].clone();
-        failed.status = CallStatus::Failed {
-            side: "backend".into(),
-            error: "boom".into(),
-        };
-        let v = view(&failed);
-        assert_eq!(
-            (v["status"].as_str(), v["side"].as_str()),
-            (Some("failed"), Some("backend"))
-        );
-    }
 }

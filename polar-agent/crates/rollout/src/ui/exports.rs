@@ -83,7 +83,9 @@ pub enum ExportReadError {
     NoCalls(String),
     /// Neither `.parquet`, `.jsonl` nor `.calls.jsonl.zst`, or not the kind
     /// of file asked for.
-    #[error("{0}: not a .parquet, .jsonl or .calls.jsonl.zst export of the kind asked for")]
+    #[error(
+        "{0}: not a .parquet or .jsonl export, or .calls.jsonl.zst calls file, of the kind asked for"
+    )]
     Format(String),
     /// Larger than `max_file_bytes`.
     #[error("{path}: {size} bytes, over [rollout.dashboard] max_file_bytes ({max})")]
