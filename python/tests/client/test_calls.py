@@ -7,7 +7,6 @@ files are refused, naming the file."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +17,7 @@ from helpers import check_against_rows, check_done, jsonl_rows
 from stack import GATEWAY_TOKEN, S3_EXPORT, TRAINER_TOKEN, Moto, Stack, task
 
 
-def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, task_id: str) -> None:
+def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, task_id: str, tmp_path: Path) -> None:
     client = pc.Client(stack.server, TRAINER_TOKEN, gateway_token=GATEWAY_TOKEN)
     client.submit(task(task_id, 2))
     t = client.wait(task_id, timeout=120)
@@ -43,7 +42,7 @@ def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, tas
         # The node removed its copy: the export is the only one.
         assert not any(Path(stack.dir).glob(f"**/state/sessions/{s.session_id}"))
 
-    out = Path(tempfile.mkdtemp(prefix="polar-rederive-"))
+    out = tmp_path / "rederived"
     summary = pc.rederive(stack.export, out, task_ids=[task_id], formats="both")
     assert summary["sessions"] == 2 and summary["calls"] == sum(len(s.calls) for s in sessions)
     again = pc.load(out, task_id=task_id)
@@ -54,7 +53,7 @@ def test_calls_are_exported_and_rederive_the_same_trajectories(stack: Stack, tas
     assert len(pc.load(per_call, task_id=task_id)) == sum(len(s.calls) for s in sessions)
 
 
-def test_calls_in_s3_are_loaded_and_rederived(s3_stack: Stack, moto: Moto, task_id: str) -> None:
+def test_calls_in_s3_are_loaded_and_rederived(s3_stack: Stack, moto: Moto, task_id: str, tmp_path: Path) -> None:
     # The gateway uploads each session's calls file beside its trajectory;
     # both readers take them from the store with no node involved.
     client = pc.Client(s3_stack.server, TRAINER_TOKEN, gateway_token=GATEWAY_TOKEN)
@@ -68,7 +67,7 @@ def test_calls_in_s3_are_loaded_and_rederived(s3_stack: Stack, moto: Moto, task_
     result = t.samples[0].result
     assert result is not None and result.stats is not None
     assert result.stats["calls_uri"] == f"{S3_EXPORT}/task={task_id}/{t.samples[0].session_id}.calls.jsonl.zst"
-    out = Path(tempfile.mkdtemp(prefix="polar-rederive-s3-"))
+    out = tmp_path / "rederived"
     summary = pc.rederive(S3_EXPORT, out, task_ids=[task_id], formats="both", s3=s3)
     assert summary["sessions"] == 1
     check_against_rows(pc.load(out, task_id=task_id), jsonl_rows(S3_EXPORT, task_id, s3))
