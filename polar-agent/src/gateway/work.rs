@@ -51,6 +51,8 @@ use polar_evaluate::{
     SessionFacts,
 };
 use polar_export::Exporter;
+use polar_export::calls::{CallsHeader, encode_calls};
+use polar_export::source::SessionLog;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
 use polar_io::chain;
@@ -84,6 +86,9 @@ pub struct HarnessWork {
     judges: Arc<JudgeClients>,
     /// The running sessions' calls as they end (the live timeline).
     live_calls: Arc<LiveCalls>,
+    /// Whether each session's calls file is exported before its
+    /// trajectories (`[gateway] export_calls`).
+    export_calls: bool,
 }
 
 impl HarnessWork {
@@ -118,7 +123,16 @@ impl HarnessWork {
             policy: Arc::new(policy),
             installs: Mutex::new(HashMap::new()),
             retention,
+            export_calls: true,
         }
+    }
+
+    /// Whether each session's calls file is exported (default: yes); off,
+    /// a session's directory still goes once its trajectories are durable.
+    #[must_use]
+    pub fn with_calls_export(mut self, on: bool) -> Self {
+        self.export_calls = on;
+        self
     }
 
     /// The exporter (its counters).
@@ -444,8 +458,11 @@ impl Work for HarnessWork {
             )
             .await
         {
-            Ok((uri, tokens)) => {
+            Ok((uri, calls_uri, tokens)) => {
                 report.trajectory_uri = uri;
+                if let Some(c) = calls_uri {
+                    report.stats.insert("calls_uri".into(), c.into());
+                }
                 report.tokens = tokens;
                 exported = true;
             }
@@ -458,8 +475,9 @@ impl Work for HarnessWork {
                 }
             }
         }
-        // Everything captured is durable in the export: the directories go,
-        // unless something failed.
+        // Everything captured is durable in the export (the calls file
+        // first, then the trajectories): the directories go, unless
+        // something failed.
         let fine = matches!(
             report.status,
             SampleStatus::Completed | SampleStatus::Timeout
@@ -518,9 +536,11 @@ async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
 }
 
 impl HarnessWork {
-    /// Records the outcome in `session.json`, rebuilds the trajectory from
-    /// the capture log and exports it, with the evaluation's rewards when
-    /// the sample is `scored` (usable). Returns where it went and the token
+    /// Records the outcome in `session.json`, exports the session's calls
+    /// file (unless turned off), then rebuilds the trajectory from the
+    /// capture log, with the evaluation's rewards when the sample is
+    /// `scored` (usable), and exports it: a trajectory file never exists
+    /// without its durable calls file. Returns where they went and the token
     /// counts.
     async fn export(
         &self,
@@ -529,7 +549,7 @@ impl HarnessWork {
         (outcome, ended_by): (SessionOutcome, Option<EndedBy>),
         evaluation: Option<&Evaluation>,
         scored: bool,
-    ) -> Result<(Option<String>, TokenUsage), String> {
+    ) -> Result<(Option<String>, Option<String>, TokenUsage), String> {
         let a = &job.assignment;
         let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
@@ -582,7 +602,7 @@ impl HarnessWork {
         let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
             polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
         } else {
-            return Ok((None, TokenUsage::default()));
+            return Ok((None, None, TokenUsage::default()));
         };
         let tokens = TokenUsage {
             prompt: log
@@ -597,6 +617,12 @@ impl HarnessWork {
                 .sum(),
             calls: log.records.len() as u64,
         };
+        let (log, calls_uri) = if self.export_calls {
+            let (log, uri) = self.export_calls(log).await?;
+            (log, Some(uri))
+        } else {
+            (log, None)
+        };
         let rewards = scoring.and_then(rewards_of);
         let traj = polar_export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
             .map_err(|e| e.to_string())?;
@@ -605,7 +631,31 @@ impl HarnessWork {
             .write_session(&traj)
             .await
             .map_err(|e| e.to_string())?;
-        Ok((files.first().map(|f| f.location.clone()), tokens))
+        Ok((files.first().map(|f| f.location.clone()), calls_uri, tokens))
+    }
+
+    /// Encodes the session's calls file (off the async workers) and
+    /// publishes it; returns the log back and the file's location.
+    async fn export_calls(&self, log: SessionLog) -> Result<(SessionLog, String), String> {
+        let (log, bytes) = tokio::task::spawn_blocking(move || {
+            let header = CallsHeader::new(
+                &log.meta.session_id,
+                log.meta.task_id.as_deref(),
+                log.session_json.as_ref(),
+                &log.records,
+            );
+            let bytes = encode_calls(&header, &log.records);
+            (log, bytes)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let bytes = bytes.map_err(|e| e.to_string())?;
+        let uri = self
+            .exporter
+            .write_calls(log.meta.task_id.as_deref(), &log.meta.session_id, bytes)
+            .await
+            .map_err(|e| format!("exporting the calls: {e}"))?;
+        Ok((log, uri))
     }
 }
 
