@@ -20,6 +20,10 @@
 //      `polar mock-backend --write-tokenizer`) concatenated over each
 //      call's generated tokens, and over the whole trace, is what the mock
 //      decodes those ids to (its `/detokenize`);
+//   4b. once its node dropped its copy, the session's calls are read from
+//      the exported calls file: one entry per call, the same calls as the
+//      exported rows (read from disk here), each with the native request
+//      the harness sent and the reply;
 //   5. the logprob heat (each trained token's step from its exported
 //      logprob), the per_request view, two samples side by side;
 //   6. a trainer token's pause and resume (with a policy version) reach the
@@ -31,7 +35,7 @@
 // The first browser's screenshots go to POLAR_SCREENSHOTS. Every wait is
 // bounded.
 
-import { readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
 import { createServer } from "node:http";
 import { join } from "node:path";
 import { launch } from "./driver.mjs";
@@ -49,6 +53,7 @@ const NODE = env("POLAR_NODE_ID");
 const FAKE = env("POLAR_FAKE_NODE_ID");
 const FAKE_TOKEN = env("POLAR_FAKE_NODE_TOKEN");
 const EXPORT = env("POLAR_EXPORT_DIR");
+const WORK = env("POLAR_WORK_DIR");
 const SHOTS = env("POLAR_SCREENSHOTS");
 const MODULES = env("POLAR_DASHBOARD_MODULES");
 /** The browsers, in order, and each one's executable; the first takes the screenshots. */
@@ -93,7 +98,7 @@ async function until(what, limitMs, f) {
   }
 }
 
-function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py") {
+function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py", evaluator = { kind: "command", options: { command: "test -s polar-demo.txt" } }) {
   return rest("/v1/tasks", {
     method: "POST",
     body: {
@@ -104,7 +109,7 @@ function submitMiniAgent(taskId, n, command = "python3 /workspace/mini_agent.py"
       runtime: { prepare: [{ upload: { from: env("POLAR_MINI_AGENT"), to: "mini_agent.py" } }] },
       agent: { harness: "shell", options: { command } },
       builder: { kind: "prefix_merging" },
-      evaluator: { kind: "command", options: { command: "test -s polar-demo.txt" } },
+      evaluator,
       metadata: { group_id: taskId, policy_version: "w-1" },
     },
   });
@@ -324,6 +329,9 @@ async function run({ kind, executable }, shots) {
     check((await page.textContent("#live")) === "live", "the event stream is live");
     const mean = await page.$eval(`tr[data-task="${taskId}"] td.reward`, (td) => td.textContent);
     check(mean === "1.000", `mean reward 1.000 shown (got ${mean})`);
+    const grpo = await page.textContent("#grpo");
+    check(/without learning signal \(zero reward variance\)/.test(grpo) && grpo.includes("mean reward by policy version: w-1 1.000"), `the GRPO summary (got ${grpo})`);
+    check(Number((await page.textContent("#grpo-flat")).split(" ")[0]) >= 1, "the flat group is counted");
     await shot(page, "overview.png");
     log("overview followed", taskId, "to completed");
 
@@ -340,6 +348,23 @@ async function run({ kind, executable }, shots) {
     await page.fill("#reward-min", "1");
     await page.waitForFunction(() => document.querySelectorAll("tr[data-sample]").length === 6, null, { timeout: 5000 });
     await shot(page, "task.png");
+    check((await page.textContent("#usable")) === "6/6 usable", "the task page says 6/6 usable");
+    check((await page.$("#failures")) === null, "no failure list for a task without failures");
+    // Every sample rewarded 1: zero spread, no learning signal.
+    check((await page.textContent("#reward-spread")) === " ± 0.000", "the reward spread is shown");
+    check((await page.$("#no-signal")) !== null, "a group without reward variance is marked");
+
+    // 3a. A task whose evaluator never scores: failed (not completed), no
+    //     mean reward, its failures grouped with their reason.
+    const unscored = `dash-unscored-${Date.now()}`;
+    await submitMiniAgent(unscored, 2, undefined, { kind: "command", options: { command: "true", reward: "file" } });
+    await page.evaluate((t) => { location.hash = `#/task/${t}`; }, unscored);
+    await page.waitForSelector("#task-status .badge.s-failed", { timeout: TASK_LIMIT_MS });
+    check((await page.textContent("#usable")) === "0/2 usable", "the failed task says 0/2 usable");
+    check((await page.textContent("#mean-reward")) === "–", "no mean reward without a usable sample");
+    const failures = await page.$$eval("#failures li", (lis) => lis.map((li) => li.textContent));
+    check(failures.length === 1 && failures[0] === "error 2 samples: evaluation failed: reward file .polar/reward: not found in the workspace (the command exited with 0) (0, 1)",
+      `the failures grouped with their reason (got ${JSON.stringify(failures)})`);
 
     // 3b. A running session's timeline, live: its calls show as they end,
     //     before the session does (the harness sleeps after its last
@@ -385,6 +410,14 @@ async function run({ kind, executable }, shots) {
     const cellBytes = [];
     const n = await checkMaskEverywhere(page, rows[0], cellBytes);
     log(`loss mask of ${session} trace 0 matches the export on all ${n} tokens`);
+    // Jump to the first trained token: the export's first mask-1 position.
+    {
+      const r0 = rows[0];
+      const first = r0.prompt_ids.length + r0.loss_mask.indexOf(1);
+      await page.click("#jump-trained");
+      const detail = await page.textContent("#token-detail");
+      check(detail.startsWith(`token ${first} · `) && detail.includes("trained (loss 1)"), `the jump shows the first trained token ${first}: ${detail.slice(0, 120)}`);
+    }
     // The token text: every cell shows text, and the cells of each call's
     // generated tokens (and of the whole trace) read as the mock decodes
     // their ids.
@@ -429,6 +462,26 @@ async function run({ kind, executable }, shots) {
     await shot(page, "session.png", { fullPage: true });
     const traj = await page.$("#trajectory");
     await shot(traj, "trajectory.png");
+
+    // 4b. The calls, from the export: the node removed its capture.
+    {
+      check(!existsSync(join(WORK, "state", "sessions", session)), `the node dropped ${session}'s capture directory`);
+      const uri = sample.result.stats.calls_uri;
+      check(uri === join(EXPORT, `task=${taskId}`, `${session}.calls.jsonl.zst`) && existsSync(uri), `the calls file ${uri} is beside the trajectory`);
+      await page.click("#show-calls");
+      await page.waitForSelector("#calls-list details.call", { timeout: 15000 });
+      const ids = await page.$$eval("#calls-list details.call", (els) => els.map((e) => e.dataset.callId));
+      const inRows = new Set(rows.flatMap((r) => r.call_ids));
+      check(ids.length === calls.length && ids.every((id, i) => id === calls[i].call_id), `one entry per call, in order (${ids.length} of ${calls.length})`);
+      check([...inRows].every((id) => ids.includes(id)), "every call of the exported rows is listed");
+      await page.click("#calls-list details.call summary");
+      const native = await page.textContent("#calls-list details.call .native-request");
+      const reply = await page.textContent("#calls-list details.call .reply");
+      check(native.includes("Create the file polar-demo.txt."), "the native request holds the task's instruction as the harness sent it");
+      check(reply.includes("\"choices\"") || reply.includes("\"message\""), `the reply is shown (${reply.slice(0, 80)})`);
+      await shot(await page.$("#calls"), "calls.png");
+      log(`${ids.length} calls of ${session} shown from the exported calls file`);
+    }
 
     // 5. Logprob heat, per_request view, side by side.
     await page.click("#mode-logprob");

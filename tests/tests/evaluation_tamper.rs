@@ -24,7 +24,29 @@
 //! - a workspace the evaluator cannot enter (`chmod 000` on its root):
 //!   scored 0.0, `broken.cause = "unwritable"`;
 //! - the session's disk quota filled: scored 0.0, `broken.cause =
-//!   "no_space"`.
+//!   "no_space"`;
+//!
+//! and around hidden tests that a `[[post]]` step uploads (`replace =
+//! true`) into `tests/` and a `test_output` evaluator runs with pytest
+//! (`tests = "tests"`), each first shown to make the wrong solution pass
+//! a plain pytest run in the session:
+//!
+//! - a `conftest.py` at the workspace's top that reports every test
+//!   passed;
+//! - a `pytest.ini`, `tox.ini`, `setup.cfg` and `pyproject.toml` whose
+//!   `addopts` load such a plugin from the workspace;
+//! - a `tests/pytest.ini` doing the same, where the tests will be
+//!   uploaded (the upload replaces the directory);
+//! - a `pytest.py` that prints a passing report (`python -m pytest` puts
+//!   the working directory first on Python's path);
+//! - a `*.dist-info` declaring the plugin as a pytest entry point;
+//! - a `fractions.py` shadowing the standard module the tests compare
+//!   with;
+//! - a process left running after the harness (`setsid`, double fork)
+//!   that rewrites the tests once they are uploaded.
+//!
+//! Every task runs in the native runtime and, in its own test, in docker
+//! (the engine and image of `cargo xtask test`).
 #![cfg_attr(not(feature = "privileged"), allow(dead_code, unused_imports))]
 
 use std::path::{Path, PathBuf};
@@ -35,7 +57,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use polar_mock::{self as mock, MockConfig};
 use polar_rollout::{RolloutConfig, RolloutServer};
 use polar_rollout_api::{RolloutClient, SampleResult, SampleStatus, SessionState};
-use polar_tests::{polar_bin, sandbox_tempdir};
+use polar_tests::{docker, polar_bin, sandbox_tempdir};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "tamper-e2e-token";
@@ -56,8 +78,14 @@ impl Drop for Agent {
     }
 }
 
-/// Starts the gateway of node `NODE` on `dir`.
-fn start_agent(dir: &Path, server: &str, mock: std::net::SocketAddr) -> Result<Agent> {
+/// Starts the gateway of node `NODE` on `dir`, with `sandbox` more keys
+/// of its `[sandbox]` table; task uploads may come from `dir/tasks`.
+fn start_agent(
+    dir: &Path,
+    server: &str,
+    mock: std::net::SocketAddr,
+    sandbox: &str,
+) -> Result<Agent> {
     let port = std::net::TcpListener::bind("127.0.0.43:0")?
         .local_addr()?
         .port();
@@ -76,6 +104,7 @@ served_model = "default"
 
 [sandbox]
 disk_bytes = 1073741824
+{sandbox}
 
 [gateway]
 server = "http://{server}"
@@ -87,9 +116,13 @@ max_sessions = 2
 heartbeat_interval_ms = 300
 export = "{export}"
 formats = ["jsonl"]
+
+[gateway.policy]
+upload_roots = ["{tasks}"]
 "#,
             state = dir.join("state").display(),
             export = dir.join("trajectories").display(),
+            tasks = dir.join("tasks").display(),
         ),
     )?;
     let log = dir.join("agent.log");
@@ -302,46 +335,141 @@ fn check(id: &str, results: &[SampleResult], broken: Option<&str>) -> Result<()>
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
-async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<()> {
-    let dir = sandbox_tempdir()?;
-    let mock = mock::start(MockConfig {
-        served_model: "default".into(),
-        ..MockConfig::default()
-    })
-    .await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
-    cfg.listen = ([127, 0, 0, 1], port).into();
-    cfg.heartbeat_interval = Duration::from_millis(300);
-    cfg.heartbeat_timeout = Duration::from_millis(3000);
-    cfg.gateway_token = GATEWAY_TOKEN.into();
-    cfg.node_tokens = [(NODE.to_owned(), NODE_TOKEN.to_owned())].into();
-    let server = RolloutServer::start(cfg.clone()).await?;
-    let agent = start_agent(dir.path(), &cfg.listen.to_string(), mock.addr)?;
-    let c = RolloutClient::new(format!("http://{}", cfg.listen), Some(TOKEN.into()));
-    let until = Instant::now() + Duration::from_secs(60);
-    while !c
-        .nodes()
-        .await
-        .is_ok_and(|n| n.nodes.iter().any(|n| n.node_id == NODE))
-    {
-        ensure!(
-            Instant::now() < until,
-            "the gateway did not register: {}",
-            std::fs::read_to_string(&agent.log).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let tasks = [
+/// The hidden tests' directory the tasks upload: the test imports the
+/// workspace's `calc` and compares with the standard `fractions`, and
+/// takes a fixture from the task's own `conftest.py`.
+fn hidden_tests(dir: &Path) -> Result<PathBuf> {
+    let tests = dir.join("tasks/hidden");
+    std::fs::create_dir_all(&tests)?;
+    std::fs::write(
+        tests.join("conftest.py"),
+        "import pytest\n\n\n@pytest.fixture\ndef five():\n    return 5\n",
+    )?;
+    std::fs::write(
+        tests.join("test_calc.py"),
+        "from fractions import Fraction\n\nimport calc\n\n\n\
+         def test_add(five):\n    assert calc.add(2, 3) == Fraction(five)\n",
+    )?;
+    Ok(tests)
+}
+
+/// Writes `polar_evil.py`, a pytest plugin that reports every test passed.
+const PASS_ALL: &str = r#"cat > polar_evil.py <<'PLUGIN'
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.longrepr = None
+PLUGIN"#;
+
+/// Puts a copy of the hidden tests in `tests/` (as the session cannot see
+/// the real ones).
+const COPY_TESTS: &str = r"mkdir -p tests
+printf 'import pytest\n\n\n@pytest.fixture\ndef five():\n    return 5\n' > tests/conftest.py
+printf 'from fractions import Fraction\n\nimport calc\n\n\ndef test_add(five):\n    assert calc.add(2, 3) == Fraction(five)\n' > tests/test_calc.py";
+
+/// Succeeds when a plain pytest run passes the copy of the hidden tests.
+const PLAIN_PASSES: &str = r"python3 -m pytest -p no:cacheprovider -rA tests > /tmp/plain.out 2>&1 || true
+grep -q '^PASSED tests/test_calc.py::test_add' /tmp/plain.out";
+
+/// Shows in the session that the leftovers make a plain pytest run pass
+/// the wrong solution, on a copy of the hidden tests, then removes it.
+fn plainly_passes() -> String {
+    format!("{COPY_TESTS}\n{PLAIN_PASSES}\nrm -rf tests")
+}
+
+/// The tamperers around hidden tests, each ending with the check that it
+/// fired.
+fn shadow_tampers() -> Vec<(&'static str, String)> {
+    let plugin_ini = "printf '[pytest]\\naddopts = -p polar_evil\\n'";
+    vec![
+        (
+            "conftest-top",
+            format!(
+                "{}\n{}",
+                PASS_ALL.replace("polar_evil.py", "conftest.py"),
+                plainly_passes()
+            ),
+        ),
+        (
+            "ini-addopts",
+            format!(
+                "{PASS_ALL}\n{plugin_ini} > pytest.ini\ncp pytest.ini tox.ini\n\
+                 printf '[tool:pytest]\\naddopts = -p polar_evil\\n' > setup.cfg\n\
+                 printf '[tool.pytest.ini_options]\\naddopts = \"-p polar_evil\"\\n' > pyproject.toml\n{}",
+                plainly_passes()
+            ),
+        ),
+        (
+            // Left in place: the upload replaces the directory.
+            "tests-ini",
+            format!("{PASS_ALL}\n{COPY_TESTS}\n{plugin_ini} > tests/pytest.ini\n{PLAIN_PASSES}"),
+        ),
+        (
+            "pytest-shadow",
+            format!(
+                "printf 'print(\"PASSED tests/test_calc.py::test_add\")\\n' > pytest.py\n{}",
+                plainly_passes()
+            ),
+        ),
+        (
+            "dist-info-plugin",
+            format!(
+                "{PASS_ALL}\nmkdir -p polar_evil-1.0.dist-info\n\
+                 printf 'Metadata-Version: 2.1\\nName: polar-evil\\nVersion: 1.0\\n' > polar_evil-1.0.dist-info/METADATA\n\
+                 printf '[pytest11]\\nevil = polar_evil\\n' > polar_evil-1.0.dist-info/entry_points.txt\n{}",
+                plainly_passes()
+            ),
+        ),
+        (
+            "module-shadow",
+            format!(
+                "printf 'def Fraction(x):\\n    return -1\\n' > fractions.py\n{}",
+                plainly_passes()
+            ),
+        ),
+        (
+            "lingering-process",
+            r#"cat > /tmp/linger.sh <<'LINGER'
+while :; do
+  if [ -f /workspace/tests/test_calc.py ] && ! grep -q lingered /workspace/tests/test_calc.py; then
+    printf 'def test_add():\n    pass  # lingered\n' > /workspace/tests/test_calc.py
+  fi
+  sleep 0.02
+done
+LINGER
+(setsid sh /tmp/linger.sh > /dev/null 2>&1 < /dev/null &)
+mkdir -p tests
+printf 'x\n' > tests/test_calc.py
+for i in $(seq 100); do grep -q lingered tests/test_calc.py && break; sleep 0.05; done
+grep -q lingered tests/test_calc.py
+rm -rf tests"#
+                .to_owned(),
+        ),
+    ]
+}
+
+/// Every task of the suite on a runtime spec based on `base` (`{}` for
+/// native), each with its expected `broken` cause; `hidden` is the hidden
+/// tests' directory on the host.
+fn suite(base: &Value, hidden: &Path) -> Vec<(Value, Option<&'static str>)> {
+    let runtime = |more: Value| {
+        let mut r = base.clone();
+        if let (Some(r), Value::Object(more)) = (r.as_object_mut(), more) {
+            r.extend(more);
+        }
+        r
+    };
+    let mut tasks = vec![
         (
             task(
                 "home-hook",
                 policy(HOME_HOOK),
-                json!({}),
+                runtime(json!({})),
                 exit_status_check(false),
             ),
             None,
@@ -350,7 +478,7 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
             task(
                 "home-hook-fresh",
                 policy(HOME_HOOK),
-                json!({}),
+                runtime(json!({})),
                 exit_status_check(true),
             ),
             None,
@@ -361,7 +489,7 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
                 format!(
                     "set -e\ncase \"$POLAR_SESSION\" in\n*-s0)\n{WRONG}\n{GIT_TAMPER}\n;;\n*)\n{WRONG}\n{GIT_PLAIN}\n;;\nesac\n"
                 ),
-                json!({}),
+                runtime(json!({})),
                 json!({"kind": "test_output", "options": {
                     "test_patch": TEST_PATCH,
                     "command": "python3 -m unittest -v test_calc",
@@ -377,7 +505,7 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
                 format!(
                     "set -e\ncase \"$POLAR_SESSION\" in\n*-s0)\n{JUDGE_TAMPER}\n;;\n*)\n{JUDGE_PLAIN}\n;;\nesac\n"
                 ),
-                json!({}),
+                runtime(json!({})),
                 json!({"kind": "llm_judge", "options": {
                     "rubric": [{"name": "correct", "description": "calc.py holds `return a + b`."}],
                     "seed": 7,
@@ -390,7 +518,7 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
             task(
                 "unwritable-results",
                 policy("mkdir -p .polar\nchmod 500 .polar\n! touch .polar/probe 2>/dev/null"),
-                json!({}),
+                runtime(json!({})),
                 reward_file_check(),
             ),
             Some("unwritable"),
@@ -399,7 +527,7 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
             task(
                 "unreadable-workspace",
                 policy("chmod 000 /workspace\n! ls /workspace > /dev/null 2>&1"),
-                json!({}),
+                runtime(json!({})),
                 reward_file_check(),
             ),
             Some("unwritable"),
@@ -410,12 +538,66 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
                 policy(
                     "dd if=/dev/zero of=fill bs=1M 2>/dev/null || true\n! dd if=/dev/zero of=more bs=64k count=1 2>/dev/null",
                 ),
-                json!({"limits": {"disk_bytes": 16 << 20}}),
+                runtime(json!({"limits": {"disk_bytes": 16 << 20}})),
                 reward_file_check(),
             ),
             Some("no_space"),
         ),
     ];
+    let hidden_run = runtime(json!({"post": [
+        {"upload": {"from": hidden.display().to_string(), "to": "tests", "replace": true}},
+    ]}));
+    let pytest = json!({"kind": "test_output", "options": {
+        "command": ["python3", "-m", "pytest", "-rA", "tests"],
+        "parser": "pytest",
+        "tests": "tests",
+        "fail_to_pass": ["tests/test_calc.py::test_add"],
+    }});
+    for (id, tamper) in shadow_tampers() {
+        tasks.push((
+            task(id, policy(&tamper), hidden_run.clone(), pytest.clone()),
+            None,
+        ));
+    }
+    tasks
+}
+
+/// Runs the suite on one gateway whose `[sandbox]` table gets `sandbox`,
+/// every runtime spec based on `base`.
+async fn run_suite(sandbox: &str, base: Value) -> Result<()> {
+    let dir = sandbox_tempdir()?;
+    let hidden = hidden_tests(dir.path())?;
+    let mock = mock::start(MockConfig {
+        served_model: "default".into(),
+        ..MockConfig::default()
+    })
+    .await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut cfg = RolloutConfig::new(dir.path().join("rollout.sqlite"), TOKEN);
+    cfg.listen = ([127, 0, 0, 1], port).into();
+    cfg.heartbeat_interval = Duration::from_millis(300);
+    cfg.heartbeat_timeout = Duration::from_millis(3000);
+    cfg.gateway_token = GATEWAY_TOKEN.into();
+    cfg.node_tokens = [(NODE.to_owned(), NODE_TOKEN.to_owned())].into();
+    let server = RolloutServer::start(cfg.clone()).await?;
+    let agent = start_agent(dir.path(), &cfg.listen.to_string(), mock.addr, sandbox)?;
+    let c = RolloutClient::new(format!("http://{}", cfg.listen), Some(TOKEN.into()));
+    let until = Instant::now() + Duration::from_secs(60);
+    while !c
+        .nodes()
+        .await
+        .is_ok_and(|n| n.nodes.iter().any(|n| n.node_id == NODE))
+    {
+        ensure!(
+            Instant::now() < until,
+            "the gateway did not register: {}",
+            std::fs::read_to_string(&agent.log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let tasks = suite(&base, &hidden);
     for (t, _) in &tasks {
         c.submit(t).await?;
     }
@@ -432,4 +614,21 @@ async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<
     mock.stop().await;
     ensure!(failures.is_empty(), "{}", failures.join("\n\n"));
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling() -> Result<()> {
+    run_suite("", json!({})).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+async fn a_tampering_policy_gets_its_honest_reward_beside_a_sibling_in_docker() -> Result<()> {
+    let engine = docker::engine()?;
+    run_suite(
+        &format!("docker_host = \"{}\"", engine.host),
+        json!({"kind": "docker", "image": engine.image}),
+    )
+    .await
 }

@@ -9,18 +9,26 @@
 //! directory.
 //!
 //! - 8 samples on one gateway; then on three: spread, every trajectory
-//!   exported, rewards and group ids right;
+//!   exported, rewards and group ids right; each session's calls file
+//!   exported beside it, and, once the node dropped its copy, `polar
+//!   export --from` re-derives the same rows from the export alone;
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
 //! - the rollout server restarted mid-task: nothing is lost;
+//! - the node's only inference replica (a `polar mock-backend` process)
+//!   killed mid-task: the node is `backend_down`, nothing is dispatched
+//!   to it until the replica is back, then the task completes;
 //! - a backend that fails once (HTTP 503 mid-session: the agent exits):
 //!   the sample is run again and completes; one that stays down: run again
-//!   up to `max_retries`, then kept as an error of the backend, its
-//!   trajectory exported with `status = "error"` and `infra_fault`;
+//!   up to `max_retries`, then kept as an error of the backend without a
+//!   reward, its trajectory exported with `status = "error"` and
+//!   `infra_fault`, the task `partial`; `polar submit` of a task with no
+//!   usable sample exits 1 naming the failures;
 //! - assignments outside the node's `[gateway.policy]` (an upload source
 //!   outside its roots or through a symbolic link out of one, a mount, the
 //!   host network, a limit over its ceiling) are refused at INIT, naming
-//!   the field, not retried, without a reward;
+//!   the field, not retried, without a reward; a harness the node does not
+//!   define fails at once when no other node can take it;
 //! - the control plane over HTTPS with certificates `polar rollout ca`
 //!   issued, mutual TLS on: a small rollout through a gateway; a client
 //!   (and `polar status`) trusting another CA refused; the gateway's and
@@ -41,13 +49,14 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 14] = [
+const NODES: [&str; 15] = [
     "gw-a",
     "gw-b",
     "gw-c",
     "gw-e",
     "gw-f",
     "gw-hasty",
+    "gw-health",
     "gw-k1",
     "gw-k2",
     "gw-p",
@@ -77,6 +86,9 @@ struct Fixture {
     gateways: Vec<Gateway>,
     /// The cluster CA of a fixture over HTTPS.
     pki: Option<Pki>,
+    /// The replica the gateways started from now on use instead of the
+    /// in-process mock, with health checks every 200 ms.
+    replica: Option<String>,
 }
 
 /// A cluster CA made and used through `polar rollout ca`.
@@ -202,6 +214,7 @@ impl Fixture {
             server_cfg: cfg,
             gateways: Vec::new(),
             pki,
+            replica: None,
         })
     }
 
@@ -247,7 +260,10 @@ impl Fixture {
         let base = self.dir.path().join(node_id);
         std::fs::create_dir_all(&base)?;
         let port = std::net::TcpListener::bind((ip, 0))?.local_addr()?.port();
-        let mock = self.mock.as_ref().context("no mock")?.addr;
+        let (mock, health) = match &self.replica {
+            Some(addr) => (addr.clone(), "\nhealth_check_interval_ms = 200"),
+            None => (self.mock.as_ref().context("no mock")?.addr.to_string(), ""),
+        };
         let config = base.join("agent.toml");
         let tls = match &self.pki {
             None => String::new(),
@@ -269,7 +285,7 @@ state_dir = "{state}"
 name = "local"
 dialect = "vllm"
 replicas = ["http://{mock}"]
-served_model = "default"
+served_model = "default"{health}
 
 [gateway]
 server = "{scheme}://{server}"
@@ -520,7 +536,9 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     ensure!(
-        text.contains("node gw-a at") && text.contains("finished 8, reported 8"),
+        text.contains("node gw-a at")
+            && text.contains("finished 8, reported 8")
+            && text.contains("\nbackends: local 1/1 replicas healthy\n"),
         "{text}"
     );
     let metrics = RolloutClient::new(url, Some(GATEWAY_TOKEN.into()))
@@ -553,6 +571,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
             .exists(),
         "an exported session's capture log is left"
     );
+    check_rederived(&t, &f.export_dir())?;
     for line in [
         format!("polar_capture_calls_total {calls}"),
         format!("polar_capture_tokens_total{{kind=\"prompt\"}} {prompt}"),
@@ -713,6 +732,16 @@ turns = [
   { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
   { error = { status = 503, message = "replica down" } },
 ]
+
+# A task whose every attempt meets the replica set down: no usable sample.
+[[sessions]]
+id = "down-s0"
+turns = [
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+  { error = { status = 503, message = "replica down" } },
+]
 "#;
 
 /// The exported rows of a sample's trajectory (JSONL beside the Parquet).
@@ -782,7 +811,220 @@ async fn a_backend_fault_is_run_again_and_never_exported_as_completed() -> Resul
             v => v.clone(),
         };
         ensure!(md["ended_by"] == "backend", "{row}");
+        // Its evaluator made the file, yet the infrastructure ended it:
+        // no reward, in the result or in its rows.
+        ensure!(row["reward"].is_null(), "{row}");
     }
+    ensure!(r1.reward.is_none(), "{r1:?}");
+    // One of two usable: partial, the mean over the usable one only, the
+    // failure named.
+    ensure!(t.status == TaskStatus::Partial, "{t:#?}");
+    ensure!((t.counts.usable, t.requested) == (1, 2), "{t:#?}");
+    ensure!(t.mean_reward == Some(1.0), "{t:#?}");
+    ensure!(
+        t.failures.len() == 1
+            && t.failures[0].status == "error"
+            && t.failures[0].samples == [1]
+            && t.failures[0]
+                .error
+                .starts_with("the inference backend ended the session"),
+        "{:#?}",
+        t.failures
+    );
+    // `polar submit` of a task no sample of which is usable: exit 1, the
+    // failures grouped on stderr.
+    let file = f.dir.path().join("down.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "task_id": "down",
+            "instruction": "Create the file polar-demo.txt.",
+            "num_samples": 1,
+            "timeout_secs": 120,
+            "agent": {"harness": "shell", "options": {"command": "python3 /workspace/mini_agent.py"}},
+            "runtime": {"prepare": [{"upload": {"from": mini_agent(), "to": "mini_agent.py"}}]},
+            "evaluator": {"kind": "command", "options": {"command": "true"}},
+        })
+        .to_string(),
+    )?;
+    let out = Command::new(polar_bin()?)
+        .arg("submit")
+        .arg(&file)
+        .args([
+            "--server",
+            &f.server_url(),
+            "--token",
+            TOKEN,
+            "--poll-ms",
+            "100",
+        ])
+        .output()?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(out.status.code() == Some(1), "{stdout}\n{stderr}");
+    ensure!(
+        stdout.contains("0 of 1 requested samples usable\nunusable samples, by reason:\n  1 sample error: the inference backend ended the session"),
+        "{stdout}"
+    );
+    ensure!(
+        stderr.starts_with("task down ended failed: 0 of 1 requested samples usable\nunusable samples, by reason:\n  1 sample error: the inference backend ended the session: its last model call"),
+        "{stderr}"
+    );
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// A `polar mock-backend` process, killed by its pid when dropped.
+struct Replica(Child);
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `polar mock-backend` as a process of its own on `addr`, ready.
+fn replica_process(addr: &str, log: &Path) -> Result<Replica> {
+    let mut child = Command::new(polar_bin()?)
+        .args([
+            "mock-backend",
+            "--listen",
+            addr,
+            "--served-model",
+            "default",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if let Some(status) = child.try_wait()? {
+            bail!("mock-backend exited ({status})");
+        }
+        if Instant::now() > until {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("mock-backend does not listen on {addr}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Replica(child))
+}
+
+/// Sessions dispatched so far, over every sample.
+fn dispatches(t: &TaskView) -> u32 {
+    t.samples.iter().map(|s| s.attempts).sum()
+}
+
+/// The node's only inference replica killed mid-task: the node reports
+/// its backend down, the server dispatches nothing to it meanwhile (the
+/// sessions the kill ended wait in the queue), `polar status` and
+/// `/metrics` say so; once the replica is back the task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_replica_killed_mid_task_holds_dispatch_until_it_is_back() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let log = f.dir.path().join("replica.log");
+    let replica = replica_process(&addr, &log)?;
+    f.replica = Some(addr.clone());
+    f.gateway("gw-health", "127.0.0.81").await?;
+    let c = f.client();
+    f.submit("health", 4, 2).await?;
+    // Mid-task: some session on the node.
+    let until = Instant::now() + Duration::from_secs(60);
+    while !c.task("health").await?.samples.iter().any(
+        |s| matches!(&s.state, SessionState::Running { stage: Some(st), .. } if st == "running"),
+    ) {
+        ensure!(Instant::now() < until, "no session ran: {}", f.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(replica.0.id())?),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    drop(replica);
+    // The node's health checks see it; its heartbeat tells the server.
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let nodes = c.nodes().await?;
+        let n = nodes.nodes.iter().find(|n| n.node_id == "gw-health");
+        if n.is_some_and(|n| n.health == polar_rollout_api::NodeHealth::BackendDown) {
+            let b = n.and_then(|n| n.backends.get("local")).copied();
+            ensure!(
+                b == Some(polar_rollout_api::BackendHealth {
+                    replicas: 1,
+                    healthy: 0
+                }),
+                "{b:?}"
+            );
+            break;
+        }
+        ensure!(Instant::now() < until, "never backend_down: {nodes:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = Command::new(polar_bin()?)
+        .args(["status", "--server", &f.server_url(), "--token", TOKEN])
+        .output()?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        text.contains("gw-health http://127.0.0.81:")
+            && text.contains(" backend_down assigned ")
+            && text.contains("    backends: local 0/1 replicas healthy (DOWN)"),
+        "{text}"
+    );
+    let node_url = f.gateways[0].url.clone();
+    let status = Command::new(polar_bin()?)
+        .args(["status", "--node", &node_url, "--token", GATEWAY_TOKEN])
+        .output()?;
+    let text = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        text.contains(
+            "\nbackends: local 0/1 replicas healthy (DOWN: the server sends this node no session)\n"
+        ),
+        "{text}"
+    );
+    let metrics = c
+        .raw(http::Method::GET, "/metrics", None)
+        .await
+        .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())?;
+    ensure!(
+        metrics.contains(
+            "polar_rollout_node_backend_healthy_replicas{node=\"gw-health\",backend=\"local\"} 0"
+        ) && metrics.contains("polar_rollout_nodes{health=\"backend_down\"} 1"),
+        "{metrics}"
+    );
+    // While it is down (several heartbeats and health checks), nothing is
+    // dispatched: the sessions the kill ended are back in the queue.
+    let before = dispatches(&c.task("health").await?);
+    let quiet = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < quiet {
+        let t = c.task("health").await?;
+        ensure!(
+            dispatches(&t) == before,
+            "dispatched while the backend was down: {t:#?}"
+        );
+        ensure!(!t.status.is_finished(), "{t:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = c.task("health").await?;
+    ensure!(
+        t.samples
+            .iter()
+            .any(|s| matches!(s.state, SessionState::Pending)),
+        "no session waits: {t:#?}"
+    );
+    // Back: the node takes sessions again and the task completes.
+    let _replica = replica_process(&addr, &log)?;
+    let t = f.wait_finished("health", Duration::from_secs(240)).await?;
+    check_results(&t, &f.export_dir())?;
+    ensure!(t.counts.usable == 4, "{t:#?}");
     f.stop_gateways()?;
     Ok(())
 }
@@ -914,6 +1156,62 @@ async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
     Ok(())
 }
 
+/// Each sample's calls file sits beside its trajectory (the result's
+/// `stats.calls_uri`), and `polar export --from` the export root, with
+/// the node's builder, re-derives exactly the rows the node exported.
+fn check_rederived(t: &TaskView, export: &Path) -> Result<()> {
+    let out = tempfile::tempdir()?;
+    let o = Command::new(polar_bin()?)
+        .arg("export")
+        .arg("--from")
+        .arg(export)
+        .args(["--task", &t.task_id, "--format", "jsonl", "--json", "--out"])
+        .arg(out.path())
+        .output()?;
+    let summary = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        o.status.success(),
+        "{summary} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(&summary)?;
+    ensure!(summary["sessions"] == t.samples.len(), "{summary}");
+    for s in &t.samples {
+        let SessionState::Done { result, .. } = &s.state else {
+            bail!("{s:?}");
+        };
+        let uri = Path::new(result.trajectory_uri.as_deref().context("no trajectory")?);
+        let calls = result
+            .stats
+            .as_ref()
+            .and_then(|s| s["calls_uri"].as_str())
+            .with_context(|| format!("no calls_uri: {result:?}"))?;
+        let beside = uri.with_file_name(format!("{}.calls.jsonl.zst", s.session_id));
+        ensure!(
+            Path::new(calls) == beside,
+            "{calls} is not beside {}",
+            uri.display()
+        );
+        ensure!(beside.is_file(), "{calls} missing");
+        let node_rows = jsonl_rows(&uri.with_extension("jsonl"))?;
+        let partition = uri
+            .parent()
+            .and_then(Path::file_name)
+            .context("partition")?;
+        let again = out
+            .path()
+            .join(partition)
+            .join(format!("{}.jsonl", s.session_id));
+        let rows = jsonl_rows(&again)?;
+        ensure!(
+            !rows.is_empty() && rows == node_rows,
+            "{}: re-derived rows differ",
+            s.session_id
+        );
+    }
+    Ok(())
+}
+
 /// The rows of a JSONL export file.
 fn jsonl_rows(path: &Path) -> Result<Vec<serde_json::Value>> {
     Ok(std::fs::read_to_string(path)?
@@ -1007,6 +1305,26 @@ async fn assignments_outside_the_node_s_policy_are_refused_at_init() -> Result<(
             "{id}: {result:?}"
         );
     }
+    // A harness this node does not define would fail here again: with no
+    // other node, the session fails at once with the node's reason.
+    let task = serde_json::json!({
+        "task_id": "p-unfit", "instruction": "x", "num_samples": 1, "timeout_secs": 60,
+        "agent": {"harness": "custom:not-on-this-node"},
+    });
+    f.client().submit(&task).await?;
+    let t = f.wait_finished("p-unfit", Duration::from_secs(60)).await?;
+    let s = &t.samples[0];
+    ensure!(t.status == TaskStatus::Failed, "{t:#?}");
+    ensure!(s.attempts == 1 && s.retries == 0, "dispatched again: {s:?}");
+    let SessionState::Failed { error } = &s.state else {
+        bail!("{t:#?}");
+    };
+    ensure!(
+        error.starts_with("node gw-p cannot run it: ")
+            && error.contains("not-on-this-node")
+            && error.ends_with(" (no other node to try)"),
+        "{error}"
+    );
     // Inside the policy: runs as before.
     f.submit("p-ok", 1, 0).await?;
     let t = f.wait_finished("p-ok", Duration::from_secs(120)).await?;

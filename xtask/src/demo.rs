@@ -17,7 +17,7 @@
 //! prints the tasks' tables and a summary of the trajectories written, and
 //! fails unless every sample earned reward 1. With `--serve` the stack stays
 //! up afterwards, for `examples/grpo_loop.py` (the Python client's training
-//! loop), until Enter is pressed.
+//! loop), until SIGINT, SIGTERM or (at a terminal) Enter.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -41,8 +41,9 @@ pub struct DemoArgs {
     /// runs.
     #[arg(long)]
     no_harness: bool,
-    /// Keep the stack running after the tasks, until Enter is pressed, for
-    /// a trainer's loop against it (`examples/grpo_loop.py`).
+    /// Keep the stack running after the tasks, for a trainer's loop against
+    /// it (`examples/grpo_loop.py`), until SIGINT, SIGTERM or (at a
+    /// terminal) Enter.
     #[arg(long)]
     serve: bool,
 }
@@ -133,7 +134,8 @@ pub fn run(args: DemoArgs) -> Result<()> {
         }
     }
     let trainer = format!(
-        "pip install ./python && python3 examples/grpo_loop.py --server {server_url} \\\n    \
+        "python3 -m venv .venv && .venv/bin/pip install ./python\n  \
+         .venv/bin/python examples/grpo_loop.py --server {server_url} \\\n    \
          --token {TRAINER_TOKEN} --gateway-token {GATEWAY_TOKEN}"
     );
     if result.is_ok() && args.serve {
@@ -142,10 +144,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
              group-relative advantages, a pause around each weight update):\n  {trainer}\n\
              The dashboard, its trajectories with each token's text: {server_url}/ui \
              (token {TRAINER_TOKEN}).\n\
-             Press Enter to stop the stack."
+             Stop the stack with Ctrl-C or SIGTERM (or Enter at a terminal)."
         ));
-        let mut line = String::new();
-        let _ = std::io::stdin().read_line(&mut line);
+        crate::group::serve_until_interrupted();
+        say("Stopping the stack.");
     }
     stack.stop();
     if let Err(e) = result {
@@ -158,7 +160,7 @@ pub fn run(args: DemoArgs) -> Result<()> {
     say(&format!(
         "\nDemo done. Trajectories (Parquet and JSONL, one row per trace) are in {}.\n\
          Re-derive them with another builder: polar export --state-dir {} --out DIR --builder per_request\n\
-         Load them in Python as token arrays: polar_client.load(\"{}\") (pip install ./python).\n\
+         Load them in Python as token arrays: polar_client.load(\"{}\") (python3 -m venv .venv && .venv/bin/pip install ./python).\n\
          A trainer's loop over this stack: examples/grpo_loop.py (cargo xtask demo --serve keeps the stack up for it).",
         dir.join("trajectories").display(),
         dir.join("state").display(),

@@ -12,7 +12,7 @@
 //!   before a new one starts.
 //! - The test image, [`IMAGE`], is built on this machine (no registry
 //!   serves images here): a minimal Debian 12 root file system made with
-//!   `debootstrap` from Debian's packages, with python3 and git for the
+//!   `debootstrap` from Debian's packages, with python3, pytest and git for the
 //!   tests' programs, and the host's Node (the harness CLIs, bound
 //!   read-only from `.polar-cache/harnesses` by the runtime, need Node 20,
 //!   which Debian 12 does not package). Its tarball is cached in
@@ -28,11 +28,11 @@ use crate::cmd::{Cmd, workspace_root};
 use crate::daemon::{Daemon, tail, terminate};
 
 /// Bump when what goes into the image changes.
-const RECIPE: &str = "1";
+const RECIPE: &str = "2";
 /// The test image's name (what `POLAR_TEST_DOCKER_IMAGE` holds).
-pub const IMAGE: &str = "polar-test/bookworm:1";
+pub const IMAGE: &str = "polar-test/bookworm:2";
 /// Debian packages in the image, beyond debootstrap's minimal base.
-const IMAGE_PACKAGES: &str = "python3,ca-certificates,git,procps";
+const IMAGE_PACKAGES: &str = "python3,python3-pytest,ca-certificates,git,procps";
 /// Where the image's packages come from.
 const MIRROR: &str = "http://deb.debian.org/debian";
 /// The engine's exec root (its socket and pid file): short, on the host's

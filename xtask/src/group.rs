@@ -13,6 +13,7 @@
 
 use std::path::Path;
 use std::process::{Child, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -108,12 +109,43 @@ impl Drop for Group {
     }
 }
 
+/// While a task serves until it is told to stop ([`serve_until_interrupted`]):
+/// an interrupt is its signal to stop, not the end of xtask.
+static SERVING: AtomicBool = AtomicBool::new(false);
+/// An interrupt came while [`SERVING`].
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Blocks until SIGINT, SIGTERM or SIGHUP (or, when stdin is a terminal,
+/// Enter), then returns, so that the caller stops what it runs and ends
+/// normally. A closed or redirected stdin does not end the wait.
+pub fn serve_until_interrupted() {
+    STOP.store(false, Ordering::SeqCst);
+    SERVING.store(true, Ordering::SeqCst);
+    if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        std::thread::spawn(|| {
+            let mut line = String::new();
+            if std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+                STOP.store(true, Ordering::SeqCst);
+            }
+        });
+    }
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    SERVING.store(false, Ordering::SeqCst);
+}
+
 /// From now on, a SIGINT (a terminal's Ctrl-C), SIGTERM or SIGHUP to xtask
 /// sends SIGTERM to every [`Group`] still running, then ends xtask with
-/// status 130. The programs in xtask's own process group get a terminal's
+/// status 130 (except while [`serve_until_interrupted`] waits: then it
+/// returns). The programs in xtask's own process group get a terminal's
 /// Ctrl-C themselves.
 pub fn forward_interrupts() -> Result<()> {
     ctrlc::set_handler(|| {
+        if SERVING.load(Ordering::SeqCst) {
+            STOP.store(true, Ordering::SeqCst);
+            return;
+        }
         // Held to the end: nothing is reaped or started meanwhile.
         let live = live();
         for &group in live.iter() {
@@ -126,4 +158,30 @@ pub fn forward_interrupts() -> Result<()> {
         std::process::exit(130);
     })
     .context("could not install the interrupt handler")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SIGTERM while serving ends the wait, not the process; stdin (not
+    /// a terminal under the test runner) is not read.
+    #[test]
+    fn a_sigterm_while_serving_ends_the_wait_not_xtask() {
+        forward_interrupts().unwrap();
+        let pid = std::process::id().to_string();
+        let sender = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            Cmd::new("kill")
+                .unwrap()
+                .args(["-TERM", &pid])
+                .run()
+                .unwrap();
+        });
+        let started = Instant::now();
+        serve_until_interrupted();
+        sender.join().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert!(!SERVING.load(Ordering::SeqCst));
+    }
 }

@@ -48,6 +48,9 @@ const APT_PACKAGES: &[(&str, Scope)] = &[
     ("python3-venv", Scope::All),
     // The Kubernetes manifest test parses YAML with python3.
     ("python3-yaml", Scope::All),
+    // The evaluators' tests run hidden pytest suites with the system's
+    // Python, the one sandboxes see.
+    ("python3-pytest", Scope::All),
     // The test_output evaluator applies test patches with git or patch.
     ("git", Scope::All),
     ("patch", Scope::All),

@@ -58,6 +58,28 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let parts = Arc::new(AgentParts::build(config)?);
     if let Some(c) = &parts.capture {
+        // Checked before registering, so the server knows at once whether
+        // this node can reach its backends; then every interval.
+        for b in c.backends() {
+            let pool = b.pool();
+            pool.check_health().await;
+            let stats = pool.stats();
+            let down: Vec<&str> = stats
+                .replicas
+                .iter()
+                .filter(|r| !r.healthy)
+                .map(|r| r.url.as_str())
+                .collect();
+            if !stats.replicas.is_empty() && down.len() == stats.replicas.len() {
+                tracing::warn!(
+                    backend = %stats.backend,
+                    replicas = %down.join(", "),
+                    "no replica of the backend answered GET /health: the rollout server sends this node no session until one does"
+                );
+            } else if !down.is_empty() {
+                tracing::warn!(backend = %stats.backend, unhealthy = %down.join(", "), "some replicas of the backend did not answer GET /health");
+            }
+        }
         c.spawn_health_checks();
     }
     parts.serve_base_url().await.map_err(io("base-URL mode"))?;
@@ -99,7 +121,8 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         gw.node_id.clone(),
         gw.policy.clone(),
         retention.clone(),
-    );
+    )
+    .with_calls_export(gw.export_calls);
     let started = Node::start(opts, gw.listen, Stages::new(gw.limits), work).await;
     let node = match started {
         Ok(n) => n,

@@ -9,6 +9,7 @@ mod ca;
 mod check;
 mod harness;
 mod install;
+mod probe;
 mod proxy;
 mod rollout;
 mod sandbox;
@@ -133,6 +134,10 @@ pub enum ConfigCommand {
     Check {
         /// The file.
         file: PathBuf,
+        /// Also ask every backend replica `GET /health` and say which
+        /// answered (exit 1 when a backend has no replica that did).
+        #[arg(long)]
+        probe: bool,
     },
 }
 
@@ -194,6 +199,12 @@ pub enum CliError {
     /// A call to the rollout server failed.
     #[error(transparent)]
     RolloutClient(#[from] polar_rollout_api::ClientError),
+    /// The rollout server could not be reached (exit 5).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The rollout server refused the token (exit 4).
+    #[error("{0}")]
+    Auth(String),
     /// The task file does not parse.
     #[error("task file {0}")]
     TaskFile(String),
@@ -254,6 +265,8 @@ impl CliError {
                 ..
             })) if source.kind() == std::io::ErrorKind::NotFound => 127,
             Self::Sandbox(SandboxError::Spawn(_)) => 126,
+            Self::Auth(_) => 4,
+            Self::Unreachable(_) => 5,
             _ => 125,
         }
     }
@@ -332,10 +345,22 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             std::io::Write::write_all(&mut std::io::stdout(), text.as_bytes())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Config(ConfigCommand::Check { file }) => {
+        Command::Config(ConfigCommand::Check { file, probe }) => {
             let report = check::check(&file)?;
             std::io::Write::write_all(&mut std::io::stdout(), report.as_bytes())?;
-            Ok(ExitCode::SUCCESS)
+            if !probe {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let config = crate::config::Config::load(&file)?;
+            let probes = runtime()?
+                .block_on(probe::probe(&config.backends))
+                .map_err(CliError::Usage)?;
+            std::io::Write::write_all(&mut std::io::stdout(), probe::report(&probes).as_bytes())?;
+            Ok(if probes.iter().all(probe::BackendProbe::is_up) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Sandbox(SandboxCommand::Run(args)) => runtime()?.block_on(sandbox::run(args)),
         Command::Proxy(args) => runtime()?.block_on(proxy::run(args)),
@@ -361,7 +386,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }),
         Command::Export(mut args) => {
-            if args.sessions.is_empty() && args.state_dir.is_none() {
+            if args.sessions.is_empty() && args.state_dir.is_none() && args.from.is_none() {
                 let config = match &args.config {
                     Some(file) => crate::config::Config::load(file).map_err(|e| {
                         CliError::Export(polar_export::ExportError::Usage(format!(

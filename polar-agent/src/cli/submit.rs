@@ -1,6 +1,9 @@
 //! `polar submit TASK_FILE` and `polar status`: the rollout server from the
 //! trainer's side. `submit` sends a task (TOML or JSON), prints a progress
-//! line whenever the task's counts change, then a table of the samples.
+//! line whenever the task's counts change, then a table of the samples;
+//! it exits 0 when the task has usable samples (a `partial` task says so
+//! on stderr), 1 when it has none (the failures grouped on stderr), 2 when
+//! `--wait-secs` ran out first.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -9,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::CliError;
 use polar_rollout::config::TOKEN_ENV;
-use polar_rollout::report::{progress_line, results_table, status_text};
+use polar_rollout::report::{failures_text, progress_line, results_table, status_text};
 use polar_rollout_api::{RolloutClient, TaskStatus};
 
 /// Where the server is.
@@ -62,6 +65,36 @@ impl ServerArgs {
     fn client(&self) -> Result<RolloutClient, CliError> {
         self.client_of(&self.server)
     }
+
+    /// A failed call as what to do about it: the server not reached (the
+    /// URL and where it came from), the token refused (the server's
+    /// message names the token it needs), else as the server said.
+    fn failure(&self, e: polar_rollout_api::ClientError) -> CliError {
+        use polar_rollout_api::ClientError as E;
+        match e {
+            E::Transport { url, reason } => {
+                let hint = if self.server.starts_with("https://")
+                    && (reason.contains("InvalidContentType") || reason.contains("corrupt message"))
+                {
+                    "The server speaks plain HTTP, not HTTPS: use an http:// URL (or give the server [rollout.tls]).".to_owned()
+                } else {
+                    format!("Is it running and listening at {}?", self.server)
+                };
+                CliError::Unreachable(format!(
+                    "cannot reach the rollout server at {url} ({reason}). {hint} The URL comes from --server or POLAR_ROLLOUT_URL (default http://127.0.0.1:7070)."
+                ))
+            }
+            E::Status {
+                status: http::StatusCode::UNAUTHORIZED,
+                message,
+                ..
+            } => CliError::Auth(format!(
+                "the rollout server at {} refused the token: {message}. The token comes from --token or {TOKEN_ENV}.",
+                self.server
+            )),
+            other => CliError::RolloutClient(other),
+        }
+    }
 }
 
 /// Arguments of `polar submit`.
@@ -113,7 +146,7 @@ fn out(text: &str) -> Result<(), CliError> {
 pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     let task = load_task_file(&args.task_file)?;
     let c = args.server.client()?;
-    let reply = c.submit(&task).await?;
+    let reply = c.submit(&task).await.map_err(|e| args.server.failure(e))?;
     out(&format!(
         "submitted {} ({} samples) to {}\n",
         reply.task_id,
@@ -126,7 +159,10 @@ pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     let started = Instant::now();
     let mut last = String::new();
     let view = loop {
-        let v = c.task(&reply.task_id).await?;
+        let v = c
+            .task(&reply.task_id)
+            .await
+            .map_err(|e| args.server.failure(e))?;
         let line = progress_line(&v);
         if line != last {
             out(&format!(
@@ -155,11 +191,40 @@ pub async fn submit(args: SubmitArgs) -> Result<ExitCode, CliError> {
     } else {
         out(&results_table(&view))?;
     }
-    Ok(if view.status == TaskStatus::Completed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
+    Ok(match view.status {
+        TaskStatus::Completed => ExitCode::SUCCESS,
+        TaskStatus::Partial => {
+            eprintln!(
+                "task {} is partial: {} of {} requested samples usable (the others are listed above)",
+                view.task_id, view.counts.usable, view.requested
+            );
+            ExitCode::SUCCESS
+        }
+        _ => {
+            eprintln!("{}", unusable_summary(&view));
+            ExitCode::from(1)
+        }
     })
+}
+
+/// The one-paragraph reason a task gave nothing to train on.
+fn unusable_summary(v: &polar_rollout_api::TaskView) -> String {
+    let mut s = format!(
+        "task {} ended {}: {} of {} requested samples usable",
+        v.task_id,
+        v.status.as_str(),
+        v.counts.usable,
+        v.requested
+    );
+    if let Some(r) = &v.reason {
+        s.push_str(&format!(" ({r})"));
+    }
+    let groups = failures_text(v);
+    if !groups.is_empty() {
+        s.push('\n');
+        s.push_str(groups.trim_end());
+    }
+    s
 }
 
 /// Arguments of `polar status`.
@@ -219,6 +284,24 @@ pub fn node_text(v: &serde_json::Value) -> String {
         "sessions: {stages}; finished {}, reported {}",
         v["finished"], v["reported"]
     );
+    if let Some(backends) = v["backends"].as_object().filter(|b| !b.is_empty()) {
+        let text: Vec<String> = backends
+            .iter()
+            .map(|(name, b)| {
+                let (healthy, replicas) = (
+                    b["healthy"].as_u64().unwrap_or(0),
+                    b["replicas"].as_u64().unwrap_or(0),
+                );
+                let down = if healthy == 0 && replicas > 0 {
+                    " (DOWN: the server sends this node no session)"
+                } else {
+                    ""
+                };
+                format!("{name} {healthy}/{replicas} replicas healthy{down}")
+            })
+            .collect();
+        let _ = writeln!(t, "backends: {}", text.join(", "));
+    }
     for s in v["sessions"].as_array().into_iter().flatten() {
         let _ = writeln!(
             t,
@@ -250,9 +333,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::SUCCESS);
     }
     let c = args.server.client()?;
-    let s = c.status().await?;
+    let s = c.status().await.map_err(|e| args.server.failure(e))?;
     let mut text = status_text(&s, c.base());
-    let list = c.tasks(None).await?;
+    let list = c.tasks(None).await.map_err(|e| args.server.failure(e))?;
     let skip = list.tasks.len().saturating_sub(args.tasks);
     for t in &list.tasks[skip..] {
         text.push_str("  ");

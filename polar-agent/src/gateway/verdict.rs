@@ -19,6 +19,7 @@ use polar_trajectory::{EndedBy, Fault, SessionOutcome};
 /// `stats.refused = "node_policy"` tells it from the node's own failures.
 pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
     let refused = matches!(&reached, Reached::InitFailed(e) if e.fault == InitFault::Policy);
+    let unfit = matches!(&reached, Reached::InitFailed(e) if e.fault == InitFault::Unfit);
     let (status, error, retry) = match reached {
         Reached::InitFailed(e) => {
             let retry = e.retry();
@@ -46,6 +47,7 @@ pub(super) fn never_prepared(reached: Reached<Ran>) -> Report {
         stats,
         retry,
         infra_fault: false,
+        node_unfit: unfit,
     }
 }
 

@@ -25,7 +25,7 @@
 //!   failed) or kept for a while with their disk quota ended
 //!   (`retention`); the report.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -51,11 +51,13 @@ use polar_evaluate::{
     SessionFacts,
 };
 use polar_export::Exporter;
+use polar_export::calls::{CallsHeader, encode_calls};
+use polar_export::source::SessionLog;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
 use polar_io::chain;
 use polar_rollout_api::session_spec::SessionSpec;
-use polar_rollout_api::{SampleStatus, TokenUsage};
+use polar_rollout_api::{BackendHealth, SampleStatus, TokenUsage};
 use polar_spec::policy::Policy;
 use polar_trajectory::{EndedBy, Rewards, SessionOutcome};
 
@@ -84,6 +86,9 @@ pub struct HarnessWork {
     judges: Arc<JudgeClients>,
     /// The running sessions' calls as they end (the live timeline).
     live_calls: Arc<LiveCalls>,
+    /// Whether each session's calls file is exported before its
+    /// trajectories (`[gateway] export_calls`).
+    export_calls: bool,
 }
 
 impl HarnessWork {
@@ -118,7 +123,16 @@ impl HarnessWork {
             policy: Arc::new(policy),
             installs: Mutex::new(HashMap::new()),
             retention,
+            export_calls: true,
         }
+    }
+
+    /// Whether each session's calls file is exported (default: yes); off,
+    /// a session's directory still goes once its trajectories are durable.
+    #[must_use]
+    pub fn with_calls_export(mut self, on: bool) -> Self {
+        self.export_calls = on;
+        self
     }
 
     /// The exporter (its counters).
@@ -188,18 +202,20 @@ impl Work for HarnessWork {
             .map_err(|e| fail(e.to_string()))?;
         let spec = self.hold_to_policy(spec, a.timeout_secs).await?;
         // A custom name this node does not define is the node's problem,
-        // as a harness not installed here: another node may define it.
+        // as a harness not installed here: another node may define it;
+        // this one would fail it again.
         let harness = Harness::resolve(&spec.harness, &self.parts.config)
-            .map_err(|e| InitError::new(InitFault::Node, e.to_string()))?;
+            .map_err(|e| InitError::new(InitFault::Unfit, e.to_string()))?;
         let session: SessionId = a
             .session_id
             .parse()
             .map_err(|e: polar_ids::InvalidSessionId| fail(format!("session_id: {e}")))?;
-        // Not installed here is the node's problem: another node may have it.
+        // Not installed here is the node's problem: another node may have
+        // it; this one would fail it again.
         let install = self
             .install(&harness)
             .await
-            .map_err(|e| InitError::new(InitFault::Node, e))?;
+            .map_err(|e| InitError::new(InitFault::Unfit, e))?;
         let mut metadata = Map::new();
         metadata.insert("sample_index".into(), a.sample_index.into());
         metadata.insert("attempt".into(), a.attempt.into());
@@ -258,7 +274,20 @@ impl Work for HarnessWork {
         }
         let prepared = prepare(&self.parts, &self.redirect, run, &stop)
             .await
-            .map_err(|e| InitError::new(InitFault::Node, chain(&e)))?;
+            .map_err(|e| {
+                // A runtime whose program this node lacks fails every time.
+                let fault = if matches!(
+                    e,
+                    crate::harness::HarnessError::Runtime(
+                        crate::runtime::RuntimeError::Unavailable { .. }
+                    )
+                ) {
+                    InitFault::Unfit
+                } else {
+                    InitFault::Node
+                };
+                InitError::new(fault, chain(&e))
+            })?;
         Ok(Session {
             prepared,
             live,
@@ -287,6 +316,25 @@ impl Work for HarnessWork {
 
     fn policy_version(&self, version: &str) {
         self.parts.registry.set_policy_version(version);
+    }
+
+    fn backends(&self) -> BTreeMap<String, BackendHealth> {
+        let Some(c) = &self.parts.capture else {
+            return BTreeMap::new();
+        };
+        c.backends()
+            .map(|b| {
+                let stats = b.pool().stats();
+                let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                (
+                    stats.backend.clone(),
+                    BackendHealth {
+                        replicas: count(stats.replicas.len()),
+                        healthy: count(stats.replicas.iter().filter(|r| r.healthy).count()),
+                    },
+                )
+            })
+            .collect()
     }
 
     fn calls_since(&self, job: &Job, from: usize) -> Vec<Value> {
@@ -361,15 +409,23 @@ impl Work for HarnessWork {
         }
         let torn_down = finished.is_ok();
         let v = verdict(&ended, evaluation.as_ref());
+        // Only a usable sample is scored: one the infrastructure, the
+        // evaluator or the budget ended keeps its evaluation's detail but
+        // no reward, in the report and in its trajectory.
+        let scored = v.status.is_usable();
         let mut report = Report {
             status: v.status,
-            reward: evaluation.as_ref().and_then(|e| e.reward),
+            reward: evaluation
+                .as_ref()
+                .and_then(|e| e.reward)
+                .filter(|_| scored),
             trajectory_uri: None,
             tokens: TokenUsage::default(),
             error: v.error,
             stats: Map::new(),
             retry: v.retry,
             infra_fault: v.ended_by.is_some_and(EndedBy::is_infra),
+            node_unfit: false,
         };
         report.stats.insert("steps".into(), Value::Array(steps));
         report.stats.insert("calls".into(), Value::Array(timeline));
@@ -393,11 +449,20 @@ impl Work for HarnessWork {
         };
         let mut exported = false;
         match self
-            .export(job, &session_id, (outcome, v.ended_by), evaluation.as_ref())
+            .export(
+                job,
+                &session_id,
+                (outcome, v.ended_by),
+                evaluation.as_ref(),
+                scored,
+            )
             .await
         {
-            Ok((uri, tokens)) => {
+            Ok((uri, calls_uri, tokens)) => {
                 report.trajectory_uri = uri;
+                if let Some(c) = calls_uri {
+                    report.stats.insert("calls_uri".into(), c.into());
+                }
                 report.tokens = tokens;
                 exported = true;
             }
@@ -410,8 +475,9 @@ impl Work for HarnessWork {
                 }
             }
         }
-        // Everything captured is durable in the export: the directories go,
-        // unless something failed.
+        // Everything captured is durable in the export (the calls file
+        // first, then the trajectories): the directories go, unless
+        // something failed.
         let fine = matches!(
             report.status,
             SampleStatus::Completed | SampleStatus::Timeout
@@ -470,8 +536,11 @@ async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
 }
 
 impl HarnessWork {
-    /// Records the outcome in `session.json`, rebuilds the trajectory from
-    /// the capture log and exports it. Returns where it went and the token
+    /// Records the outcome in `session.json`, exports the session's calls
+    /// file (unless turned off), then rebuilds the trajectory from the
+    /// capture log, with the evaluation's rewards when the sample is
+    /// `scored` (usable), and exports it: a trajectory file never exists
+    /// without its durable calls file. Returns where they went and the token
     /// counts.
     async fn export(
         &self,
@@ -479,7 +548,8 @@ impl HarnessWork {
         session: &SessionId,
         (outcome, ended_by): (SessionOutcome, Option<EndedBy>),
         evaluation: Option<&Evaluation>,
-    ) -> Result<(Option<String>, TokenUsage), String> {
+        scored: bool,
+    ) -> Result<(Option<String>, Option<String>, TokenUsage), String> {
         let a = &job.assignment;
         let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
@@ -490,10 +560,11 @@ impl HarnessWork {
         if let Some(who) = ended_by {
             fields.insert("ended_by".into(), who.as_str().into());
         }
-        if let Some(r) = evaluation.and_then(|e| e.reward) {
+        let scoring = evaluation.filter(|_| scored);
+        if let Some(r) = scoring.and_then(|e| e.reward) {
             fields.insert("reward".into(), r.into());
         }
-        if let Some(rewards) = evaluation
+        if let Some(rewards) = scoring
             .and_then(rewards_of)
             .filter(|r| matches!(r, Rewards::ByRole { .. }))
         {
@@ -531,7 +602,7 @@ impl HarnessWork {
         let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
             polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
         } else {
-            return Ok((None, TokenUsage::default()));
+            return Ok((None, None, TokenUsage::default()));
         };
         let tokens = TokenUsage {
             prompt: log
@@ -546,7 +617,13 @@ impl HarnessWork {
                 .sum(),
             calls: log.records.len() as u64,
         };
-        let rewards = evaluation.and_then(rewards_of);
+        let (log, calls_uri) = if self.export_calls {
+            let (log, uri) = self.export_calls(log).await?;
+            (log, Some(uri))
+        } else {
+            (log, None)
+        };
+        let rewards = scoring.and_then(rewards_of);
         let traj = polar_export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
             .map_err(|e| e.to_string())?;
         let files = self
@@ -554,7 +631,31 @@ impl HarnessWork {
             .write_session(&traj)
             .await
             .map_err(|e| e.to_string())?;
-        Ok((files.first().map(|f| f.location.clone()), tokens))
+        Ok((files.first().map(|f| f.location.clone()), calls_uri, tokens))
+    }
+
+    /// Encodes the session's calls file (off the async workers) and
+    /// publishes it; returns the log back and the file's location.
+    async fn export_calls(&self, log: SessionLog) -> Result<(SessionLog, String), String> {
+        let (log, bytes) = tokio::task::spawn_blocking(move || {
+            let header = CallsHeader::new(
+                &log.meta.session_id,
+                log.meta.task_id.as_deref(),
+                log.session_json.as_ref(),
+                &log.records,
+            );
+            let bytes = encode_calls(&header, &log.records);
+            (log, bytes)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let bytes = bytes.map_err(|e| e.to_string())?;
+        let uri = self
+            .exporter
+            .write_calls(log.meta.task_id.as_deref(), &log.meta.session_id, bytes)
+            .await
+            .map_err(|e| format!("exporting the calls: {e}"))?;
+        Ok((log, uri))
     }
 }
 

@@ -433,7 +433,7 @@ async fn join_container_netns(
     handler: &Arc<WithBaseUrl>,
     parts: &AgentParts,
 ) -> Option<StepReport> {
-    let adopted = match container_pid(d).await {
+    let adopted = match d.init_pid().await {
         Ok(pid) => session
             .adopt_netns(
                 std::path::Path::new(&format!("/proc/{pid}/ns/net")),
@@ -493,7 +493,9 @@ impl Prepared {
         &self,
         eval: &crate::runtime::eval::EvalDirs,
     ) -> (Layout, Vec<(String, String)>) {
-        eval.isolate(&self.layout, &self.runtime)
+        let (layout, mut env) = eval.isolate(&self.layout, &self.runtime);
+        crate::runtime::eval::keep_spec_pythonpath(&mut env, &self.run.spec);
+        (layout, env)
     }
 
     /// The sandbox user.
@@ -669,23 +671,6 @@ fn container_cgroup(session: &SandboxSession) -> Option<PathBuf> {
     dir.strip_prefix(&session.redirect().mount().mount_point)
         .ok()
         .map(Path::to_path_buf)
-}
-
-/// The pid of a docker container's init, from `docker inspect`.
-async fn container_pid(d: &crate::runtime::docker::Docker) -> Result<u32, String> {
-    let out = tokio::process::Command::from(d.pid_command())
-        .output()
-        .await
-        .map_err(|e| format!("docker inspect: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    match text.trim().parse::<u32>() {
-        Ok(pid) if out.status.success() && pid > 0 => Ok(pid),
-        _ => Err(format!(
-            "docker inspect gave no pid ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )),
-    }
 }
 
 async fn stop_runtime(plan: &Plan<'_>, stop: &CancellationToken) -> Option<StepReport> {

@@ -366,6 +366,23 @@ impl Docker {
             .cli(&["inspect", "-f", "{{.State.Pid}}", &self.name])
     }
 
+    /// The host pid of the container's init, from `docker inspect`.
+    pub async fn init_pid(&self) -> Result<u32, String> {
+        let out = tokio::process::Command::from(self.pid_command())
+            .output()
+            .await
+            .map_err(|e| format!("docker inspect: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match text.trim().parse::<u32>() {
+            Ok(pid) if out.status.success() && pid > 0 => Ok(pid),
+            _ => Err(format!(
+                "docker inspect gave no pid ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+        }
+    }
+
     /// `docker rm -f`: removes the container.
     pub fn rm_argv(&self) -> Vec<OsString> {
         v(&[DOCKER, "rm", "-f", &self.name])

@@ -16,13 +16,21 @@
 //! a new bubblewrap); the container runtimes, whose binds were made when
 //! the container started, get `HOME` and `TMPDIR` pointing at them through
 //! the session's `/tmp`. Every command also gets
-//! [`polar_evaluate::isolation::env`].
+//! [`polar_evaluate::isolation::env`], whose `PYTHONPATH` is the
+//! evaluation's Python directory: `python/` beside `home/` and `tmp/`,
+//! root's and read-only to the sandbox user, holding only Polar's
+//! `sitecustomize.py` (the workspace goes last on Python's path); the
+//! native runtime binds it read-only at [`PYTHON_DIR`], containers see it
+//! through the session's `/tmp`.
 
 use std::path::{Path, PathBuf};
 
 use super::steps::SandboxDirs;
 use super::{Layout, Runtime, RuntimeError, native};
 use polar_io::beneath::Dir;
+
+/// Where the native runtime shows the evaluation's Python directory.
+pub const PYTHON_DIR: &str = "/polar/eval-python";
 
 /// How many names are tried before giving up (each is 64 random bits: a
 /// name already there means the sandbox guessed it, or a bug).
@@ -35,6 +43,8 @@ pub struct EvalDirs {
     pub home: PathBuf,
     /// The host directory of tmp.
     pub tmp: PathBuf,
+    /// The host directory of the evaluation's `sitecustomize.py`.
+    pub python: PathBuf,
     /// Their parent as the sandbox sees it through the session's `/tmp`
     /// (`/tmp/.polar-eval-<random>`).
     pub in_sandbox: PathBuf,
@@ -77,6 +87,22 @@ impl EvalDirs {
                 d.set_mode_and_owner(0o700, user)
                     .map_err(io("chmod", &path.join(sub)))?;
             }
+            let python = parent
+                .make_dirs(Path::new("python"), (0, 0), &mut replaced)
+                .map_err(io("create", &path.join("python")))?;
+            python
+                .set_mode_and_owner(0o755, (0, 0))
+                .map_err(io("chmod", &path.join("python")))?;
+            let site = Path::new(polar_evaluate::isolation::SITECUSTOMIZE_NAME);
+            python
+                .create_file(site.as_os_str(), 0o644, (0, 0), site, &mut replaced)
+                .and_then(|mut f| {
+                    std::io::Write::write_all(
+                        &mut f,
+                        polar_evaluate::isolation::SITECUSTOMIZE.as_bytes(),
+                    )
+                })
+                .map_err(io("write", &path.join("python").join(site)))?;
             if !replaced.is_empty() {
                 return Err(io("create", &path)(std::io::Error::other(
                     "the sandbox planted entries in a new evaluation directory",
@@ -85,6 +111,7 @@ impl EvalDirs {
             return Ok(Self {
                 home: path.join("home"),
                 tmp: path.join("tmp"),
+                python: path.join("python"),
                 in_sandbox: Path::new("/tmp").join(name),
             });
         }
@@ -99,16 +126,19 @@ impl EvalDirs {
     pub fn isolate(&self, layout: &Layout, runtime: &Runtime) -> (Layout, Vec<(String, String)>) {
         match runtime {
             Runtime::Native { .. } => {
+                let mut staged = layout.staged.clone();
+                staged.push((self.python.clone(), PathBuf::from(PYTHON_DIR)));
                 let layout = Layout {
                     home: self.home.clone(),
                     tmp: self.tmp.clone(),
+                    staged,
                     ..layout.clone()
                 };
                 let mut env = vec![
                     ("HOME".to_owned(), native::HOME.to_owned()),
                     ("TMPDIR".to_owned(), "/tmp".to_owned()),
                 ];
-                env.extend(polar_evaluate::isolation::env("/tmp"));
+                env.extend(polar_evaluate::isolation::env("/tmp", PYTHON_DIR));
                 (layout, env)
             }
             Runtime::Docker(_) | Runtime::Apptainer(_) => {
@@ -118,9 +148,24 @@ impl EvalDirs {
                     ("HOME".to_owned(), home),
                     ("TMPDIR".to_owned(), tmp.clone()),
                 ];
-                env.extend(polar_evaluate::isolation::env(&tmp));
+                let python = self.in_sandbox.join("python").display().to_string();
+                env.extend(polar_evaluate::isolation::env(&tmp, &python));
                 (layout.clone(), env)
             }
+        }
+    }
+}
+
+/// The runtime spec's own `PYTHONPATH`, if it sets one, after the
+/// evaluation's Python directory in `env` (which would replace it): the
+/// task's paths stay, after Polar's `sitecustomize.py`.
+pub fn keep_spec_pythonpath(env: &mut [(String, String)], spec: &polar_spec::runtime::RuntimeSpec) {
+    let Some(task) = spec.environment.get("PYTHONPATH").filter(|p| !p.is_empty()) else {
+        return;
+    };
+    for (k, v) in env.iter_mut() {
+        if k == "PYTHONPATH" {
+            *v = format!("{v}:{task}");
         }
     }
 }
@@ -155,6 +200,16 @@ mod tests {
             }
             let name = e.home.parent().unwrap().file_name().unwrap();
             assert_eq!(e.in_sandbox, Path::new("/tmp").join(name));
+            // The Python directory is root's, read-only to the sandbox.
+            let m = std::fs::metadata(&e.python).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o755));
+            let site = e.python.join(polar_evaluate::isolation::SITECUSTOMIZE_NAME);
+            let m = std::fs::metadata(&site).unwrap();
+            assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+            assert_eq!(
+                std::fs::read_to_string(&site).unwrap(),
+                polar_evaluate::isolation::SITECUSTOMIZE
+            );
         }
     }
 
@@ -191,11 +246,30 @@ mod tests {
         assert_eq!(at(native::HOME), Some(e.home.clone()));
         assert_eq!(at("/tmp"), Some(e.tmp.clone()));
         assert_eq!(at("/workspace"), Some(d.workspace.clone()));
+        assert_eq!(at(PYTHON_DIR), Some(e.python.clone()));
+        assert!(
+            binds
+                .iter()
+                .any(|b| b.target == Path::new(PYTHON_DIR) && b.read_only)
+        );
         let get = |env: &[(String, String)], k: &str| {
             env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
         };
         assert_eq!(get(&env, "HOME").as_deref(), Some(native::HOME));
         assert_eq!(get(&env, "PYTHONNOUSERSITE").as_deref(), Some("1"));
+        assert_eq!(get(&env, "PYTHONPATH").as_deref(), Some(PYTHON_DIR));
+        // A spec's own PYTHONPATH follows the evaluation's directory.
+        let mut with = env.clone();
+        let mut spec = polar_spec::runtime::RuntimeSpec::default();
+        keep_spec_pythonpath(&mut with, &spec);
+        assert_eq!(with, env);
+        spec.environment
+            .insert("PYTHONPATH".into(), "/workspace/src".into());
+        keep_spec_pythonpath(&mut with, &spec);
+        assert_eq!(
+            get(&with, "PYTHONPATH"),
+            Some(format!("{PYTHON_DIR}:/workspace/src"))
+        );
         assert_eq!(
             get(&env, "PYTHONPYCACHEPREFIX").as_deref(),
             Some("/tmp/.pycache")
@@ -215,6 +289,10 @@ mod tests {
         assert!(home.starts_with("/tmp/.polar-eval-"), "{home}");
         assert_eq!(get(&env, "HOME"), Some(home));
         assert_eq!(get(&env, "TMPDIR"), Some(tmp.clone()));
+        assert_eq!(
+            get(&env, "PYTHONPATH"),
+            Some(e.in_sandbox.join("python").display().to_string())
+        );
         assert_eq!(
             get(&env, "PYTHONPYCACHEPREFIX"),
             Some(format!("{tmp}/.pycache"))

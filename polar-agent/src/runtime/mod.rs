@@ -25,6 +25,7 @@
 pub mod apptainer;
 pub mod docker;
 pub mod eval;
+pub mod leftovers;
 pub mod native;
 pub mod oneshot;
 pub mod plan;

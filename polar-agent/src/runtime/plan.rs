@@ -277,6 +277,9 @@ impl Plan<'_> {
                 ),
             },
         };
+        if let Runtime::Docker(d) = self.runtime {
+            self.reap_leftovers(d).await;
+        }
         let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(session = %self.session.id(), ?phase, index, ?end, elapsed_ms, "step finished");
         StepReport {
@@ -289,6 +292,31 @@ impl Plan<'_> {
         }
     }
 
+    /// Kills what the command that just ended left running in the
+    /// container ([`super::leftovers`]), as the native runtime's per-command
+    /// cgroup does; logged, never failing the step (a container that is
+    /// gone has nothing left).
+    async fn reap_leftovers(&self, d: &super::docker::Docker) {
+        let session = self.session.id();
+        let init = match d.init_pid().await {
+            Ok(pid) => pid,
+            Err(e) => {
+                tracing::debug!(%session, error = %e, "no container to reap");
+                return;
+            }
+        };
+        match tokio::task::spawn_blocking(move || super::leftovers::reap(init)).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(n)) => {
+                tracing::info!(%session, killed = n, "killed what a command left running in its container");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(%session, error = %e, "killing what a command left running in its container");
+            }
+            Err(e) => tracing::warn!(%session, error = %e, "the reaping task failed"),
+        }
+    }
+
     async fn run_step(
         &self,
         phase: Phase,
@@ -298,18 +326,18 @@ impl Plan<'_> {
     ) -> StepReport {
         match step {
             Step::Run { argv } => self.run_command(phase, index, argv, &[], stop).await,
-            Step::Upload { from, to } => {
+            Step::Upload { from, to, replace } => {
                 let started = StdInstant::now();
                 let end = if super::remaining(self.deadline).is_zero() {
                     StepEnd::TimedOut
                 } else {
                     // As root, beneath the workspace the sandbox had: off
                     // the async workers.
-                    let (from, to) = (from.clone(), to.clone());
+                    let (from, to, replace) = (from.clone(), to.clone(), *replace);
                     let workspace = self.layout.workspace.clone();
                     let (user, session) = (self.layout.user, self.session.id().clone());
                     let done = tokio::task::spawn_blocking(move || {
-                        upload(&from, &workspace, &to, user, &session)
+                        upload(&from, &workspace, &to, replace, user, &session)
                     })
                     .await;
                     match done {

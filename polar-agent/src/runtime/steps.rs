@@ -232,18 +232,32 @@ impl SandboxDirs {
 /// goes into `to` when `to` is `.` or a directory already there (a real
 /// one: a symlink there is replaced), else it becomes `to`. Written beneath
 /// the workspace: what the sandbox planted in the way is replaced, never
-/// followed, and logged for `session`. The source is the node's (the task
-/// spec's upload policy is checked before). Returns where it went.
+/// followed, and logged for `session`. With `replace`, whatever is at `to`
+/// (a tree the sandbox filled, a symlink, a file) is removed first, walked
+/// by descriptors, so that `to` holds exactly what `from` holds: hidden
+/// tests uploaded that way have no `conftest.py` or module of the
+/// sandbox's beside them. The source is the node's (the task spec's upload
+/// policy is checked before). Returns where it went.
 pub fn upload(
     from: &Path,
     workspace: &Path,
     to: &Path,
+    replace: bool,
     user: (u32, u32),
     session: &SessionId,
 ) -> Result<PathBuf, RuntimeError> {
     let meta = fs::symlink_metadata(from).map_err(io("read", from))?;
     let ws = Dir::open_root(workspace).map_err(io("open", workspace))?;
     let mut replaced = Vec::new();
+    if replace && let Some(name) = to.file_name() {
+        let parent = to.parent().unwrap_or(Path::new("."));
+        let d = ws
+            .make_dirs(parent, user, &mut replaced)
+            .map_err(io("create", &workspace.join(parent)))?;
+        if d.remove(name).map_err(io("remove", &workspace.join(to)))? {
+            replaced.push(to.to_owned());
+        }
+    }
     let into_dir = to.components().all(|c| c == std::path::Component::CurDir)
         || (!meta.is_dir() && ws.open_dir(to).is_ok());
     let dest = if meta.is_dir() {
@@ -370,7 +384,15 @@ mod tests {
         fs::create_dir_all(src.join("sub")).unwrap();
         fs::write(src.join("sub/a.txt"), "a").unwrap();
         std::os::unix::fs::symlink("sub/a.txt", src.join("link")).unwrap();
-        let d = upload(&src, &dirs.workspace, Path::new("task"), me, &dirs.session).unwrap();
+        let d = upload(
+            &src,
+            &dirs.workspace,
+            Path::new("task"),
+            false,
+            me,
+            &dirs.session,
+        )
+        .unwrap();
         assert_eq!(fs::read_to_string(d.join("sub/a.txt")).unwrap(), "a");
         assert_eq!(
             fs::read_link(d.join("link")).unwrap(),
@@ -380,6 +402,7 @@ mod tests {
             &src.join("sub/a.txt"),
             &dirs.workspace,
             Path::new("."),
+            false,
             me,
             &dirs.session,
         )
@@ -443,6 +466,7 @@ mod tests {
             &src.join("tests"),
             ws,
             Path::new("tests"),
+            false,
             me,
             &dirs.session,
         )
@@ -452,6 +476,7 @@ mod tests {
                 &src.join("task.txt"),
                 ws,
                 Path::new(name),
+                false,
                 me,
                 &dirs.session,
             )
@@ -473,11 +498,65 @@ mod tests {
             &src.join("task.txt"),
             ws,
             Path::new("into"),
+            false,
             me,
             &dirs.session,
         )
         .unwrap();
         assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn a_replacing_upload_leaves_only_what_it_copied() {
+        let (tmp, dirs, outside, me) = planted();
+        let src = tmp.path().join("src");
+        fs::create_dir_all(src.join("sub")).unwrap();
+        fs::write(src.join("test_a.py"), "hidden test").unwrap();
+        fs::write(src.join("sub/test_b.py"), "hidden test").unwrap();
+        let ws = &dirs.workspace;
+        // A tree the sandbox filled: its conftest and a module beside the
+        // tests, a nested directory, a FIFO, a link out.
+        fs::create_dir_all(ws.join("hidden/sub/deep")).unwrap();
+        fs::write(ws.join("hidden/conftest.py"), "planted").unwrap();
+        fs::write(ws.join("hidden/sub/deep/pytest.py"), "planted").unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("hidden/sub/out")).unwrap();
+        nix::unistd::mkfifo(
+            &ws.join("hidden/fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+        )
+        .unwrap();
+        let d = upload(&src, ws, Path::new("hidden"), true, me, &dirs.session).unwrap();
+        let mut names: Vec<_> = walk(&d);
+        names.sort();
+        assert_eq!(names, ["sub", "sub/test_b.py", "test_a.py"]);
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+        // A planted link where the tree goes is removed, never followed;
+        // so is a file; a missing destination is made.
+        for planted in ["tests", "task.txt"] {
+            upload(&src, ws, Path::new(planted), true, me, &dirs.session).unwrap();
+            assert!(fs::symlink_metadata(ws.join(planted)).unwrap().is_dir());
+            assert_eq!(walk(&ws.join(planted)).len(), 3, "{planted}");
+        }
+        upload(&src, ws, Path::new("new/tests"), true, me, &dirs.session).unwrap();
+        assert_eq!(walk(&ws.join("new/tests")).len(), 3);
+        assert_eq!(fs::read_to_string(outside.join("secret")).unwrap(), "host");
+        assert_eq!(fs::read_dir(&outside).unwrap().count(), 2);
+    }
+
+    /// The paths beneath `dir`, relative to it.
+    fn walk(dir: &Path) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut todo = vec![dir.to_owned()];
+        while let Some(d) = todo.pop() {
+            for e in fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+                if fs::symlink_metadata(&p).unwrap().is_dir() {
+                    todo.push(p);
+                }
+            }
+        }
+        out
     }
 
     #[test]

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from .errors import PolarError, ServerUnavailable, TaskTimeout, from_reply
-from .types import Event, Node, Task
+from .types import FINISHED, Event, Node, Task
 
 API_VERSION = 1
 TOKEN_ENV = "POLAR_ROLLOUT_TOKEN"
@@ -134,7 +134,6 @@ def event_params(task_id: str | None, after: int | None) -> dict[str, str]:
     return {k: str(v) for k, v in (("task_id", task_id), ("after", after)) if v is not None}
 
 
-FINISHED = frozenset({"completed", "cancelled", "failed"})
 
 
 def retryable(e: PolarError) -> bool:

@@ -10,10 +10,11 @@ from typing import Any, AsyncIterator, Mapping
 
 import httpx
 
-from . import _wire
+from . import _wire, outcome
 from .client import DEFAULT_TIMEOUT
 from .errors import PolarError
 from .events import AsyncEventStream
+from .outcome import Failures
 from .types import Node, Resumed, Submitted, Task
 
 
@@ -91,13 +92,15 @@ class AsyncClient(_wire.Settings):
             self._timeout,
         )
 
-    async def wait(self, task_id: str, timeout: float = 3600.0) -> Task:
+    async def wait(self, task_id: str, timeout: float = 3600.0, *, failures: Failures = "raise") -> Task:
         """See [`Client.wait`]."""
+        outcome.validate(failures)
         follow = _wire.Follow(task_id)
         try:
-            return await asyncio.wait_for(self._follow(follow), timeout)
+            task = await asyncio.wait_for(self._follow(follow), timeout)
         except asyncio.TimeoutError:
             raise follow.timed_out(timeout) from None
+        return outcome.check(task, failures, stacklevel=2)
 
     async def _follow(self, follow: _wire.Follow) -> Task:
         while True:

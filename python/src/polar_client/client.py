@@ -16,9 +16,10 @@ from typing import Any, Iterator, Mapping
 
 import httpx
 
-from . import _wire
+from . import _wire, outcome
 from .errors import PolarError
 from .events import EventStream
+from .outcome import Failures
 from .types import Event, Node, Resumed, Submitted, Task
 
 #: How long one HTTP call may take.
@@ -115,11 +116,15 @@ class Client(_wire.Settings):
             self._timeout,
         )
 
-    def wait(self, task_id: str, timeout: float = 3600.0) -> Task:
+    def wait(self, task_id: str, timeout: float = 3600.0, *, failures: Failures = "raise") -> Task:
         """Follows the task's events until it finishes and returns it with
         its samples. Reconnects (and looks again) when the stream breaks or
         the server restarts; raises [`TaskTimeout`] after ``timeout``
-        seconds."""
+        seconds. A task that ended with no usable sample raises
+        [`TaskFailed`] (``failures="warn"``: warns [`UnusableSamples`]
+        instead); one with fewer than requested warns (``"ignore"``:
+        neither)."""
+        outcome.validate(failures)
         deadline = time.monotonic() + timeout
         follow = _wire.Follow(task_id)
         while True:
@@ -135,10 +140,10 @@ class Client(_wire.Settings):
                     timer.start()
                     try:
                         if follow.seen(self.task(task_id)):
-                            return follow.task()
+                            return outcome.check(follow.task(), failures)
                         for ev in stream:
                             if follow.needs_look(ev) and follow.seen(self.task(task_id)):
-                                return follow.task()
+                                return outcome.check(follow.task(), failures)
                     finally:
                         timer.cancel()
             except PolarError as e:

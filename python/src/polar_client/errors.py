@@ -4,7 +4,10 @@ docs/ROLLOUT-API.md "Errors") or why no server answered."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .types import Task
 
 
 class PolarError(Exception):
@@ -44,7 +47,8 @@ class InvalidRequest(ApiError):
 
 
 class Unauthorized(ApiError):
-    """401: a missing or wrong bearer token."""
+    """401: a missing or wrong bearer token; the message names the token
+    the endpoint needs and what the one given is."""
 
 
 class Forbidden(ApiError):
@@ -77,6 +81,21 @@ class TaskTimeout(PolarError):
         super().__init__(f"task {task_id} not finished after {seconds:g} s")
         self.task_id = task_id
         self.task = task
+
+
+class TaskFailed(PolarError):
+    """A finished task has no usable sample: every one failed, timed out or
+    was ended by the infrastructure. The message groups why; ``task`` is
+    the task's view (``task.failures``)."""
+
+    def __init__(self, message: str, task: Task) -> None:
+        super().__init__(message)
+        self.task = task
+
+
+class UnusableSamples(UserWarning):
+    """A finished task has fewer usable samples than it asks for (or none,
+    with ``failures="warn"``): the message groups why."""
 
 
 class TrajectoryError(PolarError):

@@ -22,14 +22,18 @@ def advantages(
     traces: Sequence[Trace], *, per: Literal["session", "trace"] = "session", eps: float = 1e-6
 ) -> npt.NDArray[np.float64]:
     """``(reward - mean) / (std + eps)`` within each ``group_id``, one value
-    per trace in order. A trace without a reward counts as 0."""
-    reward = np.array([t.reward or 0.0 for t in traces], dtype=np.float64)
+    per trace in order. A trace without a reward (its sample was not
+    usable: the infrastructure, the evaluator or the budget ended it) is
+    left out of its group's statistics and gets 0 (no learning signal);
+    [`select`] drops such traces beforehand."""
     members: dict[str | None, list[float]] = defaultdict(list)
-    for t, r in zip(traces, reward):
-        if per == "trace" or (t.chain_role == "main" and t.segment == 0):
-            members[t.group_id].append(float(r))
+    for t in traces:
+        if t.reward is not None and (per == "trace" or (t.chain_role == "main" and t.segment == 0)):
+            members[t.group_id].append(t.reward)
     out = np.zeros(len(traces), dtype=np.float64)
-    for i, (t, r) in enumerate(zip(traces, reward)):
-        group = np.array(members.get(t.group_id) or [r])
-        out[i] = (r - group.mean()) / (group.std() + eps)
+    for i, t in enumerate(traces):
+        if t.reward is None:
+            continue
+        group = np.array(members.get(t.group_id) or [t.reward])
+        out[i] = (t.reward - group.mean()) / (group.std() + eps)
     return out

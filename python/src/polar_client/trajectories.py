@@ -1,5 +1,6 @@
 """Exported trajectories (docs/EXPORT-SCHEMA.md, version 1) as training
-samples: one [`Trace`] per Parquet row, its token lists as numpy arrays.
+samples: one [`Trace`] per Parquet (or JSONL) row, its token lists as numpy
+arrays.
 
 Reads a local export root, one file, or ``s3://bucket/prefix`` on any
 S3-compatible store (pyarrow's S3 filesystem: credentials, region and
@@ -22,11 +23,16 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from . import outcome
 from .errors import TrajectoryError
+from .outcome import Failures
 from .types import Task
 
 #: The export schema this reader understands.
 SCHEMA_VERSION = 1
+
+#: The chain roles a trace may have (``Trace.chain_role``).
+CHAIN_ROLES = ("main", "sub_agent", "side")
 
 IntArray = npt.NDArray[np.int64]
 MaskArray = npt.NDArray[np.uint8]
@@ -141,7 +147,7 @@ def _fs_and_path(source: str, s3: S3 | None) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(source)
 
 
-def _parquet_files(fs: pafs.FileSystem, root: str) -> list[str]:
+def _export_files(fs: pafs.FileSystem, root: str) -> list[str]:
     try:
         info = fs.get_file_info(root)
     except OSError as e:
@@ -162,24 +168,29 @@ def _parquet_files(fs: pafs.FileSystem, root: str) -> list[str]:
 
 
 def load(source: str | os.PathLike[str], *, task_id: str | None = None, s3: S3 | None = None) -> list[Trace]:
-    """Every trace under an export root (a directory or ``s3://bucket/prefix``)
-    or in one Parquet file; with ``task_id``, only that task's."""
+    """Every trace under an export root (a directory or ``s3://bucket/prefix``:
+    its Parquet files) or in one Parquet or JSONL file; with ``task_id``,
+    only that task's."""
     fs, root = _fs_and_path(os.fspath(source), s3)
     if task_id is not None and partition(task_id):
         sub = f"{root}/{partition(task_id)}"
         if fs.get_file_info(sub).type == pafs.FileType.Directory:
             root = sub
-    files = _parquet_files(fs, root)
+    files = _export_files(fs, root)
     traces = [t for f in files for t in read_file(f, fs)]
     if task_id is not None:
         traces = [t for t in traces if t.task_id == task_id]
     return traces
 
 
-def load_task(task: Task, *, s3: S3 | None = None) -> list[Trace]:
+def load_task(task: Task, *, s3: S3 | None = None, failures: Failures = "raise") -> list[Trace]:
     """The traces of a finished task's done samples, read from each
     sample's ``trajectory_uri`` (the attempt whose result the server
-    accepted), in sample order."""
+    accepted), in sample order. A task with no usable sample raises
+    [`TaskFailed`] with its failures grouped (``failures="warn"``: warns
+    and returns the traces of its failed samples, labelled; ``"ignore"``:
+    neither); one with fewer usable than requested warns."""
+    outcome.check(task, failures)
     out: list[Trace] = []
     for sample in task.samples:
         uri = sample.result.trajectory_uri if sample.result is not None else None
@@ -195,12 +206,30 @@ def load_task(task: Task, *, s3: S3 | None = None) -> list[Trace]:
 
 
 def read_file(path: str, fs: pafs.FileSystem | None = None) -> list[Trace]:
-    """The traces of one Parquet file."""
+    """The traces of one export file: Parquet, or JSON Lines (``.jsonl``,
+    the same rows as the gateway's ``formats = ["jsonl"]`` writes them)."""
+    fs = fs or pafs.LocalFileSystem()
     try:
-        table = pq.read_table(path, filesystem=fs or pafs.LocalFileSystem())
-    except (OSError, pa.ArrowException) as e:
-        raise TrajectoryError(f"{path}: {e}") from e
+        if path.endswith(".jsonl"):
+            with fs.open_input_stream(path) as f:
+                rows = [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
+            table = pa.Table.from_pylist([_jsonl_row(r) for r in rows])
+        else:
+            table = pq.read_table(path, filesystem=fs)
+    except (OSError, ValueError, pa.ArrowException) as e:
+        hint = "" if path.endswith((".parquet", ".jsonl")) else " (an export file is .parquet or .jsonl)"
+        raise TrajectoryError(f"{path}: {e}{hint}") from e
     return from_table(table, path)
+
+
+def _jsonl_row(row: Any) -> dict[str, Any]:
+    """A JSONL row with its JSON columns as text, as Parquet has them."""
+    if not isinstance(row, dict):
+        raise ValueError(f"a row is not a JSON object: {str(row)[:80]}")
+    for k in ("trace_metadata", "trajectory_metadata"):
+        if isinstance(row.get(k), (dict, list)):
+            row[k] = json.dumps(row[k])
+    return row
 
 
 def _lists(table: pa.Table, name: str, dtype: type[np.generic]) -> list[Any]:
@@ -289,7 +318,15 @@ def select(
 ) -> list[Trace]:
     """The traces to train on: of the chain ``roles`` (``None``: all), not
     ended by a fault (``drop_faults``), and generated entirely under one of
-    ``policy_versions`` (``None``: any; stale samples are left out)."""
+    ``policy_versions`` (``None``: any; stale samples are left out). A role
+    other than ``main``, ``sub_agent`` and ``side`` raises ``ValueError``
+    (a typo would select nothing)."""
+    if roles is not None:
+        if isinstance(roles, str):
+            raise ValueError(f"roles={roles!r}: a sequence of roles, e.g. [{roles!r}]")
+        unknown = sorted(set(roles) - set(CHAIN_ROLES))
+        if unknown:
+            raise ValueError(f"unknown chain role {', '.join(map(repr, unknown))}: one of {', '.join(CHAIN_ROLES)}")
     out = []
     for t in traces:
         if roles is not None and t.chain_role not in roles:

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
-TaskStatus = Literal["queued", "running", "completed", "cancelled", "failed"]
+TaskStatus = Literal["queued", "running", "completed", "partial", "cancelled", "failed"]
 SessionState = Literal["pending", "dispatched", "running", "done", "failed", "cancelled"]
 SampleStatus = Literal["completed", "timeout", "error", "cancelled"]
 
-FINISHED: frozenset[str] = frozenset({"completed", "cancelled", "failed"})
+FINISHED: frozenset[str] = frozenset({"completed", "partial", "cancelled", "failed"})
 
 
 @dataclass(frozen=True)
@@ -76,16 +76,52 @@ class SampleView:
 
 
 @dataclass(frozen=True)
+class FailureGroup:
+    """Samples of a task that ended unusable for one reason."""
+
+    status: str
+    """A result's status (``error``, ``timeout``), or ``failed`` when the
+    server could not get the samples run."""
+    error: str
+    count: int
+    samples: tuple[int, ...]
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any]) -> FailureGroup:
+        return cls(
+            status=str(raw["status"]),
+            error=str(raw["error"]),
+            count=int(raw["count"]),
+            samples=tuple(int(i) for i in raw.get("samples") or ()),
+        )
+
+    def __str__(self) -> str:
+        shown = ", ".join(str(i) for i in self.samples[:10])
+        more = f", ... {len(self.samples) - 10} more" if len(self.samples) > 10 else ""
+        noun = "sample" if self.count == 1 else "samples"
+        return f"{self.count} {noun} {self.status}: {self.error} ({noun} {shown}{more})"
+
+
+@dataclass(frozen=True)
 class Task:
-    """A task's status, and its samples when asked for one task."""
+    """A task's status, and its samples when asked for one task. Only a
+    usable sample (status ``completed``) has a reward; ``status`` is
+    ``partial`` when the task ended with fewer usable samples than
+    ``requested``, ``failed`` with none (``failures`` says why)."""
 
     task_id: str
     status: TaskStatus
     group_id: str
     policy_version: str | None
     num_samples: int
+    requested: int
+    """Usable samples the task asks for (``early_stop_after`` or ``num_samples``)."""
     counts: Mapping[str, int]
     reason: str | None
+    mean_reward: float | None
+    """Over the usable samples."""
+    failures: tuple[FailureGroup, ...]
+    """Why the unusable samples ended, grouped, most frequent first."""
     samples: tuple[SampleView, ...]
     raw: Mapping[str, Any] = field(repr=False)
 
@@ -93,6 +129,11 @@ class Task:
     def finished(self) -> bool:
         """Whether every session is over."""
         return self.status in FINISHED
+
+    @property
+    def usable(self) -> int:
+        """Samples done with status ``completed``."""
+        return int(self.counts.get("usable", 0))
 
     @classmethod
     def of(cls, raw: Mapping[str, Any]) -> Task:
@@ -102,8 +143,11 @@ class Task:
             group_id=str(raw.get("group_id", raw["task_id"])),
             policy_version=raw.get("policy_version"),
             num_samples=int(raw["num_samples"]),
+            requested=int(raw.get("requested", raw["num_samples"])),
             counts=dict(raw.get("counts") or {}),
             reason=raw.get("reason"),
+            mean_reward=None if raw.get("mean_reward") is None else float(raw["mean_reward"]),
+            failures=tuple(FailureGroup.of(g) for g in raw.get("failures") or ()),
             samples=tuple(SampleView.of(s) for s in raw.get("samples") or ()),
             raw=raw,
         )

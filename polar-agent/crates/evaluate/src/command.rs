@@ -36,6 +36,8 @@ struct Raw {
     #[serde(default)]
     env: Option<BTreeMap<String, String>>,
     #[serde(default)]
+    tests: Option<String>,
+    #[serde(default)]
     reward: Option<String>,
     #[serde(default)]
     reward_file: Option<String>,
@@ -88,6 +90,7 @@ impl CommandEvaluator {
                 timeout_secs: raw.timeout_secs,
                 fresh: raw.fresh,
                 env: raw.env,
+                tests: raw.tests,
             },
             &[REWARD_FILE_VAR],
         )?;
@@ -100,7 +103,7 @@ impl CommandEvaluator {
         facts: &SessionFacts,
         runner: &dyn CommandRunner,
     ) -> Evaluation {
-        let mut env = self.run.env.clone();
+        let mut env = self.run.env_for(&facts.workspace).await;
         if let RewardSource::File(path) = &self.reward {
             if let Err((cause, error)) = self.clear_reward_file(path, runner).await {
                 let cause = broken::confirmed(&facts.workspace, cause).await;

@@ -24,8 +24,11 @@
 //! [`GIT_PRELUDE`] defines `polar_git_setup`, which builds a git directory
 //! of the evaluator's own in its tmp (a configuration it writes, holding
 //! only the repository format and its extensions, read with `git config
-//! --file`, which follows no include; `HEAD`, refs, `packed-refs`, the
-//! index and `shallow` copied) and points `GIT_DIR` at it, with
+//! --file`, which follows no include; `HEAD`, refs, `packed-refs` and
+//! `shallow` copied; an index read from `HEAD`'s tree, holding no file
+//! times or sizes, so that every file's content is compared: the
+//! workspace's index, whose recorded times the policy can match with a
+//! file's, is never read) and points `GIT_DIR` at it, with
 //! `GIT_OBJECT_DIRECTORY` at the workspace's object store (objects are data:
 //! reading them runs nothing) and `GIT_WORK_TREE` at the workspace. Its
 //! configuration names no driver, hook, pager, fsmonitor or helper, so
@@ -36,15 +39,104 @@
 //! directory over an empty object store (so `git apply` still works on the
 //! files, like `patch`, and never discovers the workspace's `.git`).
 //!
+//! # Python's path
+//!
+//! Python puts the working directory (or a script's directory) first on
+//! `sys.path`, so a `pytest.py`, `unittest.py` or any module named like one
+//! the tests import, left in the workspace, would be imported in its place.
+//! Every evaluator command runs Python with `PYTHONSAFEPATH` (nothing is
+//! put first) and `PYTHONPATH` at a directory of the evaluation's own,
+//! written by the agent and read-only to the sandbox, holding only
+//! [`SITECUSTOMIZE`]: it appends the working directory and a script's own
+//! directory at the *end* of the path. The workspace's modules (the code
+//! under test) still import; a name the interpreter or its installed
+//! packages provide comes from them. A workspace's own `sitecustomize.py`
+//! or `usercustomize.py` is never imported (ours is found first), and its
+//! `.pth` files are never read (the workspace is no site directory).
+//!
+//! # pytest
+//!
+//! An evaluator given `tests` (the workspace directory the task's tests
+//! were uploaded to, with `replace = true` so that it holds nothing of the
+//! sandbox's) runs pytest pinned by [`pytest_addopts`]: its configuration
+//! is the tests directory's own or none (`-c`), never a `pytest.ini`,
+//! `tox.ini`, `setup.cfg` or `pyproject.toml` of the workspace; no
+//! `conftest.py` above the tests directory is loaded (`--confcutdir`);
+//! test directories go at the end of `sys.path` (`--import-mode=append`);
+//! no cache is read or written; plugins load only when named
+//! (`PYTEST_DISABLE_PLUGIN_AUTOLOAD`: a `*.dist-info` left in the workspace
+//! cannot declare one).
+//!
 //! Tests: `tests::isolation` (a workspace whose `.git/config`, included
 //! file and attributes try each way to run a program: the marker file must
-//! not appear, where plain `git` makes it).
+//! not appear, where plain `git` makes it; modules, configurations and
+//! conftests planted around tests).
+
+use std::path::Path;
+
+/// The file the evaluation's Python directory holds.
+pub const SITECUSTOMIZE_NAME: &str = "sitecustomize.py";
+
+/// Polar's `sitecustomize.py` for evaluations (see the module doc).
+pub const SITECUSTOMIZE: &str = r#"# Polar's evaluation: the working directory and a script's own directory
+# come after the interpreter's modules and the installed packages.
+import os as _polar_os
+import sys as _polar_sys
+
+
+def _polar_append():
+    extra = []
+    try:
+        extra.append(_polar_os.getcwd())
+    except OSError:
+        pass
+    argv0 = _polar_sys.argv[0] if _polar_sys.argv else ""
+    if argv0 not in ("", "-c", "-m") and _polar_os.path.isfile(argv0):
+        extra.append(_polar_os.path.dirname(_polar_os.path.abspath(argv0)))
+    for p in extra:
+        if p not in _polar_sys.path:
+            _polar_sys.path.append(p)
+
+
+_polar_append()
+del _polar_append, _polar_os, _polar_sys
+"#;
+
+/// The configuration files pytest reads, in its order; the first one a
+/// tests directory holds is its configuration.
+pub const PYTEST_CONFIGS: [&str; 5] = [
+    "pytest.ini",
+    ".pytest.ini",
+    "pyproject.toml",
+    "tox.ini",
+    "setup.cfg",
+];
+
+/// `PYTEST_ADDOPTS` pinning pytest to the tests directory `tests`
+/// (relative to the working directory, checked free of whitespace and
+/// quotes) and its configuration file `config` (one of [`PYTEST_CONFIGS`]
+/// in it, or none), followed by the task's own `PYTEST_ADDOPTS`.
+pub fn pytest_addopts(tests: &Path, config: Option<&str>, task: Option<&str>) -> String {
+    let tests = tests.display();
+    let config = match config {
+        Some(name) => format!("{tests}/{name}"),
+        None => "/dev/null".to_owned(),
+    };
+    let mut opts = format!("-p no:cacheprovider --rootdir=. --confcutdir={tests} -c {config}");
+    if let Some(task) = task.filter(|t| !t.trim().is_empty()) {
+        opts.push(' ');
+        opts.push_str(task);
+    }
+    opts
+}
 
 /// The variables added to every evaluator command's environment, with
-/// `tmp` the evaluation's own tmp directory as the command sees it.
-pub fn env(tmp: &str) -> Vec<(String, String)> {
+/// `tmp` the evaluation's own tmp directory and `python` its Python
+/// directory (holding [`SITECUSTOMIZE`]) as the command sees them.
+pub fn env(tmp: &str, python: &str) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = [
         ("PYTHONNOUSERSITE", "1"),
+        ("PYTHONSAFEPATH", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),
         ("GIT_CONFIG_NOSYSTEM", "1"),
         ("GIT_CONFIG_GLOBAL", "/dev/null"),
@@ -68,6 +160,7 @@ pub fn env(tmp: &str) -> Vec<(String, String)> {
         "PYTHONPYCACHEPREFIX".to_owned(),
         format!("{}/.pycache", tmp.trim_end_matches('/')),
     ));
+    env.push(("PYTHONPATH".to_owned(), python.to_owned()));
     env
 }
 
@@ -97,9 +190,6 @@ macro_rules! git_prelude {
     for polar_f in packed-refs shallow; do
       [ -f "$polar_common/$polar_f" ] && cp "$polar_common/$polar_f" "$polar_g/" 2>/dev/null
     done
-    for polar_f in "$polar_src"/index "$polar_src"/sharedindex.*; do
-      [ -f "$polar_f" ] && cp "$polar_f" "$polar_g/" 2>/dev/null
-    done
     polar_format=$(git config --file "$polar_common/config" --get extensions.objectformat 2>/dev/null)
     polar_refs=$(git config --file "$polar_common/config" --get extensions.refstorage 2>/dev/null)
     GIT_OBJECT_DIRECTORY="$polar_common/objects"
@@ -122,6 +212,9 @@ macro_rules! git_prelude {
   GIT_DIR="$polar_g" GIT_WORK_TREE="$PWD"
   export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
   unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
+  if [ $polar_repo = 0 ]; then
+    git -c core.hooksPath=/dev/null -c core.fsmonitor=false read-tree HEAD >/dev/null 2>&1
+  fi
   return $polar_repo
 }
 polar_git() {

@@ -360,6 +360,15 @@ impl EvalError {
         }
     }
 
+    /// What is wrong, without the field ([`EvalError::field`]) the
+    /// message starts with: for callers that name the field themselves.
+    pub fn reason(&self) -> String {
+        let text = self.to_string();
+        let prefix = format!("{}: ", self.field());
+        text.strip_prefix(&prefix)
+            .map_or_else(|| text.clone(), str::to_owned)
+    }
+
     fn option(option: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::Option {
             option: option.into(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use super::EvalError;
+use super::{EvalError, isolation, workspace};
 
 /// The default timeout of an evaluation command.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
@@ -56,6 +56,8 @@ pub(super) struct RawRun {
     pub fresh: Option<bool>,
     /// `env`.
     pub env: Option<BTreeMap<String, String>>,
+    /// `tests`.
+    pub tests: Option<String>,
 }
 
 /// The checked options of every evaluator that runs commands.
@@ -69,6 +71,9 @@ pub struct RunOptions {
     pub fresh: bool,
     /// Extra variables.
     pub env: Vec<(String, String)>,
+    /// The workspace directory holding the task's uploaded tests, which
+    /// pytest is pinned to ([`crate::isolation::pytest_addopts`]).
+    pub tests: Option<PathBuf>,
 }
 
 impl RunOptions {
@@ -103,12 +108,62 @@ impl RunOptions {
             }
             env.push((name, value));
         }
+        let tests = raw
+            .tests
+            .map(|t| {
+                if t.contains(|c: char| c.is_whitespace() || "'\"\\".contains(c)) {
+                    return Err(EvalError::option(
+                        "tests",
+                        format!("{t:?}: must not contain whitespace, quotes or backslashes"),
+                    ));
+                }
+                relative_path("tests", &t)
+            })
+            .transpose()?;
         Ok(Self {
             argv,
             timeout: Duration::from_secs(secs),
             fresh: raw.fresh.unwrap_or(false),
             env,
+            tests,
         })
+    }
+
+    /// The command's variables for a session whose workspace is
+    /// `workspace`: the evaluator's, with `PYTEST_ADDOPTS` pinned to
+    /// `tests` when given (its configuration file looked up beneath the
+    /// workspace, off the async workers) and pytest's plugin autoloading
+    /// off.
+    pub(super) async fn env_for(&self, workspace: &Path) -> Vec<(String, String)> {
+        let Some(tests) = &self.tests else {
+            return self.env.clone();
+        };
+        let (ws, dir) = (workspace.to_owned(), tests.clone());
+        let config = tokio::task::spawn_blocking(move || {
+            isolation::PYTEST_CONFIGS
+                .into_iter()
+                .find(|name| workspace::is_file(&ws, &dir.join(name)))
+        })
+        .await
+        .ok()
+        .flatten();
+        let task = self
+            .env
+            .iter()
+            .find(|(k, _)| k == "PYTEST_ADDOPTS")
+            .map(|(_, v)| v.as_str());
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(k, _)| k != "PYTEST_ADDOPTS")
+            .cloned()
+            .collect();
+        env.push((
+            "PYTEST_ADDOPTS".to_owned(),
+            isolation::pytest_addopts(tests, config, task),
+        ));
+        env.push(("PYTEST_DISABLE_PLUGIN_AUTOLOAD".to_owned(), "1".to_owned()));
+        env
     }
 }
 

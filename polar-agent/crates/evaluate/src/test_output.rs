@@ -59,6 +59,8 @@ struct Raw {
     fresh: Option<bool>,
     #[serde(default)]
     env: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    tests: Option<String>,
 }
 
 /// Where the test patch comes from.
@@ -149,6 +151,7 @@ impl TestOutput {
                 timeout_secs: raw.timeout_secs,
                 fresh: raw.fresh,
                 env: raw.env,
+                tests: raw.tests,
             },
             &[],
         )?;
@@ -189,7 +192,7 @@ impl TestOutput {
         let output = match runner
             .run(
                 self.run.argv.clone(),
-                self.run.env.clone(),
+                self.run.env_for(&facts.workspace).await,
                 self.run.timeout,
             )
             .await

@@ -135,6 +135,19 @@ pub fn read(workspace: &Path, rel: &Path, limit: u64) -> Result<Vec<u8>, Workspa
     Ok(bytes)
 }
 
+/// Whether `rel` (relative to `workspace`, resolved beneath it) is a
+/// regular file; anything missing, unreachable or of another type is not.
+pub fn is_file(workspace: &Path, rel: &Path) -> bool {
+    let Ok(dir) = open_dir(workspace) else {
+        return false;
+    };
+    let how = beneath(OFlag::O_RDONLY | OFlag::O_NONBLOCK, Mode::empty());
+    dir.open_with(rel, how)
+        .ok()
+        .and_then(|fd| File::from(fd).metadata().ok())
+        .is_some_and(|m| m.is_file())
+}
+
 /// Creates the new file `name` at the top of `workspace` (mode 0644,
 /// readable by the sandbox's user); fails if anything exists there.
 pub fn create(workspace: &Path, name: &str, contents: &[u8]) -> Result<(), WorkspaceError> {

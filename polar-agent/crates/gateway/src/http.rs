@@ -90,6 +90,7 @@ impl<W: Work> Inner<W> {
             "pools": {"init": l.init, "ready_buffer": l.ready_buffer, "running": l.running, "postrun": l.postrun},
             "by_stage": by_stage,
             "queues": self.stages.loads(),
+            "backends": self.work.backends(),
             "finished": self.finished.load(Ordering::Relaxed),
             "reported": self.reported.load(Ordering::Relaxed),
             "sessions": sessions,
@@ -190,12 +191,20 @@ async fn handle<W: Work, B: RequestBody>(inner: Arc<Inner<W>>, req: Request<B>) 
     {
         return json(StatusCode::OK, &json!({"ok": true}));
     }
-    if !token_ok(bearer(req.headers()), &inner.tokens().accept) {
+    let given = bearer(req.headers());
+    if !token_ok(given, &inner.tokens().accept) {
+        let is = if given.is_none() {
+            "no bearer token was presented (Authorization: Bearer TOKEN)"
+        } else {
+            "the token presented is not one of them (a trainer's or a node's own token is not)"
+        };
         return error(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             None,
-            "missing or wrong bearer token",
+            &format!(
+                "this gateway takes the token the rollout server presents to it (its gateway.accept_tokens: the server's rollout.gateway_token, POLAR_GATEWAY_TOKEN for a trainer's pause and resume); {is}"
+            ),
         );
     }
     let certs_required = inner.opts.tls.as_ref().is_some_and(|t| t.client_certs);

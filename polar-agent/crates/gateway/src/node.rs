@@ -426,6 +426,7 @@ impl<W: Work> Inner<W> {
                 .collect(),
             },
             labels: o.labels.clone(),
+            backends: self.work.backends(),
         }
     }
 
@@ -462,6 +463,7 @@ impl<W: Work> Inner<W> {
             sessions: Some(sessions),
             paused: self.stages.paused(),
             policy_version: lock(&self.policy_version).clone(),
+            backends: self.work.backends(),
         }
     }
 
@@ -690,6 +692,7 @@ impl<W: Work> Inner<W> {
             stats: Some(serde_json::Value::Object(r.stats.clone())),
             retry: r.retry,
             infra_fault: r.infra_fault,
+            node_unfit: r.node_unfit,
         };
         let mut wait = Duration::from_millis(20);
         let give_up = Instant::now() + Duration::from_secs(600);

@@ -238,6 +238,7 @@ impl Work for SimWork {
             stats,
             retry: outcome.retry,
             infra_fault: false,
+            node_unfit: false,
         }
     }
 }

@@ -30,7 +30,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use polar_rollout_api::{SampleStatus, SessionAssignment, StageLoad};
+use polar_rollout_api::{BackendHealth, SampleStatus, SessionAssignment, StageLoad};
 
 /// A stage of the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -107,9 +107,14 @@ pub enum InitFault {
     /// The node's policy refuses what the spec asks: not retried, and
     /// reported as a refusal rather than a failure.
     Policy,
-    /// The node failed (a harness not installed here, a sandbox that could
-    /// not be made): dispatched again elsewhere.
+    /// The node failed in a way that may pass (a sandbox that could not be
+    /// made, a busy disk): dispatched again, elsewhere when possible.
     Node,
+    /// This node cannot run the session and would fail the same way again
+    /// (a harness neither defined nor installed here, a runtime whose
+    /// program it does not have): dispatched to another node only, and
+    /// failed at once when no other node can take it.
+    Unfit,
 }
 
 /// Why INIT failed.
@@ -132,7 +137,7 @@ impl InitError {
 
     /// Whether the session is dispatched again elsewhere.
     pub fn retry(&self) -> bool {
-        self.fault == InitFault::Node
+        matches!(self.fault, InitFault::Node | InitFault::Unfit)
     }
 }
 
@@ -232,6 +237,9 @@ pub struct Report {
     /// not the policy: with `retry`, the server runs it again within its
     /// retry limit, and keeps this result at the limit.
     pub infra_fault: bool,
+    /// With `retry`: this node would fail the session the same way again
+    /// ([`InitFault::Unfit`]): another node only, or it fails at once.
+    pub node_unfit: bool,
 }
 
 impl Report {
@@ -248,6 +256,7 @@ impl Report {
             stats: Default::default(),
             retry: false,
             infra_fault: false,
+            node_unfit: false,
         }
     }
 }
@@ -282,6 +291,14 @@ pub trait Work: Send + Sync + 'static {
     /// calls in flight finish, new ones wait. Nothing by default.
     fn pause(&self, paused: bool) {
         let _ = paused;
+    }
+
+    /// The node's inference backends as its health checks see them, by
+    /// name (reported at registration and in every heartbeat: the server
+    /// sends no session while one has no healthy replica). None by
+    /// default.
+    fn backends(&self) -> BTreeMap<String, BackendHealth> {
+        BTreeMap::new()
     }
 
     /// A weight update finished: the calls of every session from now on

@@ -48,6 +48,6 @@ pub use config::{
 pub use error::InferenceError;
 pub use overflow::{ContextOverflow, context_overflow};
 pub use polar_faithful::Serving;
-pub use pool::{Pool, PoolStats, ReplicaStats};
+pub use pool::{HEALTH_GRACE, Pool, PoolStats, ReplicaStats};
 pub use stream::failover::Resumption;
 pub use stream::{BackendInfo, ChatStream, Completed, Timings};

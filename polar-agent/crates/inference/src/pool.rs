@@ -19,6 +19,10 @@ use tokio::sync::{Notify, watch};
 use super::{BackendConfig, InferenceError};
 use polar_io::tasks::Tasks;
 
+/// How much longer than the connect timeout a replica has to answer
+/// `GET /health`.
+pub const HEALTH_GRACE: Duration = Duration::from_secs(2);
+
 /// The HTTP client every call of a pool goes through.
 pub(crate) type Http = polar_io::http::HttpClient;
 
@@ -173,7 +177,7 @@ impl Pool {
                 waiting: AtomicUsize::new(0),
                 idle: Notify::new(),
                 http,
-                health_timeout: cfg.connect_timeout() + Duration::from_secs(2),
+                health_timeout: cfg.connect_timeout() + HEALTH_GRACE,
                 health_interval: cfg.health_check_interval(),
             }),
         })

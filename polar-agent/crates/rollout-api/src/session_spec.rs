@@ -73,8 +73,7 @@ impl SessionSpec {
             timeout: None,
             mode: None,
             runtime: RuntimeSpec::default(),
-            evaluator: Evaluator::from_spec(evaluator)
-                .map_err(|e| bad(e.field(), e.to_string()))?,
+            evaluator: Evaluator::from_spec(evaluator).map_err(|e| bad(e.field(), e.reason()))?,
         };
         for (k, v) in &agent.options {
             let field = format!("agent.options.{k}");
@@ -239,6 +238,19 @@ mod tests {
         ] {
             let e = parse(agent, runtime, evaluator).unwrap_err();
             assert!(e.starts_with(field), "{field}: {e}");
+            // An evaluator's field is named once.
+            if field.starts_with("evaluator") {
+                assert_eq!(e.matches(field).count(), 1, "{e}");
+            }
         }
+        assert_eq!(
+            parse(
+                json!({"harness": "shell"}),
+                json!({}),
+                json!({"kind": "vibes"})
+            )
+            .unwrap_err(),
+            "evaluator.kind: unknown evaluator \"vibes\"; one of: session_completed, command, test_output, llm_judge, composite"
+        );
     }
 }

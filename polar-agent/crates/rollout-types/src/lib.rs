@@ -22,9 +22,11 @@ use serde_json::{Map, Value};
 use polar_trajectory::Builder;
 
 mod events;
+mod failures;
 mod nodes;
 
 pub use events::{Event, Numbered};
+pub use failures::{FailureGroup, failure_groups};
 pub use nodes::*;
 pub use polar_spec::{AgentSpec, EvaluatorSpec};
 
@@ -78,6 +80,15 @@ pub struct TaskRequest {
     pub early_stop_after: Option<u32>,
 }
 
+impl TaskRequest {
+    /// How many usable samples the task asks for: `early_stop_after` when
+    /// set (at most `num_samples`), else `num_samples`.
+    pub fn requested(&self) -> u32 {
+        self.early_stop_after
+            .map_or(self.num_samples, |n| n.min(self.num_samples))
+    }
+}
+
 /// What the trainer attaches to the task and gets back with every sample.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,20 +112,26 @@ pub enum TaskStatus {
     Queued,
     /// Some session dispatched, not all finished.
     Running,
-    /// Every session finished (done, failed or cancelled), at least one done.
+    /// Every session finished and as many samples are usable as the task
+    /// asks for ([`TaskView::requested`]).
     Completed,
+    /// Every session finished, some samples usable but fewer than the task
+    /// asks for: the others failed (see [`TaskView::failures`]).
+    Partial,
     /// Cancelled by a caller.
     Cancelled,
-    /// Every session failed.
+    /// Every session finished and none is usable (each failed, timed out
+    /// or was cancelled by a node).
     Failed,
 }
 
 impl TaskStatus {
     /// Every status, in display order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Queued,
         Self::Running,
         Self::Completed,
+        Self::Partial,
         Self::Cancelled,
         Self::Failed,
     ];
@@ -125,6 +142,7 @@ impl TaskStatus {
             Self::Queued => "queued",
             Self::Running => "running",
             Self::Completed => "completed",
+            Self::Partial => "partial",
             Self::Cancelled => "cancelled",
             Self::Failed => "failed",
         }
@@ -132,7 +150,10 @@ impl TaskStatus {
 
     /// Whether the task is over.
     pub fn is_finished(self) -> bool {
-        matches!(self, Self::Completed | Self::Cancelled | Self::Failed)
+        matches!(
+            self,
+            Self::Completed | Self::Partial | Self::Cancelled | Self::Failed
+        )
     }
 }
 
@@ -162,7 +183,9 @@ pub enum SampleStatus {
 }
 
 impl SampleStatus {
-    /// Whether the sample counts toward `early_stop_after`.
+    /// Whether the sample is usable for training: it counts toward
+    /// `early_stop_after` and `usable`, and only such a sample has a
+    /// reward.
     pub fn is_usable(self) -> bool {
         self == Self::Completed
     }
@@ -198,7 +221,9 @@ pub struct TokenUsage {
 pub struct SampleResult {
     /// How it ended.
     pub status: SampleStatus,
-    /// The evaluator's reward.
+    /// The evaluator's reward; `null` unless the status is `completed`
+    /// (a sample the node, the backend or the budget ended is no evidence
+    /// about the policy and is scored by nobody).
     #[serde(default)]
     pub reward: Option<f64>,
     /// Where the trajectory was written.
@@ -509,9 +534,23 @@ pub struct TaskView {
     pub counts: SessionCounts,
     /// Callback delivery.
     pub callback: CallbackView,
-    /// The mean reward of the samples that have one (none yet: absent).
+    /// How many usable samples the task asks for: `early_stop_after` when
+    /// set (at most `num_samples`), else `num_samples`. The task is
+    /// `completed` once `counts.usable` reaches it, `partial` when it ends
+    /// short of it with some usable, `failed` with none.
+    pub requested: u32,
+    /// The mean reward of the usable samples (none yet: absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mean_reward: Option<f64>,
+    /// The spread (population standard deviation) of the usable samples'
+    /// rewards (none yet: absent). 0 with two or more usable samples: the
+    /// group gives GRPO no learning signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_std: Option<f64>,
+    /// Why the samples that are not usable ended, grouped by message, most
+    /// frequent first (none: absent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureGroup>,
     /// Every sample, by index (omitted in lists).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<SampleView>,

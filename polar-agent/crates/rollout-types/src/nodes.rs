@@ -45,6 +45,36 @@ pub struct NodeRegistration {
     /// Anything descriptive (host name, GPU kind...).
     #[serde(default)]
     pub labels: Map<String, Value>,
+    /// Its inference backends' replicas as it checked them before
+    /// registering, by backend name (none: left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backends: BTreeMap<String, BackendHealth>,
+}
+
+/// One inference backend's replicas as a node's health checks see them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendHealth {
+    /// Replicas configured.
+    pub replicas: u32,
+    /// Of those, the ones that answered the last check.
+    pub healthy: u32,
+}
+
+impl BackendHealth {
+    /// Whether a session can reach the backend: some replica is healthy
+    /// (a backend without replicas is not reached through a pool).
+    pub fn is_up(&self) -> bool {
+        self.healthy > 0 || self.replicas == 0
+    }
+}
+
+/// The first backend of `backends` with no healthy replica.
+pub fn backend_down(backends: &BTreeMap<String, BackendHealth>) -> Option<(&str, &BackendHealth)> {
+    backends
+        .iter()
+        .find(|(_, b)| !b.is_up())
+        .map(|(name, b)| (name.as_str(), b))
 }
 
 /// `POST /v1/nodes/register` reply.
@@ -103,6 +133,11 @@ pub struct Heartbeat {
     /// `{"policy_version"}`); left out when none did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy_version: Option<String>,
+    /// Its inference backends' replicas as its health checks see them now,
+    /// by backend name (none: left out). A node with a backend none of
+    /// whose replicas is healthy takes no session (`backend_down`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backends: BTreeMap<String, BackendHealth>,
 }
 
 /// A session the gateway must stop.
@@ -156,7 +191,8 @@ pub struct NodeView {
     pub node_id: String,
     /// Its base URL.
     pub address: String,
-    /// `healthy`, `unhealthy` (heartbeat timed out) or `draining`.
+    /// `healthy`, `unhealthy` (heartbeat timed out), `draining` or
+    /// `backend_down` (an inference backend has no healthy replica).
     pub health: NodeHealth,
     /// From the registration.
     pub capacity: NodeCapacity,
@@ -171,6 +207,10 @@ pub struct NodeView {
     /// From the registration.
     #[serde(default)]
     pub labels: Map<String, Value>,
+    /// Its inference backends as last reported (the last heartbeat's, else
+    /// the registration's; none: left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub backends: BTreeMap<String, BackendHealth>,
 }
 
 /// A node's health.
@@ -181,6 +221,9 @@ pub enum NodeHealth {
     Healthy,
     /// Heartbeating, taking no new sessions.
     Draining,
+    /// Heartbeating, but one of its inference backends has no healthy
+    /// replica: it takes no session until one answers again.
+    BackendDown,
     /// No heartbeat within the timeout.
     Unhealthy,
 }
@@ -191,6 +234,7 @@ impl NodeHealth {
         match self {
             Self::Healthy => "healthy",
             Self::Draining => "draining",
+            Self::BackendDown => "backend_down",
             Self::Unhealthy => "unhealthy",
         }
     }
@@ -326,14 +370,23 @@ pub struct SessionResult {
     /// at the limit this result is kept (`done`, not `failed`).
     #[serde(default)]
     pub infra_fault: bool,
+    /// With `retry`: this node cannot run the session and would fail it the
+    /// same way again (a harness neither defined nor installed there, a
+    /// runtime whose program it lacks). The server dispatches it to another
+    /// node only, and fails it at once, with this error, when no other
+    /// registered node is left to try. Left out when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub node_unfit: bool,
 }
 
 impl SessionResult {
-    /// The stored result.
+    /// The stored result. Only a usable sample keeps its reward: whatever a
+    /// node reports for a session that errored or timed out, it is stored
+    /// without one, so no mean counts it.
     pub fn to_result(&self) -> SampleResult {
         SampleResult {
             status: self.status,
-            reward: self.reward,
+            reward: self.reward.filter(|_| self.status.is_usable()),
             trajectory_uri: self.trajectory_uri.clone(),
             tokens: self.tokens,
             error: self.error.clone(),

@@ -73,9 +73,23 @@ impl Metrics {
             "gauge",
             "Registered nodes by health.",
         );
-        for health in ["healthy", "draining", "unhealthy"] {
+        for health in ["healthy", "draining", "backend_down", "unhealthy"] {
             let n = nodes.iter().filter(|n| n.health.as_str() == health).count();
             out.sample("polar_rollout_nodes", &[("health", health)], n);
+        }
+        out.family(
+            "polar_rollout_node_backend_healthy_replicas",
+            "gauge",
+            "Replicas of each inference backend a node's last health check found healthy (0: the node takes no session).",
+        );
+        for n in nodes {
+            for (backend, h) in &n.backends {
+                out.sample(
+                    "polar_rollout_node_backend_healthy_replicas",
+                    &[("node", n.node_id.as_str()), ("backend", backend.as_str())],
+                    h.healthy,
+                );
+            }
         }
         out.family(
             "polar_rollout_node_assigned",

@@ -1,11 +1,12 @@
 //! Plain-text reports for the CLI (pure): a task's progress line, its
-//! final table of samples, and the server status summary.
+//! final table of samples with its usable count and its failures grouped
+//! by reason, and the server status summary.
 
 use std::fmt::Write as _;
 
 use polar_rollout_api::{ServerStatus, SessionState, TaskView};
 
-/// `t1 running [####......] 4/10 done (3 usable), 2 running, 4 pending`.
+/// `t1 running [####......] 4/10 finished: 4 done (3/10 usable), 2 running, 4 pending`.
 pub fn progress_line(v: &TaskView) -> String {
     let c = &v.counts;
     let finished = c.done + c.failed + c.cancelled;
@@ -18,12 +19,13 @@ pub fn progress_line(v: &TaskView) -> String {
         .map(|i| if i < filled { '#' } else { '.' })
         .collect();
     let mut line = format!(
-        "{} {} [{bar}] {finished}/{} finished: {} done ({} usable)",
+        "{} {} [{bar}] {finished}/{} finished: {} done ({}/{} usable)",
         v.task_id,
         v.status.as_str(),
         v.num_samples,
         c.done,
-        c.usable
+        c.usable,
+        v.requested
     );
     for (n, what) in [
         (c.running, "running"),
@@ -45,8 +47,8 @@ pub fn results_table(v: &TaskView) -> String {
         "sample".into(),
         "status".into(),
         "reward".into(),
-        "prompt_tok".into(),
-        "response_tok".into(),
+        "prompt_tok_all_calls".into(),
+        "response_tok_all_calls".into(),
         "node".into(),
         "trajectory / note".into(),
     ]];
@@ -107,17 +109,45 @@ pub fn results_table(v: &TaskView) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
-    let rewards: Vec<f64> = v
-        .samples
-        .iter()
-        .filter_map(|s| match &s.state {
-            SessionState::Done { result, .. } => result.reward,
-            _ => None,
-        })
-        .collect();
-    if !rewards.is_empty() {
-        let mean = rewards.iter().sum::<f64>() / rewards.len() as f64;
-        let _ = writeln!(out, "mean reward {mean:.4} over {} samples", rewards.len());
+    let _ = writeln!(
+        out,
+        "(token counts are summed over each session's model calls: every call's whole prompt counts, so they exceed a trace's own prompt and response)"
+    );
+    let _ = writeln!(
+        out,
+        "{} of {} requested samples usable{}",
+        v.counts.usable,
+        v.requested,
+        v.mean_reward
+            .map(|m| format!(", mean reward {m:.4} over the usable ones"))
+            .unwrap_or_default()
+    );
+    out.push_str(&failures_text(v));
+    out
+}
+
+/// The task's failures, grouped: `3 samples error: ... (samples 0, 2, 5)`.
+pub fn failures_text(v: &TaskView) -> String {
+    let mut out = String::new();
+    if v.failures.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "unusable samples, by reason:");
+    for g in &v.failures {
+        let mut indexes: Vec<String> = g.samples.iter().take(10).map(u32::to_string).collect();
+        if g.samples.len() > 10 {
+            indexes.push(format!("... {} more", g.samples.len() - 10));
+        }
+        let _ = writeln!(
+            out,
+            "  {} {} {}: {} (sample{} {})",
+            g.count,
+            if g.count == 1 { "sample" } else { "samples" },
+            g.status,
+            g.error,
+            if g.samples.len() == 1 { "" } else { "s" },
+            indexes.join(", ")
+        );
     }
     out
 }
@@ -165,6 +195,21 @@ pub fn status_text(s: &ServerStatus, url: &str) -> String {
             n.load,
             n.last_heartbeat_ms_ago
         );
+        if !n.backends.is_empty() {
+            let backends: Vec<String> = n
+                .backends
+                .iter()
+                .map(|(name, b)| {
+                    format!(
+                        "{name} {}/{} replicas healthy{}",
+                        b.healthy,
+                        b.replicas,
+                        if b.is_up() { "" } else { " (DOWN)" }
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "    backends: {}", backends.join(", "));
+        }
     }
     out
 }

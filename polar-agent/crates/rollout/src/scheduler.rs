@@ -203,6 +203,9 @@ pub struct Session {
     /// The calls its running dispatch reported so far (in memory only:
     /// the result's `stats.calls` supersedes them).
     live: LiveCalls,
+    /// The nodes that reported they cannot run it (`node_unfit`), and why:
+    /// it is not dispatched to them again (in memory only).
+    unfit: BTreeMap<String, String>,
 }
 
 /// The calls a running dispatch reported (at most
@@ -375,6 +378,7 @@ impl Scheduler {
                     ended: Vec::new(),
                     enqueued_at: now,
                     live: LiveCalls::default(),
+                    unfit: BTreeMap::new(),
                 },
             );
             session_ids.push(sid);
@@ -596,8 +600,10 @@ impl Scheduler {
         }
         let status = if t.cancelled {
             TaskStatus::Cancelled
-        } else if t.counts.done == 0 {
+        } else if t.counts.usable == 0 {
             TaskStatus::Failed
+        } else if t.counts.usable < t.request.requested() {
+            TaskStatus::Partial
         } else {
             TaskStatus::Completed
         };
@@ -680,15 +686,23 @@ impl Scheduler {
             let Some((&key, sid)) = self.queue.first_key_value() else {
                 break;
             };
-            let avoid = self
-                .sessions
-                .get(sid)
-                .and_then(|s| s.ended.last())
-                .map(|e| e.node.as_str());
+            let Some(s) = self.sessions.get(sid) else {
+                break;
+            };
+            let avoid = s.ended.last().map(|e| e.node.as_str());
             let Some(node_id) = self
-                .least_loaded(avoid)
-                .or_else(|| avoid.and_then(|_| self.least_loaded(None)))
+                .least_loaded(avoid, &s.unfit)
+                .or_else(|| avoid.and_then(|_| self.least_loaded(None, &s.unfit)))
             else {
+                // Every node left that could run it is gone: it fails now
+                // rather than wait for one; else it waits for room (at the
+                // head of the queue, as any session).
+                if !s.unfit.is_empty() && !self.another_node_for(&s.unfit) {
+                    let sid = sid.clone();
+                    self.queue.remove(&key);
+                    self.fail_unfit(&sid, wall_ms);
+                    continue;
+                }
                 break;
             };
             let Some(sid) = self.queue.remove(&key) else {
@@ -700,12 +714,41 @@ impl Scheduler {
         assigned
     }
 
+    /// Whether a node outside `unfit` is heartbeating and not draining (it
+    /// may take the session once it has room or its backend is back).
+    pub(super) fn another_node_for(&self, unfit: &BTreeMap<String, String>) -> bool {
+        self.nodes.iter().any(|(id, n)| {
+            n.healthy && !n.heartbeat.draining && !n.drain_requested && !unfit.contains_key(id)
+        })
+    }
+
+    /// Fails a session no node left can run, with the nodes' reasons.
+    pub(super) fn fail_unfit(&mut self, sid: &str, wall_ms: u64) {
+        let Some(s) = self.sessions.get(sid) else {
+            return;
+        };
+        let why: Vec<String> = s
+            .unfit
+            .iter()
+            .map(|(node, e)| format!("node {node} cannot run it: {e}"))
+            .collect();
+        let task_id = s.task_id.clone();
+        let error = format!("{} (no other node to try)", why.join("; "));
+        tracing::warn!(session = sid, %error, "session failed");
+        self.set_state(sid, SessionState::Failed { error });
+        self.check_finished(&task_id, wall_ms);
+    }
+
     /// The eligible node with the lowest load, ties to the smallest id;
-    /// never `avoid`.
-    fn least_loaded(&self, avoid: Option<&str>) -> Option<String> {
+    /// never `avoid` nor a node in `unfit`.
+    fn least_loaded(
+        &self,
+        avoid: Option<&str>,
+        unfit: &BTreeMap<String, String>,
+    ) -> Option<String> {
         let mut best: Option<(&String, &Node)> = None;
         for (id, n) in &self.nodes {
-            if !n.eligible() || avoid == Some(id.as_str()) {
+            if !n.eligible() || avoid == Some(id.as_str()) || unfit.contains_key(id) {
                 continue;
             }
             let better = match best {

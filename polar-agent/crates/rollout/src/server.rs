@@ -84,6 +84,8 @@ pub enum Endpoint {
     Sample,
     /// `GET /v1/tasks/{id}/samples/{index}/trajectory`.
     Trajectory,
+    /// `GET /v1/tasks/{id}/samples/{index}/calls`.
+    Calls,
     /// `POST /v1/nodes/{id}/pause`.
     Pause,
     /// `POST /v1/nodes/{id}/resume`.
@@ -132,6 +134,11 @@ pub fn routes() -> Result<Routes, RouteError> {
             Role::Client,
             &[(M::GET, E::Trajectory)],
         )?
+        .route(
+            "/v1/tasks/{id}/samples/{index}/calls",
+            Role::Client,
+            &[(M::GET, E::Calls)],
+        )?
         .route("/v1/events", Role::Client, &[(M::GET, E::Events)])?
         .route("/v1/nodes", Role::Any, &[(M::GET, E::Nodes)])?
         .route("/v1/nodes/register", Role::Node, &[(M::POST, E::Register)])?
@@ -172,9 +179,11 @@ pub struct Api {
 /// Why a request failed: one place maps causes to statuses.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    /// Missing or wrong bearer token (401).
-    #[error("missing or wrong bearer token")]
-    Unauthorized,
+    /// Missing or wrong bearer token (401): which token the endpoint
+    /// needs, and what the one presented is, if anything (never the
+    /// token itself).
+    #[error("{0}")]
+    Unauthorized(String),
     /// A node's token used for another node (403).
     #[error("{0}")]
     Forbidden(String),
@@ -217,7 +226,7 @@ impl ApiError {
     fn response(&self) -> Response<Body> {
         let msg = self.to_string();
         match self {
-            Self::Unauthorized => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
+            Self::Unauthorized(_) => error(StatusCode::UNAUTHORIZED, "unauthorized", None, &msg),
             Self::Forbidden(_) => error(StatusCode::FORBIDDEN, "forbidden", None, &msg),
             Self::Invalid(v) => error(
                 StatusCode::BAD_REQUEST,
@@ -233,7 +242,9 @@ impl ApiError {
             Self::Export(e) => {
                 use crate::ui::exports::ExportReadError as X;
                 let (status, code) = match e {
-                    X::NoFile(_) | X::Missing { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    X::NoFile(_) | X::NoCalls(_) | X::Missing { .. } => {
+                        (StatusCode::NOT_FOUND, "not_found")
+                    }
                     X::NoRoots
                     | X::NotLocal(_)
                     | X::Outside(_)
@@ -349,7 +360,10 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
         return Ok(Caller::Anyone);
     }
     let Some(given) = bearer(req.headers()) else {
-        return Err(ApiError::Unauthorized);
+        return Err(ApiError::Unauthorized(format!(
+            "this endpoint needs {}; no bearer token was presented (Authorization: Bearer TOKEN)",
+            needs(role)
+        )));
     };
     let auth = core.auth();
     let trainer = token_ok(Some(given), &auth.tokens);
@@ -373,7 +387,34 @@ fn authorize<B>(core: &Core, req: &Request<B>, role: Role) -> Result<Caller, Api
             }
             Ok(Caller::Node(n))
         }
-        _ => Err(ApiError::Unauthorized),
+        (_, trainer, node) => {
+            let is = if trainer {
+                "a trainer token".to_owned()
+            } else if let Some(n) = node {
+                format!("the node token of {n:?}")
+            } else if token_ok(Some(given), &auth.viewer_tokens) {
+                "a viewer token (read-only)".to_owned()
+            } else if token_ok(Some(given), std::slice::from_ref(&auth.gateway_token)) {
+                "the gateway token (rollout.gateway_token: what this server presents to gateways, not a token it accepts)".to_owned()
+            } else {
+                "not a token this server accepts".to_owned()
+            };
+            Err(ApiError::Unauthorized(format!(
+                "this endpoint needs {}; the token presented is {is}",
+                needs(role)
+            )))
+        }
+    }
+}
+
+/// The token a route's role takes, for error messages.
+fn needs(role: Role) -> &'static str {
+    match role {
+        Role::Client => {
+            "a trainer token (rollout.tokens, POLAR_ROLLOUT_TOKEN), or a viewer token for GET"
+        }
+        Role::Node => "the node's own token (rollout.node_tokens)",
+        Role::Any | Role::Open => "a trainer token or a node's own token",
     }
 }
 
@@ -429,6 +470,9 @@ async fn call<B: RequestBody>(
         }
         Endpoint::Trajectory => {
             crate::ui::trajectory(core, id, params.get("index").unwrap_or_default()).await
+        }
+        Endpoint::Calls => {
+            crate::ui::calls::calls(core, id, params.get("index").unwrap_or_default()).await
         }
         Endpoint::Pause => generation(core, id, true, req).await,
         Endpoint::Resume => generation(core, id, false, req).await,

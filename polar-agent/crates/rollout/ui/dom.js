@@ -56,6 +56,12 @@ export function fmtTime(unixMs) {
   return new Date(unixMs).toLocaleString();
 }
 
+/** A finished task (a GRPO group) whose usable rewards are all equal: its
+ *  advantages are all 0, it teaches nothing. */
+export function noSignal(t) {
+  return ["completed", "partial"].includes(t.status) && t.counts.usable >= 2 && t.reward_std === 0;
+}
+
 export function fmtReward(r) {
   return r === null || r === undefined ? "–" : Number(r).toFixed(3);
 }

@@ -4,7 +4,7 @@
 // nodes are read again every 2 s for their heartbeat ages.
 
 import { api, followEvents } from "./api.js";
-import { h, mount, badge, fmtMs, fmtReward, fmtTime, seg } from "./dom.js";
+import { h, mount, badge, fmtMs, fmtReward, fmtTime, seg, noSignal } from "./dom.js";
 
 const STAGES = ["init", "ready", "running", "postrun"];
 
@@ -99,7 +99,9 @@ function renderNodes(el, nodes) {
     });
     return h("tr", { dataset: { node: n.node_id } },
       h("td", h("b", n.node_id), h("div.small.muted", n.address)),
-      h("td", badge(n.health), hb.draining ? badge("draining") : null, hb.paused ? badge("paused") : null),
+      h("td", badge(n.health), hb.draining ? badge("draining") : null, hb.paused ? badge("paused") : null,
+        Object.entries(n.backends || {}).map(([name, b]) => h("div", { class: `small backend${b.healthy > 0 || b.replicas === 0 ? "" : " down"}`, dataset: { backend: name } },
+          `${name}: ${b.healthy}/${b.replicas} replicas healthy`))),
       h("td", `${n.assigned}/${n.capacity.max_sessions}`),
       pools,
       h("td", { class: n.last_heartbeat_ms_ago > 5000 ? "warn" : "" }, `${fmtMs(n.last_heartbeat_ms_ago)} ago`),
@@ -119,6 +121,30 @@ function meter(value, max) {
   return m;
 }
 
+/** GRPO at a glance over the listed tasks (each task one group). */
+function grpoSummary(tasks) {
+  const ended = tasks.filter((t) => ["completed", "partial", "failed"].includes(t.status));
+  if (!ended.length) return null;
+  const usable = ended.reduce((a, t) => a + t.counts.usable, 0);
+  const requested = ended.reduce((a, t) => a + (t.requested ?? t.num_samples), 0);
+  const flat = ended.filter(noSignal).length;
+  const byVersion = new Map();
+  for (const t of ended) {
+    if (t.mean_reward === undefined || t.mean_reward === null) continue;
+    const k = t.policy_version || "–";
+    const e = byVersion.get(k) || { sum: 0, n: 0, groups: 0 };
+    e.sum += t.mean_reward * t.counts.usable;
+    e.n += t.counts.usable;
+    e.groups += 1;
+    byVersion.set(k, e);
+  }
+  const versions = [...byVersion.entries()].map(([k, e]) => `${k} ${fmtReward(e.sum / e.n)} (${e.groups} ${e.groups === 1 ? "group" : "groups"})`);
+  return h("p#grpo.small",
+    h("b", "GRPO: "), `${ended.length} finished groups · ${usable}/${requested} samples usable · `,
+    h("span#grpo-flat", { class: flat ? "warn" : "" }, `${flat} without learning signal (zero reward variance)`),
+    versions.length ? ` · mean reward by policy version: ${versions.join(", ")}` : "");
+}
+
 function renderTasks(el, tasks, status) {
   const totals = Object.entries(status.tasks || {}).map(([k, v]) => h("span.total", badge(k), ` ${v}`));
   const rows = tasks.slice().reverse().map((t) => {
@@ -129,7 +155,7 @@ function renderTasks(el, tasks, status) {
       h("td", badge(t.status)),
       h("td", h("progress", { max: t.num_samples, value: ended }), h("span.small", ` ${ended}/${t.num_samples}`)),
       h("td.reward", fmtReward(t.mean_reward)),
-      h("td.small", `${c.pending} pending · ${c.dispatched + c.running} running · ${c.done} done (${c.usable} usable) · ${c.failed} failed · ${c.cancelled} cancelled`),
+      h("td.small", h("b", `${c.usable}/${t.requested} usable`), ` · ${c.pending} pending · ${c.dispatched + c.running} running · ${c.done} done · ${c.failed} failed · ${c.cancelled} cancelled`),
       h("td.small", t.policy_version || "–"),
       h("td.small", fmtTime(t.submitted_unix_ms)),
     );
@@ -137,6 +163,7 @@ function renderTasks(el, tasks, status) {
   mount(
     el,
     h("h2", "Tasks ", totals),
+    grpoSummary(tasks),
     tasks.length
       ? h("table.tasks", h("thead", h("tr", ["task", "status", "progress", "mean reward", "samples", "policy", "submitted"].map((x) => h("th", x)))), h("tbody", rows))
       : h("p.muted", "No task yet."),

@@ -4,7 +4,7 @@
 // may control; two samples picked to compare side by side.
 
 import { api, followEvents } from "./api.js";
-import { h, mount, badge, fmtReward, fmtInt, fmtTime, seg, stagesText, evalSummary } from "./dom.js";
+import { h, mount, badge, fmtReward, fmtInt, fmtTime, seg, stagesText, evalSummary, noSignal } from "./dom.js";
 
 export function taskPage(root, ctx, taskId) {
   ctx.crumbs(h("a", { href: "#/" }, "Overview"), h("span", taskId));
@@ -91,9 +91,20 @@ function renderHead(el, v, ctx, reload) {
     h("h1", v.task_id, " ", h("span#task-status", badge(v.status))),
     h("p.small", `group ${v.group_id} · policy ${v.policy_version || "–"} · priority ${v.priority} · submitted ${fmtTime(v.submitted_unix_ms)}`,
       v.finished_unix_ms ? ` · finished ${fmtTime(v.finished_unix_ms)}` : "", v.reason ? ` · ${v.reason}` : ""),
-    h("p", `${c.pending} pending · ${c.dispatched} dispatched · ${c.running} running · ${c.done} done (${c.usable} usable) · ${c.failed} failed · ${c.cancelled} cancelled · mean reward `, h("b#mean-reward", fmtReward(v.mean_reward))),
+    h("p", h("b#usable", `${c.usable}/${v.requested} usable`), ` · ${c.pending} pending · ${c.dispatched} dispatched · ${c.running} running · ${c.done} done · ${c.failed} failed · ${c.cancelled} cancelled · mean reward of the usable `, h("b#mean-reward", fmtReward(v.mean_reward)),
+      v.reward_std !== undefined && v.reward_std !== null ? h("span#reward-spread", ` ± ${fmtReward(v.reward_std)}`) : null,
+      noSignal(v) ? [" ", h("span#no-signal.badge.s-partial", { title: "every usable sample has the same reward: GRPO's advantages are all 0" }, "no learning signal")] : null),
+    failuresList(v.failures),
     h("p.small", `callback: ${v.callback.state} (${v.callback.attempts} attempts)${v.callback.last_error ? `: ${v.callback.last_error}` : ""}`),
     cancel);
+}
+
+/** Why the samples that are not usable ended, grouped (none: nothing). */
+function failuresList(groups) {
+  if (!groups || !groups.length) return null;
+  return h("ul#failures.failures", groups.map((g) => h("li",
+    badge(g.status), ` ${g.count} ${g.count === 1 ? "sample" : "samples"}: ${g.error} `,
+    h("span.small.muted", `(${g.samples.slice(0, 10).join(", ")}${g.samples.length > 10 ? `, … ${g.samples.length - 10} more` : ""})`))));
 }
 
 function sampleRow(taskId, s, picked, changed) {

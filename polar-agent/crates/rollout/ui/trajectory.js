@@ -74,7 +74,21 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
         btn("logprob heat", "mode-logprob", () => setMode("logprob"), mode === "logprob")),
       h("span.group",
         btn("text", "show-text", () => setText(true), text, !pieces, pieces ? null : tt.reason),
-        btn("ids", "show-ids", () => setText(false), !text)));
+        btn("ids", "show-ids", () => setText(false), !text)),
+      h("span.group",
+        btn("first trained token", "jump-trained", jumpTrained, false, false, "scroll to the first token with loss 1 and show it")));
+    // The shown sequence, for the jump.
+    let shown = null;
+    const jumpTrained = () => {
+      if (!shown || !grid) return;
+      const i = shown.s.kind.indexOf(KIND_TRAINED);
+      if (i < 0) {
+        mount(detail, h("p.muted", "No token of this sequence is trained (loss 0 everywhere)."));
+        return;
+      }
+      grid.reveal(i);
+      showToken(detail, shown.s, shown.u, i);
+    };
     const units = () => (view === "merged" ? rows.map((r, i) => ({ row: r, trace: i, call: null })) : perCall(rows));
     const drawList = () => {
       const us = units();
@@ -95,6 +109,7 @@ export function trajectoryViewer(el, taskId, index, opts = {}) {
       s.pieces = pieces;
       if (grid) grid.destroy();
       grid = tokenGrid(gridBox, s, { mode, text, onPick: (j) => showToken(detail, s, u, j) });
+      shown = { s, u };
       mount(detail, h("p.muted", "Click a token to see its call and messages."));
       drawInfo(info, u, s, id);
     };

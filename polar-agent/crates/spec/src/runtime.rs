@@ -28,6 +28,8 @@
 //! [[prepare]]
 //! run = "pip install -e ."         # a string runs through `sh -c`; an array is the argv
 //! [[post]]
+//! upload = { from = "/tasks/t1/tests", to = "tests", replace = true }  # `to` holds exactly `from`
+//! [[post]]
 //! run = ["pytest", "-q"]
 //! ```
 //!
@@ -187,6 +189,8 @@ pub struct RawUpload {
     pub from: String,
     /// `to`: relative to the workspace (default `.`).
     pub to: Option<String>,
+    /// `replace`: remove what is at `to` first (default false).
+    pub replace: Option<bool>,
 }
 
 /// `run`: a shell line or an argv.
@@ -264,6 +268,9 @@ pub enum Step {
         from: PathBuf,
         /// Relative path inside the workspace (`.` for its top).
         to: PathBuf,
+        /// Remove whatever is at `to` before copying, so that it holds
+        /// exactly what `from` holds (never `.`: the workspace stays).
+        replace: bool,
     },
     /// Run a command in the sandbox.
     Run {
@@ -454,7 +461,14 @@ fn step(path: &KeyPath, raw: RawStep) -> Result<Step, SpecError> {
                     format!("{to:?} must be a relative path inside the workspace, without \"..\""),
                 ));
             }
-            Ok(Step::Upload { from, to })
+            let replace = u.replace.unwrap_or(false);
+            if replace && to.components().all(|c| c == Component::CurDir) {
+                return Err(invalid(
+                    up.key("replace"),
+                    "replaces what is at `to`, which cannot be the workspace itself",
+                ));
+            }
+            Ok(Step::Upload { from, to, replace })
         }
         (None, Some(RawCommand::Shell(line))) => {
             if line.trim().is_empty() {
@@ -636,6 +650,8 @@ upload = { from = "/etc/hostname", to = "task/hostname" }
 run = "echo hi"
 [[post]]
 run = ["true"]
+[[post]]
+upload = { from = "/etc/hostname", to = "tests", replace = true }
 "#,
         )
         .unwrap();
@@ -644,6 +660,15 @@ run = ["true"]
         assert_eq!(t.network, NetworkKind::Host);
         assert!(t.mounts[0].read_only);
         assert_eq!(t.limits.pids, Some(64));
+        assert_eq!(
+            t.post[1],
+            Step::Upload {
+                from: PathBuf::from("/etc/hostname"),
+                to: PathBuf::from("tests"),
+                replace: true,
+            }
+        );
+        assert!(matches!(t.prepare[0], Step::Upload { replace: false, .. }));
         assert_eq!(
             t.prepare[1],
             Step::Run {
@@ -655,7 +680,7 @@ run = ["true"]
                 "environment":{"A":"1"},"mounts":[{"source":"/etc","target":"/host-etc"}],
                 "limits":{"memory_bytes":1073741824,"pids":64,"cpu":1.5},
                 "prepare":[{"upload":{"from":"/etc/hostname","to":"task/hostname"}},{"run":"echo hi"}],
-                "post":[{"run":["true"]}]}"#,
+                "post":[{"run":["true"]},{"upload":{"from":"/etc/hostname","to":"tests","replace":true}}]}"#,
             true,
             "t.json",
         )
@@ -728,6 +753,14 @@ run = ["true"]
             (
                 "[[prepare]]\nupload = { from = \"/etc\", to = \"/abs\" }",
                 "prepare[0].upload.to:",
+            ),
+            (
+                "[[post]]\nupload = { from = \"/etc\", replace = true }",
+                "post[0].upload.replace: replaces what is at `to`",
+            ),
+            (
+                "[[post]]\nupload = { from = \"/etc\", to = \"./.\", replace = true }",
+                "post[0].upload.replace:",
             ),
         ] {
             match toml(text) {

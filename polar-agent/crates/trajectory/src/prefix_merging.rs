@@ -21,9 +21,16 @@
 //!   call it followed; the new conversation continues the chain after a
 //!   `Compaction` break linked to the summary. Summary calls Polar itself
 //!   made (server-side compaction) are labelled the same way.
-//! - **Breaks** (compaction, rewritten history): a new segment of the same
-//!   chain, `AfterBreak { reason }`, linked to the segment it left with the
-//!   length of the common prefix.
+//! - **Breaks** (compaction, rewritten history, template mismatch): a new
+//!   segment of the same chain, `AfterBreak { reason }`, linked to the
+//!   segment it left with the length of the common prefix. The reason is
+//!   `Compaction` only after a summary call (the harness's, or Polar's for a
+//!   server-side compaction); a request that keeps the earlier call's whole
+//!   history, rendered into different tokens, is a `TemplateMismatch`; one
+//!   that drops or edits earlier messages without a summary is
+//!   `RewrittenHistory`. No chain continues from a side request (no tools
+//!   offered in a session that offers them, or structured output): a title
+//!   call that came first never starts the main chain.
 //! - **Parallel sub-agents**: each call goes to the chain whose sequence is
 //!   the longest prefix of its prompt (one walk of a radix tree over all
 //!   earlier sequences), so interleaved chains stay apart; each chain's role
@@ -69,6 +76,7 @@
 //!   glue (loss 0).
 
 mod assemble;
+mod history;
 mod matching;
 mod quote;
 mod replies;

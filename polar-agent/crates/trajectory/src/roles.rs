@@ -52,6 +52,19 @@ fn offers_tools(req: &ChatRequest) -> bool {
     !req.tools.is_empty() && req.tool_choice != Some(polar_chat::ToolChoice::None)
 }
 
+/// Which calls are side requests by their own shape, as [`assign`] reads a
+/// conversation: asking for structured output, or offering no tools in a
+/// session that offers tools somewhere. Such a call never starts the main
+/// chain (`prefix_merging` does not continue a conversation from it).
+pub(crate) fn side_shaped<'a>(
+    requests: impl Iterator<Item = &'a ChatRequest> + Clone,
+) -> Vec<bool> {
+    let session_offers_tools = requests.clone().any(offers_tools);
+    requests
+        .map(|r| r.response_format.is_some() || (session_offers_tools && !offers_tools(r)))
+        .collect()
+}
+
 /// What opens `req`'s conversation: its system prompt and first user
 /// message (a title call quoting the task has a system prompt of its own).
 fn opening(req: &ChatRequest) -> Option<String> {

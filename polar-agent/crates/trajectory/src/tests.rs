@@ -4,6 +4,7 @@
 mod checker;
 mod compaction;
 pub(crate) mod kit;
+mod labels;
 mod props;
 mod qwen3_drift;
 mod retry_splices;

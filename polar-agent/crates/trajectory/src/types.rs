@@ -255,15 +255,17 @@ pub enum SegmentKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakReason {
-    /// The new prompt is shorter than the earlier prompt + response: the
-    /// harness compacted (summarized, truncated) its context.
+    /// The harness compacted its context: the segment goes on from a
+    /// summary call (the harness's own summary request, or the one Polar
+    /// made for a server-side compaction).
     Compaction,
-    /// The new prompt diverges from the earlier one and is not shorter: the
-    /// harness edited its history.
+    /// The harness dropped or edited earlier messages of the same
+    /// conversation, with no summary call.
     RewrittenHistory,
-    /// The template rendered the previous assistant turn differently from
-    /// what the model generated (stripped reasoning, generation-only glue, a
-    /// re-serialized tool call) and the turn could not be spliced.
+    /// The request kept the earlier call's messages, but the template
+    /// rendered them into different tokens than the model saw or generated
+    /// (stripped reasoning, generation-only glue, a re-serialized tool call,
+    /// merged whitespace) and the turn could not be spliced.
     TemplateMismatch,
 }
 

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::super::isolation;
 use super::super::judge::DEFAULT_DIFF_SCRIPT;
-use super::super::{Broken, CommandRunner, RunError, RunFuture};
+use super::super::{Broken, CommandRunner, Evaluator, RunError, RunFuture};
 use super::{HostRunner, evaluator, facts, run};
 
 /// Every way the configuration tries to run a program, each its own.
@@ -176,14 +176,22 @@ struct IsolatedRunner {
     host: HostRunner,
     home: tempfile::TempDir,
     tmp: tempfile::TempDir,
+    python: tempfile::TempDir,
 }
 
 impl IsolatedRunner {
     fn new(cwd: &Path) -> Self {
+        let python = tempfile::tempdir().unwrap();
+        std::fs::write(
+            python.path().join(isolation::SITECUSTOMIZE_NAME),
+            isolation::SITECUSTOMIZE,
+        )
+        .unwrap();
         Self {
             host: HostRunner::new(cwd),
             home: tempfile::tempdir().unwrap(),
             tmp: tempfile::tempdir().unwrap(),
+            python,
         }
     }
 }
@@ -196,7 +204,7 @@ impl CommandRunner for IsolatedRunner {
         timeout: std::time::Duration,
     ) -> RunFuture<'a> {
         let tmp = self.tmp.path().display().to_string();
-        let mut all = isolation::env(&tmp);
+        let mut all = isolation::env(&tmp, &self.python.path().display().to_string());
         all.push(("HOME".into(), self.home.path().display().to_string()));
         all.push(("TMPDIR".into(), tmp));
         all.extend(env);
@@ -309,21 +317,17 @@ new file mode 100644
 
 #[test]
 fn the_evaluators_variables_isolate_python_and_git() {
-    let env = isolation::env("/tmp/e/");
+    let env = isolation::env("/tmp/e/", "/polar/py");
     let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     assert_eq!(get("PYTHONNOUSERSITE"), Some("1"));
+    assert_eq!(get("PYTHONSAFEPATH"), Some("1"));
+    assert_eq!(get("PYTHONPATH"), Some("/polar/py"));
     assert_eq!(get("PYTHONPYCACHEPREFIX"), Some("/tmp/e/.pycache"));
     assert_eq!(get("GIT_CONFIG_NOSYSTEM"), Some("1"));
     assert_eq!(get("GIT_CONFIG_GLOBAL"), Some("/dev/null"));
     assert_eq!(get("GIT_CONFIG_COUNT"), Some("3"));
     assert_eq!(get("GIT_CONFIG_VALUE_0"), Some("/dev/null"));
-    for name in [
-        "PYTHONPATH",
-        "PYTHONSTARTUP",
-        "NODE_OPTIONS",
-        "LD_PRELOAD",
-        "BASH_ENV",
-    ] {
+    for name in ["PYTHONSTARTUP", "NODE_OPTIONS", "LD_PRELOAD", "BASH_ENV"] {
         assert_eq!(get(name), None, "{name}");
     }
 }
@@ -515,4 +519,220 @@ async fn start_up_hooks_beside_the_tests_do_not_run() {
             "{argv:?}: {out:?}"
         );
     }
+}
+
+/// Debian's interpreter, which has pytest (`python3-pytest`, installed by
+/// `cargo xtask setup`) and is the one sandboxes see.
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// A workspace holding the wrong `calc.py` and the task's tests in
+/// `tests/` (a conftest of the task's whose fixture the test uses), and
+/// beside them everything a policy may leave to make the tests pass: a
+/// `conftest.py` that reports every test passed, `pytest.ini`, `tox.ini`,
+/// `setup.cfg` and `pyproject.toml` whose `addopts` deselect the test, a
+/// `pytest.py` and a `unittest.py` that print success and exit 0, a
+/// `*.dist-info` declaring a pytest plugin that passes every test, a
+/// `sitecustomize.py` and a `.pth`.
+fn shadowed_workspace(right: bool) -> tempfile::TempDir {
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    let op = if right { "+" } else { "-" };
+    let w = |rel: &str, text: &str| {
+        let path = p.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    w("calc.py", &format!("def add(a, b):\n    return a {op} b\n"));
+    w(
+        "tests/conftest.py",
+        "import pytest\n\n@pytest.fixture\ndef five():\n    return 5\n",
+    );
+    w(
+        "tests/test_calc.py",
+        "import calc\n\ndef test_add(five):\n    assert calc.add(2, 3) == five\n",
+    );
+    w(
+        "tests/test_unit.py",
+        "import unittest\nimport calc\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(calc.add(2, 3), 5)\n",
+    );
+    let pass_all = "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n\
+                    def pytest_runtest_makereport(item, call):\n    \
+                    outcome = yield\n    outcome.get_result().outcome = 'passed'\n";
+    w("conftest.py", pass_all);
+    w("polar_evil.py", pass_all);
+    w(
+        "polar_evil-1.0.dist-info/METADATA",
+        "Metadata-Version: 2.1\nName: polar-evil\nVersion: 1.0\n",
+    );
+    w(
+        "polar_evil-1.0.dist-info/entry_points.txt",
+        "[pytest11]\nevil = polar_evil\n",
+    );
+    let deselect = "addopts = --deselect tests/test_calc.py::test_add -p polar_evil\n";
+    w("pytest.ini", &format!("[pytest]\n{deselect}"));
+    w("tox.ini", &format!("[pytest]\n{deselect}"));
+    w("setup.cfg", &format!("[tool:pytest]\n{deselect}"));
+    w(
+        "pyproject.toml",
+        "[tool.pytest.ini_options]\naddopts = \"-p polar_evil\"\n",
+    );
+    let fake = "import sys\nprint('PASSED tests/test_calc.py::test_add')\nsys.exit(0)\n";
+    w("pytest.py", fake);
+    w("unittest.py", fake);
+    w("sitecustomize.py", "import os\nos._exit(0)\n");
+    w("zz.pth", "import os; os._exit(0)\n");
+    ws
+}
+
+#[tokio::test]
+async fn modules_configurations_and_conftests_planted_around_the_tests_change_nothing() {
+    let pytest = evaluator(
+        "test_output",
+        json!({
+            "command": [SYSTEM_PYTHON, "-m", "pytest", "-rA", "tests"],
+            "parser": "pytest",
+            "tests": "tests",
+            "fail_to_pass": ["tests/test_calc.py::test_add"],
+        }),
+    );
+    let unit = evaluator(
+        "command",
+        json!({"command": [SYSTEM_PYTHON, "-m", "unittest", "-v", "tests.test_unit"]}),
+    );
+    let script = evaluator(
+        "command",
+        json!({"command": [SYSTEM_PYTHON, "-c", "import calc, sys; sys.exit(0 if calc.add(2, 3) == 5 else 1)"]}),
+    );
+    // The control: run plainly, the leftovers make a wrong solution pass.
+    let wrong = shadowed_workspace(false);
+    for e in [&pytest, &unit] {
+        let got = run(e, wrong.path()).await;
+        assert_eq!(got.reward, Some(1.0), "{got:?}");
+    }
+    for (name, e) in [
+        ("pytest", &pytest),
+        ("unittest", &unit),
+        ("script", &script),
+    ] {
+        // In an evaluation, the wrong solution fails and the right one
+        // passes, the task's own conftest and the workspace's module used.
+        let runner = IsolatedRunner::new(wrong.path());
+        let got = e.evaluate(&facts(wrong.path()), &runner).await;
+        assert_eq!(got.reward, Some(0.0), "{name}: {got:?}");
+        let right = shadowed_workspace(true);
+        let runner = IsolatedRunner::new(right.path());
+        let got = e.evaluate(&facts(right.path()), &runner).await;
+        assert_eq!(got.reward, Some(1.0), "{name}: {got:?}");
+    }
+}
+
+#[tokio::test]
+async fn pytest_is_pinned_to_the_tests_own_configuration() {
+    // A tests directory with a configuration of its own: it is the one
+    // read (its marker registered, `--strict-markers` from its addopts),
+    // whatever the workspace's says.
+    let ws = shadowed_workspace(true);
+    std::fs::write(
+        ws.path().join("tests/pytest.ini"),
+        "[pytest]\naddopts = --strict-markers\nmarkers =\n    task: the task's marker\n",
+    )
+    .unwrap();
+    std::fs::write(
+        ws.path().join("tests/test_marked.py"),
+        "import pytest\n\n@pytest.mark.task\ndef test_marked():\n    pass\n",
+    )
+    .unwrap();
+    let e = evaluator(
+        "test_output",
+        json!({
+            "command": [SYSTEM_PYTHON, "-m", "pytest", "-rA", "tests"],
+            "parser": "pytest",
+            "tests": "tests",
+            "fail_to_pass": ["tests/test_calc.py::test_add", "tests/test_marked.py::test_marked"],
+        }),
+    );
+    let runner = IsolatedRunner::new(ws.path());
+    let got = e.evaluate(&facts(ws.path()), &runner).await;
+    assert_eq!(got.reward, Some(1.0), "{got:?}");
+    // An unregistered marker fails under the tests' own --strict-markers.
+    std::fs::write(
+        ws.path().join("tests/test_marked.py"),
+        "import pytest\n\n@pytest.mark.other\ndef test_marked():\n    pass\n",
+    )
+    .unwrap();
+    let got = e.evaluate(&facts(ws.path()), &runner).await;
+    assert_eq!(got.reward, Some(0.0), "{got:?}");
+}
+
+#[test]
+fn pytest_options_name_the_tests_directory_and_keep_the_tasks() {
+    let opts = isolation::pytest_addopts(Path::new("t/hidden"), Some("tox.ini"), Some("-x"));
+    assert_eq!(
+        opts,
+        "-p no:cacheprovider --rootdir=. --confcutdir=t/hidden \
+         -c t/hidden/tox.ini -x"
+    );
+    let opts = isolation::pytest_addopts(Path::new("t"), None, None);
+    assert!(opts.ends_with("--confcutdir=t -c /dev/null"), "{opts}");
+    for bad in ["a b", "a'b", "a\"b", "../t", "/abs", "a\\b"] {
+        let e = Evaluator::from_spec(&super::spec(
+            "test_output",
+            json!({"command": "true", "parser": "pytest", "tests": bad}),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tests"), "{bad}: {e}");
+    }
+}
+
+#[tokio::test]
+async fn the_judges_diff_sees_a_change_whose_size_and_times_match_the_index() {
+    // The policy rewrites a committed file with the same size and puts its
+    // times back: by the workspace's index it is unchanged, and plain
+    // `git diff` shows nothing (the control); the judge's diff shows it.
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    std::fs::write(p.join("calc.py"), "def add(a, b):\n    return a + b\n").unwrap();
+    git(p, &["init", "-q"]);
+    git(p, &["add", "calc.py"]);
+    git(
+        p,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-qm",
+            "start",
+        ],
+    );
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(
+            // git compares change times in whole seconds: tried again
+            // should the rewrite cross one.
+            "for i in 1 2 3; do git checkout -q calc.py; \
+             touch -d '2020-01-01 00:00:00' calc.py && git update-index --refresh -q; \
+             printf 'def add(a, b):\\n    return a - b\\n' > calc.py && \
+             touch -d '2020-01-01 00:00:00' calc.py && \
+             test -z \"$(git diff HEAD)\" && exit 0; done; exit 1",
+        )
+        .current_dir(p)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the control: plain git saw the change");
+    let runner = IsolatedRunner::new(p);
+    let out = runner
+        .run(
+            vec!["sh".into(), "-c".into(), DEFAULT_DIFF_SCRIPT.into()],
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert!(
+        out.stdout.contains("-    return a + b") && out.stdout.contains("+    return a - b"),
+        "{out:?}"
+    );
 }

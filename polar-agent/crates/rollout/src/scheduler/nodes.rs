@@ -1,13 +1,16 @@
-//! The node registry: registration, heartbeats, drain, and the loss of a
-//! node (its sessions go back to the queue).
+//! The node registry: registration, heartbeats (with the node's inference
+//! backends: a node whose backend has no healthy replica takes no
+//! session), drain, and the loss of a node (its sessions go back to the
+//! queue).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
 use super::{Op, Scheduler};
 use crate::events::Event;
 use polar_rollout_types::{
-    API_VERSION, Heartbeat, HeartbeatReply, NodeHealth, NodeRegistration, RegisterReply,
+    API_VERSION, BackendHealth, Heartbeat, HeartbeatReply, NodeHealth, NodeRegistration,
+    RegisterReply, backend_down,
 };
 
 /// A gateway node in memory.
@@ -60,9 +63,30 @@ impl Node {
         }
     }
 
-    /// Whether it takes new sessions, capacity aside.
+    /// Its inference backends as last reported: the last heartbeat's, or
+    /// the registration's before a heartbeat named any.
+    pub fn backends(&self) -> &BTreeMap<String, BackendHealth> {
+        if self.heartbeat.backends.is_empty() {
+            &self.registration.backends
+        } else {
+            &self.heartbeat.backends
+        }
+    }
+
+    /// Its first inference backend with no healthy replica.
+    pub fn backend_down(&self) -> Option<(&str, &BackendHealth)> {
+        backend_down(self.backends())
+    }
+
+    /// Whether it takes new sessions, capacity aside: heartbeating, not
+    /// draining, not refusing, and every backend reachable (a session sent
+    /// to a node whose backend is down would only fail there).
     pub fn eligible_ignoring_capacity(&self) -> bool {
-        self.healthy && !self.heartbeat.draining && !self.drain_requested && !self.refusing
+        self.healthy
+            && !self.heartbeat.draining
+            && !self.drain_requested
+            && !self.refusing
+            && self.backend_down().is_none()
     }
 
     /// Whether it takes a new session now.
@@ -77,6 +101,8 @@ impl Node {
             NodeHealth::Unhealthy
         } else if self.heartbeat.draining || self.drain_requested {
             NodeHealth::Draining
+        } else if self.backend_down().is_some() {
+            NodeHealth::BackendDown
         } else {
             NodeHealth::Healthy
         }

@@ -93,6 +93,30 @@ impl Scheduler {
     ) -> Result<(), ReportError> {
         self.check_current(sid, &r.node_id, r.attempt)?;
         self.counters.results += 1;
+        if r.retry && r.node_unfit && r.status != SampleStatus::Completed {
+            // This node would fail it again: another node only, or it
+            // fails now with the node's reason.
+            let error = r.error.as_deref().unwrap_or("no reason given").to_owned();
+            let Some(s) = self.sessions.get_mut(sid) else {
+                return Ok(());
+            };
+            s.unfit.insert(r.node_id.clone(), error.clone());
+            let unfit = s.unfit.clone();
+            if self.another_node_for(&unfit) {
+                let reason = format!("node {} cannot run the session: {error}", r.node_id);
+                self.lose(sid, &reason, now, wall_ms);
+            } else {
+                if let Some(n) = self.nodes.get_mut(&r.node_id) {
+                    n.release(sid, now);
+                }
+                self.end_attempt(
+                    sid,
+                    &format!("node {} cannot run the session: {error}", r.node_id),
+                );
+                self.fail_unfit(sid, wall_ms);
+            }
+            return Ok(());
+        }
         if r.retry && r.status != SampleStatus::Completed {
             // An attempt the infrastructure ended is run again while the
             // retry limit allows, and kept (with its exported trajectory)
@@ -184,10 +208,7 @@ impl Scheduler {
         {
             let waiting: Vec<String> = self.queue.values().cloned().collect();
             self.queue.clear();
-            let error = format!(
-                "no healthy node for {} ms",
-                self.limits.no_node_timeout.as_millis()
-            );
+            let error = self.no_node_error();
             for sid in waiting {
                 self.set_state(
                     &sid,
@@ -199,6 +220,33 @@ impl Scheduler {
                     self.check_finished(&task_id, wall_ms);
                 }
             }
+        }
+    }
+
+    /// Why pending sessions fail after `no_node_timeout`: no node at all,
+    /// or the nodes there are cannot reach an inference backend.
+    fn no_node_error(&self) -> String {
+        let ms = self.limits.no_node_timeout.as_millis();
+        let down: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.healthy)
+            .filter_map(|(id, n)| {
+                n.backend_down().map(|(b, h)| {
+                    format!(
+                        "node {id}: backend {b} has no healthy replica (0 of {})",
+                        h.replicas
+                    )
+                })
+            })
+            .collect();
+        if down.is_empty() {
+            format!("no healthy node for {ms} ms")
+        } else {
+            format!(
+                "no healthy node for {ms} ms; inference backend down: {}",
+                down.join("; ")
+            )
         }
     }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::*;
 use polar_rollout_types::{
-    Heartbeat, NodeCapacity, SampleStatus, SessionProgress, SessionResult, TokenUsage,
+    Heartbeat, NodeCapacity, NodeHealth, SampleStatus, SessionProgress, SessionResult, TokenUsage,
 };
 
 fn limits() -> Limits {
@@ -43,6 +43,7 @@ fn node(id: &str, max: u32) -> NodeRegistration {
             stages: Default::default(),
         },
         labels: Default::default(),
+        backends: Default::default(),
     }
 }
 
@@ -58,6 +59,7 @@ fn result(node: &str, attempt: u32, status: SampleStatus) -> SessionResult {
         stats: None,
         retry: false,
         infra_fault: false,
+        node_unfit: false,
     }
 }
 
@@ -161,7 +163,65 @@ fn an_attempt_the_infrastructure_ended_is_run_again_then_kept() {
         SessionState::Done { result, attempt: 2, .. }
             if result.status == SampleStatus::Error
                 && result.trajectory_uri.as_deref() == Some("file:///x/t-s0-2.parquet")
+                && result.reward.is_none()
     ));
+    // The node reported reward 0 for it: no reward, no mean, no usable
+    // sample, so the task failed (not completed) and says why.
+    assert_eq!(v.status, TaskStatus::Failed);
+    assert_eq!((v.counts.usable, v.requested), (0, 1));
+    assert_eq!(v.mean_reward, None);
+    assert_eq!(v.failures.len(), 1);
+    assert_eq!(
+        (
+            v.failures[0].status.as_str(),
+            v.failures[0].error.as_str(),
+            v.failures[0].count
+        ),
+        ("error", "the inference backend ended the session", 1)
+    );
+}
+
+#[test]
+fn a_task_with_fewer_usable_samples_than_requested_is_partial() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 10), t0, 0);
+    s.submit(task("t", 3), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    let scored = |r| SessionResult {
+        reward: Some(r),
+        ..result("a", 1, SampleStatus::Completed)
+    };
+    s.result("t-s0", &scored(1.0), t0, 0).unwrap();
+    s.result("t-s1", &scored(0.0), t0, 0).unwrap();
+    let timed_out = SessionResult {
+        reward: Some(0.0),
+        error: Some("the session's time ran out".into()),
+        ..result("a", 1, SampleStatus::Timeout)
+    };
+    s.result("t-s2", &timed_out, t0, 0).unwrap();
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Partial);
+    assert!(v.status.is_finished());
+    assert_eq!((v.counts.done, v.counts.usable, v.requested), (3, 2, 3));
+    assert_eq!(v.mean_reward, Some(0.5), "the timeout is out of the mean");
+    assert_eq!(v.reward_std, Some(0.5), "rewards 1 and 0");
+    assert_eq!(v.failures[0].samples, [2]);
+    let report = crate::report::results_table(&v);
+    assert!(
+        report.contains("2 of 3 requested samples usable, mean reward 0.5000 over the usable ones"),
+        "{report}"
+    );
+    assert!(
+        report.contains("1 sample timeout: the session's time ran out (sample 2)"),
+        "{report}"
+    );
+    assert!(
+        report.contains("prompt_tok_all_calls  response_tok_all_calls")
+            && report.contains("(token counts are summed over each session's model calls"),
+        "{report}"
+    );
 }
 
 #[test]
@@ -350,6 +410,162 @@ fn a_draining_node_gets_nothing() {
     s.take_changes();
     s.assign(0, 10);
     assert!(pushes(&mut s).iter().all(|(_, n)| n == "b"));
+}
+
+fn backends(
+    healthy: u32,
+) -> std::collections::BTreeMap<String, polar_rollout_types::BackendHealth> {
+    [(
+        "policy".to_owned(),
+        polar_rollout_types::BackendHealth {
+            replicas: 1,
+            healthy,
+        },
+    )]
+    .into_iter()
+    .collect()
+}
+
+#[test]
+fn a_node_whose_backend_is_down_gets_nothing_until_it_is_back() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    // Down from its registration on: listed as such, sent nothing.
+    let mut reg = node("a", 10);
+    reg.backends = backends(0);
+    s.register(reg, t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    s.take_changes();
+    assert_eq!(s.assign(0, 10), 0);
+    let view = s.node_views(t0);
+    assert_eq!(view[0].health, NodeHealth::BackendDown);
+    assert_eq!(view[0].backends["policy"].healthy, 0);
+    // Its heartbeat says a replica answers again: woken, dispatched.
+    let up = Heartbeat {
+        backends: backends(1),
+        ..Heartbeat::default()
+    };
+    s.heartbeat("a", up, t0).unwrap();
+    assert!(s.take_changes().wake);
+    assert_eq!(s.node_views(t0)[0].health, NodeHealth::Healthy);
+    assert_eq!(s.assign(0, 10), 2);
+    // Down again: the sessions it holds go on, new ones wait.
+    let down = Heartbeat {
+        backends: backends(0),
+        ..Heartbeat::default()
+    };
+    s.heartbeat("a", down, t0).unwrap();
+    s.take_changes();
+    s.submit(task("u", 1), t0, 0).unwrap();
+    assert_eq!(s.assign(0, 10), 0);
+    assert_eq!(s.queued(), 1);
+}
+
+#[test]
+fn sessions_no_node_can_take_fail_naming_the_backend_that_is_down() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    let mut reg = node("a", 10);
+    reg.backends = backends(0);
+    s.register(reg, t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    // Heartbeats keep coming; no_node_timeout (10 s) passes.
+    let later = t0 + Duration::from_secs(11);
+    s.heartbeat(
+        "a",
+        Heartbeat {
+            backends: backends(0),
+            ..Heartbeat::default()
+        },
+        later,
+    )
+    .unwrap();
+    s.tick(later, 11_000);
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Failed);
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Failed { error }
+            if error == "no healthy node for 10000 ms; inference backend down: node a: backend policy has no healthy replica (0 of 1)"),
+        "{:?}",
+        v.samples[0].state
+    );
+}
+
+fn unfit(node: &str, attempt: u32, error: &str) -> SessionResult {
+    SessionResult {
+        retry: true,
+        node_unfit: true,
+        error: Some(error.into()),
+        reward: None,
+        ..result(node, attempt, SampleStatus::Error)
+    }
+}
+
+#[test]
+fn a_node_that_cannot_run_a_session_fails_it_at_once_when_it_is_the_only_one() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.submit(task("t", 1), t0, 0).unwrap();
+    s.assign(0, 10);
+    s.take_changes();
+    s.result("t-s0", &unfit("a", 1, "harness x is not installed"), t0, 0)
+        .unwrap();
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Failed);
+    assert_eq!((v.samples[0].attempts, v.samples[0].retries), (1, 0));
+    assert!(
+        matches!(&v.samples[0].state, SessionState::Failed { error }
+            if error == "node a cannot run it: harness x is not installed (no other node to try)"),
+        "{:?}",
+        v.samples[0].state
+    );
+    assert!(s.assigned_to("a").is_empty());
+    assert_eq!(s.queued(), 0);
+}
+
+#[test]
+fn a_node_that_cannot_run_a_session_never_gets_it_again() {
+    let t0 = Instant::now();
+    let mut s = Scheduler::new(limits(), t0);
+    s.register(node("a", 4), t0, 0);
+    s.register(node("b", 1), t0, 0);
+    s.submit(task("t", 2), t0, 0).unwrap();
+    s.take_changes();
+    s.assign(0, 10);
+    let p = pushes(&mut s);
+    assert_eq!(p.len(), 2, "{p:?}");
+    let on_a = p
+        .iter()
+        .find(|(_, n)| n == "a")
+        .map(|(sid, _)| sid.clone())
+        .unwrap();
+    let on_b = p
+        .iter()
+        .find(|(_, n)| n == "b")
+        .map(|(sid, _)| sid.clone())
+        .unwrap();
+    s.result(&on_a, &unfit("a", 1, "runtime docker unavailable"), t0, 0)
+        .unwrap();
+    // b is full: the session waits rather than go back to a, which has room.
+    assert_eq!(s.assign(0, 10), 0);
+    assert_eq!(s.queued(), 1);
+    s.result(&on_b, &result("b", 1, SampleStatus::Completed), t0, 0)
+        .unwrap();
+    s.assign(0, 10);
+    assert_eq!(pushes(&mut s), [(on_a.clone(), "b".to_owned())]);
+    // b cannot either: no node left, it fails naming both.
+    s.result(&on_a, &unfit("b", 2, "runtime docker unavailable"), t0, 0)
+        .unwrap();
+    let v = s.task_view("t", true).unwrap();
+    assert_eq!(v.status, TaskStatus::Partial);
+    let failed = v.samples.iter().find(|x| x.session_id == on_a).unwrap();
+    assert!(
+        matches!(&failed.state, SessionState::Failed { error }
+            if error == "node a cannot run it: runtime docker unavailable; node b cannot run it: runtime docker unavailable (no other node to try)"),
+        "{:?}",
+        failed.state
+    );
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::{QueueKey, Scheduler, Session, Task, queue_key};
 use polar_rollout_types::{
-    API_VERSION, CallbackState, CallbackView, NodeView, SampleView, SessionCounts, SessionKind,
-    SessionState, TaskRequest, TaskStatus, TaskView, session_id,
+    API_VERSION, CallbackState, CallbackView, FailureGroup, NodeView, SampleView, SessionCounts,
+    SessionKind, SessionState, TaskRequest, TaskStatus, TaskView, failure_groups, session_id,
 };
 
 /// A task as stored.
@@ -90,19 +90,36 @@ impl Scheduler {
         })
     }
 
-    /// The mean reward of the task's samples that have one.
-    fn mean_reward(&self, task_id: &str, n: u32) -> Option<f64> {
-        let (mut sum, mut count) = (0.0, 0u32);
-        for i in 0..n {
-            if let Some(SessionState::Done { result, .. }) =
-                self.sessions.get(&session_id(task_id, i)).map(|s| &s.state)
-                && let Some(r) = result.reward
-            {
-                sum += r;
-                count += 1;
-            }
+    /// The mean and spread (population standard deviation) of the task's
+    /// usable samples' rewards (a result stored before rewards were kept
+    /// for usable samples only may carry one on another status).
+    fn reward_stats(&self, task_id: &str, n: u32) -> Option<(f64, f64)> {
+        let rewards: Vec<f64> = (0..n)
+            .filter_map(
+                |i| match self.sessions.get(&session_id(task_id, i)).map(|s| &s.state) {
+                    Some(SessionState::Done { result, .. }) if result.status.is_usable() => {
+                        result.reward
+                    }
+                    _ => None,
+                },
+            )
+            .collect();
+        if rewards.is_empty() {
+            return None;
         }
-        (count > 0).then(|| sum / f64::from(count))
+        let count = rewards.len() as f64;
+        let mean = rewards.iter().sum::<f64>() / count;
+        let var = rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / count;
+        Some((mean, var.sqrt()))
+    }
+
+    /// Why the task's unusable samples ended, grouped.
+    fn failures(&self, task_id: &str, n: u32) -> Vec<FailureGroup> {
+        failure_groups((0..n).filter_map(|i| {
+            self.sessions
+                .get(&session_id(task_id, i))
+                .map(|s| (i, &s.state))
+        }))
     }
 
     /// A task with or without its samples.
@@ -115,6 +132,7 @@ impl Scheduler {
         } else {
             Vec::new()
         };
+        let stats = self.reward_stats(task_id, t.request.num_samples);
         Some(TaskView {
             version: API_VERSION,
             task_id: task_id.to_owned(),
@@ -130,7 +148,10 @@ impl Scheduler {
             reason: t.reason.clone(),
             counts: t.counts,
             callback: t.callback.clone(),
-            mean_reward: self.mean_reward(task_id, t.request.num_samples),
+            requested: t.request.requested(),
+            mean_reward: stats.map(|s| s.0),
+            reward_std: stats.map(|s| s.1),
+            failures: self.failures(task_id, t.request.num_samples),
             samples,
         })
     }
@@ -181,6 +202,7 @@ impl Scheduler {
                     .unwrap_or(u64::MAX),
                     last_heartbeat: n.heartbeat.clone(),
                     labels: n.registration.labels.clone(),
+                    backends: n.backends().clone(),
                 }
             })
             .collect()
@@ -285,6 +307,7 @@ impl Scheduler {
                     ended: ss.ended,
                     enqueued_at: now,
                     live: super::LiveCalls::default(),
+                    unfit: BTreeMap::new(),
                 },
             );
         }

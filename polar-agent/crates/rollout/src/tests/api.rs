@@ -177,8 +177,36 @@ async fn missing_or_wrong_tokens_get_401_on_every_api() {
             assert_eq!(code, StatusCode::UNAUTHORIZED, "{m} {path}");
         }
     }
+    // The message names the token the endpoint needs and what the one
+    // presented is, never the token.
+    let message = |body: &[u8]| -> String {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+        v["error"]["message"].as_str().unwrap().to_owned()
+    };
+    let trainer_needed = "this endpoint needs a trainer token (rollout.tokens, POLAR_ROLLOUT_TOKEN), or a viewer token for GET";
+    let (_, body) = none.raw(Method::GET, "/v1/tasks", None).await.unwrap();
+    assert_eq!(
+        message(&body),
+        format!("{trainer_needed}; no bearer token was presented (Authorization: Bearer TOKEN)")
+    );
+    let (_, body) = wrong.raw(Method::GET, "/v1/tasks", None).await.unwrap();
+    assert_eq!(
+        message(&body),
+        format!("{trainer_needed}; the token presented is not a token this server accepts")
+    );
+    let gateway_token = RolloutClient::new(server.url(), Some(e.cfg.gateway_token.clone()));
+    let (_, body) = gateway_token
+        .raw(Method::GET, "/v1/tasks", None)
+        .await
+        .unwrap();
+    assert_eq!(
+        message(&body),
+        format!(
+            "{trainer_needed}; the token presented is the gateway token (rollout.gateway_token: what this server presents to gateways, not a token it accepts)"
+        )
+    );
     // Each side's token opens only its side.
-    let (code, _) = trainer
+    let (code, body) = trainer
         .raw(
             Method::POST,
             "/v1/nodes/register",
@@ -187,8 +215,17 @@ async fn missing_or_wrong_tokens_get_401_on_every_api() {
         .await
         .unwrap();
     assert_eq!(code, StatusCode::UNAUTHORIZED);
-    let (code, _) = node.raw(Method::GET, "/v1/tasks", None).await.unwrap();
+    assert_eq!(
+        message(&body),
+        "this endpoint needs the node's own token (rollout.node_tokens); the token presented is a trainer token"
+    );
+    let (code, body) = node.raw(Method::GET, "/v1/tasks", None).await.unwrap();
     assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        message(&body),
+        format!("{trainer_needed}; the token presented is the node token of \"node-a\"")
+    );
+    assert!(!message(&body).contains(NODE_TOKEN));
     let (code, _) = node
         .raw(Method::POST, "/v1/nodes/register", Some(reg.into_bytes()))
         .await
@@ -200,11 +237,15 @@ async fn missing_or_wrong_tokens_get_401_on_every_api() {
     // The gateway side checks the server's token too.
     let gw = gateway(gw_config(&server, "node-g")).await;
     let to_gw = RolloutClient::new(gw.address(), Some(TOKEN.into()));
-    let (code, _) = to_gw
+    let (code, body) = to_gw
         .raw(Method::POST, "/v1/sessions", Some(b"{}".to_vec()))
         .await
         .unwrap();
     assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        message(&body),
+        "this gateway takes the token the rollout server presents to it (its gateway.accept_tokens: the server's rollout.gateway_token, POLAR_GATEWAY_TOKEN for a trainer's pause and resume); the token presented is not one of them (a trainer's or a node's own token is not)"
+    );
     gw.stop().await;
     server.shutdown().await;
 }

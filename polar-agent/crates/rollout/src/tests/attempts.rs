@@ -80,6 +80,7 @@ async fn a_newer_attempt_starts_after_the_old_one_is_torn_down() {
         stats: None,
         retry: true,
         infra_fault: false,
+        node_unfit: false,
     };
     as_node.result("t-s0", &failed).await.unwrap();
     let l = Arc::clone(&log);

@@ -239,7 +239,8 @@ fn the_node_resolves_symbolic_links_and_uses_the_canonical_path() {
         s.prepare[0],
         Step::Upload {
             from: canon.clone(),
-            to: PathBuf::from(".")
+            to: PathBuf::from("."),
+            replace: false,
         }
     );
     assert_eq!(s.mounts[0].source, canon);

@@ -19,20 +19,23 @@
 //! - A root (a call extending no earlier call) starts a new segment of an
 //!   earlier chain (a break) when its divergence looks like a template
 //!   mismatch; or when, sharing a token prefix with the latest call `B` it
-//!   left, whose trace never grows again afterwards, it is the same
-//!   conversation as `B` (a common message beyond the system prompt:
-//!   compaction when the new prompt is shorter than `B`'s prompt + response,
-//!   rewritten history otherwise) or quotes `B`'s response (a summary:
-//!   compaction). Any other root starts a new chain: a sub-agent or a side
-//!   request, running alongside or after the others.
+//!   left, whose trace never grows again afterwards, it keeps `B`'s whole
+//!   history (same messages, re-rendered differently: template mismatch),
+//!   is otherwise the same conversation as `B` (a common message beyond the
+//!   system prompt: rewritten history) or quotes `B`'s response (a summary:
+//!   compaction). A break is labelled compaction only after a summary call.
+//!   A call that is no side request never continues from a side request (a
+//!   title call that came first): it starts a chain of its own. Any other
+//!   root starts a new chain: a sub-agent or a side request, running
+//!   alongside or after the others.
 
 use crate::calls::Call;
 use crate::options::{PrefixMergingOptions, RetryPolicy};
 use crate::stats::{DropReason, DroppedCall};
 use crate::trace_buf::TraceBuf;
 use crate::types::{BreakReason, ChainId, Join, Label, SegmentKind, SegmentLink, Trace};
-use polar_chat::Role;
 
+use super::history::{keeps_history, same_conversation};
 use super::matching::{Attach, Matched};
 use super::quote::{common_prefix_with, quoted};
 use super::replies::ReplyUse;
@@ -80,6 +83,18 @@ struct Facts {
     summarized_by: Vec<Option<CallIx>>,
     /// Which later calls hold each call's reply.
     replies: ReplyUse,
+    /// Side-shaped calls (`roles::side_shaped`): no conversation that is
+    /// not one continues from them.
+    side: Vec<bool>,
+}
+
+impl Facts {
+    /// Whether `r` may continue (or branch from) `b`'s chain: a call that is
+    /// no side request never continues from one (a title call that came
+    /// first is not the main chain's start).
+    fn may_continue(&self, r: CallIx, b: CallIx) -> bool {
+        self.side[r] || !self.side[b]
+    }
 }
 
 impl Facts {
@@ -158,6 +173,7 @@ pub(super) fn assemble(
         summary,
         summarized_by,
         replies,
+        side: crate::roles::side_shaped(calls.iter().map(|c| &c.record.request)),
     };
 
     let mut plans = trace_starts(calls, matched, &children, &root_groups, &facts);
@@ -182,7 +198,9 @@ pub(super) fn assemble(
 /// which. The summaries Polar made for server-side compactions are known
 /// from their request; a harness's own are found from what follows. A root
 /// `r` continues from summary `b` when nothing extends `b`, `r`'s prompt
-/// quotes `b`'s response, and `b` is a known summary, or `r` is not `b`'s
+/// quotes `b`'s response, `r`'s request does not keep `b`'s whole history
+/// (`history::keeps_history`: then `r` went on with `b`'s conversation and
+/// quotes its reply because it re-renders it), and `b` is a known summary, or `r` is not `b`'s
 /// conversation (no message beyond the system prompt in common: the harness
 /// summarized, then started afresh from the summary), or `b`'s reply is
 /// text that `r` quotes outside its assistant turns (the harness kept the
@@ -210,6 +228,7 @@ fn summaries(
                 .as_ref()
                 .is_some_and(|resp| resp.message.tool_calls.is_empty());
             children[b].is_empty()
+                && !keeps_history(&calls[r], &calls[b])
                 && (known[b]
                     || !same_conversation(&calls[r], &calls[b])
                     || (text_reply && !replies.holds(r, b)))
@@ -234,17 +253,23 @@ fn summaries(
 }
 
 /// How a summary call that is a root starts: linked to where its prompt
-/// left the chain, else to the latest call whose reply its request holds.
+/// left the chain, else to the latest call whose reply its request holds;
+/// never to a side request (see [`Facts::may_continue`]).
 fn summary_root(calls: &[Call<'_>], matched: &[Matched], facts: &Facts, c: CallIx) -> Start {
     if let Attach::Root(info) = matched[c].attach
-        && let Some(d) = info.divergence.filter(|d| d.common_prefix_len > 0)
+        && let Some(d) = info
+            .divergence
+            .filter(|d| d.common_prefix_len > 0 && facts.may_continue(c, d.from))
     {
         return Start::Summary {
             link: d.from,
             lcp: d.common_prefix_len,
         };
     }
-    match (0..c).rev().find(|&b| facts.replies.holds(c, b)) {
+    match (0..c)
+        .rev()
+        .find(|&b| facts.replies.holds(c, b) && facts.may_continue(c, b))
+    {
         Some(b) => Start::Summary {
             link: b,
             lcp: common_prefix_with(calls[c].prompt, &calls[b]),
@@ -334,7 +359,12 @@ fn mark_breaks(
             };
             continue;
         }
-        let Some(d) = info.divergence else { continue };
+        let Some(d) = info
+            .divergence
+            .filter(|d| facts.may_continue(plan.first, d.from))
+        else {
+            continue;
+        };
         let r = &calls[plan.first];
         let b = &calls[d.from];
         let reason = if d.template_mismatch {
@@ -448,31 +478,22 @@ fn build_traces(
 
 /// Why root `r`, which left `b`'s sequence after a common prefix while `b`'s
 /// trace never grew again, continues `b`'s chain; `None` when it starts a
-/// chain of its own. It continues it when it is the same conversation (it
-/// shares a message beyond the system prompt with `b`), or when its prompt
-/// quotes `b`'s response (a summary made by `b`, then used as the new
-/// context: compaction by summary).
+/// chain of its own. It continues it when its request keeps `b`'s whole
+/// history (`history::keeps_history`: the template rendered the same
+/// messages differently, a template mismatch the splice could not bridge),
+/// when it is otherwise the same conversation (it shares a message beyond
+/// the system prompt with `b`: the harness rewrote its history, dropping or
+/// editing messages, with no summary call), or when its prompt quotes `b`'s
+/// response (a summary made by `b`, then used as the new context:
+/// compaction by summary).
 fn break_reason(r: &Call<'_>, b: &Call<'_>) -> Option<BreakReason> {
-    if same_conversation(r, b) {
-        Some(if r.prompt.len() < b.seq_len() {
-            BreakReason::Compaction
-        } else {
-            BreakReason::RewrittenHistory
-        })
+    if keeps_history(r, b) {
+        Some(BreakReason::TemplateMismatch)
+    } else if same_conversation(r, b) {
+        Some(BreakReason::RewrittenHistory)
     } else {
         quoted(r.prompt, b.response).then_some(BreakReason::Compaction)
     }
-}
-
-/// Whether `r` and `b` share a message beyond the system prompt.
-fn same_conversation(r: &Call<'_>, b: &Call<'_>) -> bool {
-    let (rm, bm) = (&r.record.request.messages, &b.record.request.messages);
-    let shared = rm.iter().zip(bm).take_while(|(x, y)| x == y).count();
-    let system = usize::from(
-        rm.first()
-            .is_some_and(|m| matches!(m.role, Role::System | Role::Developer)),
-    );
-    shared > system
 }
 
 /// The last call of the trace holding `c`.
