@@ -10,7 +10,9 @@
 //!   reward), the harness's installation is found, and the session is
 //!   prepared (an earlier attempt's directories and capture log on this
 //!   node moved apart to `<state>/attempts/<session>/<n>/`, then fresh
-//!   directories, sandbox, runtime started, prepare steps).
+//!   directories, sandbox, runtime started, prepare steps), and, for an
+//!   evaluator with an `llm_judge`, the workspace's commit recorded as the
+//!   judge's diff base ([`polar_evaluate::base`]).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace; an
