@@ -10,7 +10,9 @@
 //!   reward), the harness's installation is found, and the session is
 //!   prepared (an earlier attempt's directories and capture log on this
 //!   node moved apart to `<state>/attempts/<session>/<n>/`, then fresh
-//!   directories, sandbox, runtime started, prepare steps).
+//!   directories, sandbox, runtime started, prepare steps), and, for an
+//!   evaluator with an `llm_judge`, the workspace's commit recorded as the
+//!   judge's diff base ([`polar_evaluate::base`]).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace; an
@@ -47,7 +49,7 @@ use crate::runtime::eval::EvalDirs;
 use crate::runtime::plan::{Phase, Plan, StepEnd};
 use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
-    Broken, CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, RunError,
+    Broken, CommandOutput, CommandRunner, DiffBase, Evaluation, Evaluator, JudgeInputs, RunError,
     SessionFacts,
 };
 use polar_export::Exporter;
@@ -68,6 +70,9 @@ pub struct Session {
     live: Live,
     evaluator: Evaluator,
     agent_timeout: Duration,
+    /// The workspace's commit before the harness ran, which the judge's
+    /// diff is taken against (kept here, out of the sandbox's reach).
+    base: DiffBase,
 }
 
 /// What RUNNING ended with: the harness's step.
@@ -288,11 +293,17 @@ impl Work for HarnessWork {
                 };
                 InitError::new(fault, chain(&e))
             })?;
+        let base = if spec.evaluator.needs_judge() && prepared.ready() {
+            record_base(&prepared, &stop).await
+        } else {
+            DiffBase::Head
+        };
         Ok(Session {
             prepared,
             live,
             evaluator: spec.evaluator,
             agent_timeout: spec.timeout.unwrap_or(self.agent_timeout),
+            base,
         })
     }
 
@@ -380,6 +391,7 @@ impl Work for HarnessWork {
             calls,
             failed_calls,
             workspace: s.prepared.workspace().to_owned(),
+            base: s.base.clone(),
         };
         let evaluate = !ended.cancelled && !ended.timed_out && s.prepared.ready();
         let fresh = evaluate && s.evaluator.needs_fresh_sandbox();
@@ -675,6 +687,42 @@ fn rewards_of(e: &Evaluation) -> Option<Rewards> {
         })
         .collect();
     Some(Rewards::ByRole { outcome, roles })
+}
+
+/// How long recording the diff's base may take.
+const RECORD_BASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The workspace's `HEAD` commit after the prepare steps, before the
+/// harness runs, read in the sandbox like an evaluator command
+/// ([`polar_evaluate::base`]). Where it cannot be read (the node's fault:
+/// the policy has not run yet) the judge diffs against `HEAD`, and the
+/// node says why.
+async fn record_base(prepared: &Prepared, stop: &CancellationToken) -> DiffBase {
+    let runner = SandboxRunner::new(prepared, stop);
+    let argv = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        polar_evaluate::base::RECORD_SCRIPT.to_owned(),
+    ];
+    let why = match runner.run(argv, Vec::new(), RECORD_BASE_TIMEOUT).await {
+        Ok(out) if out.exit == Some(0) => match DiffBase::of_record(&out.stdout) {
+            Some(base) => return base,
+            None => format!("unreadable answer {:?}", tail_of(&out.stdout)),
+        },
+        Ok(out) => format!("exit {:?}: {}", out.exit, tail_of(&out.stderr)),
+        Err(e) => e.message,
+    };
+    tracing::warn!(session = %prepared.session(), error = %why, "the judge's diff base was not recorded: it diffs against HEAD");
+    DiffBase::Head
+}
+
+/// The last 200 bytes of `s`, for a log line.
+fn tail_of(s: &str) -> &str {
+    let mut start = s.len().saturating_sub(200);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
 }
 
 impl HarnessWork {
