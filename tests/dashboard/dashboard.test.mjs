@@ -20,6 +20,10 @@
 //      `polar mock-backend --write-tokenizer`) concatenated over each
 //      call's generated tokens, and over the whole trace, is what the mock
 //      decodes those ids to (its `/detokenize`);
+//   4b. once its node dropped its copy, the session's calls are read from
+//      the exported calls file: one entry per call, the same calls as the
+//      exported rows (read from disk here), each with the native request
+//      the harness sent and the reply;
 //   5. the logprob heat (each trained token's step from its exported
 //      logprob), the per_request view, two samples side by side;
 //   6. a trainer token's pause and resume (with a policy version) reach the
@@ -31,7 +35,7 @@
 // The first browser's screenshots go to POLAR_SCREENSHOTS. Every wait is
 // bounded.
 
-import { readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, writeFileSync, mkdirSync } from "node:fs";
 import { createServer } from "node:http";
 import { join } from "node:path";
 import { launch } from "./driver.mjs";
@@ -49,6 +53,7 @@ const NODE = env("POLAR_NODE_ID");
 const FAKE = env("POLAR_FAKE_NODE_ID");
 const FAKE_TOKEN = env("POLAR_FAKE_NODE_TOKEN");
 const EXPORT = env("POLAR_EXPORT_DIR");
+const WORK = env("POLAR_WORK_DIR");
 const SHOTS = env("POLAR_SCREENSHOTS");
 const MODULES = env("POLAR_DASHBOARD_MODULES");
 /** The browsers, in order, and each one's executable; the first takes the screenshots. */
@@ -457,6 +462,26 @@ async function run({ kind, executable }, shots) {
     await shot(page, "session.png", { fullPage: true });
     const traj = await page.$("#trajectory");
     await shot(traj, "trajectory.png");
+
+    // 4b. The calls, from the export: the node removed its capture.
+    {
+      check(!existsSync(join(WORK, "state", "sessions", session)), `the node dropped ${session}'s capture directory`);
+      const uri = sample.result.stats.calls_uri;
+      check(uri === join(EXPORT, `task=${taskId}`, `${session}.calls.jsonl.zst`) && existsSync(uri), `the calls file ${uri} is beside the trajectory`);
+      await page.click("#show-calls");
+      await page.waitForSelector("#calls-list details.call", { timeout: 15000 });
+      const ids = await page.$$eval("#calls-list details.call", (els) => els.map((e) => e.dataset.callId));
+      const inRows = new Set(rows.flatMap((r) => r.call_ids));
+      check(ids.length === calls.length && ids.every((id, i) => id === calls[i].call_id), `one entry per call, in order (${ids.length} of ${calls.length})`);
+      check([...inRows].every((id) => ids.includes(id)), "every call of the exported rows is listed");
+      await page.click("#calls-list details.call summary");
+      const native = await page.textContent("#calls-list details.call .native-request");
+      const reply = await page.textContent("#calls-list details.call .reply");
+      check(native.includes("Create the file polar-demo.txt."), "the native request holds the task's instruction as the harness sent it");
+      check(reply.includes("\"choices\"") || reply.includes("\"message\""), `the reply is shown (${reply.slice(0, 80)})`);
+      await shot(await page.$("#calls"), "calls.png");
+      log(`${ids.length} calls of ${session} shown from the exported calls file`);
+    }
 
     // 5. Logprob heat, per_request view, side by side.
     await page.click("#mode-logprob");

@@ -414,6 +414,7 @@ pub(crate) fn check(
     if calls.is_empty() {
         problems.push(format!("no captured call in {log}"));
     }
+    problems.extend(calls_file_problems(name, log, &calls));
     match exported_rows(Path::new(log)) {
         Ok(rows) => {
             // A call the backend refused (a prompt over the context, which
@@ -478,6 +479,43 @@ pub(crate) fn check(
         problems.push(format!("{name} logs:\n{}", run.main_logs()));
     }
     problems
+}
+
+/// What is wrong with the session's calls file, encoded as a gateway
+/// exports it: it must decode to exactly the session's records. Its sizes
+/// (the records as JSON lines, and compressed) and encoding time are
+/// printed (BENCHMARKS.md, "Calls files").
+fn calls_file_problems(name: &str, log: &str, calls: &[CompletionRecord]) -> Vec<String> {
+    use polar_export::calls::{CallsHeader, decode_calls, encode_calls};
+    let session = calls.first().map(|c| c.session_id.as_str()).unwrap_or("");
+    let header = CallsHeader::new(session, None, None, calls);
+    let started = std::time::Instant::now();
+    let bytes = match encode_calls(&header, calls) {
+        Ok(b) => b,
+        Err(e) => return vec![format!("{log}: calls file: {e}")],
+    };
+    let took = started.elapsed();
+    let jsonl: usize = calls
+        .iter()
+        .map(|c| serde_json::to_vec(c).map_or(0, |v| v.len() + 1))
+        .sum();
+    let n = calls.len().max(1);
+    eprintln!(
+        "{name}: calls file: {} calls, JSONL {jsonl} B ({} B/call), zstd {} B ({} B/call, {:.1}x), encoded in {:.2} ms",
+        calls.len(),
+        jsonl / n,
+        bytes.len(),
+        bytes.len() / n,
+        jsonl as f64 / bytes.len().max(1) as f64,
+        took.as_secs_f64() * 1e3
+    );
+    match decode_calls(log, &bytes) {
+        Ok(back) if back.records == calls => Vec::new(),
+        Ok(_) => vec![format!(
+            "{log}: the calls file does not read back the same records"
+        )],
+        Err(e) => vec![format!("{log}: the calls file does not read back: {e}")],
+    }
 }
 
 /// What is wrong with a session whose faults were to be resumed: a call

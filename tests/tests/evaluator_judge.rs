@@ -5,7 +5,10 @@
 //! wrong one. The mock judges from the diff the evaluator shows it (a
 //! criterion quoting `return a + b` scores 10 only when the diff adds that
 //! line: `polar_mock::judge`), so the two samples must score differently,
-//! with the per-criterion scores in the result's evaluation detail. The
+//! with the per-criterion scores in the result's evaluation detail; a
+//! third task commits its correct change over a commit its prepare steps
+//! made, and still scores as correct (the diff's base is the commit
+//! recorded before the harness ran). The
 //! judge's call is reported in that detail (its answer and token counts)
 //! and appears nowhere in the exported trajectory, which holds exactly the
 //! policy's calls.
@@ -96,18 +99,31 @@ upload_roots = ["{examples}"]
 }
 
 /// The task: the demo agent makes its model calls, then the command
-/// leaves `calc.py` returning `op`.
-fn task(task_id: &str, op: &str) -> Result<serde_json::Value> {
+/// leaves `calc.py` returning `op`. With `commit`, the prepare steps
+/// commit a wrong `calc.py` to a repository, and the command commits its
+/// own: the judge's diff is against the commit recorded before the
+/// harness ran, not the workspace's `HEAD`.
+fn task(task_id: &str, op: &str, commit: bool) -> Result<serde_json::Value> {
+    let mut prepare = vec![serde_json::json!({"upload": {
+        "from": examples()?.join("mini_agent.py"), "to": "mini_agent.py"
+    }})];
+    let mut command = format!(
+        "python3 /workspace/mini_agent.py && rm mini_agent.py && \
+         printf 'def add(a, b):\\n    return a {op} b\\n' > calc.py"
+    );
+    if commit {
+        prepare.push(serde_json::json!({"run": "git init -q && \
+            printf 'def add(a, b):\\n    return a - b\\n' > calc.py && git add calc.py && \
+            git -c user.name=t -c user.email=t@t commit -qm task"}));
+        command.push_str(" && git add -A && git -c user.name=p -c user.email=p@p commit -qm fix");
+    }
     Ok(serde_json::json!({
         "task_id": task_id,
         "instruction": "Create polar-demo.txt, and calc.py whose add(a, b) returns a + b.",
         "num_samples": 1,
         "timeout_secs": 120,
-        "agent": {"harness": "shell", "options": {"command": format!(
-            "python3 /workspace/mini_agent.py && rm mini_agent.py && \
-             printf 'def add(a, b):\\n    return a {op} b\\n' > calc.py"
-        )}},
-        "runtime": {"prepare": [{"upload": {"from": examples()?.join("mini_agent.py"), "to": "mini_agent.py"}}]},
+        "agent": {"harness": "shell", "options": {"command": command}},
+        "runtime": {"prepare": prepare},
         "evaluator": {"kind": "llm_judge", "options": {
             "rubric": [
                 {"name": "correct", "description": "calc.py holds `return a + b`.", "weight": 3},
@@ -174,10 +190,11 @@ async fn the_judge_scores_a_good_and_a_bad_workspace_apart_and_stays_out_of_the_
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    c.submit(&task("good", "+")?).await?;
-    c.submit(&task("bad", "-")?).await?;
+    c.submit(&task("good", "+", false)?).await?;
+    c.submit(&task("bad", "-", false)?).await?;
+    c.submit(&task("committed", "+", true)?).await?;
     let mut rewards = Vec::new();
-    for id in ["good", "bad"] {
+    for id in ["good", "bad", "committed"] {
         let t = wait_finished(&c, id, &agent).await?;
         let SessionState::Done { result, .. } = &t.samples[0].state else {
             bail!("{id}: {t:#?}");
@@ -197,7 +214,7 @@ async fn the_judge_scores_a_good_and_a_bad_workspace_apart_and_stays_out_of_the_
                 )
             })
             .collect();
-        let want_correct = if id == "good" { 10.0 } else { 0.0 };
+        let want_correct = if id == "bad" { 0.0 } else { 10.0 };
         ensure!(
             scores
                 == [
@@ -242,7 +259,9 @@ async fn the_judge_scores_a_good_and_a_bad_workspace_apart_and_stays_out_of_the_
     }
     // correct weighs 3, readable 1: (3 * 1.0 + 0.5) / 4 and (0 + 0.5) / 4.
     ensure!(
-        (rewards[0] - 0.875).abs() < 1e-9 && (rewards[1] - 0.125).abs() < 1e-9,
+        (rewards[0] - 0.875).abs() < 1e-9
+            && (rewards[1] - 0.125).abs() < 1e-9
+            && (rewards[2] - 0.875).abs() < 1e-9,
         "{rewards:?}"
     );
     drop(agent);

@@ -9,7 +9,9 @@
 //! directory.
 //!
 //! - 8 samples on one gateway; then on three: spread, every trajectory
-//!   exported, rewards and group ids right;
+//!   exported, rewards and group ids right; each session's calls file
+//!   exported beside it, and, once the node dropped its copy, `polar
+//!   export --from` re-derives the same rows from the export alone;
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
 //! - the rollout server restarted mid-task: nothing is lost;
@@ -569,6 +571,7 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
             .exists(),
         "an exported session's capture log is left"
     );
+    check_rederived(&t, &f.export_dir())?;
     for line in [
         format!("polar_capture_calls_total {calls}"),
         format!("polar_capture_tokens_total{{kind=\"prompt\"}} {prompt}"),
@@ -1150,6 +1153,62 @@ async fn test_output_and_fresh_sandbox_evaluators() -> Result<()> {
         ensure!(r["reward"] == want, "{r}");
     }
     f.stop_gateways()?;
+    Ok(())
+}
+
+/// Each sample's calls file sits beside its trajectory (the result's
+/// `stats.calls_uri`), and `polar export --from` the export root, with
+/// the node's builder, re-derives exactly the rows the node exported.
+fn check_rederived(t: &TaskView, export: &Path) -> Result<()> {
+    let out = tempfile::tempdir()?;
+    let o = Command::new(polar_bin()?)
+        .arg("export")
+        .arg("--from")
+        .arg(export)
+        .args(["--task", &t.task_id, "--format", "jsonl", "--json", "--out"])
+        .arg(out.path())
+        .output()?;
+    let summary = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        o.status.success(),
+        "{summary} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(&summary)?;
+    ensure!(summary["sessions"] == t.samples.len(), "{summary}");
+    for s in &t.samples {
+        let SessionState::Done { result, .. } = &s.state else {
+            bail!("{s:?}");
+        };
+        let uri = Path::new(result.trajectory_uri.as_deref().context("no trajectory")?);
+        let calls = result
+            .stats
+            .as_ref()
+            .and_then(|s| s["calls_uri"].as_str())
+            .with_context(|| format!("no calls_uri: {result:?}"))?;
+        let beside = uri.with_file_name(format!("{}.calls.jsonl.zst", s.session_id));
+        ensure!(
+            Path::new(calls) == beside,
+            "{calls} is not beside {}",
+            uri.display()
+        );
+        ensure!(beside.is_file(), "{calls} missing");
+        let node_rows = jsonl_rows(&uri.with_extension("jsonl"))?;
+        let partition = uri
+            .parent()
+            .and_then(Path::file_name)
+            .context("partition")?;
+        let again = out
+            .path()
+            .join(partition)
+            .join(format!("{}.jsonl", s.session_id));
+        let rows = jsonl_rows(&again)?;
+        ensure!(
+            !rows.is_empty() && rows == node_rows,
+            "{}: re-derived rows differ",
+            s.session_id
+        );
+    }
     Ok(())
 }
 

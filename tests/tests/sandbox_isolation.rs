@@ -465,6 +465,58 @@ run = "echo $POLAR_TIMEOUT_SECS $POLAR_DEADLINE > post-budget.txt; ls > post-ls.
     Ok(())
 }
 
+/// What a shell in the sandbox reports of what the harness left: its HOME
+/// and `/tmp` files, a git configuration in HOME, a Python module in the
+/// user site, a process still running, Python's path flags.
+const REPORT_LEFTOVERS: &str = r#"{
+  test -e "$HOME/planted.txt" && echo home=planted || echo home=clean
+  test -e /tmp/planted.txt && echo tmp=planted || echo tmp=clean
+  echo "git=$(git config --get user.name || echo none)"
+  python3 -c 'import planted_mod' 2>/dev/null && echo usersite=planted || echo usersite=clean
+  pgrep -f 'polar-leftover-sleepe[r]' >/dev/null && echo process=alive || echo process=gone
+  echo "safepath=$(python3 -c 'import sys; print(sys.flags.safe_path)')"
+}"#;
+
+#[test]
+#[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
+fn post_run_steps_run_isolated_from_what_the_harness_left() -> Result<()> {
+    let tmp = sandbox_tempdir()?;
+    let cfg = write_config(tmp.path(), "")?.display().to_string();
+    let spec = write_file(
+        tmp.path(),
+        "rt.toml",
+        &format!("[[post]]\nrun = '''{REPORT_LEFTOVERS} > post.txt'''\n"),
+    )?;
+    // The harness plants in its HOME and `/tmp`, leaves a process behind,
+    // and reports what it sees itself (the control: the plants work).
+    let plant = format!(
+        "echo x > \"$HOME/planted.txt\" && echo x > /tmp/planted.txt && \
+         printf '[user]\\n\\tname = planted\\n' > \"$HOME/.gitconfig\" && \
+         site=$(python3 -c 'import site; print(site.getusersitepackages())') && \
+         mkdir -p \"$site\" && echo 'X = 1' > \"$site/planted_mod.py\" && \
+         cp \"$(command -v sleep)\" /tmp/polar-leftover-sleeper && \
+         (setsid /tmp/polar-leftover-sleeper 300 >/dev/null 2>&1 &) && \
+         sleep 0.2 && {REPORT_LEFTOVERS} > main.txt"
+    );
+    let run = session_run(
+        &["--config", &cfg, "--runtime", &spec, "--budget-secs", "60"],
+        &["sh", "-c", &plant],
+    )?;
+    run.succeeded()?;
+    let ws = run.workspace();
+    let main = std::fs::read_to_string(ws.join("main.txt"))?;
+    ensure!(
+        main == "home=planted\ntmp=planted\ngit=planted\nusersite=planted\nprocess=alive\nsafepath=False\n",
+        "the control: {main}"
+    );
+    let post = std::fs::read_to_string(ws.join("post.txt"))?;
+    ensure!(
+        post == "home=clean\ntmp=clean\ngit=none\nusersite=clean\nprocess=gone\nsafepath=True\n",
+        "{post}"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 async fn clients_in_a_native_sandbox_trust_the_ca_and_base_url_mode_takes_the_session_key()

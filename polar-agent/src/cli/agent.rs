@@ -121,7 +121,8 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         gw.node_id.clone(),
         gw.policy.clone(),
         retention.clone(),
-    );
+    )
+    .with_calls_export(gw.export_calls);
     let started = Node::start(opts, gw.listen, Stages::new(gw.limits), work).await;
     let node = match started {
         Ok(n) => n,

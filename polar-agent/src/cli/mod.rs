@@ -386,7 +386,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }),
         Command::Export(mut args) => {
-            if args.sessions.is_empty() && args.state_dir.is_none() {
+            if args.sessions.is_empty() && args.state_dir.is_none() && args.from.is_none() {
                 let config = match &args.config {
                     Some(file) => crate::config::Config::load(file).map_err(|e| {
                         CliError::Export(polar_export::ExportError::Usage(format!(

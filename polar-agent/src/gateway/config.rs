@@ -24,6 +24,7 @@
 //! drain_timeout_secs = 120            # on SIGTERM: let sessions finish this long
 //! export = "/mnt/shared/trajectories" # a directory or s3://bucket/prefix
 //! formats = ["parquet", "jsonl"]
+//! export_calls = true                 # every session's calls file beside its trajectories
 //! keep_failed_secs = 86400            # a failed session's directories stay this long
 //! max_kept_bytes = 10737418240        # all kept sessions' directories together
 //! [gateway.s3]                        # for export = "s3://...": endpoint, region,
@@ -166,6 +167,8 @@ pub struct RawGatewayConfig {
     pub export: Option<String>,
     /// Export formats.
     pub formats: Option<Vec<String>>,
+    /// Whether each session's calls file is exported too.
+    pub export_calls: Option<bool>,
     /// `[gateway.s3]`: the S3-compatible store of an `s3://` export.
     pub s3: Option<polar_export::S3Options>,
     /// How long a failed session's directories are kept.
@@ -215,6 +218,11 @@ pub struct GatewayConfig {
     pub export: Option<String>,
     /// In which formats.
     pub formats: Vec<Format>,
+    /// Whether each session's calls file (every capture record, bodies
+    /// included) is exported beside its trajectories (default: yes). Off,
+    /// the trajectories cannot be re-derived once the node removed the
+    /// session's directory.
+    pub export_calls: bool,
     /// The S3-compatible store's options.
     pub s3: polar_export::S3Options,
     /// What is kept of failed sessions' directories (an exported session's
@@ -454,6 +462,7 @@ impl GatewayConfig {
             tls,
             export: raw.export.clone(),
             formats,
+            export_calls: raw.export_calls.unwrap_or(true),
             s3: raw.s3.clone().unwrap_or_default(),
             keep: super::retention::Keep {
                 failed_for: Duration::from_secs(
@@ -540,6 +549,7 @@ mod tests {
         assert_eq!(c.limits.running, 32);
         assert_eq!(c.limits.ready_buffer, 8);
         assert_eq!(c.formats, vec![Format::Parquet]);
+        assert!(c.export_calls, "the calls are exported by default");
         assert_eq!(c.policy, Policy::default());
         let c = parse(&format!(
             "[gateway]\nserver = \"https://s\"\n{TOKENS}node_id = \"n\"\nrunning_workers = 2\nready_buffer = 0\nformats = [\"jsonl\"]\n",
@@ -548,6 +558,13 @@ mod tests {
         assert_eq!(c.limits.running, 2);
         assert_eq!(c.limits.ready_buffer, 0);
         assert_eq!(c.formats, vec![Format::Jsonl]);
+        assert!(
+            !parse(&format!(
+                "[gateway]\nserver = \"https://s\"\n{TOKENS}node_id = \"n\"\nexport_calls = false\n"
+            ))
+            .unwrap()
+            .export_calls
+        );
         assert!(
             GatewayConfig::from_toml_str("[agent]\nstate_dir = \"/x\"\n")
                 .unwrap()
@@ -575,6 +592,7 @@ mod tests {
         );
         assert_eq!(c.formats, vec![Format::Parquet, Format::Jsonl]);
         assert_eq!(c.export.as_deref(), Some("/mnt/shared/trajectories"));
+        assert!(c.export_calls);
         let policy: String = example
             .lines()
             .skip_while(|l| *l != "# [gateway.policy]")

@@ -323,6 +323,7 @@ mod tests {
             calls: 1,
             failed_calls: 0,
             workspace: "/w".into(),
+            base: polar_evaluate::DiffBase::Head,
         };
         for cause in [
             Broken::NoSpace,

@@ -10,7 +10,9 @@
 //!   reward), the harness's installation is found, and the session is
 //!   prepared (an earlier attempt's directories and capture log on this
 //!   node moved apart to `<state>/attempts/<session>/<n>/`, then fresh
-//!   directories, sandbox, runtime started, prepare steps).
+//!   directories, sandbox, runtime started, prepare steps), and, for an
+//!   evaluator with an `llm_judge`, the workspace's commit recorded as the
+//!   judge's diff base ([`polar_evaluate::base`]).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace; an
@@ -47,10 +49,12 @@ use crate::runtime::eval::EvalDirs;
 use crate::runtime::plan::{Phase, Plan, StepEnd};
 use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
-    Broken, CommandOutput, CommandRunner, Evaluation, Evaluator, JudgeInputs, RunError,
+    Broken, CommandOutput, CommandRunner, DiffBase, Evaluation, Evaluator, JudgeInputs, RunError,
     SessionFacts,
 };
 use polar_export::Exporter;
+use polar_export::calls::{CallsHeader, encode_calls};
+use polar_export::source::SessionLog;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
 use polar_io::chain;
@@ -66,6 +70,9 @@ pub struct Session {
     live: Live,
     evaluator: Evaluator,
     agent_timeout: Duration,
+    /// The workspace's commit before the harness ran, which the judge's
+    /// diff is taken against (kept here, out of the sandbox's reach).
+    base: DiffBase,
 }
 
 /// What RUNNING ended with: the harness's step.
@@ -84,6 +91,9 @@ pub struct HarnessWork {
     judges: Arc<JudgeClients>,
     /// The running sessions' calls as they end (the live timeline).
     live_calls: Arc<LiveCalls>,
+    /// Whether each session's calls file is exported before its
+    /// trajectories (`[gateway] export_calls`).
+    export_calls: bool,
 }
 
 impl HarnessWork {
@@ -118,7 +128,16 @@ impl HarnessWork {
             policy: Arc::new(policy),
             installs: Mutex::new(HashMap::new()),
             retention,
+            export_calls: true,
         }
+    }
+
+    /// Whether each session's calls file is exported (default: yes); off,
+    /// a session's directory still goes once its trajectories are durable.
+    #[must_use]
+    pub fn with_calls_export(mut self, on: bool) -> Self {
+        self.export_calls = on;
+        self
     }
 
     /// The exporter (its counters).
@@ -274,11 +293,17 @@ impl Work for HarnessWork {
                 };
                 InitError::new(fault, chain(&e))
             })?;
+        let base = if spec.evaluator.needs_judge() && prepared.ready() {
+            record_base(&prepared, &stop).await
+        } else {
+            DiffBase::Head
+        };
         Ok(Session {
             prepared,
             live,
             evaluator: spec.evaluator,
             agent_timeout: spec.timeout.unwrap_or(self.agent_timeout),
+            base,
         })
     }
 
@@ -366,6 +391,7 @@ impl Work for HarnessWork {
             calls,
             failed_calls,
             workspace: s.prepared.workspace().to_owned(),
+            base: s.base.clone(),
         };
         let evaluate = !ended.cancelled && !ended.timed_out && s.prepared.ready();
         let fresh = evaluate && s.evaluator.needs_fresh_sandbox();
@@ -444,8 +470,11 @@ impl Work for HarnessWork {
             )
             .await
         {
-            Ok((uri, tokens)) => {
+            Ok((uri, calls_uri, tokens)) => {
                 report.trajectory_uri = uri;
+                if let Some(c) = calls_uri {
+                    report.stats.insert("calls_uri".into(), c.into());
+                }
                 report.tokens = tokens;
                 exported = true;
             }
@@ -458,8 +487,9 @@ impl Work for HarnessWork {
                 }
             }
         }
-        // Everything captured is durable in the export: the directories go,
-        // unless something failed.
+        // Everything captured is durable in the export (the calls file
+        // first, then the trajectories): the directories go, unless
+        // something failed.
         let fine = matches!(
             report.status,
             SampleStatus::Completed | SampleStatus::Timeout
@@ -518,9 +548,11 @@ async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
 }
 
 impl HarnessWork {
-    /// Records the outcome in `session.json`, rebuilds the trajectory from
-    /// the capture log and exports it, with the evaluation's rewards when
-    /// the sample is `scored` (usable). Returns where it went and the token
+    /// Records the outcome in `session.json`, exports the session's calls
+    /// file (unless turned off), then rebuilds the trajectory from the
+    /// capture log, with the evaluation's rewards when the sample is
+    /// `scored` (usable), and exports it: a trajectory file never exists
+    /// without its durable calls file. Returns where they went and the token
     /// counts.
     async fn export(
         &self,
@@ -529,7 +561,7 @@ impl HarnessWork {
         (outcome, ended_by): (SessionOutcome, Option<EndedBy>),
         evaluation: Option<&Evaluation>,
         scored: bool,
-    ) -> Result<(Option<String>, TokenUsage), String> {
+    ) -> Result<(Option<String>, Option<String>, TokenUsage), String> {
         let a = &job.assignment;
         let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
@@ -582,7 +614,7 @@ impl HarnessWork {
         let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
             polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
         } else {
-            return Ok((None, TokenUsage::default()));
+            return Ok((None, None, TokenUsage::default()));
         };
         let tokens = TokenUsage {
             prompt: log
@@ -597,6 +629,12 @@ impl HarnessWork {
                 .sum(),
             calls: log.records.len() as u64,
         };
+        let (log, calls_uri) = if self.export_calls {
+            let (log, uri) = self.export_calls(log).await?;
+            (log, Some(uri))
+        } else {
+            (log, None)
+        };
         let rewards = scoring.and_then(rewards_of);
         let traj = polar_export::rebuild(&a.builder, &log.records, &log.meta, rewards.as_ref())
             .map_err(|e| e.to_string())?;
@@ -605,7 +643,31 @@ impl HarnessWork {
             .write_session(&traj)
             .await
             .map_err(|e| e.to_string())?;
-        Ok((files.first().map(|f| f.location.clone()), tokens))
+        Ok((files.first().map(|f| f.location.clone()), calls_uri, tokens))
+    }
+
+    /// Encodes the session's calls file (off the async workers) and
+    /// publishes it; returns the log back and the file's location.
+    async fn export_calls(&self, log: SessionLog) -> Result<(SessionLog, String), String> {
+        let (log, bytes) = tokio::task::spawn_blocking(move || {
+            let header = CallsHeader::new(
+                &log.meta.session_id,
+                log.meta.task_id.as_deref(),
+                log.session_json.as_ref(),
+                &log.records,
+            );
+            let bytes = encode_calls(&header, &log.records);
+            (log, bytes)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let bytes = bytes.map_err(|e| e.to_string())?;
+        let uri = self
+            .exporter
+            .write_calls(log.meta.task_id.as_deref(), &log.meta.session_id, bytes)
+            .await
+            .map_err(|e| format!("exporting the calls: {e}"))?;
+        Ok((log, uri))
     }
 }
 
@@ -625,6 +687,42 @@ fn rewards_of(e: &Evaluation) -> Option<Rewards> {
         })
         .collect();
     Some(Rewards::ByRole { outcome, roles })
+}
+
+/// How long recording the diff's base may take.
+const RECORD_BASE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The workspace's `HEAD` commit after the prepare steps, before the
+/// harness runs, read in the sandbox like an evaluator command
+/// ([`polar_evaluate::base`]). Where it cannot be read (the node's fault:
+/// the policy has not run yet) the judge diffs against `HEAD`, and the
+/// node says why.
+async fn record_base(prepared: &Prepared, stop: &CancellationToken) -> DiffBase {
+    let runner = SandboxRunner::new(prepared, stop);
+    let argv = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        polar_evaluate::base::RECORD_SCRIPT.to_owned(),
+    ];
+    let why = match runner.run(argv, Vec::new(), RECORD_BASE_TIMEOUT).await {
+        Ok(out) if out.exit == Some(0) => match DiffBase::of_record(&out.stdout) {
+            Some(base) => return base,
+            None => format!("unreadable answer {:?}", tail_of(&out.stdout)),
+        },
+        Ok(out) => format!("exit {:?}: {}", out.exit, tail_of(&out.stderr)),
+        Err(e) => e.message,
+    };
+    tracing::warn!(session = %prepared.session(), error = %why, "the judge's diff base was not recorded: it diffs against HEAD");
+    DiffBase::Head
+}
+
+/// The last 200 bytes of `s`, for a log line.
+fn tail_of(s: &str) -> &str {
+    let mut start = s.len().saturating_sub(200);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
 }
 
 impl HarnessWork {

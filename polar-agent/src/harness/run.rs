@@ -573,8 +573,42 @@ impl Prepared {
     pub async fn post(&mut self, stop: &CancellationToken) {
         if !self.posted {
             self.posted = true;
-            let post = self.plan(self.deadline).post(stop).await;
+            let post = self.run_post(stop).await;
             self.steps.extend(post);
+        }
+    }
+
+    /// The post-run steps, their commands on an evaluation's own HOME, tmp
+    /// and variables ([`crate::runtime::eval`]), made only when there is a
+    /// command to run: what the harness left in its HOME, `/tmp` or
+    /// environment does not reach them.
+    async fn run_post(&self, stop: &CancellationToken) -> Vec<StepReport> {
+        let plan = self.plan(self.deadline);
+        if !self
+            .run
+            .spec
+            .post
+            .iter()
+            .any(|s| matches!(s, polar_spec::runtime::Step::Run { .. }))
+        {
+            return plan.post(&Ok(Vec::new()), stop).await;
+        }
+        let (dirs, user) = (self.dirs.clone(), self.user());
+        let made =
+            tokio::task::spawn_blocking(move || crate::runtime::eval::EvalDirs::make(&dirs, user))
+                .await;
+        match made {
+            Ok(Ok(eval)) => {
+                let (layout, env) = self.isolate(&eval);
+                Plan {
+                    layout: &layout,
+                    ..plan
+                }
+                .post(&Ok(env), stop)
+                .await
+            }
+            Ok(Err(e)) => plan.post(&Err(polar_io::chain(&e)), stop).await,
+            Err(e) => plan.post(&Err(e.to_string()), stop).await,
         }
     }
 

@@ -4,7 +4,8 @@
 //! environment (`POLAR_DEADLINE`, `POLAR_TIMEOUT_SECS`) and is killed, with
 //! everything it started, when the budget runs out. A failed prepare step
 //! skips the main command; post-run steps run whatever happened before (as
-//! long as budget is left).
+//! long as budget is left), their commands isolated like an evaluator's
+//! (the caller's layout and variables: [`super::eval`]).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -476,26 +477,40 @@ impl Plan<'_> {
         }
     }
 
-    /// The post-run steps, each whatever happened before.
-    pub async fn post(&self, stop: &CancellationToken) -> Vec<StepReport> {
+    /// The post-run steps, each whatever happened before. Their commands
+    /// run isolated like an evaluator's: on this plan's layout (the
+    /// evaluation's own HOME and tmp, [`super::eval`]) with `isolation`
+    /// added to their variables; when the isolation could not be made
+    /// (`Err`: why), they fail unrun.
+    pub async fn post(
+        &self,
+        isolation: &Result<Vec<(String, String)>, String>,
+        stop: &CancellationToken,
+    ) -> Vec<StepReport> {
         let mut reports = Vec::new();
         for (i, step) in self.spec.post.iter().enumerate() {
             if stop.is_cancelled() {
                 reports.push(Self::skipped(Phase::Post, i, format!("{step:?}")));
                 continue;
             }
-            reports.push(self.run_step(Phase::Post, i, step, stop).await);
+            let report = match (step, isolation) {
+                (Step::Run { argv }, Ok(env)) => {
+                    self.run_command(Phase::Post, i, argv, env, stop).await
+                }
+                (Step::Run { argv }, Err(error)) => StepReport {
+                    phase: Phase::Post,
+                    index: i,
+                    what: argv.join(" "),
+                    end: StepEnd::Failed {
+                        error: format!("the step's own HOME and tmp: {error}"),
+                    },
+                    elapsed_ms: 0,
+                    logs: None,
+                },
+                (Step::Upload { .. }, _) => self.run_step(Phase::Post, i, step, stop).await,
+            };
+            reports.push(report);
         }
-        reports
-    }
-
-    /// Runs the whole session: prepare steps, `main`, post-run steps.
-    /// Returns every step's report; the main command's is the one with
-    /// [`Phase::Main`].
-    pub async fn run(&self, main: &MainCommand, stop: &CancellationToken) -> Vec<StepReport> {
-        let (mut reports, ok) = self.prepare(stop).await;
-        reports.push(self.main(main, ok, stop).await);
-        reports.extend(self.post(stop).await);
         reports
     }
 }

@@ -73,6 +73,7 @@ async fn the_dashboard_reads_exports_beneath_its_s3_roots() -> Result<()> {
         let all = match format {
             FileFormat::Parquet => polar_export::read_parquet(direct)?,
             FileFormat::Jsonl => polar_export::read_jsonl(&direct)?,
+            FileFormat::Calls => anyhow::bail!("{uri}: a calls file listed as a trajectory"),
         };
         let want: Vec<_> = all
             .into_iter()

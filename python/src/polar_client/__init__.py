@@ -4,12 +4,16 @@
   results, pause and resume generation around a weight update;
 - [`load`] / [`load_task`]: exported trajectories as [`Trace`]s (token
   arrays, loss mask, logprobs, reward, group, chain role, policy version);
+- [`load_calls`]: every session's exported model calls (native requests,
+  replies, token ids), the source of truth; [`rederive`]: the trajectory
+  builders over them through ``polar export --from``;
 - [`advantages`]: group-relative advantages;
 - ``polar_client.bridges``: adapters for trainers (each imports its trainer
   only when imported itself).
 """
 
 from .aio import AsyncClient
+from .calls import Call, SessionCalls, load_calls, read_calls, rederive
 from .client import Client
 from .errors import (
     ApiError,
@@ -36,6 +40,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "AsyncEventStream",
+    "Call",
     "Client",
     "Conflict",
     "Event",
@@ -50,6 +55,7 @@ __all__ = [
     "S3",
     "SampleResult",
     "SampleView",
+    "SessionCalls",
     "ServerUnavailable",
     "StorageUnavailable",
     "Submitted",
@@ -63,7 +69,10 @@ __all__ = [
     "UnusableSamples",
     "advantages",
     "load",
+    "load_calls",
     "load_task",
+    "read_calls",
     "read_file",
+    "rederive",
     "select",
 ]

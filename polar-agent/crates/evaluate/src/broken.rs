@@ -55,6 +55,9 @@ pub enum Broken {
     Unreadable,
     /// A path leads out of the workspace (a planted symlink).
     Escapes,
+    /// The commit recorded before the harness ran, which the judge's diff
+    /// is taken against, is no longer in the workspace's repository.
+    BaseGone,
     /// The runtime could not run the command.
     Runner,
     /// A program the evaluator runs (git, patch, sh) is missing in the
@@ -74,7 +77,8 @@ impl Broken {
             | Self::Unwritable
             | Self::NotADirectory
             | Self::Unreadable
-            | Self::Escapes => Side::Policy,
+            | Self::Escapes
+            | Self::BaseGone => Side::Policy,
             Self::Runner | Self::ToolMissing | Self::NodeIo | Self::Bug => Side::Node,
         }
     }
@@ -87,6 +91,7 @@ impl Broken {
             Self::NotADirectory => "not_a_directory",
             Self::Unreadable => "unreadable",
             Self::Escapes => "escapes",
+            Self::BaseGone => "base_gone",
             Self::Runner => "runner",
             Self::ToolMissing => "tool_missing",
             Self::NodeIo => "node_io",
@@ -166,6 +171,7 @@ mod tests {
             (Broken::NotADirectory, Side::Policy),
             (Broken::Unreadable, Side::Policy),
             (Broken::Escapes, Side::Policy),
+            (Broken::BaseGone, Side::Policy),
             (Broken::Runner, Side::Node),
             (Broken::ToolMissing, Side::Node),
             (Broken::NodeIo, Side::Node),

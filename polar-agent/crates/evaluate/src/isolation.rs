@@ -67,6 +67,17 @@
 //! (`PYTEST_DISABLE_PLUGIN_AUTOLOAD`: a `*.dist-info` left in the workspace
 //! cannot declare one).
 //!
+//! pytest's default import mode puts a test module's base directory (the
+//! first directory above it without an `__init__.py`) first on `sys.path`.
+//! For a tests directory that is no package that is the tests directory
+//! itself (the task's: its helpers are found first, as the tests expect);
+//! for one that is a package (`__init__.py`) it is the workspace, whose
+//! `fractions.py` would then stand in for the one the tests import. So a
+//! package is imported with `--import-mode=importlib`, which leaves
+//! `sys.path` alone: the package's modules are found by their path, the
+//! workspace (the code under test, and the package for absolute imports)
+//! stays at the end where [`SITECUSTOMIZE`] put it.
+//!
 //! Tests: `tests::isolation` (a workspace whose `.git/config`, included
 //! file and attributes try each way to run a program: the marker file must
 //! not appear, where plain `git` makes it; modules, configurations and
@@ -112,17 +123,31 @@ pub const PYTEST_CONFIGS: [&str; 5] = [
     "setup.cfg",
 ];
 
+/// The file that makes a tests directory a package, imported by pytest
+/// with `--import-mode=importlib` (see the module doc).
+pub const PACKAGE_MARKER: &str = "__init__.py";
+
 /// `PYTEST_ADDOPTS` pinning pytest to the tests directory `tests`
 /// (relative to the working directory, checked free of whitespace and
-/// quotes) and its configuration file `config` (one of [`PYTEST_CONFIGS`]
-/// in it, or none), followed by the task's own `PYTEST_ADDOPTS`.
-pub fn pytest_addopts(tests: &Path, config: Option<&str>, task: Option<&str>) -> String {
+/// quotes), its configuration file `config` (one of [`PYTEST_CONFIGS`]
+/// in it, or none) and, when it is a `package` ([`PACKAGE_MARKER`]), the
+/// import mode that keeps the workspace off the front of `sys.path`;
+/// followed by the task's own `PYTEST_ADDOPTS`.
+pub fn pytest_addopts(
+    tests: &Path,
+    config: Option<&str>,
+    package: bool,
+    task: Option<&str>,
+) -> String {
     let tests = tests.display();
     let config = match config {
         Some(name) => format!("{tests}/{name}"),
         None => "/dev/null".to_owned(),
     };
     let mut opts = format!("-p no:cacheprovider --rootdir=. --confcutdir={tests} -c {config}");
+    if package {
+        opts.push_str(" --import-mode=importlib");
+    }
     if let Some(task) = task.filter(|t| !t.trim().is_empty()) {
         opts.push(' ');
         opts.push_str(task);

@@ -30,24 +30,43 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::base::{BASE_GONE_EXIT, DiffBase};
 use super::options::{DEFAULT_TIMEOUT_SECS, MAX_TIMEOUT_SECS, parse_raw, tail};
-use super::{CommandRunner, EvalError, Evaluation, SessionFacts};
+use super::{Broken, CommandRunner, EvalError, Evaluation, SessionFacts};
 
 /// The first line of every judge prompt.
 pub const JUDGE_MARKER: &str = "# Polar judge request";
 /// The highest score of a criterion.
 pub const MAX_SCORE: f64 = 10.0;
-/// The diff command run when the spec names none: `git diff` against
-/// `HEAD` plus the untracked files when the workspace's top holds a git
+/// The diff command run when the spec names none: `git diff` against the
+/// recorded base ([`crate::base`]: the commit in `POLAR_DIFF_BASE`, else
+/// `HEAD`) plus the untracked files when the workspace's top holds a git
 /// repository, run through [`crate::isolation::GIT_PRELUDE`] (a git
 /// directory of the evaluator's own: nothing the workspace's
-/// configuration, hooks or attributes name runs); otherwise every text
-/// file below the workspace as added (a workspace without history has no
-/// other baseline). Binary files are named, not printed.
+/// configuration, hooks or attributes name runs); otherwise, or when the
+/// workspace had no commit before the harness ran, every text file below
+/// the workspace as added (a workspace without history has no other
+/// baseline). Binary files are named, not printed. A recorded commit the
+/// repository no longer has exits with [`crate::base::BASE_GONE_EXIT`].
 pub const DEFAULT_DIFF_SCRIPT: &str = concat!(
     crate::isolation::git_prelude!(),
-    r#"if command -v git >/dev/null 2>&1 && polar_git_setup; then
-  polar_git -c core.quotepath=off diff --no-color --no-ext-diff --no-textconv HEAD -- . 2>/dev/null || polar_git diff --no-color --no-ext-diff --no-textconv -- .
+    r#"polar_base=${POLAR_DIFF_BASE:-HEAD}
+polar_setup=1
+if [ "$polar_base" != none ] && command -v git >/dev/null 2>&1; then
+  polar_git_setup
+  polar_setup=$?
+fi
+case $polar_base in
+  none|HEAD) ;;
+  *)
+    command -v git >/dev/null 2>&1 || { echo 'polar: git is missing' >&2; exit 127; }
+    [ $polar_setup -le 1 ] || { echo 'polar: no git directory could be made' >&2; exit 2; }
+    if [ $polar_setup = 1 ] || ! polar_git cat-file -e "$polar_base^{commit}" 2>/dev/null; then
+      echo "polar: the base commit $polar_base is not in the workspace's repository" >&2; exit 3
+    fi ;;
+esac
+if [ $polar_setup = 0 ]; then
+  polar_git -c core.quotepath=off diff --no-color --no-ext-diff --no-textconv "$polar_base" -- . 2>/dev/null || polar_git diff --no-color --no-ext-diff --no-textconv -- .
   polar_git ls-files --others --exclude-standard | while IFS= read -r f; do polar_git diff --no-color --no-ext-diff --no-textconv --no-index -- /dev/null "$f"; done
 else
   find . -path ./.git -prune -o -type f -print | LC_ALL=C sort | while IFS= read -r f; do
@@ -266,9 +285,18 @@ impl LlmJudge {
             );
         };
         let diff = match runner
-            .run(self.diff_argv.clone(), Vec::new(), self.timeout)
+            .run(self.diff_argv.clone(), facts.base.env(), self.timeout)
             .await
         {
+            Ok(out) if out.exit == Some(BASE_GONE_EXIT) && facts.base != DiffBase::Head => {
+                let error = format!(
+                    "llm_judge: the diff's base {} is gone: {}",
+                    facts.base.describe(),
+                    tail(out.stderr.trim(), 500)
+                );
+                let detail = json!({"base": facts.base.describe()});
+                return Evaluation::broken(facts, Broken::BaseGone, error, detail);
+            }
             Ok(out) if out.exit.is_some() => out.stdout,
             Ok(_) => {
                 return Evaluation::failed(
@@ -310,6 +338,7 @@ impl LlmJudge {
             "prompt_tokens": reply.prompt_tokens,
             "response_tokens": reply.response_tokens,
             "diff_bytes": diff.len(),
+            "diff_base": facts.base.describe(),
             "answer": tail(&reply.text, 2000),
         });
         match score(&self.rubric, &reply.text) {

@@ -17,6 +17,8 @@
 //! - [`parse`]: the test-output parsers (pure);
 //! - `workspace`: reading and writing files of the workspace from the host
 //!   without ever leaving it (openat2 `RESOLVE_BENEATH`);
+//! - [`base`]: the commit the judge's diff is taken against, recorded
+//!   before the harness runs;
 //! - [`broken`]: why an evaluation could not be made and whose doing that
 //!   is (the policy's: scored 0.0; the node's: no reward);
 //! - [`isolation`]: the environment every evaluator command gets and the
@@ -132,6 +134,7 @@
 //! validation, host commands) and `parse_tests`.
 #![forbid(unsafe_code)]
 
+pub mod base;
 pub mod broken;
 mod command;
 pub mod composite;
@@ -155,6 +158,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+pub use base::DiffBase;
 pub use broken::{Broken, Side};
 pub use command::{CommandEvaluator, RewardSource};
 pub use composite::Composite;
@@ -179,6 +183,9 @@ pub struct SessionFacts {
     pub failed_calls: u64,
     /// The workspace directory on the host.
     pub workspace: PathBuf,
+    /// What the judge's diff compares the workspace with, recorded before
+    /// the harness ran ([`base`]).
+    pub base: DiffBase,
 }
 
 impl SessionFacts {

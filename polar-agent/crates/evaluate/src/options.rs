@@ -131,22 +131,23 @@ impl RunOptions {
 
     /// The command's variables for a session whose workspace is
     /// `workspace`: the evaluator's, with `PYTEST_ADDOPTS` pinned to
-    /// `tests` when given (its configuration file looked up beneath the
-    /// workspace, off the async workers) and pytest's plugin autoloading
-    /// off.
+    /// `tests` when given (its configuration file, and whether it is a
+    /// package, looked up beneath the workspace, off the async workers) and
+    /// pytest's plugin autoloading off.
     pub(super) async fn env_for(&self, workspace: &Path) -> Vec<(String, String)> {
         let Some(tests) = &self.tests else {
             return self.env.clone();
         };
         let (ws, dir) = (workspace.to_owned(), tests.clone());
-        let config = tokio::task::spawn_blocking(move || {
-            isolation::PYTEST_CONFIGS
+        let (config, package) = tokio::task::spawn_blocking(move || {
+            let config = isolation::PYTEST_CONFIGS
                 .into_iter()
-                .find(|name| workspace::is_file(&ws, &dir.join(name)))
+                .find(|name| workspace::is_file(&ws, &dir.join(name)));
+            let package = workspace::is_file(&ws, &dir.join(isolation::PACKAGE_MARKER));
+            (config, package)
         })
         .await
-        .ok()
-        .flatten();
+        .unwrap_or((None, false));
         let task = self
             .env
             .iter()
@@ -160,7 +161,7 @@ impl RunOptions {
             .collect();
         env.push((
             "PYTEST_ADDOPTS".to_owned(),
-            isolation::pytest_addopts(tests, config, task),
+            isolation::pytest_addopts(tests, config, package, task),
         ));
         env.push(("PYTEST_DISABLE_PLUGIN_AUTOLOAD".to_owned(), "1".to_owned()));
         env

@@ -1,8 +1,10 @@
 //! `polar export`: re-derives training data from captured session logs,
 //! without re-running rollouts. Reads each session under a state directory
-//! (or the given session directories) one at a time, rebuilds its
-//! trajectory with any builder, and writes it as JSONL and/or Parquet to a
-//! local directory or `s3://bucket/prefix`; returns a [`Summary`].
+//! (or the given session directories), or each exported calls file under
+//! an export root (`--from`, local or `s3://`: no node needed; selected by
+//! task and time range), one at a time, rebuilds its trajectory with any
+//! builder, and writes it as JSONL and/or Parquet to a local directory or
+//! `s3://bucket/prefix`; returns a [`Summary`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -14,6 +16,7 @@ use polar_trajectory::{Builder, PrefixMergingOptions, RetryPolicy, TemplateInfo,
 
 use super::dest::{Destination, S3Options};
 use super::error::ExportError;
+use super::exported::{CallsFile, TimeRange, list_calls, read_calls};
 use super::format::{Format, ParquetCompression};
 use super::rebuild::rebuild;
 use super::source::{SessionLog, list_sessions, read_session};
@@ -77,6 +80,22 @@ pub struct ExportArgs {
     /// is then not scanned.
     #[arg(long = "session", value_name = "DIR")]
     pub sessions: Vec<PathBuf>,
+    /// Re-derive from the calls files exported under this export root
+    /// (`task=*/<session>.calls.jsonl.zst`) instead of a node's state
+    /// directory.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX", conflicts_with_all = ["state_dir", "sessions"])]
+    pub from: Option<String>,
+    /// With --from: only this task's sessions (repeatable).
+    #[arg(long = "task", value_name = "ID", requires = "from")]
+    pub tasks: Vec<String>,
+    /// With --from: only sessions whose last call ended at or after this
+    /// time (RFC 3339, e.g. 2026-01-31T12:00:00Z, or Unix milliseconds).
+    #[arg(long, value_name = "TIME", requires = "from", value_parser = parse_time)]
+    pub since: Option<u64>,
+    /// With --from: only sessions whose first call arrived before this time
+    /// (RFC 3339 or Unix milliseconds).
+    #[arg(long, value_name = "TIME", requires = "from", value_parser = parse_time)]
+    pub until: Option<u64>,
     /// File format(s).
     #[arg(long, value_enum, default_value_t = FormatArg::Parquet)]
     pub format: FormatArg,
@@ -135,6 +154,10 @@ impl ExportArgs {
             state_dir: None,
             config: None,
             sessions: Vec::new(),
+            from: None,
+            tasks: Vec::new(),
+            since: None,
+            until: None,
             format: FormatArg::Parquet,
             builder: BuilderArg::PrefixMerging,
             no_splice: false,
@@ -197,6 +220,21 @@ impl ExportArgs {
         }
     }
 
+    /// The sessions to export: calls files under `--from`, or session
+    /// directories.
+    async fn inputs(&self) -> Result<Inputs, ExportError> {
+        if let Some(from) = &self.from {
+            let root = Destination::parse(from, &self.s3_options())?;
+            let files = list_calls(&root, &self.tasks).await?;
+            let range = TimeRange {
+                since: self.since,
+                until: self.until,
+            };
+            return Ok(Inputs::Exported { root, files, range });
+        }
+        Ok(Inputs::Dirs(self.session_dirs()?))
+    }
+
     /// The session directories to export.
     fn session_dirs(&self) -> Result<Vec<PathBuf>, ExportError> {
         if !self.sessions.is_empty() {
@@ -211,6 +249,57 @@ impl ExportArgs {
             ));
         };
         Ok(list_sessions(state_dir)?)
+    }
+}
+
+/// A time given on the command line: Unix milliseconds or RFC 3339.
+fn parse_time(s: &str) -> Result<u64, String> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| format!("{s:?}: neither Unix milliseconds nor RFC 3339 ({e})"))?;
+    u64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| format!("{s:?}: before 1970"))
+}
+
+/// Where the sessions come from.
+enum Inputs {
+    /// Session directories of a node's state directory.
+    Dirs(Vec<PathBuf>),
+    /// Calls files under an export root.
+    Exported {
+        root: Destination,
+        files: Vec<CallsFile>,
+        range: TimeRange,
+    },
+}
+
+impl Inputs {
+    fn len(&self) -> usize {
+        match self {
+            Self::Dirs(d) => d.len(),
+            Self::Exported { files, .. } => files.len(),
+        }
+    }
+
+    /// Session `i`: its name (for messages) and its log; `None` when
+    /// outside the time range.
+    async fn read(&self, i: usize) -> (PathBuf, Result<Option<SessionLog>, ExportError>) {
+        match self {
+            Self::Dirs(dirs) => {
+                let d = dirs[i].clone();
+                let read = tokio::task::spawn_blocking(move || read_session(&d)).await;
+                let log = match read {
+                    Ok(r) => r.map(Some).map_err(ExportError::from),
+                    Err(_) => Err(ExportError::Join("session reader")),
+                };
+                (dirs[i].clone(), log)
+            }
+            Self::Exported { root, files, range } => (
+                PathBuf::from(files[i].name()),
+                read_calls(root, &files[i], *range).await,
+            ),
+        }
     }
 }
 
@@ -234,6 +323,8 @@ pub struct Summary {
     pub sessions_empty: u64,
     /// Sessions that could not be read or rebuilt.
     pub sessions_failed: Vec<FailedSession>,
+    /// Calls files left out by `--since`/`--until`.
+    pub sessions_outside_range: u64,
     /// Sessions without a recorded outcome (exported as completed).
     pub outcome_unrecorded: u64,
     /// Records read.
@@ -297,6 +388,13 @@ impl fmt::Display for Summary {
                 self.sessions_empty
             )?;
         }
+        if self.sessions_outside_range > 0 {
+            writeln!(
+                f,
+                "  sessions outside the time range (not read): {}",
+                self.sessions_outside_range
+            )?;
+        }
         if self.outcome_unrecorded > 0 {
             writeln!(
                 f,
@@ -330,7 +428,7 @@ pub async fn run(args: ExportArgs) -> Result<Summary, ExportError> {
             ..ExportOptions::default()
         },
     )?;
-    let dirs = args.session_dirs()?;
+    let inputs = args.inputs().await?;
     let mut summary = Summary {
         destination: exporter.destination().to_string(),
         ..Summary::default()
@@ -342,7 +440,13 @@ pub async fn run(args: ExportArgs) -> Result<Summary, ExportError> {
         per_file: args.sessions_per_file,
     };
     let result = sessions
-        .export_all(&exporter, &mut pipeline, dirs, &mut batches, &mut summary)
+        .export_all(
+            &exporter,
+            &mut pipeline,
+            &inputs,
+            &mut batches,
+            &mut summary,
+        )
         .await;
     let result = match result {
         Ok(()) => {
@@ -380,20 +484,23 @@ impl Sessions<'_> {
         &self,
         exporter: &'e Exporter,
         pipeline: &mut Pipeline<'e>,
-        dirs: Vec<PathBuf>,
+        inputs: &Inputs,
         batches: &mut HashMap<Option<String>, BatchFile<'e>>,
         summary: &mut Summary,
     ) -> Result<(), ExportError> {
-        for dir in dirs {
-            let d = dir.clone();
-            let log: SessionLog = match tokio::task::spawn_blocking(move || read_session(&d)).await
-            {
-                Ok(Ok(log)) => log,
-                Ok(Err(e)) => {
-                    fail(summary, dir, &ExportError::from(e));
+        for i in 0..inputs.len() {
+            let (dir, log) = inputs.read(i).await;
+            let log: SessionLog = match log {
+                Ok(Some(log)) => log,
+                Ok(None) => {
+                    summary.sessions_outside_range += 1;
                     continue;
                 }
-                Err(_) => return Err(ExportError::Join("session reader")),
+                Err(ExportError::Join(what)) => return Err(ExportError::Join(what)),
+                Err(e) => {
+                    fail(summary, dir, &e);
+                    continue;
+                }
             };
             summary.calls += log.records.len() as u64;
             summary.log_problems += log.problems.len() as u64;

@@ -91,6 +91,9 @@ pub enum ExportError {
         #[source]
         source: RewardError,
     },
+    /// A calls file could not be encoded or read.
+    #[error(transparent)]
+    Calls(#[from] super::calls::CallsError),
     /// The command-line options are inconsistent.
     #[error("{0}")]
     Usage(String),

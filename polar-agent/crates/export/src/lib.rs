@@ -22,9 +22,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod batch;
+pub mod calls;
 pub mod cli;
 mod dest;
 mod error;
+pub mod exported;
 mod format;
 mod local;
 pub mod memory;
@@ -37,6 +39,8 @@ mod schema;
 pub mod source;
 mod writer;
 
+#[cfg(test)]
+mod exported_tests;
 #[cfg(test)]
 mod tests;
 

@@ -72,6 +72,8 @@ pub struct SessionLog {
     pub records: Vec<CompletionRecord>,
     /// Problems found in `calls.jsonl`.
     pub problems: Vec<LogProblem>,
+    /// `session.json` as read (exported beside the calls).
+    pub session_json: Option<Value>,
 }
 
 /// The session directories under `state_dir` (those holding a call log),
@@ -105,23 +107,41 @@ pub fn read_session(dir: &Path) -> Result<SessionLog, SourceError> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io(&session_file, e)),
         };
+    session_log(dir.to_owned(), json, records, problems).map_err(|e| match e {
+        SourceError::SessionFile { why, .. } => SourceError::SessionFile {
+            path: session_file,
+            why,
+        },
+        other => other,
+    })
+}
+
+/// A session read back from its parts: its directory (or exported file),
+/// its `session.json`, its records and the problems met reading them.
+pub fn session_log(
+    dir: PathBuf,
+    json: Option<Value>,
+    records: Vec<CompletionRecord>,
+    problems: Vec<LogProblem>,
+) -> Result<SessionLog, SourceError> {
     let fallback_id = dir
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let info = session_info(json.as_ref(), &fallback_id, &records).map_err(|why| {
         SourceError::SessionFile {
-            path: session_file,
+            path: dir.clone(),
             why,
         }
     })?;
     Ok(SessionLog {
-        dir: dir.to_owned(),
+        dir,
         meta: info.meta,
         rewards: info.rewards,
         outcome_recorded: info.outcome_recorded,
         records,
         problems,
+        session_json: json,
     })
 }
 

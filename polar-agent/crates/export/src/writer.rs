@@ -127,6 +127,45 @@ impl Exporter {
         }
     }
 
+    /// Publishes session `session`'s calls file (`bytes`, from
+    /// [`crate::calls::encode_calls`]) as
+    /// `task=<task>/<session>.calls.jsonl.zst`; it is durable (fsynced and
+    /// renamed, or uploaded whole) when this returns its location.
+    pub async fn write_calls(
+        &self,
+        task: Option<&str>,
+        session: &str,
+        bytes: Vec<u8>,
+    ) -> Result<String, ExportError> {
+        let key = FileKey {
+            partition: super::partition::partition_dir(task),
+            file: super::calls::file_name(session),
+        };
+        let location = self.store.location(&key);
+        let len = bytes.len() as u64;
+        let mut sink = self.store.create(&key).await?;
+        if let Err(e) = sink.write(bytes).await {
+            self.counters.failed_files.fetch_add(1, Ordering::Relaxed);
+            sink.abort().await;
+            return Err(e);
+        }
+        let done = sink
+            .start_commit()
+            .await
+            .unwrap_or(Err(ExportError::Join("commit")));
+        match done {
+            Ok(()) => {
+                self.counters.files.fetch_add(1, Ordering::Relaxed);
+                self.counters.bytes.fetch_add(len, Ordering::Relaxed);
+                Ok(location)
+            }
+            Err(e) => {
+                self.counters.failed_files.fetch_add(1, Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
     /// A pipeline writing through this exporter.
     pub fn pipeline(&self) -> Pipeline<'_> {
         Pipeline {

@@ -84,6 +84,8 @@ pub enum Endpoint {
     Sample,
     /// `GET /v1/tasks/{id}/samples/{index}/trajectory`.
     Trajectory,
+    /// `GET /v1/tasks/{id}/samples/{index}/calls`.
+    Calls,
     /// `POST /v1/nodes/{id}/pause`.
     Pause,
     /// `POST /v1/nodes/{id}/resume`.
@@ -131,6 +133,11 @@ pub fn routes() -> Result<Routes, RouteError> {
             "/v1/tasks/{id}/samples/{index}/trajectory",
             Role::Client,
             &[(M::GET, E::Trajectory)],
+        )?
+        .route(
+            "/v1/tasks/{id}/samples/{index}/calls",
+            Role::Client,
+            &[(M::GET, E::Calls)],
         )?
         .route("/v1/events", Role::Client, &[(M::GET, E::Events)])?
         .route("/v1/nodes", Role::Any, &[(M::GET, E::Nodes)])?
@@ -235,7 +242,9 @@ impl ApiError {
             Self::Export(e) => {
                 use crate::ui::exports::ExportReadError as X;
                 let (status, code) = match e {
-                    X::NoFile(_) | X::Missing { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    X::NoFile(_) | X::NoCalls(_) | X::Missing { .. } => {
+                        (StatusCode::NOT_FOUND, "not_found")
+                    }
                     X::NoRoots
                     | X::NotLocal(_)
                     | X::Outside(_)
@@ -461,6 +470,9 @@ async fn call<B: RequestBody>(
         }
         Endpoint::Trajectory => {
             crate::ui::trajectory(core, id, params.get("index").unwrap_or_default()).await
+        }
+        Endpoint::Calls => {
+            crate::ui::calls::calls(core, id, params.get("index").unwrap_or_default()).await
         }
         Endpoint::Pause => generation(core, id, true, req).await,
         Endpoint::Resume => generation(core, id, false, req).await,

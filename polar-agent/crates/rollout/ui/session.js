@@ -1,13 +1,14 @@
 // A sample's page: its outcome (status, reward, attempts, node, timings per
 // stage, tokens, the evaluator's output, the exported file), the timeline
 // of its model calls (while it runs, live: the calls its node reported so
-// far, then each `calls` event's; once done, the result's list), and its
-// exported trajectory.
+// far, then each `calls` event's; once done, the result's list), its
+// exported trajectory, and its calls from the exported calls file.
 
 import { api, followEvents } from "./api.js";
 import { h, mount, badge, fmtReward, fmtInt, pre, seg, stagesText } from "./dom.js";
 import { timeline } from "./timeline.js";
 import { trajectoryViewer } from "./trajectory.js";
+import { callsSection } from "./calls.js";
 
 /** The most calls the server keeps per running session (MAX_LIVE_CALLS). */
 const MAX_LIVE_CALLS = 512;
@@ -17,7 +18,8 @@ export function sessionPage(root, ctx, taskId, index) {
   const head = h("section.card#session-head");
   const tl = h("section.card#timeline");
   const traj = h("section.card#trajectory");
-  mount(root, head, tl, traj);
+  const callsEl = h("section.card#calls");
+  mount(root, head, tl, traj, callsEl);
   let stopped = false;
   let shownDone = false;
   let viewer = null;
@@ -48,8 +50,10 @@ export function sessionPage(root, ctx, taskId, index) {
     if (s.state === "done" && !shownDone) {
       shownDone = true;
       viewer = trajectoryViewer(traj, taskId, index);
+      callsSection(callsEl, taskId, index, s);
     } else if (s.state !== "done") {
       mount(traj, h("h2", "Trajectory"), h("p.muted", "Exported when the session ends."));
+      callsSection(callsEl, taskId, index, s);
     }
   };
   load();

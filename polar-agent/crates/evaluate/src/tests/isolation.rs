@@ -627,6 +627,62 @@ async fn modules_configurations_and_conftests_planted_around_the_tests_change_no
 }
 
 #[tokio::test]
+async fn a_tests_package_keeps_the_workspace_behind_what_it_imports() {
+    // The tests directory is a package with a helper module; its test
+    // imports `fractions`, which the workspace shadows with a `Fraction`
+    // equal to anything.
+    let package = |right: bool| {
+        let ws = shadowed_workspace(right);
+        let w = |rel: &str, text: &str| std::fs::write(ws.path().join(rel), text).unwrap();
+        w("tests/__init__.py", "");
+        w("tests/helpers.py", "TWO = 2\n");
+        w(
+            "tests/test_calc.py",
+            "from fractions import Fraction\nimport calc\nfrom . import helpers\n\n\
+             def test_add(five):\n    \
+             assert calc.add(Fraction(helpers.TWO), Fraction(3)) == five\n",
+        );
+        w(
+            "fractions.py",
+            "class Fraction:\n    def __init__(self, *a):\n        pass\n\n    \
+             def __eq__(self, other):\n        return True\n\n    \
+             def __add__(self, other):\n        return self\n\n    \
+             __sub__ = __radd__ = __rsub__ = __add__\n",
+        );
+        ws
+    };
+    let pytest = |task_opts: Option<&str>| {
+        let mut options = json!({
+            "command": [SYSTEM_PYTHON, "-m", "pytest", "-rA", "tests"],
+            "parser": "pytest",
+            "tests": "tests",
+            "fail_to_pass": ["tests/test_calc.py::test_add"],
+        });
+        if let Some(opts) = task_opts {
+            options["env"] = json!({"PYTEST_ADDOPTS": opts});
+        }
+        evaluator("test_output", options)
+    };
+    // The control: pytest's default import mode (the task's own options
+    // come last and may choose it) puts the workspace first, and the
+    // wrong solution passes.
+    let wrong = package(false);
+    let runner = IsolatedRunner::new(wrong.path());
+    let got = pytest(Some("--import-mode=prepend"))
+        .evaluate(&facts(wrong.path()), &runner)
+        .await;
+    assert_eq!(got.reward, Some(1.0), "{got:?}");
+    // Pinned, the wrong solution fails and the right one passes, the
+    // package's conftest and helper used.
+    let got = pytest(None).evaluate(&facts(wrong.path()), &runner).await;
+    assert_eq!(got.reward, Some(0.0), "{got:?}");
+    let right = package(true);
+    let runner = IsolatedRunner::new(right.path());
+    let got = pytest(None).evaluate(&facts(right.path()), &runner).await;
+    assert_eq!(got.reward, Some(1.0), "{got:?}");
+}
+
+#[tokio::test]
 async fn pytest_is_pinned_to_the_tests_own_configuration() {
     // A tests directory with a configuration of its own: it is the one
     // read (its marker registered, `--strict-markers` from its addopts),
@@ -666,14 +722,19 @@ async fn pytest_is_pinned_to_the_tests_own_configuration() {
 
 #[test]
 fn pytest_options_name_the_tests_directory_and_keep_the_tasks() {
-    let opts = isolation::pytest_addopts(Path::new("t/hidden"), Some("tox.ini"), Some("-x"));
+    let opts = isolation::pytest_addopts(Path::new("t/hidden"), Some("tox.ini"), false, Some("-x"));
     assert_eq!(
         opts,
         "-p no:cacheprovider --rootdir=. --confcutdir=t/hidden \
          -c t/hidden/tox.ini -x"
     );
-    let opts = isolation::pytest_addopts(Path::new("t"), None, None);
+    let opts = isolation::pytest_addopts(Path::new("t"), None, false, None);
     assert!(opts.ends_with("--confcutdir=t -c /dev/null"), "{opts}");
+    let opts = isolation::pytest_addopts(Path::new("t"), None, true, Some("-x"));
+    assert!(
+        opts.ends_with("-c /dev/null --import-mode=importlib -x"),
+        "{opts}"
+    );
     for bad in ["a b", "a'b", "a\"b", "../t", "/abs", "a\\b"] {
         let e = Evaluator::from_spec(&super::spec(
             "test_output",

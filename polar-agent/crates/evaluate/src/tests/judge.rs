@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use serde_json::json;
 
+use super::super::base::{DiffBase, RECORD_SCRIPT};
 use super::super::judge::{Criterion, JUDGE_MARKER, fence, prompt, score};
 use super::super::{EvalError, Evaluator, Judge, JudgeCall, JudgeFuture, JudgeInputs, JudgeReply};
 use super::{HostRunner, evaluator, facts, spec};
@@ -271,4 +272,133 @@ async fn a_composite_weighs_its_parts_and_needs_every_reward() {
             "{options}: {e}"
         );
     }
+}
+
+/// Runs `script` with `sh -c` in `dir`, asserting it succeeds.
+fn sh(dir: &std::path::Path, script: &str) {
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "p")
+        .env("GIT_AUTHOR_EMAIL", "p@p")
+        .env("GIT_COMMITTER_NAME", "p")
+        .env("GIT_COMMITTER_EMAIL", "p@p")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {out:?}");
+}
+
+/// The base the record script reads in `dir`.
+async fn record(dir: &std::path::Path) -> DiffBase {
+    use super::super::CommandRunner;
+    let out = HostRunner::new(dir)
+        .run(
+            vec!["sh".into(), "-c".into(), RECORD_SCRIPT.into()],
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    DiffBase::of_record(&out.stdout).unwrap()
+}
+
+/// The judge's evaluation of `dir` against `base`, the judge scoring
+/// `fixed` 10 when the diff adds `return a + b`.
+async fn judged(dir: &std::path::Path, base: &DiffBase) -> super::super::Evaluation {
+    let e = evaluator("llm_judge", judge_spec());
+    let judge = Needle {
+        needle: "return a + b",
+        prompts: Mutex::default(),
+    };
+    let inputs = JudgeInputs {
+        judge: &judge,
+        instruction: "fix calc.py",
+        transcript: "[user]\nfix calc.py\n",
+    };
+    let f = super::super::SessionFacts {
+        base: base.clone(),
+        ..facts(dir)
+    };
+    e.evaluate_with(&f, &HostRunner::new(dir), Some(&inputs))
+        .await
+}
+
+const WRONG: &str = "printf 'def add(a, b):\\n    return a - b\\n' > calc.py";
+const FIX: &str = "printf 'def add(a, b):\\n    return a + b\\n' > calc.py";
+
+#[tokio::test]
+async fn a_change_the_policy_committed_shows_in_the_judges_diff() {
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    sh(
+        p,
+        &format!("git init -q && {WRONG} && git add calc.py && git commit -qm task"),
+    );
+    let base = record(p).await;
+    assert!(matches!(base, DiffBase::Commit(_)), "{base:?}");
+    // The policy fixes calc.py and commits the fix.
+    sh(p, &format!("{FIX} && git commit -qam fix"));
+    // The control: against the workspace's HEAD nothing shows.
+    let got = judged(p, &DiffBase::Head).await;
+    assert!((got.reward.unwrap() - 0.15).abs() < 1e-9, "{got:?}");
+    // Against the recorded base the fix is seen.
+    let got = judged(p, &base).await;
+    assert!((got.reward.unwrap() - 0.9).abs() < 1e-9, "{got:?}");
+    assert_eq!(got.detail["judge"]["diff_base"], base.describe());
+}
+
+#[tokio::test]
+async fn a_base_the_workspace_no_longer_has_is_the_policys_failure() {
+    for rewrite in [
+        // History rewritten, the old objects pruned.
+        "git checkout -q --orphan new && git commit -qam new && git branch -D -q master main 2>/dev/null; \
+         git reflog expire --expire=now --all && git gc -q --prune=now",
+        // The repository replaced by a new one.
+        "rm -rf .git && git init -q && git add -A && git commit -qm new",
+        // The repository removed.
+        "rm -rf .git",
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let p = ws.path();
+        sh(
+            p,
+            &format!("git init -q && {WRONG} && git add calc.py && git commit -qm task"),
+        );
+        let base = record(p).await;
+        sh(p, &format!("{FIX} && {rewrite}"));
+        let got = judged(p, &base).await;
+        assert_eq!(got.reward, Some(0.0), "{rewrite}: {got:?}");
+        assert_eq!(
+            got.detail["broken"]["cause"], "base_gone",
+            "{rewrite}: {got:?}"
+        );
+        assert_eq!(got.detail["broken"]["side"], "policy", "{rewrite}: {got:?}");
+        assert!(
+            got.error.as_deref().unwrap_or_default().contains("is gone"),
+            "{got:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_workspace_without_history_shows_every_file_whatever_repository_the_policy_made() {
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    sh(p, WRONG);
+    let base = record(p).await;
+    assert_eq!(base, DiffBase::NoHistory);
+    // The policy fixes calc.py and commits everything to a repository of
+    // its own.
+    sh(
+        p,
+        &format!("{FIX} && git init -q && git add -A && git commit -qm all"),
+    );
+    let got = judged(p, &DiffBase::Head).await;
+    assert!((got.reward.unwrap() - 0.15).abs() < 1e-9, "{got:?}");
+    let got = judged(p, &base).await;
+    assert!((got.reward.unwrap() - 0.9).abs() < 1e-9, "{got:?}");
 }

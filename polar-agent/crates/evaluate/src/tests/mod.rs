@@ -43,6 +43,7 @@ fn facts(workspace: &Path) -> SessionFacts {
         calls: 3,
         failed_calls: 0,
         workspace: workspace.to_owned(),
+        base: crate::DiffBase::Head,
     }
 }
 

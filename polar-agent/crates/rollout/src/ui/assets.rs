@@ -41,6 +41,7 @@ const FILES: &[(&str, &str, &[u8])] = &[
         include_bytes!("../../ui/trajectory.js"),
     ),
     ("compare.js", JS, include_bytes!("../../ui/compare.js")),
+    ("calls.js", JS, include_bytes!("../../ui/calls.js")),
 ];
 
 const JS: &str = "text/javascript; charset=utf-8";

@@ -77,8 +77,15 @@ pub enum ExportReadError {
         /// Why.
         reason: String,
     },
-    /// Neither `.parquet` nor `.jsonl`.
-    #[error("{0}: not a .parquet or .jsonl export")]
+    /// The sample's session has no exported calls file (none was written:
+    /// the node's `export_calls` is off, or the session never exported).
+    #[error("sample {0} has no exported calls file")]
+    NoCalls(String),
+    /// Neither `.parquet`, `.jsonl` nor `.calls.jsonl.zst`, or not the kind
+    /// of file asked for.
+    #[error(
+        "{0}: not a .parquet or .jsonl export, or .calls.jsonl.zst calls file, of the kind asked for"
+    )]
     Format(String),
     /// Larger than `max_file_bytes`.
     #[error("{path}: {size} bytes, over [rollout.dashboard] max_file_bytes ({max})")]
@@ -115,6 +122,8 @@ pub enum FileFormat {
     Parquet,
     /// `.jsonl`.
     Jsonl,
+    /// `.calls.jsonl.zst`: a session's calls.
+    Calls,
 }
 
 impl FileFormat {
@@ -123,6 +132,19 @@ impl FileFormat {
         match self {
             Self::Parquet => "parquet",
             Self::Jsonl => "jsonl",
+            Self::Calls => "calls",
+        }
+    }
+
+    /// The format of a file or key by its name.
+    fn of(name: &str) -> Option<Self> {
+        if name.ends_with(polar_export::calls::CALLS_SUFFIX) {
+            return Some(Self::Calls);
+        }
+        match name.rsplit_once('.').map(|(_, ext)| ext) {
+            Some("parquet") => Some(Self::Parquet),
+            Some("jsonl") => Some(Self::Jsonl),
+            _ => None,
         }
     }
 }
@@ -145,10 +167,8 @@ pub fn locate(
     if path.components().any(|c| c == Component::ParentDir) {
         return Err(ExportReadError::Outside(uri.to_owned()));
     }
-    let format = match path.extension().and_then(|e| e.to_str()) {
-        Some("parquet") => FileFormat::Parquet,
-        Some("jsonl") => FileFormat::Jsonl,
-        _ => return Err(ExportReadError::Format(uri.to_owned())),
+    let Some(format) = FileFormat::of(uri) else {
+        return Err(ExportReadError::Format(uri.to_owned()));
     };
     for root in roots {
         if let Ok(rel) = path.strip_prefix(root)
@@ -168,6 +188,19 @@ pub fn read_session_rows(
     roots: &[PathBuf],
     max_bytes: u64,
 ) -> Result<(FileFormat, u64, Vec<Row<'static>>), ExportReadError> {
+    let (format, bytes) = read_beneath(uri, roots, max_bytes)?;
+    let read = bytes.len() as u64;
+    let rows = decode_session_rows(uri, format, bytes::Bytes::from(bytes), session)?;
+    Ok((format, read, rows))
+}
+
+/// Reads the whole file at `uri` beneath one of `roots` (see the module
+/// doc), at most `max_bytes`; its format by its name.
+pub fn read_beneath(
+    uri: &str,
+    roots: &[PathBuf],
+    max_bytes: u64,
+) -> Result<(FileFormat, Vec<u8>), ExportReadError> {
     let (root, rel, format) = locate(uri, roots)?;
     let missing = |reason: String| ExportReadError::Missing {
         path: uri.to_owned(),
@@ -212,9 +245,7 @@ pub fn read_session_rows(
             max: max_bytes,
         });
     }
-    let read = bytes.len() as u64;
-    let rows = decode_session_rows(uri, format, bytes::Bytes::from(bytes), session)?;
-    Ok((format, read, rows))
+    Ok((format, bytes))
 }
 
 /// Decodes an exported file (`bytes`, from `uri`) and keeps the rows of
@@ -228,6 +259,7 @@ pub fn decode_session_rows(
     let rows = match format {
         FileFormat::Parquet => polar_export::read_parquet(bytes),
         FileFormat::Jsonl => polar_export::read_jsonl(&bytes),
+        FileFormat::Calls => return Err(ExportReadError::Format(uri.to_owned())),
     }
     .map_err(|e| ExportReadError::Decode {
         path: uri.to_owned(),
@@ -294,10 +326,8 @@ pub fn locate_s3<'a>(
         uri: uri.to_owned(),
         reason,
     })?;
-    let format = match key.rsplit_once('.').map(|(_, ext)| ext) {
-        Some("parquet") => FileFormat::Parquet,
-        Some("jsonl") => FileFormat::Jsonl,
-        _ => return Err(ExportReadError::Format(uri.to_owned())),
+    let Some(format) = FileFormat::of(key) else {
+        return Err(ExportReadError::Format(uri.to_owned()));
     };
     let beneath = |root: &S3Root| {
         root.bucket == bucket

@@ -3,7 +3,9 @@
 //! the token is (`GET /v1/whoami`), one sample in full (`GET
 //! /v1/tasks/{id}/samples/{index}`) and its exported trajectory (`GET
 //! /v1/tasks/{id}/samples/{index}/trajectory`, read by `exports` beneath
-//! the operator's `[rollout.dashboard] export_roots` or `s3_roots`); `settings` is
+//! the operator's `[rollout.dashboard] export_roots` or `s3_roots`) and its
+//! exported calls (`GET /v1/tasks/{id}/samples/{index}/calls`, `calls`,
+//! read the same way); `settings` is
 //! `[rollout.dashboard]`. The pages (plain JavaScript modules and CSS, no
 //! build step) live in `polar-agent/crates/rollout/ui/`; docs/DASHBOARD.md
 //! shows them.
@@ -15,6 +17,7 @@
 //! origin only (nothing fetched from elsewhere, no inline script).
 
 mod assets;
+pub mod calls;
 pub mod exports;
 pub mod settings;
 pub mod token_text;
@@ -48,7 +51,7 @@ pub fn whoami(may_control: bool) -> http::Response<Body> {
 }
 
 /// Parses a sample index from the path.
-fn index_of(s: &str) -> Result<u32, ApiError> {
+pub(crate) fn index_of(s: &str) -> Result<u32, ApiError> {
     s.parse::<u32>().map_err(|_| {
         ApiError::Invalid(polar_rollout_api::validate::ValidationError {
             field: "index".into(),
