@@ -718,7 +718,7 @@ turns = [
   { tool_calls = [{ shell = "echo polar > polar-demo.txt" }] },
 ]
 
-# Every attempt (each exports its own calls only: issue 17) makes one
+# Every attempt (each exports its own calls only) makes one
 # call that works, then meets the replica set that is down.
 [[sessions]]
 id = "faults-s1"

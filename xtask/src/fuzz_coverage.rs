@@ -5,11 +5,10 @@
 //! summarizes the lines per source file, leaving out the dependencies',
 //! the standard library's and the fuzz targets' own ([`NOT_POLAR`]). Edge
 //! counts say how much of a binary a target reaches; this says which of
-//! Polar's parsers' lines, which is how the capture-log targets' corpora
-//! were found to hold no valid record (docs/SECURITY.md, "Fuzzing",
-//! session 20). The edges are then split by source ([`edges`]): a run
-//! still finding edges may be finding them all in a dependency's parser,
-//! which is how session 24 told Polar's code at a plateau.
+//! Polar's parsers' lines (a corpus holding no valid record shows as
+//! lines never run; docs/SECURITY.md, "Fuzzing"). The edges are then split
+//! by source ([`edges`]): a run still finding edges may be finding them
+//! all in a dependency's parser while Polar's code is at a plateau.
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Retention soak (issue 17, "bounded state"): hundreds of thousands of
+//! Retention soak (BENCHMARKS.md, "Bounded state"): hundreds of thousands of
 //! sessions through a real rollout server (`polar rollout serve`, SQLite on
 //! disk, a short `retention_secs`) and simulated gateways (`polar rollout
 //! sim-gateway`, each its own process), all on loopback. A driver keeps a

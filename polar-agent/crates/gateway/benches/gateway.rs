@@ -1,4 +1,4 @@
-//! The READY buffer's effect on backend use (issue 7): a simulated workload
+//! The READY buffer's effect on backend use: a simulated workload
 //! of 64 sessions on one gateway node — each runtime takes 2 s to start and
 //! each harness keeps the backend busy for 10 s — run through the real stage
 //! pipeline (`polar_agent::gateway::Stages`) twice in the same process, with

@@ -1,4 +1,4 @@
-//! Rollout server dispatch benchmark (issue 7): 10,000 sessions through a
+//! Rollout server dispatch benchmark: 10,000 sessions through a
 //! real rollout server (SQLite on disk, HTTP on loopback) to simulated
 //! gateways, measuring the dispatch latency of every session: from the
 //! moment it could go to a node (queued with a free slot, or a slot freed

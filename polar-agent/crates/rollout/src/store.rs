@@ -9,7 +9,7 @@
 //! under a steady stream of commits a passive checkpoint never catches the
 //! log's end, so the log would only grow: past [`WAL_LIMIT`] a checkpoint
 //! waits for the commit in progress, copies the rest and truncates the log
-//! (`TRUNCATE`), which bounds the WAL file (issue 17's soak).
+//! (`TRUNCATE`), which bounds the WAL file (BENCHMARKS.md, "Bounded state").
 //!
 //! Schema versions are listed in `schema_migrations`; [`MIGRATIONS`] are
 //! applied in order on open.
