@@ -12,6 +12,8 @@
 //!   exported, rewards and group ids right; each session's calls file
 //!   exported beside it, and, once the node dropped its copy, `polar
 //!   export --from` re-derives the same rows from the export alone;
+//! - a gateway with `export_calls = false`: its trajectories exported, no
+//!   calls file, its session directories removed once exported;
 //! - a gateway killed (SIGKILL) mid-task: its sessions are dispatched again,
 //!   the task finishes, the killed agent's cgroup is reaped;
 //! - the rollout server restarted mid-task: nothing is lost;
@@ -49,7 +51,7 @@ const TOKEN: &str = "gateway-e2e-token";
 /// The token the server presents to the gateways.
 const GATEWAY_TOKEN: &str = "gateway-e2e-server-token";
 /// The nodes the tests start, each with its own token.
-const NODES: [&str; 15] = [
+const NODES: [&str; 16] = [
     "gw-a",
     "gw-b",
     "gw-c",
@@ -59,6 +61,7 @@ const NODES: [&str; 15] = [
     "gw-health",
     "gw-k1",
     "gw-k2",
+    "gw-nocalls",
     "gw-p",
     "gw-patient",
     "gw-r",
@@ -89,6 +92,8 @@ struct Fixture {
     /// The replica the gateways started from now on use instead of the
     /// in-process mock, with health checks every 200 ms.
     replica: Option<String>,
+    /// More `[gateway]` lines for the gateways started from now on.
+    gateway_keys: String,
 }
 
 /// A cluster CA made and used through `polar rollout ca`.
@@ -215,6 +220,7 @@ impl Fixture {
             gateways: Vec::new(),
             pki,
             replica: None,
+            gateway_keys: String::new(),
         })
     }
 
@@ -302,11 +308,12 @@ heartbeat_interval_ms = 300
 drain_timeout_secs = {drain_secs}
 export = "{export}"
 formats = ["parquet", "jsonl"]
-
+{keys}
 [gateway.policy]
 upload_roots = ["{examples}", "{tasks}"]
 {tls}"#,
                 scheme = self.scheme(),
+                keys = self.gateway_keys,
                 tasks = self.tasks_dir().display(),
                 token = node_token(node_id),
                 state = base.join("state").display(),
@@ -638,6 +645,78 @@ async fn eight_samples_on_one_gateway_then_on_three() -> Result<()> {
             .lines()
             .any(|l| l.contains(&base) && l.contains("/state/sandboxes/")),
         "a session's tmpfs is still mounted"
+    );
+    f.stop_gateways()?;
+    Ok(())
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            out.extend(files_under(&path)?);
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_export_calls_off_only_the_trajectories_are_exported() -> Result<()> {
+    let mut f = Fixture::start().await?;
+    f.gateway_keys = "export_calls = false\n".into();
+    f.gateway("gw-nocalls", "127.0.0.91").await?;
+    f.submit("no-calls", 2, 0).await?;
+    let t = f
+        .wait_finished("no-calls", Duration::from_secs(240))
+        .await?;
+    // The trajectories are exported as with the calls (checked here).
+    check_results(&t, &f.export_dir())?;
+    let files = files_under(&f.export_dir())?;
+    let calls: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".calls.jsonl.zst"))
+        .collect();
+    ensure!(calls.is_empty(), "calls files written: {calls:?}");
+    let state = f.dir.path().join("gw-nocalls/state");
+    for s in &t.samples {
+        let SessionState::Done { result, .. } = &s.state else {
+            bail!("{s:?}");
+        };
+        let calls_uri = result.stats.as_ref().map(|x| &x["calls_uri"]);
+        ensure!(
+            calls_uri.is_none_or(serde_json::Value::is_null),
+            "a calls_uri without a calls file: {result:?}"
+        );
+        // Exported and not failed: the node removed the session's
+        // directories at once, its raw record with them (docs/CONFIG.md).
+        for tree in ["sandboxes", "sessions"] {
+            let d = state.join(tree).join(&s.session_id);
+            ensure!(!d.exists(), "{} left after the export", d.display());
+        }
+    }
+    // Nothing to re-derive from the export root: `polar export --from`
+    // says so.
+    let out = tempfile::tempdir()?;
+    let o = Command::new(polar_bin()?)
+        .arg("export")
+        .arg("--from")
+        .arg(f.export_dir())
+        .arg("--out")
+        .arg(out.path())
+        .output()?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    ensure!(
+        o.status.success()
+            && text.ends_with(&format!(
+                "nothing exported: no calls file under {}\n",
+                f.export_dir().display()
+            )),
+        "{text} {}",
+        String::from_utf8_lossy(&o.stderr)
     );
     f.stop_gateways()?;
     Ok(())

@@ -128,7 +128,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         Ok(n) => n,
         Err(e) => {
             shutdown(&parts, redirect).await;
-            return Err(e.into());
+            return Err(start_error(e, &gw.node_id));
         }
     };
     {
@@ -294,5 +294,28 @@ async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {
             }
         }
         Err(_) => tracing::warn!("sessions still hold the redirect; the reaper detaches it"),
+    }
+}
+
+/// A start that failed: the server refusing the node's token (401) is an
+/// authentication error (exit 4) naming the node and where its token
+/// comes from; the rest as they are.
+fn start_error(e: crate::gateway::NodeError, node_id: &str) -> CliError {
+    use polar_rollout_api::ClientError;
+    match e {
+        crate::gateway::NodeError::Register {
+            url,
+            source:
+                ClientError::Status {
+                    status: http::StatusCode::UNAUTHORIZED,
+                    message,
+                    ..
+                },
+        } => CliError::Auth(format!(
+            "the rollout server {url} refused this node's token for node `{node_id}`: {message}. \
+             The token comes from gateway.token, token_file, token_dir or POLAR_GATEWAY_TOKEN; \
+             the server takes the one in its rollout.node_tokens.{node_id}."
+        )),
+        other => other.into(),
     }
 }

@@ -310,15 +310,20 @@ pub fn main() -> ExitCode {
 fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Reap { dir, sandboxes } => {
+            use crate::redirect::reaper::{self, Release};
             let agent = std::os::unix::process::parent_id();
-            let reaped = crate::redirect::reaper::run(&dir)
-                .map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())));
+            let (release, reaped) = reaper::run(&dir);
+            let reaped = reaped.map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())));
             // After the kill: nothing of the agent holds the mounts now.
             // Its pipe closes while it exits, before it is gone: the mounts
-            // are its until then.
+            // are its until then. An agent shutting down in order waits
+            // for this process: its mounts stay its own.
             if let Some(s) = sandboxes {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-                while crate::runtime::quota::runs(agent) && std::time::Instant::now() < until {
+                while release == Release::Gone
+                    && crate::runtime::quota::runs(agent)
+                    && std::time::Instant::now() < until
+                {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
                 crate::runtime::quota::reclaim_stale(&s);

@@ -7,8 +7,11 @@
 //! `polar __reap` then releases the disk quotas of the agent's sessions
 //! (`runtime::quota::reclaim_stale`), which nothing holds once the subtree
 //! is gone, so a crashed agent's tmpfs mounts do not wait for its next start.
+//! An agent that shuts down in order writes [`ORDERLY`] before closing the
+//! pipe and then waits for the guardian: the guardian does not wait for it
+//! to be gone (it would wait for its own end), its mounts are its own.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -43,14 +46,31 @@ impl Guardian {
 
 impl Drop for Guardian {
     fn drop(&mut self) {
-        // Closing the pipe tells the guardian to clean up and exit.
-        drop(self.stdin.take());
+        // Closing the pipe tells the guardian to clean up and exit; the
+        // byte before tells it this agent waits for it.
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(&[ORDERLY]);
+        }
         let _ = self.child.wait();
     }
 }
 
-/// The guardian's body: block until stdin closes, then clean up `dir`.
-pub fn run(dir: &Path) -> Result<(), cgroup::CgroupError> {
+/// The byte an agent shutting down in order writes to the guardian before
+/// it closes the pipe and waits for it.
+pub const ORDERLY: u8 = b'.';
+
+/// How the agent let the guardian go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Release {
+    /// It shut down in order and waits for the guardian to finish.
+    Orderly,
+    /// It went away (an exit without shutdown, a crash, SIGKILL).
+    Gone,
+}
+
+/// The guardian's body: block until stdin closes, then clean up `dir`;
+/// returns how the agent let go and what the cleanup did.
+pub fn run(dir: &Path) -> (Release, Result<(), cgroup::CgroupError>) {
     use nix::sys::signal::{SigHandler, Signal, signal};
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: installing SIG_IGN runs no code in a signal context.
@@ -58,10 +78,15 @@ pub fn run(dir: &Path) -> Result<(), cgroup::CgroupError> {
     }
     let mut buf = [0u8; 64];
     let mut stdin = io::stdin();
+    let mut release = Release::Gone;
     loop {
         match stdin.read(&mut buf) {
             Ok(0) => break,
-            Ok(_) => {}
+            Ok(n) => {
+                if buf[..n].contains(&ORDERLY) {
+                    release = Release::Orderly;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
@@ -73,5 +98,5 @@ pub fn run(dir: &Path) -> Result<(), cgroup::CgroupError> {
     {
         cgroup::remove_v1_mirrors(rel, std::time::Duration::from_secs(10));
     }
-    result
+    (release, result)
 }

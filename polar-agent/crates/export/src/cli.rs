@@ -345,6 +345,9 @@ pub struct Summary {
     pub files: Vec<WrittenFile>,
     /// Bytes written.
     pub bytes: u64,
+    /// Why no session was exported, when none was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nothing_exported: Option<String>,
 }
 
 impl Summary {
@@ -404,6 +407,9 @@ impl fmt::Display for Summary {
         }
         for s in &self.sessions_failed {
             writeln!(f, "  FAILED {}: {}", s.dir.display(), s.error)?;
+        }
+        if let Some(why) = &self.nothing_exported {
+            writeln!(f, "nothing exported: {why}")?;
         }
         Ok(())
     }
@@ -470,7 +476,73 @@ pub async fn run(args: ExportArgs) -> Result<Summary, ExportError> {
     let finished = pipeline.finish().await;
     result?;
     summary.add_files(finished?);
+    if summary.sessions == 0 {
+        summary.nothing_exported = Some(args.why_none(&inputs, &summary).await);
+    }
     Ok(summary)
+}
+
+impl ExportArgs {
+    /// Why an export found nothing to write: no session there, all left
+    /// out by the filters, all failed (named) or without traces.
+    async fn why_none(&self, inputs: &Inputs, summary: &Summary) -> String {
+        let total = inputs.len();
+        if total == 0 {
+            return match inputs {
+                Inputs::Exported { root, .. } => {
+                    let all = if self.tasks.is_empty() {
+                        0
+                    } else {
+                        list_calls(root, &[]).await.map_or(0, |f| f.len())
+                    };
+                    if all > 0 {
+                        format!(
+                            "all {all} calls files under {root} are of other tasks than --task {}",
+                            self.tasks.join(", ")
+                        )
+                    } else {
+                        format!("no calls file under {root}")
+                    }
+                }
+                Inputs::Dirs(_) => match &self.state_dir {
+                    Some(dir) => format!(
+                        "no session under {} (none with a calls.jsonl)",
+                        dir.join(super::source::SESSIONS_DIR).display()
+                    ),
+                    None => "no session directory given".into(),
+                },
+            };
+        }
+        let mut parts = Vec::new();
+        if summary.sessions_outside_range > 0 {
+            let filters = match (self.since, self.until) {
+                (Some(_), Some(_)) => "--since/--until",
+                (Some(_), None) => "--since",
+                _ => "--until",
+            };
+            parts.push(format!(
+                "{} outside the time range of {filters}",
+                summary.sessions_outside_range
+            ));
+        }
+        if !summary.sessions_failed.is_empty() {
+            let names: Vec<String> = summary
+                .sessions_failed
+                .iter()
+                .map(|s| s.dir.display().to_string())
+                .collect();
+            parts.push(format!(
+                "{} failed to read ({})",
+                summary.sessions_failed.len(),
+                names.join(", ")
+            ));
+        }
+        if summary.sessions_empty > 0 {
+            parts.push(format!("{} without traces", summary.sessions_empty));
+        }
+        let all = if parts.len() == 1 { "all " } else { "" };
+        format!("of {total} sessions, {all}{}", parts.join(", "))
+    }
 }
 
 /// How sessions are turned into files.

@@ -70,6 +70,21 @@ pub enum ExportError {
         /// The partition's task.
         partition: Option<String>,
     },
+    /// The directory given to `--from` is not an export root.
+    #[error(
+        "{} is not an export root: {why} (expected the --out directory of an export, \
+         holding task=<task>/<session>.calls.jsonl.zst){}",
+        dir.display(),
+        if *state_dir { "; it holds sessions/ like a state directory: use --state-dir" } else { "" }
+    )]
+    NotExportRoot {
+        /// The directory.
+        dir: PathBuf,
+        /// What is missing.
+        why: &'static str,
+        /// Whether it looks like a state directory instead.
+        state_dir: bool,
+    },
     /// A session's log could not be read.
     #[error(transparent)]
     Source(#[from] SourceError),

@@ -16,7 +16,7 @@ use super::calls::{CALLS_SUFFIX, decode_calls, decode_header};
 use super::dest::Destination;
 use super::error::ExportError;
 use super::partition::partition_dir;
-use super::source::{SessionLog, session_log};
+use super::source::{SESSIONS_DIR, SessionLog, session_log};
 
 /// One calls file found under an export root.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,14 +96,34 @@ fn list_local(
     partitions: &[String],
 ) -> Result<Vec<CallsFile>, ExportError> {
     let io = |p: &std::path::Path, e| ExportError::io("listing", p, e);
+    let not_root = |why| ExportError::NotExportRoot {
+        dir: root.to_owned(),
+        why,
+        state_dir: root.join(SESSIONS_DIR).is_dir(),
+    };
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_root("it does not exist"));
+        }
+        Err(e) => return Err(io(root, e)),
+    };
     let mut dirs = Vec::new();
-    for entry in std::fs::read_dir(root).map_err(|e| io(root, e))? {
+    let mut other = false;
+    let mut any_partition = false;
+    for entry in entries {
         let entry = entry.map_err(|e| io(root, e))?;
         let name = entry.file_name().to_string_lossy().into_owned();
+        any_partition |= name.starts_with("task=");
+        other |= !name.starts_with("task=") && !name.starts_with('.');
         let wanted = partitions.is_empty() || partitions.contains(&name);
         if name.starts_with("task=") && wanted && entry.path().is_dir() {
             dirs.push(entry.path());
         }
+    }
+    // An empty directory is an export root nothing was exported to yet.
+    if other && !any_partition {
+        return Err(not_root("it has no task=*/ directory"));
     }
     dirs.sort();
     let mut out = Vec::new();

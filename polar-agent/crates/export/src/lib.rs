@@ -42,6 +42,8 @@ mod writer;
 #[cfg(test)]
 mod exported_tests;
 #[cfg(test)]
+mod nothing_tests;
+#[cfg(test)]
 mod tests;
 
 pub use batch::{batch_rows, record_batch};

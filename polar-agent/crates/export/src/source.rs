@@ -38,6 +38,19 @@ pub enum SourceError {
     /// The call log could not be read.
     #[error(transparent)]
     Log(#[from] LogError),
+    /// The directory given as a state directory has no `sessions/`.
+    #[error(
+        "{} is not a state directory: it has no sessions/ (expected a node's \
+         agent.state_dir, holding sessions/<session>/calls.jsonl){}",
+        dir.display(),
+        if *export_root { "; it holds task=*/ directories like an export root: use --from" } else { "" }
+    )]
+    NotStateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Whether it looks like an export root instead.
+        export_root: bool,
+    },
     /// `session.json` is not JSON, or a field has the wrong shape.
     #[error("{}: {why}", path.display())]
     SessionFile {
@@ -80,6 +93,12 @@ pub struct SessionLog {
 /// sorted by name.
 pub fn list_sessions(state_dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
     let root = state_dir.join(SESSIONS_DIR);
+    if !root.is_dir() {
+        return Err(SourceError::NotStateDir {
+            dir: state_dir.to_owned(),
+            export_root: has_partitions(state_dir),
+        });
+    }
     let mut out = Vec::new();
     for entry in std::fs::read_dir(&root).map_err(|e| io(&root, e))? {
         let path = entry.map_err(|e| io(&root, e))?.path();
@@ -89,6 +108,15 @@ pub fn list_sessions(state_dir: &Path) -> Result<Vec<PathBuf>, SourceError> {
     }
     out.sort();
     Ok(out)
+}
+
+/// Whether `dir` holds a `task=*` directory, as an export root does.
+pub(crate) fn has_partitions(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("task=") && e.path().is_dir())
+    })
 }
 
 /// Reads the session in `dir`; problems in the log are logged as warnings

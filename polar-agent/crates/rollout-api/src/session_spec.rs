@@ -123,9 +123,12 @@ impl SessionSpec {
         }
         if !runtime.is_empty() {
             let text = serde_json::to_string(runtime).map_err(|e| bad("runtime", e.to_string()))?;
+            // The field names the context: the parser's own message only,
+            // not its `runtime spec FILE:` prefix.
             spec.runtime = RuntimeSpec::parse(&text, true, "runtime").map_err(|e| match e {
                 SpecError::Invalid { path, message } => bad(format!("runtime.{path}"), message),
-                other => bad("runtime", other.to_string()),
+                SpecError::Parse { message, .. } => bad("runtime", message),
+                other @ SpecError::Read { .. } => bad("runtime", other.to_string()),
             })?;
         }
         Ok(spec)
@@ -252,5 +255,19 @@ mod tests {
             .unwrap_err(),
             "evaluator.kind: unknown evaluator \"vibes\"; one of: session_completed, command, test_output, llm_judge, composite"
         );
+    }
+
+    #[test]
+    fn a_runtime_error_names_its_context_once() {
+        let shell = || json!({"harness": "shell"});
+        let done = || json!({"kind": "session_completed"});
+        let e = parse(shell(), json!({"kind": "bwrap"}), done()).unwrap_err();
+        assert!(e.starts_with("runtime: unknown variant `bwrap`"), "{e}");
+        assert_eq!(e.matches("runtime").count(), 1, "{e}");
+        let e = parse(shell(), json!({"colour": 1}), done()).unwrap_err();
+        assert!(e.starts_with("runtime: unknown field `colour`"), "{e}");
+        assert!(!e.contains("runtime spec"), "{e}");
+        let e = parse(shell(), json!({"workdir": "rel"}), done()).unwrap_err();
+        assert_eq!(e, "runtime.workdir: \"rel\" is not an absolute path");
     }
 }
