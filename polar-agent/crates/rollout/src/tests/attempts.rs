@@ -144,7 +144,12 @@ impl Work for PanicsOnce {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_whose_work_panics_is_run_again_and_frees_its_slot() {
-    let e = env();
+    let mut e = env();
+    // Each panic prints its backtrace from the runtime's threads: on a
+    // loaded machine six of them can hold the node's heartbeats past the
+    // tests' 400 ms, and the node would be lost rather than report the
+    // panics, which are what this test is about.
+    e.cfg.heartbeat_timeout = Duration::from_secs(30);
     let server = start(&e.cfg).await;
     let node = node_a(&server, PanicsOnce).await;
     let c = client(&server);
