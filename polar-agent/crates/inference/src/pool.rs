@@ -19,6 +19,12 @@ use tokio::sync::{Notify, watch};
 use super::{BackendConfig, InferenceError};
 use polar_io::tasks::Tasks;
 
+/// How many times a call asks a replica its context length before it
+/// fails as the replica's fault.
+const CONTEXT_ASKS: u32 = 3;
+/// The wait before the second ask (twice that before the third).
+const CONTEXT_RETRY: Duration = Duration::from_millis(250);
+
 /// How much longer than the connect timeout a replica has to answer
 /// `GET /health`.
 pub const HEALTH_GRACE: Duration = Duration::from_secs(2);
@@ -199,36 +205,60 @@ impl Pool {
 
     /// How many ids `replica`'s context holds: the served model's
     /// `max_model_len` in `GET /v1/models` (vLLM's and SGLang's model
-    /// cards), asked once per replica; `None` when it cannot say.
+    /// cards), asked until one answer says; `Ok(None)` when the replica
+    /// answers without it, `Err` when it could not be asked (after
+    /// [`CONTEXT_ASKS`] tries, [`CONTEXT_RETRY`] apart: a busy replica is
+    /// not a misconfigured one).
     pub(crate) async fn context_len(
         &self,
         replica: usize,
         served: &str,
         timeout: Duration,
-    ) -> Option<u64> {
+    ) -> Result<Option<u64>, String> {
         let r = &self.inner.replicas[replica];
         let known = r.model_len.load(Ordering::Relaxed);
         if known > 0 {
-            return Some(known);
+            return Ok(Some(known));
         }
+        let mut last = String::new();
+        for ask in 0..CONTEXT_ASKS {
+            if ask > 0 {
+                tokio::time::sleep(CONTEXT_RETRY * ask).await;
+            }
+            match self.models(&r.url, timeout).await {
+                Ok(models) => {
+                    let n = served_model_len(&models, served);
+                    if let Some(n) = n {
+                        r.model_len.store(n, Ordering::Relaxed);
+                    }
+                    return Ok(n);
+                }
+                Err(why) => last = why,
+            }
+        }
+        Err(format!("{}/v1/models: {last}", r.url))
+    }
+
+    /// One `GET {url}/v1/models`, its JSON answer.
+    async fn models(&self, url: &str, timeout: Duration) -> Result<Value, String> {
         let req = Request::builder()
             .method(Method::GET)
-            .uri(format!("{}/v1/models", r.url))
+            .uri(format!("{url}/v1/models"))
             .body(Full::new(Bytes::new()))
-            .ok()?;
+            .map_err(|e| e.to_string())?;
         let resp = tokio::time::timeout(timeout, self.inner.http.request(req))
             .await
-            .ok()?
-            .ok()
-            .filter(|resp| resp.status().is_success())?;
+            .map_err(|_| format!("no answer within {timeout:?}"))?
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
         let read = tokio::time::timeout(timeout, Limited::new(resp.into_body(), 1 << 20).collect())
             .await
-            .ok()?
-            .ok()?
+            .map_err(|_| format!("no whole answer within {timeout:?}"))?
+            .map_err(|e| e.to_string())?
             .to_bytes();
-        let n = served_model_len(&serde_json::from_slice(&read).ok()?, served)?;
-        r.model_len.store(n, Ordering::Relaxed);
-        Some(n)
+        serde_json::from_slice(&read).map_err(|e| format!("not JSON: {e}"))
     }
 
     pub(crate) fn http(&self) -> &Http {

@@ -99,11 +99,15 @@ impl Client {
         let timeout = cfg.request_timeout();
         let context = match (f.context_len(), self.pool().order(session).first()) {
             (Some(n), _) => Some(n),
-            (None, Some(&replica)) => {
-                self.pool()
-                    .context_len(replica, &served_model, timeout)
-                    .await
-            }
+            (None, Some(&replica)) => self
+                .pool()
+                .context_len(replica, &served_model, timeout)
+                .await
+                .map_err(|last| InferenceError::Unreachable {
+                    backend: backend.clone(),
+                    attempts: 1,
+                    last: format!("asking the model's context length: {last}"),
+                })?,
             (None, None) => None,
         };
         let prompt_len = prompt.ids.len();

@@ -556,10 +556,17 @@ impl ChatStream {
         let mut last = String::from("no replica");
         for replica in self.failover_order(&session) {
             let url = self.pool.url(replica).to_owned();
-            let model_len = self
+            let model_len = match self
                 .pool
                 .context_len(replica, &self.info.served_model, self.timeout)
-                .await;
+                .await
+            {
+                Ok(n) => n,
+                Err(why) => {
+                    last = why;
+                    continue;
+                }
+            };
             let max_tokens = match base.max_tokens(generated.len(), input.len(), model_len) {
                 Ok(n) => n,
                 Err(why) => {
