@@ -31,6 +31,11 @@ fn failure(out: &Output) -> Result<(String, Option<i32>)> {
     );
     let lines: Vec<&str> = stderr.lines().collect();
     ensure!(lines.len() == 1, "one line expected: {stderr}");
+    // Plain: no time stamp, no module path.
+    ensure!(
+        lines[0].starts_with("ERROR ") && !lines[0].contains("polar_agent::"),
+        "a plain error line expected: {stderr}"
+    );
     Ok((lines[0].to_owned(), out.status.code()))
 }
 

@@ -301,7 +301,16 @@ pub fn main() -> ExitCode {
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
-            tracing::error!("{}", chain(&e));
+            // The command's failure is one plain line for the person or
+            // the script that ran it (`ERROR` and the causes, no time, no
+            // module); JSON logs keep it as an event like the others.
+            match format {
+                LogFormat::Text => {
+                    let line = format!("ERROR {}\n", chain(&e));
+                    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+                }
+                LogFormat::Json => tracing::error!("{}", chain(&e)),
+            }
             ExitCode::from(e.exit_code())
         }
     }
