@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .errors import TrajectoryError
-from .trajectories import S3, _fs_and_path, partition
+from .trajectories import S3, _export_files, _fs_and_path, partition
 
 #: The calls file layout this client reads.
 CALLS_SCHEMA_VERSION = 1
@@ -155,25 +155,6 @@ def read_calls(path: str, fs: pafs.FileSystem | None = None) -> SessionCalls:
     return parse_calls(data, path)
 
 
-def _calls_files(fs: pafs.FileSystem, root: str) -> list[str]:
-    try:
-        info = fs.get_file_info(root)
-    except OSError as e:
-        raise TrajectoryError(f"{root}: {e}") from e
-    if info.type == pafs.FileType.File:
-        return [root]
-    if info.type == pafs.FileType.NotFound:
-        raise TrajectoryError(f"{root}: no such file or directory")
-    found = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return sorted(
-        f.path
-        for f in found
-        if f.type == pafs.FileType.File
-        and f.path.endswith(CALLS_SUFFIX)
-        and not any(part.startswith(".") for part in f.path[len(root) :].split("/"))
-    )
-
-
 def load_calls(
     source: str | os.PathLike[str], *, task_id: str | None = None, s3: S3 | None = None
 ) -> list[SessionCalls]:
@@ -185,7 +166,7 @@ def load_calls(
         sub = f"{root}/{partition(task_id)}"
         if fs.get_file_info(sub).type == pafs.FileType.Directory:
             root = sub
-    out = [read_calls(f, fs) for f in _calls_files(fs, root)]
+    out = [read_calls(f, fs) for f in _export_files(fs, root, CALLS_SUFFIX)]
     if task_id is not None:
         out = [s for s in out if s.task_id == task_id]
     return out

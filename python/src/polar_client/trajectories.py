@@ -147,7 +147,9 @@ def _fs_and_path(source: str, s3: S3 | None) -> tuple[pafs.FileSystem, str]:
     return pafs.LocalFileSystem(), os.path.abspath(source)
 
 
-def _export_files(fs: pafs.FileSystem, root: str) -> list[str]:
+def _export_files(fs: pafs.FileSystem, root: str, suffix: str = ".parquet") -> list[str]:
+    """``root`` itself when it is a file, else the files under it whose
+    names end with ``suffix``."""
     try:
         info = fs.get_file_info(root)
     except OSError as e:
@@ -161,7 +163,7 @@ def _export_files(fs: pafs.FileSystem, root: str) -> list[str]:
         f.path
         for f in found
         if f.type == pafs.FileType.File
-        and f.path.endswith(".parquet")
+        and f.path.endswith(suffix)
         # Dot-files are writers' temporaries (`.tmp-...partial`).
         and not any(part.startswith(".") for part in f.path[len(root) :].split("/"))
     )

@@ -61,15 +61,7 @@ pub fn full(bytes: impl Into<Bytes>) -> Body {
 /// A JSON response.
 pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     match serde_json::to_vec(value) {
-        Ok(bytes) => {
-            let mut resp = Response::new(full(bytes));
-            *resp.status_mut() = status;
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            resp
-        }
+        Ok(bytes) => json_bytes(status, bytes),
         Err(e) => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
@@ -77,6 +69,18 @@ pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
             &e.to_string(),
         ),
     }
+}
+
+/// A JSON body already serialized (off the async workers, for a large one)
+/// as a response with the JSON content type.
+pub fn json_bytes(status: StatusCode, bytes: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 /// An error response (`{"error": {"code", "field", "message"}}`).

@@ -86,10 +86,8 @@ pub async fn calls(
     })
     .await
     .map_err(|e| ApiError::Internal(format!("reading the calls: {e}")))??;
-    let mut resp = http::Response::new(polar_rollout_api::http::full(body));
-    resp.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
+    Ok(polar_rollout_api::http::json_bytes(
+        http::StatusCode::OK,
+        body,
+    ))
 }
