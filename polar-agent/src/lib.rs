@@ -5,7 +5,6 @@
 pub mod agent;
 
 pub mod cli;
-pub mod config;
 pub mod dns;
 
 pub mod gateway;

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
 use polar_agent::harness::HarnessName;
 use polar_agent::harness::ModeKind;
 use polar_agent::harness::run::{HarnessOutcome, HarnessRun, run};
 use polar_agent::redirect::{Redirect, RedirectOptions};
+use polar_config::Config;
 use polar_spec::runtime::RuntimeSpec;
 use polar_tests::servers::EchoUpstream;
 use polar_tests::{polar_bin, probe_bin, sandbox_tempdir};

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
 use polar_agent::listener::{AcceptContext, accept_loop};
+use polar_config::Config;
 use polar_io::tasks::Tasks;
 use tokio_rustls::TlsConnector;
 

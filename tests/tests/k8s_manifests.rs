@@ -185,7 +185,7 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     let cfg = mount_of(pod, agent, "/etc/polar")?["configMap"]["name"].clone();
     let cm = find(&docs, "ConfigMap", cfg.as_str().unwrap_or_default())?;
     let text = cm["data"]["agent.toml"].as_str().context("no agent.toml")?;
-    let config = polar_agent::config::Config::from_toml_str(text)?;
+    let config = polar_config::Config::from_toml_str(text)?;
     ensure!(config.agent.state_dir == Path::new("/var/lib/polar"));
     // The gateway: the pod's address from the downward API, HTTPS with its
     // node's certificate from the polar-node-tls Secret.

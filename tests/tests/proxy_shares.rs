@@ -25,12 +25,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_agent::agent::AgentParts;
-use polar_agent::config::Config;
 use polar_agent::harness::run::{HarnessOutcome, HarnessRun, capture_log, run};
 use polar_agent::harness::{HarnessName, ModeKind};
 use polar_agent::metrics::{AgentMetrics, render};
 use polar_agent::redirect::{Redirect, RedirectOptions};
 use polar_agent::runtime::steps::SandboxDirs;
+use polar_config::Config;
 use polar_ids::SessionId;
 use polar_mock::{self as mock, MockConfig};
 use polar_spec::runtime::RuntimeSpec;

@@ -200,7 +200,7 @@ fn start_long_sandbox() -> Result<(Running, Snapshot)> {
         netns: Netns::of(sandboxed)?,
         sandboxed,
         session_dir: polar_agent::runtime::steps::sandboxes_dir(
-            &polar_agent::config::Config::default().agent.state_dir,
+            &polar_config::Config::default().agent.state_dir,
         )
         .join(started["session"].as_str().unwrap_or("?")),
     };

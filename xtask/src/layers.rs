@@ -245,6 +245,19 @@ pub const LAYERS: &[Layer] = &[
             "polar-metrics",
         ],
     ),
+    // The agent's configuration file: above the crates whose settings it
+    // holds (backends, capture durability, specs), below everything that
+    // reads a validated `Config`.
+    row(
+        "polar-config",
+        Class::Io,
+        &[
+            "polar-capture",
+            "polar-chat",
+            "polar-inference",
+            "polar-spec",
+        ],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,
@@ -332,6 +345,7 @@ pub const STABLE_ONLY: &[&str] = &[
     "polar-rollout-api",
     "polar-gateway",
     "polar-rollout",
+    "polar-config",
 ];
 /// ...so must not reach these through normal or build dependencies.
 pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];

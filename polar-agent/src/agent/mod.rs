@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, HostPattern, LiveRules};
 use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
@@ -30,6 +29,7 @@ use crate::tls::{
     ServerConfigFactory, TrustFiles, write_trust_files,
 };
 use polar_capture::{CaptureStore, SessionRegistry};
+use polar_config::{Config, HostPattern, LiveRules};
 use polar_io::tasks::Tasks;
 
 /// Errors assembling the agent.
@@ -150,9 +150,9 @@ pub struct RulesDns(pub LiveRules);
 impl DnsPolicy for RulesDns {
     fn decide(&self, name: &str) -> Resolution {
         match self.0.current().dns_answer(name) {
-            crate::config::DnsDecision::Fake => Resolution::Fake,
-            crate::config::DnsDecision::Resolve => Resolution::Host,
-            crate::config::DnsDecision::NxDomain => Resolution::NxDomain,
+            polar_config::DnsDecision::Fake => Resolution::Fake,
+            polar_config::DnsDecision::Resolve => Resolution::Host,
+            polar_config::DnsDecision::NxDomain => Resolution::NxDomain,
         }
     }
 }
@@ -194,7 +194,7 @@ impl AgentParts {
         // directory found safe to use).
         check_state_dir(&config.agent.state_dir)?;
         // Every sandbox runs as a uid of this range: none may be the node's.
-        config.sandbox.uids.check_node(1)?;
+        crate::sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, 1)?;
         let (store, replayed) = CaptureStore::open(
             &config.agent.state_dir,
             config.agent.capture_durability,

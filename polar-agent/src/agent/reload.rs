@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::config::{Config, DefaultAction};
+use polar_config::{Config, DefaultAction};
 
 use super::{AgentError, AgentParts, check_covers, constraints_for};
 
@@ -82,8 +82,8 @@ impl AgentParts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RouteAction;
     use crate::proxy::pipeline::ModelPipeline;
+    use polar_config::RouteAction;
     use std::sync::Arc;
 
     fn config(dir: &std::path::Path, routes: &str) -> Config {
@@ -117,7 +117,7 @@ upstream = "http://127.0.0.1:9"
         let dir = tempfile::tempdir().unwrap();
         let parts = parts(dir.path());
         let snapshot = parts.proxy.rules();
-        let model = |r: &crate::config::Rules, host: &str| {
+        let model = |r: &polar_config::Rules, host: &str| {
             matches!(
                 r.route(Some(host), None, 443).action,
                 RouteAction::Model { .. }

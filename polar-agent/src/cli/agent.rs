@@ -170,7 +170,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
 /// creates anything.
 pub(crate) struct Checked {
     /// The agent's tables.
-    pub config: crate::config::Config,
+    pub config: polar_config::Config,
     /// `[gateway]`, its token files read.
     pub gw: GatewayConfig,
     /// The gateway's TLS, its files loaded.
@@ -225,10 +225,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     });
     let dest = Destination::parse(&export, &gw.s3)?;
     // A uid for each session the node holds at once.
-    config
-        .sandbox
-        .uids
-        .check_node(gw.max_sessions)
+    crate::sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
         .map_err(crate::agent::AgentError::from)?;
     Ok(Checked {
         config,

@@ -30,7 +30,7 @@ pub fn check(file: &Path) -> Result<String, CliError> {
             error: Box::new(error),
         }
     };
-    let summary = crate::config::check_file(file)
+    let summary = polar_config::check_file(file)
         .map_err(CliError::from)
         .map_err(refused(NODE_COMMANDS))?;
     let tables = tables(file).map_err(refused(NODE_COMMANDS))?;

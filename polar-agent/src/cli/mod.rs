@@ -24,9 +24,9 @@ use polar_io::chain;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AgentError;
-use crate::config::{Config, ConfigError};
 use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
+use polar_config::{Config, ConfigError};
 
 pub use self::ca::CaCommand;
 pub use self::install::{InstallArgs, UninstallArgs};
@@ -285,8 +285,8 @@ fn configured_log_format(command: &Command) -> Option<LogFormat> {
     args.config.as_ref()?;
     let config = args.load().ok()?;
     Some(match config.agent.log_format {
-        crate::config::LogFormat::Text => LogFormat::Text,
-        crate::config::LogFormat::Json => LogFormat::Json,
+        polar_config::LogFormat::Text => LogFormat::Text,
+        polar_config::LogFormat::Json => LogFormat::Json,
     })
 }
 
@@ -365,7 +365,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             if !probe {
                 return Ok(ExitCode::SUCCESS);
             }
-            let config = crate::config::Config::load(&file)?;
+            let config = polar_config::Config::load(&file)?;
             let probes = runtime()?
                 .block_on(probe::probe(&config.backends))
                 .map_err(CliError::Usage)?;
@@ -402,12 +402,12 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
         Command::Export(mut args) => {
             if args.sessions.is_empty() && args.state_dir.is_none() && args.from.is_none() {
                 let config = match &args.config {
-                    Some(file) => crate::config::Config::load(file).map_err(|e| {
+                    Some(file) => polar_config::Config::load(file).map_err(|e| {
                         CliError::Export(polar_export::ExportError::Usage(format!(
                             "configuration: {e}"
                         )))
                     })?,
-                    None => crate::config::Config::default(),
+                    None => polar_config::Config::default(),
                 };
                 args.state_dir = Some(config.agent.state_dir);
             }

@@ -116,7 +116,7 @@ namespace and cgroup are its own). Use it to debug, never for untrusted code.";
 fn exec_for(
     args: &SandboxRunArgs,
     session: &SessionId,
-    config: &crate::config::Config,
+    config: &polar_config::Config,
     trust: Option<&TrustFiles>,
 ) -> Result<(Exec, Option<(SandboxDirs, oneshot::RunGuard)>), CliError> {
     if args.unconfined {
@@ -154,7 +154,7 @@ fn spec(
     args: &SandboxRunArgs,
     session: SessionId,
     exec: Exec,
-    config: &crate::config::Config,
+    config: &polar_config::Config,
 ) -> RunSpec {
     let sandbox = &config.sandbox;
     RunSpec {

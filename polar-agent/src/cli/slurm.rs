@@ -147,7 +147,7 @@ async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
     let here = job_env("SLURMD_NODENAME")?;
     let agent_text = read_operator_file(&args.agent_config)?;
     compose::check_node_config(&agent_text).map_err(config_error(&args.agent_config))?;
-    crate::config::Config::from_toml_str(&agent_text)?;
+    polar_config::Config::from_toml_str(&agent_text)?;
     let rollout_text = args
         .rollout_config
         .as_deref()
@@ -552,7 +552,7 @@ async fn node(args: NodeArgs) -> Result<ExitCode, CliError> {
     let base = read_operator_file(&base_path)?;
     let state_root = compose::operator_state_dir(&base)
         .map_err(config_error(&base_path))?
-        .unwrap_or_else(|| crate::config::Config::default().agent.state_dir);
+        .unwrap_or_else(|| polar_config::Config::default().agent.state_dir);
     let state = state_root.join("slurm").join(&job.job_id).join(&name);
     // The sandbox user must pass through the directories above the node's
     // state (its trust bundle is bound from there), as through the state

@@ -17,10 +17,10 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::config::LiveRules;
 use crate::listener::{Accepted, Handler};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::{BaseUrlSource, SessionDirectory};
+use polar_config::LiveRules;
 use polar_ids::SessionId;
 
 /// The base-URL address used when the configuration names none.

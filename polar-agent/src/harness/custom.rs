@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use super::presets::Setup;
 use super::{HarnessError, Install, Mode};
-use crate::config::CustomHarness;
 use polar_chat::Api;
+use polar_config::CustomHarness;
 
 /// The key a harness is given in transparent mode.
 pub const SANDBOX_KEY: &str = "sk-polar-sandbox";

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, CustomHarness};
+use polar_config::{Config, CustomHarness};
 pub use polar_spec::harness::{
     BadHarness, CUSTOM_PREFIX, HarnessChoice, HarnessName, ModeKind, UnknownHarness,
 };

@@ -24,7 +24,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::agent::AgentError;
-use crate::config::{Config, ConfigError};
+use polar_config::{Config, ConfigError};
 
 use self::leftovers::Leftover;
 use self::manifest::{Kind, MANIFEST, Manifest, under};

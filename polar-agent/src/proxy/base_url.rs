@@ -34,8 +34,8 @@ use std::sync::{Arc, RwLock};
 use http::Request;
 use hyper::body::Incoming;
 
-use crate::config::{LiveRules, ProviderHint, Route, RouteAction, Rules};
 use polar_chat::Api;
+use polar_config::{LiveRules, ProviderHint, Route, RouteAction, Rules};
 use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
 
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn routes_by_api() {
-        let rules = crate::config::Config::default().rules;
+        let rules = polar_config::Config::default().rules;
         let r = route_for(&rules, Some(Api::Gemini)).unwrap();
         assert_eq!(r.host.to_string(), "generativelanguage.googleapis.com");
         let r = route_for(&rules, Some(Api::AnthropicMessages)).unwrap();

@@ -22,7 +22,7 @@
 
 use std::net::IpAddr;
 
-use crate::config::{Decision, HostPattern, IpNet, MatchedRule, Rules, SeenHost, normalize_seen};
+use polar_config::{Decision, HostPattern, IpNet, MatchedRule, Rules, SeenHost, normalize_seen};
 
 /// Where a passed connection may go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,20 +94,20 @@ impl Allowed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DefaultAction, RawConfig, RawRoute};
+    use polar_config::{DefaultAction, RawConfig, RawRoute};
 
     fn rules(default: DefaultAction) -> Rules {
         let raw = |host: &str, addresses: Option<Vec<&str>>| RawRoute {
             host: host.into(),
             ports: None,
-            action: crate::config::ActionKind::Pass,
+            action: polar_config::ActionKind::Pass,
             provider: None,
             upstream: None,
             backend: None,
             addresses: addresses.map(|a| a.into_iter().map(String::from).collect()),
             name: None,
         };
-        let config = crate::config::Config::try_from(RawConfig {
+        let config = polar_config::Config::try_from(RawConfig {
             route: Some(vec![
                 raw("registry.example", None),
                 raw("*.cdn.example", Some(vec!["10.9.0.0/16"])),

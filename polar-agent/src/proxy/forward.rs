@@ -14,7 +14,7 @@ use hyper_rustls::ConfigBuilderExt as _;
 use polar_io::http::{ClientOptions, HttpsClient};
 use tokio_rustls::TlsConnector;
 
-use crate::config::{Upstream, UpstreamHost};
+use polar_config::{Upstream, UpstreamHost};
 
 use super::body::ProxyBody;
 use super::error::ProxyError;

@@ -37,10 +37,10 @@ use std::time::Duration;
 
 use tokio_rustls::TlsAcceptor;
 
-use crate::config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use crate::dns::Answers;
 use crate::listener::{Accepted, Handler};
 use crate::tls::ServerConfigFactory;
+use polar_config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use polar_ids::SessionId;
 
 use self::http::HttpLimits;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http::Response;
 use http::request::Parts;
 
-use crate::config::{ProviderHint, Upstream};
+use polar_config::{ProviderHint, Upstream};
 use polar_ids::{OrigDst, SessionId};
 
 use super::body::ProxyBody;

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use crate::config::ProxyConfig;
+use polar_config::ProxyConfig;
 use polar_ids::SessionId;
 
 use super::ProxyStats;

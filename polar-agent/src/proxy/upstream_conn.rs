@@ -29,7 +29,7 @@ use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::config::{Scheme, Upstream, UpstreamHost};
+use polar_config::{Scheme, Upstream, UpstreamHost};
 
 use super::error::ProxyError;
 

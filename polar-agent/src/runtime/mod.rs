@@ -392,7 +392,7 @@ pub struct Node {
 
 impl Node {
     /// The node of `config`.
-    pub fn of(config: &crate::config::Config) -> Self {
+    pub fn of(config: &polar_config::Config) -> Self {
         Self {
             limits: config.sandbox.default_limits(),
             docker: docker::Engine::new(

@@ -17,7 +17,7 @@
 //! leases rotate through the range, so a uid comes back only after every
 //! other free one was used.
 //!
-//! [`UidRange::check`] is what the agent checks at start: a range holding
+//! [`RangeCheck::check`] is what the agent checks at start: a range holding
 //! root, `nobody`, or any user or group of the node is refused, and so is
 //! one smaller than the sessions the node holds at once.
 
@@ -89,70 +89,28 @@ pub enum UidError {
     },
 }
 
-/// The node's sandbox uids: `first..first + count` (gids the same).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UidRange {
-    /// The first uid.
-    pub first: u32,
-    /// How many.
-    pub count: u32,
-}
-
-impl Default for UidRange {
-    fn default() -> Self {
-        Self {
-            first: DEFAULT_FIRST,
-            count: DEFAULT_COUNT,
-        }
-    }
-}
-
-/// `sandbox.uid_first`'s default: far above any distribution's users and
-/// the subordinate ranges rootless containers take (`/etc/subuid`), below
-/// 2^31 (some programs keep uids in signed 32 bits).
-pub const DEFAULT_FIRST: u32 = 1_500_000_000;
-/// `sandbox.uid_count`'s default.
-pub const DEFAULT_COUNT: u32 = 65_536;
-/// The highest uid a range may reach.
-pub const MAX_UID: u32 = (1 << 31) - 2;
+pub use polar_config::{DEFAULT_COUNT, DEFAULT_FIRST, MAX_UID, UidRange};
 
 /// Where the leases' lock files are: one directory for the node.
 pub const LEASE_DIR: &str = "/run/polar/uids";
 
-/// Ids a range may never hold: root and the overflow ids (`nobody`).
-const RESERVED: [u32; 3] = [0, 65534, 65535];
-
-impl UidRange {
-    /// Its last id.
-    pub fn last(&self) -> u32 {
-        self.first.saturating_add(self.count.saturating_sub(1))
-    }
-
-    /// Whether `id` is in it.
-    pub fn contains(&self, id: u32) -> bool {
-        id >= self.first && id <= self.last()
-    }
-
-    /// The config keys' own checks (no I/O): at least one id, none of
-    /// root's or the overflow ids, at most [`MAX_UID`]. The reason, for
-    /// the config error.
-    pub fn problem(&self) -> Option<String> {
-        if self.count == 0 {
-            return Some("holds no uid".into());
-        }
-        if u64::from(self.first) + u64::from(self.count) - 1 > u64::from(MAX_UID) {
-            return Some(format!("goes beyond uid {MAX_UID}"));
-        }
-        RESERVED
-            .iter()
-            .find(|r| self.contains(**r))
-            .map(|r| format!("holds uid {r} (root or nobody)"))
-    }
-
+/// The checks of a [`UidRange`] against the node (the range's own checks,
+/// without I/O, are `UidRange::problem`).
+pub trait RangeCheck {
     /// Checks the range against the node's users and groups (the text of
     /// `/etc/passwd` and `/etc/group`) and the sessions it holds at once.
     /// Pure.
-    pub fn check(&self, passwd: &str, group: &str, sessions: u32) -> Result<(), UidError> {
+    fn check(&self, passwd: &str, group: &str, sessions: u32) -> Result<(), UidError>;
+    /// [`RangeCheck::check`] against this node's `/etc/passwd` and
+    /// `/etc/group`. Blocks.
+    fn check_node(&self, sessions: u32) -> Result<(), UidError>;
+}
+
+impl RangeCheck for UidRange {
+    /// Checks the range against the node's users and groups (the text of
+    /// `/etc/passwd` and `/etc/group`) and the sessions it holds at once.
+    /// Pure.
+    fn check(&self, passwd: &str, group: &str, sessions: u32) -> Result<(), UidError> {
         for (text, what, file) in [(passwd, "uid", "/etc/passwd"), (group, "gid", "/etc/group")] {
             for line in text.lines() {
                 let mut f = line.split(':');
@@ -185,7 +143,7 @@ impl UidRange {
 
     /// [`UidRange::check`] against this node's `/etc/passwd` and
     /// `/etc/group`. Blocks.
-    pub fn check_node(&self, sessions: u32) -> Result<(), UidError> {
+    fn check_node(&self, sessions: u32) -> Result<(), UidError> {
         let read = |p: &str| {
             std::fs::read_to_string(p).map_err(|source| UidError::Io {
                 op: "read",

@@ -39,10 +39,10 @@ use std::time::Duration;
 
 use http::Response;
 
-use crate::config::{Config, ProviderHint};
 use polar_capture::CaptureStore;
 use polar_chat::Api;
 use polar_chat::provider::{self, Detected};
+use polar_config::{Config, ProviderHint};
 use polar_ids::SessionId;
 use polar_inference::{BackendConfig, Client, InferenceError};
 use polar_io::tasks::Tasks;

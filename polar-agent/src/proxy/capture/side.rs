@@ -14,10 +14,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Response, StatusCode};
 use serde_json::Value;
 
-use crate::config::ProviderHint;
 use polar_chat::Api;
 use polar_chat::provider::canned::{self, CannedResponse, CountSource};
 use polar_chat::provider::{ErrorKind, ProviderError, Side, SideCall};
+use polar_config::ProviderHint;
 
 use super::super::body::{ProxyBody, full};
 use super::super::http::api_of;

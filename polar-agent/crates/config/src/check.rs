@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn summarizes_the_example_file() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/polar.example.toml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../config/polar.example.toml");
         let summary = match check_file(&path) {
             Ok(summary) => summary,
             Err(error) => panic!("{error}"),

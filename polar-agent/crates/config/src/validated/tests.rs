@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::*;
-use crate::config::error::Location;
-use crate::config::route::{DefaultAction, ProviderHint};
-use crate::config::sections::LogFormat;
+use crate::error::Location;
+use crate::route::{DefaultAction, ProviderHint};
+use crate::sections::LogFormat;
 
-const EXAMPLE: &str = include_str!("../../../../config/polar.example.toml");
+const EXAMPLE: &str = include_str!("../../../../../config/polar.example.toml");
 
 fn config(text: &str) -> Config {
     match Config::from_toml_str(text) {
@@ -90,7 +90,7 @@ fn example_file_is_valid_and_documents_the_defaults() {
 
 #[test]
 fn example_file_loads_from_disk() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/polar.example.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../config/polar.example.toml");
     assert!(Config::load(&path).is_ok());
 }
 

@@ -44,7 +44,7 @@ impl From<Rules> for LiveRules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::DefaultAction;
+    use crate::DefaultAction;
 
     #[test]
     fn clones_see_a_replacement_and_old_snapshots_stay() {

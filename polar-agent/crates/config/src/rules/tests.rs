@@ -7,8 +7,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 
 use super::*;
-use crate::config::route::ProviderHint;
-use crate::config::upstream::Upstream;
+use crate::route::ProviderHint;
+use crate::upstream::Upstream;
 
 fn pattern(host: &str) -> HostPattern {
     match HostPattern::parse(host) {

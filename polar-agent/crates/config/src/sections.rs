@@ -53,7 +53,7 @@ impl Default for AgentConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxConfig {
     /// Each sandbox's disk quota for its workspace, HOME and `/tmp`
-    /// together (a tmpfs of this size: `crate::runtime::quota`), 16 MiB to
+    /// together (a tmpfs of this size: the agent's `runtime::quota`), 16 MiB to
     /// 1 TiB. A runtime spec's `limits.disk_bytes` may only lower it.
     pub disk_bytes: u64,
     /// The memory limit of a sandbox whose runtime spec sets none (every
@@ -67,10 +67,10 @@ pub struct SandboxConfig {
     /// cgroup and network namespace); `None` is the docker CLI's default.
     pub docker_host: Option<String>,
     /// The sandboxes' uids, one leased per session
-    /// ([`crate::sandbox::uids`]).
-    pub uids: crate::sandbox::uids::UidRange,
+    /// (`polar-agent`'s `sandbox::uids` leases them).
+    pub uids: crate::UidRange,
     /// Host directories native sandboxes are shown read-only at the same
-    /// path, besides the system's ([`crate::runtime::view`]).
+    /// path, besides the system's (the agent's `runtime::view`).
     pub view_dirs: Vec<PathBuf>,
 }
 
@@ -93,7 +93,7 @@ impl Default for SandboxConfig {
             memory_bytes: defaults::SANDBOX_MEMORY_BYTES,
             pids: defaults::SANDBOX_PIDS,
             docker_host: None,
-            uids: crate::sandbox::uids::UidRange::default(),
+            uids: crate::UidRange::default(),
             view_dirs: Vec::new(),
         }
     }
@@ -127,9 +127,9 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
         .as_deref()
         .map(|h| docker_host(key.key("docker_host"), h))
         .transpose()?;
-    let uids = crate::sandbox::uids::UidRange {
-        first: raw.uid_first.unwrap_or(crate::sandbox::uids::DEFAULT_FIRST),
-        count: raw.uid_count.unwrap_or(crate::sandbox::uids::DEFAULT_COUNT),
+    let uids = crate::UidRange {
+        first: raw.uid_first.unwrap_or(crate::DEFAULT_FIRST),
+        count: raw.uid_count.unwrap_or(crate::DEFAULT_COUNT),
     };
     if let Some(why) = uids.problem() {
         return Err(ConfigError::invalid(

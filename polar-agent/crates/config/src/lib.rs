@@ -13,8 +13,10 @@
 //!   `live.rs`: [`LiveRules`], the rules in force, swapped on a reload.
 //! - `error.rs`, `locate.rs`: [`ConfigError`] with key paths and locations.
 //! - `check.rs`: [`check_file`] for `polar config check FILE`.
+//! - `uids.rs`: [`UidRange`], the node's sandbox uids.
 //!
 //! `config/polar.example.toml` at the repository root documents every key.
+#![forbid(unsafe_code)]
 
 mod check;
 mod cidr;
@@ -29,6 +31,7 @@ mod raw;
 mod route;
 mod rules;
 mod sections;
+mod uids;
 mod upstream;
 mod validated;
 
@@ -37,12 +40,13 @@ pub use cidr::Ipv4Cidr;
 pub use error::{ConfigError, KeyPath, Location, Segment};
 pub use harness::{CustomHarness, PLACEHOLDERS, RawHarness};
 pub use host::{DnsName, HostPattern};
-pub(crate) use host::{SeenHost, normalize_seen};
+pub use host::{SeenHost, normalize_seen};
 pub use live::LiveRules;
 pub use net::IpNet;
 pub use raw::{RawAgent, RawCa, RawConfig, RawDns, RawProxy, RawRoute};
 pub use route::{ActionKind, DEFAULT_PORTS, DefaultAction, ProviderHint, Route, RouteAction};
 pub use rules::{Decision, DnsDecision, MatchedRule, Rules};
 pub use sections::{AgentConfig, CaConfig, DnsConfig, LogFormat, ProxyConfig, SandboxConfig};
+pub use uids::{DEFAULT_COUNT, DEFAULT_FIRST, MAX_UID, UidRange};
 pub use upstream::{Scheme, Upstream, UpstreamHost};
 pub use validated::{Config, RouteSource};

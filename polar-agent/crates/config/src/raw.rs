@@ -37,7 +37,7 @@ pub struct RawConfig {
     /// `local` backend.
     pub backend: Option<Vec<BackendConfig>>,
     /// `[gateway]`: the gateway's settings, checked by
-    /// `crate::gateway::config` (`polar agent`).
+    /// the agent's `gateway::config` (`polar agent`).
     pub gateway: Option<toml::Table>,
     /// `[rollout]`: the rollout server's settings, checked by
     /// `polar_rollout::config` (`polar rollout serve`).

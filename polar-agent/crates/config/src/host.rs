@@ -175,7 +175,7 @@ pub(crate) fn parse_ip_literal(text: &str) -> Option<IpAddr> {
 /// A host as seen on a connection (SNI, `Host` header, DNS question),
 /// normalised for matching.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum SeenHost<'a> {
+pub enum SeenHost<'a> {
     /// A name, lower case, without its trailing dot.
     Name(Cow<'a, str>),
     /// An IP literal.
@@ -185,7 +185,7 @@ pub(crate) enum SeenHost<'a> {
 /// Normalises a host seen on the wire (without port): strips one trailing
 /// dot, recognises IP literals (bare or bracketed), lower-cases names;
 /// `None` when nothing is left.
-pub(crate) fn normalize_seen(host: &str) -> Option<SeenHost<'_>> {
+pub fn normalize_seen(host: &str) -> Option<SeenHost<'_>> {
     let host = host.strip_suffix('.').unwrap_or(host);
     if host.is_empty() {
         return None;
