@@ -340,7 +340,7 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
         // --listen $(POD_IP):7070: HTTPS passes the plain-HTTP rule, the
         // certificate and key load, mutual TLS is on.
         rollout.listen = "10.1.2.3:7070".parse()?;
-        let e = |e: polar_rollout_api::tls::TlsConfigError| anyhow::anyhow!("{e}");
+        let e = |e: polar_spec::KeyError| anyhow::anyhow!("{e}");
         rollout
             .tls
             .check_listen("rollout.listen", rollout.listen)

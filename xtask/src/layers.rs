@@ -161,6 +161,7 @@ pub const LAYERS: &[Layer] = &[
         "polar-inference",
         Class::Io,
         &[
+            "polar-spec",
             "polar-chat",
             "polar-json",
             "polar-sse",

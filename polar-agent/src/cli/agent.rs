@@ -17,10 +17,11 @@ use super::{CliError, ConfigArgs};
 use crate::agent::AgentParts;
 use crate::gateway::retention::Retention;
 use crate::gateway::work::HarnessWork;
-use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
+use crate::gateway::{GatewayConfig, GatewayConfigError, Node, NodeOptions, Stages};
 use crate::redirect::{Redirect, RedirectOptions, preflight};
 use crate::sandbox::SandboxError;
 use polar_export::{Destination, ExportOptions, Exporter};
+use polar_spec::{KeyError, KeyPath};
 
 /// Arguments of `polar agent`.
 #[derive(Debug, clap::Args)]
@@ -195,13 +196,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
         ))
     })?;
     gw.finish_tokens()?;
-    let tls = gw
-        .tls
-        .configs()
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
-            key: e.key,
-            reason: e.reason,
-        })?;
+    let tls = gw.tls.configs().map_err(GatewayConfigError::from)?;
     // No policy root may hold or be inside the node's secrets.
     gw.policy
         .check_protected(
@@ -211,10 +206,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
                 ("config file", path),
             ],
         )
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
-            key: e.key.to_string(),
-            reason: e.reason,
-        })?;
+        .map_err(GatewayConfigError::from)?;
     let export = gw.export.clone().unwrap_or_else(|| {
         config
             .agent
@@ -257,19 +249,19 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
 /// Other `[gateway]` changes apply at restart.
 fn reload_tokens<W: crate::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
     let fresh = GatewayConfig::load(path).and_then(|gw| {
-        let mut gw = gw.ok_or_else(|| crate::gateway::GatewayConfigError::Invalid {
-            key: "gateway".into(),
-            reason: "the [gateway] table is gone".into(),
-        })?;
+        let gateway = KeyPath::root().key("gateway");
+        let mut gw =
+            gw.ok_or_else(|| KeyError::new(gateway.clone(), "the [gateway] table is gone"))?;
         if gw.node_id != node.node_id() {
-            return Err(crate::gateway::GatewayConfigError::Invalid {
-                key: "gateway.node_id".into(),
-                reason: format!(
+            return Err(KeyError::new(
+                gateway.key("node_id"),
+                format!(
                     "changed from {:?} to {:?}: a node id changes at restart only",
                     node.node_id(),
                     gw.node_id
                 ),
-            });
+            )
+            .into());
         }
         gw.finish_tokens()?;
         Ok(gw)

@@ -64,8 +64,8 @@ use polar_export::Format;
 use polar_gateway::stages::StageLimits;
 use polar_rollout_api::serve::ServeLimits;
 use polar_rollout_api::tls::{RawTls, TlsSettings};
-use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
+use polar_spec::{KeyError, KeyPath};
 
 /// How long a failed session's directories are kept by default (a day).
 pub const DEFAULT_KEEP_FAILED_SECS: u64 = 86_400;
@@ -98,20 +98,17 @@ pub enum GatewayConfigError {
         source: std::io::Error,
     },
     /// A wrong type, an unknown key or a bad value.
-    #[error("{key}: {reason}")]
-    Invalid {
-        /// The key path (`gateway.listen`).
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
+    #[error(transparent)]
+    Invalid(#[from] KeyError),
 }
 
-fn invalid(key: &str, reason: impl Into<String>) -> GatewayConfigError {
-    GatewayConfigError::Invalid {
-        key: format!("gateway.{key}"),
-        reason: reason.into(),
-    }
+/// `gateway.KEY`.
+fn key(key: &str) -> KeyPath {
+    KeyPath::root().key("gateway").key(key)
+}
+
+fn invalid(at: KeyPath, reason: impl Into<String>) -> KeyError {
+    KeyError::new(at, reason)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -238,11 +235,18 @@ pub fn policy_key() -> KeyPath {
     KeyPath::root().key("gateway").key("policy")
 }
 
-fn positive(key: &str, v: Option<u32>, default: u32) -> Result<u32, GatewayConfigError> {
+fn positive(at: &str, v: Option<u32>, default: u32) -> Result<u32, KeyError> {
     match v {
-        Some(0) => Err(invalid(key, "must be at least 1")),
+        Some(0) => Err(invalid(key(at), "must be at least 1")),
         Some(n) => Ok(n),
         None => Ok(default),
+    }
+}
+
+fn secs(at: &str, v: Option<u64>, default: u64) -> Result<Duration, KeyError> {
+    match v {
+        Some(0) => Err(invalid(key(at), "must be at least 1")),
+        v => Ok(Duration::from_secs(v.unwrap_or(default))),
     }
 }
 
@@ -254,15 +258,156 @@ fn host_name() -> String {
         .unwrap_or_else(|| "node".into())
 }
 
-fn url(key: &str, v: &str) -> Result<String, GatewayConfigError> {
+fn url(at: &str, v: &str) -> Result<String, KeyError> {
     let rest = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
-        .ok_or_else(|| invalid(key, format!("{v:?} is not an http:// or https:// URL")))?;
+        .ok_or_else(|| invalid(key(at), format!("{v:?} is not an http:// or https:// URL")))?;
     if rest.trim_end_matches('/').is_empty() || rest.contains(char::is_whitespace) {
-        return Err(invalid(key, format!("{v:?} has no host")));
+        return Err(invalid(key(at), format!("{v:?} has no host")));
     }
     Ok(v.trim_end_matches('/').to_owned())
+}
+
+/// `node_id`: the host's name unless set; 1 to 128 of `[A-Za-z0-9._-]`.
+fn node_id(raw: &RawGatewayConfig) -> Result<String, KeyError> {
+    let node_id = raw.node_id.clone().unwrap_or_else(host_name);
+    let fits = !node_id.is_empty()
+        && node_id.len() <= 128
+        && node_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !fits {
+        return Err(invalid(
+            key("node_id"),
+            format!("{node_id:?}: 1-128 of [A-Za-z0-9._-]"),
+        ));
+    }
+    Ok(node_id)
+}
+
+/// The node token and the server's, as far as the file says them
+/// (files are read by [`GatewayConfig::finish_tokens`]).
+struct Tokens {
+    token: String,
+    token_file: Option<PathBuf>,
+    accept_tokens: Vec<String>,
+    accept_token_files: Vec<PathBuf>,
+}
+
+fn tokens(
+    raw: &RawGatewayConfig,
+    env_token: Option<String>,
+    node_id: &str,
+) -> Result<Tokens, KeyError> {
+    let token_file = match (&raw.token, &raw.token_file, &raw.token_dir) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
+            return Err(invalid(
+                key("token_file"),
+                "give one of token, token_file and token_dir",
+            ));
+        }
+        (None, Some(p), None) => Some(p.clone()),
+        (None, None, Some(d)) => Some(d.join(node_id)),
+        _ => None,
+    };
+    let token = raw
+        .token
+        .clone()
+        .or(env_token)
+        .filter(|t| !t.is_empty())
+        .unwrap_or_default();
+    if token.is_empty() && token_file.is_none() {
+        return Err(invalid(
+            key("token"),
+            format!("missing: the node token (or token_file, token_dir, or set {TOKEN_ENV})"),
+        ));
+    }
+    let accept_tokens = raw.accept_tokens.clone().unwrap_or_default();
+    let accept_token_files = raw.accept_token_files.clone().unwrap_or_default();
+    if accept_tokens.is_empty() && accept_token_files.is_empty() {
+        return Err(invalid(
+            key("accept_tokens"),
+            "missing: the server's gateway_token (or accept_token_files); \
+             it must not be the node token",
+        ));
+    }
+    if let Some(i) = accept_tokens.iter().position(|t| *t == token) {
+        return Err(invalid(
+            key("accept_tokens").index(i),
+            "the node token itself: the server presents its own gateway_token, \
+             so a node token cannot push sessions to nodes",
+        ));
+    }
+    Ok(Tokens {
+        token,
+        token_file,
+        accept_tokens,
+        accept_token_files,
+    })
+}
+
+/// The stage pools and the sessions held at once.
+fn limits(raw: &RawGatewayConfig) -> Result<(u32, StageLimits), KeyError> {
+    let running = positive("running_workers", raw.running_workers, 32)?;
+    let max_sessions = positive("max_sessions", raw.max_sessions, 64)?;
+    let ready = raw.ready_buffer.unwrap_or(running.min(8));
+    let limits = StageLimits {
+        init: positive("init_workers", raw.init_workers, 8)? as usize,
+        ready_buffer: ready as usize,
+        running: running as usize,
+        postrun: positive("postrun_workers", raw.postrun_workers, 4)? as usize,
+    };
+    Ok((max_sessions, limits))
+}
+
+/// `formats` (Parquet unless set) and a non-empty `export`.
+fn export(raw: &RawGatewayConfig) -> Result<Vec<Format>, KeyError> {
+    if let Some(e) = &raw.export
+        && e.is_empty()
+    {
+        return Err(invalid(key("export"), "empty"));
+    }
+    match &raw.formats {
+        None => Ok(vec![Format::Parquet]),
+        Some(f) if f.is_empty() => Err(invalid(key("formats"), "name at least one format")),
+        Some(f) => f
+            .iter()
+            .enumerate()
+            .map(|(i, s)| match s.as_str() {
+                "parquet" => Ok(Format::Parquet),
+                "jsonl" => Ok(Format::Jsonl),
+                other => Err(invalid(
+                    key("formats").index(i),
+                    format!("unknown format {other:?} (parquet, jsonl)"),
+                )),
+            })
+            .collect(),
+    }
+}
+
+/// `[gateway.tls]` (`{node_id}` in its paths is this node's id), checked
+/// against the listen address and the server's URL.
+fn tls(
+    raw: &RawGatewayConfig,
+    node_id: &str,
+    listen: SocketAddr,
+    server: &str,
+) -> Result<TlsSettings, KeyError> {
+    let mut raw_tls = raw.tls.clone().unwrap_or_default();
+    // `{node_id}` in the certificate's paths: one Secret of every
+    // node's certificates, mounted on each (Kubernetes).
+    for path in [&mut raw_tls.cert_file, &mut raw_tls.key_file]
+        .into_iter()
+        .flatten()
+    {
+        *path = PathBuf::from(path.to_string_lossy().replace("{node_id}", node_id));
+    }
+    let tls = TlsSettings::from_raw(&raw_tls, "gateway.tls", None)?;
+    tls.check_listen("gateway.listen", listen)?;
+    tls.check_target(server)
+        .map_err(|reason| invalid(key("server"), reason))?;
+    Ok(tls)
 }
 
 impl GatewayConfig {
@@ -271,55 +416,53 @@ impl GatewayConfig {
     /// least 8 characters, none of the shipped examples', and that the
     /// node never accepts its own token.
     pub fn finish_tokens(&mut self) -> Result<(), GatewayConfigError> {
-        let read = |key: &str, p: &Path| {
+        let read = |at: KeyPath, p: &Path| {
             polar_io::auth::read_token_file(p)
-                .map_err(|e| invalid(key, format!("{}: {e}", p.display())))
+                .map_err(|e| invalid(at, format!("{}: {e}", p.display())))
         };
         if let Some(p) = &self.token_file {
-            self.token = read("token_file", p)?;
+            self.token = read(key("token_file"), p)?;
         }
         for (i, p) in self.accept_token_files.iter().enumerate() {
-            let t = read(&format!("accept_token_files[{i}]"), p)?;
+            let t = read(key("accept_token_files").index(i), p)?;
             if !self.accept_tokens.contains(&t) {
                 self.accept_tokens.push(t);
             }
         }
-        let keyed = std::iter::once(("token".to_owned(), &self.token)).chain(
+        let keyed = std::iter::once((key("token"), &self.token)).chain(
             self.accept_tokens
                 .iter()
                 .enumerate()
-                .map(|(i, t)| (format!("accept_tokens[{i}]"), t)),
+                .map(|(i, t)| (key("accept_tokens").index(i), t)),
         );
-        for (key, t) in keyed {
+        for (at, t) in keyed {
             if let Some(why) = polar_io::auth::token_weakness(t) {
-                return Err(invalid(&key, why));
+                return Err(invalid(at, why).into());
             }
         }
         if let Some(i) = self.accept_tokens.iter().position(|t| *t == self.token) {
             return Err(invalid(
-                &format!("accept_tokens[{i}]"),
+                key("accept_tokens").index(i),
                 "the node token itself: the server presents its own gateway_token",
-            ));
+            )
+            .into());
         }
         Ok(())
     }
 
-    /// Checks the table; `env_token` is the value of [`TOKEN_ENV`], used
-    /// when the file has no `token`.
-    pub fn from_raw(
-        raw: &RawGatewayConfig,
-        env_token: Option<String>,
-    ) -> Result<Self, GatewayConfigError> {
+    /// Checks the table, one part after the other; `env_token` is the
+    /// value of [`TOKEN_ENV`], used when the file has no `token`.
+    pub fn from_raw(raw: &RawGatewayConfig, env_token: Option<String>) -> Result<Self, KeyError> {
         let server = url(
             "server",
             raw.server
                 .as_deref()
-                .ok_or_else(|| invalid("server", "missing: the rollout server's URL"))?,
+                .ok_or_else(|| invalid(key("server"), "missing: the rollout server's URL"))?,
         )?;
         let listen = match &raw.listen {
             Some(s) => s
                 .parse()
-                .map_err(|e| invalid("listen", format!("{s:?}: {e}")))?,
+                .map_err(|e| invalid(key("listen"), format!("{s:?}: {e}")))?,
             None => SocketAddr::from(([127, 0, 0, 1], 7071)),
         };
         let advertise = raw
@@ -327,132 +470,28 @@ impl GatewayConfig {
             .as_deref()
             .map(|a| url("advertise", a))
             .transpose()?;
-        let node_id = raw.node_id.clone().unwrap_or_else(host_name);
-        if node_id.is_empty()
-            || node_id.len() > 128
-            || !node_id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
-            return Err(invalid(
-                "node_id",
-                format!("{node_id:?}: 1-128 of [A-Za-z0-9._-]"),
-            ));
-        }
-        let token_file = match (&raw.token, &raw.token_file, &raw.token_dir) {
-            (Some(_), Some(_), _) | (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
-                return Err(invalid(
-                    "token_file",
-                    "give one of token, token_file and token_dir",
-                ));
-            }
-            (None, Some(p), None) => Some(p.clone()),
-            (None, None, Some(d)) => Some(d.join(&node_id)),
-            _ => None,
-        };
-        let token = raw
-            .token
-            .clone()
-            .or(env_token)
-            .filter(|t| !t.is_empty())
-            .unwrap_or_default();
-        if token.is_empty() && token_file.is_none() {
-            return Err(invalid(
-                "token",
-                format!("missing: the node token (or token_file, token_dir, or set {TOKEN_ENV})"),
-            ));
-        }
-        let accept_tokens = raw.accept_tokens.clone().unwrap_or_default();
-        let accept_token_files = raw.accept_token_files.clone().unwrap_or_default();
-        if accept_tokens.is_empty() && accept_token_files.is_empty() {
-            return Err(invalid(
-                "accept_tokens",
-                "missing: the server's gateway_token (or accept_token_files); \
-                 it must not be the node token",
-            ));
-        }
-        if let Some(i) = accept_tokens.iter().position(|t| *t == token) {
-            return Err(invalid(
-                &format!("accept_tokens[{i}]"),
-                "the node token itself: the server presents its own gateway_token, \
-                 so a node token cannot push sessions to nodes",
-            ));
-        }
-        let running = positive("running_workers", raw.running_workers, 32)?;
-        let max_sessions = positive("max_sessions", raw.max_sessions, 64)?;
-        let ready = raw.ready_buffer.unwrap_or(running.min(8));
-        let limits = StageLimits {
-            init: positive("init_workers", raw.init_workers, 8)? as usize,
-            ready_buffer: ready as usize,
-            running: running as usize,
-            postrun: positive("postrun_workers", raw.postrun_workers, 4)? as usize,
-        };
-        let secs = |key: &str, v: Option<u64>, default: u64| match v {
-            Some(0) => Err(invalid(key, "must be at least 1")),
-            v => Ok(Duration::from_secs(v.unwrap_or(default))),
-        };
+        let node_id = node_id(raw)?;
+        let tokens = tokens(raw, env_token, &node_id)?;
+        let (max_sessions, limits) = limits(raw)?;
         let heartbeat_interval = match raw.heartbeat_interval_ms {
-            Some(ms) if ms < 50 => return Err(invalid("heartbeat_interval_ms", "at least 50")),
+            Some(ms) if ms < 50 => {
+                return Err(invalid(key("heartbeat_interval_ms"), "at least 50"));
+            }
             v => Duration::from_millis(v.unwrap_or(2000)),
         };
-        let formats = match &raw.formats {
-            None => vec![Format::Parquet],
-            Some(f) if f.is_empty() => return Err(invalid("formats", "name at least one format")),
-            Some(f) => f
-                .iter()
-                .map(|s| match s.as_str() {
-                    "parquet" => Ok(Format::Parquet),
-                    "jsonl" => Ok(Format::Jsonl),
-                    other => Err(invalid(
-                        "formats",
-                        format!("unknown format {other:?} (parquet, jsonl)"),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-        };
-        if let Some(e) = &raw.export
-            && e.is_empty()
-        {
-            return Err(invalid("export", "empty"));
-        }
         let serve_limits =
-            ServeLimits::from_settings("gateway", raw.header_read_timeout_ms, raw.max_connections)
-                .map_err(|e| GatewayConfigError::Invalid {
-                    key: e.key,
-                    reason: e.reason.to_owned(),
-                })?;
-        let tls_err = |e: polar_rollout_api::tls::TlsConfigError| GatewayConfigError::Invalid {
-            key: e.key,
-            reason: e.reason,
-        };
-        let mut raw_tls = raw.tls.clone().unwrap_or_default();
-        // `{node_id}` in the certificate's paths: one Secret of every
-        // node's certificates, mounted on each (Kubernetes).
-        for path in [&mut raw_tls.cert_file, &mut raw_tls.key_file]
-            .into_iter()
-            .flatten()
-        {
-            *path = PathBuf::from(path.to_string_lossy().replace("{node_id}", &node_id));
-        }
-        let tls = TlsSettings::from_raw(&raw_tls, "gateway.tls", None).map_err(tls_err)?;
-        tls.check_listen("gateway.listen", listen)
-            .map_err(tls_err)?;
-        tls.check_target(&server)
-            .map_err(|reason| invalid("server", reason))?;
-        let policy = Policy::from_raw(&raw.policy.clone().unwrap_or_default(), &policy_key())
-            .map_err(|e| GatewayConfigError::Invalid {
-                key: e.key.to_string(),
-                reason: e.reason,
-            })?;
+            ServeLimits::from_settings("gateway", raw.header_read_timeout_ms, raw.max_connections)?;
+        let tls = tls(raw, &node_id, listen, &server)?;
+        let policy = Policy::from_raw(&raw.policy.clone().unwrap_or_default(), &policy_key())?;
         Ok(Self {
             server,
             node_id,
             listen,
             advertise,
-            token,
-            token_file,
-            accept_tokens,
-            accept_token_files,
+            token: tokens.token,
+            token_file: tokens.token_file,
+            accept_tokens: tokens.accept_tokens,
+            accept_token_files: tokens.accept_token_files,
             max_sessions,
             limits,
             agent_timeout: secs("agent_timeout_secs", raw.agent_timeout_secs, 1800)?,
@@ -461,7 +500,7 @@ impl GatewayConfig {
             serve_limits,
             tls,
             export: raw.export.clone(),
-            formats,
+            formats: export(raw)?,
             export_calls: raw.export_calls.unwrap_or(true),
             s3: raw.s3.clone().unwrap_or_default(),
             keep: super::retention::Keep {
@@ -487,20 +526,14 @@ impl GatewayConfig {
         text: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Self>, GatewayConfigError> {
-        let file: RawFile = toml::from_str(text).map_err(|e| GatewayConfigError::Invalid {
-            key: "gateway".into(),
-            reason: e.message().to_owned(),
-        })?;
+        let file: RawFile = toml::from_str(text)
+            .map_err(|e| invalid(KeyPath::root().key("gateway"), e.message()))?;
         let Some(table) = file.gateway else {
             return Ok(None);
         };
-        let mut raw: RawGatewayConfig =
-            table
-                .try_into()
-                .map_err(|e: toml::de::Error| GatewayConfigError::Invalid {
-                    key: "gateway".into(),
-                    reason: e.message().to_owned(),
-                })?;
+        let mut raw: RawGatewayConfig = table
+            .try_into()
+            .map_err(|e: toml::de::Error| invalid(KeyPath::root().key("gateway"), e.message()))?;
         // The pod's overrides (Kubernetes: the downward API).
         let env = |k: &str| env(k).filter(|v| !v.is_empty());
         if let Some(id) = env(NODE_ID_ENV) {
@@ -512,7 +545,7 @@ impl GatewayConfig {
         if let Some(l) = env(LISTEN_ENV) {
             raw.listen = Some(l);
         }
-        Self::from_raw(&raw, env(TOKEN_ENV)).map(Some)
+        Ok(Some(Self::from_raw(&raw, env(TOKEN_ENV))?))
     }
 
     /// Reads `[gateway]` from a file.

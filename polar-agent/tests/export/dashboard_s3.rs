@@ -30,18 +30,16 @@ async fn the_dashboard_reads_exports_beneath_its_s3_roots() -> Result<()> {
     ensure!(names.len() == 12, "{names:?}");
 
     let mut settings = DashboardSettings::default();
-    settings
-        .set_s3_roots(
-            &["s3://rollouts/runs/1".to_owned()],
-            S3Options {
-                endpoint: Some(endpoint.clone()),
-                region: Some(REGION.into()),
-                access_key_id: Some(KEY.into()),
-                secret_access_key: Some(KEY.into()),
-                ..S3Options::default()
-            },
-        )
-        .map_err(|(k, why)| anyhow::anyhow!("{k}: {why}"))?;
+    settings.set_s3_roots(
+        &["s3://rollouts/runs/1".to_owned()],
+        S3Options {
+            endpoint: Some(endpoint.clone()),
+            region: Some(REGION.into()),
+            access_key_id: Some(KEY.into()),
+            secret_access_key: Some(KEY.into()),
+            ..S3Options::default()
+        },
+    )?;
     let roots = &settings.s3_roots;
     let max = settings.max_file_bytes;
 

@@ -5,7 +5,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-pub use polar_spec::{KeyPath, Segment};
+pub use polar_spec::{KeyError, KeyPath, Segment};
 
 /// A position in the TOML text, both counted from 1 (the column in characters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -102,12 +102,11 @@ pub enum ConfigError {
     /// A well-typed value that Polar cannot accept: a bad host pattern, a
     /// port 0, a number out of range, a provider on a route that is not
     /// `model`, a duplicate route, ...
-    #[error("{key}: {reason}{}", At(*at))]
+    #[error("{error}{}", At(*at))]
     Invalid {
-        /// The key whose value is refused.
-        key: KeyPath,
-        /// Why, in words that name the accepted values.
-        reason: String,
+        /// The key whose value is refused, and why, in words that name the
+        /// accepted values: what every section's validator returns.
+        error: KeyError,
         /// Where the value is written, when known.
         at: Option<Location>,
     },
@@ -123,6 +122,12 @@ pub enum ConfigError {
     },
 }
 
+impl From<KeyError> for ConfigError {
+    fn from(error: KeyError) -> Self {
+        Self::Invalid { error, at: None }
+    }
+}
+
 fn expected_suffix(expected: &str) -> String {
     if expected.is_empty() {
         String::new()
@@ -134,11 +139,7 @@ fn expected_suffix(expected: &str) -> String {
 impl ConfigError {
     /// An [`ConfigError::Invalid`] error for `key`, without location yet.
     pub(crate) fn invalid(key: KeyPath, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            key,
-            reason: reason.into(),
-            at: None,
-        }
+        KeyError::new(key, reason).into()
     }
 
     /// The key path the error is about, if it is about a key.
@@ -146,7 +147,8 @@ impl ConfigError {
         match self {
             Self::Read { .. } | Self::Syntax { .. } => None,
             Self::UnknownField { table, .. } => Some(table),
-            Self::Schema { key, .. } | Self::Invalid { key, .. } => Some(key),
+            Self::Schema { key, .. } => Some(key),
+            Self::Invalid { error, .. } => Some(&error.key),
             Self::InFile { source, .. } => source.key(),
         }
     }

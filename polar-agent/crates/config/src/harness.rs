@@ -17,7 +17,7 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::error::{ConfigError, KeyPath};
+use super::error::{KeyError, KeyPath};
 use polar_chat::Api;
 use polar_spec::harness::{ModeKind, is_custom_name};
 
@@ -81,8 +81,8 @@ pub struct CustomHarness {
     pub install_check: Vec<String>,
 }
 
-fn invalid(key: &KeyPath, reason: impl Into<String>) -> ConfigError {
-    ConfigError::invalid(key.clone(), reason)
+fn invalid(key: &KeyPath, reason: impl Into<String>) -> KeyError {
+    KeyError::new(key.clone(), reason)
 }
 
 /// The unknown `{word}` placeholders in `text`.
@@ -105,7 +105,7 @@ fn unknown_placeholders(text: &str) -> Vec<String> {
     out
 }
 
-fn absolute(key: &KeyPath, text: &str) -> Result<PathBuf, ConfigError> {
+fn absolute(key: &KeyPath, text: &str) -> Result<PathBuf, KeyError> {
     let p = Path::new(text);
     if !p.is_absolute() || p.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(invalid(key, "an absolute path without `..`"));
@@ -113,7 +113,7 @@ fn absolute(key: &KeyPath, text: &str) -> Result<PathBuf, ConfigError> {
     Ok(p.to_owned())
 }
 
-fn program(key: &KeyPath, argv: &[String]) -> Result<(), ConfigError> {
+fn program(key: &KeyPath, argv: &[String]) -> Result<(), KeyError> {
     let Some(first) = argv.first() else {
         return Err(invalid(key, "a non-empty argv"));
     };
@@ -143,7 +143,7 @@ fn is_shell_script(argv: &[String]) -> bool {
 /// Checks `[harness.NAME]` tables.
 pub(crate) fn validate_harnesses(
     raw: &BTreeMap<String, RawHarness>,
-) -> Result<BTreeMap<String, CustomHarness>, ConfigError> {
+) -> Result<BTreeMap<String, CustomHarness>, KeyError> {
     raw.iter()
         .map(|(name, h)| {
             let key = KeyPath::root().key("harness").key(name);
@@ -152,75 +152,21 @@ pub(crate) fn validate_harnesses(
         .collect()
 }
 
-fn validate_harness(
-    key: &KeyPath,
-    name: &str,
-    h: &RawHarness,
-) -> Result<CustomHarness, ConfigError> {
+fn validate_harness(key: &KeyPath, name: &str, h: &RawHarness) -> Result<CustomHarness, KeyError> {
     if !is_custom_name(name) {
         return Err(invalid(
             key,
             "a harness name is 1 to 64 of a-z, 0-9, `_`, `-`, starting with a letter",
         ));
     }
-    let command_key = key.key("command");
-    program(&command_key, &h.command)?;
-    for (i, arg) in h.command.iter().enumerate() {
-        if let Some(p) = unknown_placeholders(arg).first() {
-            return Err(invalid(
-                &command_key.index(i),
-                format!(
-                    "unknown placeholder {p} (known: {})",
-                    PLACEHOLDERS.join(", ")
-                ),
-            ));
-        }
-    }
-    if is_shell_script(&h.command) && h.command.iter().any(|a| a.contains("{instruction}")) {
-        return Err(invalid(
-            &command_key,
-            "{instruction} in a shell script would run the task's text as shell code: \
-             read \"$POLAR_INSTRUCTION\" instead",
-        ));
-    }
+    command(&key.key("command"), &h.command)?;
     let mode = match h.mode.as_deref() {
         None | Some("transparent") => ModeKind::Transparent,
         Some("base_url") => ModeKind::BaseUrl,
         Some(_) => return Err(invalid(&key.key("mode"), "transparent or base_url")),
     };
-    let mut env = Vec::new();
-    for (k, v) in &h.env {
-        let ek = key.key("env").key(k);
-        let well_formed = k
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !well_formed {
-            return Err(invalid(&ek, "a variable name: letters, digits and `_`"));
-        }
-        if k.starts_with("POLAR_") {
-            return Err(invalid(&ek, "POLAR_ variables are Polar's own"));
-        }
-        if v.contains('\0') {
-            return Err(invalid(&ek, "a value without NUL"));
-        }
-        if let Some(p) = unknown_placeholders(v).first() {
-            return Err(invalid(&ek, format!("unknown placeholder {p}")));
-        }
-        env.push((k.clone(), v.clone()));
-    }
-    let mut files = Vec::new();
-    for (rel, contents) in &h.files {
-        let p = Path::new(rel);
-        if rel.is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
-            return Err(invalid(
-                &key.key("files").key(rel),
-                "a path relative to HOME, without `.` or `..`",
-            ));
-        }
-        files.push((p.to_owned(), contents.clone()));
-    }
+    let env = env(&key.key("env"), &h.env)?;
+    let files = home_files(&key.key("files"), &h.files)?;
     let bin_dir = h
         .bin_dir
         .as_deref()
@@ -254,6 +200,79 @@ fn validate_harness(
         read_only,
         install_check,
     })
+}
+
+/// `command`: a program, known placeholders only, and never the task's
+/// text inside a shell script.
+fn command(key: &KeyPath, argv: &[String]) -> Result<(), KeyError> {
+    program(key, argv)?;
+    for (i, arg) in argv.iter().enumerate() {
+        if let Some(p) = unknown_placeholders(arg).first() {
+            return Err(invalid(
+                &key.index(i),
+                format!(
+                    "unknown placeholder {p} (known: {})",
+                    PLACEHOLDERS.join(", ")
+                ),
+            ));
+        }
+    }
+    if is_shell_script(argv) && argv.iter().any(|a| a.contains("{instruction}")) {
+        return Err(invalid(
+            key,
+            "{instruction} in a shell script would run the task's text as shell code: \
+             read \"$POLAR_INSTRUCTION\" instead",
+        ));
+    }
+    Ok(())
+}
+
+/// `env`: variable names, none of Polar's, values without NUL, known
+/// placeholders only.
+fn env(key: &KeyPath, vars: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, KeyError> {
+    let mut env = Vec::new();
+    for (k, v) in vars {
+        let ek = key.key(k);
+        let well_formed = k
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !well_formed {
+            return Err(invalid(&ek, "a variable name: letters, digits and `_`"));
+        }
+        if k.starts_with("POLAR_") {
+            return Err(invalid(&ek, "POLAR_ variables are Polar's own"));
+        }
+        if v.contains('\0') {
+            return Err(invalid(&ek, "a value without NUL"));
+        }
+        if let Some(p) = unknown_placeholders(v).first() {
+            return Err(invalid(&ek, format!("unknown placeholder {p}")));
+        }
+        env.push((k.clone(), v.clone()));
+    }
+    Ok(env)
+}
+
+/// `files`: paths relative to HOME without `.` or `..`.
+fn home_files(
+    key: &KeyPath,
+    files: &BTreeMap<String, String>,
+) -> Result<Vec<(PathBuf, String)>, KeyError> {
+    files
+        .iter()
+        .map(|(rel, contents)| {
+            let p = Path::new(rel);
+            if rel.is_empty() || !p.components().all(|c| matches!(c, Component::Normal(_))) {
+                return Err(invalid(
+                    &key.key(rel),
+                    "a path relative to HOME, without `.` or `..`",
+                ));
+            }
+            Ok((p.to_owned(), contents.clone()))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ mod validated;
 
 pub use check::{Summary, check_file};
 pub use cidr::Ipv4Cidr;
-pub use error::{ConfigError, KeyPath, Location, Segment};
+pub use error::{ConfigError, KeyError, KeyPath, Location, Segment};
 pub use harness::{CustomHarness, PLACEHOLDERS, RawHarness};
 pub use host::{DnsName, HostPattern};
 pub use host::{SeenHost, normalize_seen};

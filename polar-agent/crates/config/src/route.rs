@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::error::{ConfigError, KeyPath};
+use super::error::{KeyError, KeyPath};
 use super::host::HostPattern;
 use super::net::IpNet;
 use super::raw::RawRoute;
@@ -166,138 +166,18 @@ pub(crate) fn validate_route(
     index: usize,
     raw: &RawRoute,
     backends: &[&str],
-) -> Result<Route, ConfigError> {
+) -> Result<Route, KeyError> {
     let key = KeyPath::root().key("route").index(index);
-    let invalid = |field: &str, reason: String| ConfigError::invalid(key.key(field), reason);
-
-    let host = HostPattern::parse(&raw.host).map_err(|why| invalid("host", why))?;
-
-    let ports = match &raw.ports {
-        None => DEFAULT_PORTS.to_vec(),
-        Some(ports) => {
-            if ports.is_empty() {
-                return Err(invalid(
-                    "ports",
-                    "must list at least one port (leave it out for [443, 80])".into(),
-                ));
-            }
-            for (i, port) in ports.iter().enumerate() {
-                if *port == 0 {
-                    return Err(ConfigError::invalid(
-                        key.key("ports").index(i),
-                        "port 0 is not a port (1 to 65535)",
-                    ));
-                }
-                if ports[..i].contains(port) {
-                    return Err(ConfigError::invalid(
-                        key.key("ports").index(i),
-                        format!("port {port} is listed twice"),
-                    ));
-                }
-            }
-            ports.clone()
-        }
-    };
-
-    let not_model = |field: &str| {
-        invalid(
-            field,
-            format!(
-                "only allowed with action = \"model\" (this route is \"{}\")",
-                raw.action
-            ),
-        )
-    };
-    let action = match raw.action {
-        ActionKind::Model => {
-            let upstream = match &raw.upstream {
-                None => None,
-                Some(text) => Some(Arc::new(
-                    Upstream::parse(text).map_err(|why| invalid("upstream", why))?,
-                )),
-            };
-            let backend = match (&raw.backend, &upstream) {
-                (Some(name), _) if backends.contains(&name.as_str()) => {
-                    Some(Arc::from(name.as_str()))
-                }
-                (Some(name), _) => {
-                    return Err(invalid(
-                        "backend",
-                        format!(
-                            "no [[backend]] is named {name:?} (configured: {})",
-                            if backends.is_empty() {
-                                "none".to_owned()
-                            } else {
-                                backends.join(", ")
-                            }
-                        ),
-                    ));
-                }
-                (None, Some(_)) => None,
-                (None, None) => match backends.first() {
-                    Some(first) => Some(Arc::from(*first)),
-                    None => {
-                        return Err(invalid(
-                            "backend",
-                            "a model route needs a `backend` or an `upstream`, and no [[backend]] is configured".into(),
-                        ));
-                    }
-                },
-            };
-            RouteAction::Model {
-                provider: raw.provider.unwrap_or_default(),
-                backend,
-                upstream,
-            }
-        }
-        ActionKind::Pass | ActionKind::Deny if raw.provider.is_some() => {
-            return Err(not_model("provider"));
-        }
-        ActionKind::Pass | ActionKind::Deny if raw.upstream.is_some() => {
-            return Err(not_model("upstream"));
-        }
-        ActionKind::Pass | ActionKind::Deny if raw.backend.is_some() => {
-            return Err(not_model("backend"));
-        }
-        ActionKind::Pass => RouteAction::Pass,
-        ActionKind::Deny => RouteAction::Deny,
-    };
-
-    let addresses = match (&raw.addresses, raw.action) {
-        (None, _) => Vec::new(),
-        (Some(_), ActionKind::Model | ActionKind::Deny) => {
-            return Err(invalid(
-                "addresses",
-                format!(
-                    "only allowed with action = \"pass\" (this route is \"{}\")",
-                    raw.action
-                ),
-            ));
-        }
-        (Some(list), ActionKind::Pass) => {
-            if list.is_empty() {
-                return Err(invalid(
-                    "addresses",
-                    "must list at least one address (leave it out for the name's own)".into(),
-                ));
-            }
-            list.iter()
-                .enumerate()
-                .map(|(i, text)| {
-                    text.parse::<IpNet>()
-                        .map_err(|why| ConfigError::invalid(key.key("addresses").index(i), why))
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
-    };
-
+    let host = HostPattern::parse(&raw.host).map_err(|why| KeyError::new(key.key("host"), why))?;
+    let ports = ports(&key, raw.ports.as_deref())?;
+    let action = action(&key, raw, backends)?;
+    let addresses = addresses(&key, raw)?;
     let name = match &raw.name {
         None => None,
         Some(name) => Some(Arc::from(
-            check_name(name).map_err(|why| invalid("name", why))?,
+            check_name(name).map_err(|why| KeyError::new(key.key("name"), why))?,
         )),
     };
-
     Ok(Route {
         name,
         host,
@@ -305,6 +185,120 @@ pub(crate) fn validate_route(
         action,
         addresses,
     })
+}
+
+/// `ports`: [443, 80] unless given; each a port, none twice.
+fn ports(key: &KeyPath, ports: Option<&[u16]>) -> Result<Vec<u16>, KeyError> {
+    let Some(ports) = ports else {
+        return Ok(DEFAULT_PORTS.to_vec());
+    };
+    if ports.is_empty() {
+        return Err(KeyError::new(
+            key.key("ports"),
+            "must list at least one port (leave it out for [443, 80])",
+        ));
+    }
+    for (i, port) in ports.iter().enumerate() {
+        if *port == 0 {
+            return Err(KeyError::new(
+                key.key("ports").index(i),
+                "port 0 is not a port (1 to 65535)",
+            ));
+        }
+        if ports[..i].contains(port) {
+            return Err(KeyError::new(
+                key.key("ports").index(i),
+                format!("port {port} is listed twice"),
+            ));
+        }
+    }
+    Ok(ports.to_vec())
+}
+
+/// `action` with the keys only a model route takes (`provider`,
+/// `upstream`, `backend`).
+fn action(key: &KeyPath, raw: &RawRoute, backends: &[&str]) -> Result<RouteAction, KeyError> {
+    let not_model = |field: &str| {
+        Err(KeyError::new(
+            key.key(field),
+            format!(
+                "only allowed with action = \"model\" (this route is \"{}\")",
+                raw.action
+            ),
+        ))
+    };
+    match raw.action {
+        ActionKind::Model => model_action(key, raw, backends),
+        ActionKind::Pass | ActionKind::Deny if raw.provider.is_some() => not_model("provider"),
+        ActionKind::Pass | ActionKind::Deny if raw.upstream.is_some() => not_model("upstream"),
+        ActionKind::Pass | ActionKind::Deny if raw.backend.is_some() => not_model("backend"),
+        ActionKind::Pass => Ok(RouteAction::Pass),
+        ActionKind::Deny => Ok(RouteAction::Deny),
+    }
+}
+
+/// A model route: its upstream, and its backend (the first configured
+/// one when it names neither).
+fn model_action(key: &KeyPath, raw: &RawRoute, backends: &[&str]) -> Result<RouteAction, KeyError> {
+    let upstream = match &raw.upstream {
+        None => None,
+        Some(text) => Some(Arc::new(
+            Upstream::parse(text).map_err(|why| KeyError::new(key.key("upstream"), why))?,
+        )),
+    };
+    let backend = match (&raw.backend, &upstream) {
+        (Some(name), _) if backends.contains(&name.as_str()) => Some(Arc::from(name.as_str())),
+        (Some(name), _) => {
+            let configured = if backends.is_empty() {
+                "none".to_owned()
+            } else {
+                backends.join(", ")
+            };
+            return Err(KeyError::new(
+                key.key("backend"),
+                format!("no [[backend]] is named {name:?} (configured: {configured})"),
+            ));
+        }
+        (None, Some(_)) => None,
+        (None, None) => Some(Arc::from(*backends.first().ok_or_else(|| {
+            KeyError::new(
+                key.key("backend"),
+                "a model route needs a `backend` or an `upstream`, and no [[backend]] is configured",
+            )
+        })?)),
+    };
+    Ok(RouteAction::Model {
+        provider: raw.provider.unwrap_or_default(),
+        backend,
+        upstream,
+    })
+}
+
+/// `addresses`: a pass route's only, at least one, each an address or a
+/// network.
+fn addresses(key: &KeyPath, raw: &RawRoute) -> Result<Vec<IpNet>, KeyError> {
+    match (&raw.addresses, raw.action) {
+        (None, _) => Ok(Vec::new()),
+        (Some(_), ActionKind::Model | ActionKind::Deny) => Err(KeyError::new(
+            key.key("addresses"),
+            format!(
+                "only allowed with action = \"pass\" (this route is \"{}\")",
+                raw.action
+            ),
+        )),
+        (Some(list), ActionKind::Pass) if list.is_empty() => Err(KeyError::new(
+            key.key("addresses"),
+            "must list at least one address (leave it out for the name's own)",
+        )),
+        (Some(list), ActionKind::Pass) => list
+            .iter()
+            .enumerate()
+            .map(|(i, text)| {
+                text.parse::<IpNet>()
+                    .map_err(|why| KeyError::new(key.key("addresses").index(i), why))
+            })
+            .collect(),
+    }
 }
 
 /// Route names are labels for logs: short, printable, and not `default`.
@@ -331,14 +325,14 @@ fn check_name(name: &str) -> Result<&str, String> {
 
 /// Checks rules against each other: no two with the same host pattern and a
 /// common port (the second could never match), no two with the same name.
-pub(crate) fn check_route_set(routes: &[Route]) -> Result<(), ConfigError> {
+pub(crate) fn check_route_set(routes: &[Route]) -> Result<(), KeyError> {
     let mut seen: HashMap<(&HostPattern, u16), usize> = HashMap::new();
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (index, route) in routes.iter().enumerate() {
         let key = KeyPath::root().key("route").index(index);
         for port in &route.ports {
             if let Some(first) = seen.insert((&route.host, *port), index) {
-                return Err(ConfigError::invalid(
+                return Err(KeyError::new(
                     key.key("host"),
                     format!(
                         "duplicate rule: route[{first}] already matches host \"{}\" on port {port}",
@@ -350,7 +344,7 @@ pub(crate) fn check_route_set(routes: &[Route]) -> Result<(), ConfigError> {
         if let Some(name) = route.name.as_deref()
             && let Some(first) = names.insert(name, index)
         {
-            return Err(ConfigError::invalid(
+            return Err(KeyError::new(
                 key.key("name"),
                 format!("name \"{name}\" is already used by route[{first}]"),
             ));

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::cidr::Ipv4Cidr;
 use super::defaults;
-use super::error::{ConfigError, KeyPath};
+use super::error::{KeyError, KeyPath};
 use super::raw::{RawAgent, RawCa, RawDns, RawProxy, RawSandbox};
 
 /// How the agent writes its logs.
@@ -99,7 +99,7 @@ impl Default for SandboxConfig {
     }
 }
 
-pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, ConfigError> {
+pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, KeyError> {
     let key = KeyPath::root().key("sandbox");
     let disk_bytes = in_range(
         &key.key("disk_bytes"),
@@ -132,7 +132,7 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
         count: raw.uid_count.unwrap_or(crate::DEFAULT_COUNT),
     };
     if let Some(why) = uids.problem() {
-        return Err(ConfigError::invalid(
+        return Err(KeyError::new(
             key.key("uid_first"),
             format!(
                 "the range {}..={} (uid_first, uid_count) {why}",
@@ -149,7 +149,7 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
             && p.components()
                 .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
         if !plain {
-            return Err(ConfigError::invalid(
+            return Err(KeyError::new(
                 key.key("view_dirs").index(i),
                 format!("{d:?} is not an absolute path below `/` without `.` or `..`"),
             ));
@@ -169,7 +169,7 @@ pub(crate) fn validate_sandbox(raw: &RawSandbox) -> Result<SandboxConfig, Config
 /// `sandbox.docker_host`: a unix socket on this node (`unix:///path`,
 /// absolute, no `..`): an engine elsewhere could not put its containers in
 /// the session's cgroup and network namespace.
-fn docker_host(key: KeyPath, host: &str) -> Result<String, ConfigError> {
+fn docker_host(key: KeyPath, host: &str) -> Result<String, KeyError> {
     let path = host.strip_prefix("unix://").map(std::path::Path::new);
     match path {
         Some(p)
@@ -180,7 +180,7 @@ fn docker_host(key: KeyPath, host: &str) -> Result<String, ConfigError> {
         {
             Ok(host.to_owned())
         }
-        _ => Err(ConfigError::invalid(
+        _ => Err(KeyError::new(
             key,
             format!(
                 "{host:?} is not `unix:///absolute/path`: the docker runtime needs an engine \
@@ -275,12 +275,12 @@ impl Default for DnsConfig {
 }
 
 /// Checks that `value` of `key` lies in `min..=max`.
-fn in_range<T>(key: &KeyPath, value: T, min: T, max: T, unit: &str) -> Result<T, ConfigError>
+fn in_range<T>(key: &KeyPath, value: T, min: T, max: T, unit: &str) -> Result<T, KeyError>
 where
     T: PartialOrd + std::fmt::Display + Copy,
 {
     if value < min || value > max {
-        return Err(ConfigError::invalid(
+        return Err(KeyError::new(
             key.clone(),
             format!("{value} is out of range (expected {min} to {max}{unit})"),
         ));
@@ -288,12 +288,12 @@ where
     Ok(value)
 }
 
-pub(crate) fn validate_agent(raw: &RawAgent) -> Result<AgentConfig, ConfigError> {
+pub(crate) fn validate_agent(raw: &RawAgent) -> Result<AgentConfig, KeyError> {
     let key = KeyPath::root().key("agent");
     let state_dir = match &raw.state_dir {
         None => PathBuf::from(defaults::STATE_DIR),
         Some(dir) => {
-            check_state_dir(dir).map_err(|why| ConfigError::invalid(key.key("state_dir"), why))?
+            check_state_dir(dir).map_err(|why| KeyError::new(key.key("state_dir"), why))?
         }
     };
     let capture_journal_bytes = in_range(
@@ -329,14 +329,13 @@ fn check_state_dir(dir: &str) -> Result<PathBuf, String> {
     Ok(path.components().collect())
 }
 
-pub(crate) fn validate_proxy(raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
+pub(crate) fn validate_proxy(raw: &RawProxy) -> Result<ProxyConfig, KeyError> {
     let key = KeyPath::root().key("proxy");
     let base_url_listen = match &raw.base_url_listen {
         None => None,
-        Some(text) => Some(
-            parse_listen(text)
-                .map_err(|why| ConfigError::invalid(key.key("base_url_listen"), why))?,
-        ),
+        Some(text) => {
+            Some(parse_listen(text).map_err(|why| KeyError::new(key.key("base_url_listen"), why))?)
+        }
     };
     let max_body_bytes = in_range(
         &key.key("max_body_bytes"),
@@ -434,7 +433,7 @@ fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     Ok(addr)
 }
 
-pub(crate) fn validate_ca(raw: &RawCa) -> Result<CaConfig, ConfigError> {
+pub(crate) fn validate_ca(raw: &RawCa) -> Result<CaConfig, KeyError> {
     let key = KeyPath::root().key("ca");
     let validity_days = in_range(
         &key.key("validity_days"),
@@ -475,12 +474,13 @@ const BENCHMARK: Ipv4Cidr = match Ipv4Cidr::new(Ipv4Addr::new(198, 18, 0, 0), 15
     None => panic!("198.18.0.0/15 is a valid CIDR"),
 };
 
-pub(crate) fn validate_dns(raw: &RawDns) -> Result<DnsConfig, ConfigError> {
+pub(crate) fn validate_dns(raw: &RawDns) -> Result<DnsConfig, KeyError> {
     let key = KeyPath::root().key("dns");
     let fake_range = match &raw.fake_range {
         None => defaults::FAKE_RANGE,
-        Some(text) => check_fake_range(text)
-            .map_err(|why| ConfigError::invalid(key.key("fake_range"), why))?,
+        Some(text) => {
+            check_fake_range(text).map_err(|why| KeyError::new(key.key("fake_range"), why))?
+        }
     };
     let ttl_secs = in_range(
         &key.key("ttl_secs"),
@@ -525,7 +525,7 @@ pub(crate) fn in_fake_range(dns: &DnsConfig, ip: IpAddr) -> bool {
 mod tests {
     use super::*;
 
-    fn message(result: Result<impl std::fmt::Debug, ConfigError>) -> String {
+    fn message(result: Result<impl std::fmt::Debug, KeyError>) -> String {
         match result {
             Ok(value) => panic!("should be refused, got {value:?}"),
             Err(error) => error.to_string(),

@@ -19,7 +19,7 @@ use super::sections::{
     validate_ca, validate_dns, validate_proxy, validate_sandbox,
 };
 use super::upstream::UpstreamHost;
-use polar_inference::{BackendConfig, InferenceError};
+use polar_inference::BackendConfig;
 
 /// Where the routes came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,20 +127,7 @@ impl TryFrom<RawConfig> for Config {
 fn validate_backends(list: &[BackendConfig]) -> Result<Vec<BackendConfig>, ConfigError> {
     for (i, b) in list.iter().enumerate() {
         let key = KeyPath::root().key("backend").index(i);
-        if let Err(e) = b.validate() {
-            return Err(match e {
-                InferenceError::Config {
-                    key: field, reason, ..
-                } => match field.split_once('[') {
-                    Some((name, rest)) => {
-                        let index = rest.trim_end_matches(']').parse().unwrap_or(0);
-                        ConfigError::invalid(key.key(name).index(index), reason)
-                    }
-                    None => ConfigError::invalid(key.key(&field), reason),
-                },
-                other => ConfigError::invalid(key, other.to_string()),
-            });
-        }
+        b.validate().map_err(|e| e.under(&key))?;
         if let Some(first) = list[..i].iter().position(|o| o.name == b.name) {
             return Err(ConfigError::invalid(
                 key.key("name"),

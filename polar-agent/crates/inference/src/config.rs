@@ -33,8 +33,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::InferenceError;
 use polar_chat::output::OutputFormat;
+use polar_spec::{KeyError, KeyPath};
 
 /// The wire dialect of a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
@@ -288,12 +288,9 @@ impl BackendConfig {
     }
 
     /// Checks the settings; the error names the key.
-    pub fn validate(&self) -> Result<(), InferenceError> {
-        let bad = |key: &str, why: String| InferenceError::Config {
-            backend: self.name.clone(),
-            key: key.to_owned(),
-            reason: why,
-        };
+    pub fn validate(&self) -> Result<(), KeyError> {
+        let at = |key: &str| KeyPath::root().key(key);
+        let bad = |key: &str, why: String| KeyError::new(at(key), why);
         if self.name.is_empty() {
             return Err(bad("name", "must not be empty".into()));
         }
@@ -318,7 +315,8 @@ impl BackendConfig {
             ));
         }
         for (i, url) in self.replicas.iter().enumerate() {
-            super::pool::parse_base(url).map_err(|why| bad(&format!("replicas[{i}]"), why))?;
+            super::pool::parse_base(url)
+                .map_err(|why| KeyError::new(at("replicas").index(i), why))?;
         }
         for (key, ms) in [
             ("request_timeout_ms", self.request_timeout_ms),
@@ -485,7 +483,7 @@ mod tests {
             ),
         ] {
             match cfg.validate() {
-                Err(InferenceError::Config { key: k, .. }) => assert_eq!(k, key),
+                Err(e) => assert_eq!(e.key.to_string(), key),
                 other => panic!("{key}: {other:?}"),
             }
         }

@@ -151,7 +151,11 @@ impl Drop for Admission {
 impl Pool {
     /// A pool for `cfg` (validated first); every replica starts healthy.
     pub fn new(cfg: &BackendConfig) -> Result<Self, InferenceError> {
-        cfg.validate()?;
+        cfg.validate().map_err(|e| InferenceError::Config {
+            backend: cfg.name.clone(),
+            key: e.key.to_string(),
+            reason: e.reason,
+        })?;
         let http = polar_io::http::client(
             &ClientOptions::new()
                 .connect_timeout(cfg.connect_timeout())

@@ -28,6 +28,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::http::Body;
 use polar_io::tasks::Tasks;
+use polar_spec::{KeyError, KeyPath};
 
 /// How long an open connection may take to send a request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,16 +53,6 @@ impl Default for ServeLimits {
     }
 }
 
-/// A limit out of range, naming its key.
-#[derive(Debug, thiserror::Error)]
-#[error("{key}: {reason}")]
-pub struct LimitError {
-    /// The key path (`rollout.max_connections`).
-    pub key: String,
-    /// What is wrong.
-    pub reason: &'static str,
-}
-
 impl ServeLimits {
     /// The limits of a server's settings (`header_read_timeout_ms`,
     /// `max_connections` of the table `table`), defaults where unset; the
@@ -70,14 +61,14 @@ impl ServeLimits {
         table: &str,
         header_read_timeout_ms: Option<u64>,
         max_connections: Option<u64>,
-    ) -> Result<Self, LimitError> {
+    ) -> Result<Self, KeyError> {
         let mut limits = Self::default();
         if let Some(ms) = header_read_timeout_ms {
             if !(100..=3_600_000).contains(&ms) {
-                return Err(LimitError {
-                    key: format!("{table}.header_read_timeout_ms"),
-                    reason: "must be from 100 to 3600000 (one hour)",
-                });
+                return Err(KeyError::new(
+                    KeyPath::dotted(table).key("header_read_timeout_ms"),
+                    "must be from 100 to 3600000 (one hour)",
+                ));
             }
             limits.header_read_timeout = Duration::from_millis(ms);
         }
@@ -85,9 +76,11 @@ impl ServeLimits {
             limits.max_connections = usize::try_from(n)
                 .ok()
                 .filter(|n| (1..=1 << 20).contains(n))
-                .ok_or_else(|| LimitError {
-                    key: format!("{table}.max_connections"),
-                    reason: "must be from 1 to 1048576",
+                .ok_or_else(|| {
+                    KeyError::new(
+                        KeyPath::dotted(table).key("max_connections"),
+                        "must be from 1 to 1048576",
+                    )
                 })?;
         }
         Ok(limits)

@@ -20,9 +20,10 @@ use serde_json::{Map, Value};
 use crate::validate::ValidationError;
 use crate::{AgentSpec, EvaluatorSpec};
 use polar_evaluate::Evaluator;
+use polar_spec::KeyError;
 use polar_spec::KeyPath;
 use polar_spec::harness::{BadHarness, HarnessChoice, ModeKind};
-use polar_spec::policy::{Policy, Violation};
+use polar_spec::policy::Policy;
 use polar_spec::runtime::{RuntimeSpec, SpecError};
 
 /// A checked session spec.
@@ -136,7 +137,7 @@ impl SessionSpec {
 
     /// Checks the spec against `policy` lexically (the rollout server);
     /// `session_secs` is the task's `timeout_secs`.
-    pub fn check_policy(&self, policy: &Policy, session_secs: u64) -> Result<(), Violation> {
+    pub fn check_policy(&self, policy: &Policy, session_secs: u64) -> Result<(), KeyError> {
         policy.check_runtime(&self.runtime, &KeyPath::root().key("runtime"))?;
         policy.check_budgets(session_secs, self.timeout.map(|t| t.as_secs()))
     }
@@ -145,15 +146,15 @@ impl SessionSpec {
     /// them and the budgets against `policy`, keeping the canonical paths
     /// and filling in the limits' ceilings ([`Policy::resolve`]). Blocking
     /// file work.
-    pub fn resolve_policy(&mut self, policy: &Policy, session_secs: u64) -> Result<(), Violation> {
+    pub fn resolve_policy(&mut self, policy: &Policy, session_secs: u64) -> Result<(), KeyError> {
         policy.resolve(&mut self.runtime, &KeyPath::root().key("runtime"))?;
         policy.check_budgets(session_secs, self.timeout.map(|t| t.as_secs()))
     }
 }
 
-impl From<Violation> for ValidationError {
-    fn from(v: Violation) -> Self {
-        bad(v.field.to_string(), v.reason)
+impl From<KeyError> for ValidationError {
+    fn from(v: KeyError) -> Self {
+        bad(v.key.to_string(), v.reason)
     }
 }
 

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use polar_io::tls::{Identity, TlsError};
+use polar_spec::{KeyError, KeyPath};
 
 /// `[*.tls]` as written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -39,16 +40,6 @@ pub struct RawTls {
     pub client_ca_file: Option<PathBuf>,
     /// Plain HTTP beyond loopback.
     pub allow_plain_http: Option<bool>,
-}
-
-/// A settings problem, naming the key.
-#[derive(Debug, thiserror::Error)]
-#[error("{key}: {reason}")]
-pub struct TlsConfigError {
-    /// The key path (`rollout.tls.cert_file`).
-    pub key: String,
-    /// What is wrong.
-    pub reason: String,
 }
 
 /// The checked settings.
@@ -95,20 +86,13 @@ impl TlsSettings {
         }
     }
 
-    fn err(&self, key: &str, reason: impl Into<String>) -> TlsConfigError {
-        TlsConfigError {
-            key: format!("{}.{key}", self.table),
-            reason: reason.into(),
-        }
+    fn err(&self, key: &str, reason: impl Into<String>) -> KeyError {
+        KeyError::new(KeyPath::dotted(&self.table).key(key), reason)
     }
 
     /// Checks `raw` (the table at `table`); relative paths are taken from
     /// `base` (the config file's directory).
-    pub fn from_raw(
-        raw: &RawTls,
-        table: &str,
-        base: Option<&Path>,
-    ) -> Result<Self, TlsConfigError> {
+    pub fn from_raw(raw: &RawTls, table: &str, base: Option<&Path>) -> Result<Self, KeyError> {
         let mut s = Self::plain(table);
         let file = |p: &Option<PathBuf>| p.clone().map(|p| rebase(p, base));
         s.identity = match (file(&raw.cert_file), file(&raw.key_file)) {
@@ -133,7 +117,7 @@ impl TlsSettings {
 
     /// Reads the files into the rustls configurations; an error names the
     /// key of the file at fault.
-    pub fn configs(&self) -> Result<TlsConfigs, TlsConfigError> {
+    pub fn configs(&self) -> Result<TlsConfigs, KeyError> {
         let at = |key: &'static str| move |e: TlsError| self.err(key, e.to_string());
         let identity = match &self.identity {
             Some((cert, key)) => Some(Identity::load(cert, key).map_err(at("cert_file"))?),
@@ -162,19 +146,19 @@ impl TlsSettings {
 
     /// The listen rule: plain HTTP only on loopback, unless opted in.
     /// `key` names the listen setting in messages.
-    pub fn check_listen(&self, key: &str, addr: SocketAddr) -> Result<(), TlsConfigError> {
+    pub fn check_listen(&self, key: &str, addr: SocketAddr) -> Result<(), KeyError> {
         if self.serves_https() || self.allow_plain_http || addr.ip().is_loopback() {
             return Ok(());
         }
-        Err(TlsConfigError {
-            key: key.to_owned(),
-            reason: format!(
+        Err(KeyError::new(
+            KeyPath::dotted(key),
+            format!(
                 "{addr} is not a loopback address and {t} has no cert_file: plain HTTP \
                  beyond loopback is refused (set {t}.cert_file and {t}.key_file to serve \
                  HTTPS, or {t}.allow_plain_http = true to accept the risk)",
                 t = self.table
             ),
-        })
+        ))
     }
 
     /// The target rule: a plain `http://` URL only to a loopback host,
@@ -213,7 +197,7 @@ pub fn check_target(url: &str, allow: bool, how: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    fn settings(text: &str) -> Result<TlsSettings, TlsConfigError> {
+    fn settings(text: &str) -> Result<TlsSettings, KeyError> {
         let raw: RawTls = toml::from_str(text).unwrap();
         TlsSettings::from_raw(&raw, "rollout.tls", Some(Path::new("/etc/polar")))
     }

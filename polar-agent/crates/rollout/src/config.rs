@@ -68,8 +68,8 @@ use serde::Deserialize;
 
 use polar_rollout_api::serve::ServeLimits;
 use polar_rollout_api::tls::{RawTls, TlsSettings};
-use polar_spec::KeyPath;
 use polar_spec::policy::{Policy, RawPolicy};
+use polar_spec::{KeyError, KeyPath};
 
 pub use crate::ui::settings::{DashboardSettings, RawDashboard};
 
@@ -90,29 +90,35 @@ pub enum RolloutConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The TOML does not parse or has a wrong type or unknown key.
-    #[error("{key}: {reason}")]
-    Parse {
-        /// The key path (`rollout.listen`).
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
-    /// A value is out of range.
-    #[error("{key}: {reason}")]
-    Invalid {
-        /// The key path.
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
+    /// The TOML does not parse, a wrong type or an unknown key, or a value
+    /// out of range.
+    #[error(transparent)]
+    Invalid(#[from] KeyError),
 }
 
-fn invalid(key: &str, reason: impl Into<String>) -> RolloutConfigError {
-    RolloutConfigError::Invalid {
-        key: format!("rollout.{key}"),
-        reason: reason.into(),
-    }
+/// `rollout.KEY`.
+fn key(key: &str) -> KeyPath {
+    rollout().key(key)
+}
+
+/// The `[rollout]` table.
+fn rollout() -> KeyPath {
+    KeyPath::root().key("rollout")
+}
+
+fn invalid(at: KeyPath, reason: impl Into<String>) -> KeyError {
+    KeyError::new(at, reason)
+}
+
+/// The key path of a deserializer's error.
+fn path_of(path: &serde_path_to_error::Path) -> KeyPath {
+    path.iter()
+        .fold(KeyPath::root(), |at, segment| match segment {
+            serde_path_to_error::Segment::Seq { index } => at.index(*index),
+            serde_path_to_error::Segment::Map { key } => at.key(key),
+            serde_path_to_error::Segment::Enum { variant } => at.key(variant),
+            serde_path_to_error::Segment::Unknown => at,
+        })
 }
 
 /// The file as written.
@@ -379,180 +385,50 @@ impl RolloutConfig {
 
     /// Parses TOML text; a relative `database` is taken from `base`.
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Self, RolloutConfigError> {
-        let de = toml::Deserializer::parse(text).map_err(|e| RolloutConfigError::Parse {
-            key: "top level".into(),
-            reason: e.message().to_owned(),
-        })?;
-        let raw: RawFile = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            RolloutConfigError::Parse {
-                key: if key == "." { "top level".into() } else { key },
-                reason: e.into_inner().message().to_owned(),
-            }
-        })?;
-        Self::try_from_raw(raw.rollout, base)
+        let de =
+            toml::Deserializer::parse(text).map_err(|e| invalid(KeyPath::root(), e.message()))?;
+        let raw: RawFile = serde_path_to_error::deserialize(de)
+            .map_err(|e| invalid(path_of(e.path()), e.into_inner().message()))?;
+        Ok(Self::try_from_raw(raw.rollout, base)?)
     }
 
-    /// Applies the defaults and checks every value.
-    pub fn try_from_raw(
-        raw: RawRolloutConfig,
-        base: Option<&Path>,
-    ) -> Result<Self, RolloutConfigError> {
+    /// Applies the defaults and checks every value, one part of the table
+    /// after the other.
+    pub fn try_from_raw(raw: RawRolloutConfig, base: Option<&Path>) -> Result<Self, KeyError> {
         let mut cfg = Self::new("rollout.sqlite", String::new());
         cfg.tokens.clear();
         cfg.node_tokens.clear();
-        if let Some(listen) = raw.listen {
+        if let Some(listen) = &raw.listen {
             cfg.listen = listen
                 .parse()
-                .map_err(|e| invalid("listen", format!("{listen:?}: {e}")))?;
+                .map_err(|e| invalid(key("listen"), format!("{listen:?}: {e}")))?;
         }
-        if let Some(db) = raw.database {
-            if db.is_empty() {
-                return Err(invalid("database", "must not be empty"));
-            }
-            cfg.database = PathBuf::from(db);
-        }
-        cfg.database = rebase(std::mem::take(&mut cfg.database), base);
-        let node_tokens = match raw.node_tokens {
-            None => BTreeMap::new(),
-            Some(RawNodeTokens::Bound(map)) => map,
-            Some(RawNodeTokens::Shared(_)) => {
-                return Err(invalid(
-                    "node_tokens",
-                    "bind each node token to its node: [rollout.node_tokens] \
-                     with `<node id> = \"<token>\"` lines, or node_token_dir",
-                ));
-            }
-        };
-        cfg.token_sources = TokenSources {
-            tokens: raw.tokens.unwrap_or_default(),
-            token_files: raw
-                .token_files
-                .unwrap_or_default()
-                .into_iter()
-                .map(|p| rebase(p, base))
-                .collect(),
-            viewer_tokens: raw.viewer_tokens.unwrap_or_default(),
-            viewer_token_files: raw
-                .viewer_token_files
-                .unwrap_or_default()
-                .into_iter()
-                .map(|p| rebase(p, base))
-                .collect(),
-            node_tokens,
-            node_token_dir: raw.node_token_dir.map(|p| rebase(p, base)),
-            gateway_token: raw.gateway_token,
-            gateway_token_file: raw.gateway_token_file.map(|p| rebase(p, base)),
-        };
-        cfg.callback_token = raw.callback_token;
-        let ms = |key: &str, v: Option<u64>, default: Duration, min: u64| match v {
-            None => Ok(default),
-            Some(v) if v < min => Err(invalid(key, format!("must be at least {min}"))),
-            Some(v) => Ok(Duration::from_millis(v)),
-        };
-        cfg.heartbeat_interval = ms(
-            "heartbeat_interval_ms",
-            raw.heartbeat_interval_ms,
-            cfg.heartbeat_interval,
-            10,
-        )?;
-        cfg.heartbeat_timeout = ms(
-            "heartbeat_timeout_ms",
-            raw.heartbeat_timeout_ms,
-            cfg.heartbeat_timeout,
-            100,
-        )?;
-        if cfg.heartbeat_timeout <= cfg.heartbeat_interval {
-            return Err(invalid(
-                "heartbeat_timeout_ms",
-                "must be longer than heartbeat_interval_ms",
-            ));
-        }
-        cfg.max_retries = raw.max_retries.unwrap_or(cfg.max_retries);
-        cfg.result_grace = ms("result_grace_ms", raw.result_grace_ms, cfg.result_grace, 0)?;
-        cfg.no_node_timeout = ms(
-            "no_node_timeout_ms",
-            raw.no_node_timeout_ms,
-            cfg.no_node_timeout,
-            100,
-        )?;
-        cfg.push_timeout = ms("push_timeout_ms", raw.push_timeout_ms, cfg.push_timeout, 10)?;
-        cfg.retention = match raw.retention_secs {
-            None => None,
-            Some(0) => return Err(invalid("retention_secs", "must be at least 1")),
-            Some(s) => Some(Duration::from_secs(s)),
-        };
-        if let Some(n) = raw.max_body_bytes {
-            if n < 1024 {
-                return Err(invalid("max_body_bytes", "must be at least 1024"));
-            }
-            cfg.max_body_bytes = usize::try_from(n).unwrap_or(usize::MAX);
-        }
-        cfg.synchronous = match raw.synchronous.as_deref() {
-            None | Some("normal") => Synchronous::Normal,
-            Some("full") => Synchronous::Full,
-            Some(other) => {
-                return Err(invalid(
-                    "synchronous",
-                    format!("{other:?}: use \"normal\" or \"full\""),
-                ));
-            }
-        };
+        cfg.database = rebase(database(raw.database.as_deref(), &cfg.database)?, base);
+        cfg.token_sources = token_sources(&raw, base)?;
+        cfg.callback_token = raw.callback_token.clone();
+        timings(&raw, &mut cfg)?;
+        storage(&raw, &mut cfg)?;
         cfg.limits =
-            ServeLimits::from_settings("rollout", raw.header_read_timeout_ms, raw.max_connections)
-                .map_err(|e| RolloutConfigError::Invalid {
-                    key: e.key,
-                    reason: e.reason.to_owned(),
-                })?;
-        cfg.tls = TlsSettings::from_raw(&raw.tls, "rollout.tls", base).map_err(|e| {
-            RolloutConfigError::Invalid {
-                key: e.key,
-                reason: e.reason,
-            }
-        })?;
+            ServeLimits::from_settings("rollout", raw.header_read_timeout_ms, raw.max_connections)?;
+        cfg.tls = TlsSettings::from_raw(&raw.tls, "rollout.tls", base)?;
         cfg.verify_gateway_as = match raw.verify_gateway_as.as_deref() {
             None | Some("address") => GatewayName::Address,
             Some("node_id") => GatewayName::NodeId,
             Some(other) => {
                 return Err(invalid(
-                    "verify_gateway_as",
+                    key("verify_gateway_as"),
                     format!("{other:?}: use \"address\" or \"node_id\""),
                 ));
             }
         };
-        let cb = raw.callback;
-        let d = CallbackConfig::default();
-        cfg.callback = CallbackConfig {
-            max_attempts: match cb.max_attempts {
-                Some(0) => return Err(invalid("callback.max_attempts", "must be at least 1")),
-                Some(n) => n,
-                None => d.max_attempts,
-            },
-            initial_backoff: ms(
-                "callback.initial_backoff_ms",
-                cb.initial_backoff_ms,
-                d.initial_backoff,
-                1,
-            )?,
-            max_backoff: ms(
-                "callback.max_backoff_ms",
-                cb.max_backoff_ms,
-                d.max_backoff,
-                1,
-            )?,
-            timeout: ms("callback.timeout_ms", cb.timeout_ms, d.timeout, 10)?,
-        };
+        cfg.callback = callback(&raw.callback)?;
         cfg.policy = raw
             .policy
             .as_ref()
-            .map(|p| Policy::from_raw(p, &KeyPath::root().key("rollout").key("policy")))
-            .transpose()
-            .map_err(|e| RolloutConfigError::Invalid {
-                key: e.key.to_string(),
-                reason: e.reason,
-            })?;
-        cfg.dashboard = DashboardSettings::from_raw(&raw.dashboard)
-            .map_err(|(key, reason)| invalid(&format!("dashboard.{key}"), reason))?;
+            .map(|p| Policy::from_raw(p, &key("policy")))
+            .transpose()?;
+        cfg.dashboard =
+            DashboardSettings::from_raw(&raw.dashboard).map_err(|e| e.under(&key("dashboard")))?;
         Ok(cfg)
     }
 
@@ -570,9 +446,10 @@ impl RolloutConfig {
         for given in node_tokens.into_iter().filter(|t| !t.is_empty()) {
             let Some((node, token)) = given.split_once('=') else {
                 return Err(invalid(
-                    "node_tokens",
+                    key("node_tokens"),
                     format!("{NODE_TOKEN_ENV} / --node-token take NODE_ID=TOKEN"),
-                ));
+                )
+                .into());
             };
             src.node_tokens.insert(node.to_owned(), token.to_owned());
         }
@@ -583,40 +460,42 @@ impl RolloutConfig {
     /// changed: rotation) and checks them; on an error nothing changes.
     pub fn reload_tokens(&mut self) -> Result<(), RolloutConfigError> {
         let src = &self.token_sources;
-        let read = |key: &str, path: &Path| {
+        let read = |at: KeyPath, path: &Path| {
             polar_io::auth::read_token_file(path)
-                .map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+                .map_err(|e| invalid(at, format!("{}: {e}", path.display())))
         };
         let mut tokens = src.tokens.clone();
         for (i, p) in src.token_files.iter().enumerate() {
-            tokens.push(read(&format!("token_files[{i}]"), p)?);
+            tokens.push(read(key("token_files").index(i), p)?);
         }
         let mut viewer_tokens = src.viewer_tokens.clone();
         for (i, p) in src.viewer_token_files.iter().enumerate() {
-            viewer_tokens.push(read(&format!("viewer_token_files[{i}]"), p)?);
+            viewer_tokens.push(read(key("viewer_token_files").index(i), p)?);
         }
         let mut node_tokens = src.node_tokens.clone();
         if let Some(dir) = &src.node_token_dir {
             for (node, path) in node_token_files(dir)? {
                 if node_tokens.contains_key(&node) {
                     return Err(invalid(
-                        "node_token_dir",
+                        key("node_token_dir"),
                         format!("node {node:?} also has a token in rollout.node_tokens"),
-                    ));
+                    )
+                    .into());
                 }
-                let token = read("node_token_dir", &path)?;
+                let token = read(key("node_token_dir"), &path)?;
                 node_tokens.insert(node, token);
             }
         }
         let gateway_token = match (&src.gateway_token, &src.gateway_token_file) {
             (Some(_), Some(_)) => {
                 return Err(invalid(
-                    "gateway_token_file",
+                    key("gateway_token_file"),
                     "give gateway_token or gateway_token_file, not both",
-                ));
+                )
+                .into());
             }
             (Some(t), None) => t.clone(),
-            (None, Some(p)) => read("gateway_token_file", p)?,
+            (None, Some(p)) => read(key("gateway_token_file"), p)?,
             (None, None) => String::new(),
         };
         let mut next = self.clone();
@@ -636,72 +515,215 @@ impl RolloutConfig {
     pub fn check_identities(&self) -> Result<(), RolloutConfigError> {
         if self.tokens.is_empty() {
             return Err(invalid(
-                "tokens",
+                key("tokens"),
                 format!(
                     "no trainer token: set rollout.tokens, token_files, {TOKEN_ENV} or --token"
                 ),
-            ));
+            )
+            .into());
         }
         if self.node_tokens.is_empty() {
             return Err(invalid(
-                "node_tokens",
+                key("node_tokens"),
                 format!(
                     "no node token: set [rollout.node_tokens], node_token_dir, \
                      {NODE_TOKEN_ENV}=NODE_ID=TOKEN or --node-token"
                 ),
-            ));
+            )
+            .into());
         }
         if self.gateway_token.is_empty() {
             return Err(invalid(
-                "gateway_token",
+                key("gateway_token"),
                 "missing: the token this server presents to gateways \
                  (gateway_token or gateway_token_file; not a node or trainer token)",
-            ));
+            )
+            .into());
         }
-        let mut seen: Vec<(String, &str)> = Vec::new();
-        let mut all: Vec<(String, &str)> = Vec::new();
+        let mut seen: Vec<(KeyPath, &str)> = Vec::new();
+        let mut all: Vec<(KeyPath, &str)> = Vec::new();
         for (i, t) in self.tokens.iter().enumerate() {
-            all.push((format!("tokens[{i}]"), t));
+            all.push((key("tokens").index(i), t));
         }
         for (i, t) in self.viewer_tokens.iter().enumerate() {
-            all.push((format!("viewer_tokens[{i}]"), t));
+            all.push((key("viewer_tokens").index(i), t));
         }
         for (node, t) in &self.node_tokens {
             if !polar_rollout_api::validate::is_valid_id(node) {
                 return Err(invalid(
-                    &format!("node_tokens.{node}"),
+                    key("node_tokens").key(node),
                     format!(
                         "not a node id: 1 to {} characters from [A-Za-z0-9._-], not starting with '.'",
                         polar_rollout_api::validate::MAX_ID_LEN
                     ),
-                ));
+                ).into());
             }
-            all.push((format!("node_tokens.{node}"), t));
+            all.push((key("node_tokens").key(node), t));
         }
-        all.push(("gateway_token".into(), &self.gateway_token));
+        all.push((key("gateway_token"), &self.gateway_token));
         if let Some(t) = &self.callback_token {
-            all.push(("callback_token".into(), t));
+            all.push((key("callback_token"), t));
         }
-        for (key, token) in all {
+        for (at, token) in all {
             if let Some(why) = polar_io::auth::token_weakness(token) {
-                return Err(invalid(&key, why));
+                return Err(invalid(at, why).into());
             }
             if let Some((other, _)) = seen.iter().find(|(_, t)| *t == token) {
                 return Err(invalid(
-                    &key,
+                    at,
                     format!(
-                        "the same token as rollout.{other}: each role and each node \
+                        "the same token as {other}: each role and each node \
                          needs its own token"
                     ),
-                ));
+                )
+                .into());
             }
-            seen.push((key, token));
+            seen.push((at, token));
         }
         Ok(())
     }
 }
 
 /// `path` taken from `base` when relative.
+/// `rollout.database`: not empty when given.
+fn database(db: Option<&str>, default: &Path) -> Result<PathBuf, KeyError> {
+    match db {
+        Some("") => Err(invalid(key("database"), "must not be empty")),
+        Some(db) => Ok(PathBuf::from(db)),
+        None => Ok(default.to_owned()),
+    }
+}
+
+/// Where the tokens come from: the file's lists and files (relative to
+/// `base`); node tokens bound to their node ids.
+fn token_sources(raw: &RawRolloutConfig, base: Option<&Path>) -> Result<TokenSources, KeyError> {
+    let node_tokens = match &raw.node_tokens {
+        None => BTreeMap::new(),
+        Some(RawNodeTokens::Bound(map)) => map.clone(),
+        Some(RawNodeTokens::Shared(_)) => {
+            return Err(invalid(
+                key("node_tokens"),
+                "bind each node token to its node: [rollout.node_tokens] \
+                 with `<node id> = \"<token>\"` lines, or node_token_dir",
+            ));
+        }
+    };
+    let files = |list: &Option<Vec<PathBuf>>| -> Vec<PathBuf> {
+        list.iter()
+            .flatten()
+            .map(|p| rebase(p.clone(), base))
+            .collect()
+    };
+    Ok(TokenSources {
+        tokens: raw.tokens.clone().unwrap_or_default(),
+        token_files: files(&raw.token_files),
+        viewer_tokens: raw.viewer_tokens.clone().unwrap_or_default(),
+        viewer_token_files: files(&raw.viewer_token_files),
+        node_tokens,
+        node_token_dir: raw.node_token_dir.clone().map(|p| rebase(p, base)),
+        gateway_token: raw.gateway_token.clone(),
+        gateway_token_file: raw.gateway_token_file.clone().map(|p| rebase(p, base)),
+    })
+}
+
+/// A duration in milliseconds at `at`: `default` when unset, at least `min`.
+fn ms(at: KeyPath, v: Option<u64>, default: Duration, min: u64) -> Result<Duration, KeyError> {
+    match v {
+        None => Ok(default),
+        Some(v) if v < min => Err(invalid(at, format!("must be at least {min}"))),
+        Some(v) => Ok(Duration::from_millis(v)),
+    }
+}
+
+/// Heartbeats, retries and the waits of the scheduler.
+fn timings(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyError> {
+    cfg.heartbeat_interval = ms(
+        key("heartbeat_interval_ms"),
+        raw.heartbeat_interval_ms,
+        cfg.heartbeat_interval,
+        10,
+    )?;
+    cfg.heartbeat_timeout = ms(
+        key("heartbeat_timeout_ms"),
+        raw.heartbeat_timeout_ms,
+        cfg.heartbeat_timeout,
+        100,
+    )?;
+    if cfg.heartbeat_timeout <= cfg.heartbeat_interval {
+        return Err(invalid(
+            key("heartbeat_timeout_ms"),
+            "must be longer than heartbeat_interval_ms",
+        ));
+    }
+    cfg.max_retries = raw.max_retries.unwrap_or(cfg.max_retries);
+    cfg.result_grace = ms(
+        key("result_grace_ms"),
+        raw.result_grace_ms,
+        cfg.result_grace,
+        0,
+    )?;
+    cfg.no_node_timeout = ms(
+        key("no_node_timeout_ms"),
+        raw.no_node_timeout_ms,
+        cfg.no_node_timeout,
+        100,
+    )?;
+    cfg.push_timeout = ms(
+        key("push_timeout_ms"),
+        raw.push_timeout_ms,
+        cfg.push_timeout,
+        10,
+    )?;
+    Ok(())
+}
+
+/// The database's retention, request bodies and durability.
+fn storage(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyError> {
+    cfg.retention = match raw.retention_secs {
+        None => None,
+        Some(0) => return Err(invalid(key("retention_secs"), "must be at least 1")),
+        Some(s) => Some(Duration::from_secs(s)),
+    };
+    if let Some(n) = raw.max_body_bytes {
+        if n < 1024 {
+            return Err(invalid(key("max_body_bytes"), "must be at least 1024"));
+        }
+        cfg.max_body_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+    }
+    cfg.synchronous = match raw.synchronous.as_deref() {
+        None | Some("normal") => Synchronous::Normal,
+        Some("full") => Synchronous::Full,
+        Some(other) => {
+            return Err(invalid(
+                key("synchronous"),
+                format!("{other:?}: use \"normal\" or \"full\""),
+            ));
+        }
+    };
+    Ok(())
+}
+
+/// `[rollout.callback]`.
+fn callback(cb: &RawCallback) -> Result<CallbackConfig, KeyError> {
+    let at = |k: &str| key("callback").key(k);
+    let d = CallbackConfig::default();
+    Ok(CallbackConfig {
+        max_attempts: match cb.max_attempts {
+            Some(0) => return Err(invalid(at("max_attempts"), "must be at least 1")),
+            Some(n) => n,
+            None => d.max_attempts,
+        },
+        initial_backoff: ms(
+            at("initial_backoff_ms"),
+            cb.initial_backoff_ms,
+            d.initial_backoff,
+            1,
+        )?,
+        max_backoff: ms(at("max_backoff_ms"), cb.max_backoff_ms, d.max_backoff, 1)?,
+        timeout: ms(at("timeout_ms"), cb.timeout_ms, d.timeout, 10)?,
+    })
+}
+
 fn rebase(path: PathBuf, base: Option<&Path>) -> PathBuf {
     match base {
         Some(b) if path.is_relative() => b.join(path),
@@ -711,8 +733,8 @@ fn rebase(path: PathBuf, base: Option<&Path>) -> PathBuf {
 
 /// The files of a node token directory, by node id (dot files, as the
 /// `..data` links of a mounted Kubernetes secret, are skipped).
-fn node_token_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, RolloutConfigError> {
-    let err = |e: std::io::Error| invalid("node_token_dir", format!("{}: {e}", dir.display()));
+fn node_token_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, KeyError> {
+    let err = |e: std::io::Error| invalid(key("node_token_dir"), format!("{}: {e}", dir.display()));
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(err)? {
         let entry = entry.map_err(err)?;
@@ -843,7 +865,7 @@ max_attempts = 3
             ),
             (
                 ok.replace("node-a = ", "\"a b\" = "),
-                "rollout.node_tokens.a b: not a node id",
+                "rollout.node_tokens.\"a b\": not a node id",
             ),
             (
                 ok.replace("trainer-token-1", "short"),

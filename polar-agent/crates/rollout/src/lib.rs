@@ -46,18 +46,18 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+use polar_spec::{KeyError, KeyPath};
+
 pub use config::{RolloutConfig, RolloutConfigError};
 pub use store::StoreError;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RolloutError {
-    /// The settings are invalid.
+    /// The settings are invalid (the TLS settings included, or their files
+    /// do not load).
     #[error(transparent)]
     Config(#[from] RolloutConfigError),
-    /// The TLS settings do not check, or their files do not load.
-    #[error(transparent)]
-    Tls(#[from] polar_rollout_api::tls::TlsConfigError),
     /// The route table does not build (a bug).
     #[error(transparent)]
     Routes(#[from] polar_rollout_api::route::RouteError),
@@ -98,14 +98,13 @@ pub fn preflight(
     cfg: &mut RolloutConfig,
 ) -> Result<polar_rollout_api::tls::TlsConfigs, RolloutError> {
     cfg.check_identities()?;
-    cfg.tls.check_listen("rollout.listen", cfg.listen)?;
-    let tls = cfg.tls.configs()?;
+    cfg.tls
+        .check_listen("rollout.listen", cfg.listen)
+        .map_err(RolloutConfigError::from)?;
+    let tls = cfg.tls.configs().map_err(RolloutConfigError::from)?;
     cfg.dashboard
         .load_tokenizer()
-        .map_err(|(key, reason)| RolloutConfigError::Invalid {
-            key: format!("rollout.dashboard.{key}"),
-            reason,
-        })?;
+        .map_err(|e| RolloutConfigError::from(e.under(&KeyPath::dotted("rollout.dashboard"))))?;
     Ok(tls)
 }
 
@@ -125,10 +124,10 @@ impl RolloutServer {
         let (cfg, tls) = match checked {
             Ok(checked) => checked?,
             Err(e) => {
-                return Err(RolloutConfigError::Invalid {
-                    key: "rollout".to_owned(),
-                    reason: format!("the start-up checks did not finish: {e}"),
-                }
+                return Err(RolloutConfigError::from(KeyError::new(
+                    KeyPath::dotted("rollout"),
+                    format!("the start-up checks did not finish: {e}"),
+                ))
                 .into());
             }
         };

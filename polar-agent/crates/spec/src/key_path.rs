@@ -1,5 +1,8 @@
 //! [`KeyPath`]: where in a TOML or JSON document a value is, shown as
-//! `route[2].host`; every spec and configuration error names one.
+//! `route[2].host`; [`KeyError`]: a value refused at its key, the one error
+//! every validator of Polar's configuration files and task specs returns
+//! (each file's own error type wraps it, adding what only the file knows:
+//! its path, a line and column).
 
 use std::fmt;
 
@@ -60,6 +63,14 @@ impl KeyPath {
     pub fn from_segments(segments: Vec<Segment>) -> Self {
         Self(segments)
     }
+
+    /// `rest` below this path.
+    #[must_use]
+    pub fn join(&self, rest: &KeyPath) -> Self {
+        let mut segments = self.0.clone();
+        segments.extend(rest.0.iter().cloned());
+        Self(segments)
+    }
 }
 
 /// Whether `key` can be written bare in TOML (otherwise it is shown quoted).
@@ -91,5 +102,49 @@ impl fmt::Display for KeyPath {
             }
         }
         Ok(())
+    }
+}
+
+/// A value refused at its key, shown as `{key}: {reason}`: what every
+/// validator of a configuration file or a task spec returns.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {reason}")]
+pub struct KeyError {
+    /// Where the value is (`gateway.policy.upload_roots[1]`).
+    pub key: KeyPath,
+    /// What is wrong, in words that name the accepted values.
+    pub reason: String,
+}
+
+impl KeyError {
+    /// The error `reason` at `key`.
+    pub fn new(key: KeyPath, reason: impl Into<String>) -> Self {
+        Self {
+            key,
+            reason: reason.into(),
+        }
+    }
+
+    /// The error of a table's validator, its key put below `table` (the
+    /// table's place in the file).
+    #[must_use]
+    pub fn under(self, table: &KeyPath) -> Self {
+        Self {
+            key: table.join(&self.key),
+            reason: self.reason,
+        }
+    }
+}
+
+impl KeyPath {
+    /// The path of dotted keys `a.b.c` (no indices, no quoting): the
+    /// top-level tables and keys code names as text.
+    pub fn dotted(text: &str) -> Self {
+        Self(
+            text.split('.')
+                .filter(|k| !k.is_empty())
+                .map(|k| Segment::Key(k.to_owned()))
+                .collect(),
+        )
     }
 }

@@ -15,5 +15,5 @@ pub mod policy;
 pub mod runtime;
 mod task;
 
-pub use key_path::{KeyPath, Segment};
+pub use key_path::{KeyError, KeyPath, Segment};
 pub use task::{AgentSpec, EvaluatorSpec};

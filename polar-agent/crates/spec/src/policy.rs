@@ -31,7 +31,7 @@
 //! and the roots themselves), requires the canonical path under an allowed
 //! root, writes it back into the spec (it is what gets used), and gives a
 //! limit the spec leaves out the ceiling's value: a spec never widens what
-//! the node allows. Every refusal is a [`Violation`] naming the field
+//! the node allows. Every refusal is a [`KeyError`] naming the field
 //! (`runtime.prepare[0].upload.from: /etc/shadow is outside the allowed
 //! upload roots [/srv/tasks]`).
 //!
@@ -46,8 +46,8 @@ use std::path::{Component, Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::KeyPath;
 use crate::runtime::{Limits, NetworkKind, RuntimeKind, RuntimeSpec, Step};
+use crate::{KeyError, KeyPath};
 
 /// The default memory ceiling: 8 GiB.
 pub const DEFAULT_MAX_MEMORY_BYTES: u64 = 8 << 30;
@@ -86,26 +86,6 @@ pub struct RawPolicy {
     pub max_session_secs: Option<u64>,
     /// `max_agent_timeout_secs`.
     pub max_agent_timeout_secs: Option<u64>,
-}
-
-/// A policy setting that is not acceptable, naming its key.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{key}: {reason}")]
-pub struct PolicyError {
-    /// The key (`gateway.policy.upload_roots[1]`).
-    pub key: KeyPath,
-    /// What is wrong.
-    pub reason: String,
-}
-
-/// A task spec outside the policy, naming the field.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct Violation {
-    /// The field (`runtime.mounts[0].source`, `timeout_secs`).
-    pub field: KeyPath,
-    /// What is wrong.
-    pub reason: String,
 }
 
 /// Ceilings of what a task may ask for.
@@ -179,13 +159,13 @@ fn show(roots: &[PathBuf]) -> String {
 }
 
 /// A list of roots, each absolute without `..`, normalised.
-fn roots(key: &KeyPath, raw: Option<&Vec<String>>) -> Result<Vec<PathBuf>, PolicyError> {
+fn roots(key: &KeyPath, raw: Option<&Vec<String>>) -> Result<Vec<PathBuf>, KeyError> {
     let mut out = Vec::new();
     for (i, r) in raw.into_iter().flatten().enumerate() {
         let at = key.index(i);
         let p = Path::new(r);
         if !p.is_absolute() || p.components().any(|c| c == Component::ParentDir) {
-            return Err(PolicyError {
+            return Err(KeyError {
                 key: at,
                 reason: format!("{r:?} must be an absolute path without \"..\""),
             });
@@ -208,8 +188,8 @@ fn root_lists(p: &Policy) -> [(&'static str, &[PathBuf]); 5] {
 
 impl Policy {
     /// Checks a policy table; `key` is where it is (`gateway.policy`).
-    pub fn from_raw(raw: &RawPolicy, key: &KeyPath) -> Result<Self, PolicyError> {
-        let bad = |k: &str, reason: &str| PolicyError {
+    pub fn from_raw(raw: &RawPolicy, key: &KeyPath) -> Result<Self, KeyError> {
+        let bad = |k: &str, reason: &str| KeyError {
             key: key.key(k),
             reason: reason.to_owned(),
         };
@@ -259,7 +239,7 @@ impl Policy {
     /// A writable mount root may not overlap a root the node reads from
     /// (uploads, rootfs, images): a sandbox could plant symbolic links or
     /// files there for a later session.
-    fn check_overlaps(&self, key: &KeyPath) -> Result<(), PolicyError> {
+    fn check_overlaps(&self, key: &KeyPath) -> Result<(), KeyError> {
         for (i, w) in self.writable_mount_roots.iter().enumerate() {
             for (name, list) in [
                 ("upload_roots", &self.upload_roots),
@@ -267,7 +247,7 @@ impl Policy {
                 ("image_roots", &self.image_roots),
             ] {
                 if let Some((j, r)) = list.iter().enumerate().find(|(_, r)| overlap(w, r)) {
-                    return Err(PolicyError {
+                    return Err(KeyError {
                         key: key.key("writable_mount_roots").index(i),
                         reason: format!(
                             "{} overlaps {name}[{j}] ({}): a sandbox could plant symbolic \
@@ -288,7 +268,7 @@ impl Policy {
         &self,
         key: &KeyPath,
         protected: &[(&str, &Path)],
-    ) -> Result<(), PolicyError> {
+    ) -> Result<(), KeyError> {
         for (name, list) in root_lists(self) {
             for (i, r) in list.iter().enumerate() {
                 for (what, p) in protected {
@@ -296,7 +276,7 @@ impl Policy {
                     let canon = std::fs::canonicalize(&p).unwrap_or_else(|_| p.clone());
                     let rc = std::fs::canonicalize(r).unwrap_or_else(|_| r.clone());
                     if overlap(r, &p) || overlap(&rc, &canon) {
-                        return Err(PolicyError {
+                        return Err(KeyError {
                             key: key.key(name).index(i),
                             reason: format!(
                                 "{} holds or is inside the node's {what} ({}); \
@@ -314,8 +294,8 @@ impl Policy {
 
     /// Checks a runtime spec against the policy, lexically; fields are
     /// named below `base` (`runtime`).
-    pub fn check_runtime(&self, spec: &RuntimeSpec, base: &KeyPath) -> Result<(), Violation> {
-        let v = |field: KeyPath, reason: String| Err(Violation { field, reason });
+    pub fn check_runtime(&self, spec: &RuntimeSpec, base: &KeyPath) -> Result<(), KeyError> {
+        let v = |field: KeyPath, reason: String| Err(KeyError { key: field, reason });
         if spec.network == NetworkKind::Host && !self.allow_host_network {
             return v(
                 base.key("network"),
@@ -393,11 +373,11 @@ impl Policy {
         self.check_limits(&spec.limits, &base.key("limits"))
     }
 
-    fn check_limits(&self, l: &Limits, base: &KeyPath) -> Result<(), Violation> {
+    fn check_limits(&self, l: &Limits, base: &KeyPath) -> Result<(), KeyError> {
         let c = &self.ceilings;
         let over = |k: &str, what: String| {
-            Err(Violation {
-                field: base.key(k),
+            Err(KeyError {
+                key: base.key(k),
                 reason: format!("above the node's ceiling of {what}"),
             })
         };
@@ -422,19 +402,19 @@ impl Policy {
         &self,
         session_secs: u64,
         agent_timeout_secs: Option<u64>,
-    ) -> Result<(), Violation> {
+    ) -> Result<(), KeyError> {
         let c = &self.ceilings;
         if session_secs > c.session_secs {
-            return Err(Violation {
-                field: KeyPath::root().key("timeout_secs"),
+            return Err(KeyError {
+                key: KeyPath::root().key("timeout_secs"),
                 reason: format!("above the node's ceiling of {} seconds", c.session_secs),
             });
         }
         if let Some(a) = agent_timeout_secs
             && a > c.agent_timeout_secs
         {
-            return Err(Violation {
-                field: KeyPath::root()
+            return Err(KeyError {
+                key: KeyPath::root()
                     .key("agent")
                     .key("options")
                     .key("timeout_secs"),
@@ -451,7 +431,7 @@ impl Policy {
     /// checks the canonical spec with [`Policy::check_runtime`] and its
     /// runtime's mount syntax, writes the canonical paths back, and gives
     /// each limit the spec leaves out its ceiling. Blocking file work.
-    pub fn resolve(&self, spec: &mut RuntimeSpec, base: &KeyPath) -> Result<(), Violation> {
+    pub fn resolve(&self, spec: &mut RuntimeSpec, base: &KeyPath) -> Result<(), KeyError> {
         let canon_roots = Self {
             upload_roots: canonical_roots(&self.upload_roots),
             mount_roots: canonical_roots(&self.mount_roots),
@@ -466,8 +446,8 @@ impl Policy {
         if let Some(r) = &mut spec.rootfs {
             *r = canonical(r, &base.key("rootfs"))?;
             if !r.is_dir() {
-                return Err(Violation {
-                    field: base.key("rootfs"),
+                return Err(KeyError {
+                    key: base.key("rootfs"),
                     reason: format!("{} is not a directory", r.display()),
                 });
             }
@@ -478,8 +458,8 @@ impl Policy {
             let c = canonical(Path::new(img), &base.key("image"))?;
             *img = c
                 .to_str()
-                .ok_or_else(|| Violation {
-                    field: base.key("image"),
+                .ok_or_else(|| KeyError {
+                    key: base.key("image"),
                     reason: format!("{} is not UTF-8", c.display()),
                 })?
                 .to_owned();
@@ -501,8 +481,8 @@ impl Policy {
         }
         canon_roots.check_runtime(spec, base)?;
         spec.check_mount_syntax().map_err(|e| match e {
-            crate::runtime::SpecError::Invalid { path, message } => Violation {
-                field: KeyPath::from_segments(
+            crate::runtime::SpecError::Invalid { path, message } => KeyError {
+                key: KeyPath::from_segments(
                     base.segments()
                         .iter()
                         .chain(path.segments())
@@ -511,8 +491,8 @@ impl Policy {
                 ),
                 reason: format!("its canonical path {message}"),
             },
-            other => Violation {
-                field: base.clone(),
+            other => KeyError {
+                key: base.clone(),
                 reason: other.to_string(),
             },
         })?;
@@ -541,9 +521,9 @@ fn image_path(spec: &RuntimeSpec) -> Option<&Path> {
     }
 }
 
-fn canonical(path: &Path, field: &KeyPath) -> Result<PathBuf, Violation> {
-    std::fs::canonicalize(path).map_err(|e| Violation {
-        field: field.clone(),
+fn canonical(path: &Path, field: &KeyPath) -> Result<PathBuf, KeyError> {
+    std::fs::canonicalize(path).map_err(|e| KeyError {
+        key: field.clone(),
         reason: format!("{} cannot be resolved on this node: {e}", path.display()),
     })
 }

@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 use polar_export::S3Options;
 use polar_export::object::ObjectReader;
+use polar_spec::{KeyError, KeyPath};
 
 use super::token_text::TokenText;
 
@@ -108,33 +109,42 @@ impl Default for DashboardSettings {
 }
 
 impl DashboardSettings {
-    /// Checks the raw settings; an error is `(key under dashboard, why)`.
-    pub fn from_raw(raw: &RawDashboard) -> Result<Self, (String, String)> {
+    /// Checks the raw settings; an error's key is below the dashboard's table.
+    pub fn from_raw(raw: &RawDashboard) -> Result<Self, KeyError> {
         let mut out = Self::default();
         for (i, root) in raw.export_roots.iter().flatten().enumerate() {
-            let key = || format!("export_roots[{i}]");
+            let key = || KeyPath::root().key("export_roots").index(i);
             if !root.is_absolute() {
-                return Err((key(), format!("{}: must be absolute", root.display())));
+                return Err(KeyError::new(
+                    key(),
+                    format!("{}: must be absolute", root.display()),
+                ));
             }
             if root
                 .components()
                 .any(|c| matches!(c, Component::CurDir | Component::ParentDir))
             {
-                return Err((key(), format!("{}: no `.` or `..`", root.display())));
+                return Err(KeyError::new(
+                    key(),
+                    format!("{}: no `.` or `..`", root.display()),
+                ));
             }
             out.export_roots.push(root.clone());
         }
         if let Some(n) = raw.max_file_bytes {
             if n < 1024 {
-                return Err(("max_file_bytes".into(), "must be at least 1024".into()));
+                return Err(KeyError::new(
+                    KeyPath::root().key("max_file_bytes"),
+                    "must be at least 1024",
+                ));
             }
             out.max_file_bytes = n;
         }
         if let Some(s3) = &raw.s3 {
             if let Some(e) = &s3.endpoint {
                 if !(e.starts_with("http://") || e.starts_with("https://")) {
-                    return Err((
-                        "s3.endpoint".into(),
+                    return Err(KeyError::new(
+                        KeyPath::root().key("s3").key("endpoint"),
                         format!("{e}: not an http:// or https:// URL"),
                     ));
                 }
@@ -142,7 +152,10 @@ impl DashboardSettings {
             }
             if let Some(r) = &s3.region {
                 if r.is_empty() {
-                    return Err(("s3.region".into(), "empty".into()));
+                    return Err(KeyError::new(
+                        KeyPath::root().key("s3").key("region"),
+                        "empty",
+                    ));
                 }
                 out.s3.region = Some(r.clone());
             }
@@ -150,8 +163,8 @@ impl DashboardSettings {
         }
         if let Some(path) = &raw.tokenizer {
             if !path.is_absolute() {
-                return Err((
-                    "tokenizer".into(),
+                return Err(KeyError::new(
+                    KeyPath::root().key("tokenizer"),
                     format!("{}: must be absolute", path.display()),
                 ));
             }
@@ -163,10 +176,11 @@ impl DashboardSettings {
     }
 
     /// Loads `tokenizer_file` (once; blocks: reads and parses it). An
-    /// error is `(key under dashboard, why)`.
-    pub fn load_tokenizer(&mut self) -> Result<(), (String, String)> {
+    /// error's key is below the dashboard's table.
+    pub fn load_tokenizer(&mut self) -> Result<(), KeyError> {
         if let (Some(path), None) = (&self.tokenizer_file, &self.tokenizer) {
-            let loaded = TokenText::load(path).map_err(|e| ("tokenizer".into(), e.to_string()))?;
+            let loaded = TokenText::load(path)
+                .map_err(|e| KeyError::new(KeyPath::root().key("tokenizer"), e.to_string()))?;
             self.tokenizer = Some(Arc::new(loaded));
         }
         Ok(())
@@ -174,22 +188,22 @@ impl DashboardSettings {
 
     /// Sets `s3_roots` (`s3://bucket/prefix` each) and their store's
     /// options. The configuration file gives no credentials (the
-    /// environment does); a program embedding the server may. An error is
-    /// `(key under dashboard, why)`.
-    pub fn set_s3_roots(
-        &mut self,
-        roots: &[String],
-        s3: S3Options,
-    ) -> Result<(), (String, String)> {
+    /// environment does); a program embedding the server may. An error's
+    /// key is below the dashboard's table.
+    pub fn set_s3_roots(&mut self, roots: &[String], s3: S3Options) -> Result<(), KeyError> {
         let mut checked = Vec::with_capacity(roots.len());
         for (i, root) in roots.iter().enumerate() {
-            let key = || format!("s3_roots[{i}]");
+            let key = || KeyPath::root().key("s3_roots").index(i);
             let Some(rest) = root.strip_prefix("s3://") else {
-                return Err((key(), format!("{root}: not an s3://bucket/prefix URL")));
+                return Err(KeyError::new(
+                    key(),
+                    format!("{root}: not an s3://bucket/prefix URL"),
+                ));
             };
             let (bucket, prefix) = super::exports::split_s3(rest.trim_end_matches('/'), true)
-                .map_err(|why| (key(), format!("{root}: {why}")))?;
-            let reader = ObjectReader::s3(bucket, &s3).map_err(|e| (key(), e.to_string()))?;
+                .map_err(|why| KeyError::new(key(), format!("{root}: {why}")))?;
+            let reader =
+                ObjectReader::s3(bucket, &s3).map_err(|e| KeyError::new(key(), e.to_string()))?;
             checked.push(S3Root {
                 bucket: bucket.to_owned(),
                 prefix: prefix.to_owned(),
@@ -216,15 +230,15 @@ mod tests {
         assert_eq!(ok.export_roots.len(), 2);
         assert_eq!(ok.max_file_bytes, DEFAULT_MAX_FILE_BYTES);
         let e = DashboardSettings::from_raw(&raw(&["/srv/a", "rel"])).unwrap_err();
-        assert_eq!(e.0, "export_roots[1]");
+        assert_eq!(e.key.to_string(), "export_roots[1]");
         let e = DashboardSettings::from_raw(&raw(&["/srv/../etc"])).unwrap_err();
-        assert!(e.1.contains("no `.` or `..`"), "{e:?}");
+        assert!(e.reason.contains("no `.` or `..`"), "{e:?}");
         let e = DashboardSettings::from_raw(&RawDashboard {
             max_file_bytes: Some(10),
             ..RawDashboard::default()
         })
         .unwrap_err();
-        assert_eq!(e.0, "max_file_bytes");
+        assert_eq!(e.key.to_string(), "max_file_bytes");
     }
 
     #[test]
@@ -258,15 +272,15 @@ mod tests {
             ("s3://rollouts/a//b", "empty segment"),
         ] {
             let e = DashboardSettings::from_raw(&raw(&["s3://ok-bucket", bad])).unwrap_err();
-            assert_eq!(e.0, "s3_roots[1]", "{bad}");
-            assert!(e.1.contains(why), "{bad}: {e:?}");
+            assert_eq!(e.key.to_string(), "s3_roots[1]", "{bad}");
+            assert!(e.reason.contains(why), "{bad}: {e:?}");
         }
         let mut r = raw(&["s3://rollouts"]);
         if let Some(s3) = &mut r.s3 {
             s3.endpoint = Some("127.0.0.1:9000".into());
         }
         assert_eq!(
-            DashboardSettings::from_raw(&r).unwrap_err().0,
+            DashboardSettings::from_raw(&r).unwrap_err().key.to_string(),
             "s3.endpoint"
         );
     }
