@@ -146,6 +146,12 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
             })
         }));
     }
+    {
+        let (path, node_id) = (path.clone(), gw.node_id.clone());
+        node.set_token_source(Arc::new(move || {
+            read_tokens(&path, &node_id).map_err(|e| polar_io::chain(&e).to_string())
+        }));
+    }
     tracing::info!(node = %node.node_id(), listen = %node.local_addr(), export = %export, "gateway ready");
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(io("installing the SIGHUP handler"))?;
@@ -248,30 +254,37 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
 /// files (rotation); tokens that do not check keep the ones in force.
 /// Other `[gateway]` changes apply at restart.
 fn reload_tokens<W: crate::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
-    let fresh = GatewayConfig::load(path).and_then(|gw| {
-        let gateway = KeyPath::root().key("gateway");
-        let mut gw =
-            gw.ok_or_else(|| KeyError::new(gateway.clone(), "the [gateway] table is gone"))?;
-        if gw.node_id != node.node_id() {
-            return Err(KeyError::new(
-                gateway.key("node_id"),
-                format!(
-                    "changed from {:?} to {:?}: a node id changes at restart only",
-                    node.node_id(),
-                    gw.node_id
-                ),
-            )
-            .into());
-        }
-        gw.finish_tokens()?;
-        Ok(gw)
-    });
-    match fresh {
-        Ok(gw) => node.set_tokens(&gw.token, gw.accept_tokens),
+    match read_tokens(path, node.node_id()) {
+        Ok((token, accept)) => node.set_tokens(&token, accept),
         Err(e) => {
             tracing::error!(error = %polar_io::chain(&e), "gateway tokens not reloaded; the ones in force stay")
         }
     }
+}
+
+/// The node's tokens as the file at `path` and its token files say them
+/// now, checked as at start (`(node token, accepted tokens)`): what SIGHUP
+/// puts in force, and what the node reads by itself when the server
+/// refuses its token or presents one it does not take. Blocks.
+fn read_tokens(
+    path: &std::path::Path,
+    node_id: &str,
+) -> Result<(String, Vec<String>), GatewayConfigError> {
+    let gateway = KeyPath::root().key("gateway");
+    let mut gw = GatewayConfig::load(path)?
+        .ok_or_else(|| KeyError::new(gateway.clone(), "the [gateway] table is gone"))?;
+    if gw.node_id != node_id {
+        return Err(KeyError::new(
+            gateway.key("node_id"),
+            format!(
+                "changed from {node_id:?} to {:?}: a node id changes at restart only",
+                gw.node_id
+            ),
+        )
+        .into());
+    }
+    gw.finish_tokens()?;
+    Ok((gw.token, gw.accept_tokens))
 }
 
 async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {

@@ -4,7 +4,8 @@
 //!   the READY buffer, budgets, cancellation, pause/resume (pure of I/O);
 //! - [`node`]: the rollout protocol on the gateway's side (registration,
 //!   heartbeats, assignments, cancellations, results), drain; `http`: its
-//!   routes, status and metrics views;
+//!   routes, status and metrics views; `tokens`: the tokens in force and
+//!   their rotation;
 //! - [`sim`]: simulated work (sleeps), for the rollout server's tests and
 //!   benchmarks.
 //!
@@ -19,10 +20,12 @@ mod http;
 mod node;
 pub mod sim;
 pub mod stages;
+mod tokens;
 
 pub use node::{Node, NodeError, NodeOptions, Progress};
 pub use sim::{SimGateway, SimGatewayConfig};
 pub use stages::{Stage, StageLimits, Stages, Work};
+pub use tokens::{REREAD_EVERY, TokenSource};
 
 #[cfg(test)]
 mod tests;

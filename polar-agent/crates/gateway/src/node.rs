@@ -140,6 +140,10 @@ pub(super) struct Inner<W: Work> {
     pub(super) work: W,
     pub(super) stages: Stages,
     pub(super) tokens: std::sync::RwLock<Arc<Tokens>>,
+    /// Where the tokens are read again when they may have rotated
+    /// (`tokens.rs`), and when they last were.
+    pub(super) token_source: Mutex<Option<crate::tokens::TokenSource>>,
+    pub(super) tokens_read_at: Mutex<Option<Instant>>,
     pub(super) instance: String,
     pub(super) address: String,
     pub(super) held: Mutex<HashMap<String, Arc<Job>>>,
@@ -187,6 +191,10 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl<W: Work> Node<W> {
+    pub(super) fn inner(&self) -> &Inner<W> {
+        &self.inner
+    }
+
     /// Binds `listen` (port 0 picks one), registers with the server and
     /// starts heartbeating.
     pub async fn start(
@@ -222,6 +230,8 @@ impl<W: Work> Node<W> {
                 accept: opts.accept_tokens.clone(),
                 client,
             })),
+            token_source: Mutex::new(None),
+            tokens_read_at: Mutex::new(None),
             instance: format!("{}-{:016x}", std::process::id(), rand::random::<u64>()),
             address: opts
                 .advertise
@@ -304,18 +314,6 @@ impl<W: Work> Node<W> {
         lock(&self.inner.cancelled).clone()
     }
 
-    /// Puts new tokens in force (rotation): `token` is presented to the
-    /// server from the next call on, `accept` are the server's tokens
-    /// taken from the next request on. Calls in flight finish with the old
-    /// ones.
-    pub fn set_tokens(&self, token: &str, accept: Vec<String>) {
-        let inner = &self.inner;
-        let client = inner.client().with_token(Some(token.to_owned()));
-        *inner.tokens.write().unwrap_or_else(|e| e.into_inner()) =
-            Arc::new(Tokens { accept, client });
-        tracing::info!(node = %inner.opts.node_id, "gateway tokens reloaded");
-    }
-
     /// Results the server accepted from it.
     pub fn reported(&self) -> u64 {
         self.inner.reported.load(Ordering::Relaxed)
@@ -390,7 +388,7 @@ impl<W: Work> Inner<W> {
     }
 
     /// The client of the server, with the node token in force.
-    fn client(&self) -> RolloutClient {
+    pub(super) fn client(&self) -> RolloutClient {
         self.tokens().client.clone()
     }
 
@@ -468,11 +466,21 @@ impl<W: Work> Inner<W> {
     }
 
     async fn heartbeat_once(&self) {
-        match self
+        let mut sent = self
             .client()
             .heartbeat(&self.opts.node_id, &self.heartbeat_body())
-            .await
+            .await;
+        if matches!(&sent, Err(e) if e.status() == Some(StatusCode::UNAUTHORIZED))
+            && self
+                .reread_tokens("the server refused the node token")
+                .await
         {
+            sent = self
+                .client()
+                .heartbeat(&self.opts.node_id, &self.heartbeat_body())
+                .await;
+        }
+        match sent {
             Ok(reply) => {
                 for c in reply.cancel {
                     tracing::info!(session = %c.session_id, reason = %c.reason, "server cancelled a session");

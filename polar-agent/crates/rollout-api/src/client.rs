@@ -107,6 +107,11 @@ impl RolloutClient {
         self
     }
 
+    /// The token it presents.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// The same client with another per-call timeout.
     #[must_use]
     pub fn with_timeout(mut self, timeout: Duration) -> Self {

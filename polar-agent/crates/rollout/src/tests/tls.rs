@@ -369,3 +369,78 @@ async fn tokens_rotate_on_the_server_and_the_gateway() {
     node.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_reads_tokens_rotated_in_their_files_without_a_signal() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let work = SimWork::new(
+        "node-a",
+        Duration::ZERO,
+        Duration::from_millis(20),
+        0.0,
+        Arc::new(default_outcome),
+    );
+    let node = node_a(&server, work).await;
+    // The node's token files, as a mounted Secret replaced in place.
+    let files = Arc::new(std::sync::Mutex::new((
+        node_token("node-a"),
+        vec![GATEWAY_TOKEN.to_owned()],
+    )));
+    let reads = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    {
+        let (files, reads) = (Arc::clone(&files), Arc::clone(&reads));
+        node.set_token_source(Arc::new(move || {
+            reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(files.lock().unwrap().clone())
+        }));
+    }
+    // The server rotates both tokens, then the files change; nobody tells
+    // the node.
+    let mut rotated = e.cfg.clone();
+    rotated.gateway_token = "gateway-token-rotated".into();
+    rotated
+        .node_tokens
+        .insert("node-a".into(), "node-a-token-rotated".into());
+    server.set_tokens(&rotated).unwrap();
+    *files.lock().unwrap() = (
+        "node-a-token-rotated".to_owned(),
+        vec!["gateway-token-rotated".to_owned()],
+    );
+    // Its next heartbeat is refused (401): it reads its files again.
+    until(
+        "node-a reads its rotated token files",
+        Duration::from_secs(10),
+        || reads.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+    )
+    .await;
+    let status = |token: &str| {
+        let c = RolloutClient::new(node.address().to_owned(), Some(token.into()));
+        async move { c.raw(Method::GET, "/v1/status", None).await.unwrap().0 }
+    };
+    assert_eq!(status("gateway-token-rotated").await, StatusCode::OK);
+    // A caller presenting tokens the node does not take is refused, and
+    // makes it read its files at most once a second.
+    tokio::time::sleep(polar_gateway::REREAD_EVERY).await;
+    let before = reads.load(std::sync::atomic::Ordering::Relaxed);
+    for _ in 0..20 {
+        assert_eq!(status(GATEWAY_TOKEN).await, StatusCode::UNAUTHORIZED);
+    }
+    let after = reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(after - before <= 2, "{before} -> {after} reads");
+    // Sessions run with the new tokens both ways.
+    let c = client(&server);
+    c.submit(&task("read-again", 3)).await.unwrap();
+    assert_completed(
+        &finished(&c, "read-again", Duration::from_secs(30)).await,
+        3,
+    );
+    until(
+        "node-a counts its 3 results reported",
+        Duration::from_secs(5),
+        || node.reported() == 3,
+    )
+    .await;
+    node.stop().await;
+    server.shutdown().await;
+}
