@@ -33,6 +33,7 @@ mod config;
 mod decode;
 mod error;
 mod faithful;
+mod guided;
 mod overflow;
 mod pool;
 pub mod request;
