@@ -130,9 +130,11 @@ pub enum Serving {
         prompt: Origin,
     },
     /// The backend's chat endpoint rendered it: a backend without the
-    /// model's files, or a request whose output is constrained (the
-    /// token-in endpoints do not share the chat endpoint's guided
-    /// decoding), which `reason` tells.
+    /// model's files, or one of the few constrained requests a backend
+    /// with them leaves to its chat endpoint (structured output and a
+    /// forced tool choice together, a forced tool that is not offered, a
+    /// forced choice in a format whose own calls the forced JSON cannot be
+    /// told from), which `reason` tells.
     ChatEndpoint {
         /// Why, on a backend with the model's files.
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -11,8 +11,10 @@
 //! call ([`Faithful::finish`]).
 //!
 //! Requests whose output is constrained (structured output, a required or
-//! named tool choice) go through the chat endpoint, whose constrained
-//! decoding the token-in endpoints do not share: their records say so
+//! named tool choice) are served token-in too, with the constraint the
+//! chat endpoint would compile in the token-in endpoint's own fields and
+//! their output read as the chat endpoint reads it ([`crate::guided`]);
+//! the few the chat endpoint keeps say why in their records
 //! ([`polar_faithful::Serving::ChatEndpoint`]).
 //!
 //! The chains live in memory, per session, until [`Faithful::end_session`]

@@ -4,7 +4,7 @@
 //! in the token-in endpoint's own fields ([`Guided::apply`]), and the raw
 //! output read back into the reply the chat endpoint would have made
 //! ([`Reader`]). The rules, from the servers' source (docs/CONSUMERS.md,
-//! "Constrained output"):
+//! "Constrained output, token-in"):
 //!
 //! - `response_format` `json_schema` compiles its schema, `json_object`
 //!   any JSON object; the output is the reply's text, parsed as any other
@@ -13,8 +13,8 @@
 //!   `to_sampling_params` in `python/sglang/srt/entrypoints/openai/protocol.py`,
 //!   `json_object` as the schema `{"type": "object"}`).
 //! - vLLM, a named tool choice: the tool's `parameters` schema; the JSON
-//!   generated is the call's arguments. `required`: an array (`minItems`
-//!   1) of `{"name", "parameters"}` objects, `anyOf` one per tool, the
+//!   generated is the call's arguments. `required`: a non-empty array
+//!   of `{"name", "parameters"}` objects, `anyOf` one per tool, the
 //!   tools' `$defs` moved to the top; each item becomes a call whose
 //!   arguments are `json.dumps(parameters, ensure_ascii=False)`
 //!   (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`; the

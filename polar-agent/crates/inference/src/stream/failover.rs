@@ -28,8 +28,12 @@
 //! carry `x-polar-attempt` (2, 3, ...; backends ignore it, the mock
 //! backend leaves its scripted faults out). The parts are recorded as
 //! [`Resumption`]. Structured output and forced tool choices are not resumed
-//! token-in (their constraint would start over), nor a reply whose ids are
-//! not all known.
+//! token-in, served token-faithfully or not: the continuation would be a
+//! new request whose grammar starts at its first generated token, in the
+//! middle of the JSON the first part began, so it could not finish that
+//! JSON as the schema says; such a reply is sent again whole while none of
+//! it went out (also token-in, with its constraint), and fails with the
+//! fault after. Nor is a reply resumed whose ids are not all known.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
