@@ -237,3 +237,26 @@ async fn anthropic_tool_choice_tool_is_a_forced_call_in_the_chain() {
     assert_one_chain(&records, session);
     common::traj::stop(mock, agent).await;
 }
+
+/// Streamed, as Claude Code asks: the forced call arrives as one
+/// `tool_use` block in a valid event stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_forced_call_is_a_tool_use_block() {
+    for dialect in [Dialect::Vllm, Dialect::Sglang] {
+        let session = format!("guided-stream-{}", dialect.as_str());
+        let (mock, agent) = start(&session, vec![shell("ls")], dialect).await;
+        let h = Harness::Claude;
+        let mut body = h.first_turn();
+        body["tool_choice"] = json!({"type": "tool", "name": "Bash"});
+        let reply = send(h.request(agent.addr, &session, body, true)).await;
+        let ids = h.check_reply(&reply, true);
+        assert_eq!(ids.len(), 1, "{dialect:?}: {}", reply.text());
+        let text = reply.text();
+        assert!(text.contains(r#""name":"Bash""#), "{text}");
+        assert!(text.contains(r#""stop_reason":"tool_use""#), "{text}");
+        let (records, _) = agent.calls(&session);
+        let serving = serde_json::to_value(&records[0].backend.serving).unwrap();
+        assert_eq!(serving["mode"], "token_in", "{serving}");
+        common::traj::stop(mock, agent).await;
+    }
+}
