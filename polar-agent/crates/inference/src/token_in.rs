@@ -33,6 +33,8 @@ pub(crate) struct FaithfulEnd {
     conv: Asked,
     prompt: Prompt,
     events: Vec<StreamEvent>,
+    /// A constrained call: it may branch off its chain.
+    branch: bool,
 }
 
 impl FaithfulEnd {
@@ -44,8 +46,13 @@ impl FaithfulEnd {
     /// The reply ended with `response` ids: the chain goes on from it.
     pub(crate) fn finish(self, response: &[u32]) {
         let reply = polar_chat::assemble(&self.events).message;
-        self.faithful
-            .finish(&self.session, self.conv, self.prompt, response, &reply);
+        self.faithful.finish(
+            &self.session,
+            (self.conv, self.prompt),
+            response,
+            &reply,
+            self.branch,
+        );
     }
 }
 
@@ -188,6 +195,7 @@ impl Client {
         };
         // A constrained reply is not resumed from its tokens: the
         // continuation's grammar would start over at the resumption.
+        let branch = guided.is_some();
         let resume = guided.is_none().then_some(base);
         let mut failover = Failover::new(cfg, session, resend, resume);
         failover.note_sent_again(&failed, &info.replica);
@@ -203,6 +211,7 @@ impl Client {
             conv,
             prompt,
             events: Vec::new(),
+            branch,
         };
         Ok(ChatStream::token_in(
             StreamParts {

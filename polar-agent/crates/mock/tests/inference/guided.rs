@@ -234,3 +234,42 @@ async fn what_the_chat_endpoint_keeps_is_labelled_and_no_grammar_is_refused() {
     assert!(matches!(err, InferenceError::Unsupported { .. }), "{err}");
     m.stop().await;
 }
+
+/// A harness's structured-output check asked with the main conversation
+/// and a question after it (Gemini CLI's next-speaker check) branches off:
+/// the main chain's next call still extends the main call.
+#[tokio::test]
+async fn a_structured_side_check_does_not_break_the_main_chain() {
+    let m = replica(Dialect::Vllm).await;
+    let client = faithful(m.url(), Dialect::Vllm);
+    let mut req = request(false);
+    let main = call(&client, "g", &req).await;
+    let tool = main.3.tool_calls[0].clone();
+    req.messages.push(echo(&main.3));
+    let mut check = req.clone();
+    check.messages.push(Message::text(
+        Role::User,
+        "Who speaks next? Answer in JSON.",
+    ));
+    check.response_format = Some(ResponseFormat::JsonObject);
+    let side = call(&client, "g", &check).await;
+    assert!(
+        matches!(
+            side.2,
+            Some(Serving::TokenIn {
+                prompt: Origin::Extends { call: 0, .. }
+            })
+        ),
+        "{:?}",
+        side.2
+    );
+    req.messages.push(result(&tool.id, "total 0"));
+    let next = call(&client, "g", &req).await;
+    let kept = main.0.len() + main.1.len();
+    assert!(
+        matches!(next.2, Some(Serving::TokenIn { prompt: Origin::Extends { call: 0, kept: n, .. } }) if n == kept),
+        "{:?}",
+        next.2
+    );
+    m.stop().await;
+}
