@@ -260,3 +260,54 @@ async fn a_streamed_forced_call_is_a_tool_use_block() {
         common::traj::stop(mock, agent).await;
     }
 }
+
+/// A structured-output check asked with the main conversation and a
+/// question after it (Gemini CLI's next-speaker check) is served token-in
+/// and branches off: the main chain's next call extends the main call,
+/// and the one after extends that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_structured_side_check_branches_off_the_main_chain() {
+    let session = "guided-side";
+    let (mock, agent) = start(session, vec![shell("ls"), shell("make")], Dialect::Vllm).await;
+    let h = Harness::Qwen;
+    let mut body = h.first_turn();
+    let add = |body: &mut Value, m: Value| body["messages"].as_array_mut().unwrap().push(m);
+    let first = post(&agent, session, h, &body).await;
+    let msg = first["choices"][0]["message"].clone();
+    let id = msg["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+    add(&mut body, msg);
+    let mut check = body.clone();
+    add(
+        &mut check,
+        json!({"role": "user", "content": "Who speaks next? Answer in JSON."}),
+    );
+    check["response_format"] = json!({"type": "json_object"});
+    post(&agent, session, h, &check).await;
+    add(
+        &mut body,
+        json!({"role": "tool", "tool_call_id": id, "content": "Makefile"}),
+    );
+    let second = post(&agent, session, h, &body).await;
+    let msg = second["choices"][0]["message"].clone();
+    let id = msg["tool_calls"][0]["id"].as_str().unwrap().to_owned();
+    add(&mut body, msg);
+    add(
+        &mut body,
+        json!({"role": "tool", "tool_call_id": id, "content": "ok"}),
+    );
+    post(&agent, session, h, &body).await;
+    let (records, problems) = agent.calls(session);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(records.len(), 4);
+    let serving: Vec<Value> = records
+        .iter()
+        .map(|r| serde_json::to_value(&r.backend.serving).unwrap())
+        .collect();
+    assert_eq!(serving[1]["prompt"]["kind"], "extends", "{serving:?}");
+    assert_eq!(
+        serving[2]["prompt"]["call"], 0,
+        "the main call: {serving:?}"
+    );
+    assert_eq!(serving[3]["prompt"]["call"], 2, "{serving:?}");
+    common::traj::stop(mock, agent).await;
+}
