@@ -30,7 +30,9 @@
 //! follow.
 //!
 //! A chain keeps only its latest call: a call that extends or repeats
-//! another replaces it. At most [`Chains::CAPACITY`] chains are kept per
+//! another replaces it, but for a call that may branch off
+//! ([`Chains::finish_branch`], a constrained side call), which is kept
+//! beside the call it extends. At most [`Chains::CAPACITY`] chains are kept per
 //! session; the one used longest ago goes first.
 
 use std::collections::VecDeque;
@@ -130,9 +132,11 @@ pub enum Serving {
         prompt: Origin,
     },
     /// The backend's chat endpoint rendered it: a backend without the
-    /// model's files, or a request whose output is constrained (the
-    /// token-in endpoints do not share the chat endpoint's guided
-    /// decoding), which `reason` tells.
+    /// model's files, or one of the few constrained requests a backend
+    /// with them leaves to its chat endpoint (structured output and a
+    /// forced tool choice together, a forced tool that is not offered, a
+    /// forced choice in a format whose own calls the forced JSON cannot be
+    /// told from), which `reason` tells.
     ChatEndpoint {
         /// Why, on a backend with the model's files.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -553,9 +557,38 @@ impl Chains {
         response: &[u32],
         reply: Value,
     ) -> u64 {
+        self.finish_as(r, (conv, prompt), response, reply, false)
+    }
+
+    /// [`Chains::finish`] for a call that may be a side call branching off
+    /// its chain (a constrained one: a harness's structured-output check
+    /// asked with the main conversation and a question after it): the
+    /// call it extends is kept beside it, so the main chain's next call
+    /// still extends that one; a later call that extends this one is
+    /// found first.
+    pub fn finish_branch(
+        &mut self,
+        r: &dyn Renderer,
+        conv: Asked,
+        prompt: Prompt,
+        response: &[u32],
+        reply: Value,
+    ) -> u64 {
+        self.finish_as(r, (conv, prompt), response, reply, true)
+    }
+
+    fn finish_as(
+        &mut self,
+        r: &dyn Renderer,
+        (conv, prompt): (Asked, Prompt),
+        response: &[u32],
+        reply: Value,
+        branch: bool,
+    ) -> u64 {
         let number = self.next;
         self.next += 1;
         let replaced = match prompt.origin {
+            Origin::Extends { .. } if branch => None,
             Origin::Extends { call, .. } | Origin::Repeats { call } => Some(call),
             Origin::Fresh { .. } => None,
         };

@@ -223,6 +223,55 @@ fn a_continuation_is_the_earlier_ids_then_the_new_messages_only() {
 }
 
 #[test]
+fn a_side_call_branching_off_keeps_the_main_chain() {
+    let r = ChatMl::default();
+    let kw = Map::new();
+    let mut chains = Chains::new();
+    let mut main = vec![json!({"role": "user", "content": "task"})];
+    let p = chains.prompt(&r, &conv(&main, None, &kw)).unwrap();
+    let (generated, reply) = generate(&r, "", "Step one done.", None);
+    chains.finish(&r, asked(&conv(&main, None, &kw)), p, &generated, reply);
+    main.push(json!({"role": "assistant", "content": "Step one done."}));
+    // A structured-output check asked with the main conversation and a
+    // question after it: it extends the main call, and branches off.
+    let mut check = main.clone();
+    check.push(json!({"role": "user", "content": "Who speaks next? Answer in JSON."}));
+    let p = chains.prompt(&r, &conv(&check, None, &kw)).unwrap();
+    assert!(
+        matches!(p.origin, Origin::Extends { call: 0, .. }),
+        "{:?}",
+        p.origin
+    );
+    let (generated, reply) = generate(&r, "", "{\"next\": \"model\"}", None);
+    chains.finish_branch(&r, asked(&conv(&check, None, &kw)), p, &generated, reply);
+    assert_eq!(chains.len(), 2, "the main call is kept beside the branch");
+    // The main chain goes on from its own call.
+    main.push(json!({"role": "user", "content": "Please continue."}));
+    let p = chains.prompt(&r, &conv(&main, None, &kw)).unwrap();
+    assert!(
+        matches!(p.origin, Origin::Extends { call: 0, .. }),
+        "{:?}",
+        p.origin
+    );
+    // Without branching, the check would have replaced it.
+    let mut plain = Chains::new();
+    let p = plain.prompt(&r, &conv(&main[..1], None, &kw)).unwrap();
+    let (generated, reply) = generate(&r, "", "Step one done.", None);
+    plain.finish(
+        &r,
+        asked(&conv(&main[..1], None, &kw)),
+        p,
+        &generated,
+        reply,
+    );
+    let p = plain.prompt(&r, &conv(&check, None, &kw)).unwrap();
+    let (generated, reply) = generate(&r, "", "{\"next\": \"model\"}", None);
+    plain.finish(&r, asked(&conv(&check, None, &kw)), p, &generated, reply);
+    let p = plain.prompt(&r, &conv(&main, None, &kw)).unwrap();
+    assert!(matches!(p.origin, Origin::Fresh { .. }), "{:?}", p.origin);
+}
+
+#[test]
 fn retries_new_conversations_and_edits_are_told_apart() {
     let r = ChatMl::default();
     let kw = Map::new();

@@ -13,6 +13,9 @@
 //! began are the stream's ([`crate::stream::failover`]). A request that
 //! needs constrained decoding from a backend configured without it
 //! (`constrained_decoding = false`) is refused before anything is sent.
+//! With `model_dir`, calls go token-in ([`crate::token_in`]), constrained
+//! ones too ([`crate::guided`]) but for the few the chat endpoint keeps,
+//! whose record says why.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -23,13 +26,15 @@ use http_body_util::{BodyExt, Full, Limited};
 use tracing::Instrument;
 
 use super::faithful::Faithful;
+use super::guided::Guided;
 use super::pool::Pool;
-use super::request::streams_upstream;
+use super::request::{chat_body, streams_upstream};
 use super::stream::failover::{ATTEMPT_HEADER, Failover, Resend, ResumeBase};
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
 use super::tokenize::{parse_count, tokenize_body, tokenize_path};
 use super::wire::chat_body_bytes;
 use super::{BackendConfig, InferenceError, SamplingMode};
+use polar_chat::output::OutputFormat;
 use polar_chat::{ChatRequest, ToolChoice};
 use polar_faithful::Serving;
 
@@ -107,10 +112,18 @@ impl Client {
                 feature,
             });
         }
-        if let Some(f) = &self.faithful
-            && needs_constrained_decoding(req).is_none()
-        {
-            return self.chat_token_in(session, req, mode, f.clone()).await;
+        let mut chat_endpoint_reason = None;
+        if let Some(f) = &self.faithful {
+            let chat = chat_body(&self.cfg, req, mode);
+            let format = self.cfg.output_parser.unwrap_or(OutputFormat::Qwen3);
+            match Guided::of(self.cfg.dialect, format, &chat) {
+                Ok(guided) => {
+                    return self
+                        .chat_token_in(session, req, mode, (f.clone(), &chat), guided)
+                        .await;
+                }
+                Err(why) => chat_endpoint_reason = Some(why),
+            }
         }
         let started_at = SystemTime::now();
         let waiting = Instant::now();
@@ -143,10 +156,7 @@ impl Client {
             weight_version,
             attempts,
             serving: Some(Serving::ChatEndpoint {
-                reason: self
-                    .faithful
-                    .is_some()
-                    .then(|| "constrained output: the chat endpoint's guided decoding".to_owned()),
+                reason: chat_endpoint_reason,
             }),
         };
         let resend = Resend::Chat { body, streaming };

@@ -11,8 +11,10 @@
 //! call ([`Faithful::finish`]).
 //!
 //! Requests whose output is constrained (structured output, a required or
-//! named tool choice) go through the chat endpoint, whose constrained
-//! decoding the token-in endpoints do not share: their records say so
+//! named tool choice) are served token-in too, with the constraint the
+//! chat endpoint would compile in the token-in endpoint's own fields and
+//! their output read as the chat endpoint reads it ([`crate::guided`]);
+//! the few the chat endpoint keeps say why in their records
 //! ([`polar_faithful::Serving::ChatEndpoint`]).
 //!
 //! The chains live in memory, per session, until [`Faithful::end_session`]
@@ -117,19 +119,25 @@ impl Faithful {
     }
 
     /// Ends `session`'s call asked with `conv`: its prompt, the ids it
-    /// generated and its reply.
+    /// generated and its reply. A `branch` (a constrained call, often a
+    /// harness's side check asked with the main conversation) keeps the
+    /// call it extends beside it ([`Chains::finish_branch`]).
     pub fn finish(
         &self,
         session: &str,
-        conv: Asked,
-        prompt: Prompt,
+        (conv, prompt): (Asked, Prompt),
         response: &[u32],
         reply: &Message,
+        branch: bool,
     ) {
         let reply = reply_message(reply, self.format);
         let chains = self.chains(session);
         let mut chains = chains.lock().unwrap_or_else(PoisonError::into_inner);
-        chains.finish(&self.model, conv, prompt, response, reply);
+        if branch {
+            chains.finish_branch(&self.model, conv, prompt, response, reply);
+        } else {
+            chains.finish(&self.model, conv, prompt, response, reply);
+        }
     }
 
     /// Forgets `session`'s chains.

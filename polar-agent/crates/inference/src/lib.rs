@@ -13,7 +13,8 @@
 //! - `decode`: reply parsing (the SSE framing is [`polar_sse`]).
 //! - `faithful` and `token_in`: with `model_dir`, prompts rendered here
 //!   with the model's own files and sent token-in, each session's chains
-//!   kept ([`polar_faithful`]).
+//!   kept ([`polar_faithful`]); `guided`: constrained output (structured
+//!   output, forced tool choices) on the token-in endpoints.
 //!
 //! vLLM is called with `stream: true` and `return_token_ids`, so events reach
 //! the consumer as they are generated. SGLang returns ids only without
@@ -33,6 +34,7 @@ mod config;
 mod decode;
 mod error;
 mod faithful;
+mod guided;
 mod overflow;
 mod pool;
 pub mod request;

@@ -17,11 +17,11 @@ use polar_sse::SseParser;
 use serde::Serialize;
 
 use super::decode::{ChunkDecoder, DecodeError, TokenAcc, decode_whole};
+use super::guided::Reader;
 use super::pool::{Admission, Pool};
 use super::token_in::FaithfulEnd;
 use super::{Dialect, InferenceError};
 use failover::{Continuing, Failover, Resumption};
-use polar_chat::output::OutputParser;
 use polar_chat::{ChatResponse, FinishReason, StreamEvent, Tokens};
 use polar_faithful::Serving;
 
@@ -142,7 +142,7 @@ impl ChatStream {
     pub(crate) fn token_in(
         p: StreamParts,
         ids: Vec<u32>,
-        parser: OutputParser,
+        parser: Reader,
         start: StreamEvent,
         end: FaithfulEnd,
     ) -> Self {

@@ -3,20 +3,23 @@
 //! model's context, sent to the token-in endpoint with an explicit length,
 //! and read as a [`ChatStream`] whose raw output the backend's
 //! `output_parser` parses; at the reply's end the session's chain is
-//! extended ([`FaithfulEnd`]).
+//! extended ([`FaithfulEnd`]). A constrained request carries its
+//! constraint in the token-in endpoint's fields and its output is read as
+//! the chat endpoint would read it ([`crate::guided`]).
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use rand::Rng as _;
+use serde_json::Value;
 
 use polar_chat::{ChatRequest, StreamEvent};
 use polar_faithful::{Asked, Prompt, RenderFailure};
 
 use super::client::{Client, Reached, weight_version};
 use super::faithful::Faithful;
-use super::request::chat_body;
+use super::guided::{Guided, Reader};
 use super::stream::failover::{Failover, Resend, ResumeBase, token_in_request};
 use super::stream::{BackendInfo, ChatStream, StreamParts, Timings};
 use super::{Dialect, InferenceError, SamplingMode};
@@ -30,6 +33,8 @@ pub(crate) struct FaithfulEnd {
     conv: Asked,
     prompt: Prompt,
     events: Vec<StreamEvent>,
+    /// A constrained call: it may branch off its chain.
+    branch: bool,
 }
 
 impl FaithfulEnd {
@@ -41,30 +46,38 @@ impl FaithfulEnd {
     /// The reply ended with `response` ids: the chain goes on from it.
     pub(crate) fn finish(self, response: &[u32]) {
         let reply = polar_chat::assemble(&self.events).message;
-        self.faithful
-            .finish(&self.session, self.conv, self.prompt, response, &reply);
+        self.faithful.finish(
+            &self.session,
+            (self.conv, self.prompt),
+            response,
+            &reply,
+            self.branch,
+        );
     }
 }
 
 impl Client {
     /// Calls the backend token-in with the prompt Polar renders (`f`'s
     /// model and the session's chains).
+    /// `chat` is the request's chat body ([`crate::request::chat_body`]),
+    /// `guided` its constraint ([`Guided::of`]).
     pub(crate) async fn chat_token_in(
         &self,
         session: &str,
         req: &ChatRequest,
         mode: SamplingMode,
-        f: Arc<Faithful>,
+        (f, chat): (Arc<Faithful>, &Value),
+        guided: Option<Guided>,
     ) -> Result<ChatStream, InferenceError> {
         let cfg = self.config();
         let backend = cfg.name.clone();
-        let base = ResumeBase::new(cfg, req, mode).ok_or_else(|| InferenceError::Config {
+        let base = ResumeBase::token_in(cfg, req, mode).ok_or_else(|| InferenceError::Config {
             backend: backend.clone(),
             key: "output_parser".into(),
             reason: "model_dir sends prompts as token ids: name the model's output format".into(),
         })?;
         let conv = f
-            .conversation(&chat_body(cfg, req, mode))
+            .conversation(chat)
             .map_err(|reason| InferenceError::Unrenderable {
                 backend: backend.clone(),
                 reason,
@@ -131,7 +144,11 @@ impl Client {
                     ),
                 })?;
         let dialect = cfg.dialect;
-        let body = Bytes::from(base.body(dialect, &prompt.ids, max_tokens).to_string());
+        let mut body = base.body(dialect, &prompt.ids, max_tokens);
+        if let Some(g) = &guided {
+            g.apply(dialect, &mut body);
+        }
+        let body = Bytes::from(body.to_string());
         let Reached {
             replica,
             base: url,
@@ -170,12 +187,17 @@ impl Client {
             .decode(tail)
             .is_ok_and(|t| t.trim_end().ends_with("<think>"));
         let base = base.reasoning_open(open);
-        let parser = base.parser();
+        let parser = Reader::new(base.parser(), guided.as_ref().map(Guided::shape));
         let resend = Resend::TokenIn {
             body: body.clone(),
             prompt_len: prompt_len as u32,
+            reader: Box::new(parser.clone()),
         };
-        let mut failover = Failover::new(cfg, session, resend, Some(base));
+        // A constrained reply is not resumed from its tokens: the
+        // continuation's grammar would start over at the resumption.
+        let branch = guided.is_some();
+        let resume = guided.is_none().then_some(base);
+        let mut failover = Failover::new(cfg, session, resend, resume);
         failover.note_sent_again(&failed, &info.replica);
         let start = StreamEvent::Start {
             id: format!("chatcmpl-{:032x}", rand::rng().random::<u128>()),
@@ -189,6 +211,7 @@ impl Client {
             conv,
             prompt,
             events: Vec::new(),
+            branch,
         };
         Ok(ChatStream::token_in(
             StreamParts {

@@ -46,6 +46,9 @@ pub enum ResponseFormat {
     JsonObject,
     /// `{"type": "json_schema", "json_schema": {"schema": ...}}`.
     JsonSchema(Value),
+    /// One of these strings (vLLM's `structured_outputs.choice`, token-in
+    /// only: [`crate::guided`]).
+    Choice(Vec<String>),
 }
 
 /// The request's `tool_choice`.
@@ -151,6 +154,12 @@ impl Constraint {
             Some(ResponseFormat::JsonObject) => json!({}),
             Some(ResponseFormat::JsonSchema(schema)) => {
                 value_for(schema, schema, "", 0, 0).map_err(MockError::BadRequest)?
+            }
+            Some(ResponseFormat::Choice(choices)) => {
+                return Ok(Some(Plan {
+                    text: choices.first().cloned().unwrap_or_default(),
+                    ..Plan::default()
+                }));
             }
         };
         Ok(Some(Plan {

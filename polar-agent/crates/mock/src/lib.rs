@@ -8,7 +8,9 @@
 //! - [`template`]: the ChatML-like chat template, prefix-preserving unless
 //!   switched (`strip_reasoning`, `generation_glue`);
 //! - [`constrain`]: constrained decoding imitated (`response_format` JSON
-//!   from the schema, `tool_choice`, `parallel_tool_calls`);
+//!   from the schema, `tool_choice`, `parallel_tool_calls`); [`guided`]:
+//!   the token-in endpoints' constraint fields (vLLM `structured_outputs`
+//!   and `response_format`, SGLang `sampling_params.json_schema`);
 //! - [`script`]: what the "model" answers (script file or built-in policy);
 //! - [`judge`]: what it answers a judge request of Polar's `llm_judge`
 //!   evaluator (scores from what the request's diff adds);
@@ -67,6 +69,7 @@ pub mod constrain;
 mod emit;
 pub mod forced;
 mod generate;
+pub mod guided;
 pub mod hf_tokenizer;
 pub mod judge;
 pub mod openai;

@@ -155,7 +155,8 @@ pub struct GenRequest<'a> {
     pub prompt_ids: Vec<u32>,
     /// Requested token limit.
     pub max_tokens: Option<usize>,
-    /// Structured output and tool choice (none for the token-in endpoints).
+    /// Structured output and tool choice (the token-in endpoints' have
+    /// their structured output only: [`crate::guided`]).
     pub constraint: Constraint,
 }
 

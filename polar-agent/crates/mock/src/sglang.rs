@@ -273,7 +273,10 @@ pub async fn generate(
                 .and_then(Value::as_u64)
                 .map_or(GENERATE_DEFAULT_MAX_NEW_TOKENS, |n| n as usize),
         ),
-        constraint: Constraint::default(),
+        constraint: Constraint {
+            response_format: super::guided::sglang(sampling)?,
+            ..Constraint::default()
+        },
     };
     let adm = match state.admit(gen_req).await {
         Ok(a) => a,

@@ -218,6 +218,68 @@ async fn token_in_endpoints_round_trip() {
     mock.stop().await;
 }
 
+/// The token-in endpoints take the dialect's constraint fields: the
+/// output is JSON the schema allows (the script not consulted), and a
+/// malformed or conflicting constraint is refused with 400.
+#[tokio::test]
+async fn token_in_endpoints_honour_constraints() {
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 2}}, "required": ["ok", "n"]});
+    let vllm = start(MockConfig::default()).await.unwrap();
+    let (_, tokenized) = post(&format!("{}/tokenize", vllm.url()), &chat_body(false)).await;
+    let prompt = ids(&tokenized["tokens"]);
+    let url = format!("{}/v1/completions", vllm.url());
+    for constraint in [
+        json!({"structured_outputs": {"json": schema}}),
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}),
+    ] {
+        let mut body = json!({"model": "m", "prompt": prompt, "max_tokens": 200});
+        body.as_object_mut()
+            .unwrap()
+            .extend(constraint.as_object().unwrap().clone());
+        let (status, done) = post(&url, &body).await;
+        assert_eq!(status, StatusCode::OK, "{done}");
+        let text = done["choices"][0]["text"].as_str().unwrap();
+        let v: Value = serde_json::from_str(text.trim_end_matches("<|im_end|>").trim()).unwrap();
+        assert_eq!(v, json!({"ok": false, "n": 2}), "{text}");
+    }
+    for bad in [
+        json!({"structured_outputs": {"json": schema, "regex": "a"}}),
+        json!({"structured_outputs": {"guided_json": schema}}),
+        json!({"response_format": {"type": "json_schema"}}),
+    ] {
+        let mut body = json!({"model": "m", "prompt": prompt, "max_tokens": 20});
+        body.as_object_mut()
+            .unwrap()
+            .extend(bad.as_object().unwrap().clone());
+        let (status, err) = post(&url, &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {err}");
+    }
+    vllm.stop().await;
+    let sglang = start(MockConfig {
+        dialect: Dialect::Sglang,
+        ..MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let url = format!("{}/generate", sglang.url());
+    let (status, done) = post(
+        &url,
+        &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 200, "json_schema": schema.to_string()}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{done}");
+    let text = done["text"].as_str().unwrap();
+    let v: Value = serde_json::from_str(text.trim_end_matches("<|im_end|>").trim()).unwrap();
+    assert_eq!(v, json!({"ok": false, "n": 2}), "{text}");
+    let (status, _) = post(
+        &url,
+        &json!({"input_ids": prompt, "sampling_params": {"json_schema": "{}", "ebnf": "root ::= \"a\""}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    sglang.stop().await;
+}
+
 #[tokio::test]
 async fn sglang_ids_only_without_streaming() {
     let mock = start(MockConfig {

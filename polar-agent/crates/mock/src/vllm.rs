@@ -192,7 +192,10 @@ pub async fn completions(
         facts,
         prompt_ids,
         max_tokens,
-        constraint: Constraint::default(),
+        constraint: Constraint {
+            response_format: super::guided::vllm(&req)?,
+            ..Constraint::default()
+        },
     };
     let adm = match state.admit(gen_req).await {
         Ok(a) => a,

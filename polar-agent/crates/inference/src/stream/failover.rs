@@ -28,8 +28,12 @@
 //! carry `x-polar-attempt` (2, 3, ...; backends ignore it, the mock
 //! backend leaves its scripted faults out). The parts are recorded as
 //! [`Resumption`]. Structured output and forced tool choices are not resumed
-//! token-in (their constraint would start over), nor a reply whose ids are
-//! not all known.
+//! token-in, served token-faithfully or not: the continuation would be a
+//! new request whose grammar starts at its first generated token, in the
+//! middle of the JSON the first part began, so it could not finish that
+//! JSON as the schema says; such a reply is sent again whole while none of
+//! it went out (also token-in, with its constraint), and fails with the
+//! fault after. Nor is a reply resumed whose ids are not all known.
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, header};
@@ -39,6 +43,8 @@ use serde_json::{Map, Value, json};
 
 use polar_chat::output::resync::Resync;
 use polar_chat::output::{OutputFormat, OutputOptions, OutputParser};
+
+use super::super::guided::Reader;
 use polar_chat::{ChatRequest, FinishReason, StreamEvent, ToolChoice, Usage};
 use polar_sse::SseParser;
 
@@ -71,7 +77,6 @@ impl ResumeBase {
     /// The base for `req` in `mode`; `None` when the backend names no
     /// output format or the request constrains the output.
     pub(crate) fn new(cfg: &BackendConfig, req: &ChatRequest, mode: SamplingMode) -> Option<Self> {
-        let format = cfg.output_parser?;
         let constrained = req.response_format.is_some()
             || matches!(
                 req.tool_choice,
@@ -80,6 +85,19 @@ impl ResumeBase {
         if constrained {
             return None;
         }
+        Self::token_in(cfg, req, mode)
+    }
+
+    /// The base of a token-in call of `req` in `mode`, constrained or not
+    /// (its constraint is added to the body by the caller,
+    /// [`crate::guided::Guided::apply`]); `None` when the backend names no
+    /// output format.
+    pub(crate) fn token_in(
+        cfg: &BackendConfig,
+        req: &ChatRequest,
+        mode: SamplingMode,
+    ) -> Option<Self> {
+        let format = cfg.output_parser?;
         // The chat body's own sampling fields (one place applies the policy).
         let bare = ChatRequest {
             model: req.model.clone(),
@@ -215,6 +233,8 @@ pub(crate) enum Resend {
         body: Bytes,
         /// Its prompt's length.
         prompt_len: u32,
+        /// What reads its output (a fresh one).
+        reader: Box<Reader>,
     },
 }
 
@@ -301,7 +321,9 @@ impl Failover {
         if !matches!(event, StreamEvent::Start { .. }) {
             self.output_sent = true;
         }
-        if self.resume.is_some() {
+        // A token-in reply's events are made from what was sent
+        // (`Resync::step`), resumed or not.
+        if self.resume.is_some() || matches!(self.resend, Resend::TokenIn { .. }) {
             self.resync.observe(event);
         }
     }
@@ -397,7 +419,7 @@ pub(crate) fn token_in_request(
 pub(super) struct Continuing {
     body: hyper::body::Incoming,
     sse: Option<SseParser>,
-    parser: OutputParser,
+    parser: Reader,
     prompt_len: u32,
     finished: bool,
 }
@@ -408,7 +430,7 @@ impl Continuing {
     pub(super) fn new(
         body: hyper::body::Incoming,
         dialect: Dialect,
-        parser: OutputParser,
+        parser: Reader,
         prompt_len: u32,
     ) -> Self {
         Self {
@@ -471,7 +493,6 @@ impl ChatStream {
             return Err("no failover".into());
         };
         let session = f.session.clone();
-        let resume = f.resume.clone();
         let attempt = f.attempt;
         let backend = self.info.backend.clone();
         let dialect = self.info.dialect;
@@ -497,8 +518,8 @@ impl ChatStream {
                     let Some(f) = self.failover.as_deref() else {
                         return Err("no failover".into());
                     };
-                    match (&f.resend, &resume) {
-                        (Resend::Chat { streaming, .. }, _) => {
+                    match &f.resend {
+                        Resend::Chat { streaming, .. } => {
                             self.source = if *streaming {
                                 Source::Sse(resp, SseParser::default())
                             } else {
@@ -506,17 +527,15 @@ impl ChatStream {
                             };
                             self.decoder = ChunkDecoder::new(&self.model);
                         }
-                        (Resend::TokenIn { prompt_len, .. }, Some(resume)) => {
-                            let prompt_len = *prompt_len;
+                        Resend::TokenIn {
+                            prompt_len, reader, ..
+                        } => {
                             self.source = Source::Resumed(Box::new(Continuing::new(
                                 resp,
                                 dialect,
-                                resume.parser(),
-                                prompt_len,
+                                (**reader).clone(),
+                                *prompt_len,
                             )));
-                        }
-                        (Resend::TokenIn { .. }, None) => {
-                            return Err("a token-in call names no output format".into());
                         }
                     }
                     self.whole_tokens = None;
@@ -585,7 +604,7 @@ impl ChatStream {
             if text.ends_with('\u{FFFD}') {
                 return Err("the generated ids end inside a character".into());
             }
-            let mut parser = base.parser();
+            let mut parser = Reader::new(base.parser(), None);
             parser
                 .push(&text)
                 .map_err(|e| format!("the output so far does not parse: {e}"))?;

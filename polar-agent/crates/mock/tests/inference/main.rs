@@ -22,6 +22,7 @@ use polar_mock::{self as mock, MockConfig, MockHandle, tokenizer};
 
 mod failover;
 mod faithful;
+mod guided;
 mod pool;
 mod real;
 mod tokenize;
