@@ -96,6 +96,20 @@ fn assert_one_chain(records: &[CompletionRecord], what: &str) {
         assert_eq!(s["prompt"]["kind"], "extends", "{what} call {k}: {s}");
         assert_eq!(s["prompt"]["kept"], before.len(), "{what} call {k}: {s}");
     }
+    // Prefix merging makes it one main trace: a structured or forced turn
+    // the conversation goes on from is one of its calls.
+    let traj = common::traj::build(&polar_trajectory::Builder::default(), records, what);
+    assert_eq!(traj.traces.len(), 1, "{what}: {:?}", traj.traces);
+    assert_eq!(
+        traj.traces[0].role,
+        polar_trajectory::ChainRole::Main,
+        "{what}"
+    );
+    assert!(
+        traj.traces[0].labels.is_empty(),
+        "{what}: {:?}",
+        traj.traces[0].labels
+    );
 }
 
 fn report_schema() -> Value {
@@ -309,5 +323,24 @@ async fn a_structured_side_check_branches_off_the_main_chain() {
         "the main call: {serving:?}"
     );
     assert_eq!(serving[3]["prompt"]["call"], 2, "{serving:?}");
+    // The trajectory: the main agent's three calls one main trace, the
+    // check a side trace of its own.
+    let traj = common::traj::build(&polar_trajectory::Builder::default(), &records, session);
+    let ids = |t: &polar_trajectory::Trace| t.call_ids.clone();
+    let call = |i: usize| records[i].call_id.clone();
+    let main: Vec<_> = traj
+        .traces
+        .iter()
+        .filter(|t| t.role == polar_trajectory::ChainRole::Main)
+        .collect();
+    assert_eq!(main.len(), 1, "{:?}", traj.traces);
+    assert_eq!(ids(main[0]), vec![call(0), call(2), call(3)]);
+    let side: Vec<_> = traj
+        .traces
+        .iter()
+        .filter(|t| t.role == polar_trajectory::ChainRole::Side)
+        .collect();
+    assert_eq!(side.len(), 1, "{:?}", traj.traces);
+    assert_eq!(ids(side[0]), vec![call(1)]);
     common::traj::stop(mock, agent).await;
 }

@@ -6,8 +6,12 @@
 //! (`prefix_merging`), or the calls sharing a system prompt and first user
 //! message (`per_request`, where each call is its own chain). Then:
 //!
-//! - a conversation is `side` when one of its calls asks for structured
-//!   output (a title, a router's decision), or when the session offers
+//! - a conversation is `side` when its opening call asks for structured
+//!   output (a title, a router's decision, a check asked with another
+//!   conversation: prefix merging forks such a check off that
+//!   conversation, and `per_request` groups structured calls apart; a
+//!   structured turn a conversation goes on from leaves it what it is), or
+//!   when the session offers
 //!   tools somewhere but this conversation never does (a summary, a
 //!   classifier, a quota probe);
 //! - of the others, the main one carries the session's task (a user
@@ -188,9 +192,14 @@ pub(crate) fn assign(
             .collect();
         let key = match grouping {
             Grouping::Chain => format!("chain {}", t.chain.0),
-            Grouping::Opening => match calls.first().and_then(|r| opening(&r.request)) {
-                Some(text) => format!("opening {text}"),
-                None => format!("call {i}"),
+            // A structured request sharing the main conversation's opening
+            // is a check beside it, a conversation of its own.
+            Grouping::Opening => match calls.first().map(|r| (r, opening(&r.request))) {
+                Some((r, Some(text))) if r.request.response_format.is_some() => {
+                    format!("structured {text}")
+                }
+                Some((_, Some(text))) => format!("opening {text}"),
+                _ => format!("call {i}"),
             },
         };
         let c = convos.entry(key.clone()).or_insert_with(|| {
@@ -200,9 +209,13 @@ pub(crate) fn assign(
         c.traces.push(i);
         c.calls += t.call_ids.len();
         c.offers_tools |= calls.iter().any(|r| offers_tools(&r.request));
-        c.structured |= calls.iter().any(|r| r.request.response_format.is_some());
-        // A chain's first segment names its task.
+        // A chain's first segment opens its conversation: what it asks for
+        // (structured output: a title, a check) and its task.
         let opens = grouping == Grouping::Opening || t.segment == 0;
+        c.structured |= opens
+            && calls
+                .first()
+                .is_some_and(|r| r.request.response_format.is_some());
         if opens && let (Some(want), Some(first)) = (&instruction, calls.first()) {
             c.carries_task |= names_task(&first.request, want);
         }

@@ -12,7 +12,13 @@
 //! - Siblings (calls attached to the same call, or roots with the same
 //!   prompt) compete: the one with the most descendants continues the trace
 //!   (ties: the one whose reply a later call holds, see `replies`; then the
-//!   latest). A sibling is a superseded retry only when nothing extended it,
+//!   latest). A call asking for structured output that nothing extends
+//!   never continues a trace of calls that do not: it forks a chain of its
+//!   own (a check asked with the main conversation, as Gemini CLI's
+//!   next-speaker check, is a side request beside it, not its next call
+//!   nor a retry); one the conversation goes on from is one of its calls.
+//!   A sibling is a
+//!   superseded retry only when nothing extended it,
 //!   no later call holds its reply and it holds no sibling's reply (it is a
 //!   later request, not a retry); any other losing sibling forks a new
 //!   chain.
@@ -86,6 +92,10 @@ struct Facts {
     /// Side-shaped calls (`roles::side_shaped`): no conversation that is
     /// not one continues from them.
     side: Vec<bool>,
+    /// Calls asking for structured output: one that nothing extends never
+    /// joins a trace of calls that do not (a check asked with the main
+    /// conversation branches off it, as a chain of its own).
+    structured: Vec<bool>,
 }
 
 impl Facts {
@@ -94,6 +104,14 @@ impl Facts {
     /// first is not the main chain's start).
     fn may_continue(&self, r: CallIx, b: CallIx) -> bool {
         self.side[r] || !self.side[b]
+    }
+
+    /// Whether `c` may continue its parent `p`'s trace: not when `c` asks
+    /// for structured output, `p` does not, and nothing extends `c` (a check
+    /// beside the conversation; a structured turn the conversation goes on
+    /// from is one of its calls).
+    fn joins(&self, c: CallIx, p: CallIx) -> bool {
+        !self.structured[c] || self.structured[p] || self.desc[c] > 0
     }
 }
 
@@ -107,6 +125,13 @@ impl Facts {
             .copied()
             .filter(|&c| !self.summary[c])
             .max_by_key(|&c| (self.desc[c], self.replies.used_among(c, group), c))
+    }
+
+    /// [`Facts::winner`] among the children `kids` of `p`, of those that
+    /// may continue its trace ([`Facts::joins`]).
+    fn next_of(&self, p: CallIx, kids: &[CallIx]) -> Option<CallIx> {
+        let joining: Vec<CallIx> = kids.iter().copied().filter(|&c| self.joins(c, p)).collect();
+        self.winner(&joining)
     }
 
     /// How sibling `c` of `group`, which lost to `won`, starts its trace. A
@@ -123,6 +148,11 @@ impl Facts {
     ) -> Start {
         if self.summary[c] {
             return Start::Summary { link, lcp };
+        }
+        // A structured request beside calls that are not, which nothing
+        // extends: a check branching off the conversation, never a retry.
+        if self.structured[c] && self.desc[c] == 0 && won.is_none_or(|w| !self.structured[w]) {
+            return Start::Fork { link, lcp };
         }
         let same_tokens = won.is_some_and(|w| {
             calls[w].prompt == calls[c].prompt && calls[w].response == calls[c].response
@@ -174,11 +204,19 @@ pub(super) fn assemble(
         summarized_by,
         replies,
         side: crate::roles::side_shaped(calls.iter().map(|c| &c.record.request)),
+        structured: calls
+            .iter()
+            .map(|c| c.record.request.response_format.is_some())
+            .collect(),
     };
 
     let mut plans = trace_starts(calls, matched, &children, &root_groups, &facts);
     // Follow the winners down from each start.
-    let next: Vec<Option<CallIx>> = children.iter().map(|k| facts.winner(k)).collect();
+    let next: Vec<Option<CallIx>> = children
+        .iter()
+        .enumerate()
+        .map(|(p, k)| facts.next_of(p, k))
+        .collect();
     let mut trace_of = vec![0usize; n];
     for (t, plan) in plans.iter_mut().enumerate() {
         let mut c = Some(plan.first);
@@ -317,7 +355,7 @@ fn trace_starts(
         }
     }
     for (p, kids) in children.iter().enumerate() {
-        let w = facts.winner(kids);
+        let w = facts.next_of(p, kids);
         for &c in kids.iter().filter(|&&c| Some(c) != w) {
             let lcp = match matched[c].attach {
                 Attach::Splice { diverged_at, .. } => diverged_at,

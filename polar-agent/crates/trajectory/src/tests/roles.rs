@@ -200,3 +200,90 @@ fn the_main_chain_is_found_when_the_harness_wraps_the_task() {
     assert_eq!(role_of(m0), Some(ChainRole::Main));
     assert_eq!(role_of(s0), Some(ChainRole::SubAgent));
 }
+
+/// A Gemini-CLI-like session: after a main call, a structured check asked
+/// with the main conversation (who speaks next?), then the main agent goes
+/// on from before the check; after its last call, another check.
+fn side_check_session() -> (Sim, [usize; 5]) {
+    let mut sim = Sim::new(Render::default());
+    let mut main = Convo::new("you are the agent", "fix the failing test");
+    let ask = |sim: &mut Sim, main: &Convo| {
+        let mut check = main.clone();
+        check
+            .msgs
+            .push(super::kit::Msg::User(tok("who speaks next")));
+        let k = check.step(sim, Turn::new("", "model"));
+        sim.records[k].request.response_format = Some(ResponseFormat::JsonObject);
+        k
+    };
+    let m0 = main.step(&mut sim, Turn::new("", "call ls"));
+    main.tool("a b");
+    let k0 = ask(&mut sim, &main);
+    let m1 = main.step(&mut sim, Turn::new("", "call cat"));
+    main.tool("c d");
+    let m2 = main.step(&mut sim, Turn::new("", "done"));
+    let k1 = ask(&mut sim, &main);
+    offer_tools(&mut sim, &[m0, m1, m2, k0, k1]);
+    (sim, [m0, m1, m2, k0, k1])
+}
+
+#[test]
+fn a_structured_check_asked_with_the_main_conversation_leaves_it_main() {
+    let (sim, [m0, m1, m2, k0, k1]) = side_check_session();
+    let meta = with_instruction("fix the failing test");
+    for builder in [Builder::default(), Builder::PerRequest] {
+        let traj = build(&builder, &sim.records, &meta);
+        assert_eq!(check(&traj, &sim.records), Ok(()));
+        let trace_of = |i: usize| {
+            traj.traces
+                .iter()
+                .find(|t| t.call_ids.contains(&format!("c{i}")))
+                .unwrap()
+        };
+        for m in [m0, m1, m2] {
+            assert_eq!(trace_of(m).role, ChainRole::Main, "{builder:?} c{m}");
+        }
+        for k in [k0, k1] {
+            let t = trace_of(k);
+            assert_eq!(t.call_ids, vec![format!("c{k}")], "{builder:?}");
+            assert_eq!(t.role, ChainRole::Side, "{builder:?} c{k}");
+            assert!(!t.has_label(Label::SupersededRetry), "{builder:?} c{k}");
+        }
+    }
+    // Merged, the main agent's calls are one trace.
+    let traj = build(&Builder::default(), &sim.records, &meta);
+    assert_eq!(
+        traj.traces[0].call_ids,
+        [m0, m1, m2].map(|i| format!("c{i}"))
+    );
+}
+
+#[test]
+fn a_structured_turn_the_conversation_goes_on_from_is_one_of_its_calls() {
+    let mut sim = Sim::new(Render::default());
+    let mut main = Convo::new("you are the agent", "fix the failing test");
+    let m0 = main.step(&mut sim, Turn::new("", "call ls"));
+    main.tool("a b");
+    let m1 = main.step(&mut sim, Turn::new("", "report json"));
+    sim.records[m1].request.response_format = Some(ResponseFormat::JsonObject);
+    main.tool("c d");
+    let m2 = main.step(&mut sim, Turn::new("", "done"));
+    offer_tools(&mut sim, &[m0, m1, m2]);
+    let traj = build(
+        &Builder::default(),
+        &sim.records,
+        &with_instruction("fix the failing test"),
+    );
+    assert_eq!(check(&traj, &sim.records), Ok(()));
+    assert_eq!(traj.traces.len(), 1, "{:?}", traj.traces);
+    assert_eq!(traj.traces[0].role, ChainRole::Main);
+    assert_eq!(
+        traj.traces[0].call_ids,
+        [m0, m1, m2].map(|i| format!("c{i}"))
+    );
+    assert!(
+        traj.traces[0].labels.is_empty(),
+        "{:?}",
+        traj.traces[0].labels
+    );
+}
