@@ -377,7 +377,7 @@ impl Work for HarnessWork {
         let (calls, failed_calls) = (log.calls, log.failed);
         let judge = self.judges.for_session(
             session_id.to_string(),
-            polar_capture::store::session_dir(state_dir, &session_id),
+            polar_capture::session_dir(state_dir, &session_id),
         );
         let inputs = JudgeInputs {
             judge: &judge,
@@ -521,7 +521,7 @@ struct CallsRead {
 /// transcript when `with_transcript`; nothing when there is none.
 async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
     let read = tokio::task::spawn_blocking(move || {
-        polar_capture::log::read_log(&path).map(|(records, _)| {
+        polar_capture::read_log(&path).map(|(records, _)| {
             let t = if with_transcript {
                 transcript(&records)
             } else {
@@ -563,7 +563,7 @@ impl HarnessWork {
         scored: bool,
     ) -> Result<(Option<String>, Option<String>, TokenUsage), String> {
         let a = &job.assignment;
-        let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
+        let dir = polar_capture::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
         fields.insert(
             "outcome".into(),
@@ -609,9 +609,8 @@ impl HarnessWork {
                 tracing::warn!(session = %session, error = %e, "counting the earlier attempts set apart; not recorded");
             }
         }
-        polar_capture::store::record_session_fields(&dir, session, fields)
-            .map_err(|e| e.to_string())?;
-        let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
+        polar_capture::record_session_fields(&dir, session, fields).map_err(|e| e.to_string())?;
+        let log = if dir.join(polar_capture::CALLS_FILE).is_file() {
             polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
         } else {
             return Ok((None, None, TokenUsage::default()));
