@@ -219,3 +219,7 @@ impl Recording {
         Ok(answer)
     }
 }
+
+#[cfg(test)]
+#[path = "recording_tests.rs"]
+mod tests;

@@ -123,6 +123,16 @@ pub(crate) fn has_partitions(dir: &Path) -> bool {
 /// and returned.
 pub fn read_session(dir: &Path) -> Result<SessionLog, SourceError> {
     let (records, problems) = read_log(&dir.join(CALLS_FILE))?;
+    session_with_records(dir, records, problems)
+}
+
+/// The session in `dir` whose log was read already (`records`, and the
+/// `problems` met reading it): its `session.json` read now.
+pub fn session_with_records(
+    dir: &Path,
+    records: Vec<CompletionRecord>,
+    problems: Vec<LogProblem>,
+) -> Result<SessionLog, SourceError> {
     let session_file = dir.join(SESSION_FILE);
     let json =
         match std::fs::read(&session_file) {
