@@ -26,8 +26,9 @@
 //! no inference client, no writer. `polar-capture` (the agent's writer)
 //! builds on it; `polar-export` and the rollout server read logs with it
 //! alone. Modules, each importing only those before it: `error`,
-//! `tokens_json`, `lines` (one line's kind, and the join of a call's two
-//! lines), `encode`, `read`. Tests beside each (`lines_tests` with the
+//! `layout`, `tokens_json`, `lines` (one line's kind, and the join of a
+//! call's two lines), `encode`, `read`, and `fixture` (a sample record and
+//! its two lines, for tests; feature `fixture`). Tests beside each (`lines_tests` with the
 //! property test that any record written in two parts reads back equal,
 //! `read_tests`, the encoders' byte-for-byte checks) and `tests/fuzz_seeds`.
 #![forbid(unsafe_code)]

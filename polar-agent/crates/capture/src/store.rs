@@ -229,7 +229,7 @@ pub struct CaptureStore {
 
 impl CaptureStore {
     /// The store under `<state_dir>/sessions`, after replaying into the
-    /// logs what the journals left by agents gone hold ([`super::replay`];
+    /// logs what the journals left by agents gone hold (`replay`;
     /// in either mode: an earlier run may have used the other); in
     /// [`Durability::Power`], with its own journal (segments of
     /// `journal_bytes`) and syncing thread. Blocking: waits while another
