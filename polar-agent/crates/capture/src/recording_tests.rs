@@ -2,8 +2,11 @@
 //! that fails before any reply (refused, or its backend not configured) is
 //! recorded with what it was started and fed with, at its position in the
 //! session, in both durability modes; a call whose session log cannot be
-//! opened is not started. Replies streamed from a backend are recorded in
-//! the agent's `capture_e2e`, `capture_failures` and `capture_resume`.
+//! opened is not started; a reply streamed by a mock vLLM is recorded with
+//! its token data, its request part written ahead when the request is big.
+//! Replies through the proxy, failed mid-stream and failed over are
+//! recorded in the agent's `capture_e2e`, `capture_failures` and
+//! `capture_resume`.
 
 use std::sync::Arc;
 
@@ -13,7 +16,7 @@ use super::*;
 use crate::{DEFAULT_JOURNAL_BYTES, Durability, SessionInfo, SessionRegistry};
 use polar_chat::{Api, Role};
 use polar_json::RawJson;
-use polar_record::CallStatus;
+use polar_record::{CallStatus, CompletionRecord};
 
 fn native(n: u64) -> NativeRequest {
     NativeRequest {
@@ -120,4 +123,92 @@ async fn a_call_whose_log_cannot_be_opened_is_not_started() {
     std::fs::write(&blocked, b"").unwrap();
     let err = Recording::start(&store, &s, native(0)).await.unwrap_err();
     assert!(matches!(err, LogError::Io { .. }), "{err:?}");
+}
+
+/// Drives a recording as the proxy's streamed reply does, against a mock
+/// vLLM on loopback: returns the kinds of the log's lines and its records.
+async fn streamed_call(native_bytes: usize) -> (Vec<String>, Vec<CompletionRecord>) {
+    let mock = polar_mock::start(polar_mock::MockConfig {
+        token_latency: std::time::Duration::from_millis(5),
+        ..polar_mock::MockConfig::default()
+    })
+    .await
+    .unwrap();
+    let client = polar_inference::Client::new(polar_inference::BackendConfig::new(
+        "mock",
+        polar_inference::Dialect::Vllm,
+        vec![mock.url()],
+        "polar-mock",
+    ))
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, s) = store(dir.path(), Durability::Power);
+    let mut native = native(0);
+    native.body = RawJson::from_value(&json!({"system": "x".repeat(native_bytes)}));
+    let mut rec = Recording::start(&store, &s, native).await.unwrap();
+    let mut req = request("make the demo file");
+    req.stream = true;
+    rec.set_request(req.clone());
+    let mut stream = client.chat(s.as_str(), rec.request()).await.unwrap();
+    rec.sent(false);
+    while let Some(ev) = stream.next().await {
+        let ev = ev.unwrap();
+        let finish = matches!(ev, StreamEvent::Finish { .. });
+        rec.event(ev);
+        if finish {
+            break;
+        }
+        rec.stream_tokens(&stream);
+        rec.first_output(&stream);
+    }
+    rec.stream_tokens(&stream);
+    rec.stream_done(&mut stream);
+    drop(stream);
+    let answered = rec
+        .finish_with(Outcome::Completed, |r| r.response.is_some())
+        .await
+        .unwrap();
+    assert!(answered);
+    mock.stop().await;
+    let path = store.session_dir(&s).join(polar_capture_log::CALLS_FILE);
+    let kinds = std::fs::read(&path)
+        .unwrap()
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_slice(l).unwrap();
+            v["part"].as_str().unwrap_or("whole").to_owned()
+        })
+        .collect();
+    let (records, problems) = polar_capture_log::read_log(&path).unwrap();
+    assert!(problems.is_empty(), "{problems:?}");
+    let [r] = &records[..] else {
+        panic!("{records:?}")
+    };
+    assert_eq!(r.request, req, "the normalized request is given back");
+    assert_eq!(r.status, CallStatus::Completed);
+    assert!(!r.token_ids_missing);
+    let (prompt, reply) = (
+        r.prompt_token_ids.as_ref().unwrap(),
+        r.response_token_ids.as_ref().unwrap(),
+    );
+    assert!(!prompt.is_empty() && !reply.is_empty());
+    assert_eq!(
+        r.response_logprobs.as_ref().map(Vec::len),
+        Some(reply.len())
+    );
+    assert_eq!(
+        r.response.as_ref().unwrap().usage.completion_tokens as usize,
+        reply.len()
+    );
+    (kinds, records)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_call_writes_its_request_part_ahead_when_it_is_big() {
+    let (kinds, records) = streamed_call(2 * crate::INLINE_REQUEST_BYTES).await;
+    assert_eq!(kinds, ["request", "completion"]);
+    assert!(records[0].native_request.body.as_bytes().len() > crate::INLINE_REQUEST_BYTES);
+    let (kinds, _) = streamed_call(16).await;
+    assert_eq!(kinds, ["whole"], "a small request is written whole, once");
 }
