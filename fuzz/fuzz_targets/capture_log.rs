@@ -1,5 +1,5 @@
 //! The capture-log reader that rebuilds a session's state after a crash
-//! (`polar_capture::parse_log`, the reader `polar export` uses too), on
+//! (`polar_capture_log::parse_log`, the reader the agent and `polar export` use), on
 //! any bytes: never a panic; problems in line order, each on a line that
 //! exists; a torn tail only on the last line; every record's call id
 //! unique per whole line or completion; the same answer read through a
@@ -9,7 +9,7 @@
 use std::io::BufReader;
 
 use libfuzzer_sys::fuzz_target;
-use polar_capture::{LogProblem, parse_calls, parse_log};
+use polar_capture_log::{LogProblem, parse_calls, parse_log};
 
 fuzz_target!(|data: &[u8]| {
     let (records, problems) = parse_log(data);

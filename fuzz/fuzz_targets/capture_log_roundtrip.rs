@@ -15,12 +15,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use polar_capture::encode::{
+use polar_capture_log::encode::{
     PartHead, PreEncoded, RecordParts, encode_end, encode_request_part, encode_two_parts,
 };
-use polar_capture::log::encode_line;
-use polar_capture::parse_log;
-use polar_capture::tokens_json::ReplyTokensJson;
+use polar_capture_log::{ReplyTokensJson, encode_line, parse_log};
 use polar_record::CompletionRecord;
 
 fuzz_target!(|data: &[u8]| {

@@ -47,12 +47,11 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 
 use polar_capture::GroupCommit;
-use polar_capture::build::{Draft, Produced, call_id, keep_event, now_ms};
-use polar_capture::encode::{
+use polar_capture::bench::{Draft, Journaled, LogFile, Produced, call_id, keep_event, now_ms};
+use polar_capture_log::encode::{
     PartHead, PartPrompt, PreEncoded, RecordParts, encode_end, encode_record, encode_request_part,
 };
-use polar_capture::log::{LogFile, encode_line};
-use polar_capture::tokens_json::ReplyTokensJson;
+use polar_capture_log::{ReplyTokensJson, encode_line};
 use polar_chat::provider::sse::EventJson as _;
 use polar_chat::provider::{self, Detected, StreamEncoder};
 use polar_chat::{FinishReason, StreamEvent, Tokens, Usage};
@@ -233,7 +232,7 @@ fn stage_work() {
     // journaled too, the journal synced by the syncing thread, alone here).
     let commit = GroupCommit::start(dir.path(), polar_capture::DEFAULT_JOURNAL_BYTES).unwrap();
     let nosync = Arc::new(LogFile::open(&dir.path().join("a.jsonl"), None).unwrap().0);
-    let journaled = polar_capture::log::Journaled {
+    let journaled = Journaled {
         commit,
         session: "bench".parse().unwrap(),
     };
@@ -353,10 +352,10 @@ fn stage_work() {
         let parts = parts.prompt_unchanged();
         let record = draft.finish(
             Produced {
-                events: &kept,
                 tokens,
                 ..Produced::default()
             },
+            &kept,
             None,
         );
         let built = t4.elapsed();

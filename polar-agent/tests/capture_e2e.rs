@@ -751,7 +751,7 @@ async fn calls_streamed_by_the_backend_are_logged_in_two_parts() {
     let h = Harness::Claude;
     let mut big = h.first_turn();
     big["system"][0]["text"] =
-        json!("You are Claude Code. ".repeat(polar_capture::build::INLINE_REQUEST_BYTES / 20));
+        json!("You are Claude Code. ".repeat(polar_capture::INLINE_REQUEST_BYTES / 20));
     for stream in [true, false] {
         let session = format!("parts-{stream}");
         agent.session(&session, "t");

@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_capture::log::LogProblem;
+use polar_capture::LogProblem;
 use polar_capture::read_log;
 use polar_chat::{ResponseFormat, Role};
 use polar_record::{CallStatus, CompletionRecord};

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_capture::log::read_log;
+use polar_capture::read_log;
 use polar_chat::Api;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::sandbox_run;

@@ -19,7 +19,7 @@
 use std::path::Path;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_capture::log::{LogProblem, read_log};
+use polar_capture::{LogProblem, read_log};
 use polar_chat::Api;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::{harness_dir, polar_bin, sandbox_tempdir, session_run, write_config};

@@ -27,7 +27,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_capture::log::read_log;
+use polar_capture::read_log;
 use polar_chat::Api;
 use polar_tests::harness::{
     Scenario, exported_rows, row_token_problems, run_all, served_by, served_problems,

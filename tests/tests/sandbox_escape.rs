@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_capture::log::read_log;
+use polar_capture::read_log;
 use polar_mock::{self as mock, MockConfig};
 use polar_tests::servers::Banner;
 use polar_tests::{

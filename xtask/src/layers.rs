@@ -183,10 +183,18 @@ pub const LAYERS: &[Layer] = &[
             "polar-template",
         ],
     ),
+    // The capture log's format and reader: what export and the rollout
+    // server read logs with, without the writer or the inference client.
+    row(
+        "polar-capture-log",
+        Class::Io,
+        &["polar-record", "polar-chat", "polar-json"],
+    ),
     row(
         "polar-capture",
         Class::Io,
         &[
+            "polar-capture-log",
             "polar-record",
             "polar-chat",
             "polar-json",
@@ -201,7 +209,7 @@ pub const LAYERS: &[Layer] = &[
         Class::Io,
         &[
             "polar-record",
-            "polar-capture",
+            "polar-capture-log",
             "polar-trajectory",
             "polar-chat",
             "polar-json",
@@ -340,6 +348,7 @@ pub const STABLE_ONLY: &[&str] = &[
     "polar-io",
     "polar-inference",
     "polar-mock",
+    "polar-capture-log",
     "polar-capture",
     "polar-export",
     "polar-evaluate",

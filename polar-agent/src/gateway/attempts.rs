@@ -26,7 +26,7 @@ pub const ATTEMPTS_DIR: &str = "attempts";
 /// async workers.
 pub fn set_apart(state_dir: &Path, session: &SessionId) -> std::io::Result<Option<PathBuf>> {
     let sandbox = crate::runtime::steps::SandboxDirs::of(state_dir, session).root;
-    let capture = polar_capture::store::session_dir(state_dir, session);
+    let capture = polar_capture::session_dir(state_dir, session);
     if !sandbox.exists() && !capture.exists() {
         return Ok(None);
     }
@@ -65,7 +65,7 @@ pub fn superseded(state_dir: &Path, session: &SessionId) -> std::io::Result<usiz
 /// The earlier attempt's number: its `session.json`'s `metadata.attempt`
 /// when that is free under `kept`, else the lowest free number.
 fn earlier_attempt(capture: &Path, kept: &Path) -> u64 {
-    let recorded = std::fs::read(capture.join(polar_capture::store::SESSION_FILE))
+    let recorded = std::fs::read(capture.join(polar_capture::SESSION_FILE))
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v["metadata"]["attempt"].as_u64());
@@ -93,7 +93,7 @@ mod tests {
         let ws = state.join("sandboxes/t-s0/workspace");
         std::fs::create_dir_all(&ws).unwrap();
         std::fs::write(ws.join("from-attempt-1.txt"), "x").unwrap();
-        let cap = polar_capture::store::session_dir(state, &s);
+        let cap = polar_capture::session_dir(state, &s);
         std::fs::create_dir_all(&cap).unwrap();
         std::fs::write(cap.join("calls.jsonl"), "{}\n").unwrap();
         std::fs::write(

@@ -52,7 +52,7 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// The state directory's trees of a session, by name.
 const TREES: [&str; 3] = [
     "sandboxes",
-    polar_capture::store::SESSIONS_DIR,
+    polar_capture::SESSIONS_DIR,
     super::attempts::ATTEMPTS_DIR,
 ];
 

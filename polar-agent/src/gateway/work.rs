@@ -47,7 +47,7 @@ use crate::harness::{Harness, Install, search_dirs};
 use crate::redirect::Redirect;
 use crate::runtime::eval::EvalDirs;
 use crate::runtime::plan::{Phase, Plan, StepEnd};
-use polar_capture::{CallHook, SessionInfo};
+use polar_capture::{CallHook, LogProblem, SessionInfo};
 use polar_evaluate::{
     Broken, CommandOutput, CommandRunner, DiffBase, Evaluation, Evaluator, JudgeInputs, RunError,
     SessionFacts,
@@ -58,6 +58,7 @@ use polar_export::source::SessionLog;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
 use polar_ids::SessionId;
 use polar_io::chain;
+use polar_record::CompletionRecord;
 use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{BackendHealth, SampleStatus, TokenUsage};
 use polar_spec::policy::Policy;
@@ -377,7 +378,7 @@ impl Work for HarnessWork {
         let (calls, failed_calls) = (log.calls, log.failed);
         let judge = self.judges.for_session(
             session_id.to_string(),
-            polar_capture::store::session_dir(state_dir, &session_id),
+            polar_capture::session_dir(state_dir, &session_id),
         );
         let inputs = JudgeInputs {
             judge: &judge,
@@ -465,8 +466,8 @@ impl Work for HarnessWork {
                 job,
                 &session_id,
                 (outcome, v.ended_by),
-                evaluation.as_ref(),
-                scored,
+                (evaluation.as_ref(), scored),
+                log.log,
             )
             .await
         {
@@ -501,7 +502,11 @@ impl Work for HarnessWork {
     }
 }
 
-/// What POSTRUN needs of a session's capture log.
+/// A session's capture log as read: its records and the problems met
+/// reading it.
+type ReadLog = (Vec<CompletionRecord>, Vec<LogProblem>);
+
+/// What POSTRUN needs of a session's capture log, read once.
 #[derive(Debug, Default)]
 struct CallsRead {
     /// Model calls.
@@ -515,25 +520,31 @@ struct CallsRead {
     /// The calls as the dashboard's timeline shows them, and how many
     /// there were (`timeline`).
     timeline: (Vec<Value>, usize),
+    /// The log itself, for the export: `None` when the session has none,
+    /// an error when it could not be read.
+    log: Option<Result<ReadLog, String>>,
 }
 
-/// Reads the capture log at `path` (off the async workers), and the
+/// Reads the capture log at `path` once (off the async workers), with the
 /// transcript when `with_transcript`; nothing when there is none.
 async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
     let read = tokio::task::spawn_blocking(move || {
-        polar_capture::log::read_log(&path).map(|(records, _)| {
+        if !path.is_file() {
+            return None;
+        }
+        Some(polar_capture::read_log(&path).map(|(records, problems)| {
             let t = if with_transcript {
                 transcript(&records)
             } else {
                 String::new()
             };
             let timeline = super::timeline::calls(&records);
-            (records, t, timeline)
-        })
+            (records, problems, t, timeline)
+        }))
     })
     .await;
     match read {
-        Ok(Ok((records, transcript, timeline))) => CallsRead {
+        Ok(Some(Ok((records, problems, transcript, timeline)))) => CallsRead {
             transcript,
             timeline,
             calls: records.len() as u64,
@@ -542,28 +553,37 @@ async fn read_calls(path: PathBuf, with_transcript: bool) -> CallsRead {
                 .filter(|r| matches!(r.status, polar_record::CallStatus::Failed { .. }))
                 .count() as u64,
             fault: polar_trajectory::ending_fault(&records),
+            log: Some(Ok((records, problems))),
         },
-        _ => CallsRead::default(),
+        Ok(Some(Err(e))) => CallsRead {
+            log: Some(Err(e.to_string())),
+            ..CallsRead::default()
+        },
+        Ok(None) => CallsRead::default(),
+        Err(e) => CallsRead {
+            log: Some(Err(format!("reading the capture log: {e}"))),
+            ..CallsRead::default()
+        },
     }
 }
 
 impl HarnessWork {
     /// Records the outcome in `session.json`, exports the session's calls
     /// file (unless turned off), then rebuilds the trajectory from the
-    /// capture log, with the evaluation's rewards when the sample is
-    /// `scored` (usable), and exports it: a trajectory file never exists
-    /// without its durable calls file. Returns where they went and the token
-    /// counts.
+    /// capture log (`calls`, as POSTRUN read it), with the evaluation's
+    /// rewards when the sample is `scored` (usable), and exports it: a
+    /// trajectory file never exists without its durable calls file.
+    /// Returns where they went and the token counts.
     async fn export(
         &self,
         job: &Job,
         session: &SessionId,
         (outcome, ended_by): (SessionOutcome, Option<EndedBy>),
-        evaluation: Option<&Evaluation>,
-        scored: bool,
+        (evaluation, scored): (Option<&Evaluation>, bool),
+        calls: Option<Result<ReadLog, String>>,
     ) -> Result<(Option<String>, Option<String>, TokenUsage), String> {
         let a = &job.assignment;
-        let dir = polar_capture::store::session_dir(&self.parts.config.agent.state_dir, session);
+        let dir = polar_capture::session_dir(&self.parts.config.agent.state_dir, session);
         let mut fields = Map::new();
         fields.insert(
             "outcome".into(),
@@ -609,13 +629,13 @@ impl HarnessWork {
                 tracing::warn!(session = %session, error = %e, "counting the earlier attempts set apart; not recorded");
             }
         }
-        polar_capture::store::record_session_fields(&dir, session, fields)
-            .map_err(|e| e.to_string())?;
-        let log = if dir.join(polar_capture::log::CALLS_FILE).is_file() {
-            polar_export::source::read_session(&dir).map_err(|e| e.to_string())?
-        } else {
+        polar_capture::record_session_fields(&dir, session, fields).map_err(|e| e.to_string())?;
+        let Some(calls) = calls else {
             return Ok((None, None, TokenUsage::default()));
         };
+        let (records, problems) = calls?;
+        let log = polar_export::source::session_with_records(&dir, records, problems)
+            .map_err(|e| e.to_string())?;
         let tokens = TokenUsage {
             prompt: log
                 .records

@@ -93,7 +93,7 @@ impl HarnessOutcome {
 /// The capture log of `session` under `state_dir` (the capture stage's
 /// layout).
 pub fn capture_log(state_dir: &std::path::Path, session: &SessionId) -> PathBuf {
-    polar_capture::store::session_dir(state_dir, session).join(polar_capture::log::CALLS_FILE)
+    polar_capture::session_dir(state_dir, session).join(polar_capture::CALLS_FILE)
 }
 
 /// Stops accepting the session's calls and closes its capture log.

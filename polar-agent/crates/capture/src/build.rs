@@ -7,7 +7,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::encode::{IdsFingerprint, PreEncoded};
+use polar_capture_log::encode::{IdsFingerprint, PreEncoded};
 use polar_chat::provider::{self, Side};
 use polar_chat::{ChatRequest, ChatResponse, Sampling, StreamEvent, Tokens};
 use polar_inference as inference;
@@ -36,11 +36,10 @@ pub struct Draft {
     pub received_ms: u64,
 }
 
-/// What the backend side produced, however far it got.
+/// What the backend side produced, however far it got (besides the
+/// events it yielded).
 #[derive(Debug, Default)]
-pub struct Produced<'a> {
-    /// The events yielded, in order.
-    pub events: &'a [StreamEvent],
+pub struct Produced {
     /// The token data reported.
     pub tokens: Tokens,
     /// Which backend answered, once one did.
@@ -64,14 +63,15 @@ pub fn call_id() -> String {
 }
 
 impl Draft {
-    /// The record of a call that ended as `status` (`None`: completed).
+    /// The record of a call that yielded `events` and ended as `failure`
+    /// says (`None`: completed).
     pub fn finish(
         self,
-        produced: Produced<'_>,
+        produced: Produced,
+        events: &[StreamEvent],
         failure: Option<(Side, String)>,
     ) -> CompletionRecord {
         let Produced {
-            events,
             tokens,
             backend,
             timings,
@@ -197,7 +197,7 @@ pub fn keep_event(events: &mut Vec<StreamEvent>, ev: StreamEvent) {
 
 /// A request with nothing in it (the normalized request of a call that
 /// could not be parsed).
-pub fn empty_request() -> ChatRequest {
+pub(crate) fn empty_request() -> ChatRequest {
     ChatRequest {
         model: String::new(),
         messages: Vec::new(),
@@ -220,13 +220,13 @@ pub const INLINE_REQUEST_BYTES: usize = 16 * 1024;
 
 /// Prompt ids serialized on the calling task: at most this many (about
 /// 24 KB of JSON), as for [`INLINE_REQUEST_BYTES`].
-pub const INLINE_PROMPT_IDS: usize = 4096;
+pub(crate) const INLINE_PROMPT_IDS: usize = 4096;
 
 /// A draft's native and normalized requests on loan while they are
 /// serialized: already done (a small request), or by a blocking task while
 /// the backend generates ([`Draft::encode_early`], [`Draft::restore`]).
 #[derive(Debug)]
-pub struct EarlyEncoding(Pending<(ChatRequest, PreEncoded)>);
+pub(crate) struct EarlyEncoding(Pending<(ChatRequest, PreEncoded)>);
 
 /// Work done on the calling task, or running on a blocking thread.
 #[derive(Debug)]
@@ -279,7 +279,7 @@ impl EarlyEncoding {
 /// Prompt token ids being serialized (on the calling task when there are
 /// at most [`INLINE_PROMPT_IDS`], else on a blocking thread).
 #[derive(Debug)]
-pub struct PromptEncoding(Pending<EncodedPrompt>);
+pub(crate) struct PromptEncoding(Pending<EncodedPrompt>);
 
 impl PromptEncoding {
     /// Starts serializing `ids`.
@@ -302,7 +302,7 @@ impl Draft {
     /// does not), else on a blocking task. The normalized request is lent
     /// (the draft holds an empty one until [`Draft::restore`]); the native
     /// one is shared (its body is the request's bytes).
-    pub fn encode_early(&mut self, history_added: bool) -> EarlyEncoding {
+    pub(crate) fn encode_early(&mut self, history_added: bool) -> EarlyEncoding {
         let inline = !history_added && self.native.body.as_bytes().len() <= INLINE_REQUEST_BYTES;
         let native = self.native.clone();
         let request = std::mem::replace(&mut self.request, empty_request());
@@ -313,7 +313,7 @@ impl Draft {
     }
 
     /// Takes the requests back; returns their serialized form.
-    pub async fn restore(&mut self, early: EarlyEncoding) -> PreEncoded {
+    pub(crate) async fn restore(&mut self, early: EarlyEncoding) -> PreEncoded {
         match early.finish().await {
             Some((request, pre)) => {
                 self.request = request;
@@ -406,7 +406,6 @@ mod tests {
             },
         ];
         let produced = Produced {
-            events: &events,
             tokens: Tokens {
                 prompt_token_ids: Some(vec![1, 2, 3]),
                 response_token_ids: Some((0..11).collect()),
@@ -414,7 +413,7 @@ mod tests {
             },
             ..Produced::default()
         };
-        let r = draft().finish(produced, Some((Side::Backend, "cut".into())));
+        let r = draft().finish(produced, &events, Some((Side::Backend, "cut".into())));
         let usage = r.response.map(|r| r.usage);
         assert_eq!(
             usage.map(|u| (u.prompt_tokens, u.completion_tokens)),

@@ -1,4 +1,4 @@
-//! The frames of the capture journal ([`super::journal`]): one per line
+//! The frames of the capture journal (`journal`): one per line
 //! written to a session's log, saying which file, where, and what bytes.
 //!
 //! Layout (integers little-endian):
@@ -117,7 +117,7 @@ pub fn encode(session: &SessionId, key: FileKey, offset: u64, line: &[u8]) -> Ve
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrameEnd {
     /// The input ended between frames, or only zeros follow the last one
-    /// (the space a segment was filled ahead with, [`super::journal`]).
+    /// (the space a segment was filled ahead with, `journal`).
     Clean,
     /// The frame at `offset` is cut short, or not a frame (`why`):
     /// everything from it on is ignored.

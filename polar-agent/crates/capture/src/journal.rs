@@ -56,9 +56,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use super::dir::sync_dir;
 use super::frame::MAX_FRAME;
-use super::log::{LogError, sync_dir};
 use super::owners::OwnJournal;
+use polar_capture_log::LogError;
 
 /// The journal's directory, under the state directory.
 pub const JOURNAL_DIR: &str = "capture-journal";

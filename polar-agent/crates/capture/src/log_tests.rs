@@ -5,139 +5,20 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
-
 use super::*;
 use crate::store::CaptureStore;
 use crate::{SessionInfo, SessionRegistry};
+use polar_capture_log::fixture::{record, two_parts};
+use polar_capture_log::{CALLS_FILE, LogProblem, encode_line, read_log};
 use polar_chat::Api;
-use polar_chat::{ChatRequest, ChatResponse, FinishReason, Message, Role, Sampling, Usage};
 use polar_ids::SessionId;
-use polar_record::{
-    BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Timings,
-};
-
-pub(crate) fn record(seq: u64, api: Api, text: &str) -> CompletionRecord {
-    let request = ChatRequest {
-        model: "m".into(),
-        messages: vec![Message::text(Role::User, format!("q{seq}"))],
-        tools: Vec::new(),
-        tool_choice: None,
-        response_format: None,
-        sampling: Sampling::default(),
-        stream: false,
-        extra: Default::default(),
-    };
-    CompletionRecord {
-        version: RECORD_VERSION,
-        call_id: format!("c-{seq}"),
-        seq,
-        session_id: "s-1".into(),
-        task_id: Some("t".into()),
-        policy_version: Some("w-1".into()),
-        native_request: NativeRequest {
-            api,
-            method: "POST".into(),
-            host: "api.example".into(),
-            path: "/v1/x".into(),
-            body: polar_json::RawJson::from_value(&json!({"n": seq})),
-        },
-        request,
-        response: Some(ChatResponse {
-            id: format!("r{seq}"),
-            model: "m".into(),
-            message: Message::text(Role::Assistant, text),
-            finish_reason: FinishReason::Stop,
-            usage: Usage::default(),
-            tokens: Default::default(),
-        }),
-        prompt_token_ids: Some(vec![1, 2, 3]),
-        response_token_ids: Some(vec![4, 5]),
-        response_logprobs: Some(vec![-0.5, -0.25]),
-        token_ids_missing: false,
-        finish_reason: Some(FinishReason::Stop),
-        backend: BackendInfo::default(),
-        timings: Timings::default(),
-        resumed: None,
-        status: CallStatus::Completed,
-    }
-}
+use polar_record::CompletionRecord;
 
 fn lines(records: &[CompletionRecord]) -> Vec<u8> {
     records
         .iter()
         .flat_map(|r| encode_line(r).unwrap())
         .collect()
-}
-
-#[test]
-fn round_trip_without_problems() {
-    let rs: Vec<_> = (0..3).map(|i| record(i, Api::OpenaiChat, "hi")).collect();
-    let (back, problems) = parse_log(&lines(&rs));
-    assert_eq!(back, rs);
-    assert!(problems.is_empty());
-    assert_eq!(parse_log(b""), (Vec::new(), Vec::new()));
-}
-
-#[test]
-fn torn_last_record_keeps_everything_before_it() {
-    let rs: Vec<_> = (0..3).map(|i| record(i, Api::OpenaiChat, "hi")).collect();
-    let mut bytes = lines(&rs);
-    let whole = bytes.len();
-    let third = encode_line(&record(3, Api::OpenaiChat, "torn")).unwrap();
-    for cut in [1, third.len() / 2, third.len() - 1] {
-        bytes.truncate(whole);
-        bytes.extend_from_slice(&third[..cut]);
-        let (back, problems) = parse_log(&bytes);
-        assert_eq!(back, rs, "cut at {cut}");
-        assert_eq!(
-            problems,
-            vec![LogProblem::TornTail {
-                line: 4,
-                offset: whole as u64,
-                len: cut
-            }]
-        );
-    }
-}
-
-#[test]
-fn malformed_lines_are_reported_with_positions_and_skipped() {
-    let a = encode_line(&record(0, Api::OpenaiChat, "a")).unwrap();
-    let b = encode_line(&record(1, Api::OpenaiChat, "b")).unwrap();
-    let mut bytes = a.clone();
-    bytes.extend_from_slice(b"{\"not\": \"a record\"}\n");
-    bytes.extend_from_slice(b"\n");
-    bytes.extend_from_slice(b"garbage \xff\n");
-    bytes.extend_from_slice(&b);
-    let (back, problems) = parse_log(&bytes);
-    assert_eq!(back.len(), 2);
-    assert_eq!(back[1].seq, 1);
-    assert_eq!(problems.len(), 2, "{problems:?}");
-    match &problems[0] {
-        LogProblem::Malformed { line, offset, .. } => {
-            assert_eq!((*line, *offset), (2, a.len() as u64));
-        }
-        other => panic!("{other:?}"),
-    }
-    match &problems[1] {
-        LogProblem::Malformed { line, offset, .. } => {
-            // Line 3 is blank (ignored); line 4 is the garbage.
-            assert_eq!(*line, 4);
-            assert_eq!(*offset, a.len() as u64 + 20 + 1);
-        }
-        other => panic!("{other:?}"),
-    }
-    assert!(problems[1].to_string().starts_with("line 4 (byte "));
-}
-
-#[test]
-fn read_log_reports_a_missing_file() {
-    let dir = tempfile::tempdir().unwrap();
-    assert!(matches!(
-        read_log(&dir.path().join("nope.jsonl")),
-        Err(LogError::Io { .. })
-    ));
 }
 
 #[test]
@@ -196,13 +77,15 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
         "chat calls have none"
     );
 
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(log.dir().join("session.json")).unwrap()).unwrap();
+    let meta: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(log.calls_path().with_file_name("session.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(meta["task_id"], "t-1");
     assert_eq!(meta["session_id"], "s-1");
 
     // A new store (an agent restart) with a torn record at the end.
-    let calls = log.calls_path();
+    let calls = log.calls_path().to_owned();
     drop(log);
     let mut f = std::fs::OpenOptions::new()
         .append(true)
@@ -228,9 +111,9 @@ async fn store_continues_seq_and_rebuilds_responses_history() {
 #[tokio::test]
 async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart() {
     use crate::build::Draft;
-    use crate::encode::{PartPrompt, RecordParts};
     use crate::part::RequestPartWrite;
-    use crate::tokens_json::ReplyTokensJson;
+    use polar_capture_log::ReplyTokensJson;
+    use polar_capture_log::encode::{PartPrompt, RecordParts};
 
     let dir = tempfile::tempdir().unwrap();
     let registry = Arc::new(SessionRegistry::new());
@@ -270,7 +153,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     assert_eq!(draft.request, want.request);
     assert_eq!(draft.native.path, want.native_request.path);
     // The part is in the log; the call is not a record until it ends.
-    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    let (records, problems) = read_log(log.calls_path()).unwrap();
     assert!(records.is_empty());
     assert!(
         matches!(&problems[..], [LogProblem::Unfinished { line: 1, offset: 0, call_id }] if *call_id == want.call_id),
@@ -289,7 +172,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     log.append(want.clone(), parts.prompt_unchanged(), tokens)
         .await
         .unwrap();
-    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    let (records, problems) = read_log(log.calls_path()).unwrap();
     assert!(problems.is_empty(), "{problems:?}");
     assert_eq!(records, std::slice::from_ref(&want));
     assert_eq!(
@@ -298,7 +181,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
     );
     // A call whose part was written but which never ended (a crash).
     let cut_short = record(log.next_seq(), Api::OpenaiChat, "never");
-    let (line, _) = crate::encode::tests::two_parts(&cut_short, None);
+    let (line, _) = two_parts(&cut_short, None);
     log.append_request_part(&line).unwrap();
 
     // A restart rebuilds the history from the joined record.
@@ -317,7 +200,7 @@ async fn a_request_part_written_ahead_joins_its_completion_also_after_a_restart(
         log.conversation("resp_r0").unwrap()[1].joined_text(),
         "first"
     );
-    let (records, problems) = read_log(&log.calls_path()).unwrap();
+    let (records, problems) = read_log(log.calls_path()).unwrap();
     assert_eq!(records, [want]);
     assert!(matches!(
         &problems[..],

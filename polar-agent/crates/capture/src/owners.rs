@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 
-use super::log::{LogError, sync_dir};
+use super::dir::sync_dir;
+use polar_capture_log::LogError;
 
 /// The name of the lock files: the directory set's, in the journals'
 /// root, and each journal's own.

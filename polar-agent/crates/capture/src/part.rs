@@ -1,4 +1,4 @@
-//! A call's request part (see [`super::log`]), appended to its session's
+//! A call's request part (see `polar-capture-log`), appended to its session's
 //! log while the backend generates. Once the backend's first event is in
 //! (vLLM sends the prompt token ids with it), [`RequestPartWrite::start`]
 //! spawns a task that waits for the requests' serialization
@@ -14,9 +14,9 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::build::{Draft, EarlyEncoding};
-use super::encode::{PartHead, PreEncoded, RecordParts, encode_request_part};
-use super::log::LogError;
 use super::store::SessionLog;
+use polar_capture_log::LogError;
+use polar_capture_log::encode::{PartHead, PreEncoded, RecordParts, encode_request_part};
 use polar_chat::ChatRequest;
 
 /// What the task gives back: the normalized request lent and where the big
@@ -29,7 +29,7 @@ struct Done {
 
 /// A call's request part being written.
 #[derive(Debug)]
-pub struct RequestPartWrite(JoinHandle<Option<Done>>);
+pub(crate) struct RequestPartWrite(JoinHandle<Option<Done>>);
 
 impl RequestPartWrite {
     /// Starts writing the request part of `draft`'s call to `log`, with

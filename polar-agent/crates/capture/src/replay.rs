@@ -31,11 +31,11 @@ use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
 
+use super::dir::sync_dir;
 use super::frame::{FileKey, Frame, FrameEnd, FrameReader};
 use super::journal::segments;
-use super::log::{CALLS_FILE, LogError, sync_dir};
 use super::owners::RootLock;
-use super::store::SESSIONS_DIR;
+use polar_capture_log::{CALLS_FILE, LogError, SESSIONS_DIR};
 use polar_ids::SessionId;
 use polar_io::beneath::{Dir, STRICT, open_how};
 

@@ -24,26 +24,24 @@ use serde_json::json;
 use tokio::sync::{OnceCell, oneshot};
 
 use super::build::now_ms;
-use super::encode::{RecordParts, encode_end};
+use super::dir::sync_dir;
 use super::journal::{JOURNAL_DIR, SyncFn};
-use super::log::{CALLS_FILE, Durability, Journaled, LogError, LogFile, parse_log, sync_dir};
+use super::log::{Durability, Journaled, LogFile};
 use super::owners::RootLock;
 use super::replay::{Replayed, recover};
 use super::session::{SessionInfo, SessionRegistry};
 use super::stats::{CaptureStats, Tally};
 use super::sync::GroupCommit;
-use super::tokens_json::ReplyTokensJson;
 use super::writer::LogWriter;
+use polar_capture_log::encode::{RecordParts, encode_end};
+use polar_capture_log::{
+    CALLS_FILE, LogError, ReplyTokensJson, SESSION_FILE, SESSIONS_DIR, parse_log,
+};
 use polar_chat::Api;
 use polar_chat::Message;
 use polar_chat::provider::{conversation_after, openai_responses};
 use polar_ids::SessionId;
 use polar_record::{CallStatus, CompletionRecord, RECORD_VERSION};
-
-/// Name of the session metadata file.
-pub const SESSION_FILE: &str = "session.json";
-/// The directory of the session directories, under a state directory.
-pub const SESSIONS_DIR: &str = "sessions";
 
 /// The directory of `session`'s capture log and `session.json` under
 /// `state_dir`.
@@ -114,9 +112,8 @@ impl std::fmt::Debug for CallHook {
 
 /// One session's open log.
 #[derive(Debug)]
-pub struct SessionLog {
+pub(crate) struct SessionLog {
     session: SessionId,
-    dir: PathBuf,
     file: Arc<LogFile>,
     next_seq: AtomicU64,
     responses: Mutex<ResponseIndex>,
@@ -131,14 +128,10 @@ impl SessionLog {
         &self.session
     }
 
-    /// The session's directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The path of `calls.jsonl`.
-    pub fn calls_path(&self) -> PathBuf {
-        self.dir.join(CALLS_FILE)
+    #[cfg(test)]
+    pub(crate) fn calls_path(&self) -> &Path {
+        self.file.path()
     }
 
     /// Takes the next call position of the session.
@@ -236,7 +229,7 @@ pub struct CaptureStore {
 
 impl CaptureStore {
     /// The store under `<state_dir>/sessions`, after replaying into the
-    /// logs what the journals left by agents gone hold ([`super::replay`];
+    /// logs what the journals left by agents gone hold (`replay`;
     /// in either mode: an earlier run may have used the other); in
     /// [`Durability::Power`], with its own journal (segments of
     /// `journal_bytes`) and syncing thread. Blocking: waits while another
@@ -334,7 +327,7 @@ impl CaptureStore {
     }
 
     /// `session`'s log, opened (and rebuilt from disk) on first use.
-    pub async fn session(&self, session: &SessionId) -> Result<Arc<SessionLog>, LogError> {
+    pub(crate) async fn session(&self, session: &SessionId) -> Result<Arc<SessionLog>, LogError> {
         let cell = Arc::clone(lock(&self.open).entry(session.clone()).or_default());
         cell.get_or_try_init(|| async {
             let root = self.root.clone();
@@ -415,7 +408,6 @@ fn open_session(
     }
     Ok(SessionLog {
         session,
-        dir,
         file: Arc::new(file),
         next_seq: AtomicU64::new(next),
         responses: Mutex::new(index),

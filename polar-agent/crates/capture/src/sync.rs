@@ -30,12 +30,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use tokio::sync::oneshot;
-
 use super::journal::{JOURNAL_DIR, Journal, Retired, SyncFn, Touched};
-use super::log::LogError;
 use super::owners::{OwnJournal, RootLock};
 use super::worker::{Bell, Owned, Sleeper, Worker};
+use polar_capture_log::LogError;
 
 /// What a syncing round tells a waiting line.
 pub(crate) type SyncResult = Result<(), Arc<io::Error>>;
@@ -167,11 +165,12 @@ impl GroupCommit {
     /// Registers journal position `pos` (already written); the answer
     /// comes once a sync covering it has returned. `None` when it is
     /// already durable.
-    pub(crate) fn register(&self, pos: u64) -> Option<oneshot::Receiver<SyncResult>> {
+    #[cfg(any(test, feature = "bench"))]
+    pub(crate) fn register(&self, pos: u64) -> Option<tokio::sync::oneshot::Receiver<SyncResult>> {
         if self.0.shared.journal.is_durable(pos) {
             return None;
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = tokio::sync::oneshot::channel();
         self.on_durable(
             pos,
             Box::new(move |result| {

@@ -26,14 +26,15 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use super::*;
-use crate::encode::{PartPrompt, RecordParts, encode_two_parts};
 use crate::frame::{FileKey, FrameReader, MAGIC};
 use crate::journal::{DEFAULT_JOURNAL_BYTES, JOURNAL_DIR, SyncFn, ZERO_AHEAD, segments};
-use crate::log::tests::record;
-use crate::log::{CALLS_FILE, Durability, LogFile, read_log};
+use crate::log::{Durability, LogFile};
 use crate::owners::RootLock;
 use crate::store::CaptureStore;
 use crate::{LogError, LogProblem, Replayed, SessionRegistry};
+use polar_capture_log::encode::{PartPrompt, RecordParts, encode_two_parts};
+use polar_capture_log::fixture::record;
+use polar_capture_log::{CALLS_FILE, read_log};
 use polar_chat::Api;
 use polar_ids::SessionId;
 

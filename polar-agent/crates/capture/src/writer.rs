@@ -21,8 +21,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::log::LogError;
 use super::worker::{Bell, Owned, Sleeper, Worker};
+use polar_capture_log::LogError;
 
 type Job = Box<dyn FnOnce() + Send>;
 

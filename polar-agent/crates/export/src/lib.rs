@@ -14,8 +14,9 @@
 //! (session logs), `cli` (`polar export`).
 //!
 //! The only crate that depends on `arrow-*`, `parquet` and `object_store`
-//! (checked by `cargo xtask layers`); above `polar-capture` (the logs it
-//! reads) and `polar-trajectory`; it must not know the agent (`polar
+//! (checked by `cargo xtask layers`); above `polar-capture-log` (the logs it
+//! reads; not the agent's writer, nor its inference client) and
+//! `polar-trajectory`; it must not know the agent (`polar
 //! export`'s configuration is resolved by the CLI). Tests: `tests.rs` and
 //! the agent's `tests/export/` (local, S3 against moto, pyarrow/datasets
 //! readers).

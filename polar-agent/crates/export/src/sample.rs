@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use polar_capture::encode::encode_two_parts;
+use polar_capture_log::encode_two_parts;
 use polar_chat::Api;
 use polar_chat::{
     ChatRequest, ChatResponse, FinishReason, Message, Reasoning, Role, Sampling, Tokens, Tool,

@@ -4,7 +4,7 @@
 //! (task, group, attempt, outcome, evaluation, reward; every field
 //! optional; an attempt number or count that is not a `u32` is left out
 //! with a warning). The call log is read with the capture log's own
-//! streaming reader ([`polar_capture::read_log`]), which joins a call's two
+//! streaming reader ([`polar_capture_log::read_log`]), which joins a call's two
 //! lines: a torn last line (no newline: a crash mid-write) is skipped with
 //! a warning; a malformed complete line, or a call's request part never
 //! completed, is reported with its line number and skipped; nothing
@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use polar_capture::log::{LogError, LogProblem, read_log};
+use polar_capture_log::{LogError, LogProblem, read_log};
 use polar_record::CompletionRecord;
 use polar_trajectory::{EndedBy, Rewards, SessionMeta, SessionOutcome};
 
 /// The capture layout: the sessions directory under a state directory, a
 /// session's call log and its metadata file.
-pub use polar_capture::log::CALLS_FILE;
-pub use polar_capture::store::{SESSION_FILE, SESSIONS_DIR};
+pub use polar_capture_log::CALLS_FILE;
+pub use polar_capture_log::{SESSION_FILE, SESSIONS_DIR};
 
 /// Why a session could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +123,16 @@ pub(crate) fn has_partitions(dir: &Path) -> bool {
 /// and returned.
 pub fn read_session(dir: &Path) -> Result<SessionLog, SourceError> {
     let (records, problems) = read_log(&dir.join(CALLS_FILE))?;
+    session_with_records(dir, records, problems)
+}
+
+/// The session in `dir` whose log was read already (`records`, and the
+/// `problems` met reading it): its `session.json` read now.
+pub fn session_with_records(
+    dir: &Path,
+    records: Vec<CompletionRecord>,
+    problems: Vec<LogProblem>,
+) -> Result<SessionLog, SourceError> {
     let session_file = dir.join(SESSION_FILE);
     let json =
         match std::fs::read(&session_file) {
@@ -332,7 +342,7 @@ mod tests {
     #[test]
     fn torn_tail_and_malformed_lines_are_reported() {
         let text = b"\n{not json}\n\n{\"torn\":";
-        let (records, problems) = polar_capture::parse_calls(&text[..]).unwrap();
+        let (records, problems) = polar_capture_log::parse_calls(&text[..]).unwrap();
         assert!(records.is_empty());
         assert_eq!(problems.len(), 2);
         assert!(matches!(

@@ -1,11 +1,11 @@
 //! The record of one captured model call: what the harness sent (native and
 //! normalized), what the backend answered, and the token-level data the
 //! trajectory builders need. One per call in a session's log (see
-//! `polar-capture`'s `log`: one line, or two joined by the reader).
+//! `polar-capture-log`: one line, or two joined by the reader).
 //!
 //! Pure: above `polar-chat` and `polar-json` only, so the trajectory
 //! builders read records without the capture log's I/O. Tests: the log's
-//! round-trip tests in `polar-capture`.
+//! round-trip tests in `polar-capture-log`.
 #![forbid(unsafe_code)]
 
 use serde::{Deserialize, Serialize};

@@ -14,10 +14,9 @@ use super::super::error::json_response;
 
 /// Counts a failure at the backend's side in the capture counters, by
 /// kind (`backend_timeout`, `backend_unavailable`, `overloaded`, ...).
-pub fn count_backend(log: &polar_capture::SessionLog, err: &ProviderError) {
+pub fn count_backend(stats: &polar_capture::CaptureStats, err: &ProviderError) {
     if err.side == Side::Backend {
-        log.stats()
-            .backend_error(&err.kind.to_string().replace(' ', "_"));
+        stats.backend_error(&err.kind.to_string().replace(' ', "_"));
     }
 }
 

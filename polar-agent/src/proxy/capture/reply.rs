@@ -11,42 +11,28 @@
 //!   goes away ends the backend call; that call is recorded as failed on the
 //!   harness's side.
 //!
-//! While the backend generates, the record's big parts are serialized on
-//! blocking threads (the requests from the start, the prompt ids from the
-//! first event; small ones on the spot, [`polar_capture::build::INLINE_REQUEST_BYTES`])
-//! and, when they are big, appended to the log as the call's request part
-//! ([`RequestPartWrite`]), so the end of a reply waits only for the
-//! completion's few kilobytes: serialized, written, synced. A streamed
-//! reply's token ids and logprobs are serialized as they arrive, by the
-//! task sending the events ([`ReplyTokensJson`]), and its prompt ids are
-//! not compared with the part's at the end when the stream did not set
-//! them again ([`ChatStream::prompt_ids_version`]): the completion copies
-//! the one and leaves out the other. A call whose requests were small, or
-//! whose reply came whole from the backend (all its events at once), is
-//! recorded as one whole line at its end, like a call that failed before
-//! its first event.
-
-use std::sync::Arc;
+//! The call's [`Recording`] is fed as the reply goes: every event, the
+//! backend's first output (from then on the record's big parts are
+//! written to the log while the backend generates, so the end of a reply
+//! waits only for the completion's few kilobytes), a streamed reply's
+//! token data as it arrives (serialized by the task sending the events),
+//! and the stream's end; then it is finished, and only once the record is
+//! durable do the reply's last bytes go.
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use tracing::Instrument;
 
-use polar_capture::SessionLog;
-use polar_capture::build::{Draft, EarlyEncoding, Produced, PromptEncoding, keep_event};
-use polar_capture::encode::RecordParts;
-use polar_capture::part::RequestPartWrite;
-use polar_capture::tokens_json::ReplyTokensJson;
+use polar_capture::{Outcome, Recording};
 use polar_chat::Api;
 use polar_chat::StreamEvent;
 use polar_chat::provider::{self, ErrorKind, ProviderError, ReplyOptions, Side, StreamEncoder};
 use polar_inference::{ChatStream, InferenceError};
 use polar_io::tasks::Tasks;
-use polar_record::CompletionRecord;
 
 use super::super::body::{BodySender, ProxyBody, channel};
 use super::super::error::json_response;
-use super::call::{append, record_failed};
+use super::call::{finish, finish_with, record_failed};
 use super::errors::{self, provider_error};
 
 /// Longest error text kept in a record.
@@ -54,120 +40,9 @@ const MAX_RECORDED_ERROR: usize = 2000;
 
 /// A call ready to be answered.
 pub(super) struct Call {
-    pub log: Arc<SessionLog>,
-    pub draft: Draft,
-    pub early: EarlyEncoding,
+    pub recording: Recording,
     pub api: Api,
     pub opts: ReplyOptions,
-}
-
-/// The record's big parts, serialized or written ahead.
-enum Ahead {
-    /// The requests being serialized (and the prompt ids, for a reply
-    /// that came whole): the record will be one whole line.
-    Early {
-        early: EarlyEncoding,
-        prompt: Option<PromptEncoding>,
-    },
-    /// The call's request part being written from the prompt ids of
-    /// `prompt_version`; `prompt_kept` once the stream ended with ids of
-    /// that version.
-    Part {
-        write: RequestPartWrite,
-        prompt_version: u32,
-        prompt_kept: bool,
-    },
-}
-
-impl Ahead {
-    fn new(early: EarlyEncoding) -> Self {
-        Self::Early {
-            early,
-            prompt: None,
-        }
-    }
-
-    /// After the backend's first event: starts writing the request part
-    /// with the prompt ids known now, unless the whole reply is already in
-    /// (the end is as near as the part's write) or the requests were small
-    /// enough to be serialized already ([`EarlyEncoding::is_done`]: the end
-    /// writes a few kilobytes either way, and one write costs less than
-    /// two). Then the record goes as one line, its prompt ids serialized
-    /// meanwhile.
-    fn first_event(self, log: &Arc<SessionLog>, draft: &Draft, stream: &ChatStream) -> Self {
-        let Self::Early {
-            early,
-            prompt: None,
-        } = self
-        else {
-            return self;
-        };
-        let ids = stream.prompt_token_ids().map(<[u32]>::to_vec);
-        if stream.timings().finished.is_some() || early.is_done() {
-            Self::Early {
-                early,
-                prompt: ids.map(PromptEncoding::start),
-            }
-        } else {
-            Self::Part {
-                write: RequestPartWrite::start(Arc::clone(log), draft, early, ids),
-                prompt_version: stream.prompt_ids_version(),
-                prompt_kept: false,
-            }
-        }
-    }
-
-    /// What the backend produced; the stream's token data is moved out (the
-    /// stream is done with). Notes first whether the stream's prompt ids are
-    /// still the ones the request part is written from.
-    fn produced<'a>(&mut self, stream: &mut ChatStream, events: &'a [StreamEvent]) -> Produced<'a> {
-        if let Self::Part {
-            prompt_version,
-            prompt_kept,
-            ..
-        } = self
-        {
-            *prompt_kept = *prompt_version == stream.prompt_ids_version();
-        }
-        let resumed = stream.resumed();
-        Produced {
-            events,
-            tokens: stream.take_tokens(),
-            backend: Some(stream.backend().clone()),
-            timings: Some(stream.timings().clone()),
-            backend_name: None,
-            resumed,
-        }
-    }
-
-    /// The record of the call and where its big parts are.
-    async fn record(
-        self,
-        mut draft: Draft,
-        produced: Produced<'_>,
-        failure: Option<(Side, String)>,
-    ) -> (CompletionRecord, RecordParts) {
-        let parts = match self {
-            Self::Early { early, prompt } => {
-                let mut pre = draft.restore(early).await;
-                if let Some(p) = prompt {
-                    pre.prompt_token_ids = p.finish().await;
-                }
-                RecordParts::Whole(pre)
-            }
-            Self::Part {
-                write, prompt_kept, ..
-            } => {
-                let parts = write.finish(&mut draft).await;
-                if prompt_kept {
-                    parts.prompt_unchanged()
-                } else {
-                    parts
-                }
-            }
-        };
-        (draft.finish(produced, failure), parts)
-    }
 }
 
 fn recorded_error(e: &InferenceError) -> String {
@@ -185,22 +60,16 @@ fn no_finish() -> ProviderError {
 /// Collects the reply, records it, then answers with one body.
 pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyBody> {
     let Call {
-        log,
-        draft,
-        early,
+        mut recording,
         api,
         opts,
     } = call;
-    let mut ahead = Ahead::new(early);
-    let mut events = Vec::new();
     let mut failure = None;
     while let Some(item) = stream.next().await {
         match item {
             Ok(ev) => {
-                keep_event(&mut events, ev);
-                if events.len() == 1 {
-                    ahead = ahead.first_event(&log, &draft, &stream);
-                }
+                recording.event(ev);
+                recording.first_output(&stream);
             }
             Err(e) => {
                 failure = Some(e);
@@ -208,30 +77,32 @@ pub(super) async fn whole(call: Call, mut stream: ChatStream) -> Response<ProxyB
             }
         }
     }
-    let produced = ahead.produced(&mut stream, &events);
+    recording.stream_done(&mut stream);
     drop(stream);
     if let Some(e) = failure {
-        tracing::warn!(seq = draft.seq, error = %e, "inference reply failed");
+        tracing::warn!(seq = recording.seq(), error = %e, "inference reply failed");
         let err = provider_error(&e);
-        errors::count_backend(&log, &err);
-        let failure = Some((Side::Backend, recorded_error(&e)));
-        let (record, parts) = ahead.record(draft, produced, failure).await;
-        if let Err(resp) = append(&log, record, parts, api).await {
+        errors::count_backend(recording.stats(), &err);
+        let outcome = Outcome::Failed {
+            side: Side::Backend,
+            error: recorded_error(&e),
+        };
+        if let Err(resp) = finish(recording, outcome, api).await {
             return resp;
         }
         return errors::respond(api, &err);
     }
-    let (record, parts) = ahead.record(draft, produced, None).await;
-    let body = record
-        .response
-        .as_ref()
-        .map(|r| provider::response_body(api, r, &opts));
-    if let Err(resp) = append(&log, record, parts, api).await {
-        return resp;
-    }
+    let body = finish_with(recording, Outcome::Completed, api, |record| {
+        record
+            .response
+            .as_ref()
+            .map(|r| provider::response_body(api, r, &opts))
+    })
+    .await;
     match body {
-        Some(body) => json_response(StatusCode::OK, body),
-        None => errors::respond(api, &no_finish()),
+        Ok(Some(body)) => json_response(StatusCode::OK, body),
+        Ok(None) => errors::respond(api, &no_finish()),
+        Err(resp) => resp,
     }
 }
 
@@ -261,16 +132,23 @@ pub(super) async fn streamed(
         }
     };
     if let Some((err, text)) = failed {
-        errors::count_backend(&call.log, &err);
-        tracing::warn!(seq = call.draft.seq, error = %text, "inference reply failed before its first output");
-        let mut ahead = Ahead::new(call.early);
-        let failure = Some((Side::Backend, text));
-        let produced = ahead.produced(&mut stream, &held);
-        let (record, parts) = ahead.record(call.draft, produced, failure).await;
-        if let Err(resp) = append(&call.log, record, parts, call.api).await {
+        let Call {
+            mut recording, api, ..
+        } = call;
+        errors::count_backend(recording.stats(), &err);
+        tracing::warn!(seq = recording.seq(), error = %text, "inference reply failed before its first output");
+        for ev in held {
+            recording.event(ev);
+        }
+        recording.stream_done(&mut stream);
+        let outcome = Outcome::Failed {
+            side: Side::Backend,
+            error: text,
+        };
+        if let Err(resp) = finish(recording, outcome, api).await {
             return resp;
         }
-        return errors::respond(call.api, &err);
+        return errors::respond(api, &err);
     }
     let framing = call.opts.framing;
     let (tx, body) = channel();
@@ -298,17 +176,11 @@ enum End {
 /// Sends `held` (the events already pulled), then the rest of the stream.
 async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: BodySender) {
     let Call {
-        log,
-        draft,
-        early,
+        mut recording,
         api,
         opts,
     } = call;
-    let mut ahead = Ahead::new(early);
-    let mut first_sent = false;
     let mut enc = provider::encoder(api, &opts);
-    let mut events = Vec::with_capacity(8);
-    let mut tokens = ReplyTokensJson::default();
     let mut held = held.into_iter();
     let end = loop {
         let item = match held.next() {
@@ -323,7 +195,7 @@ async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: Bo
             Some(Ok(ev)) => {
                 let bytes = enc.push(&ev);
                 let finish = matches!(ev, StreamEvent::Finish { .. });
-                keep_event(&mut events, ev);
+                recording.event(ev);
                 if finish {
                     break End::Finished(bytes);
                 }
@@ -331,28 +203,22 @@ async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: Bo
                     break End::HarnessGone;
                 }
                 // The tokens that came with the event, off the end's path.
-                let (ids, logprobs) = stream.response_tokens();
-                tokens.catch_up(ids, logprobs);
-                if !first_sent {
-                    // Once the first event's bytes are on their way.
-                    first_sent = true;
-                    ahead = ahead.first_event(&log, &draft, &stream);
-                }
+                recording.stream_tokens(&stream);
+                // Once the first event's bytes are on their way.
+                recording.first_output(&stream);
             }
             Some(Err(e)) => break End::Failed(provider_error(&e), recorded_error(&e)),
             None => break End::Failed(no_finish(), no_finish().message),
         }
     };
     // The tokens that came with the last events (usually none).
-    let (ids, logprobs) = stream.response_tokens();
-    tokens.catch_up(ids, logprobs);
-    let produced = ahead.produced(&mut stream, &events);
+    recording.stream_tokens(&stream);
+    recording.stream_done(&mut stream);
     drop(stream);
-    let seq = draft.seq;
+    let seq = recording.seq();
     match end {
         End::Finished(last) => {
-            let (record, parts) = ahead.record(draft, produced, None).await;
-            let last = match log.append(record, parts, tokens).await {
+            let last = match recording.finish(Outcome::Completed).await {
                 Ok(()) => last,
                 Err(e) => {
                     tracing::error!(seq, error = %e, "appending to the capture log failed; ending the stream with an error");
@@ -362,11 +228,13 @@ async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: Bo
             let _ = tx.send(last).await;
         }
         End::Failed(err, text) => {
-            errors::count_backend(&log, &err);
+            errors::count_backend(recording.stats(), &err);
             tracing::warn!(seq, error = %text, "inference reply failed mid-stream");
-            let failure = Some((Side::Backend, text));
-            let (record, parts) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, parts, tokens).await {
+            let outcome = Outcome::Failed {
+                side: Side::Backend,
+                error: text,
+            };
+            if let Err(e) = recording.finish(outcome).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
             let _ = tx.send(enc.error(&err)).await;
@@ -376,12 +244,11 @@ async fn pump(call: Call, mut stream: ChatStream, held: Vec<StreamEvent>, tx: Bo
                 seq,
                 "the harness closed the connection before the reply ended"
             );
-            let failure = Some((
-                Side::Harness,
-                "the harness closed the connection before the reply ended".into(),
-            ));
-            let (record, parts) = ahead.record(draft, produced, failure).await;
-            if let Err(e) = log.append(record, parts, tokens).await {
+            let outcome = Outcome::Failed {
+                side: Side::Harness,
+                error: "the harness closed the connection before the reply ended".into(),
+            };
+            if let Err(e) = recording.finish(outcome).await {
                 tracing::error!(seq, error = %e, "appending to the capture log failed");
             }
         }

@@ -1,4 +1,4 @@
-//! Reading the lines of a capture log (see [`super::log`] for the layout):
+//! Reading the lines of a capture log (see the crate's documentation for the layout):
 //! which kind a line is ([`parse_line`]), and joining a call's request part
 //! with its completion into the call's [`CompletionRecord`] ([`Joiner`]).
 //!
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Deserializer};
 
-use super::log::LogProblem;
+use crate::error::LogProblem;
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 use polar_record::{BackendInfo, CallStatus, CompletionRecord, NativeRequest, Resumed, Timings};
 

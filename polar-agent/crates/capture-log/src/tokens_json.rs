@@ -67,8 +67,7 @@ pub struct ReplyTokensJson {
 impl ReplyTokensJson {
     /// Serializes the ids and logprobs not serialized yet. `ids` and
     /// `logprobs` are the reply's lists so far (as
-    /// [`ChatStream::response_tokens`](polar_inference::ChatStream::response_tokens)
-    /// gives them): each call's lists start with the previous call's.
+    /// `polar_inference::ChatStream::response_tokens` gives them): each call's lists start with the previous call's.
     pub fn catch_up(&mut self, ids: &[u32], logprobs: &[f32]) {
         self.ids.catch_up(ids);
         self.logprobs.catch_up(logprobs);

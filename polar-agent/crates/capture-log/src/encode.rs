@@ -12,15 +12,15 @@
 //! part's ([`PartPrompt::Same`]). When no request part was written, the
 //! record goes as one whole line ([`encode_record`]: exactly the bytes
 //! `serde_json` writes for the [`CompletionRecord`] itself). See
-//! [`super::log`] for the layout and [`super::lines`] for reading it.
+//! the crate's documentation for the layout and `lines` for reading it.
 
 use serde::Serialize;
 use serde::ser::Serializer;
 use serde_json::value::{RawValue, to_raw_value};
 
-use super::lines::{COMPLETION_PART, REQUEST_PART};
-use super::log::LogError;
-use super::tokens_json::{self, ReplyTokensJson};
+use crate::error::LogError;
+use crate::lines::{COMPLETION_PART, REQUEST_PART};
+use crate::tokens_json::{self, ReplyTokensJson};
 use polar_chat::{ChatRequest, ChatResponse, FinishReason};
 use polar_record::{
     BackendInfo, CallStatus, CompletionRecord, NativeRequest, RECORD_VERSION, Resumed, Timings,
@@ -424,32 +424,20 @@ pub fn encode_end(
     }
 }
 
+/// One record as its whole log line (JSON and a newline); see
+/// [`encode_record`] for a line with parts serialized ahead and
+/// [`encode_two_parts`] for the two parts.
+pub fn encode_line(record: &CompletionRecord) -> Result<Vec<u8>, LogError> {
+    let mut line = serde_json::to_vec(record)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::log::encode_line;
+    use crate::fixture::two_parts;
     use polar_chat::Api;
-
-    /// `record` as its request part and its completion, the part holding
-    /// `part_prompt` as prompt ids.
-    pub(crate) fn two_parts(
-        record: &CompletionRecord,
-        part_prompt: Option<&[u32]>,
-    ) -> (Vec<u8>, Vec<u8>) {
-        let pre = PreEncoded::requests(&record.native_request, &record.request);
-        let head = PartHead {
-            call_id: record.call_id.clone(),
-            seq: record.seq,
-            session_id: record.session_id.clone(),
-        };
-        let part = encode_request_part(&head, &pre, part_prompt)
-            .unwrap()
-            .unwrap();
-        let ids = part_prompt.map(<[u32]>::to_vec);
-        let parts = RecordParts::InRequestPart(ids.into());
-        let end = encode_end(record, &parts, &ReplyTokensJson::default()).unwrap();
-        (part, end)
-    }
 
     fn json(line: &[u8]) -> serde_json::Value {
         assert!(line.ends_with(b"\n"));
@@ -476,7 +464,7 @@ pub(crate) mod tests {
 
     #[test]
     fn pre_encoded_lines_are_byte_identical() {
-        let mut record = crate::log::tests::record(3, Api::OpenaiResponses, "hi");
+        let mut record = crate::fixture::record(3, Api::OpenaiResponses, "hi");
         let none = ReplyTokensJson::default();
         let plain = encode_line(&record).unwrap();
         let mut pre = PreEncoded::requests(&record.native_request, &record.request);
@@ -521,7 +509,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_request_part_holds_the_big_fields_and_starts_with_its_kind() {
-        let record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         let (part, end) = two_parts(&record, Some(&[1, 2, 3]));
         assert!(part.starts_with(b"{\"part\":\"request\",\"version\":1,"));
         let p = json(&part);
@@ -558,7 +546,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_completion_carries_prompt_ids_the_part_lacks_or_differs_on() {
-        let mut record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let mut record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         // The part has none, the record has some.
         let (part, end) = two_parts(&record, None);
         assert!(json(&part).get("prompt_token_ids").is_none());
@@ -577,7 +565,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_part_known_to_hold_the_records_prompt_ids_is_not_compared() {
-        let mut record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let mut record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         let none = ReplyTokensJson::default();
         let (_, compared) = two_parts(&record, Some(&[1, 2, 3]));
         let same = RecordParts::InRequestPart(Some(vec![1, 2, 3]).into()).prompt_unchanged();
@@ -600,7 +588,7 @@ pub(crate) mod tests {
 
     #[test]
     fn token_data_serialized_while_streaming_gives_the_same_lines() {
-        let mut record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let mut record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         record.response_token_ids = Some((0..200).map(|i| i * 7919).collect());
         record.response_logprobs = Some((0..200).map(|i| -0.013 * i as f32).collect());
         let ids = record.response_token_ids.clone().unwrap();
@@ -644,7 +632,7 @@ pub(crate) mod tests {
     /// both; a line without it (older logs) reads as not resumed.
     #[test]
     fn a_resumed_call_round_trips_through_both_layouts() {
-        let mut record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let mut record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         let plain_line = encode_line(&record).unwrap();
         assert!(!String::from_utf8_lossy(&plain_line).contains("resumed"));
         record.resumed = Some(polar_record::Resumed {
@@ -657,21 +645,21 @@ pub(crate) mod tests {
         let pre = PreEncoded::requests(&record.native_request, &record.request);
         let line = encode_record(&record, &pre, &none).unwrap();
         assert_eq!(line, encode_line(&record).unwrap());
-        let (records, problems) = crate::parse_log(&line);
+        let (records, problems) = crate::read::parse_log(&line);
         assert!(problems.is_empty());
         assert_eq!(records, vec![record.clone()]);
         let (part, end) = two_parts(&record, record.prompt_token_ids.as_deref());
-        let (records, problems) = crate::parse_log(&[part, end].concat());
+        let (records, problems) = crate::read::parse_log(&[part, end].concat());
         assert!(problems.is_empty(), "{problems:?}");
         assert_eq!(records, vec![record.clone()]);
         record.resumed = None;
-        let (records, _) = crate::parse_log(&plain_line);
+        let (records, _) = crate::read::parse_log(&plain_line);
         assert_eq!(records, vec![record]);
     }
 
     #[test]
     fn two_parts_at_once_are_the_parts_written_ahead() {
-        let record = crate::log::tests::record(3, Api::OpenaiChat, "hi");
+        let record = crate::fixture::record(3, Api::OpenaiChat, "hi");
         let (part, end) = encode_two_parts(&record).unwrap();
         assert_eq!((part, end), two_parts(&record, Some(&[1, 2, 3])));
     }

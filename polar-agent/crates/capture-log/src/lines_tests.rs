@@ -6,9 +6,9 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::encode::tests::two_parts;
-use crate::log::tests::record;
-use crate::log::{encode_line, parse_log};
+use crate::encode::encode_line;
+use crate::fixture::{record, two_parts};
+use crate::read::parse_log;
 use polar_chat::Api;
 use polar_record::CallStatus;
 

@@ -7,9 +7,7 @@
 
 use std::path::Path;
 
-use polar_capture::encode::encode_two_parts;
-use polar_capture::log::encode_line;
-use polar_capture::parse_log;
+use polar_capture_log::{encode_line, encode_two_parts, parse_log};
 
 #[test]
 fn every_seed_is_a_valid_log_that_round_trips() {
