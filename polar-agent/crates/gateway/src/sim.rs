@@ -32,6 +32,9 @@ pub struct SimOutcome {
     pub run_for: Option<Duration>,
     /// Ask the server to dispatch the session again.
     pub retry: bool,
+    /// Report that this node cannot run the session (with `retry`: another
+    /// node may).
+    pub node_unfit: bool,
     /// The reported `trajectory_uri` (`sim://{node}/{session}.json` when
     /// `None`).
     pub trajectory_uri: Option<String>,
@@ -55,6 +58,7 @@ pub fn default_outcome(a: &SessionAssignment) -> SimOutcome {
         },
         run_for: None,
         retry: false,
+        node_unfit: false,
         trajectory_uri: None,
         stats: serde_json::Map::new(),
     }
@@ -238,7 +242,7 @@ impl Work for SimWork {
             stats,
             retry: outcome.retry,
             infra_fault: false,
-            node_unfit: false,
+            node_unfit: outcome.node_unfit,
         }
     }
 }

@@ -89,6 +89,8 @@ pub enum Op {
         state: SessionState,
         /// Why earlier dispatches ended.
         ended: Vec<AttemptEnd>,
+        /// The nodes that cannot run it, and why.
+        unfit: BTreeMap<String, String>,
     },
     /// A finished task and its sessions, gone.
     DeleteTask {
@@ -204,7 +206,8 @@ pub struct Session {
     /// the result's `stats.calls` supersedes them).
     live: LiveCalls,
     /// The nodes that reported they cannot run it (`node_unfit`), and why:
-    /// it is not dispatched to them again (in memory only).
+    /// it is not dispatched to them again (stored with the session, so a
+    /// restarted server remembers them).
     unfit: BTreeMap<String, String>,
 }
 
@@ -561,6 +564,7 @@ impl Scheduler {
             retries: s.retries,
             state: s.state.clone(),
             ended: s.ended.clone(),
+            unfit: s.unfit.clone(),
         });
         self.out.events.push(Event::Session {
             session_id: sid.to_owned(),

@@ -71,6 +71,10 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
         2,
         "ALTER TABLE sessions ADD COLUMN ended TEXT NOT NULL DEFAULT '[]';",
     ),
+    (
+        3,
+        "ALTER TABLE sessions ADD COLUMN unfit TEXT NOT NULL DEFAULT '{}';",
+    ),
 ];
 
 /// A database failure.
@@ -373,7 +377,8 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
         });
     }
     let mut stmt = conn.prepare(
-        "SELECT session_id, task_id, sample_index, attempts, retries, state, ended FROM sessions",
+        "SELECT session_id, task_id, sample_index, attempts, retries, state, ended, unfit \
+         FROM sessions",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok((
@@ -384,12 +389,14 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
             r.get::<_, u32>(4)?,
             r.get::<_, String>(5)?,
             r.get::<_, String>(6)?,
+            r.get::<_, String>(7)?,
         ))
     })?;
     for row in rows {
-        let (session_id, task_id, sample_index, attempts, retries, state, ended) = row?;
+        let (session_id, task_id, sample_index, attempts, retries, state, ended, unfit) = row?;
         let state: SessionState = json("session state", &state)?;
         let ended = json("ended attempts", &ended)?;
+        let unfit = json("unfit nodes", &unfit)?;
         snap.sessions.push(StoredSession {
             session_id,
             task_id,
@@ -398,6 +405,7 @@ fn load(conn: &Connection) -> Result<Snapshot, StoreError> {
             retries,
             state,
             ended,
+            unfit,
         });
     }
     Ok(snap)
@@ -542,13 +550,14 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
             retries,
             state,
             ended,
+            unfit,
         } => {
             tx.prepare_cached(
-                "INSERT INTO sessions (session_id, task_id, sample_index, attempts, retries, state_kind, state, ended)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
+                "INSERT INTO sessions (session_id, task_id, sample_index, attempts, retries, state_kind, state, ended, unfit)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
                  ON CONFLICT (session_id) DO UPDATE SET attempts = excluded.attempts,
                     retries = excluded.retries, state_kind = excluded.state_kind,
-                    state = excluded.state, ended = excluded.ended",
+                    state = excluded.state, ended = excluded.ended, unfit = excluded.unfit",
             )?
             .execute(params![
                 session_id,
@@ -559,6 +568,7 @@ fn apply(tx: &Transaction<'_>, op: &Op) -> Result<(), StoreError> {
                 state.kind().as_str(),
                 to_json(state)?,
                 to_json(ended)?,
+                to_json(unfit)?,
             ])?;
         }
         Op::DeleteTask { task_id } => {

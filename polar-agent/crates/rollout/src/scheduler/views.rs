@@ -47,6 +47,8 @@ pub struct StoredSession {
     pub state: SessionState,
     /// Why earlier dispatches ended.
     pub ended: Vec<polar_rollout_api::AttemptEnd>,
+    /// The nodes that cannot run it, and why.
+    pub unfit: BTreeMap<String, String>,
 }
 
 impl Scheduler {
@@ -307,7 +309,7 @@ impl Scheduler {
                     ended: ss.ended,
                     enqueued_at: now,
                     live: super::LiveCalls::default(),
-                    unfit: BTreeMap::new(),
+                    unfit: ss.unfit,
                 },
             );
         }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use polar_gateway::sim::{SimOutcome, default_outcome};
-use polar_rollout_types::SessionState;
+use polar_rollout_types::{SampleStatus, SessionState};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_gateway_has_its_sessions_dispatched_again() {
@@ -166,6 +166,79 @@ async fn a_restarted_server_loses_nothing() {
     reported.dedup();
     assert_eq!(reported.len(), 10);
     gw.stop().await;
+    server.shutdown().await;
+    drop(e.dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_remembers_which_nodes_cannot_run_a_session() {
+    let mut e = env();
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    e.cfg.listen = probe.local_addr().unwrap();
+    drop(probe);
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    // node-b holds one session at a time and is busy with a long one.
+    let mut b = gw_config(&server, "node-b");
+    b.max_sessions = 1;
+    b.outcome = Arc::new(|a| SimOutcome {
+        run_for: Some(if a.task_id == "long" {
+            Duration::from_millis(3000)
+        } else {
+            Duration::from_millis(10)
+        }),
+        ..default_outcome(a)
+    });
+    let gw_b = gateway(b).await;
+    c.submit(&task("long", 1)).await.unwrap();
+    until(
+        "node-b runs the long session",
+        Duration::from_secs(5),
+        || !gw_b.received().is_empty(),
+    )
+    .await;
+    // node-a cannot run anything: the session it gets waits for node-b.
+    let mut a = gw_config(&server, "node-a");
+    a.outcome = Arc::new(|a| SimOutcome {
+        status: SampleStatus::Error,
+        retry: true,
+        node_unfit: true,
+        run_for: Some(Duration::from_millis(10)),
+        ..default_outcome(a)
+    });
+    let gw_a = gateway(a).await;
+    c.submit(&task("picky", 1)).await.unwrap();
+    until(
+        "node-a reports it cannot run it",
+        Duration::from_secs(5),
+        || gw_a.reported() >= 1,
+    )
+    .await;
+    // A restart while the session waits: node-a, idle, must not get it
+    // again.
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let server = start(&e.cfg).await;
+    let c = client(&server);
+    let v = finished(&c, "picky", Duration::from_secs(30)).await;
+    assert_completed(&v, 1);
+    let to_a = gw_a
+        .received()
+        .into_iter()
+        .filter(|r| r.assignment.task_id == "picky")
+        .count();
+    assert_eq!(to_a, 1, "node-a got the session again after the restart");
+    assert!(
+        v.samples[0]
+            .ended_attempts
+            .iter()
+            .any(|x| x.node == "node-a" && x.reason.contains("cannot run")),
+        "{:?}",
+        v.samples[0].ended_attempts
+    );
+    assert_completed(&finished(&c, "long", Duration::from_secs(30)).await, 1);
+    gw_a.stop().await;
+    gw_b.stop().await;
     server.shutdown().await;
     drop(e.dir);
 }
