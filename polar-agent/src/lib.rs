@@ -24,4 +24,3 @@ pub mod signals;
 pub mod slurm;
 
 pub mod telemetry;
-pub mod tls;

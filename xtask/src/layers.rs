@@ -258,6 +258,9 @@ pub const LAYERS: &[Layer] = &[
             "polar-spec",
         ],
     ),
+    // TLS termination: the sandboxes' CA, its leaves, the rustls server
+    // side; knows nothing of the proxy behind it.
+    row("polar-tls", Class::Io, &["polar-io", "polar-wire"]),
     Layer {
         name: "polar-agent",
         class: Class::Agent,
@@ -346,6 +349,7 @@ pub const STABLE_ONLY: &[&str] = &[
     "polar-gateway",
     "polar-rollout",
     "polar-config",
+    "polar-tls",
 ];
 /// ...so must not reach these through normal or build dependencies.
 pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];

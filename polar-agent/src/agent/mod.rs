@@ -24,13 +24,13 @@ use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
 use crate::proxy::capture::{Capture, CaptureError};
 use crate::proxy::pipeline::ModelPipeline;
-use crate::tls::{
-    BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
-    ServerConfigFactory, TrustFiles, write_trust_files,
-};
 use polar_capture::{CaptureStore, SessionRegistry};
 use polar_config::{Config, HostPattern, LiveRules};
 use polar_io::tasks::Tasks;
+use polar_tls::{
+    BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
+    ServerConfigFactory, TrustFiles, write_trust_files,
+};
 
 /// Errors assembling the agent.
 #[derive(Debug, thiserror::Error)]

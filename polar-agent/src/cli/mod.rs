@@ -177,7 +177,7 @@ pub enum CliError {
     Agent(#[from] AgentError),
     /// The CA operation failed.
     #[error(transparent)]
-    Ca(#[from] crate::tls::CaError),
+    Ca(#[from] polar_tls::CaError),
     /// The cluster CA operation failed.
     #[error(transparent)]
     ClusterCa(#[from] polar_io::tls::ca::CaError),

@@ -24,9 +24,9 @@ use crate::runtime::oneshot;
 use crate::runtime::steps::SandboxDirs;
 use crate::sandbox::session::Exec;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
-use crate::tls::TrustFiles;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_tls::TrustFiles;
 
 /// Arguments of `polar sandbox run`.
 #[derive(Debug, clap::Args)]

@@ -39,9 +39,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::dns::Answers;
 use crate::listener::{Accepted, Handler};
-use crate::tls::ServerConfigFactory;
 use polar_config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use polar_ids::SessionId;
+use polar_tls::ServerConfigFactory;
 
 use self::http::HttpLimits;
 use self::pipeline::{ModelPipeline, RequestContext};

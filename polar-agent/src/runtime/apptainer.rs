@@ -109,7 +109,7 @@ impl Apptainer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::TrustFiles;
+    use polar_tls::TrustFiles;
 
     fn layout() -> Layout {
         Layout {

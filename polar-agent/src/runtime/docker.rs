@@ -392,8 +392,8 @@ impl Docker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::TrustFiles;
     use polar_spec::runtime::Mount;
+    use polar_tls::TrustFiles;
 
     fn layout() -> Layout {
         Layout {

@@ -38,8 +38,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::tls::TrustFiles;
 use polar_ids::SessionId;
+use polar_tls::TrustFiles;
 
 use polar_spec::runtime::{Mount, RuntimeKind, RuntimeSpec};
 
@@ -544,13 +544,13 @@ pub fn bundle_targets(runtime: &Runtime, spec: &RuntimeSpec) -> Vec<PathBuf> {
     match runtime {
         Runtime::Native { .. } => {
             let root = spec.rootfs.clone().unwrap_or_else(|| PathBuf::from("/"));
-            crate::tls::bundle::DISTRO_BUNDLES
+            polar_tls::bundle::DISTRO_BUNDLES
                 .iter()
                 .map(PathBuf::from)
                 .filter(|p| root.join(p.strip_prefix("/").unwrap_or(p)).is_file())
                 .collect()
         }
-        _ => crate::tls::bundle::DISTRO_BUNDLES
+        _ => polar_tls::bundle::DISTRO_BUNDLES
             .iter()
             .map(PathBuf::from)
             .collect(),

@@ -230,8 +230,8 @@ pub fn read_status(pipe: &mut std::fs::File) -> String {
 mod tests {
     use super::*;
     use crate::runtime::RootEntry;
-    use crate::tls::TrustFiles;
     use polar_spec::runtime::Mount;
+    use polar_tls::TrustFiles;
 
     fn layout() -> Layout {
         Layout {

@@ -15,9 +15,9 @@ use super::steps::SandboxDirs;
 use super::{Layout, Node, Runtime, RuntimeError, base_env, bundle_targets};
 use crate::sandbox::session::Exec;
 use crate::sandbox::uids::UidLease;
-use crate::tls::TrustFiles;
 use polar_ids::SessionId;
 use polar_spec::runtime::RuntimeSpec;
+use polar_tls::TrustFiles;
 
 /// A command ready to run in a session, and the session's directories.
 #[derive(Debug)]

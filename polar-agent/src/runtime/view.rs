@@ -321,7 +321,7 @@ mod tests {
             home: s.join("home"),
             tmp: s.join("tmp"),
             workdir: "/workspace".into(),
-            trust: Some(crate::tls::TrustFiles {
+            trust: Some(polar_tls::TrustFiles {
                 bundle: Path::new(state).join("trust/bundle.pem"),
                 ca: Path::new(state).join("trust/polar-ca.pem"),
             }),

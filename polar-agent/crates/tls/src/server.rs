@@ -92,8 +92,8 @@ impl ServerConfigFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::ca::{Ca, NameConstraintsSpec};
-    use crate::tls::leaf::LeafConfig;
+    use crate::ca::{Ca, NameConstraintsSpec};
+    use crate::leaf::LeafConfig;
 
     fn factory() -> (tempfile::TempDir, ServerConfigFactory) {
         let tmp = tempfile::tempdir().unwrap();

@@ -1,12 +1,18 @@
 //! TLS termination for intercepted model-API connections: Polar's
 //! name-constrained CA ([`ca`], [`constraints`]), the leaves it issues per
 //! SNI host or destination IP ([`leaf`]), the rustls server side that serves
-//! them ([`server`]), and the classification of a connection's first bytes
-//! that decides whether to terminate at all ([`peek`]).
+//! them ([`server`]) and the trust files a sandbox is given ([`bundle`]).
+//! Host names are normalized by `polar_wire::peek`, the same code that reads
+//! them from a ClientHello.
 //!
-//! Each submodule has its own error enum; this module only re-exports the
-//! types the listener and the `polar ca` commands use, and holds the
+//! It knows certificates and handshakes only: nothing of the proxy that
+//! reads the decrypted bytes, the redirect that brings connections here, or
+//! the sandboxes that trust the CA (they get file paths, [`TrustFiles`]).
+//!
+//! Each submodule has its own error enum; this crate root only re-exports
+//! the types the listener and the `polar ca` commands use, and holds the
 //! end-to-end handshake tests (loopback only).
+#![forbid(unsafe_code)]
 
 pub mod bundle;
 pub mod ca;
@@ -18,8 +24,6 @@ pub use bundle::{BundleError, TrustFiles, write_trust_files};
 pub use ca::{Ca, CaError, CaOptions, CaSummary};
 pub use constraints::{ConstraintsError, NameConstraintsSpec};
 pub use leaf::{LeafConfig, LeafError, LeafIssuer, LeafSubject};
-pub use polar_wire::peek;
-pub use polar_wire::peek::{ClientHelloInfo, MAX_PEEK_LEN, Peek, classify};
 pub use server::{LeafResolver, ServerConfigFactory, server_config};
 
 #[cfg(test)]

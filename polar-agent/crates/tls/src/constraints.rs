@@ -16,7 +16,7 @@ use rcgen::{CidrSubnet, GeneralSubtree, NameConstraints};
 use time::OffsetDateTime;
 use x509_parser::extensions::GeneralName;
 
-use super::peek::normalize_dns_name;
+use polar_wire::peek::normalize_dns_name;
 
 /// Errors in a name-constraints spec.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -120,7 +120,7 @@ fn write_public(path: &Path, data: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::NameConstraintsSpec;
+    use crate::NameConstraintsSpec;
 
     #[test]
     fn bundle_holds_system_roots_and_the_ca() {

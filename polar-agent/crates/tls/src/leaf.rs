@@ -23,8 +23,8 @@ use rustls::sign::CertifiedKey;
 use time::OffsetDateTime;
 
 use super::ca::Ca;
-use super::peek::normalize_dns_name;
 pub use super::server::{LeafResolver, ServerConfigFactory, server_config};
+use polar_wire::peek::normalize_dns_name;
 
 /// Errors of leaf issuance.
 #[derive(Debug, thiserror::Error)]
@@ -290,7 +290,7 @@ pub(super) fn issue_leaf(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tls::ca::NameConstraintsSpec;
+    use crate::ca::NameConstraintsSpec;
 
     pub(crate) fn test_ca(dir: &std::path::Path) -> Arc<Ca> {
         let spec = NameConstraintsSpec {
@@ -426,7 +426,7 @@ mod tests {
             dns: vec!["api.anthropic.com".into()],
             ip_ranges: vec![],
         };
-        let options = crate::tls::ca::CaOptions {
+        let options = crate::ca::CaOptions {
             validity: Duration::from_secs(3600),
             ..Default::default()
         };
