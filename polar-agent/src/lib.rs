@@ -5,19 +5,16 @@
 pub mod agent;
 
 pub mod cli;
-pub mod dns;
 
 pub mod gateway;
 pub mod harness;
 pub mod install;
 
-pub mod listener;
 pub mod metrics;
 
 pub mod netns;
 
 pub mod proxy;
-pub mod redirect;
 pub mod runtime;
 pub mod sandbox;
 pub mod signals;

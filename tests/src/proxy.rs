@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use polar_agent::agent::AgentParts;
-use polar_agent::listener::{AcceptContext, accept_loop};
 use polar_config::Config;
 use polar_io::tasks::Tasks;
+use polar_redirect::listener::{AcceptContext, accept_loop};
 use tokio_rustls::TlsConnector;
 
 /// A TLS connector trusting only the certificates in `pem` and offering the

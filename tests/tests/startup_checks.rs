@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::redirect::preflight::REQUIRED;
+use polar_redirect::preflight::REQUIRED;
 use polar_tests::polar_bin;
 
 fn run(prefix: &[&str], args: &[&str]) -> Result<Output> {

@@ -106,7 +106,8 @@ pub struct Layer {
     /// Crates of [`IO_CRATES`] this crate may name directly; every walk of
     /// the resolved graph skips these edges. For an optional dependency
     /// behind a feature that only a crate allowed to use it turns on (the
-    /// resolved graph unifies features across the workspace).
+    /// resolved graph unifies features across the workspace). The owned
+    /// rule ([`OWNED`]) lets the crate name these too.
     pub io_allowed: &'static [&'static str],
 }
 
@@ -125,7 +126,7 @@ const fn row(name: &'static str, class: Class, may_use: &'static [&'static str])
 pub const LAYERS: &[Layer] = &[
     Layer {
         // `unsafe impl aya::Pod` for the shared types, behind the `user`
-        // feature, which only polar-agent turns on.
+        // feature, which only polar-redirect turns on.
         io_allowed: &["aya"],
         ..row("polar-common", Class::Pure, &[])
     },
@@ -261,11 +262,22 @@ pub const LAYERS: &[Layer] = &[
     // TLS termination: the sandboxes' CA, its leaves, the rustls server
     // side; knows nothing of the proxy behind it.
     row("polar-tls", Class::Io, &["polar-io", "polar-wire"]),
+    // How a sandbox's connections and DNS reach the agent: the eBPF loader
+    // (its build script embeds the object), cgroups, the DNS responder and
+    // the accept loop; knows nothing of what handlers do.
+    Layer {
+        build_only: &["polar-ebpf"],
+        ..row(
+            "polar-redirect",
+            Class::Io,
+            &["polar-common", "polar-ids", "polar-io", "polar-wire"],
+        )
+    },
     Layer {
         name: "polar-agent",
         class: Class::Agent,
         may_use: Allowed::Above,
-        // Its build script embeds the eBPF object.
+        // The eBPF object, if ever, only as a build-dependency.
         build_only: &["polar-ebpf"],
         io_allowed: &[],
     },
@@ -323,8 +335,8 @@ pub const OWNED: &[Owned] = &[
     },
     Owned {
         deps: &["aya"],
-        owners: &["polar-agent", "polar-common"],
-        why: "loading eBPF programs is the agent's",
+        owners: &["polar-redirect"],
+        why: "loading eBPF programs is the redirect's",
     },
 ];
 
@@ -352,7 +364,13 @@ pub const STABLE_ONLY: &[&str] = &[
     "polar-tls",
 ];
 /// ...so must not reach these through normal or build dependencies.
-pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];
+pub const EBPF_SIDE: &[&str] = &[
+    "polar-agent",
+    "polar-redirect",
+    "polar-ebpf",
+    "aya",
+    "aya-build",
+];
 
 /// `cargo xtask layers [--write]`.
 pub fn run(write: bool) -> Result<()> {

@@ -19,7 +19,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::SessionDirectory;
 use crate::proxy::capture::{Capture, CaptureError};
@@ -27,6 +26,7 @@ use crate::proxy::pipeline::ModelPipeline;
 use polar_capture::{CaptureStore, SessionRegistry};
 use polar_config::{Config, HostPattern, LiveRules};
 use polar_io::tasks::Tasks;
+use polar_redirect::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use polar_tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
     ServerConfigFactory, TrustFiles, write_trust_files,
@@ -305,7 +305,7 @@ impl AgentParts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns::wire;
+    use polar_redirect::dns::wire;
 
     fn query(name: &str) -> Vec<u8> {
         let mut m = vec![0, 7, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];

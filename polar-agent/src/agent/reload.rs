@@ -147,11 +147,11 @@ action = "pass"
         // The DNS responder and the base-URL listener share the same rules.
         assert!(Arc::ptr_eq(&now, &parts.rules.current()));
         assert_eq!(
-            crate::dns::DnsPolicy::decide(
+            polar_redirect::dns::DnsPolicy::decide(
                 &super::super::RulesDns(parts.rules.clone()),
                 "localhost"
             ),
-            crate::dns::Resolution::Host
+            polar_redirect::dns::Resolution::Host
         );
         // A connection that took its snapshot before keeps its decision.
         assert!(model(&snapshot, "console.anthropic.com"));

@@ -18,9 +18,9 @@ use crate::agent::AgentParts;
 use crate::gateway::retention::Retention;
 use crate::gateway::work::HarnessWork;
 use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
-use crate::redirect::{Redirect, RedirectOptions, preflight};
 use crate::sandbox::SandboxError;
 use polar_export::{Destination, ExportOptions, Exporter};
+use polar_redirect::{Redirect, RedirectOptions, preflight};
 
 /// Arguments of `polar agent`.
 #[derive(Debug, clap::Args)]

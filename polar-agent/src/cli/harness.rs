@@ -15,10 +15,10 @@ use super::sandbox::SandboxRunArgs;
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, run as run_harness};
 use crate::harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
-use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use crate::runtime::plan::StepEnd;
 use crate::sandbox::SandboxError;
 use polar_ids::SessionId;
+use polar_redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use polar_spec::runtime::RuntimeSpec;
 
 /// The harness options of `polar sandbox run`.

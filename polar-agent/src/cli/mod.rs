@@ -319,7 +319,7 @@ pub fn main() -> ExitCode {
 fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Reap { dir, sandboxes } => {
-            use crate::redirect::reaper::{self, Release};
+            use polar_redirect::reaper::{self, Release};
             let agent = std::os::unix::process::parent_id();
             let (release, reaped) = reaper::run(&dir);
             let reaped = reaped.map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())));

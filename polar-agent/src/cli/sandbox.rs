@@ -16,16 +16,16 @@ use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
 use crate::agent::AgentParts;
-use crate::dns::{FakeIps, InterceptAll, Resolver};
 use crate::harness::run::release_dirs;
-use crate::listener::LogHandler;
-use crate::redirect::preflight;
 use crate::runtime::oneshot;
 use crate::runtime::steps::SandboxDirs;
 use crate::sandbox::session::Exec;
 use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_redirect::dns::{FakeIps, InterceptAll, Resolver};
+use polar_redirect::listener::LogHandler;
+use polar_redirect::preflight;
 use polar_tls::TrustFiles;
 
 /// Arguments of `polar sandbox run`.

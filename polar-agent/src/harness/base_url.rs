@@ -17,11 +17,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::listener::{Accepted, Handler};
 use crate::proxy::Proxy;
 use crate::proxy::base_url::{BaseUrlSource, SessionDirectory};
 use polar_config::LiveRules;
 use polar_ids::SessionId;
+use polar_redirect::listener::{Accepted, Handler};
 
 /// The base-URL address used when the configuration names none.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8787";

@@ -22,7 +22,6 @@ use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
 use super::presets::setup;
 use super::{Harness, HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
-use crate::redirect::Redirect;
 use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
 use crate::runtime::steps::SandboxDirs;
 use crate::runtime::{Layout, Runtime};
@@ -32,6 +31,7 @@ use crate::sandbox::session::{SandboxSession, SessionOptions};
 use crate::sandbox::uids::UidLease;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_redirect::Redirect;
 use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 
 /// A harness session to run.
@@ -721,7 +721,7 @@ async fn stop_runtime(plan: &Plan<'_>, stop: &CancellationToken) -> Option<StepR
             // path (hybrid hosts), which the engine leaves behind.
             if let Some(rel) = container_cgroup(plan.session) {
                 let removed = tokio::task::spawn_blocking(move || {
-                    crate::redirect::cgroup::remove_v1_mirrors(&rel, Duration::from_secs(5));
+                    polar_redirect::cgroup::remove_v1_mirrors(&rel, Duration::from_secs(5));
                 })
                 .await;
                 if let Err(e) = removed {

@@ -13,9 +13,9 @@ use polar_metrics::Text;
 use crate::proxy::ProxyStats;
 use crate::proxy::error::NamedBy;
 use crate::proxy::shares::Cap;
-use crate::redirect::RedirectStats;
 use polar_capture::CaptureStats;
 use polar_export::ExportCounters;
+use polar_redirect::RedirectStats;
 
 /// What the agent's page is made of; absent parts are left out.
 #[derive(Debug, Default, Clone, Copy)]

@@ -5,7 +5,7 @@
 //!
 //! - a route whose `host` is a name (`registry.npmjs.org`, or a wildcard
 //!   `*.example.com`) relays only to an address the name the connection
-//!   sent resolves to on the node ([`crate::dns::Answers`]: the answers the
+//!   sent resolves to on the node ([`polar_redirect::dns::Answers`]: the answers the
 //!   agent's DNS gave the sandbox, or the agent's own lookup), or to one of
 //!   the route's `addresses`;
 //! - a route whose `host` is an IP literal relays only to that address (or

@@ -37,10 +37,10 @@ use std::time::Duration;
 
 use tokio_rustls::TlsAcceptor;
 
-use crate::dns::Answers;
-use crate::listener::{Accepted, Handler};
 use polar_config::{Config, Decision, Ipv4Cidr, LiveRules, RouteAction, Rules};
 use polar_ids::SessionId;
+use polar_redirect::dns::Answers;
+use polar_redirect::listener::{Accepted, Handler};
 use polar_tls::ServerConfigFactory;
 
 use self::http::HttpLimits;
@@ -156,7 +156,7 @@ impl Proxy {
     }
 
     /// What the node's resolver answered for passed names: the DNS
-    /// responder records into it ([`crate::dns::Resolver::recording`]).
+    /// responder records into it ([`polar_redirect::dns::Resolver::recording`]).
     pub fn answers(&self) -> &Arc<Answers> {
         &self.answers
     }

@@ -39,7 +39,7 @@ pub enum LeftoverError {
     NoCgroup(PathBuf),
     /// The cgroup v2 hierarchy was not found.
     #[error(transparent)]
-    Mount(#[from] crate::redirect::cgroup::CgroupError),
+    Mount(#[from] polar_redirect::cgroup::CgroupError),
     /// Processes kept coming back.
     #[error("{0} processes still left after {ROUNDS} rounds of killing")]
     KeptComing(usize),
@@ -121,7 +121,7 @@ fn procs_below(dir: &Path, out: &mut Vec<u32>) -> Result<(), LeftoverError> {
 /// Kills what commands left in the container whose init has the host pid
 /// `init`. Blocks. How many processes were killed.
 pub fn reap(init: u32) -> Result<usize, LeftoverError> {
-    let mount = crate::redirect::cgroup::Cgroup2Mount::find()?;
+    let mount = polar_redirect::cgroup::Cgroup2Mount::find()?;
     let cgroup_file = PathBuf::from(format!("/proc/{init}/cgroup"));
     let dir = cgroup_dir(&read(&cgroup_file)?, &mount.mount_point, &mount.root)
         .ok_or(LeftoverError::NoCgroup(cgroup_file))?;

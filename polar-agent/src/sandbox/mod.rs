@@ -16,12 +16,12 @@ use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dns::{self, Resolver};
-use crate::listener::{self, Handler};
 use crate::netns::{IsolatedNet, NetnsError, Sockets};
-use crate::redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
 use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
+use polar_redirect::dns::{self, Resolver};
+use polar_redirect::listener::{self, Handler};
+use polar_redirect::{Redirect, RedirectError, RedirectOptions, SessionTarget};
 
 /// The network of a sandbox.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

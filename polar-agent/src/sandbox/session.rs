@@ -16,11 +16,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::process::{self, Isolation, Launch};
 use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
-use crate::dns::Resolver;
-use crate::listener::Handler;
-use crate::redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
 use crate::sandbox::limits::{Enforced, LimitGroups};
 use polar_ids::SessionId;
+use polar_redirect::dns::Resolver;
+use polar_redirect::listener::Handler;
+use polar_redirect::{CgroupDir, Redirect, RedirectError, SessionCgroup};
 use polar_spec::runtime::Limits;
 
 /// How a session is opened.

@@ -60,6 +60,26 @@ pub enum LoadError {
     /// The cgroup directory could not be opened.
     #[error("opening cgroup {0}: {1}")]
     Cgroup(String, #[source] std::io::Error),
+    /// The kernel's list of loaded programs could not be read.
+    #[error("{0}")]
+    List(#[source] aya::programs::ProgramError),
+}
+
+/// The BPF programs loaded in the kernel (by any process) whose names start
+/// with `prefix`, as (program id, name); programs without a readable name are
+/// left out.
+pub fn loaded_programs_named(prefix: &str) -> Result<Vec<(u32, String)>, LoadError> {
+    let mut found = Vec::new();
+    for info in aya::programs::loaded_programs() {
+        let info = info.map_err(LoadError::List)?;
+        let Some(name) = info.name_as_str() else {
+            continue;
+        };
+        if name.starts_with(prefix) {
+            found.push((info.id(), name.to_owned()));
+        }
+    }
+    Ok(found)
 }
 
 /// The hex SHA-256 of the embedded object, logged at load.

@@ -8,8 +8,20 @@
 //! reaper) removes the subtree, killing what is left in it, if the agent dies
 //! without cleaning up; the programs themselves are held by BPF links of the
 //! agent process and detach when it exits.
+//!
+//! With the redirect live here the two other ends of the path it sets up: the
+//! DNS responder that answers a sandbox's queries with fake addresses
+//! ([`dns`]) and the accept loop that asks the redirect where each connection
+//! was going and hands it to a [`listener::Handler`] ([`listener`]).
+//!
+//! This crate owns `aya` and the build script that embeds the eBPF object. It
+//! knows nothing of what a handler does with a connection (TLS, the proxy),
+//! of sandboxes beyond their cgroup directories, or of the configuration file.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod cgroup;
+pub mod dns;
+pub mod listener;
 pub mod loader;
 pub mod preflight;
 pub mod reaper;

@@ -14,8 +14,8 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
+use crate::Redirect;
 use crate::dns::FakeIps;
-use crate::redirect::Redirect;
 use polar_ids::{OrigDst, SessionId};
 use polar_io::tasks::Tasks;
 
