@@ -12,12 +12,7 @@ pub mod install;
 
 pub mod metrics;
 
-pub mod netns;
-
 pub mod proxy;
-pub mod runtime;
-pub mod sandbox;
-pub mod signals;
 pub mod slurm;
 
 pub mod telemetry;

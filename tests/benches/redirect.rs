@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::netns::Sockets;
-use polar_agent::sandbox::process::{Launch, spawn};
 use polar_redirect::{Redirect, RedirectOptions, SessionTarget};
+use polar_sandbox::netns::Sockets;
+use polar_sandbox::process::{Launch, spawn};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex;
 

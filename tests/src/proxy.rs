@@ -58,7 +58,7 @@ impl ProxyHarness {
         );
         let parts = AgentParts::build(Config::from_toml_str(&text)?)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        polar_agent::netns::deep_backlog(&listener)?;
+        polar_sandbox::netns::deep_backlog(&listener)?;
         let addr = listener.local_addr()?;
         let tasks = Tasks::new();
         let ctx = Arc::new(AcceptContext {

@@ -273,6 +273,22 @@ pub const LAYERS: &[Layer] = &[
             &["polar-common", "polar-ids", "polar-io", "polar-wire"],
         )
     },
+    // Sandbox sessions and the runtimes in them: cgroups, limits, seccomp,
+    // uids, network namespaces, bwrap, Docker, Apptainer; connections go to
+    // the caller's handler, so it knows nothing of the proxy.
+    row(
+        "polar-sandbox",
+        Class::Io,
+        &[
+            "polar-config",
+            "polar-evaluate",
+            "polar-ids",
+            "polar-io",
+            "polar-redirect",
+            "polar-spec",
+            "polar-tls",
+        ],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,

@@ -66,7 +66,7 @@ pub enum AgentError {
     StateDir(#[from] StateDirError),
     /// The sandboxes' uid range holds the node's users or is too small.
     #[error(transparent)]
-    Uids(#[from] crate::sandbox::uids::UidError),
+    Uids(#[from] polar_sandbox::uids::UidError),
     /// A reload changed the backends, which are read only at start.
     #[error(
         "reload refused: the [[backend]] list changed, and backends are set up only at start; \
@@ -194,7 +194,7 @@ impl AgentParts {
         // directory found safe to use).
         check_state_dir(&config.agent.state_dir)?;
         // Every sandbox runs as a uid of this range: none may be the node's.
-        crate::sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, 1)?;
+        polar_sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, 1)?;
         let (store, replayed) = CaptureStore::open(
             &config.agent.state_dir,
             config.agent.capture_durability,
@@ -226,9 +226,9 @@ impl AgentParts {
         let trust = write_trust_files(&config.agent.state_dir, &ca)?;
         // Disk quotas of sessions whose agent died: released, their files
         // kept (start-up, before any session).
-        crate::runtime::quota::reclaim_stale(&crate::runtime::steps::sandboxes_dir(
-            &config.agent.state_dir,
-        ));
+        polar_sandbox::runtime::quota::reclaim_stale(
+            &polar_sandbox::runtime::steps::sandboxes_dir(&config.agent.state_dir),
+        );
         let leaf = LeafConfig {
             lifetime: Duration::from_secs(u64::from(config.ca.leaf_validity_hours) * 3600),
             cache_capacity: std::num::NonZeroUsize::new(config.ca.leaf_cache_size)
@@ -285,7 +285,7 @@ impl AgentParts {
                 format!("binding the base-URL listener {addr}: {e}"),
             )
         })?;
-        crate::netns::deep_backlog(&l)?;
+        polar_sandbox::netns::deep_backlog(&l)?;
         let local = l.local_addr()?;
         tracing::info!(%local, "base-URL mode listening");
         self.tasks.spawn(crate::proxy::base_url::serve(

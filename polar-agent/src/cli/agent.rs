@@ -18,9 +18,9 @@ use crate::agent::AgentParts;
 use crate::gateway::retention::Retention;
 use crate::gateway::work::HarnessWork;
 use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
-use crate::sandbox::SandboxError;
 use polar_export::{Destination, ExportOptions, Exporter};
 use polar_redirect::{Redirect, RedirectOptions, preflight};
+use polar_sandbox::SandboxError;
 
 /// Arguments of `polar agent`.
 #[derive(Debug, clap::Args)]
@@ -36,7 +36,7 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> CliError + '_ {
 
 /// Runs the gateway daemon until a terminating signal.
 pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
-    let mut signals = crate::signals::Terminated::install();
+    let mut signals = polar_sandbox::signals::Terminated::install();
     // Everything checked before anything is created.
     let path = args.config.config.clone().ok_or_else(|| {
         CliError::Usage("polar agent needs --config FILE with a [gateway] table".into())
@@ -86,7 +86,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     let redirect = Arc::new(
         Redirect::start(&RedirectOptions {
             reaper_exe: std::env::current_exe().ok(),
-            sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+            sandboxes: Some(polar_sandbox::runtime::steps::sandboxes_dir(
                 &parts.config.agent.state_dir,
             )),
         })
@@ -225,7 +225,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     });
     let dest = Destination::parse(&export, &gw.s3)?;
     // A uid for each session the node holds at once.
-    crate::sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
+    polar_sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
         .map_err(crate::agent::AgentError::from)?;
     Ok(Checked {
         config,

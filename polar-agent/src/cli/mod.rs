@@ -24,9 +24,9 @@ use polar_io::chain;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::AgentError;
-use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 use polar_config::{Config, ConfigError};
+use polar_sandbox::SandboxError;
 
 pub use self::ca::CaCommand;
 pub use self::install::{InstallArgs, UninstallArgs};
@@ -260,7 +260,7 @@ impl From<std::io::Error> for CliError {
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Sandbox(SandboxError::Spawn(crate::sandbox::process::SpawnError::Spawn {
+            Self::Sandbox(SandboxError::Spawn(polar_sandbox::process::SpawnError::Spawn {
                 source,
                 ..
             })) if source.kind() == std::io::ErrorKind::NotFound => 127,
@@ -330,12 +330,12 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             if let Some(s) = sandboxes {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
                 while release == Release::Gone
-                    && crate::runtime::quota::runs(agent)
+                    && polar_sandbox::runtime::quota::runs(agent)
                     && std::time::Instant::now() < until
                 {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                crate::runtime::quota::reclaim_stale(&s);
+                polar_sandbox::runtime::quota::reclaim_stale(&s);
             }
             reaped?;
             Ok(ExitCode::SUCCESS)
@@ -393,7 +393,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             let token = CancellationToken::new();
             let stop = token.clone();
             tokio::spawn(async move {
-                crate::signals::terminated().await;
+                polar_sandbox::signals::terminated().await;
                 stop.cancel();
             });
             polar_mock::run(&args, token).await?;

@@ -46,7 +46,7 @@ pub async fn run(args: ProxyArgs) -> Result<ExitCode, CliError> {
             "no address to listen on: give --listen or set proxy.base_url_listen".into(),
         ));
     };
-    let mut terminated = crate::signals::Terminated::install();
+    let mut terminated = polar_sandbox::signals::Terminated::install();
     let parts = AgentParts::build(config)?;
     for s in &args.sessions {
         parts.sessions.register(s, Some(s.as_str()));

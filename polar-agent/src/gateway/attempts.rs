@@ -25,7 +25,7 @@ pub const ATTEMPTS_DIR: &str = "attempts";
 /// where they went (`None`: nothing was there). Blocking: call off the
 /// async workers.
 pub fn set_apart(state_dir: &Path, session: &SessionId) -> std::io::Result<Option<PathBuf>> {
-    let sandbox = crate::runtime::steps::SandboxDirs::of(state_dir, session).root;
+    let sandbox = polar_sandbox::runtime::steps::SandboxDirs::of(state_dir, session).root;
     let capture = polar_capture::store::session_dir(state_dir, session);
     if !sandbox.exists() && !capture.exists() {
         return Ok(None);

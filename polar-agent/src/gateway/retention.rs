@@ -42,9 +42,9 @@ use nix::sys::stat::{FileStat, SFlag};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::steps::SandboxDirs;
 use polar_ids::SessionId;
 use polar_io::beneath::{Dir, MAX_DEPTH};
+use polar_sandbox::runtime::steps::SandboxDirs;
 
 /// The longest time between two sweeps.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(60);

@@ -8,10 +8,10 @@
 use serde_json::{Map, Value};
 
 use super::work::Ran;
-use crate::runtime::plan::{Phase, StepEnd, StepReport};
 use polar_evaluate::Evaluation;
 use polar_gateway::stages::{InitFault, Interrupt, Reached, Report};
 use polar_rollout_api::{SampleStatus, TokenUsage};
+use polar_sandbox::runtime::plan::{Phase, StepEnd, StepReport};
 use polar_trajectory::{EndedBy, Fault, SessionOutcome};
 
 /// The report of a session that never got prepared. One the node's policy

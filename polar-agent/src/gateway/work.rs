@@ -44,8 +44,6 @@ use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
 use crate::harness::{Harness, Install, search_dirs};
-use crate::runtime::eval::EvalDirs;
-use crate::runtime::plan::{Phase, Plan, StepEnd};
 use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
     Broken, CommandOutput, CommandRunner, DiffBase, Evaluation, Evaluator, JudgeInputs, RunError,
@@ -60,6 +58,8 @@ use polar_io::chain;
 use polar_redirect::Redirect;
 use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{BackendHealth, SampleStatus, TokenUsage};
+use polar_sandbox::runtime::eval::EvalDirs;
+use polar_sandbox::runtime::plan::{Phase, Plan, StepEnd};
 use polar_spec::policy::Policy;
 use polar_trajectory::{EndedBy, Rewards, SessionOutcome};
 
@@ -284,7 +284,7 @@ impl Work for HarnessWork {
                 let fault = if matches!(
                     e,
                     crate::harness::HarnessError::Runtime(
-                        crate::runtime::RuntimeError::Unavailable { .. }
+                        polar_sandbox::runtime::RuntimeError::Unavailable { .. }
                     )
                 ) {
                     InitFault::Unfit
@@ -757,7 +757,7 @@ impl HarnessWork {
 
 /// Runs evaluator commands in a prepared session's sandbox, each with the
 /// evaluation's own HOME and tmp (made at its first command,
-/// [`crate::runtime::eval`]) and the evaluator's variables.
+/// [`polar_sandbox::runtime::eval`]) and the evaluator's variables.
 struct SandboxRunner<'a> {
     prepared: &'a Prepared,
     stop: &'a CancellationToken,
@@ -766,7 +766,7 @@ struct SandboxRunner<'a> {
 }
 
 /// The layout and the added variables of the evaluation's commands.
-type Isolated = (crate::runtime::Layout, Vec<(String, String)>);
+type Isolated = (polar_sandbox::runtime::Layout, Vec<(String, String)>);
 
 impl<'a> SandboxRunner<'a> {
     fn new(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
@@ -787,7 +787,7 @@ impl<'a> SandboxRunner<'a> {
             Ok(Ok(e)) => Ok(self.prepared.isolate(&e)),
             Ok(Err(e)) => {
                 let cause = match &e {
-                    crate::runtime::RuntimeError::Io { source, .. } => source
+                    polar_sandbox::runtime::RuntimeError::Io { source, .. } => source
                         .raw_os_error()
                         .map(nix::errno::Errno::from_raw)
                         .and_then(Broken::of_errno)

@@ -75,10 +75,10 @@ pub enum HarnessError {
     },
     /// The runtime failed.
     #[error(transparent)]
-    Runtime(#[from] crate::runtime::RuntimeError),
+    Runtime(#[from] polar_sandbox::runtime::RuntimeError),
     /// The sandbox failed.
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] polar_sandbox::SandboxError),
 }
 
 /// How a harness reaches the model.

@@ -22,16 +22,16 @@ use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
 use super::presets::setup;
 use super::{Harness, HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
-use crate::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
-use crate::runtime::steps::SandboxDirs;
-use crate::runtime::{Layout, Runtime};
-use crate::sandbox::NetworkMode;
-use crate::sandbox::limits::Enforced;
-use crate::sandbox::session::{SandboxSession, SessionOptions};
-use crate::sandbox::uids::UidLease;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
 use polar_redirect::Redirect;
+use polar_sandbox::NetworkMode;
+use polar_sandbox::limits::Enforced;
+use polar_sandbox::runtime::plan::{MainCommand, Phase, Plan, StepEnd, StepReport};
+use polar_sandbox::runtime::steps::SandboxDirs;
+use polar_sandbox::runtime::{Layout, Runtime};
+use polar_sandbox::session::{SandboxSession, SessionOptions};
+use polar_sandbox::uids::UidLease;
 use polar_spec::runtime::{NetworkKind, RuntimeSpec};
 
 /// A harness session to run.
@@ -157,18 +157,21 @@ pub async fn prepare(
         .spec
         .limits
         .disk_quota(parts.config.sandbox.disk_bytes)
-        .map_err(crate::runtime::RuntimeError::from)?;
+        .map_err(polar_sandbox::runtime::RuntimeError::from)?;
     let (runtime, uid) = {
         let (spec, session) = (run.spec.clone(), run.session.clone());
-        let node = crate::runtime::Node::of(&parts.config);
+        let node = polar_sandbox::runtime::Node::of(&parts.config);
         // `docker info`, `bwrap --version`, the uid's lease (a scan of
         // `/proc`): off the async workers.
         tokio::task::spawn_blocking(move || {
             let uid = node.uids.lease(&session)?;
-            Ok::<_, crate::runtime::RuntimeError>((Runtime::for_spec(&spec, &session, &node)?, uid))
+            Ok::<_, polar_sandbox::runtime::RuntimeError>((
+                Runtime::for_spec(&spec, &session, &node)?,
+                uid,
+            ))
         })
         .await
-        .map_err(|e| crate::runtime::RuntimeError::Io {
+        .map_err(|e| polar_sandbox::runtime::RuntimeError::Io {
             op: "check",
             path: PathBuf::from("the session's runtime"),
             source: std::io::Error::other(e),
@@ -216,10 +219,10 @@ async fn make_dirs(
         for (rel, contents) in &files {
             dirs.write_home_file(rel, contents, user)?;
         }
-        Ok::<_, crate::runtime::RuntimeError>(())
+        Ok::<_, polar_sandbox::runtime::RuntimeError>(())
     })
     .await
-    .map_err(|e| crate::runtime::RuntimeError::Io {
+    .map_err(|e| polar_sandbox::runtime::RuntimeError::Io {
         op: "prepare",
         path: PathBuf::from("the session's directories"),
         source: std::io::Error::other(e),
@@ -260,7 +263,7 @@ async fn prepare_on(
     harness: super::presets::Setup,
 ) -> Result<Prepared, HarnessError> {
     let user = uid.user();
-    let bundle_targets = crate::runtime::bundle_targets(&runtime, &run.spec);
+    let bundle_targets = polar_sandbox::runtime::bundle_targets(&runtime, &run.spec);
     let staged = stage_read_only(&runtime, &run, &dirs, user)?;
     let layout = Layout {
         workspace: dirs.workspace.clone(),
@@ -331,22 +334,22 @@ fn session_mode(parts: &AgentParts, run: &HarnessRun) -> Mode {
 
 /// The installation's read-only directories: for a native runtime, those
 /// the sandbox user cannot reach are staged under the session's directory
-/// ([`crate::runtime::steps::stage`]); otherwise all are bound directly.
+/// ([`polar_sandbox::runtime::steps::stage`]); otherwise all are bound directly.
 fn stage_read_only(
     runtime: &Runtime,
     run: &HarnessRun,
     dirs: &SandboxDirs,
     user: (u32, u32),
-) -> Result<crate::runtime::steps::StagedDirs, HarnessError> {
+) -> Result<polar_sandbox::runtime::steps::StagedDirs, HarnessError> {
     let wanted: Vec<PathBuf> = run
         .install
         .as_ref()
         .map(|i| i.read_only.clone())
         .unwrap_or_default();
     Ok(if matches!(runtime, Runtime::Native { .. }) {
-        crate::runtime::steps::stage(&wanted, &dirs.root, user)?
+        polar_sandbox::runtime::steps::stage(&wanted, &dirs.root, user)?
     } else {
-        crate::runtime::steps::StagedDirs {
+        polar_sandbox::runtime::steps::StagedDirs {
             reachable: wanted,
             ..Default::default()
         }
@@ -428,7 +431,7 @@ fn open_sandbox(
 /// Moves the session's listener and DNS into the container's network
 /// namespace (it has only loopback); the failed step if that fails.
 async fn join_container_netns(
-    d: &crate::runtime::docker::Docker,
+    d: &polar_sandbox::runtime::docker::Docker,
     session: &mut SandboxSession,
     handler: &Arc<WithBaseUrl>,
     parts: &AgentParts,
@@ -488,13 +491,13 @@ impl Prepared {
 
     /// The layout and the added variables an evaluator command runs with
     /// in this session's sandbox, on the evaluation's own directories
-    /// ([`crate::runtime::eval`]).
+    /// ([`polar_sandbox::runtime::eval`]).
     pub fn isolate(
         &self,
-        eval: &crate::runtime::eval::EvalDirs,
+        eval: &polar_sandbox::runtime::eval::EvalDirs,
     ) -> (Layout, Vec<(String, String)>) {
         let (layout, mut env) = eval.isolate(&self.layout, &self.runtime);
-        crate::runtime::eval::keep_spec_pythonpath(&mut env, &self.run.spec);
+        polar_sandbox::runtime::eval::keep_spec_pythonpath(&mut env, &self.run.spec);
         (layout, env)
     }
 
@@ -579,7 +582,7 @@ impl Prepared {
     }
 
     /// The post-run steps, their commands on an evaluation's own HOME, tmp
-    /// and variables ([`crate::runtime::eval`]), made only when there is a
+    /// and variables ([`polar_sandbox::runtime::eval`]), made only when there is a
     /// command to run: what the harness left in its HOME, `/tmp` or
     /// environment does not reach them.
     async fn run_post(&self, stop: &CancellationToken) -> Vec<StepReport> {
@@ -594,9 +597,10 @@ impl Prepared {
             return plan.post(&Ok(Vec::new()), stop).await;
         }
         let (dirs, user) = (self.dirs.clone(), self.user());
-        let made =
-            tokio::task::spawn_blocking(move || crate::runtime::eval::EvalDirs::make(&dirs, user))
-                .await;
+        let made = tokio::task::spawn_blocking(move || {
+            polar_sandbox::runtime::eval::EvalDirs::make(&dirs, user)
+        })
+        .await;
         match made {
             Ok(Ok(eval)) => {
                 let (layout, env) = self.isolate(&eval);
@@ -648,7 +652,7 @@ async fn start_runtime(
         Runtime::Native { .. } => None,
         Runtime::Docker(d) => {
             let Some(parent) = container_cgroup(session) else {
-                let e = crate::runtime::RuntimeError::Command {
+                let e = polar_sandbox::runtime::RuntimeError::Command {
                     what: "docker run".into(),
                     detail: "the session has no cgroup v2 directory to place the container in"
                         .into(),
@@ -661,7 +665,7 @@ async fn start_runtime(
             let argv = match checked {
                 Ok(Ok(())) => d.run_argv(plan.layout, &parent),
                 Ok(Err(e)) => Err(e),
-                Err(e) => Err(crate::runtime::RuntimeError::Command {
+                Err(e) => Err(polar_sandbox::runtime::RuntimeError::Command {
                     what: "checking the container's mounts".into(),
                     detail: e.to_string(),
                 }),

@@ -332,7 +332,9 @@ pub fn uninstall(opts: &UninstallOptions) -> Result<UninstallReport, InstallErro
             let at = under(root, p);
             if at.exists() {
                 // Sessions' disk-quota tmpfs first: a purge keeps no files.
-                crate::runtime::quota::discard_all(&crate::runtime::steps::sandboxes_dir(&at));
+                polar_sandbox::runtime::quota::discard_all(
+                    &polar_sandbox::runtime::steps::sandboxes_dir(&at),
+                );
                 std::fs::remove_dir_all(&at).map_err(|e| InstallError::io("removing", &at, e))?;
                 report.removed.push(p.clone());
             }

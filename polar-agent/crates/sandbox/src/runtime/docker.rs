@@ -139,7 +139,7 @@ impl Engine {
             .mode(0o700)
             .create(&client)
             .map_err(io("create", &client))?;
-        let profile = crate::sandbox::seccomp::docker_profile().to_string();
+        let profile = crate::seccomp::docker_profile().to_string();
         for (path, text) in [
             (client.join("config.json"), "{}".to_owned()),
             (self.seccomp_profile(), profile),

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::steps::{SandboxDirs, upload};
 use super::{Layout, Runtime, RuntimeError, base_env};
-use crate::sandbox::session::{Exec, ExecEnd, SandboxSession};
+use crate::session::{Exec, ExecEnd, SandboxSession};
 use polar_spec::runtime::{RuntimeSpec, Step};
 
 /// Which part of the session a step belongs to.

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::process::{self, Isolation, Launch};
 use super::{NetworkMode, SandboxError, Serving, SessionNet, serve};
-use crate::sandbox::limits::{Enforced, LimitGroups};
+use crate::limits::{Enforced, LimitGroups};
 use polar_ids::SessionId;
 use polar_redirect::dns::Resolver;
 use polar_redirect::listener::Handler;

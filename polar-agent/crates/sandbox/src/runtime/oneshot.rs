@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use super::steps::SandboxDirs;
 use super::{Layout, Node, Runtime, RuntimeError, base_env, bundle_targets};
-use crate::sandbox::session::Exec;
-use crate::sandbox::uids::UidLease;
+use crate::session::Exec;
+use crate::uids::UidLease;
 use polar_ids::SessionId;
 use polar_spec::runtime::RuntimeSpec;
 use polar_tls::TrustFiles;

@@ -3,11 +3,26 @@
 //! the host's (host mode), the agent's listener and DNS responder serving it.
 //! [`session`] keeps a session open across several commands (what the
 //! runtimes use); [`run`] runs one command and ends.
+//!
+//! Around the session: the network namespaces isolated sessions live in
+//! ([`netns`]), the sandboxes' limits, seccomp filters and uids, the
+//! runtimes that run a task's steps in a session (bwrap, Docker, Apptainer:
+//! [`runtime`], which builds on the session and which the session's one-shot
+//! commands use), and the signals that end a run ([`signals`]).
+//!
+//! It knows the redirect, the DNS responder and the accept loop
+//! (`polar-redirect`) and the trust files of the CA (`polar-tls`); it knows
+//! nothing of the proxy, the harness presets or trajectories: a session's
+//! connections go to whatever [`listener::Handler`] the caller gives it.
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod limits;
+pub mod netns;
 pub mod process;
+pub mod runtime;
 pub mod seccomp;
 pub mod session;
+pub mod signals;
 pub mod uids;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -48,7 +63,7 @@ pub enum SandboxError {
     Spawn(#[from] process::SpawnError),
     /// The limits could not be applied.
     #[error(transparent)]
-    Limits(#[from] crate::sandbox::limits::LimitError),
+    Limits(#[from] crate::limits::LimitError),
     /// An I/O error on the agent's side.
     #[error("{0}: {1}")]
     Io(&'static str, #[source] std::io::Error),

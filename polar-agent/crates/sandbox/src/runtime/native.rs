@@ -2,7 +2,7 @@
 //!
 //! The agent's child joins the session's network namespace and cgroups,
 //! drops to the session's sandbox user (its leased uid, gid the same:
-//! [`crate::sandbox::uids`]) and execs `bwrap`, which (through an
+//! [`crate::uids`]) and execs `bwrap`, which (through an
 //! unprivileged user namespace) builds the sandbox:
 //!
 //! - its own mount, PID, IPC, UTS and cgroup namespaces (`--unshare-user
@@ -13,7 +13,7 @@
 //! - no user namespaces of its own (`--disable-userns`: the nested user
 //!   namespace is the door to most kernel attack surface for an
 //!   unprivileged process), and the seccomp filter of
-//!   [`crate::sandbox::seccomp`] (`--add-seccomp-fd`, loaded by bwrap
+//!   [`crate::seccomp`] (`--add-seccomp-fd`, loaded by bwrap
 //!   last, right before it execs the command); bwrap itself sets
 //!   `no_new_privs`, and the agent's child sets it before exec too;
 //! - a fresh, empty root holding only the allowlisted [`View`]: the
@@ -97,7 +97,7 @@ impl AsRefOs for String {
 /// sandbox user, so every bind source's parent directories must let it
 /// pass (`o+x`; [`super::steps::SandboxDirs::create`] sees to the state
 /// directory). `seccomp_fds` are the descriptors bwrap reads the filter's
-/// programs from (inherited by it; [`crate::sandbox::seccomp::memfds`]);
+/// programs from (inherited by it; [`crate::seccomp::memfds`]);
 /// `status_fd` the write end of its status pipe ([`status_pipe`]).
 /// Pure: no file is touched.
 pub fn bwrap_argv(

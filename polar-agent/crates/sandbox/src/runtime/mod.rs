@@ -81,10 +81,10 @@ pub enum RuntimeError {
     Quota(#[from] quota::QuotaError),
     /// Running a command failed.
     #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] crate::SandboxError),
     /// The seccomp filter could not be built or passed.
     #[error(transparent)]
-    Seccomp(#[from] crate::sandbox::seccomp::SeccompError),
+    Seccomp(#[from] crate::seccomp::SeccompError),
     /// A bind cannot be written in the runtime's mount syntax (a path
     /// holding `,` for docker, `:` for apptainer...): refused rather than
     /// passed ambiguously.
@@ -108,7 +108,7 @@ pub enum RuntimeError {
     },
     /// No sandbox uid could be leased.
     #[error(transparent)]
-    Uid(#[from] crate::sandbox::uids::UidError),
+    Uid(#[from] crate::uids::UidError),
     /// A runtime command (container start or stop) failed.
     #[error("{what} failed: {detail}")]
     Command {
@@ -203,7 +203,7 @@ pub struct Layout {
     /// image's own).
     pub identity: Option<PathBuf>,
     /// The sandbox user: the session's leased uid
-    /// ([`crate::sandbox::uids`]).
+    /// ([`crate::uids`]).
     pub user: (u32, u32),
 }
 
@@ -387,7 +387,7 @@ pub struct Node {
     /// The agent's state directory.
     pub state_dir: PathBuf,
     /// The sandboxes' uids.
-    pub uids: crate::sandbox::uids::UidPool,
+    pub uids: crate::uids::UidPool,
 }
 
 impl Node {
@@ -401,7 +401,7 @@ impl Node {
             ),
             view_dirs: config.sandbox.view_dirs.clone(),
             state_dir: config.agent.state_dir.clone(),
-            uids: crate::sandbox::uids::UidPool::new(config.sandbox.uids),
+            uids: crate::uids::UidPool::new(config.sandbox.uids),
         }
     }
 }
@@ -462,7 +462,7 @@ impl Runtime {
         Ok(match self {
             Self::Native { view, state_dir } => {
                 view.check(layout, state_dir)?;
-                let mut fds = crate::sandbox::seccomp::memfds()?;
+                let mut fds = crate::seccomp::memfds()?;
                 let numbers: Vec<i32> = fds.iter().map(AsRawFd::as_raw_fd).collect();
                 let (status, status_w) =
                     native::status_pipe().map_err(|source| RuntimeError::Io {
