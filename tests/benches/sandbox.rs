@@ -19,10 +19,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use polar_agent::agent::AgentParts;
-use polar_agent::harness::HarnessName;
-use polar_agent::harness::ModeKind;
 use polar_agent::harness::run::{HarnessOutcome, HarnessRun, run};
 use polar_config::Config;
+use polar_harness::HarnessName;
+use polar_harness::ModeKind;
 use polar_redirect::{Redirect, RedirectOptions};
 use polar_spec::runtime::RuntimeSpec;
 use polar_tests::servers::EchoUpstream;

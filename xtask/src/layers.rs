@@ -289,6 +289,13 @@ pub const LAYERS: &[Layer] = &[
             "polar-tls",
         ],
     ),
+    // Harness presets and configured harnesses as values (command lines,
+    // variables, files); the sandbox's errors only for one error type.
+    row(
+        "polar-harness",
+        Class::Io,
+        &["polar-chat", "polar-config", "polar-sandbox", "polar-spec"],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,

@@ -14,7 +14,7 @@ use super::CliError;
 use super::sandbox::SandboxRunArgs;
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, run as run_harness};
-use crate::harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
+use polar_harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
 use polar_ids::SessionId;
 use polar_redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use polar_sandbox::SandboxError;
@@ -59,7 +59,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let h = &args.harness;
     // Validate everything before anything is created.
     let choice: HarnessChoice = match &h.harness {
-        Some(name) => name.parse().map_err(crate::harness::HarnessError::from)?,
+        Some(name) => name.parse().map_err(polar_harness::HarnessError::from)?,
         None => HarnessName::Shell.into(),
     };
     let config = args.config.load()?;
@@ -75,7 +75,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .collect();
     let instruction = h.instruction.clone().unwrap_or_default();
     if !harness.is_shell() && instruction.is_empty() {
-        return Err(crate::harness::HarnessError::NoInstruction(harness.to_string()).into());
+        return Err(polar_harness::HarnessError::NoInstruction(harness.to_string()).into());
     }
     let install = harness.check_installed(&search_dirs(), Duration::from_secs(30))?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
@@ -85,7 +85,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         &session,
         &polar_sandbox::runtime::Node::of(&config),
     )
-    .map_err(crate::harness::HarnessError::from)?;
+    .map_err(polar_harness::HarnessError::from)?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let parts = AgentParts::build(config)?;
     let redirect = Redirect::start(&RedirectOptions {

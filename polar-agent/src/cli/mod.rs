@@ -213,7 +213,7 @@ pub enum CliError {
     Sim(#[from] crate::gateway::NodeError),
     /// The harness session failed.
     #[error(transparent)]
-    Harness(Box<crate::harness::HarnessError>),
+    Harness(Box<polar_harness::HarnessError>),
     /// The runtime spec is invalid.
     #[error(transparent)]
     Spec(#[from] polar_spec::runtime::SpecError),
@@ -245,8 +245,8 @@ pub enum CliError {
     Slurm(#[from] crate::slurm::SlurmError),
 }
 
-impl From<crate::harness::HarnessError> for CliError {
-    fn from(e: crate::harness::HarnessError) -> Self {
+impl From<polar_harness::HarnessError> for CliError {
+    fn from(e: polar_harness::HarnessError) -> Self {
         Self::Harness(Box::new(e))
     }
 }

@@ -140,7 +140,7 @@ fn exec_for(
     let shot = tokio::task::block_in_place(|| {
         oneshot::native(state_dir, disk_bytes, &node, trust, session, &args.command)
     })
-    .map_err(crate::harness::HarnessError::from)?;
+    .map_err(polar_harness::HarnessError::from)?;
     tracing::info!(
         session = %session,
         workspace = %shot.dirs.workspace.display(),
@@ -191,7 +191,7 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         tokio::task::spawn_blocking(move || dirs.remove())
             .await
             .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
-            .map_err(crate::harness::HarnessError::from)?;
+            .map_err(polar_harness::HarnessError::from)?;
     }
     let out = out?;
     tracing::info!(session = %out.session, captured = handler.captured(), "sandbox finished");
@@ -224,7 +224,8 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         }
     };
     let spec = spec(&args, session.clone(), exec, &parts.config);
-    let result = polar_sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
+    let result =
+        polar_sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
     if let Some((dirs, _guard)) = dirs {
         release_dirs(dirs).await;
     }

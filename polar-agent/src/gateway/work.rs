@@ -43,7 +43,6 @@ use super::retention::{Live, Retention};
 use super::verdict::{Ended, never_prepared, verdict};
 use crate::agent::AgentParts;
 use crate::harness::run::{HarnessRun, Prepared, prepare};
-use crate::harness::{Harness, Install, search_dirs};
 use polar_capture::{CallHook, SessionInfo};
 use polar_evaluate::{
     Broken, CommandOutput, CommandRunner, DiffBase, Evaluation, Evaluator, JudgeInputs, RunError,
@@ -53,6 +52,7 @@ use polar_export::Exporter;
 use polar_export::calls::{CallsHeader, encode_calls};
 use polar_export::source::SessionLog;
 use polar_gateway::stages::{InitError, InitFault, Job, Reached, Report, Work};
+use polar_harness::{Harness, Install, search_dirs};
 use polar_ids::SessionId;
 use polar_io::chain;
 use polar_redirect::Redirect;
@@ -182,6 +182,10 @@ impl HarnessWork {
             return Ok(i.clone());
         }
         let h = harness.clone();
+        #[expect(
+            clippy::result_large_err,
+            reason = "HarnessError's largest variant is 120 bytes; clippy sizes a foreign enum whole (128)"
+        )]
         let found = tokio::task::spawn_blocking(move || {
             h.check_installed(&search_dirs(), Duration::from_secs(30))
         })
@@ -283,7 +287,7 @@ impl Work for HarnessWork {
                 // A runtime whose program this node lacks fails every time.
                 let fault = if matches!(
                     e,
-                    crate::harness::HarnessError::Runtime(
+                    polar_harness::HarnessError::Runtime(
                         polar_sandbox::runtime::RuntimeError::Unavailable { .. }
                     )
                 ) {

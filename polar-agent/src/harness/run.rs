@@ -19,10 +19,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::base_url::{DEFAULT_ADDR, WithBaseUrl, session_key};
-use super::presets::setup;
-use super::{Harness, HarnessError, HarnessName, Install, Mode, ModeKind};
 use crate::agent::AgentParts;
 use polar_capture::SessionInfo;
+use polar_harness::presets::setup;
+use polar_harness::{Harness, HarnessError, HarnessName, Install, Mode, ModeKind};
 use polar_ids::SessionId;
 use polar_redirect::Redirect;
 use polar_sandbox::NetworkMode;
@@ -51,7 +51,7 @@ pub struct HarnessRun {
     pub budget: Duration,
     /// The session id.
     pub session: SessionId,
-    /// The harness's installation (from [`super::check_installed`]).
+    /// The harness's installation (from [`polar_harness::check_installed`]).
     pub install: Option<Install>,
     /// Stamped on the session's captured calls (task, group, ...).
     pub info: SessionInfo,
@@ -260,7 +260,7 @@ async fn prepare_on(
     dirs: SandboxDirs,
     uid: UidLease,
     mode: Mode,
-    harness: super::presets::Setup,
+    harness: polar_harness::presets::Setup,
 ) -> Result<Prepared, HarnessError> {
     let user = uid.user();
     let bundle_targets = polar_sandbox::runtime::bundle_targets(&runtime, &run.spec);
@@ -335,6 +335,10 @@ fn session_mode(parts: &AgentParts, run: &HarnessRun) -> Mode {
 /// The installation's read-only directories: for a native runtime, those
 /// the sandbox user cannot reach are staged under the session's directory
 /// ([`polar_sandbox::runtime::steps::stage`]); otherwise all are bound directly.
+#[expect(
+    clippy::result_large_err,
+    reason = "HarnessError's largest variant is 120 bytes; clippy sizes a foreign enum whole (128)"
+)]
 fn stage_read_only(
     runtime: &Runtime,
     run: &HarnessRun,
@@ -407,6 +411,10 @@ fn proxy_handler(parts: &AgentParts, mode: &Mode) -> Arc<WithBaseUrl> {
 
 /// Opens the session's sandbox (network, cgroups, limits) serving
 /// `handler`; on failure, ends the capture [`begin_capture`] began.
+#[expect(
+    clippy::result_large_err,
+    reason = "HarnessError's largest variant is 120 bytes; clippy sizes a foreign enum whole (128)"
+)]
 fn open_sandbox(
     parts: &AgentParts,
     redirect: &Redirect,

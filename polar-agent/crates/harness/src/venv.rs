@@ -87,12 +87,12 @@ mod tests {
         std::fs::create_dir_all(&elsewhere).unwrap();
         std::os::unix::fs::symlink(&script, elsewhere.join("mini")).unwrap();
         let venv = venv.canonicalize().unwrap();
-        let i = crate::harness::install_at(script, "x".into());
+        let i = crate::install_at(script, "x".into());
         assert_eq!(
             i.read_only,
             vec![prefix.canonicalize().unwrap(), venv.clone()]
         );
-        let i = crate::harness::install_at(elsewhere.join("mini"), "x".into());
+        let i = crate::install_at(elsewhere.join("mini"), "x".into());
         assert!(i.read_only.contains(&venv), "{:?}", i.read_only);
         // No interpreter beside it: not an environment's script.
         let e = installed_version(&elsewhere.join("mini"), "x", Duration::from_secs(5));

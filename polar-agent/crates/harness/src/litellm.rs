@@ -156,8 +156,8 @@ pub fn aider(i: String, mode: &Mode) -> Setup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::HarnessName;
-    use crate::harness::presets::setup;
+    use crate::HarnessName;
+    use crate::presets::setup;
 
     fn env<'a>(s: &'a Setup, k: &str) -> Option<&'a str> {
         s.env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
