@@ -12,7 +12,6 @@ pub mod install;
 
 pub mod metrics;
 
-pub mod proxy;
 pub mod slurm;
 
 pub mod telemetry;

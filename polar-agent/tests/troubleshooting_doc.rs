@@ -88,7 +88,7 @@ fn every_quoted_error_is_the_codes_text() {
 #[test]
 fn quoted_log_messages_are_still_logged() {
     let doc = doc();
-    let proxy = include_str!("../src/proxy/mod.rs");
+    let proxy = include_str!("../crates/proxy/src/lib.rs");
     quoted(&doc, "TLS handshake failed");
     assert!(proxy.contains("\"TLS handshake failed\""));
     // The record field is spelled as the doc says.

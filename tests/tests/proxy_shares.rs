@@ -452,7 +452,7 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     let n = |k: &str| seen[k].as_u64().unwrap_or(0);
     let stats = &node.parts.proxy.stats;
     let refused = |cap| stats.refused.get(cap);
-    use polar_agent::proxy::shares::Cap;
+    use polar_proxy::shares::Cap;
     let attempts = n("waves") * n("per_wave");
     ensure!(
         attempts >= 1000,

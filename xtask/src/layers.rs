@@ -296,6 +296,26 @@ pub const LAYERS: &[Layer] = &[
         Class::Io,
         &["polar-chat", "polar-config", "polar-sandbox", "polar-spec"],
     ),
+    // The interception proxy and its capture stage: connections from the
+    // accept loop, leaves from polar-tls, records to polar-capture; knows
+    // nothing of sandboxes, harnesses or trajectories.
+    row(
+        "polar-proxy",
+        Class::Io,
+        &[
+            "polar-capture",
+            "polar-chat",
+            "polar-config",
+            "polar-ids",
+            "polar-inference",
+            "polar-io",
+            "polar-json",
+            "polar-record",
+            "polar-redirect",
+            "polar-tls",
+            "polar-wire",
+        ],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,

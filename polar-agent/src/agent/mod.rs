@@ -19,13 +19,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::proxy::Proxy;
-use crate::proxy::base_url::SessionDirectory;
-use crate::proxy::capture::{Capture, CaptureError};
-use crate::proxy::pipeline::ModelPipeline;
 use polar_capture::{CaptureStore, SessionRegistry};
 use polar_config::{Config, HostPattern, LiveRules};
 use polar_io::tasks::Tasks;
+use polar_proxy::Proxy;
+use polar_proxy::base_url::SessionDirectory;
+use polar_proxy::capture::{Capture, CaptureError};
+use polar_proxy::pipeline::ModelPipeline;
 use polar_redirect::dns::{DnsPolicy, FakeIps, Resolution, Resolver};
 use polar_tls::{
     BundleError, Ca, CaError, CaOptions, LeafConfig, LeafError, LeafIssuer, NameConstraintsSpec,
@@ -288,7 +288,7 @@ impl AgentParts {
         polar_sandbox::netns::deep_backlog(&l)?;
         let local = l.local_addr()?;
         tracing::info!(%local, "base-URL mode listening");
-        self.tasks.spawn(crate::proxy::base_url::serve(
+        self.tasks.spawn(polar_proxy::base_url::serve(
             l,
             Arc::clone(&self.sessions),
             self.rules.clone(),

@@ -82,8 +82,8 @@ impl AgentParts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::pipeline::ModelPipeline;
     use polar_config::RouteAction;
+    use polar_proxy::pipeline::ModelPipeline;
     use std::sync::Arc;
 
     fn config(dir: &std::path::Path, routes: &str) -> Config {
@@ -107,7 +107,7 @@ upstream = "http://127.0.0.1:9"
 
     fn parts(dir: &std::path::Path) -> AgentParts {
         let pipeline: Arc<dyn ModelPipeline> = Arc::new(
-            crate::proxy::forward::Forward::new(std::time::Duration::from_secs(5)).unwrap(),
+            polar_proxy::forward::Forward::new(std::time::Duration::from_secs(5)).unwrap(),
         );
         AgentParts::with_pipeline(config(dir, TWO), pipeline).unwrap()
     }

@@ -9,18 +9,18 @@
 //! The session of such a connection is the one the kernel attributed it to
 //! (its redirect record, or the listener's own session): the key and the
 //! `x-polar-session` header may only confirm it, and naming a sibling
-//! session is refused with 403 (`crate::proxy::base_url`). The connection
+//! session is refused with 403 (`polar_proxy::base_url`). The connection
 //! takes its place under the same connection caps as intercepted ones
-//! (`crate::proxy::shares`). The key is 128 random bits: it is what proves
+//! (`polar_proxy::shares`). The key is 128 random bits: it is what proves
 //! the session on the host listener, where the kernel says nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use crate::proxy::Proxy;
-use crate::proxy::base_url::{BaseUrlSource, SessionDirectory};
 use polar_config::LiveRules;
 use polar_ids::SessionId;
+use polar_proxy::Proxy;
+use polar_proxy::base_url::{BaseUrlSource, SessionDirectory};
 use polar_redirect::listener::{Accepted, Handler};
 
 /// The base-URL address used when the configuration names none.
@@ -52,7 +52,7 @@ fn same(a: SocketAddr, b: SocketAddr) -> bool {
 impl Handler for WithBaseUrl {
     async fn handle(&self, conn: Accepted) {
         if conn.orig.is_some_and(|o| same(o.0, self.addr)) {
-            crate::proxy::count_base_url(&self.proxy.stats);
+            polar_proxy::count_base_url(&self.proxy.stats);
             let Some(_slot) = self.proxy.admit(conn.session.as_ref(), conn.peer).await else {
                 return;
             };
@@ -63,7 +63,7 @@ impl Handler for WithBaseUrl {
                 peer: conn.peer,
                 upstream_conn: Arc::default(),
             });
-            crate::proxy::http::serve(
+            polar_proxy::http::serve(
                 conn.stream,
                 source,
                 self.proxy.pipeline(),

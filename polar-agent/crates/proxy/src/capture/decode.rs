@@ -11,7 +11,7 @@ use polar_chat::provider::{ErrorKind, ProviderError, Side};
 use polar_json::{Doc, JsonError};
 use polar_wire::gzip::{InflateError, inflate};
 
-use crate::proxy::shares::{BodyCharge, ChargedBuf};
+use crate::shares::{BodyCharge, ChargedBuf};
 
 /// A body that is already decoded.
 #[derive(Debug)]
@@ -187,7 +187,7 @@ mod tests {
 
     #[tokio::test]
     async fn inflation_is_charged_as_it_grows_and_refused_over_the_share() {
-        use crate::proxy::shares::{ShareLimits, Shares};
+        use crate::shares::{ShareLimits, Shares};
         let shares = std::sync::Arc::new(Shares::new(
             ShareLimits {
                 node_connections: 1,

@@ -219,7 +219,7 @@ mod tests {
     use hyper::body::{Body, Frame};
 
     use super::*;
-    use crate::proxy::shares::{ShareLimits, Shares};
+    use crate::shares::{ShareLimits, Shares};
 
     /// A request body that yields `chunks`, then fails (the client went
     /// away mid-body) or ends.

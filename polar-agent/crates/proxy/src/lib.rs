@@ -14,7 +14,12 @@
 //! stream and body caps), base-URL connections included.
 //!
 //! The proxy knows nothing of trajectories: what a model request becomes is
-//! the pipeline's business ([`pipeline::ModelPipeline`]).
+//! the pipeline's business ([`pipeline::ModelPipeline`]); its capture stage
+//! ([`capture`]) hands records to `polar-capture`. It knows nothing of
+//! sandboxes or harnesses either: connections come from the accept loop of
+//! `polar-redirect` with their session, and base-URL sessions are found
+//! through [`base_url::SessionDirectory`].
+#![forbid(unsafe_code)]
 
 pub mod base_url;
 pub mod bind;
