@@ -7,7 +7,7 @@
 )]
 
 use caps::Capability;
-use polar_agent::agent::{AgentError, StateDirError};
+use polar_node::agent::{AgentError, StateDirError};
 use polar_redirect::{CgroupError, PreflightError};
 use polar_trajectory::DropReason;
 

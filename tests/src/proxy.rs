@@ -7,9 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
-use polar_agent::agent::AgentParts;
 use polar_config::Config;
 use polar_io::tasks::Tasks;
+use polar_node::agent::AgentParts;
 use polar_redirect::listener::{AcceptContext, accept_loop};
 use tokio_rustls::TlsConnector;
 

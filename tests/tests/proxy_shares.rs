@@ -1,6 +1,6 @@
 //! Session identity and fair shares on one agent (root only): the agent's
 //! parts and the redirect in this process, as on a gateway node, sessions
-//! run with `polar_agent::harness::run::run`, the mock inference backend on
+//! run with `polar_node::harness::run::run`, the mock inference backend on
 //! loopback.
 //!
 //! - A sandbox in base-URL mode that names its live sibling session (in
@@ -24,13 +24,13 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::agent::AgentParts;
-use polar_agent::harness::run::{HarnessOutcome, HarnessRun, capture_log, run};
 use polar_agent::metrics::{AgentMetrics, render};
 use polar_config::Config;
 use polar_harness::{HarnessName, ModeKind};
 use polar_ids::SessionId;
 use polar_mock::{self as mock, MockConfig};
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::{HarnessOutcome, HarnessRun, capture_log, run};
 use polar_redirect::{Redirect, RedirectOptions};
 use polar_sandbox::runtime::steps::SandboxDirs;
 use polar_spec::runtime::RuntimeSpec;

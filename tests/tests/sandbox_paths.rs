@@ -419,7 +419,7 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn a_swept_session_s_tmpfs_is_unmounted_and_a_mount_beneath_is_not_crossed() -> Result<()> {
-    use polar_agent::gateway::retention::{Keep, Retention};
+    use polar_node::gateway::retention::{Keep, Retention};
     use polar_sandbox::runtime::quota;
     let tmp = sandbox_tempdir()?;
     let state = tmp.path().join("state");

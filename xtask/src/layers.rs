@@ -316,6 +316,32 @@ pub const LAYERS: &[Layer] = &[
             "polar-wire",
         ],
     ),
+    // A node's work: the agent's parts, harness sessions end to end, the
+    // gateway daemon's work; below the `polar` command, which wires it.
+    row(
+        "polar-node",
+        Class::Io,
+        &[
+            "polar-capture",
+            "polar-chat",
+            "polar-config",
+            "polar-evaluate",
+            "polar-export",
+            "polar-gateway",
+            "polar-harness",
+            "polar-ids",
+            "polar-inference",
+            "polar-io",
+            "polar-proxy",
+            "polar-record",
+            "polar-redirect",
+            "polar-rollout-api",
+            "polar-sandbox",
+            "polar-spec",
+            "polar-tls",
+            "polar-trajectory",
+        ],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,

@@ -14,11 +14,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::AgentParts;
-use crate::gateway::retention::Retention;
-use crate::gateway::work::HarnessWork;
-use crate::gateway::{GatewayConfig, Node, NodeOptions, Stages};
 use polar_export::{Destination, ExportOptions, Exporter};
+use polar_node::agent::AgentParts;
+use polar_node::gateway::retention::Retention;
+use polar_node::gateway::work::HarnessWork;
+use polar_node::gateway::{GatewayConfig, Node, NodeOptions, Stages};
 use polar_redirect::{Redirect, RedirectOptions, preflight};
 use polar_sandbox::SandboxError;
 
@@ -102,7 +102,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         advertise: gw.advertise.clone(),
         max_sessions: gw.max_sessions,
         heartbeat_interval: gw.heartbeat_interval,
-        progress: crate::gateway::Progress::All,
+        progress: polar_node::gateway::Progress::All,
         labels,
         limits: gw.serve_limits,
         tls: Some(tls),
@@ -198,20 +198,20 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     let tls = gw
         .tls
         .configs()
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+        .map_err(|e| polar_node::gateway::GatewayConfigError::Invalid {
             key: e.key,
             reason: e.reason,
         })?;
     // No policy root may hold or be inside the node's secrets.
     gw.policy
         .check_protected(
-            &crate::gateway::config::policy_key(),
+            &polar_node::gateway::config::policy_key(),
             &[
                 ("state directory", config.agent.state_dir.as_path()),
                 ("config file", path),
             ],
         )
-        .map_err(|e| crate::gateway::GatewayConfigError::Invalid {
+        .map_err(|e| polar_node::gateway::GatewayConfigError::Invalid {
             key: e.key.to_string(),
             reason: e.reason,
         })?;
@@ -226,7 +226,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     let dest = Destination::parse(&export, &gw.s3)?;
     // A uid for each session the node holds at once.
     polar_sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
-        .map_err(crate::agent::AgentError::from)?;
+        .map_err(polar_node::agent::AgentError::from)?;
     Ok(Checked {
         config,
         gw,
@@ -255,14 +255,14 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
 /// SIGHUP: the gateway's tokens, read again from the file and the token
 /// files (rotation); tokens that do not check keep the ones in force.
 /// Other `[gateway]` changes apply at restart.
-fn reload_tokens<W: crate::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
+fn reload_tokens<W: polar_node::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
     let fresh = GatewayConfig::load(path).and_then(|gw| {
-        let mut gw = gw.ok_or_else(|| crate::gateway::GatewayConfigError::Invalid {
+        let mut gw = gw.ok_or_else(|| polar_node::gateway::GatewayConfigError::Invalid {
             key: "gateway".into(),
             reason: "the [gateway] table is gone".into(),
         })?;
         if gw.node_id != node.node_id() {
-            return Err(crate::gateway::GatewayConfigError::Invalid {
+            return Err(polar_node::gateway::GatewayConfigError::Invalid {
                 key: "gateway.node_id".into(),
                 reason: format!(
                     "changed from {:?} to {:?}: a node id changes at restart only",
@@ -297,10 +297,10 @@ async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {
 /// A start that failed: the server refusing the node's token (401) is an
 /// authentication error (exit 4) naming the node and where its token
 /// comes from; the rest as they are.
-fn start_error(e: crate::gateway::NodeError, node_id: &str) -> CliError {
+fn start_error(e: polar_node::gateway::NodeError, node_id: &str) -> CliError {
     use polar_rollout_api::ClientError;
     match e {
-        crate::gateway::NodeError::Register {
+        polar_node::gateway::NodeError::Register {
             url,
             source:
                 ClientError::Status {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::{ca_options, constraints_for};
+use polar_node::agent::{ca_options, constraints_for};
 use polar_tls::Ca;
 
 /// `polar ca ...`

@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use super::sandbox::SandboxRunArgs;
-use crate::agent::AgentParts;
-use crate::harness::run::{HarnessRun, run as run_harness};
 use polar_harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::{HarnessRun, run as run_harness};
 use polar_redirect::{Redirect, RedirectError, RedirectOptions, preflight};
 use polar_sandbox::SandboxError;
 use polar_sandbox::runtime::plan::StepEnd;

@@ -23,9 +23,9 @@ use clap::{Parser, Subcommand};
 use polar_io::chain;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::AgentError;
 use crate::telemetry::{self, LogFormat};
 use polar_config::{Config, ConfigError};
+use polar_node::agent::AgentError;
 use polar_sandbox::SandboxError;
 
 pub use self::ca::CaCommand;
@@ -210,7 +210,7 @@ pub enum CliError {
     TaskFile(String),
     /// The simulated gateway could not start.
     #[error(transparent)]
-    Sim(#[from] crate::gateway::NodeError),
+    Sim(#[from] polar_node::gateway::NodeError),
     /// The harness session failed.
     #[error(transparent)]
     Harness(Box<polar_harness::HarnessError>),
@@ -228,7 +228,7 @@ pub enum CliError {
     Usage(String),
     /// The `[gateway]` table is invalid.
     #[error(transparent)]
-    Gateway(#[from] crate::gateway::GatewayConfigError),
+    Gateway(#[from] polar_node::gateway::GatewayConfigError),
     /// `polar config check`: the file does not pass the checks `command`
     /// makes at start.
     #[error("{file}: not valid for {command}: {error}")]

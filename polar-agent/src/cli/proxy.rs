@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::AgentParts;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
 
 /// Arguments of `polar proxy`.
 #[derive(Debug, clap::Args)]

@@ -15,10 +15,10 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
-use crate::agent::AgentParts;
-use crate::harness::run::release_dirs;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::release_dirs;
 use polar_redirect::dns::{FakeIps, InterceptAll, Resolver};
 use polar_redirect::listener::LogHandler;
 use polar_redirect::preflight;

@@ -93,10 +93,10 @@ pub struct NodeArgs {
 /// The gateway's environment overrides: never taken from a job's
 /// environment (the node's identity is Slurm's).
 const GATEWAY_ENV: [&str; 4] = [
-    crate::gateway::config::TOKEN_ENV,
-    crate::gateway::config::NODE_ID_ENV,
-    crate::gateway::config::ADVERTISE_ENV,
-    crate::gateway::config::LISTEN_ENV,
+    polar_node::gateway::config::TOKEN_ENV,
+    polar_node::gateway::config::NODE_ID_ENV,
+    polar_node::gateway::config::ADVERTISE_ENV,
+    polar_node::gateway::config::LISTEN_ENV,
 ];
 
 /// How long the certificates of a job are valid.

@@ -23,8 +23,8 @@ use std::fmt;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use crate::agent::AgentError;
 use polar_config::{Config, ConfigError};
+use polar_node::agent::AgentError;
 
 use self::leftovers::Leftover;
 use self::manifest::{Kind, MANIFEST, Manifest, under};
@@ -247,7 +247,7 @@ pub fn install(opts: &InstallOptions) -> Result<InstallReport, InstallError> {
     let state = config.agent.state_dir.clone();
     mkdir(root, &state.to_string_lossy(), 0o700, &mut m, Kind::State)?;
     config.agent.state_dir = under(root, &state);
-    crate::agent::load_or_init_ca(&config)?;
+    polar_node::agent::load_or_init_ca(&config)?;
     m.add(&state, Kind::State);
 
     for (unit, text) in [

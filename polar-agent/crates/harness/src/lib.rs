@@ -16,7 +16,7 @@
 //! What a harness needs is values: its command line, variables and files.
 //! This crate runs nothing and knows nothing of the proxy or the agent that
 //! serve its sessions; running a session end to end is the agent's
-//! (`polar_agent::harness::run`). It names the sandbox's errors only so that
+//! (`polar_node::harness::run`). It names the sandbox's errors only so that
 //! one error type, [`HarnessError`], covers a harness session.
 #![forbid(unsafe_code)]
 

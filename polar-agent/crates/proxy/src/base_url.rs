@@ -4,7 +4,7 @@
 //!
 //! - **A connection the kernel attributed** (from inside a sandbox: its
 //!   connection to the base-URL address was redirected into the session's
-//!   listener, `polar_agent::harness::base_url`) belongs to that session and no
+//!   listener, `polar_node::harness::base_url`) belongs to that session and no
 //!   other. The `x-polar-session` header and the API key may only confirm
 //!   it: a header naming another session, or a key issued to another
 //!   session, is refused with 403 in the API's error shape and counted

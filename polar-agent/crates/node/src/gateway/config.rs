@@ -574,7 +574,7 @@ mod tests {
 
     #[test]
     fn the_example_config_s_gateway_table_parses() {
-        let example = include_str!("../../../config/polar.example.toml");
+        let example = include_str!("../../../../../config/polar.example.toml");
         let block: String = example
             .lines()
             .skip_while(|l| *l != "# [gateway]")
