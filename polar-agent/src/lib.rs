@@ -7,7 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
-pub mod install;
+pub(crate) mod install;
 pub mod metrics;
-pub mod slurm;
-pub mod telemetry;
+pub(crate) mod slurm;
+pub(crate) mod telemetry;

@@ -20,10 +20,10 @@
 //! one error type, [`HarnessError`], covers a harness session.
 #![forbid(unsafe_code)]
 
-pub mod custom;
-pub mod litellm;
+pub(crate) mod custom;
+pub(crate) mod litellm;
 pub mod presets;
-pub mod venv;
+pub(crate) mod venv;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

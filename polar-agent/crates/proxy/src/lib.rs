@@ -22,18 +22,18 @@
 #![forbid(unsafe_code)]
 
 pub mod base_url;
-pub mod bind;
-pub mod body;
+pub(crate) mod bind;
+pub(crate) mod body;
 pub mod capture;
 pub mod error;
 pub mod forward;
 pub mod http;
 pub mod pipeline;
-pub mod relay;
-pub mod rewind;
+pub(crate) mod relay;
+pub(crate) mod rewind;
 pub mod shares;
 pub mod sniff;
-pub mod upstream_conn;
+pub(crate) mod upstream_conn;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;

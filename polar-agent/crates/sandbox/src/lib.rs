@@ -20,7 +20,7 @@ pub mod limits;
 pub mod netns;
 pub mod process;
 pub mod runtime;
-pub mod seccomp;
+pub(crate) mod seccomp;
 pub mod session;
 pub mod signals;
 pub mod uids;

@@ -23,7 +23,6 @@ use rustls::sign::CertifiedKey;
 use time::OffsetDateTime;
 
 use super::ca::Ca;
-pub use super::server::{LeafResolver, ServerConfigFactory, server_config};
 use polar_wire::peek::normalize_dns_name;
 
 /// Errors of leaf issuance.

@@ -15,10 +15,10 @@
 #![forbid(unsafe_code)]
 
 pub mod bundle;
-pub mod ca;
-pub mod constraints;
-pub mod leaf;
-pub mod server;
+pub(crate) mod ca;
+pub(crate) mod constraints;
+pub(crate) mod leaf;
+pub(crate) mod server;
 
 pub use bundle::{BundleError, TrustFiles, write_trust_files};
 pub use ca::{Ca, CaError, CaOptions, CaSummary};

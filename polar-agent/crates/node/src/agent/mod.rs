@@ -9,7 +9,7 @@
 //! ([`state_dir`]). The routing rules stay replaceable ([`reload`]).
 
 mod reload;
-pub mod state_dir;
+pub(crate) mod state_dir;
 
 pub use reload::ReloadSummary;
 pub use state_dir::{StateDirError, check_state_dir};

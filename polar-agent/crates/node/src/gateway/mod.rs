@@ -27,7 +27,7 @@
 
 mod attempts;
 pub mod config;
-pub mod judge;
+pub(crate) mod judge;
 mod live;
 pub mod retention;
 mod timeline;

@@ -22,11 +22,11 @@
 //! session's disk quota), Polar's trust files at [`native::TRUST_DIR`] and over
 //! the distribution bundles, and the same environment ([`base_env`]).
 
-pub mod apptainer;
+pub(crate) mod apptainer;
 pub mod docker;
 pub mod eval;
-pub mod leftovers;
-pub mod native;
+pub(crate) mod leftovers;
+pub(crate) mod native;
 pub mod oneshot;
 pub mod plan;
 pub mod quota;
