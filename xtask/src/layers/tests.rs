@@ -378,6 +378,7 @@ fn only_the_tests_depend_on_the_agent() {
             (Rule::AgentDependent, "xtask", "polar-agent"),
             (Rule::Cycle, "polar-agent", "polar-export"),
             (Rule::Cycle, "polar-rollout", "polar-export"),
+            (Rule::Cycle, "polar-node", "polar-export"),
         ]
     );
     assert!(
