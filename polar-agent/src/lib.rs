@@ -1,27 +1,13 @@
 //! Polar's node agent as a library: the `polar` binary is a thin shell over
-//! [`cli::main`]. See ARCHITECTURE.md for the data path.
-#![deny(unsafe_op_in_unsafe_fn)]
-
-pub mod agent;
+//! [`cli::main`]. What is left here is the wiring: the command line, install
+//! and uninstall, Slurm jobs, the agent's metrics page and logging set-up;
+//! each concern it starts lives in its own crate (`polar-node` for the
+//! node's work, `polar-proxy`, `polar-sandbox`, `polar-redirect`,
+//! `polar-tls`, `polar-harness`, ...). See ARCHITECTURE.md for the data path.
+#![forbid(unsafe_code)]
 
 pub mod cli;
-pub mod dns;
-
-pub mod gateway;
-pub mod harness;
-pub mod install;
-
-pub mod listener;
+pub(crate) mod install;
 pub mod metrics;
-
-pub mod netns;
-
-pub mod proxy;
-pub mod redirect;
-pub mod runtime;
-pub mod sandbox;
-pub mod signals;
-pub mod slurm;
-
-pub mod telemetry;
-pub mod tls;
+pub(crate) mod slurm;
+pub(crate) mod telemetry;

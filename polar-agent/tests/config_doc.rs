@@ -11,8 +11,8 @@
 
 use std::collections::BTreeSet;
 
-use polar_agent::gateway::GatewayConfig;
 use polar_config::{Config, RawConfig};
+use polar_node::gateway::GatewayConfig;
 use polar_rollout::RolloutConfig;
 
 fn doc() -> String {

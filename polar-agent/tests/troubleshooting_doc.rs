@@ -7,8 +7,8 @@
 )]
 
 use caps::Capability;
-use polar_agent::agent::{AgentError, StateDirError};
-use polar_agent::redirect::{CgroupError, PreflightError};
+use polar_node::agent::{AgentError, StateDirError};
+use polar_redirect::{CgroupError, PreflightError};
 use polar_trajectory::DropReason;
 
 fn doc() -> String {
@@ -36,7 +36,7 @@ fn every_quoted_error_is_the_codes_text() {
     quoted(&doc, &CgroupError::NoCgroup2.to_string());
     let caps = PreflightError::Capabilities(vec![(
         Capability::CAP_BPF,
-        polar_agent::redirect::preflight::REQUIRED[0].1,
+        polar_redirect::preflight::REQUIRED[0].1,
     )]);
     quoted(&doc, &caps.to_string());
     quoted(
@@ -88,7 +88,7 @@ fn every_quoted_error_is_the_codes_text() {
 #[test]
 fn quoted_log_messages_are_still_logged() {
     let doc = doc();
-    let proxy = include_str!("../src/proxy/mod.rs");
+    let proxy = include_str!("../crates/proxy/src/lib.rs");
     quoted(&doc, "TLS handshake failed");
     assert!(proxy.contains("\"TLS handshake failed\""));
     // The record field is spelled as the doc says.

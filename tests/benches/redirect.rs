@@ -19,9 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::netns::Sockets;
-use polar_agent::redirect::{Redirect, RedirectOptions, SessionTarget};
-use polar_agent::sandbox::process::{Launch, spawn};
+use polar_redirect::{Redirect, RedirectOptions, SessionTarget};
+use polar_sandbox::netns::Sockets;
+use polar_sandbox::process::{Launch, spawn};
 use tokio::io::AsyncReadExt;
 use tokio::sync::Mutex;
 
@@ -53,10 +53,7 @@ async fn serve(listener: tokio::net::TcpListener, redirect: Redirect, server: Ar
     }
 }
 
-async fn run_probe(
-    target: &str,
-    session: Option<&polar_agent::redirect::SessionCgroup>,
-) -> Result<f64> {
+async fn run_probe(target: &str, session: Option<&polar_redirect::SessionCgroup>) -> Result<f64> {
     let argv: Vec<std::ffi::OsString> = vec![
         PROBE.into(),
         "loop".into(),

@@ -1,7 +1,7 @@
 //! Sandbox benchmark (root only): `cargo bench -p polar-tests --bench sandbox`.
 //!
 //! 1. Start latency of a `native` sandbox: from the call of
-//!    `polar_agent::harness::run::run` (one agent, redirect already
+//!    `polar_node::harness::run::run` (one agent, redirect already
 //!    attached, as on a gateway node) to the first instruction of the
 //!    sandboxed program: `polar-probe started FILE`, which records the wall
 //!    clock first thing in `main`. 5 warm-up runs, then 40 measured. The
@@ -18,12 +18,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::agent::AgentParts;
-use polar_agent::harness::HarnessName;
-use polar_agent::harness::ModeKind;
-use polar_agent::harness::run::{HarnessOutcome, HarnessRun, run};
-use polar_agent::redirect::{Redirect, RedirectOptions};
 use polar_config::Config;
+use polar_harness::HarnessName;
+use polar_harness::ModeKind;
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::{HarnessOutcome, HarnessRun, run};
+use polar_redirect::{Redirect, RedirectOptions};
 use polar_spec::runtime::RuntimeSpec;
 use polar_tests::servers::EchoUpstream;
 use polar_tests::{polar_bin, probe_bin, sandbox_tempdir};

@@ -92,7 +92,7 @@ impl Engine {
 pub fn cgroups_at(rel: &str) -> Result<Vec<PathBuf>> {
     let rel = Path::new(rel.trim_start_matches('/'));
     let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mut mounts = polar_agent::redirect::cgroup::v1_mounts(&text);
+    let mut mounts = polar_redirect::cgroup::v1_mounts(&text);
     mounts.push(crate::cgroup2_mount()?);
     Ok(mounts
         .into_iter()

@@ -316,7 +316,7 @@ pub fn alive(pid: i32) -> bool {
 
 /// The cgroup v2 mount point (from /proc/self/mountinfo).
 pub fn cgroup2_mount() -> Result<PathBuf> {
-    polar_agent::redirect::Cgroup2Mount::find()
+    polar_redirect::Cgroup2Mount::find()
         .map(|m| m.mount_point)
         .map_err(Into::into)
 }

@@ -7,10 +7,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::Result;
-use polar_agent::agent::AgentParts;
-use polar_agent::listener::{AcceptContext, accept_loop};
 use polar_config::Config;
 use polar_io::tasks::Tasks;
+use polar_node::agent::AgentParts;
+use polar_redirect::listener::{AcceptContext, accept_loop};
 use tokio_rustls::TlsConnector;
 
 /// A TLS connector trusting only the certificates in `pem` and offering the
@@ -58,7 +58,7 @@ impl ProxyHarness {
         );
         let parts = AgentParts::build(Config::from_toml_str(&text)?)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        polar_agent::netns::deep_backlog(&listener)?;
+        polar_sandbox::netns::deep_backlog(&listener)?;
         let addr = listener.local_addr()?;
         let tasks = Tasks::new();
         let ctx = Arc::new(AcceptContext {

@@ -775,7 +775,7 @@ async fn a_killed_gateway_s_sessions_are_dispatched_again() -> Result<()> {
     // And its guardian released its sessions' disk quotas (tmpfs mounts),
     // keeping their files.
     let sandboxes = f.dir.path().join("gw-k1/state/sandboxes");
-    let mounted = || polar_agent::runtime::quota::mounts_below(&sandboxes).unwrap_or_default();
+    let mounted = || polar_sandbox::runtime::quota::mounts_below(&sandboxes).unwrap_or_default();
     ensure!(
         eventually(Duration::from_secs(20), || mounted().is_empty()),
         "the killed agent's disk quotas are still mounted: {:?}",

@@ -205,7 +205,7 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     pki.mount(&tls_dir, "gpu-node-1", "gpu-node-1", 0o400)?;
     let pod_ip = |v: &str| v.replace("$(POD_IP)", "10.1.2.3");
     let text_here = text.replace("\"/run/", &format!("\"{}/run/", root.path().display()));
-    let gw = polar_agent::gateway::GatewayConfig::from_toml_with_env(&text_here, |k| match k {
+    let gw = polar_node::gateway::GatewayConfig::from_toml_with_env(&text_here, |k| match k {
         "POLAR_GATEWAY_NODE_ID" => Some("gpu-node-1".into()),
         "POLAR_GATEWAY_TOKEN" => Some("k8s-test-node-token".into()),
         k => env.get(k).map(|v| pod_ip(v)),
@@ -219,7 +219,7 @@ fn every_manifest_parses_with_the_essential_fields() -> Result<()> {
     // Without its TLS table the same pod address is refused.
     let plain = text_here.replace("[gateway.tls]", "[gateway.not_tls]");
     let plain = plain[..plain.find("[gateway.not_tls]").unwrap_or(plain.len())].to_owned();
-    let e = polar_agent::gateway::GatewayConfig::from_toml_with_env(&plain, |k| match k {
+    let e = polar_node::gateway::GatewayConfig::from_toml_with_env(&plain, |k| match k {
         "POLAR_GATEWAY_NODE_ID" => Some("gpu-node-1".into()),
         k => env.get(k).map(|v| pod_ip(v)),
     })

@@ -11,7 +11,7 @@ use anyhow::{Result, ensure};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use polar_agent::proxy::base_url;
+use polar_proxy::base_url;
 use polar_tests::proxy::ProxyHarness;
 use polar_tests::servers::EchoUpstream;
 

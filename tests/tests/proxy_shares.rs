@@ -1,6 +1,6 @@
 //! Session identity and fair shares on one agent (root only): the agent's
 //! parts and the redirect in this process, as on a gateway node, sessions
-//! run with `polar_agent::harness::run::run`, the mock inference backend on
+//! run with `polar_node::harness::run::run`, the mock inference backend on
 //! loopback.
 //!
 //! - A sandbox in base-URL mode that names its live sibling session (in
@@ -24,15 +24,15 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use polar_agent::agent::AgentParts;
-use polar_agent::harness::run::{HarnessOutcome, HarnessRun, capture_log, run};
-use polar_agent::harness::{HarnessName, ModeKind};
 use polar_agent::metrics::{AgentMetrics, render};
-use polar_agent::redirect::{Redirect, RedirectOptions};
-use polar_agent::runtime::steps::SandboxDirs;
 use polar_config::Config;
+use polar_harness::{HarnessName, ModeKind};
 use polar_ids::SessionId;
 use polar_mock::{self as mock, MockConfig};
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::{HarnessOutcome, HarnessRun, capture_log, run};
+use polar_redirect::{Redirect, RedirectOptions};
+use polar_sandbox::runtime::steps::SandboxDirs;
 use polar_spec::runtime::RuntimeSpec;
 use polar_tests::{polar_bin, sandbox_tempdir};
 use tokio_util::sync::CancellationToken;
@@ -452,7 +452,7 @@ async fn one_session_flooding_the_proxy_does_not_stop_a_sibling_and_memory_stays
     let n = |k: &str| seen[k].as_u64().unwrap_or(0);
     let stats = &node.parts.proxy.stats;
     let refused = |cap| stats.refused.get(cap);
-    use polar_agent::proxy::shares::Cap;
+    use polar_proxy::shares::Cap;
     let attempts = n("waves") * n("per_wave");
     ensure!(
         attempts >= 1000,

@@ -199,7 +199,7 @@ fn start_long_sandbox() -> Result<(Running, Snapshot)> {
         cgroup: attached["cgroup"].as_str().unwrap_or_default().to_owned(),
         netns: Netns::of(sandboxed)?,
         sandboxed,
-        session_dir: polar_agent::runtime::steps::sandboxes_dir(
+        session_dir: polar_sandbox::runtime::steps::sandboxes_dir(
             &polar_config::Config::default().agent.state_dir,
         )
         .join(started["session"].as_str().unwrap_or("?")),
@@ -240,7 +240,7 @@ fn check_nothing_left(snap: &Snapshot) -> Result<()> {
     // Its disk quota (a tmpfs over the session's directory) is released,
     // by the guardian when the agent was killed.
     let mounted =
-        || polar_agent::runtime::quota::mounts_below(&snap.session_dir).unwrap_or_default();
+        || polar_sandbox::runtime::quota::mounts_below(&snap.session_dir).unwrap_or_default();
     ensure!(
         eventually(Duration::from_secs(15), || mounted().is_empty()),
         "the sandbox's disk quota is still mounted: {:?}",

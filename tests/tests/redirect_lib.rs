@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::dns::FakeIps;
-use polar_agent::listener::{AcceptContext, Accepted, Handler, accept_loop};
-use polar_agent::netns::{IsolatedNet, Sockets};
-use polar_agent::redirect::{Redirect, RedirectOptions, SessionCgroup, SessionTarget};
-use polar_agent::sandbox::process::{Launch, spawn};
 use polar_ids::SessionId;
 use polar_io::tasks::Tasks;
+use polar_redirect::dns::FakeIps;
+use polar_redirect::listener::{AcceptContext, Accepted, Handler, accept_loop};
+use polar_redirect::{Redirect, RedirectOptions, SessionCgroup, SessionTarget};
+use polar_sandbox::netns::{IsolatedNet, Sockets};
+use polar_sandbox::process::{Launch, spawn};
 use polar_tests::{json_lines, polar_bin, probe_bin};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

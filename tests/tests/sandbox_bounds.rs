@@ -173,7 +173,7 @@ async fn a_session_never_makes_the_node_write_more_than_its_quota() -> Result<()
     // The session's directory is on disk now (its tmpfs released), within
     // the quota, block for block.
     ensure!(
-        !polar_agent::runtime::quota::is_mount_point(&dir)?,
+        !polar_sandbox::runtime::quota::is_mount_point(&dir)?,
         "still a tmpfs"
     );
     let used = disk_use(&dir)?;

@@ -306,7 +306,7 @@ head -c 1048576 /dev/zero > /workspace/kept && echo kept
     ensure!(out.contains("kept"), "{out}");
     // The session's tmpfs is gone (released at its end), its files kept.
     ensure!(
-        !polar_agent::runtime::quota::is_mount_point(&dir)?,
+        !polar_sandbox::runtime::quota::is_mount_point(&dir)?,
         "the session's tmpfs is still mounted"
     );
     ensure!(std::fs::metadata(run.workspace().join("kept"))?.len() == 1 << 20);
@@ -337,7 +337,7 @@ head -c 1048576 /dev/zero > /workspace/kept && echo kept
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() -> Result<()> {
-    use polar_agent::runtime::quota;
+    use polar_sandbox::runtime::quota;
     let tmp = sandbox_tempdir()?;
     let sandboxes = tmp.path().join("state/sandboxes");
     let _mounts = Mounts {
@@ -419,8 +419,8 @@ fn a_crashed_agents_disk_quota_is_released_by_the_next_start_with_its_files() ->
 #[test]
 #[cfg_attr(not(feature = "privileged"), ignore = "needs root: cargo xtask test")]
 fn a_swept_session_s_tmpfs_is_unmounted_and_a_mount_beneath_is_not_crossed() -> Result<()> {
-    use polar_agent::gateway::retention::{Keep, Retention};
-    use polar_agent::runtime::quota;
+    use polar_node::gateway::retention::{Keep, Retention};
+    use polar_sandbox::runtime::quota;
     let tmp = sandbox_tempdir()?;
     let state = tmp.path().join("state");
     let sandboxes = state.join("sandboxes");

@@ -136,7 +136,7 @@ fn check_view(facts: &Value) -> Result<()> {
         .filter_map(Value::as_str)
         .collect();
     for name in &etc {
-        let curated = polar_agent::runtime::view::ETC
+        let curated = polar_sandbox::runtime::view::ETC
             .iter()
             .any(|e| e.split('/').next() == Some(*name))
             || ["passwd", "group"].contains(name);
@@ -149,7 +149,7 @@ fn check_view(facts: &Value) -> Result<()> {
         .filter_map(Value::as_str)
         .collect();
     for name in &root {
-        let allowed = polar_agent::runtime::view::SYSTEM.contains(name)
+        let allowed = polar_sandbox::runtime::view::SYSTEM.contains(name)
             || [
                 "etc",
                 "proc",

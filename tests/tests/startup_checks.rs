@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output};
 
 use anyhow::{Context as _, Result, ensure};
-use polar_agent::redirect::preflight::REQUIRED;
+use polar_redirect::preflight::REQUIRED;
 use polar_tests::polar_bin;
 
 fn run(prefix: &[&str], args: &[&str]) -> Result<Output> {
@@ -207,7 +207,7 @@ fn the_units_capabilities_are_enough_to_run_a_sandbox() -> Result<()> {
         !stderr.contains("releasing the sandbox's disk quota"),
         "with {bounding}: {stderr}"
     );
-    let left = polar_agent::runtime::quota::mounts_below(state.path())?;
+    let left = polar_sandbox::runtime::quota::mounts_below(state.path())?;
     for m in &left {
         let _ = nix::mount::umount2(m, nix::mount::MntFlags::MNT_DETACH);
     }

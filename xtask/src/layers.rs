@@ -106,7 +106,8 @@ pub struct Layer {
     /// Crates of [`IO_CRATES`] this crate may name directly; every walk of
     /// the resolved graph skips these edges. For an optional dependency
     /// behind a feature that only a crate allowed to use it turns on (the
-    /// resolved graph unifies features across the workspace).
+    /// resolved graph unifies features across the workspace). The owned
+    /// rule ([`OWNED`]) lets the crate name these too.
     pub io_allowed: &'static [&'static str],
 }
 
@@ -125,7 +126,7 @@ const fn row(name: &'static str, class: Class, may_use: &'static [&'static str])
 pub const LAYERS: &[Layer] = &[
     Layer {
         // `unsafe impl aya::Pod` for the shared types, behind the `user`
-        // feature, which only polar-agent turns on.
+        // feature, which only polar-redirect turns on.
         io_allowed: &["aya"],
         ..row("polar-common", Class::Pure, &[])
     },
@@ -267,11 +268,94 @@ pub const LAYERS: &[Layer] = &[
             "polar-spec",
         ],
     ),
+    // TLS termination: the sandboxes' CA, its leaves, the rustls server
+    // side; knows nothing of the proxy behind it.
+    row("polar-tls", Class::Io, &["polar-io", "polar-wire"]),
+    // How a sandbox's connections and DNS reach the agent: the eBPF loader
+    // (its build script embeds the object), cgroups, the DNS responder and
+    // the accept loop; knows nothing of what handlers do.
+    Layer {
+        build_only: &["polar-ebpf"],
+        ..row(
+            "polar-redirect",
+            Class::Io,
+            &["polar-common", "polar-ids", "polar-io", "polar-wire"],
+        )
+    },
+    // Sandbox sessions and the runtimes in them: cgroups, limits, seccomp,
+    // uids, network namespaces, bwrap, Docker, Apptainer; connections go to
+    // the caller's handler, so it knows nothing of the proxy.
+    row(
+        "polar-sandbox",
+        Class::Io,
+        &[
+            "polar-config",
+            "polar-evaluate",
+            "polar-ids",
+            "polar-io",
+            "polar-redirect",
+            "polar-spec",
+            "polar-tls",
+        ],
+    ),
+    // Harness presets and configured harnesses as values (command lines,
+    // variables, files); the sandbox's errors only for one error type.
+    row(
+        "polar-harness",
+        Class::Io,
+        &["polar-chat", "polar-config", "polar-sandbox", "polar-spec"],
+    ),
+    // The interception proxy and its capture stage: connections from the
+    // accept loop, leaves from polar-tls, records to polar-capture; knows
+    // nothing of sandboxes, harnesses or trajectories.
+    row(
+        "polar-proxy",
+        Class::Io,
+        &[
+            "polar-capture",
+            "polar-chat",
+            "polar-config",
+            "polar-ids",
+            "polar-inference",
+            "polar-io",
+            "polar-json",
+            "polar-record",
+            "polar-redirect",
+            "polar-tls",
+            "polar-wire",
+        ],
+    ),
+    // A node's work: the agent's parts, harness sessions end to end, the
+    // gateway daemon's work; below the `polar` command, which wires it.
+    row(
+        "polar-node",
+        Class::Io,
+        &[
+            "polar-capture",
+            "polar-chat",
+            "polar-config",
+            "polar-evaluate",
+            "polar-export",
+            "polar-gateway",
+            "polar-harness",
+            "polar-ids",
+            "polar-inference",
+            "polar-io",
+            "polar-proxy",
+            "polar-record",
+            "polar-redirect",
+            "polar-rollout-api",
+            "polar-sandbox",
+            "polar-spec",
+            "polar-tls",
+            "polar-trajectory",
+        ],
+    ),
     Layer {
         name: "polar-agent",
         class: Class::Agent,
         may_use: Allowed::Above,
-        // Its build script embeds the eBPF object.
+        // The eBPF object, if ever, only as a build-dependency.
         build_only: &["polar-ebpf"],
         io_allowed: &[],
     },
@@ -329,8 +413,8 @@ pub const OWNED: &[Owned] = &[
     },
     Owned {
         deps: &["aya"],
-        owners: &["polar-agent", "polar-common"],
-        why: "loading eBPF programs is the agent's",
+        owners: &["polar-redirect"],
+        why: "loading eBPF programs is the redirect's",
     },
 ];
 
@@ -356,9 +440,16 @@ pub const STABLE_ONLY: &[&str] = &[
     "polar-gateway",
     "polar-rollout",
     "polar-config",
+    "polar-tls",
 ];
 /// ...so must not reach these through normal or build dependencies.
-pub const EBPF_SIDE: &[&str] = &["polar-agent", "polar-ebpf", "aya", "aya-build"];
+pub const EBPF_SIDE: &[&str] = &[
+    "polar-agent",
+    "polar-redirect",
+    "polar-ebpf",
+    "aya",
+    "aya-build",
+];
 
 /// `cargo xtask layers [--write]`.
 pub fn run(write: bool) -> Result<()> {

@@ -14,13 +14,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::AgentParts;
-use crate::gateway::retention::Retention;
-use crate::gateway::work::HarnessWork;
-use crate::gateway::{GatewayConfig, GatewayConfigError, Node, NodeOptions, Stages};
-use crate::redirect::{Redirect, RedirectOptions, preflight};
-use crate::sandbox::SandboxError;
 use polar_export::{Destination, ExportOptions, Exporter};
+use polar_node::agent::AgentParts;
+use polar_node::gateway::retention::Retention;
+use polar_node::gateway::work::HarnessWork;
+use polar_node::gateway::{GatewayConfig, GatewayConfigError, Node, NodeOptions, Stages};
+use polar_redirect::{Redirect, RedirectOptions, preflight};
+use polar_sandbox::SandboxError;
 use polar_spec::{KeyError, KeyPath};
 
 /// Arguments of `polar agent`.
@@ -37,7 +37,7 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> CliError + '_ {
 
 /// Runs the gateway daemon until a terminating signal.
 pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
-    let mut signals = crate::signals::Terminated::install();
+    let mut signals = polar_sandbox::signals::Terminated::install();
     // Everything checked before anything is created.
     let path = args.config.config.clone().ok_or_else(|| {
         CliError::Usage("polar agent needs --config FILE with a [gateway] table".into())
@@ -87,7 +87,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
     let redirect = Arc::new(
         Redirect::start(&RedirectOptions {
             reaper_exe: std::env::current_exe().ok(),
-            sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+            sandboxes: Some(polar_sandbox::runtime::steps::sandboxes_dir(
                 &parts.config.agent.state_dir,
             )),
         })
@@ -103,7 +103,7 @@ pub async fn run(args: AgentArgs) -> Result<ExitCode, CliError> {
         advertise: gw.advertise.clone(),
         max_sessions: gw.max_sessions,
         heartbeat_interval: gw.heartbeat_interval,
-        progress: crate::gateway::Progress::All,
+        progress: polar_node::gateway::Progress::All,
         labels,
         limits: gw.serve_limits,
         tls: Some(tls),
@@ -206,7 +206,7 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     // No policy root may hold or be inside the node's secrets.
     gw.policy
         .check_protected(
-            &crate::gateway::config::policy_key(),
+            &polar_node::gateway::config::policy_key(),
             &[
                 ("state directory", config.agent.state_dir.as_path()),
                 ("config file", path),
@@ -223,8 +223,8 @@ pub(crate) fn check(args: &ConfigArgs, path: &std::path::Path) -> Result<Checked
     });
     let dest = Destination::parse(&export, &gw.s3)?;
     // A uid for each session the node holds at once.
-    crate::sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
-        .map_err(crate::agent::AgentError::from)?;
+    polar_sandbox::uids::RangeCheck::check_node(&config.sandbox.uids, gw.max_sessions)
+        .map_err(polar_node::agent::AgentError::from)?;
     Ok(Checked {
         config,
         gw,
@@ -253,7 +253,7 @@ fn reload(parts: &AgentParts, config: &ConfigArgs) {
 /// SIGHUP: the gateway's tokens, read again from the file and the token
 /// files (rotation); tokens that do not check keep the ones in force.
 /// Other `[gateway]` changes apply at restart.
-fn reload_tokens<W: crate::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
+fn reload_tokens<W: polar_node::gateway::Work>(node: &Node<W>, path: &std::path::Path) {
     match read_tokens(path, node.node_id()) {
         Ok((token, accept)) => node.set_tokens(&token, accept),
         Err(e) => {
@@ -302,10 +302,10 @@ async fn shutdown(parts: &AgentParts, redirect: Arc<Redirect>) {
 /// A start that failed: the server refusing the node's token (401) is an
 /// authentication error (exit 4) naming the node and where its token
 /// comes from; the rest as they are.
-fn start_error(e: crate::gateway::NodeError, node_id: &str) -> CliError {
+fn start_error(e: polar_node::gateway::NodeError, node_id: &str) -> CliError {
     use polar_rollout_api::ClientError;
     match e {
-        crate::gateway::NodeError::Register {
+        polar_node::gateway::NodeError::Register {
             url,
             source:
                 ClientError::Status {

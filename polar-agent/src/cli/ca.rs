@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::{ca_options, constraints_for};
-use crate::tls::Ca;
+use polar_node::agent::{ca_options, constraints_for};
+use polar_tls::Ca;
 
 /// `polar ca ...`
 #[derive(Debug, Subcommand)]

@@ -12,13 +12,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use super::sandbox::SandboxRunArgs;
-use crate::agent::AgentParts;
-use crate::harness::run::{HarnessRun, run as run_harness};
-use crate::harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
-use crate::redirect::{Redirect, RedirectError, RedirectOptions, preflight};
-use crate::runtime::plan::StepEnd;
-use crate::sandbox::SandboxError;
+use polar_harness::{Harness, HarnessChoice, HarnessName, ModeKind, search_dirs};
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::{HarnessRun, run as run_harness};
+use polar_redirect::{Redirect, RedirectError, RedirectOptions, preflight};
+use polar_sandbox::SandboxError;
+use polar_sandbox::runtime::plan::StepEnd;
 use polar_spec::runtime::RuntimeSpec;
 
 /// The harness options of `polar sandbox run`.
@@ -59,7 +59,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let h = &args.harness;
     // Validate everything before anything is created.
     let choice: HarnessChoice = match &h.harness {
-        Some(name) => name.parse().map_err(crate::harness::HarnessError::from)?,
+        Some(name) => name.parse().map_err(polar_harness::HarnessError::from)?,
         None => HarnessName::Shell.into(),
     };
     let config = args.config.load()?;
@@ -75,18 +75,22 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         .collect();
     let instruction = h.instruction.clone().unwrap_or_default();
     if !harness.is_shell() && instruction.is_empty() {
-        return Err(crate::harness::HarnessError::NoInstruction(harness.to_string()).into());
+        return Err(polar_harness::HarnessError::NoInstruction(harness.to_string()).into());
     }
     let install = harness.check_installed(&search_dirs(), Duration::from_secs(30))?;
     let session = args.session.clone().unwrap_or_else(SessionId::random);
     // The runtime's program works (checked again when the session starts).
-    crate::runtime::Runtime::for_spec(&spec, &session, &crate::runtime::Node::of(&config))
-        .map_err(crate::harness::HarnessError::from)?;
+    polar_sandbox::runtime::Runtime::for_spec(
+        &spec,
+        &session,
+        &polar_sandbox::runtime::Node::of(&config),
+    )
+    .map_err(polar_harness::HarnessError::from)?;
     preflight::check().map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())))?;
     let parts = AgentParts::build(config)?;
     let redirect = Redirect::start(&RedirectOptions {
         reaper_exe: std::env::current_exe().ok(),
-        sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+        sandboxes: Some(polar_sandbox::runtime::steps::sandboxes_dir(
             &parts.config.agent.state_dir,
         )),
     })
@@ -94,7 +98,7 @@ pub async fn run(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let stop = CancellationToken::new();
     let signal_stop = stop.clone();
     tokio::spawn(async move {
-        crate::signals::terminated().await;
+        polar_sandbox::signals::terminated().await;
         signal_stop.cancel();
     });
     let mode = if h.base_url {

@@ -23,10 +23,10 @@ use clap::{Parser, Subcommand};
 use polar_io::chain;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::AgentError;
-use crate::sandbox::SandboxError;
 use crate::telemetry::{self, LogFormat};
 use polar_config::{Config, ConfigError};
+use polar_node::agent::AgentError;
+use polar_sandbox::SandboxError;
 
 pub use self::ca::CaCommand;
 pub use self::install::{InstallArgs, UninstallArgs};
@@ -177,7 +177,7 @@ pub enum CliError {
     Agent(#[from] AgentError),
     /// The CA operation failed.
     #[error(transparent)]
-    Ca(#[from] crate::tls::CaError),
+    Ca(#[from] polar_tls::CaError),
     /// The cluster CA operation failed.
     #[error(transparent)]
     ClusterCa(#[from] polar_io::tls::ca::CaError),
@@ -210,10 +210,10 @@ pub enum CliError {
     TaskFile(String),
     /// The simulated gateway could not start.
     #[error(transparent)]
-    Sim(#[from] crate::gateway::NodeError),
+    Sim(#[from] polar_node::gateway::NodeError),
     /// The harness session failed.
     #[error(transparent)]
-    Harness(Box<crate::harness::HarnessError>),
+    Harness(Box<polar_harness::HarnessError>),
     /// The runtime spec is invalid.
     #[error(transparent)]
     Spec(#[from] polar_spec::runtime::SpecError),
@@ -228,7 +228,7 @@ pub enum CliError {
     Usage(String),
     /// The `[gateway]` table is invalid.
     #[error(transparent)]
-    Gateway(#[from] crate::gateway::GatewayConfigError),
+    Gateway(#[from] polar_node::gateway::GatewayConfigError),
     /// `polar config check`: the file does not pass the checks `command`
     /// makes at start.
     #[error("{file}: not valid for {command}: {error}")]
@@ -245,8 +245,8 @@ pub enum CliError {
     Slurm(#[from] crate::slurm::SlurmError),
 }
 
-impl From<crate::harness::HarnessError> for CliError {
-    fn from(e: crate::harness::HarnessError) -> Self {
+impl From<polar_harness::HarnessError> for CliError {
+    fn from(e: polar_harness::HarnessError) -> Self {
         Self::Harness(Box::new(e))
     }
 }
@@ -260,7 +260,7 @@ impl From<std::io::Error> for CliError {
 impl CliError {
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Sandbox(SandboxError::Spawn(crate::sandbox::process::SpawnError::Spawn {
+            Self::Sandbox(SandboxError::Spawn(polar_sandbox::process::SpawnError::Spawn {
                 source,
                 ..
             })) if source.kind() == std::io::ErrorKind::NotFound => 127,
@@ -319,7 +319,7 @@ pub fn main() -> ExitCode {
 fn run(command: Command) -> Result<ExitCode, CliError> {
     match command {
         Command::Reap { dir, sandboxes } => {
-            use crate::redirect::reaper::{self, Release};
+            use polar_redirect::reaper::{self, Release};
             let agent = std::os::unix::process::parent_id();
             let (release, reaped) = reaper::run(&dir);
             let reaped = reaped.map_err(|e| CliError::Sandbox(SandboxError::Redirect(e.into())));
@@ -330,12 +330,12 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             if let Some(s) = sandboxes {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
                 while release == Release::Gone
-                    && crate::runtime::quota::runs(agent)
+                    && polar_sandbox::runtime::quota::runs(agent)
                     && std::time::Instant::now() < until
                 {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                crate::runtime::quota::reclaim_stale(&s);
+                polar_sandbox::runtime::quota::reclaim_stale(&s);
             }
             reaped?;
             Ok(ExitCode::SUCCESS)
@@ -393,7 +393,7 @@ fn run(command: Command) -> Result<ExitCode, CliError> {
             let token = CancellationToken::new();
             let stop = token.clone();
             tokio::spawn(async move {
-                crate::signals::terminated().await;
+                polar_sandbox::signals::terminated().await;
                 stop.cancel();
             });
             polar_mock::run(&args, token).await?;

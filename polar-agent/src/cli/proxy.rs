@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use super::{CliError, ConfigArgs};
-use crate::agent::AgentParts;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
 
 /// Arguments of `polar proxy`.
 #[derive(Debug, clap::Args)]
@@ -46,7 +46,7 @@ pub async fn run(args: ProxyArgs) -> Result<ExitCode, CliError> {
             "no address to listen on: give --listen or set proxy.base_url_listen".into(),
         ));
     };
-    let mut terminated = crate::signals::Terminated::install();
+    let mut terminated = polar_sandbox::signals::Terminated::install();
     let parts = AgentParts::build(config)?;
     for s in &args.sessions {
         parts.sessions.register(s, Some(s.as_str()));

@@ -154,7 +154,7 @@ pub async fn run(cmd: RolloutCommand) -> Result<ExitCode, CliError> {
             let mut hangup =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
             let server = RolloutServer::start(cfg.clone()).await?;
-            let stop = crate::signals::terminated();
+            let stop = polar_sandbox::signals::terminated();
             tokio::pin!(stop);
             loop {
                 tokio::select! {
@@ -203,7 +203,7 @@ pub async fn run(cmd: RolloutCommand) -> Result<ExitCode, CliError> {
                 address = gw.address(),
                 "simulated gateway running"
             );
-            crate::signals::terminated().await;
+            polar_sandbox::signals::terminated().await;
             gw.stop().await;
             Ok(ExitCode::SUCCESS)
         }

@@ -1,7 +1,7 @@
 //! `polar sandbox run`: one command in a sandbox session, its traffic
 //! captured by the interception proxy (or, with `--inspect`, only logged).
 //!
-//! The command runs in the native runtime ([`crate::runtime::oneshot`]):
+//! The command runs in the native runtime ([`polar_sandbox::runtime::oneshot`]):
 //! the same hardened bubblewrap sandbox as a harness session, with the
 //! caller's stdio. Only `--unconfined`, a debugging flag that warns loudly,
 //! runs it the old way: as root on the host's root file system, with every
@@ -15,18 +15,18 @@ use std::time::Duration;
 use clap::ValueEnum;
 
 use super::{CliError, ConfigArgs, exit_code};
-use crate::agent::AgentParts;
-use crate::dns::{FakeIps, InterceptAll, Resolver};
-use crate::harness::run::release_dirs;
-use crate::listener::LogHandler;
-use crate::redirect::preflight;
-use crate::runtime::oneshot;
-use crate::runtime::steps::SandboxDirs;
-use crate::sandbox::session::Exec;
-use crate::sandbox::{self, End, NetworkMode, RunSpec, SandboxError};
-use crate::tls::TrustFiles;
 use polar_capture::SessionInfo;
 use polar_ids::SessionId;
+use polar_node::agent::AgentParts;
+use polar_node::harness::run::release_dirs;
+use polar_redirect::dns::{FakeIps, InterceptAll, Resolver};
+use polar_redirect::listener::LogHandler;
+use polar_redirect::preflight;
+use polar_sandbox::runtime::oneshot;
+use polar_sandbox::runtime::steps::SandboxDirs;
+use polar_sandbox::session::Exec;
+use polar_sandbox::{End, NetworkMode, RunSpec, SandboxError};
+use polar_tls::TrustFiles;
 
 /// Arguments of `polar sandbox run`.
 #[derive(Debug, clap::Args)]
@@ -134,13 +134,13 @@ fn exec_for(
         return Ok((exec, None));
     }
     // Directories and the quota's mount: blocking, before the session.
-    let node = crate::runtime::Node::of(config);
+    let node = polar_sandbox::runtime::Node::of(config);
     let state_dir = &config.agent.state_dir;
     let disk_bytes = config.sandbox.disk_bytes;
     let shot = tokio::task::block_in_place(|| {
         oneshot::native(state_dir, disk_bytes, &node, trust, session, &args.command)
     })
-    .map_err(crate::harness::HarnessError::from)?;
+    .map_err(polar_harness::HarnessError::from)?;
     tracing::info!(
         session = %session,
         workspace = %shot.dirs.workspace.display(),
@@ -163,7 +163,7 @@ fn spec(
         network: args.network.into(),
         session: Some(session),
         reaper_exe: std::env::current_exe().ok(),
-        sandboxes: Some(crate::runtime::steps::sandboxes_dir(
+        sandboxes: Some(polar_sandbox::runtime::steps::sandboxes_dir(
             &config.agent.state_dir,
         )),
         drain_grace: Duration::from_secs(5),
@@ -184,14 +184,14 @@ async fn inspect(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
     let (exec, dirs) = exec_for(&args, &session, &config, None)?;
     let mut spec = spec(&args, session.clone(), exec, &config);
     spec.drain_grace = handler.read_timeout + Duration::from_secs(2);
-    let out = sandbox::run(spec, Arc::clone(&handler), resolver).await;
+    let out = polar_sandbox::run(spec, Arc::clone(&handler), resolver).await;
     // Inspecting keeps nothing: the session's directories go, their disk
     // quota discarded rather than copied to disk.
     if let Some((dirs, _guard)) = dirs {
         tokio::task::spawn_blocking(move || dirs.remove())
             .await
             .map_err(|e| CliError::Io("removing the session".into(), std::io::Error::other(e)))?
-            .map_err(crate::harness::HarnessError::from)?;
+            .map_err(polar_harness::HarnessError::from)?;
     }
     let out = out?;
     tracing::info!(session = %out.session, captured = handler.captured(), "sandbox finished");
@@ -224,7 +224,8 @@ async fn proxied(args: SandboxRunArgs) -> Result<ExitCode, CliError> {
         }
     };
     let spec = spec(&args, session.clone(), exec, &parts.config);
-    let result = sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
+    let result =
+        polar_sandbox::run(spec, Arc::clone(&parts.proxy), Arc::clone(&parts.resolver)).await;
     if let Some((dirs, _guard)) = dirs {
         release_dirs(dirs).await;
     }

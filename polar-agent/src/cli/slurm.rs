@@ -93,10 +93,10 @@ pub struct NodeArgs {
 /// The gateway's environment overrides: never taken from a job's
 /// environment (the node's identity is Slurm's).
 const GATEWAY_ENV: [&str; 4] = [
-    crate::gateway::config::TOKEN_ENV,
-    crate::gateway::config::NODE_ID_ENV,
-    crate::gateway::config::ADVERTISE_ENV,
-    crate::gateway::config::LISTEN_ENV,
+    polar_node::gateway::config::TOKEN_ENV,
+    polar_node::gateway::config::NODE_ID_ENV,
+    polar_node::gateway::config::ADVERTISE_ENV,
+    polar_node::gateway::config::LISTEN_ENV,
 ];
 
 /// How long the certificates of a job are valid.
@@ -134,7 +134,7 @@ pub async fn run(cmd: SlurmCommand) -> Result<ExitCode, CliError> {
 
 /// `polar slurm run`.
 async fn job(args: RunArgs) -> Result<ExitCode, CliError> {
-    let mut signals = crate::signals::Terminated::install();
+    let mut signals = polar_sandbox::signals::Terminated::install();
     // Everything checked before anything is made.
     let job_id = job_env("SLURM_JOB_ID")?;
     if !is_slurm_number(&job_id) {
@@ -381,7 +381,7 @@ async fn wait_registered(
     dir: &JobDir,
     gateways: &mut tokio::process::Child,
     timeout: Duration,
-    signals: &mut crate::signals::Terminated,
+    signals: &mut polar_sandbox::signals::Terminated,
 ) -> Result<(), CliError> {
     let until = Instant::now() + timeout;
     loop {
@@ -433,7 +433,7 @@ async fn run_command(
     gateways: &mut tokio::process::Child,
     dir: &JobDir,
     job: &Job,
-    signals: &mut crate::signals::Terminated,
+    signals: &mut polar_sandbox::signals::Terminated,
 ) -> Result<Ended, CliError> {
     let (program, rest) = command
         .split_first()
@@ -610,7 +610,7 @@ async fn node(args: NodeArgs) -> Result<ExitCode, CliError> {
 
 /// Removes a node's job state directory, refusing one with a mount below.
 fn remove_state(state: &Path) -> Result<(), String> {
-    let mounts = crate::runtime::quota::mounts_below(state).map_err(|e| e.to_string())?;
+    let mounts = polar_sandbox::runtime::quota::mounts_below(state).map_err(|e| e.to_string())?;
     if let Some(m) = mounts.first() {
         return Err(format!("{} is still mounted", m.display()));
     }

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::redirect::Cgroup2Mount;
-use crate::redirect::cgroup::kill_and_remove;
+use polar_redirect::Cgroup2Mount;
+use polar_redirect::cgroup::kill_and_remove;
 
 /// Prefix of the names of Polar's programs (kernel names are cut at 15
 /// bytes, so the full names are not compared).
@@ -154,23 +154,14 @@ pub fn cgroups_in(parent: &Path) -> Vec<Leftover> {
 
 /// Loaded BPF programs of Polar, with the processes holding them.
 pub fn programs() -> Vec<Leftover> {
-    let mut found = Vec::new();
-    for info in aya::programs::loaded_programs() {
-        let info = match info {
-            Ok(i) => i,
-            Err(e) => {
-                return vec![Leftover::Unchecked {
-                    what: format!("BPF programs ({e})"),
-                }];
-            }
-        };
-        let Some(name) = info.name_as_str() else {
-            continue;
-        };
-        if name.starts_with(PROGRAM_PREFIX) {
-            found.push((info.id(), name.to_owned()));
+    let found = match polar_redirect::loader::loaded_programs_named(PROGRAM_PREFIX) {
+        Ok(found) => found,
+        Err(e) => {
+            return vec![Leftover::Unchecked {
+                what: format!("BPF programs ({e})"),
+            }];
         }
-    }
+    };
     if found.is_empty() {
         return Vec::new();
     }

@@ -23,8 +23,8 @@ use std::fmt;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
-use crate::agent::AgentError;
 use polar_config::{Config, ConfigError};
+use polar_node::agent::AgentError;
 
 use self::leftovers::Leftover;
 use self::manifest::{Kind, MANIFEST, Manifest, under};
@@ -247,7 +247,7 @@ pub fn install(opts: &InstallOptions) -> Result<InstallReport, InstallError> {
     let state = config.agent.state_dir.clone();
     mkdir(root, &state.to_string_lossy(), 0o700, &mut m, Kind::State)?;
     config.agent.state_dir = under(root, &state);
-    crate::agent::load_or_init_ca(&config)?;
+    polar_node::agent::load_or_init_ca(&config)?;
     m.add(&state, Kind::State);
 
     for (unit, text) in [
@@ -332,7 +332,9 @@ pub fn uninstall(opts: &UninstallOptions) -> Result<UninstallReport, InstallErro
             let at = under(root, p);
             if at.exists() {
                 // Sessions' disk-quota tmpfs first: a purge keeps no files.
-                crate::runtime::quota::discard_all(&crate::runtime::steps::sandboxes_dir(&at));
+                polar_sandbox::runtime::quota::discard_all(
+                    &polar_sandbox::runtime::steps::sandboxes_dir(&at),
+                );
                 std::fs::remove_dir_all(&at).map_err(|e| InstallError::io("removing", &at, e))?;
                 report.removed.push(p.clone());
             }

@@ -158,7 +158,7 @@ mod tests {
         let caps = key(&u, "AmbientCapabilities");
         assert_eq!(caps, key(&u, "CapabilityBoundingSet"));
         // The preflight's capabilities are all granted, each explained.
-        for (cap, _) in crate::redirect::preflight::REQUIRED {
+        for (cap, _) in polar_redirect::preflight::REQUIRED {
             assert!(caps[0].split(' ').any(|c| c == cap.to_string()), "{cap}");
         }
         for (cap, _) in AGENT_CAPABILITIES {

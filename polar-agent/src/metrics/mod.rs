@@ -10,12 +10,12 @@ use std::sync::atomic::Ordering;
 
 use polar_metrics::Text;
 
-use crate::proxy::ProxyStats;
-use crate::proxy::error::NamedBy;
-use crate::proxy::shares::Cap;
-use crate::redirect::RedirectStats;
 use polar_capture::CaptureStats;
 use polar_export::ExportCounters;
+use polar_proxy::ProxyStats;
+use polar_proxy::error::NamedBy;
+use polar_proxy::shares::Cap;
+use polar_redirect::RedirectStats;
 
 /// What the agent's page is made of; absent parts are left out.
 #[derive(Debug, Default, Clone, Copy)]

@@ -269,7 +269,7 @@ mod tests {
                     [gateway]\nexport = \"/shared/t\"\nrunning_workers = 4\ndrain_timeout_secs = 60\n";
         let text = node_config(base, &node()).unwrap();
         // The gateway's own parser takes it.
-        let gw = crate::gateway::GatewayConfig::from_toml_with_env(&text, |_| None)
+        let gw = polar_node::gateway::GatewayConfig::from_toml_with_env(&text, |_| None)
             .unwrap()
             .unwrap();
         assert_eq!(gw.node_id, "n1");

@@ -205,7 +205,7 @@ fn workspace_deps(
 
 /// The owned-dependency rule. While none of a dependency's owners is a
 /// workspace member yet, its code still lives in the agent crate, which may
-/// then keep the dependency.
+/// then keep the dependency. A row's `io_allowed` crates are exempt.
 fn owned_deps(member: &Member, layer: &Layer, members: &HashSet<&str>, out: &mut Vec<Violation>) {
     let mut seen = HashSet::new();
     for dep in member.deps.iter().filter(|d| d.kind != Kind::Dev) {
@@ -216,7 +216,10 @@ fn owned_deps(member: &Member, layer: &Layer, members: &HashSet<&str>, out: &mut
         else {
             continue;
         };
-        if owned.owners.contains(&member.name.as_str()) || !seen.insert(name) {
+        if owned.owners.contains(&member.name.as_str())
+            || layer.io_allowed.contains(&name)
+            || !seen.insert(name)
+        {
             continue;
         }
         let owners_exist = owned.owners.iter().any(|o| members.contains(o));

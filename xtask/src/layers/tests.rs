@@ -137,7 +137,8 @@ fn after_split() -> Meta {
             "polar-io" => deps.extend([("tokio", ""), ("hyper", "")]),
             "polar-export" => deps.extend([("parquet", ""), ("arrow-array", "")]),
             "polar-rollout" => deps.push(("rusqlite", "")),
-            "polar-agent" => deps.extend([("aya", ""), ("aya-build", "build"), ("libc", "")]),
+            "polar-redirect" => deps.extend([("aya", ""), ("aya-build", "build"), ("libc", "")]),
+            "polar-agent" => deps.push(("libc", "")),
             "polar-json" => deps.push(("serde_json", "")),
             // A dev-dependency on a crate below that does not depend on it.
             "polar-metrics" => deps.push(("polar-rollout-api", "dev")),
@@ -336,6 +337,8 @@ fn library_crates_must_not_reach_the_ebpf_side() {
             (Rule::StableOnly, "polar-rollout-api", "aya-build"),
             (Rule::StableOnly, "polar-gateway", "aya-build"),
             (Rule::StableOnly, "polar-rollout", "aya-build"),
+            (Rule::StableOnly, "polar-config", "aya-build"),
+            (Rule::StableOnly, "polar-tls", "aya-build"),
         ]
     );
     let text = v
@@ -362,17 +365,20 @@ fn only_the_tests_depend_on_the_agent() {
         [
             (Rule::AgentDependent, "polar-export", "polar-agent"),
             (Rule::StableOnly, "polar-export", "polar-agent"),
+            (Rule::StableOnly, "polar-export", "polar-redirect"),
             (Rule::StableOnly, "polar-export", "polar-ebpf"),
             (Rule::StableOnly, "polar-export", "aya"),
             (Rule::StableOnly, "polar-export", "aya-build"),
             // The rollout server reads exports: the edge reaches it too.
             (Rule::StableOnly, "polar-rollout", "polar-agent"),
+            (Rule::StableOnly, "polar-rollout", "polar-redirect"),
             (Rule::StableOnly, "polar-rollout", "polar-ebpf"),
             (Rule::StableOnly, "polar-rollout", "aya"),
             (Rule::StableOnly, "polar-rollout", "aya-build"),
             (Rule::AgentDependent, "xtask", "polar-agent"),
             (Rule::Cycle, "polar-agent", "polar-export"),
             (Rule::Cycle, "polar-rollout", "polar-export"),
+            (Rule::Cycle, "polar-node", "polar-export"),
         ]
     );
     assert!(

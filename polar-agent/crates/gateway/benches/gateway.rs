@@ -1,7 +1,7 @@
 //! The READY buffer's effect on backend use: a simulated workload
 //! of 64 sessions on one gateway node — each runtime takes 2 s to start and
 //! each harness keeps the backend busy for 10 s — run through the real stage
-//! pipeline (`polar_agent::gateway::Stages`) twice in the same process, with
+//! pipeline (`polar_gateway::Stages`) twice in the same process, with
 //! a READY buffer and without one, in tokio's paused (virtual) time, so the
 //! figures are exact and the machine's load does not matter.
 //!

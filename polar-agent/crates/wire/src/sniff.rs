@@ -2,7 +2,7 @@
 //! ClientHello (with its SNI), plain HTTP (with the `Host` header's host
 //! once the request head is complete), something else, or not enough bytes
 //! yet ([`verdict`], fed by the agent's bounded read,
-//! `polar_agent::proxy::sniff`).
+//! `polar_proxy::sniff`).
 
 use super::peek::{MAX_PEEK_LEN, Peek, classify};
 
