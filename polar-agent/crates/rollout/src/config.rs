@@ -98,16 +98,7 @@ pub enum RolloutConfigError {
 
 /// `rollout.KEY`.
 fn key(key: &str) -> KeyPath {
-    rollout().key(key)
-}
-
-/// The `[rollout]` table.
-fn rollout() -> KeyPath {
-    KeyPath::root().key("rollout")
-}
-
-fn invalid(at: KeyPath, reason: impl Into<String>) -> KeyError {
-    KeyError::new(at, reason)
+    KeyPath::root().key("rollout").key(key)
 }
 
 /// The key path of a deserializer's error.
@@ -385,10 +376,10 @@ impl RolloutConfig {
 
     /// Parses TOML text; a relative `database` is taken from `base`.
     pub fn from_toml(text: &str, base: Option<&Path>) -> Result<Self, RolloutConfigError> {
-        let de =
-            toml::Deserializer::parse(text).map_err(|e| invalid(KeyPath::root(), e.message()))?;
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| KeyError::new(KeyPath::root(), e.message()))?;
         let raw: RawFile = serde_path_to_error::deserialize(de)
-            .map_err(|e| invalid(path_of(e.path()), e.into_inner().message()))?;
+            .map_err(|e| KeyError::new(path_of(e.path()), e.into_inner().message()))?;
         Ok(Self::try_from_raw(raw.rollout, base)?)
     }
 
@@ -401,7 +392,7 @@ impl RolloutConfig {
         if let Some(listen) = &raw.listen {
             cfg.listen = listen
                 .parse()
-                .map_err(|e| invalid(key("listen"), format!("{listen:?}: {e}")))?;
+                .map_err(|e| KeyError::new(key("listen"), format!("{listen:?}: {e}")))?;
         }
         cfg.database = rebase(database(raw.database.as_deref(), &cfg.database)?, base);
         cfg.token_sources = token_sources(&raw, base)?;
@@ -415,7 +406,7 @@ impl RolloutConfig {
             None | Some("address") => GatewayName::Address,
             Some("node_id") => GatewayName::NodeId,
             Some(other) => {
-                return Err(invalid(
+                return Err(KeyError::new(
                     key("verify_gateway_as"),
                     format!("{other:?}: use \"address\" or \"node_id\""),
                 ));
@@ -445,7 +436,7 @@ impl RolloutConfig {
             .extend(tokens.into_iter().filter(|t| !t.is_empty()));
         for given in node_tokens.into_iter().filter(|t| !t.is_empty()) {
             let Some((node, token)) = given.split_once('=') else {
-                return Err(invalid(
+                return Err(KeyError::new(
                     key("node_tokens"),
                     format!("{NODE_TOKEN_ENV} / --node-token take NODE_ID=TOKEN"),
                 )
@@ -462,7 +453,7 @@ impl RolloutConfig {
         let src = &self.token_sources;
         let read = |at: KeyPath, path: &Path| {
             polar_io::auth::read_token_file(path)
-                .map_err(|e| invalid(at, format!("{}: {e}", path.display())))
+                .map_err(|e| KeyError::new(at, format!("{}: {e}", path.display())))
         };
         let mut tokens = src.tokens.clone();
         for (i, p) in src.token_files.iter().enumerate() {
@@ -476,7 +467,7 @@ impl RolloutConfig {
         if let Some(dir) = &src.node_token_dir {
             for (node, path) in node_token_files(dir)? {
                 if node_tokens.contains_key(&node) {
-                    return Err(invalid(
+                    return Err(KeyError::new(
                         key("node_token_dir"),
                         format!("node {node:?} also has a token in rollout.node_tokens"),
                     )
@@ -488,7 +479,7 @@ impl RolloutConfig {
         }
         let gateway_token = match (&src.gateway_token, &src.gateway_token_file) {
             (Some(_), Some(_)) => {
-                return Err(invalid(
+                return Err(KeyError::new(
                     key("gateway_token_file"),
                     "give gateway_token or gateway_token_file, not both",
                 )
@@ -514,7 +505,7 @@ impl RolloutConfig {
     /// roles or two nodes (nor the callback token any of them).
     pub fn check_identities(&self) -> Result<(), RolloutConfigError> {
         if self.tokens.is_empty() {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("tokens"),
                 format!(
                     "no trainer token: set rollout.tokens, token_files, {TOKEN_ENV} or --token"
@@ -523,7 +514,7 @@ impl RolloutConfig {
             .into());
         }
         if self.node_tokens.is_empty() {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("node_tokens"),
                 format!(
                     "no node token: set [rollout.node_tokens], node_token_dir, \
@@ -533,7 +524,7 @@ impl RolloutConfig {
             .into());
         }
         if self.gateway_token.is_empty() {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("gateway_token"),
                 "missing: the token this server presents to gateways \
                  (gateway_token or gateway_token_file; not a node or trainer token)",
@@ -550,7 +541,7 @@ impl RolloutConfig {
         }
         for (node, t) in &self.node_tokens {
             if !polar_rollout_api::validate::is_valid_id(node) {
-                return Err(invalid(
+                return Err(KeyError::new(
                     key("node_tokens").key(node),
                     format!(
                         "not a node id: 1 to {} characters from [A-Za-z0-9._-], not starting with '.'",
@@ -566,10 +557,10 @@ impl RolloutConfig {
         }
         for (at, token) in all {
             if let Some(why) = polar_io::auth::token_weakness(token) {
-                return Err(invalid(at, why).into());
+                return Err(KeyError::new(at, why).into());
             }
             if let Some((other, _)) = seen.iter().find(|(_, t)| *t == token) {
-                return Err(invalid(
+                return Err(KeyError::new(
                     at,
                     format!(
                         "the same token as {other}: each role and each node \
@@ -588,7 +579,7 @@ impl RolloutConfig {
 /// `rollout.database`: not empty when given.
 fn database(db: Option<&str>, default: &Path) -> Result<PathBuf, KeyError> {
     match db {
-        Some("") => Err(invalid(key("database"), "must not be empty")),
+        Some("") => Err(KeyError::new(key("database"), "must not be empty")),
         Some(db) => Ok(PathBuf::from(db)),
         None => Ok(default.to_owned()),
     }
@@ -601,7 +592,7 @@ fn token_sources(raw: &RawRolloutConfig, base: Option<&Path>) -> Result<TokenSou
         None => BTreeMap::new(),
         Some(RawNodeTokens::Bound(map)) => map.clone(),
         Some(RawNodeTokens::Shared(_)) => {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("node_tokens"),
                 "bind each node token to its node: [rollout.node_tokens] \
                  with `<node id> = \"<token>\"` lines, or node_token_dir",
@@ -630,7 +621,7 @@ fn token_sources(raw: &RawRolloutConfig, base: Option<&Path>) -> Result<TokenSou
 fn ms(at: KeyPath, v: Option<u64>, default: Duration, min: u64) -> Result<Duration, KeyError> {
     match v {
         None => Ok(default),
-        Some(v) if v < min => Err(invalid(at, format!("must be at least {min}"))),
+        Some(v) if v < min => Err(KeyError::new(at, format!("must be at least {min}"))),
         Some(v) => Ok(Duration::from_millis(v)),
     }
 }
@@ -650,7 +641,7 @@ fn timings(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyErr
         100,
     )?;
     if cfg.heartbeat_timeout <= cfg.heartbeat_interval {
-        return Err(invalid(
+        return Err(KeyError::new(
             key("heartbeat_timeout_ms"),
             "must be longer than heartbeat_interval_ms",
         ));
@@ -681,12 +672,15 @@ fn timings(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyErr
 fn storage(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyError> {
     cfg.retention = match raw.retention_secs {
         None => None,
-        Some(0) => return Err(invalid(key("retention_secs"), "must be at least 1")),
+        Some(0) => return Err(KeyError::new(key("retention_secs"), "must be at least 1")),
         Some(s) => Some(Duration::from_secs(s)),
     };
     if let Some(n) = raw.max_body_bytes {
         if n < 1024 {
-            return Err(invalid(key("max_body_bytes"), "must be at least 1024"));
+            return Err(KeyError::new(
+                key("max_body_bytes"),
+                "must be at least 1024",
+            ));
         }
         cfg.max_body_bytes = usize::try_from(n).unwrap_or(usize::MAX);
     }
@@ -694,7 +688,7 @@ fn storage(raw: &RawRolloutConfig, cfg: &mut RolloutConfig) -> Result<(), KeyErr
         None | Some("normal") => Synchronous::Normal,
         Some("full") => Synchronous::Full,
         Some(other) => {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("synchronous"),
                 format!("{other:?}: use \"normal\" or \"full\""),
             ));
@@ -709,7 +703,7 @@ fn callback(cb: &RawCallback) -> Result<CallbackConfig, KeyError> {
     let d = CallbackConfig::default();
     Ok(CallbackConfig {
         max_attempts: match cb.max_attempts {
-            Some(0) => return Err(invalid(at("max_attempts"), "must be at least 1")),
+            Some(0) => return Err(KeyError::new(at("max_attempts"), "must be at least 1")),
             Some(n) => n,
             None => d.max_attempts,
         },
@@ -734,7 +728,8 @@ fn rebase(path: PathBuf, base: Option<&Path>) -> PathBuf {
 /// The files of a node token directory, by node id (dot files, as the
 /// `..data` links of a mounted Kubernetes secret, are skipped).
 fn node_token_files(dir: &Path) -> Result<Vec<(String, PathBuf)>, KeyError> {
-    let err = |e: std::io::Error| invalid(key("node_token_dir"), format!("{}: {e}", dir.display()));
+    let err =
+        |e: std::io::Error| KeyError::new(key("node_token_dir"), format!("{}: {e}", dir.display()));
     let mut out = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(err)? {
         let entry = entry.map_err(err)?;

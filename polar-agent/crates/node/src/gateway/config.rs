@@ -107,10 +107,6 @@ fn key(key: &str) -> KeyPath {
     KeyPath::root().key("gateway").key(key)
 }
 
-fn invalid(at: KeyPath, reason: impl Into<String>) -> KeyError {
-    KeyError::new(at, reason)
-}
-
 #[derive(Debug, Default, Deserialize)]
 struct RawFile {
     gateway: Option<toml::Value>,
@@ -237,7 +233,7 @@ pub fn policy_key() -> KeyPath {
 
 fn positive(at: &str, v: Option<u32>, default: u32) -> Result<u32, KeyError> {
     match v {
-        Some(0) => Err(invalid(key(at), "must be at least 1")),
+        Some(0) => Err(KeyError::new(key(at), "must be at least 1")),
         Some(n) => Ok(n),
         None => Ok(default),
     }
@@ -245,7 +241,7 @@ fn positive(at: &str, v: Option<u32>, default: u32) -> Result<u32, KeyError> {
 
 fn secs(at: &str, v: Option<u64>, default: u64) -> Result<Duration, KeyError> {
     match v {
-        Some(0) => Err(invalid(key(at), "must be at least 1")),
+        Some(0) => Err(KeyError::new(key(at), "must be at least 1")),
         v => Ok(Duration::from_secs(v.unwrap_or(default))),
     }
 }
@@ -262,9 +258,11 @@ fn url(at: &str, v: &str) -> Result<String, KeyError> {
     let rest = v
         .strip_prefix("http://")
         .or_else(|| v.strip_prefix("https://"))
-        .ok_or_else(|| invalid(key(at), format!("{v:?} is not an http:// or https:// URL")))?;
+        .ok_or_else(|| {
+            KeyError::new(key(at), format!("{v:?} is not an http:// or https:// URL"))
+        })?;
     if rest.trim_end_matches('/').is_empty() || rest.contains(char::is_whitespace) {
-        return Err(invalid(key(at), format!("{v:?} has no host")));
+        return Err(KeyError::new(key(at), format!("{v:?} has no host")));
     }
     Ok(v.trim_end_matches('/').to_owned())
 }
@@ -278,7 +276,7 @@ fn node_id(raw: &RawGatewayConfig) -> Result<String, KeyError> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if !fits {
-        return Err(invalid(
+        return Err(KeyError::new(
             key("node_id"),
             format!("{node_id:?}: 1-128 of [A-Za-z0-9._-]"),
         ));
@@ -302,7 +300,7 @@ fn tokens(
 ) -> Result<Tokens, KeyError> {
     let token_file = match (&raw.token, &raw.token_file, &raw.token_dir) {
         (Some(_), Some(_), _) | (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("token_file"),
                 "give one of token, token_file and token_dir",
             ));
@@ -318,7 +316,7 @@ fn tokens(
         .filter(|t| !t.is_empty())
         .unwrap_or_default();
     if token.is_empty() && token_file.is_none() {
-        return Err(invalid(
+        return Err(KeyError::new(
             key("token"),
             format!("missing: the node token (or token_file, token_dir, or set {TOKEN_ENV})"),
         ));
@@ -326,14 +324,14 @@ fn tokens(
     let accept_tokens = raw.accept_tokens.clone().unwrap_or_default();
     let accept_token_files = raw.accept_token_files.clone().unwrap_or_default();
     if accept_tokens.is_empty() && accept_token_files.is_empty() {
-        return Err(invalid(
+        return Err(KeyError::new(
             key("accept_tokens"),
             "missing: the server's gateway_token (or accept_token_files); \
              it must not be the node token",
         ));
     }
     if let Some(i) = accept_tokens.iter().position(|t| *t == token) {
-        return Err(invalid(
+        return Err(KeyError::new(
             key("accept_tokens").index(i),
             "the node token itself: the server presents its own gateway_token, \
              so a node token cannot push sessions to nodes",
@@ -366,18 +364,18 @@ fn export(raw: &RawGatewayConfig) -> Result<Vec<Format>, KeyError> {
     if let Some(e) = &raw.export
         && e.is_empty()
     {
-        return Err(invalid(key("export"), "empty"));
+        return Err(KeyError::new(key("export"), "empty"));
     }
     match &raw.formats {
         None => Ok(vec![Format::Parquet]),
-        Some(f) if f.is_empty() => Err(invalid(key("formats"), "name at least one format")),
+        Some(f) if f.is_empty() => Err(KeyError::new(key("formats"), "name at least one format")),
         Some(f) => f
             .iter()
             .enumerate()
             .map(|(i, s)| match s.as_str() {
                 "parquet" => Ok(Format::Parquet),
                 "jsonl" => Ok(Format::Jsonl),
-                other => Err(invalid(
+                other => Err(KeyError::new(
                     key("formats").index(i),
                     format!("unknown format {other:?} (parquet, jsonl)"),
                 )),
@@ -406,7 +404,7 @@ fn tls(
     let tls = TlsSettings::from_raw(&raw_tls, "gateway.tls", None)?;
     tls.check_listen("gateway.listen", listen)?;
     tls.check_target(server)
-        .map_err(|reason| invalid(key("server"), reason))?;
+        .map_err(|reason| KeyError::new(key("server"), reason))?;
     Ok(tls)
 }
 
@@ -418,7 +416,7 @@ impl GatewayConfig {
     pub fn finish_tokens(&mut self) -> Result<(), GatewayConfigError> {
         let read = |at: KeyPath, p: &Path| {
             polar_io::auth::read_token_file(p)
-                .map_err(|e| invalid(at, format!("{}: {e}", p.display())))
+                .map_err(|e| KeyError::new(at, format!("{}: {e}", p.display())))
         };
         if let Some(p) = &self.token_file {
             self.token = read(key("token_file"), p)?;
@@ -437,11 +435,11 @@ impl GatewayConfig {
         );
         for (at, t) in keyed {
             if let Some(why) = polar_io::auth::token_weakness(t) {
-                return Err(invalid(at, why).into());
+                return Err(KeyError::new(at, why).into());
             }
         }
         if let Some(i) = self.accept_tokens.iter().position(|t| *t == self.token) {
-            return Err(invalid(
+            return Err(KeyError::new(
                 key("accept_tokens").index(i),
                 "the node token itself: the server presents its own gateway_token",
             )
@@ -457,12 +455,12 @@ impl GatewayConfig {
             "server",
             raw.server
                 .as_deref()
-                .ok_or_else(|| invalid(key("server"), "missing: the rollout server's URL"))?,
+                .ok_or_else(|| KeyError::new(key("server"), "missing: the rollout server's URL"))?,
         )?;
         let listen = match &raw.listen {
             Some(s) => s
                 .parse()
-                .map_err(|e| invalid(key("listen"), format!("{s:?}: {e}")))?,
+                .map_err(|e| KeyError::new(key("listen"), format!("{s:?}: {e}")))?,
             None => SocketAddr::from(([127, 0, 0, 1], 7071)),
         };
         let advertise = raw
@@ -475,7 +473,7 @@ impl GatewayConfig {
         let (max_sessions, limits) = limits(raw)?;
         let heartbeat_interval = match raw.heartbeat_interval_ms {
             Some(ms) if ms < 50 => {
-                return Err(invalid(key("heartbeat_interval_ms"), "at least 50"));
+                return Err(KeyError::new(key("heartbeat_interval_ms"), "at least 50"));
             }
             v => Duration::from_millis(v.unwrap_or(2000)),
         };
@@ -527,13 +525,13 @@ impl GatewayConfig {
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Option<Self>, GatewayConfigError> {
         let file: RawFile = toml::from_str(text)
-            .map_err(|e| invalid(KeyPath::root().key("gateway"), e.message()))?;
+            .map_err(|e| KeyError::new(KeyPath::root().key("gateway"), e.message()))?;
         let Some(table) = file.gateway else {
             return Ok(None);
         };
-        let mut raw: RawGatewayConfig = table
-            .try_into()
-            .map_err(|e: toml::de::Error| invalid(KeyPath::root().key("gateway"), e.message()))?;
+        let mut raw: RawGatewayConfig = table.try_into().map_err(|e: toml::de::Error| {
+            KeyError::new(KeyPath::root().key("gateway"), e.message())
+        })?;
         // The pod's overrides (Kubernetes: the downward API).
         let env = |k: &str| env(k).filter(|v| !v.is_empty());
         if let Some(id) = env(NODE_ID_ENV) {
