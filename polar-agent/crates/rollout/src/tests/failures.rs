@@ -116,13 +116,28 @@ async fn a_killed_gateway_without_retries_left_fails_its_sessions_and_the_task_e
     server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_server_loses_nothing() {
+/// [`env`] on a fixed port, so gateways find a restarted server where the
+/// old one was.
+fn restartable_env() -> Env {
     let mut e = env();
-    // A fixed port, so the gateway finds the new server where the old was.
     let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     e.cfg.listen = probe.local_addr().unwrap();
     drop(probe);
+    e
+}
+
+/// Drops `server` mid-task (background work stops where it stands), keeps
+/// it down for a moment (the gateways' reports and heartbeats fail), and
+/// starts it again on the same database and port.
+async fn restart(server: RolloutServer, e: &Env) -> RolloutServer {
+    drop(server);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    start(&e.cfg).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_loses_nothing() {
+    let e = restartable_env();
     let server = start(&e.cfg).await;
     let c = client(&server);
     let mut g = gw_config(&server, "node-a");
@@ -145,11 +160,7 @@ async fn a_restarted_server_loses_nothing() {
     .await;
     let before = c.task("survive").await.unwrap();
     assert!(!before.status.is_finished());
-    // Dropped mid-task: background work stops where it stands.
-    drop(server);
-    // Down for a moment: the gateway's reports and heartbeats fail.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let server = start(&e.cfg).await;
+    let server = restart(server, &e).await;
     let c = client(&server);
     let v = finished(&c, "survive", Duration::from_secs(30)).await;
     assert_completed(&v, 8);
@@ -172,10 +183,7 @@ async fn a_restarted_server_loses_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_server_remembers_which_nodes_cannot_run_a_session() {
-    let mut e = env();
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    e.cfg.listen = probe.local_addr().unwrap();
-    drop(probe);
+    let e = restartable_env();
     let server = start(&e.cfg).await;
     let c = client(&server);
     // node-b holds one session at a time and is busy with a long one.
@@ -216,9 +224,7 @@ async fn a_restarted_server_remembers_which_nodes_cannot_run_a_session() {
     .await;
     // A restart while the session waits: node-a, idle, must not get it
     // again.
-    drop(server);
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let server = start(&e.cfg).await;
+    let server = restart(server, &e).await;
     let c = client(&server);
     let v = finished(&c, "picky", Duration::from_secs(30)).await;
     assert_completed(&v, 1);

@@ -318,25 +318,57 @@ async fn gateways_may_be_verified_by_node_id_whatever_address_they_advertise() {
     server.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tokens_rotate_on_the_server_and_the_gateway() {
-    let e = env();
-    let server = start(&e.cfg).await;
-    let work = SimWork::new(
+/// Sessions that end at once (node-a's work in the rotation tests).
+fn quick_work() -> SimWork {
+    SimWork::new(
         "node-a",
         Duration::ZERO,
         Duration::from_millis(20),
         0.0,
         Arc::new(default_outcome),
-    );
-    let node = node_a(&server, work).await;
-    // Both sides rotate: the server's gateway token and node-a's token.
-    let mut rotated = e.cfg.clone();
+    )
+}
+
+/// `cfg` with both of node-a's sides rotated: the server's gateway token
+/// and node-a's token.
+fn rotated(cfg: &RolloutConfig) -> RolloutConfig {
+    let mut rotated = cfg.clone();
     rotated.gateway_token = "gateway-token-rotated".into();
     rotated
         .node_tokens
         .insert("node-a".into(), "node-a-token-rotated".into());
-    server.set_tokens(&rotated).unwrap();
+    rotated
+}
+
+/// After a rotation: a task of three sessions runs with the new tokens
+/// both ways, and node-a counts its results reported (the server records
+/// a result before its answer reaches the node, which counts it only
+/// then); then both stop.
+async fn sessions_run_with_the_rotated_tokens(
+    server: RolloutServer,
+    node: Node<SimWork>,
+    task_id: &str,
+) {
+    let c = client(&server);
+    c.submit(&task(task_id, 3)).await.unwrap();
+    assert_completed(&finished(&c, task_id, Duration::from_secs(30)).await, 3);
+    until(
+        "node-a counts its 3 results reported",
+        Duration::from_secs(5),
+        || node.reported() == 3,
+    )
+    .await;
+    node.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rotate_on_the_server_and_the_gateway() {
+    let e = env();
+    let server = start(&e.cfg).await;
+    let node = node_a(&server, quick_work()).await;
+    // Both sides rotate: the server's gateway token and node-a's token.
+    server.set_tokens(&rotated(&e.cfg)).unwrap();
     node.set_tokens("node-a-token-rotated", vec!["gateway-token-rotated".into()]);
     let status = |token: &str| {
         let c = RolloutClient::new(node.address().to_owned(), Some(token.into()));
@@ -354,34 +386,14 @@ async fn tokens_rotate_on_the_server_and_the_gateway() {
         .await
         .unwrap_err();
     assert_eq!(err.status(), Some(StatusCode::UNAUTHORIZED), "{err}");
-    // Sessions run with the new tokens both ways.
-    let c = client(&server);
-    c.submit(&task("rotated", 3)).await.unwrap();
-    assert_completed(&finished(&c, "rotated", Duration::from_secs(30)).await, 3);
-    // The server records a result before its answer reaches the node,
-    // which counts the result as reported only then.
-    until(
-        "node-a counts its 3 results reported",
-        Duration::from_secs(5),
-        || node.reported() == 3,
-    )
-    .await;
-    node.stop().await;
-    server.shutdown().await;
+    sessions_run_with_the_rotated_tokens(server, node, "rotated").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_reads_tokens_rotated_in_their_files_without_a_signal() {
     let e = env();
     let server = start(&e.cfg).await;
-    let work = SimWork::new(
-        "node-a",
-        Duration::ZERO,
-        Duration::from_millis(20),
-        0.0,
-        Arc::new(default_outcome),
-    );
-    let node = node_a(&server, work).await;
+    let node = node_a(&server, quick_work()).await;
     // The node's token files, as a mounted Secret replaced in place.
     let files = Arc::new(std::sync::Mutex::new((
         node_token("node-a"),
@@ -397,12 +409,7 @@ async fn a_gateway_reads_tokens_rotated_in_their_files_without_a_signal() {
     }
     // The server rotates both tokens, then the files change; nobody tells
     // the node.
-    let mut rotated = e.cfg.clone();
-    rotated.gateway_token = "gateway-token-rotated".into();
-    rotated
-        .node_tokens
-        .insert("node-a".into(), "node-a-token-rotated".into());
-    server.set_tokens(&rotated).unwrap();
+    server.set_tokens(&rotated(&e.cfg)).unwrap();
     *files.lock().unwrap() = (
         "node-a-token-rotated".to_owned(),
         vec!["gateway-token-rotated".to_owned()],
@@ -428,19 +435,5 @@ async fn a_gateway_reads_tokens_rotated_in_their_files_without_a_signal() {
     }
     let after = reads.load(std::sync::atomic::Ordering::Relaxed);
     assert!(after - before <= 2, "{before} -> {after} reads");
-    // Sessions run with the new tokens both ways.
-    let c = client(&server);
-    c.submit(&task("read-again", 3)).await.unwrap();
-    assert_completed(
-        &finished(&c, "read-again", Duration::from_secs(30)).await,
-        3,
-    );
-    until(
-        "node-a counts its 3 results reported",
-        Duration::from_secs(5),
-        || node.reported() == 3,
-    )
-    .await;
-    node.stop().await;
-    server.shutdown().await;
+    sessions_run_with_the_rotated_tokens(server, node, "read-again").await;
 }
