@@ -51,6 +51,11 @@ struct Conversation {
     carries_task: bool,
 }
 
+/// Whether `req` asks for structured output (a JSON schema or JSON mode).
+pub(crate) fn asks_structured(req: &ChatRequest) -> bool {
+    req.response_format.is_some()
+}
+
 /// Whether `req` offers the model tools it may call.
 fn offers_tools(req: &ChatRequest) -> bool {
     !req.tools.is_empty() && req.tool_choice != Some(polar_chat::ToolChoice::None)
@@ -65,7 +70,7 @@ pub(crate) fn side_shaped<'a>(
 ) -> Vec<bool> {
     let session_offers_tools = requests.clone().any(offers_tools);
     requests
-        .map(|r| r.response_format.is_some() || (session_offers_tools && !offers_tools(r)))
+        .map(|r| asks_structured(r) || (session_offers_tools && !offers_tools(r)))
         .collect()
 }
 
@@ -195,7 +200,7 @@ pub(crate) fn assign(
             // A structured request sharing the main conversation's opening
             // is a check beside it, a conversation of its own.
             Grouping::Opening => match calls.first().map(|r| (r, opening(&r.request))) {
-                Some((r, Some(text))) if r.request.response_format.is_some() => {
+                Some((r, Some(text))) if asks_structured(&r.request) => {
                     format!("structured {text}")
                 }
                 Some((_, Some(text))) => format!("opening {text}"),
@@ -212,10 +217,7 @@ pub(crate) fn assign(
         // A chain's first segment opens its conversation: what it asks for
         // (structured output: a title, a check) and its task.
         let opens = grouping == Grouping::Opening || t.segment == 0;
-        c.structured |= opens
-            && calls
-                .first()
-                .is_some_and(|r| r.request.response_format.is_some());
+        c.structured |= opens && calls.first().is_some_and(|r| asks_structured(&r.request));
         if opens && let (Some(want), Some(first)) = (&instruction, calls.first()) {
             c.carries_task |= names_task(&first.request, want);
         }

@@ -206,7 +206,7 @@ pub(super) fn assemble(
         side: crate::roles::side_shaped(calls.iter().map(|c| &c.record.request)),
         structured: calls
             .iter()
-            .map(|c| c.record.request.response_format.is_some())
+            .map(|c| crate::roles::asks_structured(&c.record.request))
             .collect(),
     };
 
