@@ -1,5 +1,6 @@
 //! The commit the judge's diff is taken against, recorded before the
-//! harness runs so that the policy cannot move it.
+//! harness runs so that the policy cannot move it, with the objects the
+//! diff reads of it.
 //!
 //! The workspace's `HEAD` is the policy's: a change it commits no longer
 //! shows in `git diff HEAD`. So the gateway runs [`RECORD_SCRIPT`] in the
@@ -10,9 +11,21 @@
 //! in the sandbox. Diff commands get it in [`BASE_VAR`]: a commit id, or
 //! `none` when the workspace had no commit (every file is then shown as
 //! added, whatever repository the policy made since); without it they diff
-//! against `HEAD`. A diff command that finds the recorded commit gone (the
-//! repository removed, its history rewritten and the objects pruned)
-//! exits with [`BASE_GONE_EXIT`]: the policy's doing, scored 0.0
+//! against `HEAD`.
+//!
+//! The workspace's object store is the policy's too, and git does not
+//! check an object's contents against its name when it reads it: a loose
+//! object rewritten under the base's blob id changes what the diff shows
+//! as the old side. So the script also packs the base's snapshot (the
+//! commit, its tree, every tree and blob in it) into [`PACK_DIR`] under
+//! its tmp, before the policy has run; the node moves that pack out of the
+//! sandbox's reach (root's, read-only) and shows it to every later
+//! evaluation's commands read-only, naming it in [`OBJECTS_VAR`]. The
+//! default diff then reads the base from that pack alone, never from the
+//! workspace's store. Without the pack (a node that could not keep it) the
+//! diff reads the workspace's store, and a recorded commit found gone
+//! there (the repository removed, its history rewritten and the objects
+//! pruned) exits with [`BASE_GONE_EXIT`]: the policy's doing, scored 0.0
 //! ([`crate::Broken::BaseGone`]).
 
 /// The variable naming the base to diff command.
@@ -21,15 +34,42 @@ pub const BASE_VAR: &str = "POLAR_DIFF_BASE";
 pub const BASE_GONE_EXIT: i32 = 3;
 /// The value of [`BASE_VAR`] for a workspace that had no commit.
 pub const NO_HISTORY: &str = "none";
+/// The variable naming the object directory that holds the base's pack,
+/// read-only, when the node kept one.
+pub const OBJECTS_VAR: &str = "POLAR_DIFF_BASE_OBJECTS";
+/// The directory [`RECORD_SCRIPT`] works in, under its `TMPDIR`.
+pub const RECORD_DIR: &str = "polar-base";
+/// Where [`RECORD_SCRIPT`] writes the base's pack, under its `TMPDIR`:
+/// an object directory's `pack/` (`pack-<hash>.pack`, `.idx` and, from
+/// newer git, `.rev`).
+pub const PACK_DIR: &str = "polar-base/pack";
 
 /// The command printing the workspace's `HEAD` commit, or `none` when the
-/// workspace has no repository or no commit.
+/// workspace has no repository or no commit; for a commit it also writes
+/// the pack of its snapshot to `$TMPDIR/`[`PACK_DIR`] (a pack it could not
+/// write is said on stderr: the commit is still recorded). The pack is
+/// written to stdout and indexed in place (`index-pack`, which hashes every
+/// object): pack-objects' own files start in the object directory, on
+/// another mount than the sandbox's tmp.
 pub const RECORD_SCRIPT: &str = concat!(
     crate::isolation::git_prelude!(),
     r#"command -v git >/dev/null 2>&1 || { echo none; exit 0; }
 polar_git_setup
 case $? in
-  0) polar_git rev-parse -q --verify 'HEAD^{commit}' || echo none ;;
+  0) polar_id=$(polar_git rev-parse -q --verify 'HEAD^{commit}') || { echo none; exit 0; }
+     polar_base="${TMPDIR:-/tmp}/polar-base"
+     polar_p="$polar_base/pack"
+     if ! { mkdir -p "$polar_p" \
+            && polar_git rev-list --objects --no-walk "$polar_id" > "$polar_base/objects" \
+            && polar_git pack-objects -q --stdout < "$polar_base/objects" > "$polar_p/new.pack" \
+            && polar_h=$(polar_git index-pack "$polar_p/new.pack") \
+            && mv "$polar_p/new.pack" "$polar_p/pack-$polar_h.pack" \
+            && mv "$polar_p/new.idx" "$polar_p/pack-$polar_h.idx" \
+            && { [ ! -e "$polar_p/new.rev" ] || mv "$polar_p/new.rev" "$polar_p/pack-$polar_h.rev"; }; }; then
+       echo 'polar: the base snapshot could not be packed' >&2
+       rm -rf "$polar_p"
+     fi
+     echo "$polar_id" ;;
   1) echo none ;;
   *) echo 'polar: no git directory could be made for the base' >&2; exit 2 ;;
 esac"#

@@ -39,6 +39,22 @@
 //! directory over an empty object store (so `git apply` still works on the
 //! files, like `patch`, and never discovers the workspace's `.git`).
 //!
+//! The task's own commands (an evaluator's `command`, a `[[post]]` step)
+//! run whatever `git` they call on the workspace's repository itself. So
+//! before the first of them, the node runs [`CLEAN_GIT_SCRIPT`] in the
+//! sandbox: every repository configuration the workspace holds (each
+//! `.git` found below it, a directory or a `gitdir:` file, through its
+//! `commondir`; `config` and `config.worktree`) that the sandbox could
+//! have written is replaced by one holding only data keys ([`GIT_KEEP`]:
+//! the repository format and extensions, file-system flags, user, remotes'
+//! URLs and refspecs, branches' upstreams), read with `git config --file
+//! --no-includes` (which runs nothing); the policy's file is kept beside
+//! it as `config.polar-policy`. With no driver, program, hook path or
+//! include left, the attributes name nothing that runs. A workspace that
+//! is itself a bare repository (a `HEAD`, `objects/` and `refs/` at its
+//! top, found by git before any `.git`) is never used implicitly:
+//! [`env`] sets `safe.bareRepository=explicit`.
+//!
 //! # Python's path
 //!
 //! Python puts the working directory (or a script's directory) first on
@@ -170,13 +186,15 @@ pub fn env(tmp: &str, python: &str) -> Vec<(String, String)> {
         ("GIT_TERMINAL_PROMPT", "0"),
         ("GIT_PAGER", "cat"),
         ("PAGER", "cat"),
-        ("GIT_CONFIG_COUNT", "3"),
+        ("GIT_CONFIG_COUNT", "4"),
         ("GIT_CONFIG_KEY_0", "core.hooksPath"),
         ("GIT_CONFIG_VALUE_0", "/dev/null"),
         ("GIT_CONFIG_KEY_1", "core.fsmonitor"),
         ("GIT_CONFIG_VALUE_1", "false"),
         ("GIT_CONFIG_KEY_2", "core.attributesFile"),
         ("GIT_CONFIG_VALUE_2", "/dev/null"),
+        ("GIT_CONFIG_KEY_3", "safe.bareRepository"),
+        ("GIT_CONFIG_VALUE_3", "explicit"),
     ]
     .iter()
     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -252,3 +270,65 @@ pub(crate) use git_prelude;
 
 /// The shell text defining `polar_git_setup` and `polar_git`.
 pub const GIT_PRELUDE: &str = git_prelude!();
+
+/// The repository configuration keys [`CLEAN_GIT_SCRIPT`] keeps (an
+/// extended regular expression over git's normalized key names): data
+/// that names no program.
+pub const GIT_KEEP: &str = concat!(
+    r"^(core\.(repositoryformatversion|bare|filemode|symlinks|ignorecase|precomposeunicode",
+    r"|logallrefupdates|autocrlf|eol|safecrlf|sparsecheckout|sparsecheckoutcone)",
+    r"|extensions\..*|user\.(name|email)|init\.defaultbranch",
+    r"|remote\..*\.(url|fetch)|branch\..*\.(remote|merge))$"
+);
+
+/// The argv running [`CLEAN_GIT_SCRIPT`] with [`GIT_KEEP`].
+pub fn clean_git_argv() -> Vec<String> {
+    ["sh", "-c", CLEAN_GIT_SCRIPT, "polar-clean-git", GIT_KEEP]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// The command that replaces every repository configuration of the
+/// workspace (its working directory) by its [`GIT_KEEP`] keys (see the
+/// module doc). Exits 0 when done (also without git), 1 naming a
+/// configuration it could not replace. Paths holding a newline are not
+/// walked (no command the task runs reaches them by name).
+pub const CLEAN_GIT_SCRIPT: &str = r#"command -v git >/dev/null 2>&1 || exit 0
+polar_keep="$1"
+polar_cfg() { (cd / && git config --file "$@"); }
+polar_clean() {
+  [ -e "$1" ] || [ -L "$1" ] || return 0
+  polar_d=$(dirname "$1")
+  # A file neither the sandbox's nor in a directory of its was not the
+  # policy's to write (a system or image repository).
+  [ -O "$1" ] || [ -O "$polar_d" ] || [ -w "$1" ] || [ -w "$polar_d" ] || return 0
+  if [ -O "$polar_d" ]; then chmod u+rwx "$polar_d" || return 1; fi
+  rm -rf "$1.polar-clean" "$1.polar-policy" && : > "$1.polar-clean" || return 1
+  polar_cfg "$1" --no-includes --name-only --get-regexp "$polar_keep" 2>/dev/null | sort -u     | while IFS= read -r polar_k; do
+        polar_cfg "$1" --no-includes --get-all "$polar_k" | while IFS= read -r polar_v; do
+          polar_cfg "$1.polar-clean" --add "$polar_k" "$polar_v" || exit 1
+        done || exit 1
+      done || return 1
+  mv -f "$1" "$1.polar-policy" && mv -f "$1.polar-clean" "$1"
+}
+polar_repo() {
+  polar_gd=
+  if [ -d "$1" ]; then polar_gd=$1
+  elif [ -f "$1" ]; then
+    polar_gd=$(sed -n '1s/^gitdir: *//p' "$1" 2>/dev/null)
+    case "$polar_gd" in '') return 0 ;; /*) ;; *) polar_gd="$(dirname "$1")/$polar_gd" ;; esac
+  fi
+  [ -n "$polar_gd" ] && [ -d "$polar_gd" ] || return 0
+  polar_common=$polar_gd
+  if [ -f "$polar_gd/commondir" ]; then
+    polar_c=$(head -n 1 "$polar_gd/commondir")
+    case "$polar_c" in /*) polar_common=$polar_c ;; *) polar_common="$polar_gd/$polar_c" ;; esac
+  fi
+  for polar_f in "$polar_common/config" "$polar_common/config.worktree" "$polar_gd/config.worktree"; do
+    polar_clean "$polar_f" || { echo "polar: the repository configuration $polar_f could not be replaced" >&2; return 1; }
+  done
+}
+find . -name .git -prune ! -path '*
+*' -print 2>/dev/null | while IFS= read -r polar_g; do
+  polar_repo "$PWD/${polar_g#./}" || exit 1
+done"#;

@@ -46,25 +46,49 @@ pub const MAX_SCORE: f64 = 10.0;
 /// configuration, hooks or attributes name runs); otherwise, or when the
 /// workspace had no commit before the harness ran, every text file below
 /// the workspace as added (a workspace without history has no other
-/// baseline). Binary files are named, not printed. A recorded commit the
-/// repository no longer has exits with [`crate::base::BASE_GONE_EXIT`].
+/// baseline). Binary files are named, not printed. When the node kept the
+/// base's pack (`POLAR_DIFF_BASE_OBJECTS`), the base is read from it alone:
+/// a git directory of the evaluator's own whose index is the base's tree
+/// and whose object store is that pack, so nothing of the workspace's
+/// `.git` is read (the files the base did not hold are the untracked
+/// ones). Otherwise a recorded commit the workspace's repository no longer
+/// has exits with [`crate::base::BASE_GONE_EXIT`].
 pub const DEFAULT_DIFF_SCRIPT: &str = concat!(
     crate::isolation::git_prelude!(),
     r#"polar_base=${POLAR_DIFF_BASE:-HEAD}
+polar_objects=${POLAR_DIFF_BASE_OBJECTS:-}
+case $polar_base in none|HEAD) polar_objects= ;; esac
 polar_setup=1
-if [ "$polar_base" != none ] && command -v git >/dev/null 2>&1; then
+if [ -n "$polar_objects" ]; then
+  command -v git >/dev/null 2>&1 || { echo 'polar: git is missing' >&2; exit 127; }
+  polar_g=$(mktemp -d "${TMPDIR:-/tmp}/polar-git.XXXXXX") && mkdir "$polar_g/refs" \
+    && printf '%s\n' "$polar_base" > "$polar_g/HEAD" \
+    || { echo 'polar: no git directory could be made' >&2; exit 2; }
+  if [ ${#polar_base} = 64 ]; then
+    printf '[core]\n\tbare = false\n\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = sha256\n'
+  else
+    printf '[core]\n\tbare = false\n\trepositoryformatversion = 0\n'
+  fi > "$polar_g/config" || { echo 'polar: no git directory could be made' >&2; exit 2; }
+  GIT_DIR="$polar_g" GIT_WORK_TREE="$PWD" GIT_OBJECT_DIRECTORY="$polar_objects"
+  export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
+  unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
+  polar_git read-tree "$polar_base" >/dev/null 2>&1 \
+    || { echo "polar: the base commit $polar_base is not in the node's pack of it" >&2; exit 2; }
+  polar_setup=0
+elif [ "$polar_base" != none ] && command -v git >/dev/null 2>&1; then
   polar_git_setup
   polar_setup=$?
+  case $polar_base in
+    HEAD) ;;
+    *)
+      [ $polar_setup -le 1 ] || { echo 'polar: no git directory could be made' >&2; exit 2; }
+      if [ $polar_setup = 1 ] || ! polar_git cat-file -e "$polar_base^{commit}" 2>/dev/null; then
+        echo "polar: the base commit $polar_base is not in the workspace's repository" >&2; exit 3
+      fi ;;
+  esac
+elif [ "$polar_base" != none ] && [ "$polar_base" != HEAD ]; then
+  echo 'polar: git is missing' >&2; exit 127
 fi
-case $polar_base in
-  none|HEAD) ;;
-  *)
-    command -v git >/dev/null 2>&1 || { echo 'polar: git is missing' >&2; exit 127; }
-    [ $polar_setup -le 1 ] || { echo 'polar: no git directory could be made' >&2; exit 2; }
-    if [ $polar_setup = 1 ] || ! polar_git cat-file -e "$polar_base^{commit}" 2>/dev/null; then
-      echo "polar: the base commit $polar_base is not in the workspace's repository" >&2; exit 3
-    fi ;;
-esac
 if [ $polar_setup = 0 ]; then
   polar_git -c core.quotepath=off diff --no-color --no-ext-diff --no-textconv "$polar_base" -- . 2>/dev/null || polar_git diff --no-color --no-ext-diff --no-textconv -- .
   polar_git ls-files --others --exclude-standard | while IFS= read -r f; do polar_git diff --no-color --no-ext-diff --no-textconv --no-index -- /dev/null "$f"; done

@@ -35,7 +35,7 @@ use std::path::{Component, Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, OpenHow, ResolveFlag, open, openat2, readlinkat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat, mkdirat};
-use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, symlinkat, unlinkat};
+use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fchownat, linkat, symlinkat, unlinkat};
 
 /// The resolve flags of every write: beneath the directory, no symlink
 /// at all, no magic link.
@@ -387,6 +387,43 @@ impl Dir {
                     )
                     .map_err(err);
                 }
+                Err(Errno::EEXIST) => {}
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Err(io::Error::other(format!(
+            "{}: kept changing while being linked",
+            at.display()
+        )))
+    }
+
+    /// Links the regular file `name` of this directory into `to` as
+    /// `to_name` (a hard link: the same inode, its owner and mode; both
+    /// directories on one file system). `linkat` without
+    /// `AT_SYMLINK_FOLLOW` links a symlink itself, so `name` is checked to
+    /// be a regular file first and the link made only then; whatever was
+    /// at `to_name` is removed first (pushed on `replaced` as `at` when it
+    /// was not a plain file).
+    pub fn link_into(
+        &self,
+        name: &OsStr,
+        to: &Dir,
+        to_name: &OsStr,
+        at: &Path,
+        replaced: &mut Vec<PathBuf>,
+    ) -> io::Result<()> {
+        let (name, to_name) = (single(name)?, single(to_name)?);
+        let st = fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(err)?;
+        if kind(&st) != SFlag::S_IFREG {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: not a regular file", Path::new(name).display()),
+            ));
+        }
+        for _ in 0..RETRIES {
+            to.clear(to_name, at, replaced)?;
+            match linkat(&self.fd, name, &to.fd, to_name, AtFlags::empty()) {
+                Ok(()) => return Ok(()),
                 Err(Errno::EEXIST) => {}
                 Err(e) => return Err(err(e)),
             }

@@ -9,6 +9,8 @@
 //! - its description quotes text in backticks: 10 when every quoted text
 //!   is on an added line of the diff (a line starting with `+`, not
 //!   `+++`), else 0;
+//! - its description starts with `Keeps` and quotes text: 10 when no
+//!   quoted text is on a removed line (`-`, not `---`), else 0;
 //! - it quotes nothing: 5.
 //!
 //! It answers `{"scores": {...}, "rationale": "..."}` with the reason for
@@ -56,11 +58,14 @@ fn quoted(s: &str) -> Vec<&str> {
 
 /// The judge's answer to `prompt`.
 pub fn answer(prompt: &str) -> String {
-    let added: Vec<&str> = section(prompt, "## Workspace diff")
-        .into_iter()
-        .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
-        .map(|l| &l[1..])
-        .collect();
+    let diff = section(prompt, "## Workspace diff");
+    let lines = |sign: char, header: &str| -> Vec<&str> {
+        diff.iter()
+            .filter(|l| l.starts_with(sign) && !l.starts_with(header))
+            .map(|l| &l[1..])
+            .collect()
+    };
+    let (added, removed) = (lines('+', "+++"), lines('-', "---"));
     let mut scores = Map::new();
     let mut reasons = Vec::new();
     for line in section(prompt, "## Criteria") {
@@ -74,6 +79,17 @@ pub fn answer(prompt: &str) -> String {
         let wanted = quoted(description);
         let (score, reason) = if wanted.is_empty() {
             (5, format!("{name}: nothing to look for"))
+        } else if description.starts_with("Keeps") {
+            let gone: Vec<&str> = wanted
+                .iter()
+                .filter(|w| removed.iter().any(|l| l.contains(*w)))
+                .copied()
+                .collect();
+            if gone.is_empty() {
+                (10, format!("{name}: the diff keeps {wanted:?}"))
+            } else {
+                (0, format!("{name}: the diff removes {gone:?}"))
+            }
         } else {
             let missing: Vec<&str> = wanted
                 .iter()
@@ -114,5 +130,22 @@ mod tests {
         let v: Value = serde_json::from_str(&answer(&bad)).unwrap();
         assert_eq!(v["scores"]["fixed"], 0, "{v}");
         assert!(serde_json::from_str::<Value>(&answer("# Polar judge request\nnothing")).is_err());
+    }
+
+    #[test]
+    fn a_criterion_that_keeps_text_fails_when_the_diff_removes_it() {
+        let keeps = PROMPT.replace(
+            "- `style` (weight 1): readable.",
+            "- `tests` (weight 1): Keeps `assert add(2, 3) == 5`.",
+        );
+        let v: Value = serde_json::from_str(&answer(&keeps)).unwrap();
+        assert_eq!(v["scores"]["tests"], 10, "{v}");
+        let removed = keeps.replace(
+            "+++ b/calc.py\n",
+            "+++ b/calc.py\n--- a/test_calc.py\n-    assert add(2, 3) == 5\n",
+        );
+        let v: Value = serde_json::from_str(&answer(&removed)).unwrap();
+        assert_eq!(v["scores"]["tests"], 0, "{v}");
+        assert_eq!(v["scores"]["fixed"], 10, "{v}");
     }
 }

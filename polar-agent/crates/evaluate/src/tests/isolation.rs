@@ -325,8 +325,10 @@ fn the_evaluators_variables_isolate_python_and_git() {
     assert_eq!(get("PYTHONPYCACHEPREFIX"), Some("/tmp/e/.pycache"));
     assert_eq!(get("GIT_CONFIG_NOSYSTEM"), Some("1"));
     assert_eq!(get("GIT_CONFIG_GLOBAL"), Some("/dev/null"));
-    assert_eq!(get("GIT_CONFIG_COUNT"), Some("3"));
+    assert_eq!(get("GIT_CONFIG_COUNT"), Some("4"));
     assert_eq!(get("GIT_CONFIG_VALUE_0"), Some("/dev/null"));
+    assert_eq!(get("GIT_CONFIG_KEY_3"), Some("safe.bareRepository"));
+    assert_eq!(get("GIT_CONFIG_VALUE_3"), Some("explicit"));
     for name in ["PYTHONSTARTUP", "NODE_OPTIONS", "LD_PRELOAD", "BASH_ENV"] {
         assert_eq!(get(name), None, "{name}");
     }
@@ -796,4 +798,143 @@ async fn the_judges_diff_sees_a_change_whose_size_and_times_match_the_index() {
         out.stdout.contains("-    return a + b") && out.stdout.contains("+    return a - b"),
         "{out:?}"
     );
+}
+
+/// Runs `argv` with the evaluation's variables in `dir`, as the task's
+/// own command would.
+async fn task_command(dir: &Path, script: &str) -> super::super::CommandOutput {
+    IsolatedRunner::new(dir)
+        .run(
+            vec!["sh".into(), "-c".into(), script.into()],
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn after_the_clean_up_the_tasks_own_git_runs_nothing_the_workspace_configured() {
+    let h = hostile();
+    let ws = h.ws.path();
+    // A nested repository and a worktree-style `.git` file, each with a
+    // configuration of their own naming a program.
+    let tool = h.aside.path().join("tool-external").display().to_string();
+    git(ws, &["init", "-q", "nested"]);
+    std::fs::write(
+        ws.join("nested/.git/config"),
+        format!("[core]\n\trepositoryformatversion = 0\n[diff]\n\texternal = {tool}\n"),
+    )
+    .unwrap();
+    std::fs::create_dir(ws.join("linked")).unwrap();
+    git(
+        ws,
+        &["init", "-q", "--separate-git-dir", ".linked-git", "linked"],
+    );
+    std::fs::write(
+        ws.join(".linked-git/config"),
+        format!("[core]\n\trepositoryformatversion = 0\n[diff]\n\texternal = {tool}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join(".git/config"),
+        std::fs::read_to_string(ws.join(".git/config")).unwrap()
+            + "[user]\n\tname = Pol\n[remote \"origin\"]\n\turl = /nowhere\n",
+    )
+    .unwrap();
+    // The control: the task's plain `git diff` runs what the workspace
+    // configured, even with the evaluators' variables.
+    let out = task_command(ws, "git diff HEAD").await;
+    assert!(!h.ran().is_empty(), "{out:?}");
+    h.clear();
+
+    let out = IsolatedRunner::new(ws)
+        .run(
+            isolation::clean_git_argv(),
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    let out = task_command(
+        ws,
+        "git diff HEAD && git status --short && git log --oneline \
+         && (cd nested && git diff) && (cd linked && git diff) \
+         && git -c user.email=t@t commit -qam fix && git show --stat HEAD",
+    )
+    .await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert_eq!(h.ran(), Vec::<String>::new(), "{out:?}");
+    assert!(out.stdout.contains("+    return a + b"), "{out:?}");
+    // Data stays: the format, the user, the remote; the policy's file is
+    // kept beside.
+    let config = std::fs::read_to_string(ws.join(".git/config")).unwrap();
+    for kept in [
+        "repositoryformatversion = 0",
+        "name = Pol",
+        "url = /nowhere",
+    ] {
+        assert!(config.contains(kept), "{kept}: {config}");
+    }
+    assert!(!config.contains("tool-"), "{config}");
+    for policy in [".git", "nested/.git", ".linked-git"] {
+        let kept = ws.join(policy).join("config.polar-policy");
+        assert!(kept.is_file(), "{}", kept.display());
+    }
+    // Cleaning again changes nothing.
+    let again = IsolatedRunner::new(ws)
+        .run(
+            isolation::clean_git_argv(),
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.exit, Some(0), "{again:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join(".git/config")).unwrap(),
+        config
+    );
+}
+
+#[tokio::test]
+async fn a_workspace_made_a_bare_repository_is_never_used_implicitly() {
+    let h = hostile();
+    let ws = h.ws.path();
+    // The policy turns the workspace itself into a repository directory
+    // (`HEAD`, `objects/`, `refs/` at its top, `.git` removed) whose
+    // configuration makes the workspace its work tree and names an
+    // external diff.
+    let tool = h.aside.path().join("tool-external").display().to_string();
+    let make_bare = format!(
+        "mv .git/objects .git/refs .git/HEAD .git/index . && rm -rf .git \
+         && printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = {}\\n[diff]\\n\\texternal = {tool}\\n' > config",
+        ws.display()
+    );
+    let out = task_command(ws, &make_bare).await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    // The control: plain git takes the workspace as the repository.
+    let plain = Command::new("git")
+        .args(["diff"])
+        .current_dir(ws)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(h.ran().contains(&"external".to_owned()), "{plain:?}");
+    h.clear();
+    // The cleaning finds no `.git`; the task's git refuses the directory.
+    let out = IsolatedRunner::new(ws)
+        .run(
+            isolation::clean_git_argv(),
+            Vec::new(),
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    let out = task_command(ws, "git diff").await;
+    assert!(out.stderr.contains("Not a git repository"), "{out:?}");
+    assert_eq!(h.ran(), Vec::<String>::new(), "{out:?}");
 }

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 
 use serde_json::json;
 
-use super::super::base::{DiffBase, RECORD_SCRIPT};
-use super::super::judge::{Criterion, JUDGE_MARKER, fence, prompt, score};
+use super::super::base::{DiffBase, OBJECTS_VAR, RECORD_DIR, RECORD_SCRIPT};
+use super::super::judge::{Criterion, DEFAULT_DIFF_SCRIPT, JUDGE_MARKER, fence, prompt, score};
 use super::super::{EvalError, Evaluator, Judge, JudgeCall, JudgeFuture, JudgeInputs, JudgeReply};
 use super::{HostRunner, evaluator, facts, spec};
 
@@ -291,19 +291,26 @@ fn sh(dir: &std::path::Path, script: &str) {
     assert!(out.status.success(), "{script}: {out:?}");
 }
 
-/// The base the record script reads in `dir`.
-async fn record(dir: &std::path::Path) -> DiffBase {
+/// The base the record script reads in `dir`, and the tmp it ran with
+/// (holding the pack of a commit's snapshot at `polar-base/`).
+async fn record_with_tmp(dir: &std::path::Path) -> (DiffBase, tempfile::TempDir) {
     use super::super::CommandRunner;
+    let tmp = tempfile::tempdir().unwrap();
     let out = HostRunner::new(dir)
         .run(
             vec!["sh".into(), "-c".into(), RECORD_SCRIPT.into()],
-            Vec::new(),
+            vec![("TMPDIR".into(), tmp.path().display().to_string())],
             std::time::Duration::from_secs(60),
         )
         .await
         .unwrap();
     assert_eq!(out.exit, Some(0), "{out:?}");
-    DiffBase::of_record(&out.stdout).unwrap()
+    (DiffBase::of_record(&out.stdout).unwrap(), tmp)
+}
+
+/// The base the record script reads in `dir`.
+async fn record(dir: &std::path::Path) -> DiffBase {
+    record_with_tmp(dir).await.0
 }
 
 /// The judge's evaluation of `dir` against `base`, the judge scoring
@@ -401,4 +408,84 @@ async fn a_workspace_without_history_shows_every_file_whatever_repository_the_po
     assert!((got.reward.unwrap() - 0.15).abs() < 1e-9, "{got:?}");
     let got = judged(p, &base).await;
     assert!((got.reward.unwrap() - 0.9).abs() < 1e-9, "{got:?}");
+}
+
+/// The default diff of `dir` against `base`, reading the base from the
+/// object directory `objects` when given.
+async fn default_diff(
+    dir: &std::path::Path,
+    base: &DiffBase,
+    objects: Option<&std::path::Path>,
+) -> super::super::CommandOutput {
+    use super::super::CommandRunner;
+    let mut env = base.env();
+    env.extend(objects.map(|o| (OBJECTS_VAR.to_owned(), o.display().to_string())));
+    let tmp = tempfile::tempdir().unwrap();
+    env.push(("TMPDIR".into(), tmp.path().display().to_string()));
+    HostRunner::new(dir)
+        .run(
+            vec!["sh".into(), "-c".into(), DEFAULT_DIFF_SCRIPT.into()],
+            env,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_forged_base_object_changes_nothing_the_diff_reads_from_the_kept_pack() {
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    sh(
+        p,
+        &format!(
+            "git init -q && {WRONG} && mkdir t && printf 'def test():\\n    assert add(2, 3) == 5\\n' > t/test_calc.py \\
+             && git add -A && git commit -qm task"
+        ),
+    );
+    let (base, tmp) = record_with_tmp(p).await;
+    let objects = tmp.path().join(RECORD_DIR);
+    let packs: Vec<_> = std::fs::read_dir(objects.join("pack"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(packs.iter().any(|n| n.ends_with(".pack")), "{packs:?}");
+    assert!(packs.iter().any(|n| n.ends_with(".idx")), "{packs:?}");
+    // The policy fixes calc.py, drops the test's assertion, and rewrites
+    // the base's blob of the test (a loose object) with the new text: git
+    // reads it without checking it against its name.
+    sh(
+        p,
+        &format!(
+            "{FIX} && printf 'def test():\\n    assert True\\n' > t/test_calc.py \\
+             && new=$(git hash-object -w t/test_calc.py) && old=$(git rev-parse HEAD:t/test_calc.py) \\
+             && o=.git/objects/$(echo $old | cut -c1-2)/$(echo $old | cut -c3-) \\
+             && n=.git/objects/$(echo $new | cut -c1-2)/$(echo $new | cut -c3-) \\
+             && rm -f $o && cp $n $o"
+        ),
+    );
+    let removed = "-    assert add(2, 3) == 5";
+    // The control: read from the workspace's store, the removal is hidden.
+    let out = default_diff(p, &base, None).await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert!(out.stdout.contains("+    return a + b"), "{out:?}");
+    assert!(!out.stdout.contains(removed), "{out:?}");
+    // From the kept pack, the removal shows, and so does the fix.
+    let out = default_diff(p, &base, Some(&objects)).await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert!(out.stdout.contains(removed), "{out:?}");
+    assert!(out.stdout.contains("+    assert True"), "{out:?}");
+    assert!(out.stdout.contains("-    return a - b"), "{out:?}");
+    assert!(out.stdout.contains("+    return a + b"), "{out:?}");
+    // Even with the workspace's repository gone: the pack is enough, and
+    // the files the base did not hold show as added.
+    sh(p, "rm -rf .git && printf 'x\\n' > new.txt");
+    let out = default_diff(p, &base, Some(&objects)).await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert!(out.stdout.contains(removed), "{out:?}");
+    assert!(out.stdout.contains("+++ b/new.txt"), "{out:?}");
+    // A pack without the base is the node's error, never a diff of nothing.
+    let other = DiffBase::Commit("0".repeat(40));
+    let out = default_diff(p, &other, Some(&objects)).await;
+    assert_eq!(out.exit, Some(2), "{out:?}");
 }

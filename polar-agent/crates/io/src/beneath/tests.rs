@@ -234,3 +234,50 @@ fn remove_takes_a_whole_tree_and_never_follows() {
         "host"
     );
 }
+
+#[test]
+fn link_into_links_regular_files_only_and_replaces_what_is_in_the_way() {
+    let c = case();
+    fs::create_dir(c.root.join("from")).unwrap();
+    fs::create_dir(c.root.join("to")).unwrap();
+    fs::write(c.root.join("from/pack"), "objects").unwrap();
+    symlink(c.outside.join("secret"), c.root.join("from/link")).unwrap();
+    // Planted where the link goes: a symlink to the outside file.
+    symlink(c.outside.join("secret"), c.root.join("to/pack")).unwrap();
+    let root = Dir::open_root(&c.root).unwrap();
+    let (from, to) = (
+        root.open_dir(Path::new("from")).unwrap(),
+        root.open_dir(Path::new("to")).unwrap(),
+    );
+    let mut replaced = Vec::new();
+    from.link_into(
+        OsStr::new("pack"),
+        &to,
+        OsStr::new("pack"),
+        Path::new("to/pack"),
+        &mut replaced,
+    )
+    .unwrap();
+    assert_eq!(replaced, vec![PathBuf::from("to/pack")]);
+    let (a, b) = (
+        fs::symlink_metadata(c.root.join("from/pack")).unwrap(),
+        fs::symlink_metadata(c.root.join("to/pack")).unwrap(),
+    );
+    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
+    assert_eq!(
+        fs::read_to_string(c.outside.join("secret")).unwrap(),
+        "host"
+    );
+    // A symlink is never linked (its target would be what the link names).
+    let e = from
+        .link_into(
+            OsStr::new("link"),
+            &to,
+            OsStr::new("link"),
+            Path::new("to/link"),
+            &mut replaced,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    assert!(fs::symlink_metadata(c.root.join("to/link")).is_err());
+}

@@ -398,7 +398,7 @@ impl Work for HarnessWork {
         // Evaluated while the sandbox is open, or after in a fresh one.
         let mut evaluation = None;
         if evaluate && !fresh {
-            let runner = SandboxRunner::new(&s.prepared, &job.stop);
+            let runner = SandboxRunner::evaluation(&s.prepared, &job.stop);
             evaluation = Some(
                 s.evaluator
                     .evaluate_with(&facts, &runner, Some(&inputs))
@@ -713,11 +713,14 @@ const RECORD_BASE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The workspace's `HEAD` commit after the prepare steps, before the
 /// harness runs, read in the sandbox like an evaluator command
-/// ([`polar_evaluate::base`]). Where it cannot be read (the node's fault:
-/// the policy has not run yet) the judge diffs against `HEAD`, and the
-/// node says why.
+/// ([`polar_evaluate::base`]), with the pack of its snapshot kept out of
+/// the sandbox's reach for the judge's diff
+/// ([`polar_sandbox::runtime::eval::keep_base`]). Where the commit cannot
+/// be read (the node's fault: the policy has not run yet) the judge diffs
+/// against `HEAD`; where the pack cannot be kept, against the workspace's
+/// objects; the node says why.
 async fn record_base(prepared: &Prepared, stop: &CancellationToken) -> DiffBase {
-    let runner = SandboxRunner::new(prepared, stop);
+    let runner = SandboxRunner::record(prepared, stop);
     let argv = vec![
         "sh".to_owned(),
         "-c".to_owned(),
@@ -725,7 +728,22 @@ async fn record_base(prepared: &Prepared, stop: &CancellationToken) -> DiffBase 
     ];
     let why = match runner.run(argv, Vec::new(), RECORD_BASE_TIMEOUT).await {
         Ok(out) if out.exit == Some(0) => match DiffBase::of_record(&out.stdout) {
-            Some(base) => return base,
+            Some(base) => {
+                if let (DiffBase::Commit(_), Some(record)) = (&base, runner.eval_dirs()) {
+                    let (dirs, record) = (prepared.dirs().clone(), record.clone());
+                    let kept = tokio::task::spawn_blocking(move || {
+                        polar_sandbox::runtime::eval::keep_base(&dirs, &record)
+                            .map_err(|e| chain(&e))
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(e.to_string()));
+                    if let Err(e) = kept {
+                        let said = tail_of(&out.stderr).trim();
+                        tracing::warn!(session = %prepared.session(), error = %e, record = %said, "the judge's diff base was not packed: its diff reads the workspace's objects");
+                    }
+                }
+                return base;
+            }
             None => format!("unreadable answer {:?}", tail_of(&out.stdout)),
         },
         Ok(out) => format!("exit {:?}: {}", out.exit, tail_of(&out.stderr)),
@@ -762,7 +780,11 @@ impl HarnessWork {
         };
         let evaluation = if fresh.ready() {
             evaluator
-                .evaluate_with(facts, &SandboxRunner::new(&fresh, &job.stop), Some(inputs))
+                .evaluate_with(
+                    facts,
+                    &SandboxRunner::evaluation(&fresh, &job.stop),
+                    Some(inputs),
+                )
                 .await
         } else {
             failed("the fresh sandbox's runtime did not start".into())
@@ -776,24 +798,57 @@ impl HarnessWork {
 
 /// Runs evaluator commands in a prepared session's sandbox, each with the
 /// evaluation's own HOME and tmp (made at its first command,
-/// [`polar_sandbox::runtime::eval`]) and the evaluator's variables.
+/// [`polar_sandbox::runtime::eval`]) and the evaluator's variables; for an
+/// evaluation, after the workspace's repository configurations were made
+/// safe ([`polar_evaluate::isolation::CLEAN_GIT_SCRIPT`]).
 struct SandboxRunner<'a> {
     prepared: &'a Prepared,
     stop: &'a CancellationToken,
+    /// Whether the workspace's git configurations are cleaned first: for
+    /// an evaluation, never for the record before the harness (the
+    /// repository is the task's then, and the harness's to use).
+    clean_git: bool,
     count: std::sync::atomic::AtomicUsize,
     isolated: tokio::sync::OnceCell<Result<Isolated, RunError>>,
 }
 
-/// The layout and the added variables of the evaluation's commands.
-type Isolated = (polar_sandbox::runtime::Layout, Vec<(String, String)>);
+/// The layout, the added variables and the directories of the
+/// evaluation's commands.
+type Isolated = (
+    polar_sandbox::runtime::Layout,
+    Vec<(String, String)>,
+    EvalDirs,
+);
+
+/// How long cleaning the workspace's git configurations may take.
+const CLEAN_GIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl<'a> SandboxRunner<'a> {
-    fn new(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
+    /// A runner for an evaluation's commands.
+    fn evaluation(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
+        Self::new(prepared, stop, true)
+    }
+
+    /// A runner for the record before the harness.
+    fn record(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
+        Self::new(prepared, stop, false)
+    }
+
+    fn new(prepared: &'a Prepared, stop: &'a CancellationToken, clean_git: bool) -> Self {
         Self {
             prepared,
             stop,
+            clean_git,
             count: std::sync::atomic::AtomicUsize::new(0),
             isolated: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The evaluation's directories, once its first command made them.
+    fn eval_dirs(&self) -> Option<&EvalDirs> {
+        match self.isolated.get() {
+            Some(Ok((_, _, dirs))) => Some(dirs),
+            _ => None,
         }
     }
 
@@ -802,8 +857,8 @@ impl<'a> SandboxRunner<'a> {
     async fn isolate(&self) -> Result<Isolated, RunError> {
         let (dirs, user) = (self.prepared.dirs().clone(), self.prepared.user());
         let made = tokio::task::spawn_blocking(move || EvalDirs::make(&dirs, user)).await;
-        match made {
-            Ok(Ok(e)) => Ok(self.prepared.isolate(&e)),
+        let eval = match made {
+            Ok(Ok(e)) => e,
             Ok(Err(e)) => {
                 let cause = match &e {
                     polar_sandbox::runtime::RuntimeError::Io { source, .. } => source
@@ -814,16 +869,84 @@ impl<'a> SandboxRunner<'a> {
                         .unwrap_or(Broken::NodeIo),
                     _ => Broken::NodeIo,
                 };
-                Err(RunError {
+                return Err(RunError {
                     message: format!("making the evaluation's HOME and tmp: {}", chain(&e)),
                     cause,
-                })
+                });
             }
-            Err(e) => Err(RunError {
-                message: format!("making the evaluation's HOME and tmp: {e}"),
-                cause: Broken::Bug,
-            }),
+            Err(e) => {
+                return Err(RunError {
+                    message: format!("making the evaluation's HOME and tmp: {e}"),
+                    cause: Broken::Bug,
+                });
+            }
+        };
+        let (layout, env) = self.prepared.isolate(&eval);
+        if self.clean_git {
+            let argv = polar_evaluate::isolation::clean_git_argv();
+            let out = self.exec(&layout, &env, &argv, CLEAN_GIT_TIMEOUT).await?;
+            if out.exit != Some(0) {
+                // What the sandbox left in the way is the policy's doing.
+                let cause = Broken::of_message(&out.stderr)
+                    .filter(|c| c.side() == polar_evaluate::Side::Policy)
+                    .unwrap_or(Broken::Runner);
+                return Err(RunError {
+                    message: format!(
+                        "making the workspace's git configuration safe: exit {:?}: {}",
+                        out.exit,
+                        tail_of(&out.stderr).trim()
+                    ),
+                    cause,
+                });
+            }
         }
+        Ok((layout, env, eval))
+    }
+
+    /// Runs `argv` in the sandbox on `layout` with `env`, within `timeout`.
+    async fn exec(
+        &self,
+        layout: &polar_sandbox::runtime::Layout,
+        env: &[(String, String)],
+        argv: &[String],
+        timeout: Duration,
+    ) -> Result<CommandOutput, RunError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let index = self
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let plan = Plan {
+            layout,
+            ..self.prepared.plan(deadline)
+        };
+        let report = plan
+            .run_command(Phase::Eval, index, argv, env, self.stop)
+            .await;
+        let (out, err) = match &report.logs {
+            Some((o, e)) => (Some(o), Some(e)),
+            None => (None, None),
+        };
+        Ok(CommandOutput {
+            exit: match report.end {
+                StepEnd::Exited { code } => Some(code),
+                StepEnd::TimedOut | StepEnd::Stopped => None,
+                StepEnd::Failed { error } => {
+                    return Err(RunError {
+                        cause: not_run_cause(&error, report.logs.is_some()),
+                        message: error,
+                    });
+                }
+                StepEnd::NotStarted { error } => {
+                    return Err(RunError {
+                        cause: not_started_cause(&error),
+                        message: error,
+                    });
+                }
+                StepEnd::Skipped => return Err(RunError::runner("not run")),
+            },
+            stdout: read_capped(out, 4 << 20),
+            stderr: read_capped(err, 1 << 20),
+        })
     }
 }
 
@@ -870,51 +993,15 @@ impl CommandRunner for SandboxRunner<'_> {
         timeout: Duration,
     ) -> Pin<Box<dyn Future<Output = Result<CommandOutput, RunError>> + Send + 'b>> {
         Box::pin(async move {
-            let (layout, isolation) = self
+            let (layout, isolation, _) = self
                 .isolated
                 .get_or_init(|| self.isolate())
                 .await
                 .as_ref()
                 .map_err(Clone::clone)?;
-            let deadline = tokio::time::Instant::now() + timeout;
-            let index = self
-                .count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let mut all = isolation.clone();
             all.extend(env);
-            let plan = Plan {
-                layout,
-                ..self.prepared.plan(deadline)
-            };
-            let report = plan
-                .run_command(Phase::Eval, index, &argv, &all, self.stop)
-                .await;
-            let (out, err) = match &report.logs {
-                Some((o, e)) => (Some(o), Some(e)),
-                None => (None, None),
-            };
-            let output = CommandOutput {
-                exit: match report.end {
-                    StepEnd::Exited { code } => Some(code),
-                    StepEnd::TimedOut | StepEnd::Stopped => None,
-                    StepEnd::Failed { error } => {
-                        return Err(RunError {
-                            cause: not_run_cause(&error, report.logs.is_some()),
-                            message: error,
-                        });
-                    }
-                    StepEnd::NotStarted { error } => {
-                        return Err(RunError {
-                            cause: not_started_cause(&error),
-                            message: error,
-                        });
-                    }
-                    StepEnd::Skipped => return Err(RunError::runner("not run")),
-                },
-                stdout: read_capped(out, 4 << 20),
-                stderr: read_capped(err, 1 << 20),
-            };
-            Ok(output)
+            self.exec(layout, &all, &argv, timeout).await
         })
     }
 }

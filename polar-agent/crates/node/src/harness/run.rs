@@ -604,12 +604,27 @@ impl Prepared {
         match made {
             Ok(Ok(eval)) => {
                 let (layout, env) = self.isolate(&eval);
-                Plan {
+                let plan = Plan {
                     layout: &layout,
                     ..plan
-                }
-                .post(&Ok(env), stop)
-                .await
+                };
+                // The workspace's repository configurations made safe
+                // first (`polar_evaluate::isolation::CLEAN_GIT_SCRIPT`),
+                // its output in the logs as the step after the spec's last;
+                // reported only through the steps it keeps from running.
+                let argv = polar_evaluate::isolation::clean_git_argv();
+                let index = self.run.spec.post.len();
+                let clean = plan
+                    .run_command(Phase::Post, index, &argv, &env, stop)
+                    .await;
+                let isolation = match clean.end {
+                    StepEnd::Exited { code: 0 } => Ok(env),
+                    end => Err(format!(
+                        "making the workspace's git configuration safe failed ({end:?}; \
+                         logs/post-{index}.err)"
+                    )),
+                };
+                plan.post(&isolation, stop).await
             }
             Ok(Err(e)) => plan.post(&Err(polar_io::chain(&e)), stop).await,
             Err(e) => plan.post(&Err(e.to_string()), stop).await,

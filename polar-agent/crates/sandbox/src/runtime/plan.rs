@@ -502,7 +502,7 @@ impl Plan<'_> {
                     index: i,
                     what: argv.join(" "),
                     end: StepEnd::Failed {
-                        error: format!("the step's own HOME and tmp: {error}"),
+                        error: format!("the step's isolation: {error}"),
                     },
                     elapsed_ms: 0,
                     logs: None,
