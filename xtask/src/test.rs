@@ -247,6 +247,7 @@ pub fn run(args: TestArgs) -> Result<()> {
                     fuzz::TEST_SECS
                 );
                 fuzz::run_all(fuzz::TEST_SECS).with_context(failed)?;
+                drop_fuzz_build_if_short().with_context(failed)?;
             }
             Step::Background(downloads) => {
                 eprintln!("==> test step {number}/{total} ({name}): waiting for it");
@@ -288,18 +289,85 @@ fn cargo() -> Result<Cmd> {
     Ok(Cmd::cargo()?.env("CARGO_INCREMENTAL", "0"))
 }
 
-/// The space left on the working tree's file system, as `df` prints it,
-/// for the steps' log lines: a run that fills the disk says so.
+/// The bytes free on the working tree's file system (`df`), if told.
+fn free_bytes() -> Option<u64> {
+    let out = Cmd::new("df").ok()?.args(["-P", "-B1", "."]).probe()?;
+    out.lines().nth(1)?.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Below this much free space, what a step leaves that only a later run
+/// would reuse is removed once the step is done (the fuzz targets' build,
+/// 1 to 3 GB); a whole fresh run takes about 30 GB (`BENCHMARKS.md`,
+/// "Disk: what a whole test run leaves").
+const KEEP_CACHES_ABOVE: u64 = 30 << 30;
+
+/// Below this much free space, a failed step's error also lists what
+/// takes the space.
+const SHOW_USE_BELOW: u64 = 5 << 30;
+
+/// The space left on the working tree's file system, for the steps' log
+/// lines: a run that fills the disk says so, and then what holds it.
 fn disk_left() -> String {
-    let left = Cmd::new("df")
+    let Some(free) = free_bytes() else {
+        return "disk space unknown (df failed)".into();
+    };
+    let mut said = format!("{:.1} GB left on the disk", free as f64 / 1e9);
+    if free < SHOW_USE_BELOW {
+        said.push_str(&format!(" (held: {})", space_held()));
+    }
+    said
+}
+
+/// The sizes of the directories a test run fills, largest first (`du`).
+fn space_held() -> String {
+    let Ok(root) = workspace_root() else {
+        return "unknown".into();
+    };
+    let mut dirs = vec![root.join("target"), root.join("fuzz/target")];
+    if let Ok(entries) = std::fs::read_dir(root.join(".polar-cache")) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    let Some(out) = Cmd::new("du")
         .ok()
-        .and_then(|c| c.args(["-Ph", "."]).probe());
-    match left
-        .as_deref()
-        .and_then(|out| out.lines().nth(1)?.split_whitespace().nth(3))
-    {
-        Some(size) => format!("{size} left on the disk"),
-        None => "disk space unknown (df failed)".into(),
+        .and_then(|c| c.arg("-sB1").args(&dirs).probe())
+    else {
+        return "unknown (du failed)".into();
+    };
+    let mut sizes: Vec<(u64, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let (size, path) = l.split_once('\t')?;
+            let path = std::path::Path::new(path).strip_prefix(&root).ok()?;
+            Some((size.parse().ok()?, path.display().to_string()))
+        })
+        .collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes
+        .iter()
+        .map(|(size, path)| format!("{path} {:.1} GB", *size as f64 / 1e9))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Removes the fuzz targets' build when the disk is short (see
+/// [`KEEP_CACHES_ABOVE`]); the next run builds them again.
+fn drop_fuzz_build_if_short() -> Result<()> {
+    match free_bytes() {
+        Some(free) if free < KEEP_CACHES_ABOVE => {
+            let dir = workspace_root()?.join("fuzz/target");
+            eprintln!(
+                "==> {:.1} GB left: removing the fuzz targets' build ({}), which only a later run would reuse",
+                free as f64 / 1e9,
+                dir.display()
+            );
+            match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(e).with_context(|| format!("could not remove {}", dir.display()))
+                }
+                _ => Ok(()),
+            }
+        }
+        _ => Ok(()),
     }
 }
 
