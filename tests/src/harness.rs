@@ -260,6 +260,8 @@ impl Scenario {
 struct Mock {
     child: Child,
     url: String,
+    /// Its stderr, for a failure's reader.
+    log: tempfile::NamedTempFile,
 }
 
 impl Mock {
@@ -274,10 +276,11 @@ impl Mock {
             cmd.arg("--script").arg(script).arg("--record-served");
         }
         cmd.args(args);
+        let log = tempfile::NamedTempFile::new()?;
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log.reopen()?)
             .spawn()?;
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -287,12 +290,23 @@ impl Mock {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(Self { child, url })
+        Ok(Self { child, url, log })
     }
 
-    /// What the mock served (`GET /served`), by session.
-    fn served(&self) -> Result<BTreeMap<String, Vec<Value>>> {
-        served_by(&self.url)
+    /// What the mock served (`GET /served`), by session; failing, with
+    /// whether the mock still runs and the end of its stderr.
+    fn served(&mut self) -> Result<BTreeMap<String, Vec<Value>>> {
+        served_by(&self.url).with_context(|| {
+            let log = std::fs::read_to_string(self.log.path()).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!(
+                "asking the mock at {} what it served (exit: {:?}); its stderr ends:\n{}",
+                self.url,
+                self.child.try_wait(),
+                tail.join("\n")
+            )
+        })
     }
 }
 
@@ -1247,7 +1261,7 @@ pub fn run_sessions(
     }
     let mut served = BTreeMap::<String, Vec<Value>>::new();
     if script.is_some() && !scenario.down() {
-        for m in &mocks {
+        for m in &mut mocks {
             for (session, list) in m.served()? {
                 served.entry(session).or_default().extend(list);
             }

@@ -709,10 +709,22 @@ async fn run_suite(sandbox: &str, base: Value) -> Result<()> {
             failures.push(format!("{e:#}"));
         }
     }
+    // The agent's warnings, for a failure's reader.
+    let warnings: Vec<String> = std::fs::read_to_string(&agent.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("WARN"))
+        .map(str::to_owned)
+        .collect();
     drop(agent);
     server.abort();
     mock.stop().await;
-    ensure!(failures.is_empty(), "{}", failures.join("\n\n"));
+    ensure!(
+        failures.is_empty(),
+        "{}\n\nthe agent's warnings:\n{}",
+        failures.join("\n\n"),
+        warnings.join("\n")
+    );
     Ok(())
 }
 
