@@ -63,7 +63,7 @@ pub fn run(privileged: bool) -> Result<()> {
 /// Hard-links the identical files of the Python environments and the
 /// harness installs (`hardlink` from util-linux, essential on Debian:
 /// same contents, mode and owner; times ignored), so that a package
-/// several environments pin at one version is stored once (about 1.5 GB
+/// several environments pin at one version is stored once (1.6 GiB
 /// on a fresh machine). pip and npm replace files rather than write into
 /// them, and an environment is made again from scratch, so a link never
 /// carries one environment's change into another.

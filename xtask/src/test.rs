@@ -297,7 +297,7 @@ fn free_bytes() -> Option<u64> {
 
 /// Below this much free space, what a step leaves that only a later run
 /// would reuse is removed once the step is done (the fuzz targets' build,
-/// 1 to 3 GB); a whole fresh run takes about 30 GB (`BENCHMARKS.md`,
+/// 2.5 GB); a whole fresh run's peak is about 24 GB (`BENCHMARKS.md`,
 /// "Disk: what a whole test run leaves").
 const KEEP_CACHES_ABOVE: u64 = 30 << 30;
 
