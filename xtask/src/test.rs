@@ -299,11 +299,11 @@ fn free_bytes() -> Option<u64> {
 /// would reuse is removed once the step is done (the fuzz targets' build,
 /// 2.5 GB); a whole fresh run's peak is about 24 GB (`BENCHMARKS.md`,
 /// "Disk: what a whole test run leaves").
-const KEEP_CACHES_ABOVE: u64 = 30 << 30;
+const KEEP_CACHES_ABOVE: u64 = 30_000_000_000;
 
 /// Below this much free space, a failed step's error also lists what
 /// takes the space.
-const SHOW_USE_BELOW: u64 = 5 << 30;
+const SHOW_USE_BELOW: u64 = 5_000_000_000;
 
 /// The space left on the working tree's file system, for the steps' log
 /// lines: a run that fills the disk says so, and then what holds it.
