@@ -48,7 +48,7 @@ use std::ffi::OsString;
 use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 
-use super::{BASE_PATH, Layout, RuntimeError};
+use super::{BASE_PATH, Layout, RuntimeError, io};
 use polar_ids::SessionId;
 use polar_spec::runtime::{Limits, RuntimeKind, RuntimeSpec};
 
@@ -129,10 +129,6 @@ impl Engine {
     /// mode 0600, in a directory only root reaches). Blocks.
     fn write_files(&self) -> Result<(), RuntimeError> {
         use std::os::unix::fs::DirBuilderExt as _;
-        let io = |op, path: &Path| {
-            let path = path.to_owned();
-            move |source| RuntimeError::Io { op, path, source }
-        };
         let client = self.client_dir();
         std::fs::DirBuilder::new()
             .recursive(true)

@@ -36,7 +36,7 @@
 use std::path::{Path, PathBuf};
 
 use super::steps::SandboxDirs;
-use super::{Layout, Runtime, RuntimeError, native};
+use super::{Layout, Runtime, RuntimeError, io, native};
 use polar_evaluate::base::OBJECTS_VAR;
 use polar_io::beneath::Dir;
 
@@ -188,11 +188,6 @@ impl EvalDirs {
     }
 }
 
-fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + use<> {
-    let path = path.to_owned();
-    move |source| RuntimeError::Io { op, path, source }
-}
-
 fn bad(path: &Path, why: String) -> RuntimeError {
     io("keep", path)(std::io::Error::new(std::io::ErrorKind::InvalidData, why))
 }
@@ -327,6 +322,39 @@ mod tests {
         d
     }
 
+    /// The session's own layout, as a runtime starts it.
+    fn session_layout(d: &SandboxDirs) -> Layout {
+        Layout {
+            workspace: d.workspace.clone(),
+            home: d.home.clone(),
+            tmp: d.tmp.clone(),
+            workdir: PathBuf::from("/workspace"),
+            trust: None,
+            bundle_targets: Vec::new(),
+            mounts: Vec::new(),
+            read_only: Vec::new(),
+            staged: Vec::new(),
+            identity: None,
+            user: (65534, 65534),
+        }
+    }
+
+    fn native_runtime(state: &Path) -> Runtime {
+        Runtime::Native {
+            view: crate::runtime::view::View::default(),
+            state_dir: state.to_owned(),
+        }
+    }
+
+    /// A container runtime, whose binds were made when it started.
+    fn container_runtime() -> Runtime {
+        let spec = polar_spec::runtime::RuntimeSpec::default();
+        Runtime::Apptainer(super::super::apptainer::Apptainer::new(
+            &spec,
+            &"s-eval".parse().unwrap(),
+        ))
+    }
+
     #[test]
     fn each_evaluation_gets_fresh_directories_apart_from_the_sessions() {
         let state = tempfile::tempdir().unwrap();
@@ -364,23 +392,8 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let d = dirs(state.path());
         let e = EvalDirs::make(&d, (65534, 65534)).unwrap();
-        let layout = Layout {
-            workspace: d.workspace.clone(),
-            home: d.home.clone(),
-            tmp: d.tmp.clone(),
-            workdir: PathBuf::from("/workspace"),
-            trust: None,
-            bundle_targets: Vec::new(),
-            mounts: Vec::new(),
-            read_only: Vec::new(),
-            staged: Vec::new(),
-            identity: None,
-            user: (65534, 65534),
-        };
-        let native = Runtime::Native {
-            view: crate::runtime::view::View::default(),
-            state_dir: state.path().to_owned(),
-        };
+        let layout = session_layout(&d);
+        let native = native_runtime(state.path());
         let (l, env) = e.isolate(&layout, &native);
         let binds = l.binds();
         let at = |target: &str| {
@@ -423,11 +436,7 @@ mod tests {
 
         // A container's binds were made at its start: its commands are
         // pointed at the directories through the session's /tmp.
-        let spec = polar_spec::runtime::RuntimeSpec::default();
-        let container = Runtime::Apptainer(super::super::apptainer::Apptainer::new(
-            &spec,
-            &"s-eval".parse().unwrap(),
-        ));
+        let container = container_runtime();
         let (l, env) = e.isolate(&layout, &container);
         assert_eq!(l, layout);
         let home = e.in_sandbox.join("home").display().to_string();
@@ -485,23 +494,8 @@ mod tests {
             );
             assert_eq!(a.ino(), b.ino());
         }
-        let native = Runtime::Native {
-            view: crate::runtime::view::View::default(),
-            state_dir: state.path().to_owned(),
-        };
-        let layout = Layout {
-            workspace: d.workspace.clone(),
-            home: d.home.clone(),
-            tmp: d.tmp.clone(),
-            workdir: PathBuf::from("/workspace"),
-            trust: None,
-            bundle_targets: Vec::new(),
-            mounts: Vec::new(),
-            read_only: Vec::new(),
-            staged: Vec::new(),
-            identity: None,
-            user: (65534, 65534),
-        };
+        let native = native_runtime(state.path());
+        let layout = session_layout(&d);
         let (l, env) = e.isolate(&layout, &native);
         assert!(
             l.binds()
@@ -509,11 +503,7 @@ mod tests {
                 .any(|b| b.target == Path::new(BASE_DIR) && b.source == base && b.read_only)
         );
         assert!(env.contains(&(OBJECTS_VAR.to_owned(), BASE_DIR.to_owned())));
-        let spec = polar_spec::runtime::RuntimeSpec::default();
-        let container = Runtime::Apptainer(super::super::apptainer::Apptainer::new(
-            &spec,
-            &"s-eval".parse().unwrap(),
-        ));
+        let container = container_runtime();
         let (_, env) = e.isolate(&layout, &container);
         let seen = e.in_sandbox.join("base").display().to_string();
         assert!(env.contains(&(OBJECTS_VAR.to_owned(), seen)));

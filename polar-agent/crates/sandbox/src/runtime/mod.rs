@@ -49,6 +49,15 @@ pub const SANDBOX_USER: (u32, u32) = (65534, 65534);
 /// `PATH` inside sandboxes, before the harness's own directories.
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
+/// The [`RuntimeError::Io`] of `op` on `path`, for `map_err`.
+pub(crate) fn io(
+    op: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> RuntimeError + use<> {
+    let path = path.to_owned();
+    move |source| RuntimeError::Io { op, path, source }
+}
+
 /// Errors of preparing or running a runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {

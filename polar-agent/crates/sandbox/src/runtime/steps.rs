@@ -23,8 +23,8 @@ use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::RuntimeError;
 use super::quota;
+use super::{RuntimeError, io};
 use polar_ids::SessionId;
 use polar_io::beneath::Dir;
 
@@ -46,11 +46,6 @@ pub struct SandboxDirs {
     /// The session's `passwd` and `group` (root's, read-only to the
     /// sandbox: bound over its `/etc/passwd` and `/etc/group`).
     pub identity: PathBuf,
-}
-
-fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + use<> {
-    let path = path.to_owned();
-    move |source| RuntimeError::Io { op, path, source }
 }
 
 /// Logs what a writer replaced: entries the sandbox planted.

@@ -27,7 +27,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{RootEntry, RuntimeError};
+use super::{RootEntry, RuntimeError, io};
 
 /// Top-level entries of the host's root every native sandbox gets.
 pub const SYSTEM: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
@@ -100,11 +100,6 @@ pub struct View {
     pub etc: Vec<(PathBuf, PathBuf)>,
     /// Host directories the node's configuration adds, at the same path.
     pub extra: Vec<PathBuf>,
-}
-
-fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError + use<> {
-    let path = path.to_owned();
-    move |source| RuntimeError::Io { op, path, source }
 }
 
 /// The entry `name` of `root` as a [`RootEntry`], if it is there and (for
