@@ -208,21 +208,16 @@ pub fn env(tmp: &str, python: &str) -> Vec<(String, String)> {
 }
 
 /// The shell functions `polar_git_setup` and `polar_git` (see the module
-/// doc); a macro so that scripts can be `concat!`ed with it.
+/// doc), and the two they share with the other scripts: `polar_git_dirs
+/// ENTRY` (the git directory and common directory a `.git` entry names:
+/// `polar_src`, `polar_common`) and `polar_git_use DIR OBJECTS FORMAT REFS`
+/// (a git directory of the evaluator's own made current, its configuration
+/// holding the format only); a macro so that scripts can be `concat!`ed
+/// with it.
 macro_rules! git_prelude {
     () => {
         r#"polar_git_setup() {
-  polar_src=
-  if [ -d .git ]; then polar_src="$PWD/.git"
-  elif [ -f .git ]; then
-    polar_src=$(sed -n '1s/^gitdir: *//p' .git 2>/dev/null)
-    case "$polar_src" in ''|/*) ;; *) polar_src="$PWD/$polar_src" ;; esac
-  fi
-  polar_common="$polar_src"
-  if [ -n "$polar_src" ] && [ -f "$polar_src/commondir" ]; then
-    polar_c=$(head -n 1 "$polar_src/commondir")
-    case "$polar_c" in /*) polar_common="$polar_c" ;; *) polar_common="$polar_src/$polar_c" ;; esac
-  fi
+  polar_git_dirs "$PWD/.git"
   polar_g=$(mktemp -d "${TMPDIR:-/tmp}/polar-git.XXXXXX") || return 2
   mkdir -p "$polar_g/refs" "$polar_g/objects" || return 2
   polar_repo=0
@@ -235,30 +230,46 @@ macro_rules! git_prelude {
     done
     polar_format=$(git config --file "$polar_common/config" --get extensions.objectformat 2>/dev/null)
     polar_refs=$(git config --file "$polar_common/config" --get extensions.refstorage 2>/dev/null)
-    GIT_OBJECT_DIRECTORY="$polar_common/objects"
+    polar_objects="$polar_common/objects"
   else
     printf 'ref: refs/heads/main\n' > "$polar_g/HEAD"
     polar_format= polar_refs=
-    GIT_OBJECT_DIRECTORY="$polar_g/objects"
+    polar_objects="$polar_g/objects"
     polar_repo=1
   fi
-  {
-    printf '[core]\n\tbare = false\n'
-    if [ -n "$polar_format$polar_refs" ]; then
-      printf '\trepositoryformatversion = 1\n[extensions]\n'
-      [ -n "$polar_format" ] && printf '\tobjectformat = %s\n' "$polar_format"
-      [ -n "$polar_refs" ] && printf '\trefstorage = %s\n' "$polar_refs"
-    else
-      printf '\trepositoryformatversion = 0\n'
-    fi
-  } > "$polar_g/config" || return 2
-  GIT_DIR="$polar_g" GIT_WORK_TREE="$PWD"
-  export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
-  unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
+  polar_git_use "$polar_g" "$polar_objects" "$polar_format" "$polar_refs" || return 2
   if [ $polar_repo = 0 ]; then
     git -c core.hooksPath=/dev/null -c core.fsmonitor=false read-tree HEAD >/dev/null 2>&1
   fi
   return $polar_repo
+}
+polar_git_dirs() {
+  polar_src=
+  if [ -d "$1" ]; then polar_src=$1
+  elif [ -f "$1" ]; then
+    polar_src=$(sed -n '1s/^gitdir: *//p' "$1" 2>/dev/null)
+    case "$polar_src" in ''|/*) ;; *) polar_src="$(dirname "$1")/$polar_src" ;; esac
+  fi
+  polar_common=$polar_src
+  if [ -n "$polar_src" ] && [ -f "$polar_src/commondir" ]; then
+    polar_c=$(head -n 1 "$polar_src/commondir")
+    case "$polar_c" in /*) polar_common=$polar_c ;; *) polar_common="$polar_src/$polar_c" ;; esac
+  fi
+}
+polar_git_use() {
+  {
+    printf '[core]\n\tbare = false\n'
+    if [ -n "$3$4" ]; then
+      printf '\trepositoryformatversion = 1\n[extensions]\n'
+      [ -n "$3" ] && printf '\tobjectformat = %s\n' "$3"
+      [ -n "$4" ] && printf '\trefstorage = %s\n' "$4"
+    else
+      printf '\trepositoryformatversion = 0\n'
+    fi
+  } > "$1/config" || return 2
+  GIT_DIR="$1" GIT_WORK_TREE="$PWD" GIT_OBJECT_DIRECTORY="$2"
+  export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
+  unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
 }
 polar_git() {
   git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.pager=cat --no-pager "$@"
@@ -268,7 +279,7 @@ polar_git() {
 }
 pub(crate) use git_prelude;
 
-/// The shell text defining `polar_git_setup` and `polar_git`.
+/// The shell text defining `polar_git_setup`, `polar_git` and their helpers.
 pub const GIT_PRELUDE: &str = git_prelude!();
 
 /// The repository configuration keys [`CLEAN_GIT_SCRIPT`] keeps (an
@@ -293,7 +304,9 @@ pub fn clean_git_argv() -> Vec<String> {
 /// module doc). Exits 0 when done (also without git), 1 naming a
 /// configuration it could not replace. Paths holding a newline are not
 /// walked (no command the task runs reaches them by name).
-pub const CLEAN_GIT_SCRIPT: &str = r#"command -v git >/dev/null 2>&1 || exit 0
+pub const CLEAN_GIT_SCRIPT: &str = concat!(
+    git_prelude!(),
+    r#"command -v git >/dev/null 2>&1 || exit 0
 polar_keep="$1"
 polar_cfg() { (cd / && git config --file "$@"); }
 polar_clean() {
@@ -304,7 +317,8 @@ polar_clean() {
   [ -O "$1" ] || [ -O "$polar_d" ] || [ -w "$1" ] || [ -w "$polar_d" ] || return 0
   if [ -O "$polar_d" ]; then chmod u+rwx "$polar_d" || return 1; fi
   rm -rf "$1.polar-clean" "$1.polar-policy" && : > "$1.polar-clean" || return 1
-  polar_cfg "$1" --no-includes --name-only --get-regexp "$polar_keep" 2>/dev/null | sort -u     | while IFS= read -r polar_k; do
+  polar_cfg "$1" --no-includes --name-only --get-regexp "$polar_keep" 2>/dev/null | sort -u \
+    | while IFS= read -r polar_k; do
         polar_cfg "$1" --no-includes --get-all "$polar_k" | while IFS= read -r polar_v; do
           polar_cfg "$1.polar-clean" --add "$polar_k" "$polar_v" || exit 1
         done || exit 1
@@ -312,23 +326,14 @@ polar_clean() {
   mv -f "$1" "$1.polar-policy" && mv -f "$1.polar-clean" "$1"
 }
 polar_repo() {
-  polar_gd=
-  if [ -d "$1" ]; then polar_gd=$1
-  elif [ -f "$1" ]; then
-    polar_gd=$(sed -n '1s/^gitdir: *//p' "$1" 2>/dev/null)
-    case "$polar_gd" in '') return 0 ;; /*) ;; *) polar_gd="$(dirname "$1")/$polar_gd" ;; esac
-  fi
-  [ -n "$polar_gd" ] && [ -d "$polar_gd" ] || return 0
-  polar_common=$polar_gd
-  if [ -f "$polar_gd/commondir" ]; then
-    polar_c=$(head -n 1 "$polar_gd/commondir")
-    case "$polar_c" in /*) polar_common=$polar_c ;; *) polar_common="$polar_gd/$polar_c" ;; esac
-  fi
-  for polar_f in "$polar_common/config" "$polar_common/config.worktree" "$polar_gd/config.worktree"; do
+  polar_git_dirs "$1"
+  [ -n "$polar_src" ] && [ -d "$polar_src" ] || return 0
+  for polar_f in "$polar_common/config" "$polar_common/config.worktree" "$polar_src/config.worktree"; do
     polar_clean "$polar_f" || { echo "polar: the repository configuration $polar_f could not be replaced" >&2; return 1; }
   done
 }
 find . -name .git -prune ! -path '*
 *' -print 2>/dev/null | while IFS= read -r polar_g; do
   polar_repo "$PWD/${polar_g#./}" || exit 1
-done"#;
+done"#
+);

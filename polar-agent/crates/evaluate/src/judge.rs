@@ -64,14 +64,10 @@ if [ -n "$polar_objects" ]; then
   polar_g=$(mktemp -d "${TMPDIR:-/tmp}/polar-git.XXXXXX") && mkdir "$polar_g/refs" \
     && printf '%s\n' "$polar_base" > "$polar_g/HEAD" \
     || { echo 'polar: no git directory could be made' >&2; exit 2; }
-  if [ ${#polar_base} = 64 ]; then
-    printf '[core]\n\tbare = false\n\trepositoryformatversion = 1\n[extensions]\n\tobjectformat = sha256\n'
-  else
-    printf '[core]\n\tbare = false\n\trepositoryformatversion = 0\n'
-  fi > "$polar_g/config" || { echo 'polar: no git directory could be made' >&2; exit 2; }
-  GIT_DIR="$polar_g" GIT_WORK_TREE="$PWD" GIT_OBJECT_DIRECTORY="$polar_objects"
-  export GIT_DIR GIT_WORK_TREE GIT_OBJECT_DIRECTORY
-  unset GIT_INDEX_FILE GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_COMMON_DIR GIT_EXTERNAL_DIFF
+  polar_format=
+  [ ${#polar_base} = 64 ] && polar_format=sha256
+  polar_git_use "$polar_g" "$polar_objects" "$polar_format" "" \
+    || { echo 'polar: no git directory could be made' >&2; exit 2; }
   polar_git read-tree "$polar_base" >/dev/null 2>&1 \
     || { echo "polar: the base commit $polar_base is not in the node's pack of it" >&2; exit 2; }
   polar_setup=0

@@ -800,17 +800,17 @@ async fn the_judges_diff_sees_a_change_whose_size_and_times_match_the_index() {
     );
 }
 
-/// Runs `argv` with the evaluation's variables in `dir`, as the task's
-/// own command would.
-async fn task_command(dir: &Path, script: &str) -> super::super::CommandOutput {
+/// Runs `argv` with the evaluation's variables in `dir`.
+async fn isolated(dir: &Path, argv: Vec<String>) -> super::super::CommandOutput {
     IsolatedRunner::new(dir)
-        .run(
-            vec!["sh".into(), "-c".into(), script.into()],
-            Vec::new(),
-            std::time::Duration::from_secs(60),
-        )
+        .run(argv, Vec::new(), std::time::Duration::from_secs(60))
         .await
         .unwrap()
+}
+
+/// Runs `script` as the task's own command would.
+async fn task_command(dir: &Path, script: &str) -> super::super::CommandOutput {
+    isolated(dir, vec!["sh".into(), "-c".into(), script.into()]).await
 }
 
 #[tokio::test]
@@ -848,14 +848,7 @@ async fn after_the_clean_up_the_tasks_own_git_runs_nothing_the_workspace_configu
     assert!(!h.ran().is_empty(), "{out:?}");
     h.clear();
 
-    let out = IsolatedRunner::new(ws)
-        .run(
-            isolation::clean_git_argv(),
-            Vec::new(),
-            std::time::Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
+    let out = isolated(ws, isolation::clean_git_argv()).await;
     assert_eq!(out.exit, Some(0), "{out:?}");
     let out = task_command(
         ws,
@@ -883,14 +876,7 @@ async fn after_the_clean_up_the_tasks_own_git_runs_nothing_the_workspace_configu
         assert!(kept.is_file(), "{}", kept.display());
     }
     // Cleaning again changes nothing.
-    let again = IsolatedRunner::new(ws)
-        .run(
-            isolation::clean_git_argv(),
-            Vec::new(),
-            std::time::Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
+    let again = isolated(ws, isolation::clean_git_argv()).await;
     assert_eq!(again.exit, Some(0), "{again:?}");
     assert_eq!(
         std::fs::read_to_string(ws.join(".git/config")).unwrap(),
@@ -925,14 +911,7 @@ async fn a_workspace_made_a_bare_repository_is_never_used_implicitly() {
     assert!(h.ran().contains(&"external".to_owned()), "{plain:?}");
     h.clear();
     // The cleaning finds no `.git`; the task's git refuses the directory.
-    let out = IsolatedRunner::new(ws)
-        .run(
-            isolation::clean_git_argv(),
-            Vec::new(),
-            std::time::Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
+    let out = isolated(ws, isolation::clean_git_argv()).await;
     assert_eq!(out.exit, Some(0), "{out:?}");
     let out = task_command(ws, "git diff").await;
     assert!(out.stderr.contains("Not a git repository"), "{out:?}");
