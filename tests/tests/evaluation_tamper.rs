@@ -28,6 +28,14 @@
 //!   so that `git diff` hides the test's removed assertion, for
 //!   `llm_judge` with a criterion that the test is kept (the diff reads
 //!   the base from the pack the node kept before the harness ran);
+//! - the task's test dependency rewritten in the workspace's
+//!   `node_modules` (the check Node's `require` finds there always
+//!   passes), for a `command` evaluator that lists `node_modules` in
+//!   `restore` (put back as the prepare step left it), in the session's
+//!   sandbox and with `fresh = true`;
+//! - (the task's own error, not a tamper) `restore` paths that do not fit
+//!   in the session's disk quota beside the workspace: both samples fail
+//!   before the harness runs, with an error naming the option;
 //! - a results directory the evaluator cannot write (`.polar` made
 //!   read-only), for a `command` evaluator with a reward file: scored 0.0,
 //!   `broken.cause = "unwritable"`, not an unscored error;
@@ -306,6 +314,37 @@ const BASE_REPO: &str = "printf 'def add(a, b):\\n    return 0\\n' > calc.py && 
     && printf 'def test():\\n    assert add(2, 3) == 5\\n' > t/test_calc.py \\
     && git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm task";
 
+/// The prepare step of the dependency task: the checker the evaluator's
+/// Node script `require`s, installed in the workspace's `node_modules`.
+const NODE_DEPS: &str = "mkdir -p node_modules/checker \\
+    && printf 'module.exports = (got, want) => got === want;\\n' > node_modules/checker/index.js";
+
+/// The dependency task's harness: sample 0 leaves a wrong `calc.js` and
+/// makes the checker pass anything, then shows that the check passes;
+/// sample 1 leaves the right one.
+const NODE_POLICY: &str = r#"set -e
+case "$POLAR_SESSION" in
+*-s0)
+printf 'exports.add = (a, b) => a - b;\n' > calc.js
+printf 'module.exports = () => true;\n' > node_modules/checker/index.js
+node -e 'process.exit(require("checker")(require("./calc.js").add(2, 3), 5) ? 0 : 1)'
+;;
+*)
+printf 'exports.add = (a, b) => a + b;\n' > calc.js
+;;
+esac
+"#;
+
+/// Checks `calc.add(2, 3) == 5` with the checker in `node_modules`,
+/// which `restore` puts back as the prepare step left it.
+fn node_check(fresh: bool) -> Value {
+    json!({"kind": "command", "options": {
+        "command": "node -e 'process.exit(require(\"checker\")(require(\"./calc.js\").add(2, 3), 5) ? 0 : 1)'",
+        "restore": ["node_modules"],
+        "fresh": fresh,
+    }})
+}
+
 /// The sibling's repository, without a tamper.
 const GIT_PLAIN: &str = "git init -q && git add calc.py && \
     git -c user.name=p -c user.email=p@p commit -qm start && \
@@ -515,17 +554,20 @@ rm -rf tests"#
     ]
 }
 
+/// The runtime spec `base` with `more`'s keys.
+fn base_with(base: &Value, more: Value) -> Value {
+    let mut r = base.clone();
+    if let (Some(r), Value::Object(more)) = (r.as_object_mut(), more) {
+        r.extend(more);
+    }
+    r
+}
+
 /// Every task of the suite on a runtime spec based on `base` (`{}` for
 /// native), each with its expected `broken` cause; `hidden` is the hidden
 /// tests' directory on the host.
 fn suite(base: &Value, hidden: &Path) -> Vec<(Value, Option<&'static str>)> {
-    let runtime = |more: Value| {
-        let mut r = base.clone();
-        if let (Some(r), Value::Object(more)) = (r.as_object_mut(), more) {
-            r.extend(more);
-        }
-        r
-    };
+    let runtime = |more: Value| base_with(base, more);
     let mut tasks = vec![
         (
             task(
@@ -616,6 +658,24 @@ fn suite(base: &Value, hidden: &Path) -> Vec<(Value, Option<&'static str>)> {
         ),
         (
             task(
+                "node-deps",
+                NODE_POLICY.to_owned(),
+                runtime(json!({"prepare": [{"run": NODE_DEPS}]})),
+                node_check(false),
+            ),
+            None,
+        ),
+        (
+            task(
+                "node-deps-fresh",
+                NODE_POLICY.to_owned(),
+                runtime(json!({"prepare": [{"run": NODE_DEPS}]})),
+                node_check(true),
+            ),
+            None,
+        ),
+        (
+            task(
                 "unwritable-results",
                 policy("mkdir -p .polar\nchmod 500 .polar\n! touch .polar/probe 2>/dev/null"),
                 runtime(json!({})),
@@ -701,7 +761,29 @@ async fn run_suite(sandbox: &str, base: Value) -> Result<()> {
     for (t, _) in &tasks {
         c.submit(t).await?;
     }
+    // `restore` paths the session's quota cannot hold twice.
+    let too_big = task(
+        "restore-too-big",
+        policy("true"),
+        base_with(
+            &base,
+            json!({"limits": {"disk_bytes": 16 << 20}, "prepare": [{"run": "head -c 10000000 /dev/zero > big.bin"}]}),
+        ),
+        json!({"kind": "command", "options": {"command": "true", "restore": ["big.bin"]}}),
+    );
+    c.submit(&too_big).await?;
     let mut failures = Vec::new();
+    for r in wait_finished(&c, "restore-too-big", &agent).await? {
+        let error = r.error.clone().unwrap_or_default();
+        if r.status != SampleStatus::Error
+            || r.reward.is_some()
+            || harness_exit(&r).is_some()
+            || !error.contains("evaluator.options.restore")
+            || !error.contains("disk_bytes")
+        {
+            failures.push(format!("restore-too-big: {r:#?}"));
+        }
+    }
     for (t, broken) in &tasks {
         let id = t["task_id"].as_str().context("task id")?;
         let results = wait_finished(&c, id, &agent).await?;

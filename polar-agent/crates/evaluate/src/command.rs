@@ -38,6 +38,8 @@ struct Raw {
     #[serde(default)]
     tests: Option<String>,
     #[serde(default)]
+    restore: Option<Vec<String>>,
+    #[serde(default)]
     reward: Option<String>,
     #[serde(default)]
     reward_file: Option<String>,
@@ -91,6 +93,7 @@ impl CommandEvaluator {
                 fresh: raw.fresh,
                 env: raw.env,
                 tests: raw.tests,
+                restore: raw.restore,
             },
             &[REWARD_FILE_VAR],
         )?;

@@ -45,6 +45,13 @@
 //! - `fresh` (bool, default false): run in a fresh sandbox on the same
 //!   workspace instead of the session's;
 //! - `env` (object of strings): extra variables;
+//! - `tests`: the directory of the task's uploaded tests, which pytest is
+//!   pinned to ([`isolation::pytest_addopts`]);
+//! - `restore` (array of paths relative to the workspace, at most 64, none
+//!   inside another or overlapping `tests`): put back before the
+//!   evaluation's first command as they were before the harness ran (a
+//!   path absent then is removed), by the gateway
+//!   ([`Evaluator::restore_paths`]);
 //! - `reward`: `"exit_status"` (default: 1.0 when the command exits 0, else
 //!   0.0) or `"file"`: read from `reward_file` after the command ran;
 //! - `reward_file` (only with `"file"`, default `.polar/reward`): a path
@@ -61,8 +68,8 @@
 //! - `test_patch` (a unified diff) or `test_patch_file` (a path relative to
 //!   the workspace; the harness can see and change it, so prefer
 //!   `test_patch`); optional: without either nothing is applied;
-//! - `command` (required), `timeout_secs` (each step), `fresh`, `env`: as
-//!   for `command`;
+//! - `command` (required), `timeout_secs` (each step), `fresh`, `env`,
+//!   `tests`, `restore`: as for `command`;
 //! - `parser` (required): `pytest` (`pytest -rA` summary lines and `-v`
 //!   progress lines), `unittest` (`python -m unittest -v`, Django's runner)
 //!   or `regex` with `pass_regex` (required) and `fail_regex` (optional),
@@ -445,6 +452,28 @@ impl Evaluator {
             Self::Composite(c) => c.runs_commands(),
             _ => true,
         }
+    }
+
+    /// The workspace paths its commands want put back, before the
+    /// evaluation's first command, as they were before the harness ran
+    /// (`restore`; a composite's parts' together): sorted, none inside
+    /// another. The gateway keeps them before the harness and puts them
+    /// back (`polar_sandbox::runtime::restore`).
+    pub fn restore_paths(&self) -> Vec<std::path::PathBuf> {
+        let mut paths = match self {
+            Self::SessionCompleted(_) | Self::LlmJudge(_) => Vec::new(),
+            Self::Command(c) => c.run.restore.clone(),
+            Self::TestOutput(t) => t.run.restore.clone(),
+            Self::Composite(c) => c
+                .parts
+                .iter()
+                .flat_map(|(e, _)| e.restore_paths())
+                .collect(),
+        };
+        paths.sort();
+        // Parts may list the same path, or one inside another's.
+        paths.dedup_by(|later, earlier| later.starts_with(&*earlier));
+        paths
     }
 
     /// Whether it calls a judge model ([`Evaluator::evaluate_with`] needs

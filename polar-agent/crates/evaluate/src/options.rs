@@ -58,6 +58,8 @@ pub(super) struct RawRun {
     pub env: Option<BTreeMap<String, String>>,
     /// `tests`.
     pub tests: Option<String>,
+    /// `restore`.
+    pub restore: Option<Vec<String>>,
 }
 
 /// The checked options of every evaluator that runs commands.
@@ -74,6 +76,11 @@ pub struct RunOptions {
     /// The workspace directory holding the task's uploaded tests, which
     /// pytest is pinned to ([`crate::isolation::pytest_addopts`]).
     pub tests: Option<PathBuf>,
+    /// Workspace paths put back, before the evaluation's first command,
+    /// as they were before the harness ran ([`Evaluator::restore_paths`]).
+    ///
+    /// [`Evaluator::restore_paths`]: crate::Evaluator::restore_paths
+    pub restore: Vec<PathBuf>,
 }
 
 impl RunOptions {
@@ -120,12 +127,14 @@ impl RunOptions {
                 relative_path("tests", &t)
             })
             .transpose()?;
+        let restore = restore_paths(raw.restore.unwrap_or_default(), tests.as_deref())?;
         Ok(Self {
             argv,
             timeout: Duration::from_secs(secs),
             fresh: raw.fresh.unwrap_or(false),
             env,
             tests,
+            restore,
         })
     }
 
@@ -166,6 +175,53 @@ impl RunOptions {
         env.push(("PYTEST_DISABLE_PLUGIN_AUTOLOAD".to_owned(), "1".to_owned()));
         env
     }
+}
+
+/// The most paths `restore` may list.
+pub const MAX_RESTORE_PATHS: usize = 64;
+
+/// Checks `restore`: at most [`MAX_RESTORE_PATHS`] paths relative to the
+/// workspace, none inside another (or the same twice), none holding or
+/// inside `tests` (uploaded after the run: putting it back would undo the
+/// upload). Sorted.
+fn restore_paths(given: Vec<String>, tests: Option<&Path>) -> Result<Vec<PathBuf>, EvalError> {
+    if given.len() > MAX_RESTORE_PATHS {
+        return Err(EvalError::option(
+            "restore",
+            format!("at most {MAX_RESTORE_PATHS} paths, not {}", given.len()),
+        ));
+    }
+    let mut paths = Vec::with_capacity(given.len());
+    for (i, p) in given.iter().enumerate() {
+        let option = format!("restore[{i}]");
+        let path = relative_path(&option, p)?;
+        if let Some(t) = tests
+            && (path.starts_with(t) || t.starts_with(&path))
+        {
+            return Err(EvalError::option(
+                option,
+                format!(
+                    "{p:?} overlaps `tests` ({}), which is uploaded after the run",
+                    t.display()
+                ),
+            ));
+        }
+        paths.push(path);
+    }
+    paths.sort();
+    for pair in paths.windows(2) {
+        if pair[1].starts_with(&pair[0]) {
+            return Err(EvalError::option(
+                "restore",
+                format!(
+                    "{} is listed with {} (one holds the other)",
+                    pair[1].display(),
+                    pair[0].display()
+                ),
+            ));
+        }
+    }
+    Ok(paths)
 }
 
 /// A command option (`option`): a non-empty string run with `sh -c`, or a

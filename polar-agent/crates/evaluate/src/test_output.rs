@@ -61,6 +61,8 @@ struct Raw {
     env: Option<BTreeMap<String, String>>,
     #[serde(default)]
     tests: Option<String>,
+    #[serde(default)]
+    restore: Option<Vec<String>>,
 }
 
 /// Where the test patch comes from.
@@ -152,6 +154,7 @@ impl TestOutput {
                 fresh: raw.fresh,
                 env: raw.env,
                 tests: raw.tests,
+                restore: raw.restore,
             },
             &[],
         )?;

@@ -24,7 +24,7 @@ use polar_spec::KeyError;
 use polar_spec::KeyPath;
 use polar_spec::harness::{BadHarness, HarnessChoice, ModeKind};
 use polar_spec::policy::Policy;
-use polar_spec::runtime::{RuntimeSpec, SpecError};
+use polar_spec::runtime::{RuntimeSpec, SpecError, Step};
 
 /// A checked session spec.
 #[derive(Debug)]
@@ -132,7 +132,43 @@ impl SessionSpec {
                 other @ SpecError::Read { .. } => bad("runtime", other.to_string()),
             })?;
         }
+        spec.check_restore_against_uploads()?;
         Ok(spec)
+    }
+
+    /// The evaluator's `restore` paths are put back after the `[[post]]`
+    /// steps: one that a post-run upload writes into (or that holds it)
+    /// would undo the upload.
+    fn check_restore_against_uploads(&self) -> Result<(), ValidationError> {
+        let restore = self.evaluator.restore_paths();
+        for (i, step) in self.runtime.post.iter().enumerate() {
+            let Step::Upload { to, .. } = step else {
+                continue;
+            };
+            // `.` is the workspace's top: it holds every path.
+            let to: std::path::PathBuf = to
+                .components()
+                .filter(|c| matches!(c, std::path::Component::Normal(_)))
+                .collect();
+            if let Some(path) = restore
+                .iter()
+                .find(|p| p.starts_with(&to) || to.starts_with(p))
+            {
+                return Err(bad(
+                    "evaluator.options.restore",
+                    format!(
+                        "{} overlaps runtime.post[{i}]'s upload to {:?}: it is put back after the post-run steps and would undo the upload",
+                        path.display(),
+                        if to.as_os_str().is_empty() {
+                            ".".into()
+                        } else {
+                            to.display().to_string()
+                        },
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Checks the spec against `policy` lexically (the rollout server);
@@ -256,6 +292,33 @@ mod tests {
             .unwrap_err(),
             "evaluator.kind: unknown evaluator \"vibes\"; one of: session_completed, command, test_output, llm_judge, composite"
         );
+    }
+
+    #[test]
+    fn restore_paths_must_not_undo_a_post_run_upload() {
+        let agent = json!({"harness": "shell", "options": {"command": "true"}});
+        let evaluator = |restore: Value| json!({"kind": "command", "options": {"command": "true", "restore": restore}});
+        let post =
+            |to: &str| json!({"post": [{"run": "true"}, {"upload": {"from": "/srv/t", "to": to}}]});
+        for (to, restore) in [
+            ("node_modules/checker", json!(["node_modules"])),
+            ("tests", json!(["tests/conf.py"])),
+            (".", json!(["package.json"])),
+            ("./vendor", json!(["vendor"])),
+        ] {
+            let e = parse(agent.clone(), post(to), evaluator(restore.clone())).unwrap_err();
+            assert!(
+                e.starts_with("evaluator.options.restore: ") && e.contains("runtime.post[1]"),
+                "{to} {restore}: {e}"
+            );
+        }
+        for (to, restore) in [
+            ("tests", json!(["node_modules", "tests.cfg"])),
+            ("node_modules2", json!(["node_modules"])),
+        ] {
+            parse(agent.clone(), post(to), evaluator(restore.clone()))
+                .unwrap_or_else(|e| panic!("{to} {restore}: {e}"));
+        }
     }
 
     #[test]

@@ -374,3 +374,99 @@ fn valid_specs_keep_what_they_say() {
     assert_eq!(t.fail_to_pass[0].given, "test_a (m.C)");
     assert!(e.needs_fresh_sandbox());
 }
+
+#[test]
+fn restore_lists_paths_of_the_workspace_none_inside_another() {
+    let p = "evaluator.options.";
+    let with = |restore: serde_json::Value| json!({"command": "x", "restore": restore});
+    refused(
+        "command",
+        with(json!(["../etc"])),
+        &format!("{p}restore[0]: "),
+        "`..`",
+    );
+    refused(
+        "command",
+        with(json!(["ok", "/abs"])),
+        &format!("{p}restore[1]: "),
+        "not absolute",
+    );
+    refused(
+        "command",
+        with(json!([""])),
+        &format!("{p}restore[0]: "),
+        "empty",
+    );
+    refused(
+        "command",
+        with(json!(["node_modules", "./node_modules/jest"])),
+        &format!("{p}restore: "),
+        "one holds the other",
+    );
+    refused(
+        "command",
+        with(json!(["a", "a"])),
+        &format!("{p}restore: "),
+        "one holds the other",
+    );
+    refused(
+        "test_output",
+        json!({"command": "x", "parser": "pytest", "tests": "tests", "restore": ["tests/conftest.py"]}),
+        &format!("{p}restore[0]: "),
+        "overlaps `tests`",
+    );
+    refused(
+        "command",
+        json!({"command": "x", "tests": "t/hidden", "restore": ["t"]}),
+        &format!("{p}restore[0]: "),
+        "overlaps `tests`",
+    );
+    let many: Vec<String> = (0..65).map(|i| format!("p{i}")).collect();
+    refused(
+        "command",
+        with(json!(many)),
+        &format!("{p}restore: "),
+        "at most 64",
+    );
+    refused(
+        "command",
+        with(json!("node_modules")),
+        &format!("{p}restore: "),
+        "invalid type",
+    );
+
+    // Siblings that share a prefix are not inside each other.
+    let e = Evaluator::from_spec(&spec(
+        "command",
+        with(json!([
+            "node_modules.bak",
+            "./node_modules",
+            "jest.config.js"
+        ])),
+    ))
+    .unwrap();
+    assert_eq!(
+        e.restore_paths(),
+        ["jest.config.js", "node_modules", "node_modules.bak"].map(std::path::PathBuf::from)
+    );
+    // A composite's parts' paths together, a path inside another's once.
+    let e = Evaluator::from_spec(&spec(
+        "composite",
+        json!({"evaluators": [
+            {"kind": "command", "options": with(json!(["vendor/lib", "package.json"]))},
+            {"kind": "test_output", "options": {"command": "x", "parser": "pytest", "restore": ["vendor", "package.json"]}},
+            {"kind": "session_completed"},
+        ]}),
+    ))
+    .unwrap();
+    assert_eq!(
+        e.restore_paths(),
+        ["package.json", "vendor"].map(std::path::PathBuf::from)
+    );
+    assert!(
+        Evaluator::from_spec(&spec("command", json!({"command": "x"})))
+            .unwrap()
+            .restore_paths()
+            .is_empty()
+    );
+}

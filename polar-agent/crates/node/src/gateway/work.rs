@@ -10,9 +10,12 @@
 //!   reward), the harness's installation is found, and the session is
 //!   prepared (an earlier attempt's directories and capture log on this
 //!   node moved apart to `<state>/attempts/<session>/<n>/`, then fresh
-//!   directories, sandbox, runtime started, prepare steps), and, for an
-//!   evaluator with an `llm_judge`, the workspace's commit recorded as the
-//!   judge's diff base ([`polar_evaluate::base`]).
+//!   directories, sandbox, runtime started, prepare steps), the
+//!   evaluator's `restore` paths of the workspace kept out of the
+//!   sandbox's reach ([`polar_sandbox::runtime::restore`]; put back before
+//!   the evaluation's first command), and, for an evaluator with an
+//!   `llm_judge`, the workspace's commit recorded as the judge's diff base
+//!   ([`polar_evaluate::base`]).
 //! - RUNNING: the harness, limited by the agent timeout.
 //! - POSTRUN: the runtime spec's post-run steps, the evaluator (in the
 //!   session's sandbox, or a fresh one on the same workspace; an
@@ -61,6 +64,7 @@ use polar_rollout_api::session_spec::SessionSpec;
 use polar_rollout_api::{BackendHealth, SampleStatus, TokenUsage};
 use polar_sandbox::runtime::eval::EvalDirs;
 use polar_sandbox::runtime::plan::{Phase, Plan, StepEnd};
+use polar_sandbox::runtime::restore::Kept;
 use polar_spec::policy::Policy;
 use polar_trajectory::{EndedBy, Rewards, SessionOutcome};
 
@@ -74,6 +78,8 @@ pub struct Session {
     /// The workspace's commit before the harness ran, which the judge's
     /// diff is taken against (kept here, out of the sandbox's reach).
     base: DiffBase,
+    /// The evaluator's `restore` paths as the harness found them.
+    kept: Option<Kept>,
 }
 
 /// What RUNNING ended with: the harness's step.
@@ -293,6 +299,18 @@ impl Work for HarnessWork {
                 };
                 InitError::new(fault, chain(&e))
             })?;
+        let kept = match keep_restore_paths(&prepared, &spec.evaluator).await {
+            Ok(kept) => kept,
+            Err(e) => {
+                if let Err(f) = prepared
+                    .finish(&self.parts, &CancellationToken::new())
+                    .await
+                {
+                    tracing::warn!(session = %a.session_id, error = %chain(&f), "closing the sandbox of a session that did not start");
+                }
+                return Err(e);
+            }
+        };
         let base = if spec.evaluator.needs_judge() && prepared.ready() {
             record_base(&prepared, &stop).await
         } else {
@@ -304,6 +322,7 @@ impl Work for HarnessWork {
             evaluator: spec.evaluator,
             agent_timeout: spec.timeout.unwrap_or(self.agent_timeout),
             base,
+            kept,
         })
     }
 
@@ -398,7 +417,7 @@ impl Work for HarnessWork {
         // Evaluated while the sandbox is open, or after in a fresh one.
         let mut evaluation = None;
         if evaluate && !fresh {
-            let runner = SandboxRunner::evaluation(&s.prepared, &job.stop);
+            let runner = SandboxRunner::evaluation(&s.prepared, s.kept.as_ref(), &job.stop);
             evaluation = Some(
                 s.evaluator
                     .evaluate_with(&facts, &runner, Some(&inputs))
@@ -415,8 +434,15 @@ impl Work for HarnessWork {
         let finished = s.prepared.finish(&self.parts, &never).await;
         if fresh {
             evaluation = Some(
-                self.evaluate_fresh(job, fresh_run, &s.evaluator, &facts, &inputs)
-                    .await,
+                self.evaluate_fresh(
+                    job,
+                    fresh_run,
+                    &s.evaluator,
+                    s.kept.as_ref(),
+                    &facts,
+                    &inputs,
+                )
+                .await,
             );
         }
         let torn_down = finished.is_ok();
@@ -753,6 +779,49 @@ async fn record_base(prepared: &Prepared, stop: &CancellationToken) -> DiffBase 
     DiffBase::Head
 }
 
+/// Keeps the evaluator's `restore` paths of the prepared workspace, before
+/// the harness runs ([`polar_sandbox::runtime::restore::keep`]); none for
+/// an evaluator without them or a session whose prepare steps failed (it
+/// is not evaluated). Paths that do not fit in the session's disk quota
+/// beside the workspace, or that lead through a symlink, are the task's
+/// error; anything else the node's.
+async fn keep_restore_paths(
+    prepared: &Prepared,
+    evaluator: &Evaluator,
+) -> Result<Option<Kept>, InitError> {
+    let paths = evaluator.restore_paths();
+    if paths.is_empty() || !prepared.ready() {
+        return Ok(None);
+    }
+    let dirs = prepared.dirs().clone();
+    let kept =
+        tokio::task::spawn_blocking(move || polar_sandbox::runtime::restore::keep(&dirs, &paths))
+            .await
+            .map_err(|e| {
+                InitError::new(
+                    InitFault::Node,
+                    format!("keeping the evaluator's `restore` paths: {e}"),
+                )
+            })?;
+    kept.map(Some).map_err(|e| {
+        let (fault, hint) = match errno_of(&e) {
+            Some(nix::errno::Errno::ENOSPC | nix::errno::Errno::EDQUOT) => (
+                InitFault::Spec,
+                " (the session's disk quota holds the workspace and a copy of these paths: raise `limits.disk_bytes`)",
+            ),
+            Some(nix::errno::Errno::ELOOP) => (
+                InitFault::Spec,
+                " (a path leads through a symlink: name it by its real path)",
+            ),
+            _ => (InitFault::Node, ""),
+        };
+        InitError::new(
+            fault,
+            format!("evaluator.options.restore: keeping the workspace's paths: {}{hint}", chain(&e)),
+        )
+    })
+}
+
 /// The last 200 bytes of `s`, for a log line.
 fn tail_of(s: &str) -> &str {
     let mut start = s.len().saturating_sub(200);
@@ -770,6 +839,7 @@ impl HarnessWork {
         job: &Job,
         run: HarnessRun,
         evaluator: &Evaluator,
+        kept: Option<&Kept>,
         facts: &SessionFacts,
         inputs: &JudgeInputs<'_>,
     ) -> Evaluation {
@@ -782,7 +852,7 @@ impl HarnessWork {
             evaluator
                 .evaluate_with(
                     facts,
-                    &SandboxRunner::evaluation(&fresh, &job.stop),
+                    &SandboxRunner::evaluation(&fresh, kept, &job.stop),
                     Some(inputs),
                 )
                 .await
@@ -804,10 +874,13 @@ impl HarnessWork {
 struct SandboxRunner<'a> {
     prepared: &'a Prepared,
     stop: &'a CancellationToken,
-    /// Whether the workspace's git configurations are cleaned first: for
-    /// an evaluation, never for the record before the harness (the
-    /// repository is the task's then, and the harness's to use).
-    clean_git: bool,
+    /// Whether the workspace is made the evaluation's first (its `restore`
+    /// paths put back, its git configurations cleaned): for an evaluation,
+    /// never for the record before the harness (the workspace is the
+    /// task's then, and the harness's to use).
+    evaluation: bool,
+    /// The evaluator's `restore` paths, kept before the harness ran.
+    kept: Option<&'a Kept>,
     count: std::sync::atomic::AtomicUsize,
     isolated: tokio::sync::OnceCell<Result<Isolated, RunError>>,
 }
@@ -825,20 +898,30 @@ const CLEAN_GIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl<'a> SandboxRunner<'a> {
     /// A runner for an evaluation's commands.
-    fn evaluation(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
-        Self::new(prepared, stop, true)
+    fn evaluation(
+        prepared: &'a Prepared,
+        kept: Option<&'a Kept>,
+        stop: &'a CancellationToken,
+    ) -> Self {
+        Self::new(prepared, stop, true, kept)
     }
 
     /// A runner for the record before the harness.
     fn record(prepared: &'a Prepared, stop: &'a CancellationToken) -> Self {
-        Self::new(prepared, stop, false)
+        Self::new(prepared, stop, false, None)
     }
 
-    fn new(prepared: &'a Prepared, stop: &'a CancellationToken, clean_git: bool) -> Self {
+    fn new(
+        prepared: &'a Prepared,
+        stop: &'a CancellationToken,
+        evaluation: bool,
+        kept: Option<&'a Kept>,
+    ) -> Self {
         Self {
             prepared,
             stop,
-            clean_git,
+            evaluation,
+            kept,
             count: std::sync::atomic::AtomicUsize::new(0),
             isolated: tokio::sync::OnceCell::new(),
         }
@@ -857,32 +940,23 @@ impl<'a> SandboxRunner<'a> {
     async fn isolate(&self) -> Result<Isolated, RunError> {
         let (dirs, user) = (self.prepared.dirs().clone(), self.prepared.user());
         let made = tokio::task::spawn_blocking(move || EvalDirs::make(&dirs, user)).await;
-        let eval = match made {
-            Ok(Ok(e)) => e,
-            Ok(Err(e)) => {
-                let cause = match &e {
-                    polar_sandbox::runtime::RuntimeError::Io { source, .. } => source
-                        .raw_os_error()
-                        .map(nix::errno::Errno::from_raw)
-                        .and_then(Broken::of_errno)
-                        .filter(|c| *c == Broken::NoSpace)
-                        .unwrap_or(Broken::NodeIo),
-                    _ => Broken::NodeIo,
-                };
-                return Err(RunError {
-                    message: format!("making the evaluation's HOME and tmp: {}", chain(&e)),
-                    cause,
-                });
+        let eval = on_host(made, "making the evaluation's HOME and tmp")?;
+        if let (true, Some(kept)) = (self.evaluation, self.kept) {
+            let (dirs, user, kept) = (
+                self.prepared.dirs().clone(),
+                self.prepared.user(),
+                kept.clone(),
+            );
+            let put = tokio::task::spawn_blocking(move || {
+                polar_sandbox::runtime::restore::restore(&dirs, &kept, user)
+            })
+            .await;
+            for r in on_host(put, "putting the workspace's `restore` paths back")? {
+                tracing::warn!(session = %self.prepared.session(), path = %r.display(), "replaced an entry the sandbox put in the way of a `restore` path");
             }
-            Err(e) => {
-                return Err(RunError {
-                    message: format!("making the evaluation's HOME and tmp: {e}"),
-                    cause: Broken::Bug,
-                });
-            }
-        };
+        }
         let (layout, env) = self.prepared.isolate(&eval);
-        if self.clean_git {
+        if self.evaluation {
             let argv = polar_evaluate::isolation::clean_git_argv();
             let out = self.exec(&layout, &env, &argv, CLEAN_GIT_TIMEOUT).await?;
             if out.exit != Some(0) {
@@ -947,6 +1021,42 @@ impl<'a> SandboxRunner<'a> {
             stdout: read_capped(out, 4 << 20),
             stderr: read_capped(err, 1 << 20),
         })
+    }
+}
+
+/// The result of host-side work on the session's directories for an
+/// evaluation (`doing` names it): a quota the sandbox filled is the
+/// policy's doing; any other error the node's.
+fn on_host<T>(
+    done: Result<Result<T, polar_sandbox::runtime::RuntimeError>, tokio::task::JoinError>,
+    doing: &str,
+) -> Result<T, RunError> {
+    match done {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => {
+            let cause = match errno_of(&e).and_then(Broken::of_errno) {
+                Some(Broken::NoSpace) => Broken::NoSpace,
+                _ => Broken::NodeIo,
+            };
+            Err(RunError {
+                message: format!("{doing}: {}", chain(&e)),
+                cause,
+            })
+        }
+        Err(e) => Err(RunError {
+            message: format!("{doing}: {e}"),
+            cause: Broken::Bug,
+        }),
+    }
+}
+
+/// The system error under a runtime's I/O error.
+fn errno_of(e: &polar_sandbox::runtime::RuntimeError) -> Option<nix::errno::Errno> {
+    match e {
+        polar_sandbox::runtime::RuntimeError::Io { source, .. } => {
+            source.raw_os_error().map(nix::errno::Errno::from_raw)
+        }
+        _ => None,
     }
 }
 

@@ -9,6 +9,8 @@
 //!   workspace, written beneath directories the sandbox controls;
 //! - [`quota`]: the disk quota (a size-limited tmpfs per session);
 //! - [`eval`]: the HOME and tmp of one evaluation, made fresh for it;
+//! - [`restore`]: workspace paths kept before the harness and put back
+//!   before an evaluation;
 //! - [`view`]: what a native sandbox sees of the node's file system (an
 //!   allowlist);
 //! - [`oneshot`]: one command in the native runtime with the caller's
@@ -30,6 +32,7 @@ pub(crate) mod native;
 pub mod oneshot;
 pub mod plan;
 pub mod quota;
+pub mod restore;
 pub mod steps;
 pub mod view;
 
