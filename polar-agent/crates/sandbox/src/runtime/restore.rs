@@ -139,9 +139,9 @@ pub fn keep(dirs: &SandboxDirs, paths: &[PathBuf]) -> Result<Kept, RuntimeError>
 /// Puts `kept` back in the workspace (see the module doc): each path's
 /// parents made directories (owned by `user` where made; a symlink or
 /// file in their way replaced), whatever is at the path removed, and the
-/// kept copy written there, owned by `user`, when the path was there. Returns what the
-/// sandbox had put in the way of a parent, relative to the workspace, for
-/// the log. Blocks.
+/// kept copy written there, owned by `user`, when the path was there.
+/// Returns what the sandbox had put in the way of a parent, relative to
+/// the workspace, for the log. Blocks.
 pub fn restore(
     dirs: &SandboxDirs,
     kept: &Kept,
