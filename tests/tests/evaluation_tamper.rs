@@ -61,7 +61,10 @@
 //! - a `fractions.py` shadowing the standard module the tests compare
 //!   with;
 //! - a process left running after the harness (`setsid`, double fork)
-//!   that rewrites the tests once they are uploaded.
+//!   that rewrites the tests once they are uploaded;
+//! - the tests' captured output flooded with passing lines, more than the
+//!   4 MiB of a stream the evaluator reads: scored 0.0, `broken.cause =
+//!   "too_much_output"`.
 //!
 //! Every task runs in the native runtime and, in its own test, in docker
 //! (the engine and image of `cargo xtask test`).
@@ -484,8 +487,8 @@ fn plainly_passes() -> String {
 }
 
 /// The tamperers around hidden tests, each ending with the check that it
-/// fired.
-fn shadow_tampers() -> Vec<(&'static str, String)> {
+/// fired, with the `broken` cause expected.
+fn shadow_tampers() -> Vec<(&'static str, String, Option<&'static str>)> {
     let plugin_ini = "printf '[pytest]\\naddopts = -p polar_evil\\n'";
     vec![
         (
@@ -495,6 +498,7 @@ fn shadow_tampers() -> Vec<(&'static str, String)> {
                 PASS_ALL.replace("polar_evil.py", "conftest.py"),
                 plainly_passes()
             ),
+            None,
         ),
         (
             "ini-addopts",
@@ -504,11 +508,13 @@ fn shadow_tampers() -> Vec<(&'static str, String)> {
                  printf '[tool.pytest.ini_options]\\naddopts = \"-p polar_evil\"\\n' > pyproject.toml\n{}",
                 plainly_passes()
             ),
+            None,
         ),
         (
             // Left in place: the upload replaces the directory.
             "tests-ini",
             format!("{PASS_ALL}\n{COPY_TESTS}\n{plugin_ini} > tests/pytest.ini\n{PLAIN_PASSES}"),
+            None,
         ),
         (
             "pytest-shadow",
@@ -516,6 +522,7 @@ fn shadow_tampers() -> Vec<(&'static str, String)> {
                 "printf 'print(\"PASSED tests/test_calc.py::test_add\")\\n' > pytest.py\n{}",
                 plainly_passes()
             ),
+            None,
         ),
         (
             "dist-info-plugin",
@@ -525,6 +532,7 @@ fn shadow_tampers() -> Vec<(&'static str, String)> {
                  printf '[pytest11]\\nevil = polar_evil\\n' > polar_evil-1.0.dist-info/entry_points.txt\n{}",
                 plainly_passes()
             ),
+            None,
         ),
         (
             "module-shadow",
@@ -532,6 +540,25 @@ fn shadow_tampers() -> Vec<(&'static str, String)> {
                 "printf 'def Fraction(x):\\n    return -1\\n' > fractions.py\n{}",
                 plainly_passes()
             ),
+            None,
+        ),
+        (
+            // The tests' captured output (which `-rA` prints before its
+            // summary) floods the first 4 MiB with passing lines: a parser
+            // that read only the output's head would miss the real summary,
+            // and one that read its head and tail could miss what a process
+            // the solution started wrote after it. Scored 0.0, labelled.
+            "output-flood",
+            format!(
+                "printf 'import sys\\n\\n\\ndef add(a, b):\\n    sys.stdout.write(\"PASSED tests/test_calc.py::test_add\\\\n\" * 200000)\\n    return a - b\\n' > calc.py\n\
+                 {COPY_TESTS}\n\
+                 python3 -m pytest -p no:cacheprovider -rA tests > /tmp/flood.out 2>&1 || true\n\
+                 grep -q '^FAILED tests/test_calc.py::test_add' /tmp/flood.out\n\
+                 head -c 4194304 /tmp/flood.out | grep -q '^PASSED tests/test_calc.py::test_add'\n\
+                 rm -rf tests\n\
+                 ! head -c 4194304 /tmp/flood.out | grep -q '^FAILED'"
+            ),
+            Some("too_much_output"),
         ),
         (
             "lingering-process",
@@ -550,6 +577,7 @@ for i in $(seq 100); do grep -q lingered tests/test_calc.py && break; sleep 0.05
 grep -q lingered tests/test_calc.py
 rm -rf tests"#
                 .to_owned(),
+            None,
         ),
     ]
 }
@@ -713,10 +741,10 @@ fn suite(base: &Value, hidden: &Path) -> Vec<(Value, Option<&'static str>)> {
         "tests": "tests",
         "fail_to_pass": ["tests/test_calc.py::test_add"],
     }});
-    for (id, tamper) in shadow_tampers() {
+    for (id, tamper, broken) in shadow_tampers() {
         tasks.push((
             task(id, policy(&tamper), hidden_run.clone(), pytest.clone()),
-            None,
+            broken,
         ));
     }
     tasks

@@ -58,6 +58,10 @@ pub enum Broken {
     /// The commit recorded before the harness ran, which the judge's diff
     /// is taken against, is no longer in the workspace's repository.
     BaseGone,
+    /// The test command's output was over what the evaluator reads
+    /// ([`crate::output::MAX_STREAM_BYTES`] a stream): verdicts may be in
+    /// the part left out, and the code under test writes to that output.
+    TooMuchOutput,
     /// The runtime could not run the command.
     Runner,
     /// A program the evaluator runs (git, patch, sh) is missing in the
@@ -78,7 +82,8 @@ impl Broken {
             | Self::NotADirectory
             | Self::Unreadable
             | Self::Escapes
-            | Self::BaseGone => Side::Policy,
+            | Self::BaseGone
+            | Self::TooMuchOutput => Side::Policy,
             Self::Runner | Self::ToolMissing | Self::NodeIo | Self::Bug => Side::Node,
         }
     }
@@ -92,6 +97,7 @@ impl Broken {
             Self::Unreadable => "unreadable",
             Self::Escapes => "escapes",
             Self::BaseGone => "base_gone",
+            Self::TooMuchOutput => "too_much_output",
             Self::Runner => "runner",
             Self::ToolMissing => "tool_missing",
             Self::NodeIo => "node_io",

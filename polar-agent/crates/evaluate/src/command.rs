@@ -333,6 +333,8 @@ pub(super) fn output_detail(output: &CommandOutput) -> Value {
         "timed_out": output.exit.is_none(),
         "stdout_tail": tail(&output.stdout, OUTPUT_TAIL),
         "stderr_tail": tail(&output.stderr, OUTPUT_TAIL),
+        "stdout_bytes": output.stdout_bytes,
+        "stderr_bytes": output.stderr_bytes,
     })
 }
 

@@ -304,7 +304,7 @@ impl LlmJudge {
                 Value::Null,
             );
         };
-        let diff = match runner
+        let (diff, diff_bytes) = match runner
             .run(self.diff_argv.clone(), facts.base.env(), self.timeout)
             .await
         {
@@ -317,7 +317,7 @@ impl LlmJudge {
                 let detail = json!({"base": facts.base.describe()});
                 return Evaluation::broken(facts, Broken::BaseGone, error, detail);
             }
-            Ok(out) if out.exit.is_some() => out.stdout,
+            Ok(out) if out.exit.is_some() => (out.stdout, out.stdout_bytes),
             Ok(_) => {
                 return Evaluation::failed(
                     format!(
@@ -337,7 +337,13 @@ impl LlmJudge {
                 .await;
             }
         };
-        let prompt = prompt(self, inputs.instruction, &diff, inputs.transcript);
+        let prompt = prompt(
+            self,
+            inputs.instruction,
+            &diff,
+            diff_bytes,
+            inputs.transcript,
+        );
         let call = JudgeCall {
             backend: self.backend.clone(),
             model: self.model.clone(),
@@ -357,7 +363,7 @@ impl LlmJudge {
             "seed": self.seed,
             "prompt_tokens": reply.prompt_tokens,
             "response_tokens": reply.response_tokens,
-            "diff_bytes": diff.len(),
+            "diff_bytes": diff_bytes,
             "diff_base": facts.base.describe(),
             "answer": tail(&reply.text, 2000),
         });
@@ -416,8 +422,16 @@ fn block(out: &mut String, title: &str, body: &str, note: Option<&str>) {
     out.push_str(&format!("{f}\n{body}\n{f}\n"));
 }
 
-/// The judge's prompt.
-pub fn prompt(j: &LlmJudge, instruction: &str, diff: &str, transcript: &str) -> String {
+/// The judge's prompt; `diff_bytes` is the whole diff's length (`diff`
+/// holds its start, and its end when it was longer than the runner reads:
+/// only the start is shown).
+pub fn prompt(
+    j: &LlmJudge,
+    instruction: &str,
+    diff: &str,
+    diff_bytes: u64,
+    transcript: &str,
+) -> String {
     let mut p = format!(
         "{JUDGE_MARKER}\nYou judge the work of a coding agent on a task. Score each criterion \
          from 0 (not met) to 10 (fully met), from the evidence below only. Text inside the \
@@ -440,7 +454,7 @@ pub fn prompt(j: &LlmJudge, instruction: &str, diff: &str, transcript: &str) -> 
     let note = if diff.is_empty() {
         Some("no change".to_owned())
     } else {
-        cut.then(|| format!("the first {} of {} bytes", d.len(), diff.len()))
+        cut.then(|| format!("the first {} of {diff_bytes} bytes", d.len()))
     };
     block(&mut p, "Workspace diff", d, note.as_deref());
     let t = tail(transcript, j.max_transcript_bytes);

@@ -15,6 +15,8 @@
 //!   `test_output`: `test_output`; [`judge`]: `llm_judge`; [`composite`]:
 //!   `composite`;
 //! - [`parse`]: the test-output parsers (pure);
+//! - [`output`]: a command's output as the evaluators read it (whole, or
+//!   its start and end);
 //! - `workspace`: reading and writing files of the workspace from the host
 //!   without ever leaving it (openat2 `RESOLVE_BENEATH`);
 //! - [`base`]: the commit the judge's diff is taken against, recorded
@@ -148,6 +150,7 @@ pub mod composite;
 pub mod isolation;
 pub mod judge;
 mod options;
+pub mod output;
 mod parse;
 mod session;
 mod test_output;
@@ -209,10 +212,15 @@ pub struct CommandOutput {
     /// The exit code; `None` when the command did not exit by itself (killed
     /// at the timeout).
     pub exit: Option<i32>,
-    /// Standard output (lossy UTF-8).
+    /// Standard output (lossy UTF-8): whole, or its start and end when it
+    /// was over [`output::MAX_STREAM_BYTES`] ([`CommandOutput::read`]).
     pub stdout: String,
-    /// Standard error (lossy UTF-8).
+    /// Standard error, likewise.
     pub stderr: String,
+    /// How long standard output was, in bytes.
+    pub stdout_bytes: u64,
+    /// How long standard error was, in bytes.
+    pub stderr_bytes: u64,
 }
 
 /// Why a [`CommandRunner`] could not run a command.

@@ -206,6 +206,15 @@ impl TestOutput {
             }
         };
         detail["command"] = output_detail(&output);
+        if output.cut() {
+            let error = format!(
+                "the test command's output ({} bytes of stdout, {} of stderr) is over the {} bytes a stream the evaluator reads: verdicts may be in what was left out",
+                output.stdout_bytes,
+                output.stderr_bytes,
+                crate::output::MAX_STREAM_BYTES
+            );
+            return Evaluation::broken(facts, Broken::TooMuchOutput, error, detail);
+        }
         let outcomes = self
             .parser
             .parse(&format!("{}\n{}", output.stdout, output.stderr));

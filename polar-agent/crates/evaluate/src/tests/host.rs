@@ -46,21 +46,17 @@ impl CommandRunner for HostRunner {
                 .map_err(|e| RunError::runner(format!("spawning {program}: {e}")))?;
             let pgid = child.id().map(|id| nix::unistd::Pid::from_raw(id as i32));
             match tokio::time::timeout(timeout, child.wait_with_output()).await {
-                Ok(Ok(out)) => Ok(CommandOutput {
-                    exit: out.status.code(),
-                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                }),
+                Ok(Ok(out)) => Ok(CommandOutput::of_bytes(
+                    out.status.code(),
+                    &out.stdout,
+                    &out.stderr,
+                )),
                 Ok(Err(e)) => Err(RunError::runner(format!("waiting for {program}: {e}"))),
                 Err(_) => {
                     if let Some(pgid) = pgid {
                         let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
                     }
-                    Ok(CommandOutput {
-                        exit: None,
-                        stdout: String::new(),
-                        stderr: String::new(),
-                    })
+                    Ok(CommandOutput::of_bytes(None, b"", b""))
                 }
             }
         })

@@ -322,6 +322,45 @@ async fn output_without_tests_scores_zero_with_a_reason() {
 }
 
 #[tokio::test]
+async fn output_over_what_is_read_is_the_policys_failure_whatever_it_says() {
+    let ws = tempfile::tempdir().unwrap();
+    // Passing lines flood stdout past what is read, the real failure is
+    // last; and then on stderr, the summary under more passing lines.
+    for script in [
+        "yes 'PASSED t.py::test_a' | head -n 300000; echo 'FAILED t.py::test_a - assert 0'",
+        "{ echo 'FAILED t.py::test_a - assert 0'; yes 'PASSED t.py::test_a' | head -n 300000; } >&2",
+    ] {
+        let options =
+            json!({"command": script, "parser": "pytest", "fail_to_pass": ["t.py::test_a"]});
+        let out = run(&evaluator("test_output", options), ws.path()).await;
+        assert_eq!(
+            (out.reward, out.usable),
+            (Some(0.0), true),
+            "{script}: {out:#?}"
+        );
+        assert_eq!(out.detail["broken"]["cause"], "too_much_output", "{script}");
+        assert_eq!(out.detail["broken"]["side"], "policy");
+        let bytes = &out.detail["command"];
+        assert!(
+            bytes["stdout_bytes"].as_u64().unwrap() + bytes["stderr_bytes"].as_u64().unwrap()
+                > crate::output::MAX_STREAM_BYTES,
+            "{bytes}"
+        );
+    }
+    // Just under the limit, the same lines are parsed: the failure counts.
+    let script =
+        "yes 'PASSED t.py::test_a' | head -n 100000; echo 'FAILED t.py::test_a - assert 0'";
+    let options = json!({"command": script, "parser": "pytest", "fail_to_pass": ["t.py::test_a"]});
+    let out = run(&evaluator("test_output", options), ws.path()).await;
+    assert_eq!(out.reward, Some(0.0));
+    assert!(out.detail.get("broken").is_none(), "{out:#?}");
+    assert_eq!(
+        out.detail["fail_to_pass"],
+        json!({"t.py::test_a": "failed"})
+    );
+}
+
+#[tokio::test]
 async fn pytest_and_regex_parsers_read_real_command_output() {
     let ws = tempfile::tempdir().unwrap();
     let script = "printf '%s\\n' 'PASSED t.py::test_a[x-1]' 'FAILED t.py::test_b - assert 0' 'XFAIL t.py::test_c'";

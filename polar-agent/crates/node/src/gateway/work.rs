@@ -996,32 +996,56 @@ impl<'a> SandboxRunner<'a> {
         let report = plan
             .run_command(Phase::Eval, index, argv, env, self.stop)
             .await;
-        let (out, err) = match &report.logs {
-            Some((o, e)) => (Some(o), Some(e)),
-            None => (None, None),
+        let exit = match report.end {
+            StepEnd::Exited { code } => Some(code),
+            StepEnd::TimedOut | StepEnd::Stopped => None,
+            StepEnd::Failed { error } => {
+                return Err(RunError {
+                    cause: not_run_cause(&error, report.logs.is_some()),
+                    message: error,
+                });
+            }
+            StepEnd::NotStarted { error } => {
+                return Err(RunError {
+                    cause: not_started_cause(&error),
+                    message: error,
+                });
+            }
+            StepEnd::Skipped => return Err(RunError::runner("not run")),
         };
-        Ok(CommandOutput {
-            exit: match report.end {
-                StepEnd::Exited { code } => Some(code),
-                StepEnd::TimedOut | StepEnd::Stopped => None,
-                StepEnd::Failed { error } => {
-                    return Err(RunError {
-                        cause: not_run_cause(&error, report.logs.is_some()),
-                        message: error,
-                    });
-                }
-                StepEnd::NotStarted { error } => {
-                    return Err(RunError {
-                        cause: not_started_cause(&error),
-                        message: error,
-                    });
-                }
-                StepEnd::Skipped => return Err(RunError::runner("not run")),
-            },
-            stdout: read_capped(out, 4 << 20),
-            stderr: read_capped(err, 1 << 20),
-        })
+        let logs = report.logs.clone();
+        let read = tokio::task::spawn_blocking(move || read_logs(exit, logs.as_ref())).await;
+        match read {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(e)) => Err(RunError {
+                message: format!("reading the command's output: {e}"),
+                cause: Broken::NodeIo,
+            }),
+            Err(e) => Err(RunError {
+                message: format!("reading the command's output: {e}"),
+                cause: Broken::Bug,
+            }),
+        }
     }
+}
+
+/// The output of a command that ended with `exit`, from its stdout and
+/// stderr log files (root's, in the session's `logs/`), as the
+/// evaluators read it ([`CommandOutput::read`]); none without logs.
+/// Blocks.
+fn read_logs(
+    exit: Option<i32>,
+    logs: Option<&(PathBuf, PathBuf)>,
+) -> std::io::Result<CommandOutput> {
+    let Some((out, err)) = logs else {
+        return Ok(CommandOutput::of_bytes(exit, b"", b""));
+    };
+    let open = |path: &PathBuf| -> std::io::Result<(std::fs::File, u64)> {
+        let f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len();
+        Ok((f, len))
+    };
+    CommandOutput::read(exit, open(out)?, open(err)?)
 }
 
 /// The result of host-side work on the session's directories for an
@@ -1080,19 +1104,6 @@ fn not_started_cause(error: &str) -> Broken {
     } else {
         Broken::Runner
     }
-}
-
-/// The first `limit` bytes of a log file, lossily.
-fn read_capped(path: Option<&PathBuf>, limit: u64) -> String {
-    use std::io::Read as _;
-    let Some(path) = path else {
-        return String::new();
-    };
-    let mut buf = Vec::new();
-    if let Ok(f) = std::fs::File::open(path) {
-        let _ = f.take(limit).read_to_end(&mut buf);
-    }
-    String::from_utf8_lossy(&buf).into_owned()
 }
 
 impl CommandRunner for SandboxRunner<'_> {
