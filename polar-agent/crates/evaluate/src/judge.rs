@@ -53,6 +53,16 @@ pub const MAX_SCORE: f64 = 10.0;
 /// `.git` is read (the files the base did not hold are the untracked
 /// ones). Otherwise a recorded commit the workspace's repository no longer
 /// has exits with [`crate::base::BASE_GONE_EXIT`].
+///
+/// The untracked files are added to the evaluator's own index as intended
+/// (`git add -N`, which honours the workspace's `.gitignore`), so that one
+/// `git diff` shows them as new files: one program for any number of
+/// files, where a program per file takes minutes over the hundreds of
+/// thousands of empty files a quota can hold (a diff past its timeout
+/// scores 0.0, as a test command's does). The empty blob that needs is
+/// written to an object directory of the evaluator's own, the base's
+/// objects read as its alternate. Where that cannot be done, each
+/// untracked file is diffed on its own.
 pub const DEFAULT_DIFF_SCRIPT: &str = concat!(
     crate::isolation::git_prelude!(),
     r#"polar_base=${POLAR_DIFF_BASE:-HEAD}
@@ -86,8 +96,21 @@ elif [ "$polar_base" != none ] && [ "$polar_base" != HEAD ]; then
   echo 'polar: git is missing' >&2; exit 127
 fi
 if [ $polar_setup = 0 ]; then
+  polar_ita=1
+  case $GIT_OBJECT_DIRECTORY in
+    *:*) ;;
+    *) if mkdir -p "$polar_g/own-objects"; then
+         GIT_ALTERNATE_OBJECT_DIRECTORIES=$GIT_OBJECT_DIRECTORY
+         GIT_OBJECT_DIRECTORY=$polar_g/own-objects
+         export GIT_ALTERNATE_OBJECT_DIRECTORIES GIT_OBJECT_DIRECTORY
+         polar_git add -N --ignore-errors -- . >/dev/null 2>&1 && polar_ita=0
+       fi ;;
+  esac
   polar_git -c core.quotepath=off diff --no-color --no-ext-diff --no-textconv "$polar_base" -- . 2>/dev/null || polar_git diff --no-color --no-ext-diff --no-textconv -- .
-  polar_git ls-files --others --exclude-standard | while IFS= read -r f; do polar_git diff --no-color --no-ext-diff --no-textconv --no-index -- /dev/null "$f"; done
+  if [ $polar_ita != 0 ]; then
+    echo 'polar: the untracked files are diffed one by one' >&2
+    polar_git ls-files --others --exclude-standard | while IFS= read -r f; do polar_git diff --no-color --no-ext-diff --no-textconv --no-index -- /dev/null "$f"; done
+  fi
 else
   find . -path ./.git -prune -o -type f -print | LC_ALL=C sort | while IFS= read -r f; do
     if grep -Iq . "$f" 2>/dev/null || [ ! -s "$f" ]; then printf -- '--- /dev/null\n+++ b/%s\n' "${f#./}"; sed 's/^/+/' "$f"; else printf 'Binary file %s\n' "${f#./}"; fi
@@ -319,13 +342,15 @@ impl LlmJudge {
             }
             Ok(out) if out.exit.is_some() => (out.stdout, out.stdout_bytes),
             Ok(_) => {
-                return Evaluation::failed(
-                    format!(
-                        "llm_judge: the diff command ran out of its {:?}",
-                        self.timeout
-                    ),
-                    Value::Null,
+                // As a test command's: what the workspace holds is the
+                // policy's (the default diff is one git run over a tree
+                // the session's quota bounds).
+                let error = format!(
+                    "llm_judge: the diff command ran out of its {} s; scored 0.0",
+                    self.timeout.as_secs()
                 );
+                let detail = json!({"diff_base": facts.base.describe(), "timed_out": true});
+                return Evaluation::scored_with(facts, 0.0, detail, error);
             }
             Err(e) => {
                 return Evaluation::not_run(

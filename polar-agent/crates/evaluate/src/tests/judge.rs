@@ -490,3 +490,104 @@ async fn a_forged_base_object_changes_nothing_the_diff_reads_from_the_kept_pack(
     let out = default_diff(p, &other, Some(&objects)).await;
     assert_eq!(out.exit, Some(2), "{out:?}");
 }
+
+#[tokio::test]
+async fn untracked_files_show_in_one_git_run_as_the_sandbox_user_over_a_read_only_pack() {
+    use super::super::CommandRunner;
+    use std::os::unix::fs::PermissionsExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "runs the diff as the sandbox user: needs root (cargo xtask test)"
+    );
+    let ws = tempfile::tempdir().unwrap();
+    let p = ws.path();
+    sh(
+        p,
+        &format!("git init -q && {WRONG} && git add -A && git commit -qm task"),
+    );
+    let (base, record_tmp) = record_with_tmp(p).await;
+    let objects = record_tmp.path().join(RECORD_DIR);
+    // The kept pack as evaluations see it: root's, read-only.
+    sh(
+        record_tmp.path(),
+        &format!(
+            "chmod 755 . && chmod 555 {d} {d}/pack && chmod 444 {d}/pack/*",
+            d = RECORD_DIR
+        ),
+    );
+    // The policy fixes calc.py and leaves 3,000 empty files and a note.
+    sh(
+        p,
+        &format!(
+            "{FIX} && mkdir u && (cd u && seq 1 3000 | xargs touch) && printf 'hello\\n' > note.txt"
+        ),
+    );
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    sh(p, "chown -R 65534:65534 .");
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(tmp.path(), Some(65534), Some(65534)).unwrap();
+    let mut env = base.env();
+    env.push((OBJECTS_VAR.to_owned(), objects.display().to_string()));
+    env.push(("TMPDIR".into(), tmp.path().display().to_string()));
+    let argv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "sh",
+        "-c",
+        DEFAULT_DIFF_SCRIPT,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let out = HostRunner::new(p)
+        .run(argv, env, std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(out.exit, Some(0), "{}", out.stderr);
+    assert!(!out.stderr.contains("one by one"), "{}", out.stderr);
+    assert!(out.stdout.contains("+    return a + b"), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("+++ b/note.txt\n@@ -0,0 +1 @@\n+hello"),
+        "{}",
+        out.stderr
+    );
+    let empty: Vec<_> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("diff --git a/u/"))
+        .collect();
+    assert_eq!(empty.len(), 3000);
+    // Nothing was written to the pack's directory.
+    let packs = std::fs::read_dir(objects.join("pack")).unwrap().count();
+    assert!(packs <= 3, "{packs}");
+}
+
+#[tokio::test]
+async fn a_diff_past_its_timeout_scores_zero_and_asks_no_judge() {
+    let mut spec = judge_spec();
+    spec["diff_command"] = json!("sleep 30");
+    spec["timeout_secs"] = json!(1);
+    let e = evaluator("llm_judge", spec);
+    let judge = Needle {
+        needle: "return a + b",
+        prompts: Mutex::default(),
+    };
+    let inputs = JudgeInputs {
+        judge: &judge,
+        instruction: "fix calc.py",
+        transcript: "",
+    };
+    let ws = tempfile::tempdir().unwrap();
+    let r = e
+        .evaluate_with(
+            &facts(ws.path()),
+            &HostRunner::new(ws.path()),
+            Some(&inputs),
+        )
+        .await;
+    assert_eq!((r.reward, r.usable), (Some(0.0), true), "{r:?}");
+    assert!(r.error.unwrap().contains("ran out of its 1 s"));
+    assert_eq!(r.detail["timed_out"], json!(true));
+    assert!(judge.prompts.lock().unwrap().is_empty());
+}
