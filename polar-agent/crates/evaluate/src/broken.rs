@@ -58,6 +58,10 @@ pub enum Broken {
     /// The commit recorded before the harness ran, which the judge's diff
     /// is taken against, is no longer in the workspace's repository.
     BaseGone,
+    /// The workspace holds more git repositories than the evaluation's
+    /// clean-up of their configurations takes
+    /// ([`crate::isolation::MAX_REPOSITORIES`]).
+    TooManyRepositories,
     /// The test command's output was over what the evaluator reads
     /// ([`crate::output::MAX_STREAM_BYTES`] a stream): verdicts may be in
     /// the part left out, and the code under test writes to that output.
@@ -83,6 +87,7 @@ impl Broken {
             | Self::Unreadable
             | Self::Escapes
             | Self::BaseGone
+            | Self::TooManyRepositories
             | Self::TooMuchOutput => Side::Policy,
             Self::Runner | Self::ToolMissing | Self::NodeIo | Self::Bug => Side::Node,
         }
@@ -97,6 +102,7 @@ impl Broken {
             Self::Unreadable => "unreadable",
             Self::Escapes => "escapes",
             Self::BaseGone => "base_gone",
+            Self::TooManyRepositories => "too_many_repositories",
             Self::TooMuchOutput => "too_much_output",
             Self::Runner => "runner",
             Self::ToolMissing => "tool_missing",
@@ -118,9 +124,14 @@ impl Broken {
     }
 
     /// What the sandbox's leftovers explain of a failed command's or the
-    /// runtime's message: the first `(os error N)` in it, else the C
-    /// library's text of those errnos; `None` when neither is there.
+    /// runtime's message: the clean-up's
+    /// [`crate::isolation::TOO_MANY_REPOSITORIES`], else the first
+    /// `(os error N)` in it, else the C library's text of those errnos;
+    /// `None` when none is there.
     pub fn of_message(message: &str) -> Option<Self> {
+        if message.contains(crate::isolation::TOO_MANY_REPOSITORIES) {
+            return Some(Self::TooManyRepositories);
+        }
         if let Some(errno) = os_error(message) {
             return Self::of_errno(errno);
         }
@@ -178,6 +189,8 @@ mod tests {
             (Broken::Unreadable, Side::Policy),
             (Broken::Escapes, Side::Policy),
             (Broken::BaseGone, Side::Policy),
+            (Broken::TooManyRepositories, Side::Policy),
+            (Broken::TooMuchOutput, Side::Policy),
             (Broken::Runner, Side::Node),
             (Broken::ToolMissing, Side::Node),
             (Broken::NodeIo, Side::Node),

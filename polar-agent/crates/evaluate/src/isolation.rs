@@ -292,18 +292,39 @@ pub const GIT_KEEP: &str = concat!(
     r"|remote\..*\.(url|fetch)|branch\..*\.(remote|merge))$"
 );
 
+/// The most repositories [`CLEAN_GIT_SCRIPT`] cleans: a workspace holding
+/// more is refused at once (the policy's: a task's workspace holds a few,
+/// and the clean-up runs several programs for each, so thousands would
+/// run it past its time and the sample would be dropped).
+pub const MAX_REPOSITORIES: usize = 1000;
+
+/// What [`CLEAN_GIT_SCRIPT`] says when the workspace holds more than
+/// [`MAX_REPOSITORIES`].
+pub const TOO_MANY_REPOSITORIES: &str = "polar: too many git repositories in the workspace";
+
 /// The argv running [`CLEAN_GIT_SCRIPT`] with [`GIT_KEEP`].
 pub fn clean_git_argv() -> Vec<String> {
-    ["sh", "-c", CLEAN_GIT_SCRIPT, "polar-clean-git", GIT_KEEP]
-        .map(str::to_owned)
-        .to_vec()
+    let max = MAX_REPOSITORIES.to_string();
+    [
+        "sh",
+        "-c",
+        CLEAN_GIT_SCRIPT,
+        "polar-clean-git",
+        GIT_KEEP,
+        &max,
+        TOO_MANY_REPOSITORIES,
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// The command that replaces every repository configuration of the
 /// workspace (its working directory) by its [`GIT_KEEP`] keys (see the
 /// module doc). Exits 0 when done (also without git), 1 naming a
-/// configuration it could not replace. Paths holding a newline are not
-/// walked (no command the task runs reaches them by name).
+/// configuration it could not replace, 4 saying [`TOO_MANY_REPOSITORIES`]
+/// (its third argument) when there are more than its second
+/// ([`MAX_REPOSITORIES`]), before cleaning any. Paths holding a newline
+/// are not walked (no command the task runs reaches them by name).
 pub const CLEAN_GIT_SCRIPT: &str = concat!(
     git_prelude!(),
     r#"command -v git >/dev/null 2>&1 || exit 0
@@ -332,8 +353,15 @@ polar_repo() {
     polar_clean "$polar_f" || { echo "polar: the repository configuration $polar_f could not be replaced" >&2; return 1; }
   done
 }
-find . -name .git -prune ! -path '*
-*' -print 2>/dev/null | while IFS= read -r polar_g; do
+polar_found() {
+  find . -name .git -prune ! -path '*
+*' -print 2>/dev/null
+}
+if [ "$(polar_found | head -n "$(($2 + 1))" | wc -l)" -gt "$2" ]; then
+  echo "$3 (more than $2)" >&2
+  exit 4
+fi
+polar_found | while IFS= read -r polar_g; do
   polar_repo "$PWD/${polar_g#./}" || exit 1
 done"#
 );

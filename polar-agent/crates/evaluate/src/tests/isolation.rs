@@ -917,3 +917,33 @@ async fn a_workspace_made_a_bare_repository_is_never_used_implicitly() {
     assert!(out.stderr.contains("Not a git repository"), "{out:?}");
     assert_eq!(h.ran(), Vec::<String>::new(), "{out:?}");
 }
+
+#[tokio::test]
+async fn a_workspace_of_too_many_repositories_is_refused_before_any_is_cleaned() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    for i in 0..isolation::MAX_REPOSITORIES {
+        std::fs::create_dir_all(ws.join(format!("r{i}/.git"))).unwrap();
+    }
+    std::fs::write(ws.join("r0/.git/config"), "[core]\n\tfsmonitor = /x\n").unwrap();
+    // As many as may be: cleaned.
+    let out = isolated(ws, isolation::clean_git_argv()).await;
+    assert_eq!(out.exit, Some(0), "{out:?}");
+    assert!(ws.join("r0/.git/config.polar-policy").exists());
+    std::fs::remove_file(ws.join("r0/.git/config.polar-policy")).unwrap();
+    std::fs::write(ws.join("r0/.git/config"), "[core]\n\tfsmonitor = /x\n").unwrap();
+    // One more: refused at once, the policy's, nothing cleaned.
+    std::fs::create_dir_all(ws.join("one-more/.git")).unwrap();
+    let out = isolated(ws, isolation::clean_git_argv()).await;
+    assert_eq!(out.exit, Some(4), "{out:?}");
+    assert_eq!(
+        Broken::of_message(&out.stderr),
+        Some(Broken::TooManyRepositories),
+        "{out:?}"
+    );
+    assert_eq!(
+        Broken::TooManyRepositories.side(),
+        super::super::Side::Policy
+    );
+    assert!(!ws.join("r0/.git/config.polar-policy").exists());
+}
