@@ -18,6 +18,16 @@ struct Needle {
     prompts: Mutex<Vec<JudgeCall>>,
 }
 
+impl Needle {
+    /// Scores `fixed` 10 when calc.py is fixed (`return a + b` added).
+    fn fixed() -> Self {
+        Self {
+            needle: "return a + b",
+            prompts: Mutex::default(),
+        }
+    }
+}
+
 impl Judge for Needle {
     fn call<'a>(&'a self, call: JudgeCall) -> JudgeFuture<'a> {
         let diff = call
@@ -63,10 +73,7 @@ fn judge_spec() -> serde_json::Value {
 #[tokio::test]
 async fn a_good_and_a_bad_workspace_score_apart_with_the_default_diff() {
     let e = evaluator("llm_judge", judge_spec());
-    let judge = Needle {
-        needle: "return a + b",
-        prompts: Mutex::default(),
-    };
+    let judge = Needle::fixed();
     let mut rewards = Vec::new();
     for op in ["+", "-"] {
         let ws = tempfile::tempdir().unwrap();
@@ -222,10 +229,7 @@ async fn a_composite_weighs_its_parts_and_needs_every_reward() {
         ]}),
     );
     assert!(e.needs_judge() && e.runs_commands() && !e.needs_fresh_sandbox());
-    let judge = Needle {
-        needle: "return a + b",
-        prompts: Mutex::default(),
-    };
+    let judge = Needle::fixed();
     let inputs = JudgeInputs {
         judge: &judge,
         instruction: "fix",
@@ -318,10 +322,7 @@ async fn record(dir: &std::path::Path) -> DiffBase {
 /// `fixed` 10 when the diff adds `return a + b`.
 async fn judged(dir: &std::path::Path, base: &DiffBase) -> super::super::Evaluation {
     let e = evaluator("llm_judge", judge_spec());
-    let judge = Needle {
-        needle: "return a + b",
-        prompts: Mutex::default(),
-    };
+    let judge = Needle::fixed();
     let inputs = JudgeInputs {
         judge: &judge,
         instruction: "fix calc.py",
@@ -569,10 +570,7 @@ async fn a_diff_past_its_timeout_scores_zero_and_asks_no_judge() {
     spec["diff_command"] = json!("sleep 30");
     spec["timeout_secs"] = json!(1);
     let e = evaluator("llm_judge", spec);
-    let judge = Needle {
-        needle: "return a + b",
-        prompts: Mutex::default(),
-    };
+    let judge = Needle::fixed();
     let inputs = JudgeInputs {
         judge: &judge,
         instruction: "fix calc.py",
