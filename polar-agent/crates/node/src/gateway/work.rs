@@ -951,9 +951,8 @@ impl<'a> SandboxRunner<'a> {
                 polar_sandbox::runtime::restore::restore(&dirs, &kept, user)
             })
             .await;
-            for r in on_host(put, "putting the workspace's `restore` paths back")? {
-                tracing::warn!(session = %self.prepared.session(), path = %r.display(), "replaced an entry the sandbox put in the way of a `restore` path");
-            }
+            // What the sandbox put in the way is logged by `restore`.
+            on_host(put, "putting the workspace's `restore` paths back")?;
         }
         let (layout, env) = self.prepared.isolate(&eval);
         if self.evaluation {

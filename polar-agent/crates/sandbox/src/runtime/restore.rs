@@ -24,7 +24,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
-use super::steps::SandboxDirs;
+use super::steps::{SandboxDirs, log_replaced};
 use super::{RuntimeError, io};
 use polar_io::beneath::Dir;
 
@@ -44,10 +44,11 @@ impl Kept {
     }
 }
 
-/// The parent directory and the name of `path` (relative, normal, checked
-/// by the evaluator's options).
+/// The parent directory (`.` for the workspace itself) and the name of
+/// `path` (relative, normal, checked by the evaluator's options).
 fn split(path: &Path) -> Result<(&Path, &OsStr), RuntimeError> {
     match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if parent.as_os_str().is_empty() => Ok((Path::new("."), name)),
         (Some(parent), Some(name)) => Ok((parent, name)),
         _ => Err(io("restore", path)(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
@@ -56,23 +57,11 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), RuntimeError> {
     }
 }
 
-/// `path` (a directory relative to the workspace) as `Dir::open_dir`
-/// takes it: the workspace itself is `.`.
-fn dir_arg(path: &Path) -> &Path {
-    if path.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        path
-    }
-}
-
-/// The workspace and the session's directory, opened.
+/// The session's directory and the workspace, opened (as the post-run
+/// uploads open it: its parents are root's).
 fn open(dirs: &SandboxDirs) -> Result<(Dir, Dir), RuntimeError> {
     let root = Dir::open_root(&dirs.root).map_err(io("open", &dirs.root))?;
-    let rel = dirs.workspace.strip_prefix(&dirs.root).map_err(|_| {
-        io("open", &dirs.workspace)(std::io::Error::other("not in the session's directory"))
-    })?;
-    let ws = root.open_dir(rel).map_err(io("open", &dirs.workspace))?;
+    let ws = Dir::open_root(&dirs.workspace).map_err(io("open", &dirs.workspace))?;
     Ok((root, ws))
 }
 
@@ -101,7 +90,7 @@ pub fn keep(dirs: &SandboxDirs, paths: &[PathBuf]) -> Result<Kept, RuntimeError>
     for (n, path) in paths.iter().enumerate() {
         let (parent, name) = split(path)?;
         let at = dirs.workspace.join(path);
-        let parent = match ws.open_dir(dir_arg(parent)) {
+        let parent = match ws.open_dir(parent) {
             Ok(d) => Some(d),
             Err(e)
                 if matches!(
@@ -140,8 +129,8 @@ pub fn keep(dirs: &SandboxDirs, paths: &[PathBuf]) -> Result<Kept, RuntimeError>
 /// parents made directories (owned by `user` where made; a symlink or
 /// file in their way replaced), whatever is at the path removed, and the
 /// kept copy written there, owned by `user`, when the path was there.
-/// Returns what the sandbox had put in the way of a parent, relative to
-/// the workspace, for the log. Blocks.
+/// What the sandbox had put in the way of a parent is logged and returned
+/// (relative to the workspace). Blocks.
 pub fn restore(
     dirs: &SandboxDirs,
     kept: &Kept,
@@ -166,6 +155,12 @@ pub fn restore(
                 .map_err(io("restore", &at))?;
         }
     }
+    log_replaced(
+        &dirs.session,
+        &dirs.workspace,
+        &replaced,
+        "a `restore` path",
+    );
     Ok(replaced)
 }
 

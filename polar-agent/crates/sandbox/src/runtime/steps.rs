@@ -49,7 +49,7 @@ pub struct SandboxDirs {
 }
 
 /// Logs what a writer replaced: entries the sandbox planted.
-fn log_replaced(session: &SessionId, under: &Path, replaced: &[PathBuf], what: &str) {
+pub(super) fn log_replaced(session: &SessionId, under: &Path, replaced: &[PathBuf], what: &str) {
     for r in replaced {
         tracing::warn!(
             session = %session,
